@@ -8,9 +8,9 @@ medians), a row printed as soon as it is timed.
   backward the difference?). Checks: o / dq / dk / dv / dW of the op (shipped and bwd r64) against float64 at N 200
   and 1000, and at Dk 128, F 64 (the map backward's 32 rows / 8 warps) at N 200.
 * Based (d16 v64, B16 H16 N4096 bf16): launch.backward shipped against SYM (kernels_tl's symmetric quadratic state,
-  configs.BASED_BWD_SYM) at 4 warps, 1 stage, 8 warps, value blocks of 64 at 8 warps; each checked against the
-  float64 recurrence's gradients (B1 H2 N 300) in a process of its own (which also compiles it at the timed shape);
-  two interleaved rounds. FLA parallel_based's fwd and fwd+bwd in a process of its own, timed after ours if its
+  configs.BASED_BWD_SYM) at 4 warps, 1 stage, 8 warps, value blocks of 64 at 8 warps, chunks of 32 at 8 warps and 1
+  stage; each checked against the float64 recurrence's gradients (B1 H2 N 300) in a process of its own (which also
+  compiles it at the timed shape); two interleaved rounds. FLA parallel_based's fwd and fwd+bwd in a process of its own, timed after ours if its
   compiles are done by PEER_READY s (else the row says so).
 * Mamba-2 2.7B (kernel alone, gpu_mamba_s32's launch and checks): shipped and LEAN + UPDATE_LATE, three interleaved
   rounds on a quiet GPU (FLA's compiles for Based only, finished or killed before), the napkin's bound and the copy.
@@ -57,6 +57,9 @@ BASED_VARIANTS = {
     "sym st1": dict(based_sym=True, num_stages=1),
     "sym w8": dict(based_sym=True, num_warps=8),
     "sym bvb64 w8": dict(based_sym=True, BVB=64, num_warps=8),
+    # chunks of 32 (half the reverse sweep's serial steps): with SYM at 8 warps / 1 stage 0 B spilled (dq 246, dK/dV
+    # 255 registers; without SYM session 33's bt32 w8 spilled 608 B and ran 6.33 ms against 4.51)
+    "sym bt32 w8 st1": dict(based_sym=True, BT_BWD=32, num_warps=8, num_stages=1),
 }
 R64 = ((2048, 64, 4), (4096, 32, 4), (8192, 32, 8))  # the map backward at 64 rows where Dk x F <= 2048
 
