@@ -52,8 +52,8 @@ CHUNKED = dict(
     # 11 / 27 (the diagonal in the intra dots) 1-3% faster in run 6 but dq 1.73x the floor against 1.58: off
     dv_form=5,  # one reduction a key block, two exp tiles (0.977 ms against 1.021, s33 run 4), no flag branch (run 6)
     g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
-    dqk_two_blocks=False,  # session 34: dqk_VB at most half of Dv's block (the loop never one block: Triton folds a
-    # one-block loop into straight-line code, wrong on the H100 at d 64, decision 84); off until the GPU checks d 32 / 64
+    dqk_two_blocks=False,  # session 34: dqk_VB at most half of Dv's block (never a one-block loop, which Triton folds
+    # into straight-line code: wrong on the H100 at d 64, decision 84); off until the GPU checks d 32 / 64
     dqk_dyn=False,  # session 34: the dqk value loop bounded by Dv at run time (one block stays a loop): not GPU-checked
 )
 
