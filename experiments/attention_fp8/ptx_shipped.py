@@ -14,9 +14,11 @@ import os
 import sys
 import time
 
-VARIANTS = {  # name -> (D, causal, q descales per row, k descales: "head", "block" (per 128 keys) or "row")
+VARIANTS = {  # name -> (D, causal, q descales per row, k descales: "head", "block" (per 128 keys) or "row"[, v per block])
     "d128": (128, False, False, "head"), "d128c": (128, True, False, "head"), "d64": (64, False, False, "head"),
     "d64c": (64, True, False, "head"), "d128c_rowblock": (128, True, True, "block"), "d64_rowrow": (64, False, True, "row"),
+    # session 34: v's descales per block of 128 keys (the convenience path's v_scales="block"; not in older trees)
+    "d128c_vblock": (128, True, True, "block", True), "d64c_vblock": (64, True, True, "block", True),
 }
 
 
@@ -38,7 +40,8 @@ def main():
     os.makedirs(a.ptx, exist_ok=True)
     names = a.only.split(",") if a.only else list(VARIANTS)
     for name in names:
-        D, causal, q_row, k_form = VARIANTS[name]
+        D, causal, q_row, k_form, *v_block = VARIANTS[name]
+        v_block = bool(v_block and v_block[0])
         t0 = time.time()
         cfg = configs.gluon_config(D, causal)
         N = Nk = 1000
@@ -51,13 +54,15 @@ def main():
         k_per_row = k_form != "head"
         k_n, k_rows = (-(-Nk // 128), 128) if k_form == "block" else (Nk, 1) if k_form == "row" else (1, 1)
         q_n, q_rows = (N, 1) if q_row else (1, 1)
-        opts = launch.gluon_options(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows)
+        opts = launch.gluon_options(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows, *([True] if v_block else []))
         bm, bn = cfg["block_m"], cfg["block_n"]
         args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                     vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]),
                     lse_ptr=f32, q_scales=f32, k_scales=f32, v_scales=f32, H=4, N=N, Nk=Nk, GROUP=2, scale_log2e=0.1,
                     q_n_scales=q_n, q_rows_per_scale=q_rows, k_n_scales=k_n, k_rows_per_scale=k_rows, num_bh=8,
                     head_group=4, schedule=None)
+        if "v_n_scales" in gluon_fp8.attention_fp8_fwd_kernel.arg_names:  # (session 34's argument)
+            args["v_n_scales"] = -(-Nk // 128) if v_block else 1
         num_warps = opts.pop("num_warps")
         args.update(opts)
         c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=num_warps)

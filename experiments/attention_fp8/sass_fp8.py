@@ -113,7 +113,7 @@ def compile_variant(D: int, causal: bool, overrides: dict):
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
                 q_n_scales=1, q_rows_per_scale=1, k_n_scales=1, k_rows_per_scale=1, num_bh=256, head_group=16,
-                schedule=None)
+                schedule=None, v_n_scales=1)
     num_warps = opts.pop("num_warps")
     k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     return k, resources(k)

@@ -116,7 +116,7 @@ for D, causal, N, linear in json.loads(sys.argv[1]):
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=4, N=N, Nk=N, GROUP=1, scale_log2e=0.1,
                 q_n_scales=1, q_rows_per_scale=1, k_n_scales=1, k_rows_per_scale=1, num_bh=8,
-                head_group=4, schedule=None)
+                head_group=4, schedule=None, v_n_scales=1)
     opts = dict(layout.options)
     num_warps = opts.pop("num_warps")
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)

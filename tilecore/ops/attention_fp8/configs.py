@@ -27,3 +27,10 @@ def tl_config(d: int, interpret: bool) -> dict:
     if interpret:
         return dict(TL_INTERPRET)
     return dict(TL_FORWARD[64 if d <= 64 else 128 if d <= 128 else 256])
+
+
+# The convenience path (quantize.attention_fp8_rotated, tilecore.attention(..., precision="fp8")): v_scales "head" (one
+# descale a kv head: a pass over v for its amax, then the quantizing pass) or "block" (session 34: one a block of 128
+# keys, computed in the quantizing pass; the kernels fold it into O's rescale). "head" until an H100 run shows "block"
+# right and faster end to end (notes/attention_fp8, session 34)
+ROTATED = dict(v_scales="head")

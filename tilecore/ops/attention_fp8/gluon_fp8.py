@@ -152,14 +152,16 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
 class Running:
     """A consumer's online softmax: row max m (base 2), the output accumulator, the last P (float32 in the
     register-operand order, rounded to e4m3 for the next P V), its rows, its rows' base-2 score scale (q's descale x
-    softmax scale x log2 e: one value, or per row), and l (of 2^8 p) in every column of a [BM, L_COLS] tile in the
-    wgmma layout (row_sum_mma's accumulator)."""
+    softmax scale x log2 e: one value, or per row), l (of 2^8 p) in every column of a [BM, L_COLS] tile in the
+    wgmma layout (row_sum_mma's accumulator), and with V_PER_BLOCK the descale of the V block whose P V comes next
+    (acc is held in its units; else 1.0, unused)."""
     m: object
     acc: object
     p: object
     rows: object
     q_scale: object
     l_acc: object
+    vd: object  # V_PER_BLOCK: the descale of the V block whose P V is next (acc is carried in its units)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # row_sum_mma: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -190,12 +192,14 @@ class AttentionFp8:
     k_rows_per_scale: object
     num_bh: object
     head_group: object
+    v_n_scales: object  # V_PER_BLOCK: v's descales a kv head (blocks of BN keys)
     CAUSAL: gl.constexpr
     Q_PER_ROW: gl.constexpr
     K_PER_ROW: gl.constexpr
     K_PER_BLOCK: gl.constexpr  # k's descales per block of BN keys: one scalar a step (a factor of the row scale)
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
+    V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -249,7 +253,20 @@ class AttentionFp8:
         acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
         p = gl.zeros([self.BM, self.BN], gl.float32, self.P)
         l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
-        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc)
+        vd = 1.0
+        if self.V_PER_BLOCK:
+            vd = self.v_block_scale(tile.bh, 0)
+        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd)
+
+    @gluon.jit
+    def v_block_scale(self, bh, block):
+        """V_PER_BLOCK: the descale of kv head bh's V block ``block`` (of BN keys). acc is carried in the units of
+        the block whose P V is next: when step j (1 <= j < n) rescales acc by alpha it also multiplies by
+        d_{j-1} / d_j, so that P_j V8_j adds in d_j's units; finish multiplies by the last block's d. One scalar
+        load and a division a step (2 multiplies a thread folded into alpha's)."""
+        b, h, hk = head_of(bh, self.H, self.GROUP)
+        bhk = b * (self.H // self.GROUP) + hk
+        return gl.load(self.v_scales + bhk.to(gl.int64) * self.v_n_scales + block)
 
     @gluon.jit
     def key_scales(self, st, first_key):
@@ -352,8 +369,14 @@ class AttentionFp8:
             m, p32, alpha = self.softmax(s, st, 0, k_scale)
             st = st.replace(m=m, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
+            if self.V_PER_BLOCK:  # (loaded before the wgmma are issued: its latency under them)
+                vd = self.v_block_scale(st.rows.bh, step)
             m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
-            acc = acc * as_column(alpha, self.O)
+            if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's
+                acc = acc * as_column(alpha * (st.vd / vd), self.O)
+                st = st.replace(vd=vd)
+            else:
+                acc = acc * as_column(alpha, self.O)
             l_acc = l_acc * as_column(alpha, self.L)
             st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
@@ -373,7 +396,10 @@ class AttentionFp8:
         """O = acc * v's descale / l and lse (natural log; l counts 2^8 p) of the rows: lse stored, O by
         a TMA store (rows past N clipped). A row with no key: 0 and -inf; a NaN l: NaN and NaN."""
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
-        v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
+        if self.V_PER_BLOCK:  # acc is in the units of the last V block's descale
+            v_scale = st.vd
+        else:
+            v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
         # every column of l_acc holds the row's sum (all NaN where one is: a NaN l stays NaN)
         l = gl.convert_layout(gl.max(st.l_acc, axis=1), gl.SliceLayout(1, self.S))
         no_key = l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
@@ -390,10 +416,11 @@ class AttentionFp8:
 @gluon.jit
 def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                              scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh,
-                             head_group, schedule, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
+                             head_group, schedule, v_n_scales, CAUSAL: gl.constexpr, Q_PER_ROW: gl.constexpr,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
-                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0):
+                             P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
+                             V_PER_BLOCK: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
@@ -413,7 +440,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, ones, BM, BN, D, CONSUMERS,
+                      v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK, ones, BM, BN,
+                      D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))

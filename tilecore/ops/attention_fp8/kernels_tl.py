@@ -60,8 +60,13 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
                  H, N, Nk, D, GROUP, scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale,
                  CAUSAL: tl.constexpr, Q_PER_ROW: tl.constexpr, K_PER_ROW: tl.constexpr, UPCAST: tl.constexpr,
                  PERMUTED_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 P_SHIFT: tl.constexpr = 8, RESCALE_TAU: tl.constexpr = 0.0, L_ROUNDED: tl.constexpr = False):
-    """One program per (batch * q head, block of BLOCK_M queries): its rows' O and lse over every key."""
+                 P_SHIFT: tl.constexpr = 8, RESCALE_TAU: tl.constexpr = 0.0, L_ROUNDED: tl.constexpr = False,
+                 v_n_scales=1, V_PER_BLOCK: tl.constexpr = False):
+    """One program per (batch * q head, block of BLOCK_M queries): its rows' O and lse over every key.
+    ``V_PER_BLOCK``: v's descales per block of 128 keys (VS[bhk * v_n_scales + key // 128]; BLOCK_N divides 128),
+    each step's P V times its block's descale."""
+    if V_PER_BLOCK:
+        tl.static_assert(128 % BLOCK_N == 0, "V_PER_BLOCK: a step's keys in one block of 128")
     blocks = tl.cdiv(N, BLOCK_M)
     bh = tl.program_id(0) // blocks
     b = (bh // H).to(tl.int64)
@@ -136,8 +141,14 @@ def attn_fp8_fwd(Q, K, V, O, LSE, QS, KS, VS,
             p8 = (p * P_SCALE).to(tl.float8e4nv)  # P rounded to e4m3 as 2^P_SHIFT p
         if L_ROUNDED:  # l of the P that multiplies V
             l_i = l_i + row_sum(p8.to(tl.float32)) / P_SCALE
-        acc = tl.dot(p8, v, acc)
-    v_scale = tl.load(VS + bhk)
+        if V_PER_BLOCK:  # this block's v descale (one scalar a step)
+            acc = acc + tl.dot(p8, v) * tl.load(VS + bhk * v_n_scales + start_n // 128)
+        else:
+            acc = tl.dot(p8, v, acc)
+    if V_PER_BLOCK:
+        v_scale = 1.0
+    else:
+        v_scale = tl.load(VS + bhk)
     no_key = l_i == 0.0  # not "not l > 0": a NaN l (a NaN score) stays NaN
     l_safe = tl.where(no_key, 1.0, l_i)
     out = acc * (v_scale / (P_SCALE * l_safe))[:, None]
@@ -154,12 +165,14 @@ def grid(heads: int, rows: int, block_m: int) -> tuple[int]:
 @triton.jit
 def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
                         EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PERMUTE_IN_REGISTERS: tl.constexpr = False):
+                        PERMUTE_IN_REGISTERS: tl.constexpr = False, PER_BLOCK: tl.constexpr = False, n_scales=1):
     """v (B, H, Nk, D), any strides, quantized to e4m3 with its head's descale (v / DESCALE[bh], saturated
     at 448) into the Hopper kernel's layout (reference.keys_permuted): OUT (B, H, D, n_out) contiguous,
     key j of a head at column key_position(j); the padding keys (Nk .. n_out) are written as 0. One
     program per (batch * head, block of BLOCK_K keys, a multiple of 32). ``EMULATE_CAST``: the
-    interpreter (its e4m3 cast is wrong): rounded by round_to_e4m3 first."""
+    interpreter (its e4m3 cast is wrong): rounded by round_to_e4m3 first.
+    ``PER_BLOCK`` (BLOCK_K = 128, session 34): the descale is the block's own, amax / 448 of its keys (1 where 0),
+    computed here and stored at DESCALE[bh * n_scales + block]: one read of v, no pass before it for a head's amax."""
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -167,9 +180,17 @@ def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
     offs_d = tl.arange(0, BLOCK_D)
     ok = (keys[:, None] < Nk) & (offs_d[None, :] < D)
     v = tl.load(block_ptrs(V + b * svb + h * svh, 0, keys, offs_d, svn, svd), mask=ok, other=0.0).to(tl.float32)
-    y = tl.minimum(tl.maximum(v / tl.load(DESCALE + bh), -448.0), 448.0)  # [BLOCK_K, BLOCK_D]
+    if PER_BLOCK:
+        amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+        descale = tl.where(amax > 0, amax / 448.0, 1.0)
+        tl.store(DESCALE + bh.to(tl.int64) * n_scales + tl.program_id(1), descale,
+                 mask=tl.program_id(1) * BLOCK_K < Nk)
+        # a NaN stays NaN (its code NaN): the clamps propagate it
+        y = tl.minimum(tl.maximum(v / descale, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
+    else:  # (a NaN in v: torch's amax, the head's descale, is NaN)
+        y = tl.minimum(tl.maximum(v / tl.load(DESCALE + bh), -448.0), 448.0)  # [BLOCK_K, BLOCK_D]
     if EMULATE_CAST:
-        y = tl.where(y < 0, -round_to_e4m3(-y), round_to_e4m3(y))
+        y = tl.where(y != y, y, tl.where(y < 0, -round_to_e4m3(-y), round_to_e4m3(y)))
     out = OUT + bh.to(tl.int64) * D * n_out
     if PERMUTE_IN_REGISTERS:
         # the tile transposed to [BLOCK_D, BLOCK_K] and its keys put in key_position's order in registers

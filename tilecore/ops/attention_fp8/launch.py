@@ -74,6 +74,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     qs, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
     ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
     vs = v_scale.to(torch.float32).contiguous()
+    v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1  # v's descales per block of SCALE_BLOCK keys
     cfg = dict(p.config)  # (the tl path pops UPCAST)
     if p.path == "tl":
         check_rescale(cfg.get("RESCALE_TAU", 0.0), cfg.get("P_SHIFT", P_SHIFT))
@@ -83,10 +84,11 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
         TL_FWD.run(key, kernels_tl.grid(B * H, N, cfg["BLOCK_M"]), (
             q, k, v, out, lse, qs, ks, vs, *q.stride(), *k.stride(), *v_strides, *out.stride(),
             H, N, Nk, D, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows), dict(
-            CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, UPCAST=cfg.pop("UPCAST", False),
-            PERMUTED_V=v_permuted, BLOCK_D=D_PAD, **cfg))
+            v_n_scales=v_n, CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row, UPCAST=cfg.pop("UPCAST", False),
+            PERMUTED_V=v_permuted, BLOCK_D=D_PAD, V_PER_BLOCK=v_scale.dim() == 3, **cfg))
         return out, lse
-    layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows))
+    layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows,
+                                                           v_scale.dim() == 3))
     q = q if layout.q_describable else q.contiguous()
     k = k if layout.k_describable else k.contiguous()
     vt = v if v_permuted else keys_permuted(v)  # (B, Hkv, D, keys padded to 32), keys permuted in 32s
@@ -94,7 +96,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
-            k_n, k_rows, B * H, head_group, schedule)
+            k_n, k_rows, B * H, head_group, schedule, v_n)
     options = layout.options
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
     # determine every argument's specialization; vt, out and lse are fresh or the inputs): ~10 us a call
@@ -128,7 +130,9 @@ class _Fp8Launch:
         _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
         grid, head_group, schedule = tiling
         bm, bn = layout.block_m, layout.block_n
-        self.tail = (H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group, schedule)
+        v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
+        self.tail = (H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group, schedule,
+                     v_n)
         self.launch = KeyedLaunch(GLUON_FWD, key, grid, layout.options, operands={
             0: lambda t: TmaOperand(t, [1, 1, bm, D]), 1: lambda t: TmaOperand(t, [1, 1, bn, D]),
             2: lambda t: TmaOperand(t, [1, 1, D, bn]), 3: lambda t: TmaOperand(t, [1, 1, bm, D])})
@@ -179,7 +183,7 @@ class _GluonLayout:
 
     __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
 
-    def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows):
+    def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block=False):
         unknown = set(cfg) - configs.GLUON_KEYS
         if unknown:  # a variant's key: the kernel has only what the shipped configs use (issue 30)
             raise ValueError(f"attention_fp8: config keys {sorted(unknown)} are not the Gluon kernel's (the variants "
@@ -193,17 +197,22 @@ class _GluonLayout:
             CAUSAL=causal, Q_PER_ROW=q_per_row, K_PER_ROW=k_per_row and not k_per_block, STAGES=cfg["stages"],
             CONSUMERS=self.consumers, Q_BUFFERS=cfg.get("q_buffers", 1), K_PER_BLOCK=k_per_block,
             P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=int(cfg.get("p_linear", 0)), num_warps=4)
+        if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
+            if self.block_n != SCALE_BLOCK:
+                raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
+                                 f"kernel's block_n = {SCALE_BLOCK}; got {self.block_n}")
+            self.options["V_PER_BLOCK"] = True
         check_rescale(0.0, self.options["P_SHIFT"])
         if self.options["P_LINEAR"] not in (0, 1):
             raise ValueError(f"attention_fp8: p_linear must be 0 (exp2) or 1 (the codes); got {cfg['p_linear']!r}")
 
 
 def gluon_options(q, k, config: dict, causal: bool, q_per_row: bool = False, k_per_row: bool = False, k_n: int = 1,
-                  k_rows: int = 1) -> dict:
+                  k_rows: int = 1, v_per_block: bool = False) -> dict:
     """The Gluon kernel's compile-time options (num_warps among them) that ``forward`` launches a call with: q and k
     the call's (or tensors of their shapes), ``config`` a plan's (configs.gluon_config), the descales' forms as
     scale_operand gives them. For compile probes (experiments/attention_fp8/sass_fp8.py, ptx_shipped.py)."""
-    return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows).options)
+    return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block).options)
 
 
 def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):

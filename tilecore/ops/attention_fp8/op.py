@@ -35,7 +35,8 @@ def _name(dtype) -> str:
 
 
 def _scale_shapes(B: int, H: int, rows: int, what: str) -> list[tuple]:
-    return [(B, H), (B, H, math.ceil(rows / SCALE_BLOCK)), (B, H, rows)] if what != "v" else [(B, H)]
+    blocks = [(B, H), (B, H, math.ceil(rows / SCALE_BLOCK))]
+    return blocks + [(B, H, rows)] if what != "v" else blocks
 
 
 def check_scale(scale, what: str, B: int, H: int, rows: int, device, values: bool = True) -> None:
@@ -43,7 +44,7 @@ def check_scale(scale, what: str, B: int, H: int, rows: int, device, values: boo
     every value finite and > 0 (checked on the host: one synchronization)."""
     shapes = _scale_shapes(B, H, rows, what)
     accepted = " or ".join(str(s) for s in shapes)
-    meaning = ("per (batch, kv head)" if what == "v" else
+    meaning = (f"per (batch, kv head) or per block of {SCALE_BLOCK} keys" if what == "v" else
                f"per (batch, head), per block of {SCALE_BLOCK} {'queries' if what == 'q' else 'keys'}, or per "
                f"{'query' if what == 'q' else 'key'}")
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
@@ -138,8 +139,8 @@ def check_scale_values(q_scale, k_scale, v_scale) -> None:
         ok = torch.stack([((s > 0) & torch.isfinite(s)).all() for s in (q_scale, k_scale, v_scale)]).tolist()
         for good, scale, what in zip(ok, (q_scale, k_scale, v_scale), "qkv"):
             if not good:
-                check_scale(scale, what, scale.shape[0], scale.shape[1], scale.shape[2] if scale.dim() == 3 else 0,
-                            device)
+                rows = scale.shape[2] * (SCALE_BLOCK if what == "v" else 1) if scale.dim() == 3 else 0
+                check_scale(scale, what, scale.shape[0], scale.shape[1], rows, device)
 
 
 def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype: torch.dtype,
@@ -197,8 +198,9 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
 
     Descales (float32; the dequantized tensor is codes x descale): ``q_scale`` (B, Hq) per (batch,
     head), (B, Hq, ceil(N / 128)) per block of 128 queries, or (B, Hq, N) per query; ``k_scale`` the
-    same over (B, Hkv) and Nk keys; ``v_scale`` (B, Hkv) per (batch, kv head) only (a per-key v scale
-    would sit inside P V's sum). Every value finite and > 0: checked with one host synchronization a
+    same over (B, Hkv) and Nk keys; ``v_scale`` (B, Hkv) per (batch, kv head) or (B, Hkv, ceil(Nk / 128)) per block
+    of 128 keys (the kernels fold a block's descale into O's rescale once a step; a per-key v scale would sit inside
+    P V's sum, so there is none). Every value finite and > 0: checked with one host synchronization a
     call, which on a GPU costs the call its overlap with the previous ones (at short sequences the
     call's time); ``check_scales=False`` skips it where the scales come from a quantizer
     (attention_fp8_rotated's do).
@@ -250,8 +252,8 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
 
 @torch.library.custom_op("tilecore::attention_fp8_quantize", mutates_args=())
 def quantize_inputs_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotate: bool, k_scales: str, quantizer: str,
-                       v_amax_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                     torch.Tensor, torch.Tensor]:
+                       v_amax_kernel: bool, v_scales: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_fp8_rotated's rotate-and-quantize step as one custom op, so that the convenience path traces under
     torch.compile (its kernels are launched directly, not as ops). Its CPU and CUDA kernels are
     quantize.quantize_inputs, registered by the quantize module (which imports this one)."""
@@ -260,11 +262,12 @@ def quantize_inputs_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotate
 
 
 @quantize_inputs_op.register_fake
-def _(q, k, v, rotate, k_scales, quantizer, v_amax_kernel):
+def _(q, k, v, rotate, k_scales, quantizer, v_amax_kernel, v_scales):
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     k_scale_shape = {"tensor": (B, Hkv), "block": (B, Hkv, math.ceil(Nk / SCALE_BLOCK)), "token": (B, Hkv, Nk)}
     f32 = torch.float32
     return (q.new_empty(q.shape, dtype=FP8), q.new_empty((B, H, N), dtype=f32), k.new_empty(k.shape, dtype=FP8),
             k.new_empty(k_scale_shape[k_scales], dtype=f32),
-            v.new_empty((B, Hkv, D, -(-Nk // KEY_CHUNK) * KEY_CHUNK), dtype=FP8), v.new_empty((B, Hkv), dtype=f32))
+            v.new_empty((B, Hkv, D, -(-Nk // KEY_CHUNK) * KEY_CHUNK), dtype=FP8),
+            v.new_empty((B, Hkv) if v_scales == "head" else (B, Hkv, math.ceil(Nk / SCALE_BLOCK)), dtype=f32))

@@ -12,7 +12,7 @@ import torch
 
 from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8, quantize_inputs_op
 from tilecore import dispatch
-from tilecore.ops.attention_fp8 import kernels_tl
+from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
 from tilecore.tiles.launch import CachedLaunch
 
@@ -28,16 +28,32 @@ def _descale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
 
 
-def quantize_v_permuted(v: torch.Tensor, *, amax_kernel: bool = False,
+def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool = False,
                         permute_in_registers: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, descale) of v (B, H, Nk, D) per (batch, head) into the Hopper kernel's layout (as
     quantize_fp8(v, per="head", layout="keys_permuted")), by one read of v for its amax (torch's
     vector_norm; ``amax_kernel``: kernels_tl.head_amax, atomic maxima) and one tl kernel (read, quantize,
     write transposed and permuted; ``permute_in_registers``: the tile transposed and permuted in registers,
-    stored with contiguous addresses) on kernel devices."""
+    stored with contiguous addresses) on kernel devices. ``per="block"`` (session 34): a descale per block of 128
+    keys, (B, H, ceil(Nk / 128)) as quantize_fp8(v, per="block", layout="keys_permuted"), computed by the same
+    kernel from the block it holds: one read of v, not two."""
+    if per not in ("head", "block"):
+        raise ValueError(f"quantize_v_permuted: per must be 'head' or 'block'; got {per!r}")
     B, H, N, D = v.shape
     if dispatch.backend_for(v.device) != "kernel" or N == 0 or D > 256:
-        return quantize_fp8(v, per="head", layout="keys_permuted")
+        return quantize_fp8(v, per=per, layout="keys_permuted")
+    n_out = -(-N // KEY_CHUNK) * KEY_CHUNK
+    if per == "block":
+        n_scales = -(-N // SCALE_BLOCK)
+        descale = torch.empty((B, H, n_scales), dtype=torch.float32, device=v.device)
+        out = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=v.device)
+        with dispatch.on_device(v.device):
+            _QUANTIZE_V[(B * H, n_scales)](v, out, descale, *v.stride(), H, N, D, n_out,
+                                           EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=SCALE_BLOCK,
+                                           BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                                           PERMUTE_IN_REGISTERS=permute_in_registers, PER_BLOCK=True,
+                                           n_scales=n_scales)
+        return out, descale
     if amax_kernel:
         amax = torch.zeros((B, H), dtype=torch.float32, device=v.device)
         rows = 32 if dispatch.interpreted(v.device) else 256
@@ -47,7 +63,6 @@ def quantize_v_permuted(v: torch.Tensor, *, amax_kernel: bool = False,
     else:
         amax = torch.linalg.vector_norm(v, ord=float("inf"), dim=(2, 3), dtype=torch.float32)
     descale = _descale(amax).contiguous()
-    n_out = -(-N // KEY_CHUNK) * KEY_CHUNK
     out = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=v.device)
     block_k = 32 if dispatch.interpreted(v.device) else 128
     with dispatch.on_device(v.device):
@@ -184,9 +199,13 @@ K_SCALES = ("tensor", "token", "block")
 QUANTIZERS = ("hadamard_quantize", "fused")
 
 
+V_SCALES = ("head", "block")
+
+
 def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                           scale: float | None = None, rotate: bool = True, return_lse: bool = False,
-                          k_scales: str = "block", quantizer: str = "fused", v_amax_kernel: bool = False):
+                          k_scales: str = "block", quantizer: str = "fused", v_amax_kernel: bool = False,
+                          v_scales: str | None = None):
     """Attention of bf16/fp16 (and, on the CPU, float32) tensors in FP8, end to end: with ``rotate``,
     q and k rotated by one random-sign Hadamard transform of the head dim (H diag(s) / sqrt(D), s
     fixed per head_dim: q k^T unchanged, outliers spread over the head dim; FlashAttention-3's
@@ -208,7 +227,10 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     |k_j|_2 / 448 never saturates; a few times more headroom than needed, which e4m3's floating point
     loses nothing to but the subnormals; the norms cost a pass over k), or "token" (per key: a per-key
     factor in the kernel's every step, slower). V: quantize_v_permuted (``v_amax_kernel``: its amax by
-    kernels_tl.head_amax instead of torch's vector_norm)."""
+    kernels_tl.head_amax instead of torch's vector_norm). ``v_scales`` (None: configs.ROTATED["v_scales"]): "head",
+    one descale a (batch, kv head), its amax a pass over v before the quantizing one; or "block" (session 34), one a
+    block of 128 keys, computed in the quantizing pass (v read once: the end-to-end gap's 268 MB at B16 H16 N4096
+    D128), which the kernels fold into O's rescale once a key block."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
@@ -225,19 +247,25 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
         raise ValueError(f"attention_fp8_rotated: quantizer must be 'hadamard_quantize' or 'fused'; got {quantizer!r}")
     if k_scales == "block" and quantizer != "fused":
         raise ValueError("attention_fp8_rotated: k_scales='block' needs quantizer='fused'")
+    v_scales = configs.ROTATED["v_scales"] if v_scales is None else v_scales
+    if v_scales not in V_SCALES:
+        raise ValueError(f"attention_fp8_rotated: v_scales must be 'head' or 'block'; got {v_scales!r}")
     if dispatch.plain_eager(q, k, v):
-        q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs(q, k, v, rotate, k_scales, quantizer, v_amax_kernel)
+        q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs(q, k, v, rotate, k_scales, quantizer, v_amax_kernel,
+                                                                v_scales)
     else:  # traced (torch.compile) or under a mode: the custom op (op.py), whose fake gives the shapes
-        q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs_op(q, k, v, rotate, k_scales, quantizer, v_amax_kernel)
+        q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs_op(q, k, v, rotate, k_scales, quantizer, v_amax_kernel,
+                                                                   v_scales)
     return attention_fp8(q8, k8, v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
                          softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse, v_layout="keys_permuted",
                          check_scales=False)
 
 
-def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax_kernel: bool):
+def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax_kernel: bool,
+                    v_scales: str = "head"):
     """attention_fp8_rotated's quantization (its arguments checked): (q8, q_scale (B, Hq, N), k8, k_scale,
-    v8 in the kernel's layout, v_scale (B, Hkv)); k_scale (B, Hkv) ("tensor"), (B, Hkv, ceil(Nk / 128))
-    ("block") or (B, Hkv, Nk) ("token")."""
+    v8 in the kernel's layout, v_scale (B, Hkv) or with ``v_scales="block"`` (B, Hkv, ceil(Nk / 128))); k_scale
+    (B, Hkv) ("tensor"), (B, Hkv, ceil(Nk / 128)) ("block") or (B, Hkv, Nk) ("token")."""
     from tilecore.ops.hadamard import hadamard_quantize
 
     signs = rotation_signs(q.shape[-1], q.device) if rotate else None
@@ -249,7 +277,7 @@ def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax
             k_scale = k_descale.expand(k.shape[0], k.shape[1]).contiguous()
         else:
             k8, k_scale = rotate_quantize(k, rotate=rotate, signs=signs, scales=k_scales)
-        v8, v_scale = quantize_v_permuted(v, amax_kernel=v_amax_kernel)
+        v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
         return q8, q_scale, k8, k_scale, v8, v_scale
     q8, q_scale = hadamard_quantize(q, format="fp8_e4m3", rotate=rotate, randomized_signs=signs)
     if k_scales == "token":
@@ -260,7 +288,7 @@ def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax
         k_descale = _descale(bound)
         k8, _ = hadamard_quantize(k, format="fp8_e4m3", rotate=rotate, randomized_signs=signs, scale=k_descale)
         k_scale = k_descale.expand(k.shape[0], k.shape[1]).contiguous()
-    v8, v_scale = quantize_v_permuted(v, amax_kernel=v_amax_kernel)
+    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
     return q8, q_scale.squeeze(-1), k8, k_scale, v8, v_scale
 
 

@@ -4,7 +4,8 @@ the CPU path.
 
 Descales (see op.py): the dequantized inputs are q = q8 * q_scale, k = k8 * k_scale, v = v8 * v_scale,
 with q_scale and k_scale per (batch, head), per block of ``SCALE_BLOCK`` rows or per row, v_scale per
-(batch, kv head). Masks as tilecore.attention: causal aligned to the bottom right (query i sees keys
+(batch, kv head) or (session 34) per block of ``SCALE_BLOCK`` keys (the Hopper kernel folds a block's descale into
+O's rescale: O is carried in units of the last block's descale). Masks as tilecore.attention: causal aligned to the bottom right (query i sees keys
 j <= i + Nk - N); a row with no key gets 0 and lse -inf.
 
 The kernels' math (FlashAttention-3's FP8 forward), in base 2, for each block of ``block_n`` keys:
@@ -113,7 +114,7 @@ def dequantized(q8, k8, v8, q_scale, k_scale, v_scale, dtype=torch.float64):
     """(q, k, v) dequantized in ``dtype``: codes times their descales."""
     q = q8.to(dtype) * expand_scale(q_scale, q8.shape[:3], q8.shape[2]).to(dtype)[..., None]
     k = k8.to(dtype) * expand_scale(k_scale, k8.shape[:3], k8.shape[2]).to(dtype)[..., None]
-    v = v8.to(dtype) * v_scale.to(dtype)[:, :, None, None]
+    v = v8.to(dtype) * expand_scale(v_scale, v8.shape[:3], v8.shape[2]).to(dtype)[..., None]
     return q, k, v
 
 
@@ -166,7 +167,11 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
     ks = expand_scale(k_scale, k8.shape[:3], Nk).to(f32).repeat_interleave(group, 1)
     k = k8.to(f32).repeat_interleave(group, 1)
     v = v8.to(f32).repeat_interleave(group, 1)
-    vs = v_scale.to(f32).repeat_interleave(group, 1)[:, :, None, None]
+    if v_scale.dim() == 3:  # per block of SCALE_BLOCK keys: inside P V's sum (v dequantized a key at a time)
+        v = v * expand_scale(v_scale, v8.shape[:3], Nk).to(f32).repeat_interleave(group, 1)[..., None]
+        vs = torch.ones((), dtype=f32, device=q8.device)
+    else:
+        vs = v_scale.to(f32).repeat_interleave(group, 1)[:, :, None, None]
     out = torch.empty((B, Hq, N, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, Hq, N), dtype=f32, device=q8.device)
     for r0 in range(0, N, rows_at_once):
