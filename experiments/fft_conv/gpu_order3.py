@@ -46,7 +46,7 @@ def correlation(u64, k64):
     return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
 
 
-def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False) -> dict:
+def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False, kg=1) -> dict:
     if nan:
         B, H = 5, 3
     g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan + 11 * (dtype == torch.float16))
@@ -55,11 +55,12 @@ def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False) -> dict:
         u[2, 1, n // 3] = float("nan")
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
     y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
-    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig)
+    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg)
     y = y.cpu()
     ref = correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
     name = str(dtype).removeprefix("torch.")
-    row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig)
+    row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig,
+               kg=kg)
     if nan:
         rest = torch.ones(B, H, dtype=torch.bool)
         rest[2, 1] = False
@@ -100,9 +101,10 @@ def timed(n, what, fn, base=None):
 def main():
     ok = True
     # 8192: the new kernel's checks first (a fault shows here, before any timing)
-    for dtype, conj, nan in ((torch.bfloat16, False, False), (torch.bfloat16, True, False),
-                             (torch.float16, False, False), (torch.bfloat16, False, True)):
-        ok &= check(8192, dtype, conj, nan=nan)["ok"]
+    for dtype, conj, nan, kg in ((torch.bfloat16, False, False, 1), (torch.bfloat16, True, False, 1),
+                                 (torch.float16, False, False, 1), (torch.bfloat16, False, True, 1),
+                                 (torch.bfloat16, False, False, 2), (torch.bfloat16, False, True, 2)):
+        ok &= check(8192, dtype, conj, nan=nan, kg=kg)["ok"]  # (kg: the kernel's KG, k1 values a chunk)
     u, spectrum, k = inputs(8192)
     y = torch.full_like(u, float("nan"))
     conv_launch.launch_order3(u, spectrum, y)  # (the timing inputs: B16 H768, a slice against float64)
@@ -110,12 +112,13 @@ def main():
     ok &= bool(torch.isfinite(y).all()) and agree <= BOUNDS["bfloat16"]
     say("order3 vs float64 at the timing inputs (B2 H64):", agree)
     rows.append(dict(n=8192, what="order3 timing inputs vs float64", err_over_floor=agree))
-    variants = [(2, True), (1, True)]  # (2 programs a SM by shared memory: 98.5 KiB each)
+    variants = configs.GLUON_ORDER3_CANDIDATES[8192]  # (programs a SM, CONTIG, KG)
     shipped_ms = timed(8192, f"shipped ({conv_plan(8192, u.device).path})", lambda: fft_conv(u, spectrum))
     results = {}
-    for per_sm, contig in variants:
-        results[(per_sm, contig)] = timed(8192, f"order3 {per_sm}/SM {'contig' if contig else 'strided'}",
-                                          lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig))
+    for per_sm, contig, kg in variants:
+        results[(per_sm, contig, kg)] = timed(
+            8192, f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg}",
+            lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg))
     base = timed(8192, "torch.fft", lambda: torch_fft(u, spectrum))
     for row in table:
         if row["n"] == 8192:
@@ -142,7 +145,7 @@ def main():
     with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
         json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
     print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3 at 8192: "
-          + ", ".join(f"{r['dtype']}{' conj' if r['conj'] else ''} {r['err_over_floor']:.3f}" for r in rows
+          + ", ".join(f"kg {r['kg']} {r['dtype']}{' conj' if r['conj'] else ''} {r['err_over_floor']:.3f}" for r in rows
                       if r.get("what") == "order3") + ")")
     print(f"time at B16 H768 bf16 (do_bench medians), {torch.cuda.get_device_name()}")
     print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11}")

@@ -23,16 +23,17 @@ def _correlation(u64, k64):
     return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
 
 
-@pytest.mark.parametrize("dtype, conj, bound", [(torch.bfloat16, False, 1.2), (torch.bfloat16, True, 1.2),
-                                                (torch.float16, False, 3.5)])
-def test_order3_arithmetic_matches_float64(dtype, conj, bound):
+@pytest.mark.parametrize("dtype, conj, bound, kg", [(torch.bfloat16, False, 1.2, 1), (torch.bfloat16, True, 1.2, 1),
+                                                    (torch.float16, False, 3.5, 1), (torch.bfloat16, False, 1.2, 2),
+                                                    (torch.bfloat16, True, 1.2, 2)])
+def test_order3_arithmetic_matches_float64(dtype, conj, bound, kg):
     n = 8192
     a, b, _ = gluon_order3.factors(n)
     g = torch.Generator().manual_seed(34 + conj)
     u = torch.randn(3, 1, n, generator=g).to(dtype)  # an odd batch: the last pair's half absent
     # a filter whose spectrum peaks away from chunk 0's bins: the chunks' scales differ (1'a's ratios < 1)
     k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(dtype)
-    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n), conj, a, b)
+    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n), conj, a, b, kg)
     ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
     assert torch.isfinite(y).all()
     err = accuracy.error_over_floor(y, ref)
@@ -69,7 +70,7 @@ def test_order3_operands_are_the_dft_factors():
 
 
 CODE = """
-import json, re, torch
+import json, re, sys, torch
 from tilecore.ops.fft_conv import gluon_order3
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 n = 8192
@@ -77,7 +78,7 @@ a, b, _ = gluon_order3.factors(n)
 t = torch.empty(64, dtype=torch.bfloat16); f16 = torch.empty(64, dtype=torch.float16); f32 = torch.empty(64, dtype=torch.float32)
 args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
             batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
-            A=a, B=b)
+            A=a, B=b, KG=int(sys.argv[1]))
 compiled = compile_kernel(gluon_order3.fft_conv_gluon_order3_kernel, args, num_warps=4)
 ptx = compiled.asm["ptx"]
 print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
@@ -85,9 +86,10 @@ print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), sins=len(
 """
 
 
-def test_order3_compiles_for_hopper_with_wgmma_and_no_spill():
+@pytest.mark.parametrize("kg", [1, 2])
+def test_order3_compiles_for_hopper_with_wgmma_and_no_spill(kg):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-c", CODE, str(kg)], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     row = json.loads(r.stdout)
     assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and not row["tma"], row
@@ -110,18 +112,20 @@ def test_order3_launch_binds_every_argument(monkeypatch):
     u = torch.randn(5, 3, n).to(torch.bfloat16)
     y = torch.empty_like(u)
     spectrum = filter_spectrum(torch.randn(3, n), n)
-    conv_launch.launch_order3(u, spectrum, y, True, per_sm=2, contig=False)
+    conv_launch.launch_order3(u, spectrum, y, True, per_sm=2, contig=False, kg=2)
     kernel = gluon_order3.fft_conv_gluon_order3_kernel
     names = [p.name for p in kernel.params]
     bound = dict(zip(names, seen["args"])) | seen["options"]
     assert set(names) <= set(bound), set(names) - set(bound)
     assert bound["U"] is u and bound["Y"] is y and bound["A"] == 256 and bound["B"] == 64 and bound["CONJ"] is True
-    assert bound["CONTIG"] is False and bound["batch"] == 5 and bound["heads"] == 3
+    assert bound["CONTIG"] is False and bound["batch"] == 5 and bound["heads"] == 3 and bound["KG"] == 2
     assert bound["K"].dtype == torch.float32 and bound["K"].shape == (3, n + 1, 2)
     assert bound["stride_kh"] == 2 * (n + 1) and bound["stride_ub"] == 3 * n and bound["stride_uh"] == n
     assert torch.equal(torch.view_as_complex(bound["K"]), spectrum)
     assert seen["grid"] == (min(3 * 3, 2 * 132),)  # never more programs than pairs (3 channels x 3 pairs)
-    assert bound["T1RE"].shape == (16, 16) and bound["F2RE"].dtype == torch.float16
+    # F2: two copies of F_16 on the diagonal of a 32 x 32 (a chunk's stage 1b at KG 2)
+    assert bound["T1RE"].shape == (16, 16) and bound["F2RE"].dtype == torch.float16 and bound["F2RE"].shape == (32, 32)
+    assert torch.equal(bound["F2RE"][16:, 16:], bound["F16RE"]) and not bound["F2IM"][:16, 16:].any()
     assert inspect.signature(conv_launch.launch_order3).parameters["per_sm"].default == 2
 
 
@@ -135,8 +139,8 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
     with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
         monkeypatch.delitem(configs.GLUON_ORDER3, 8192, raising=False)
         assert conv_plan.plan(8192, meta, torch.bfloat16).path == "long"  # off: no entry
-        monkeypatch.setitem(configs.GLUON_ORDER3, 8192, (2, True))
-        assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 2, True)
+        monkeypatch.setitem(configs.GLUON_ORDER3, 8192, (2, True, 2))
+        assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 2, True, 2)
         assert conv_plan.plan(8192, meta, torch.float32).path != "order3"  # 16-bit u only
     assert conv_plan.plan(8192, torch.device("cpu"), torch.bfloat16).path != "order3"  # never interpreted
     with pytest.raises(ValueError, match="N = 8192"):
@@ -156,8 +160,8 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     u = torch.randn(2, 1, 8192).to(torch.bfloat16)
     y = torch.empty_like(u)
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
-    conv_launch.launch(conv_plan.order3_plan(8192, 1, False), u, spectrum, y, True, key="k")
-    assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y and seen[0][3:] == (True, 1, False, "k")
+    conv_launch.launch(conv_plan.order3_plan(8192, 1, False, 2), u, spectrum, y, True, key="k")
+    assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y and seen[0][3:] == (True, 1, False, "k", 2)
 
 
 def test_model_counts_order3_below_order2():

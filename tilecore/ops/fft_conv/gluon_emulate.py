@@ -177,17 +177,19 @@ def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):
     return torch.where(bad[:, None], float("nan"), dk)
 
 
-def emulate_order3(u, spectrum, conj: bool, a: int, b: int):
+def emulate_order3(u, spectrum, conj: bool, a: int, b: int, kg: int = 1):
     """gluon_order3.fft_conv_gluon_order3_kernel's arithmetic, step for step (RFFT 2, the twiddles computed): A = 16 A2,
     a = A2 a1 + a2, k_a = k1 + 16 k2; 1a (x_a2 @ F_16, the twiddle W_A^(a2 k1), float16 into T), per chunk k1 the
     chunked kernel's stages on T[k1]^T with F_A2 in F_A's place (forward_stages / inverse_stages, each chunk at its
     own scale; T'[k1] float16), then 1'a (T' x s_k1 / s x conj(W_A^(a2 k1)), float16, @ conj(F_16)[:, :8]) and the
-    epilogue (s / L x the sequence's scale). u (B, H, N), 2N = a b; spectrum: the rfft (H, N + 1)."""
+    epilogue (s / L x the sequence's scale). u (B, H, N), 2N = a b; spectrum: the rfft (H, N + 1); ``kg``: the kernel's
+    KG (k1 values a chunk: its columns A2 l + k2 at k_a = k1 + l + 16 k2, stage 1b with kg copies of F_A2 on the
+    diagonal, one scale a chunk)."""
     from tilecore.ops.fft_conv.launch import order3_operands
 
     Bt, H, N = u.shape
     half, L, a2n = a // 2, a * b, a // 16
-    ops = {name: t.float() for name, t in order3_operands(a, b, u.device).items()}
+    ops = {name: t.float() for name, t in order3_operands(a, b, u.device, kg).items()}
     tf_re, tf_im = computed_twiddles(a, b)
     tile = kernel_spectrum(spectrum, a, b, conj, True)
     f16re, f16im, f2re, f2im = ops["F16RE"], ops["F16IM"], ops["F2RE"], ops["F2IM"]
@@ -213,14 +215,17 @@ def emulate_order3(u, spectrum, conj: bool, a: int, b: int):
                 rre, rim = rre * t1re[a2] - rim * t1im[a2], rre * t1im[a2] + rim * t1re[a2]
                 t_re[:, a2], t_im[:, a2] = _h16(rre).T, _h16(rim).T
             scales = torch.zeros(16)
-            for k1 in range(16):  # the chunks: k_a = k1 + 16 k2
-                cols = k1 + 16 * torch.arange(a2n)
-                yre, yim, s = forward_stages(t_re[k1].T, t_im[k1].T, f2re, f2im, tf_re[:, cols], tf_im[:, cols],
+            for k1 in range(0, 16, kg):  # the chunks: column A2 l + k2 at k_a = k1 + l + 16 k2
+                cols = (k1 + torch.arange(kg)[:, None] + 16 * torch.arange(a2n)[None, :]).reshape(-1)
+                xre = t_re[k1:k1 + kg].reshape(kg * a2n, b).T
+                xim = t_im[k1:k1 + kg].reshape(kg * a2n, b).T
+                yre, yim, s = forward_stages(xre, xim, f2re, f2im, tf_re[:, cols], tf_im[:, cols],
                                              ops["FBRE"], ops["FBIM"], tile[h, 0][:, cols], tile[h, 1][:, cols])
                 dre, dim, s = inverse_stages(yre, yim, s, f2re, f2im, tf_re[:, cols], tf_im[:, cols], ops["FBRE"],
                                              ops["FBIM"])
-                t_re[k1], t_im[k1] = _h16(dre).T, _h16(dim).T
-                scales[k1] = s
+                t_re[k1:k1 + kg] = _h16(dre).T.reshape(kg, a2n, b)
+                t_im[k1:k1 + kg] = _h16(dim).T.reshape(kg, a2n, b)
+                scales[k1:k1 + kg] = s
             running = scales.max()
             ratio = scales / running
             out_re = torch.empty(b, half)

@@ -102,22 +102,27 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
-                                 CONTIG: gl.constexpr = True):
+                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
 
     U, Y: (batch, heads, N) rows with unit stride along N = A B / 2. K: the rfft (heads, N + 1) complex64 as float32
     (re, im) pairs (the kernel reads bins f and L - f itself, RFFT 2). F16 (16, 16), F2 (A2, A2), FB (B, B): float16
-    DFT matrices; T1 (A2, 16) float32 = W_A^(a2 k1) (launch.order3_operands). 4 warps; B = 64, A = 16 A2."""
+    DFT matrices; T1 (A2, 16) float32 = W_A^(a2 k1) (launch.order3_operands). 4 warps; B = 64, A = 16 A2. KG: the
+    values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
+    F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
+    scale), fewer and wider steps for the same stages 2-3'."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and A2 >= 16, "A = 16 A2, A2 >= 16")
+    gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
+    C: gl.constexpr = KG * A2  # a chunk's columns
     L: gl.constexpr = A * B
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
     lhs1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc1, k_width=2)
-    acc: gl.constexpr = wgmma_layout(B, A2, 4)
+    acc: gl.constexpr = wgmma_layout(B, C, 4)
     lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     acc8: gl.constexpr = wgmma_layout(B, 8, 4)
     lhs8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc8, k_width=2)
@@ -125,37 +130,39 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-    rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # T[k1] [A2, B]: threads along m
+    rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
 
     f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
     f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
     f8re = _resident(F16RE, 16, 8, 16, 0, False, table)  # F_16[:, :8]: stage 1''a's (conjugated)
     f8im = _resident(F16IM, 16, 8, 16, 0, False, table)
-    f2re = _resident(F2RE, A2, A2, A2, 0, False, table)  # F_A2: stages 1b, 1'b
-    f2im = _resident(F2IM, A2, A2, A2, 0, False, table)
+    f2re = _resident(F2RE, C, C, C, 0, False, table)  # KG x F_A2 on the diagonal: stages 1b, 1'b
+    f2im = _resident(F2IM, C, C, C, 0, False, table)
     fbre = _resident(FBRE, B, B, B, 0, False, table)
     fbim = _resident(FBIM, B, B, B, 0, False, table)
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
     T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
-    # the same bytes seen as 16 blocks [A2, B] (a chunk's T[k1], indexed at run time; no swizzle: the same order)
+    # the same bytes seen as 16 / KG blocks [C, B] (chunk j's T[KG j .. KG j + KG - 1], indexed at run time; no
+    # swizzle: the same order)
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    Tk_re = T_re._reinterpret(gl.float16, [16, A2, B], rows_layout)
-    Tk_im = T_im._reinterpret(gl.float16, [16, A2, B], rows_layout)
-    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A2], gl.float16)
-    tile_re = gl.allocate_shared_memory(gl.float16, [B, A2], stage_layout)
-    tile_im = gl.allocate_shared_memory(gl.float16, [B, A2], stage_layout)
+    Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+    Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
+    tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+    tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
     fence_async_shared()
     gl.thread_barrier()
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, 0, 1, False)
 
-    # a chunk's offsets m A + k_a into the (B, A) index space, k_a = k1 + 16 k2 (k1 added a chunk): the twiddles
-    # W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after stage 3), the spectrum's bins
+    # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
+    # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after
+    # stage 3), the spectrum's bins
     t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
-    t_k = gl.arange(0, A2, layout=gl.SliceLayout(0, acc))
-    tab = gl.expand_dims(t_m, 1) * A + 16 * gl.expand_dims(t_k, 0)
-    zeros = gl.zeros([B, A2], gl.float32, acc)
+    t_k = gl.arange(0, C, layout=gl.SliceLayout(0, acc))
+    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(16 * (t_k % A2) + t_k // A2, 0)
+    zeros = gl.zeros([B, C], gl.float32, acc)
     HALF: gl.constexpr = A // 2
     s_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
     s_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
@@ -182,16 +189,17 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         spectrum = K + h * stride_kh
         running = scale_re * 0.0  # the largest chunk scale
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
-        for k1 in range(16):  # (a loop, not unrolled)
-            xre = gl.convert_layout(gl.permute(Tk_re.index(k1).load(rows), (1, 0)), lhs)  # T[k1]^T: [B, A2]
-            xim = gl.convert_layout(gl.permute(Tk_im.index(k1).load(rows), (1, 0)), lhs)
+        for j in range(16 // KG):  # (a loop, not unrolled)
+            k1 = j * KG
+            xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
+            xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
             kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early)
             yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)
             dre, dim, s = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, s, zeros, lhs, False)
             gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)
-            Tk_re.index(k1).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
-            Tk_im.index(k1).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
-            scales = gl.where(kvec == k1, s, scales)
+            Tk_re.index(j).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
+            Tk_im.index(j).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
+            scales = gl.where(kvec // KG == j, s, scales)
             running = gl.maximum(running, s)
         gl.thread_barrier()  # T' written
         ratio = scales / running

@@ -128,7 +128,7 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path == "order3":
-        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key)
+        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key, plan.loop)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -335,13 +335,15 @@ def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) 
 
 
 @functools.lru_cache(maxsize=8)
-def order3_operands(a: int, b: int, device: torch.device) -> dict:
-    """gluon_order3's constants for L = a b, a = 16 A2: F_16, F_A2 and F_B in float16, T1 (A2, 16) = W_A^(a2 k1) in
-    float32."""
+def order3_operands(a: int, b: int, device: torch.device, kg: int = 1) -> dict:
+    """gluon_order3's constants for L = a b, a = 16 A2: F_16, F_B and F2 (``kg`` copies of F_A2 on the diagonal of a
+    (kg A2, kg A2) matrix: a chunk's stage 1b) in float16, T1 (A2, 16) = W_A^(a2 k1) in float32."""
     a2 = a // 16
     tables = {}
     for name, size in dict(F16=16, F2=a2, FB=b).items():
         re, im = _dft(size, size, size, size)
+        if name == "F2":
+            re, im = torch.block_diag(*[re] * kg), torch.block_diag(*[im] * kg)
         tables[name + "RE"], tables[name + "IM"] = re.half(), im.half()
     tables["T1RE"], tables["T1IM"] = _dft(a, a2, 16, a)
     return {name: t.to(device) for name, t in tables.items()}
@@ -352,15 +354,15 @@ CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
 
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
-                  contig: bool = True, key=None) -> None:
+                  contig: bool = True, key=None, kg: int = 1) -> None:
     """gluon_order3's kernel (N = 8192 on Hopper): y = the causal convolution of u (B, H, N; unit stride along N) with
     the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
-    correlation); ``per_sm`` persistent programs a multiprocessor."""
+    correlation); ``per_sm`` persistent programs a multiprocessor; ``kg`` values of k1 a chunk (the kernel's KG)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
     a, b = 2 * N // 64, 64
-    ops = order3_operands(a, b, u.device)
+    ops = order3_operands(a, b, u.device, kg)
     spectrum = spectrum.resolve_conj()
     k = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     pairs = H * -(-B // 2)
@@ -368,4 +370,4 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
                                       B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)),
-                          dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, num_warps=4))
+                          dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, num_warps=4))

@@ -116,14 +116,15 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                 yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale))
 
 
-def order3_plan(n: int, per_sm: int = 2, contig: bool = True) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 8192: A = 256);
-    ``per_sm`` persistent programs a multiprocessor (98.5 KiB of shared memory each: at most 2), ``contig``: each
-    program's pairs contiguous (a channel's in a row)."""
-    if n != 8192 or per_sm not in (1, 2) or contig not in (False, True):
-        raise ValueError(f"the order-3 Gluon kernel takes N = 8192 at 1 or 2 programs a multiprocessor; got N = {n}, "
-                         f"per_sm {per_sm}, contig {contig}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig)
+    ``per_sm`` persistent programs a multiprocessor (98.5 KiB of shared memory each, 105.5 with kg 2: at most 2),
+    ``contig``: each program's pairs contiguous (a channel's in a row); ``kg`` (the plan's ``loop``): values of k1 a
+    chunk, 1 or 2 (4 spills 168 B at 255 registers)."""
+    if n != 8192 or per_sm not in (1, 2) or contig not in (False, True) or kg not in (1, 2):
+        raise ValueError(f"the order-3 Gluon kernel takes N = 8192 at 1 or 2 programs a multiprocessor and 1 or 2 values "
+                         f"of k1 a chunk; got N = {n}, per_sm {per_sm}, contig {contig}, kg {kg}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
