@@ -72,6 +72,8 @@ HEDGEHOG_MAP_PRECISION = "tf32x3"
 # for sm_90a with tf32x3 without spilling (64 rows at 64 x 32: 231 registers; 64 x 64: 228 at 32 rows; 128 x 64 at 32
 # rows / 8 warps: 255, 0 B). 64 rows at <= 2048: 0.305 ms against 0.586 at 32 (timed in the run above, unchecked)
 HEDGEHOG_MAP_BWD_BLOCKS: tuple = ((4096, 32, 4), (8192, 32, 8))
+# the map backward's programs over all heads (each a range of rows and one float32 dW partial): ~4 an H100 SM
+HEDGEHOG_MAP_BWD_PROGRAMS = 512
 # Based's Gluon forward (Dk 16, no decay, Dv a multiple of 64): 10x parallel_based, GPU-checked
 GLUON_BASED = True
 GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)

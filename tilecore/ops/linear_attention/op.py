@@ -144,8 +144,10 @@ class _HedgehogMap(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         wide = torch.float32 if dispatch.interpreted(x.device) else None
         rows, warps = _map_bwd_block(x.shape[-1], weight.shape[-1])
-        dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, dx_dtype=wide, rows=rows, warps=warps,
-                                                       precision=configs.HEDGEHOG_MAP_PRECISION)
+        heads, blocks = x.shape[-2], -(-x.numel() // (x.shape[-2] * x.shape[-1] * rows))  # (blocks of rows a head)
+        programs = max(1, min(blocks, -(-configs.HEDGEHOG_MAP_BWD_PROGRAMS // heads)))  # (row ranges a head)
+        dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, programs=programs, dx_dtype=wide,
+                                                       rows=rows, warps=warps, precision=configs.HEDGEHOG_MAP_PRECISION)
         return (dx.to(x.dtype) if ctx.needs_input_grad[0] else None,
                 dw.to(weight.dtype) if ctx.needs_input_grad[1] else None)
 
