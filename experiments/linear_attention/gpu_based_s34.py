@@ -3,15 +3,16 @@ medians), a row printed as soon as it is timed.
 
 * Hedgehog (d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad): the public op's fwd and fwd+bwd as shipped since
   e185e97 (the one-pass map under autograd, tf32x3, configs.HEDGEHOG_MAP_BWD_BLOCKS), the same with the map backward
-  at 64 rows where Dk x F <= 2048 ("bwd r64": 0.305 ms against 0.586 in call 1, never checked), and torch's map under
+  at 64 rows where Dk x F <= 2048 ("bwd r64": 0.305 ms against 0.586 in call 1, never checked), with 1024 / 2048
+  programs (configs.HEDGEHOG_MAP_BWD_PROGRAMS, 512 shipped: 32 serial row blocks a program), and torch's map under
   autograd with and without W's gradient (call 1's 26.29 ms against session 33's 6.585 without it: is W's einsum
-  backward the difference?). Checks: o / dq / dk / dv / dW of the op (shipped and bwd r64) against float64 at N 200
-  and 1000, and at Dk 128, F 64 (the map backward's 32 rows / 8 warps) at N 200.
+  backward the difference?). Checks: o / dq / dk / dv / dW of the op (each row) against float64 at N 200 and 1000,
+  and at Dk 128, F 64 (the map backward's 32 rows / 8 warps) at N 200.
 * Based (d16 v64, B16 H16 N4096 bf16): launch.backward shipped against SYM (kernels_tl's symmetric quadratic state,
   configs.BASED_BWD_SYM) at 4 warps, 1 stage, 8 warps, value blocks of 64 at 8 warps, chunks of 32 at 8 warps and 1
   stage; each checked against the float64 recurrence's gradients (B1 H2 N 300) in a process of its own (which also
-  compiles it at the timed shape); two interleaved rounds. FLA parallel_based's fwd and fwd+bwd in a process of its own, timed after ours if its
-  compiles are done by PEER_READY s (else the row says so).
+  compiles it at the timed shape); two interleaved rounds. FLA parallel_based's fwd and fwd+bwd in a process of its
+  own, timed after ours if its compiles are done by PEER_READY s (else the row says so).
 * Mamba-2 2.7B (kernel alone, gpu_mamba_s32's launch and checks): shipped and LEAN + UPDATE_LATE, three interleaved
   rounds on a quiet GPU (FLA's compiles for Based only, finished or killed before), the napkin's bound and the copy.
 
@@ -257,12 +258,15 @@ def hh_inputs(n, dk=64, f=32, b=16, h=16, seed=0):
 
 
 def hh_setting(name: str):
-    """Set configs for the row: "shipped", "bwd r64", "torch map" (HEDGEHOG_FUSED_MAP_GRAD off)."""
+    """Set configs for the row: "shipped", "bwd r64" (64 rows), "bwd r64 pN" (and N programs over the heads: one float32
+    dW partial each), "torch map" (HEDGEHOG_FUSED_MAP_GRAD off)."""
     configs.HEDGEHOG_FUSED_MAP_GRAD = name != "torch map"
-    configs.HEDGEHOG_MAP_BWD_BLOCKS = R64 if name == "bwd r64" else SHIPPED_BLOCKS
+    configs.HEDGEHOG_MAP_BWD_BLOCKS = R64 if name.startswith("bwd r64") else SHIPPED_BLOCKS
+    configs.HEDGEHOG_MAP_BWD_PROGRAMS = int(name.split(" p")[1]) if " p" in name else SHIPPED_PROGRAMS
 
 
-SHIPPED_BLOCKS = configs.HEDGEHOG_MAP_BWD_BLOCKS
+SHIPPED_BLOCKS, SHIPPED_PROGRAMS = configs.HEDGEHOG_MAP_BWD_BLOCKS, configs.HEDGEHOG_MAP_BWD_PROGRAMS
+HH_ROWS = ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
 
 
 def hh_fwd(t):
@@ -270,7 +274,7 @@ def hh_fwd(t):
 
 
 def hedgehog_checks():
-    for n, dk, f, names in ((200, 64, 32, ("shipped", "bwd r64")), (1000, 64, 32, ("shipped", "bwd r64")),
+    for n, dk, f, names in ((200, 64, 32, ("shipped", "bwd r64")), (1000, 64, 32, HH_ROWS),
                             (200, 128, 64, ("shipped",))):
         t = hh_inputs(n, dk, f, 1, 2, seed=5 + n + dk)
         d = {x: t[x].detach().double().requires_grad_(True) for x in ("q", "k", "v", "W")}
@@ -304,7 +308,7 @@ def hedgehog_time():
     with torch.no_grad():
         hh_fwd(t)
         H["fwd_ms"] = attempt("hh fwd", lambda: bench(lambda: hh_fwd(t)))
-    for name in ("shipped", "bwd r64", "torch map"):
+    for name in HH_ROWS + ("torch map",):
         hh_setting(name)
         fb()  # (compiles)
         H[f"fwd_bwd_{name}_ms"] = attempt(f"hh {name}", lambda: bench(fb, grads))
@@ -349,9 +353,9 @@ def table() -> str:
     L = []
     H, P = RESULTS["hedgehog"], RESULTS["peer"]
     f = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
-    L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16 (ms): op fwd {f(H.get('fwd_ms'))}; fwd+bwd shipped "
-             f"{f(H.get('fwd_bwd_shipped_ms'))}, bwd r64 {f(H.get('fwd_bwd_bwd r64_ms'))}, torch map "
-             f"{f(H.get('fwd_bwd_torch map_ms'))} (without dW {f(H.get('fwd_bwd_torch map no dW_ms'))})")
+    L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16 (ms): op fwd {f(H.get('fwd_ms'))}; fwd+bwd "
+             + ", ".join(f"{n} {f(H.get(f'fwd_bwd_{n}_ms'))}" for n in HH_ROWS)
+             + f", torch map {f(H.get('fwd_bwd_torch map_ms'))} (without dW {f(H.get('fwd_bwd_torch map no dW_ms'))})")
     L.append("  (FLA torch features + chunk_linear_attn, s33 run 2: fwd 1.613, fwd+bwd 4.220)")
     for r in RESULTS["check"]:
         if r["case"].startswith("hedgehog"):
