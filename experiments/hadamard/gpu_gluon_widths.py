@@ -294,10 +294,10 @@ BALP = {**BAL, "perm": True}  # ... and PERM (H_64's columns permuted; the codes
 
 def s34_timed():
     """Session 34: the 148 x 128 wide kernel's UNITS with BALANCE (each consumer three output blocks, J = 2's mixing on
-    both: sm_90a 128 wgmma against 108, no spills) and PERM under UNITS (mxfp4 SASS 5144 -> 4936, SHFL 50 -> 14) against
+    both: sm_90a 128 wgmma against 108, no spills; int4 144, its other half's second product for the sub-row maxima) and PERM under UNITS (mxfp4 SASS 5144 -> 4936, SHFL 50 -> 14) against
     the shipped plans at 18944 (mxfp4, fp8, int8: UNITS; nvfp4: HALVES 2), bytes compared where UNITS ships."""
     cases = []
-    for fmt in ("mxfp4", "nvfp4", "fp8_e4m3", "int8"):
+    for fmt in ("mxfp4", "nvfp4", "fp8_e4m3", "int8", "int4"):
         cases.append(("q", fmt, 18944, "shipped", {}))
         if fmt in ("mxfp4", "nvfp4"):
             cases.append(("q", fmt, 18944, "balance_perm", BALP))
@@ -430,7 +430,8 @@ def check_cases(quick=False):
                 ("nvfp4", 18944, {}, "bfloat16", BALP), ("mxfp4", 18944, {}, "float16", BALP),
                 ("fp8_e4m3", 18944, {"scale": 0.01}, "float16", BAL), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", BAL),
                 ("mxfp4", 18944, {}, "bfloat16", PERM), ("nvfp4", 18944, {"scale": 0.002}, "float16",
-                                                         {"units": True, "perm": True})]
+                                                         {"units": True, "perm": True}),
+                ("int4", 18944, {}, "bfloat16", BAL)]
     if SET == "s33f":  # the shipped pow2 plans with PAIRS against float64
         return [("mxfp4", 2048, {}, "bfloat16", {}), ("nvfp4", 32768, {"scale": 0.002}, "bfloat16", {}),
                 ("int4", 4096, {}, "float16", {}), ("fp8_e4m3", 1024, {}, "bfloat16", {})]

@@ -62,6 +62,13 @@ def test_balance_data_flow_is_the_transform():
                 out[64 * J:64 * J + 64, 64 * h:64 * h + 64] = y * (m * p)**-0.5
         assert not torch.isnan(out).any()
         assert ((out[:m] - ref[r]).abs() <= 1e-12 * ref[r].abs().amax()).all()
+        # int4 (groups of 128 = a sub-row of both halves): consumer c's own half of J = 2 and the other (o), whose
+        # sub-row maxima both consumers take alike, are the padded row's sub-rows 128..191 over all 128 columns
+        w2a, w2b = mixed(2, 0), mixed(2, 1)
+        for c in range(2):
+            own, o = ((w2a + w2b), (w2a - w2b)) if c == 0 else ((w2a - w2b), (w2a + w2b))
+            ga = torch.maximum((own @ h64).abs().amax(1), (o @ h64).abs().amax(1)) * (m * p)**-0.5
+            assert torch.allclose(ga, out[128:].abs().amax(1), rtol=1e-12, atol=0)
 
 
 def test_relabelled_block_keeps_halves_2_group_slots():
@@ -83,15 +90,14 @@ def test_relabelled_block_keeps_halves_2_group_slots():
 
 
 def test_plan_switches_balance_and_perm_at_halves_2():
-    """balance reaches the kernel only with UNITS and groups other than 128 (int4's sub-row spans both halves of J = 2,
-    here on two consumers); perm at m x 128 only with UNITS and groups of 16 / 32; configs.QUANT_GLUON_BALANCE is
-    empty (untimed) and no shipped plan at 18944 changes."""
-    for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4"):
+    """balance reaches the kernel only with UNITS (every format; int4's groups of 128 span both halves of J = 2: each
+    consumer makes the other half's values too, for the sub-row maxima); perm at m x 128 only with UNITS and groups of
+    16 / 32; configs.QUANT_GLUON_BALANCE is empty (untimed) and no shipped plan at 18944 changes."""
+    for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"):
         cfg = _plan(fmt, gluon=True, units=True, balance=True).config
         assert cfg.get("UNITS") and cfg.get("BALANCE"), fmt
         assert not _plan(fmt, gluon=True, units=False, balance=True).config.get("BALANCE")
         assert not _plan(fmt, gluon=True).config.get("BALANCE")  # off by default
-    assert not _plan("int4", gluon=True, units=True, balance=True).config.get("BALANCE")
     assert _plan("mxfp4", gluon=True, units=True, perm=True).config.get("PERM")
     assert _plan("nvfp4", gluon=True, units=True, perm=True).config.get("PERM")
     assert not _plan("nvfp4", gluon=True, units=False, perm=True).config.get("PERM")  # HALVES 2 without UNITS
@@ -112,7 +118,7 @@ N = dict(units=True, scale_once=True, ktrim=True, nozero=True, clamp_lo=2)
 F = dict(units=True, ktrim=True, fold=True, clamp_lo=2)  # fp8's
 for fmt, kw in (("mxfp4", M), ("mxfp4", dict(M, balance=True)), ("mxfp4", dict(M, balance=True, perm=True)),
                 ("nvfp4", dict(N, balance=True, perm=True)), ("amax", dict(N, balance=True, perm=True)),
-                ("fp8_e4m3", F), ("fp8_e4m3", dict(F, balance=True))):
+                ("fp8_e4m3", F), ("fp8_e4m3", dict(F, balance=True)), ("int4", dict(F, balance=True))):
     print(json.dumps(compile_one(148, 128, fmt, **kw)))
 """
 
@@ -120,12 +126,13 @@ for fmt, kw in (("mxfp4", M), ("mxfp4", dict(M, balance=True)), ("mxfp4", dict(M
 def test_balance_and_perm_compile_for_sm90_without_spills():
     """sm_90a: BALANCE runs 128 wgmma (J = 2's mixing on both consumers) against UNITS' 108 and spills nothing (UNITS:
     mxfp4 56 B, fp8 84 B: consumer 0's four held blocks); PERM on top cuts the shuffles (mxfp4 SHFL 50 -> 14) and the
-    instructions; the AMAX pass of a PERM plan compiles (no relabelling); TMA, not serialized, within 227 KiB."""
+    instructions; the AMAX pass of a PERM plan compiles (no relabelling); TMA, not serialized, within 227 KiB. int4
+    (groups of 128) compiles too."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=1200,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
-    units, bal, balp, nv, amax, f8, f8b = [json.loads(line) for line in r.stdout.strip().splitlines()
+    units, bal, balp, nv, amax, f8, f8b, i4 = [json.loads(line) for line in r.stdout.strip().splitlines()
                                            if line.startswith("{")]
     assert units["wgmma"] == 108 and f8["wgmma"] == 108
     for x in (bal, balp, nv, amax, f8b):
@@ -133,3 +140,5 @@ def test_balance_and_perm_compile_for_sm90_without_spills():
         assert x["shared_meta"] <= 227 * 1024 and x["spill_stores"] == 0, x
     assert units["spill_stores"] > 0 and f8["spill_stores"] > 0  # what BALANCE removes
     assert balp["sass_shfl"] < bal["sass_shfl"] and balp["sass"] < bal["sass"], (bal, balp)
+    # int4: J = 2's other half through the second product too (144 wgmma); 160 B spilled (UNITS: 80)
+    assert i4["wgmma"] == 144 and i4["tma"] and not i4["wgmma_serialized"] and i4["spill_stores"] <= 192, i4

@@ -285,14 +285,15 @@ class WideQuantize:
         elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
             y1 = group_codes(self, self._ordered(y1), row, J, 1)
         elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
-            y0, y1 = self._subrow_pair(y0, y1, J, row)
+            y0, y1 = self._subrow_pair(y0, y1, J, row, True)
         return y0, y1
 
     @gluon.jit
     def _half_unit(self, ctx, stage, z, h64, row):
         """BALANCE: block J = 2's column half h = c (consumer c): both halves' mixing W_2h = sum_k H[2, k] X_kh (as
         _unit), then Y = (W_20 + W_21) H_64 for consumer 0 (_unit's y0) or (W_20 - W_21) H_64 for consumer 1 (its y1),
-        held as _unit holds it. J = 2's mixing runs on both consumers (with KTRIM, K = 64 + 64 + 32 a chain at 148):
+        held as _unit holds it (int4's groups of 128: the other half's second product too, for the sub-row maxima).
+        J = 2's mixing runs on both consumers (with KTRIM, K = 64 + 64 + 32 a chain at 148):
         each consumer then has three blocks' epilogues, where UNITS gave consumer 0 four and consumer 1 two."""
         J: gl.constexpr = NB - 1
         xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
@@ -306,11 +307,19 @@ class WideQuantize:
         wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
         if ctx.index == 0:
             w = wa + wb
+            o = wa - wb  # the other half's (int4 only; else unused)
         else:
             w = wa - wb
+            o = wa + wb
         y = self._rotated(w, h64, J)
-        if self.G != 0 and self.FORMAT != AMAX:  # the codes now (scales stored), packed bytes held
+        if self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
             y = group_codes(self, self._ordered(y), row, J, ctx.index)
+        elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128 span both halves: the other half's values
+            # too (its second product), for the sub-row maxima only; consumer 0 stores the scales
+            if ctx.index == 0:
+                y, _ = self._subrow_pair(y, self._rotated(o, h64, J), J, row, True)
+            else:
+                _, y = self._subrow_pair(self._rotated(o, h64, J), y, J, row, False)
         return y
 
     @gluon.jit
@@ -322,15 +331,16 @@ class WideQuantize:
         return y
 
     @gluon.jit
-    def _subrow_pair(self, y0, y1, J: gl.constexpr, row):
-        """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored), and the two
-        halves' codes (packed bytes as int32)."""
+    def _subrow_pair(self, y0, y1, J: gl.constexpr, row, STORE_SCALES: gl.constexpr):
+        """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored where STORE_SCALES),
+        and the two halves' codes (packed bytes as int32)."""
         ga = folded(self, _max_nan(_amax(y0, 1), _amax(y1, 1)))
         recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
         recip = gl.expand_dims(folded(self, recip), 1)
         i = gl.arange(0, BLOCK, layout=stored.type.layout) + J * BLOCK
-        gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
-                 mask=(i < self.M) & (row < self.rows))
+        if STORE_SCALES:
+            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
+                     mask=(i < self.M) & (row < self.rows))
         keep = gl.expand_dims(keep, 1)
         return (_pack(gl.where(keep, _rni(y0 * recip), 0), BLOCK, BLOCK),
                 _pack(gl.where(keep, _rni(y1 * recip), 0), BLOCK, BLOCK))
@@ -617,9 +627,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
-    # BALANCE (UNITS): not STORE (its four staging slots a consumer with two stages pass shared memory) nor groups of
-    # 128 (int4's sub-row needs both halves of J = 2's block, here on two consumers)
-    gl.static_assert(not BALANCE or (UNITS and G <= BLOCK and FORMAT != STORE), "BALANCE: UNITS, groups of <= 64")
+    # BALANCE (UNITS): not STORE (its four staging slots a consumer with two stages pass shared memory)
+    gl.static_assert(not BALANCE or (UNITS and FORMAT != STORE), "BALANCE: UNITS, not STORE")
     # PERM: HALVES 1, or UNITS' group formats with groups inside a sub-row (their codes made and held in _unit); the
     # AMAX pass of such a plan (nvfp4's dynamic global scale) takes the permuted operand but needs no relabelling:
     # a block's largest |y| is the same in any column order
