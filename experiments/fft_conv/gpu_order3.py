@@ -1,6 +1,6 @@
 """Issue 37, session 34 (helper HF): the order-3 one-pass Gluon kernel at N = 8192 (gluon_order3.py) checked against
 float64 and timed against the shipped path (the three-pass "long") and torch.fft in the same run; and 4096's shipped
-tuple (CONTIG 2, 4.94x in one run of session 33) re-timed against CONTIG and torch.fft.
+tuple (CONTIG 2, 4.94x in one run of session 33) re-timed against torch.fft (the op, and its launch twice).
 
     PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--skip4096]
 
@@ -9,7 +9,6 @@ convolution and correlation, fp16, an odd batch with a NaN sequence (that sequen
 the floor), through launch.launch_order3. Timing: B16 H768 bf16, the filter's spectrum precomputed,
 triton.testing.do_bench medians after warm-up. Prints a short table last; writes fft_conv_gpu_order3.json to $OUT.
 """
-import dataclasses
 import json
 import math
 import os
@@ -46,7 +45,7 @@ def correlation(u64, k64):
     return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
 
 
-def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False, kg=1) -> dict:
+def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False, kg=1, g1=1) -> dict:
     if nan:
         B, H = 5, 3
     g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan + 11 * (dtype == torch.float16))
@@ -55,12 +54,12 @@ def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False, kg=1) ->
         u[2, 1, n // 3] = float("nan")
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
     y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
-    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg)
+    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg, g1)
     y = y.cpu()
     ref = correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
     name = str(dtype).removeprefix("torch.")
     row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig,
-               kg=kg)
+               kg=kg, g1=g1)
     if nan:
         rest = torch.ones(B, H, dtype=torch.bool)
         rest[2, 1] = False
@@ -104,21 +103,24 @@ def main():
     for dtype, conj, nan, kg in ((torch.bfloat16, False, False, 1), (torch.bfloat16, True, False, 1),
                                  (torch.float16, False, False, 1), (torch.bfloat16, False, True, 1),
                                  (torch.bfloat16, False, False, 2), (torch.bfloat16, False, True, 2)):
-        ok &= check(8192, dtype, conj, nan=nan, kg=kg)["ok"]  # (kg: the kernel's KG, k1 values a chunk)
+        # (kg: the kernel's KG, k1 values a chunk; G1 with it: kg 2 runs G1 2, two columns a2 a wgmma wait)
+        ok &= check(8192, dtype, conj, nan=nan, kg=kg, g1=kg)["ok"]
     u, spectrum, k = inputs(8192)
-    y = torch.full_like(u, float("nan"))
-    conv_launch.launch_order3(u, spectrum, y)  # (the timing inputs: B16 H768, a slice against float64)
-    agree = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(), k[:64].double()))
-    ok &= bool(torch.isfinite(y).all()) and agree <= BOUNDS["bfloat16"]
-    say("order3 vs float64 at the timing inputs (B2 H64):", agree)
-    rows.append(dict(n=8192, what="order3 timing inputs vs float64", err_over_floor=agree))
-    variants = configs.GLUON_ORDER3_CANDIDATES[8192]  # (programs a SM, CONTIG, KG)
-    shipped_ms = timed(8192, f"shipped ({conv_plan(8192, u.device).path})", lambda: fft_conv(u, spectrum))
+    y = torch.empty_like(u)
+    variants = configs.GLUON_ORDER3_CANDIDATES[8192]  # (programs a SM, CONTIG, KG, G1)
+    timed(8192, f"shipped ({conv_plan(8192, u.device).path})", lambda: fft_conv(u, spectrum))
     results = {}
-    for per_sm, contig, kg in variants:
-        results[(per_sm, contig, kg)] = timed(
-            8192, f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg}",
-            lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg))
+    for per_sm, contig, kg, g1 in variants:
+        y.fill_(float("nan"))
+        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}"
+        results[what] = timed(8192, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None,
+                                                                              kg, g1))
+        err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
+                                                                           k[:64].double()))
+        whole = bool(torch.isfinite(y).all())
+        say(what, "on the timing inputs: finite", whole, "error / floor (B2 H64)", err)
+        rows.append(dict(n=8192, what=what + " timing inputs vs float64", err_over_floor=err, written=whole))
+        ok &= whole and err <= BOUNDS["bfloat16"]
     base = timed(8192, "torch.fft", lambda: torch_fft(u, spectrum))
     for row in table:
         if row["n"] == 8192:
@@ -129,8 +131,7 @@ def main():
         y = torch.empty_like(u)
         shipped_cfg = configs.GLUON_ONEPASS[4096]
         timed(4096, "shipped op (CONTIG 2)", lambda: fft_conv(u, spectrum))
-        plans = {"CONTIG 2": gluon_plan(*shipped_cfg),
-                 "CONTIG": dataclasses.replace(gluon_plan(*shipped_cfg), contig=True)}
+        plans = {"CONTIG 2": gluon_plan(*shipped_cfg)}  # (CONTIG and the strided walk: session 33's calls 4-7)
         for name, p in plans.items():
             kspec = conv_launch.gluon_spectrum(p, spectrum, False)
             timed(4096, f"launch {name}", lambda p=p, kspec=kspec: conv_launch.launch_gluon_kernel(p, u, kspec, y))

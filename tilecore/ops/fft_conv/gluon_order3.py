@@ -29,10 +29,10 @@ step for step in torch: gluon_emulate.emulate_order3 (tests against float64); Gl
 """
 from triton.experimental import gluon
 
-from tilecore.ops.fft_conv.gluon_onepass import (Stages, _complex_mma, _forward_stages, _inverse_stages, _load_raw,
+from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inverse_stages, _load_raw,
                                                  _resident, _scaled_both, _spectrum_issue, _walk)
 from tilecore.tiles.gluon import wgmma_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma, warpgroup_mma_wait
 
 SUPPORTED_N = (8192,)
 
@@ -44,11 +44,20 @@ def factors(n: int) -> tuple[int, int, int]:
 
 
 @gluon.jit
-def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
-              a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr):
-    """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16): x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond), each
-    sequence over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed; float16 into T's planes."""
+def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
+    """The four wgmmas of a complex product (a1 b1 + a2 b2, a3 b3 + a4 b4) issued, not waited for."""
+    p = warpgroup_mma(a1, b1, zeros, use_acc=False, is_async=True)
+    p = warpgroup_mma(a2, b2, p, is_async=True)
+    q = warpgroup_mma(a3, b3, zeros, use_acc=False, is_async=True)
+    q = warpgroup_mma(a4, b4, q, is_async=True)
+    return p, q
+
+
+@gluon.jit
+def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
+          io: gl.constexpr, lhs1: gl.constexpr):
+    """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
+    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed."""
     m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
@@ -59,9 +68,13 @@ def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re,
     xim = gl.where(gl.abs(xim) < float("inf"), xim * inv_im, 0.0)
     xre = gl.convert_layout(xre.to(gl.float16), lhs1)
     xim = gl.convert_layout(xim.to(gl.float16), lhs1)
-    zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    tre, tim = _complex_mma(xre, f16re, -xim, f16im, xre, f16im, xim, f16re, zeros1, True, True)
-    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, acc1))
+    return xre, xim, -xim
+
+
+@gluon.jit
+def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr):
+    """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16) (``tre``, ``tim``: the product [B, 16 k1]) as float16."""
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, tre.type.layout))
     twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
     twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
     tre, tim = tre * twre - tim * twim, tre * twim + tim * twre
@@ -73,12 +86,30 @@ def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re,
 
 
 @gluon.jit
-def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
-                      a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr):
-    """y[B (A2 a1 + a2) + m] for a1 < 8: T'[:, a2, :] (chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s and
-    conj(W_A^(a2 k1)), @ conj(F_16)[:, :8]; times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
-    sequence); past the batch masked."""
+def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
+              a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
+              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr):
+    """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
+    T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
+    zeros1 = gl.zeros([B, 16], gl.float32, acc1)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
+    p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
+    if G1 == 2:
+        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
+        p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
+        p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
+            0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
+        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
+        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put)
+    else:
+        p, q, xre, xim, nxim = warpgroup_mma_wait(0, deps=(p, q, xre, xim, nxim))
+        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
+
+
+@gluon.jit
+def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr):
+    """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
+    and conj(W_A^(a2 k1)), float16 (re, im, -re)."""
     vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
     vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
     k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
@@ -88,8 +119,14 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
     vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
     vre = gl.convert_layout(vre.to(gl.float16), lhs8)
     vim = gl.convert_layout(vim.to(gl.float16), lhs8)
-    zeros8 = gl.zeros([B, 8], gl.float32, acc8)
-    ore, oim = _complex_mma(vre, f8re, vim, f8im, vim, f8re, -vre, f8im, zeros8, True, True)
+    return vre, vim, -vre
+
+
+@gluon.jit
+def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
+          B: gl.constexpr, io8: gl.constexpr):
+    """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
+    sequence); past the batch masked."""
     m = gl.arange(0, B, layout=gl.SliceLayout(1, io8))
     a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
@@ -99,10 +136,31 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
 
 
 @gluon.jit
+def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
+                      a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
+                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr):
+    """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2: two
+    columns' eight wgmmas issued together, one wait."""
+    zeros8 = gl.zeros([B, 8], gl.float32, acc8)
+    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8)
+    p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
+    if G1 == 2:
+        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8)
+        p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
+        p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
+            0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
+        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
+        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
+    else:
+        p, q, vre, vim, nvre = warpgroup_mma_wait(0, deps=(p, q, vre, vim, nvre))
+        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
+
+
+@gluon.jit
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
-                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1):
+                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -112,12 +170,14 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     DFT matrices; T1 (A2, 16) float32 = W_A^(a2 k1) (launch.order3_operands). 4 warps; B = 64, A = 16 A2. KG: the
     values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
     F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
-    scale), fewer and wider steps for the same stages 2-3'."""
+    scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
+    (two: eight wgmmas in flight, half the waits; the same arithmetic)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and A2 >= 16, "A = 16 A2, A2 >= 16")
     gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
+    gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wait in stages 1a, 1'a")
     C: gl.constexpr = KG * A2  # a chunk's columns
     L: gl.constexpr = A * B
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
@@ -182,9 +242,9 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T
-        for a2 in gl.static_range(A2):
-            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM, a2, A2, B,
-                      io, lhs1, acc1, put)
+        for g in gl.static_range(A2 // G1):
+            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM, G1 * g, A2,
+                      B, io, lhs1, acc1, put, G1)
         gl.thread_barrier()  # T written
         spectrum = K + h * stride_kh
         running = scale_re * 0.0  # the largest chunk scale
@@ -207,6 +267,6 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
         out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
-        for a2 in gl.static_range(A2):
+        for g in gl.static_range(A2 // G1):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
-                              out_re, out_im, a2, A2, B, put, lhs8, acc8, io8)
+                              out_re, out_im, G1 * g, A2, B, put, lhs8, acc8, io8, G1)
