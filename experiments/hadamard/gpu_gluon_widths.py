@@ -309,8 +309,28 @@ def s34_timed():
     return cases
 
 
+def s34b_timed():
+    """Session 34, confirmation: the 18944 plans flipped from run he_s34 (configs.QUANT_GLUON_BALANCE / QUANT_GLUON_PERM
+    at 18944) against the same plans without BALANCE and PERM, bytes compared; then PAIRS on the tl pow2 kernel where
+    session 33 left it untimed (8192, 16384 every format; 512 the 4-bit ones), against the shipped plan, bytes
+    compared (bit-identical by construction)."""
+    from tilecore.ops.hadamard import configs
+
+    cases = []
+    for fmt in FORMATS:
+        if (fmt, 18944) in configs.QUANT_GLUON_BALANCE or (fmt, 18944) in configs.QUANT_GLUON_PERM:
+            cases += [("q", fmt, 18944, "shipped", {}), ("q", fmt, 18944, "nobalance", {"balance": False, "perm": False})]
+    for n, fmts in ((8192, FORMATS), (16384, FORMATS), (512, ("mxfp4", "nvfp4", "int4"))):
+        for fmt in fmts:
+            if (fmt, n) not in configs.QUANT_POW2_PAIRS:
+                cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", {"pairs": True})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s34b":
+        return s34b_timed()
     if SET == "s34":
         return s34_timed()
     if SET == "s33f":
@@ -404,14 +424,14 @@ def _set(value):
 def phase_warm(result, deadline, quick):
     cases = timed_cases(quick)
     timed = {(c[1], c[2], c[4].get("split"), c[4].get("inside"), c[4].get("stages")) for c in cases if c[0] == "q"}
-    if SET == "s34":  # every check case (the nvfp4 dynamic one's AMAX pass, the variants' fp16 kernels)
+    if SET in ("s34", "s34b"):  # every check case (the nvfp4 dynamic one's AMAX pass, the variants' fp16 kernels)
         cases += [("c", c) for c in check_cases(quick)]
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -424,6 +444,13 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s34b":  # the flipped 18944 plans and PAIRS at the pow2 n it is new at, against float64
+        from tilecore.ops.hadamard import configs
+
+        flipped = [f for f in FORMATS if (f, 18944) in configs.QUANT_GLUON_BALANCE or (f, 18944) in configs.QUANT_GLUON_PERM]
+        return [(f, 18944, {"scale": 0.002} if f == "nvfp4" else {}, "bfloat16", {}) for f in flipped] + [
+            ("mxfp4", 8192, {}, "bfloat16", {"pairs": True}), ("nvfp4", 16384, {"scale": 0.002}, "bfloat16", {"pairs": True}),
+            ("int4", 512, {}, "float16", {"pairs": True}), ("fp8_e4m3", 16384, {}, "bfloat16", {"pairs": True})]
     if SET == "s34":  # BALANCE / PERM at 18944 against float64 (bf16 and fp16, nvfp4 given and dynamic, fp8 static)
         return [("mxfp4", 18944, {}, "bfloat16", BALP), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", BALP),
                 ("fp8_e4m3", 18944, {}, "bfloat16", BAL), ("int8", 18944, {}, "float16", BAL),
@@ -576,7 +603,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
@@ -589,7 +616,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34"):
+    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -743,14 +770,14 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
                 if case[3] == "shipped":
                     shipped_out[key] = got
                 elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
-                                                               "balance", "balance_perm", "units_perm"):
+                                                               "balance", "balance_perm", "units_perm", "nobalance"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
@@ -812,7 +839,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b"))
     a = ap.parse_args()
     global SET
     SET = a.set
