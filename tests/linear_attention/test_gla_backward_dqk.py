@@ -302,3 +302,66 @@ def test_session33_values_only_at_the_checked_head_dims():
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (32, None, None)
     dqk, dv = dqk_dv_options(64, dqk_VB=64, dqk_form=3, dv_form=5)
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (64, 3, 5)
+
+
+S33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)  # session 33's values, by override (configs apply them at d 128 only)
+
+
+@pytest.mark.parametrize("D, switch", [(64, {}), (64, dict(dqk_two_blocks=True)), (64, dict(dqk_dyn=True)),
+                                       (32, dict(dqk_two_blocks=True)), (32, dict(dqk_dyn=True))])
+def test_session33_values_at_d64_and_d32(D, switch):
+    """Session 33's dqk_VB 64 / dqk_form 3 / dv_form 5 at Dk = Dv = 64 and 32 with configs' chunk 64 and key blocks
+    of 32: one value block (VB 64 >= Dv; on the H100 that build was wrong, decision 84), two (dqk_two_blocks: VB 32 at
+    d 64, 16 at d 32) or one bounded by Dv at run time (dqk_dyn). fp16 N 130 (a last chunk of 2 tokens) with an
+    initial state and a final state's gradient against float64: dq / dk / dv within 2.5x the rounding floor; float32
+    strong decays with a reset and a -1e30 channel (the fallback launches) at float32 noise, dg 0 where the floor
+    clamped. The math is right in every form here (the interpreter runs no compiled code): the GPU run
+    (experiments/linear_attention/gpu_gla_bwd_s34.py) and test_gla_backward_dqk_compile's loop test say which build
+    is right."""
+    torch.manual_seed(D)
+    q, k, v, g, s0 = make(1, 130, 1, 1, D, D, dtype=F16, decay="channel", h0=True)
+    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **S33, **switch)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
+    assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
+    q, k, v, g, _ = make(1, 100, 1, 1, D, D, dtype=F32, decay="channel", strong=True)
+    g[:, 50, :, :4] = float("-inf")
+    g[:, 3, :, 5] = -1e30
+    do, dht = torch.randn(v.shape), torch.randn(1, 1, D, D)
+    _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, None, **S33, **switch)
+    for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
+    live = g >= -100
+    assert (dg[~live] == 0).all()
+    assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
+
+
+def _dqk_launch_options(D: int, **over) -> list[dict]:
+    """The dqk launches' compile options at Dk = Dv = D (bf16, configs' CHUNKED with ``over``), by backward's steps."""
+    q = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
+    g = torch.empty(1, 256, 2, D)
+    s = torch.empty(1, 2, D, D)
+    steps = []
+    kernels_backward_gla_chunked.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1,
+                                          steps=steps, **over)
+    return [kw for name, _, _, _, kw in steps if name.startswith("dqk")]
+
+
+@pytest.mark.parametrize("D", [16, 32, 64, 128, 256])
+def test_value_loop_never_one_constexpr_block(D):
+    """dqk_two_blocks: the dqk launches' value block is at most half of Dv's (a power of two >= 16) wherever that is
+    >= 32, so Triton never folds the loop into straight-line code (the build the H100 got wrong at d 64); dqk_dyn: the
+    block as configured, the loop's bound Dv at run time (DYN) in both launches. Off: session 33's VB 64 is one block
+    at d 64 (the decision-84 build) and at d 32 (min(64, 32))."""
+    BVF = max(16, D)
+    for kw in _dqk_launch_options(D, dqk_two_blocks=True, **S33):
+        assert kw["VB"] < BVF or BVF < 32, kw["VB"]
+        assert "DYN" not in kw
+    for kw in _dqk_launch_options(D, dqk_dyn=True, **S33):
+        assert kw["VB"] == min(64, BVF) and kw["DYN"] is True
+    for kw in _dqk_launch_options(D, **S33):
+        assert kw["VB"] == min(64, BVF) and "DYN" not in kw

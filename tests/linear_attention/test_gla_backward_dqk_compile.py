@@ -74,3 +74,60 @@ def test_dv_kernel_compiles(blocks, spilled):
     dv = json.loads(proc.stdout.strip().splitlines()[-1])["dvw"]
     assert dv["mma"] and not dv["wgmma_serialized"], dv
     assert dv["spill_stores"] <= spilled and dv["registers"] <= 255, dv
+
+
+LOOP_CODE = """
+import hashlib, json, re, sys, torch
+from tilecore.ops.linear_attention import kernels_backward_gla_chunked as kc
+from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+from tilecore.tiles.compile import compile_kernel, resources
+D, blocks = int(sys.argv[1]), json.loads(sys.argv[2])
+q = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
+g = torch.empty(1, 256, 2, D)
+s = torch.empty(1, 2, D, D)
+steps = []
+kc.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1, steps=steps, **blocks)
+name, kernel, _, args, kw = next(st for st in steps if st[0] == "dqk0w")
+kw = dict(kw)
+warps, stages = kw.pop("num_warps"), kw.pop("num_stages")
+c = compile_kernel(kernel, dict(zip(kernel.arg_names, args), **kw), num_warps=warps, num_stages=stages)
+code, debug = [], False
+for line in c.asm["ptx"].splitlines():  # the PTX without debug information (line numbers move with any edit)
+    t = line.strip()
+    debug = debug or (t.startswith(".section") and ".debug" in t)
+    if debug:
+        debug = t != "}"
+        continue
+    if t.startswith((".loc", ".file")) or re.fullmatch(r"[$]L__tmp[0-9]+:", t):
+        continue
+    code.append(line.split("//")[0].rstrip())
+ttgir = c.asm["ttgir"]
+copies = ttgir.count("async_copy_global_to_local")
+print(json.dumps(dict(vars(resources(c)), loop="scf.for" in ttgir, async_copies=copies,
+                      ptx=hashlib.sha1("\\n".join(x for x in code if x).encode()).hexdigest())))
+"""
+
+
+def _dqk_loop_facts(D: int, blocks: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", LOOP_CODE, str(D), json.dumps(blocks)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_one_value_block_is_folded_and_the_switches_keep_the_loop():
+    """Decision 84's root cause on sm_90a (session 34): with session 33's dqk_VB 64 at d 64 the value loop has one
+    block, and Triton folds it into straight-line code (no scf.for, no cp.async: plain loads stored to shared memory,
+    synchronous wgmma; 12 B spilled) - the build the H100 got wrong (dq / dk 6321x / 103432x the floor, or an illegal
+    address). dqk_two_blocks (VB 32) and dqk_dyn (one block, the bound Dv at run time) keep a pipelined loop with
+    cp.async and no spill; with dqk_dyn the d 64 kernel's PTX is the d 128 kernel's, byte for byte (the build checked
+    on the H100 since session 33)."""
+    s33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)
+    folded = _dqk_loop_facts(64, s33)
+    assert not folded["loop"] and folded["async_copies"] == 0, folded
+    two = _dqk_loop_facts(64, dict(s33, dqk_two_blocks=True))
+    dyn = _dqk_loop_facts(64, dict(s33, dqk_dyn=True))
+    for r in (two, dyn):
+        assert r["loop"] and r["async_copies"] > 0 and r["spill_stores"] == 0 and not r["wgmma_serialized"], r
+    assert dyn["ptx"] == _dqk_loop_facts(128, dict(dqk_dyn=True))["ptx"]
