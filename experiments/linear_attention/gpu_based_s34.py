@@ -16,7 +16,9 @@ medians), a row printed as soon as it is timed.
 * Mamba-2 2.7B (kernel alone, gpu_mamba_s32's launch and checks): shipped and LEAN + UPDATE_LATE, three interleaved
   rounds on a quiet GPU (FLA's compiles for Based only, finished or killed before), the napkin's bound and the copy.
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s34.py [--no-peer] [--no-mamba]
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s34.py [--no-peer] [--no-mamba] [--confirm]
+
+``--confirm`` (the second batch): the shipped configs only, each checked as above, and Based's public op fwd, fwd+bwd.
 
 JSON to $OUT/based_s34.json (rewritten after each phase).
 """
@@ -51,7 +53,8 @@ PEER_READY = 52.0
 PEER_DEADLINE = 64.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "based": {}, "based_check": [], "mamba": {}, "errors": [], "peer": {}}
 PEER = "--no-peer" not in sys.argv
-MAMBA = [] if "--no-mamba" in sys.argv else ["shipped", "lean+late"]
+CONFIRM = "--confirm" in sys.argv  # the shipped configs only (each row checked as above) and Based's public op
+MAMBA = [] if "--no-mamba" in sys.argv else ["shipped"] if CONFIRM else ["shipped", "lean+late"]
 BASED_VARIANTS = {
     "shipped": {},
     "sym": dict(based_sym=True),
@@ -62,6 +65,8 @@ BASED_VARIANTS = {
     # 255 registers; without SYM session 33's bt32 w8 spilled 608 B and ran 6.33 ms against 4.51)
     "sym bt32 w8 st1": dict(based_sym=True, BT_BWD=32, num_warps=8, num_stages=1),
 }
+if CONFIRM:
+    BASED_VARIANTS = {"shipped": {}}
 R64 = ((2048, 64, 4), (4096, 32, 4), (8192, 32, 8))  # the map backward at 64 rows where Dk x F <= 2048
 
 
@@ -238,6 +243,9 @@ def based_time(ok: set, rounds: int = 2):
                     runs[n].append(ms)
                     print(f"based bwd {n} round {r}: {ms:.3f} ms", flush=True)
     RESULTS["based"]["runs"] = runs
+    if CONFIRM:  # the public op (linear_attention(feature_map="based"): configs' backward) fwd, fwd+bwd
+        RESULTS["based"]["op"] = attempt("based op", lambda: gb.time_case("based", "ours"))
+        print("based op", RESULTS["based"]["op"], flush=True)
     save()
 
 
@@ -266,7 +274,7 @@ def hh_setting(name: str):
 
 
 SHIPPED_BLOCKS, SHIPPED_PROGRAMS = configs.HEDGEHOG_MAP_BWD_BLOCKS, configs.HEDGEHOG_MAP_BWD_PROGRAMS
-HH_ROWS = ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
+HH_ROWS = ("shipped",) if CONFIRM else ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
 
 
 def hh_fwd(t):
@@ -274,7 +282,7 @@ def hh_fwd(t):
 
 
 def hedgehog_checks():
-    for n, dk, f, names in ((200, 64, 32, ("shipped", "bwd r64")), (1000, 64, 32, HH_ROWS),
+    for n, dk, f, names in ((200, 64, 32, HH_ROWS[:2]), (1000, 64, 32, HH_ROWS),
                             (200, 128, 64, ("shipped",))):
         t = hh_inputs(n, dk, f, 1, 2, seed=5 + n + dk)
         d = {x: t[x].detach().double().requires_grad_(True) for x in ("q", "k", "v", "W")}
@@ -308,11 +316,14 @@ def hedgehog_time():
     with torch.no_grad():
         hh_fwd(t)
         H["fwd_ms"] = attempt("hh fwd", lambda: bench(lambda: hh_fwd(t)))
-    for name in HH_ROWS + ("torch map",):
+    for name in HH_ROWS + (() if CONFIRM else ("torch map",)):
         hh_setting(name)
         fb()  # (compiles)
         H[f"fwd_bwd_{name}_ms"] = attempt(f"hh {name}", lambda: bench(fb, grads))
         print(f"hedgehog fwd+bwd {name}: {H[f'fwd_bwd_{name}_ms']}", flush=True)
+    if CONFIRM:
+        save()
+        return
     t["W"].requires_grad_(False)  # torch's map without W's gradient (session 33 run 2's setting)
     fb()
     H["fwd_bwd_torch map no dW_ms"] = attempt("hh torch no dW", lambda: bench(fb, grads[:3]))
@@ -366,6 +377,10 @@ def table() -> str:
     fla_b = P.get("bwd_ms")
     L.append(f"Based d16 v64 B16 H16 N4096 bf16 launch.backward (ms): FLA parallel_based bwd {f(fla_b)} "
              f"(fwd {f(P.get('fwd_ms'))}, fwd+bwd {f(P.get('fwd_bwd_ms'))}) {P.get('error', '')}")
+    if RESULTS["based"].get("op"):
+        op = RESULTS["based"]["op"]
+        L.append(f"  public op: fwd {f(op['fwd_ms'])}, fwd+bwd {f(op['fwd_bwd_ms'])}, bwd {f(op['bwd_ms'])}"
+                 + (f" = {fla_b / op['bwd_ms']:.2f}x FLA's bwd" if fla_b else ""))
     for n in BASED_VARIANTS:
         chk = next((r for r in RESULTS["based_check"] if r["variant"] == n), {})
         cs = f"dq/dk/dv floor {chk.get('dq_floor')}/{chk.get('dk_floor')}/{chk.get('dv_floor')}"
