@@ -11,6 +11,9 @@ What the variants test (configs_gla_bwd.CHUNKED keys; sm_90a facts from the CPU 
   dqk_form 3 / dv_form 5: the fix that lets CHUNKED_CHECKED_DIMS widen.
 * d64 / d32 other: what ships at those dims (CHUNKED_OTHER_DIMS: VB 32, forms off): the timing baseline.
 * d128 shipped / d128 dyn: configs' CHUNKED at d 128 and the same with dqk_dyn (the one code for every Dv if as fast).
+* d128 1 an SM: configs' CHUNKED with dqk_stages 6 (the same code but for idle load buffers: 136 KB of shared memory,
+  so ONE program an SM instead of two): what the second co-resident program buys (an occupancy probe for the notes'
+  question of how far more chains an SM would go).
 
 Each variant compiles and checks in a worker process of its own (an illegal address ends only its CUDA context): bf16
 B1 N1008 H16 (a partial last chunk of 48; the timed kernels' specialization) with an initial state and a final
@@ -44,6 +47,7 @@ TIME_DEADLINE = 66.0  # no timing starts past it
 VARIANTS = {
     "d128 shipped": (128, {}, True),
     "d128 dyn": (128, dict(dqk_dyn=True), True),
+    "d128 1 an SM": (128, dict(dqk_stages=6), True),
     "d64 other": (64, {}, True),
     "d64 two blocks": (64, dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_two_blocks=True), True),
     "d64 VB64 dyn": (64, dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_dyn=True), True),
