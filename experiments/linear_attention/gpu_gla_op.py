@@ -5,6 +5,7 @@ at a few shapes (a tail N, strong decays with a reset), then the op's forward + 
 (the kernels alone against the path before: gpu_gla_bwd.py's "shipped" row).
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py          # the GPU (< 60 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py --s34    # d 128, d 64 (+ strong), d 32 (< 70 s)
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py --smoke   # CPU, tiny shapes
 """
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     shapes = [(1, 70, 2, 32, False), (1, 33, 2, 32, True)] if SMOKE else [
         (2, 1000, 4, 128, False), (1, 4097, 2, 128, True), (2, 517, 3, 64, False)]
+    if "--s34" in sys.argv and not SMOKE:  # session 34: the widened dims (d 64 / d 32 with session 33's values)
+        shapes = [(2, 1000, 4, 128, False), (2, 517, 3, 64, False), (1, 1000, 2, 64, True), (2, 517, 3, 32, False)]
     rows = []
     for shape in shapes:
         try:

@@ -57,9 +57,9 @@ CHUNKED = dict(
     dqk_dyn=False,  # session 34: the dqk value loop bounded by Dv at run time (one block stays a loop): not GPU-checked
 )
 
-# (Dk, Dv) where session 33's dqk_VB, dqk_form and dv_form were checked on the H100; other head dims take session 32's
-# values below: dqk_VB 64 at d 64 is miscompiled (wrong dq / dk or an illegal address, session 33 calls 7-8)
-CHUNKED_CHECKED_DIMS = (128, 128)
+# the (Dk, Dv) pairs where session 33's dqk_VB, dqk_form and dv_form were checked on the H100; other head dims take
+# session 32's values below: dqk_VB 64 at d 64 is miscompiled (wrong dq / dk or an illegal address, s33 calls 7-8)
+CHUNKED_CHECKED_DIMS = ((128, 128),)
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)

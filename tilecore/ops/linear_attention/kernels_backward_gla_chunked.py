@@ -889,7 +889,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
     if unknown:
         raise ValueError(f"gla chunked backward: unknown overrides {sorted(unknown)}; known: {sorted(cfg)}")
     cfg.update(overrides)
-    if (q.shape[3], v.shape[3]) != configs_gla_bwd.CHUNKED_CHECKED_DIMS:  # session 33's values were GPU-checked there only
+    if (q.shape[3], v.shape[3]) not in configs_gla_bwd.CHUNKED_CHECKED_DIMS:  # session 33's values: GPU-checked there
         cfg.update({key: x for key, x in configs_gla_bwd.CHUNKED_OTHER_DIMS.items() if key not in overrides})
     mma, ieee, upcast = plan.config["MMA"], plan.config["IEEE"], plan.config["upcast"]
     B, N, H, Dv = v.shape
