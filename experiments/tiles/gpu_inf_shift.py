@@ -1,0 +1,187 @@
+"""What does the Gluon online-softmax's +inf shift cost the attention forward, and does a per-tile form keep its
+answers for less? (issue 30's T1, issue 31's semantics; session 34, helper HH)
+
+Session 34's port_check (notes/tiles/runs/port_check_attn3_run2_session34_h100.txt) found the D64 three-consumer
+forward 3-4.5% slower than the pre-port code in every round. Compiled for sm_90a on the CPU, those variants' SASS
+is the same instruction for instruction at HEAD as at 84320df, which added 24 instructions to each (8 a consumer):
+``online_softmax_update``'s shift is NaN while a row's max is +inf (a finite score whose scaled value overflows
+must make its row NaN, as SDPA's math does; exp2_scaled's FMA keeps s * c exact and would give p = 0).
+
+The per-tile form ("tile_nan"): the update's shift is again 0 while the max is -inf and m itself otherwise (no
++inf select a step); ``online_softmax_result`` makes l NaN where the final max is +inf, so such a row's O and lse
+are NaN (a max, once +inf, stays +inf). Every finite row's arithmetic is unchanged, so outputs must be bitwise
+equal on finite inputs.
+
+This script builds the variant as a renamed copy of the package (``tilecore_tile_nan``: every ``tilecore`` word
+in its .py files renamed, so both load in one process; the two tile-op edits asserted), then per case, with the
+configs table's Gluon config forced on both (plan_forward's config=: no timed top-k pick, the same kernel
+configuration in both trees):
+  checks: fresh random inputs, O and lse of both trees bitwise equal, O against float64 on two heads as a
+  multiple of bf16's rounding floor; outputs poisoned (NaN) before each call; and the overflow case of
+  tests/attention/test_attention_nonfinite.py (scale 2^120 / log2 e: one row +inf, one -inf, one near -1e38)
+  against SDPA's math in float32: NaN rows, the -inf row "no key" (0, lse -inf), live rows equal;
+  timing: do_bench medians, ROUNDS interleaved rounds of shipped / tile_nan, GPU time.
+
+    python experiments/tiles/gpu_inf_shift.py [--rounds 5] [--cases all|quick]
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+
+ALT = "tilecore_tile_nan"
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# (name, d, n, causal, b, h): port_check's slow rows (three consumers at D64) and two controls
+CASES = [("D64 N4096 (3 consumers, q2)", 64, 4096, False, 16, 16),
+         ("D64 N8192 (3 consumers)", 64, 8192, False, 8, 16),
+         ("D64 N2048 causal (3 consumers)", 64, 2048, True, 32, 16),
+         ("D128 N4096 (2 consumers, Q regs)", 128, 4096, False, 16, 16),
+         ("D64 N1024 (2 consumers, carried)", 64, 1024, False, 64, 16)]
+
+SHIFT_OLD = '    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))\n'
+SHIFT_NEW = '    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)\n'
+RESULT_OLD = '    no_key = l == 0.0\n'
+RESULT_NEW = '    l = gl.where(m == float("inf"), float("nan"), l)  # a max that overflowed: the row is NaN\n    no_key = l == 0.0\n'
+
+
+def build_variant(where: str) -> None:
+    dst = os.path.join(where, ALT)
+    shutil.copytree(os.path.join(ROOT, "tilecore"), dst, ignore=shutil.ignore_patterns("__pycache__"))
+    for dirpath, _, files in os.walk(dst):
+        for f in files:
+            if f.endswith(".py"):
+                p = os.path.join(dirpath, f)
+                with open(p) as fh:
+                    s = fh.read()
+                with open(p, "w") as fh:
+                    fh.write(re.sub(r"\btilecore\b", ALT, s))
+    p = os.path.join(dst, "tiles", "gluon", "ops.py")
+    s = open(p).read()
+    assert s.count(SHIFT_OLD) == 1 and s.count(RESULT_OLD) == 1, "tiles/gluon/ops.py is not the one this script edits"
+    with open(p, "w") as fh:
+        fh.write(s.replace(SHIFT_OLD, SHIFT_NEW).replace(RESULT_OLD, RESULT_NEW))
+    sys.path.insert(0, where)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default="all", help="all, or quick (the first two and the D64 N1024 control)")
+    a = ap.parse_args()
+    t_start = time.time()
+    sys.path.insert(0, ROOT)
+    import torch
+    import triton
+
+    import tilecore
+    from tilecore.ops.attention import configs, launch
+    build_variant(tempfile.mkdtemp(prefix="hh_inf_shift_"))
+    import importlib
+    alt_launch = importlib.import_module(f"{ALT}.ops.attention.launch")
+    trees = {"shipped": launch, "tile_nan": alt_launch}
+    assert tilecore.__file__.startswith(ROOT) and ALT in alt_launch.__file__
+    dev = torch.device("cuda")
+    out_dir = os.environ.get("OUT", ".")
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  rounds=a.rounds, checks=[], timing=[])
+
+    def run(tree, q, k, v, causal, scale, cfg):
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:3], float("nan"), device=dev)
+        trees[tree].forward_into(q, k, v, o, lse, causal, scale, path="gluon", config=cfg)
+        return o, lse
+
+    def save():
+        with open(os.path.join(out_dir, "inf_shift.json"), "w") as fh:
+            json.dump(result, fh, indent=1)
+
+    # the overflow case (tests/attention/test_attention_nonfinite.py's `overflowing`, d 64, big 1000)
+    g = torch.Generator().manual_seed(1)
+    q = (0.01 * torch.randn(1, 2, 24, 64, generator=g)).bfloat16()
+    k = (0.1 * torch.randn(1, 2, 16, 64, generator=g)).bfloat16()
+    v = torch.randn(1, 2, 16, 64, generator=g).bfloat16()
+    k[..., 0] = 1.0
+    q[0, 0, 3] = 0.0
+    q[0, 0, 3, 0] = 1000.0  # every score +inf once scaled
+    q[0, 1, 7] = 0.0
+    q[0, 1, 7, 0] = -1000.0  # every score -inf
+    q[0, 0, 5, 0] = -1.0  # every score about -1e38: finite
+    scale = 2.0 ** 120 / math.log2(math.e)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.MATH):  # SDPA's math in float32 (the definition NaN and inf follow)
+        expect = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
+    nan_rows = torch.isnan(expect).any(-1)
+    cfg = configs.gluon_forward_config(64, 24, 16, False)
+    for tree in trees:
+        o, lse = (t.cpu() for t in run(tree, q.to(dev), k.to(dev), v.to(dev), False, scale, cfg))
+        live = ~nan_rows
+        ok = dict(nan_rows=bool(torch.equal(torch.isnan(o).any(-1), nan_rows) and nan_rows[0, 0, 3]
+                                and nan_rows.sum() == 1 and torch.isnan(lse[0, 0, 3])),
+                  no_key_row=bool((o[0, 1, 7] == 0).all() and torch.isneginf(lse[0, 1, 7])),
+                  live_rows_equal=bool(torch.equal(o[live].float(), expect[live].bfloat16().float())),
+                  near_min_row_kept=bool(lse[0, 0, 5] < -1e35 and (o[0, 0, 5] != 0).any()))
+        result["checks"].append(dict(case="overflow (scale 2^120 / log2 e)", tree=tree, ok=all(ok.values()), **ok))
+        print(f"overflow case, {tree}: {ok}", flush=True)
+    save()
+
+    cases = CASES if a.cases == "all" else [CASES[0], CASES[1], CASES[4]]
+    fns = {}
+    for name, d, n, causal, b, h in cases:
+        gen = torch.Generator(device=dev).manual_seed(zlib.crc32(name.encode()) + int(time.time()))  # fresh inputs
+        q, k, v = (torch.randn(b, h, n, d, device=dev, generator=gen).bfloat16() for _ in range(3))
+        scale = d ** -0.5
+        cfg = configs.gluon_forward_config(d, n, n, causal)
+        outs = {tree: run(tree, q, k, v, causal, scale, cfg) for tree in trees}
+        torch.cuda.synchronize()
+        hs = slice(0, 2)
+        ref = torch.nn.functional.scaled_dot_product_attention(q[:1, hs].double(), k[:1, hs].double(),
+                                                               v[:1, hs].double(), is_causal=causal)
+        floor = (ref.bfloat16().double() - ref).abs().max().item()
+        err = {t: (o[:1, hs].double() - ref).abs().max().item() / floor for t, (o, _) in outs.items()}
+        same = bool(torch.equal(outs["shipped"][0], outs["tile_nan"][0])
+                    and torch.equal(outs["shipped"][1], outs["tile_nan"][1]))
+        finite = bool(torch.isfinite(outs["tile_nan"][0]).all() and torch.isfinite(outs["tile_nan"][1]).all())
+        result["checks"].append(dict(case=name, config=cfg, bitwise_equal=same, all_finite=finite,
+                                     err_over_floor=err, ok=same and finite and max(err.values()) < 2.0))
+        print(f"{name}: config {cfg}; O and lse bitwise equal {same}; finite {finite}; err/floor "
+              + ", ".join(f"{t} {e:.2f}" for t, e in err.items()) + f"  [{time.time() - t_start:.0f} s]", flush=True)
+        for tree in trees:
+            o = torch.empty_like(q)
+            lse = torch.empty(q.shape[:3], device=dev)
+            plan = trees[tree].plan_forward(q, k, v, causal, scale, path="gluon", config=cfg)
+            fns[name, tree] = (lambda plan=plan, tree=tree, q=q, k=k, v=v, o=o, lse=lse, causal=causal, scale=scale:
+                               trees[tree].forward(plan, q, k, v, o, lse, causal, scale))
+        save()
+    times = {key: [] for key in fns}
+    for r in range(a.rounds):
+        for name, *_ in cases:
+            for tree in (("shipped", "tile_nan") if r % 2 == 0 else ("tile_nan", "shipped")):
+                times[name, tree].append(triton.testing.do_bench(fns[name, tree], warmup=25, rep=100,
+                                                                 return_mode="median"))
+        print(f"round {r + 1}: " + "; ".join(f"{name} {times[name, 'shipped'][-1]:.4f} / {times[name, 'tile_nan'][-1]:.4f}"
+                                             for name, *_ in cases) + f"  [{time.time() - t_start:.0f} s]", flush=True)
+    print(f"timed [{time.time() - t_start:.0f} s]; GPU time, do_bench medians of {a.rounds} interleaved rounds")
+    print(f"{'case':34s} {'shipped ms':>10s} {'tile_nan ms':>11s} {'shipped/tile_nan':>16s}  per round")
+    for name, d, n, causal, b, h in cases:
+        t0, t1 = (sorted(times[name, t])[len(times[name, t]) // 2] for t in ("shipped", "tile_nan"))
+        per = [x / y for x, y in zip(times[name, "shipped"], times[name, "tile_nan"])]
+        flops = 4 * b * h * n * n * d // (2 if causal else 1)
+        result["timing"].append(dict(case=name, shipped_ms=t0, tile_nan_ms=t1, speedup=t0 / t1,
+                                     per_round=per, shipped_rounds=times[name, "shipped"],
+                                     tile_nan_rounds=times[name, "tile_nan"], tflops_shipped=flops / t0 / 1e9,
+                                     tflops_tile_nan=flops / t1 / 1e9))
+        print(f"{name:34s} {t0:10.4f} {t1:11.4f} {t0 / t1:16.3f}  {min(per):.3f}-{max(per):.3f}", flush=True)
+    print("checks: " + ("all ok" if all(c["ok"] for c in result["checks"]) else
+                        "FAILED: " + ", ".join(f"{c['case']} ({c.get('tree', '')})" for c in result["checks"]
+                                               if not c["ok"])))
+    save()
+
+
+if __name__ == "__main__":
+    main()
