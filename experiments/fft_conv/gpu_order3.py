@@ -2,7 +2,7 @@
 float64 and timed against the shipped path (the three-pass "long") and torch.fft in the same run; and 4096's shipped
 tuple (CONTIG 2, 4.94x in one run of session 33) re-timed against torch.fft (the op, and its launch twice).
 
-    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--skip4096]
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,16384] [--skip4096]
 
 Checks (every output started as NaN; fresh random inputs; error / the rounding floor against float64): bf16
 convolution and correlation, fp16, an odd batch with a NaN sequence (that sequence all NaN, the rest finite and at
@@ -97,35 +97,20 @@ def timed(n, what, fn, base=None):
     return ms
 
 
+SIZES = (8192,)
+if "--sizes" in sys.argv:  # the order-3 sizes, e.g. --sizes 8192,16384
+    SIZES = tuple(int(n) for n in sys.argv[sys.argv.index("--sizes") + 1].split(","))
+CHECKS = {  # (dtype, conj, NaN/odd batch, KG, G1): the checks at B16 H32 (B5 H3 with a NaN)
+    8192: ((torch.bfloat16, False, False, 1, 1), (torch.bfloat16, True, False, 1, 1), (torch.float16, False, False, 1, 1),
+           (torch.bfloat16, False, True, 1, 1), (torch.bfloat16, False, False, 2, 2), (torch.bfloat16, False, True, 2, 2)),
+    16384: ((torch.bfloat16, False, False, 1, 2), (torch.bfloat16, False, True, 1, 2)),
+}
+
+
 def main():
     ok = True
-    # 8192: the new kernel's checks first (a fault shows here, before any timing)
-    for dtype, conj, nan, kg in ((torch.bfloat16, False, False, 1), (torch.bfloat16, True, False, 1),
-                                 (torch.float16, False, False, 1), (torch.bfloat16, False, True, 1),
-                                 (torch.bfloat16, False, False, 2), (torch.bfloat16, False, True, 2)):
-        # (kg: the kernel's KG, k1 values a chunk; G1 with it: kg 2 runs G1 2, two columns a2 a wgmma wait)
-        ok &= check(8192, dtype, conj, nan=nan, kg=kg, g1=kg)["ok"]
-    u, spectrum, k = inputs(8192)
-    y = torch.empty_like(u)
-    variants = configs.GLUON_ORDER3_CANDIDATES[8192]  # (programs a SM, CONTIG, KG, G1)
-    timed(8192, f"shipped ({conv_plan(8192, u.device).path})", lambda: fft_conv(u, spectrum))
-    results = {}
-    for per_sm, contig, kg, g1 in variants:
-        y.fill_(float("nan"))
-        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}"
-        results[what] = timed(8192, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None,
-                                                                              kg, g1))
-        err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
-                                                                           k[:64].double()))
-        whole = bool(torch.isfinite(y).all())
-        say(what, "on the timing inputs: finite", whole, "error / floor (B2 H64)", err)
-        rows.append(dict(n=8192, what=what + " timing inputs vs float64", err_over_floor=err, written=whole))
-        ok &= whole and err <= BOUNDS["bfloat16"]
-    base = timed(8192, "torch.fft", lambda: torch_fft(u, spectrum))
-    for row in table:
-        if row["n"] == 8192:
-            row["speedup"] = base / row["ms"]
-    del u, spectrum, y
+    for n in SIZES:
+        ok &= order3(n)
     if "--skip4096" not in sys.argv:
         u, spectrum, _ = inputs(4096)
         y = torch.empty_like(u)
@@ -145,20 +130,49 @@ def main():
                 row["speedup"] = base4 / row["ms"]
     with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
         json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
-    print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3 at 8192: "
-          + ", ".join(f"kg {r['kg']} {r['dtype']}{' conj' if r['conj'] else ''} {r['err_over_floor']:.3f}" for r in rows
+    print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3: "
+          + ", ".join(f"N{r['n']} kg {r['kg']} {r['dtype']}{' conj' if r['conj'] else ''} {r['err_over_floor']:.3f}" for r in rows
                       if r.get("what") == "order3") + ")")
     print(f"time at B16 H768 bf16 (do_bench medians), {torch.cuda.get_device_name()}")
     print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11}")
     for row in table:
         print(f"{row['n']:>6} {row['what']:>32} {row['ms']:8.4f} {row['speedup'] or 0:11.2f}")
     from tilecore.ops.fft_conv import model
-    print(f"napkin (model.py) at 8192, B16 H768: op bytes {model.op_bytes(16, 768, 8192) / 1e6:.0f} MB = "
-          f"{model.bound_ms('pair', 16, 768, 8192):.4f} ms at copy speed; order3 bound "
-          f"{model.bound_ms('order3', 16, 768, 8192, 256, 64):.4f} ms ({model.order3_flops(256, 64) * 6144 / 1e9:.0f} "
-          f"GFLOP); long bound {model.bound_ms('long', 16, 768, 8192, 128, 128):.4f} ms")
+    for n in SIZES:
+        a, long = 2 * n // 64, configs.LONG_CONFIGS[n]
+        print(f"napkin (model.py) at {n}, B16 H768: op bytes {model.op_bytes(16, 768, n) / 1e6:.0f} MB = "
+              f"{model.bound_ms('pair', 16, 768, n):.4f} ms at copy speed; order3 bound "
+              f"{model.bound_ms('order3', 16, 768, n, a, 64):.4f} ms ({model.order3_flops(a, 64) * 6144 / 1e9:.0f} "
+              f"GFLOP); long bound {model.bound_ms('long', 16, 768, n, long[0], long[1]):.4f} ms")
     print(f"wall {time.time() - START:.0f} s")
     return 0 if ok else 1
+
+
+def order3(n) -> bool:
+    """The order-3 kernel at ``n``: its checks first (a fault shows here, before any timing), then every candidate of
+    configs.GLUON_ORDER3_CANDIDATES[n] timed against the shipped path and torch.fft, each one's output on the timing
+    inputs checked against float64 (a B2 H64 slice)."""
+    ok = True
+    for dtype, conj, nan, kg, g1 in CHECKS[n]:  # (kg: the kernel's KG, k1 values a chunk; g1: a2 columns a wait)
+        ok &= check(n, dtype, conj, nan=nan, kg=kg, g1=g1)["ok"]
+    u, spectrum, k = inputs(n)
+    y = torch.empty_like(u)
+    timed(n, f"shipped ({conv_plan(n, u.device).path})", lambda: fft_conv(u, spectrum))
+    for per_sm, contig, kg, g1 in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1)
+        y.fill_(float("nan"))
+        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}"
+        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1))
+        err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
+                                                                           k[:64].double()))
+        whole = bool(torch.isfinite(y).all())
+        say(what, "on the timing inputs: finite", whole, "error / floor (B2 H64)", err)
+        rows.append(dict(n=n, what=what + " timing inputs vs float64", err_over_floor=err, written=whole))
+        ok &= whole and err <= BOUNDS["bfloat16"]
+    base = timed(n, "torch.fft", lambda: torch_fft(u, spectrum))
+    for row in table:
+        if row["n"] == n:
+            row["speedup"] = base / row["ms"]
+    return ok
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inver
 from tilecore.tiles.gluon import wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma, warpgroup_mma_wait
 
-SUPPORTED_N = (8192,)
+SUPPORTED_N = (8192, 16384)  # (16384: A2 = 32, T 128 KiB: one program a multiprocessor)
 
 
 def factors(n: int) -> tuple[int, int, int]:
