@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="results folder (default: benchmarks/results); a subfolder per device")
     bench.add_argument("--no-save", action="store_true", help="print the table only")
 
-    sub.add_parser("env", help="GPU, versions and which fast paths run here")
+    env = sub.add_parser("env", help="GPU, versions and which fast paths run here")
+    env.add_argument("--target", metavar="GPU", help="also which paths another GPU would get (no GPU needed): "
+                     "sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_120a, gfx90a, gfx942, or 'all'")
     sub.add_parser("napkin", help="diagram-based IO model of a network on a GPU (tilecore napkin --help)",
                    add_help=False)
     return p
@@ -56,6 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         from tilecore import env
 
         print(env.report())
+        if args.target:
+            from tilecore import dispatch
+
+            names = list(dispatch.TARGETS) if args.target == "all" else args.target.split(",")
+            unknown = [n for n in names if n not in dispatch.TARGETS]
+            if unknown:
+                print(f"tilecore env: unknown --target {', '.join(unknown)}; known: {', '.join(dispatch.TARGETS)}, all",
+                      file=sys.stderr)
+                return 2
+            for name in names:
+                print(env.target_report(dispatch.TARGETS[name]))
         return 0
 
     if args.command == "tour":

@@ -76,19 +76,78 @@ def metadata() -> dict:
     }
 
 
-def fast_paths() -> dict[str, str]:
-    """Which implementation each family of kernels gets on this machine, and why."""
-    if not torch.cuda.is_available():
-        how = "Triton interpreter" if dispatch.interpreter_enabled() else "PyTorch reference"
-        return {"Triton kernels": f"no GPU: CPU tensors use the {how}",
-                "Gluon (TMA, wgmma) kernels": "no GPU: not available (compile-only tests run)"}
-    dev = torch.device("cuda")
-    major, minor = dispatch.capability(dev)
-    hopper = dispatch.is_hopper(dev)
-    return {
-        "Triton kernels": f"compiled for sm_{major}{minor}",
-        "Gluon (TMA, wgmma) kernels": "yes (sm_90a)" if hopper else f"no: needs sm_90, this is sm_{major}{minor}",
-    }
+def arch(device: torch.device) -> str:
+    """The GPU's architecture as the kernels are compiled for it: "sm_86", "sm_90a" (Hopper, where the Gluon kernels
+    run), or ROCm's (torch reports an MI200's gfx90a as capability (9, 0): named by its target where described)."""
+    target = dispatch.described(device)
+    if target is not None:
+        return target.name
+    if dispatch.is_rocm(device):
+        return f"ROCm {getattr(dispatch.properties(device), 'gcnArchName', 'GPU')}"
+    major, minor = dispatch.capability(device)
+    return f"sm_{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+
+
+def fast_paths(device: torch.device | None = None) -> dict[str, str]:
+    """Which implementation each family of kernels gets, and why: on ``device`` (a CUDA device, or a meta device
+    inside ``dispatch.pretend``: the GPU it describes), else this machine's GPU, else the CPU."""
+    if device is None:
+        if not torch.cuda.is_available():
+            how = "Triton interpreter" if dispatch.interpreter_enabled() else "PyTorch reference"
+            return {"Triton kernels": f"no GPU: CPU tensors use the {how}",
+                    "Gluon (TMA, wgmma) kernels": "no GPU: not available (compile-only tests run)"}
+        device = torch.device("cuda")
+    name = arch(device)
+    rocm = dispatch.is_rocm(device)
+    major, minor = dispatch.capability(device)
+    if not rocm and (major, minor) < dispatch.MIN_CAPABILITY:
+        problem = dispatch.gpu_problem(device) or (
+            f"tilecore's GPU kernels need compute capability {dispatch.MIN_CAPABILITY[0]}."
+            f"{dispatch.MIN_CAPABILITY[1]} or newer; this is {major}.{minor}: move the tensors to the CPU")
+        return {"Triton kernels": f"no: {problem}", "Gluon (TMA, wgmma) kernels": "no", "FP8 (e4m3) kernels": "no"}
+    smem = dispatch.shared_memory_per_block(device)
+    paths = {"Triton kernels": f"compiled for {name}" + (f" ({smem // 1024} KiB of shared memory a block)" if smem else "")}
+    if dispatch.is_hopper(device):
+        problem = dispatch.gluon_triton_problem()
+        paths["Gluon (TMA, wgmma) kernels"] = "yes (sm_90a)" if problem is None else \
+            f"no: {problem}: the portable Triton kernels run instead (slower)"
+    elif rocm:
+        paths["Gluon (TMA, wgmma) kernels"] = "no: NVIDIA Hopper only; ROCm runs the portable Triton kernels"
+    else:
+        paths["Gluon (TMA, wgmma) kernels"] = f"no: needs sm_90, this is {name}: the portable Triton kernels run"
+    if dispatch.fp8_ok(device):
+        gluon = dispatch.is_hopper(device) and dispatch.gluon_triton_problem() is None
+        paths["FP8 (e4m3) kernels"] = "yes" + ("" if gluon else
+                                             " (the portable Triton kernels: attention_fp8's tl forward)")
+    else:
+        paths["FP8 (e4m3) kernels"] = (f"no: Triton has no e4m3 for {name}: gemm_fp8 multiplies exact float16 "
+                                       "upcasts, hadamard_quantize's e4m3 formats use torch's ops, attention_fp8 refuses")
+    return paths
+
+
+def triton_support() -> str:
+    """The installed triton against the releases the Gluon kernels were compile-checked under and ran under."""
+    import triton
+
+    problem = dispatch.gluon_triton_problem()
+    try:
+        from tilecore.tiles.gluon import compat
+    except Exception:  # noqa: BLE001 (the problem above names it)
+        return f"{triton.__version__}: {problem}"
+    if problem is not None:
+        return f"{problem}; a Hopper GPU would run the portable Triton kernels"
+    ran = compat.release() in compat.RAN_ON_GPU
+    return (f"{triton.__version__}: the Gluon kernels compile-checked under it (sm_90a)"
+            + (" and ran on an H100" if ran else f", not run on a GPU (ran under {', '.join(compat.RAN_ON_GPU)})")
+            + (f"; compatibility shims: {', '.join(compat.SHIMS)}" if compat.SHIMS else ""))
+
+
+def target_report(target: dispatch.Target) -> str:
+    """fast_paths for a GPU described by ``target`` (dispatch.pretend): what its tensors would get, with no GPU."""
+    with dispatch.pretend(target):
+        paths = fast_paths(torch.device("meta"))
+    head = f"\n{target.name} ({target.example}):" if target.example else f"\n{target.name}:"
+    return "\n".join([head] + [f"  {family}: {state}" for family, state in paths.items()])
 
 
 def report() -> str:
@@ -101,6 +160,7 @@ def report() -> str:
                      f"{gpu['l2_bytes'] / 2**20:.0f} MiB L2, {gpu['memory_bytes'] / 2**30:.0f} GiB)")
     lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     lines.append(f"TRITON_INTERPRET: {'on' if dispatch.interpreter_enabled() else 'off'}")
+    lines.append(f"triton {triton_support()}")
     for family, state in fast_paths().items():
         lines.append(f"{family}: {state}")
     return "\n".join(lines)

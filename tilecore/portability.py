@@ -312,14 +312,46 @@ def hadamard_quantize_cases(quick: bool) -> list[Case]:
     return cases
 
 
+def attention_fp8_cases(quick: bool) -> list[Case]:
+    """attention_fp8's forward (e4m3 q, k, v; per (batch, head) descales), D64 and D128, causal and not. Where the
+    GPU has no e4m3 (dispatch.fp8_ok False) the op's own clear refusal is the case's result (no launch)."""
+    import torch
+
+    import tilecore
+    from tilecore import dispatch
+
+    cases = []
+    for d in (64, 128):
+        for causal in (False, True):
+            def run(device, d=d, causal=causal):
+                B, H, N = 2, 4, 1024
+                q, k, v = (_meta(B, H, N, d, dtype=torch.float8_e4m3fn, device=device) for _ in range(3))
+                scales = {f"{x}_scale": _meta(B, H, dtype=torch.float32, device=device) for x in "qkv"}
+                if not dispatch.fp8_ok(device):
+                    try:
+                        tilecore.attention_fp8(q, k, v, causal=causal, check_scales=False, **scales)
+                    except RuntimeError as err:
+                        if "needs e4m3 tensor cores" in str(err):
+                            return "refused clearly (no e4m3)"
+                        raise
+                    raise AssertionError("attention_fp8 ran where the GPU has no e4m3")
+                tilecore.attention_fp8(q, k, v, causal=causal, check_scales=False, **scales)
+                return "public"
+            cases.append(Case("attention_fp8", f"e4m3 D{d}{' causal' if causal else ''}", run, quick=d == 128))
+    return cases
+
+
 CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_cases, "norm": norm_cases,
          "rotary": rotary_cases, "linear_attention": linear_attention_cases, "fft_conv": fft_conv_cases,
          "attention_varlen": attention_varlen_cases, "attention_kvcache": attention_kvcache_cases,
-         "hadamard_quantize": hadamard_quantize_cases}
-# the ops called through their public functions: --quick compiles them for the smallest blocks alone (99 KiB
-# sm_86, 64 KiB gfx90a), where their configurations (none fitted per target) are likeliest not to fit
-PUBLIC_OPS = ("linear_attention", "fft_conv", "attention_varlen", "attention_kvcache", "hadamard_quantize")
-QUICK_PUBLIC_TARGETS = ("sm_86", "gfx90a")
+         "hadamard_quantize": hadamard_quantize_cases, "attention_fp8": attention_fp8_cases}
+# the ops called through their public functions, and the targets --quick compiles them for: the smallest blocks
+# (99 KiB sm_86, 64 KiB gfx90a), where their configurations are likeliest not to fit; attention_fp8 where Triton
+# has e4m3 on a 99 KiB block (sm_89), and its refusal on sm_86 / gfx90a
+QUICK_PUBLIC_TARGETS = {op: ("sm_86", "gfx90a") for op in ("linear_attention", "fft_conv", "attention_varlen",
+                                                            "attention_kvcache", "hadamard_quantize")}
+QUICK_PUBLIC_TARGETS["attention_fp8"] = ("sm_86", "sm_89", "gfx90a")
+PUBLIC_OPS = tuple(QUICK_PUBLIC_TARGETS)
 # --quick: the ops compiled for each target. sm_89 and gfx942 asked exactly the shared memory sm_86 and
 # gfx90a ask, launch for launch, and sm_120a at most sm_86's (53 and 35 quick launches compared,
 # notes/portability.md): there only what differs, the GEMM on e4m3 itself (sm_89, sm_120a) and on its
@@ -434,8 +466,8 @@ def sweep_target(target_name: str, ops: list[str], quick: bool, compile_gluon: b
     gpu_target = target.gpu_target()
     rows, compiled = [], {}
     for op in ops:
-        if quick and (op not in QUICK_OPS.get(target_name, CASES)
-                      or op in PUBLIC_OPS and target_name not in QUICK_PUBLIC_TARGETS):
+        if quick and (target_name not in QUICK_PUBLIC_TARGETS[op] if op in QUICK_PUBLIC_TARGETS
+                      else op not in QUICK_OPS.get(target_name, CASES)):
             continue
         for case in CASES[op](quick):
             if quick and not case.quick:

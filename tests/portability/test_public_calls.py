@@ -78,13 +78,14 @@ EXPECTED = {
     "attention_kvcache": {"attention_kvcache.kernels_tl.kvcache_fwd_split",
                           "attention_kvcache.kernels_tl.kvcache_merge_splits"},
     "hadamard_quantize": {"hadamard.quantize_kernels.pow2_quantize_kernel"},
+    "attention_fp8": set(),  # sm_80, sm_86, ROCm: no e4m3 in Triton: the op's clear refusal (no launch)
 }
 
 
 @pytest.fixture(scope="module")
 def recorded():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _PROBE, "sm_80,sm_86,gfx90a,sm_90a"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _PROBE, "sm_80,sm_86,gfx90a,sm_90a,sm_89"], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=900)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, r.stdout[-3000:] + r.stderr[-3000:]
@@ -98,7 +99,9 @@ def test_every_public_call_gets_the_portable_kernels_off_hopper(recorded, target
     cases = recorded[target]
     refused = {c: r["refused"] for c, r in cases.items() if "refused" in r}
     assert not refused, refused
-    assert all(r["kernels"] and r["label"] == "public" for r in cases.values()), cases
+    fp8 = {c: r for c, r in cases.items() if c.startswith("attention_fp8: ")}
+    assert fp8 and all(r["label"] == "refused clearly (no e4m3)" and not r["kernels"] for r in fp8.values()), fp8
+    assert all(r["kernels"] and r["label"] == "public" for c, r in cases.items() if c not in fp8), cases
     assert not any(r["gluon"] for r in cases.values()), target  # the NVIDIA Hopper code never off Hopper
     for op in portability.PUBLIC_OPS:
         kernels = set().union(*(r["kernels"] for c, r in cases.items() if c.startswith(op + ": ")))
@@ -113,3 +116,11 @@ def test_hopper_takes_its_gluon_kernel_where_a_meta_tensor_reaches_it(recorded):
     assert not any("refused" in r for r in cases.values()), cases
     fft = [r for c, r in cases.items() if c.startswith("fft_conv: bfloat16 seqlen 4096")]
     assert fft and fft[0]["gluon"], fft
+
+
+def test_e4m3_gpus_run_attention_fp8s_portable_kernel(recorded):
+    # sm_89 (Ada): e4m3 tensor cores, no Hopper: attention_fp8's tl forward; sm_90a: its Gluon kernel
+    for target, kernel, gluon in (("sm_89", "attention_fp8.kernels_tl.attn_fp8_fwd", False),
+                                  ("sm_90a", "attention_fp8.gluon_fp8.attention_fp8_fwd_kernel", True)):
+        fp8 = [r for c, r in recorded[target].items() if c.startswith("attention_fp8: ")]
+        assert len(fp8) == 4 and all(r["kernels"] == [kernel] and r["gluon"] == gluon for r in fp8), (target, fp8)

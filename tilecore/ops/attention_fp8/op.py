@@ -86,7 +86,7 @@ def check(q, k, v, q_scale, k_scale, v_scale, causal, softmax_scale, out_dtype, 
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention_fp8: q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
     dispatch.backend_for(q.device)  # raises for devices tilecore does not run on
-    if q.device.type == "cuda" and not dispatch.fp8_ok(q.device):
+    if q.device.type != "cpu" and not dispatch.fp8_ok(q.device):  # a GPU's (a meta tensor: the GPU pretend describes)
         raise RuntimeError("attention_fp8 needs e4m3 tensor cores (NVIDIA sm_89 or later: Ada, Hopper); "
                            "this GPU has none: use tilecore.attention in bf16/fp16")
     if v_layout == "keys_permuted":
