@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -151,17 +152,25 @@ def main():
                                      err_over_floor=err, ok=same and finite and max(err.values()) < 2.0))
         print(f"{name}: config {cfg}; O and lse bitwise equal {same}; finite {finite}; err/floor "
               + ", ".join(f"{t} {e:.2f}" for t, e in err.items()) + f"  [{time.time() - t_start:.0f} s]", flush=True)
-        for tree in trees:
+        plans = {tree: trees[tree].plan_forward(q, k, v, causal, scale, path="gluon", config=cfg) for tree in trees}
+        if name == cases[0][0]:  # the public plan's own pick (NAPKIN_FORWARD_TOPK: its top 3 timed), shipped tree
+            pick = launch.plan_forward(q, k, v, causal, scale)
+            result["pick"] = dict(case=name, table=cfg, picked=pick.config)
+            print(f"{name}: the public plan picked {pick.config} (table {cfg})", flush=True)
+            if pick.config != cfg:
+                plans["shipped_pick"] = pick
+        for tree, plan in plans.items():
             o = torch.empty_like(q)
             lse = torch.empty(q.shape[:3], device=dev)
-            plan = trees[tree].plan_forward(q, k, v, causal, scale, path="gluon", config=cfg)
-            fns[name, tree] = (lambda plan=plan, tree=tree, q=q, k=k, v=v, o=o, lse=lse, causal=causal, scale=scale:
-                               trees[tree].forward(plan, q, k, v, o, lse, causal, scale))
+            mod = trees.get(tree, launch)  # shipped_pick: the shipped tree's launch
+            fns[name, tree] = (lambda plan=plan, mod=mod, q=q, k=k, v=v, o=o, lse=lse, causal=causal, scale=scale:
+                               mod.forward(plan, q, k, v, o, lse, causal, scale))
         save()
     times = {key: [] for key in fns}
     for r in range(a.rounds):
         for name, *_ in cases:
-            for tree in (("shipped", "tile_nan") if r % 2 == 0 else ("tile_nan", "shipped")):
+            order = [t for t in ("shipped", "tile_nan", "shipped_pick") if (name, t) in fns]
+            for tree in (order if r % 2 == 0 else order[::-1]):
                 times[name, tree].append(triton.testing.do_bench(fns[name, tree], warmup=25, rep=100,
                                                                  return_mode="median"))
         print(f"round {r + 1}: " + "; ".join(f"{name} {times[name, 'shipped'][-1]:.4f} / {times[name, 'tile_nan'][-1]:.4f}"
@@ -169,7 +178,7 @@ def main():
     print(f"timed [{time.time() - t_start:.0f} s]; GPU time, do_bench medians of {a.rounds} interleaved rounds")
     print(f"{'case':34s} {'shipped ms':>10s} {'tile_nan ms':>11s} {'shipped/tile_nan':>16s}  per round")
     for name, d, n, causal, b, h in cases:
-        t0, t1 = (sorted(times[name, t])[len(times[name, t]) // 2] for t in ("shipped", "tile_nan"))
+        t0, t1 = (statistics.median(times[name, t]) for t in ("shipped", "tile_nan"))
         per = [x / y for x, y in zip(times[name, "shipped"], times[name, "tile_nan"])]
         flops = 4 * b * h * n * n * d // (2 if causal else 1)
         result["timing"].append(dict(case=name, shipped_ms=t0, tile_nan_ms=t1, speedup=t0 / t1,
@@ -177,6 +186,11 @@ def main():
                                      tile_nan_rounds=times[name, "tile_nan"], tflops_shipped=flops / t0 / 1e9,
                                      tflops_tile_nan=flops / t1 / 1e9))
         print(f"{name:34s} {t0:10.4f} {t1:11.4f} {t0 / t1:16.3f}  {min(per):.3f}-{max(per):.3f}", flush=True)
+        if (name, "shipped_pick") in times:
+            tp = statistics.median(times[name, "shipped_pick"])
+            result["timing"][-1].update(pick_ms=tp, pick_rounds=times[name, "shipped_pick"])
+            print(f"{'  ... the public plan pick (shipped)':34s} {tp:10.4f}  pick time / table time {tp / t0:.3f}",
+                  flush=True)
     print("checks: " + ("all ok" if all(c["ok"] for c in result["checks"]) else
                         "FAILED: " + ", ".join(f"{c['case']} ({c.get('tree', '')})" for c in result["checks"]
                                                if not c["ok"])))
