@@ -158,10 +158,11 @@ def order3(n) -> bool:
     u, spectrum, k = inputs(n)
     y = torch.empty_like(u)
     timed(n, f"shipped ({conv_plan(n, u.device).path})", lambda: fft_conv(u, spectrum))
-    for per_sm, contig, kg, g1 in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1)
+    for per_sm, contig, kg, g1, *kpre in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1[, KPRE])
+        kpre = kpre[0] if kpre else 0
         y.fill_(float("nan"))
-        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}"
-        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1))
+        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}" + (" kpre 1" if kpre else "")
+        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1, kpre))
         err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
                                                                            k[:64].double()))
         whole = bool(torch.isfinite(y).all())

@@ -160,7 +160,8 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
-                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1):
+                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
+                                 KPRE: gl.constexpr = 0):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -171,13 +172,15 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
     F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
     scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
-    (two: eight wgmmas in flight, half the waits; the same arithmetic)."""
+    (two: eight wgmmas in flight, half the waits; the same arithmetic). KPRE 1: a chunk's spectrum bins loaded into
+    registers before its stage 1b (gluon_onepass._spectrum_issue), their L2 latency under stages 1b-3 (4096's 9%)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and A2 >= 16, "A = 16 A2, A2 >= 16")
     gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
     gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wait in stages 1a, 1'a")
+    gl.static_assert(KPRE == 0 or KPRE == 1, "KPRE: 0 or 1 (registers)")
     C: gl.constexpr = KG * A2  # a chunk's columns
     L: gl.constexpr = A * B
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
@@ -214,7 +217,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, 0, 1, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, KPRE, 1, False)
 
     # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
     # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after
@@ -251,9 +254,9 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
         for j in range(16 // KG):  # (a loop, not unrolled)
             k1 = j * KG
+            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 1: the bins' loads issued before stage 1b)
             xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
             xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
-            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early)
             yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)
             dre, dim, s = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, s, zeros, lhs, False)
             gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)

@@ -116,18 +116,18 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                 yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale))
 
 
-def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, kpre: int = 0) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 8192: A = 256;
     16384: 512); ``per_sm`` persistent programs a multiprocessor (8192: 98.5 KiB of shared memory each, 105.5 with kg
     2: at most 2; 16384: 169.5 KiB: 1); ``contig``: each program's pairs contiguous (a channel's in a row); ``kg``
     (the plan's ``loop``): values of k1 a chunk, 1 or 2 (4 spills 168 B at 8192); ``g1``: columns a2 a wgmma wait in
-    stages 1a and 1'a, 1 or 2."""
+    stages 1a and 1'a, 1 or 2; ``kpre`` 1: a chunk's spectrum bins loaded before its stage 1b (28 B of spill with kg 2)."""
     if (n not in (8192, 16384) or per_sm not in ((1, 2) if n == 8192 else (1,)) or contig not in (False, True)
-            or kg not in (1, 2) or g1 not in (1, 2)):
+            or kg not in (1, 2) or g1 not in (1, 2) or kpre not in (0, 1)):
         raise ValueError(f"the order-3 Gluon kernel takes N = 8192 at 1 or 2 programs a multiprocessor (16384 at 1), 1 "
                          f"or 2 values of k1 a chunk and of a2 a wait; got N = {n}, per_sm {per_sm}, contig {contig}, "
-                         f"kg {kg}, g1 {g1}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1)
+                         f"kg {kg}, g1 {g1}, kpre {kpre}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, kpre=kpre)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
