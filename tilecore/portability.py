@@ -215,7 +215,7 @@ def linear_attention_cases(quick: bool) -> list[Case]:
                                                       grad=True, device=device)
                 return _with_grads(tilecore.linear_attention(q, k, v, decay=g), (q, k, v, g))
             cases.append(Case("linear_attention", f"bfloat16 D{d} {decay or 'no'} decay fwd+bwd", run,
-                              quick=d == 128 or decay == "channel"))
+                              quick=d == 128 and decay != "scalar"))
     def step(device):
         q, k, v = (_meta(B, H, 128, device=device) for _ in range(3))
         tilecore.linear_attention_step(q, k, v, _meta(B, H, 128, 128, dtype=f32, device=device))
@@ -228,14 +228,14 @@ def linear_attention_cases(quick: bool) -> list[Case]:
         A = _meta(8, dtype=f32, grad=True, device=device)
         Bm, C = (_meta(B, N, 1, 128, grad=True, device=device) for _ in range(2))
         return _with_grads(tilecore.mamba2_chunk_scan(x, dt, A, Bm, C), (x, dt, A, Bm, C))
-    cases.append(Case("linear_attention", "mamba2_chunk_scan headdim 64 dstate 128 fwd+bwd", scan))
+    cases.append(Case("linear_attention", "mamba2_chunk_scan headdim 64 dstate 128 fwd+bwd", scan, quick=False))
 
     def mamba_step(device):
         tilecore.mamba2_step(_meta(B, 8, 64, 128, dtype=f32, device=device), _meta(B, 8, 64, device=device),
                              _meta(B, 8, dtype=f32, device=device), _meta(8, dtype=f32, device=device),
                              _meta(B, 1, 128, device=device), _meta(B, 1, 128, device=device))
         return "public"
-    cases.append(Case("linear_attention", "mamba2_step headdim 64 dstate 128", mamba_step))
+    cases.append(Case("linear_attention", "mamba2_step headdim 64 dstate 128", mamba_step, quick=False))
     return cases
 
 
@@ -254,7 +254,7 @@ def fft_conv_cases(quick: bool) -> list[Case]:
             y = tilecore.fft_conv(u, k)
             return _with_grads(y, (u, k)) if backward else "public"
         cases.append(Case("fft_conv", f"{str(dtype)[6:]} seqlen {n}{' fwd+bwd' if backward else ''}", run,
-                          quick=dtype == torch.bfloat16 and n != 1024))
+                          quick=n != 8192 and (dtype == torch.float32 or backward)))
     return cases
 
 
@@ -294,7 +294,8 @@ def attention_kvcache_cases(quick: bool) -> list[Case]:
             tilecore.attention_with_kvcache(q, kc, vc, cache_seqlens=torch.empty(B, dtype=torch.int32, device=device),
                                             block_table=table, validate=False)
             return "public"
-        cases.append(Case("attention_kvcache", f"bfloat16 D128 decode {'paged 128' if paged else 'contiguous'}", run))
+        cases.append(Case("attention_kvcache", f"bfloat16 D128 decode {'paged 128' if paged else 'contiguous'}", run,
+                          quick=not paged))
     return cases
 
 

@@ -124,3 +124,21 @@ def test_e4m3_gpus_run_attention_fp8s_portable_kernel(recorded):
                                   ("sm_90a", "attention_fp8.gluon_fp8.attention_fp8_fwd_kernel", True)):
         fp8 = [r for c, r in recorded[target].items() if c.startswith("attention_fp8: ")]
         assert len(fp8) == 4 and all(r["kernels"] == [kernel] and r["gluon"] == gluon for r in fp8), (target, fp8)
+
+
+@pytest.mark.parametrize("name, d, want", [
+    ("sm_90a", 128, (128, 3)), ("sm_80", 128, (128, 3)),  # the H100's and A100's default: unchanged
+    ("sm_86", 128, (128, 2)), ("sm_120a", 128, (128, 2)),  # 99 KiB: one stage fewer (136 -> 72 KiB on sm_86)
+    ("gfx90a", 128, (64, 2)), ("gfx942", 128, (64, 2)),  # 64 KiB: 64 keys a step, 2 stages (128 -> 32 on gfx90a)
+])
+def test_kvcache_split_kernel_fits_the_block(name, d, want):
+    from tilecore.ops.attention_kvcache import op
+
+    with dispatch.pretend(T[name]):
+        meta = torch.device("meta")
+        assert op._fitted(meta, d, 128, 3) == want
+        q = torch.empty(2, 1, 32, d, dtype=torch.bfloat16, device=meta)
+        cache = torch.empty(2, 4096, 8, d, dtype=torch.bfloat16, device=meta)
+        layout = op._DecodeLayout(q, cache, cache, None, False, -1, -1, 0.0, 4096, None)
+    assert (layout.split_options["BLOCK_N"], layout.split_options["num_stages"]) == want
+    assert layout.keys_per_split % want[0] == 0

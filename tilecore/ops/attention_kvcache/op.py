@@ -155,6 +155,27 @@ def _splits(batch_kv_heads: int, capacity: int, device) -> int:
     return max(1, min(want, MAX_SPLITS, cdiv(capacity, MIN_SPLIT_KEYS)))
 
 
+# The split kernel where a block gets less shared memory than its default asks (tilecore.portability, session 34:
+# D128's 128 keys a step, 3 stages asked 136 KiB on sm_86, 128 on gfx90a): rows of (least bytes a block gets,
+# {largest head dim a row serves: overrides of BLOCK_N / num_stages}), read through dispatch.shared_memory_fit.
+# The H100 (227 KiB) and the A100 (163) take the first row: no change. Untimed on those GPUs (chosen to fit).
+SHARED_FITS = (
+    (163 * 1024, None),
+    # sm_86, sm_89, sm_120 (99 KiB): D128 136 -> 72 KiB (sm_86)
+    (99 * 1024, {128: dict(num_stages=2)}),
+    # ROCm's MI200 / MI300 (64 KiB of LDS): D128 128 -> 32 KiB (gfx90a)
+    (64 * 1024, {128: dict(BLOCK_N=64, num_stages=2)}),
+)
+
+
+def _fitted(device, d: int, block_n: int, stages: int) -> tuple[int, int]:
+    """(BLOCK_N, num_stages) of the split kernel on ``device`` at head dim ``d``: SHARED_FITS' row where the GPU's
+    blocks get less shared memory than the default asks."""
+    rows = dispatch.shared_memory_fit(device, SHARED_FITS, "attention_with_kvcache") or {}
+    row = next((rows[b] for b in sorted(rows) if d <= b), {})
+    return row.get("BLOCK_N", block_n), row.get("num_stages", stages)
+
+
 class _DecodeLayout:
     """What forward_kernels launches, as a function of its shapes, flags and capacity alone (kept per launch
     key: the host time of a decode step, issue 31)."""
@@ -167,6 +188,9 @@ class _DecodeLayout:
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         interpret = dispatch.interpreted(q.device)
         block_n = 16 if interpret else (64 if max(d, dv) > 128 else 128)
+        stages = 3 if max(d, dv) <= 128 else 2
+        if not interpret:
+            block_n, stages = _fitted(q.device, max(d, dv), block_n, stages)
         rows = nq * (hq // hkv)
         block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
         if splits is None:
@@ -176,7 +200,7 @@ class _DecodeLayout:
         self.merged = splits == 1
         paged = block_table is not None
         self.wl, self.wr, has_left, has_right = kernel_window(causal, left, right)
-        options = {} if interpret else dict(num_warps=4, num_stages=3 if max(d, dv) <= 128 else 2)
+        options = {} if interpret else dict(num_warps=4, num_stages=stages)
         self.split_grid = (bsz * hkv, splits, cdiv(rows, block_m))
         self.split_options = dict(PAGE=k_cache.shape[1] if paged else 1, PAGED=paged, LEFT=has_left, RIGHT=has_right,
                                   SOFTCAP=softcap > 0, MERGED=self.merged, BLOCK_M=block_m, BLOCK_N=block_n,
