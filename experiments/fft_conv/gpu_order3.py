@@ -2,7 +2,10 @@
 float64 and timed against the shipped path (the three-pass "long") and torch.fft in the same run; and 4096's shipped
 tuple (CONTIG 2, 4.94x in one run of session 33) re-timed against torch.fft (the op, and its launch twice).
 
-    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,16384] [--skip4096]
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,16384] [--op 8192:2,1,1,2,1] [--skip4096]
+
+--op N:CONFIG sets configs.GLUON_ORDER3[N] = CONFIG in this process and checks and times the op through it (the
+keyed launch three times, the same bits; du of the backward; both against float64).
 
 Checks (every output started as NaN; fresh random inputs; error / the rounding floor against float64): bf16
 convolution and correlation, fp16, an odd batch with a NaN sequence (that sequence all NaN, the rest finite and at
@@ -111,6 +114,9 @@ def main():
     ok = True
     for n in SIZES:
         ok &= order3(n)
+    for spec in [a for i, a in enumerate(sys.argv) if i and sys.argv[i - 1] == "--op"]:  # e.g. --op 8192:2,1,1,2,1
+        n, config = spec.split(":")
+        ok &= op_check(int(n), [int(c) for c in config.split(",")])
     if "--skip4096" not in sys.argv:
         u, spectrum, _ = inputs(4096)
         y = torch.empty_like(u)
@@ -128,6 +134,10 @@ def main():
         for row in table:
             if row["n"] == 4096:
                 row["speedup"] = base4 / row["ms"]
+    bases = {r["n"]: r["ms"] for r in table if r["what"] == "torch.fft"}
+    for row in table:
+        if row["speedup"] is None and row["n"] in bases:
+            row["speedup"] = bases[row["n"]] / row["ms"]
     with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
         json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
     print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3: "
@@ -173,6 +183,34 @@ def order3(n) -> bool:
     for row in table:
         if row["n"] == n:
             row["speedup"] = base / row["ms"]
+    return ok
+
+
+def op_check(n, config, B=16, H=16) -> bool:
+    """The op with configs.GLUON_ORDER3[n] = ``config`` (set in this process only): fft_conv(u, k) three times (the plan
+    and compile, the key's first keyed launch, the cached launch; the same bits each call) and du of its backward (the
+    correlation through the same kernel) against float64, and the op's time at B16 H768 beside torch.fft's."""
+    configs.GLUON_ORDER3[n] = tuple(config)
+    g = torch.Generator().manual_seed(n + 11)
+    u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+    k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
+    dy = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+    ud, kd, dyd = u.to(DEV), k.to(DEV), dy.to(DEV)
+    path = conv_plan(n, ud.device, ud.dtype).path
+    outs = [fft_conv(ud, kd).cpu() for _ in range(3)]
+    same = all(torch.equal(outs[0], o) for o in outs[1:])
+    err = accuracy.error_over_floor(outs[0], fft_conv_reference(u.double(), k.double()))
+    ug = ud.clone().requires_grad_()
+    fft_conv(ug, kd).backward(dyd)
+    err_du = accuracy.error_over_floor(ug.grad.cpu(), correlation(dy.double(), k.double()))
+    ok = path == "order3" and same and bool(torch.isfinite(outs[0]).all()) and err <= BOUNDS["bfloat16"] and (
+        err_du <= BOUNDS["bfloat16"])
+    row = dict(n=n, what=f"op with GLUON_ORDER3 {tuple(config)}", path=path, same_bits=same, err_over_floor=err,
+               err_du=err_du, ok=ok)
+    rows.append(row)
+    say("op", json.dumps(row))
+    u, spectrum, _ = inputs(n)
+    timed(n, f"op ({path}) {tuple(config)}", lambda: fft_conv(u, spectrum))
     return ok
 
 
