@@ -297,7 +297,14 @@ def s34_timed():
     both: sm_90a 128 wgmma against 108, no spills; int4 144, its other half's second product for the sub-row maxima) and PERM under UNITS (mxfp4 SASS 5144 -> 4936, SHFL 50 -> 14) against
     the shipped plans at 18944 (mxfp4, fp8, int8: UNITS; nvfp4: HALVES 2), bytes compared where UNITS ships."""
     cases = []
-    for fmt in ("mxfp4", "nvfp4", "fp8_e4m3", "int8", "int4"):
+    for fmt in ("mxfp4", "nvfp4", "fp8_e4m3", "transform", "int8", "int4"):
+        if fmt == "transform":
+            # the 172 x 64 transform (75.7% of copy, one ring stage: four staging slots a consumer leave no room for
+            # two) with STREAM: each block stored from compute through two slots, two ring stages (sm_90a 213 KiB, 0 B
+            # spilled)
+            cases += [("t", 172, 64, "shipped", {}), ("t", 172, 64, "stream", STREAM),
+                      ("t", 172, 64, "stream_kn", {**STREAM, "ktrim": True, "nozero": True})]
+            continue
         cases.append(("q", fmt, 18944, "shipped", {}))
         if fmt in ("mxfp4", "nvfp4"):
             cases.append(("q", fmt, 18944, "balance_perm", BALP))
@@ -307,6 +314,9 @@ def s34_timed():
         if fmt == "nvfp4":
             cases.append(("q", fmt, 18944, "units_perm", {"units": True, "perm": True}))
     return cases
+
+
+STREAM = {"stream": True, "stages": 2}
 
 
 def s34b_timed():
@@ -616,7 +626,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b"):
+    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34b"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -650,6 +660,10 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
+    if SET == "s34":  # STREAM at 172 x 64 (two ring stages): odd rows, in place (a row stored while the next loads), H_m^T
+        g = STREAM  # (kron_plan gets gluon=True in this set)
+        cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "out", g), ((172, 64), 2049, "inplace", g),
+                 ((172, 64), 2049, "transpose", {**g, "ktrim": True, "nozero": True})]
     if SET == "s33c":  # PERM on the shipped transform plans (m x 64 and the kron kernel's)
         g = {**PERM, "gluon": True}
         cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "transpose", g), ((172, 64), 2049, "inplace", g),
@@ -777,7 +791,8 @@ def phase_time(result, save, deadline, quick):
                 if case[3] == "shipped":
                     shipped_out[key] = got
                 elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
-                                                               "balance", "balance_perm", "units_perm", "nobalance"):
+                                                               "balance", "balance_perm", "units_perm", "nobalance",
+                                                               "stream"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got

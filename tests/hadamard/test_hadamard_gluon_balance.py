@@ -89,6 +89,22 @@ def test_relabelled_block_keeps_halves_2_group_slots():
                     assert bool(((i * 128 + cols) // G == i * 2 * GR + C * GR + g).all())
 
 
+def test_stream_plan_switch_and_slots():
+    """STREAM (session 34): the transform's tuning "stream" reaches the wide kernel's STORE plan at m x 64 only (HALVES
+    1), through kron.gluon_config (GLUON_KEYS), with the ring's two stages as asked; off in the shipped table."""
+    from tilecore.ops.hadamard import gluon_launch, kron
+
+    cfg = kron.gluon_config(172, 64, {"stream": True, "stages": 2})
+    assert cfg["stream"] and cfg["stages"] == 2
+    stages = cfg.pop("stages")
+    plan = gluon_launch.store_plan(1 << 14, 172 * 64, torch.bfloat16, 132, stages=stages, **cfg)
+    assert plan.config.get("STREAM") and plan.config["STAGES"] == 2
+    assert not gluon_launch.store_plan(1 << 14, 148 * 128, torch.bfloat16, 132, stream=True).config.get("STREAM")
+    assert not kron.gluon_config(172, 64, {}).get("stream")  # configs.KRON_GLUON_TUNING: off until timed
+    x = torch.empty(4, 172 * 64, dtype=torch.bfloat16)
+    assert gw.descriptors(x, x, 172, False, 1, 2)[2].block_shape[0] == 2  # the staging buffer's two slots
+
+
 def test_plan_switches_balance_and_perm_at_halves_2():
     """balance reaches the kernel only with UNITS (every format; int4's groups of 128 span both halves of J = 2: each
     consumer makes the other half's values too, for the sub-row maxima); perm at m x 128 only with UNITS and groups of
@@ -120,6 +136,8 @@ for fmt, kw in (("mxfp4", M), ("mxfp4", dict(M, balance=True)), ("mxfp4", dict(M
                 ("nvfp4", dict(N, balance=True, perm=True)), ("amax", dict(N, balance=True, perm=True)),
                 ("fp8_e4m3", F), ("fp8_e4m3", dict(F, balance=True)), ("int4", dict(F, balance=True))):
     print(json.dumps(compile_one(148, 128, fmt, **kw)))
+for kw in (dict(stages=1, clamp_lo=2), dict(stages=2, clamp_lo=2, stream=True)):  # the 172 x 64 transform
+    print(json.dumps(compile_one(172, 64, "store", **kw)))
 """
 
 
@@ -127,12 +145,12 @@ def test_balance_and_perm_compile_for_sm90_without_spills():
     """sm_90a: BALANCE runs 128 wgmma (J = 2's mixing on both consumers) against UNITS' 108 and spills nothing (UNITS:
     mxfp4 56 B, fp8 84 B: consumer 0's four held blocks); PERM on top cuts the shuffles (mxfp4 SHFL 50 -> 14) and the
     instructions; the AMAX pass of a PERM plan compiles (no relabelling); TMA, not serialized, within 227 KiB. int4
-    (groups of 128) compiles too."""
+    (groups of 128) compiles too. STREAM (the 172 x 64 transform) fits two ring stages where the shipped plan has one."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=1200,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
-    units, bal, balp, nv, amax, f8, f8b, i4 = [json.loads(line) for line in r.stdout.strip().splitlines()
+    units, bal, balp, nv, amax, f8, f8b, i4, st1, st2 = [json.loads(line) for line in r.stdout.strip().splitlines()
                                            if line.startswith("{")]
     assert units["wgmma"] == 108 and f8["wgmma"] == 108
     for x in (bal, balp, nv, amax, f8b):
@@ -142,3 +160,6 @@ def test_balance_and_perm_compile_for_sm90_without_spills():
     assert balp["sass_shfl"] < bal["sass_shfl"] and balp["sass"] < bal["sass"], (bal, balp)
     # int4: J = 2's other half through the second product too (144 wgmma); 160 B spilled (UNITS: 80)
     assert i4["wgmma"] == 144 and i4["tma"] and not i4["wgmma_serialized"] and i4["spill_stores"] <= 192, i4
+    # STREAM: the 172 x 64 transform at two ring stages within 227 KiB (two staging slots a consumer, not four)
+    assert st2["stages"] == 2 and st2["shared_meta"] <= 227 * 1024 < st1["shared_meta"] + 48 * 1024, (st1, st2)
+    assert st2["wgmma"] == st1["wgmma"] == 120 and st2["spill_stores"] == 0 and st2["tma"], st2

@@ -59,7 +59,7 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
                                                      tile_counter(x2.device), **cfg)
         return
     x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1),
-                                                      2 if cfg.get("STORE2") else 4)
+                                                      2 if cfg.get("STORE2") or cfg.get("STREAM") else 4)
     h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose, bool(cfg.get("PERM"))),
                               [64, 64])
     with dispatch.on_device(x2.device):
@@ -74,7 +74,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     128 < m <= 192, and m x 128: HALVES 2) first, then the kron one (m <= 32 x p = 128..1024). Tuning: stages, waves,
     ktrim, units, store2 (the wide kernel's: STORE2 stages two blocks at a time, so that two ring stages fit), split,
     inside (the kron one's; defaults configs.gluon_kron_tuning's), nozero, clamp_lo, perm (the wide kernel at m x 64:
-    H_64's columns permuted, session 33)."""
+    H_64's columns permuted, session 33), stream (the wide kernel at m x 64: each block stored from compute through two
+    staging slots, so that two ring stages fit; session 34)."""
     from tilecore.ops.hadamard import gluon_quantize_kron as gk
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
 
@@ -94,7 +95,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
             **({"KTRIM": True} if tuning.get("ktrim") else {}),
             **({"UNITS": True} if halves == 2 and tuning.get("units") else {}), **_switches(tuning),
             **({"STORE2": True} if halves == 2 and tuning.get("units") and tuning.get("store2") else {}),
-            **({"PERM": True} if halves == 1 and tuning.get("perm") else {})))
+            **({"PERM": True} if halves == 1 and tuning.get("perm") else {}),
+            **({"STREAM": True} if halves == 1 and tuning.get("stream") else {})))
     split, inside = configs.gluon_kron_tuning(m, p, tuning)
     if not gk.fits(m, p, split):
         return None

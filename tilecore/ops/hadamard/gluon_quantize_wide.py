@@ -102,6 +102,7 @@ class WideQuantize:
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel): HALVES 1;
     # HALVES 2 with UNITS for groups of <= 64 (session 34: the codes made in _unit from relabelled blocks)
     BALANCE: gl.constexpr  # UNITS: consumer c the unit J = c and block J = 2's column half c (three blocks each, not 4 / 2)
+    STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
 
     @gluon.jit
     def setup(self, tile):
@@ -147,7 +148,7 @@ class WideQuantize:
         if self.UNITS:
             out = self._compute_units(ctx, state, stage, tile)
         else:
-            out = self._compute_rows(ctx, state, stage)
+            out = self._compute_rows(ctx, state, stage, tile)
         return out
 
     @gluon.jit
@@ -191,7 +192,7 @@ class WideQuantize:
         return Quad(u0, u1, u2, u3, ctx.ring_step)
 
     @gluon.jit
-    def _compute_rows(self, ctx, state, stage):
+    def _compute_rows(self, ctx, state, stage, tile):
         if ctx.index == 0:
             xs = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
         else:
@@ -225,6 +226,13 @@ class WideQuantize:
             y1 = self._scaled(s1, 1)
             w2 = warpgroup_mma_wait(0, deps=(w2,))
             y2 = self._scaled(warpgroup_mma_wait(0, deps=(self._issue_second(w2, h64),)), 2)
+        elif self.STREAM:  # the values stored block by block as made; nothing held for finish
+            self._stream(ctx, self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0), tile, 0)
+            self._stream(ctx, self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1), tile, 1)
+            self._stream(ctx, self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2), tile, 2)
+            y0 = state.w0
+            y1 = state.w1
+            y2 = state.w2
         else:
             y0 = self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0)
             y1 = self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1)
@@ -235,6 +243,22 @@ class WideQuantize:
             return Mixed(y0, y1, y2, ctx.ring_step)
         else:
             return Mixed(y0, y1, y2, 0)
+
+    @gluon.jit
+    def _stream(self, ctx, y, tile, J: gl.constexpr):
+        """STREAM (HALVES 1, STORE; session 34): block J's values stored as soon as made, through two staging slots
+        (blocks 0 and 2 slot 0, block 1 slot 1): three slots a consumer with two ring stages would pass shared memory
+        (80 KiB resident + 2 x 48 ring + 2 x 24) and a staging buffer's block count is a power of two; four (the
+        default) fit one stage only. Block 0 waits for the previous row's stores to have read both slots, block 2 for
+        block 0's (block 1's may still run)."""
+        if J == 0:
+            tma.store_wait(0)
+        elif J == NB - 1:
+            tma.store_wait(1)
+        self._stage(ctx, J % 2, y)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(self.codes_desc, [2 * tile + ctx.index, BLOCK * J, 0], ctx.out.slice(J % 2, 1))
 
     @gluon.jit
     def _halves(self, ctx, stage, z, h64, J: gl.constexpr):
@@ -468,8 +492,11 @@ class WideQuantize:
             y0 = relabel(y0)
             y1 = relabel(y1)
             y2 = relabel(y2)
-        tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
-        if self.FORMAT == AMAX:
+        if not self.STREAM:  # (STREAM: the row was stored from compute)
+            tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
+        if self.STREAM:
+            pass
+        elif self.FORMAT == AMAX:
             a = folded(self, row_amax((y0, y1, y2), NB))
             if self.HALVES == 2:
                 gl.store(self.amax_out + 2 * row + ctx.index, a, mask=row < self.rows)
@@ -606,7 +633,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
-                               PERM: gl.constexpr = False, BALANCE: gl.constexpr = False):
+                               PERM: gl.constexpr = False, BALANCE: gl.constexpr = False, STREAM: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -629,6 +656,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
     # BALANCE (UNITS): not STORE (its four staging slots a consumer with two stages pass shared memory)
     gl.static_assert(not BALANCE or (UNITS and FORMAT != STORE), "BALANCE: UNITS, not STORE")
+    gl.static_assert(not STREAM or (HALVES == 1 and FORMAT == STORE and not AHEAD and not PINGPONG and PROBE == 0),
+                     "STREAM: HALVES 1 STORE alone")
     # PERM: HALVES 1, or UNITS' group formats with groups inside a sub-row (their codes made and held in _unit); the
     # AMAX pass of such a plan (nvfp4's dynamic global scale) takes the permuted operand but needs no relabelling:
     # a block's largest |y| is the same in any column order
@@ -642,7 +671,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
-                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), BALANCE)
+                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), BALANCE, STREAM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

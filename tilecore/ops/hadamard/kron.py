@@ -70,7 +70,7 @@ def kron_plan(x: torch.Tensor, m: int, p: int, **tuning) -> KronPlan:
     return kernel_plan(rows, m, p, x.dtype, sms, interpret, **tuning)
 
 
-GLUON_KEYS = ("split", "inside", "stages", "ktrim", "units", "store2", "nozero", "clamp_lo", "perm")
+GLUON_KEYS = ("split", "inside", "stages", "ktrim", "units", "store2", "nozero", "clamp_lo", "perm", "stream")
 
 
 def gluon_config(m: int, p: int, tuning: dict) -> dict:
