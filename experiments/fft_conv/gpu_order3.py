@@ -1,8 +1,9 @@
-"""Issue 37, session 34 (helper HF): the order-3 one-pass Gluon kernel at N = 8192 (gluon_order3.py) checked against
-float64 and timed against the shipped path (the three-pass "long") and torch.fft in the same run; and 4096's shipped
-tuple (CONTIG 2, 4.94x in one run of session 33) re-timed against torch.fft (the op, and its launch twice).
+"""Issue 37, session 34 (helper HF): the order-3 one-pass Gluon kernel (gluon_order3.py) checked against float64 and
+timed against the shipped path and torch.fft in the same run: at 8192 (shipped: the three-pass "long"), at 4096
+(shipped: the order-2 chunked kernel, CONTIG 2, 4.94x torch.fft in one run of session 33: re-timed here, twice) and,
+with --sizes, 16384. The candidates: configs.GLUON_ORDER3_CANDIDATES.
 
-    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,16384] [--op 8192:2,1,1,2,1] [--skip4096]
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,4096,16384] [--op 8192:2,1,1,2,1]
 
 --op N:CONFIG sets configs.GLUON_ORDER3[N] = CONFIG in this process and checks and times the op through it (the
 keyed launch three times, the same bits; du of the backward; both against float64).
@@ -23,7 +24,7 @@ import torch
 from tilecore import accuracy
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum
 from tilecore.ops.fft_conv import launch as conv_launch
-from tilecore.ops.fft_conv.plan import gluon_plan, plan as conv_plan
+from tilecore.ops.fft_conv.plan import plan as conv_plan
 
 START = time.time()
 DEV = "cuda"
@@ -100,13 +101,14 @@ def timed(n, what, fn, base=None):
     return ms
 
 
-SIZES = (8192,)
+SIZES = (8192, 4096)
 if "--sizes" in sys.argv:  # the order-3 sizes, e.g. --sizes 8192,16384
     SIZES = tuple(int(n) for n in sys.argv[sys.argv.index("--sizes") + 1].split(","))
 CHECKS = {  # (dtype, conj, NaN/odd batch, KG, G1): the checks at B16 H32 (B5 H3 with a NaN)
     8192: ((torch.bfloat16, False, False, 1, 1), (torch.bfloat16, True, False, 1, 1), (torch.float16, False, False, 1, 1),
            (torch.bfloat16, False, True, 1, 1), (torch.bfloat16, False, False, 2, 2), (torch.bfloat16, False, True, 2, 2)),
     16384: ((torch.bfloat16, False, False, 1, 2), (torch.bfloat16, False, True, 1, 2)),
+    4096: ((torch.bfloat16, False, False, 2, 2), (torch.bfloat16, False, True, 2, 2), (torch.bfloat16, True, False, 4, 2)),
 }
 
 
@@ -117,23 +119,6 @@ def main():
     for spec in [a for i, a in enumerate(sys.argv) if i and sys.argv[i - 1] == "--op"]:  # e.g. --op 8192:2,1,1,2,1
         n, config = spec.split(":")
         ok &= op_check(int(n), [int(c) for c in config.split(",")])
-    if "--skip4096" not in sys.argv:
-        u, spectrum, _ = inputs(4096)
-        y = torch.empty_like(u)
-        shipped_cfg = configs.GLUON_ONEPASS[4096]
-        timed(4096, "shipped op (CONTIG 2)", lambda: fft_conv(u, spectrum))
-        plans = {"CONTIG 2": gluon_plan(*shipped_cfg)}  # (CONTIG and the strided walk: session 33's calls 4-7)
-        for name, p in plans.items():
-            kspec = conv_launch.gluon_spectrum(p, spectrum, False)
-            timed(4096, f"launch {name}", lambda p=p, kspec=kspec: conv_launch.launch_gluon_kernel(p, u, kspec, y))
-        # CONTIG 2 once more after the others (the order's share of the spread)
-        p = plans["CONTIG 2"]
-        kspec = conv_launch.gluon_spectrum(p, spectrum, False)
-        timed(4096, "launch CONTIG 2 (again)", lambda: conv_launch.launch_gluon_kernel(p, u, kspec, y))
-        base4 = timed(4096, "torch.fft", lambda: torch_fft(u, spectrum))
-        for row in table:
-            if row["n"] == 4096:
-                row["speedup"] = base4 / row["ms"]
     bases = {r["n"]: r["ms"] for r in table if r["what"] == "torch.fft"}
     for row in table:
         if row["speedup"] is None and row["n"] in bases:
@@ -149,11 +134,16 @@ def main():
         print(f"{row['n']:>6} {row['what']:>32} {row['ms']:8.4f} {row['speedup'] or 0:11.2f}")
     from tilecore.ops.fft_conv import model
     for n in SIZES:
-        a, long = 2 * n // 64, configs.LONG_CONFIGS[n]
+        a = 2 * n // 64
+        if n in configs.LONG_CONFIGS:
+            long = configs.LONG_CONFIGS[n]
+            other = f"long bound {model.bound_ms('long', 16, 768, n, long[0], long[1]):.4f} ms"
+        else:  # (the shipped order-2 one-pass kernel)
+            other = f"order-2 one-pass bound {model.bound_ms('mono', 16, 768, n, a, 64):.4f} ms"
         print(f"napkin (model.py) at {n}, B16 H768: op bytes {model.op_bytes(16, 768, n) / 1e6:.0f} MB = "
               f"{model.bound_ms('pair', 16, 768, n):.4f} ms at copy speed; order3 bound "
               f"{model.bound_ms('order3', 16, 768, n, a, 64):.4f} ms ({model.order3_flops(a, 64) * 6144 / 1e9:.0f} "
-              f"GFLOP); long bound {model.bound_ms('long', 16, 768, n, long[0], long[1]):.4f} ms")
+              f"GFLOP); {other}")
     print(f"wall {time.time() - START:.0f} s")
     return 0 if ok else 1
 
@@ -167,7 +157,8 @@ def order3(n) -> bool:
         ok &= check(n, dtype, conj, nan=nan, kg=kg, g1=g1)["ok"]
     u, spectrum, k = inputs(n)
     y = torch.empty_like(u)
-    timed(n, f"shipped ({conv_plan(n, u.device).path})", lambda: fft_conv(u, spectrum))
+    shipped = f"shipped op ({conv_plan(n, u.device).path})"
+    timed(n, shipped, lambda: fft_conv(u, spectrum))
     for per_sm, contig, kg, g1, *kpre in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1[, KPRE])
         kpre = kpre[0] if kpre else 0
         y.fill_(float("nan"))
@@ -179,6 +170,7 @@ def order3(n) -> bool:
         say(what, "on the timing inputs: finite", whole, "error / floor (B2 H64)", err)
         rows.append(dict(n=n, what=what + " timing inputs vs float64", err_over_floor=err, written=whole))
         ok &= whole and err <= BOUNDS["bfloat16"]
+    timed(n, shipped + " again", lambda: fft_conv(u, spectrum))  # (the spread of one thing, after the others)
     base = timed(n, "torch.fft", lambda: torch_fft(u, spectrum))
     for row in table:
         if row["n"] == n:

@@ -28,7 +28,10 @@ def _correlation(u64, k64):
                                                        (8192, torch.float16, False, 3.5, 1),
                                                        (8192, torch.bfloat16, False, 1.2, 2),
                                                        (8192, torch.bfloat16, True, 1.2, 2),
-                                                       (16384, torch.bfloat16, False, 1.2, 1)])
+                                                       (16384, torch.bfloat16, False, 1.2, 1),
+                                                       (4096, torch.bfloat16, False, 1.2, 2),
+                                                       (4096, torch.bfloat16, True, 1.2, 4),
+                                                       (4096, torch.float16, False, 3.5, 2)])
 def test_order3_arithmetic_matches_float64(n, dtype, conj, bound, kg):
     a, b, _ = gluon_order3.factors(n)
     g = torch.Generator().manual_seed(34 + conj)
@@ -88,7 +91,8 @@ print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len
 """
 
 
-@pytest.mark.parametrize("n, kg, g1, kpre", [(8192, 1, 1, 0), (8192, 2, 2, 0), (8192, 1, 2, 1), (16384, 1, 2, 0)])
+@pytest.mark.parametrize("n, kg, g1, kpre", [(8192, 1, 1, 0), (8192, 2, 2, 0), (8192, 1, 2, 1), (16384, 1, 2, 0),
+                                             (4096, 2, 2, 0), (4096, 2, 2, 1), (4096, 4, 2, 0)])
 def test_order3_compiles_for_hopper_with_wgmma_and_no_spill(n, kg, g1, kpre):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", CODE, str(kg), str(g1), str(n), str(kpre)], capture_output=True, text=True,
@@ -97,14 +101,18 @@ def test_order3_compiles_for_hopper_with_wgmma_and_no_spill(n, kg, g1, kpre):
     row = json.loads(r.stdout)
     assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and not row["tma"], row
     assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["threads"] == 128, row
-    # 8192: two programs of one warpgroup a multiprocessor (the launch's per_sm 2); 16384 (T 128 KiB) one
-    programs = 2 if n == 8192 else 1
+    # as many programs of one warpgroup a multiprocessor as plan.ORDER3_FITS lets a candidate ask at this N and KG
+    from tilecore.ops.fft_conv import configs
+
+    programs = max(c[0] for c in configs.GLUON_ORDER3_CANDIDATES[n] if c[2] == kg)
     assert programs * row["shared"] <= 227 * 1024 and programs * row["registers"] * 128 <= 65536, row
     # 1a and 1'a: A2 complex products each (4 wgmmas), unrolled; the chunk loop's 4 complex products once
     a2 = gluon_order3.factors(n)[2]
     assert row["mmas"] >= 2 * a2 * 4 + 4 * 4, row
     # a wait a complex product: A2 columns twice over G1, the chunk loop's 4
     assert row["waits"] <= 2 * a2 // g1 + 4, row
+    if n == 4096:  # three programs a multiprocessor at KG 2 (the order-2 chunked kernel runs two walkers)
+        assert kg == 4 or 3 * row["registers"] * 128 <= 65536, row
 
 
 def test_order3_launch_binds_every_argument(monkeypatch):
@@ -151,12 +159,15 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
         assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 2, True, 1, 2, 1)
         assert conv_plan.plan(8192, meta, torch.float32).path != "order3"  # 16-bit u only
     assert conv_plan.plan(8192, torch.device("cpu"), torch.bfloat16).path != "order3"  # never interpreted
-    with pytest.raises(ValueError, match="N = 8192"):
-        conv_plan.order3_plan(4096)
+    with pytest.raises(ValueError, match="N = 2048"):
+        conv_plan.order3_plan(2048)
     with pytest.raises(ValueError, match="programs a multiprocessor"):
         conv_plan.order3_plan(8192, 3)
-    with pytest.raises(ValueError, match="16384 at 1"):
+    with pytest.raises(ValueError, match="programs a multiprocessor"):
         conv_plan.order3_plan(16384, 2)  # (169.5 KiB of shared memory a program)
+    with pytest.raises(ValueError, match="k1 values a chunk"):
+        conv_plan.order3_plan(4096, 3, True, 1)  # (a chunk's stage 1b needs K = KG A2 >= 16)
+    assert conv_plan.order3_plan(4096, 3, True, 2).n1 == 128
     for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
         for c in candidates:
             conv_plan.order3_plan(n, *c)

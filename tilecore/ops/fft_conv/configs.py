@@ -32,8 +32,10 @@ GLUON_ONEPASS: dict = {
 # (programs a SM, CONTIG, k1 values a chunk, a2 columns a wait in 1a / 1'a[, KPRE]); sm_90a: (.., 1, 1) 173 registers, 0
 # spill, 98.5 KiB, 36 waits; (.., 2, 1) 211, 0, 105.5 KiB; (.., 2, 2) 210, 0, 105.5 KiB, 20 waits; (.., 1, 2, 1) 176, 0
 GLUON_ORDER3: dict = {}
-GLUON_ORDER3_CANDIDATES = {8192: [(2, True, 1, 1), (2, True, 2, 1), (2, True, 2, 2), (2, True, 1, 2, 1), (1, True, 2, 2)],
-                           16384: [(1, True, 1, 2)]}  # 16384: 204 registers, 0 spill, 169.5 KiB (KG 2 spills 136 B)
+GLUON_ORDER3_CANDIDATES = {8192: [(2, True, 1, 1), (2, True, 2, 2), (2, True, 1, 2, 1), (1, True, 2, 2)],
+                           16384: [(1, True, 1, 2)],  # 204 registers, 0 spill, 169.5 KiB (KG 2 spills 136 B)
+                           # 4096 (A2 = 8): KG 2 145 registers, 66.5 KiB (3 a SM), KPRE 1 148; KG 4 245, 73.5 KiB
+                           4096: [(3, True, 2, 2), (3, True, 2, 2, 1), (2, True, 4, 2)]}
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],

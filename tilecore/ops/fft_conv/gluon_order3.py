@@ -34,7 +34,7 @@ from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inver
 from tilecore.tiles.gluon import wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma, warpgroup_mma_wait
 
-SUPPORTED_N = (8192, 16384)  # (16384: A2 = 32, T 128 KiB: one program a multiprocessor)
+SUPPORTED_N = (4096, 8192, 16384)  # (plan.ORDER3_FITS: programs a multiprocessor, k1 values a chunk)
 
 
 def factors(n: int) -> tuple[int, int, int]:
@@ -177,11 +177,12 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     A2: gl.constexpr = A // 16
-    gl.static_assert(A2 * 16 == A and A2 >= 16, "A = 16 A2, A2 >= 16")
+    gl.static_assert(A2 * 16 == A and A2 >= 8, "A = 16 A2, A2 >= 8")
     gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
     gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wait in stages 1a, 1'a")
     gl.static_assert(KPRE == 0 or KPRE == 1, "KPRE: 0 or 1 (registers)")
     C: gl.constexpr = KG * A2  # a chunk's columns
+    gl.static_assert(C >= 16, "a chunk's stage 1b has K = KG A2 >= 16 (the float16 wgmma's K)")
     L: gl.constexpr = A * B
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
     lhs1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc1, k_width=2)

@@ -116,17 +116,23 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                 yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale))
 
 
+# the order-3 kernel's fits by N (sm_90a): programs a multiprocessor (shared memory, registers) and k1 values a chunk
+# (4096: KG A2 >= 16, the wgmma's K; KG 4 at 8192 and KG 2 at 16384 spill)
+ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), (1,))}
+
+
 def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, kpre: int = 0) -> Plan:
-    """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 8192: A = 256;
-    16384: 512); ``per_sm`` persistent programs a multiprocessor (8192: 98.5 KiB of shared memory each, 105.5 with kg
-    2: at most 2; 16384: 169.5 KiB: 1); ``contig``: each program's pairs contiguous (a channel's in a row); ``kg``
-    (the plan's ``loop``): values of k1 a chunk, 1 or 2 (4 spills 168 B at 8192); ``g1``: columns a2 a wgmma wait in
-    stages 1a and 1'a, 1 or 2; ``kpre`` 1: a chunk's spectrum bins loaded before its stage 1b (28 B of spill with kg 2)."""
-    if (n not in (8192, 16384) or per_sm not in ((1, 2) if n == 8192 else (1,)) or contig not in (False, True)
-            or kg not in (1, 2) or g1 not in (1, 2) or kpre not in (0, 1)):
-        raise ValueError(f"the order-3 Gluon kernel takes N = 8192 at 1 or 2 programs a multiprocessor (16384 at 1), 1 "
-                         f"or 2 values of k1 a chunk and of a2 a wait; got N = {n}, per_sm {per_sm}, contig {contig}, "
-                         f"kg {kg}, g1 {g1}, kpre {kpre}")
+    """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
+    8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
+    KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
+    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
+    ``kpre`` 1: a chunk's spectrum bins loaded before its stage 1b."""
+    fits = ORDER3_FITS.get(n)
+    if (fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2)
+            or kpre not in (0, 1)):
+        raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
+                         f"{ORDER3_FITS} (N: (per_sm, kg)), g1 1 or 2, kpre 0 or 1; got N = {n}, per_sm {per_sm}, "
+                         f"contig {contig}, kg {kg}, g1 {g1}, kpre {kpre}")
     return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, kpre=kpre)
 
 
