@@ -73,7 +73,10 @@ def build_variant(where: str) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", default="all", help="all, or quick (the first two and the D64 N1024 control)")
+    ap.add_argument("--cases", default="all", help="all; quick (the first two and the D64 N1024 control); confirm "
+                    "(the first four)")
+    ap.add_argument("--no-pick", action="store_true", help="skip the public plan's own pick (two more compiles)")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench's rep (ms) a measurement")
     a = ap.parse_args()
     t_start = time.time()
     sys.path.insert(0, ROOT)
@@ -131,7 +134,7 @@ def main():
         print(f"overflow case, {tree}: {ok}", flush=True)
     save()
 
-    cases = CASES if a.cases == "all" else [CASES[0], CASES[1], CASES[4]]
+    cases = {"all": CASES, "quick": [CASES[0], CASES[1], CASES[4]], "confirm": CASES[:4]}[a.cases]
     fns = {}
     for name, d, n, causal, b, h in cases:
         gen = torch.Generator(device=dev).manual_seed(zlib.crc32(name.encode()) + int(time.time()))  # fresh inputs
@@ -153,7 +156,7 @@ def main():
         print(f"{name}: config {cfg}; O and lse bitwise equal {same}; finite {finite}; err/floor "
               + ", ".join(f"{t} {e:.2f}" for t, e in err.items()) + f"  [{time.time() - t_start:.0f} s]", flush=True)
         plans = {tree: trees[tree].plan_forward(q, k, v, causal, scale, path="gluon", config=cfg) for tree in trees}
-        if name == cases[0][0]:  # the public plan's own pick (NAPKIN_FORWARD_TOPK: its top 3 timed), shipped tree
+        if name == cases[0][0] and not a.no_pick:  # the public plan's own pick (NAPKIN_FORWARD_TOPK: its top 3 timed), shipped tree
             pick = launch.plan_forward(q, k, v, causal, scale)
             result["pick"] = dict(case=name, table=cfg, picked=pick.config)
             print(f"{name}: the public plan picked {pick.config} (table {cfg})", flush=True)
@@ -171,7 +174,7 @@ def main():
         for name, *_ in cases:
             order = [t for t in ("shipped", "tile_nan", "shipped_pick") if (name, t) in fns]
             for tree in (order if r % 2 == 0 else order[::-1]):
-                times[name, tree].append(triton.testing.do_bench(fns[name, tree], warmup=25, rep=100,
+                times[name, tree].append(triton.testing.do_bench(fns[name, tree], warmup=25, rep=a.rep,
                                                                  return_mode="median"))
         print(f"round {r + 1}: " + "; ".join(f"{name} {times[name, 'shipped'][-1]:.4f} / {times[name, 'tile_nan'][-1]:.4f}"
                                              for name, *_ in cases) + f"  [{time.time() - t_start:.0f} s]", flush=True)
