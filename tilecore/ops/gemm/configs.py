@@ -49,7 +49,9 @@ NAPKIN_TIMED_MS = 5.0
 # candidate by do_bench, then the table and do_bench's winners by the graph). Why bf16 might want it: session 33's
 # run 2 (notes/napkin/runs/topk_bf16g33_run2_session33_h100.txt): by GPU time do_bench's pick was 1.083-1.088x
 # slower than the table at K256 and qkv T8192, while the graph's pick lost 1.060x by do_bench at K256 (operands
-# kept in L2 across replays): each clock's pick is the other's loser where the operands fit L2
+# kept in L2 across replays): each clock's pick is the other's loser where the operands fit L2. Session 34's run 3
+# (notes/napkin/runs/topk_agree_run3_session34_h100.txt): the agree pick the table or better by both clocks on 9 of
+# 9 bf16 shapes, but the same rows as do_bench's pick in that run, at up to 0.14 s more at a first call: not taken
 NAPKIN_CLOCK = "do_bench"
 NAPKIN_CLOCK_FP8 = "graph"
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
