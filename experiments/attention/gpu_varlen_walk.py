@@ -17,6 +17,10 @@ time (do_bench medians, alternate rounds): the 64K long-tailed batch (54 sequenc
     H16 D128 causal bf16, backward from the same forward: split (shipped), fused (staggered walk), fused
     walk_down 4 and 1; the fixed path's default backward at N 512 ... 8192 (B = 64K / N) for the matched-length
     ratio, and at 16 x 4096 beside the uniform batch.
+Options (the second batch of session 34): --names / --checks pick the variants, --fixed-walk 0,1 first times the
+fixed kernel's WALK_DOWN (gpu_fixed_walk.py) in the same run. First run (call 3 of session 34,
+runs/varlen_walk_run3_session34_h100.txt): fused walk_down 1 5.206 ms on the long tail against the staggered
+fused's 5.880 and the split's 5.158.
 Prints a table last; writes $OUT/gpu_varlen_walk.json.
 
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen_walk.py --smoke   (CPU: the script's
@@ -40,7 +44,10 @@ BUDGET = [68.0]
 OUT = {"check": [], "time": [], "errors": [], "table": []}
 VARIANTS = {"split (shipped)": {}, "fused": {"dq_from": "fused"},
             "fused walk_down 4": {"dq_from": "fused", "walk_down": 4},
-            "fused walk_down 1": {"dq_from": "fused", "walk_down": 1}}
+            "fused walk_down 1": {"dq_from": "fused", "walk_down": 1},
+            "fused walk_down 2": {"dq_from": "fused", "walk_down": 2},
+            "split walk_down 4": {"dq_from": "gluon", "walk_down": 4},
+            "split walk_down 1": {"dq_from": "gluon", "walk_down": 1}}
 MATCHED = (512, 1024, 2048, 4096, 8192)
 SMOKE = [False]
 H, D, DEV = [16], [128], ["cuda"]
@@ -269,6 +276,12 @@ def main():
     ap.add_argument("--budget", type=float, default=68.0)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, tl kernels")
+    ap.add_argument("--names", default="split (shipped),fused,fused walk_down 4,fused walk_down 1",
+                    help="the varlen variants timed (VARIANTS' names, comma-separated; the first is the baseline)")
+    ap.add_argument("--checks", default="fused walk_down 4,fused walk_down 1,split (shipped)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-fixed-rates", action="store_true", help="skip the fixed path at N 512 ... 8192")
+    ap.add_argument("--fixed-walk", default="", help="first: the fixed kernel's WALK_DOWN values (gpu_fixed_walk.py)")
     args = ap.parse_args()
     BUDGET[0] = args.budget if not args.smoke else 1e9
     if args.smoke:
@@ -276,39 +289,43 @@ def main():
     name = "cpu (smoke)" if args.smoke else torch.cuda.get_device_properties(0).name
     OUT["meta"] = {"gpu": name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     say(f"{name}, torch {torch.__version__}")
-    names = ["split (shipped)", "fused", "fused walk_down 4", "fused walk_down 1"]
+    names = [x for x in args.names.split(",") if x]
+    if args.fixed_walk and not args.smoke:  # the fixed kernel's walk first (its own compiles)
+        from experiments.attention import gpu_fixed_walk
+
+        walks = tuple(int(x) for x in args.fixed_walk.split(","))
+        OUT["fixed_walk"] = guarded("fixed walk", gpu_fixed_walk.run, say, left, bench, walks, 3)
     lt = [16, 40, 3, 25] if args.smoke else long_tailed()
     uniform = [32] * 2 if args.smoke else [4096] * 16
     check_lengths = ([1, 0, 37, 5, 20], [20, 3, 33]) if args.smoke else ([1, 0, 777, 63, 1500, 2, 4500],
                                                                          [700, 129, 2000, 64])
-    lt_times, _ = guarded("long-tailed", ab, "long-tailed", lt, names, 3) or ({}, None)
+    lt_times, _ = guarded("long-tailed", ab, "long-tailed", lt, names, args.rounds) or ({}, None)
     if not args.no_check:  # causal, lengths 0 / 1 / odd / past 4096
-        run_checks(["fused walk_down 4", "fused walk_down 1", "split (shipped)"], check_lengths[0], {"causal": True},
-                   30)
+        run_checks([x for x in args.checks.split(",") if x], check_lengths[0], {"causal": True}, 30)
 
     def fixed_uniform(inputs):
         fn, _ = fixed_call(inputs, len(uniform), uniform[0])
         return [("fixed default (fused)", fn)]
     uni_times, _ = guarded("uniform", ab, f"uniform {len(uniform)} x {uniform[0]}", uniform, names[:3], 2,
                            fixed_uniform) or ({}, None)
-    rates = fixed_rates(varlen_inputs)
+    rates = {} if args.no_fixed_rates else fixed_rates(varlen_inputs)
     if not args.no_check:  # a window (its own compiles: last)
-        run_checks(["fused walk_down 4"], check_lengths[1], {"window_size": (100, 37)}, 12)
+        run_checks([x for x in args.checks.split(",") if x][:1], check_lengths[1], {"window_size": (100, 37)}, 12)
     # the table
     say(f"== varlen backward, H16 D128 causal bf16, ms (median of alternate rounds); {time.time() - START:.0f} s ==")
-    base_lt = lt_times.get("split (shipped)")
+    base_lt = lt_times.get(names[0])
     matched = matched_ms(lt, rates) if len(rates) >= 2 else None
     if matched:
         say(f"long-tailed ({len(lt)} seqs, longest {max(lt)}): fixed matched {matched:.3f} ms "
             f"(rates at N {sorted(rates)})")
     for name, ms in lt_times.items():
-        extra = f", {base_lt / ms:.3f}x split" if base_lt else ""
+        extra = f", {base_lt / ms:.3f}x {names[0]}" if base_lt else ""
         extra += f", {matched / ms:.3f}x matched" if matched else ""
         say(f"  long-tailed {name:24s} {ms:7.3f} ms{extra}")
-    base_u = uni_times.get("split (shipped)")
+    base_u = uni_times.get(names[0])
     fixed_u = uni_times.get("fixed default (fused)")
     for name, ms in uni_times.items():
-        extra = f", {base_u / ms:.3f}x split" if base_u else ""
+        extra = f", {base_u / ms:.3f}x {names[0]}" if base_u else ""
         extra += f", {fixed_u / ms:.3f}x fixed" if fixed_u else ""
         say(f"  uniform {name:28s} {ms:7.3f} ms{extra}")
     OUT["summary"] = {"long_tailed": lt_times, "uniform": uni_times, "fixed_rates": rates, "matched_ms": matched}
