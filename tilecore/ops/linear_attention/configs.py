@@ -70,9 +70,9 @@ HEDGEHOG_FUSED_MAP_GRAD = True
 HEDGEHOG_MAP_PRECISION = "tf32x3"
 # the map backward's (rows, warps) by Dk x F (each padded to a power of two >= 16) up to the first number: what compiles
 # for sm_90a with tf32x3 without spilling (64 rows at 64 x 32: 231 registers; 64 x 64: 228 at 32 rows; 128 x 64 at 32
-# rows / 8 warps: 255, 0 B). 64 rows at <= 2048: 0.305 ms against 0.586 at 32 (timed in the run above, unchecked)
-HEDGEHOG_MAP_BWD_BLOCKS: tuple = ((4096, 32, 4), (8192, 32, 8))
-# the map backward's programs over all heads (each a range of rows and one float32 dW partial): ~4 an H100 SM
+# rows / 8 warps: 255, 0 B). 64 rows at <= 2048: checked, fwd+bwd 1.898 ms against 2.450 (decision 97)
+HEDGEHOG_MAP_BWD_BLOCKS: tuple = ((2048, 64, 4), (4096, 32, 4), (8192, 32, 8))
+# the map backward's programs over all heads (each a range of rows and one float32 dW partial): 1024 / 2048 slower
 HEDGEHOG_MAP_BWD_PROGRAMS = 512
 # Based's Gluon forward (Dk 16, no decay, Dv a multiple of 64): 10x parallel_based, GPU-checked
 GLUON_BASED = True
@@ -101,10 +101,9 @@ BWD_STATE_ELEMS = 16384
 BWD_WARPS = {0: 8, 1: 4}
 # the decay kinds those blocks are the default for: no decay (the scalar decay's are the split path's domain)
 BWD_BLOCK_KINDS = (0,)
-# Based's backward by the quadratic state's symmetry where it starts at zeros (kernels_tl SYM: one reduction of M^T q,
-# N^T k instead of two): sm_90a dq 1448 -> 1024 SASS instructions, 144 -> 24 B spilled; dK/dV 2480 -> 2008, 316 -> 44 B;
-# at 8 warps 0 B both (session 34). Off until a GPU run times and checks it
-BASED_BWD_SYM = False
+# Based's backward by its quadratic state's symmetry from zeros (kernels_tl SYM): checked, 2.57 ms against 4.48 (1.74x,
+# 2.01x FLA parallel_based, same run: decision 96)
+BASED_BWD_SYM = True
 BASED_BWD_WARPS = 4  # 4.79 ms against 5.88 at 8
 # the split dK/dV backward (one kernel writes dk, one dv) for both kinds: checked, 1.20x / 2.4x the unsplit
 BWD_SPLIT_KINDS: tuple = (0, 1)
