@@ -101,7 +101,6 @@ class WideQuantize:
     STORE2: gl.constexpr  # UNITS STORE: two staging slots a consumer (two ring stages fit), consumer 0's J 0 in compute
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel): HALVES 1;
     # HALVES 2 with UNITS for groups of <= 64 (session 34: the codes made in _unit from relabelled blocks)
-    BALANCE: gl.constexpr  # UNITS: consumer c the unit J = c and block J = 2's column half c (three blocks each, not 4 / 2)
     STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
 
     @gluon.jit
@@ -169,11 +168,7 @@ class WideQuantize:
         """UNITS: each output block once, consumer 0 J = 0, 1, consumer 1 J = 2, both column halves each."""
         h64 = ctx.operand.index(NB * NB)
         z = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
-        if self.BALANCE:  # consumer c: the unit J = c (both halves), then J = 2's column half c (session 34)
-            u0, u1 = self._unit(ctx, stage, z, h64, ctx.index, row)
-            u2 = self._half_unit(ctx, stage, z, h64, row)
-            u3 = state.y3
-        elif ctx.index == 0 and self.STORE2:  # unit 0's values staged and stored under unit 1's products
+        if ctx.index == 0 and self.STORE2:  # unit 0's values staged and stored under unit 1's products
             u0, u1 = self._unit(ctx, stage, z, h64, 0, row)
             tma.store_wait(0)  # the previous row's stores have read the staging buffer
             self._stage(ctx, 0, u0)
@@ -309,42 +304,8 @@ class WideQuantize:
         elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
             y1 = group_codes(self, self._ordered(y1), row, J, 1)
         elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
-            y0, y1 = self._subrow_pair(y0, y1, J, row, True)
+            y0, y1 = self._subrow_pair(y0, y1, J, row)
         return y0, y1
-
-    @gluon.jit
-    def _half_unit(self, ctx, stage, z, h64, row):
-        """BALANCE: block J = 2's column half h = c (consumer c): both halves' mixing W_2h = sum_k H[2, k] X_kh (as
-        _unit), then Y = (W_20 + W_21) H_64 for consumer 0 (_unit's y0) or (W_20 - W_21) H_64 for consumer 1 (its y1),
-        held as _unit holds it (int4's groups of 128: the other half's second product too, for the sub-row maxima).
-        J = 2's mixing runs on both consumers (with KTRIM, K = 64 + 64 + 32 a chain at 148):
-        each consumer then has three blocks' epilogues, where UNITS gave consumer 0 four and consumer 1 two."""
-        J: gl.constexpr = NB - 1
-        xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
-        xb = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
-        wa = z
-        wb = z
-        for k in gl.static_range(NB):
-            wa = self._product(ctx, J, k, xa[k], wa, k > 0)
-        for k in gl.static_range(NB):
-            wb = self._product(ctx, J, k, xb[k], wb, k > 0)
-        wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
-        if ctx.index == 0:
-            w = wa + wb
-            o = wa - wb  # the other half's (int4 only; else unused)
-        else:
-            w = wa - wb
-            o = wa + wb
-        y = self._rotated(w, h64, J)
-        if self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
-            y = group_codes(self, self._ordered(y), row, J, ctx.index)
-        elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128 span both halves: the other half's values
-            # too (its second product), for the sub-row maxima only; consumer 0 stores the scales
-            if ctx.index == 0:
-                y, _ = self._subrow_pair(y, self._rotated(o, h64, J), J, row, True)
-            else:
-                _, y = self._subrow_pair(self._rotated(o, h64, J), y, J, row, False)
-        return y
 
     @gluon.jit
     def _ordered(self, y):
@@ -355,16 +316,15 @@ class WideQuantize:
         return y
 
     @gluon.jit
-    def _subrow_pair(self, y0, y1, J: gl.constexpr, row, STORE_SCALES: gl.constexpr):
-        """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored where STORE_SCALES),
-        and the two halves' codes (packed bytes as int32)."""
+    def _subrow_pair(self, y0, y1, J: gl.constexpr, row):
+        """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored), and the two
+        halves' codes (packed bytes as int32)."""
         ga = folded(self, _max_nan(_amax(y0, 1), _amax(y1, 1)))
         recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
         recip = gl.expand_dims(folded(self, recip), 1)
         i = gl.arange(0, BLOCK, layout=stored.type.layout) + J * BLOCK
-        if STORE_SCALES:
-            gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
-                     mask=(i < self.M) & (row < self.rows))
+        gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
+                 mask=(i < self.M) & (row < self.rows))
         keep = gl.expand_dims(keep, 1)
         return (_pack(gl.where(keep, _rni(y0 * recip), 0), BLOCK, BLOCK),
                 _pack(gl.where(keep, _rni(y1 * recip), 0), BLOCK, BLOCK))
@@ -429,9 +389,8 @@ class WideQuantize:
 
     @gluon.jit
     def _finish_units(self, ctx, state, row):
-        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two; BALANCE:
-        three each, j < 2 the unit J = c, j = 2 block J = 2's half c)."""
-        NU: gl.constexpr = 3 if self.BALANCE else 4 - 2 * ctx.index
+        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two)."""
+        NU: gl.constexpr = 4 - 2 * ctx.index
         ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:  # each consumer's share of the row: amax_out[2 row + c]
@@ -471,13 +430,8 @@ class WideQuantize:
         gl.thread_barrier()
         W: gl.constexpr = self.codes_desc.block_type.shape[2]
         for j in gl.static_range(NU):
-            if self.BALANCE:  # j = 0, 1: (J c, half j); j = 2: (J 2, half c)
-                tma.async_copy_shared_to_global(
-                    self.codes_desc, [row, BLOCK * (ctx.index + (j // 2) * (NB - 1 - ctx.index)),
-                                      W * (j % 2 + (j // 2) * ctx.index)], ctx.out.slice(j, 1))
-            else:
-                tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
-                                                ctx.out.slice(j, 1))
+            tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
+                                            ctx.out.slice(j, 1))
 
     @gluon.jit
     def _finish_rows(self, ctx, state, tile):
@@ -633,7 +587,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
-                               PERM: gl.constexpr = False, BALANCE: gl.constexpr = False, STREAM: gl.constexpr = False):
+                               PERM: gl.constexpr = False, STREAM: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -654,8 +608,6 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
         xchg = None
         xbar = None
     gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
-    # BALANCE (UNITS): not STORE (its four staging slots a consumer with two stages pass shared memory)
-    gl.static_assert(not BALANCE or (UNITS and FORMAT != STORE), "BALANCE: UNITS, not STORE")
     gl.static_assert(not STREAM or (HALVES == 1 and FORMAT == STORE and not AHEAD and not PINGPONG and PROBE == 0),
                      "STREAM: HALVES 1 STORE alone")
     # PERM: HALVES 1, or UNITS' group formats with groups inside a sub-row (their codes made and held in _unit); the
@@ -671,7 +623,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
-                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), BALANCE, STREAM)
+                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

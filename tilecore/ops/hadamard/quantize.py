@@ -213,9 +213,6 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **_fold(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
-        # BALANCE (UNITS): consumer c the unit J = c and J = 2's column half c (session 34)
-        **({"BALANCE": True} if units and tuning.get("balance", _by_format(configs.QUANT_GLUON_BALANCE, fmt, n, False))
-           else {}),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1, session 33; HALVES 2
         # with UNITS for groups of 16 / 32, session 34)
         **({"PERM": True} if (halves == 1 or (units and group in (16, 32)))
