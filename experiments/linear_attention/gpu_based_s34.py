@@ -18,7 +18,8 @@ medians), a row printed as soon as it is timed.
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s34.py [--no-peer] [--no-mamba] [--confirm]
 
-``--confirm`` (the second batch): the shipped configs only, each checked as above, and Based's public op fwd, fwd+bwd.
+``--confirm`` (the second batch): the shipped configs (SYM and the 64-row map backward on since d0bb2b4), each checked
+as above, Based's public op fwd and fwd+bwd, Based's backward without SYM and at value blocks of 16 beside.
 
 JSON to $OUT/based_s34.json (rewritten after each phase).
 """
@@ -65,8 +66,8 @@ BASED_VARIANTS = {
     # 255 registers; without SYM session 33's bt32 w8 spilled 608 B and ran 6.33 ms against 4.51)
     "sym bt32 w8 st1": dict(based_sym=True, BT_BWD=32, num_warps=8, num_stages=1),
 }
-if CONFIRM:
-    BASED_VARIANTS = {"shipped": {}}
+if CONFIRM:  # (SYM on since d0bb2b4: "no sym" is the backward before it; value blocks of 16 with SYM: 56 B spilled)
+    BASED_VARIANTS = {"shipped": {}, "no sym": dict(based_sym=False), "bvb16": dict(BVB=16)}
 R64 = ((2048, 64, 4), (4096, 32, 4), (8192, 32, 8))  # the map backward at 64 rows where Dk x F <= 2048
 
 
