@@ -293,7 +293,7 @@ BALP = {**BAL, "perm": True}  # ... and PERM (H_64's columns permuted; the codes
 
 
 def s34_timed():
-    """Session 34: the 148 x 128 wide kernel's UNITS with BALANCE (each consumer three output blocks, J = 2's mixing on
+    """Session 34 (run 3; BALANCE was removed after it: df274c9 holds it): the 148 x 128 wide kernel's UNITS with BALANCE (each consumer three output blocks, J = 2's mixing on
     both: sm_90a 128 wgmma against 108, no spills; int4 144, its other half's second product for the sub-row maxima) and PERM under UNITS (mxfp4 SASS 5144 -> 4936, SHFL 50 -> 14) against
     the shipped plans at 18944 (mxfp4, fp8, int8: UNITS; nvfp4: HALVES 2), bytes compared where UNITS ships."""
     cases = []
@@ -320,16 +320,15 @@ STREAM = {"stream": True, "stages": 2}
 
 
 def s34b_timed():
-    """Session 34, confirmation: the 18944 plans flipped from run he_s34 (configs.QUANT_GLUON_BALANCE / QUANT_GLUON_PERM
-    at 18944) against the same plans without BALANCE and PERM, bytes compared; then PAIRS on the tl pow2 kernel where
-    session 33 left it untimed (8192, 16384 every format; 512 the 4-bit ones), against the shipped plan, bytes
-    compared (bit-identical by construction)."""
+    """Session 34, confirmation of run 3's flips: mxfp4 at 18944 with PERM against PERM off, nvfp4 at 18944 on UNITS +
+    PERM against HALVES 2, the 172 x 64 transform on STREAM (two stages) against one stage without it; then PAIRS on
+    the tl pow2 kernel where session 33 left it untimed (8192, 16384 every format; 512 the 4-bit ones). Bytes compared
+    (PERM, STREAM, PAIRS: identical by construction; UNITS sums the halves apart: not)."""
     from tilecore.ops.hadamard import configs
 
-    cases = []
-    for fmt in FORMATS:
-        if (fmt, 18944) in configs.QUANT_GLUON_BALANCE or (fmt, 18944) in configs.QUANT_GLUON_PERM:
-            cases += [("q", fmt, 18944, "shipped", {}), ("q", fmt, 18944, "nobalance", {"balance": False, "perm": False})]
+    cases = [("q", "mxfp4", 18944, "shipped", {}), ("q", "mxfp4", 18944, "noperm", {"perm": False}),
+             ("q", "nvfp4", 18944, "shipped", {}), ("q", "nvfp4", 18944, "halves2", {"units": False, "perm": False}),
+             ("t", 172, 64, "shipped", {}), ("t", 172, 64, "nostream", {"stream": False, "stages": None})]
     for n, fmts in ((8192, FORMATS), (16384, FORMATS), (512, ("mxfp4", "nvfp4", "int4"))):
         for fmt in fmts:
             if (fmt, n) not in configs.QUANT_POW2_PAIRS:
@@ -454,11 +453,10 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
-    if SET == "s34b":  # the flipped 18944 plans and PAIRS at the pow2 n it is new at, against float64
-        from tilecore.ops.hadamard import configs
-
-        flipped = [f for f in FORMATS if (f, 18944) in configs.QUANT_GLUON_BALANCE or (f, 18944) in configs.QUANT_GLUON_PERM]
-        return [(f, 18944, {"scale": 0.002} if f == "nvfp4" else {}, "bfloat16", {}) for f in flipped] + [
+    if SET == "s34b":  # the flipped 18944 plans (shipped) and PAIRS at the pow2 n it is new at, against float64
+        return [("mxfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {}),
+                ("nvfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "float16", {}),
+                ("mxfp4", 18944, {}, "float16", {})] + [
             ("mxfp4", 8192, {}, "bfloat16", {"pairs": True}), ("nvfp4", 16384, {"scale": 0.002}, "bfloat16", {"pairs": True}),
             ("int4", 512, {}, "float16", {"pairs": True}), ("fp8_e4m3", 16384, {}, "bfloat16", {"pairs": True})]
     if SET == "s34":  # BALANCE / PERM at 18944 against float64 (bf16 and fp16, nvfp4 given and dynamic, fp8 static)
@@ -626,7 +624,7 @@ def phase_check(result, save, deadline, quick):
             case["ok"] = False
         out["quantize"].append(case)
         save()
-    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34b"):
+    if SET not in ("s33", "s33b", "s33c", "s33d", "s33e", "s33f"):
         check_transforms(out["transform"], save, deadline)
 
 
@@ -660,6 +658,8 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
+    if SET == "s34b":  # the shipped 172 x 64 transform (STREAM since run 3): odd rows, in place, H_m^T
+        cases = [((172, 64), 2049, "out", {}), ((172, 64), 3, "transpose", {}), ((172, 64), 2049, "inplace", {})]
     if SET == "s34":  # STREAM at 172 x 64 (two ring stages): odd rows, in place (a row stored while the next loads), H_m^T
         g = STREAM  # (kron_plan gets gluon=True in this set)
         cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "out", g), ((172, 64), 2049, "inplace", g),
@@ -791,8 +791,8 @@ def phase_time(result, save, deadline, quick):
                 if case[3] == "shipped":
                     shipped_out[key] = got
                 elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
-                                                               "balance", "balance_perm", "units_perm", "nobalance",
-                                                               "stream"):
+                                                               "balance", "balance_perm", "units_perm", "stream",
+                                                               "noperm", "nostream"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
