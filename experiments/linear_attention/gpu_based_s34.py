@@ -19,7 +19,8 @@ medians), a row printed as soon as it is timed.
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s34.py [--no-peer] [--no-mamba] [--confirm]
 
 ``--confirm`` (the second batch): the shipped configs (SYM and the 64-row map backward on since d0bb2b4), each checked
-as above, Based's public op fwd and fwd+bwd, Based's backward without SYM and at value blocks of 16 beside.
+as above, Based's public op fwd and fwd+bwd, Based's backward without SYM and at value blocks of 16 beside, Hedgehog's
+map with one tf32 product for 16-bit inputs (configs.HEDGEHOG_MAP_PRECISION_16 "tf32") checked and timed beside.
 
 JSON to $OUT/based_s34.json (rewritten after each phase).
 """
@@ -272,10 +273,13 @@ def hh_setting(name: str):
     configs.HEDGEHOG_FUSED_MAP_GRAD = name != "torch map"
     configs.HEDGEHOG_MAP_BWD_BLOCKS = R64 if name.startswith("bwd r64") else SHIPPED_BLOCKS
     configs.HEDGEHOG_MAP_BWD_PROGRAMS = int(name.split(" p")[1]) if " p" in name else SHIPPED_PROGRAMS
+    configs.HEDGEHOG_MAP_PRECISION_16 = "tf32" if name == "tf32" else SHIPPED_P16
 
 
 SHIPPED_BLOCKS, SHIPPED_PROGRAMS = configs.HEDGEHOG_MAP_BWD_BLOCKS, configs.HEDGEHOG_MAP_BWD_PROGRAMS
-HH_ROWS = ("shipped",) if CONFIRM else ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
+SHIPPED_P16 = configs.HEDGEHOG_MAP_PRECISION_16
+# --confirm's "tf32": the map kernels' dot for 16-bit inputs by one tf32 product (configs.HEDGEHOG_MAP_PRECISION_16)
+HH_ROWS = ("shipped", "tf32") if CONFIRM else ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
 
 
 def hh_fwd(t):
@@ -284,7 +288,7 @@ def hh_fwd(t):
 
 def hedgehog_checks():
     for n, dk, f, names in ((200, 64, 32, HH_ROWS[:2]), (1000, 64, 32, HH_ROWS),
-                            (200, 128, 64, ("shipped",))):
+                            (200, 128, 64, HH_ROWS[:2] if CONFIRM else ("shipped",))):
         t = hh_inputs(n, dk, f, 1, 2, seed=5 + n + dk)
         d = {x: t[x].detach().double().requires_grad_(True) for x in ("q", "k", "v", "W")}
         ref, _ = linear_attention_reference(d["q"], d["k"], d["v"], feature_map="hedgehog", feature_weights=d["W"])
@@ -323,6 +327,12 @@ def hedgehog_time():
         H[f"fwd_bwd_{name}_ms"] = attempt(f"hh {name}", lambda: bench(fb, grads))
         print(f"hedgehog fwd+bwd {name}: {H[f'fwd_bwd_{name}_ms']}", flush=True)
     if CONFIRM:
+        hh_setting("tf32")
+        with torch.no_grad():
+            hh_fwd(t)
+            H["fwd_tf32_ms"] = attempt("hh fwd tf32", lambda: bench(lambda: hh_fwd(t)))
+        print(f"hedgehog fwd tf32: {H['fwd_tf32_ms']}", flush=True)
+        hh_setting("shipped")
         save()
         return
     t["W"].requires_grad_(False)  # torch's map without W's gradient (session 33 run 2's setting)
@@ -365,7 +375,8 @@ def table() -> str:
     L = []
     H, P = RESULTS["hedgehog"], RESULTS["peer"]
     f = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
-    L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16 (ms): op fwd {f(H.get('fwd_ms'))}; fwd+bwd "
+    L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16 (ms): op fwd {f(H.get('fwd_ms'))} "
+             f"(tf32 {f(H.get('fwd_tf32_ms'))}); fwd+bwd "
              + ", ".join(f"{n} {f(H.get(f'fwd_bwd_{n}_ms'))}" for n in HH_ROWS)
              + f", torch map {f(H.get('fwd_bwd_torch map_ms'))} (without dW {f(H.get('fwd_bwd_torch map no dW_ms'))})")
     L.append("  (FLA torch features + chunk_linear_attn, s33 run 2: fwd 1.613, fwd+bwd 4.220)")
