@@ -49,7 +49,10 @@ def correlation(u64, k64):
     return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
 
 
-def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False, kg=1, g1=1) -> dict:
+def check(n, dtype, conj, config, B=16, H=32, nan=False) -> dict:
+    """One configuration (a configs.GLUON_ORDER3 tuple) against float64: (B, H, n) u, y started as NaN. ``nan``: B5 H3
+    (an odd batch) with a NaN in u[2, 1]: that sequence must come out all NaN, every other one finite."""
+    per_sm, contig, kg, g1, kpre, xt = (tuple(config) + (0, False))[:6]
     if nan:
         B, H = 5, 3
     g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan + 11 * (dtype == torch.float16))
@@ -58,12 +61,12 @@ def check(n, dtype, conj, per_sm=2, contig=True, B=16, H=32, nan=False, kg=1, g1
         u[2, 1, n // 3] = float("nan")
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
     y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
-    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg, g1)
+    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg, g1, kpre, xt)
     y = y.cpu()
     ref = correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
     name = str(dtype).removeprefix("torch.")
     row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig,
-               kg=kg, g1=g1)
+               kg=kg, g1=g1, kpre=kpre, xt=xt)
     if nan:
         rest = torch.ones(B, H, dtype=torch.bool)
         rest[2, 1] = False
@@ -104,29 +107,38 @@ def timed(n, what, fn, base=None):
 SIZES = (8192, 4096)
 if "--sizes" in sys.argv:  # the order-3 sizes, e.g. --sizes 8192,16384
     SIZES = tuple(int(n) for n in sys.argv[sys.argv.index("--sizes") + 1].split(","))
-CHECKS = {  # (dtype, conj, NaN/odd batch, KG, G1): the checks at B16 H32 (B5 H3 with a NaN)
-    8192: ((torch.bfloat16, False, False, 1, 1), (torch.bfloat16, True, False, 1, 1), (torch.float16, False, False, 1, 1),
-           (torch.bfloat16, False, True, 1, 1), (torch.bfloat16, False, False, 2, 2), (torch.bfloat16, False, True, 2, 2)),
-    16384: ((torch.bfloat16, False, False, 1, 2), (torch.bfloat16, False, True, 1, 2)),
-    4096: ((torch.bfloat16, False, False, 2, 2), (torch.bfloat16, False, True, 2, 2), (torch.bfloat16, False, False, 4, 2)),
+# (dtype, conj, NaN/odd batch, configuration): the checks at B16 H32 (B5 H3 with a NaN). Call 3 of session 34 checked KG
+# 1 / 2 at 8192 (bf16, conj, fp16, NaN/odd): here XT (x staged in shared memory) and the sizes new to the GPU; every
+# timed candidate's output is also checked on the timing inputs
+XT8, XT4, XT16 = (2, True, 2, 2, 0, True), (3, True, 2, 2, 0, True), (1, True, 1, 2)  # (16384: XT spills)
+CHECKS = {
+    8192: ((torch.bfloat16, False, False, XT8), (torch.bfloat16, False, True, XT8)),
+    4096: ((torch.bfloat16, False, False, XT4), (torch.bfloat16, False, True, XT4)),
+    16384: ((torch.bfloat16, False, False, XT16), (torch.bfloat16, False, True, XT16)),
 }
+
+
+def save(ok):
+    with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
+        json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
 
 
 def main():
     ok = True
-    for n in SIZES:
-        ok &= order3(n)
-    for spec in [a for i, a in enumerate(sys.argv) if i and sys.argv[i - 1] == "--op"]:  # e.g. --op 8192:2,1,1,2,1
+    for spec in [a for i, a in enumerate(sys.argv) if i and sys.argv[i - 1] == "--op"]:  # e.g. --op 8192:2,1,2,2
         n, config = spec.split(":")
         ok &= op_check(int(n), [int(c) for c in config.split(",")])
+    for n in SIZES:
+        ok &= order3(n)
+        save(ok)  # (as it goes: a run cut short by its time limit still leaves its rows)
     bases = {r["n"]: r["ms"] for r in table if r["what"] == "torch.fft"}
     for row in table:
         if row["speedup"] is None and row["n"] in bases:
             row["speedup"] = bases[row["n"]] / row["ms"]
-    with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
-        json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
+    save(ok)
     print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3: "
-          + ", ".join(f"N{r['n']} kg {r['kg']} {r['dtype']}{' conj' if r['conj'] else ''} {r['err_over_floor']:.3f}" for r in rows
+          + ", ".join(f"N{r['n']} kg {r['kg']}{' xt' if r['xt'] else ''} {r['dtype']}{' conj' if r['conj'] else ''} "
+                      f"{r['err_over_floor']:.3f}" for r in rows
                       if r.get("what") == "order3") + ")")
     print(f"time at B16 H768 bf16 (do_bench medians), {torch.cuda.get_device_name()}")
     print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11}")
@@ -153,17 +165,18 @@ def order3(n) -> bool:
     configs.GLUON_ORDER3_CANDIDATES[n] timed against the shipped path and torch.fft, each one's output on the timing
     inputs checked against float64 (a B2 H64 slice)."""
     ok = True
-    for dtype, conj, nan, kg, g1 in CHECKS[n]:  # (kg: the kernel's KG, k1 values a chunk; g1: a2 columns a wait)
-        ok &= check(n, dtype, conj, nan=nan, kg=kg, g1=g1)["ok"]
+    for dtype, conj, nan, config in CHECKS[n]:
+        ok &= check(n, dtype, conj, config, nan=nan)["ok"]
     u, spectrum, k = inputs(n)
     y = torch.empty_like(u)
     shipped = f"shipped op ({conv_plan(n, u.device).path})"
     timed(n, shipped, lambda: fft_conv(u, spectrum))
-    for per_sm, contig, kg, g1, *kpre in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1[, KPRE])
-        kpre = kpre[0] if kpre else 0
+    for config in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1[, KPRE[, XT]])
+        per_sm, contig, kg, g1, kpre, xt = (tuple(config) + (0, False))[:6]
         y.fill_(float("nan"))
-        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}" + (" kpre 1" if kpre else "")
-        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1, kpre))
+        what = (f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}" + (" kpre 1" if kpre else "")
+                + (" xt" if xt else ""))
+        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1, kpre, xt))
         err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
                                                                            k[:64].double()))
         whole = bool(torch.isfinite(y).all())

@@ -55,9 +55,18 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 @gluon.jit
 def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr):
+          io: gl.constexpr, lhs1: gl.constexpr, T_re, T_im, XT: gl.constexpr, put: gl.constexpr):
     """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
-    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed."""
+    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed: read from u (global memory), or (XT) from
+    T's rows a1 < 8 of column a2, where the pair's scaled x was stored (rows 8..15 of a column not yet transformed
+    hold the previous pair's values: masked)."""
+    if XT:
+        vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2)  # [B, 16 a1]
+        vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2)
+        a1v = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
+        xre = gl.convert_layout(gl.where(a1v < 8, vre, 0.0).to(gl.float16), lhs1)
+        xim = gl.convert_layout(gl.where(a1v < 8, vim, 0.0).to(gl.float16), lhs1)
+        return xre, xim, -xim
     m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
@@ -88,14 +97,15 @@ def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr)
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr):
+              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, XT: gl.constexpr):
     """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, T_re, T_im, XT, put)
     p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
     if G1 == 2:
-        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
+        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, T_re, T_im,
+                                  XT, put)
         p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
         p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
@@ -161,7 +171,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
-                                 KPRE: gl.constexpr = 0):
+                                 KPRE: gl.constexpr = 0, XT: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -173,7 +183,9 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
     scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
     (two: eight wgmmas in flight, half the waits; the same arithmetic). KPRE 1: a chunk's spectrum bins loaded into
-    registers before its stage 1b (gluon_onepass._spectrum_issue), their L2 latency under stages 1b-3 (4096's 9%)."""
+    registers before its stage 1b (gluon_onepass._spectrum_issue), their L2 latency under stages 1b-3 (4096's 9%). XT:
+    the pair's x (scaled, float16) stored once into T's first rows (its own order there) and stage 1a's operands read
+    from shared memory (each column a2 read before it is overwritten), not reloaded from u a column."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     A2: gl.constexpr = A // 16
@@ -213,6 +225,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
     Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+    Tx_re = T_re._reinterpret(gl.float16, [16 * A2, B], rows_layout)  # (XT: rows a = A2 a1 + a2 < A/2 hold x^T)
+    Tx_im = T_im._reinterpret(gl.float16, [16 * A2, B], rows_layout)
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
     tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
     tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
@@ -241,14 +255,18 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         b_re = 2 * (w % groups)
         row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh
         row_im = row_re + stride_ub
-        _, scale_re, bad_re, _, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
-                                                                _load_raw(U, b_re + 1, batch, row_im, seq))
+        ure, scale_re, bad_re, uim, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
+                                                                    _load_raw(U, b_re + 1, batch, row_im, seq))
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T
+        if XT:  # x[m, a] (scaled, float16) into T's first rows: [a, m] there is u's own order, a = A2 a1 + a2
+            Tx_re.slice(0, HALF).store(gl.permute(ure.to(gl.float16), (1, 0)))
+            Tx_im.slice(0, HALF).store(gl.permute(uim.to(gl.float16), (1, 0)))
+            gl.thread_barrier()
         for g in gl.static_range(A2 // G1):
             _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM, G1 * g, A2,
-                      B, io, lhs1, acc1, put, G1)
+                      B, io, lhs1, acc1, put, G1, XT)
         gl.thread_barrier()  # T written
         spectrum = K + h * stride_kh
         running = scale_re * 0.0  # the largest chunk scale
