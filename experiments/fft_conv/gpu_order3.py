@@ -3,7 +3,7 @@ timed against the shipped path and torch.fft in the same run: at 8192 (shipped: 
 (shipped: the order-2 chunked kernel, CONTIG 2, 4.94x torch.fft in one run of session 33: re-timed here, twice) and,
 with --sizes, 16384. The candidates: configs.GLUON_ORDER3_CANDIDATES.
 
-    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,4096,16384] [--op 8192:2,1,1,2,1]
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,4096,16384] [--op 8192:2,1,2,2]
 
 --op N:CONFIG sets configs.GLUON_ORDER3[N] = CONFIG in this process and checks and times the op through it (the
 keyed launch three times, the same bits; du of the backward; both against float64).
@@ -194,7 +194,7 @@ def order3(n) -> bool:
 def op_check(n, config, B=16, H=16) -> bool:
     """The op with configs.GLUON_ORDER3[n] = ``config`` (set in this process only): fft_conv(u, k) three times (the plan
     and compile, the key's first keyed launch, the cached launch; the same bits each call) and du of its backward (the
-    correlation through the same kernel) against float64, and the op's time at B16 H768 beside torch.fft's."""
+    correlation through the same kernel) against float64."""
     configs.GLUON_ORDER3[n] = tuple(config)
     g = torch.Generator().manual_seed(n + 11)
     u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
@@ -214,9 +214,7 @@ def op_check(n, config, B=16, H=16) -> bool:
                err_du=err_du, ok=ok)
     rows.append(row)
     say("op", json.dumps(row))
-    u, spectrum, _ = inputs(n)
-    timed(n, f"op ({path}) {tuple(config)}", lambda: fft_conv(u, spectrum))
-    return ok
+    return ok  # (its time: order3's "shipped op" row, the op through the same configuration)
 
 
 if __name__ == "__main__":
