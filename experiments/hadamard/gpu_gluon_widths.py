@@ -321,14 +321,19 @@ STREAM = {"stream": True, "stages": 2}
 
 def s34b_timed():
     """Session 34, confirmation of run 3's flips: mxfp4 at 18944 with PERM against PERM off, nvfp4 at 18944 on UNITS +
-    PERM against HALVES 2, the 172 x 64 transform on STREAM (two stages) against one stage without it; then PAIRS on
+    PERM against HALVES 2, the 172 x 64 transform on STREAM (two stages) against one stage without it; the kron kernel's
+    STREAM for the 28 x 1024 transform (with and without PAIRS) against the shipped plan; then PAIRS on
     the tl pow2 kernel where session 33 left it untimed (8192, 16384 every format; 512 the 4-bit ones). Bytes compared
     (PERM, STREAM, PAIRS: identical by construction; UNITS sums the halves apart: not)."""
     from tilecore.ops.hadamard import configs
 
     cases = [("q", "mxfp4", 18944, "shipped", {}), ("q", "mxfp4", 18944, "noperm", {"perm": False}),
              ("q", "nvfp4", 18944, "shipped", {}), ("q", "nvfp4", 18944, "halves2", {"units": False, "perm": False}),
-             ("t", 172, 64, "shipped", {}), ("t", 172, 64, "nostream", {"stream": False, "stages": None})]
+             ("t", 172, 64, "shipped", {}), ("t", 172, 64, "nostream", {"stream": False, "stages": None}),
+             # the kron kernel's STREAM at 28 x 1024 (the butterfly's top level by the mixing's signs, two blocks live,
+             # stored from compute: sm_90a 0 B spilled against 244, 192 wgmma against 128), with PAIRS too
+             ("t", 28, 1024, "shipped", {}), ("t", 28, 1024, "stream", {"stream": True}),
+             ("t", 28, 1024, "stream_pairs", {"stream": True, "clamp_lo": 2})]
     for n, fmts in ((8192, FORMATS), (16384, FORMATS), (512, ("mxfp4", "nvfp4", "int4"))):
         for fmt in fmts:
             if (fmt, n) not in configs.QUANT_POW2_PAIRS:
@@ -658,8 +663,11 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
-    if SET == "s34b":  # the shipped 172 x 64 transform (STREAM since run 3): odd rows, in place, H_m^T
-        cases = [((172, 64), 2049, "out", {}), ((172, 64), 3, "transpose", {}), ((172, 64), 2049, "inplace", {})]
+    if SET == "s34b":  # the shipped 172 x 64 transform (STREAM since run 3): odd rows, in place, H_m^T; the kron STREAM
+        ks = {"stream": True}
+        cases = [((172, 64), 2049, "out", {}), ((172, 64), 3, "transpose", {}), ((172, 64), 2049, "inplace", {}),
+                 ((28, 1024), 2049, "out", ks), ((28, 1024), 3, "out", ks), ((28, 1024), 2049, "inplace", ks),
+                 ((28, 1024), 2049, "transpose", {**ks, "clamp_lo": 2})]
     if SET == "s34":  # STREAM at 172 x 64 (two ring stages): odd rows, in place (a row stored while the next loads), H_m^T
         g = STREAM  # (kron_plan gets gluon=True in this set)
         cases = [((172, 64), 2049, "out", g), ((172, 64), 3, "out", g), ((172, 64), 2049, "inplace", g),

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from tilecore.ops.hadamard import configs, gluon_launch, gluon_quantize_wide as gw, kron, quantize
+from tilecore.ops.hadamard import configs, gluon_launch, gluon_quantize_kron as gk, gluon_quantize_wide as gw, kron, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix
 
 
@@ -69,6 +69,46 @@ def test_stream_plan_switch_and_slots():
     assert gw.descriptors(x, x, 172, False, 1, 2)[2].block_shape[0] == 2
 
 
+def test_kron_stream_data_flow_is_the_kernels():
+    """The kron kernel's STREAM at 28 x 1024 (SPLIT 2, four blocks a consumer) in float64: output block v' = 2 t + b of
+    consumer c is sum_v0 (-1)^(v0 b) U_(t, v0), U_(t, v0) = sum_v1 (-1)^(v1 t) (A B_(2 v1 + v0) + (-1)^c A B_(4 + 2 v1 +
+    v0)) (the top level of H_4 by the sign of A), stored at pair q = 4 c + v': the same values as the register
+    butterfly's data flow (gluon_quantize_kron.emulate), every block once."""
+    m, p = 28, 1024
+    torch.manual_seed(4)
+    x = torch.randn(2, m * p, dtype=torch.float64)
+    scale = (m * p)**-0.5
+    ref, _ = gk.emulate(x, m, p, 2, False, scale)
+    a = gk._operand_a(m, False)
+    h64 = hadamard_matrix(64, torch.float64)
+    y4 = torch.full((2, 32, p // 64, 64), float("nan"), dtype=torch.float64)
+    x4 = torch.zeros(2, 32, p // 64, 64, dtype=torch.float64)
+    x4[:, :m] = x.reshape(2, m, p // 64, 64)
+    for r in range(2):
+        b = [x4[r, :, 2 * q:2 * q + 2, :].reshape(64, 64) for q in range(p // 128)]
+        for c in range(2):
+            sign = -1.0 if c else 1.0
+            for t in range(2):
+                u = [sum((-1.0) ** (v1 * t) * (a @ b[2 * v1 + v0] + sign * (a @ b[4 + 2 * v1 + v0])) for v1 in range(2))
+                     for v0 in range(2)]
+                for bb in range(2):
+                    q = 4 * c + 2 * t + bb
+                    assert torch.isnan(y4[r, :, 2 * q:2 * q + 2]).all()  # each block once
+                    y4[r, :, 2 * q:2 * q + 2] = ((u[0] + (-1.0) ** bb * u[1]) @ h64 * scale).reshape(32, 2, 64)
+    assert torch.allclose(y4[:, :m].reshape(2, m * p), ref, rtol=0, atol=1e-12)
+
+
+def test_kron_stream_plan_switch():
+    """stream reaches the kron kernel's STORE plan where a consumer holds four blocks and the butterfly is in registers
+    (28 x 1024), not at 28 x 512 (two blocks); off in the shipped table."""
+    plan = gluon_launch.store_plan(1 << 14, 28 * 1024, torch.bfloat16, 132, **kron.gluon_config(28, 1024, {"stream": True}))
+    assert plan.path == "gluon_kron" and plan.config.get("STREAM") and not plan.config["INSIDE"]
+    assert not gluon_launch.store_plan(1 << 14, 28 * 512, torch.bfloat16, 132, stream=True).config.get("STREAM")
+    assert not gluon_launch.store_plan(1 << 14, 28 * 1024, torch.bfloat16, 132, stream=True, inside=True).config.get(
+        "STREAM")
+    assert "stream" not in kron.gluon_config(28, 1024, {})
+
+
 _COMPILE = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())
@@ -80,18 +120,22 @@ for fmt, kw in (("mxfp4", M), ("mxfp4", dict(M, perm=True)), ("nvfp4", N), ("nvf
     print(json.dumps(compile_one(148, 128, fmt, **kw)))
 for kw in (dict(stages=1, clamp_lo=2), dict(stages=2, clamp_lo=2, stream=True)):  # the 172 x 64 transform
     print(json.dumps(compile_one(172, 64, "store", **kw)))
+from experiments.hadamard.kron_gluon_compile import compile_one as kron_one
+for kw in (dict(nozero=True, clamp_lo=True), dict(nozero=True, clamp_lo=True, stream=True)):  # 28 x 1024
+    print(json.dumps(kron_one(28, 1024, 2, "store", **kw)))
 """
 
 
 def test_perm_under_units_and_stream_compile_for_sm90():
     """sm_90a: PERM under UNITS cuts the shuffles and instructions (mxfp4 SHFL 50 -> 14, SASS 5144 -> 4936) and the
     spills (56 -> 40 B; nvfp4 136 -> 60), same wgmma (108); the AMAX pass of a PERM plan compiles (no relabelling).
-    STREAM fits the 172 x 64 transform's two ring stages within 227 KiB (two staging slots a consumer, not four)."""
+    STREAM fits the 172 x 64 transform's two ring stages within 227 KiB (two staging slots a consumer, not four); the
+    kron kernel's STREAM (28 x 1024) spills nothing."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=1200,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
-    mx, mxp, nv, nvp, amax, st1, st2 = [json.loads(line) for line in r.stdout.strip().splitlines()
+    mx, mxp, nv, nvp, amax, st1, st2, k0, k1 = [json.loads(line) for line in r.stdout.strip().splitlines()
                                         if line.startswith("{")]
     for a, b in ((mx, mxp), (nv, nvp)):
         assert b["sass"] < a["sass"] and b["sass_shfl"] < a["sass_shfl"] and b["spill_stores"] < a["spill_stores"], (a, b)
@@ -100,3 +144,7 @@ def test_perm_under_units_and_stream_compile_for_sm90():
     assert amax["wgmma"] == 108 and amax["tma"], amax
     assert st2["stages"] == 2 and st2["shared_meta"] <= 227 * 1024 < st1["shared_meta"] + 48 * 1024, (st1, st2)
     assert st2["wgmma"] == st1["wgmma"] == 120 and st2["spill_stores"] == 0 and st2["tma"], st2
+    # the kron kernel's STREAM at 28 x 1024: the mixing twice (192 wgmma against 128), nothing spilled (shipped: 244 B)
+    assert k0["wgmma"] == 128 and k0["spill_stores"] > 0, k0
+    assert k1["wgmma"] == 192 and k1["spill_stores"] == 0 and k1["tma"] and not k1["wgmma_serialized"], k1
+    assert k1["shared_meta"] <= 227 * 1024, k1

@@ -75,7 +75,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     ktrim, units, store2 (the wide kernel's: STORE2 stages two blocks at a time, so that two ring stages fit), split,
     inside (the kron one's; defaults configs.gluon_kron_tuning's), nozero, clamp_lo, perm (the wide kernel at m x 64:
     H_64's columns permuted, session 33), stream (the wide kernel at m x 64: each block stored from compute through two
-    staging slots, so that two ring stages fit; session 34)."""
+    staging slots, so that two ring stages fit; the kron one with four blocks a consumer: the butterfly's top level by
+    the mixing's signs, two blocks live, each stored from compute; session 34)."""
     from tilecore.ops.hadamard import gluon_quantize_kron as gk
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
 
@@ -104,7 +105,8 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     return GluonPlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=m, F=p // 64, SPLIT=split, INSIDE=inside, FORMAT=_FP8_ID, G=0, STATIC=False, QMAX=_FP8_QMAX,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES, PACKED=False, num_warps=4,
-        **_switches(tuning), **({"PERM": True} if tuning.get("perm") else {})))
+        **_switches(tuning), **({"PERM": True} if tuning.get("perm") else {}),
+        **({"STREAM": True} if tuning.get("stream") and not inside and (p // 64) // (2 * split) == 4 else {})))
 
 
 def _switches(tuning) -> dict:

@@ -93,6 +93,8 @@ class KronQuantize:
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel)
+    STREAM: gl.constexpr  # STORE, four blocks a consumer: the butterfly's top level by the mixing's signs, the blocks
+    # rotated and stored from compute two at a time (_compute_stream; session 34)
 
     @gluon.jit
     def setup(self, tile):
@@ -142,9 +144,56 @@ class KronQuantize:
         return self._rotated(w, bufs.index(2))
 
     @gluon.jit
+    def _mix_half(self, ctx, stage, t: gl.constexpr, v0: gl.constexpr, z):
+        """STREAM: U_(t, v0) = sum_v1 (-1)^(v1 t) A B_(2 v1 + v0) (+- the other half's at SPLIT 2): the butterfly's top
+        level (over v1) by the sign of A (-A resident), issued, not waited for."""
+        NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        dt: gl.constexpr = self.x_desc.dtype
+        bufs = ctx.operand
+        lay: gl.constexpr = bufs.type.layout
+        base: gl.constexpr = ctx.index * NBLK if self.SPLIT == 1 else 0
+        w = z
+        for v1 in gl.static_range(2):  # block v = 2 v1 + v0
+            w = warpgroup_mma(bufs.index(_parity(v1, t))._reinterpret(dt, [BLOCK, BLOCK], lay),
+                              self._b(stage, base + 2 * v1 + v0), w, use_acc=v1 > 0, is_async=True)
+            if self.SPLIT == 2:
+                w = warpgroup_mma(bufs.index(_parity(v1, t) ^ ctx.index)._reinterpret(dt, [BLOCK, BLOCK], lay),
+                                  self._b(stage, NBLK + 2 * v1 + v0), w, is_async=True)
+        return w
+
+    @gluon.jit
+    def _compute_stream(self, ctx, state, stage, tile):
+        """STREAM (STORE, four blocks a consumer: 28 x 1024): output block v' = 2 t + b is sum_v0 (-1)^(v0 b) U_(t, v0)
+        (H_4 = H_2 (x) H_2 over v = 2 v1 + v0); for t = 0, 1: U_(t, 0), U_(t, 1) by the mixing (its signs doing the top
+        level: twice the mixing products of the register butterfly, half of INSIDE's), then U_(t, 0) +- U_(t, 1)
+        rotated and stored from compute as made. Two blocks live at a time, not four (sm_90a: the spills go)."""
+        h64 = ctx.operand.index(2)
+        z = state.y0
+        row = tile if self.SPLIT == 2 else 2 * tile + ctx.index
+        tma.store_wait(0)  # the previous row's stores have read the staging slots
+        for t in gl.static_range(2):
+            u0 = self._mix_half(ctx, stage, t, 0, z)
+            u1 = self._mix_half(ctx, stage, t, 1, z)
+            u0, u1 = warpgroup_mma_wait(0, deps=(u0, u1))
+            self._stream_out(ctx, 2 * t, self._rotated(u0 + u1, h64), row)
+            self._stream_out(ctx, 2 * t + 1, self._rotated(u0 - u1, h64), row)
+        return Blocks(z, z, z, z, ctx.ring_step)
+
+    @gluon.jit
+    def _stream_out(self, ctx, v: gl.constexpr, y, row):
+        """STREAM: block v's values staged in its slot and TMA-stored at once."""
+        NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        self._stage(ctx, v, y)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(self.codes_desc, [row, 0, 2 * self._pair(ctx, v, NBLK), 0], ctx.out.slice(v, 1))
+
+    @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
         """This consumer's blocks: the mixing (all issued, then waited for), the butterfly, the second products."""
         NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
+        if self.STREAM:
+            return self._compute_stream(ctx, state, stage, tile)
         if self.INSIDE:
             z = state.y0
             y0 = self._block_inside(ctx, stage, 0, z)
@@ -238,8 +287,11 @@ class KronQuantize:
             ys = (relabel(state.y0), relabel(state.y1), relabel(state.y2), relabel(state.y3))
         else:
             ys = (state.y0, state.y1, state.y2, state.y3)
-        tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
-        if self.FORMAT == AMAX:
+        if not self.STREAM:  # (STREAM: the row was stored from compute)
+            tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
+        if self.STREAM:
+            pass
+        elif self.FORMAT == AMAX:
             a = folded(self, row_amax(ys, NBLK))
             if self.SPLIT == 1:
                 gl.store(self.amax_out + row, a, mask=row < self.rows)
@@ -309,7 +361,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
                                FOLD: gl.constexpr = False, NOZERO: gl.constexpr = False,
-                               CLAMP_LO: gl.constexpr = False, PERM: gl.constexpr = False):
+                               CLAMP_LO: gl.constexpr = False, PERM: gl.constexpr = False, STREAM: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -323,9 +375,11 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xchg = None
         xbar = None
+    gl.static_assert(not STREAM or (FORMAT == STORE and not INSIDE and F // (2 * SPLIT) == 4),
+                     "STREAM: STORE, four blocks a consumer, the butterfly not INSIDE")
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
                       M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE,
-                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM)
+                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM, STREAM)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage
