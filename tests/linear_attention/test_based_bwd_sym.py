@@ -20,11 +20,11 @@ def grads(q, k, v, g, s0, dout, dstate):
     return torch.autograd.grad(loss, [t for t in leaves if t is not None])
 
 
-@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("dtype,N", [(F32, 37), (F16, 37), (F32, 1), (F16, 17)])
 @pytest.mark.parametrize("decay,state", [(None, False), ("scalar", False), (None, True), ("scalar", True)])
-def test_the_symmetric_backward_is_the_recurrences(monkeypatch, dtype, decay, state):
+def test_the_symmetric_backward_is_the_recurrences(monkeypatch, dtype, N, decay, state):
     torch.manual_seed(7)
-    B, N, H, Dk, Dv = 1, 37, 2, 16, 32
+    B, H, Dk, Dv = 1, 2, 16, 32
     q, k, v, g, s0 = make(B, N, H, H, Dk, Dv, dtype=dtype, feature_map="based", decay=decay, h0=state)
     dout = torch.randn(B, N, H, Dv).to(dtype)
     dstate = torch.randn(B, H, 1 + Dk + Dk * Dk, Dv) if state else None  # (neither s0 nor dstate symmetric)
@@ -39,9 +39,10 @@ def test_the_symmetric_backward_is_the_recurrences(monkeypatch, dtype, decay, st
     off = grads(q, k, v, g, s0, dout, dstate)
     assert [c[3]["SYM"] for c in seen[-1]] == [False, False]
     _, _, ref = reference(q, k, v, g, s0, feature_map="based", dout=dout, dstate=dstate)
+    scale = max(float(r.norm()) for r in ref)  # (N = 1: dg is 0 in float64, float32 noise in ours and the off path's)
     for name, a, b, r in zip(("dq", "dk", "dv", "dg", "ds0"), on, off, ref):
         assert torch.isfinite(a).all(), name
         if dtype == F32:
-            assert accuracy.rel_rms(a, r) < 2e-5, name
+            assert float((a.double() - r).norm()) < 2e-5 * max(float(r.norm()), 1e-2 * scale), name
         else:
             assert accuracy.error_over_floor(a, r) <= 1.1 * max(1.0, accuracy.error_over_floor(b, r)), name

@@ -105,7 +105,7 @@ BWD_WARPS = {0: 8, 1: 4}
 # the decay kinds those blocks are the default for: no decay (the scalar decay's are the split path's domain)
 BWD_BLOCK_KINDS = (0,)
 # Based's backward by its quadratic state's symmetry from zeros (kernels_tl SYM): checked, 2.57 ms against 4.48 (1.74x,
-# 2.01x FLA parallel_based, same run: decision 96)
+# 2.03x FLA parallel_based, same run: decision 96)
 BASED_BWD_SYM = True
 BASED_BWD_WARPS = 4  # 4.79 ms against 5.88 at 8
 # the split dK/dV backward (one kernel writes dk, one dv) for both kinds: checked, 1.20x / 2.4x the unsplit
