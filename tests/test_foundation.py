@@ -34,8 +34,11 @@ def test_bench_without_gpu_is_one_sentence_not_a_traceback():
 def test_env_reports_versions_and_paths():
     r = run_cli("env")
     assert r.returncode == 0
-    assert "triton 3.6.0" in r.stdout and "torch" in r.stdout
-    assert "Gluon" in r.stdout
+    import triton
+
+    # the installed triton (any release: the suite runs under the compat matrix's too), named against the tested ones
+    assert f"triton {triton.__version__}" in r.stdout and "torch" in r.stdout
+    assert "Gluon" in r.stdout and "compile-checked" in r.stdout
 
 
 def test_results_name_the_source_that_ran(tmp_path):
