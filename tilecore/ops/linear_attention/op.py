@@ -395,7 +395,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
       scale phi(q).phi(k) = 1 + s + s^2 / 2 with s = scale q.k, for Dk <= 16 (F = 1 + Dk + Dk^2,
       in the kernels, never written to memory; the state's rows are [1, Dk, Dk x Dk]); "hedgehog":
       [softmax(x W), softmax(-x W)] with ``feature_weights`` W (Hqk, Dk, F/2), one tensor for q and
-      k or a pair (W_q, W_k) (the map by one-pass kernels, with and without autograd, where Dk x F <= 128 x 64,
+      k or a pair (W_q, W_k) (the map by one-pass kernels, with and without autograd, where Dk x F/2 <= 128 x 64,
       else and under torch.compile by torch's ops; then the same kernels; differentiable in W).
     * ``decay``: log decays g (natural log, normally <= 0; exp(g) multiplies the state), (B, N, H)
       (one per head and token: Mamba-2's SSD, simple GLA, RetNet) or (B, N, H, F) (per key feature:
