@@ -9,7 +9,8 @@ refactor that leaves the PTX identical changed nothing the GPU runs).
 
 ``--root`` imports tilecore from that tree (default: this one); ``--shipped`` only the shipped tuples. Also the
 filter-gradient kernel (fft_conv_gluon_dk_kernel) at configs.DK_GLUON's tuples and (without ``--shipped``) its
-candidates, where the tree has it (session 33).
+candidates, where the tree has it (session 33); the order-3 kernel (gluon_order3.py) at configs.GLUON_ORDER3 and its
+candidates (session 34).
 """
 import argparse
 import os
@@ -76,6 +77,27 @@ def main() -> int:
         with open(os.path.join(a.out, f"fft_gluon_{label}.ptx"), "w") as f:
             f.write(ptx)
         print(f"{label}: {name}", flush=True)
+    try:  # the order-3 kernel (session 34), where the tree has it: shipped tuples and (without --shipped) candidates
+        from tilecore.ops.fft_conv.report import order3_variant
+    except ImportError:
+        return 0
+    order3 = [(n, c) for n, c in configs.GLUON_ORDER3.items()]
+    if not a.shipped:
+        order3 += [(n, c) for n, cs in configs.GLUON_ORDER3_CANDIDATES.items() for c in cs if (n, c) not in order3]
+    for n, config in order3:
+        for conj in (False, True):
+            label = f"order3_{n}_" + "x".join(str(int(c)) for c in config) + ("_conj" if conj else "")
+            name, kernel, args, warps, _ = order3_variant(n, *config)
+            args["CONJ"] = conj
+            try:
+                ptx = compile_kernel(kernel, args, num_warps=warps).asm["ptx"]
+            except Exception as err:  # noqa: BLE001
+                print(f"{label}: {type(err).__name__}: {str(err)[-300:]}", flush=True)
+                continue
+            ptx = re.sub(r'\.file\s+(\d+)\s+"[^"]*/(tilecore/[^"]*)"', r'.file \1 "\2"', ptx)
+            with open(os.path.join(a.out, f"fft_gluon_{label}.ptx"), "w") as f:
+                f.write(ptx)
+            print(f"{label}: {name}", flush=True)
     return 0
 
 

@@ -75,19 +75,16 @@ def test_order3_operands_are_the_dft_factors():
 
 
 CODE = """
-import json, re, sys, torch
-from tilecore.ops.fft_conv import gluon_order3
+import json, re, sys
+from tilecore.ops.fft_conv.report import order3_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n = int(sys.argv[3])
-a, b, _ = gluon_order3.factors(n)
-t = torch.empty(64, dtype=torch.bfloat16); f16 = torch.empty(64, dtype=torch.float16); f32 = torch.empty(64, dtype=torch.float32)
-args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
-            batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
-            A=a, B=b, KG=int(sys.argv[1]), G1=int(sys.argv[2]), KPRE=int(sys.argv[4]), XT=bool(int(sys.argv[5])))
-compiled = compile_kernel(gluon_order3.fft_conv_gluon_order3_kernel, args, num_warps=4)
+kg, g1, n, kpre, xt = (int(a) for a in sys.argv[1:6])
+name, kernel, args, warps, _ = order3_variant(n, 2, True, kg, g1, kpre, bool(xt))
+compiled = compile_kernel(kernel, args, num_warps=warps)
 ptx = compiled.asm["ptx"]
-print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
-                      **vars(resources(compiled)), **has_hopper_instructions(ptx))))
+print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
+                      sins=len(re.findall(r"sin\\.approx", ptx)), **vars(resources(compiled)),
+                      **has_hopper_instructions(ptx))))
 """
 
 

@@ -136,6 +136,26 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
              False)]
 
 
+def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, kpre: int = 0,
+                   xt: bool = False) -> tuple[str, object, dict, int, bool]:
+    """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel, session 34) at a configs.GLUON_ORDER3
+    tuple (per_sm: the grid only, not the compile)."""
+    import torch
+
+    from tilecore.ops.fft_conv import gluon_order3
+
+    a, b, _ = gluon_order3.factors(n)
+    t = torch.empty(64, dtype=torch.bfloat16)
+    f16 = torch.empty(64, dtype=torch.float16)
+    f32 = torch.empty(64, dtype=torch.float32)
+    args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
+                batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
+                A=a, B=b, CONTIG=contig, KG=kg, G1=g1, KPRE=kpre, XT=bool(xt))
+    extra = f"kg {kg}, g1 {g1}" + (", spectrum prefetch" if kpre else "") + (", x in shared memory" if xt else "")
+    return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, 4 warps)", gluon_order3.fft_conv_gluon_order3_kernel, args, 4,
+            True)
+
+
 def pair_variants(shipped_only: bool = False) -> list:
     from tilecore.ops.fft_conv import configs
     from tilecore.ops.fft_conv.plan import plan_of_config
@@ -155,7 +175,11 @@ def pair_variants(shipped_only: bool = False) -> list:
         out.append(mono_variant(*config))
     for n, config in configs.GLUON_ONEPASS.items():
         out.append(gluon_variant(*config))
+    for n, config in configs.GLUON_ORDER3.items():
+        out.append(order3_variant(n, *config))
     if not shipped_only:
+        for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
+            out += [order3_variant(n, *c) for c in candidates if c != configs.GLUON_ORDER3.get(n)]
         for candidates in configs.GLUON_ONEPASS_CANDIDATES.values():
             variants = {(c[0], c[1], 0) + tuple(c[3:]) for c in candidates if c not in configs.GLUON_ONEPASS.values()}
             out += [gluon_variant(*config) for config in sorted(variants)]
