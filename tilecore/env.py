@@ -126,18 +126,19 @@ def fast_paths(device: torch.device | None = None) -> dict[str, str]:
 
 
 def triton_support() -> str:
-    """The installed triton against the releases the Gluon kernels were compile-checked under and ran under."""
+    """The installed triton against the releases the Gluon kernels were compile-checked under and ran under, in a
+    sentence that names it ("triton 3.6.0: ...", or the problem, which names it too)."""
     import triton
 
     problem = dispatch.gluon_triton_problem()
     try:
         from tilecore.tiles.gluon import compat
     except Exception:  # noqa: BLE001 (the problem above names it)
-        return f"{triton.__version__}: {problem}"
+        return problem
     if problem is not None:
         return f"{problem}; a Hopper GPU would run the portable Triton kernels"
     ran = compat.release() in compat.RAN_ON_GPU
-    return (f"{triton.__version__}: the Gluon kernels compile-checked under it (sm_90a)"
+    return (f"triton {triton.__version__}: the Gluon kernels compile-checked under it (sm_90a)"
             + (" and ran on an H100" if ran else f", not run on a GPU (ran under {', '.join(compat.RAN_ON_GPU)})")
             + (f"; compatibility shims: {', '.join(compat.SHIMS)}" if compat.SHIMS else ""))
 
@@ -160,7 +161,7 @@ def report() -> str:
                      f"{gpu['l2_bytes'] / 2**20:.0f} MiB L2, {gpu['memory_bytes'] / 2**30:.0f} GiB)")
     lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     lines.append(f"TRITON_INTERPRET: {'on' if dispatch.interpreter_enabled() else 'off'}")
-    lines.append(f"triton {triton_support()}")
+    lines.append(triton_support())
     for family, state in fast_paths().items():
         lines.append(f"{family}: {state}")
     return "\n".join(lines)
