@@ -1,31 +1,35 @@
-"""The one-pass FFT convolution at order 3 for N = 8192 in Gluon (issue 37; session 34): one kernel, u read
-once and y written once, where the shipped "long" path runs three passes through a float16 scratch.
+"""The one-pass FFT convolution at order 3 in Gluon (issue 37; session 34): one kernel, u read once and y written
+once. ON at N = 8192 (configs.GLUON_ORDER3: 2.41x torch.fft, 1.47x the three-pass "long" path it replaced); built for
+4096 (A2 = 8) and 16384 (A2 = 32) as candidates.
 
 The chunked kernel's method (gluon_onepass.py: two sequences of a channel as z = u_a + i u_b, one complex DFT
-of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A = 256 split once more,
-A = 16 A2 (A2 = 16 at 8192), so no product is wider than 16 and no DFT matrix larger than 64 x 64 is held:
+of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A split once more,
+A = 16 A2 (A2 = 16 at 8192), so no DFT matrix larger than 64 x 64 is held (order 2's F_A half at 8192: 192 KiB):
 
     a = A2 a1 + a2 (a1 < 16, only a1 < 8 nonzero: the zero padding), k_a = k1 + 16 k2 (k1 < 16, k2 < A2)
     W_A^(a k_a) = W_16^(a1 k1) W_A^(a2 k1) W_A2^(a2 k2)
 
     1a. T[k1, a2, m] = W_A^(a2 k1) sum_a1 z[B (A2 a1 + a2) + m] W_16^(a1 k1)
-        once a pair: for each a2, x_a2 [B, 16] (u read at those offsets, a1 >= 8 masked to 0) @ F_16 -> [B, 16],
-        the twiddle, float16 into T (shared memory, [16, A2, B]: 64 KiB for both planes at 8192)
-    then chunk k1 = 0..15 (each a [B, A2] block of the tile's columns k_a = k1 + 16 k2; T[k1] its input):
-    1b. R = T[k1]^T @ F_A2                                 [B, A2] @ [A2, A2]
+        once a pair: for each a2, x_a2 [B, 16] (a1 >= 8 masked to 0) @ F_16 -> [B, 16], the twiddle, float16 into T
+        (shared memory, [16, A2, B]: 64 KiB for both planes at 8192). x_a2 is read from u at those offsets, or (XT)
+        from T itself, where the pair's scaled x was stored once in u's own order (rows a = A2 a1 + a2 < A/2)
+    then 16 / KG chunks of KG values of k1 (each a [B, C] block, C = KG A2, column A2 l + k2 at k_a = k1 + l + 16 k2;
+    T[k1 .. k1 + KG - 1] its input):
+    1b. R = T[chunk]^T @ F2                              [B, C] @ [C, C], F2: KG copies of F_A2 on the diagonal
     2, 3, the spectrum product, 3', 2': gluon_onepass._forward_stages / _inverse_stages as they are (the
         twiddles W_L^(m k_a) computed, the spectrum's bins read at f = k_a + A k_b, each chunk's product at
-        its own scale s_k1)
-    1'b. T'[k1] = D @ conj(F_A2)                           written over T[k1] (the chunk owns it)
+        its own scale s_j)
+    1'b. T'[chunk] = D @ conj(F2)                        written over T[chunk] (the chunk owns it: no accumulator)
     after the chunks:
     1'a. out[m, a1] of a2 = sum_k1 (s_k1 / s) conj(W_A^(a2 k1)) T'[k1, a2, m] conj(W_16^(a1 k1)), a1 < 8
-        [B, 16] @ conj(F_16)[:, :8]; s = the largest s_k1; y[B (A2 a1 + a2) + m] = out s / L x the
-        sequence's scale
+        [B, 16] @ conj(F_16)[:, :8]; s = the largest chunk scale; y[B (A2 a1 + a2) + m] = out s / L x the
+        sequence's scale (pointer stores)
 
-FLOPs a pair (complex multiply-adds): 1a B 16 A2 16, 1b and 1'b B A A2 each, 3 and 3' B B A each, 1'a B 16 A2
-8: at 8192 0.26 + 0.52 + 2.10 + 0.13 M against order 2's 6.29 M (model.order3_flops). Products: float16
-operands, float32 sums, as the chunked kernel; one more float16 rounding (T) than order 2. The arithmetic
-step for step in torch: gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be interpreted.
+G1 2 issues two columns' products of 1a and 1'a before one wait. FLOPs a pair (complex multiply-adds, as the
+wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8 A2: at 8192, KG 1, 3.0 M
+against order 2's 6.3 M (model.order3_flops). Products: float16 operands, float32 sums, as the chunked kernel; one
+more float16 rounding (T) than order 2 (bf16 1.07x the floor on the H100, fp16 3.2x). The arithmetic step for step in
+torch: gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be interpreted.
 """
 from triton.experimental import gluon
 
