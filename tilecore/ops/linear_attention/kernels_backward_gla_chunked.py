@@ -564,6 +564,16 @@ def _max_min_sum(a1, b1, c1, a2, b2, c2):
 
 
 @triton.jit
+def _scan_span_last(g, offs_t, BT: tl.constexpr):
+    """G, the scan over the chunk's tokens of its log decays clamped at LOG_DECAY_FLOOR [BT, BK], and by ONE three-way
+    reduction over tokens its span (hi: max, lo: min) and G_last (the last row) [BK] (the dqk kernel's FORM 1, the dv
+    kernel's DVFORM 1)."""
+    Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
+    hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+    return Gc, hi, lo, G_last
+
+
+@triton.jit
 def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
@@ -610,8 +620,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
         mid, G_last = _mid_last(MID, bh, c, NT, offs_k, k_ok, DK)
     else:
         if FORM & 1:
-            Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
-            hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+            Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
         else:
             Gc, G_last = _cumulative_channels(g)
             hi = tl.max(Gc, 0)
@@ -765,8 +774,7 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
             mid, G_last = _mid_last(MID, bh, c, NT, offs_k, k_ok, DK)
         else:
             g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
-            Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
-            hi, lo, G_last = tl.reduce((Gc, Gc, tl.where((offs_t == BT - 1)[:, None], Gc, 0.0)), 0, _max_min_sum)
+            Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
             mid = 0.5 * (hi + lo)
         kf = k.to(tl.float32)
         Ei = tl.exp(mid[None, :] - Gc)
