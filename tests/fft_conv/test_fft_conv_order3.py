@@ -154,6 +154,10 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
         monkeypatch.setitem(configs.GLUON_ORDER3, 8192, (2, True, 1, 2, 1))
         assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 2, True, 1, 2, 1)
         assert conv_plan.plan(8192, meta, torch.float32).path != "order3"  # 16-bit u only
+        # an N in both tables takes the order-3 kernel (4096: the order-2 chunked kernel without the entry)
+        assert conv_plan.plan(4096, meta, torch.bfloat16).path == "gluon"
+        monkeypatch.setitem(configs.GLUON_ORDER3, 4096, (3, True, 2, 2, 0, True))
+        assert conv_plan.plan(4096, meta, torch.bfloat16) == conv_plan.order3_plan(4096, 3, True, 2, 2, 0, True)
     assert conv_plan.plan(8192, torch.device("cpu"), torch.bfloat16).path != "order3"  # never interpreted
     with pytest.raises(ValueError, match="N = 2048"):
         conv_plan.order3_plan(2048)

@@ -166,13 +166,14 @@ def plan_of_config(config: tuple) -> Plan:
 def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
     if dispatch.backend_for(device) == "reference":
         return Plan("torch")
-    if (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.GLUON_ONEPASS
-            and device.type != "cpu" and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device)):
-        # (Gluon cannot run under TRITON_INTERPRET, which interprets every kernel)
-        return gluon_plan(*configs.GLUON_ONEPASS[n])
-    if (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.GLUON_ORDER3
-            and device.type != "cpu" and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device)):
+    gluon = (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and device.type != "cpu"
+             and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device))
+    # (Gluon cannot run under TRITON_INTERPRET, which interprets every kernel); the order-3 kernel first where an N
+    # has both
+    if gluon and n in configs.GLUON_ORDER3:
         return order3_plan(n, *configs.GLUON_ORDER3[n])
+    if gluon and n in configs.GLUON_ONEPASS:
+        return gluon_plan(*configs.GLUON_ONEPASS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.MONO_CONFIGS:
         return mono_plan(*configs.MONO_CONFIGS[n])
     if str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and n in configs.PAIR_CONFIGS:
