@@ -334,6 +334,10 @@ def s34b_timed():
              # stored from compute: sm_90a 0 B spilled against 244, 192 wgmma against 128), with PAIRS too
              ("t", 28, 1024, "shipped", {}), ("t", 28, 1024, "stream", {"stream": True}),
              ("t", 28, 1024, "stream_pairs", {"stream": True, "clamp_lo": 2})]
+    # ... and for the group formats at 28672 (codes made and stored from compute; sm_90a spills mxfp4 92 -> 0 B, nvfp4
+    # 172 -> 28, int4 244 -> 32)
+    for fmt in ("mxfp4", "nvfp4", "int4"):
+        cases += [("q", fmt, 28672, "shipped", {}), ("q", fmt, 28672, "stream", {"stream": True})]
     for n, fmts in ((8192, FORMATS), (16384, FORMATS), (512, ("mxfp4", "nvfp4", "int4"))):
         for fmt in fmts:
             if (fmt, n) not in configs.QUANT_POW2_PAIRS:
@@ -463,7 +467,9 @@ def check_cases(quick=False):
                 ("nvfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "float16", {}),
                 ("mxfp4", 18944, {}, "float16", {})] + [
             ("mxfp4", 8192, {}, "bfloat16", {"pairs": True}), ("nvfp4", 16384, {"scale": 0.002}, "bfloat16", {"pairs": True}),
-            ("int4", 512, {}, "float16", {"pairs": True}), ("fp8_e4m3", 16384, {}, "bfloat16", {"pairs": True})]
+            ("int4", 512, {}, "float16", {"pairs": True}), ("fp8_e4m3", 16384, {}, "bfloat16", {"pairs": True}),
+            ("mxfp4", 28672, {}, "bfloat16", {"stream": True}), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", {"stream": True}),
+            ("nvfp4", 28672, {}, "bfloat16", {"stream": True}), ("int4", 28672, {}, "float16", {"stream": True})]
     if SET == "s34":  # BALANCE / PERM at 18944 against float64 (bf16 and fp16, nvfp4 given and dynamic, fp8 static)
         return [("mxfp4", 18944, {}, "bfloat16", BALP), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", BALP),
                 ("fp8_e4m3", 18944, {}, "bfloat16", BAL), ("int8", 18944, {}, "float16", BAL),
@@ -620,10 +626,10 @@ def phase_check(result, save, deadline, quick):
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
-            for key in ("balance", "perm"):  # a variant asked for must be the one run
+            for key in ("balance", "perm", "stream"):  # a variant asked for must be the one run
                 if tuning.get(key) and not plan.config.get(key.upper()):
                     case["ok"] = False
-            case["config"].update({k: True for k in ("BALANCE", "PERM") if plan.config.get(k)})
+            case["config"].update({k: True for k in ("BALANCE", "PERM", "STREAM") if plan.config.get(k)})
         except Exception as err:  # noqa: BLE001
             case["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             case["ok"] = False

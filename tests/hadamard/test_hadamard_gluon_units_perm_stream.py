@@ -109,6 +109,19 @@ def test_kron_stream_plan_switch():
     assert "stream" not in kron.gluon_config(28, 1024, {})
 
 
+def test_kron_stream_quantize_plan_switch():
+    """stream reaches hadamard_quantize's kron plan for the group formats where a consumer holds four blocks (28672),
+    not for the per-token ones (they need the row's maximum before any code) nor at 14336; configs.QUANT_GLUON_STREAM
+    empty (untimed)."""
+    for fmt in ("mxfp4", "nvfp4", "int4"):
+        assert _plan(fmt, 28672, gluon_kron=True, stream=True).config.get("STREAM"), fmt
+        assert not _plan(fmt, 14336, gluon_kron=True, stream=True).config.get("STREAM"), fmt
+        assert not _plan(fmt, 28672, gluon_kron=True).config.get("STREAM"), fmt
+    for fmt in ("fp8_e4m3", "int8"):
+        assert not _plan(fmt, 28672, gluon_kron=True, stream=True).config.get("STREAM"), fmt
+    assert configs.QUANT_GLUON_STREAM == {}
+
+
 _COMPILE = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())
@@ -123,6 +136,8 @@ for kw in (dict(stages=1, clamp_lo=2), dict(stages=2, clamp_lo=2, stream=True)):
 from experiments.hadamard.kron_gluon_compile import compile_one as kron_one
 for kw in (dict(nozero=True, clamp_lo=True), dict(nozero=True, clamp_lo=True, stream=True)):  # 28 x 1024
     print(json.dumps(kron_one(28, 1024, 2, "store", **kw)))
+for st in (False, True):  # mxfp4 at 28672 (its shipped switches)
+    print(json.dumps(kron_one(28, 1024, 2, "mxfp4", fold=True, nozero=True, clamp_lo=2, stream=st)))
 """
 
 
@@ -135,7 +150,7 @@ def test_perm_under_units_and_stream_compile_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=1200,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
-    mx, mxp, nv, nvp, amax, st1, st2, k0, k1 = [json.loads(line) for line in r.stdout.strip().splitlines()
+    mx, mxp, nv, nvp, amax, st1, st2, k0, k1, q0, q1 = [json.loads(line) for line in r.stdout.strip().splitlines()
                                         if line.startswith("{")]
     for a, b in ((mx, mxp), (nv, nvp)):
         assert b["sass"] < a["sass"] and b["sass_shfl"] < a["sass_shfl"] and b["spill_stores"] < a["spill_stores"], (a, b)
@@ -148,3 +163,4 @@ def test_perm_under_units_and_stream_compile_for_sm90():
     assert k0["wgmma"] == 128 and k0["spill_stores"] > 0, k0
     assert k1["wgmma"] == 192 and k1["spill_stores"] == 0 and k1["tma"] and not k1["wgmma_serialized"], k1
     assert k1["shared_meta"] <= 227 * 1024, k1
+    assert q0["wgmma"] == 128 and q0["spill_stores"] > 0 and q1["wgmma"] == 192 and q1["spill_stores"] == 0, (q0, q1)

@@ -140,6 +140,7 @@ QUANT_GLUON_NOZERO = dict(_NZ_CL)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
 # PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.09x where on; elsewhere 0.73-1.02x (s. 33)
+QUANT_GLUON_STREAM = {}  # the kron kernel's STREAM for group formats at 28672 (session 34): untimed, off
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
 

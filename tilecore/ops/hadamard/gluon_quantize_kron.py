@@ -93,8 +93,8 @@ class KronQuantize:
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel)
-    STREAM: gl.constexpr  # STORE, four blocks a consumer: the butterfly's top level by the mixing's signs, the blocks
-    # rotated and stored from compute two at a time (_compute_stream; session 34)
+    STREAM: gl.constexpr  # STORE or group formats, four blocks a consumer: the butterfly's top level by the mixing's
+    # signs, the blocks rotated (and quantized) and stored from compute two at a time (_compute_stream; session 34)
 
     @gluon.jit
     def setup(self, tile):
@@ -181,9 +181,14 @@ class KronQuantize:
 
     @gluon.jit
     def _stream_out(self, ctx, v: gl.constexpr, y, row):
-        """STREAM: block v's values staged in its slot and TMA-stored at once."""
+        """STREAM: block v's values (STORE) or codes (group formats: scales stored) staged in its slot, TMA-stored."""
         NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
-        self._stage(ctx, v, y)
+        if self.FORMAT == STORE:
+            self._stage(ctx, v, y)
+        else:
+            if self.PERM:
+                y = relabel(y)
+            self._stage(ctx, v, group_codes(self, y, row, self._pair(ctx, v, NBLK), 0))
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(self.codes_desc, [row, 0, 2 * self._pair(ctx, v, NBLK), 0], ctx.out.slice(v, 1))
@@ -375,11 +380,14 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xchg = None
         xbar = None
-    gl.static_assert(not STREAM or (FORMAT == STORE and not INSIDE and F // (2 * SPLIT) == 4),
-                     "STREAM: STORE, four blocks a consumer, the butterfly not INSIDE")
+    # STREAM: the values or a group format's codes (per-token formats need the row's maximum first); a plan's AMAX
+    # pass (nvfp4's dynamic global scale) runs without it
+    gl.static_assert(not STREAM or ((FORMAT == STORE or FORMAT == AMAX or G != 0) and not INSIDE
+                                    and F // (2 * SPLIT) == 4), "STREAM: STORE or groups, four blocks a consumer, not INSIDE")
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
                       M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE,
-                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM, STREAM)
+                      NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM,
+                      STREAM and FORMAT != AMAX)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage

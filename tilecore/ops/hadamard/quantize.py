@@ -271,7 +271,11 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
         **_epilogue_switches(fmt, n, tuning),
-        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
+        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {}),
+        # STREAM (session 34): four blocks a consumer, groups: H_4's top level by the mixing's signs, codes stored from
+        # compute two blocks at a time (gluon_quantize_kron._compute_stream)
+        **({"STREAM": True} if group and not inside and (P // 64) // (2 * split) == 4
+           and tuning.get("stream", _by_format(configs.QUANT_GLUON_STREAM, fmt, n, False)) else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
