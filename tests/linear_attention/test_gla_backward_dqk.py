@@ -279,8 +279,8 @@ def test_g_pre_from_the_states_walk(N, Dk, walk_BK, mode):
 
 def test_session33_values_only_at_the_checked_head_dims():
     """configs_gla_bwd.CHUNKED_OTHER_DIMS: session 33's dqk_VB / dqk_form / dv_form run at the head dims the H100
-    checked them (CHUNKED_CHECKED_DIMS, d 128); d 64 (an illegal address on the H100 in session 33's call 7) takes
-    session 32's; a caller's explicit override is kept whatever the dims."""
+    checked them (CHUNKED_CHECKED_DIMS: d 128; d 64 and d 32 with dqk_dyn since session 34's run 3); other dims (d 96
+    here) take session 32's; a caller's explicit override is kept whatever the dims."""
     from tilecore.ops.linear_attention import configs_gla_bwd
 
     def dqk_dv_options(d, **over):
@@ -293,36 +293,41 @@ def test_session33_values_only_at_the_checked_head_dims():
         opts = {name: kw for name, _, _, _, kw in steps}
         return opts["dqk0w"], opts["dvw"]
 
-    assert (128, 128) in configs_gla_bwd.CHUNKED_CHECKED_DIMS and (64, 64) not in configs_gla_bwd.CHUNKED_CHECKED_DIMS
+    assert {(128, 128), (64, 64), (32, 32)} == set(configs_gla_bwd.CHUNKED_CHECKED_DIMS)
     dqk, dv = dqk_dv_options(128)
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (configs_gla_bwd.CHUNKED["dqk_VB"],
                                                              configs_gla_bwd.CHUNKED["dqk_form"],
                                                              configs_gla_bwd.CHUNKED["dv_form"])
     dqk, dv = dqk_dv_options(64)
+    assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM"), dqk.get("DYN")) == (64, 3, 5, True)
+    dqk, dv = dqk_dv_options(96)
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (32, None, None)
-    dqk, dv = dqk_dv_options(64, dqk_VB=64, dqk_form=3, dv_form=5)
+    dqk, dv = dqk_dv_options(96, dqk_VB=64, dqk_form=3, dv_form=5)
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (64, 3, 5)
 
 
-S33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)  # session 33's values, by override (configs apply them at d 128 only)
+S33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)  # session 33's values, by override (whatever configs' dims rule)
+OFF = dict(dqk_dyn=False)  # the constexpr-bounded value loop (configs' before session 34's run 3)
 
 
-@pytest.mark.parametrize("D, switch", [(64, {}), (64, dict(dqk_two_blocks=True)), (64, dict(dqk_dyn=True)),
-                                       (32, dict(dqk_two_blocks=True)), (32, dict(dqk_dyn=True))])
+@pytest.mark.parametrize("D, switch", [(64, OFF), (64, dict(OFF, dqk_two_blocks=True)), (64, dict(dqk_dyn=True)),
+                                       (32, dict(OFF, dqk_two_blocks=True)), (32, dict(dqk_dyn=True)),
+                                       (96, dict(dqk_dyn=True, dqk_VB=32, dqk_form=0, dv_form=0))])
 def test_session33_values_at_d64_and_d32(D, switch):
     """Session 33's dqk_VB 64 / dqk_form 3 / dv_form 5 at Dk = Dv = 64 and 32 with configs' chunk 64 and key blocks
     of 32: one value block (VB 64 >= Dv; on the H100 that build was wrong, decision 84), two (dqk_two_blocks: VB 32 at
     d 64, 16 at d 32) or one bounded by Dv at run time (dqk_dyn). fp16 N 130 (a last chunk of 2 tokens) with an
     initial state and a final state's gradient against float64: dq / dk / dv within 2.5x the rounding floor; float32
     strong decays with a reset and a -1e30 channel (the fallback launches) at float32 noise, dg 0 where the floor
-    clamped. The math is right in every form here (the interpreter runs no compiled code): the GPU run
-    (experiments/linear_attention/gpu_gla_bwd_s34.py) and test_gla_backward_dqk_compile's loop test say which build
-    is right."""
+    clamped. d 96 (a dims pair configs leave to CHUNKED_OTHER_DIMS): session 32's form (dqk_VB 32, forms 0) with
+    dqk_dyn, as configs now run it there (a partial last value block). The math is right in every form here (the
+    interpreter runs no compiled code): the GPU run (experiments/linear_attention/gpu_gla_bwd_s34.py) and
+    test_gla_backward_dqk_compile's loop test say which build is right."""
     torch.manual_seed(D)
     q, k, v, g, s0 = make(1, 130, 1, 1, D, D, dtype=F16, decay="channel", h0=True)
     do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
     _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **S33, **switch)
+    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **dict(S33, **switch))
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
     assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
@@ -332,7 +337,7 @@ def test_session33_values_at_d64_and_d32(D, switch):
     g[:, 3, :, 5] = -1e30
     do, dht = torch.randn(v.shape), torch.randn(1, 1, D, D)
     _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
-    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, None, **S33, **switch)
+    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, None, **dict(S33, **switch))
     for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
     live = g >= -100
@@ -358,10 +363,12 @@ def test_value_loop_never_one_constexpr_block(D):
     block as configured, the loop's bound Dv at run time (DYN) in both launches. Off: session 33's VB 64 is one block
     at d 64 (the decision-84 build) and at d 32 (min(64, 32))."""
     BVF = max(16, D)
-    for kw in _dqk_launch_options(D, dqk_two_blocks=True, **S33):
+    for kw in _dqk_launch_options(D, dqk_two_blocks=True, **S33, **OFF):
         assert kw["VB"] < BVF or BVF < 32, kw["VB"]
         assert "DYN" not in kw
     for kw in _dqk_launch_options(D, dqk_dyn=True, **S33):
         assert kw["VB"] == min(64, BVF) and kw["DYN"] is True
-    for kw in _dqk_launch_options(D, **S33):
+    for kw in _dqk_launch_options(D, **S33, **OFF):
         assert kw["VB"] == min(64, BVF) and "DYN" not in kw
+    for kw in _dqk_launch_options(D):  # configs' (dqk_dyn on since session 34's run 3): never a folded loop
+        assert kw["DYN"] is True

@@ -33,7 +33,7 @@ print(json.dumps(out))
 """
 
 
-S31 = dict(dqk_stages=None, dg_local=False, dqk_lean=False, dqk_dotscan=False)  # session 31's dqk forms
+S31 = dict(dqk_stages=None, dg_local=False, dqk_lean=False, dqk_dotscan=False, dqk_dyn=False)  # session 31's forms
 
 
 @pytest.mark.parametrize("blocks, registers, spilled", [
@@ -47,8 +47,8 @@ S31 = dict(dqk_stages=None, dg_local=False, dqk_lean=False, dqk_dotscan=False)  
     # session 32's forms (3 stages, dg_local, dqk_lean, dqk_dotscan) at VB 64: 40 B spilled on sm_90a (VB 32: 76 B), 1.13x
     # faster than session 31's on the H100 all the same (call 3); the wgmma not serialized (G's forward sum as a dot
     # serialized them: it stays a scan)
-    (dict(dqk_form=0), 255, 80),
-    # configs' CHUNKED as it is (session 33: dqk_form 3, one reduction and no span branch): 0 B spilled
+    (dict(dqk_form=0, dqk_dyn=False), 255, 80),
+    # configs' CHUNKED as it is (session 33: dqk_form 3, one reduction and no span branch; session 34: dqk_dyn): 0 B
     ({}, 255, 0),
 ])
 def test_value_loop_dqk_kernel_compiles_without_spills(blocks, registers, spilled):
@@ -123,7 +123,7 @@ def test_one_value_block_is_folded_and_the_switches_keep_the_loop():
     address). dqk_two_blocks (VB 32) and dqk_dyn (one block, the bound Dv at run time) keep a pipelined loop with
     cp.async and no spill; with dqk_dyn the d 64 kernel's PTX is the d 128 kernel's, byte for byte (the build checked
     on the H100 since session 33)."""
-    s33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)
+    s33 = dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_dyn=False)
     folded = _dqk_loop_facts(64, s33)
     assert not folded["loop"] and folded["async_copies"] == 0, folded
     two = _dqk_loop_facts(64, dict(s33, dqk_two_blocks=True))

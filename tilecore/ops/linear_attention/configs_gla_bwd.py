@@ -52,14 +52,15 @@ CHUNKED = dict(
     # 11 / 27 (the diagonal in the intra dots) 1-3% faster in run 6 but dq 1.73x the floor against 1.58: off
     dv_form=5,  # one reduction a key block, two exp tiles (0.977 ms against 1.021, s33 run 4), no flag branch (run 6)
     g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
-    dqk_two_blocks=False,  # session 34: dqk_VB at most half of Dv's block (never a one-block loop, which Triton folds
-    # into straight-line code: wrong on the H100 at d 64, decision 84); off until the GPU checks d 32 / 64
-    dqk_dyn=False,  # session 34: the dqk value loop bounded by Dv at run time (one block stays a loop): not GPU-checked
+    dqk_two_blocks=False,  # dqk_VB at most half of Dv's block (never a one-block loop): right, d 64 2.14 ms against
+    # 2.32 (s34 run 3), but dqk_dyn does the same job and is the d 128 code: off
+    dqk_dyn=True,  # the dqk value loop bounded by Dv at run time (no one-block loop folded into straight-line code,
+    # wrong at d 64: decision 98): right at d 128 / 64 / 32, backward 4.88 / 2.19 / 1.18 ms against 5.03 / 2.32 / 1.24
 )
 
-# the (Dk, Dv) pairs where session 33's dqk_VB, dqk_form and dv_form were checked on the H100; other head dims take
-# session 32's values below: dqk_VB 64 at d 64 is miscompiled (wrong dq / dk or an illegal address, s33 calls 7-8)
-CHUNKED_CHECKED_DIMS = ((128, 128),)
+# the (Dk, Dv) pairs where session 33's dqk_VB, dqk_form and dv_form were checked on the H100 (d 64 and d 32 with
+# dqk_dyn, session 34 run 3: without it dqk_VB 64 at d 64 is miscompiled); other head dims take session 32's values
+CHUNKED_CHECKED_DIMS = ((128, 128), (64, 64), (32, 32))
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
