@@ -5,7 +5,8 @@ at a few shapes (a tail N, strong decays with a reset), then the op's forward + 
 (the kernels alone against the path before: gpu_gla_bwd.py's "shipped" row).
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py          # the GPU (< 60 s)
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py --s34    # d 128, d 64 (+ strong), d 32 (< 70 s)
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py --s34    # d 64 (+ strong), d 32 (< 70 s), and
+        the chunked backward at d 128 with CHUNKED dqk_dyn on / off in 2 interleaved rounds
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_op.py --smoke   # CPU, tiny shapes
 """
 from __future__ import annotations
@@ -71,14 +72,34 @@ def time_fwd_bwd():
     return do_bench(step, warmup=3, rep=200)
 
 
+def time_dyn_rounds(rounds=2):
+    """Session 34's confirmation: the composed chunked backward at B16 H16 N4096 d128 with CHUNKED dqk_dyn on and off,
+    interleaved rounds (ms each)."""
+    from triton.testing import do_bench
+
+    from tilecore.ops.linear_attention import kernels_backward_gla_chunked
+    from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+    q, k, v, g, h0 = inputs(16, 4096, 16, 128)
+    do, dht, ht = torch.randn_like(v), torch.randn_like(h0), torch.randn_like(h0)
+    p = tl_plan(q, v, g, IDENTITY, 64, diag=5)
+    out = {"dyn on": [], "dyn off": []}
+    for _ in range(rounds):
+        for name, dyn in (("dyn on", True), ("dyn off", False)):
+            out[name].append(round(do_bench(lambda: kernels_backward_gla_chunked.backward(
+                p, do, q, k, v, g, h0, ht, dht, 128 ** -0.5, dqk_dyn=dyn), warmup=10, rep=40), 4))
+            print(json.dumps(dict(bwd_d128=name, ms=out[name][-1])), flush=True)
+    return out
+
+
 def main():
     t0 = time.time()
     out = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out, exist_ok=True)
     shapes = [(1, 70, 2, 32, False), (1, 33, 2, 32, True)] if SMOKE else [
         (2, 1000, 4, 128, False), (1, 4097, 2, 128, True), (2, 517, 3, 64, False)]
-    if "--s34" in sys.argv and not SMOKE:  # session 34: the widened dims (d 64 / d 32 with session 33's values)
-        shapes = [(2, 1000, 4, 128, False), (2, 517, 3, 64, False), (1, 1000, 2, 64, True), (2, 517, 3, 32, False)]
+    if "--s34" in sys.argv and not SMOKE:  # session 34: the widened dims (d 64 / d 32 with session 33's values and
+        # dqk_dyn; d 128's kernels were checked by gpu_gla_bwd_s34.py in run 3, and the timing below runs them)
+        shapes = [(2, 517, 3, 64, False), (1, 1000, 2, 64, True), (2, 517, 3, 32, False)]
     rows = []
     for shape in shapes:
         try:
@@ -90,6 +111,8 @@ def main():
     if not SMOKE:
         try:
             times[str(configs_gla_bwd.GLA_BWD_PATH)] = round(time_fwd_bwd(), 3)
+            if "--s34" in sys.argv:
+                times["bwd_d128_rounds"] = time_dyn_rounds()
         except Exception as err:  # noqa: BLE001
             times["error"] = f"{type(err).__name__}: {err}"[:300]
     res = dict(device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
