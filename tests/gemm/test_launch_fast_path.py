@@ -119,11 +119,18 @@ def test_direct_launch_calls_the_launcher_as_the_runner_does(monkeypatch):
     import triton.runtime.driver  # noqa: F401 (the module, which triton.runtime's `driver` object shadows)
     from tilecore.tiles.launch import direct_launch
 
+    import triton.backends.nvidia.driver as nvidia_driver
+
+    if getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None) != 13:  # triton 3.7 on: another launch convention
+        assert direct_launch(types.SimpleNamespace(run=nvidia_driver.CudaLauncher.__new__(nvidia_driver.CudaLauncher),
+                                                   function=1, packed_metadata=1)) is None
+        pytest.skip("this triton's launcher is not 3.6's: direct_launch declines it (the runner launches)")
     monkeypatch.setattr(sys.modules["triton.runtime.driver"], "driver", types.SimpleNamespace(active=types.SimpleNamespace(
         get_current_stream=lambda device: 1000 + device, get_current_device=lambda: 3)))
     calls = []
-    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0,
-                                                 launch_cooperative_grid=False, launch_pdl=True))
+    # (a launcher of triton's nvidia driver module, whose _BASE_ARGS_FORMAT_LEN names 3.6's convention)
+    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                                 launch_pdl=True, __module__=nvidia_driver.__name__))
     run = CudaLauncher()
     run.launch = lambda *a: calls.append(a)
     compiled = types.SimpleNamespace(run=run, function=77, packed_metadata="packed")
@@ -133,3 +140,20 @@ def test_direct_launch_calls_the_launcher_as_the_runner_does(monkeypatch):
     run.global_scratch_size = 64
     assert direct_launch(compiled) is None
     assert direct_launch(types.SimpleNamespace(run=lambda *a: None, function=1, packed_metadata=1)) is None
+
+
+def test_direct_launch_declines_a_launcher_of_another_convention(monkeypatch):
+    """Triton 3.7 on calls its C launcher with the hooks first and the kernel's arguments as one tuple after their
+    annotations (its driver module has no _BASE_ARGS_FORMAT_LEN): direct_launch's 3.6 call would hand it the wrong
+    values, so it declines (the runner launches), found under the compat matrix's 3.7-3.9 (session 34)."""
+    import types
+
+    import triton.backends.nvidia.driver as nvidia_driver
+    from tilecore.tiles.launch import direct_launch
+
+    monkeypatch.setattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", 16, raising=False)
+    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                                 launch_pdl=False, launch=lambda *a: None, __module__=nvidia_driver.__name__))
+    assert direct_launch(types.SimpleNamespace(run=CudaLauncher(), function=1, packed_metadata=1)) is None
+    monkeypatch.delattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN")
+    assert direct_launch(types.SimpleNamespace(run=CudaLauncher(), function=1, packed_metadata=1)) is None

@@ -30,8 +30,10 @@ def fake_gluon_kernel(monkeypatch):
     monkeypatch.setattr(sys.modules["triton.runtime.driver"], "driver", types.SimpleNamespace(
         active=types.SimpleNamespace(get_current_stream=lambda device: 1000 + device, get_current_device=lambda: 0)))
     received = []
-    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0,
-                                                 launch_cooperative_grid=False, launch_pdl=False))
+    if getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None) != 13:
+        pytest.skip("this triton's launcher is not 3.6's: direct_launch declines it (the runner launches)")
+    CudaLauncher = type("CudaLauncher", (), dict(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                                 launch_pdl=False, __module__=nvidia_driver.__name__))
     run = CudaLauncher()
     run.launch = nvidia_driver.wrap_handle_tensordesc(lambda *a: received.append(a), SIGNATURE, METAS)
     return types.SimpleNamespace(run=run, function=7, packed_metadata="packed"), received, encoded

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import inspect
 import operator
+import sys
 import threading
 
 import torch
@@ -107,9 +108,11 @@ class TmaOperand:
     swizzle the box allows, as gluon_descriptor). The launch that compiles the kernel gets the checked
     TensorDescriptor (:meth:`descriptor`); later launches hand this object to Triton's launcher, which
     reads only its base, shape, strides and padding (the box and the swizzle are compiled in), so a
-    launch skips TensorDescriptor's checks and layout work."""
+    launch skips TensorDescriptor's checks and layout work. ``round_f32_to_tf32``: the field triton 3.7 added to
+    Gluon's TensorDescriptor, which its launcher reads (False: TensorDescriptor's default, the one tilecore's
+    descriptors take); without it tma_operand_problem turned every kept launch of a TMA kernel off under 3.7-3.9."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding", "round_f32_to_tf32")
 
     def __init__(self, t: torch.Tensor, block: list[int], shape=None, strides=None, layout=None):
         self.base = t
@@ -118,6 +121,7 @@ class TmaOperand:
         self.block_shape = list(block)
         self.layout = layout
         self.padding = "zero"
+        self.round_f32_to_tf32 = False
 
     @property
     def key(self) -> tuple:
@@ -469,11 +473,16 @@ def direct_launch(compiled, operands: dict | None = None):
     launcher allocates scratch through two more closures, ~5 us of host time a launch together. Made
     only for a CudaLauncher that needs no scratch memory, whose parts are all where 3.6 has them;
     None otherwise (the runner then). CachedLaunch uses it only while no launch hook is installed
-    (a profiler's: :func:`_launch_hooks`)."""
+    (a profiler's: :func:`_launch_hooks`). 3.6's convention is checked by its driver module's
+    ``_BASE_ARGS_FORMAT_LEN`` (13 base arguments, then the kernel's): triton 3.7 on passes the hooks first and the
+    kernel's arguments as one tuple after their annotations, which this call would hand the wrong values (session
+    34: found under the compat matrix's 3.7-3.9, whose kernels were compile-checked but whose launches never ran)."""
     run = getattr(compiled, "run", None)
     function = getattr(compiled, "function", None)
     packed = getattr(compiled, "packed_metadata", None)
     if type(run).__name__ != "CudaLauncher" or function is None or packed is None:
+        return None
+    if getattr(sys.modules.get(type(run).__module__), "_BASE_ARGS_FORMAT_LEN", None) != 13:
         return None
     launch = getattr(run, "launch", None)
     if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
@@ -795,8 +804,14 @@ def tma_operand_problem() -> str | None:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     except ImportError as err:
         return f"no Gluon TensorDescriptor ({err})"
-    missing = [f.name for f in dataclasses.fields(TensorDescriptor) if f.name not in TmaOperand.__slots__]
-    return f"TensorDescriptor has fields TmaOperand lacks: {missing}" if missing else None
+    fields = dataclasses.fields(TensorDescriptor)
+    missing = [f.name for f in fields if f.name not in TmaOperand.__slots__]
+    if missing:
+        return f"TensorDescriptor has fields TmaOperand lacks: {missing}"
+    # the fields TmaOperand holds as constants: TensorDescriptor's defaults, which tilecore's descriptors take
+    constants = {"padding": "zero", "round_f32_to_tf32": False}
+    changed = [f.name for f in fields if f.name in constants and f.default != constants[f.name]]
+    return f"TensorDescriptor's defaults changed for {changed}" if changed else None
 
 
 def tma_describable(t: torch.Tensor) -> bool:
