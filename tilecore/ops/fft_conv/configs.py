@@ -31,14 +31,15 @@ GLUON_ONEPASS: dict = {
 # until a GPU run checks it and finds it faster than the shipped path (long at 8192): experiments/fft_conv/gpu_order3.py
 # (programs a SM, CONTIG, k1 values a chunk, a2 columns a wait in 1a / 1'a[, KPRE[, XT]]); sm_90a at 8192: (.., 1, 1)
 # 173 registers, 0 spill, 98.5 KiB, 36 waits; (.., 2, 1) 211, 0, 105.5 KiB; (.., 2, 2) 210, 0, 105.5 KiB, 20 waits;
-# (.., 1, 2, 1) 176, 0; (.., 2, 2, 0, True) 222, 0
+# (.., 1, 2, 1) 176, 0; (.., 2, 2, 0, XT 1) 222, 0; XT 2 (and T's columns in the wgmma's layouts: 45 barriers in the
+# PTX against 278) 212, 0
 GLUON_ORDER3: dict = {
     8192: (2, True, 2, 2),  # 1.620 ms = 2.41x torch.fft vs the long path's 2.388 (s34 call 3)
 }
-GLUON_ORDER3_CANDIDATES = {8192: [(2, True, 2, 2), (2, True, 2, 2, 0, True)],  # (s34 call 3: KG 1 1.863, KPRE 1 1.896)
+GLUON_ORDER3_CANDIDATES = {8192: [(2, True, 2, 2, 0, 1), (2, True, 2, 2, 0, 2)],  # (s34 call 3: KG 1 1.863, KPRE 1 1.896)
                            16384: [(1, True, 1, 2)],  # 204 registers, 0 spill, 169.5 KiB (KG 2 spills 136 B, XT 632 B)
-                           # 4096 (A2 = 8): KG 2 145 registers, 66.5 KiB (3 a SM; XT 146); KG 4 245, 73.5 KiB
-                           4096: [(3, True, 2, 2), (3, True, 2, 2, 0, True), (2, True, 4, 2, 0, True)]}
+                           # 4096 (A2 = 8): KG 2 145 registers, 66.5 KiB (3 a SM; XT 1 146, XT 2 142); KG 4 245, 73.5 KiB
+                           4096: [(3, True, 2, 2, 0, 2), (3, True, 2, 2, 0, 1), (2, True, 4, 2, 0, 2)]}
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
