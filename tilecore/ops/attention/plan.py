@@ -146,11 +146,11 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
 # Hopper's 227 KiB a block (Q buffers + K and V stages + 4 KiB). NAPKIN_FORWARD_TOPK > 0: the plan
 # times the napkin's top k and the table's row once a (size bucket, dtype, device) and keeps the
 # fastest (timed_forward_config; window calls and Dv != D keep the table; only CUDA tensors are
-# timed: meta and CPU plans keep the table either way). 0: off, until
-# experiments/napkin/gpu_topk_configs.py --attention shows the pick no worse than the table. On: 3 (on the
-# H100 the pick was the sweep's best on 6 of 6 shapes in two runs; notes/napkin).
+# timed: meta and CPU plans keep the table either way). 0: off: a pick timed over ~20 ms a candidate is not
+# stable across processes (it chose 64-key blocks at D128 N4096 once, 0.89x the table, other bits), and the
+# table's row was the fastest or within 0.7% in steady state where the pick differed (notes/napkin).
 FORWARD_SMEM = 227 * 1024 - 4096
-NAPKIN_FORWARD_TOPK = 3
+NAPKIN_FORWARD_TOPK = 0
 NAPKIN_TIMED_MS = 20.0  # a candidate's timing: do_bench's median over about this many ms (L2 flushed)
 _FORWARD_PICKS: OrderedDict = OrderedDict()  # the timed picks, least recently made first
 _FORWARD_PICKS_MAX = 256
