@@ -55,7 +55,7 @@ CHUNKED = dict(
     dqk_two_blocks=False,  # dqk_VB at most half of Dv's block (never a one-block loop): right, d 64 2.14 ms against
     # 2.32 (s34 run 3), but dqk_dyn does the same job and is the d 128 code: off
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time (no one-block loop folded into straight-line code,
-    # wrong at d 64: decision 98): right at d 128 / 64 / 32, backward 4.88 / 2.19 / 1.18 ms against 5.03 / 2.32 / 1.24
+    # wrong at d 64: decision 98): right at d 128 / 64 / 32; d 64 / 32 2.19 / 1.18 ms against 2.32 / 1.24, d 128 equal
 )
 
 # the (Dk, Dv) pairs where session 33's dqk_VB, dqk_form and dv_form were checked on the H100 (d 64 and d 32 with
