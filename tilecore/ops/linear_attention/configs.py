@@ -68,8 +68,8 @@ HEDGEHOG_FUSED_MAP_GRAD = True
 # the map kernels' projection dot: "tf32x3" (tensor cores; float32's accuracy but for lo x lo): checked at the map's
 # floor, fwd+bwd 2.45 ms against ieee's 3.26 (same run); ieee spills from Dk x F 64 x 64 up in the backward
 HEDGEHOG_MAP_PRECISION = "tf32x3"
-# the same for bf16 / fp16 inputs (None: HEDGEHOG_MAP_PRECISION): "tf32" (one tensor-core product; W and dproj rounded
-# to tf32, ~5e-4 relative, under a 16-bit output's rounding; sm_90a bwd 64x32 at 64 rows 158 registers): never GPU-run
+# the same for bf16 / fp16 inputs (None: HEDGEHOG_MAP_PRECISION): "tf32" (one tensor-core product) off: checked, fwd+bwd
+# 1.06x but the forward slower and dq / dk 5-7% further from float64 (decision 98)
 HEDGEHOG_MAP_PRECISION_16: str | None = None
 # the map backward's (rows, warps) by Dk x F (each padded to a power of two >= 16) up to the first number: what compiles
 # for sm_90a with tf32x3 without spilling (64 rows at 64 x 32: 231 registers; 64 x 64: 228 at 32 rows; 128 x 64 at 32
