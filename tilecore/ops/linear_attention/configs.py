@@ -63,7 +63,7 @@ GLUON_S32: dict = {True: ("lean",)}
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's
-# 26.29 with W's gradient (session 34 call 1, runs/based_s33b_timeout_run1_session34; decision 95)
+# 11.45-26.29 with W's gradient (decision 95)
 HEDGEHOG_FUSED_MAP_GRAD = True
 # the map kernels' projection dot: "tf32x3" (tensor cores; float32's accuracy but for lo x lo): checked at the map's
 # floor, fwd+bwd 2.45 ms against ieee's 3.26 (same run); ieee spills from Dk x F 64 x 64 up in the backward
