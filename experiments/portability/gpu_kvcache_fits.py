@@ -73,9 +73,12 @@ def run_case(label, paged, nq, seed):
         as_block(limit)
         call = lambda: tilecore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=causal)
         out = call()
-        entry = next(iter(kv._LAYOUTS._data.values()), None)  # LRU entries are [value, used]
-        layout = entry[0] if entry else None
-        cfg = (layout.split_options["BLOCK_N"], layout.split_options["num_stages"]) if layout else None
+        # the split kernel's options: a kept launch's (_LAUNCHES, where BIND_KEYED_LAUNCHES keeps the key's
+        # _DecodeLaunch: call 4 read _LAYOUTS alone and found none) or the layout's; LRU entries are [value, used]
+        kept = next(iter(kv._LAUNCHES._data.values()), None)
+        entry = next(iter(kv._LAYOUTS._data.values()), None)
+        options = kept[0].split.kwargs if kept else entry[0].split_options if entry else None
+        cfg = (options["BLOCK_N"], options["num_stages"]) if options else None
         err = accuracy.error_over_floor(out, ref.to(out.device))
         finite = bool(torch.isfinite(out).all())
         again = call()  # the kept launch (second call of the key): the same bits
