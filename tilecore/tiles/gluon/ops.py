@@ -184,11 +184,13 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
     applies it to an accumulator; here the caller does, in the accumulator's layout, when it is
     done with the tensor cores). As the twin: m starts at -inf and masked scores are -inf; while a
     row's max is still -inf the shift is 0 (exp2(-inf - -inf) would be NaN), so such a row keeps
-    l = 0 and P = 0; a NaN or +inf score makes its row's P and l NaN. So does a finite score whose
-    scaled value overflows (m = +inf): the shift is then NaN, since exp2_scaled's FMA keeps s * c
-    exact and would give exp2(s * c - inf) = 0, where the twin's rounded s * c gives inf - inf."""
+    l = 0 and P = 0; a NaN or +inf score makes its row's P and l NaN. A finite score whose scaled
+    value overflows (m = +inf) makes its row NaN too, but at the end: ``online_softmax_result`` takes
+    such a row's l for NaN (here exp2_scaled's FMA keeps s * c exact, so exp2(s * c - inf) = 0 where
+    the twin's rounded s * c gives inf - inf; a max, once +inf, stays +inf). Not a select a step:
+    that cost the D64 three-consumer forward 2-5% on the H100 (notes/tiles)."""
     m_new = gl.maximum(m_i, row_max(s) * scale_log2e)
-    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = exp2_scaled(s, scale_log2e, m_ref)
     alpha = gl.exp2(m_i - m_ref)
     return m_new, l_i * alpha + row_sum(p), p, alpha
@@ -198,8 +200,10 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
 def online_softmax_result(m, l, acc):
     """The rows' output acc / l and their lse (natural log: (m + log2 l) / log2 e) after the last
     online-softmax step: a row with no key (l = 0) gets 0 and -inf; a row whose l is NaN (a NaN or
-    +inf score) NaN and NaN ("no key" is l == 0, not "not l > 0", which a NaN l passes too).
+    +inf score) NaN and NaN ("no key" is l == 0, not "not l > 0", which a NaN l passes too), and so
+    does a row whose max m is +inf (a scaled score overflowed; see ``online_softmax_update``).
     The ``tl`` twin is ``tiles.ops.online_softmax_result``."""
+    l = gl.where(m == float("inf"), float("nan"), l)
     no_key = l == 0.0
     l_safe = gl.where(no_key, 1.0, l)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, acc.type.layout)), 1)
