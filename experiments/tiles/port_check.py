@@ -9,7 +9,8 @@ is faster) from the medians of the rounds.
 
     python experiments/tiles/port_check.py --old .port/old --new .port/new [--rounds 3] [--out DIR] [--only attn]
 
-``--only TEXT`` keeps the cases whose name contains TEXT (``attn``: the attention forward and backward).
+``--only TEXT`` keeps the cases whose name contains TEXT (``attn``: the attention forward and backward; several
+texts separated by commas: any of them).
 """
 import argparse
 import hashlib
@@ -23,8 +24,8 @@ import sys
 
 def cases(only: str = ""):
     """(name, kind, params): the ported kernels' shipped configurations, at sizes that fill the chip."""
-    if only:
-        return [c for c in cases() if only in c[0]]
+    if only:  # comma-separated: a case whose name contains any of them
+        return [c for c in cases() if any(part and part in c[0] for part in only.split(","))]
     out = []
     for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 256), (1024, 1024, 16384)):
         out.append((f"gemm bf16 {m}x{n}x{k}", "gemm", dict(m=m, n=n, k=k)))
