@@ -40,7 +40,7 @@ from tilecore.ops.attention.reference import attention_reference, effective_wind
 BUDGET_S = 120.0
 START = [time.time()]
 RESULTS = {"check": [], "time": [], "errors": []}
-# dQ modes; "+drawn": tiles drawn from a counter (the kernel's tile_counter) instead of program p taking p, p + P, ...
+# dQ modes
 MODES = ("lagged", "fused", "gluon")  # fused: shipped since run 5 (configs.GLUON_BACKWARD_WINDOW_DQ)
 
 
@@ -97,7 +97,7 @@ def backward_plan(dout, q, k, v, causal, window, dq_from, softcap=0.0):
     base = plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, softcap=softcap)
     if dq_from is None or SMOKE:  # the interpreter: the plan's own path (Gluon does not run there)
         return base, c, w
-    cfg = dict(base.config, dq_from=dq_from.split("+")[0], kv_regs=False, drawn="+drawn" in dq_from)
+    cfg = dict(base.config, dq_from=dq_from, kv_regs=False)
     return plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, config=cfg, softcap=softcap), c, w
 
 

@@ -100,33 +100,3 @@ def test_gluon_producer_draws_rows_and_resets_the_counter():
     counts = {line.split()[0]: tuple(int(v) for v in line.split()[1:]) for line in r.stdout.splitlines()}
     assert counts["True"][0] >= 2 and counts["True"][1] >= 1, counts
     assert counts["False"] == (0, 0), counts
-
-
-ATTENTION_PTX_SCRIPT = """
-import re, sys, torch
-from tilecore.bench.reports import attention as report
-from tilecore.ops.attention import configs
-for d in (64, 128):  # D = 64: the dQ warpgroup (the helper partition) receives the drawn ids too
-    for drawn in (True, False):
-        compiled, _ = report.compile_gluon_backward(d, False, cfg=dict(configs.GLUON_BACKWARD[d, False], drawn=drawn))
-        ptx = compiled.asm["ptx"]
-        print(d, drawn, len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.add", ptx)),
-              len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.exch", ptx)), int("wgmma.mma_async" in ptx))
-"""
-
-
-def test_attention_backward_draws_its_tiles_with_and_without_the_helper():
-    """The attention backward with drawn tiles (an option: measured no faster, notes/attention/README.md,
-    session 19) compiles at D = 64, where the template's helper partition takes the ids from the
-    same ring as the consumers, and at D = 128: draws and reset in the PTX, none when dealt."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", ATTENTION_PTX_SCRIPT], capture_output=True, text=True, env=env,
-                       timeout=900, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [line.split() for line in r.stdout.splitlines() if line.strip()]
-    counts = {(int(d), drawn == "True"): (int(a), int(x), int(w)) for d, drawn, a, x, w in rows}
-    for d in (64, 128):
-        adds, exchanges, wgmma = counts[d, True]
-        assert adds >= 2 and exchanges >= 1 and wgmma == 1, (d, counts)
-        assert counts[d, False][:2] == (0, 0), (d, counts)

@@ -110,8 +110,7 @@ def _descriptor(t, rows: int):
 
 def _schedule(causal: bool, cfg: dict):
     """What the launchers pass for the tile schedule: a table (causal, balanced) or None."""
-    drawn = cfg.get("drawn", False)
-    return torch.empty(64, dtype=torch.int32) if causal and cfg.get("balanced", True) and not drawn else None
+    return torch.empty(64, dtype=torch.int32) if causal and cfg.get("balanced", True) else None
 
 
 def gluon_forward_resources(d: int, causal: bool = True, dtype=torch.bfloat16, cfg: dict | None = None,
@@ -171,7 +170,6 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
                 dq_desc=gluon_descriptor(dq_sum, launch.dq_box(bm, d, cfg["dq_from"])), H=16, N=4096,
                 Nk=4096, GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
                 schedule=_schedule(causal and not window, cfg),
-                tile_counter=torch.zeros(1, dtype=torch.int32) if cfg.get("drawn") else None,
                 left=1024 if window else 0, right=0, tanh_scale=0.1 if softcap else 0.0, CAUSAL=causal and not window,
                 STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
                 WINDOW=window, SOFTCAP=softcap)

@@ -24,7 +24,7 @@ from tilecore.ops.attention_cpu.launch import (backward_sdpa, forward_sdpa, laun
                                               launch_backward_sdpa, launch_forward_reference, launch_forward_sdpa)
 from tilecore.ops.attention_decode.launch import launch_decode
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, tile_counter, tl_addressable,
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, tl_addressable,
                                    tma_describable)
 
 FWD = CachedLaunch(kernels_tl.attn_fwd)
@@ -306,8 +306,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
                                  window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The Gluon backward kernel alone (gluon_backward.py): dk, dv, and where the plan's dq_from adds
     it in the kernel scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder
-    otherwise), from the rows' lse and delta in ``stats`` (backward_preprocess's); with ``drawn``
-    each program draws its next tile from a counter as it gets to it. A window and a softcap as the
+    otherwise), from the rows' lse and delta in ``stats`` (backward_preprocess's). A window and a softcap as the
     forward takes them (WINDOW, SOFTCAP; causal folded into a window)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -330,7 +329,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              head_operand(dout, block_m), head_operand(dk, block_n), head_operand(dv, block_n),
              row_stats_operand(stats, block_m), TmaOperand(dq_sum, dq_box(block_m, D, cfg["dq_from"])),
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
-             plan.schedule, tile_counter(q.device) if cfg.get("drawn") else None, left, right, tanh_scale),
+             plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
                  KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
 

@@ -330,7 +330,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     # blocks together, so they share a few blocks of the group's rows at a time
     head_group = heads_in_l2(2 * N * D * q.element_size())
     schedule = None
-    if causal and cfg.get("balanced", True) and not cfg.get("drawn", False):
+    if causal and cfg.get("balanced", True):
         if H == Hkv:
             schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, 1,
                                        grid[0])

@@ -471,14 +471,13 @@ def ds_layout(dtype):
 
 @gluon.jit
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
-                         scale, scale_log2e, num_bhk, head_group, schedule, tile_counter, left, right, tanh_scale,
+                         scale, scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
                          WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, WALK_DOWN: gl.constexpr = 0):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
-    producer warp. Each program takes its tiles from ``schedule`` (a balanced table), round-robin
-    (both None), or draws them from ``tile_counter`` as it gets to them (in tile-id order: the head
-    groups' L2 reuse stays). ``WINDOW`` (not with CAUSAL, which the launcher folds into the window)
+    producer warp. Each program takes its tiles from ``schedule`` (a balanced table) or round-robin
+    (None). ``WINDOW`` (not with CAUSAL, which the launcher folds into the window)
     and ``SOFTCAP`` as the forward's (gluon_kernels.py): left, right, and tanh_scale = scale / cap
     with scale_log2e = cap log2(e)."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
@@ -507,7 +506,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
                            tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP, WALK_DOWN)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240, PRODUCER_REGS=24,
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
-                    tile_counter=tile_counter, helper=Helper(4, 88) if DQ == 4 else None)
+                    helper=Helper(4, 88) if DQ == 4 else None)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
     run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
     for j in gl.static_range(2):
