@@ -97,7 +97,7 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     leaves free (sm_margin_value)."""
     sm_margin = sm_margin_value(sm_margin, q.device)
     B, H, N, D = q.shape
-    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    Nk, Dv = k.shape[2], v.shape[3]
     interpret = dispatch.interpreted(q.device)
     used = features(q, v, causal, window, softcap)
     if path is None:
