@@ -34,6 +34,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # their code, and this table's entries for them, at commit 741bc3b)
     "default": {}, "st2": dict(stages=2), "q1": dict(q_buffers=1),
     "exp2": dict(p_linear=0),  # P by exp2, rounded (the default before session 33; p_linear 1 since)
+    "vblock": dict(_v_block=True),  # v's descales per block of 128 keys (session 34; not a config key: the descale's shape)
 }
 
 
@@ -96,24 +97,28 @@ def counts(instructions) -> dict:
     return c
 
 
-def compile_variant(D: int, causal: bool, overrides: dict):
+def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = False):
+    """``e2e_forms``: q's descales per row and k's per 128-key block (the convenience path's) instead of per head."""
     from tilecore.ops.attention_fp8 import configs, gluon_fp8, launch
     from tilecore.tiles.compile import compile_kernel, resources
     from tilecore.tiles.launch import gluon_descriptor
 
+    overrides = dict(overrides)
+    v_block = overrides.pop("_v_block", False)
     cfg = dict(configs.gluon_config(D, causal), **overrides)
     f8 = torch.float8_e4m3fn
     q = torch.empty(16, 16, 4096, D, dtype=f8)
     vt = torch.empty(16, 16, D, 4096, dtype=f8)
     o = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
     f32 = torch.empty(8192)
-    opts = launch.gluon_options(q, q, cfg, causal)  # the launch's options, per-head descales
+    k_n, k_rows = (32, 128) if e2e_forms else (1, 1)
+    opts = launch.gluon_options(q, q, cfg, causal, e2e_forms, e2e_forms, k_n, k_rows, v_block)  # the launch's options
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(q, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
-                q_n_scales=1, q_rows_per_scale=1, k_n_scales=1, k_rows_per_scale=1, num_bh=256, head_group=16,
-                schedule=None, v_n_scales=1)
+                q_n_scales=4096 if e2e_forms else 1, q_rows_per_scale=1, k_n_scales=k_n, k_rows_per_scale=k_rows,
+                num_bh=256, head_group=16, schedule=None, v_n_scales=32 if v_block else 1)
     num_warps = opts.pop("num_warps")
     k = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     return k, resources(k)
@@ -164,6 +169,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--e2e", action="store_true", help="q's descales per row, k's per 128-key block (the convenience "
+                    "path's; default per head)")
     ap.add_argument("--variants", default="default")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dump", default=None, help="write the SASS of the (last) variant's softmax block here")
@@ -171,7 +178,7 @@ def main():
     out = []
     for name in args.variants.split(","):
         t0 = time.time()
-        k, r = compile_variant(args.d, args.causal, VARIANTS[name])
+        k, r = compile_variant(args.d, args.causal, VARIANTS[name], args.e2e)
         rec = dict(variant=name, D=args.d, causal=args.causal, registers=r.registers, spill_stores=r.spill_stores,
                    spill_loads=r.spill_loads, shared=r.shared, wgmma_serialized=r.wgmma_serialized, **analyse(k),
                    compile_s=round(time.time() - t0, 1))
@@ -179,7 +186,7 @@ def main():
         print(json.dumps(rec), flush=True)
         if args.dump:
             rows = sass_rows(k.asm["cubin"])
-            with open(args.dump, "w") as f:
+            with open(args.dump.replace("{}", name), "w") as f:
                 f.write("\n".join(f"{a:05x} {i}" for a, i in rows))
     print(f"\nD{args.d} {'causal' if args.causal else 'full'}: per thread; softmax block (the most MUFU.EX2) / steady "
           "step (HGMMA issue to the block's end)")

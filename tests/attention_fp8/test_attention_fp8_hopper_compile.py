@@ -88,10 +88,11 @@ def test_e4m3_wgmma_tma_and_bounded_spills(report):
 
 
 def test_v_descales_per_block_load_one_scalar_a_step(report):
-    # v per block: a scalar load a step and block 0's at a tile's start, in place of the head's in finish (the PTX's
-    # global load sites: 12 against 10 at D64 causal); spills as without (0: test above)
+    # v per block: a scalar load a step (the next step's block: a step ahead) and blocks 0 and 1 at a tile's start, in
+    # place of the head's in finish (the PTX's global load sites: 14 against 10 at D64 causal); spills as without (0:
+    # test above)
     plain, vblock = report[1], report[2]
-    assert plain["global_loads"] < vblock["global_loads"] <= plain["global_loads"] + 2, (plain, vblock)
+    assert plain["global_loads"] < vblock["global_loads"] <= plain["global_loads"] + 4, (plain, vblock)
 
 
 def test_p_cast_late_packs_four_bytes_a_register(report):

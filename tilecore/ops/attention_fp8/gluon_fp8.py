@@ -154,7 +154,7 @@ class Running:
     register-operand order, rounded to e4m3 for the next P V), its rows, its rows' base-2 score scale (q's descale x
     softmax scale x log2 e: one value, or per row), l (of 2^8 p) in every column of a [BM, L_COLS] tile in the
     wgmma layout (row_sum_mma's accumulator), and with V_PER_BLOCK the descale of the V block whose P V comes next
-    (acc is held in its units; else 1.0, unused)."""
+    (acc is held in its units) and the next block's (loaded a step ahead; else 1.0, unused)."""
     m: object
     acc: object
     p: object
@@ -162,6 +162,7 @@ class Running:
     q_scale: object
     l_acc: object
     vd: object  # V_PER_BLOCK: the descale of the V block whose P V is next (acc is carried in its units)
+    vn: object  # V_PER_BLOCK: the block's after it (loaded a step ahead)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # row_sum_mma: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -254,19 +255,23 @@ class AttentionFp8:
         p = gl.zeros([self.BM, self.BN], gl.float32, self.P)
         l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
         vd = 1.0
+        vn = 1.0
         if self.V_PER_BLOCK:
             vd = self.v_block_scale(tile.bh, 0)
-        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd)
+            vn = self.v_block_scale(tile.bh, 1)
+        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn)
 
     @gluon.jit
     def v_block_scale(self, bh, block):
         """V_PER_BLOCK: the descale of kv head bh's V block ``block`` (of BN keys). acc is carried in the units of
         the block whose P V is next: when step j (1 <= j < n) rescales acc by alpha it also multiplies by
         d_{j-1} / d_j, so that P_j V8_j adds in d_j's units; finish multiplies by the last block's d. One scalar
-        load and a division a step (2 multiplies a thread folded into alpha's)."""
+        load a step, a step ahead (loaded in the step that uses it, ptxas put it in S's accumulator registers and the S
+        issue waited for P's conversion: 7% slower, session 34 run 3), and a division (2 multiplies a thread folded
+        into alpha's). A block past the last reads the last (unused)."""
         b, h, hk = head_of(bh, self.H, self.GROUP)
         bhk = b * (self.H // self.GROUP) + hk
-        return gl.load(self.v_scales + bhk.to(gl.int64) * self.v_n_scales + block)
+        return gl.load(self.v_scales + bhk.to(gl.int64) * self.v_n_scales + gl.minimum(block, self.v_n_scales - 1))
 
     @gluon.jit
     def key_scales(self, st, first_key):
@@ -369,12 +374,10 @@ class AttentionFp8:
             m, p32, alpha = self.softmax(s, st, 0, k_scale)
             st = st.replace(m=m, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
-            if self.V_PER_BLOCK:  # (loaded before the wgmma are issued: its latency under them)
-                vd = self.v_block_scale(st.rows.bh, step)
             m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
-            if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's
-                acc = acc * as_column(alpha * (st.vd / vd), self.O)
-                st = st.replace(vd=vd)
+            if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's (st.vn)
+                acc = acc * as_column(alpha * (st.vd / st.vn), self.O)
+                st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
             else:
                 acc = acc * as_column(alpha, self.O)
             l_acc = l_acc * as_column(alpha, self.L)
