@@ -22,36 +22,23 @@ GLUON_FP8 = dict(block=(128, 256, 128), stages=3, group_m=8, num_warps=8, epilog
 # issue 36 part 4: the Gluon rows chosen per shape from the napkin's ranking (plan.napkin_configs: its
 # top NAPKIN_TOPK of GLUON_CANDIDATES that the kernel takes, plus the table's row above), timed once a
 # (shape bucket, dtypes, operand form, device) on the caller's operands (plan.timed_config). 0: off,
-# the table rows above. H100, session 29 run 8 and session 30 run 1 (experiments/napkin/gpu_topk_configs.py,
-# every row checked against float64): the top-4 pick was the sweep's best on 9 of 9 bf16 shapes both times,
-# never slower than the table (skinny M 64: the table 1.19-1.21x the pick); on: 4 (the lead, session 30; a warm
-# disk cache adds 0.03-0.11 s to a bucket's first call, a cold one 2.4-3.5 s of compiles)
+# the table rows above. On: 4 (the top-4 pick the H100 sweep's best on 9 of 9 bf16 shapes in two runs, never
+# slower than the table; a cold disk cache costs a bucket's first call 2.4-3.5 s of compiles; notes/napkin)
 NAPKIN_TOPK = 4
-# ... for fp8 operands too (else fp8 keeps GLUON_FP8). Off in session 30: its do_bench timer read the launch's
-# host time at M 256 (a 47-70 us kernel) and picked a row 1.17x slower than the table. On since session 31
-# (HH), timed by the CUDA-graph clock (NAPKIN_CLOCK_FP8 below): H100 runs 1 and 5 of gpu_topk_configs.py --fp8
-# --graph (notes/napkin/runs/topk_fp8_graph_*session31*), 10 fp8 shapes, every row right against float64: by
-# GPU time the pick 1.41-1.42x / 1.25x the table at M 64 / M 256, 1.00-1.05x elsewhere; run 5 never slower than
-# the table on any shape by either clock, run 1 0.958x at 8192^3 (inside the clock's 2-4% repeat spread)
+# ... for fp8 operands too (else fp8 keeps GLUON_FP8). On, timed by the CUDA-graph clock (NAPKIN_CLOCK_FP8):
+# the pick 1.41x / 1.25x the table at M 64 / M 256 by GPU time, 1.00-1.05x elsewhere (do_bench's timer read host
+# time on these short kernels; notes/napkin/runs/topk_fp8_graph_*)
 NAPKIN_TOPK_FP8 = True
 # a candidate's timing: triton.testing.do_bench's median over about this many ms of launches, each after
-# an L2 flush (H100 run 3 of session 29: the median of 5 back-to-back CUDA-event launches read the host's
-# enqueue time at K = 128 / 256 (70-80 us against do_bench's 22-60) and picked rows 9-11% slower). 5 ms:
-# session 30's run 1 picked the same bf16 rows at 5, 10 and 20 ms (9 of 9 shapes), the first call's timing
-# 0.026-0.109 s at 5 ms against 0.096-0.190 at 20 (kernels compiled; compiling the extra candidates adds
-# 2.4-3.5 s once a process where Triton's cache does not hold them)
+# an L2 flush (back-to-back CUDA-event launches read the host's enqueue time). 5 ms picked the same bf16 rows
+# as 10 and 20 ms on 9 of 9 shapes at a third of the first call's timing (notes/napkin)
 NAPKIN_TIMED_MS = 5.0
-# the clock a candidate is timed by (launch.time_plans): "do_bench" (the launch's median after an L2 flush,
-# what sessions 29-30 picked the bf16 rows by) or "graph" (the launch captured once into a CUDA graph, the
-# replays timed by CUDA events: GPU time alone, no host time; issue 36, session 31). fp8 is timed by the
-# graph: session 30's do_bench read host time at fp8 M 256 (above); session 31's runs 1 and 5: NAPKIN_TOPK_FP8.
-# "agree" (session 34, HG): the table's row unless both clocks time a candidate faster (plan.agreed_pick: every
-# candidate by do_bench, then the table and do_bench's winners by the graph). Why bf16 might want it: session 33's
-# run 2 (notes/napkin/runs/topk_bf16g33_run2_session33_h100.txt): by GPU time do_bench's pick was 1.083-1.088x
-# slower than the table at K256 and qkv T8192, while the graph's pick lost 1.060x by do_bench at K256 (operands
-# kept in L2 across replays): each clock's pick is the other's loser where the operands fit L2. Session 34's run 3
-# (notes/napkin/runs/topk_agree_run3_session34_h100.txt): the agree pick the table or better by both clocks on 9 of
-# 9 bf16 shapes, but the same rows as do_bench's pick in that run, at up to 0.14 s more at a first call: not taken
+# the clock a candidate is timed by (launch.time_plans): "do_bench" (the launch's median after an L2 flush) or
+# "graph" (the launch captured once into a CUDA graph, the replays timed by CUDA events: GPU time alone, no host
+# time; issue 36). fp8 by the graph (do_bench read host time at fp8 M 256). "agree": the table's row unless both
+# clocks time a candidate faster (plan.agreed_pick; each clock's pick can be the other's loser where the operands
+# fit L2); bf16 keeps do_bench: agree picked the same rows on 9 of 9 shapes at up to 0.14 s more at a first call
+# (notes/napkin: its decision log and its top-k sections)
 NAPKIN_CLOCK = "do_bench"
 NAPKIN_CLOCK_FP8 = "graph"
 # the Gluon kernel's candidate tiles: (BM, BN, BK, stages, consumer partitions, warps in all); each
