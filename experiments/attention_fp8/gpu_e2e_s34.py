@@ -249,7 +249,8 @@ def main():
         print("check", c.get("check"), "|", "ERROR " + c["error"][:150] if "error" in c else
               " ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.items() if k != "check"))
     if "ms" in rec:
-        print(f"D128 causal B{B} H{H} N{N}: bf16 {rec['ms']['bf16']:.3f} ms | e2e head {rec['ms']['e2e_head']:.3f} "
+        sh = rec["shape"]
+        print(f"D128 causal B{sh['B']} H{sh['H']} N{sh['N']}: bf16 {rec['ms']['bf16']:.3f} ms | e2e head {rec['ms']['e2e_head']:.3f} "
               f"({rec['over_bf16']['e2e_head'] if 'over_bf16' in rec else float('nan'):.3f}x) | e2e block "
               f"{rec['ms']['e2e_block']:.3f} ({rec['over_bf16']['e2e_block'] if 'over_bf16' in rec else float('nan'):.3f}x)")
     if "gb_per_s" in rec:
