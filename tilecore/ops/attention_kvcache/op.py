@@ -155,7 +155,7 @@ def _splits(batch_kv_heads: int, capacity: int, device) -> int:
     return max(1, min(want, MAX_SPLITS, cdiv(capacity, MIN_SPLIT_KEYS)))
 
 
-# The split kernel where a block gets less shared memory than its default asks (tilecore.portability, session 34:
+# The split kernel where a block gets less shared memory than its default asks (tilecore.portability:
 # D128's 128 keys a step, 3 stages asked 136 KiB on sm_86, 128 on gfx90a): rows of (least bytes a block gets,
 # {largest head dim a row serves: overrides of BLOCK_N / num_stages}), read through dispatch.shared_memory_fit.
 # The H100 (227 KiB) and the A100 (163) take the first row: no change. Untimed on those GPUs (chosen to fit).
