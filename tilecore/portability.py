@@ -177,7 +177,7 @@ def rotary_cases(quick: bool) -> list[Case]:
 
 
 # --------------------------------------------------------------------------------------------
-# the ops called as a user calls them (session 34): inside pretend a plain meta tensor counts as the described
+# the ops called as a user calls them: inside pretend a plain meta tensor counts as the described
 # GPU's (dispatch.eager_mode), so the public function runs its own host path (checks, plan, launch) and the
 # launches it makes are recorded; a backward through autograd's engine records the backward's kernels
 
