@@ -27,7 +27,7 @@ GLUON_ONEPASS: dict = {
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
 }
-# The order-3 one-pass kernel in Gluon (gluon_order3.py, session 34; Hopper): N -> (programs a SM, CONTIG). Off (empty)
+# The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG). Off (empty)
 # until a GPU run checks it and finds it faster than the shipped path (long at 8192): experiments/fft_conv/gpu_order3.py
 # (programs a SM, CONTIG, k1 values a chunk, a2 columns a wait in 1a / 1'a[, KPRE[, XT]]); sm_90a at 8192: (.., 1, 1)
 # 173 registers, 0 spill, 98.5 KiB, 36 waits; (.., 2, 1) 211, 0, 105.5 KiB; (.., 2, 2) 210, 0, 105.5 KiB, 20 waits;
