@@ -143,6 +143,23 @@ def triton_support() -> str:
             + (f"; compatibility shims: {', '.join(compat.SHIMS)}" if compat.SHIMS else ""))
 
 
+def launch_path() -> str:
+    """How a kept (keyed) kernel launch reaches the GPU under the installed triton (tiles.launch.direct_launch):
+    Triton's launcher called directly where it has 3.6's calling convention, else through Triton's runner."""
+    from tilecore.tiles import launch
+
+    try:
+        import triton.backends.nvidia.driver as nvidia_driver
+    except Exception as err:  # noqa: BLE001 (a triton without the NVIDIA backend)
+        return f"kept launches: through Triton's runner (no NVIDIA driver module: {type(err).__name__})"
+    problem = launch.tma_operand_problem()
+    tma = "" if problem is None else f"; TMA kernels' kept launches off ({problem})"
+    if getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None) == 13:
+        return "kept launches: Triton's launcher called directly (3.6's convention)" + tma
+    return ("kept launches: through Triton's runner (this triton's launcher convention is not 3.6's: "
+            "~5 us more a launch on the H100's host)" + tma)
+
+
 def target_report(target: dispatch.Target) -> str:
     """fast_paths for a GPU described by ``target`` (dispatch.pretend): what its tensors would get, with no GPU."""
     with dispatch.pretend(target):
@@ -162,6 +179,7 @@ def report() -> str:
     lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     lines.append(f"TRITON_INTERPRET: {'on' if dispatch.interpreter_enabled() else 'off'}")
     lines.append(triton_support())
+    lines.append(launch_path())
     for family, state in fast_paths().items():
         lines.append(f"{family}: {state}")
     return "\n".join(lines)

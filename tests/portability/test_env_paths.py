@@ -75,3 +75,13 @@ def test_cli_env_target():
     bad = subprocess.run([sys.executable, "-m", "tilecore", "env", "--target", "sm_99"], capture_output=True,
                          text=True, cwd=ROOT, timeout=300)
     assert bad.returncode == 2 and "unknown --target sm_99" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_launch_path_says_whether_kept_launches_call_tritons_launcher_directly(monkeypatch):
+    import triton.backends.nvidia.driver as nvidia_driver
+
+    direct = getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None) == 13
+    line = env.launch_path()
+    assert line.startswith("kept launches: ") and ("called directly" in line) == direct and "off (" not in line
+    monkeypatch.setattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", 16, raising=False)
+    assert "through Triton's runner" in env.launch_path()
