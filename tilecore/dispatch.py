@@ -204,7 +204,27 @@ def shared_memory_per_block(device: torch.device) -> int | None:
     if device.type != "cuda":
         target = described(device)
         return None if target is None else target.shared_memory
-    return _shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+    real = _shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+    cap = _SHARED_MEMORY_CAP.get()
+    return real if cap is None else min(real, cap)
+
+
+_SHARED_MEMORY_CAP: contextvars.ContextVar[int | None] = contextvars.ContextVar("tilecore_shared_memory_cap",
+                                                                                 default=None)
+
+
+@contextlib.contextmanager
+def limit_shared_memory(limit: int):
+    """Within this context (this thread's, or task's), a CUDA device's blocks get at most ``limit`` bytes of shared
+    memory as the plans see it (:func:`shared_memory_per_block`, so :func:`shared_memory_fit`): the
+    configurations a smaller GPU gets, run on this one (experiments/portability/gpu_kvcache_fits.py checks
+    them against float64 on the H100). Plans kept per call signature outside the context are not re-made: use
+    inputs the process has not planned yet."""
+    token = _SHARED_MEMORY_CAP.set(int(limit))
+    try:
+        yield limit
+    finally:
+        _SHARED_MEMORY_CAP.reset(token)
 
 
 @functools.lru_cache(maxsize=None)

@@ -142,3 +142,23 @@ def test_kvcache_split_kernel_fits_the_block(name, d, want):
         layout = op._DecodeLayout(q, cache, cache, None, False, -1, -1, 0.0, 4096, None)
     assert (layout.split_options["BLOCK_N"], layout.split_options["num_stages"]) == want
     assert layout.keys_per_split % want[0] == 0
+
+
+def test_limit_shared_memory_caps_what_plans_see_on_a_cuda_device(monkeypatch):
+    # (the real device's figure stood in for: the CPU has none) a cap below it rules; the context restores it;
+    # meta and CPU devices are untouched
+    monkeypatch.setattr(dispatch, "_shared_memory", lambda index: 227 * 1024)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = torch.device("cuda", 0)
+    assert dispatch.shared_memory_per_block(cuda) == 227 * 1024
+    with dispatch.limit_shared_memory(99 * 1024):
+        assert dispatch.shared_memory_per_block(cuda) == 99 * 1024
+        from tilecore.ops.attention_kvcache import op
+
+        assert dispatch.shared_memory_fit(cuda, op.SHARED_FITS, "kv") == {128: dict(num_stages=2)}
+        with dispatch.limit_shared_memory(512 * 1024):  # a cap above the device's: the device's
+            assert dispatch.shared_memory_per_block(cuda) == 227 * 1024
+        assert dispatch.shared_memory_per_block(torch.device("cpu")) is None
+        with dispatch.pretend(T["gfx90a"]):
+            assert dispatch.shared_memory_per_block(torch.device("meta")) == 64 * 1024
+    assert dispatch.shared_memory_per_block(cuda) == 227 * 1024
