@@ -71,7 +71,7 @@ def main():
                 times[i].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
         picks = []
         for _ in range(3):
-            plan._FORWARD_PICKS.clear()
+            plan.forget_forward_picks()
             picks.append(label(plan.timed_forward_config(q, k, v, causal, scale, 0.0, plan.NAPKIN_FORWARD_TOPK)))
         med = [statistics.median(t) for t in times]
         ti = rows.index(table)

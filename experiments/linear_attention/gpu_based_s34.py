@@ -45,6 +45,7 @@ from tilecore import accuracy  # noqa: E402
 from tilecore.ops.linear_attention import configs, launch, linear_attention  # noqa: E402
 from tilecore.ops.linear_attention import linear_attention_reference  # noqa: E402
 from tilecore.ops.linear_attention.plan import BASED, tl_plan  # noqa: E402
+from tilecore.tiles.switches import patched  # noqa: E402
 
 START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
@@ -268,12 +269,12 @@ def hh_inputs(n, dk=64, f=32, b=16, h=16, seed=0):
 
 
 def hh_setting(name: str):
-    """Set configs for the row: "shipped", "bwd r64" (64 rows), "bwd r64 pN" (and N programs over the heads: one float32
-    dW partial each), "torch map" (HEDGEHOG_FUSED_MAP_GRAD off)."""
-    configs.HEDGEHOG_FUSED_MAP_GRAD = name != "torch map"
-    configs.HEDGEHOG_MAP_BWD_BLOCKS = R64 if name.startswith("bwd r64") else SHIPPED_BLOCKS
-    configs.HEDGEHOG_MAP_BWD_PROGRAMS = int(name.split(" p")[1]) if " p" in name else SHIPPED_PROGRAMS
-    configs.HEDGEHOG_MAP_PRECISION_16 = "tf32" if name == "tf32" else SHIPPED_P16
+    """The configs of the row, for a ``with`` block: "shipped", "bwd r64" (64 rows), "bwd r64 pN" (and N programs over
+    the heads: one float32 dW partial each), "torch map" (HEDGEHOG_FUSED_MAP_GRAD off), "tf32"."""
+    return patched(configs, HEDGEHOG_FUSED_MAP_GRAD=name != "torch map",
+                   HEDGEHOG_MAP_BWD_BLOCKS=R64 if name.startswith("bwd r64") else SHIPPED_BLOCKS,
+                   HEDGEHOG_MAP_BWD_PROGRAMS=int(name.split(" p")[1]) if " p" in name else SHIPPED_PROGRAMS,
+                   HEDGEHOG_MAP_PRECISION_16="tf32" if name == "tf32" else SHIPPED_P16)
 
 
 SHIPPED_BLOCKS, SHIPPED_PROGRAMS = configs.HEDGEHOG_MAP_BWD_BLOCKS, configs.HEDGEHOG_MAP_BWD_PROGRAMS
@@ -294,10 +295,10 @@ def hedgehog_checks():
         ref, _ = linear_attention_reference(d["q"], d["k"], d["v"], feature_map="hedgehog", feature_weights=d["W"])
         ref.backward(t["do"].double())
         for name in names:
-            hh_setting(name)
-            ts = {x: t[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v", "W")}
-            o = hh_fwd(ts)
-            o.backward(t["do"])
+            with hh_setting(name):
+                ts = {x: t[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v", "W")}
+                o = hh_fwd(ts)
+                o.backward(t["do"])
             row = dict(case=f"hedgehog op {name} d{dk} F{f} B1 H2 N {n}",
                        out_floor=round(accuracy.error_over_floor(o.detach(), ref.detach()), 3),
                        **{f"d{x}_floor": round(accuracy.error_over_floor(ts[x].grad, d[x].grad), 3)
@@ -306,7 +307,6 @@ def hedgehog_checks():
                        finite=bool(all(torch.isfinite(ts[x].grad).all() for x in ts)))
             print("check", row, flush=True)
             RESULTS["check"].append(row)
-    hh_setting("shipped")
 
 
 def hedgehog_time():
@@ -317,29 +317,26 @@ def hedgehog_time():
     def fb():
         hh_fwd(t).backward(t["do"])
 
-    hh_setting("shipped")
-    with torch.no_grad():
+    with hh_setting("shipped"), torch.no_grad():
         hh_fwd(t)
         H["fwd_ms"] = attempt("hh fwd", lambda: bench(lambda: hh_fwd(t)))
     for name in HH_ROWS + (() if CONFIRM else ("torch map",)):
-        hh_setting(name)
-        fb()  # (compiles)
-        H[f"fwd_bwd_{name}_ms"] = attempt(f"hh {name}", lambda: bench(fb, grads))
+        with hh_setting(name):
+            fb()  # (compiles)
+            H[f"fwd_bwd_{name}_ms"] = attempt(f"hh {name}", lambda: bench(fb, grads))
         print(f"hedgehog fwd+bwd {name}: {H[f'fwd_bwd_{name}_ms']}", flush=True)
     if CONFIRM:
-        hh_setting("tf32")
-        with torch.no_grad():
+        with hh_setting("tf32"), torch.no_grad():
             hh_fwd(t)
             H["fwd_tf32_ms"] = attempt("hh fwd tf32", lambda: bench(lambda: hh_fwd(t)))
         print(f"hedgehog fwd tf32: {H['fwd_tf32_ms']}", flush=True)
-        hh_setting("shipped")
         save()
         return
     t["W"].requires_grad_(False)  # torch's map without W's gradient (session 33 run 2's setting)
-    fb()
-    H["fwd_bwd_torch map no dW_ms"] = attempt("hh torch no dW", lambda: bench(fb, grads[:3]))
+    with hh_setting("torch map"):
+        fb()
+        H["fwd_bwd_torch map no dW_ms"] = attempt("hh torch no dW", lambda: bench(fb, grads[:3]))
     print(f"hedgehog fwd+bwd torch map without dW: {H['fwd_bwd_torch map no dW_ms']}", flush=True)
-    hh_setting("shipped")
     save()
 
 

@@ -186,6 +186,11 @@ def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, to
     return best
 
 
+def forget_forward_picks() -> None:
+    """Empty timed_forward_config's kept picks (a probe making the pick again in one process)."""
+    _FORWARD_PICKS.clear()
+
+
 def _timeable(device) -> bool:
     return device.type == "cuda"
 
