@@ -36,22 +36,36 @@ import tempfile
 import time
 import zlib
 
-ALT = "tilecore_tile_nan"
+ALT = "tilecore_variant"
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # (name, d, n, causal, b, h): port_check's slow rows (three consumers at D64) and two controls
 CASES = [("D64 N4096 (3 consumers, q2)", 64, 4096, False, 16, 16),
          ("D64 N8192 (3 consumers)", 64, 8192, False, 8, 16),
          ("D64 N2048 causal (3 consumers)", 64, 2048, True, 32, 16),
          ("D128 N4096 (2 consumers, Q regs)", 128, 4096, False, 16, 16),
-         ("D64 N1024 (2 consumers, carried)", 64, 1024, False, 64, 16)]
+         ("D64 N1024 (2 consumers, carried)", 64, 1024, False, 64, 16),
+         ("D64 N4096 causal (3 consumers, q2)", 64, 4096, True, 16, 16),
+         ("D128 N4096 causal", 128, 4096, True, 16, 16)]
 
-SHIFT_OLD = '    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))\n'
-SHIFT_NEW = '    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)\n'
-RESULT_OLD = '    no_key = l == 0.0\n'
-RESULT_NEW = '    l = gl.where(m == float("inf"), float("nan"), l)  # a max that overflowed: the row is NaN\n    no_key = l == 0.0\n'
+# variant -> the edits of tiles/gluon/ops.py (each text must occur once). "tile_nan": call 3 and 4's, against the
+# per-step +inf select (shipped since c2cab6d). "clamp": the -inf shift by one max (m_ref = max(m, -FLT_MAX): a row
+# whose max is still -inf shifts by -FLT_MAX, so exp2(-inf + FLT_MAX) = 0 and alpha = exp2(-inf + FLT_MAX) = 0, as
+# the select's shift 0 gives; every finite m is its own max), against session 24's compare and select: T1's last
+# rows, the D64 three-consumer causal forward, 0.94-0.975x bb6b420 in call 5 (0.966 / 0.972 in session 24's run,
+# the change's first)
+VARIANTS = {
+    "tile_nan": [('    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))\n',
+                  '    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)\n'),
+                 ('    no_key = l == 0.0\n',
+                  '    l = gl.where(m == float("inf"), float("nan"), l)  # a max that overflowed: the row is NaN\n'
+                  '    no_key = l == 0.0\n')],
+    "clamp": [('    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)\n',
+               '    m_ref = gl.maximum(m_new, -3.4028234663852886e38)  # -inf: -FLT_MAX, exp2(-inf + FLT_MAX) = 0\n')],
+}
+VAR = "tile_nan"
 
 
-def build_variant(where: str) -> None:
+def build_variant(where: str, variant: str) -> None:
     dst = os.path.join(where, ALT)
     shutil.copytree(os.path.join(ROOT, "tilecore"), dst, ignore=shutil.ignore_patterns("__pycache__"))
     for dirpath, _, files in os.walk(dst):
@@ -64,9 +78,11 @@ def build_variant(where: str) -> None:
                     fh.write(re.sub(r"\btilecore\b", ALT, s))
     p = os.path.join(dst, "tiles", "gluon", "ops.py")
     s = open(p).read()
-    assert s.count(SHIFT_OLD) == 1 and s.count(RESULT_OLD) == 1, "tiles/gluon/ops.py is not the one this script edits"
+    for old, new in VARIANTS[variant]:
+        assert s.count(old) == 1, f"tiles/gluon/ops.py is not the one variant {variant} edits: {old!r}"
+        s = s.replace(old, new)
     with open(p, "w") as fh:
-        fh.write(s.replace(SHIFT_OLD, SHIFT_NEW).replace(RESULT_OLD, RESULT_NEW))
+        fh.write(s)
     sys.path.insert(0, where)
 
 
@@ -74,9 +90,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cases", default="all", help="all; quick (the first two and the D64 N1024 control); confirm "
-                    "(the first four)")
+                    "(the first four); causal (D64 N4096 / N2048 causal, D128 N4096 causal, D64 N8192)")
     ap.add_argument("--no-pick", action="store_true", help="skip the public plan's own pick (two more compiles)")
     ap.add_argument("--rep", type=int, default=100, help="do_bench's rep (ms) a measurement")
+    ap.add_argument("--variant", default="tile_nan", choices=sorted(VARIANTS))
     a = ap.parse_args()
     t_start = time.time()
     sys.path.insert(0, ROOT)
@@ -85,15 +102,17 @@ def main():
 
     import tilecore
     from tilecore.ops.attention import configs, launch
-    build_variant(tempfile.mkdtemp(prefix="hh_inf_shift_"))
+    global VAR
+    VAR = a.variant
+    build_variant(tempfile.mkdtemp(prefix="hh_inf_shift_"), VAR)
     import importlib
     alt_launch = importlib.import_module(f"{ALT}.ops.attention.launch")
-    trees = {"shipped": launch, "tile_nan": alt_launch}
+    trees = {"shipped": launch, VAR: alt_launch}
     assert tilecore.__file__.startswith(ROOT) and ALT in alt_launch.__file__
     dev = torch.device("cuda")
     out_dir = os.environ.get("OUT", ".")
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                  rounds=a.rounds, checks=[], timing=[])
+                  rounds=a.rounds, variant=a.variant, checks=[], timing=[])
 
     def run(tree, q, k, v, causal, scale, cfg):
         o = torch.full_like(q, float("nan"))
@@ -132,9 +151,21 @@ def main():
                   near_min_row_kept=bool(lse[0, 0, 5] < -1e35 and (o[0, 0, 5] != 0).any()))
         result["checks"].append(dict(case="overflow (scale 2^120 / log2 e)", tree=tree, ok=all(ok.values()), **ok))
         print(f"overflow case, {tree}: {ok}", flush=True)
+    # causal with N > Nk: the first N - Nk rows see no key (0 and lse -inf), in both trees, bit for bit
+    gq = torch.Generator().manual_seed(2)
+    q2, k2, v2 = (torch.randn(1, 2, n_, 64, generator=gq).bfloat16().to(dev) for n_ in (40, 30, 30))
+    cfg2 = configs.gluon_forward_config(64, 40, 30, True)
+    o2 = {tree: run(tree, q2, k2, v2, True, 0.125, cfg2) for tree in trees}
+    ok2 = dict(no_key_rows=all(bool((o[:, :, :10] == 0).all() and torch.isneginf(l[:, :, :10]).all())
+                               for o, l in o2.values()),
+               others_finite=all(bool(torch.isfinite(o[:, :, 10:]).all()) for o, _ in o2.values()),
+               bitwise_equal=bool(torch.equal(o2["shipped"][0], o2[VAR][0]) and torch.equal(o2["shipped"][1], o2[VAR][1])))
+    result["checks"].append(dict(case="causal N 40 > Nk 30 (rows 0-9 see no key)", ok=all(ok2.values()), **ok2))
+    print(f"causal N 40 > Nk 30: {ok2}", flush=True)
     save()
 
-    cases = {"all": CASES, "quick": [CASES[0], CASES[1], CASES[4]], "confirm": CASES[:4]}[a.cases]
+    cases = {"all": CASES, "quick": [CASES[0], CASES[1], CASES[4]], "confirm": CASES[:4],
+             "causal": [CASES[5], CASES[2], CASES[6], CASES[1]]}[a.cases]
     fns = {}
     for name, d, n, causal, b, h in cases:
         gen = torch.Generator(device=dev).manual_seed(zlib.crc32(name.encode()) + int(time.time()))  # fresh inputs
@@ -148,9 +179,9 @@ def main():
                                                                v[:1, hs].double(), is_causal=causal)
         floor = (ref.bfloat16().double() - ref).abs().max().item()
         err = {t: (o[:1, hs].double() - ref).abs().max().item() / floor for t, (o, _) in outs.items()}
-        same = bool(torch.equal(outs["shipped"][0], outs["tile_nan"][0])
-                    and torch.equal(outs["shipped"][1], outs["tile_nan"][1]))
-        finite = bool(torch.isfinite(outs["tile_nan"][0]).all() and torch.isfinite(outs["tile_nan"][1]).all())
+        same = bool(torch.equal(outs["shipped"][0], outs[VAR][0])
+                    and torch.equal(outs["shipped"][1], outs[VAR][1]))
+        finite = bool(torch.isfinite(outs[VAR][0]).all() and torch.isfinite(outs[VAR][1]).all())
         result["checks"].append(dict(case=name, config=cfg, bitwise_equal=same, all_finite=finite,
                                      err_over_floor=err, ok=same and finite and max(err.values()) < 2.0))
         print(f"{name}: config {cfg}; O and lse bitwise equal {same}; finite {finite}; err/floor "
@@ -172,21 +203,21 @@ def main():
     times = {key: [] for key in fns}
     for r in range(a.rounds):
         for name, *_ in cases:
-            order = [t for t in ("shipped", "tile_nan", "shipped_pick") if (name, t) in fns]
+            order = [t for t in ("shipped", VAR, "shipped_pick") if (name, t) in fns]
             for tree in (order if r % 2 == 0 else order[::-1]):
                 times[name, tree].append(triton.testing.do_bench(fns[name, tree], warmup=25, rep=a.rep,
                                                                  return_mode="median"))
-        print(f"round {r + 1}: " + "; ".join(f"{name} {times[name, 'shipped'][-1]:.4f} / {times[name, 'tile_nan'][-1]:.4f}"
+        print(f"round {r + 1}: " + "; ".join(f"{name} {times[name, 'shipped'][-1]:.4f} / {times[name, VAR][-1]:.4f}"
                                              for name, *_ in cases) + f"  [{time.time() - t_start:.0f} s]", flush=True)
     print(f"timed [{time.time() - t_start:.0f} s]; GPU time, do_bench medians of {a.rounds} interleaved rounds")
-    print(f"{'case':34s} {'shipped ms':>10s} {'tile_nan ms':>11s} {'shipped/tile_nan':>16s}  per round")
+    print(f"{'case':34s} {'shipped ms':>10s} {VAR + ' ms':>11s} {'shipped/' + VAR:>16s}  per round")
     for name, d, n, causal, b, h in cases:
-        t0, t1 = (statistics.median(times[name, t]) for t in ("shipped", "tile_nan"))
-        per = [x / y for x, y in zip(times[name, "shipped"], times[name, "tile_nan"])]
+        t0, t1 = (statistics.median(times[name, t]) for t in ("shipped", VAR))
+        per = [x / y for x, y in zip(times[name, "shipped"], times[name, VAR])]
         flops = 4 * b * h * n * n * d // (2 if causal else 1)
         result["timing"].append(dict(case=name, shipped_ms=t0, tile_nan_ms=t1, speedup=t0 / t1,
                                      per_round=per, shipped_rounds=times[name, "shipped"],
-                                     tile_nan_rounds=times[name, "tile_nan"], tflops_shipped=flops / t0 / 1e9,
+                                     tile_nan_rounds=times[name, VAR], tflops_shipped=flops / t0 / 1e9,
                                      tflops_tile_nan=flops / t1 / 1e9))
         print(f"{name:34s} {t0:10.4f} {t1:11.4f} {t0 / t1:16.3f}  {min(per):.3f}-{max(per):.3f}", flush=True)
         if (name, "shipped_pick") in times:
