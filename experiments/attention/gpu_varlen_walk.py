@@ -17,10 +17,11 @@ time (do_bench medians, alternate rounds): the 64K long-tailed batch (54 sequenc
     H16 D128 causal bf16, backward from the same forward: split (shipped), fused (staggered walk), fused
     walk_down 4 and 1; the fixed path's default backward at N 512 ... 8192 (B = 64K / N) for the matched-length
     ratio, and at 16 x 4096 beside the uniform batch.
-Options (the second batch of session 34): --names / --checks pick the variants, --fixed-walk 0,1 first times the
-fixed kernel's WALK_DOWN (gpu_fixed_walk.py) in the same run. First run (call 3 of session 34,
-runs/varlen_walk_run3_session34_h100.txt): fused walk_down 1 5.206 ms on the long tail against the staggered
-fused's 5.880 and the split's 5.158.
+Options: --names / --checks pick the variants, --rounds, --no-fixed-rates. Runs (session 34): call 3
+(runs/varlen_walk_run3_session34_h100.txt): fused walk_down 1 5.206 ms on the long tail against the staggered
+fused's 5.880 and the split's 5.158; call 4 (runs/varlen_walk2_run4_session34_h100.txt, with --fixed-walk 0,1: the
+fixed kernel's WALK_DOWN, 0.988x its shipped walk, removed since with that option and gpu_fixed_walk.py; 7d16a1c has
+them): split walk 1 1.003x, fused walk 1 0.978x the split.
 Prints a table last; writes $OUT/gpu_varlen_walk.json.
 
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen_walk.py --smoke   (CPU: the script's
@@ -281,7 +282,6 @@ def main():
     ap.add_argument("--checks", default="fused walk_down 4,fused walk_down 1,split (shipped)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-fixed-rates", action="store_true", help="skip the fixed path at N 512 ... 8192")
-    ap.add_argument("--fixed-walk", default="", help="first: the fixed kernel's WALK_DOWN values (gpu_fixed_walk.py)")
     args = ap.parse_args()
     BUDGET[0] = args.budget if not args.smoke else 1e9
     if args.smoke:
@@ -290,11 +290,6 @@ def main():
     OUT["meta"] = {"gpu": name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     say(f"{name}, torch {torch.__version__}")
     names = [x for x in args.names.split(",") if x]
-    if args.fixed_walk and not args.smoke:  # the fixed kernel's walk first (its own compiles)
-        from experiments.attention import gpu_fixed_walk
-
-        walks = tuple(int(x) for x in args.fixed_walk.split(","))
-        OUT["fixed_walk"] = guarded("fixed walk", gpu_fixed_walk.run, say, left, bench, walks, 3)
     lt = [16, 40, 3, 25] if args.smoke else long_tailed()
     uniform = [32] * 2 if args.smoke else [4096] * 16
     check_lengths = ([1, 0, 37, 5, 20], [20, 3, 33]) if args.smoke else ([1, 0, 777, 63, 1500, 2, 4500],

@@ -140,7 +140,6 @@ class AttentionBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
-    WALK_DOWN: gl.constexpr  # one q head a kv head: 0 staggered starts; s >= 1 from the last block down (step_rows)
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -182,10 +181,7 @@ class AttentionBackward:
             per_head = gl.maximum(gl.cdiv(gl.maximum(last_row + 1, 0), self.BM) - first_mb, 0)
         else:
             per_head = gl.maximum(gl.cdiv(self.N, self.BM) - first_mb, 0)
-        if self.WALK_DOWN:
-            shift = (key_block % self.WALK_DOWN) % gl.maximum(per_head, 1)
-        else:
-            shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (step_rows)
+        shift = key_block % gl.maximum(per_head, 1)  # where this tile's walk starts (step_rows)
         b = bhk
         hk = bhk  # unused with one q head a kv head: tile_kv_head divides where used
         if self.GROUP != 1:
@@ -202,9 +198,7 @@ class AttentionBackward:
 
         One q head a kv head (GROUP specialized to 1): the tiles of the head walk its query blocks
         from different starting blocks (the key block's index, wrapping around), so that their dQ
-        reductions, running at the same time, add to different rows; WALK_DOWN s: from the last block
-        down, starting key_block % s blocks up (a head's tiles running together share a few blocks'
-        Q, dO and dQ rows in L2: the varlen kernel's walk_down).
+        reductions, running at the same time, add to different rows.
 
         Grouped heads: every tile walks the query blocks from the last down, and at each block the
         group's q heads (starting at the key block's index, wrapping around). The tiles of a kv head,
@@ -219,8 +213,6 @@ class AttentionBackward:
             head = step * 0
             walked = step + tile.shift
             block = tile.first_mb + gl.where(walked >= tile.per_head, walked - tile.per_head, walked)
-            if self.WALK_DOWN:
-                block = 2 * tile.first_mb + tile.per_head - 1 - block
         else:
             group = self.GROUP
             walked = (step.to(gl.float32) * tile.inv_group).to(gl.int32)  # step // group, or one off
@@ -473,7 +465,7 @@ def ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, WALK_DOWN: gl.constexpr = 0):
+                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table) or round-robin
@@ -503,7 +495,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = ds_smem  # unused
     op = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                            scale, scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, left, right,
-                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP, WALK_DOWN)
+                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240, PRODUCER_REGS=24,
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
                     helper=Helper(4, 88) if DQ == 4 else None)
