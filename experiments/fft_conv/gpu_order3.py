@@ -53,7 +53,7 @@ def correlation(u64, k64):
 def check(n, dtype, conj, config, B=16, H=32, nan=False) -> dict:
     """One configuration (a configs.GLUON_ORDER3 tuple) against float64: (B, H, n) u, y started as NaN. ``nan``: B5 H3
     (an odd batch) with a NaN in u[2, 1]: that sequence must come out all NaN, every other one finite."""
-    per_sm, contig, kg, g1, kpre, xt = (tuple(config) + (0, 0))[:6]
+    per_sm, contig, kg, g1 = config
     if nan:
         B, H = 5, 3
     g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan + 11 * (dtype == torch.float16))
@@ -62,12 +62,12 @@ def check(n, dtype, conj, config, B=16, H=32, nan=False) -> dict:
         u[2, 1, n // 3] = float("nan")
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
     y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
-    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg, g1, kpre, xt)
+    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg, g1)
     y = y.cpu()
     ref = correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
     name = str(dtype).removeprefix("torch.")
     row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig,
-               kg=kg, g1=g1, kpre=kpre, xt=xt)
+               kg=kg, g1=g1)
     if nan:
         rest = torch.ones(B, H, dtype=torch.bool)
         rest[2, 1] = False
@@ -108,14 +108,14 @@ def timed(n, what, fn, base=None):
 SIZES = (8192, 4096)
 if "--sizes" in sys.argv:  # the order-3 sizes, e.g. --sizes 8192,16384
     SIZES = tuple(int(n) for n in sys.argv[sys.argv.index("--sizes") + 1].split(","))
-# (dtype, conj, NaN/odd batch, configuration): the checks at B16 H32 (B5 H3 with a NaN). Call 3 of session 34 checked KG
-# 1 / 2 at 8192 (bf16, conj, fp16, NaN/odd): here XT (x staged in shared memory) and the sizes new to the GPU; every
-# timed candidate's output is also checked on the timing inputs
-XT8, XT4, XT16 = (2, True, 2, 2, 0, 2), (3, True, 2, 2, 0, 2), (1, True, 1, 2)  # (16384: XT spills)
+# (dtype, conj, NaN/odd batch, configuration): the checks at B16 H32 (B5 H3 with a NaN); every timed candidate's
+# output is also checked on the timing inputs
+SHIPPED8, C4, C16 = (2, True, 2, 2), (3, True, 2, 2), (1, True, 1, 2)
 CHECKS = {
-    8192: ((torch.bfloat16, False, False, XT8), (torch.bfloat16, False, True, XT8)),
-    4096: ((torch.bfloat16, False, False, XT4), (torch.bfloat16, False, True, XT4)),
-    16384: ((torch.bfloat16, False, False, XT16), (torch.bfloat16, False, True, XT16)),
+    8192: ((torch.bfloat16, False, False, SHIPPED8), (torch.bfloat16, True, False, SHIPPED8),
+           (torch.float16, False, False, SHIPPED8), (torch.bfloat16, False, True, SHIPPED8)),
+    4096: ((torch.bfloat16, False, False, C4), (torch.bfloat16, False, True, C4)),
+    16384: ((torch.bfloat16, False, False, C16), (torch.bfloat16, False, True, C16)),
 }
 
 
@@ -146,7 +146,7 @@ def run(ops: dict):
             row["speedup"] = bases[row["n"]] / row["ms"]
     save(ok)
     print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3: "
-          + ", ".join(f"N{r['n']} kg {r['kg']}{' xt ' + str(r['xt']) if r['xt'] else ''} {r['dtype']}{' conj' if r['conj'] else ''} "
+          + ", ".join(f"N{r['n']} kg {r['kg']} {r['dtype']}{' conj' if r['conj'] else ''} "
                       f"{r['err_over_floor']:.3f}" for r in rows
                       if r.get("what") == "order3") + ")")
     print(f"time at B16 H768 bf16 (do_bench medians), {torch.cuda.get_device_name()}")
@@ -180,12 +180,11 @@ def order3(n) -> bool:
     y = torch.empty_like(u)
     shipped = f"shipped op ({conv_plan(n, u.device).path})"
     timed(n, shipped, lambda: fft_conv(u, spectrum))
-    for config in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1[, KPRE[, XT]])
-        per_sm, contig, kg, g1, kpre, xt = (tuple(config) + (0, 0))[:6]
+    for config in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1)
+        per_sm, contig, kg, g1 = config
         y.fill_(float("nan"))
-        what = (f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}" + (" kpre 1" if kpre else "")
-                + (f" xt {xt}" if xt else ""))
-        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1, kpre, xt))
+        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}"
+        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1))
         err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
                                                                            k[:64].double()))
         whole = bool(torch.isfinite(y).all())

@@ -27,19 +27,16 @@ GLUON_ONEPASS: dict = {
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
 }
-# The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG). Off (empty)
-# until a GPU run checks it and finds it faster than the shipped path (long at 8192): experiments/fft_conv/gpu_order3.py
-# (programs a SM, CONTIG, k1 values a chunk, a2 columns a wait in 1a / 1'a[, KPRE[, XT]]); sm_90a at 8192: (.., 1, 1)
-# 173 registers, 0 spill, 98.5 KiB, 36 waits; (.., 2, 1) 211, 0, 105.5 KiB; (.., 2, 2) 210, 0, 105.5 KiB, 20 waits;
-# (.., 1, 2, 1) 176, 0; (.., 2, 2, 0, XT 1) 222, 0; XT 2 (and T's columns in the wgmma's layouts: 45 barriers in the
-# PTX against 278) 212, 0
+# The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
+# columns a wgmma wait in 1a / 1'a); checked and timed by experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, True, 2, 2),  # 1.620 ms = 2.41x torch.fft vs the long path's 2.388 (s34 call 3)
+    8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388 (s34 calls 3, 4, 5)
 }
-GLUON_ORDER3_CANDIDATES = {8192: [(2, True, 2, 2, 0, 1), (2, True, 2, 2, 0, 2)],  # (s34 call 3: KG 1 1.863, KPRE 1 1.896)
-                           16384: [(1, True, 1, 2)],  # 204 registers, 0 spill, 169.5 KiB (KG 2 spills 136 B, XT 632 B)
-                           # 4096 (A2 = 8): KG 2 145 registers, 66.5 KiB (3 a SM; XT 1 146, XT 2 142); KG 4 245, 73.5 KiB
-                           4096: [(3, True, 2, 2, 0, 2), (3, True, 2, 2, 0, 1), (2, True, 4, 2, 0, 2)]}
+GLUON_ORDER3_CANDIDATES = {  # 8192's shipped tuple and what it beat; elsewhere slower than the shipped path (s34 calls 3-5)
+    8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2)],  # 1.620; 1.863, 1.660; one a SM 2.310
+    16384: [(1, True, 1, 2)],  # 6.238 ms vs the long path's 5.947 (one program a SM: T is 128 KiB)
+    4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
+}
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],

@@ -11,8 +11,8 @@ A = 16 A2 (A2 = 16 at 8192), so no DFT matrix larger than 64 x 64 is held (order
 
     1a. T[k1, a2, m] = W_A^(a2 k1) sum_a1 z[B (A2 a1 + a2) + m] W_16^(a1 k1)
         once a pair: for each a2, x_a2 [B, 16] (a1 >= 8 masked to 0) @ F_16 -> [B, 16], the twiddle, float16 into T
-        (shared memory, [16, A2, B]: 64 KiB for both planes at 8192). x_a2 is read from u at those offsets, or (XT)
-        from T itself, where the pair's scaled x was stored once in u's own order (rows a = A2 a1 + a2 < A/2)
+        (shared memory, [16, A2, B]: 64 KiB for both planes at 8192); x_a2 is read from u at those offsets (L1 / L2:
+        the pair's scale pass read all of u just before)
     then 16 / KG chunks of KG values of k1 (each a [B, C] block, C = KG A2, column A2 l + k2 at k_a = k1 + l + 16 k2;
     T[k1 .. k1 + KG - 1] its input):
     1b. R = T[chunk]^T @ F2                              [B, C] @ [C, C], F2: KG copies of F_A2 on the diagonal
@@ -25,9 +25,7 @@ A = 16 A2 (A2 = 16 at 8192), so no DFT matrix larger than 64 x 64 is held (order
         [B, 16] @ conj(F_16)[:, :8]; s = the largest chunk scale; y[B (A2 a1 + a2) + m] = out s / L x the
         sequence's scale (pointer stores)
 
-G1 2 issues two columns' products of 1a and 1'a before one wait; VIEWS (with XT) reads and writes T's columns in
-1a and 1'a straight in the wgmmas' layouts (T seen as [16, A2 B], a column's slice transposed), where the other forms
-convert layouts through shared memory (8192's PTX: 45 barriers against 278). FLOPs a pair (complex multiply-adds, as the
+G1 2 issues two columns' products of 1a and 1'a before one wait. FLOPs a pair (complex multiply-adds, as the
 wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8 A2: at 8192, KG 1, 3.0 M
 against order 2's 6.3 M (model.order3_flops). Products: float16 operands, float32 sums, as the chunked kernel; one
 more float16 rounding (T) than order 2 (bf16 1.07x the floor on the H100, fp16 3.2x). The arithmetic step for step in
@@ -60,32 +58,10 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 
 @gluon.jit
-def _col(T, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr):
-    """VIEWS: column a2 of T [16, A2, B] as a [B, 16] view (T seen as [16, A2 B], the column's B entries of every row,
-    transposed): read and written straight in the wgmma's layouts, no layout conversion through shared memory."""
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    return T._reinterpret(gl.float16, [16, A2 * B], flat).slice(a2 * B, B, 1).permute((1, 0))
-
-
-@gluon.jit
 def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr, T_re, T_im, XT: gl.constexpr, put: gl.constexpr, VIEWS: gl.constexpr):
+          io: gl.constexpr, lhs1: gl.constexpr):
     """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
-    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed: read from u (global memory), or (XT) from
-    T's rows a1 < 8 of column a2, where the pair's scaled x was stored (rows 8..15 of a column not yet transformed
-    hold the previous pair's values: masked; VIEWS: zeroed when x was stored, the column read straight into the
-    wgmma's operand layout)."""
-    if VIEWS:
-        xre = _col(T_re, a2, A2, B).load(lhs1)
-        xim = _col(T_im, a2, A2, B).load(lhs1)
-        return xre, xim, -xim
-    if XT:
-        vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2)  # [B, 16 a1]
-        vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2)
-        a1v = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
-        xre = gl.convert_layout(gl.where(a1v < 8, vre, 0.0).to(gl.float16), lhs1)
-        xim = gl.convert_layout(gl.where(a1v < 8, vim, 0.0).to(gl.float16), lhs1)
-        return xre, xim, -xim
+    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed."""
     m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
@@ -100,17 +76,12 @@ def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: 
 
 
 @gluon.jit
-def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, VIEWS: gl.constexpr,
-          A2: gl.constexpr, B: gl.constexpr):
+def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr):
     """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16) (``tre``, ``tim``: the product [B, 16 k1]) as float16."""
     k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, tre.type.layout))
     twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
     twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
     tre, tim = tre * twre - tim * twim, tre * twim + tim * twre
-    if VIEWS:  # (from the accumulator's layout)
-        _col(T_re, a2, A2, B).store(tre.to(gl.float16))
-        _col(T_im, a2, A2, B).store(tim.to(gl.float16))
-        return
     # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
     T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
                                                                                    gl.SliceLayout(2, put)), 2))
@@ -121,41 +92,32 @@ def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr,
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, XT: gl.constexpr, VIEWS: gl.constexpr):
+              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr):
     """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, T_re, T_im, XT, put,
-                           VIEWS)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
     p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
     if G1 == 2:
-        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, T_re, T_im,
-                                  XT, put, VIEWS)
+        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
         p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
         p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, VIEWS, A2, B)
-        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, VIEWS, A2, B)
+        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
+        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put)
     else:
         p, q, xre, xim, nxim = warpgroup_mma_wait(0, deps=(p, q, xre, xim, nxim))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, VIEWS, A2, B)
+        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
 
 
 @gluon.jit
-def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr, VIEWS: gl.constexpr,
-          A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr):
+def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr):
     """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
-    and conj(W_A^(a2 k1)), float16 (re, im, -re). VIEWS: the column read straight into the accumulator's layout."""
-    if VIEWS:
-        vre = _col(T_re, a2, A2, B).load(acc1).to(gl.float32)  # [B, 16 k1]
-        vim = _col(T_im, a2, A2, B).load(acc1).to(gl.float32)
-        vec: gl.constexpr = gl.SliceLayout(0, acc1)
-    else:
-        vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
-        vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
-        vec: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, put))
-    k1 = gl.arange(0, 16, layout=vec)
-    r = gl.expand_dims(gl.convert_layout(ratio, vec), 0)
+    and conj(W_A^(a2 k1)), float16 (re, im, -re)."""
+    vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
+    vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
+    r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
     cre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0) * r
     cim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0) * r
     vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
@@ -166,52 +128,43 @@ def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lh
 
 @gluon.jit
 def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
-          B: gl.constexpr, io8: gl.constexpr, VIEWS: gl.constexpr):
+          B: gl.constexpr, io8: gl.constexpr):
     """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
-    sequence); past the batch masked. VIEWS: stored from the accumulator's layout (no conversion)."""
-    if VIEWS:
-        lay: gl.constexpr = ore.type.layout
-    else:
-        lay: gl.constexpr = io8
-        ore = gl.convert_layout(ore, io8)
-        oim = gl.convert_layout(oim, io8)
-    m = gl.arange(0, B, layout=gl.SliceLayout(1, lay))
-    a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, lay))
+    sequence); past the batch masked."""
+    m = gl.arange(0, B, layout=gl.SliceLayout(1, io8))
+    a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     ty: gl.constexpr = Y.dtype.element_ty
-    gl.store(Y + row_re + off, (ore * out_re).to(ty), mask=(off >= 0) & (b_re < batch))
-    gl.store(Y + row_im + off, (oim * out_im).to(ty), mask=(off >= 0) & (b_re + 1 < batch))
+    gl.store(Y + row_re + off, (gl.convert_layout(ore, io8) * out_re).to(ty), mask=(off >= 0) & (b_re < batch))
+    gl.store(Y + row_im + off, (gl.convert_layout(oim, io8) * out_im).to(ty), mask=(off >= 0) & (b_re + 1 < batch))
 
 
 @gluon.jit
 def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr, VIEWS: gl.constexpr,
-                      acc1: gl.constexpr):
+                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr):
     """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2: two
     columns' eight wgmmas issued together, one wait."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
-    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8, VIEWS, A2, B, acc1)
+    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8)
     p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
     if G1 == 2:
-        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8, VIEWS, A2, B, acc1)
+        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8)
         p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
         p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, VIEWS)
-        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, VIEWS)
+        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
+        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
     else:
         p, q, vre, vim, nvre = warpgroup_mma_wait(0, deps=(p, q, vre, vim, nvre))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, VIEWS)
+        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
 
 
 @gluon.jit
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
-                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
-                                 KPRE: gl.constexpr = 0, XT: gl.constexpr = False,
-                                 VIEWS: gl.constexpr = False):
+                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -222,18 +175,13 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
     F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
     scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
-    (two: eight wgmmas in flight, half the waits; the same arithmetic). KPRE 1: a chunk's spectrum bins loaded into
-    registers before its stage 1b (gluon_onepass._spectrum_issue), their L2 latency under stages 1b-3 (4096's 9%). XT:
-    the pair's x (scaled, float16) stored once into T's first rows (its own order there) and stage 1a's operands read
-    from shared memory (each column a2 read before it is overwritten), not reloaded from u a column."""
+    (two: eight wgmmas in flight, half the waits; the same arithmetic)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup")
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and A2 >= 8, "A = 16 A2, A2 >= 8")
     gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
     gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wait in stages 1a, 1'a")
-    gl.static_assert(KPRE == 0 or KPRE == 1, "KPRE: 0 or 1 (registers)")
-    gl.static_assert(XT or not VIEWS, "VIEWS reads stage 1a's x from T: XT")
     C: gl.constexpr = KG * A2  # a chunk's columns
     gl.static_assert(C >= 16, "a chunk's stage 1b has K = KG A2 >= 16 (the float16 wgmma's K)")
     L: gl.constexpr = A * B
@@ -266,14 +214,12 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
     Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
-    Tx_re = T_re._reinterpret(gl.float16, [16 * A2, B], rows_layout)  # (XT: rows a = A2 a1 + a2 < A/2 hold x^T)
-    Tx_im = T_im._reinterpret(gl.float16, [16 * A2, B], rows_layout)
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
     tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
     tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, KPRE, 1, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, 0, 1, False)
 
     # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
     # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after
@@ -296,29 +242,21 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         b_re = 2 * (w % groups)
         row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh
         row_im = row_re + stride_ub
-        ure, scale_re, bad_re, uim, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
-                                                                    _load_raw(U, b_re + 1, batch, row_im, seq))
+        _, scale_re, bad_re, _, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
+                                                                _load_raw(U, b_re + 1, batch, row_im, seq))
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T
-        if XT:  # x[m, a] (scaled, float16) into T's first rows: [a, m] there is u's own order, a = A2 a1 + a2
-            Tx_re.slice(0, HALF).store(gl.permute(ure.to(gl.float16), (1, 0)))
-            Tx_im.slice(0, HALF).store(gl.permute(uim.to(gl.float16), (1, 0)))
-            if VIEWS:  # (rows a1 >= 8: zeros, so stage 1a reads whole columns with no mask)
-                zero = gl.zeros([HALF, B], gl.float16, rows)
-                Tx_re.slice(HALF, HALF).store(zero)
-                Tx_im.slice(HALF, HALF).store(zero)
-            gl.thread_barrier()
         for g in gl.static_range(A2 // G1):
             _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM, G1 * g, A2,
-                      B, io, lhs1, acc1, put, G1, XT, VIEWS)
+                      B, io, lhs1, acc1, put, G1)
         gl.thread_barrier()  # T written
         spectrum = K + h * stride_kh
         running = scale_re * 0.0  # the largest chunk scale
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
         for j in range(16 // KG):  # (a loop, not unrolled)
             k1 = j * KG
-            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 1: the bins' loads issued before stage 1b)
+            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; session 34's KPRE 1: slower)
             xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
             xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
             yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)
@@ -336,4 +274,4 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
         for g in gl.static_range(A2 // G1):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
-                              out_re, out_im, G1 * g, A2, B, put, lhs8, acc8, io8, G1, VIEWS, acc1)
+                              out_re, out_im, G1 * g, A2, B, put, lhs8, acc8, io8, G1)

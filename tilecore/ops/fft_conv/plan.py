@@ -63,8 +63,6 @@ class Plan:
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
     prescale: bool = False  # "gluon": the spectrum product's scale from the block's spectrum (no reduction of Y)
     g1: int = 1  # "order3": columns a2 a wgmma wait in stages 1a / 1'a (its loop: k1 values a chunk; per_sm, contig)
-    xt: int = 0  # "order3": 1 the pair's x staged once in shared memory (T), stage 1a's operands read from there; 2 and
-    # T's columns read and written straight in the wgmma's layouts (no layout conversions in stages 1a, 1'a)
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
@@ -123,22 +121,18 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), (1,))}
 
 
-def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, kpre: int = 0,
-                xt: int = 0) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
     8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
     KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
-    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
-    ``kpre`` 1: a chunk's spectrum bins loaded before its stage 1b; ``xt`` 1: the pair's x stored once into T (shared
-    memory) and stage 1a's operands read from there, not reloaded from u a column; 2: and T's columns read and written
-    straight in the wgmma's layouts in stages 1a and 1'a (the kernel's VIEWS: no layout conversions there)."""
+    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2.
+    (Session 34's KPRE, XT and VIEWS were measured slower and removed: notes/fft_conv.)"""
     fits = ORDER3_FITS.get(n)
-    if (fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2)
-            or kpre not in (0, 1) or xt not in (0, 1, 2)):
+    if fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2):
         raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
-                         f"{ORDER3_FITS} (N: (per_sm, kg)), g1 1 or 2, kpre 0 or 1; got N = {n}, per_sm {per_sm}, "
-                         f"contig {contig}, kg {kg}, g1 {g1}, kpre {kpre}, xt {xt}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, kpre=kpre, xt=int(xt))
+                         f"{ORDER3_FITS} (N: (per_sm, kg)), g1 1 or 2; got N = {n}, per_sm {per_sm}, contig {contig}, "
+                         f"kg {kg}, g1 {g1}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

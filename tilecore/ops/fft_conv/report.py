@@ -136,8 +136,8 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
              False)]
 
 
-def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, kpre: int = 0,
-                   xt: int = 0) -> tuple[str, object, dict, int, bool]:
+def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1,
+                   g1: int = 1) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel, session 34) at a configs.GLUON_ORDER3
     tuple (per_sm: the grid only, not the compile)."""
     import torch
@@ -150,8 +150,8 @@ def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
                 batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
-                A=a, B=b, CONTIG=contig, KG=kg, G1=g1, KPRE=kpre, XT=xt >= 1, VIEWS=xt == 2)
-    extra = f"kg {kg}, g1 {g1}" + (", spectrum prefetch" if kpre else "") + (", x in shared memory" if xt else "") + (", direct views" if xt == 2 else "")
+                A=a, B=b, CONTIG=contig, KG=kg, G1=g1)
+    extra = f"kg {kg}, g1 {g1}"
     return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, 4 warps)", gluon_order3.fft_conv_gluon_order3_kernel, args, 4,
             True)
 
