@@ -16,6 +16,20 @@ def _h16(x):
     return x.half().float()
 
 
+def _prescaled_columns(u, half: int, b: int):
+    """u (Bt, H, N) as the kernels read it: x[m, a] = u[b a + m] ([Bt, H, b, half] float32), each row's
+    non-finite values zeroed and flagged (bad: [Bt, H]), then divided by its largest magnitude (scale; 1 for
+    an all-zero row)."""
+    Bt, H = u.shape[:2]
+    x = u.float().reshape(Bt, H, half, b).transpose(-1, -2)
+    finite = torch.isfinite(x)
+    bad = ~finite.flatten(2).all(-1)
+    x = torch.where(finite, x, 0.0)
+    scale = x.abs().flatten(2).amax(-1)
+    scale = torch.where(scale > 0, scale, 1.0)
+    return x / scale[..., None, None], bad, scale
+
+
 def kernel_spectrum(spectrum, a: int, b: int, conj: bool, rfft: bool):
     """The spectrum (H, 2, b, a) as the kernel reads it at f = k_a + a k_b: with ``rfft`` its own gather
     (gluon_onepass._spectrum_at: bins past L/2 the conjugates of L - f, then CONJ), else the host's layout."""
@@ -97,13 +111,7 @@ def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: 
     fb_re, fb_im = ops["FBRE"], ops["FBIM"]
     blocks = [slice(0, a)] if not chunk else [slice(j * chunk, (j + 1) * chunk) for j in range(a // chunk)]
     y = torch.empty(Bt, H, N, dtype=u.dtype)
-    x = u.float().reshape(Bt, H, half, b).transpose(-1, -2)  # x[m, a] = u[b a + m]: [b, half]
-    finite = torch.isfinite(x)
-    bad = ~finite.flatten(2).all(-1)
-    x = torch.where(finite, x, 0.0)
-    scale = x.abs().flatten(2).amax(-1)
-    scale = torch.where(scale > 0, scale, 1.0)
-    x = x / scale[..., None, None]
+    x, bad, scale = _prescaled_columns(u, half, b)
     for h in range(H):
         for g in range(0, Bt, 2):
             x_re = _h16(x[g, h])
@@ -195,13 +203,7 @@ def emulate_order3(u, spectrum, conj: bool, a: int, b: int, kg: int = 1):
     f16re, f16im, f2re, f2im = ops["F16RE"], ops["F16IM"], ops["F2RE"], ops["F2IM"]
     t1re, t1im = ops["T1RE"], ops["T1IM"]  # (A2, 16): W_A^(a2 k1)
     y = torch.empty(Bt, H, N, dtype=u.dtype)
-    x = u.float().reshape(Bt, H, half, b).transpose(-1, -2)  # x[m, a] = u[b a + m]: [b, half]
-    finite = torch.isfinite(x)
-    bad = ~finite.flatten(2).all(-1)
-    x = torch.where(finite, x, 0.0)
-    scale = x.abs().flatten(2).amax(-1)
-    scale = torch.where(scale > 0, scale, 1.0)
-    x = x / scale[..., None, None]
+    x, bad, scale = _prescaled_columns(u, half, b)
     for h in range(H):
         for g in range(0, Bt, 2):
             x_re = _h16(x[g, h])
