@@ -218,7 +218,8 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     ``quantizer``: "fused" (default: ``rotate_quantize``, one tl kernel a tensor that rotates on the
     tensor cores and quantizes, no host sync; torch's ops where D is not a power of two 16..256) or
     "hadamard_quantize" (tilecore.hadamard_quantize for q and k; its static k scale costs a host sync).
-    H100, B16 H16 N4096 D128: end to end 0.90x the bf16 forward against 0.77x (notes/attention_fp8).
+    H100, B16 H16 N4096 D128 (session 26): end to end 0.90x the bf16 forward against 0.77x; with P's linear code and
+    v per block (session 34 call 5): causal 1.046x (notes/attention_fp8).
 
     Descales: q's per token (a per-row factor in the kernel, free); k's (``k_scales``): "block" (default;
     one per block of 128 keys, computed as k is quantized: one scalar a key block in the kernel;
@@ -227,7 +228,7 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     |k_j|_2 / 448 never saturates; a few times more headroom than needed, which e4m3's floating point
     loses nothing to but the subnormals; the norms cost a pass over k), or "token" (per key: a per-key
     factor in the kernel's every step, slower). V: quantize_v_permuted (``v_amax_kernel``: its amax by
-    kernels_tl.head_amax instead of torch's vector_norm). ``v_scales`` (None: configs.ROTATED["v_scales"]): "head",
+    kernels_tl.head_amax instead of torch's vector_norm). ``v_scales`` (None: configs.ROTATED["v_scales"], "block" since session 34): "head",
     one descale a (batch, kv head), its amax a pass over v before the quantizing one; or "block" (session 34), one a
     block of 128 keys, computed in the quantizing pass (v read once: the end-to-end gap's 268 MB at B16 H16 N4096
     D128), which the kernels fold into O's rescale once a key block."""
