@@ -345,8 +345,19 @@ def s34b_timed():
     return cases
 
 
+def s34c_timed():
+    """Session 34, what run 4 left (its budget): the 28 x 1024 transform's STREAM + PAIRS and STREAM at 28672 for the
+    group formats against the shipped plans."""
+    cases = [("t", 28, 1024, "shipped", {}), ("t", 28, 1024, "stream_pairs", {"stream": True, "clamp_lo": 2})]
+    for fmt in ("mxfp4", "nvfp4", "int4"):
+        cases += [("q", fmt, 28672, "shipped", {}), ("q", fmt, 28672, "stream", {"stream": True})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s34c":
+        return s34c_timed()
     if SET == "s34b":
         return s34b_timed()
     if SET == "s34":
@@ -449,7 +460,7 @@ def phase_warm(result, deadline, quick):
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -462,6 +473,8 @@ def phase_warm(result, deadline, quick):
 
 def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
+    if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
+        return []
     if SET == "s34b":  # the flipped 18944 plans (shipped) and PAIRS at the pow2 n it is new at, against float64
         return [("mxfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {}),
                 ("nvfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "float16", {}),
@@ -669,6 +682,10 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
+    if SET == "s34c":  # the kron kernel's STREAM + PAIRS at 28 x 1024: odd rows, in place, H_m^T
+        ks = {"stream": True, "clamp_lo": 2}
+        cases = [((28, 1024), 2049, "out", ks), ((28, 1024), 3, "out", ks), ((28, 1024), 2049, "inplace", ks),
+                 ((28, 1024), 2049, "transpose", ks)]
     if SET == "s34b":  # the shipped 172 x 64 transform (STREAM since run 3): odd rows, in place, H_m^T; the kron STREAM
         ks = {"stream": True}
         cases = [((172, 64), 2049, "out", {}), ((172, 64), 3, "transpose", {}), ((172, 64), 2049, "inplace", {}),
@@ -798,7 +815,7 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
@@ -868,7 +885,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c"))
     a = ap.parse_args()
     global SET
     SET = a.set
