@@ -14,7 +14,7 @@ from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8, q
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.launch import CachedLaunch, next_power_of_2
 
 E4M3_MAX = 448.0
 _QUANTIZE_V = CachedLaunch(kernels_tl.quantize_v_permuted)
@@ -43,14 +43,15 @@ def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool
     if dispatch.backend_for(v.device) != "kernel" or N == 0 or D > 256:
         return quantize_fp8(v, per=per, layout="keys_permuted")
     n_out = -(-N // KEY_CHUNK) * KEY_CHUNK
+    out = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=v.device)
+    block_d = max(16, next_power_of_2(D))
     if per == "block":
         n_scales = -(-N // SCALE_BLOCK)
         descale = torch.empty((B, H, n_scales), dtype=torch.float32, device=v.device)
-        out = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=v.device)
         with dispatch.on_device(v.device):
             _QUANTIZE_V[(B * H, n_scales)](v, out, descale, *v.stride(), H, N, D, n_out,
                                            EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=SCALE_BLOCK,
-                                           BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                                           BLOCK_D=block_d,
                                            PERMUTE_IN_REGISTERS=permute_in_registers, PER_BLOCK=True,
                                            n_scales=n_scales)
         return out, descale
@@ -59,16 +60,15 @@ def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool
         rows = 32 if dispatch.interpreted(v.device) else 256
         with dispatch.on_device(v.device):
             _HEAD_AMAX[(B * H, -(-N // rows))](v, amax, *v.stride(), H, N, D, BLOCK_R=rows,
-                                              BLOCK_D=max(16, 1 << (D - 1).bit_length()))
+                                              BLOCK_D=block_d)
     else:
         amax = torch.linalg.vector_norm(v, ord=float("inf"), dim=(2, 3), dtype=torch.float32)
     descale = _descale(amax).contiguous()
-    out = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=v.device)
     block_k = 32 if dispatch.interpreted(v.device) else 128
     with dispatch.on_device(v.device):
         _QUANTIZE_V[(B * H, -(-n_out // block_k))](v, out, descale, *v.stride(), H, N, D, n_out,
                                                     EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=block_k,
-                                                    BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                                                    BLOCK_D=block_d,
                                                     PERMUTE_IN_REGISTERS=permute_in_registers)
     return out, descale
 

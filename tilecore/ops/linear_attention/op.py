@@ -20,7 +20,7 @@ from tilecore.ops.linear_attention import configs, kernels_backward_gla, kernels
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, signature
+from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, next_power_of_2, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
@@ -110,15 +110,20 @@ def _hedgehog_weights(op: str, weights, heads: int, dk: int, device):
     return pair
 
 
+def _map_tile(dk: int, features: int) -> int:
+    """The map kernels' Dk x F tile in elements (each side a power of two, at least 16)."""
+    return max(16, next_power_of_2(dk)) * max(16, next_power_of_2(features))
+
+
 def _fused_map_fits(dk: int, features: int) -> bool:
     """Where the one-pass map kernels compile for sm_90a in registers (Dk x F up to 128 x 64, powers of two up; at
     256 x 128 the backward asks for more shared memory than an SM has): torch's map beyond."""
-    return max(16, 1 << (dk - 1).bit_length()) * max(16, 1 << (features - 1).bit_length()) <= 128 * 64
+    return _map_tile(dk, features) <= 128 * 64
 
 
 def _map_bwd_block(dk: int, features: int) -> tuple[int, int]:
     """(rows, warps) of the map's backward at Dk x F: configs.HEDGEHOG_MAP_BWD_BLOCKS' first entry that holds it."""
-    size = max(16, 1 << (dk - 1).bit_length()) * max(16, 1 << (features - 1).bit_length())
+    size = _map_tile(dk, features)
     return next(((r, w) for top, r, w in configs.HEDGEHOG_MAP_BWD_BLOCKS if size <= top),
                 configs.HEDGEHOG_MAP_BWD_BLOCKS[-1][1:])
 
