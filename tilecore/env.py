@@ -154,7 +154,7 @@ def launch_path() -> str:
         return f"kept launches: through Triton's runner (no NVIDIA driver module: {type(err).__name__})"
     problem = launch.tma_operand_problem()
     tma = "" if problem is None else f"; TMA kernels' kept launches off ({problem})"
-    if getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None) == 13:
+    if launch.launcher_convention_36(nvidia_driver):
         return "kept launches: Triton's launcher called directly (3.6's convention)" + tma
     return ("kept launches: through Triton's runner (this triton's launcher convention is not 3.6's: "
             "~5 us more a launch on the H100's host)" + tma)

@@ -467,6 +467,17 @@ def _device_of(args) -> torch.device | None:
                  if isinstance(t, torch.Tensor) and t.is_cuda), None)
 
 
+# Triton 3.6's launcher convention, as its NVIDIA driver module states it: _BASE_ARGS_FORMAT_LEN base arguments
+# (13), then the kernel's (3.7 on: the hooks first and the kernel's arguments as one tuple)
+LAUNCHER_BASE_ARGS = 13
+
+
+def launcher_convention_36(driver_module) -> bool:
+    """Whether a triton NVIDIA driver module (its CudaLauncher's) launches with 3.6's argument layout, the one
+    direct_launch and descriptor_expander call the launcher with."""
+    return getattr(driver_module, "_BASE_ARGS_FORMAT_LEN", None) == LAUNCHER_BASE_ARGS
+
+
 def direct_launch(compiled, operands: dict | None = None):
     """``go(grid3, ordered)``, launching ``compiled`` as its runner does (``compiled[grid3](*ordered)``)
     without the runner's Python: Triton 3.6's runner makes a closure and a launch-metadata dict and its
@@ -482,7 +493,7 @@ def direct_launch(compiled, operands: dict | None = None):
     packed = getattr(compiled, "packed_metadata", None)
     if type(run).__name__ != "CudaLauncher" or function is None or packed is None:
         return None
-    if getattr(sys.modules.get(type(run).__module__), "_BASE_ARGS_FORMAT_LEN", None) != 13:
+    if not launcher_convention_36(sys.modules.get(type(run).__module__)):
         return None
     launch = getattr(run, "launch", None)
     if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
@@ -555,7 +566,8 @@ def descriptor_expander(launch, operands: dict | None = None):
     raw, indices, metas = free.get("launcher"), free.get("tensordesc_indices"), free.get("tensordesc_meta")
     encode = getattr(launch, "__globals__", {}).get("make_tensordesc_arg")
     base = getattr(launch, "__globals__", {}).get("_BASE_ARGS_FORMAT_LEN")
-    if raw is None or not isinstance(indices, (set, frozenset)) or metas is None or encode is None or base != 13 \
+    if raw is None or not isinstance(indices, (set, frozenset)) or metas is None or encode is None \
+            or base != LAUNCHER_BASE_ARGS \
             or len(metas) != len(indices) or any(m is None for m in metas):
         return None
     slots = [(position, meta, LRU(TMA_ENCODINGS_KEPT)) for position, meta in zip(sorted(indices), metas)]
