@@ -19,8 +19,8 @@ medians), a row printed as soon as it is timed.
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_based_s34.py [--no-peer] [--no-mamba] [--confirm]
 
 ``--confirm`` (the second batch): the shipped configs (SYM and the 64-row map backward on since d0bb2b4), each checked
-as above, Based's public op fwd and fwd+bwd, Based's backward without SYM and at value blocks of 16 beside, Hedgehog's
-map with one tf32 product for 16-bit inputs (configs.HEDGEHOG_MAP_PRECISION_16 "tf32") checked and timed beside.
+as above, Based's public op fwd and fwd+bwd, Based's backward without SYM and at value blocks of 16 beside (call 4 also
+timed Hedgehog's map by one tf32 product for 16-bit inputs, a switch removed in session 35 after it lost: decision 100).
 
 JSON to $OUT/based_s34.json (rewritten after each phase).
 """
@@ -270,17 +270,14 @@ def hh_inputs(n, dk=64, f=32, b=16, h=16, seed=0):
 
 def hh_setting(name: str):
     """The configs of the row, for a ``with`` block: "shipped", "bwd r64" (64 rows), "bwd r64 pN" (and N programs over
-    the heads: one float32 dW partial each), "torch map" (HEDGEHOG_FUSED_MAP_GRAD off), "tf32"."""
+    the heads: one float32 dW partial each), "torch map" (HEDGEHOG_FUSED_MAP_GRAD off)."""
     return patched(configs, HEDGEHOG_FUSED_MAP_GRAD=name != "torch map",
                    HEDGEHOG_MAP_BWD_BLOCKS=R64 if name.startswith("bwd r64") else SHIPPED_BLOCKS,
-                   HEDGEHOG_MAP_BWD_PROGRAMS=int(name.split(" p")[1]) if " p" in name else SHIPPED_PROGRAMS,
-                   HEDGEHOG_MAP_PRECISION_16="tf32" if name == "tf32" else SHIPPED_P16)
+                   HEDGEHOG_MAP_BWD_PROGRAMS=int(name.split(" p")[1]) if " p" in name else SHIPPED_PROGRAMS)
 
 
 SHIPPED_BLOCKS, SHIPPED_PROGRAMS = configs.HEDGEHOG_MAP_BWD_BLOCKS, configs.HEDGEHOG_MAP_BWD_PROGRAMS
-SHIPPED_P16 = configs.HEDGEHOG_MAP_PRECISION_16
-# --confirm's "tf32": the map kernels' dot for 16-bit inputs by one tf32 product (configs.HEDGEHOG_MAP_PRECISION_16)
-HH_ROWS = ("shipped", "tf32") if CONFIRM else ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
+HH_ROWS = ("shipped",) if CONFIRM else ("shipped", "bwd r64", "bwd r64 p1024", "bwd r64 p2048")
 
 
 def hh_fwd(t):
@@ -326,10 +323,6 @@ def hedgehog_time():
             H[f"fwd_bwd_{name}_ms"] = attempt(f"hh {name}", lambda: bench(fb, grads))
         print(f"hedgehog fwd+bwd {name}: {H[f'fwd_bwd_{name}_ms']}", flush=True)
     if CONFIRM:
-        with hh_setting("tf32"), torch.no_grad():
-            hh_fwd(t)
-            H["fwd_tf32_ms"] = attempt("hh fwd tf32", lambda: bench(lambda: hh_fwd(t)))
-        print(f"hedgehog fwd tf32: {H['fwd_tf32_ms']}", flush=True)
         save()
         return
     t["W"].requires_grad_(False)  # torch's map without W's gradient (session 33 run 2's setting)
@@ -373,7 +366,7 @@ def table() -> str:
     H, P = RESULTS["hedgehog"], RESULTS["peer"]
     f = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
     L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16 (ms): op fwd {f(H.get('fwd_ms'))} "
-             f"(tf32 {f(H.get('fwd_tf32_ms'))}); fwd+bwd "
+             "; fwd+bwd "
              + ", ".join(f"{n} {f(H.get(f'fwd_bwd_{n}_ms'))}" for n in HH_ROWS)
              + f", torch map {f(H.get('fwd_bwd_torch map_ms'))} (without dW {f(H.get('fwd_bwd_torch map no dW_ms'))})")
     L.append("  (FLA torch features + chunk_linear_attn, s33 run 2: fwd 1.613, fwd+bwd 4.220)")

@@ -174,8 +174,8 @@ from tilecore.ops.linear_attention.kernels_forward import hedgehog_map_bwd_kerne
 from tilecore.ops.linear_attention.op import _map_bwd_block
 from tilecore.tiles.compile import compile_kernel, resources
 out = []
-precisions = dict.fromkeys((configs.HEDGEHOG_MAP_PRECISION, configs.HEDGEHOG_MAP_PRECISION_16 or "tf32"))
-for Dk, F, prec in [(dk, f, p) for dk, f in ((64, 32), (64, 64), (128, 64)) for p in precisions]:
+prec = configs.HEDGEHOG_MAP_PRECISION
+for Dk, F in ((64, 32), (64, 64), (128, 64)):
     R, H = 65536, 16
     x = torch.empty(R, H, Dk, dtype=torch.bfloat16)
     w = torch.empty(H, Dk, F)
@@ -196,10 +196,9 @@ print(json.dumps(out))
 
 def test_the_map_kernels_compile_for_sm90_without_spilling():
     """hedgehog_map_kernel (64 rows / 4 warps) and hedgehog_map_bwd_kernel at op._map_bwd_block's blocks
-    (configs.HEDGEHOG_MAP_BWD_BLOCKS) with configs.HEDGEHOG_MAP_PRECISION's dot and HEDGEHOG_MAP_PRECISION_16's (or
-    its candidate "tf32"), Dk x F 64 x 32 (the benchmark's Hedgehog), 64 x 64 and 128 x 64 (the fused path's largest),
-    compiled for sm_90a on this GPU-less machine (a process without TRITON_INTERPRET): 0 bytes spilled (session 34:
-    tf32x3 bwd 231 / 228 / 255 registers, tf32 158 / 168 / 132)."""
+    (configs.HEDGEHOG_MAP_BWD_BLOCKS) with configs.HEDGEHOG_MAP_PRECISION's dot, Dk x F 64 x 32 (the benchmark's
+    Hedgehog), 64 x 64 and 128 x 64 (the fused path's largest), compiled for sm_90a on this GPU-less machine (a process
+    without TRITON_INTERPRET): 0 bytes spilled (session 34: tf32x3 bwd 231 / 228 / 255 registers)."""
     import json
     import os
     import subprocess
@@ -209,15 +208,14 @@ def test_the_map_kernels_compile_for_sm90_without_spilling():
     proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(rows) == 12
+    assert len(rows) == 6
     for r in rows:
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["shared"] <= 227 * 1024, r
 
 
-def test_the_16_bit_precision_switch_reaches_both_map_kernels(monkeypatch):
-    """configs.HEDGEHOG_MAP_PRECISION_16 (session 34's "tf32" candidate) is the dot of both map kernels for bf16 / fp16
-    x under autograd, HEDGEHOG_MAP_PRECISION's for float32 x; the outputs are the float64 map's (the interpreter's dot
-    ignores the precision: this checks the routing)."""
+def test_the_precision_switch_reaches_both_map_kernels(monkeypatch):
+    """configs.HEDGEHOG_MAP_PRECISION is the dot of both map kernels under autograd for 16-bit and float32 x alike;
+    the outputs are the float64 map's (the interpreter's dot ignores the precision: this checks the routing)."""
     from tilecore.ops.linear_attention import configs, kernels_forward
 
     seen = []
@@ -225,13 +223,13 @@ def test_the_16_bit_precision_switch_reaches_both_map_kernels(monkeypatch):
         fn = getattr(kernels_forward, name)
         monkeypatch.setattr(kernels_forward, name,
                             lambda *a, _fn=fn, _n=name, **kw: seen.append((_n, kw["precision"])) or _fn(*a, **kw))
-    monkeypatch.setattr(configs, "HEDGEHOG_MAP_PRECISION_16", "tf32")
+    monkeypatch.setattr(configs, "HEDGEHOG_MAP_PRECISION", "ieee")
     torch.manual_seed(6)
     w = torch.randn(2, 16, 8) * 0.25
-    for dtype, want in ((torch.float16, "tf32"), (torch.float32, configs.HEDGEHOG_MAP_PRECISION)):
+    for dtype in (torch.float16, torch.float32):
         seen.clear()
         x = torch.randn(1, 20, 2, 16).to(dtype)
         out, dx, dw = map_and_grads(x, w, True, torch.randn(1, 20, 2, 16).to(dtype))
-        assert seen == [("hedgehog_map_fused", want), ("hedgehog_map_backward", want)]
+        assert seen == [("hedgehog_map_fused", "ieee"), ("hedgehog_map_backward", "ieee")]
         err = (out.double() - reference(x, w)).abs().max()
         assert err < (2e-6 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps) and torch.isfinite(dx).all()

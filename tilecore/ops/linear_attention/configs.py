@@ -68,9 +68,6 @@ HEDGEHOG_FUSED_MAP_GRAD = True
 # the map kernels' projection dot: "tf32x3" (tensor cores; float32's accuracy but for lo x lo): checked at the map's
 # floor, fwd+bwd 2.45 ms against ieee's 3.26 (same run); ieee spills from Dk x F 64 x 64 up in the backward
 HEDGEHOG_MAP_PRECISION = "tf32x3"
-# the same for bf16 / fp16 inputs (None: HEDGEHOG_MAP_PRECISION): "tf32" (one tensor-core product) off: checked, fwd+bwd
-# 1.06x but the forward slower and dq / dk 5-7% further from float64 (decision 100)
-HEDGEHOG_MAP_PRECISION_16: str | None = None
 # the map backward's (rows, warps) by Dk x F (each padded to a power of two >= 16) up to the first number: what compiles
 # for sm_90a with tf32x3 without spilling (64 rows at 64 x 32: 231 registers; 64 x 64: 228 at 32 rows; 128 x 64 at 32
 # rows / 8 warps: 255, 0 B). 64 rows at <= 2048: checked, fwd+bwd 1.898 ms against 2.450 (decision 97)

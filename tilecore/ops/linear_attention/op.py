@@ -128,17 +128,11 @@ def _map_bwd_block(dk: int, features: int) -> tuple[int, int]:
                 configs.HEDGEHOG_MAP_BWD_BLOCKS[-1][1:])
 
 
-def _map_precision(x) -> str:
-    """The map kernels' dot: configs.HEDGEHOG_MAP_PRECISION_16 for 16-bit x where set, else HEDGEHOG_MAP_PRECISION."""
-    p16 = configs.HEDGEHOG_MAP_PRECISION_16
-    return p16 if p16 and x.element_size() == 2 else configs.HEDGEHOG_MAP_PRECISION
-
-
 def _fused_map(x, weight):
     """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums)."""
     wide = torch.float32 if dispatch.interpreted(x.device) else None
     return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
-                                              precision=_map_precision(x)).to(x.dtype)
+                                              precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
 
 
 class _HedgehogMap(torch.autograd.Function):
@@ -158,7 +152,8 @@ class _HedgehogMap(torch.autograd.Function):
         heads, blocks = x.shape[-2], -(-x.numel() // (x.shape[-2] * x.shape[-1] * rows))  # (blocks of rows a head)
         programs = max(1, min(blocks, -(-configs.HEDGEHOG_MAP_BWD_PROGRAMS // heads)))  # (row ranges a head)
         dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, programs=programs, dx_dtype=wide,
-                                                       rows=rows, warps=warps, precision=_map_precision(x))
+                                                       rows=rows, warps=warps,
+                                                       precision=configs.HEDGEHOG_MAP_PRECISION)
         return (dx.to(x.dtype) if ctx.needs_input_grad[0] else None,
                 dw.to(weight.dtype) if ctx.needs_input_grad[1] else None)
 
