@@ -62,11 +62,11 @@ def test_chain_mlp_bias_epilogue_and_nan():
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[3]).all()
 
 
-def softcap_attention(causal, written_out=False, q=40, x=56, d=32):
+def softcap_attention(causal, written_out=False, q=40, x=56, d=32, cap="softcap(5.0)"):
     g = Diagram("softcap_attention", q=q, x=x, d=d, e=d)
     Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
     S = g.contract(Q, K, out="q x", name="S", dtype="fp32")
-    S = g.map("softcap(5.0)", g.map(f"scale({1 / math.sqrt(d)})", S, name="Ss", dtype="fp32"), name="Sc", dtype="fp32")
+    S = g.map(cap, g.map(f"scale({1 / math.sqrt(d)})", S, name="Ss", dtype="fp32"), name="Sc", dtype="fp32")
     if written_out:
         m = g.reduce(S, "x", kind="max", name="m")
         P = g.map("exp(a - b)", S, m, name="P", unit="sfu", dtype="fp32")
@@ -86,6 +86,15 @@ def test_attention_softcap_streamed(causal, written_out, q, x, tma):
     f, _, _ = run_and_check(softcap_attention(causal, written_out, q=q, x=x), 4.0, BM=16, BN=16, tma=tma)
     assert f.program.family == "attention" and "_tanh(" in f.source
     assert f.program.kernels[0].info["causal"] == causal and f.program.kernels[0].info["softmax"]
+
+
+def test_attention_softcap_approx():
+    # softcap_approx(C): tanh by tanh.approx.f32 where compiled; the interpreter runs the exact sigmoid form
+    # (inline asm does not run there), so this checks the plumbing and the float64 evaluation (exact tanh)
+    f, _, _ = run_and_check(softcap_attention(True, cap="softcap_approx(5.0)"), 4.0, BM=16, BN=16)
+    assert "_tanh_approx(" in f.source and "tanh.approx.f32" in f.source
+    from tilecore.napkin.rewrite import map_cost
+    assert map_cost("softcap_approx(30.0)") == ("sfu", 1.0) and map_cost("softcap(30.0)") == ("sfu", 2.0)
 
 
 def test_sigmoid_attention_plain_streamed_sum():
@@ -180,6 +189,34 @@ norm = compile_kernel(mod.rownorm_gemm_tma, dict(
 for name, ck in (("dual", dual), ("attention", att), ("rownorm", norm)):
     r, ins = resources(ck), has_hopper_instructions(ck.asm["ptx"])
     print(name, r.registers, r.spill_stores, r.spill_loads, r.shared, ins["wgmma"], ins["tma"], r.wgmma_serialized)
+# the SFU instructions (SASS MUFU) of the non-causal D128 kernel at BM 128, BN 64, 8 warps: each thread
+# holds 128 x 64 / 256 = 32 scores a key tile, and the loop body is emitted once (no causal branch)
+import collections, os, re, subprocess, tempfile
+from triton.backends.nvidia.compiler import get_ptxas
+tools = os.path.dirname(get_ptxas(90).path)
+for cap in ("none", "softcap(30.0)", "softcap_approx(30.0)", "sigmoid"):
+    g = Diagram("a", q=4096, x=4096, d=128, e=128)
+    Q, K_, V = g.input("Q", "q d"), g.input("K", "x d"), g.input("V", "x e")
+    S = g.map("scale(0.0883)", g.contract(Q, K_, out="q x", name="S", dtype="fp32"), name="Ss", dtype="fp32")
+    if cap == "sigmoid":
+        O = g.contract(g.map("sigmoid(a - 2.0)", S, name="P"), V, out="q e", name="O")
+    else:
+        S = S if cap == "none" else g.map(cap, S, name="Sc", dtype="fp32")
+        O = g.softmax_contract(S, V, over="x", name="O")
+    mod = _module(napkin_compile(g.output(O).weave("h", 16, ["Q", "K", "V"])).source)
+    ck = compile_kernel(mod.attention_fwd_tma, dict(
+        Q=TensorDescriptor.from_tensor(q, [1, 128, 128]), K=TensorDescriptor.from_tensor(q, [1, 64, 128]),
+        V=TensorDescriptor.from_tensor(q, [1, 64, 128]), O=o, H=16, NQ=4096, NX=4096, sqb=0, sqh=0, sqm=0,
+        sqd=0, skb=0, skh=0, skn=0, skd=0, svb=0, svh=0, svn=0, sve=0, sob=16 * 4096 * 128, soh=4096 * 128,
+        som=128, soe=1, D=128, E=128, BM=128, BN=64, CAUSAL=False, EVEN_Q=True, EVEN_X=True), num_warps=8, num_stages=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        open(os.path.join(tmp, "k.ptx"), "w").write(ck.asm["ptx"])
+        subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90a", os.path.join(tmp, "k.ptx"), "-o",
+                        os.path.join(tmp, "k.cubin")], check=True)
+        sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", os.path.join(tmp, "k.cubin")],
+                              check=True, capture_output=True, text=True).stdout
+    mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass))
+    print("mufu", cap, mufu["EX2"], mufu["RCP"], mufu["TANH"], resources(ck).spill_stores)
 '''
 
 
@@ -199,6 +236,15 @@ def test_compiled_kernels_compile_for_hopper_with_wgmma_and_tma():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["dual"], ["attention"], ["rownorm"])]
     assert len(rows) == 3
+    mufu = {ln.split()[1]: [int(v) for v in ln.split()[2:]] for ln in r.stdout.splitlines() if ln.startswith("mufu ")}
+    # a score's SFU work in the emitted loop, as rewrite.SFU_COST counts it (32 scores a thread a key tile;
+    # the online softmax adds 2 EX2 (alpha) and the epilogue 3 RCP (1 / l) per thread beside them): the
+    # softmax 1 EX2; softcap's tanh as 2 sigmoid(2x) - 1, EX2 + RCP (2); softcap_approx's one TANH;
+    # sigmoid attention's EX2 + RCP (no softmax)
+    assert mufu["none"] == [32 + 2, 3, 0, 0]
+    assert mufu["softcap(30.0)"] == [64 + 2, 32 + 3, 0, 0]
+    assert mufu["softcap_approx(30.0)"] == [32 + 2, 3, 32, 0]
+    assert mufu["sigmoid"] == [32, 32 + 1, 0, 0]
     for name, regs, spill_st, spill_ld, shared, wgmma, tma, serialized in rows:
         # serialized: ptxas's C7515, an MMA operand or accumulator defined by other instructions in the
         # pipeline (rownorm's operand made in registers did that: 0.5x; the weight is now prescaled)

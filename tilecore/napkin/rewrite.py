@@ -396,13 +396,15 @@ ELEMENTWISE = {
     "gelu": "0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))",  # tanh form
     "x*inv*w": "a * b * c",
 }
-FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "abs", "maximum", "minimum")
+FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "tanh_approx", "abs", "maximum", "minimum")
 PLACEHOLDERS = "abcdefgh"
 
 
 # special-function-unit (MUFU) instructions a function costs as napkin.compile emits it: exp, log,
-# sqrt, rsqrt one each; sigmoid 1 / (1 + exp(-x)) two (ex2, rcp); tanh as 2 sigmoid(2x) - 1 two
-SFU_COST = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "sigmoid": 2, "tanh": 2}
+# sqrt, rsqrt one each; sigmoid 1 / (1 + exp(-x)) two (ex2, rcp); tanh as 2 sigmoid(2x) - 1 two;
+# tanh_approx one (tanh.approx.f32 on the GPU). sm_90a SASS of the emitted attention loop, a score:
+# MUFU.EX2 1 plain, EX2 + RCP 2 more with sigmoid, EX2 + RCP 2 more with softcap (test_compile)
+SFU_COST = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "sigmoid": 2, "tanh": 2, "tanh_approx": 1}
 
 
 def map_cost(fn: str) -> tuple:
@@ -421,9 +423,9 @@ def map_expression(fn: str) -> str:
     fn = fn.strip()
     if fn in ELEMENTWISE:
         return ELEMENTWISE[fn]
-    m = re.fullmatch(r"softcap\(\s*([0-9.eE+-]+)\s*\)", fn)
-    if m:
-        return f"{float(m.group(1))!r} * tanh(a / {float(m.group(1))!r})"
+    m = re.fullmatch(r"softcap(_approx)?\(\s*([0-9.eE+-]+)\s*\)", fn)
+    if m:  # softcap_approx(C): tanh by the hardware's tanh.approx.f32 (compile.TANH_APPROX_ERROR)
+        return f"{float(m.group(2))!r} * tanh{m.group(1) or ''}(a / {float(m.group(2))!r})"
     m = re.fullmatch(r"scale\(\s*([0-9.eE+-]+)\s*\)", fn)
     if m:
         return f"a * {float(m.group(1))!r}"
@@ -442,7 +444,7 @@ def map_expression(fn: str) -> str:
             ok = False
     if not ok:
         raise CompileError(f"map {fn!r} has no known semantics; accepted: {', '.join(ELEMENTWISE)}, softcap(C), "
-                           f"scale(C), or an expression of a, b, c, ... with {', '.join(FUNCTIONS)}")
+                           f"softcap_approx(C), scale(C), or an expression of a, b, c, ... with {', '.join(FUNCTIONS)}")
     return fn
 
 

@@ -16,7 +16,9 @@ from tilecore.napkin.diagram import Diagram
 
 FUNCTIONS = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
              "sigmoid": torch.sigmoid, "tanh": torch.tanh, "abs": torch.abs, "maximum": torch.maximum,
-             "minimum": torch.minimum}
+             "minimum": torch.minimum,
+             # the exact tanh: the kernel's tanh.approx.f32 differs by up to compile.TANH_APPROX_ERROR relative
+             "tanh_approx": torch.tanh}
 
 
 def _letters(axes_lists):
