@@ -148,6 +148,23 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     return m_new, p, alpha
 
 
+@gluon.jit
+def signed_hadamard_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl.constexpr):
+    """(diag(s) H)^T [D, D] in ``dtype`` (+-1: exact), H Sylvester's Hadamard matrix (H[i, j] = (-1)^popcount(i & j),
+    symmetric), s the signs at ``signs`` (float32): element [n, k] = H[n, k] s_k, so that x [m, D] times its transpose
+    is x diag(s) H (kernels_tl.signed_hadamard's matrix, stored K-major for wgmma's B). Made in registers (a parity of
+    8 bits: D <= 256), nothing loaded but the signs."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    n = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, layout)), 1)
+    kk = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    bits = n & gl.expand_dims(kk, 0)
+    bits = bits ^ (bits >> 4)
+    bits = bits ^ (bits >> 2)
+    bits = bits ^ (bits >> 1)
+    s = gl.load(signs + kk)
+    return ((1 - 2 * (bits & 1)).to(gl.float32) * gl.expand_dims(s, 0)).to(dtype)
+
+
 @struct
 class Running:
     """A consumer's online softmax: row max m (base 2), the output accumulator, the last P (float32 in the
@@ -201,7 +218,11 @@ class AttentionFp8:
     P_SHIFT: gl.constexpr  # P is rounded to e4m3 as 2^P_SHIFT p (reference.P_SHIFT: 8)
     P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
+    Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
+    rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
+    q8: object  # Q_ROTATE: the consumers' e4m3 Q [CONSUMERS, BM, D] in shared memory (else None)
+    out_scale: object  # Q_ROTATE: the rotation's 1 / sqrt(D)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
     D: gl.constexpr
@@ -211,6 +232,7 @@ class AttentionFp8:
     P: gl.constexpr
     L: gl.constexpr  # l's accumulator [BM, L_COLS], and P as its register operand
     PL: gl.constexpr
+    R: gl.constexpr  # Q_ROTATE: the rotation's accumulator [BM, D] (a 16-bit wgmma's)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -241,7 +263,9 @@ class AttentionFp8:
         if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
             own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
             n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
-        if self.Q_PER_ROW:
+        if self.Q_ROTATE:
+            q_scale = self.rotate_q(ctx) * self.scale_log2e
+        elif self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
             q_scale = gl.load(self.q_scales + tile.bh.to(gl.int64) * self.q_n_scales + offs // self.q_rows_per_scale,
                               mask=offs < self.N, other=0.0) * self.scale_log2e
@@ -260,6 +284,36 @@ class AttentionFp8:
             vd = self.v_block_scale(tile.bh, 0)
             vn = self.v_block_scale(tile.bh, 1)
         return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn)
+
+    @gluon.jit
+    def rotate_q(self, ctx):
+        """Q_ROTATE: this consumer's Q rows (bf16/fp16, as TMA loaded them; rows past N are 0) rotated by one
+        [BM, D] x [D, D] wgmma against diag(s) H (exact +-1 in q's dtype; float32 sums), times 1 / sqrt(D), and
+        quantized per row into this consumer's e4m3 Q buffer: descale = amax / 448 (1 where amax = 0), codes =
+        y * (1 / descale), saturated at +-448 by the conversion (NaN kept). Returns the rows' descales (S's row
+        slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the division by a
+        row's descale replaced by a multiply by its reciprocal)."""
+        x = ctx.operand.reshape([self.BM, self.D])
+        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                            use_acc=False, is_async=True)
+        y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        amax = gl.max(gl.abs(y), axis=1)
+        descale = gl.where(amax > 0, amax / 448.0, 1.0)
+        codes = (y * gl.expand_dims(1.0 / descale, 1)).to(gl.float8e4nv)
+        q8 = self.q8.index(ctx.index)
+        q8.store(codes)
+        fence_async_shared()
+        gl.thread_barrier()  # the warpgroup's stores are in before its S wgmma reads them
+        return gl.convert_layout(descale, gl.SliceLayout(1, self.S))
+
+    @gluon.jit
+    def q_operand(self, ctx):
+        """S's A operand: the tile operand (e4m3 Q as loaded), or with Q_ROTATE this consumer's rotated Q."""
+        if self.Q_ROTATE:
+            q = self.q8.index(ctx.index)
+        else:
+            q = ctx.operand.reshape([self.BM, self.D])
+        return q
 
     @gluon.jit
     def v_block_scale(self, bh, block):
@@ -363,7 +417,7 @@ class AttentionFp8:
         """S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs (ptxas puts P V's wait after the
         first row max: notes/attention_fp8). Every branch ends with its wgmma complete, so the stage is free when
         compute returns."""
-        q = ctx.operand.reshape([self.BM, self.D])
+        q = self.q_operand(ctx)
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
         v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
         if step == 0:
@@ -423,9 +477,10 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
-                             V_PER_BLOCK: gl.constexpr = False):
+                             V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
-    permuted within each 32 (reference.keys_permuted)."""
+    permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
+    / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
@@ -440,14 +495,25 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                                      gl.full(ONES_SHAPE, E4M3_ONE_BITS, gl.uint8,
                                              gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0]))
                                      .to(gl.float8e4nv, bitcast=True))
+    if Q_ROTATE:
+        gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
+        rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
+            [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps()))
+        q8 = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, BM, D],
+                                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv))
+        out_scale = D ** -0.5
+    else:
+        rotation = None
+        q8 = None
+        out_scale = 1.0
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK, ones, BM, BN,
-                      D, CONSUMERS,
+                      v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK, Q_ROTATE, ones,
+                      rotation, q8, out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
-                      wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8))
+                      wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

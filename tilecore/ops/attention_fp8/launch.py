@@ -183,7 +183,7 @@ class _GluonLayout:
 
     __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
 
-    def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block=False):
+    def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block=False, q_rotate=False):
         unknown = set(cfg) - configs.GLUON_KEYS
         if unknown:  # a variant's key: the kernel has only what the shipped configs use (issue 30)
             raise ValueError(f"attention_fp8: config keys {sorted(unknown)} are not the Gluon kernel's (the variants "
@@ -202,17 +202,66 @@ class _GluonLayout:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
                                  f"kernel's block_n = {SCALE_BLOCK}; got {self.block_n}")
             self.options["V_PER_BLOCK"] = True
+        if q_rotate:  # q in bf16/fp16, rotated and quantized per row in the kernel (forward_q_rotated)
+            self.options["Q_ROTATE"] = True
+            self.options["Q_PER_ROW"] = True
         check_rescale(0.0, self.options["P_SHIFT"])
         if self.options["P_LINEAR"] not in (0, 1):
             raise ValueError(f"attention_fp8: p_linear must be 0 (exp2) or 1 (the codes); got {cfg['p_linear']!r}")
 
 
 def gluon_options(q, k, config: dict, causal: bool, q_per_row: bool = False, k_per_row: bool = False, k_n: int = 1,
-                  k_rows: int = 1, v_per_block: bool = False) -> dict:
+                  k_rows: int = 1, v_per_block: bool = False, q_rotate: bool = False) -> dict:
     """The Gluon kernel's compile-time options (num_warps among them) that ``forward`` launches a call with: q and k
     the call's (or tensors of their shapes), ``config`` a plan's (configs.gluon_config), the descales' forms as
     scale_operand gives them. For compile probes (experiments/attention_fp8/sass_fp8.py, ptx_shipped.py)."""
-    return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block).options)
+    return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block, q_rotate).options)
+
+
+def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
+                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, lse) of the convenience path with q's rotation and quantization inside Hopper's kernel (the kernel's
+    Q_ROTATE): q (B, Hq, N, D) bf16/fp16 as the caller gave it, rotated there by diag(signs) H / sqrt(D) and quantized
+    per row (gluon_fp8.AttentionFp8.rotate_q; quantize.rotate_quantize_rows is its twin); k e4m3 (B, Hkv, Nk, D) with
+    k_scale's descales (per head, per 128-key block or per key), v e4m3 in the kernel's layout (keys_permuted) with
+    v_scale's (per head or per 128-key block). The caller checked the shapes (quantize.attention_fp8_rotated); the
+    Gluon path only (D 64 or 128 on Hopper). ``config``: the Gluon config (default configs.gluon_config, with
+    configs.ROTATED's ``q_stages`` / ``q_buffers`` where set)."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    if q.numel() == 0 or Nk == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    cfg = dict(config or rotated_q_config(D, causal))
+    ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
+    vs = v_scale.to(torch.float32).contiguous()
+    v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
+    key = signature("attention_fp8_q_rotated", q, k, v, out, k_scale, v_scale, causal, tuple(sorted(cfg.items())))
+    layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, True, k_per_row, k_n, k_rows,
+                                                           v_scale.dim() == 3, q_rotate=True))
+    q = q if layout.q_describable else q.contiguous()
+    k = k if layout.k_describable else k.contiguous()
+    block_m, block_n = layout.block_m, layout.block_n
+    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
+    signs = signs.to(device=q.device, dtype=torch.float32).contiguous()
+    args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, D, block_n]),
+            TmaOperand(out, [1, 1, block_m, D]), lse, signs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, N, 1,
+            k_n, k_rows, B * H, head_group, schedule, v_n, signs)
+    GLUON_FWD.run(key, grid, args, layout.options)
+    return out, lse
+
+
+def rotated_q_config(D: int, causal: bool) -> dict:
+    """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
+    configs.ROTATED's ``q_stages`` and ``q_buffers`` (shared memory: the rotation's matrix and the bf16 Q buffers)."""
+    cfg = configs.gluon_config(D, causal)
+    rot = configs.ROTATED
+    cfg["stages"] = rot.get("q_stages", {}).get(D, cfg["stages"])
+    cfg["q_buffers"] = rot.get("q_buffers", {}).get(D, cfg["q_buffers"])
+    return cfg
 
 
 def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):

@@ -195,6 +195,32 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     return codes, ds
 
 
+def rotate_quantize_rows(x: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, descale (B, H, N)) of x (B, H, N, D) rotated and quantized per row as Hopper's kernel does it for q
+    (its Q_ROTATE, gluon_fp8.AttentionFp8.rotate_q; the twin of that path, in float32 torch): y = (x diag(s) H) / sqrt(D)
+    from the exact 16-bit inputs, descale = amax / 448 of the row (1 where amax = 0), codes = y * (1 / descale)
+    saturated at +-448 (NaN kept). rotate_quantize's math but for that multiply by the reciprocal (it divides by the
+    descale: a code may differ by one e4m3 step where y / descale is within a float32 ulp of a rounding boundary)."""
+    D = x.shape[-1]
+    y = (x.to(torch.float32) @ signed_hadamard(signs.to(x.device))) * D ** -0.5
+    amax = y.abs().amax(dim=-1)
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    codes = (y * (1.0 / descale)[..., None]).clamp(-E4M3_MAX, E4M3_MAX)
+    return codes.to(torch.float8_e4m3fn), descale
+
+
+def q_in_kernel(q: torch.Tensor, k: torch.Tensor, causal: bool, rotate: bool, k_scales: str, quantizer: str) -> bool:
+    """Whether the convenience path rotates and quantizes q inside Hopper's kernel (configs.ROTATED["q_in_kernel"]):
+    a plain eager call with rotation, the fused quantizer's per-block k, 16-bit inputs, on the Gluon kernel's plan."""
+    if not (configs.ROTATED.get("q_in_kernel") and rotate and quantizer == "fused" and k_scales == "block"
+            and q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cuda"
+            and dispatch.plain_eager(q, k)):
+        return False
+    from tilecore.ops.attention_fp8 import launch
+
+    return launch.plan(q, k, causal).path == "gluon"
+
+
 K_SCALES = ("tensor", "token", "block")
 QUANTIZERS = ("hadamard_quantize", "fused")
 
@@ -251,6 +277,8 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     v_scales = configs.ROTATED["v_scales"] if v_scales is None else v_scales
     if v_scales not in V_SCALES:
         raise ValueError(f"attention_fp8_rotated: v_scales must be 'head' or 'block'; got {v_scales!r}")
+    if q_in_kernel(q, k, causal, rotate, k_scales, quantizer):
+        return _attend_q_in_kernel(q, k, v, causal, scale, return_lse, v_amax_kernel, v_scales)
     if dispatch.plain_eager(q, k, v):
         q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs(q, k, v, rotate, k_scales, quantizer, v_amax_kernel,
                                                                 v_scales)
@@ -260,6 +288,23 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     return attention_fp8(q8, k8, v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, causal=causal,
                          softmax_scale=scale, out_dtype=q.dtype, return_lse=return_lse, v_layout="keys_permuted",
                          check_scales=False)
+
+
+def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_kernel: bool, v_scales: str):
+    """attention_fp8_rotated with q rotated and quantized inside Hopper's kernel (launch.forward_q_rotated): k and v
+    quantized as quantize_inputs does (k per block of 128 keys), attention_fp8's checks on stand-ins of q's codes and
+    descales (no memory), then one launch."""
+    from tilecore.ops.attention_fp8 import launch
+    from tilecore.ops.attention_fp8.op import FP8, check
+
+    signs = rotation_signs(q.shape[-1], q.device)
+    k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block")
+    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
+    q_codes = torch.empty((), dtype=FP8, device=q.device).expand(q.shape)
+    q_scale = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
+    softmax_scale = check(q_codes, k8, v8, q_scale, k_scale, v_scale, causal, scale, q.dtype, "keys_permuted", False)
+    out, lse = launch.forward_q_rotated(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
+    return (out, lse) if return_lse else out
 
 
 def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax_kernel: bool,
