@@ -193,9 +193,12 @@ def block_d(d: int) -> int:
     return max(16, next_power_of_2(d))
 
 
-def _cu_blocks(cu: torch.Tensor, block: int) -> torch.Tensor:
-    """(B + 1,) int32: running count of each sequence's blocks of ``block`` rows (device torch ops)."""
+def _cu_blocks(cu: torch.Tensor, block: int, skip: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(B + 1,) int32: running count of each sequence's blocks of ``block`` rows (device torch ops);
+    ``skip`` (B,) bool: those sequences get no block (no program finds them)."""
     blocks = torch.div(cu[1:] - cu[:-1] + (block - 1), block, rounding_mode="floor")
+    if skip is not None:
+        blocks = torch.where(skip, torch.zeros_like(blocks), blocks)
     return torch.cat([cu.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
 
 
@@ -506,15 +509,64 @@ def neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m: int, til
     return bad.to(torch.int32)
 
 
+def long_sequences(cu_q, cu_k, min_rows: int, causal: bool, left: int, right: int, softcap: float,
+                   host_cu=None) -> list[tuple[int, int]]:
+    """(first packed row, rows) of the sequences the backward sends to the fixed-length path, one call
+    each (configs.VARLEN_GLUON_BACKWARD_LONG): those of at least ``min_rows`` queries where every
+    sequence has as many keys as queries (cu_seqlens_q equal to cu_seqlens_k), without a window or a
+    softcap; none where ``min_rows`` is 0 or a CUDA graph is being captured. They are the first
+    sequences of the work tables' order (N x Nk, longest first), so the tables' entries past theirs
+    (``routed_entries``) are the rest's. Reads cu_seqlens on the host (a sync) unless ``host_cu``
+    gives their values."""
+    if min_rows <= 0 or softcap != 0 or gluon_masks(causal, left, right)[1]:
+        return []
+    if host_cu is None:
+        if cu_q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return []
+        if cu_k is not cu_q:
+            both = torch.stack([cu_q, cu_k]).tolist()
+            if both[0] != both[1]:
+                return []
+        host_cu = cu_q.tolist()
+    return [(a, b - a) for a, b in zip(host_cu, host_cu[1:]) if b - a >= min_rows]
+
+
+def routed_entries(routed: list[tuple[int, int]], tile_rows: int, heads: int) -> int:
+    """The work table's entries (tiles of ``tile_rows`` rows, ``heads`` heads) of the routed sequences:
+    the table's first ones (work_table's order is longest first and they are the longest)."""
+    return sum(cdiv(rows, tile_rows) for _, rows in routed) * heads
+
+
+def backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
+    """dq, dk, dv of each routed sequence (``long_sequences``) by the fixed-length backward
+    (tilecore.ops.attention's plan_backward and launch.backward: its default for (1, H, rows, D)) on
+    views of the packed tensors: TMA bounds a box by the view's rows, so no other sequence's row is
+    read or written."""
+    from tilecore.ops.attention import launch as fixed_launch
+    from tilecore.ops.attention import plan as fixed_plan
+
+    for start, rows in routed:
+        def view(t, start=start, rows=rows):  # (1, heads, rows, D) of the packed (total, heads, D)
+            return t[start:start + rows].unsqueeze(0).transpose(1, 2)
+
+        lse_rows, dlse_rows = (None if t is None else t[:, start:start + rows].unsqueeze(0) for t in (lse, dlse))
+        qs, ks, vs, ds = view(q), view(k), view(v), view(dout)
+        p = fixed_plan.plan_backward(ds, qs, ks, vs, causal, scale)
+        fixed_launch.backward(p, ds, qs, ks, vs, view(out), lse_rows, dlse_rows, view(dq), view(dk), view(dv),
+                              causal, scale)
+
+
 def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
-                   config=None, tanh_approx=None):
+                   config=None, tanh_approx=None, long_from=None, host_cu=None):
     """(dq, dk, dv) by the Gluon varlen backward (gluon_backward.py) after the fixed path's
     preprocess (launch.backward_preprocess on the packed tensors as one batch of total_q rows: delta,
     the (Hq, 2, total_q) row statistics, and for a dQ in the kernel a zeroed float32 (Hq, total_q, D)
     dQ), into ``grads`` (contiguous) where given; with the config's dq_from "gluon", dK/dV alone and
     then dQ by attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks);
     ``config`` in place of configs.varlen_gluon_backward_config; the softcap's tanh by
-    tanh.approx.f32 unless ``tanh_approx`` is False."""
+    tanh.approx.f32 unless ``tanh_approx`` is False. Sequences of at least ``long_from`` rows (None:
+    configs.VARLEN_GLUON_BACKWARD_LONG; 0: none) go to the fixed-length backward (``long_sequences``;
+    ``host_cu``: cu_seqlens' values where known) and the varlen kernels take the rest of the tables."""
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
 
@@ -538,7 +590,10 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
                                                lse, dlse, dq_sum=not dq_after, row_stats=True)
     dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
+    routed = long_sequences(cu_q, cu_k, configs.VARLEN_GLUON_BACKWARD_LONG if long_from is None else long_from,
+                            causal, left, right, softcap, host_cu)
     work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
+    work = work[routed_entries(routed, 2 * block_n, hkv):]  # the routed sequences' entries come first
     num_tiles = work.shape[0]
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
     tail_flags = (neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m, 2 * block_n)
@@ -557,14 +612,15 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
         dq.copy_(dq_sum.transpose(0, 1))
     else:
         _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr,
-                   tanh_scale, mode, zero_tail)
+                   tanh_scale, mode, zero_tail, routed)
+    backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)  # after dQ's copy
     return dq, dk, dvv
 
 
 def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr, tanh_scale,
-               mode, zero_tail):
+               mode, zero_tail, routed=()):
     """attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks) into dq, from the
-    rows' ``delta``."""
+    rows' ``delta``; the ``routed`` sequences' entries (the table's first) left out."""
     from tilecore.tiles.launch import tile_counter
 
     total_q, hq, d = q.shape
@@ -572,6 +628,7 @@ def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, sca
     dq_cfg = fixed_configs.GLUON_DQ[d]
     dq_m, dq_n = dq_cfg["block_m"], dq_cfg["block_n"]
     work = work_table(cu_q, cu_k, total_q, hq, 2 * dq_m)  # the forward's: (sequence, query tile, q head, 0)
+    work = work[routed_entries(routed, 2 * dq_m, hq):]
     grid = (min(work.shape[0], dispatch.num_sms(q.device)),)
     with dispatch.on_device(q.device):
         GLUON_VARLEN_DQ[grid](
@@ -614,10 +671,12 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
 
 
 def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
-                     config=None, tanh_approx=None):
+                     config=None, tanh_approx=None, long_from=0, host_cu=None):
     """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
     ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of block_config's,
-    ``tanh_approx``: softcap_mode's (probes)."""
+    ``tanh_approx``: softcap_mode's (probes). ``long_from`` > 0: backward_gluon's route (sequences of
+    at least that many rows by the fixed-length backward, the tl kernels' blocks skipping them): the
+    interpreter's stand-in for the Gluon path's."""
     from tilecore.ops.attention_varlen.kernels_tl import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
@@ -638,17 +697,24 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
                   SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
+    routed = long_sequences(cu_q, cu_k, long_from, causal, left, right, softcap, host_cu)
+    skip = None
+    if routed:  # those sequences' blocks: none (their rows by backward_fixed_rows below)
+        starts = {start for start, _ in routed}
+        firsts = (host_cu if host_cu is not None else cu_q.tolist())[:-1]
+        skip = torch.tensor([a in starts for a in firsts], dtype=torch.bool).to(q.device)
     cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv"))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
-        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"]),
+        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"], skip),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
     cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq"))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"]),
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"], skip),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common, **cfg)
+    backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)
     return dq, dk, dvv
 
 

@@ -1,0 +1,304 @@
+"""The varlen backward's route for long sequences (config VARLEN_GLUON_BACKWARD_LONG, issue 35, session 35): the
+sequences of at least ``long_from`` rows by the fixed-length backward (one call each, on views of the packed
+tensors), the rest by the shipped varlen split, against the shipped split alone and the fixed path's matched
+rate, checked against float64 in one run, <= 60 s on an H100 including compiles.
+
+Why: 64% of the long tail's backward FLOPs sit in its three sequences >= 4096 (9449, 5083, 4593), where the fixed
+path's fused dQ runs ~9% faster than the varlen split (session 34: split 0.925-0.927x matched; target 0.95).
+
+    PYTHONPATH=. python3 experiments/attention/gpu_varlen_long.py [--budget 58] [--routes 4096,2048]
+
+check: bf16 against float64 autograd of the varlen reference (2 heads), NaN-poisoned gradients, lengths 0 / 1 /
+    odd / > 4096, causal (H8, and GQA 8 / 2) and not, routed from 1024 (two sequences) and 4096 (one).
+time (do_bench medians of alternate rounds): the 64K long-tailed batch (54 sequences, longest 9449), H16 D128
+    causal bf16, backward from the same forward: the shipped split, the route at each --routes length given
+    cu_seqlens' values (host cu) and, for the first, reading them itself (a host sync a call, what the op does);
+    the fixed path's default backward at N 512 ... 8192 (B = 64K / N) for the matched ratio.
+Prints a table last; writes $OUT/gpu_varlen_long.json.
+
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen_long.py --smoke   (CPU: the script's
+    paths on tiny shapes, the tl kernels standing in for the Gluon ones)
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+START = time.time()
+BUDGET = [58.0]
+OUT = {"check": [], "time": [], "errors": [], "table": []}
+MATCHED = (512, 1024, 2048, 4096, 8192)
+SMOKE = [False]
+H, D, DEV = [16], [128], ["cuda"]
+
+
+def left(reserve=0.0):
+    return BUDGET[0] - reserve - (time.time() - START)
+
+
+def say(line):
+    print(f"[{time.time() - START:5.1f} s] {line}", flush=True)
+    OUT["table"].append(line)
+
+
+def guarded(name, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - report and go on
+        OUT["errors"].append({"case": name, "error": f"{type(e).__name__}: {e}"})
+        say(f"error {name}: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        return None
+
+
+def cu_of(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEV[0])
+
+
+def forward(q, k, v, cu, causal, scale):
+    from tilecore.ops.attention_varlen import op as varlen
+
+    if SMOKE[0]:
+        return varlen.forward_kernels(q, k, v, cu, cu, causal, scale, -1, -1, 0.0)
+    return varlen.forward_gluon(q, k, v, cu, cu, causal, scale, 0.0)
+
+
+def backward(dout, q, k, v, out, lse, cu, causal, scale, grads, long_from, host_cu):
+    """varlen.backward_gluon with the route from ``long_from`` rows (0: the shipped split alone); ``host_cu``:
+    cu_seqlens' values (None: the op reads them). --smoke: the tl kernels with the same route."""
+    from tilecore.ops.attention_varlen import op as varlen
+
+    if SMOKE[0]:
+        return varlen.backward_kernels(dout, q, k, v, out, lse, None, cu, cu, causal, scale, -1, -1, 0.0,
+                                       grads=grads, long_from=long_from, host_cu=host_cu)
+    return varlen.backward_gluon(dout, q, k, v, out, lse, None, cu, cu, causal, scale, -1, -1, 0.0, grads=grads,
+                                 long_from=long_from, host_cu=host_cu)
+
+
+def long_tailed(total=65536, seed=0, longest=16384, shortest=16):
+    """gpu_varlen_bwd.long_tailed_lengths: log-normal lengths (median ~800) until ``total`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < total:
+        n = int(math.exp(torch.randn(1, generator=g).item() * 1.2 + math.log(800)))
+        lengths.append(max(shortest, min(longest, n, total - sum(lengths))))
+    return lengths
+
+
+def bwd_flops(lengths, h=None, d=None):
+    h, d = h or H[0], d or D[0]
+    return 2.5 * sum(4 * n * n / 2 * d * h for n in lengths)  # causal: dK, dV, dQ, S, dP over half the scores
+
+
+def bench(fn, rep=60):
+    import triton
+
+    if SMOKE[0]:
+        fn()
+        return 1.0
+    return triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median")
+
+
+# ----------------------------------------------------------------------------------------------------------
+def check(name, lengths, hq, hkv, causal, long_from, ref_heads=2):
+    """One routed backward against float64 (the first ``ref_heads`` q heads and their kv heads), into
+    NaN-poisoned gradients; the op reads cu_seqlens itself."""
+    from tilecore import accuracy
+    from tilecore.ops.attention_varlen.reference import varlen_reference
+
+    d = D[0]
+    cu = cu_of(lengths)
+    torch.manual_seed(len(lengths) + sum(lengths) + hkv)
+    dtype = torch.float16 if SMOKE[0] else torch.bfloat16
+    total = sum(lengths)
+    q = torch.randn(total, hq, d, dtype=dtype, device=DEV[0])
+    k, v = (torch.randn(total, hkv, d, dtype=dtype, device=DEV[0]) for _ in range(2))
+    scale = d ** -0.5
+    out, lse = forward(q, k, v, cu, causal, scale)
+    dout = torch.randn_like(out)
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    backward(dout, q, k, v, out, lse, cu, causal, scale, grads, long_from, None)
+    if not SMOKE[0]:
+        torch.cuda.synchronize()
+    group = hq // hkv
+    kv_heads = max(1, ref_heads // group)
+    x64 = [q[:, :kv_heads * group].double().requires_grad_()] + [
+        t[:, :kv_heads].double().requires_grad_() for t in (k, v)]
+    ref, _ = varlen_reference(*x64, cu, cu, causal=causal)
+    ref_grads = torch.autograd.grad((ref * dout[:, :kv_heads * group].double()).sum(), x64)
+    got = (grads[0][:, :kv_heads * group], grads[1][:, :kv_heads], grads[2][:, :kv_heads])
+    row = {"case": name, "unwritten": int(sum(g.isnan().sum() for g in grads))}
+    for n, g, r in zip("qkv", got, ref_grads):
+        row[f"d{n}_x_floor"] = accuracy.error_over_floor(g, r)
+    row["ok"] = row["unwritten"] == 0 and all(row[f"d{n}_x_floor"] <= 3.0 for n in "qkv")
+    OUT["check"].append(row)
+    say(("PASS " if row["ok"] else "FAIL ") + name + " " + " ".join(
+        f"d{n} {row[f'd{n}_x_floor']:.2f}" for n in "qkv") + f" unwritten {row['unwritten']}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+def varlen_inputs(lengths):
+    h, d = H[0], D[0]
+    torch.manual_seed(1)
+    total = sum(lengths)
+    cu = cu_of(lengths)
+    dtype = torch.float16 if SMOKE[0] else torch.bfloat16
+    q, k, v, dout = (torch.randn(total, h, d, dtype=dtype, device=DEV[0]) for _ in range(4))
+    out, lse = forward(q, k, v, cu, True, d ** -0.5)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    return q, k, v, dout, out, lse, cu, grads
+
+
+def varlen_call(inputs, long_from, host):
+    q, k, v, dout, out, lse, cu, grads = inputs
+    host_cu = cu.tolist() if host else None
+    scale = q.shape[-1] ** -0.5
+    return lambda: backward(dout, q, k, v, out, lse, cu, True, scale, grads, long_from, host_cu)
+
+
+def fixed_call(inputs, b, n):
+    """The fixed-length default backward (plan_backward's) on contiguous (B, H, N, D) copies of a uniform
+    packed batch, from the varlen forward's O and lse (the same values the fixed forward gives)."""
+    from tilecore.ops.attention import launch, plan
+
+    q, k, v, dout, out, lse, cu, grads = inputs
+    h, d = H[0], D[0]
+    fixed = lambda t: t.view(b, n, h, d).transpose(1, 2).contiguous()  # noqa: E731
+    qf, kf, vf, df, of = (fixed(t) for t in (q, k, v, dout, out))
+    lf = lse.view(h, b, n).transpose(0, 1).contiguous()
+    scale = d ** -0.5
+    p = plan.plan_backward(df, qf, kf, vf, True, scale)
+    gf = [torch.empty_like(t) for t in (qf, kf, vf)]
+    return (lambda: launch.backward(p, df, qf, kf, vf, of, lf, None, *gf, True, scale)), p
+
+
+def ab(label, lengths, variants, rounds):
+    """Alternate rounds of the variants ((name, long_from, host cu)) on one batch; medians."""
+    inputs = varlen_inputs(lengths)
+    calls = [(name, varlen_call(inputs, long_from, host)) for name, long_from, host in variants]
+    times = {name: [] for name, _ in calls}
+    for name, fn in calls:  # compile and warm once before the rounds
+        if left(10) < 0:
+            say(f"skip {label} {name}: budget")
+            continue
+        guarded(f"warm {label} {name}", fn)
+    if not SMOKE[0]:
+        torch.cuda.synchronize()
+    for r in range(rounds):
+        if left(8) < 0:
+            say(f"skip {label} round {r}: budget")
+            break
+        for name, fn in calls:
+            t = guarded(f"time {label} {name}", bench, fn)
+            if t is not None:
+                times[name].append(t)
+        say(f"{label} round {r}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items() if t))
+    flops = bwd_flops(lengths)
+    result = {}
+    for name, ts in times.items():
+        if ts:
+            ms = sorted(ts)[len(ts) // 2]
+            result[name] = ms
+            OUT["time"].append({"batch": label, "variant": name, "ms": ms, "rounds": ts,
+                                "tflops": flops / ms * 1e-9})
+    return result
+
+
+def fixed_rates():
+    """The fixed default backward's TFLOP/s at each MATCHED length, B = 64K / N."""
+    rates = {}
+    for n in ((16, 32) if SMOKE[0] else MATCHED):
+        if left(6) < 0:
+            say(f"skip fixed N{n}: budget")
+            continue
+        b = 2 if SMOKE[0] else 65536 // n
+
+        def one(n=n, b=b):
+            fn, p = fixed_call(varlen_inputs([n] * b), b, n)
+            fn()
+            ms = bench(fn)
+            rates[n] = bwd_flops([n] * b) / ms * 1e-9
+            dq = f" (dq {p.dq.path})" if p.dq is not None else ""
+            say(f"fixed N{n} B{b}: {ms:.3f} ms, {rates[n]:.0f} TFLOP/s [{p.path} {p.config.get('dq_from')}{dq}]")
+            OUT["time"].append({"batch": f"fixed N{n} B{b}", "variant": "fixed default", "ms": ms,
+                                "tflops": rates[n]})
+        guarded(f"fixed N{n}", one)
+    return rates
+
+
+def matched_ms(lengths, rates):
+    """The long-tailed batch's time at the fixed path's rate for each length (log2-interpolated, held at the ends)."""
+    known = sorted(rates)
+    total = 0.0
+    for n in lengths:
+        x = math.log2(max(n, 1))
+        lo = max([m for m in known if math.log2(m) <= x] or known[:1])
+        hi = min([m for m in known if math.log2(m) >= x] or known[-1:])
+        rate = rates[lo] if lo == hi else rates[lo] + (rates[hi] - rates[lo]) * (x - math.log2(lo)) / (
+            math.log2(hi) - math.log2(lo))
+        total += bwd_flops([n]) / rate * 1e-9
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=58.0)
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, tl kernels")
+    ap.add_argument("--routes", default="4096,2048", help="long_from lengths timed (the first also reading cu)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-fixed-rates", action="store_true", help="skip the fixed path at N 512 ... 8192")
+    args = ap.parse_args()
+    BUDGET[0] = args.budget if not args.smoke else 1e9
+    if args.smoke:
+        SMOKE[0], H[0], D[0], DEV[0] = True, 2, 16, "cpu"
+    name = "cpu (smoke)" if args.smoke else torch.cuda.get_device_properties(0).name
+    OUT["meta"] = {"gpu": name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    say(f"{name}, torch {torch.__version__}")
+    routes = [int(x) for x in args.routes.split(",") if x]
+    scale_down = 64 if args.smoke else 1  # smoke: lengths / 64 (the routes too)
+    routes = [max(1, r // scale_down) for r in routes]
+    variants = [("split (shipped)", 0, True)] + [(f"route {r} (host cu)", r, True) for r in routes]
+    variants += [(f"route {routes[0]} (reads cu)", routes[0], False)] if routes else []
+    lt = [16, 40, 3, 25, 70] if args.smoke else long_tailed()
+    lt_times = guarded("long-tailed", ab, "long-tailed", lt, variants, args.rounds) or {}
+    if not args.no_check:  # lengths 0 / 1 / odd / past 4096; two routed (from 1024), one (from 4096); GQA; not causal
+        lens = [1, 0, 20, 5, 40, 2, 70] if args.smoke else [1, 0, 777, 63, 1500, 2, 4500]
+        low, high = (16, 64) if args.smoke else (1024, 4096)
+        for label, hq, hkv, causal, long_from in (("causal H8 from", 8, 8, True, low), ("causal GQA 8/2 from", 8, 2,
+                                                  True, high), ("full H8 from", 8, 8, False, low)):
+            if left(6) < 0:
+                say(f"skip check {label}: budget")
+                continue
+            guarded(f"check {label}", check, f"{label} {long_from} q{lens}", lens, hq, hkv, causal, long_from)
+    rates = {} if args.no_fixed_rates else fixed_rates()
+    # the table
+    say(f"== varlen backward, H16 D128 causal bf16, ms (median of alternate rounds); {time.time() - START:.0f} s ==")
+    base = lt_times.get(variants[0][0])
+    matched = matched_ms(lt, rates) if len(rates) >= 2 else None
+    if matched:
+        say(f"long-tailed ({len(lt)} seqs, longest {max(lt)}): fixed matched {matched:.3f} ms "
+            f"(rates at N {sorted(rates)})")
+    for name, ms in lt_times.items():
+        extra = f", {base / ms:.3f}x split" if base else ""
+        extra += f", {matched / ms:.3f}x matched" if matched else ""
+        say(f"  long-tailed {name:26s} {ms:7.3f} ms{extra}")
+    OUT["summary"] = {"long_tailed": lt_times, "fixed_rates": rates, "matched_ms": matched, "lengths": lt}
+    say(f"checks: {sum(r['ok'] for r in OUT['check'])} ok, {sum(not r['ok'] for r in OUT['check'])} bad; "
+        f"errors {len(OUT['errors'])}")
+    out_dir = os.environ.get("OUT", "/tmp")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gpu_varlen_long.json"), "w") as f:
+        json.dump(OUT, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
