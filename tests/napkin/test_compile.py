@@ -217,6 +217,33 @@ for cap in ("none", "softcap(30.0)", "softcap_approx(30.0)", "sigmoid"):
                               check=True, capture_output=True, text=True).stdout
     mufu = collections.Counter(re.findall(r"MUFU\.(\w+)", sass))
     print("mufu", cap, mufu["EX2"], mufu["RCP"], mufu["TANH"], resources(ck).spill_stores)
+
+
+def loop_instructions(ck):
+    """SASS instructions a warp issues in a step of the k-loop: the smallest backward-branch region that
+    holds the HGMMAs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        open(os.path.join(tmp, "k.ptx"), "w").write(ck.asm["ptx"])
+        subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90a", os.path.join(tmp, "k.ptx"), "-o",
+                        os.path.join(tmp, "k.cubin")], check=True)
+        text = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", os.path.join(tmp, "k.cubin")],
+                              check=True, capture_output=True, text=True).stdout
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)]
+    loops = []
+    for a, x in ins:
+        b = re.search(r"BRA (0x[0-9a-f]+)", x)
+        if b and int(b.group(1), 16) < a:
+            body = [y for c, y in ins if int(b.group(1), 16) <= c <= a]
+            if any("HGMMA" in y for y in body):
+                loops.append(len(body))
+    return min(loops)
+
+
+gemm = compile_kernel(_module(napkin_compile(models.matmul(m=8192, n=4096, k=4096)).source).stage_0_C_tma, dict(
+    A=TensorDescriptor.from_tensor(X, [128, 64]), W0=TensorDescriptor.from_tensor(P, [64, 256]), OUT=P, M=8192,
+    N=4096, K=4096, stride_am=4096, stride_ak=1, stride_w0k=4096, stride_w0n=1, stride_om=4096, stride_on=1,
+    BM=128, BN=256, BK=64, GROUP=8), num_warps=8, num_stages=3)
+print("loop", loop_instructions(norm), loop_instructions(gemm))
 '''
 
 
@@ -245,6 +272,11 @@ def test_compiled_kernels_compile_for_hopper_with_wgmma_and_tma():
     assert mufu["softcap(30.0)"] == [64 + 2, 32 + 3, 0, 0]
     assert mufu["softcap_approx(30.0)"] == [32 + 2, 3, 32, 0]
     assert mufu["sigmoid"] == [32, 32 + 1, 0, 0]
+    # rownorm's row statistic: the k-loop's instructions beyond the plain GEMM's at the same tiles, a
+    # thread's 32 elements of X a step, are what compile.ROWNORM_STAT_ISSUE counts
+    from tilecore.napkin.compile import ROWNORM_STAT_ISSUE
+    norm_loop, gemm_loop = next([int(v) for v in ln.split()[1:]] for ln in r.stdout.splitlines() if ln.startswith("loop "))
+    assert (norm_loop - gemm_loop) / 32 == pytest.approx(ROWNORM_STAT_ISSUE, abs=0.25), (norm_loop, gemm_loop)
     for name, regs, spill_st, spill_ld, shared, wgmma, tma, serialized in rows:
         # serialized: ptxas's C7515, an MMA operand or accumulator defined by other instructions in the
         # pipeline (rownorm's operand made in registers did that: 0.5x; the weight is now prescaled)

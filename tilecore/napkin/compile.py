@@ -545,10 +545,14 @@ def _rownorm(d: Diagram) -> Program:
 
 
 # ------------------------------------------------------------------------------------ predicted time
-# ALU operations an element of X costs where the one-pass rownorm kernel recomputes the row statistic:
-# its conversion to float32 and the multiply-add of the square into the row sum (an FMA: 2 ops at the
-# preset's rate, which counts FLOPs)
-ROWNORM_STAT_OPS = 3
+# Instructions an element of X costs where the one-pass rownorm kernel recomputes the row statistic, each
+# a thread's issue slot (an SM issues 4 x 32 thread-instructions a clock): counted from the sm_90a SASS
+# (test_compile's Hopper check): rownorm_gemm_tma's k-loop at BM 128, BO 256, BK 64, 8 warps is 230
+# instructions a warp a step, the chain's plain GEMM at the same tiles 87; the 143 more (X's tile out of
+# shared memory, bf16 -> fp32, the square's FMA, the row sum's adds and shuffles, the bounds select) serve
+# 128 x 64 / 256 = 32 elements a thread
+ROWNORM_STAT_ISSUE = 143 / 32
+ISSUE_PER_SM_PER_CLOCK = 4 * 32
 
 
 @dataclass
@@ -568,11 +572,13 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
       warps that issue the dots, so all of it adds to the tensor time (exposed share 1). The paper's 2/3
       is FlashAttention-3's, whose consumers ping-pong; tilecore's hand-written Gluon forward is that.
     - rownorm in one pass: each output-column tile recomputes the row statistic in the loop, from X's
-      tile read back out of shared memory (ROWNORM_STAT_OPS ALU operations and 2 bytes an element, on
-      the loop's issue path); the weight's vector factors are a pass of their own (prescale_weight)."""
+      tile read back out of shared memory: ROWNORM_STAT_ISSUE instructions an element (counted from the
+      SASS) issued by the warps that issue the MMAs, at ISSUE_PER_SM_PER_CLOCK, all of it exposed as the
+      attention family's SFU work is; the weight's vector factors are a pass of their own
+      (prescale_weight)."""
     from .diagram import segment
     from .engine import derive, group, plan, relabel
-    from .hardware import dtype_bytes, get_gpu
+    from .hardware import get_gpu
     from .models import copy as copy_diagram
     from .rewrite import apply as planner_rewrites
 
@@ -599,11 +605,9 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
             t, n, o = (d.sizes[info[a]] for a in ("t", "n", "o"))
             main = max(s.kernels, key=lambda k: k.time)
             o_tiles = math.ceil(o / main.T["SMEM"].get(info["o"], o))
-            x_bytes = dtype_bytes(next(a for a in d.inputs() if a.axes == (info["t"], info["n"])).dtype)
             elems = o_tiles * t * n
             terms["row statistic recomputed a column tile"] = (
-                elems * ROWNORM_STAT_OPS / gpu.rate("alu", "fp32")
-                + elems * x_bytes / gpu.level("SMEM").bandwidth)
+                elems * ROWNORM_STAT_ISSUE / (ISSUE_PER_SM_PER_CLOCK * gpu.sms * gpu.clock_hz))
         if info.get("prescale"):
             nn, oo = d.sizes[info["n"]], d.sizes[info["o"]]
             elems = nn * oo
