@@ -260,6 +260,10 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
     cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or dkv["BT"], split_BKB=dkv["BKB"],
                split_BV=dkv["BV"], split_warps=dkv["warps"], split_stages=dkv["stages"], dq_BKQ=dq["BKQ"],
                dq_warps=dq["warps"], dq_stages=dq["stages"], split_epilogue=configs.BWD_SPLIT_EPILOGUE)
+    narrow = configs.BWD_SPLIT_NARROW
+    if narrow and max(q.shape[-1], v.shape[-1]) <= configs.BWD_SPLIT_NARROW_DIM:  # (more programs at small dims)
+        cfg.update(split_BKB=min(narrow["BKB"], cfg["BK"]), split_BV=min(narrow["BV"], cfg["BVF"]),
+                   dq_BKQ=min(narrow["BKQ"], cfg["BK"]))
     cfg.update(overrides)
     return dataclasses.replace(plan, config=cfg)
 
