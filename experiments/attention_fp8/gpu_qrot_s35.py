@@ -6,11 +6,13 @@ B16 H16 N4096 (session 34 call 5: 1.046x).
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_qrot_s35.py [--budget 58] [--smoke]
 
 Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key block, q by rotate_quantize), "q3"
-(q in the kernel, D128 3 stages and 1 bf16 Q buffer a consumer), "q2" (D128 2 stages, 2 buffers; at D64 both are the
-shipped 3 and 2, so only q3 runs there).
+(q in the kernel, the shipped 3 stages and 2 bf16 Q buffers a consumer, the codes written over the bf16 buffer),
+"q31" (D128 with 1 Q buffer a consumer: the next tile's Q loads only after this tile; timed at D128 causal only).
 
 1. D128 causal B16 H16 N4096: O of each form against float64 attention of the bf16 inputs on a slice (error as a
-   multiple of the bf16 rounding floor; all finite), then timings (triton.testing.do_bench medians).
+   multiple of the bf16 rounding floor; all finite), then timings (triton.testing.do_bench medians): end to end, and
+   the parts: each kernel alone (k and v quantized once; q3 / q31 launched by launch.forward_q_rotated) and the
+   quantizing passes of q, k and v.
 2. q in the kernel against its twin (quantize.rotate_quantize_rows for q, rotate_quantize for k per block,
    quantize_v_permuted per block, attention_fp8_emulated with P's linear code) on a GQA tail (B2 Hq8 Hkv2 N1008 Nk1104,
    D128 causal: neither a multiple of 128; v's magnitude 10^-2..10^2 along the keys), O, lse and the no-key rows;
@@ -63,8 +65,8 @@ def main():
               "notes": []}
     shipped = dict(configs.ROTATED)
     forms = {"block": dict(shipped, q_in_kernel=False),
-             "q3": dict(shipped, q_in_kernel=True, q_stages={128: 3}, q_buffers={128: 1}),
-             "q2": dict(shipped, q_in_kernel=True, q_stages={128: 2}, q_buffers={128: 2})}
+             "q3": dict(shipped, q_in_kernel=True, q_stages={}, q_buffers={}),
+             "q31": dict(shipped, q_in_kernel=True, q_stages={}, q_buffers={128: 1})}
 
     def save():
         with open(path, "w") as f:
@@ -93,7 +95,7 @@ def main():
             s = s.masked_fill(~allowed, float("-inf"))
         return torch.softmax(s, -1) @ vf
 
-    def e2e(B, H, N, D, causal, names):
+    def e2e(B, H, N, D, causal, names, parts=False):
         row = dict(B=B, H=H, N=N, D=D, causal=causal)
         try:
             g = torch.Generator(device=dev).manual_seed(N + D + causal)
@@ -111,6 +113,27 @@ def main():
                     ms[name] = bench(lambda: attention_fp8_rotated(q, k, v, causal=causal))
             row.update(ms=ms, over_bf16={n: ms["bf16"] / x for n, x in ms.items()})
             print("e2e", json.dumps(row), flush=True)
+            if parts and not smoke:  # the kernels alone (k and v quantized once) and the quantizing passes
+                from tilecore.ops.attention_fp8 import attention_fp8, launch
+
+                signs = rotation_signs(D, q.device)
+                q8, qs = rotate_quantize(q, signs=signs, scales="token")
+                k8, ks = rotate_quantize(k, signs=signs, scales="block")
+                v8, vs = quantize_v_permuted(v, per="block")
+                kern = {"kernel_block": bench(lambda: attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs,
+                                                                     causal=causal, v_layout="keys_permuted",
+                                                                     check_scales=False))}
+                for name in names[1:]:
+                    with patched(configs, ROTATED=forms[name]):
+                        cfg = launch.rotated_q_config(D, causal)
+                    kern[f"kernel_{name}"] = bench(lambda: launch.forward_q_rotated(
+                        q, signs, k8, v8, ks, vs, causal, D ** -0.5, q.dtype, config=cfg))
+                kern["q_pass"] = bench(lambda: rotate_quantize(q, signs=signs, scales="token"))
+                kern["k_pass"] = bench(lambda: rotate_quantize(k, signs=signs, scales="block"))
+                kern["v_pass"] = bench(lambda: quantize_v_permuted(v, per="block"))
+                row["parts_ms"] = kern
+                print("parts", json.dumps(kern), flush=True)
+                del q8, k8, v8
             del q, k, v
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
@@ -120,7 +143,7 @@ def main():
 
     # 1. the target: D128 causal N4096
     head = (1, 2, 256, 128, True) if smoke else (16, 16, 4096, 128, True)
-    e2e(*head, ["block", "q3", "q2"])
+    e2e(*head, ["block", "q3", "q31"], parts=True)
 
     # 2. q in the kernel against its twin on a GQA tail
     for Dt, causal_t in ((128, True),) + (((64, False),) if left() > 40 else ()):
@@ -214,6 +237,8 @@ def main():
                          if k.startswith("err_over_floor_"))
         print(f"| D{r['D']} {'causal' if r['causal'] else 'full'} B{r['B']} H{r['H']} N{r['N']} | {r['ms']['bf16']:.3f} "
               f"| {forms_txt} | {errs} |")
+        if "parts_ms" in r:
+            print("| parts (ms) | | " + ", ".join(f"{n} {x:.3f}" for n, x in r["parts_ms"].items()) + " | |")
     for t in result["checks"]:
         print("check:", json.dumps(t))
     print("outlier:", json.dumps(result["outlier"]))

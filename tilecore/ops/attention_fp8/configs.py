@@ -36,7 +36,7 @@ def tl_config(d: int, interpret: bool) -> dict:
 # = 1.046x bf16 against "head"'s 1.896 (0.941x); O vs float64 32.05x the bf16 floor against 32.33x; FA3's outlier
 # test rotated 7.73e-3 against 7.71e-3 (target <= 9.1e-3); the kernel alone 0.958x "head"'s (non-causal e2e not timed)
 # q_in_kernel (session 35, OFF until a GPU run shows it faster end to end): q rotated and quantized inside Hopper's
-# kernel (its Q_ROTATE: one bf16 wgmma a tile against diag(s) H in shared memory) instead of rotate_quantize's pass over
-# q; q_stages / q_buffers: the kernel's ring depth and bf16 Q buffers a consumer then (by head dim; at D128 the matrix
-# (32 KB) and the bf16 Q buffers do not fit beside 3 stages and 2 buffers in 227 KB)
-ROTATED = dict(v_scales="block", q_in_kernel=False, q_stages={128: 3}, q_buffers={128: 1})
+# kernel (its Q_ROTATE: one bf16 wgmma a tile against diag(s) H in shared memory, the codes written over the bf16 Q
+# buffer) instead of rotate_quantize's pass over q; q_stages / q_buffers (by head dim): the kernel's ring depth and
+# bf16 Q buffers a consumer then, where not GLUON_FORWARD's (D128's 3 and 2 fit: 224 KB of 227)
+ROTATED = dict(v_scales="block", q_in_kernel=False, q_stages={}, q_buffers={})

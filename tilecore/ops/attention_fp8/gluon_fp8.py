@@ -221,7 +221,7 @@ class AttentionFp8:
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
-    q8: object  # Q_ROTATE: the consumers' e4m3 Q [CONSUMERS, BM, D] in shared memory (else None)
+    Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
     out_scale: object  # Q_ROTATE: the rotation's 1 / sqrt(D)
     BM: gl.constexpr  # a consumer's query rows
     BN: gl.constexpr  # keys per step
@@ -289,10 +289,11 @@ class AttentionFp8:
     def rotate_q(self, ctx):
         """Q_ROTATE: this consumer's Q rows (bf16/fp16, as TMA loaded them; rows past N are 0) rotated by one
         [BM, D] x [D, D] wgmma against diag(s) H (exact +-1 in q's dtype; float32 sums), times 1 / sqrt(D), and
-        quantized per row into this consumer's e4m3 Q buffer: descale = amax / 448 (1 where amax = 0), codes =
-        y * (1 / descale), saturated at +-448 by the conversion (NaN kept). Returns the rows' descales (S's row
-        slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the division by a
-        row's descale replaced by a multiply by its reciprocal)."""
+        quantized per row: descale = amax / 448 (1 where amax = 0), codes = y * (1 / descale), saturated at +-448 by
+        the conversion (NaN kept), written over the first half of the bf16 buffer once the wgmma has read it
+        (q_operand; the next tile's Q loads into the buffer only after this tile's wgmma are done). Returns the rows'
+        descales (S's row slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the
+        division by a row's descale replaced by a multiply by its reciprocal)."""
         x = ctx.operand.reshape([self.BM, self.D])
         tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
                             use_acc=False, is_async=True)
@@ -300,17 +301,18 @@ class AttentionFp8:
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
         codes = (y * gl.expand_dims(1.0 / descale, 1)).to(gl.float8e4nv)
-        q8 = self.q8.index(ctx.index)
-        q8.store(codes)
+        gl.thread_barrier()  # the warpgroup's wgmma has read the bf16 rows before any of them is overwritten
+        self.q_operand(ctx).store(codes)
         fence_async_shared()
         gl.thread_barrier()  # the warpgroup's stores are in before its S wgmma reads them
         return gl.convert_layout(descale, gl.SliceLayout(1, self.S))
 
     @gluon.jit
     def q_operand(self, ctx):
-        """S's A operand: the tile operand (e4m3 Q as loaded), or with Q_ROTATE this consumer's rotated Q."""
+        """S's A operand [BM, D] e4m3: the tile operand as loaded, or with Q_ROTATE the codes rotate_q wrote over
+        its (bf16) buffer."""
         if self.Q_ROTATE:
-            q = self.q8.index(ctx.index)
+            q = ctx.operand._reinterpret(gl.float8e4nv, [self.BM, self.D], self.Q8)
         else:
             q = ctx.operand.reshape([self.BM, self.D])
         return q
@@ -499,18 +501,16 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
         gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
         rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
             [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps()))
-        q8 = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, BM, D],
-                                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv))
         out_scale = D ** -0.5
     else:
         rotation = None
-        q8 = None
         out_scale = 1.0
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK, Q_ROTATE, ones,
-                      rotation, q8, out_scale, BM, BN, D, CONSUMERS,
+                      rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D,
+                      CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
