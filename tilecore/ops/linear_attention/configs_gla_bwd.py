@@ -54,6 +54,8 @@ CHUNKED = dict(
     g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
     dqk_two_blocks=False,  # dqk_VB at most half of Dv's block (never a one-block loop): right, d 64 2.14 ms against
     # 2.32 (s34 run 3), but dqk_dyn does the same job and is the d 128 code: off
+    dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, one pipelined loop of (chunk, value block) trips
+    dqk_l2_ahead=0,  # n > 0: each dqk program (dqk_form's common launch) prefetches program pid + n's tiles into L2
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time (no one-block loop folded into straight-line code,
     # wrong at d 64: decision 98): right at d 128 / 64 / 32; d 64 / 32 2.19 / 1.18 ms against 2.32 / 1.24, d 128 equal
 )

@@ -44,6 +44,7 @@ from tilecore.ops.linear_attention.kernels_tl import (LOG_DECAY_FLOOR, _channel_
                                                       _channel_scores_in_registers, _cumulative_channels, _dot,
                                                       _factor_span, _rows, _split_dot, _store_rows)
 from tilecore.ops.linear_attention.plan import Plan
+from tilecore.tiles.ops import block_ptrs
 
 
 @triton.jit
@@ -359,7 +360,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
                    DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0,
-                   DYN: tl.constexpr = False):
+                   DYN: tl.constexpr = False, AHEAD: tl.constexpr = 0):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -398,7 +399,9 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     PROBE (timing only, outputs WRONG; session 32, with VB and not EARLY): 1 leaves the value loop out (its sums zero:
     what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero).
     FORM (session 33; WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits.
-    DYN (session 34, with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches."""
+    DYN (session 34, with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches.
+    AHEAD (with FORM, on a GPU: PTX prefetch): the program first asks L2 for the tiles of program pid + AHEAD
+    (_dqk_l2_ahead), so the program that starts about then finds them there (its loads wait on L2, not HBM)."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -419,11 +422,49 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                          pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID, DYN)
+        if AHEAD > 0:  # after the stores (before them its registers made ptxas serialize the wgmma, C7514)
+            _dqk_l2_ahead(Q, K, V, G, DO, HS, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
+                          sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, KBLOCKS, pid + AHEAD, BT, BKB, BVF)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY,
                      LEAN, DOTSCAN, PROBE, DYN)
+
+
+@triton.jit
+def _l2_prefetch(ptrs):
+    """PTX prefetch.global.L2 of the line holding each pointer (no value; not in the interpreter)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _dqk_l2_ahead(Q, K, V, G, DO, HS, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
+                  sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, KBLOCKS, p,
+                  BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr):
+    """L2 prefetches of the dqk program p's tiles (gla_dqk_kernel's grid; none past the grid): its S_c and dS_c
+    rows, its chunk's g, q, k [BT, BKB] and (the key block 0 program's) v, do [BT, BVF], one pointer a 64-element
+    line (bf16: 128 B), tokens past N clamped to N - 1."""
+    if p < tl.num_programs(0):
+        kblock = p % KBLOCKS
+        c = (p // KBLOCKS) % NT
+        bh = p // (KBLOCKS * NT)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        rows = tl.minimum(c * BT + tl.arange(0, BT), N - 1)
+        lines: tl.constexpr = (BVF + 63) // 64
+        offs_l = tl.minimum(tl.arange(0, lines) * 64, DV - 1)
+        offs_k = tl.minimum(kblock * BKB + tl.arange(0, BKB), DK - 1)
+        _l2_prefetch(_state_ptrs(HS, bh, c, NT, offs_k, offs_l, DK, DV))
+        _l2_prefetch(_state_ptrs(DHS, bh, c, NT, offs_k, offs_l, DK, DV))
+        first = tl.arange(0, 1) * 0 + kblock * BKB
+        _l2_prefetch(block_ptrs(G + b * sgb + h * sgh, 0, rows, first, sgn, sgd))
+        _l2_prefetch(block_ptrs(Q + b * sqb + h * sqh, 0, rows, first, sqn, sqd))
+        _l2_prefetch(block_ptrs(K + b * skb + h * skh, 0, rows, first, skn, skd))
+        if kblock == 0:
+            _l2_prefetch(block_ptrs(V + b * svb + h * svh, 0, rows, offs_l, svn, svd))
+            _l2_prefetch(block_ptrs(DO + b * sob + h * soh, 0, rows, offs_l, son, sod))
 
 
 @triton.jit
@@ -685,6 +726,102 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
         else:
             clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
             _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, dGs + sfx[None, :]))
+
+
+@triton.jit
+def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG,
+                        sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
+                        sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS, GROUPS,
+                        BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, CPP: tl.constexpr,
+                        MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, DOTSCAN: tl.constexpr,
+                        EVEN: tl.constexpr = False):
+    """The dqk kernel's common launch (gla_dqk_kernel WIDE 1 with dqk_form 3's math) with CPP consecutive chunks a
+    program through ONE loop over them, each trip a whole chunk (every value column: v, do [BT, BVF], S_c, dS_c [BKB,
+    BVF]), so that Triton's pipeliner (num_stages) has the next chunk's tiles in flight (cp.async into shared memory)
+    while the current chunk's chain runs: do v^T, do S_c^T, v dS_c^T from zero accumulators (none carried from trip to
+    trip: a reset of a carried wgmma accumulator makes ptxas serialize the wgmma, C7515), <S_c, dS_c>, then the chain
+    (G's scan, span and G_last by one reduction, the flag, the intra dots, dq, dk, dg's reverse sum, the stores:
+    _dqk_flat_chunk).
+    Program (batch * head, group of CPP chunks, key block); grid (B * H * GROUPS * KBLOCKS,), GROUPS = cdiv(NT, CPP),
+    key blocks fastest. FLAG[(bh NT + c) KBLOCKS + key block] is gla_dqk_kernel's (the fallback's launch reads it).
+    The trip count is a run-time value (no one-trip loop folded into straight-line code, decision 84). EVEN: Dv = BVF
+    and BKB divides Dk (the launcher's), so the loads are masked by token alone (no [BKB, BVF] column masks carried
+    through the loop)."""
+    pid = tl.program_id(0)
+    kblock = pid % KBLOCKS
+    grp = (pid // KBLOCKS) % GROUPS
+    bh = pid // (KBLOCKS * GROUPS)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_k = kblock * BKB + tl.arange(0, BKB)
+    k_ok = offs_k < DK
+    offs_v = tl.arange(0, BVF)
+    if EVEN:
+        v_ok = offs_v < BVF  # all true: constant
+        kc_ok = offs_k < DK + BKB
+    else:
+        v_ok = offs_v < DV
+        kc_ok = k_ok
+    c_first = grp * CPP
+    for c in range(c_first, tl.minimum(NT, c_first + CPP)):
+        t0 = c * BT
+        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
+        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+        if EVEN:  # c < NT: the state buffers' block is whole
+            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV))  # [BKB, BVF]
+            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV))
+        else:
+            ok = k_ok[:, None] & v_ok[None, :]
+            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
+            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
+        g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, kc_ok, N, sgn, sgd).to(tl.float32)  # [BT, BKB]
+        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, kc_ok, N, sqn, sqd)
+        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, kc_ok, N, skn, skd)
+        a = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)
+        dqs = _dot(do.to(MMA), tl.trans(hs), IEEE)
+        dks = _dot(v.to(MMA), tl.trans(dhs), IEEE)
+        sfx = tl.sum(hs.to(tl.float32) * dhs.to(tl.float32), 1)
+        _dqk_flat_chunk(a, dqs, dks, sfx, g, q, k, DQ, DK_OUT, DG, FLAG + (bh * NT + c) * KBLOCKS + kblock,
+                        b, h, t0, offs_t, offs_k, k_ok, N, H, DK, scale, BT, MMA, IEEE, SPLIT, DOTSCAN)
+
+
+@triton.jit
+def _dqk_flat_chunk(a, dqs, dks, sfx, g, q, k, DQ, DK_OUT, DG, flag, b, h, t0, offs_t, offs_k, k_ok, N, H, DK, scale,
+                    BT: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
+                    DOTSCAN: tl.constexpr):
+    """One chunk's chain in gla_dqk_flat_kernel from the value sums a = do v^T (unmasked), dqs = do S_c^T, dks =
+    v dS_c^T, sfx = <S_c, dS_c> and its g, q, k [BT, BKB]: dqk_form 3's math (_dqk_s33_program FORM 3). With m the
+    middle of the chunk's span of G per channel, E = e^(G - m), Ei = e^(m - G):
+        dq = scale (E (a k Ei) + dqs e^G) + r k,    dk = scale Ei (a^T q E) + dks e^(G_last - G) + r q
+    (a strictly lower, r_t = scale do_t . v_t from a's diagonal), dg = the reverse sum of q dq - k dk within the chunk
+    + e^G_last sfx + sum_t k dks e^(G_last - G) (every later token's part), 0 where the floor clamped g; the flag 1
+    where the span is past _factor_span (the fallback's launch writes that block again)."""
+    Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
+    mid = 0.5 * (hi + lo)
+    go = tl.max(hi - lo, 0) <= _factor_span(MMA)  # NaN spans go to the fallback too
+    tl.store(flag, tl.where(go, 0, 1).to(tl.int8))
+    r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1) * scale
+    a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
+    qf = q.to(tl.float32)
+    kf = k.to(tl.float32)
+    rows = (b * N * H + h) * DK
+    E = tl.exp(Gc - mid[None, :])
+    Ei = tl.exp(mid[None, :] - Gc)
+    half = tl.exp(0.5 * mid)[None, :]
+    dq = (E * _split_dot(a, kf * Ei, MMA, IEEE, SPLIT) + dqs * ((E * half) * half)) * scale
+    dk_state = dks * (Ei * tl.exp(G_last - mid)[None, :])
+    dk = Ei * _split_dot(tl.trans(a), qf * E, MMA, IEEE, SPLIT) * scale + dk_state
+    _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+    sfx = tl.exp(G_last) * sfx + tl.sum(kf * dk_state, 0)
+    _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+    dG = qf * dq - kf * dk
+    if DOTSCAN:
+        dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
+    else:
+        dGs = tl.cumsum(dG, 0, reverse=True)
+    _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1,
+                tl.where(g < LOG_DECAY_FLOOR, 0.0, dGs + sfx[None, :]))
 
 
 @triton.jit
@@ -990,7 +1127,19 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                              **({"G_PRE": True} if g_pre == 1 else {}))))
         # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
         dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
+        # dqk_flat where dqk_form 3's common launch runs (the value loop, lean, dg_local, the fallback apart)
+        flat = cfg["dqk_flat"] if (form == 3 and not g_pre and not cfg["split"]) else 0
         for part, wide in dqk:
+            if flat and wide == 1:  # the common launch by CPP chunks a program (one loop of chunk x value block trips)
+                groups = -(-NT // flat)
+                calls.append(("dqk0w", gla_dqk_flat_kernel, (B * H * groups * kblocks,), (
+                    q, k, v, g, do, hs, dhs, dq, dk, dg, flag, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                    *do.stride(), N, H, Dk, Dv, NT, scale, kblocks, groups),
+                    dict(BT=BT, BKB=BKB, BVF=BVF, CPP=flat, MMA=mma, IEEE=ieee, SPLIT=False,
+                         DOTSCAN=1 if dispatch.interpreted(dev) else 3, num_warps=cfg["dqk_warps"],
+                         num_stages=cfg["dqk_stages"] or cfg["stages"], EVEN=Dv == BVF and Dk % BKB == 0,
+                         **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] else {}))))
+                continue
             grid = (-(-programs // group),) if wide == 2 else (programs,)
             calls.append((f"dqk{part}{'w' * wide}", gla_dqk_kernel, grid, (
                 q, k, v, g, do, hs, dhs, dq, dk, dg, tot_or, *q.stride(), *k.stride(), *v.stride(), *g_strides,
@@ -1006,7 +1155,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                         else {}),
                      **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}),
-                     **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}))))
+                     **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}),
+                     **({"AHEAD": cfg["dqk_l2_ahead"]} if cfg["dqk_l2_ahead"] and form and wide == 1
+                        and not dispatch.interpreted(dev) else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
