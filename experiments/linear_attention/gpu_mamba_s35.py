@@ -8,7 +8,9 @@
   NaN-poisoned, error over the rounding floor. Then interleaved rounds, the napkin's bound and the copy.
 * Hedgehog (d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad): the public op's fwd and fwd+bwd as shipped against
   configs.BWD_SPLIT_NARROW (the split backward's blocks at head dims <= 64: key / value / dQ key blocks of 32, two
-  programs a head per kernel instead of one), each checked (o, dq, dk, dv, dW against float64 at N 200 and 1000).
+  programs a head per kernel instead of one), configs.HEDGEHOG_MAP_EXACT_X (the map kernels' products with x by two
+  tf32 products, not three: kernels_forward.dot_tf32x2) and both, each checked (o, dq, dk, dv, dW against float64
+  at N 200 and 1000); where the shipped fwd+bwd's time goes (torch.profiler: CUDA time by kernel).
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba_s35.py [--confirm]
 
@@ -43,10 +45,16 @@ CONFIRM = "--confirm" in sys.argv
 RESULTS: dict = {"check": [], "hedgehog": {}, "mamba": {}, "errors": [], "warm": []}
 # (the variants are gpu_mamba_s32.VARIANTS' "share_qk" and "share_qk+late": its checking processes import it afresh)
 MAMBA = ["shipped", "share_qk"] if CONFIRM else ["shipped", "share_qk", "share_qk+late"]
-# Hedgehog rows: name -> configs.BWD_SPLIT_NARROW
-NARROW = {"shipped": configs.BWD_SPLIT_NARROW, "narrow 32": dict(BKB=32, BV=32, BKQ=32),
-          "narrow 32 dq64": dict(BKB=32, BV=32, BKQ=64)}
-HH = ["shipped", "narrow 32"] if CONFIRM else list(NARROW)
+# Hedgehog rows: name -> (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X)
+N32 = dict(BKB=32, BV=32, BKQ=32)
+HH_ROWS = {"shipped": (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X), "narrow 32": (N32, False),
+           "exact_x": (configs.BWD_SPLIT_NARROW, True), "narrow 32 + exact_x": (N32, True)}
+HH = ["shipped", "narrow 32 + exact_x"] if CONFIRM else list(HH_ROWS)
+
+
+def hh_setting(name: str):
+    narrow, exact = HH_ROWS[name]
+    return patched(configs, BWD_SPLIT_NARROW=narrow, HEDGEHOG_MAP_EXACT_X=exact)
 
 
 def elapsed() -> float:
@@ -140,7 +148,7 @@ def hedgehog_checks():
         ref, _ = linear_attention_reference(d["q"], d["k"], d["v"], feature_map="hedgehog", feature_weights=d["W"])
         ref.backward(t["do"].double())
         for name in HH:
-            with patched(configs, BWD_SPLIT_NARROW=NARROW[name]):
+            with hh_setting(name):
                 ts = {x: t[x].detach().clone().requires_grad_(True) for x in ("q", "k", "v", "W")}
                 o = hh_fwd(ts)
                 o.backward(t["do"])
@@ -162,19 +170,40 @@ def hedgehog_time(rounds: int = 2):
     def fb():
         hh_fwd(t).backward(t["do"])
 
-    with torch.no_grad():
-        hh_fwd(t)
-        H["fwd_ms"] = attempt("hh fwd", lambda: bench(lambda: hh_fwd(t)))
-    print(f"hedgehog fwd: {H['fwd_ms']}", flush=True)
     for name in HH:  # (compiles)
-        with patched(configs, BWD_SPLIT_NARROW=NARROW[name]):
+        with hh_setting(name):
             attempt(f"hh warm {name}", fb)
+    for name in ("shipped", "exact_x"):
+        with hh_setting(name), torch.no_grad():
+            hh_fwd(t)
+            H[f"fwd {name}_ms"] = attempt("hh fwd", lambda: bench(lambda: hh_fwd(t)))
+        print(f"hedgehog fwd {name}: {H[f'fwd {name}_ms']}", flush=True)
+    H["fwd_ms"] = H.get("fwd shipped_ms")
     for r in range(rounds):
         for name in HH:
-            with patched(configs, BWD_SPLIT_NARROW=NARROW[name]):
+            with hh_setting(name):
                 ms = attempt(f"hh {name}", lambda: bench(fb, grads))
             H.setdefault(name, []).append(ms)
             print(f"hedgehog fwd+bwd {name} round {r}: {ms}", flush=True)
+    save()
+    attempt("hh profile", lambda: hedgehog_profile(fb))
+
+
+def hedgehog_profile(fb, top: int = 9):
+    """CUDA time by kernel of the shipped fwd+bwd (5 calls), the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with hh_setting("shipped"):
+        fb()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fb()
+            torch.cuda.synchronize()
+    rows = sorted(((e.key, e.device_time_total / 5 / 1000.0) for e in prof.key_averages() if e.device_time_total > 0),
+                  key=lambda r: -r[1])
+    RESULTS["hedgehog"]["profile_ms"] = [(k[:60], round(ms, 4)) for k, ms in rows]
+    print("hedgehog profile (ms a fwd+bwd):", RESULTS["hedgehog"]["profile_ms"][:top], flush=True)
     save()
 
 
@@ -187,13 +216,16 @@ def table() -> str:
     L = []
     H = RESULTS["hedgehog"]
     fwd = H.get("fwd_ms")
-    L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16, W grad (ms): op fwd {f(fwd)}; FLA (s33 run 2): fwd 1.613, "
-             "fwd+bwd 4.220, bwd 2.607")
+    L.append(f"Hedgehog d64 F2x32 B16 H16 N4096 bf16, W grad (ms): op fwd {f(fwd)} (exact_x {f(H.get('fwd exact_x_ms'))})"
+             "; FLA (s33 run 2): fwd 1.613, fwd+bwd 4.220, bwd 2.607")
     for name in HH:
         m = med(H.get(name, []))
-        bwd = m - fwd if m and fwd else None
+        own = H.get("fwd exact_x_ms") if HH_ROWS[name][1] else fwd  # (the row's own forward)
+        bwd = m - own if m and own else None
         L.append(f"  {name}: fwd+bwd {f(m)} ({', '.join(f(x) for x in H.get(name, []))}), bwd {f(bwd)}"
                  + (f" = {2.607 / bwd:.2f}x FLA's bwd, fwd+bwd {4.220 / m:.2f}x" if bwd else ""))
+    if H.get("profile_ms"):
+        L.append("  shipped profile (ms): " + ", ".join(f"{k[:28]} {ms}" for k, ms in H["profile_ms"][:7]))
     for r in RESULTS["check"]:
         if r["case"].startswith("hedgehog"):
             L.append("  check " + " | ".join(f"{k} {v}" for k, v in r.items() if k != "case") + f" | {r['case']}")

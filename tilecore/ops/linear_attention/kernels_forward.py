@@ -139,12 +139,23 @@ def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn
 
 
 @triton.jit
+def dot_tf32x2(a, b, acc):
+    """acc + a @ b to float32's accuracy where a is exact in tf32 (a 16-bit input's values, widened): b as its tf32
+    head (the low 13 mantissa bits cleared, as the tensor cores read a float32) plus the rest, two tf32 tensor-core
+    products; tf32x3's third (a's rest times b's head) is zero there. The map kernels' PREC "tf32x2"."""
+    b_hi = (b.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    acc = tl.dot(a, b_hi, acc, input_precision="tf32")
+    return tl.dot(a, b - b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
 def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, sof,
                         DK: tl.constexpr, F: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
                         PREC: tl.constexpr = "ieee"):
     """Program (block of BR tokens, head h): OUT[r, h, :F] = softmax(x_r W_h), OUT[r, h, F:] = softmax(-x_r W_h),
     x (R, Hqk, DK) and OUT (R, Hqk, 2F) any strides (64-bit row offsets), W (Hqk, DK, F); float32 math (an IEEE
-    dot, as torch's float32 einsum), the result in OUT's dtype. Grid: (cdiv(R, BR), Hqk)."""
+    dot, as torch's float32 einsum; PREC "tf32x2": dot_tf32x2, for x in 16 bits), the result in OUT's dtype. Grid:
+    (cdiv(R, BR), Hqk)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     h = tl.program_id(1).to(tl.int64)
     r_ok = rows < R
@@ -156,7 +167,10 @@ def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, so
                 other=0.0).to(tl.float32)
     w = tl.load(W + h * swh + d[:, None] * swd + f[None, :] * swf, mask=d_ok[:, None] & f_ok[None, :],
                 other=0.0).to(tl.float32)
-    proj = tl.dot(x, w, input_precision=PREC)
+    if PREC == "tf32x2":
+        proj = dot_tf32x2(x, w, tl.zeros([BR, BF], dtype=tl.float32))
+    else:
+        proj = tl.dot(x, w, input_precision=PREC)
     pos = tl.where(f_ok[None, :], proj, float("-inf"))
     neg = tl.where(f_ok[None, :], -proj, float("-inf"))
     pos = tl.exp(pos - tl.max(pos, 1)[:, None])
@@ -169,12 +183,21 @@ def hedgehog_map_kernel(X, W, OUT, R, sxr, sxh, sxd, swh, swd, swf, sor, soh, so
     tl.store(out + F * sof, neg.to(OUT.dtype.element_ty), mask=mask)
 
 
+def map_precision(precision: str, x) -> str:
+    """The map kernels' PREC for ``precision``: "tf32x2" (dot_tf32x2: tf32x3's accuracy in two products where x is
+    one operand) in place of "tf32x3" for 16-bit x where configs.HEDGEHOG_MAP_EXACT_X says, else ``precision``."""
+    from tilecore.ops.linear_attention import configs
+
+    return "tf32x2" if precision == "tf32x3" and x.element_size() == 2 and configs.HEDGEHOG_MAP_EXACT_X else precision
+
+
 def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows: int = 64, warps: int = 4):
     """op.hedgehog_map by hedgehog_map_kernel: x (..., Hqk, Dk), weight (Hqk, Dk, F) -> (..., Hqk, 2F) in x's dtype
     (or ``out_dtype``: Triton's interpreter truncates float32 to bf16, so its tests take float32 and round by torch).
     ``precision``: the projection's dot, "ieee" (float32 FMAs) or "tf32x3" (three tf32 tensor-core products: float32's
     accuracy but for the lo x lo term; sm_90a at Dk 64, F 32 106 registers against ieee's 64, Dk 128, F 64 186 / 0
-    spilled). No gradient (op._HedgehogMap pairs it with hedgehog_map_backward)."""
+    spilled; map_precision may take "tf32x2" for it). No gradient (op._HedgehogMap pairs it with
+    hedgehog_map_backward)."""
     Hqk, Dk = x.shape[-2], x.shape[-1]
     F = weight.shape[-1]
     x3 = x.reshape(-1, Hqk, Dk)
@@ -185,7 +208,8 @@ def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows:
         return out
     bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
     hedgehog_map_kernel[(triton.cdiv(R, rows), Hqk)](x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride(),
-                                                      DK=Dk, F=F, BR=rows, BD=bd, BF=bf, PREC=precision,
+                                                      DK=Dk, F=F, BR=rows, BD=bd, BF=bf,
+                                                      PREC=map_precision(precision, x),
                                                       num_warps=warps)
     return out
 
@@ -219,7 +243,10 @@ def hedgehog_map_bwd_kernel(X, W, DOUT, DX, DWP, R, ROWS_PER, sxr, sxh, sxd, swh
         rows64 = rows.to(tl.int64)
         x = tl.load(X + rows64[:, None] * sxr + h * sxh + d[None, :] * sxd, mask=r_ok[:, None] & d_ok[None, :],
                     other=0.0).to(tl.float32)
-        proj = tl.dot(x, w, input_precision=PREC)
+        if PREC == "tf32x2":  # (x exact in tf32: two products; dx's operands are not, so tf32x3 there)
+            proj = dot_tf32x2(x, w, tl.zeros([BR, BF], dtype=tl.float32))
+        else:
+            proj = tl.dot(x, w, input_precision=PREC)
         pos = tl.where(f_ok[None, :], proj, float("-inf"))
         neg = tl.where(f_ok[None, :], -proj, float("-inf"))
         pos = tl.exp(pos - tl.max(pos, 1)[:, None])
@@ -232,10 +259,13 @@ def hedgehog_map_bwd_kernel(X, W, DOUT, DX, DWP, R, ROWS_PER, sxr, sxh, sxd, swh
         db = tl.load(dout + F * sdf, mask=mask, other=0.0).to(tl.float32)
         dproj = pos * (da - tl.sum(pos * da, 1)[:, None]) - neg * (db - tl.sum(neg * db, 1)[:, None])
         dproj = tl.where(mask, dproj, 0.0)
-        dx = tl.dot(dproj, tl.trans(w), input_precision=PREC)
+        dx = tl.dot(dproj, tl.trans(w), input_precision="tf32x3" if PREC == "tf32x2" else PREC)
         tl.store(DX + rows64[:, None] * sgr + h * sgh + d[None, :] * sgd, dx.to(DX.dtype.element_ty),
                  mask=r_ok[:, None] & d_ok[None, :])
-        dw += tl.dot(tl.trans(x), dproj, input_precision=PREC)
+        if PREC == "tf32x2":
+            dw = dot_tf32x2(tl.trans(x), dproj, dw)
+        else:
+            dw += tl.dot(tl.trans(x), dproj, input_precision=PREC)
     H = tl.num_programs(1)
     tl.store(DWP + ((p * H + h) * BD + d[:, None]) * BF + f[None, :], dw)
 
@@ -247,7 +277,8 @@ def hedgehog_map_backward(x, weight, dout, programs: int | None = None, dx_dtype
     float32. ``programs``: row ranges a head (default: ~512 programs over the heads, ~4 an SM of an H100, at most one
     a block of rows; each writes one [Dk, F] float32 partial of dW). ``rows`` a block, ``warps``: 32 / 4 compile for
     sm_90a at Dk 64, F 32 in 118 registers, 0 spilled (64 / 4: 255 and 388 B spilled; 64 / 8: 181, 0); with
-    ``precision`` "tf32x3" (the three dots on tensor cores) 165 registers, 0 spilled."""
+    ``precision`` "tf32x3" (the three dots on tensor cores) 165 registers, 0 spilled (map_precision may take "tf32x2"
+    for it)."""
     Hqk, Dk = x.shape[-2], x.shape[-1]
     F = weight.shape[-1]
     x3 = x.reshape(-1, Hqk, Dk)
@@ -264,6 +295,7 @@ def hedgehog_map_backward(x, weight, dout, programs: int | None = None, dx_dtype
     P = triton.cdiv(R, rows_per)
     dwp = torch.empty(P, Hqk, bd, bf, dtype=torch.float32, device=x.device)
     hedgehog_map_bwd_kernel[(P, Hqk)](x3, weight, d3, g3, dwp, R, rows_per, *x3.stride(), *weight.stride(),
-                                      *d3.stride(), *g3.stride(), DK=Dk, F=F, BR=BR, BD=bd, BF=bf, PREC=precision,
+                                      *d3.stride(), *g3.stride(), DK=Dk, F=F, BR=BR, BD=bd, BF=bf,
+                                      PREC=map_precision(precision, x),
                                       num_warps=warps)
     return dx, dwp.sum(0)[:, :Dk, :F]
