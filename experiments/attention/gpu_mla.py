@@ -489,7 +489,7 @@ def roles_check(name, b, hq, hkv, n, nk, causal, window, dtype=torch.bfloat16, s
 
 def time_roles(budget_s: float, t_start: float) -> None:
     """B8 H16 N4096 bf16, causal and not: the dK/dV kernels alone (with the preprocess) and the whole backward
-    (+ dq kernel) and forward + backward, roles (STAGES 2, 3) against the shipped 32-row kernel; 128 / 128's
+    (+ dq kernel) and forward + backward, roles (STAGES 2, 3) against the shipped dK/dV kernel; 128 / 128's
     forward + backward (the default) for the issue's ratio, all in this run."""
     b, h, n = 8, 16, 4096
     for causal in (False, True):
@@ -508,7 +508,7 @@ def time_roles(budget_s: float, t_start: float) -> None:
             _, dq_sum, stats = launch.backward_preprocess(out, dout, lse, None, dq_sum=False, row_stats=True)
             launch.launch_backward_gluon_kernel(base, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale)
 
-        cands = [("shipped 32-row dK/dV + preprocess", shipped_dkdv, 2 * pairs * (192 + 128 + 128 + 192)),
+        cands = [("shipped dK/dV + preprocess", shipped_dkdv, 2 * pairs * (192 + 128 + 128 + 192)),
                  ("shipped backward", lambda: launch.backward(base, dout, q, k, v, out, lse, None, dq, dk, dv,
                                                                causal, scale), f_bwd),
                  ("shipped fwd+bwd", lambda: (fwd(), launch.backward(base, dout, q, k, v, out, lse, None, dq, dk, dv,
@@ -558,7 +558,7 @@ def time_roles(budget_s: float, t_start: float) -> None:
 def time_roles_ab(rounds: int = 3) -> None:
     """--roles-ab (session 31, after call 3's --roles: every check right, roles STAGES 3 fwd+bwd 0.884-0.885x the
     128/128 rate against the shipped 0.853-0.856x, but its dK/dV kernel alone within +-3% of the shipped one: the
-    run's spread). B8 H16 N4096 bf16, causal and not: the shipped 32-row dK/dV kernel and roles STAGES 3 (each with
+    run's spread). B8 H16 N4096 bf16, causal and not: the shipped dK/dV kernel and roles STAGES 3 (each with
     the preprocess), then the whole forward + backward each way, timed alternately ``rounds`` times (do_bench
     medians, rep 200 ms); the median of the rounds and roles' speedup."""
     import statistics
@@ -609,8 +609,10 @@ def time_roles_ab(rounds: int = 3) -> None:
 
 # --------------------------------------------------------------------------------------------
 # --rows64 (session 33): the dK/dV kernel at 64 query rows a step (config block_m 64: AttentionBackwardPieces.
-# compute_in_turn: S^T, then dP^T with dV under it, P^T kept in float16) against the shipped 32. Calls 4 and 5 timed
-# two 64-row orders (dV after dS^T, and DV_EARLY: dV under dP^T, 1.01-1.04x faster): the second is the kernel's now
+# compute: S^T, then dP^T with dV under it, P^T kept in float16) against the then shipped 32 rows (the shipped
+# config since; the 32-row step removed in session 35, so both sides are now the same kernel unless --rows64's
+# stages differ). Calls 4 and 5 timed two 64-row orders (dV after dS^T, and DV_EARLY: dV under dP^T, 1.01-1.04x
+# faster): the second is the kernel's now
 
 
 def rows64_config(stages=3):
