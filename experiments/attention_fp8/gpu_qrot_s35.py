@@ -19,6 +19,7 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
    against float64 beside the shipped form.
 3. FlashAttention-3's outlier test (N(0,1) + N(0,100) w.p. 0.001, B1 H16 N2048 D128, RMSE against float64; target
    <= 9.1e-3 rotated): block and q3.
+   3b. A scaled score that overflows float32 (q's descale 3e38 on one head, per-head descales): its rows NaN.
 4. If time is left: D128 full, D64 causal, D64 full end to end (bf16, block, q3).
 Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
 twin in place of the kernel: checks the script, not the kernel).
@@ -215,6 +216,36 @@ def main():
         except Exception as e:  # noqa: BLE001
             result["outlier"]["error"] = f"{type(e).__name__}: {str(e)[:400]}"
             traceback.print_exc()
+        save()
+
+    # 3b. a scaled score that overflows float32 (q's descale 3e38 on head 0): its rows NaN, as the emulation's (the
+    # kernel's +inf select a step dropped in session 35: finish takes l for NaN where m is +inf)
+    if left() > 20:
+        try:
+            from tilecore.ops.attention_fp8 import attention_fp8, quantize_fp8
+            from tilecore.ops.attention_fp8.reference import attention_fp8_emulated as emulated
+
+            g = torch.Generator(device=dev).manual_seed(11)
+            qx, kx, vx = (torch.randn(1, 2, 256, 128, device=dev, generator=g) for _ in range(3))
+            q8, qs = quantize_fp8(qx, per="head")
+            k8, ks = quantize_fp8(kx, per="head")
+            v8, vs = quantize_fp8(vx, per="head")
+            qs = qs.clone()
+            qs[0, 0] = 3e38
+            o = attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs,
+                              out_dtype=torch.bfloat16 if not smoke else torch.float32)
+            emu, _ = emulated(q8, k8, v8, qs, ks, vs, l_rounded=True, p_linear=not smoke)
+            t = dict(check="overflowed max: head 0's rows NaN as the emulation's, head 1 finite",
+                     kernel_nan_rows=int(torch.isnan(o).any(-1).sum().item()),
+                     emulation_nan_rows=int(torch.isnan(emu).any(-1).sum().item()),
+                     same_pattern=bool(torch.equal(torch.isnan(o).any(-1), torch.isnan(emu).any(-1))),
+                     head1_finite=bool(torch.isfinite(o[0, 1]).all().item()))
+            t["ok"] = t["same_pattern"] and t["head1_finite"] and t["kernel_nan_rows"] == 256
+        except Exception as e:  # noqa: BLE001
+            t = dict(check="overflow", error=f"{type(e).__name__}: {str(e)[:400]}")
+            traceback.print_exc()
+        result["checks"].append(t)
+        print("check", json.dumps(t), flush=True)
         save()
 
     # 4. the other cases, as time allows

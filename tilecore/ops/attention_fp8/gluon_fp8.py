@@ -126,7 +126,8 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     P = 2^(s * scale - m + P_SHIFT) in [0, 2^P_SHIFT] (float32; rounded to e4m3 by the caller) and
     alpha = 2^(m_old - m); l is left to the caller (the tensor cores: AttentionFp8.row_sum_mma).
     As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0 while it is -inf (a masked row
-    keeps P = 0), NaN where m is +inf.
+    keeps P = 0); a scaled score that overflows (m = +inf) makes its row NaN in ``finish``, not by a select a step
+    (P is 0 or NaN there, l 0 or NaN: finish takes l for NaN where m is +inf).
     P_LINEAR (session 33): no exp2 for P; P is e4m3's code b = round(8 x + 56), x = log2(2^P_SHIFT p) (the exponent
     and mantissa bits read as one fixed-point number: 2^x with its mantissa interpolated linearly, up to 6% over and
     4% under, 4% over on average), returned as y = b * 2^-24 before rounding (one FFMA an element, as the exp2's
@@ -138,7 +139,7 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
         c = gl.expand_dims(row_scale, 1)
     else:
         c = row_scale
-    m_ref = gl.where(m_new == float("-inf"), 0.0, gl.where(m_new == float("inf"), float("nan"), m_new))
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # (+inf kept: finish makes its row NaN)
     if P_LINEAR:
         gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
         p = s * (c * LINEAR_SCALE) - gl.expand_dims((m_ref - P_SHIFT) * LINEAR_SCALE - LINEAR_BIAS, 1)
@@ -453,7 +454,7 @@ class AttentionFp8:
     @gluon.jit
     def finish(self, ctx, st, tile):
         """O = acc * v's descale / l and lse (natural log; l counts 2^8 p) of the rows: lse stored, O by
-        a TMA store (rows past N clipped). A row with no key: 0 and -inf; a NaN l: NaN and NaN."""
+        a TMA store (rows past N clipped). A row with no key: 0 and -inf; a NaN l or a max of +inf: NaN and NaN."""
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         if self.V_PER_BLOCK:  # acc is in the units of the last V block's descale
             v_scale = st.vd
@@ -461,6 +462,7 @@ class AttentionFp8:
             v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
         # every column of l_acc holds the row's sum (all NaN where one is: a NaN l stays NaN)
         l = gl.convert_layout(gl.max(st.l_acc, axis=1), gl.SliceLayout(1, self.S))
+        l = gl.where(st.m == float("inf"), float("nan"), l)  # a scaled score overflowed (fp8_softmax_update)
         no_key = l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
