@@ -125,9 +125,9 @@ def test_mla_backward_launch_passes_piece_boxes(fast_launch, monkeypatch):
     launch.launch_backward_gluon_kernel(bwd_plan, do, q, k, v, stats, dq_sum, dk, dv, True, 0.1)
     (grid, args), = fake.calls
     bound = dict(zip(launch.GLUON_BWD_MLA.kernel.arg_names, args))
-    # the config's query rows a step (32, or 64: compute_in_turn), 2 x 64 keys a tile, every box 64 columns wide
+    # the config's 64 query rows a step (the kernel's only step), 2 x 64 keys a tile, every box 64 columns wide
     bm = configs.GLUON_BACKWARD_DV[192, 128]["block_m"]
-    assert bm in (32, 64)
+    assert bm == 64
     boxes = {name: bound[name].block_shape for name in ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")}
     assert boxes == dict(q_desc=[1, 1, bm, 64], k_desc=[1, 1, 128, 64], v_desc=[1, 1, 128, 64], do_desc=[1, 1, bm, 64],
                          dk_desc=[1, 1, 64, 64], dv_desc=[1, 1, 64, 64])
@@ -191,17 +191,9 @@ ptx = compiled.asm["ptx"]
 rows.append(dict(kernel="backward", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
                  **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
                  tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
-# the dK/dV kernel at 64 query rows a step (block_m 64: compute_in_turn; gpu_mla.py --rows64 times it)
-bm = 64
-args.update(q_desc=piece(q, bm), do_desc=piece(v, bm), stats_desc=launch.row_stats_operand(stats, bm).descriptor())
-compiled = compile_kernel(attention_bwd_mla_kernel, args)
-ptx = compiled.asm["ptx"]
-rows.append(dict(kernel="backward rows64", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
-                 **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
-                 tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
 compiled = compile_kernel(attention_bwd_mla_kernel, dict(args, SOFTCAP=2, tanh_scale=0.01))
 ptx = compiled.asm["ptx"]
-rows.append(dict(kernel="backward rows64 softcap", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
+rows.append(dict(kernel="backward softcap", causal=True, n=4096, block_n=bn, **vars(resources(compiled)),
                  **has_hopper_instructions(ptx), tma_loads=ptx.count("cp.async.bulk.tensor.4d.shared"),
                  tma_stores=ptx.count("cp.async.bulk.tensor.4d.global.shared")))
 cfg = configs.GLUON_DQ_DV[192, 128]
@@ -231,30 +223,29 @@ def compiled():
 
 
 def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):
-    assert [r["kernel"] for r in compiled] == ["forward", "backward", "backward rows64", "backward rows64 softcap", "dq"]
+    assert [r["kernel"] for r in compiled] == ["forward", "backward", "backward softcap", "dq"]
     for r in compiled:
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and not r["wgmma_serialized"], r
         # forward: registers as D128's (S and O 64 x 128 float32 a consumer), causal keeps a few
-        # scalars (20 bytes stored, 36 loaded); backward (dK 96 + dV 64 registers a thread, S^T and dP^T
-        # 16 each at 32 rows a step) 8 bytes causal; at 64 rows a step with S^T and dP^T live together 820 B
-        # and serialized wgmma; in turn (rows64: S^T or dP^T's 32, P^T's float16 16 and its operand 16, dV under
-        # dP^T) 172 / 176 B, scalars (6 spill instructions in the step); with a softcap 364 / 368
-        rows64 = configs.GLUON_BACKWARD_DV[192, 128]["block_m"] == 64  # "backward" is the configured step
-        allowed = {"backward": 192 if rows64 else 48, "backward rows64": 192,
-                   "backward rows64 softcap": 400}.get(r["kernel"], 48) if r["causal"] else 0
+        # scalars (20 bytes stored, 36 loaded); backward (dK 96 + dV 64 registers a thread): at 64 rows a step
+        # with S^T and dP^T live together 820 B and serialized wgmma; in turn (S^T or dP^T's 32, P^T's float16
+        # 16 and its operand 16, dV under dP^T) 172 / 176 B, scalars (6 spill instructions in the step); with a
+        # softcap 364 / 368
+        allowed = {"backward": 192, "backward softcap": 400}.get(r["kernel"], 48) if r["causal"] else 0
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed and r["registers"] <= 232, r
         assert r["shared"] <= 227 * 1024, r
         # forward: K's three pieces a stage and Q's three a tile (one TMA copy each), O in two halves;
         # backward: Q's three and dO's two a stage, K's three and V's two a tile; dK's three, dV's two;
         # dq: the same loads the other way round, dQ's three stores
         assert r["tma_loads"] >= (7 if r["kernel"] == "forward" else 10), r
-        assert r["tma_stores"] >= {"forward": 2, "backward": 5, "backward rows64": 5, "backward rows64 softcap": 5, "dq": 3}[r["kernel"]], r
+        assert r["tma_stores"] >= {"forward": 2, "backward": 5, "backward softcap": 5, "dq": 3}[r["kernel"]], r
 
 
 def _dkdv_with_roundings(q, k, v, dout, p_store):
     """dK, dV of one head (float64 math) with the kernels' roundings of the register operands: P^T and dS^T to the
     input dtype (bf16) before the dV and dK products, P^T first through ``p_store`` (the dtype it is kept in
-    between S^T and dP^T: float32 in the 32-row step, float16 in compute_in_turn); None: no rounding at all."""
+    between S^T and dP^T: float32 as a step of 32 rows kept it (removed, session 35), float16 in the shipped step);
+    None: no rounding at all."""
     scale = q.shape[-1] ** -0.5
     s = (q @ k.T) * scale
     lse = torch.logsumexp(s, -1, keepdim=True)
@@ -271,21 +262,21 @@ def _dkdv_with_roundings(q, k, v, dout, p_store):
     return dk, dv
 
 
-def test_rows64_keeps_p_in_float16_at_the_shipped_steps_error():
-    # compute_in_turn holds P^T in float16 across dP^T's wgmma (registers): its dS and the bf16 operands then come
-    # from that P. Its dK / dV errors against float64 (as multiples of the bf16 rounding floor) stay those of the
-    # 32-row step's float32 P (within 3%): the operands' bf16 rounding dominates float16's
+def test_dkdv_step_keeps_p_in_float16_at_a_float32_ps_error():
+    # the dK/dV step holds P^T in float16 across dP^T's wgmma (registers): its dS and the bf16 operands then come
+    # from that P. Its dK / dV errors against float64 (as multiples of the bf16 rounding floor) stay those of a
+    # float32 P (within 3%): the operands' bf16 rounding dominates float16's
     from tilecore import accuracy
 
     g = torch.Generator().manual_seed(3)
     q, k = (torch.randn(256, 192, generator=g).bfloat16().double() for _ in range(2))
     v, dout = (torch.randn(256, 128, generator=g).bfloat16().double() for _ in range(2))
     exact = _dkdv_with_roundings(q, k, v, dout, None)
-    shipped = _dkdv_with_roundings(q, k, v, dout, torch.float32)
-    in_turn = _dkdv_with_roundings(q, k, v, dout, torch.float16)
+    as_f32 = _dkdv_with_roundings(q, k, v, dout, torch.float32)
+    in_f16 = _dkdv_with_roundings(q, k, v, dout, torch.float16)  # the kernel's
     as_bf16 = _dkdv_with_roundings(q, k, v, dout, torch.bfloat16)  # P kept in bf16 instead: dK's error +15-25%
     errors = [[accuracy.error_over_floor(t.bfloat16(), ref) for t, ref in zip(grads, exact)]
-              for grads in (shipped, in_turn, as_bf16)]
-    for err_shipped, err, err_bf16 in zip(*errors):  # dK, then dV
-        assert 1.2 <= err_shipped <= 1.6 and err <= 1.03 * err_shipped, (err, err_shipped)  # 1.40-1.49 on the GPU
+              for grads in (as_f32, in_f16, as_bf16)]
+    for err_f32, err, err_bf16 in zip(*errors):  # dK, then dV
+        assert 1.2 <= err_f32 <= 1.6 and err <= 1.03 * err_f32, (err, err_f32)  # 1.40-1.49 on the GPU
     assert errors[2][0] > 1.1 * errors[0][0], errors

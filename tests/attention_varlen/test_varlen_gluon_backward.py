@@ -35,7 +35,7 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window, walk_down=0):
+def key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window):
     """gluon_varlen_backward.VarlenBackward.setup in Python: a dict of the tile's fields."""
     seq, key_block, hk = (int(x) for x in entry[:3])
     b = max(seq, 0)
@@ -55,9 +55,9 @@ def key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window, walk_down=0):
         per_head = max(cdiv(last_row + 1 + r, block_m) - first_mb, 0) if last_row >= 0 else 0
     else:
         per_head = max(cdiv(n + r, block_m) - first_mb, 0) if n > 0 else 0
-    shift = (key_block % walk_down if walk_down else key_block) % max(per_head, 1)
+    shift = key_block % max(per_head, 1)
     return dict(start_n=start_n, hk=hk, first_mb=first_mb, per_head=per_head, shift=shift,
-                head0=key_block, q0=q0, k0=k0, N=n, Nk=nk, r=r, walk_down=walk_down)
+                head0=key_block, q0=q0, k0=k0, N=n, Nk=nk, r=r)
 
 
 def step_rows(t, step, group, block_m):
@@ -65,8 +65,6 @@ def step_rows(t, step, group, block_m):
     if group == 1:
         walked = step + t["shift"]
         block = t["first_mb"] + (walked - t["per_head"] if walked >= t["per_head"] else walked)
-        if t["walk_down"]:  # from the last block down, starting shift blocks up
-            block = 2 * t["first_mb"] + t["per_head"] - 1 - block
         head = 0
     else:
         walked = step // group
@@ -117,14 +115,12 @@ def test_kernel_mask_is_the_definition(causal, window):
                                        scores_seen(keys, queries, n, nk, causal, window)), (n, nk, start_n, start_m)
 
 
-def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64, zero_tail=False,
-            walk_down=0, visits=None):
+def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_m=64, block_n=64, zero_tail=False):
     """The kernel's tiles in float64, with its boxes: a step's query rows and a tile's keys read past a
     sequence's end (the next sequence's rows; zeros past the packed end), masked as the kernel masks
     them; dK / dV stored where the kernel stores them. Returns (dq, dk, dv, times each (key, kv head)
     was stored). ``zero_tail``: the kernel's ZERO_TAIL (the next sequence's rows of a box zeroed: K, V
-    past Nk; Q, dO past N with lse +inf and delta 0). ``walk_down``: the kernel's WALK_DOWN; ``visits``: a list
-    that gets each tile's steps (q head, first query row) in walk order."""
+    past Nk; Q, dO past N with lse +inf and delta 0)."""
     total_q, hq, d = q.shape
     total_k, hkv, _ = k.shape
     group = hq // hkv
@@ -142,10 +138,8 @@ def emulate(q, k, v, dout, lse, delta, cu_q, cu_k, causal, window, scale, block_
     stores = torch.zeros(total_k, hkv, dtype=torch.long)
     # the table kernel's torch twin (equal: test_gluon_varlen; the interpreted kernel is slow here)
     for entry in varlen.work_table_torch(cu_k, cu_q, total_k, hkv, 2 * block_n).tolist():
-        t = key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window, walk_down)
+        t = key_tile(entry, cu_q, cu_k, block_m, block_n, causal, window)
         n, nk, hk = t["N"], t["Nk"], t["hk"]
-        if visits is not None:
-            visits.append([step_rows(t, step, group, block_m) for step in range(t["per_head"] * group)])
         for c in range(2):
             start_n = t["start_n"] + c * block_n
             keys = start_n + torch.arange(block_n)
@@ -214,52 +208,6 @@ def test_tiles_store_every_key_once_and_match_the_reference(lens_q, lens_k, caus
     ref = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
                                     window_size=window_size, compute_dtype=torch.float64)
     assert (stores == 1).all()  # every key of every kv head once, none past a sequence (no slot there)
-    for got, want in zip((dq, dk, dv), ref):
-        assert torch.allclose(got, want, atol=1e-9), (got - want).abs().max()
-
-
-@pytest.mark.parametrize("causal, window_size", MASKS)
-@pytest.mark.parametrize("walk_down", [1, 3])
-def test_walk_down_visits_each_block_once_from_the_last_and_matches_the_reference(causal, window_size, walk_down):
-    """WALK_DOWN (one q head a kv head): every tile walks its query blocks from the last down, starting
-    key_block % walk_down blocks up and wrapping, each block once; the gradients are the reference's."""
-    lens_q, lens_k = LENGTHS[0] if causal else LENGTHS[1]
-    hq = hkv = 2
-    d = 16
-    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
-    g = torch.Generator().manual_seed(7 + walk_down)
-    q, dout = (torch.randn(sum(lens_q), hq, d, generator=g, dtype=torch.float64) for _ in range(2))
-    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
-    dlse = torch.randn(hq, sum(lens_q), generator=g, dtype=torch.float64)
-    scale = d ** -0.5
-    out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, window_size=window_size)
-    delta = (out * dout).sum(-1).T - dlse
-    is_causal, is_window = varlen.gluon_masks(causal, *window_size)
-    window = None
-    if is_window:
-        wl, wr, has_left, has_right = varlen.kernel_window(causal, *window_size)
-        unbounded = max(sum(lens_q), sum(lens_k))
-        window = (wl if has_left else unbounded, wr if has_right else unbounded)
-    visits, shipped = [], []
-    dq, dk, dv, stores = emulate(q, k, v, dout, lse, delta, cu_q, cu_k, is_causal, window, scale,
-                                 walk_down=walk_down, visits=visits)
-    emulate(q, k, v, dout, lse, delta, cu_q, cu_k, is_causal, window, scale, visits=shipped)
-    entries = varlen.work_table_torch(cu_k, cu_q, sum(lens_k), hkv, 128).tolist()
-    assert len(visits) == len(shipped) == len(entries)
-    walked_down = 0
-    for entry, mine, theirs in zip(entries, visits, shipped):
-        assert sorted(mine) == sorted(theirs) and len(set(mine)) == len(mine)  # the same blocks, each once
-        if len(mine) > 1:
-            rows = [row for _, row in mine]
-            at_last = rows.index(max(rows))  # the walk starts `shift` blocks up, reaches the first, wraps to the last
-            shift = (len(rows) - at_last) % len(rows)
-            assert shift == entry[1] % walk_down % len(rows)
-            assert rows == sorted(rows[:at_last], reverse=True) + sorted(rows[at_last:], reverse=True)
-            walked_down += 1
-    assert walked_down > 0
-    ref = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
-                                    window_size=window_size, compute_dtype=torch.float64)
-    assert (stores == 1).all()
     for got, want in zip((dq, dk, dv), ref):
         assert torch.allclose(got, want, atol=1e-9), (got - want).abs().max()
 
@@ -522,24 +470,3 @@ def test_compiles_for_sm90a_with_wgmma_and_tma(compiled_report):
         # add to it: with each key's query range (session 31) 276 / 92 bytes stored (the per-score form of the
         # five conditions before: 432 / 128)
         assert r["spill_stores"] <= (300 if r["dq_from"] == "fused" else 100), r
-
-
-WALK_SCRIPT = """
-import json
-from tilecore.ops.attention_varlen import configs, gluon_backward
-from tilecore.tiles.compile import has_hopper_instructions, resources
-cfg = dict(configs.varlen_gluon_backward_config(128, True), dq_from="fused", walk_down=4)
-compiled = gluon_backward.compiled_backward(128, True, cfg=cfg)
-print(json.dumps(dict(vars(resources(compiled)), **has_hopper_instructions(compiled.asm["ptx"]))))
-"""
-
-
-def test_walk_down_compiles_as_lean_as_the_staggered_walk():
-    """The fused dQ with walk_down (D128 causal, sm_90a): wgmma not serialized, TMA, spills within the
-    staggered walk's bound (its shift is the same one scalar a tile)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", WALK_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout.strip().splitlines()[-1])
-    assert row["wgmma"] and row["tma"] and not row["wgmma_serialized"] and row["shared"] <= 227 * 1024, row
-    assert row["spill_stores"] <= 300, row

@@ -157,3 +157,19 @@ def test_gluon_launch_slices_both_tables_and_calls_the_fixed_path_after(monkeypa
 
 def test_route_is_off_until_a_gpu_run_times_it():
     assert configs.VARLEN_GLUON_BACKWARD_LONG == 0
+
+
+def test_the_config_routes_backward_gluon_and_a_zero_turns_it_off(monkeypatch):
+    """backward_gluon without long_from takes configs.VARLEN_GLUON_BACKWARD_LONG; long_from=0 routes nothing."""
+    routed = []
+    monkeypatch.setattr(varlen, "GLUON_VARLEN_BWD", type("R", (), {"__getitem__": lambda self, g: lambda *a, **k: 0})())
+    monkeypatch.setattr(varlen, "GLUON_VARLEN_DQ", type("R", (), {"__getitem__": lambda self, g: lambda *a, **k: 0})())
+    monkeypatch.setattr(varlen.dispatch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(varlen, "backward_fixed_rows", lambda r, *args: routed.append(r))
+    monkeypatch.setattr(configs, "VARLEN_GLUON_BACKWARD_LONG", 100)
+    cu = cu_of([300, 20, 99, 100])
+    q = torch.randn(519, 2, 128, dtype=torch.bfloat16)
+    lse = torch.randn(2, 519)
+    varlen.backward_gluon(q, q, q, q, q, lse, None, cu, cu, True, 0.1, -1, -1, 0.0)
+    varlen.backward_gluon(q, q, q, q, q, lse, None, cu, cu, True, 0.1, -1, -1, 0.0, long_from=0)
+    assert routed == [[(0, 300), (419, 100)], []]

@@ -25,7 +25,7 @@ The step's rows' lse and delta arrive with its Q and dO, by TMA into the stage's
 stage's third buffer), from a (B * H, 2, N) view of a row-padded buffer that the preprocess writes
 (lse with -inf made +inf, so that a row with no key gets p = 0, and delta): read from shared memory
 straight into S^T's columns (loaded by pointer they cost three partition barriers a step:
-notes/attention, session 14).
+notes/attention).
 
 Masks: keys past Nk (only the last key block) and, when causal, keys after a query's diagonal
 (only blocks crossing it). Query rows past N arrive as zeros, Q, dO, lse and delta alike: their p

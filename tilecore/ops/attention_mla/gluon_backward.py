@@ -93,7 +93,7 @@ class AttentionBackwardPieces:
 
     @gluon.jit
     def step_start(self, ctx, stage, tile, step):
-        """Both steps' start: the step's first row and this consumer's first key, Q's three and dO's two [BM, 64]
+        """A step's start: the step's first row and this consumer's first key, Q's three and dO's two [BM, 64]
         pieces, a zero [BN, BM] tile, and S^T = sum_j K_j Q_j^T issued (its token: not waited)."""
         op = self.base
         BM: gl.constexpr = op.BM
@@ -113,57 +113,14 @@ class AttentionBackwardPieces:
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
-        """One step: 64 query rows (block_m 64, shipped) by compute_in_turn, 32 by compute_together."""
-        if self.base.BM >= 64:
-            return self.compute_in_turn(ctx, st, stage, tile, step)
-        else:
-            return self.compute_together(ctx, st, stage, tile, step)
-
-    @gluon.jit
-    def compute_together(self, ctx, st, stage, tile, step):
-        """One step of 32 query rows: S^T = sum_j K_j Q_j^T and dP^T = sum_j V_j dO_j^T (chained wgmma), the softmax,
-        dS^T, then dV_j += P^T dO_j and dK_j += dS^T Q_j; every wgmma complete when it returns."""
-        op = self.base
-        BM: gl.constexpr = op.BM
-        BN: gl.constexpr = op.BN
-        st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
-        start_m, start_n, q0, q1, q2, do0, do1, zeros, s_tok = self.step_start(ctx, stage, tile, step)
-        dp_tok = warpgroup_mma(self.key_rows(ctx, 3), do0.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(self.key_rows(ctx, 4), do1.permute((1, 0)), dp_tok, is_async=True)
-        lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if op.SOFTCAP:  # as AttentionBackward.compute
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
-        else:
-            s_t = warpgroup_mma_wait(2, deps=(s_tok,))  # dP's two groups may still run
-            p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        # both register operands written with no wgmma running (else ptxas serializes them: C7513)
-        p_op = gl.convert_layout(p_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
-        ds_op = gl.convert_layout(ds_t.to(stage.q0.dtype), operand_layout(BN, 64, gl.num_warps()))
-        dv0 = warpgroup_mma(p_op, do0, st.dv0, is_async=True)
-        dv1 = warpgroup_mma(p_op, do1, st.dv1, is_async=True)
-        dk0 = warpgroup_mma(ds_op, q0, st.dk0, is_async=True)
-        dk1 = warpgroup_mma(ds_op, q1, st.dk1, is_async=True)
-        dk2 = warpgroup_mma(ds_op, q2, st.dk2, is_async=True)
-        dk0, dk1, dk2, dv0, dv1 = warpgroup_mma_wait(0, deps=(dk0, dk1, dk2, dv0, dv1))
-        return GradPieces(dk0, dk1, dk2, dv0, dv1)
-
-    @gluon.jit
-    def compute_in_turn(self, ctx, st, stage, tile, step):
         """One step of 64 query rows (block_m 64): S^T = sum_j K_j Q_j^T, waited; P^T (with a softcap P^T times the
         cap's derivative 1 - tanh^2) kept in float16 and P^T's register operand made; dP^T = sum_j V_j dO_j^T and dV_j += P^T dO_j
         issued, dP^T waited for alone; dS^T from the float16 P^T and its operand while dV runs; dK_j += dS^T Q_j.
         S^T and dP^T (32 registers a thread each at 64 rows) are never live together: beside dK's 96 and dV's 64
         both spilled 820 B and serialized every wgmma; dP^T first, then S^T, 784 B (sm_90a). Each wgmma's B
-        operand (a [64, 64] piece of Q or dO) then serves 64 query rows where the 32-row step reads its K / V A
-        operand for 32: ~25% fewer shared-memory bytes per FLOP, the 32-row kernel's bound (notes/attention,
-        session 33). sm_90a causal 172 B spilled (6 scalar spill instructions in the step), not serialized; dV
-        waited for with dK (without it under dP^T: 36 B, and 1.01-1.04x slower on the H100, session 33 call 5)."""
+        operand (a [64, 64] piece of Q or dO) serves 64 query rows: ~25% fewer shared-memory bytes per FLOP than
+        a step of 32 rows (notes/attention). sm_90a causal 172 B spilled (6 scalar spill instructions in the
+        step), not serialized; dV waited for with dK (without it under dP^T: 36 B, and slower on the H100)."""
         op = self.base
         BM: gl.constexpr = op.BM
         BN: gl.constexpr = op.BN
@@ -215,10 +172,11 @@ def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, 
                              SOFTCAP: gl.constexpr = 0):
     """dK and dV at q/k head dim 192 and v's 128 (AttentionBackwardPieces) for every (key block,
     batch * kv head); a persistent grid of 2 consumer warpgroups and a producer warp, tiles from
-    ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide; q_desc's rows
-    (block_m) pick the step: 32 (compute_together) or 64 (compute_in_turn)."""
+    ``schedule`` (a balanced table) or round-robin. Every descriptor's box is 64 columns wide; a step is
+    64 query rows (q_desc's block_m)."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = q_desc.block_type.shape[2]
+    gl.static_assert(BM == 64, "a step of 64 query rows (AttentionBackwardPieces.compute)")
     BN: gl.constexpr = dk_desc.block_type.shape[2]
     gl.static_assert(k_desc.block_type.shape[2] == 2 * BN, "K and V blocks hold both consumers' keys")
     gl.static_assert(q_desc.block_type.shape[3] == 64 and dk_desc.block_type.shape[3] == 64,

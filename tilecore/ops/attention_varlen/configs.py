@@ -15,12 +15,11 @@ VARLEN_GLUON_FORWARD_CONFIG = {64: dict(block_m=64, block_n=128, stages=3, consu
 # the Gluon varlen backward: checked, 1.66x the tl kernels on the 64K long tail
 VARLEN_GLUON_BACKWARD = True
 VARLEN_GLUON_BACKWARD_FEATURES: frozenset = frozenset({"window"})  # windows checked in the same run
-# D128 dQ split off ("gluon"): fused takes 1.16-1.23x its time; D64: the fixed kernel's modes. walk_down (one q
-# head a kv head): 0 the fixed kernel's staggered walk; s >= 1 every tile from the last query block down (s starts)
+# D128 dQ split off ("gluon"): fused takes 1.16-1.23x its time; D64: the fixed kernel's modes
 VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),
                                 (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused"),
-                                (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", walk_down=0),
-                                (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon", walk_down=0)}
+                                (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="gluon"),
+                                (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon")}
 # zero_tail (a neighbour's inf / NaN rows zeroed in shared memory) off: +7-8% on the long tail
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 # sequences of at least this many rows (cu_seqlens_q == cu_seqlens_k, no window, no softcap) by the fixed-length

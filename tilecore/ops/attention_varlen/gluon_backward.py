@@ -21,7 +21,7 @@ steps are the query blocks of BLOCK_M rows that see one of its keys, for each q 
 group, in the fixed kernel's walk (``step_rows``). Query blocks start at packed rows that are
 multiples of 4 (the first at q0 - q0 % 4, taking up to 3 of the previous sequence's rows, masked):
 a TMA box's innermost coordinate must be 16-byte aligned (else the H100 faults with an illegal
-instruction, session 28's first run), and the lse / delta box's innermost coordinate is the row.
+instruction), and the lse / delta box's innermost coordinate is the row.
 
 Masks, per sequence (local positions, the causal diagonal and the window aligned to the bottom right
 as op.py defines them): keys past Nk and queries before 0 or past N (a box's rows outside a
@@ -116,8 +116,6 @@ class VarlenBackward:
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
     ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
     # 1 every sequence, 2 the sequences tail_flags marks (op.neighbour_rows_nonfinite)
-    WALK_DOWN: gl.constexpr  # one q head a kv head: 0 the fixed kernel's staggered walk; s >= 1 from the last
-    # query block down, a tile starting key_block % s blocks up (step_rows)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -148,10 +146,7 @@ class VarlenBackward:
             per_head = gl.where(last_row >= 0, gl.maximum(gl.cdiv(last_row + 1 + r, self.BM) - first_mb, 0), 0)
         else:
             per_head = gl.where(N > 0, gl.maximum(gl.cdiv(N + r, self.BM) - first_mb, 0), 0)
-        if self.WALK_DOWN:
-            shift = (key_block % self.WALK_DOWN) % gl.maximum(per_head, 1)
-        else:
-            shift = key_block % gl.maximum(per_head, 1)
+        shift = key_block % gl.maximum(per_head, 1)
         zero = real
         if self.ZERO_TAIL == 2:  # only where a neighbour's row a box reads holds an inf or NaN
             zero = real & (gl.load(self.tail_flags + b) != 0)
@@ -162,20 +157,14 @@ class VarlenBackward:
     @gluon.jit
     def step_rows(self, tile, step):
         """The step's (q head, first query row local to the sequence: -r for the first block), in the
-        fixed kernel's walk
-        (gluon_backward.AttentionBackward.step_rows): one q head a kv head, the tiles of a head start
-        at different query blocks (their dQ reductions add to different rows); grouped heads, every
-        tile walks the blocks from the last down and at each block the group's q heads.
-        WALK_DOWN s (one q head a kv head): every tile walks from the last block down, starting
-        key_block % s blocks up and wrapping, so a head's tiles (drawn together) read and reduce into
-        the same few query blocks at a time: their Q, dO and float32 dQ rows stay in L2 (the staggered
-        start makes every tile of the head sweep all of its rows at once)."""
+        fixed kernel's walk (gluon_backward.AttentionBackward.step_rows): one q head a kv head, the
+        tiles of a head start at different query blocks (their dQ reductions add to different rows);
+        grouped heads, every tile walks the blocks from the last down and at each block the group's q
+        heads."""
         if self.GROUP == 1:
             head = step * 0
             walked = step + tile.shift
             block = tile.first_mb + gl.where(walked >= tile.per_head, walked - tile.per_head, walked)
-            if self.WALK_DOWN:
-                block = 2 * tile.first_mb + tile.per_head - 1 - block
         else:
             group = self.GROUP
             walked = (step.to(gl.float32) * tile.inv_group).to(gl.int32)  # step // group, or one off
@@ -381,15 +370,13 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
                                 dv_ptr, kv_row_stride, cu_q, cu_k, work, num_tiles, GROUP, scale, scale_log2e, left,
                                 right, tanh_scale, tile_counter, tail_flags, CAUSAL: gl.constexpr,
                                 STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = 0,
-                                WALK_DOWN: gl.constexpr = 0):
+                                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, ZERO_TAIL: gl.constexpr = 0):
     """dK, dV and (added to dq_desc's float32 tensor) dQ of packed attention for every work item
     (op.work_table over the keys); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp drawing its tiles from ``tile_counter`` (None: program p takes tiles p, p + P, ...).
     WINDOW (not with CAUSAL: folded in) and SOFTCAP as the fixed kernel's; ZERO_TAIL: the next
     sequence's rows a box reads are zeroed in shared memory (an inf or NaN there stays there): 1 in every
-    sequence, 2 in those ``tail_flags`` (int32 a sequence; None otherwise) marks. WALK_DOWN: the walk
-    (VarlenBackward.step_rows)."""
+    sequence, 2 in those ``tail_flags`` (int32 a sequence; None otherwise) marks."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     gl.static_assert(DQ == 0 or DQ == 1 or DQ == 3, "dQ after the kernel (0), fused (1) or lagged (3)")
     BM: gl.constexpr = q_desc.block_type.shape[1]
@@ -406,7 +393,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
                         kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
                         dq_staging, left, right, tanh_scale, tail_flags, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW,
-                        SOFTCAP, ZERO_TAIL, WALK_DOWN)
+                        SOFTCAP, ZERO_TAIL)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
@@ -600,7 +587,7 @@ def compiled_backward(d: int = 128, causal: bool = True, softcap: int = 0, dtype
                 tail_flags=i32 if cfg.get("zero_tail") == "checked" else None,
                 CAUSAL=causal and not window, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
                 KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=softcap,
-                ZERO_TAIL=ZERO_TAIL_MODES[cfg.get("zero_tail", False)], WALK_DOWN=cfg.get("walk_down", 0))
+                ZERO_TAIL=ZERO_TAIL_MODES[cfg.get("zero_tail", False)])
     return compile_kernel(attention_varlen_bwd_kernel, args, num_warps=4)
 
 

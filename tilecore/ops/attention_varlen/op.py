@@ -374,7 +374,7 @@ def forward_gluon(q, k, v, cu_q, cu_k, causal, scale, softcap, left=-1, right=-1
 
 
 class _GluonForward:
-    """forward_gluon for one launch key (session 31, issue 31's host time): the work table's and the forward's
+    """forward_gluon for one launch key (issue 31's host time): the work table's and the forward's
     KeyedLaunch (the forward's four packed descriptors as tensors: KeyedLaunch's operands, encoded once per
     address) and every argument the key fixes, made after the key's first call; a call then allocates O, lse and
     the table, builds the table from cu_seqlens' values on the GPU (every call, as forward_gluon) and launches.
@@ -607,7 +607,7 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
             cu_q, cu_k, work, num_tiles, hq // hkv, scale, scale_log2e, wl, wr, tanh_scale, tile_counter(q.device),
             tail_flags, CAUSAL=is_causal, STAGES=cfg["stages"], DQ=fixed_configs.DQ_MODES[cfg["dq_from"]],
             KV_REGS=cfg.get("kv_regs", False), WINDOW=window, SOFTCAP=mode,
-            ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], WALK_DOWN=cfg.get("walk_down", 0), num_warps=4)
+            ZERO_TAIL={False: 0, True: 1, "checked": 2}[zero_tail], num_warps=4)
     if not dq_after:
         dq.copy_(dq_sum.transpose(0, 1))
     else:
