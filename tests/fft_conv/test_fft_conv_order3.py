@@ -108,6 +108,44 @@ def test_order3_compiles_for_hopper_with_wgmma_and_no_spill(n, kg, g1):
     assert row["waits"] <= 2 * a2 // g1 + 4, row
 
 
+CODE_WG = """
+import json, re, sys
+from tilecore.ops.fft_conv.report import order3_variant
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+n, kg, g1 = (int(a) for a in sys.argv[1:4])
+name, kernel, args, warps, _ = order3_variant(n, 1, True, kg, g1, 2)
+compiled = compile_kernel(kernel, args, num_warps=warps)
+ptx = compiled.asm["ptx"]
+print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)),
+                      arrives=len(re.findall(r"mbarrier\\.arrive", ptx)),
+                      waits=len(re.findall(r"mbarrier\\.try_wait", ptx)),
+                      inits=re.findall(r"mbarrier\\.init\\.shared::cta\\.b64 \\[%r\\d+\\], (\\d+)", ptx),
+                      regs=[int(r) for r in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)],
+                      **vars(resources(compiled)), **has_hopper_instructions(ptx))))
+"""
+
+
+@pytest.mark.parametrize("n, kg, g1", [(16384, 1, 2), (8192, 2, 2)])
+def test_order3_two_warpgroups_compile_for_hopper(n, kg, g1):
+    """WARPGROUPS 2 (session 35): two warpgroups (8 warps, the second a warp_specialize worker) on one pair's T, ordered
+    by two mbarriers of two arrivals each (one a warpgroup, each arriving once a pair at each); one program a
+    multiprocessor fits (16384: T 128 KiB once, each warpgroup its own DFT matrices and staging tiles); the ptxas spill
+    is bounded (values that live across the partitions: the wgmma descriptors of the resident matrices, reloaded a few
+    times a pair, not in the chunk loop's products)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", CODE_WG, str(n), str(kg), str(g1)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    assert row["wgmma"] and not row["wgmma_serialized"] and row["mbarrier"] and row["threads"] == 256, row
+    assert row["arrives"] >= 2 and row["waits"] >= 2 and row["inits"] == ["2", "2"], row
+    assert row["shared"] <= 227 * 1024 and max(row["regs"]) <= 256, row
+    assert row["spill_stores"] <= 128 and row["spill_loads"] <= 128, row
+    # each warpgroup: its half of 1a's and 1'a's A2 columns (4 wgmmas each), the chunk loop's 4 complex products
+    a2 = gluon_order3.factors(n)[2]
+    assert row["mmas"] >= 2 * (a2 * 4 + 4 * 4), row
+
+
 def test_order3_launch_binds_every_argument(monkeypatch):
     seen = {}
 
@@ -127,6 +165,7 @@ def test_order3_launch_binds_every_argument(monkeypatch):
     assert set(names) <= set(bound), set(names) - set(bound)
     assert bound["U"] is u and bound["Y"] is y and bound["A"] == 256 and bound["B"] == 64 and bound["CONJ"] is True
     assert bound["CONTIG"] is False and bound["batch"] == 5 and bound["heads"] == 3 and bound["KG"] == 2 and bound["G1"] == 2
+    assert bound["WARPGROUPS"] == 1 and bound["WORKER_REGS"] == gluon_order3.WORKER_REGS
     assert bound["K"].dtype == torch.float32 and bound["K"].shape == (3, n + 1, 2)
     assert bound["stride_kh"] == 2 * (n + 1) and bound["stride_ub"] == 3 * n and bound["stride_uh"] == n
     assert torch.equal(torch.view_as_complex(bound["K"]), spectrum)
@@ -179,7 +218,10 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, False, 2, 2), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, False, "k", 2, 2)
+    assert seen[0][3:] == (True, 1, False, "k", 2, 2, 1)
+    seen.clear()
+    conv_launch.launch(conv_plan.order3_plan(16384, 1, True, 1, 2, 2), u, spectrum, y, False, key=None)
+    assert seen[0][3:] == (False, 1, True, None, 1, 2, 2)  # (two warpgroups a pair)
 
 
 def test_model_counts_order3_below_order2():

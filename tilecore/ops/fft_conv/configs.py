@@ -28,13 +28,16 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
-# columns a wgmma wait in 1a / 1'a); checked and timed by experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
+# columns a wgmma wait in 1a / 1'a[, warpgroups a pair]); checked and timed by experiments/fft_conv/gpu_order3.py and
+# gpu_s35.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388 (s34 calls 3, 4, 5)
 }
 GLUON_ORDER3_CANDIDATES = {  # 8192's shipped tuple and what it beat; elsewhere slower than the shipped path (s34 calls 3-5)
-    8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2)],  # 1.620; 1.863, 1.660; one a SM 2.310
-    16384: [(1, True, 1, 2)],  # 6.238 ms vs the long path's 5.947 (one program a SM: T is 128 KiB)
+    8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
+           (1, True, 2, 2, 2)],  # two warpgroups on each pair's T (s35)
+    16384: [(1, True, 1, 2), (1, True, 1, 2, 2)],  # 6.238 ms vs the long path's 5.947 (one program a SM: T is 128
+    # KiB); two warpgroups on each pair's T (s35)
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py

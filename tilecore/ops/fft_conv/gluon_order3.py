@@ -35,10 +35,11 @@ from triton.experimental import gluon
 
 from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inverse_stages, _load_raw,
                                                  _resident, _scaled_both, _spectrum_issue, _walk)
-from tilecore.tiles.gluon import wgmma_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon import struct, wgmma_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 SUPPORTED_N = (4096, 8192, 16384)  # (plan.ORDER3_FITS: programs a multiprocessor, k1 values a chunk)
+WORKER_REGS = 256  # WARPGROUPS 2: the second warpgroup's registers (setmaxnreg)
 
 
 def factors(n: int) -> tuple[int, int, int]:
@@ -160,11 +161,88 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
         _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
 
 
+@struct
+class Order3Shared:
+    """What every warpgroup of the order-3 kernel reads: the tensors and sizes, the pair's intermediate T (shared
+    memory: one a program) and, with two warpgroups, their exchange (chunk scales, barriers)."""
+    U: object
+    K: object
+    Y: object
+    F16RE: object
+    F16IM: object
+    F2RE: object
+    F2IM: object
+    FBRE: object
+    FBIM: object
+    T1RE: object
+    T1IM: object
+    batch: object
+    heads: object
+    stride_ub: object
+    stride_uh: object
+    stride_yb: object
+    stride_yh: object
+    stride_kh: object
+    T_re: object  # [16, A2, B] float16: T[k1, a2, m], then T'
+    T_im: object
+    scl: object  # [32] float32: each warpgroup's chunk scales at 16 p + k1 (WARPGROUPS 2), else None
+    bars: object  # [2, 1] mbarriers: T written, T' written (WARPGROUPS 2), else None
+    A: gl.constexpr
+    B: gl.constexpr
+    CONJ: gl.constexpr
+    CONTIG: gl.constexpr
+    KG: gl.constexpr
+    G1: gl.constexpr
+
+
+@struct
+class Order3Tables:
+    """A warpgroup's resident DFT matrices and staging tiles (shared memory; WARPGROUPS 2: each warpgroup its own, so
+    that only T's and the tensors' addresses cross into the partitions: captured values live in registers there)."""
+    f16re: object  # [16, 16] float16: F_16 (stage 1a's B)
+    f16im: object
+    f8re: object  # [16, 8]: F_16[:, :8] (stage 1'a's, conjugated)
+    f8im: object
+    f2re: object  # [C, C]: KG x F_A2 on the diagonal (1b, 1'b)
+    f2im: object
+    fbre: object  # [B, B] float16
+    fbim: object
+    fbnim: object  # -Im F_B
+    tile_re: object  # [B, C] float16: R, then Y (the square products' B operands)
+    tile_im: object
+
+
+@gluon.jit
+def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr):
+    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
+    f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
+    f8re = _resident(F16RE, 16, 8, 16, 0, False, table)  # F_16[:, :8]: stage 1''a's (conjugated)
+    f8im = _resident(F16IM, 16, 8, 16, 0, False, table)
+    f2re = _resident(F2RE, C, C, C, 0, False, table)  # KG x F_A2 on the diagonal: stages 1b, 1'b
+    f2im = _resident(F2IM, C, C, C, 0, False, table)
+    fbre = _resident(FBRE, B, B, B, 0, False, table)
+    fbim = _resident(FBIM, B, B, B, 0, False, table)
+    fbnim = _resident(FBIM, B, B, B, 0, True, table)
+    return f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim
+
+
+@gluon.jit
+def _both_arrived(bars, which: gl.constexpr, phase, PARTS: gl.constexpr):
+    """WARPGROUPS 2: this warpgroup's shared-memory writes done (its own barrier), then barrier ``which`` arrived at
+    (one arrival a warpgroup) and waited for: both warpgroups' writes are visible; else this warpgroup's barrier."""
+    gl.thread_barrier()
+    if PARTS == 2:
+        mbarrier.arrive(bars.index(which))
+        mbarrier.wait(bars.index(which), phase)
+
+
 @gluon.jit
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
-                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1):
+                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
+                                 WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -175,16 +253,98 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
     F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
     scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
-    (two: eight wgmmas in flight, half the waits; the same arithmetic)."""
+    (two: eight wgmmas in flight, half the waits; the same arithmetic). WARPGROUPS 2 (session 35): two warpgroups (4 + 4
+    warps, gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
+    columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
+    scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
-    gl.static_assert(gl.num_warps() == 4, "one warpgroup")
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and A2 >= 8, "A = 16 A2, A2 >= 8")
     gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
-    gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wait in stages 1a, 1'a")
+    gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wgmma wait in stages 1a, 1'a")
+    gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
     C: gl.constexpr = KG * A2  # a chunk's columns
     gl.static_assert(C >= 16, "a chunk's stage 1b has K = KG A2 >= 16 (the float16 wgmma's K)")
+    if WARPGROUPS == 1:
+        f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM,
+                                                                                  B, C)
+    t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
+    T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
+    if WARPGROUPS == 2:
+        scl = gl.allocate_shared_memory(gl.float32, [32], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bars.index(0), count=2)  # (one arrival a warpgroup)
+        mbarrier.init(bars.index(1), count=2)
+    else:
+        stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
+        tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        scl = None
+        bars = None
+    g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1)
+    fence_async_shared()
+    gl.thread_barrier()
+    if WARPGROUPS == 1:
+        _order3_walk(g, Order3Tables(f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim, tile_re, tile_im), 0, 1)
+    else:
+        gl.warp_specialize([(_order3_walk, (g, None, 0, 2)), (_order3_walk, (g, None, 1, 2))], [4], [WORKER_REGS])
+
+
+@gluon.jit
+def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
+    """One warpgroup's walk over the program's pairs (PARTS 1: each pair whole, ``tabs`` the program's tables; PARTS 2:
+    warpgroup PART's share of each pair, the other warpgroup on the same pair: columns a2 of half PART in 1a and 1'a,
+    chunks PART, PART + 2, ...; its own tables, allocated here)."""
+    U = g.U
+    K = g.K
+    Y = g.Y
+    T1RE = g.T1RE
+    T1IM = g.T1IM
+    batch = g.batch
+    heads = g.heads
+    stride_ub = g.stride_ub
+    stride_uh = g.stride_uh
+    stride_yb = g.stride_yb
+    stride_yh = g.stride_yh
+    stride_kh = g.stride_kh
+    T_re = g.T_re
+    T_im = g.T_im
+    A: gl.constexpr = g.A
+    B: gl.constexpr = g.B
+    KG: gl.constexpr = g.KG
+    G1: gl.constexpr = g.G1
+    A2: gl.constexpr = A // 16
+    C: gl.constexpr = KG * A2  # a chunk's columns
     L: gl.constexpr = A * B
+    COLS: gl.constexpr = A2 // PARTS  # a warpgroup's columns a2 in 1a and 1'a: PART COLS ..
+    if PARTS == 2:
+        f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim = _order3_tables(g.F16RE, g.F16IM, g.F2RE, g.F2IM,
+                                                                                  g.FBRE, g.FBIM, B, C)
+        stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
+        tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        fence_async_shared()
+        gl.thread_barrier()
+    else:
+        f16re = tabs.f16re
+        f16im = tabs.f16im
+        f8re = tabs.f8re
+        f8im = tabs.f8im
+        f2re = tabs.f2re
+        f2im = tabs.f2im
+        fbre = tabs.fbre
+        fbim = tabs.fbim
+        fbnim = tabs.fbnim
+        tile_re = tabs.tile_re
+        tile_im = tabs.tile_im
+    # the same bytes as T seen as 16 / KG blocks [C, B] (chunk j's T[KG j .. KG j + KG - 1], indexed at run time; no
+    # swizzle: the same order)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+    Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
     lhs1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc1, k_width=2)
     acc: gl.constexpr = wgmma_layout(B, C, 4)
@@ -194,32 +354,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])  # threads along m (u's and y's rows)
     io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
-    table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
     rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
-
-    f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
-    f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
-    f8re = _resident(F16RE, 16, 8, 16, 0, False, table)  # F_16[:, :8]: stage 1''a's (conjugated)
-    f8im = _resident(F16IM, 16, 8, 16, 0, False, table)
-    f2re = _resident(F2RE, C, C, C, 0, False, table)  # KG x F_A2 on the diagonal: stages 1b, 1'b
-    f2im = _resident(F2IM, C, C, C, 0, False, table)
-    fbre = _resident(FBRE, B, B, B, 0, False, table)
-    fbim = _resident(FBIM, B, B, B, 0, False, table)
-    fbnim = _resident(FBIM, B, B, B, 0, True, table)
-    t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
-    T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
-    # the same bytes seen as 16 / KG blocks [C, B] (chunk j's T[KG j .. KG j + KG - 1], indexed at run time; no
-    # swizzle: the same order)
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
-    Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
-    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
-    tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
-    tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
-    fence_async_shared()
-    gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, CONJ, True, 0, True, None, 0, 1, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, g.CONJ, True, 0, True, None, 0, 1, False)
 
     # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
     # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after
@@ -236,7 +372,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
-    start, stop, step = _walk(gl.program_id(0), gl.num_programs(0), total, CONTIG)
+    start, stop, step = _walk(gl.program_id(0), gl.num_programs(0), total, g.CONTIG)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
@@ -246,15 +382,16 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                                                 _load_raw(U, b_re + 1, batch, row_im, seq))
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
-        gl.thread_barrier()  # the previous pair's 1'a has read T
-        for g in gl.static_range(A2 // G1):
-            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM, G1 * g, A2,
-                      B, io, lhs1, acc1, put, G1)
-        gl.thread_barrier()  # T written
+        gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
+        for c in gl.static_range(COLS // G1):
+            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM,
+                      PART * COLS + G1 * c, A2, B, io, lhs1, acc1, put, G1)
+        phase = ((w - start) // step) & 1
+        _both_arrived(g.bars, 0, phase, PARTS)  # T written
         spectrum = K + h * stride_kh
         running = scale_re * 0.0  # the largest chunk scale
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
-        for j in range(16 // KG):  # (a loop, not unrolled)
+        for j in range(PART, 16 // KG, PARTS):  # (a loop, not unrolled)
             k1 = j * KG
             kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; session 34's KPRE 1: slower)
             xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
@@ -266,12 +403,19 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
             Tk_im.index(j).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
             scales = gl.where(kvec // KG == j, s, scales)
             running = gl.maximum(running, s)
-        gl.thread_barrier()  # T' written
+        if PARTS == 2:  # (the other warpgroup's chunk scales: each row 0 at the other's k1)
+            g.scl.slice(16 * PART, 16).store(scales)
+            _both_arrived(g.bars, 1, phase, PARTS)  # T' and the scales written
+            scales = gl.maximum(g.scl.slice(0, 16).load(scales.type.layout),
+                                g.scl.slice(16, 16).load(scales.type.layout))
+            running = gl.max(scales, axis=0)
+        else:
+            gl.thread_barrier()  # T' written
         ratio = scales / running
         out_scale = running * (1.0 / L)
         out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
         out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
-        for g in gl.static_range(A2 // G1):
+        for c in gl.static_range(COLS // G1):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
-                              out_re, out_im, G1 * g, A2, B, put, lhs8, acc8, io8, G1)
+                              out_re, out_im, PART * COLS + G1 * c, A2, B, put, lhs8, acc8, io8, G1)

@@ -128,7 +128,7 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path == "order3":
-        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key, plan.loop, plan.g1)
+        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key, plan.loop, plan.g1, plan.warpgroups)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -354,11 +354,11 @@ CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
 
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
-                  contig: bool = True, key=None, kg: int = 1, g1: int = 1) -> None:
+                  contig: bool = True, key=None, kg: int = 1, g1: int = 1, warpgroups: int = 1) -> None:
     """gluon_order3's kernel (N = 8192 on Hopper): y = the causal convolution of u (B, H, N; unit stride along N) with
     the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
     correlation); ``per_sm`` persistent programs a multiprocessor; ``kg`` values of k1 a chunk (the kernel's KG); ``g1``
-    columns a2 a wgmma wait in stages 1a and 1'a (its G1)."""
+    columns a2 a wgmma wait in stages 1a and 1'a (its G1); ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
@@ -371,4 +371,6 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
                                       B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)),
-                          dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, num_warps=4))
+                          dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, WARPGROUPS=warpgroups,
+                               WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS,
+                               num_warps=4))

@@ -117,22 +117,25 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 
 
 # the order-3 kernel's fits by N (sm_90a): programs a multiprocessor (shared memory, registers) and k1 values a chunk
-# (4096: KG A2 >= 16, the wgmma's K; KG 4 at 8192 and KG 2 at 16384 spill)
+# (4096: KG A2 >= 16, the wgmma's K; KG 4 at 8192 and KG 2 at 16384 spill); two warpgroups a pair: one program a SM
 ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), (1,))}
 
 
-def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, warpgroups: int = 1) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
     8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
     KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
-    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2.
-    (Session 34's KPRE, XT and VIEWS were measured slower and removed: notes/fft_conv.)"""
+    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
+    ``warpgroups`` 2 (session 35): two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
+    KiB). (Session 34's KPRE, XT and VIEWS were measured slower and removed: notes/fft_conv.)"""
     fits = ORDER3_FITS.get(n)
-    if fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2):
+    if (fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2)
+            or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)):
         raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
-                         f"{ORDER3_FITS} (N: (per_sm, kg)), g1 1 or 2; got N = {n}, per_sm {per_sm}, contig {contig}, "
-                         f"kg {kg}, g1 {g1}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1)
+                         f"{ORDER3_FITS} (N: (per_sm, kg)), g1 1 or 2, warpgroups 1 or 2 (2: one program a "
+                         f"multiprocessor); got N = {n}, per_sm {per_sm}, contig {contig}, kg {kg}, g1 {g1}, "
+                         f"warpgroups {warpgroups}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, warpgroups=warpgroups)
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

@@ -136,10 +136,10 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
              False)]
 
 
-def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1,
-                   g1: int = 1) -> tuple[str, object, dict, int, bool]:
+def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1,
+                   warpgroups: int = 1) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel, session 34) at a configs.GLUON_ORDER3
-    tuple (per_sm: the grid only, not the compile)."""
+    tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair, session 35)."""
     import torch
 
     from tilecore.ops.fft_conv import gluon_order3
@@ -152,8 +152,11 @@ def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1,
                 batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
                 A=a, B=b, CONTIG=contig, KG=kg, G1=g1)
     extra = f"kg {kg}, g1 {g1}"
-    return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, 4 warps)", gluon_order3.fft_conv_gluon_order3_kernel, args, 4,
-            True)
+    if warpgroups != 1:  # (the shipped tuples' arguments as before: their PTX compared across trees)
+        args.update(WARPGROUPS=warpgroups, WORKER_REGS=gluon_order3.WORKER_REGS)
+        extra += ", two warpgroups a pair"
+    return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, {4 * warpgroups} warps)",
+            gluon_order3.fft_conv_gluon_order3_kernel, args, 4, True)
 
 
 def pair_variants(shipped_only: bool = False) -> list:
