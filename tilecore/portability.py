@@ -216,6 +216,12 @@ def linear_attention_cases(quick: bool) -> list[Case]:
                 return _with_grads(tilecore.linear_attention(q, k, v, decay=g), (q, k, v, g))
             cases.append(Case("linear_attention", f"bfloat16 D{d} {decay or 'no'} decay fwd+bwd", run,
                               quick=d == 128 and decay != "scalar"))
+    def hedgehog(device):  # the one-pass map kernels, forward and backward (their projection dot's precision)
+        q, k, v = (_meta(B, N, H, 64, grad=True, device=device) for _ in range(3))
+        w = _meta(H, 64, 32, dtype=f32, grad=True, device=device)
+        return _with_grads(tilecore.linear_attention(q, k, v, feature_map="hedgehog", feature_weights=w), (q, k, v, w))
+    cases.append(Case("linear_attention", "bfloat16 D64 hedgehog 32 features fwd+bwd", hedgehog))
+
     def step(device):
         q, k, v = (_meta(B, H, 128, device=device) for _ in range(3))
         tilecore.linear_attention_step(q, k, v, _meta(B, H, 128, 128, dtype=f32, device=device))
@@ -259,20 +265,22 @@ def fft_conv_cases(quick: bool) -> list[Case]:
 
 
 def attention_varlen_cases(quick: bool) -> list[Case]:
-    """attention_varlen forward and backward, 3 sequences (100, 500, 1000 tokens), causal, D64 and D128."""
+    """attention_varlen forward and backward, 3 sequences (100, 500, 1000 tokens), causal, D64, D128 and D256;
+    D128 with a softcap (its tanh: inline PTX on NVIDIA GPUs, exp2 elsewhere)."""
     import torch
 
     import tilecore
 
     cases = []
-    for d in (64, 128):
-        def run(device, d=d):
+    for d, softcap in ((64, 0.0), (128, 0.0), (256, 0.0), (128, 30.0)):
+        def run(device, d=d, softcap=softcap):
             total = 1600
             q, k, v = (_meta(total, 8, d, grad=True, device=device) for _ in range(3))
             cu = torch.empty(4, dtype=torch.int32, device=device)
-            out = tilecore.attention_varlen(q, k, v, cu, cu, 1000, 1000, causal=True, validate=False)
+            out = tilecore.attention_varlen(q, k, v, cu, cu, 1000, 1000, causal=True, softcap=softcap, validate=False)
             return _with_grads(out, (q, k, v))
-        cases.append(Case("attention_varlen", f"bfloat16 D{d} causal fwd+bwd", run, quick=d == 128))
+        cases.append(Case("attention_varlen", f"bfloat16 D{d} causal{f' softcap {softcap:g}' if softcap else ''} "
+                          "fwd+bwd", run, quick=d == 128))
     return cases
 
 
@@ -305,11 +313,12 @@ def hadamard_quantize_cases(quick: bool) -> list[Case]:
     import tilecore
 
     cases = []
-    for fmt in ("int8", "fp8_e5m2", "mxfp4", "int4"):
-        def run(device, fmt=fmt):
-            tilecore.hadamard_quantize(_meta(64, 4096, device=device), format=fmt)
+    # n = 1024: the PAIRS products (inline PTX, configs.QUANT_POW2_PAIRS) where the GPU is NVIDIA's
+    for n, fmt in ((4096, "int8"), (4096, "fp8_e5m2"), (4096, "mxfp4"), (4096, "int4"), (1024, "mxfp4")):
+        def run(device, n=n, fmt=fmt):
+            tilecore.hadamard_quantize(_meta(64, n, device=device), format=fmt)
             return "public"
-        cases.append(Case("hadamard_quantize", f"bfloat16 n=4096 {fmt}", run, quick=fmt in ("int8", "mxfp4")))
+        cases.append(Case("hadamard_quantize", f"bfloat16 n={n} {fmt}", run, quick=fmt in ("int8", "mxfp4")))
     return cases
 
 

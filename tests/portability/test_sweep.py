@@ -31,23 +31,6 @@ KNOWN_MISFITS = {
     ("hadamard.kernels_kron.kron_kernel", "float32 n=20480"):
         "kron.py's fused tile in float32 (20 x 1024: M_PAD 32 x 1024 elements) asks 146 KiB on sm_86 (99), "
         "130 on gfx90a (64); kron_plan has no fit check for smaller GPUs yet",
-    # session 34 (HG): the ops called through their public functions (portability.PUBLIC_OPS), compiled for sm_86
-    # and gfx90a; each op's owner fits its configuration (a SHARED_FITS row read through dispatch.shared_memory_fit,
-    # as attention and attention_kvcache do) or routes ROCm elsewhere
-    ("linear_attention.kernels_tl.la_fwd_kernel", "D128 channel decay"):
-        "linear_attention's tl forward with GLA's per-channel decay at D128 asks 128 KiB on sm_86 (99); "
-        "linear_attention/plan.py has no fit for smaller GPUs",
-    ("linear_attention.kernels_tl.la_bwd_dq_kernel", "D128 no decay"):
-        "linear_attention's tl dq backward at D128 asks 80 KiB on gfx90a (64); 96 of 99 on sm_86",
-    ("attention_varlen.kernels_tl.varlen_fwd", "D128 causal"):
-        "varlen's tl forward at D128 asks 72 KiB on gfx90a (64) (attention's own forward takes 64 keys a step, "
-        "2 stages there: 40)",
-    ("fft_conv.kernels.fft_conv_kernel", "float32 seqlen 1024"):
-        "fft_conv's float32 kernel asks tl.dot input_precision tf32x3, which Triton's AMD backend refuses "
-        "(ieee, bf16x3, bf16x6): a compile error on gfx90a",
-    ("hadamard.quantize_kernels.pow2_quantize_kernel", "n=4096 int8"):
-        "hadamard_quantize's int8 / int4 rounding calls CUDA's libdevice __nv_float2int_rn, which Triton's AMD "
-        "backend drops: a compile error on gfx90a (its other formats compile)",
 }
 
 

@@ -26,6 +26,19 @@ VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
 # backward, one call each, the rest by the varlen kernels (op.long_sequences; reads cu_seqlens on the host); 0: off
 VARLEN_GLUON_BACKWARD_LONG = 0
 
+# the tl kernels (op.block_config) where a GPU's blocks get less shared memory than they ask there (issue 31): rows
+# of (least bytes a block gets, kernel -> {largest head dim: overrides}), the first row whose bytes the GPU's reach
+# (dispatch.shared_memory_fit). Each row compiled for the GPUs it serves by python -m tilecore.portability
+# (notes/portability.md); untimed there. sm_80..sm_90a and the 99 KiB GPUs take the first row: no change (sm_86:
+# forward D128 88 KiB, D256 68; dK/dV 84, 88; dQ 72, 64).
+SHARED_FITS = (
+    (99 * 1024, None),
+    # ROCm's MI200 / MI300 (64 KiB of LDS): the forward at 64 < D <= 128 asked 72 KiB on gfx90a -> 40 in two stages
+    # (the fixed-length forward's ROCm row: 64 keys a step, 2 stages too); D64 40 and D256 36, the backward's 16-40
+    # fit as they are
+    (64 * 1024, {"forward": {64: {}, 128: dict(num_stages=2)}}),
+)
+
 
 def varlen_gluon_backward_config(d: int, causal: bool) -> dict:
     """The Gluon varlen backward's blocks, stages, dQ mode and zero_tail for head dim ``d`` (causal: also

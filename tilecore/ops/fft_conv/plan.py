@@ -182,7 +182,9 @@ def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> P
     if n not in configs.TL_FACTORS:
         return Plan("torch")
     n1, n2 = configs.TL_FACTORS[n]
-    precision = "ieee" if dispatch.interpreted(device) else configs.TL_PRECISION
+    # ieee in the interpreter, and on ROCm, whose Triton takes ieee, bf16x3 and bf16x6 but not tf32x3 (a compile
+    # error on gfx90a): float32 products there, float32's accuracy
+    precision = "ieee" if dispatch.interpreted(device) or dispatch.is_rocm(device) else configs.TL_PRECISION
     return Plan("tl", n1=n1, n2=n2, num_warps=configs.TL_WARPS[n], precision=precision)
 
 

@@ -6,7 +6,8 @@ Paths (``plan_quantize``):
 * "cpu": CPU tensors without the interpreter: hadamard_transform's CPU path in float32, then the formats
   in float32 with torch's operations (quantize_reference.quantize_rotated); also the e4m3 formats (fp8_e4m3
   codes, nvfp4's block scales) on GPUs where Triton has no e4m3 (not dispatch.fp8_ok: sm_80, sm_86, ROCm), there
-  with hadamard_transform's kernels (Triton refuses fp8e4nv below sm_89: issue 31, session 33);
+  with hadamard_transform's kernels (Triton refuses fp8e4nv below sm_89: issue 31, session 33); and int8 / int4 on
+  ROCm, whose Triton drops the CUDA libdevice rounding their kernels call (__nv_float2int_rn);
 * "fused": quantize_kernels.rotate_quantize_kernel, where a row's (or a tile's) rotated values fit one
   program's registers (configs.KRON_MAX_TILE_ELEMS float32 values);
 * "wide": quantize_wide.wide_quantize_kernel, m x 2^k rows with m > 64 (11008, 18944), where configs.QUANT_WIDE
@@ -81,6 +82,9 @@ def _qslices(p: int, group: int | None):
 # formats whose kernels store e4m3 (codes, or nvfp4's block scales): Triton's fp8e4nv, which it compiles for NVIDIA
 # sm_89 and later only ("fp8e4nv not supported in this architecture" on sm_80 / sm_86)
 E4M3_FORMATS = ("fp8_e4m3", "nvfp4")
+# formats whose kernels round by CUDA's libdevice (float2int_rn: one cvt.rni), which Triton's AMD backend drops
+# ("Implicit conversion of CUDA __nv_float2int_rn device function has been dropped": a compile error on gfx90a)
+LIBDEVICE_FORMATS = ("int8", "int4")
 
 
 def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | None, rotate: bool,
@@ -92,6 +96,10 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     interpret = dispatch.interpreted(x.device)
     if fmt in E4M3_FORMATS and not interpret and not dispatch.fp8_ok(x.device):
         return QuantizePlan("cpu")  # (torch's ops on the device: no e4m3 in Triton there)
+    if fmt in LIBDEVICE_FORMATS and not interpret and dispatch.is_rocm(x.device):
+        return QuantizePlan("cpu")  # (the same: no CUDA libdevice on ROCm)
+    if dispatch.is_rocm(x.device):  # PAIRS' conversion is inline PTX (kernels._pairs_dot): LLVM aborts on it for AMD
+        tuning = {**tuning, "pairs": False}
     sms = configs.INTERPRETER_SMS if interpret else dispatch.num_sms(x.device)
     if not pow2_plan_module.tma_fits(x) or not dispatch.tma_ok(x.device):
         tuning = {**tuning, "tma": "none", "kron_tma": False, "il_tma": False}

@@ -134,3 +134,17 @@ STEP_BV = 64  # the decode step's value block (ditto)
 # head dimensions taken (q/k and v); Based's q/k (its features are 1 + Dk + Dk^2)
 MAX_HEAD_DIM = 256
 MAX_BASED_DIM = 16
+
+# GPUs whose blocks get less shared memory than the tables above ask there (issue 31): rows of (least bytes a block
+# gets, caps on the stages), the first row whose bytes the GPU's reach (dispatch.shared_memory_fit; plan.tl_plan and
+# launch.backward_plan). Each row compiled for the GPUs it serves by python -m tilecore.portability
+# (notes/portability.md); untimed there. The H100 (227 KiB) and the A100 (163) take the first row: no change.
+SHARED_FITS = (
+    (163 * 1024, {}),
+    # sm_86, sm_89, sm_120 (99 KiB): per-channel decay's forward (CHANNEL_FWD_BLOCKS) at D128 asked 128 KiB
+    # on sm_86 -> 48 in one stage (BV 64 in two: 104)
+    (99 * 1024, dict(channel_fwd_stages=1)),
+    # ROCm's MI200 / MI300 (64 KiB of LDS), and the row above's cut: the split dQ kernel at D128 asked 80 KiB on
+    # gfx90a -> 48 in two stages
+    (64 * 1024, dict(channel_fwd_stages=1, dq_stages=2)),
+)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tilecore import dispatch
 from tilecore.ops.linear_attention import chunked, configs, gluon_based, gluon_forward, kernels_backward, kernels_tl
-from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind
+from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind, shared_fit
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, TmaOperand
 
@@ -257,9 +257,10 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
     fits = feature != BASED and max(q.shape[-1], v.shape[-1]) <= configs.BWD_SPLIT_MAX_DIM
     cfg = dict(plan.config)
     dkv, dq = configs.BWD_SPLIT[min(kind, 1)], configs.BWD_SPLIT_DQ[min(kind, 1)]
+    dq_stages = min(dq["stages"], shared_fit(q.device).get("dq_stages", dq["stages"]))  # configs.SHARED_FITS
     cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or dkv["BT"], split_BKB=dkv["BKB"],
                split_BV=dkv["BV"], split_warps=dkv["warps"], split_stages=dkv["stages"], dq_BKQ=dq["BKQ"],
-               dq_warps=dq["warps"], dq_stages=dq["stages"], split_epilogue=configs.BWD_SPLIT_EPILOGUE)
+               dq_warps=dq["warps"], dq_stages=dq_stages, split_epilogue=configs.BWD_SPLIT_EPILOGUE)
     narrow = configs.BWD_SPLIT_NARROW
     if narrow and max(q.shape[-1], v.shape[-1]) <= configs.BWD_SPLIT_NARROW_DIM:  # (more programs at small dims)
         cfg.update(split_BKB=min(narrow["BKB"], cfg["BK"]), split_BV=min(narrow["BV"], cfg["BVF"]),

@@ -128,11 +128,17 @@ def _map_bwd_block(dk: int, features: int) -> tuple[int, int]:
                 configs.HEDGEHOG_MAP_BWD_BLOCKS[-1][1:])
 
 
+def _map_precision(device) -> str:
+    """The map kernels' projection dot: configs.HEDGEHOG_MAP_PRECISION, but "ieee" on ROCm, whose Triton takes ieee,
+    bf16x3 and bf16x6, not tf32x3 (a compile error on gfx90a: issue 31)."""
+    return "ieee" if dispatch.is_rocm(device) else configs.HEDGEHOG_MAP_PRECISION
+
+
 def _fused_map(x, weight):
     """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums)."""
     wide = torch.float32 if dispatch.interpreted(x.device) else None
     return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
-                                              precision=configs.HEDGEHOG_MAP_PRECISION).to(x.dtype)
+                                              precision=_map_precision(x.device)).to(x.dtype)
 
 
 class _HedgehogMap(torch.autograd.Function):
@@ -153,7 +159,7 @@ class _HedgehogMap(torch.autograd.Function):
         programs = max(1, min(blocks, -(-configs.HEDGEHOG_MAP_BWD_PROGRAMS // heads)))  # (row ranges a head)
         dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, programs=programs, dx_dtype=wide,
                                                        rows=rows, warps=warps,
-                                                       precision=configs.HEDGEHOG_MAP_PRECISION)
+                                                       precision=_map_precision(x.device))
         return (dx.to(x.dtype) if ctx.needs_input_grad[0] else None,
                 dw.to(weight.dtype) if ctx.needs_input_grad[1] else None)
 

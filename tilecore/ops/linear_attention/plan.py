@@ -53,6 +53,12 @@ def channel_diag(kind: int) -> int:
     return configs.CHANNEL_DIAG
 
 
+def shared_fit(device: torch.device) -> dict:
+    """configs.SHARED_FITS's caps for ``device`` (none where its blocks get enough shared memory, or no limit: the
+    CPU, the interpreter); a GPU below every row gets dispatch's RuntimeError naming the op."""
+    return dispatch.shared_memory_fit(device, configs.SHARED_FITS, "linear_attention")
+
+
 def plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: int, chunk: int | None = None) -> Plan:
     """The blocks of the forward, backward and step kernels for these inputs (q (B, N, Hqk, Dk), v (B, N,
     H, Dv), log decay g or None); ``chunk`` overrides configs.CHUNK."""
@@ -121,6 +127,8 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     if kind == CHANNEL_DECAY and channel_diag(kind) >= 3 and fwd_blocks and not chunk_given and BK <= 128:
         fwd_chunk, fwd_warps, fwd_stages = fwd_blocks["BT"], fwd_blocks["warps"], fwd_blocks["stages"]
         BV = min(BVF, fwd_blocks["BV"])
+        # a GPU whose blocks get less shared memory (configs.SHARED_FITS): fewer stages
+        fwd_stages = min(fwd_stages, shared_fit(q.device).get("channel_fwd_stages", fwd_stages))
     # the Gluon forward on Hopper (launch.forward runs it where gluon_forward.fits takes the tensors)
     fwd_gluon = (configs.GLUON_FORWARD and (kind, BK) in configs.GLUON_CHECKED and feature != BASED
                  and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
