@@ -131,3 +131,54 @@ def test_one_value_block_is_folded_and_the_switches_keep_the_loop():
     for r in (two, dyn):
         assert r["loop"] and r["async_copies"] > 0 and r["spill_stores"] == 0 and not r["wgmma_serialized"], r
     assert dyn["ptx"] == _dqk_loop_facts(128, dict(dqk_dyn=True))["ptx"]
+
+
+AHEAD_CODE = """
+import json, sys, torch
+from tilecore.ops.linear_attention import kernels_backward_gla_chunked as kc
+from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+from tilecore.tiles.compile import compile_kernel, resources
+D, blocks = int(sys.argv[1]), json.loads(sys.argv[2])
+q = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
+g = torch.empty(1, 256, 2, D)
+s = torch.empty(1, 2, D, D)
+steps = []
+kc.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1, steps=steps,
+            **{k: x for k, x in blocks.items() if k != "dqk_l2_ahead"})
+name, kernel, _, args, kw = next(st for st in steps if st[0] == "dqk0w")
+kw = dict(kw)
+if blocks.get("dqk_l2_ahead"):  # the launcher adds AHEAD on a GPU only (this machine has none)
+    kw["AHEAD"] = blocks["dqk_l2_ahead"]
+warps, stages = kw.pop("num_warps"), kw.pop("num_stages")
+c = compile_kernel(kernel, dict(zip(kernel.arg_names, args), **kw), num_warps=warps, num_stages=stages)
+ttgir = c.asm["ttgir"]
+print(json.dumps(dict(vars(resources(c)), kernel=kernel.fn.__name__,
+                      async_copies=ttgir.count("async_copy_global_to_local"),
+                      prefetches=c.asm["ptx"].count("prefetch.global.L2"))))
+"""
+
+
+@pytest.mark.parametrize("D, blocks, spilled, shared", [
+    (128, dict(dqk_flat=2, dqk_stages=2), 460, 113 * 1024),  # 2 programs an SM (<= 113 KB each)
+    (128, dict(dqk_flat=2, dqk_stages=3), 460, 180 * 1024),  # one an SM, the next chunk in flight
+    (64, dict(dqk_flat=3, dqk_stages=3), 280, 113 * 1024),  # 2 an SM with the next chunk in flight
+    (128, dict(dqk_l2_ahead=384), 8, 64 * 1024),
+    (64, dict(dqk_l2_ahead=384), 8, 64 * 1024),
+])
+def test_dqk_flat_and_l2_ahead_compile(D, blocks, spilled, shared):
+    """sm_90a facts of session 35's two dqk variants (experiments/linear_attention/gpu_gla_bwd_s35.py times them):
+    dqk_flat (gla_dqk_flat_kernel) keeps cp.async copies and unserialized wgmma (no wgmma accumulator carried from
+    trip to trip: a carried one reset by the chain made ptxas serialize them, C7515), its spills (250-450 B: the
+    chain's live tiles plus the loop's; 808 B at d 128 with 4 chunks a program and 3 stages, 412 with 2) and shared memory bounded as measured; dqk_l2_ahead puts its L2 prefetches
+    after the stores (before them ptxas serialized the wgmma, C7514) at 4 B spilled."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", AHEAD_CODE, str(D), json.dumps(blocks)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not r["wgmma_serialized"] and r["async_copies"] > 0, r
+    assert r["spill_stores"] <= spilled and r["registers"] <= 255 and r["shared"] <= shared, r
+    if "dqk_flat" in blocks:
+        assert r["kernel"] == "gla_dqk_flat_kernel" and r["prefetches"] == 0, r
+    else:
+        assert r["kernel"] == "gla_dqk_kernel" and r["prefetches"] > 0, r
