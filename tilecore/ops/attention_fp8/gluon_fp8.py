@@ -77,7 +77,7 @@ E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b16 lo, hi;\n\t"
                                         "mov.b32 $0, {lo, hi};\n\t}")
 
 
-# P_LINEAR (session 33): x already holds each e4m3 byte b as a float32 y = b * 2^-24 (fp8_softmax_update), which
+# P_LINEAR: x already holds each e4m3 byte b as a float32 y = b * 2^-24 (fp8_softmax_update), which
 # float16 represents as the subnormal whose bits are b (round to nearest even; relu: y < 0 gives 0, NaN the canonical
 # 0x7fff, whose low byte 0xff is e4m3's NaN); the low bytes of the two float16 halves of each cvt are the e4m3 codes
 LINEAR_E4M3X4_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .b32 lo, hi;\n\t"
@@ -128,11 +128,11 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     As tiles.gluon.online_softmax_update: m starts at -inf, the shift is 0 while it is -inf (a masked row
     keeps P = 0); a scaled score that overflows (m = +inf) makes its row NaN in ``finish``, not by a select a step
     (P is 0 or NaN there, l 0 or NaN: finish takes l for NaN where m is +inf).
-    P_LINEAR (session 33): no exp2 for P; P is e4m3's code b = round(8 x + 56), x = log2(2^P_SHIFT p) (the exponent
+    P_LINEAR: no exp2 for P; P is e4m3's code b = round(8 x + 56), x = log2(2^P_SHIFT p) (the exponent
     and mantissa bits read as one fixed-point number: 2^x with its mantissa interpolated linearly, up to 6% over and
     4% under, 4% over on average), returned as y = b * 2^-24 before rounding (one FFMA an element, as the exp2's
-    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3). Shipped since session 33 (configs
-    p_linear 1: 1.19-1.30x the exp2 form on the H100; notes/attention_fp8)."""
+    argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3). Shipped (configs p_linear 1:
+    faster than the exp2 form on the H100, notes/attention_fp8's decision log)."""
     s_max = row_max_tree(s)
     m_new = gl.maximum(m_i, s_max * row_scale)
     if PER_ROW:
@@ -324,7 +324,7 @@ class AttentionFp8:
         the block whose P V is next: when step j (1 <= j < n) rescales acc by alpha it also multiplies by
         d_{j-1} / d_j, so that P_j V8_j adds in d_j's units; finish multiplies by the last block's d. One scalar
         load a step, a step ahead (loaded in the step that uses it, ptxas put it in S's accumulator registers and the S
-        issue waited for P's conversion: 7% slower, session 34 run 3), and a division (2 multiplies a thread folded
+        issue waited for P's conversion: slower, notes/attention_fp8), and a division (2 multiplies a thread folded
         into alpha's). A block past the last reads the last (unused)."""
         b, h, hk = head_of(bh, self.H, self.GROUP)
         bhk = b * (self.H // self.GROUP) + hk
@@ -368,7 +368,7 @@ class AttentionFp8:
         (the accumulator's: lane r of a quad holds e = 0, 1 of every 8) goes to k = 32 t + 16 j_hi + 4 r + 2 j_lo + e
         (the register operand's: lane r holds 4 consecutive k of every 16). P stays float32 here (moved by register
         renaming only) and is rounded just before its wgmma (to_e4m3x4): carried as e4m3 bytes, LLVM unpacked and
-        packed them every step (~190 PRMT/LOP3/SHF a step at D 128, session 26)."""
+        packed them every step (~190 PRMT/LOP3/SHF a step at D 128; notes/attention_fp8)."""
         x = gl.reshape(p, [self.BM, p.shape[1] // 32, 2, 2, 4, 2])
         x = gl.permute(x, (0, 1, 2, 4, 3, 5))
         return gl.convert_layout(gl.reshape(x, [self.BM, p.shape[1]]), self.P, assert_trivial=True)
@@ -380,8 +380,8 @@ class AttentionFp8:
         accumulator each (4 issued async, in place of BN / 2 FADD a thread and row); the caller adds the 4 partial
         sums and l in float32 registers. Why chunks: FP8 wgmma adds into its accumulator with a narrow internal
         precision (about 14 bits kept, DeepSeek-V3's finding), which drops the small positive terms once the sum is
-        large: l accumulated across key blocks in the tensor cores (session 27 runs 3-4) was off by factors of 2
-        to 13; 32 terms from zero lose only what is under 2^-13 of the chunk's largest."""
+        large: l accumulated across key blocks in the tensor cores was off by factors of 2 to 13 on
+        the H100 (notes/attention_fp8); 32 terms from zero lose only what is under 2^-13 of the chunk's largest."""
         gl.static_assert(self.BN == 128, "row_sum_mma: key blocks of 128 (4 chunks of 32)")
         ones_t = self.ones.permute((1, 0))  # [32, L_COLS], keys contiguous: K-major
         # the chunk index is K's bits 32 and 64, register bits of the operand layout: the split moves no data
@@ -492,8 +492,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     # e4m3 ones, written once by the kernel's warps before the partitions start, as their bytes (0x38 = 1.0 in e4m3),
     # not converted: ptxas 12.8 compiles the float16 constant's conversion (cvt.rn.satfinite.e4m3x2.f16x2 of an
     # immediate, then mov.b32 {h, h}) to one F2FP ... MERGE_C whose high half is another register's: half of each 4
-    # bytes of the block were not ones (session 28, H100: l was half the true l; experiments/attention_fp8/
-    # gpu_ones_probe.py: B loaded from memory is read right in every layout)
+    # bytes of the block were not ones (on the H100 l was half the true l: notes/attention_fp8;
+    # experiments/attention_fp8/gpu_ones_probe.py: B loaded from memory is read right in every layout)
     ones = gl.allocate_shared_memory(gl.float8e4nv, ONES_SHAPE,
                                      gl.NVMMASharedLayout.get_default_for(ONES_SHAPE, gl.float8e4nv),
                                      gl.full(ONES_SHAPE, E4M3_ONE_BITS, gl.uint8,
@@ -510,9 +510,9 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     fence_async_shared()
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
-                      v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK, Q_ROTATE, ones,
-                      rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D,
-                      CONSUMERS,
+                      v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
+                      Q_ROTATE, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
+                      out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))

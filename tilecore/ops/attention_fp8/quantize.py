@@ -197,10 +197,11 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
 
 def rotate_quantize_rows(x: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, descale (B, H, N)) of x (B, H, N, D) rotated and quantized per row as Hopper's kernel does it for q
-    (its Q_ROTATE, gluon_fp8.AttentionFp8.rotate_q; the twin of that path, in float32 torch): y = (x diag(s) H) / sqrt(D)
-    from the exact 16-bit inputs, descale = amax / 448 of the row (1 where amax = 0), codes = y * (1 / descale)
-    saturated at +-448 (NaN kept). rotate_quantize's math but for that multiply by the reciprocal (it divides by the
-    descale: a code may differ by one e4m3 step where y / descale is within a float32 ulp of a rounding boundary)."""
+    (its Q_ROTATE, gluon_fp8.AttentionFp8.rotate_q; the twin of that path, in float32 torch):
+    y = (x diag(s) H) / sqrt(D) from the exact 16-bit inputs, descale = amax / 448 of the row (1 where amax = 0),
+    codes = y * (1 / descale) saturated at +-448 (NaN kept). rotate_quantize's math but for that multiply by the
+    reciprocal (it divides by the descale: a code may differ by one e4m3 step where y / descale is within a float32
+    ulp of a rounding boundary)."""
     D = x.shape[-1]
     y = (x.to(torch.float32) @ signed_hadamard(signs.to(x.device))) * D ** -0.5
     amax = y.abs().amax(dim=-1)
