@@ -1,0 +1,98 @@
+"""The eager rows still over issue 31's 40 us of host time a call (session 34 call 1, runs/host_confirm34_run1), timed
+and profiled on the GPU's host: where each call's host time goes, for the next cuts.
+
+    python experiments/common/host_rows.py [--rows all|NAME,NAME] [--calls 300] [--rounds 3] [--profile 300]
+                                           [--deadline 55]
+
+For each row (host_time.py's cases: the same small inputs and torch peers): the first call (compiles, plans), the
+same bits on calls 1..10 (host_time.same_bits_later, forward rows), then ``--rounds`` interleaved rounds of
+``--calls`` back-to-back calls, ours then torch's (medians, us a call), then a cProfile over ``--profile`` calls (the
+top functions by own time, us a call: cProfile's overhead inflates them, read them as shares). Stops starting rows
+at ``--deadline`` seconds. Writes $OUT/host_rows.json after each row; prints a short table last.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_time  # noqa: E402 (the cases and the profiler: experiments/common/host_time.py)
+
+# session 34 call 1's rows over 40 us (us a call there: ours / torch's)
+ROWS = ("fft_conv", "hadamard_quantize fp8", "attention N256", "attention N256 (grad recorded)",
+        "rms_norm (grad recorded)", "linear_attention (grad recorded)", "fft_conv (grad recorded)",
+        "attention_varlen 3 seqs", "paged decode")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="all")
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=300)
+    ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--deadline", type=float, default=55.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
+    a = ap.parse_args()
+    start = time.perf_counter()
+    if a.smoke:
+        host_time.DEV[0] = "cpu"
+        a.calls, a.rounds, a.profile = 3, 1, 3
+    table = {**host_time.cases(), **host_time.later_cases()}
+    names = ROWS if a.rows == "all" else tuple(a.rows.split(","))
+    out_dir = os.environ.get("OUT", ".")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "host_rows.json")
+    result = dict(device=torch.cuda.get_device_name() if host_time.DEV[0] == "cuda" else "cpu",
+                  torch=torch.__version__, calls=a.calls, rounds=a.rounds, rows={})
+    for name in names:
+        if time.perf_counter() - start > a.deadline:
+            result["rows"][name] = "skipped: deadline"
+            continue
+        ours, peer = table[name]
+        row = {}
+        try:
+            t0 = time.perf_counter()
+            host_time.RESETS.get(name, lambda: None)()
+            ours()
+            host_time.sync()
+            row["first_call_s"] = round(time.perf_counter() - t0, 3)
+            if "grad" not in name:
+                row["same_bits_calls_1_10"] = host_time.same_bits_later({name: table[name]})[name]
+            rounds = []
+            for _ in range(a.rounds):
+                rounds.append((host_time.per_call_us(ours, a.calls), host_time.per_call_us(peer, a.calls)))
+            row["rounds_us"] = [[round(x, 1), round(y, 1)] for x, y in rounds]
+            row["ours_us"] = round(statistics.median(x for x, _ in rounds), 1)
+            row["torch_us"] = round(statistics.median(y for _, y in rounds), 1)
+            row["profile"] = host_time.profile_rows({name: table[name]}, [name], a.profile, top=a.top)[name]
+        except Exception as err:  # noqa: BLE001 (a row's failure is its result; the others go on)
+            row["error"] = f"{type(err).__name__}: {err}"[:400]
+        result["rows"][name] = row
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"{name}: {json.dumps({k: v for k, v in row.items() if k != 'profile'})}", flush=True)
+    # the profiles, three functions a row, then the table
+    for name, row in result["rows"].items():
+        if isinstance(row, dict) and isinstance(row.get("profile"), list):
+            top = "; ".join(f"{fn.split(':')[-1]} {own:.1f}" for own, _, _, fn in row["profile"][:4])
+            print(f"  {name[:34]:34s} own us: {top}"[:160])
+    print(f"\n{'row':38s} {'ours us':>8s} {'torch us':>8s} {'first s':>8s}  same bits")
+    for name, row in result["rows"].items():
+        if not isinstance(row, dict):
+            print(f"{name:38s} {row}")
+        elif "error" in row:
+            print(f"{name:38s} ERROR {row['error'][:80]}")
+        else:
+            print(f"{name:38s} {row['ours_us']:8.1f} {row['torch_us']:8.1f} {row['first_call_s']:8.2f}  "
+                  f"{row.get('same_bits_calls_1_10', '-')}")
+    print(f"{result.get('seconds', 0):.1f} s; {path}")
+
+
+if __name__ == "__main__":
+    main()
