@@ -3,7 +3,7 @@
 * Mamba-2 2.7B (B16 H80 N4096, headdim 64, d_state 128, one group; the kernel alone on prepared arguments, as
   gpu_mamba_s32 launches it): the shipped kernel against SHARE_QK (gluon_forward: the tile's two heads read one C/B
   head, so consumer 0 makes Q K^T = C B^T and hands it to consumer 1 through shared memory; consumer 1's scores are
-  the same bits) alone and with UPDATE_LATE. Checks (gpu_mamba_s32's, each variant in a process of its own that
+  the same bits) alone and with UPDATE_LATE, and SHARE_QK 2 (the consumers take turns making it). Checks (gpu_mamba_s32's, each variant in a process of its own that
   also compiles it at the timed shape): bf16 / fp16 with h0 N 1000, N 33, strong decays; o and the final state
   NaN-poisoned, error over the rounding floor. Then interleaved rounds, the napkin's bound and the copy.
 * Hedgehog (d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad): the public op's fwd and fwd+bwd as shipped against
@@ -44,7 +44,7 @@ gm.WARM_DEADLINE = 34.0  # (gm.warm's deadline counts from gm.START: this proces
 CONFIRM = "--confirm" in sys.argv
 RESULTS: dict = {"check": [], "hedgehog": {}, "mamba": {}, "errors": [], "warm": []}
 # (the variants are gpu_mamba_s32.VARIANTS' "share_qk" and "share_qk+late": its checking processes import it afresh)
-MAMBA = ["shipped", "share_qk"] if CONFIRM else ["shipped", "share_qk", "share_qk+late"]
+MAMBA = ["shipped", "share_qk"] if CONFIRM else ["shipped", "share_qk", "share_qk_alt", "share_qk+late"]
 # Hedgehog rows: name -> (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X)
 N32 = dict(BKB=32, BV=32, BKQ=32)
 HH_ROWS = {"shipped": (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X), "narrow 32": (N32, False),

@@ -47,6 +47,8 @@ def test_the_launch_passes_it_only_where_asked_and_right():
     assert launch_keys(share_qk=True)["SHARE_QK"] is True  # H 4 on one q/k head
     assert "SHARE_QK" not in launch_keys(H=4, Hqk=4, share_qk=True)  # a q/k head each: not taken
     assert launch_keys(H=2, Hqk=2, Dv=128, share_qk=True)["SHARE_QK"] is True  # value blocks of one head
+    assert launch_keys(share_qk_alt=True)["SHARE_QK"] == 2  # the consumers take turns
+    assert "SHARE_QK" not in launch_keys(H=4, Hqk=4, share_qk_alt=True)
 
 
 def test_configs_turn_it_on_for_mamba2(monkeypatch):
@@ -56,9 +58,10 @@ def test_configs_turn_it_on_for_mamba2(monkeypatch):
     assert launch_keys(**gluon_forward.s32_flags(True))["SHARE_QK"] is True
 
 
-def _handoff(steps: int, seed: int) -> list[int]:
-    """The two consumers' handoff as shared_scores writes it, in a random interleaving: what consumer 1 read at each
-    step (asserting that no unread scores are overwritten and that some consumer can always move)."""
+def _handoff(steps: int, seed: int, alternate: bool) -> list[int]:
+    """The two consumers' handoff as shared_scores writes it (the maker consumer 0, or with ``alternate`` (SHARE_QK
+    2) consumer step % 2), in a random interleaving: what the other read at each step (asserting that no unread
+    scores are overwritten and that some consumer can always move)."""
     rng = random.Random(seed)
     done = {"full": 0, "empty": 0}  # each mbarrier's completed phases (count 1: one arrive completes one)
 
@@ -69,31 +72,34 @@ def _handoff(steps: int, seed: int) -> list[int]:
 
     def move(c) -> bool:
         nonlocal buf, unread
-        if c == 0:  # (its wgmma) wait qk_empty at (i & 1) ^ 1, store, arrive qk_full
-            if not passes("empty", (i[0] & 1) ^ 1):
+        step = i[c]
+        if c == (step % 2 if alternate else 0):  # (its wgmma) wait qk_empty at (i & 1) ^ 1, store, arrive qk_full
+            if not passes("empty", (step & 1) ^ 1):
                 return False
-            assert not unread, f"step {i[0]} overwrote step {buf}'s unread scores"
-            buf, unread = i[0], True
+            assert not unread, f"step {step} overwrote step {buf}'s unread scores"
+            buf, unread = step, True
             done["full"] += 1
         else:  # wait qk_full at i & 1, load, arrive qk_empty
-            if not passes("full", i[1] & 1):
+            if not passes("full", step & 1):
                 return False
+            assert buf == step, f"consumer {c} read step {buf}'s scores at step {step}"
             read.append(buf)
             unread = False
             done["empty"] += 1
         i[c] += 1
         return True
 
-    while i[1] < steps:
+    while min(i) < steps:
         order = [c for c in (0, 1) if i[c] < steps]
         rng.shuffle(order)
         assert any(move(c) for c in order), f"deadlock at steps {i}"
     return read
 
 
+@pytest.mark.parametrize("alternate", [False, True])
 @pytest.mark.parametrize("seed", range(20))
-def test_the_handoff_gives_consumer_1_every_step_in_order(seed):
-    assert _handoff(37, seed) == list(range(37))
+def test_the_handoff_gives_the_other_consumer_every_step_in_order(seed, alternate):
+    assert _handoff(37, seed, alternate) == list(range(37))
 
 
 CODE = """
@@ -115,6 +121,7 @@ r["syncs"] = len(re.findall(r"\\bSYNCS\\.", sass))
 print(json.dumps(r))
 """
 VARIANTS = {"shipped": ("mamba2", {}), "share_qk": ("mamba2", dict(share_qk=True)),
+            "share_qk_alt": ("mamba2", dict(share_qk_alt=True)),
             "share_qk late": ("mamba2", dict(share_qk=True, update_late=True)),
             # no decay at Dk = Dv = 128: a head's two value blocks share q/k (the kernel compiles there too)
             "linear": ("linear", {}), "linear share_qk": ("linear", dict(share_qk=True))}
@@ -142,6 +149,9 @@ def test_one_qk_wgmma_fewer_and_the_buffer_in_shared_memory(sass):
         assert 0 <= s["shared"] - b["shared"] - (64 * 64 * 4 + 16) <= 1024, (base, b["shared"], s["shared"])
         assert s["syncs"] > b["syncs"]  # the handoff's mbarrier waits and arrives
         assert s["spill_bytes"] <= max(b["spill_bytes"], 32), (base, b, s)
+    alt = sass["share_qk_alt"]  # (each consumer keeps the wgmma, in the branch of its turns)
+    assert alt["hgmma"] == sass["shipped"]["hgmma"] and alt["syncs"] > sass["shipped"]["syncs"]
+    assert alt["shared"] == sass["share_qk"]["shared"] and alt["spill_bytes"] <= sass["shipped"]["spill_bytes"]
     for name, r in sass.items():
         assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], (name, r)
         assert r["shared"] <= 227 * 1024 and r["threads"] == 384, (name, r)

@@ -218,8 +218,9 @@ class LinearAttentionForward:
     BETA_LOG: gl.constexpr  # (LEAN with beta and EARLY_WV) the stage's beta holds Gb = G - log2(beta scale) (the host's
     # ``beta_log``): P's column factor 2^(G_i - Gb_j) carries beta and the scale, the update's 2^(G_last - Gb_j) / scale
     # beta: no beta V (P V reads v from the stage)
-    SHARE_QK: gl.constexpr  # both units of every tile read one q/k head (the host checks): Q K^T by consumer 0 only,
-    # handed to consumer 1 through qk_smem (a one-buffer handoff on qk_full / qk_empty)
+    SHARE_QK: gl.constexpr  # both units of every tile read one q/k head (the host checks): Q K^T made by one consumer,
+    # handed to the other through qk_smem (a one-buffer handoff on qk_full / qk_empty): 1 consumer 0 makes it every
+    # chunk, 2 the consumers take turns (consumer ring step % 2)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -602,10 +603,19 @@ class LinearAttentionForward:
     @gluon.jit
     def shared_scores(self, q, k, c: gl.constexpr, i):
         """SHARE_QK: the chunk's Q K^T [BT, BT] float32 made once for the tile's two units (they read the same q and
-        k): consumer 0 by its wgmma, stored to qk_smem once consumer 1 has read ring step i - 1's; consumer 1 loads
-        it (the same bits). Each mbarrier arrive follows a bar.sync of the arriving warpgroup (the arrive's
-        lowering), so every thread's store (load) is done before the other side passes its wait."""
-        if c == 0:
+        k): the maker (consumer 0; SHARE_QK 2: consumer i % 2) by its wgmma, stored to qk_smem once the other has
+        read ring step i - 1's; the other loads it (the same bits). Each step completes one phase of each mbarrier
+        whoever makes it, so the waits' parities are the step's. Each arrive follows a bar.sync of the arriving
+        warpgroup (the arrive's lowering): every thread's store (load) is done before the other side passes."""
+        if self.SHARE_QK == 2:
+            s = self.scores_turn(q, k, (i % 2) == c, i)
+        else:
+            s = self.scores_turn(q, k, c == 0, i)
+        return s
+
+    @gluon.jit
+    def scores_turn(self, q, k, make, i):
+        if make:
             s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
             mbarrier.wait(self.qk_empty.index(0), (i & 1) ^ 1)  # (passes at once at ring step 0)
             self.qk_smem.store(s)
@@ -673,7 +683,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     if SPLIT_BV:
         bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
     gl.static_assert(not (G_STAGE and PREFETCH), "G_STAGE replaces PREFETCH's G loads")
-    SHARE_QK_ON: gl.constexpr = SHARE_QK and not OVERLAP and PROBE == 0
+    SHARE_QK_ON: gl.constexpr = SHARE_QK if not OVERLAP and PROBE == 0 else 0
     qk_smem = wv_smem
     qk_full = wv_smem
     qk_empty = wv_smem
@@ -856,14 +866,15 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
                 factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
                 probe: int = 0, exp2_fma: int = 0, d_early: bool = False, lean: bool = False,
-                update_late: bool = False, q_reg: bool = False, beta_log: bool = False, share_qk: bool = False):
+                update_late: bool = False, q_reg: bool = False, beta_log: bool = False, share_qk: bool = False,
+                share_qk_alt: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
     Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
     ``chunk_cumulative``'s G, or with g_stage ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor;
-    tiles.launch.TmaOperand for a CachedLaunch). share_qk: the kernel's SHARE_QK where ``shared_qk_ok`` says both
-    units of every tile read one q/k head (ignored elsewhere)."""
+    tiles.launch.TmaOperand for a CachedLaunch). share_qk (share_qk_alt): the kernel's SHARE_QK 1 (2: the consumers
+    take turns) where ``shared_qk_ok`` says both units of every tile read one q/k head (ignored elsewhere)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -914,8 +925,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                      ("BETA_LOG", beta_log)):  # (BETA_LOG: beta must be beta_log's Gb)
         if on:
             args[name] = True
-    if share_qk and shared_qk_ok(VB, H // q.shape[2]):
-        args["SHARE_QK"] = True
+    if (share_qk or share_qk_alt) and shared_qk_ok(VB, H // q.shape[2]):
+        args["SHARE_QK"] = 2 if share_qk_alt else True
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -954,7 +965,8 @@ def s32_flags(mamba: bool) -> dict:
     from tilecore.ops.linear_attention import configs
 
     on = configs.GLUON_S32.get(mamba, ())
-    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg", "beta_log", "share_qk")}
+    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg", "beta_log", "share_qk",
+                                          "share_qk_alt")}
 
 
 def beta_log(G: torch.Tensor, beta: torch.Tensor, scale: float) -> torch.Tensor:
