@@ -173,3 +173,37 @@ def test_the_config_routes_backward_gluon_and_a_zero_turns_it_off(monkeypatch):
     varlen.backward_gluon(q, q, q, q, q, lse, None, cu, cu, True, 0.1, -1, -1, 0.0)
     varlen.backward_gluon(q, q, q, q, q, lse, None, cu, cu, True, 0.1, -1, -1, 0.0, long_from=0)
     assert routed == [[(0, 300), (419, 100)], []]
+
+
+def test_the_backward_takes_the_forwards_copy_of_cu_seqlens(monkeypatch):
+    """The autograd backward hands backward_gluon the offsets the forward copied to the host (HostOffsets: no
+    sync in the backward); without a copy, none (the route then reads them itself)."""
+    seen = []
+    monkeypatch.setattr(varlen, "gluon_backward_fits", lambda *args: True)
+    monkeypatch.setattr(varlen, "backward_gluon", lambda *args, host_cu=None: seen.append(host_cu) or (0, 0, 0))
+    cu = cu_of([3, 5])
+    q = torch.randn(8, 2, 16)
+    lse = torch.randn(2, 8)
+
+    class Host:
+        def values(self):
+            return [0, 3, 8]
+
+    class Ctx:
+        saved_tensors = (q, q, q, q, lse, cu, cu)
+        options = (True, 0.25, -1, -1, 0.0)
+
+    for host in (Host(), None):
+        ctx = Ctx()
+        ctx.host_cu = host
+        varlen._backward(ctx, torch.randn_like(q), None)
+    assert seen == [[0, 3, 8], None]
+
+
+def test_the_forward_copies_cu_seqlens_only_for_the_route_on_cuda(monkeypatch):
+    cu = cu_of([3, 5])
+    assert not varlen.HostOffsets.wanted(cu, cu)  # a CPU tensor
+    monkeypatch.setattr(configs, "VARLEN_GLUON_BACKWARD_LONG", 4096)
+    assert not varlen.HostOffsets.wanted(cu, cu)
+    meta = torch.empty(3, dtype=torch.int32, device="meta")
+    assert not varlen.HostOffsets.wanted(meta, meta)

@@ -14,6 +14,7 @@ TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import numbers
@@ -155,29 +156,21 @@ def check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
 # launches
 
 
-def block_config(d: int, interpret: bool, kernel: str, device: torch.device | None = None) -> dict:
+def block_config(d: int, interpret: bool, kernel: str) -> dict:
     """Blocks and launch options of ``kernel`` ("forward", "dkdv", "dq"): the interpreter's smallest
     tl.dot blocks (odd lengths then span several blocks in small tests); on a GPU, untimed yet, the
     largest that compile for sm_90a without spilling at D 128 with window and softcap on (ptxas:
     forward 64 x 64 in 3 stages 194 registers; dK/dV 32 queries x 128 keys, 8 warps, 1 stage, 255
-    registers, where 64 x 64 in 2 stages spilled 612 B; dQ 64 x 64 in 2 stages 246 registers), with
-    configs.SHARED_FITS's overrides on a ``device`` whose blocks get less shared memory."""
+    registers, where 64 x 64 in 2 stages spilled 612 B; dQ 64 x 64 in 2 stages 246 registers)."""
     if interpret:
         return dict(BLOCK_M=16, BLOCK_N=16)
     if d <= 128:
-        cfg = {"forward": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-               "dkdv": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
-               "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}[kernel]
-    else:
-        cfg = {"forward": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
-               "dkdv": dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
-               "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
-    if device is not None:
-        rows = (dispatch.shared_memory_fit(device, configs.SHARED_FITS, "attention_varlen") or {}).get(kernel, {})
-        largest = next((b for b in sorted(rows) if d <= b), None)  # the row of the head dims up to b
-        if largest is not None:
-            cfg = {**cfg, **rows[largest]}
-    return cfg
+        return {"forward": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+                "dkdv": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+                "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}[kernel]
+    return {"forward": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+            "dkdv": dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
+            "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
 
 
 # tanh by tanh.approx.f32 in the varlen tl kernels on a GPU (sm_90a: forward div 99 -> 67, ex2 66 -> 34,
@@ -188,13 +181,13 @@ VARLEN_TANH_APPROX = True
 
 def softcap_mode(softcap: float, device, tanh_approx: bool | None = None) -> int:
     """The varlen kernels' SOFTCAP constexpr: 0 without a softcap; 1, tanh through exp2 (the
-    interpreter's: no inline asm there; and ROCm's: the asm is PTX); 2, tanh by tanh.approx.f32, on an
-    NVIDIA GPU where VARLEN_TANH_APPROX (the Gluon kernels' default since session 26, its error invisible
-    at bf16 / fp16 there); ``tanh_approx`` (probes) in place of VARLEN_TANH_APPROX."""
+    interpreter's: no inline asm there); 2, tanh by tanh.approx.f32, on a GPU where
+    VARLEN_TANH_APPROX (the Gluon kernels' default since session 26, its error invisible at bf16 /
+    fp16 there); ``tanh_approx`` (probes) in place of VARLEN_TANH_APPROX."""
     if softcap <= 0:
         return 0
     approx = VARLEN_TANH_APPROX if tanh_approx is None else tanh_approx
-    return 2 if approx and not dispatch.interpreted(device) and not dispatch.is_rocm(device) else 1
+    return 2 if approx and not dispatch.interpreted(device) else 1
 
 
 def block_d(d: int) -> int:
@@ -665,7 +658,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     if total_q == 0:
         return out, lse
     q, k, v = (tl_addressable(t) for t in (q, k, v))
-    cfg = dict(config or block_config(max(d, dv), dispatch.interpreted(q.device), "forward", q.device))
+    cfg = dict(config or block_config(max(d, dv), dispatch.interpreted(q.device), "forward"))
     bm = cfg["BLOCK_M"]
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
@@ -711,13 +704,13 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
         starts = {start for start, _ in routed}
         firsts = (host_cu if host_cu is not None else cu_q.tolist())[:-1]
         skip = torch.tensor([a in starts for a in firsts], dtype=torch.bool).to(q.device)
-    cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv", q.device))
+    cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv"))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
         q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"], skip),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
-    cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq", q.device))
+    cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq"))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"], skip),
@@ -747,10 +740,11 @@ def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, key=
     return out.to(q.dtype), lse.float()
 
 
-def _backward_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap):
+def _backward_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, host_cu=None):
     if dispatch.backend_for(q.device) == "kernel":
         if gluon_backward_fits(q, k, v, causal, left, right):
-            return backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
+            return backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
+                                  host_cu=host_cu)
         return backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
     grads = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
                                       window_size=(left, right), softcap=softcap, compute_dtype=torch.float32)
@@ -784,11 +778,41 @@ def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, causal, scale, 
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+class HostOffsets:
+    """cu_seqlens' values for the backward's long-sequence route (long_sequences) without a sync: copied to
+    pinned host memory behind the forward's kernels (non_blocking, an event after the copy); by the time the
+    backward asks, the copy is long done and ``values`` returns without waiting for the stream's later work."""
+
+    __slots__ = ("host", "event", "same")
+
+    def __init__(self, cu_q: torch.Tensor, cu_k: torch.Tensor):
+        self.same = cu_k is cu_q
+        self.host = torch.empty((1 if self.same else 2, cu_q.numel()), dtype=torch.int32, pin_memory=True)
+        for row, cu in zip(self.host, (cu_q, cu_k)):
+            row.copy_(cu, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def values(self) -> list:
+        """cu_seqlens_q's values, or [] (nothing to route) where cu_seqlens_k's differ."""
+        self.event.synchronize()
+        rows = self.host.tolist()
+        return rows[0] if self.same or rows[0] == rows[1] else []
+
+    @staticmethod
+    def wanted(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
+        """Whether the forward starts the copy: the route on (configs.VARLEN_GLUON_BACKWARD_LONG), plain CUDA
+        tensors, eager (no trace, mode or fake tensors), no CUDA graph being captured."""
+        return bool(configs.VARLEN_GLUON_BACKWARD_LONG) and cu_q.device.type == "cuda" \
+            and dispatch.eager_mode(cu_q, cu_k) != "op" and not torch.cuda.is_current_stream_capturing()
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, causal, scale, left, right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.options = (causal, scale, left, right, softcap)
+    ctx.host_cu = HostOffsets(cu_q, cu_k) if HostOffsets.wanted(cu_q, cu_k) else None
 
 
 def _backward(ctx, dout, dlse):
@@ -797,9 +821,11 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    # eager with nothing to record: the implementation; traced or create_graph: the op
-    dq, dk, dv = eager.backward_call(_backward_op, _backward_impl, dout, q, k, v, out, lse, dlse, cu_q, cu_k,
-                                     *ctx.options)
+    # eager with nothing to record: the implementation (given the forward's copy of cu_seqlens where it made
+    # one); traced or create_graph: the op
+    host = getattr(ctx, "host_cu", None)
+    impl = _backward_impl if host is None else functools.partial(_backward_impl, host_cu=host.values())
+    dq, dk, dv = eager.backward_call(_backward_op, impl, dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
