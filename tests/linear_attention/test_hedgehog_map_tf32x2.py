@@ -69,3 +69,52 @@ def test_the_two_product_split_has_float32_accuracy_for_16_bit_x():
     one = tf32_read(x).double() @ tf32_read(w).double()
     rel = lambda a: float((a - exact).abs().max() / exact.abs().max())  # noqa: E731
     assert rel(two) < 2e-6 < 1e-4 < rel(one)
+
+
+COMPILE = """
+import json, torch
+from tilecore.ops.linear_attention.kernels_forward import hedgehog_map_bwd_kernel, hedgehog_map_kernel
+from tilecore.ops.linear_attention.op import _map_bwd_block
+from tilecore.tiles.compile import compile_kernel, resources
+out = []
+for Dk, F in ((64, 32), (64, 64), (128, 64)):
+    for prec in ("tf32x3", "tf32x2"):
+        R, H = 65536, 16
+        x = torch.empty(R, H, Dk, dtype=torch.bfloat16)
+        w = torch.empty(H, Dk, F)
+        feats = torch.empty(R, H, 2 * F, dtype=torch.bfloat16)
+        common = dict(X=x, W=w, R=R, sxr=H * Dk, sxh=Dk, sxd=1, swh=Dk * F, swd=F, swf=1, DK=Dk, F=F, BD=Dk, BF=F,
+                      PREC=prec)
+        fwd = compile_kernel(hedgehog_map_kernel, dict(common, OUT=feats, sor=H * 2 * F, soh=2 * F, sof=1, BR=64),
+                             num_warps=4)
+        rows, warps = _map_bwd_block(Dk, F)
+        bwd = compile_kernel(hedgehog_map_bwd_kernel, dict(common, DOUT=feats, DX=torch.empty_like(x),
+                             DWP=torch.empty(32, H, Dk, F), ROWS_PER=2048, sdr=H * 2 * F, sdh=2 * F, sdf=1,
+                             sgr=H * Dk, sgh=Dk, sgd=1, BR=rows), num_warps=warps)
+        for name, c in (("fwd", fwd), ("bwd", bwd)):
+            ptx = c.asm["ptx"]
+            out.append(dict(vars(resources(c)), case=(name, Dk, F, prec),
+                            mma=ptx.count("wgmma.mma_async") + ptx.count("mma.sync")))
+print(json.dumps(out))
+"""
+
+
+def test_tf32x2_compiles_for_sm90_without_spilling_and_with_fewer_products():
+    """hedgehog_map_kernel and hedgehog_map_bwd_kernel with PREC "tf32x2" beside "tf32x3" at the fused path's
+    shapes (op._map_bwd_block's blocks), compiled for sm_90a in a process without TRITON_INTERPRET: 0 bytes spilled,
+    and fewer tensor-core instructions (d64 F32: map bwd 60 -> 44 wgmma, fwd 24 -> 16)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    assert len(rows) == 12
+    for case, r in rows.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["shared"] <= 227 * 1024, (case, r)
+        if case[3] == "tf32x2":
+            assert r["mma"] < rows[case[:3] + ("tf32x3",)]["mma"], (case, r)
+    assert rows[("bwd", 64, 32, "tf32x2")]["mma"] == 44 and rows[("fwd", 64, 32, "tf32x2")]["mma"] == 16
