@@ -47,8 +47,10 @@ RESULTS: dict = {"check": [], "hedgehog": {}, "mamba": {}, "errors": [], "warm":
 MAMBA = ["shipped", "share_qk"] if CONFIRM else ["shipped", "share_qk", "share_qk_alt", "share_qk+late"]
 # Hedgehog rows: name -> (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X)
 N32 = dict(BKB=32, BV=32, BKQ=32)
+# (sm_90a at d64: the dQ kernel's 166 registers at BKQ 32 fit 3 programs an SM: 512 are 1.3 waves, so BKQ 64 beside)
 HH_ROWS = {"shipped": (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X), "narrow 32": (N32, False),
-           "exact_x": (configs.BWD_SPLIT_NARROW, True), "narrow 32 + exact_x": (N32, True)}
+           "narrow 32 dq64": (dict(N32, BKQ=64), False), "exact_x": (configs.BWD_SPLIT_NARROW, True),
+           "narrow 32 + exact_x": (N32, True)}
 HH = ["shipped", "narrow 32 + exact_x"] if CONFIRM else list(HH_ROWS)
 
 
