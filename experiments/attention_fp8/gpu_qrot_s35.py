@@ -103,15 +103,18 @@ def main():
             q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
             ref = reference(q, k, v, causal, B - 1, H - 1)
             floor = rel_rms(ref.to(torch.bfloat16), ref)
-            for name in names:
+            ms = {"bf16": bench(lambda: tilecore.attention(q, k, v, causal=causal))}
+            row.update(ms=ms)
+            for name in names:  # each form checked, then timed, printed as it goes (a hang loses only what follows)
                 o = run_form(name, q, k, v, causal=causal)
                 row[f"err_over_floor_{name}"] = rel_rms(o[B - 1, H - 1], ref) / floor
                 row[f"written_{name}"] = bool(torch.isfinite(o).all().item())
                 del o
-            ms = {"bf16": bench(lambda: tilecore.attention(q, k, v, causal=causal))}
-            for name in names:
                 with patched(configs, ROTATED=forms[name]):
                     ms[name] = bench(lambda: attention_fp8_rotated(q, k, v, causal=causal))
+                print(f"  D{D} {'causal' if causal else 'full'} {name}: {ms[name]:.3f} ms, bf16 {ms['bf16']:.3f} "
+                      f"({ms['bf16'] / ms[name]:.3f}x), O {row[f'err_over_floor_{name}']:.1f}x the floor, written "
+                      f"{row[f'written_{name}']}", flush=True)
             row.update(ms=ms, over_bf16={n: ms["bf16"] / x for n, x in ms.items()})
             print("e2e", json.dumps(row), flush=True)
             if parts and not smoke:  # the kernels alone (k and v quantized once) and the quantizing passes
