@@ -153,6 +153,11 @@ def test_gluon_launch_slices_both_tables_and_calls_the_fixed_path_after(monkeypa
     assert torch.equal(dq["work"], varlen.work_table_torch(cu, cu, total, 4, 2 * dq_m)[skip_q:])
     assert dkdv["num_tiles"] == len(dkdv["work"]) and dq["num_tiles"] == len(dq["work"])
     assert order[0][1] == (min(132, len(dkdv["work"])),)
+    # long_stream (the fixed calls first on a stream of their own) is CUDA's: CPU tensors keep the order above
+    order.clear()
+    varlen.backward_gluon(dout, q, k, k, out, lse, None, cu, cu, True, 0.1, -1, -1, 0.0, config=cfg, long_from=128,
+                          long_stream=True)
+    assert [o[0] for o in order] == ["dkdv", "dq", "fixed"]
 
 
 def test_route_is_off_until_a_gpu_run_times_it():

@@ -558,7 +558,7 @@ def backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dv, causa
 
 
 def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
-                   config=None, tanh_approx=None, long_from=None, host_cu=None):
+                   config=None, tanh_approx=None, long_from=None, host_cu=None, long_stream=False):
     """(dq, dk, dv) by the Gluon varlen backward (gluon_backward.py) after the fixed path's
     preprocess (launch.backward_preprocess on the packed tensors as one batch of total_q rows: delta,
     the (Hq, 2, total_q) row statistics, and for a dQ in the kernel a zeroed float32 (Hq, total_q, D)
@@ -567,7 +567,9 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     ``config`` in place of configs.varlen_gluon_backward_config; the softcap's tanh by
     tanh.approx.f32 unless ``tanh_approx`` is False. Sequences of at least ``long_from`` rows (None:
     configs.VARLEN_GLUON_BACKWARD_LONG; 0: none) go to the fixed-length backward (``long_sequences``;
-    ``host_cu``: cu_seqlens' values where known) and the varlen kernels take the rest of the tables."""
+    ``host_cu``: cu_seqlens' values where known) and the varlen kernels take the rest of the tables;
+    ``long_stream`` (a candidate, experiments only): the fixed calls first on a stream of their own, beside
+    the varlen kernels (dQ split off only: a fused dQ's copy writes every row)."""
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
 
@@ -588,11 +590,17 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     zero_tail = cfg.get("zero_tail", False)
     scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
     wl, wr = gluon_window(causal, left, right, total_q, total_k)
+    routed = long_sequences(cu_q, cu_k, configs.VARLEN_GLUON_BACKWARD_LONG if long_from is None else long_from,
+                            causal, left, right, softcap, host_cu)
+    beside = None
+    if routed and long_stream and dq_after and q.device.type == "cuda":  # the fixed calls first, on their stream
+        beside = side_stream(q.device)
+        beside.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(beside):
+            backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)
     delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
                                                lse, dlse, dq_sum=not dq_after, row_stats=True)
     dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
-    routed = long_sequences(cu_q, cu_k, configs.VARLEN_GLUON_BACKWARD_LONG if long_from is None else long_from,
-                            causal, left, right, softcap, host_cu)
     work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
     work = work[routed_entries(routed, 2 * block_n, hkv):]  # the routed sequences' entries come first
     num_tiles = work.shape[0]
@@ -614,8 +622,22 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     else:
         _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr,
                    tanh_scale, mode, zero_tail, routed)
-    backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)  # after dQ's copy
+    if beside is None:
+        backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)  # after dQ's copy
+    else:  # later work on this stream waits for theirs (and the buffers they used are reused only after it)
+        torch.cuda.current_stream(q.device).wait_stream(beside)
     return dq, dk, dvv
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def side_stream(device: torch.device):
+    """backward_gluon's second stream on ``device`` (long_stream), made once."""
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr, tanh_scale,
