@@ -13,8 +13,10 @@ check: bf16 against float64 autograd of the varlen reference (2 heads), NaN-pois
 time (do_bench medians of alternate rounds): the 64K long-tailed batch (54 sequences, longest 9449), H16 D128
     causal bf16, backward from the same forward: the shipped split, the route at each --routes length given
     cu_seqlens' values (host cu) and, for the first, reading them itself (a host sync a call, what the op does);
-    the routed sequences alone (split against their fixed-length calls); the fixed path's default backward at
-    N 512 ... 8192 (B = 64K / N) for the matched ratio.
+    and from 4096 with the fixed calls on a stream of their own (long_stream); the routed sequences alone (split
+    against their fixed-length calls); the public op's backward through autograd with the route off and from the
+    first length (the forward's copy of cu_seqlens, op.HostOffsets); the fixed path's default backward at N 512
+    ... 8192 (B = 64K / N) for the matched ratio.
 Prints a table last; writes $OUT/gpu_varlen_long.json.
 
     TRITON_INTERPRET=1 PYTHONPATH=. python3 experiments/attention/gpu_varlen_long.py --smoke   (CPU: the script's
@@ -72,16 +74,17 @@ def forward(q, k, v, cu, causal, scale):
     return varlen.forward_gluon(q, k, v, cu, cu, causal, scale, 0.0)
 
 
-def backward(dout, q, k, v, out, lse, cu, causal, scale, grads, long_from, host_cu):
+def backward(dout, q, k, v, out, lse, cu, causal, scale, grads, long_from, host_cu, stream=False):
     """varlen.backward_gluon with the route from ``long_from`` rows (0: the shipped split alone); ``host_cu``:
-    cu_seqlens' values (None: the op reads them). --smoke: the tl kernels with the same route."""
+    cu_seqlens' values (None: the op reads them); ``stream``: the fixed calls on a stream of their own
+    (long_stream). --smoke: the tl kernels with the same route."""
     from tilecore.ops.attention_varlen import op as varlen
 
     if SMOKE[0]:
         return varlen.backward_kernels(dout, q, k, v, out, lse, None, cu, cu, causal, scale, -1, -1, 0.0,
                                        grads=grads, long_from=long_from, host_cu=host_cu)
     return varlen.backward_gluon(dout, q, k, v, out, lse, None, cu, cu, causal, scale, -1, -1, 0.0, grads=grads,
-                                 long_from=long_from, host_cu=host_cu)
+                                 long_from=long_from, host_cu=host_cu, long_stream=stream)
 
 
 def long_tailed(total=65536, seed=0, longest=16384, shortest=16):
@@ -158,11 +161,36 @@ def varlen_inputs(lengths):
     return q, k, v, dout, out, lse, cu, grads
 
 
-def varlen_call(inputs, long_from, host):
+def varlen_call(inputs, long_from, host, stream=False):
     q, k, v, dout, out, lse, cu, grads = inputs
     host_cu = cu.tolist() if host else None
     scale = q.shape[-1] ** -0.5
-    return lambda: backward(dout, q, k, v, out, lse, cu, True, scale, grads, long_from, host_cu)
+    return lambda: backward(dout, q, k, v, out, lse, cu, True, scale, grads, long_from, host_cu, stream)
+
+
+def op_calls(lengths, long_from):
+    """The public op's backward through autograd (tilecore.attention_varlen, causal, retain_graph), the route off
+    and from ``long_from`` rows (configs.VARLEN_GLUON_BACKWARD_LONG patched around each forward and backward: the
+    forward's copy of cu_seqlens feeds the backward), as (name, fn) pairs."""
+    from tilecore.ops.attention_varlen import attention_varlen, configs
+    from tilecore.tiles.switches import patched
+
+    h, d = H[0], D[0]
+    torch.manual_seed(2)
+    total, cu, longest = sum(lengths), cu_of(lengths), max(lengths)
+    dtype = torch.float16 if SMOKE[0] else torch.bfloat16
+    calls = []
+    for name, value in (("op autograd, split", 0), (f"op autograd, route {long_from}", long_from)):
+        q, k, v = (torch.randn(total, h, d, dtype=dtype, device=DEV[0], requires_grad=True) for _ in range(3))
+        with patched(configs, VARLEN_GLUON_BACKWARD_LONG=value):
+            out = attention_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+        dout = torch.randn_like(out)
+
+        def fn(out=out, q=q, k=k, v=v, dout=dout, value=value):
+            with patched(configs, VARLEN_GLUON_BACKWARD_LONG=value):
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        calls.append((name, fn))
+    return calls
 
 
 def fixed_call(inputs, b, n):
@@ -181,10 +209,12 @@ def fixed_call(inputs, b, n):
     return (lambda: launch.backward(p, df, qf, kf, vf, of, lf, None, *gf, True, scale)), p
 
 
-def ab(label, lengths, variants, rounds):
-    """Alternate rounds of the variants ((name, long_from, host cu)) on one batch; medians."""
-    inputs = varlen_inputs(lengths)
-    calls = [(name, varlen_call(inputs, long_from, host)) for name, long_from, host in variants]
+def ab(label, lengths, variants, rounds, calls=None):
+    """Alternate rounds of the variants ((name, long_from, host cu[, stream])) on one batch, or of ``calls``
+    ((name, fn) pairs); medians."""
+    if calls is None:
+        inputs = varlen_inputs(lengths)
+        calls = [(name, varlen_call(inputs, *options)) for name, *options in variants]
     times = {name: [] for name, _ in calls}
     for name, fn in calls:  # compile and warm once before the rounds
         if left(10) < 0:
@@ -257,6 +287,7 @@ def main():
     ap.add_argument("--routes", default="4096,2048", help="long_from lengths timed (the first also reading cu)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-fixed-rates", action="store_true", help="skip the fixed path at N 512 ... 8192")
+    ap.add_argument("--no-op", action="store_true", help="skip the public op's autograd A/B")
     args = ap.parse_args()
     BUDGET[0] = args.budget if not args.smoke else 1e9
     if args.smoke:
@@ -268,7 +299,8 @@ def main():
     scale_down = 64 if args.smoke else 1  # smoke: lengths / 64 (the routes too)
     routes = [max(1, r // scale_down) for r in routes]
     variants = [("split (shipped)", 0, True)] + [(f"route {r} (host cu)", r, True) for r in routes]
-    variants += [(f"route {routes[0]} (reads cu)", routes[0], False)] if routes else []
+    variants += [(f"route {routes[0]} (reads cu)", routes[0], False),
+                 (f"route {routes[0]} stream (host cu)", routes[0], True, True)] if routes else []
     lt = [16, 40, 3, 25, 70] if args.smoke else long_tailed()
     lt_times = guarded("long-tailed", ab, "long-tailed", lt, variants, args.rounds) or {}
     rates = {} if args.no_fixed_rates else fixed_rates()
@@ -284,6 +316,10 @@ def main():
     # the long tail's routed sequences alone: the varlen split on them against their fixed-length calls
     longs = [n for n in lt if n >= routes[0]] if routes else []
     long_times = (guarded("long only", ab, f"long only {longs}", longs, variants[:2], 2) or {}) if longs else {}
+    # the public op's backward through autograd, the route off and on (its forward's copy of cu_seqlens)
+    op_times = {}
+    if routes and not args.no_op and left(12) > 0:
+        op_times = guarded("op", lambda: ab("long-tailed op", lt, None, 2, op_calls(lt, routes[0]))) or {}
     # the table
     say(f"== varlen backward, H16 D128 causal bf16, ms (median of alternate rounds); {time.time() - START:.0f} s ==")
     base = lt_times.get(variants[0][0])
@@ -295,11 +331,14 @@ def main():
         extra = f", {base / ms:.3f}x split" if base else ""
         extra += f", {matched / ms:.3f}x matched" if matched else ""
         say(f"  long-tailed {name:26s} {ms:7.3f} ms{extra}")
+    for name, ms in op_times.items():
+        extra = f", {matched / ms:.3f}x matched" if matched else ""
+        say(f"  long-tailed {name:26s} {ms:7.3f} ms{extra}")
     long_matched = matched_ms(longs, rates) if len(rates) >= 2 and longs else None
     for name, ms in long_times.items():
         extra = f", {long_matched / ms:.3f}x matched" if long_matched else ""
         say(f"  long only {name:28s} {ms:7.3f} ms{extra}")
-    OUT["summary"] = {"long_tailed": lt_times, "long_only": long_times, "fixed_rates": rates, "matched_ms": matched,
+    OUT["summary"] = {"long_tailed": lt_times, "long_only": long_times, "op_autograd": op_times, "fixed_rates": rates, "matched_ms": matched,
                       "long_matched_ms": long_matched, "lengths": lt}
     say(f"checks: {sum(r['ok'] for r in OUT['check'])} ok, {sum(not r['ok'] for r in OUT['check'])} bad; "
         f"errors {len(OUT['errors'])}")
