@@ -7,8 +7,8 @@ What the variants test (configs_gla_bwd.CHUNKED keys; sm_90a facts from the CPU 
   beside the others, in a process of its own, as the contrast.
 * d64 VB64 dyn: the same blocks with dqk_dyn (the loop's bound Dv at run time: one trip through the pipelined loop;
   its PTX is byte-identical to the d 128 kernel's). Right here and wrong above = the fold is the trigger.
-* d64 / d32 two blocks: dqk_two_blocks (dqk_VB at most half of Dv's block: VB 32 at d 64, 16 at d 32) with session 33's
-  dqk_form 3 / dv_form 5: the fix that lets CHUNKED_CHECKED_DIMS widen.
+* d64 / d32 two blocks: dqk_two_blocks (dqk_VB at most half of Dv's block) with session 33's dqk_form 3 / dv_form 5:
+  rows of run 3, removed in session 35 with the switch (issue 30: lost to dqk_dyn; git keeps them).
 * d64 / d32 other: what ships at those dims (CHUNKED_OTHER_DIMS: VB 32, forms off): the timing baseline.
 * d128 shipped / d128 dyn: configs' CHUNKED at d 128 and the same with dqk_dyn (the one code for every Dv if as fast).
 * d128 1 an SM: configs' CHUNKED with dqk_stages 6 (the same code but for idle load buffers: 136 KB of shared memory,
@@ -49,11 +49,9 @@ VARIANTS = {
     "d128 dyn": (128, dict(dqk_dyn=True), True),
     "d128 1 an SM": (128, dict(dqk_stages=6), True),
     "d64 other": (64, {}, True),
-    "d64 two blocks": (64, dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_two_blocks=True), True),
     "d64 VB64 dyn": (64, dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_dyn=True), True),
     "d64 VB64 straight": (64, dict(dqk_VB=64, dqk_form=3, dv_form=5), False),
     "d32 other": (32, {}, True),
-    "d32 two blocks": (32, dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_two_blocks=True), True),
     "d32 dyn": (32, dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_dyn=True), True),
 }
 if "--only" in sys.argv:

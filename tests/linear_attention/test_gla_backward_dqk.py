@@ -310,13 +310,12 @@ S33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)  # session 33's values, by override
 OFF = dict(dqk_dyn=False)  # the constexpr-bounded value loop (configs' before session 34's run 3)
 
 
-@pytest.mark.parametrize("D, switch", [(64, OFF), (64, dict(OFF, dqk_two_blocks=True)), (64, dict(dqk_dyn=True)),
-                                       (32, dict(OFF, dqk_two_blocks=True)), (32, dict(dqk_dyn=True)),
+@pytest.mark.parametrize("D, switch", [(64, OFF), (64, dict(dqk_dyn=True)), (32, dict(dqk_dyn=True)),
                                        (96, dict(dqk_dyn=True, dqk_VB=32, dqk_form=0, dv_form=0))])
 def test_session33_values_at_d64_and_d32(D, switch):
     """Session 33's dqk_VB 64 / dqk_form 3 / dv_form 5 at Dk = Dv = 64 and 32 with configs' chunk 64 and key blocks
-    of 32: one value block (VB 64 >= Dv; on the H100 that build was wrong, decision 84), two (dqk_two_blocks: VB 32 at
-    d 64, 16 at d 32) or one bounded by Dv at run time (dqk_dyn). fp16 N 130 (a last chunk of 2 tokens) with an
+    of 32: one value block (VB 64 >= Dv; on the H100 that build was wrong, decision 84) or one bounded by Dv at run
+    time (dqk_dyn). fp16 N 130 (a last chunk of 2 tokens) with an
     initial state and a final state's gradient against float64: dq / dk / dv within 2.5x the rounding floor; float32
     strong decays with a reset and a -1e30 channel (the fallback launches) at float32 noise, dg 0 where the floor
     clamped. d 96 (a dims pair configs leave to CHUNKED_OTHER_DIMS): session 32's form (dqk_VB 32, forms 0) with
@@ -358,14 +357,10 @@ def _dqk_launch_options(D: int, **over) -> list[dict]:
 
 @pytest.mark.parametrize("D", [16, 32, 64, 128, 256])
 def test_value_loop_never_one_constexpr_block(D):
-    """dqk_two_blocks: the dqk launches' value block is at most half of Dv's (a power of two >= 16) wherever that is
-    >= 32, so Triton never folds the loop into straight-line code (the build the H100 got wrong at d 64); dqk_dyn: the
-    block as configured, the loop's bound Dv at run time (DYN) in both launches. Off: session 33's VB 64 is one block
-    at d 64 (the decision-84 build) and at d 32 (min(64, 32))."""
+    """dqk_dyn: the block as configured, the loop's bound Dv at run time (DYN) in both launches, so Triton never
+    folds a one-block loop into straight-line code (the build the H100 got wrong at d 64). Off: session 33's VB 64 is
+    one block at d 64 (the decision-84 build) and at d 32 (min(64, 32))."""
     BVF = max(16, D)
-    for kw in _dqk_launch_options(D, dqk_two_blocks=True, **S33, **OFF):
-        assert kw["VB"] < BVF or BVF < 32, kw["VB"]
-        assert "DYN" not in kw
     for kw in _dqk_launch_options(D, dqk_dyn=True, **S33):
         assert kw["VB"] == min(64, BVF) and kw["DYN"] is True
     for kw in _dqk_launch_options(D, **S33, **OFF):

