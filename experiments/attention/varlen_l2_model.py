@@ -102,7 +102,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", type=float, default=16.0, help="effective L2 MB")
     args = ap.parse_args()
-    from experiments.attention.gpu_varlen_walk import long_tailed
+    from experiments.attention.gpu_varlen_long import long_tailed
 
     uniform, tail = [4096] * 16, long_tailed()
     print(f"LRU of {args.cache:.0f} MB, H16 D128 causal backward, GB missed (fused dQ / dK-dV alone)")
