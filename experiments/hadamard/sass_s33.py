@@ -65,7 +65,7 @@ def _compile(plan, fmt, n, store=False, stages=None):
     else:
         per_thread = n // 128 if cfg.get("HALVES", 1) == 1 else n // 256
     return dict(sass=s["sass"], per_value=round(s["sass"] / 2 / per_thread, 2), registers=r.registers,
-                spills=r.spill_stores, path=plan.path,
+                spills=r.spill_stores, path=plan.path, wgmma=k.asm["ptx"].count("wgmma.mma_async"),
                 config={k2: v for k2, v in cfg.items() if k2 not in ("M", "QMAX", "FORMAT", "G", "STATIC")})
 
 

@@ -130,7 +130,8 @@ QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 
                      ("nvfp4", 18944): True}  # nvfp4: with PERM (session 34)
 # the transform's Gluon tuning by (m, p): 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS 1.12x, 28 x 1024 1.05x
 KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=2),
-                     (172, 64): dict(clamp_lo=2, stream=True, stages=2), (28, 1024): dict(nozero=True, clamp_lo=True)}
+                     (172, 64): dict(clamp_lo=2, stream=True, stages=2),
+                     (28, 1024): dict(nozero=True, clamp_lo=2, stream=True)}
 # NOZERO (padded sub-rows unzeroed) and CLAMP_LO (the lo piece by one max): on where >= 1.03x, checked (sessions 32-33)
 _NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True, ("mxfp4", 28672): True,
           ("mxfp4", 11008): True, ("nvfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
@@ -140,7 +141,7 @@ QUANT_GLUON_NOZERO = dict(_NZ_CL)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
 # PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.09x where on; elsewhere 0.73-1.02x (s. 33)
-QUANT_GLUON_STREAM = {}  # the kron kernel's STREAM for group formats at 28672 (session 34): untimed, off
+QUANT_GLUON_E2M1_PAIRS = {}  # mxfp4 / nvfp4 codes a column pair at a time (the same bytes): untimed, off
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
 

@@ -5,8 +5,8 @@ reciprocal; fp8 by cvt.rn.satfinite, ints by cvt.rni, e2m1 by the exponent-made 
 Markstein divisions and cvt e4m3).
 
 The op-level pieces take the kernel's op struct (its fields: scales, gscale, stride_scales, rows, rscale, xchg, xbar,
-M, FORMAT, G, STATIC, QMAX, SCALE_ONCE, FOLD) and, where the kernels lay their scales out differently, call back the
-op's ``_group_slots`` / ``_pair_slots`` for the scale offsets and masks.
+M, FORMAT, G, STATIC, QMAX, SCALE_ONCE, FOLD, E2M1_PAIRS) and, where the kernels lay their scales out differently, call
+back the op's ``_group_slots`` / ``_pair_slots`` for the scale offsets and masks.
 """
 from triton.experimental import gluon
 from triton.language import core as _tl_core
@@ -53,6 +53,23 @@ def _e2m1_fast(v):
     magic = (e * 0x800002 + 0x0B3FFF02).to(gl.float32, bitcast=True)
     mag = (a + magic).to(gl.int32, bitcast=True) & 7
     return mag | ((v.to(gl.int32, bitcast=True) >> 28) & 8)
+
+
+@gluon.jit
+def _e2m1_pair(q0, q1):
+    """The byte of two e2m1 nibbles, q0's low (_pack(_e2m1_fast) of a column pair, bit for bit in its low 8 bits; the
+    bits above are not zero: the byte store truncates). _e2m1_fast's sum t = bits(|v| + M) holds the magnitude code in
+    its bits 0-2 and zeros in bits 3-21 (M's mantissa is 1.5's plus at most 7 units), so t0 + 16 t1 has both
+    magnitudes in its low byte; the signs go to bits 3 and 7 by arithmetic shifts of the float32 bits: no mask of
+    each code and no separate pack (E2M1_PAIRS)."""
+    a0 = gl.minimum(gl.abs(q0), 6.0)
+    a1 = gl.minimum(gl.abs(q1), 6.0)
+    e0 = gl.maximum(a0.to(gl.int32, bitcast=True) >> 23, 127)
+    e1 = gl.maximum(a1.to(gl.int32, bitcast=True) >> 23, 127)
+    t0 = (a0 + (e0 * 0x800002 + 0x0B3FFF02).to(gl.float32, bitcast=True)).to(gl.int32, bitcast=True)
+    t1 = (a1 + (e1 * 0x800002 + 0x0B3FFF02).to(gl.float32, bitcast=True)).to(gl.int32, bitcast=True)
+    s0 = (q0.to(gl.int32, bitcast=True) >> 28) & 8
+    return (t0 + (t1 << 4)) | s0 | ((q1.to(gl.int32, bitcast=True) >> 24) & 0x80)
 
 
 @gluon.jit
@@ -232,12 +249,20 @@ def group_codes(op, y, row, K0: gl.constexpr, K1: gl.constexpr):
         gl.store(op.scales + row.to(gl.int64) * op.stride_scales + offs, stored.to(op.scales.dtype.element_ty),
                  mask=mask)
         q = y3 * gl.expand_dims(folded(op, recip), 2)
-        if op.FORMAT == INT4:
-            code = _rni(q)
+        if op.E2M1_PAIRS and op.FORMAT != INT4:  # a byte a column pair, 0 in the groups not kept
+            q0, q1 = gl.split(gl.reshape(gl.convert_layout(gl.reshape(q, [BLOCK, BLOCK]), L), [BLOCK, BLOCK // 2, 2]))
+            b = _e2m1_pair(q0, q1)
+            PL: gl.constexpr = b.type.layout
+            b3 = gl.reshape(b, [BLOCK, GR, op.G // 2])
+            k3 = gl.expand_dims(gl.convert_layout(keep, gl.SliceLayout(2, b3.type.layout)), 2)
+            packed = gl.convert_layout(gl.reshape(gl.where(k3, b3, 0), [BLOCK, BLOCK // 2]), PL)
         else:
-            code = _e2m1_fast(q)
-        code = gl.where(gl.expand_dims(keep, 2), code, 0)
-        code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
+            if op.FORMAT == INT4:
+                code = _rni(q)
+            else:
+                code = _e2m1_fast(q)
+            code = gl.where(gl.expand_dims(keep, 2), code, 0)
+            packed = _pack(gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L), BLOCK, BLOCK)
     else:  # groups of SPG sub-rows (int4's 128: a sub-row pair)
         SPG: gl.constexpr = op.G // BLOCK
         y3 = gl.reshape(y, [BLOCK // SPG, SPG, BLOCK])
@@ -250,5 +275,5 @@ def group_codes(op, y, row, K0: gl.constexpr, K1: gl.constexpr):
         q = y3 * gl.expand_dims(gl.expand_dims(recip, 1), 2)
         code = _rni(q)
         code = gl.where(gl.expand_dims(gl.expand_dims(keep, 1), 2), code, 0)
-        code = gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L)
-    return _pack(code, BLOCK, BLOCK)
+        packed = _pack(gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L), BLOCK, BLOCK)
+    return packed

@@ -25,8 +25,8 @@ then the per-token amax is the maximum of both consumers', exchanged through sha
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, pieces, relabel,
-                                                  row_amax, token_codes, token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, MXFP4, NVFP4, STORE, exchange, folded, group_codes, pieces,
+                                                  relabel, row_amax, token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
@@ -93,8 +93,9 @@ class KronQuantize:
     NOZERO: gl.constexpr  # group formats and STORE: sub-rows past m not zeroed (their scales and codes never stored)
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel)
-    STREAM: gl.constexpr  # STORE or group formats, four blocks a consumer: the butterfly's top level by the mixing's
-    # signs, the blocks rotated (and quantized) and stored from compute two at a time (_compute_stream; session 34)
+    STREAM: gl.constexpr  # STORE, four blocks a consumer: the butterfly's top level by the mixing's signs, the blocks
+    # rotated and stored from compute two at a time (_compute_stream)
+    E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
 
     @gluon.jit
     def setup(self, tile):
@@ -181,14 +182,9 @@ class KronQuantize:
 
     @gluon.jit
     def _stream_out(self, ctx, v: gl.constexpr, y, row):
-        """STREAM: block v's values (STORE) or codes (group formats: scales stored) staged in its slot, TMA-stored."""
+        """STREAM: block v's values staged in its slot, TMA-stored."""
         NBLK: gl.constexpr = self.F // (2 * self.SPLIT)
-        if self.FORMAT == STORE:
-            self._stage(ctx, v, y)
-        else:
-            if self.PERM:
-                y = relabel(y)
-            self._stage(ctx, v, group_codes(self, y, row, self._pair(ctx, v, NBLK), 0))
+        self._stage(ctx, v, y)
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(self.codes_desc, [row, 0, 2 * self._pair(ctx, v, NBLK), 0], ctx.out.slice(v, 1))
@@ -366,7 +362,8 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
                                FOLD: gl.constexpr = False, NOZERO: gl.constexpr = False,
-                               CLAMP_LO: gl.constexpr = False, PERM: gl.constexpr = False, STREAM: gl.constexpr = False):
+                               CLAMP_LO: gl.constexpr = False, PERM: gl.constexpr = False, STREAM: gl.constexpr = False,
+                               E2M1_PAIRS: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -380,14 +377,12 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xchg = None
         xbar = None
-    # STREAM: the values or a group format's codes (per-token formats need the row's maximum first); a plan's AMAX
-    # pass (nvfp4's dynamic global scale) runs without it
-    gl.static_assert(not STREAM or ((FORMAT == STORE or FORMAT == AMAX or G != 0) and not INSIDE
-                                    and F // (2 * SPLIT) == 4), "STREAM: STORE or groups, four blocks a consumer, not INSIDE")
+    gl.static_assert(not STREAM or (FORMAT == STORE and not INSIDE and F // (2 * SPLIT) == 4),
+                     "STREAM: STORE, four blocks a consumer, not INSIDE")
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
                       M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM,
-                      STREAM and FORMAT != AMAX)
+                      STREAM, E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage

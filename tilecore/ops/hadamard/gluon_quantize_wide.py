@@ -27,8 +27,8 @@ three [64, 64] float32 accumulators a consumer (96 registers a thread), shared m
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, _amax, _group_scale, _max_nan, _pack, _rni, exchange,
-                                                  folded, group_codes, pieces, relabel, row_amax, token_codes,
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, MXFP4, NVFP4, STORE, _amax, _group_scale, _max_nan, _pack, _rni,
+                                                  exchange, folded, group_codes, pieces, relabel, row_amax, token_codes,
                                                   token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -102,6 +102,7 @@ class WideQuantize:
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel): HALVES 1;
     # HALVES 2 with UNITS for groups of <= 64 (session 34: the codes made in _unit from relabelled blocks)
     STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
+    E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
 
     @gluon.jit
     def setup(self, tile):
@@ -587,7 +588,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
-                               PERM: gl.constexpr = False, STREAM: gl.constexpr = False):
+                               PERM: gl.constexpr = False, STREAM: gl.constexpr = False,
+                               E2M1_PAIRS: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -623,7 +625,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
-                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM)
+                      STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM,
+                      E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -45,7 +45,8 @@ from tilecore.ops.hadamard.gluon_launch import gluon_wide_transform  # noqa: F40
 from tilecore.ops.hadamard.gluon_launch import launch as _launch_gluon_wide
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
-from tilecore.tiles.launch import LRU, CachedLaunch, SignatureMemo, cdiv, next_power_of_2
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, cdiv, next_power_of_2
 from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY builds its misses by this module's name)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -218,7 +219,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
-        **_fold(fmt, n, tuning),
+        **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1, session 33; HALVES 2
@@ -240,6 +241,14 @@ def _epilogue_switches(fmt, n, tuning) -> dict:
     if clamp:
         out["CLAMP_LO"] = 2 if clamp == 2 and clamp is not True else True  # 2: PAIRS (gluon_epilogue.pieces)
     return out
+
+
+def _e2m1_pairs(fmt, n, tuning) -> dict:
+    """The Gluon kernels' E2M1_PAIRS (mxfp4 / nvfp4: a column pair's two e2m1 codes made into one byte, the same
+    bytes: gluon_epilogue._e2m1_pair): tuning "e2m1_pairs", else configs.QUANT_GLUON_E2M1_PAIRS by (format, n) or
+    format."""
+    on = fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs", _by_format(configs.QUANT_GLUON_E2M1_PAIRS, fmt, n, False))
+    return {"E2M1_PAIRS": True} if on else {}
 
 
 def _fold(fmt, n, tuning) -> dict:
@@ -278,12 +287,8 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
-        **_epilogue_switches(fmt, n, tuning),
-        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {}),
-        # STREAM (session 34): four blocks a consumer, groups: H_4's top level by the mixing's signs, codes stored from
-        # compute two blocks at a time (gluon_quantize_kron._compute_stream)
-        **({"STREAM": True} if group and not inside and (P // 64) // (2 * split) == 4
-           and tuning.get("stream", _by_format(configs.QUANT_GLUON_STREAM, fmt, n, False)) else {})))
+        **_e2m1_pairs(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
+        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -638,6 +643,53 @@ def _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=None):
     return codes, scales, None
 
 
+class _Pow2Quantize:
+    """hadamard_quantize's keyed call on the "pow2" path for one launch key (issue 31's host time): the kernel's
+    KeyedLaunch and every argument the key fixes (rows, row strides, the scale factor, the constexprs), made from the
+    key's plan after its first call. A call allocates codes and scales in their returned shapes and launches what
+    _run_pow2 launches for x's (rows, N) view (the same memory: made only where _impl's x2 is a view of x, not a
+    copy): no checks, plan, reshapes or launch-key lookup. ``of``: False where the general path serves the key (another
+    path, nvfp4's two launches, TMA descriptors, a copy)."""
+
+    __slots__ = ("launch", "codes_shape", "codes_dtype", "byte_codes", "scales_shape", "scales_dtype", "scales_view",
+                 "device", "tail")
+
+    @classmethod
+    def of(cls, plan: QuantizePlan, x, fmt: str, group, key):
+        cfg = plan.config
+        n = x.shape[-1]
+        if plan.path != "pow2" or fmt == "nvfp4" or cfg.get("STATIC") or cfg.get("SIGNS") or cfg.get("TMA_LOAD") \
+                or cfg.get("TMA_STORE") or x.numel() == 0:
+            return False
+        x2 = x.reshape(-1, n)  # (as _impl: a view of x, or the general path copies each call)
+        if x2.data_ptr() != x.data_ptr() or x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != n):
+            return False
+        self = cls()
+        lead, rows = tuple(x.shape[:-1]), x2.shape[0]
+        codes, scales = _outputs(rows, n, fmt, group, x.device)  # (the general path's: their shapes and dtypes)
+        xv = x2.reshape(-1, cfg["N"])  # (_launch_pow2_plan's rows: N is the block where the plan rotates blocks)
+        kernel_rows = xv.shape[0]
+        self.codes_shape, self.codes_dtype = (*lead, codes.shape[1]), codes.dtype
+        self.byte_codes = codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)  # (the kernel stores bytes)
+        self.scales_shape, self.scales_dtype = (*lead, scales.shape[1]), scales.dtype
+        self.scales_view = torch.float8_e8m0fnu if fmt == "mxfp4" else None
+        self.device = x.device
+        cv, sv = codes.view(kernel_rows, -1), scales.view(kernel_rows, -1)
+        self.tail = (kernel_rows, xv.stride(0), cv.stride(0), sv.stride(0), plan.rscale)
+        self.launch = KeyedLaunch(_launch_pow2, key, plan.grid, cfg)
+        return self
+
+    def __call__(self, x):
+        """(codes, scales) as hadamard_quantize returns them for ``x``."""
+        codes = torch.empty(self.codes_shape, dtype=self.codes_dtype, device=self.device)
+        scales = torch.empty(self.scales_shape, dtype=self.scales_dtype, device=self.device)
+        rows, x_stride, c_stride, s_stride, rscale = self.tail
+        # (x, codes' bytes, scales, then x for the unread signs, global scale and maxima: as _run_pow2 passes them)
+        self.launch((x, codes.view(torch.uint8) if self.byte_codes else codes, scales, x, x, x, rows, x_stride,
+                     c_stride, s_stride, rscale))
+        return codes, (scales.view(self.scales_view) if self.scales_view is not None else scales)
+
+
 def _check(x, fmt, block, scale, rotate, signs, group):
     """Raise naming what is accepted; return (group, scale as a float32 tensor or None)."""
     name = "hadamard_quantize"
@@ -738,6 +790,7 @@ def _impl(x, fmt, block, group, scale, rotate, signs, key=None):
 _CHECKED = LRU(256)  # a call's key -> the group its checks returned
 _PLANS = LRU(256)  # a launch key -> its QuantizePlan
 _CALL_KEY = SignatureMemo(globals())  # the keyed call's signature, checked against the last repeated one (session 33)
+_RECIPES = LRU(256)  # a plain eager keyed call's key -> its _Pow2Quantize (False: the general path), after its first call
 
 
 def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None, scale=None, rotate: bool = True,
@@ -761,6 +814,10 @@ def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None,
     ``dequantize(codes, scales, format=...)`` inverts each. Not differentiable.
     """
     key = _CALL_KEY(x, format, block, rotate, group) if scale is None and randomized_signs is None else None
+    if key is not None and tiles_launch.OP_RECIPES:  # the key's kept launch (its second call on): no checks or plan
+        recipe = _RECIPES.get(key)
+        if recipe and dispatch.eager_mode(x) == "direct":
+            return recipe(x)
     if key is None:
         group, scale = _check(x, format, block, scale, rotate, randomized_signs, group)
     else:
@@ -768,6 +825,9 @@ def hadamard_quantize(x: torch.Tensor, *, format: str, block: int | None = None,
     lead = x.shape[:-1]
     if dispatch.plain_eager(x, scale, randomized_signs):
         codes, scales, gscale = _impl(x, format, block, group, scale, rotate, randomized_signs, key=key)
+        if key is not None and tiles_launch.OP_RECIPES and key not in _RECIPES:  # (after its launch)
+            plan = _PLANS.get(key)
+            _RECIPES.put(key, plan is not None and _Pow2Quantize.of(plan, x, format, group, key))
     else:
         codes, scales, gscale = _quantize_op(x, format, block or 0, group or 0, scale, rotate, randomized_signs)
         gscale = gscale if format == "nvfp4" else None
