@@ -219,7 +219,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
-        **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning),
+        **_fold(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1, session 33; HALVES 2
@@ -241,14 +241,6 @@ def _epilogue_switches(fmt, n, tuning) -> dict:
     if clamp:
         out["CLAMP_LO"] = 2 if clamp == 2 and clamp is not True else True  # 2: PAIRS (gluon_epilogue.pieces)
     return out
-
-
-def _e2m1_pairs(fmt, n, tuning) -> dict:
-    """The Gluon kernels' E2M1_PAIRS (mxfp4 / nvfp4: a column pair's two e2m1 codes made into one byte, the same
-    bytes: gluon_epilogue._e2m1_pair): tuning "e2m1_pairs", else configs.QUANT_GLUON_E2M1_PAIRS by (format, n) or
-    format."""
-    on = fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs", _by_format(configs.QUANT_GLUON_E2M1_PAIRS, fmt, n, False))
-    return {"E2M1_PAIRS": True} if on else {}
 
 
 def _fold(fmt, n, tuning) -> dict:
@@ -287,8 +279,12 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
-        **_e2m1_pairs(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
-        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
+        **_epilogue_switches(fmt, n, tuning),
+        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {}),
+        # STREAM (session 34): four blocks a consumer, groups: H_4's top level by the mixing's signs, codes stored from
+        # compute two blocks at a time (gluon_quantize_kron._compute_stream)
+        **({"STREAM": True} if group and not inside and (P // 64) // (2 * split) == 4
+           and tuning.get("stream", _by_format(configs.QUANT_GLUON_STREAM, fmt, n, False)) else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
