@@ -9,6 +9,10 @@ same bits on calls 1..10 (host_time.same_bits_later, forward rows), then ``--rou
 ``--calls`` back-to-back calls, ours then torch's (medians, us a call), then a cProfile over ``--profile`` calls (the
 top functions by own time, us a call: cProfile's overhead inflates them, read them as shares). Stops starting rows
 at ``--deadline`` seconds. Writes $OUT/host_rows.json after each row; prints a short table last.
+
+--ab-rows NAME,NAME (first): those rows with tiles.launch.OP_RECIPES on and off (keep_op_recipes), ``--ab-rounds``
+interleaved rounds (the order alternating), medians; the outputs of the recipe's calls (on) against the general
+path's (off), bit for bit, and calls 1..10 with it on. Session 35: hadamard_quantize's per-key recipe.
 """
 import argparse
 import json
@@ -28,6 +32,54 @@ ROWS = ("fft_conv", "hadamard_quantize fp8", "attention N256", "attention N256 (
         "attention_varlen 3 seqs", "paged decode")
 
 
+def _tensors(y):
+    ys = y if isinstance(y, (tuple, list)) else (y,)
+    out = []
+    for t in ys:
+        if isinstance(t, (tuple, list)):
+            out += _tensors(t)
+        elif isinstance(t, torch.Tensor):
+            out.append(t.detach().clone())
+    return out
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(
+        x.view(torch.uint8) if x.element_size() == 1 else x, y.view(torch.uint8) if y.element_size() == 1 else y)
+        for x, y in zip(a, b))
+
+
+def ab_recipes(name, ours, peer, rounds, calls) -> dict:
+    """OP_RECIPES on vs off for one row: medians over interleaved rounds, and the same bits both ways."""
+    from tilecore.tiles import launch as tiles_launch
+
+    row = {}
+    try:
+        tiles_launch.keep_op_recipes(False)
+        host_time.RESETS.get(name, lambda: None)()
+        off = _tensors(ours())
+        tiles_launch.keep_op_recipes(True)
+        ons = []
+        for _ in range(10):  # the key's first call with the switch on makes the recipe; the rest use it
+            host_time.RESETS.get(name, lambda: None)()
+            ons.append(_tensors(ours()))
+        row["same_bits_on_vs_off"] = _same(ons[-1], off)
+        row["same_bits_calls_1_10_on"] = all(_same(o, ons[0]) for o in ons[1:])
+        t = {"on": [], "off": [], "torch": []}
+        for r in range(rounds):
+            for setting in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                tiles_launch.keep_op_recipes(setting == "on")
+                t[setting].append(host_time.per_call_us(ours, calls))
+            t["torch"].append(host_time.per_call_us(peer, calls))
+        row["rounds_us"] = {k: [round(x, 1) for x in v] for k, v in t.items()}
+        row.update({f"{k}_us": round(statistics.median(v), 1) for k, v in t.items()})
+    except Exception as err:  # noqa: BLE001
+        row["error"] = f"{type(err).__name__}: {err}"[:400]
+    finally:
+        tiles_launch.keep_op_recipes(True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="all")
@@ -36,6 +88,8 @@ def main():
     ap.add_argument("--profile", type=int, default=300)
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--deadline", type=float, default=55.0)
+    ap.add_argument("--ab-rows", default="", help="rows timed with OP_RECIPES on and off first (comma-separated)")
+    ap.add_argument("--ab-rounds", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
     start = time.perf_counter()
@@ -48,7 +102,13 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "host_rows.json")
     result = dict(device=torch.cuda.get_device_name() if host_time.DEV[0] == "cuda" else "cpu",
-                  torch=torch.__version__, calls=a.calls, rounds=a.rounds, rows={})
+                  torch=torch.__version__, calls=a.calls, rounds=a.rounds, ab={}, rows={})
+    for name in [r for r in a.ab_rows.split(",") if r]:
+        ours, peer = table[name]
+        result["ab"][name] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"A/B OP_RECIPES {name}: {json.dumps(result['ab'][name])}", flush=True)
     for name in names:
         if time.perf_counter() - start > a.deadline:
             result["rows"][name] = "skipped: deadline"
@@ -91,6 +151,13 @@ def main():
         else:
             print(f"{name:38s} {row['ours_us']:8.1f} {row['torch_us']:8.1f} {row['first_call_s']:8.2f}  "
                   f"{row.get('same_bits_calls_1_10', '-')}")
+    for name, row in result["ab"].items():
+        if "error" in row:
+            print(f"A/B {name}: ERROR {row['error'][:100]}")
+        else:
+            print(f"A/B {name}: recipes on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch {row['torch_us']:.1f}), "
+                  f"{row['on_us'] / row['off_us']:.2f}x; same bits on vs off {row['same_bits_on_vs_off']}, "
+                  f"calls 1..10 {row['same_bits_calls_1_10_on']}")
     print(f"{result.get('seconds', 0):.1f} s; {path}")
 
 
