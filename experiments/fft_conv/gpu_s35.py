@@ -1,16 +1,17 @@
 """Issue 37, session 35 (helper HF): the order-3 kernel with two warpgroups on each pair's T (gluon_order3 WARPGROUPS 2:
 one T a program, two pairs' worth of warps on it) checked against float64 and timed against the shipped path and
 torch.fft in the same run, at 16384 (shipped: the three-pass long path; order 3 at one warpgroup a SM was 5% slower)
-and 8192 (shipped: order 3 at two programs a SM); at 4096 the shipped op and torch.fft (the 5x question's ratio on
-this machine, and its share of copy bandwidth).
+and 8192 (shipped: order 3 at two programs a SM); at 4096 the order-2 chunked kernel with three walkers a program
+(gluon_onepass WARPGROUPS 3, chunks of 16, u and y by pointers: three pairs in flight a SM) against the shipped two.
 
     PYTHONPATH=. python experiments/fft_conv/gpu_s35.py [--sizes 16384,8192,4096] [--wg 16384:1,1,1,2,2] [--op]
 
-Per candidate (a configs.GLUON_ORDER3 tuple), in order, each printed as it lands:
+Per candidate (a configs.GLUON_ORDER3 tuple, or at 4096 a configs.GLUON_ONEPASS one), in order, each printed as it
+lands:
 * with --op, the op with the tuple patched in (tilecore.tiles.switches.patched on configs.GLUON_ORDER3): fft_conv(u,
   k) three times at B16 H16 (the same bits each call), y and the backward's du (the correlation: the kernel with CONJ)
   against float64 (error / the rounding floor), the op's outputs checked finite (written whole);
-* an odd batch with a NaN sequence (B5 H3, through launch.launch_order3, y started as NaN): that sequence all NaN,
+* an odd batch with a NaN sequence (B5 H3, through launch.launch, y started as NaN): that sequence all NaN,
   every other finite and at the floor;
 * B16 H768 bf16 (the filter's spectrum precomputed): the shipped op, the candidate's launch, the shipped op again,
   torch.fft (rfft, product, irfft in float32), triton.testing.do_bench medians after warm-up; the candidate's output
@@ -28,6 +29,7 @@ import torch
 from tilecore import accuracy
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model
 from tilecore.ops.fft_conv import launch as conv_launch
+from tilecore.ops.fft_conv.plan import gluon_plan, order3_plan
 from tilecore.ops.fft_conv.plan import plan as conv_plan
 from tilecore.tiles.switches import patched
 
@@ -36,7 +38,8 @@ DEV = "cuda"
 OUT = os.environ.get("OUT", ".")
 BOUND = 1.3  # bf16: the order-3 kernel sits at ~1.07x the floor
 rows, table = [], []
-CANDIDATES = {16384: [(1, True, 1, 2, 2)], 8192: [(1, True, 2, 2, 2)], 4096: []}
+CANDIDATES = {16384: [(1, True, 1, 2, 2)], 8192: [(1, True, 2, 2, 2)],
+              4096: [(128, 64, 1, True, False, 16, 2, 3, 4, True, 2, 1, False, 1)]}  # (4096: GLUON_ONEPASS tuples)
 
 
 def say(*args):
@@ -56,18 +59,32 @@ def correlation(u64, k64):
 
 
 def label(config) -> str:
+    if len(config) > 5:  # (a GLUON_ONEPASS tuple)
+        return f"chunked {config[7]} walkers chunk {config[5]}{' TMA' if config[4] else ''}"
     per_sm, contig, kg, g1, *wg = config
     return f"order3 {per_sm}/SM kg {kg} g1 {g1} wg {wg[0] if wg else 1}"
 
 
+def switch(n, config):
+    """configs patched so that the op at n takes ``config``."""
+    if len(config) > 5:
+        return patched(configs, GLUON_ONEPASS={**configs.GLUON_ONEPASS, n: tuple(config)})
+    return patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, n: tuple(config)})
+
+
+def run_candidate(config, u, spectrum, y, conj=False):
+    plan = gluon_plan(*config) if len(config) > 5 else order3_plan(u.shape[-1], *config)
+    conv_launch.launch(plan, u, spectrum, y, conj)
+
+
 def op_check(n, config, B=16, H=16) -> bool:
-    """The op through configs.GLUON_ORDER3[n] = config: three calls the same bits, y and du against float64."""
+    """The op through config (configs patched: switch): three calls the same bits, y and du against float64."""
     g = torch.Generator().manual_seed(n + 35)
     u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
     dy = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
     ud, kd, dyd = u.to(DEV), k.to(DEV), dy.to(DEV)
-    with patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, n: tuple(config)}):
+    with switch(n, config):
         path = conv_plan(n, ud.device, ud.dtype)
         outs = [fft_conv(ud, kd).cpu() for _ in range(3)]
         ug = ud.clone().requires_grad_()
@@ -76,8 +93,8 @@ def op_check(n, config, B=16, H=16) -> bool:
     finite = bool(torch.isfinite(outs[0]).all()) and bool(torch.isfinite(ug.grad).all())
     err = accuracy.error_over_floor(outs[0], fft_conv_reference(u.double(), k.double())) if finite else float("inf")
     err_du = accuracy.error_over_floor(ug.grad.cpu(), correlation(dy.double(), k.double())) if finite else float("inf")
-    ok = path.path == "order3" and path.warpgroups == (config[4] if len(config) > 4 else 1) and same and finite and (
-        err <= BOUND and err_du <= BOUND)
+    wanted = (gluon_plan(*config) if len(config) > 5 else order3_plan(n, *config))
+    ok = path == wanted and same and finite and err <= BOUND and err_du <= BOUND
     row = dict(n=n, what="op " + label(config), path=path.path, same_bits=same, finite=finite, err_over_floor=err,
                err_du=err_du, ok=ok)
     rows.append(row)
@@ -91,9 +108,7 @@ def nan_check(n, config, B=5, H=3) -> bool:
     u[2, 1, n // 3] = float("nan")
     k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
     y = torch.full((B, H, n), float("nan"), dtype=torch.bfloat16, device=DEV)
-    per_sm, contig, kg, g1, *wg = config
-    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, False, per_sm, contig, None, kg, g1,
-                              wg[0] if wg else 1)
+    run_candidate(config, u.to(DEV), filter_spectrum(k, n).to(DEV), y)
     y = y.cpu()
     rest = torch.ones(B, H, dtype=torch.bool)
     rest[2, 1] = False
@@ -131,10 +146,8 @@ def size(n) -> bool:
     shipped = f"shipped op ({conv_plan(n, u.device).path})"
     timed(n, shipped, lambda: fft_conv(u, spectrum))
     for config in CANDIDATES[n]:
-        per_sm, contig, kg, g1, *wg = config
         y.fill_(float("nan"))
-        timed(n, label(config), lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1,
-                                                                  wg[0] if wg else 1))
+        timed(n, label(config), lambda: run_candidate(config, u, spectrum, y))
         whole = bool(torch.isfinite(y).all())
         err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
                                                                            k[:64].double()))
