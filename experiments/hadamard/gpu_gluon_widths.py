@@ -16,6 +16,8 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
     PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--set r3 | r2] [--budget 140] [--quick]
 
 --set s34 (session 34): BALANCE and PERM under UNITS at 18944 against the shipped plans, ~66 s on an H100.
+--set s35 (session 35): E2M1_PAIRS against the shipped plans at 18944 / 28672, 4-bit n = 128 with more programs an
+SM; 4 float64 checks, bytes compared with the shipped plan's.
 """
 import argparse
 import json
@@ -354,8 +356,26 @@ def s34c_timed():
     return cases
 
 
+def s35_timed():
+    """Session 35: E2M1_PAIRS (mxfp4 / nvfp4 codes a column pair at a time, the same bytes) against the shipped plans
+    at 18944 and 28672; the pow2 kernel's 4-bit rows at n = 128 with 2 and 4 programs an SM (shipped: 1), and
+    4 programs of a quarter of the tile on 4 warps ("small4")."""
+    cases = []
+    for n in (18944, 28672):
+        for fmt in ("mxfp4", "nvfp4"):
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "e2m1_pairs", {"e2m1_pairs": True})]
+    for fmt in ("mxfp4", "nvfp4", "int4"):
+        cases += [("q", fmt, 128, "shipped", {}), ("q", fmt, 128, "waves2", {"waves": 2}),
+                  ("q", fmt, 128, "waves4", {"waves": 4})]
+        if fmt != "int4":
+            cases.append(("q", fmt, 128, "small4", {"tile_elems": 4096, "num_warps": 4, "waves": 4}))
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s35":
+        return s35_timed()
     if SET == "s34c":
         return s34c_timed()
     if SET == "s34b":
@@ -458,9 +478,11 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
+    if SET == "s35":  # the waves cases run the shipped kernels; the checks' kernels are the timed ones
+        cases = [c for c in timed_cases(quick) if not c[3].startswith("waves")]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(14 if SET == "s35" else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -475,6 +497,10 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
+    if SET == "s35":  # E2M1_PAIRS against float64 (the timed cases' bytes are compared with the shipped plan's too)
+        ep = {"e2m1_pairs": True}
+        return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", ep),
+                ("mxfp4", 28672, {}, "bfloat16", ep), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", ep)]
     if SET == "s34b":  # the flipped 18944 plans (shipped) and PAIRS at the pow2 n it is new at, against float64
         return [("mxfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {}),
                 ("nvfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "float16", {}),
@@ -639,7 +665,7 @@ def phase_check(result, save, deadline, quick):
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
-            for key in ("balance", "perm", "stream"):  # a variant asked for must be the one run
+            for key in ("balance", "perm", "stream", "e2m1_pairs"):  # a variant asked for must be the one run
                 if tuning.get(key) and not plan.config.get(key.upper()):
                     case["ok"] = False
             case["config"].update({k: True for k in ("BALANCE", "PERM", "STREAM") if plan.config.get(k)})
@@ -682,6 +708,8 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
+    if SET == "s35":  # no transform changed (28 x 1024's shipped plan is what s34c checked)
+        cases = []
     if SET == "s34c":  # the kron kernel's STREAM + PAIRS at 28 x 1024: odd rows, in place, H_m^T
         ks = {"stream": True, "clamp_lo": 2}
         cases = [((28, 1024), 2049, "out", ks), ((28, 1024), 3, "out", ks), ((28, 1024), 2049, "inplace", ks),
@@ -815,7 +843,7 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
@@ -823,7 +851,8 @@ def phase_time(result, save, deadline, quick):
                     shipped_out[key] = got
                 elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
                                                                "balance", "balance_perm", "units_perm", "stream",
-                                                               "noperm", "nostream"):
+                                                               "noperm", "nostream", "e2m1_pairs", "waves2",
+                                                               "waves4", "small4"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
@@ -885,7 +914,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35"))
     a = ap.parse_args()
     global SET
     SET = a.set
@@ -905,7 +934,7 @@ def main():
     phases = a.phases.split(",")
     try:
         if "warm" in phases:
-            phase_warm(result, t0 + 0.45 * a.budget, a.quick)
+            phase_warm(result, t0 + (0.5 if SET == "s35" else 0.45) * a.budget, a.quick)
             result["warm_s"] = round(time.time() - t0, 1)
             save()
         if "check" in phases:
