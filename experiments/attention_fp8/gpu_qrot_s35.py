@@ -11,8 +11,8 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
 
 1. D128 causal B16 H16 N4096: O of each form against float64 attention of the bf16 inputs on a slice (error as a
    multiple of the bf16 rounding floor; all finite), then timings (triton.testing.do_bench medians): end to end, and
-   the parts: each kernel alone (k and v quantized once; q3 / q31 launched by launch.forward_q_rotated) and the
-   quantizing passes of q, k and v.
+   the parts: each kernel alone (k and v quantized once; q3 / q31 launched by launch.forward_q_rotated), a timing
+   probe (q3 with P V issued twice a step: P V's tensor time in bf16, O wrong) and the quantizing passes of q, k, v.
 2. q in the kernel against its twin (quantize.rotate_quantize_rows for q, rotate_quantize for k per block,
    quantize_v_permuted per block, attention_fp8_emulated with P's linear code) on a GQA tail (B2 Hq8 Hkv2 N1008 Nk1104,
    D128 causal: neither a multiple of 128; v's magnitude 10^-2..10^2 along the keys), O, lse and the no-key rows;
@@ -132,6 +132,12 @@ def main():
                         cfg = launch.rotated_q_config(D, causal)
                     kern[f"kernel_{name}"] = bench(lambda: launch.forward_q_rotated(
                         q, signs, k8, v8, ks, vs, causal, D ** -0.5, q.dtype, config=cfg))
+                # probe (wrong O): P V issued twice a step, the tensor time P V in bf16 on unquantized V would take
+                # (that form drops v's pass; notes/attention_fp8's napkin: it pays if the kernel stays within 1.33 ms)
+                with patched(configs, ROTATED=forms["q3"]):
+                    cfg = dict(launch.rotated_q_config(D, causal), probe_pv2=True)
+                kern["kernel_q3_probe_pv2"] = bench(lambda: launch.forward_q_rotated(
+                    q, signs, k8, v8, ks, vs, causal, D ** -0.5, q.dtype, config=cfg))
                 kern["q_pass"] = bench(lambda: rotate_quantize(q, signs=signs, scales="token"))
                 kern["k_pass"] = bench(lambda: rotate_quantize(k, signs=signs, scales="block"))
                 kern["v_pass"] = bench(lambda: quantize_v_permuted(v, per="block"))

@@ -202,6 +202,8 @@ class _GluonLayout:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
                                  f"kernel's block_n = {SCALE_BLOCK}; got {self.block_n}")
             self.options["V_PER_BLOCK"] = True
+        if cfg.get("probe_pv2"):  # a timing probe (wrong results; never in configs.GLUON_FORWARD)
+            self.options["PROBE_PV2"] = True
         if q_rotate:  # q in bf16/fp16, rotated and quantized per row in the kernel (forward_q_rotated)
             self.options["Q_ROTATE"] = True
             self.options["Q_PER_ROW"] = True
