@@ -6,7 +6,7 @@ Paths (``plan_quantize``):
 * "cpu": CPU tensors without the interpreter: hadamard_transform's CPU path in float32, then the formats
   in float32 with torch's operations (quantize_reference.quantize_rotated); also the e4m3 formats (fp8_e4m3
   codes, nvfp4's block scales) on GPUs where Triton has no e4m3 (not dispatch.fp8_ok: sm_80, sm_86, ROCm), there
-  with hadamard_transform's kernels (Triton refuses fp8e4nv below sm_89: issue 31, session 33); and int8 / int4 on
+  with hadamard_transform's kernels (Triton refuses fp8e4nv below sm_89: issue 31); and int8 / int4 on
   ROCm, whose Triton drops the CUDA libdevice rounding their kernels call (__nv_float2int_rn);
 * "fused": quantize_kernels.rotate_quantize_kernel, where a row's (or a tile's) rotated values fit one
   program's registers (configs.KRON_MAX_TILE_ELEMS float32 values);
@@ -219,11 +219,11 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
-        **_fold(fmt, n, tuning),
+        **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
-        # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1, session 33; HALVES 2
-        # with UNITS for groups of 16 / 32, session 34)
+        # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1; HALVES 2 with UNITS
+        # for groups of 16 / 32)
         **({"PERM": True} if (halves == 1 or (units and group in (16, 32)))
            and tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
 
@@ -231,7 +231,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 def _epilogue_switches(fmt, n, tuning) -> dict:
     """Session 32's switches of both Gluon kernels: NOZERO (sub-rows past m left unzeroed: the group formats, whose
     padded sub-rows' scales and codes are never stored; the kernel ignores it for per-token formats and AMAX) and
-    CLAMP_LO (the lo piece by one max; 2: and hi's column pairs converted by one instruction, PAIRS, session 33):
+    CLAMP_LO (the lo piece by one max; 2: and hi's column pairs converted by one instruction, PAIRS):
     tunings "nozero", "clamp_lo", else configs.QUANT_GLUON_NOZERO /
     QUANT_GLUON_CLAMP_LO by (format, n) or format."""
     out = {}
@@ -241,6 +241,14 @@ def _epilogue_switches(fmt, n, tuning) -> dict:
     if clamp:
         out["CLAMP_LO"] = 2 if clamp == 2 and clamp is not True else True  # 2: PAIRS (gluon_epilogue.pieces)
     return out
+
+
+def _e2m1_pairs(fmt, n, tuning) -> dict:
+    """The Gluon kernels' E2M1_PAIRS (mxfp4 / nvfp4: a column pair's two e2m1 codes made into one byte, the same
+    bytes: gluon_epilogue._e2m1_pair): tuning "e2m1_pairs", else configs.QUANT_GLUON_E2M1_PAIRS by (format, n) or
+    format."""
+    on = fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs", _by_format(configs.QUANT_GLUON_E2M1_PAIRS, fmt, n, False))
+    return {"E2M1_PAIRS": True} if on else {}
 
 
 def _fold(fmt, n, tuning) -> dict:
@@ -279,12 +287,8 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
-        **_epilogue_switches(fmt, n, tuning),
-        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {}),
-        # STREAM (session 34): four blocks a consumer, groups: H_4's top level by the mixing's signs, codes stored from
-        # compute two blocks at a time (gluon_quantize_kron._compute_stream)
-        **({"STREAM": True} if group and not inside and (P // 64) // (2 * split) == 4
-           and tuning.get("stream", _by_format(configs.QUANT_GLUON_STREAM, fmt, n, False)) else {})))
+        **_e2m1_pairs(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
+        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -785,7 +789,7 @@ def _impl(x, fmt, block, group, scale, rotate, signs, key=None):
 # keyed by its signature: its checks' result (_CHECKED), its plan (_PLANS) and its kernels (launched by key)
 _CHECKED = LRU(256)  # a call's key -> the group its checks returned
 _PLANS = LRU(256)  # a launch key -> its QuantizePlan
-_CALL_KEY = SignatureMemo(globals())  # the keyed call's signature, checked against the last repeated one (session 33)
+_CALL_KEY = SignatureMemo(globals())  # the keyed call's signature, checked against the last repeated one
 _RECIPES = LRU(256)  # a plain eager keyed call's key -> its _Pow2Quantize (False: the general path), after its first call
 
 
