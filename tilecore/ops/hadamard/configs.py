@@ -8,7 +8,7 @@ Keys of the quantize tables: (format, n), else the format; plan tunings of the s
 """
 from __future__ import annotations
 
-# n -> (S, N1, N2) of the tensor-core split (n < 16: the register butterfly): the fastest timed on the H100 (v4-v5)
+# n -> (S, N1, N2) of the tensor-core split (n < 16: the register butterfly): the fastest timed on the H100
 SPLITS = {
     1: (1, 1, 16), 2: (1, 1, 16), 4: (1, 1, 16), 8: (1, 1, 16), 16: (1, 1, 16),
     32: (1, 1, 32), 64: (1, 1, 64), 128: (1, 1, 128),
@@ -17,7 +17,7 @@ SPLITS = {
 }
 MAX_N = max(SPLITS)
 
-# n -> (tile elements, warps, load stages, programs an SM), pointer path: the H100's fastest that compile well (v1-v5)
+# n -> (tile elements, warps, load stages, programs an SM), pointer path: the H100's fastest that compile well
 TUNING = {n: (4096, 8, 3, 4) for n in SPLITS} | {n: (16384, 8, 3, 1) for n in (16, 32, 64, 128)} | {
     256: (32768, 8, 3, 16), 512: (4096, 8, 3, 16), 1024: (8192, 8, 3, 16), 2048: (16384, 8, 3, 4),
     4096: (4096, 8, 5, 16), 8192: (8192, 8, 5, 4), 16384: (4096, 8, 3, 1), 32768: (4096, 8, 3, 1)}
@@ -32,7 +32,7 @@ SHARED_FITS = (
                  (256, False): dict(tile_elems=16384, num_stages=2), (32768, False): dict(num_stages=1)}),
 )
 
-# 16-bit n -> (the side through TMA descriptors, tuning over TUNING's): where TMA measured faster than pointers (v7)
+# 16-bit n -> (the side through TMA descriptors, tuning over TUNING's): where TMA measured faster than pointers
 TMA_TUNING = {
     256: ("load", dict(tile_elems=16384, waves=32)),
     512: ("both", dict(split=(1, 16, 32), tile_elems=8192, waves=32)),
@@ -43,9 +43,9 @@ TMA_TUNING = {
     16384: ("both", dict(split=(2, 128, 64), num_stages=4)),
     32768: ("both", dict(waves=2)),
 }
-TMA_MIN_ELEMENTS = 1 << 24  # below it the descriptors' host cost (50-830 us) outweighs TMA (v8)
+TMA_MIN_ELEMENTS = 1 << 24  # below it the descriptors' host cost (50-830 us) outweighs TMA
 
-# n on Hopper's Gluon kernel (gluon_kernels.py); n -> (ring stages, lookahead): the fastest timed (sessions 11, 18)
+# n on Hopper's Gluon kernel (gluon_kernels.py); n -> (ring stages, lookahead): the fastest timed
 GLUON_SIZES = (16384, 32768)
 GLUON_TUNING = {16384: (4, 0), 32768: (8, 4)}
 GLUON_STAGES = 4  # the ring's depth for a GLUON_SIZES n without a GLUON_TUNING entry
@@ -59,41 +59,41 @@ CPU_CHUNK_ELEMS = 1 << 22  # ... over chunks of rows of this many elements (16 M
 # m x 2^k rows in one program up to this many M_PAD x p float32 values (the pow2 kernel's largest row), else two passes
 KRON_MAX_TILE_ELEMS = 32768
 KRON_TILE_ELEMS = 8192  # a tile's elements where several rows fit (M_PAD < 64), as TUNING's
-KRON_MAX_ROWS = 4  # rows a batched tile at most: 4 ran 43-56% of copy where 2 or 8 ran 26-42% (H200, session 25)
-KRON_WARPS = 4  # the fused kernel's warps: 1.1-2.5x faster than 8 or 16 at every 12/20/28 x 2^k timed (session 25)
+KRON_MAX_ROWS = 4  # rows a batched tile at most: 4 ran 43-56% of copy where 2 or 8 ran 26-42% (H200)
+KRON_WARPS = 4  # the fused kernel's warps: 1.1-2.5x faster than 8 or 16 at every 12/20/28 x 2^k timed
 KRON_CHUNK_COLUMNS = 64  # the two-pass plan's column chunk
-KRON_WAVES = 4  # programs an SM of the persistent grid: 8 and 16 within 1% (session 25)
+KRON_WAVES = 4  # programs an SM of the persistent grid: 8 and 16 within 1%
 QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several rows fit
 
-# hadamard_quantize's pow2 plan by n over TUNING / TMA_TUNING's: the H100's fastest (session 26)
+# hadamard_quantize's pow2 plan by n over TUNING / TMA_TUNING's: the H100's fastest
 QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(num_warps=4)}
-# the pow2 quantize with PAIRS (hi a column pair at a time, bit-identical): 1.03-1.13x where on (s. 33; the rest 1.01x+)
+# the pow2 quantize with PAIRS (hi a column pair at a time, bit-identical): 1.03-1.13x where on (the rest 1.01x+)
 QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for n in (1024, 2048)},
                     ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
                     ("nvfp4", 32768): True}
-QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8 (s. 26)
+QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
-# the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64 (s. 29)
+# the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64
 KRON_WIDE_ROWS = {(172, 64): "pair"}
-# the m x 2^k transform's plan by (m, p), 16-bit: the H100's fastest at those shapes (session 26)
+# the m x 2^k transform's plan by (m, p), 16-bit: the H100's fastest at those shapes
 KRON_TUNING = {(28, 512): dict(num_stages=3), (12, 64): dict(num_stages=1), (20, 1024): dict(num_warps=8)}
-QUANT_KRON_TUNING = {14336: dict(num_warps=4)}  # the kron-tiled quantize at 14336: 4 warps 1.33x 8 (session 26)
-# the kron-tiled quantize's interleaved slices (2: one vector load a column): 2.2-3.7x where checked (session 27-28)
+QUANT_KRON_TUNING = {14336: dict(num_warps=4)}  # the kron-tiled quantize at 14336: 4 warps 1.33x 8
+# the kron-tiled quantize's interleaved slices (2: one vector load a column): 2.2-3.7x where checked
 QUANT_INTERLEAVE = {("mxfp4", 14336): 2, ("mxfp4", 28672): 2, ("mxfp4", 18944): 2, ("nvfp4", 14336): 2,
                     ("int4", 14336): 2, ("nvfp4", 28672): 2, ("int4", 28672): 2, ("nvfp4", 18944): 2}
-# the pow2 quantize's permuted second-product columns: 1.03-1.26x where on (session 28); int4 1.00-1.02x, off
+# the pow2 quantize's permuted second-product columns: 1.03-1.26x where on; int4 1.00-1.02x, off
 QUANT_PERM_COLUMNS = {"nvfp4": True, ("mxfp4", 2048): True, ("mxfp4", 32768): True}
-QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}  # the interleaved vector load by TMA: 1.10x there (session 28)
-# the tl "wide" quantize kernel for m > 64 (blocks of 64 sub-rows, K stopping at m): 1.16-1.66x the kron-tiled (s. 28)
+QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}  # the interleaved vector load by TMA: 1.10x there
+# the tl "wide" quantize kernel for m > 64 (blocks of 64 sub-rows, K stopping at m): 1.16-1.66x the kron-tiled
 QUANT_WIDE = {("fp8_e4m3", 11008): True, ("fp8_e4m3", 18944): True, ("int4", 11008): True, ("int8", 11008): True,
               ("mxfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 11008): True}
 QUANT_WIDE_ROWS = {}  # the wide plan's mixing 128 columns wide: untimed, off
 QUANT_WIDE_MB = 64  # the wide plan's output block of sub-rows
-QUANT_WIDE_KC = 64  # ... its mixing's K chunk: 16 ran 0.50x, 32 0.66x (session 28)
+QUANT_WIDE_KC = 64  # ... its mixing's K chunk: 16 ran 0.50x, 32 0.66x
 QUANT_WIDE_STAGES = 2
 QUANT_WIDE_J_OUTER = False  # block-scaled formats' blocks one at a time: untimed, off
 QUANT_K_STOP = {}  # the kron-tiled mixing stopping at m: untimed, off
-# (format, n) -> the wide plan's tuning: the one-warpgroup plan 1.30-1.61x at 11008 (session 29)
+# (format, n) -> the wide plan's tuning: the one-warpgroup plan 1.30-1.61x at 11008
 QUANT_WIDE_TUNING = {
     ("fp8_e4m3", 11008): dict(kc=64, num_stages=2, num_warps=4),
     ("fp8_e4m3", 18944): dict(kc=64, num_stages=2, mb=128),
@@ -102,46 +102,47 @@ QUANT_WIDE_TUNING = {
     ("mxfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2),
     ("mxfp4", 18944): dict(kc=64, num_stages=2, mb=128),
     ("nvfp4", 11008): dict(mb=64, kc=64, num_warps=4, num_stages=2)}
-# the Gluon wide kernel (m x 64, 128 < m <= 192; 148 x 128 by HALVES 2): checked, 1.4-3.5x the tl plans (sessions 30-31)
+# the Gluon wide kernel (m x 64, 128 < m <= 192; 148 x 128 by HALVES 2): checked, 1.4-3.5x the tl plans
 QUANT_GLUON_WIDE = {("fp8_e4m3", 11008): True, ("int8", 11008): True, ("mxfp4", 11008): True, ("nvfp4", 11008): True,
                     ("int4", 11008): True,
                     ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
                     ("int4", 18944): True}
-QUANT_GLUON_WIDE_STAGES = 2  # its ring's stages: one stage ran 0.86-0.97x (session 30)
-QUANT_GLUON_WIDE_TUNING = {}  # its stages / ahead / pingpong by (format, n): none faster (session 30)
-# the Gluon kron kernel (m <= 32 x 128..1024): checked, 1.19-2.53x the tl plans (session 31)
+QUANT_GLUON_WIDE_STAGES = 2  # its ring's stages: one stage ran 0.86-0.97x
+QUANT_GLUON_WIDE_TUNING = {}  # its stages / ahead / pingpong by (format, n): none faster
+# the Gluon kron kernel (m <= 32 x 128..1024): checked, 1.19-2.53x the tl plans
 QUANT_GLUON_KRON = {(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (14336, 28672)}
-QUANT_GLUON_KRON.update({("nvfp4", 14336): True, ("nvfp4", 28672): True})  # with SCALE_ONCE: 1.19x / 1.55x (s. 31)
+QUANT_GLUON_KRON.update({("nvfp4", 14336): True, ("nvfp4", 28672): True})  # with SCALE_ONCE: 1.19x / 1.55x
 QUANT_GLUON_KRON_STAGES = 2  # its ring's stages
-# (m, p), then (format, n) -> split / inside: the butterfly in registers beat INSIDE at 28 x 1024 (1.2-1.4x, s. 31-32)
+# (m, p), then (format, n) -> split / inside: the butterfly in registers beat INSIDE at 28 x 1024 (1.2-1.4x)
 QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=False)}
-# the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans (session 31)
+# the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans
 KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}
-QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-1.65x; mxfp4 0.98-1.05x, off (s. 31)
-# the wide kernel's last mixing K chunk cut at the 16-multiple past m: 1.03-1.16x where on (session 31)
+QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-1.65x; mxfp4 0.98-1.05x, off
+# the wide kernel's last mixing K chunk cut at the 16-multiple past m: 1.03-1.16x where on
 QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                      ("fp8_e4m3", 11008): True, ("int8", 11008): True}
-# 1 / sqrt(n) folded into the group maxima and reciprocals: on where >= 1.02x, checked (session 32)
+# 1 / sqrt(n) folded into the group maxima and reciprocals: on where >= 1.02x, checked
 QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
                     **{(f, 28672): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                     **{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (18944, 11008)}}
-# UNITS (each block's mixing once) at 148 x 128: int4 1.08x; with PAIRS fp8 1.40x, int8 1.37x, mxfp4 1.06x (s. 32-33)
+# UNITS (each block's mixing once) at 148 x 128: int4 1.08x; with PAIRS fp8 1.40x, int8 1.37x, mxfp4 1.06x
 QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True,
-                     ("nvfp4", 18944): True}  # nvfp4: with PERM (session 34)
-# the transform's Gluon tuning by (m, p): 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 PAIRS 1.12x, 28 x 1024 1.05x
+                     ("nvfp4", 18944): True}  # nvfp4: with PERM (1.13x)
+# the transform's Gluon tuning by (m, p), checked: 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 STREAM 1.32x, 28 x 1024
+# STREAM + PAIRS 1.07x (96-99% of copy)
 KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=True, nozero=True, clamp_lo=2),
                      (172, 64): dict(clamp_lo=2, stream=True, stages=2),
                      (28, 1024): dict(nozero=True, clamp_lo=2, stream=True)}
-# NOZERO (padded sub-rows unzeroed) and CLAMP_LO (the lo piece by one max): on where >= 1.03x, checked (sessions 32-33)
+# NOZERO (padded sub-rows unzeroed) and CLAMP_LO (the lo piece by one max): on where >= 1.03x, checked
 _NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True, ("mxfp4", 28672): True,
           ("mxfp4", 11008): True, ("nvfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
           ("int4", 28672): True}
 QUANT_GLUON_NOZERO = dict(_NZ_CL)
-# CLAMP_LO 2 (PAIRS, bit-identical): 1.04-1.24x where on; 28672's other formats 0.74-0.83x (more spilled) (session 33)
+# CLAMP_LO 2 (PAIRS, bit-identical): 1.04-1.24x where on; 28672's other formats 0.74-0.83x (more spilled)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
-# PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.09x where on; elsewhere 0.73-1.02x (s. 33)
 QUANT_GLUON_E2M1_PAIRS = {}  # mxfp4 / nvfp4 codes a column pair at a time (the same bytes): untimed, off
+# PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.13x where on; elsewhere 0.73-1.02x
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
 

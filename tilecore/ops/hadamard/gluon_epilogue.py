@@ -1,5 +1,5 @@
-"""hadamard_quantize's epilogue on the Gluon kernels (gluon_quantize_wide.py, gluon_quantize_kron.py; issue 32,
-session 32's D4: one copy for both): the codes and scales of [64, 64] float32 blocks in the wgmma accumulator layout
+"""hadamard_quantize's epilogue on the Gluon kernels (gluon_quantize_wide.py, gluon_quantize_kron.py; issue 32:
+one copy for both): the codes and scales of [64, 64] float32 blocks in the wgmma accumulator layout
 (a thread holds column pairs 2i, 2i + 1 of two sub-rows), in quantize_kernels' FAST arithmetic (y times the group's
 reciprocal; fp8 by cvt.rn.satfinite, ints by cvt.rni, e2m1 by the exponent-made magic number; nvfp4's scale by
 Markstein divisions and cvt e4m3).
@@ -141,7 +141,7 @@ def _pack(code, ROWS: gl.constexpr, COLS: gl.constexpr):
 
 @gluon.jit
 def relabel(y):
-    """PERM (session 33): a [R, 64] block of the second product by the column-permuted H_64 (gluon_operand's perm: its
+    """PERM: a [R, 64] block of the second product by the column-permuted H_64 (gluon_operand's perm: its
     column c = 8 j + 2 q + b is H_64's column 16 q + 2 j + b, so the wgmma accumulator's column c holds output
     16 q + 2 j + b) relabelled into the outputs' order: [R, 8 (j), 4 (q), 2 (b)] -> [R, 4, 8, 2]. A thread (q its lane
     mod 4) then holds 16 consecutive outputs of its sub-rows: no data moves."""
@@ -155,11 +155,11 @@ LO_FLOOR: gl.constexpr = gl.constexpr(-2.0**120)  # pieces' CLAMP: below any fin
 @gluon.jit
 def pieces(x, CLAMP: gl.constexpr):
     """float32 ``x`` as hi + lo, two bf16 tiles (the second product's A: kernels.py's accuracy design). Without CLAMP,
-    tiles.hadamard.bf16_pieces (lo 0 where hi holds x whole: a compare and a select a value). CLAMP (session 32):
+    tiles.hadamard.bf16_pieces (lo 0 where hi holds x whole: a compare and a select a value). CLAMP:
     lo = max(x - h, -2^120), one max a value: the same lo for every finite x (x - h is exact and above -2^119); for an
     infinite x, x - h is NaN and max returns -2^120, finite, so the product stays the infinity hi makes it (64 terms of
     2^120 are far from float32's overflow). CLAMP == 2: the same pieces, hi's pairs converted once (below)."""
-    if CLAMP == 2:  # PAIRS (session 33): a column pair's hi by one cvt.rn.bf16x2 and its float32 values by a shift and a
+    if CLAMP == 2:  # PAIRS: a column pair's hi by one cvt.rn.bf16x2 and its float32 values by a shift and a
         # mask of that word, in one asm block: Triton's x.to(bf16) then hi.to(float32) made ptxas split the conversion
         # into two F2F and a PRMT, then unpack it by two IMAD.U32 (5 instructions a pair against 3). Bit-identical.
         hi, h = gl.inline_asm_elementwise(

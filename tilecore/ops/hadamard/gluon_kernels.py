@@ -15,7 +15,7 @@ All three operands +-H_64 sit in shared memory, resident (loaded once per progra
 the input's dtype for the first product, H_64 in bf16 for the second. Each consumer's chain is
 software-pipelined by one slice: while slice s's first product runs on the tensor cores, slice s-1's
 second product is added to the outputs. Before that a row's chain of wgmma waits bounded the kernel;
-now its memory pattern does (notes/hadamard/README.md, session 11). The error analysis is kernels.py's: the
+now its memory pattern does (notes/hadamard/README.md). The error analysis is kernels.py's: the
 final rounding to the output dtype is the only one that matters. Each consumer then writes its S
 output blocks into one staging buffer and issues their TMA stores back to back, so a row's stores
 never wait for each other.

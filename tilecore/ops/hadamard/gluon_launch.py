@@ -1,5 +1,5 @@
 """The launches of hadamard_quantize's Gluon kernels (gluon_quantize_wide.py, gluon_quantize_kron.py) and the plain
-transform on their STORE format (issue 32; moved here in session 32 from quantize.py).
+transform on their STORE format (issue 32).
 
 Here, beside the kernels and below both callers, so that neither reaches the other: quantize.py imports kron.py for
 its m x 2^k plans and launches the kernels through ``launch``; kron.py's "gluon" transform plan runs
@@ -74,9 +74,9 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
     128 < m <= 192, and m x 128: HALVES 2) first, then the kron one (m <= 32 x p = 128..1024). Tuning: stages, waves,
     ktrim, units, store2 (the wide kernel's: STORE2 stages two blocks at a time, so that two ring stages fit), split,
     inside (the kron one's; defaults configs.gluon_kron_tuning's), nozero, clamp_lo, perm (the wide kernel at m x 64:
-    H_64's columns permuted, session 33), stream (the wide kernel at m x 64: each block stored from compute through two
+    H_64's columns permuted), stream (the wide kernel at m x 64: each block stored from compute through two
     staging slots, so that two ring stages fit; the kron one with four blocks a consumer: the butterfly's top level by
-    the mixing's signs, two blocks live, each stored from compute; session 34)."""
+    the mixing's signs, two blocks live, each stored from compute)."""
     from tilecore.ops.hadamard import gluon_quantize_kron as gk
     from tilecore.ops.hadamard import gluon_quantize_wide as gw
 

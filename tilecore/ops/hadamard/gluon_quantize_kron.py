@@ -1,5 +1,5 @@
 """hadamard_quantize (and the plain transform) at the model widths n = m x p with m <= 32 and p = 128..1024 on
-Hopper (issue 32, session 31): Llama-3-8B / Mistral-7B's 14336 = 28 x 512, Llama-3-70B's 28672 = 28 x 1024; 12 and
+Hopper (issue 32): Llama-3-8B / Mistral-7B's 14336 = 28 x 512, Llama-3-70B's 28672 = 28 x 1024; 12 and
 20 x 2^k too. A kernel of the tiles template (tilecore.tiles.gluon.pipeline), plan path "gluon_kron" (quantize.py),
 off by default (configs.QUANT_GLUON_KRON) until a GPU run checks it.
 

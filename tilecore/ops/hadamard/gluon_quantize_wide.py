@@ -1,10 +1,10 @@
-"""hadamard_quantize at the wide model widths on Hopper (issue 32, session 30): rows of n = m x 64 with
+"""hadamard_quantize at the wide model widths on Hopper (issue 32): rows of n = m x 64 with
 128 < m <= 192 (Llama-2-7B's 11008 = 172 x 64; QuaRot's 140, 148, 156 x 64), 16-bit inputs, as a kernel of
 the tiles template (tilecore.tiles.gluon.pipeline). The plan path "gluon_wide" (quantize.py); off by default
 (configs.QUANT_GLUON_WIDE) until a GPU run checks it.
 
 Why: the tl wide kernel (quantize_wide.py) ran the same products at ~280 effective TFLOPS, 16-44% of copy
-at 11008 (notes/hadamard, sessions 28-29): Triton fetches H_m's chunks from L2 for every row and keeps one
+at 11008 (notes/hadamard): Triton fetches H_m's chunks from L2 for every row and keeps one
 row in flight a program. Here H_m stays in shared memory for the whole program and the rows stream in by TMA.
 
 A row is m sub-rows of 64: X [m, 64], Y = rscale H_m X H_64 (H_m zero-padded to 192 x 192). A tile is two
@@ -100,7 +100,7 @@ class WideQuantize:
     CLAMP_LO: gl.constexpr  # the second product's lo piece by one max, not a compare and a select (epilogue.pieces)
     STORE2: gl.constexpr  # UNITS STORE: two staging slots a consumer (two ring stages fit), consumer 0's J 0 in compute
     PERM: gl.constexpr  # H_64's columns permuted (gluon_operand perm), blocks relabelled (epilogue.relabel): HALVES 1;
-    # HALVES 2 with UNITS for groups of <= 64 (session 34: the codes made in _unit from relabelled blocks)
+    # HALVES 2 with UNITS for groups of <= 64 (the codes made in _unit from relabelled blocks)
     STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
     E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
 
@@ -242,7 +242,7 @@ class WideQuantize:
 
     @gluon.jit
     def _stream(self, ctx, y, tile, J: gl.constexpr):
-        """STREAM (HALVES 1, STORE; session 34): block J's values stored as soon as made, through two staging slots
+        """STREAM (HALVES 1, STORE): block J's values stored as soon as made, through two staging slots
         (blocks 0 and 2 slot 0, block 1 slot 1): three slots a consumer with two ring stages would pass shared memory
         (80 KiB resident + 2 x 48 ring + 2 x 24) and a staging buffer's block count is a power of two; four (the
         default) fit one stage only. Block 0 waits for the previous row's stores to have read both slots, block 2 for

@@ -62,7 +62,7 @@ def _load_slice(x, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N
 
 @triton.jit
 def _pairs_dot(a, b):
-    """PIECES == -2 (PAIRS, session 33): a @ b with float32 ``a`` as two bf16 pieces, dot_split's, hi made a column
+    """PIECES == -2 (PAIRS): a @ b with float32 ``a`` as two bf16 pieces, dot_split's, hi made a column
     pair at a time by one cvt.rn.bf16x2 and its float32 values by a shift and a mask of that word, in one asm block
     (Triton's a.to(bf16) then hi.to(float32) made ptxas split each pair's conversion into two F2F and a PRMT, then
     unpack it by two IMAD.U32); lo as dot_split's remainder. The same pieces: bit-identical products."""

@@ -121,7 +121,7 @@ def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpr
         if not tuning.get("tile_elems"):
             B = min(B, configs.KRON_MAX_ROWS)
         # 4 warps measured fastest at every m < 64 timed, 32768-value rows included (they spill there, and
-        # 16 warps ran 3-10% slower; notes/hadamard/README.md, session 25); M_PAD 256 as before (untimed)
+        # 16 warps ran 3-10% slower; notes/hadamard/README.md); M_PAD 256 as before (untimed)
         elems = B * m_pad * Q * S
         warps = tuning.get("num_warps") or (configs.KRON_WARPS if m_pad < 64 else
                                              16 if elems >= 32768 else 8 if elems >= 8192 else 4)

@@ -152,8 +152,7 @@ def gluon_plan(x: torch.Tensor, *, stages: int | None = None, lookahead: int | N
 def gluon_programs(rows: int, num_sms: int) -> int:
     """The Gluon kernel's grid with rows dealt round-robin: a program per SM, or up to 4% fewer where
     that fills the last round of rows better (a row is a program's whole tile, so a last round of a few
-    rows keeps those SMs busy while the rest idle: 0.7-0.8% at 8,192 rows, notes/hadamard/README.md,
-    session 11)."""
+    rows keeps those SMs busy while the rest idle: 0.7-0.8% at 8,192 rows, notes/hadamard/README.md)."""
     if rows <= num_sms:
         return rows
 

@@ -309,7 +309,7 @@ def _valid_only(y, M: tl.constexpr, M_PAD: tl.constexpr, P: tl.constexpr, Q: tl.
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Interleaved slices (session 27, plan tuning "interleave"; kernels_kron.slice_offsets' IL): slice t holds
+# Interleaved slices (plan tuning "interleave"; kernels_kron.slice_offsets' IL): slice t holds
 # the columns q S + t of every sub-row, so output column c S + s of a sub-row is column c of slice s. A thread
 # then holds, for each of its (sub-row, c), the S consecutive outputs c S .. c S + S - 1 (one in each slice):
 # a group of G consecutive outputs is G / S consecutive columns of every slice (nvfp4 at S = 8: the two columns

@@ -1,11 +1,11 @@
 """hadamard_quantize's kernel for rows of n = m x p with a wide Hadamard order m > 64 (QuaRot's 108, 140,
-148, 156, 172: Llama-2-7B's 11008 = 172 x 64, Qwen2-7B's 18944 = 148 x 128), issue 32 (session 28).
+148, 156, 172: Llama-2-7B's 11008 = 172 x 64, Qwen2-7B's 18944 = 148 x 128), issue 32.
 
 Why a kernel of its own: quantize_kernels.rotate_quantize_kernel mixes the m sub-rows as one [M_PAD, Q]
 tile, M_PAD the power of two >= m: at m = 172 that is H_256 X over 4 chunks of 64 columns of H, 256 x 256
 multiply-adds a column where 172 x 172 are needed (2.2x the mixing's work), and the second product H_Q
 runs on 256 sub-rows of which 172 are real (1.5x). The transform and every format ran at 9-25% of copy
-there (session 28, H100), fp8 included: the work, not the epilogue.
+there (H100), fp8 included: the work, not the epilogue.
 
 Here a row's output sub-rows are NB = cdiv(m, MB) blocks of MB (64: 192 at m = 172) and the mixing's K
 runs over NK = cdiv(m, KC) chunks of KC sub-rows (16: 176), so H_m X costs 192 x 176 a column (1.94x less

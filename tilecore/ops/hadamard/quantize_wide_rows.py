@@ -1,4 +1,4 @@
-"""hadamard_quantize's wide kernel with the mixing product 128 columns wide (issue 32, session 29): the "wide_rows"
+"""hadamard_quantize's wide kernel with the mixing product 128 columns wide (issue 32): the "wide_rows"
 path, for n = m x 2^k with m > 64 and 64-wide slices (11008 = 172 x 64, 18944 = 148 x 128).
 
 Why: quantize_wide.wide_quantize_kernel mixes one row's [KC, Q = 64] chunk at a time, so each product is a
