@@ -372,8 +372,24 @@ def s35_timed():
     return cases
 
 
+def s35b_timed():
+    """Session 35, batch 2: PAIRS on the tl pow2 kernel where session 33 left it untimed (8192, 16384 every format; 512
+    the 4-bit ones; checked against float64 in run 4 of session 34), against the shipped plans, bytes compared
+    (PAIRS is bit-identical by construction)."""
+    from tilecore.ops.hadamard import configs
+
+    cases = []
+    for n, fmts in ((8192, FORMATS), (16384, FORMATS), (512, ("mxfp4", "nvfp4", "int4"))):
+        for fmt in fmts:
+            if (fmt, n) not in configs.QUANT_POW2_PAIRS:
+                cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", {"pairs": True})]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s35b":
+        return s35b_timed()
     if SET == "s35":
         return s35_timed()
     if SET == "s34c":
@@ -478,11 +494,13 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
+    if SET == "s35b":  # the checks' kernels are the timed ones
+        cases = timed_cases(quick)
     if SET == "s35":  # the waves cases run the shipped kernels; the checks' kernels are the timed ones
         cases = [c for c in timed_cases(quick) if not c[3].startswith("waves")]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(14 if SET == "s35" else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(14 if SET in ("s35", "s35b") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -497,6 +515,8 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
+    if SET == "s35b":  # PAIRS at 8192 (int8: the one format session 34's run 4 did not check there)
+        return [("int8", 8192, {}, "bfloat16", {"pairs": True}), ("int4", 16384, {}, "bfloat16", {"pairs": True})]
     if SET == "s35":  # E2M1_PAIRS against float64 (the timed cases' bytes are compared with the shipped plan's too)
         ep = {"e2m1_pairs": True}
         return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", ep),
@@ -661,7 +681,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
@@ -708,7 +728,7 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
-    if SET == "s35":  # no transform changed (28 x 1024's shipped plan is what s34c checked)
+    if SET in ("s35", "s35b"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
         cases = []
     if SET == "s34c":  # the kron kernel's STREAM + PAIRS at 28 x 1024: odd rows, in place, H_m^T
         ks = {"stream": True, "clamp_lo": 2}
@@ -843,7 +863,7 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
@@ -914,7 +934,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b"))
     a = ap.parse_args()
     global SET
     SET = a.set
@@ -934,7 +954,7 @@ def main():
     phases = a.phases.split(",")
     try:
         if "warm" in phases:
-            phase_warm(result, t0 + (0.5 if SET == "s35" else 0.45) * a.budget, a.quick)
+            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b") else 0.45) * a.budget, a.quick)
             result["warm_s"] = round(time.time() - t0, 1)
             save()
         if "check" in phases:
