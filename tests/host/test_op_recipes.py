@@ -254,6 +254,55 @@ def test_linear_attention_step_recipe_gives_the_plain_calls_bits(monkeypatch, ca
     clear()
 
 
+@pytest.mark.parametrize("case", ["plain", "grad", "scalar decay grad", "states", "channel decay"])
+def test_linear_attention_tl_forward_recipe_gives_the_plain_calls_bits(monkeypatch, case):
+    """linear_attention's tl forward kept per launch key (launch.TlForward, session 35): every call after the key's
+    first launches through it (eager, and recording a gradient: its own key), with the plain calls' bits for the
+    output, the final state and the gradients; per-channel decay (its GL keyword tensor) keeps forward_call."""
+    from tilecore.ops.linear_attention import launch as la_launch, op as la_op
+
+    def clear():
+        for cache in (la_op._CHECKED, la_op._PLANS, la_launch._TL_FORWARDS, la_launch._GLUON_FITS):
+            cache.clear()
+
+    clear()
+    served = []
+    call = la_launch.TlForward.__call__
+    monkeypatch.setattr(la_launch.TlForward, "__call__", lambda self, *a: served.append(1) or call(self, *a))
+    torch.manual_seed(4)
+    B, N, H, D = 1, 40, 2, 16
+    grad = "grad" in case
+    calls = []
+    for _ in range(3):
+        q, k, v = (torch.randn(B, N, H, D, dtype=torch.float16) for _ in range(3))
+        g = {"scalar decay grad": lambda: -torch.rand(B, N, H), "channel decay": lambda: -torch.rand(B, N, H, D)
+             }.get(case, lambda: None)()
+        h0 = torch.randn(B, H, D, D) if case == "states" else None
+        calls.append((q, k, v, g, h0, torch.randn(B, N, H, D, dtype=torch.float16)))
+    runs = []
+    for sig in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(la_op, "signature", sig)
+        outs = []
+        for q, k, v, g, h0, do in calls:
+            leaves = [t.clone().requires_grad_(grad) if t is not None else None for t in (q, k, v, g)]
+            y = la_op.linear_attention(*leaves[:3], decay=leaves[3], initial_state=h0,
+                                       return_final_state=case == "states")
+            o = y[0] if isinstance(y, tuple) else y
+            outs += [o.detach()] + ([y[1]] if isinstance(y, tuple) else [])
+            if grad:
+                o.backward(do)
+                outs += [t.grad for t in leaves if t is not None]
+        runs.append(outs)
+        if sig is _cpu_signature:
+            kept = [entry[0] for entry in la_launch._TL_FORWARDS._data.values()]
+            if case == "channel decay":
+                assert kept == [False] and not served
+            else:
+                assert [type(r) for r in kept] == [la_launch.TlForward] and len(served) == len(calls) - 1
+    assert all(a.shape == c.shape and a.dtype == c.dtype and torch.equal(a, c) for a, c in zip(*runs))
+    clear()
+
+
 # ---- linear_attention's GluonForward (the Gluon kernel cannot run here: its launcher recorded, the recipe against
 # gluon_forward_keyed's own launch)
 
@@ -382,10 +431,12 @@ def test_attention_gluon_recipe_refused_for_split_boxes_and_off(monkeypatch):
         tiles_launch.keep_op_recipes(True)
 
 
-@pytest.mark.parametrize("case", ["ln", "rms prenorm residual"])
+@pytest.mark.parametrize("case", ["ln", "rms", "rms prenorm residual", "rms create_graph"])
 def test_norm_recipe_on_the_recorded_gradient_path(monkeypatch, case):
     """layer_norm recording a gradient (tiles.eager's Function) launches through the key's NormForward.outputs from
-    its second call: outputs and every gradient the plain calls' bits."""
+    its second call: outputs and every gradient the plain calls' bits. The recipe's outputs have None for an unstored
+    h and RMSNorm's mean (the general path: empty tensors); "create_graph": the backward through the backward op
+    (tiles.eager.backward_call's op path, whose schema takes the mean as Optional)."""
     from tilecore.ops.norm import launch as norm_launch, op as norm_op
 
     for cache in (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS):
@@ -410,8 +461,8 @@ def test_norm_recipe_on_the_recorded_gradient_path(monkeypatch, case):
                                    residual=leaves[3] if res is not None else None, rms="rms" in case,
                                    prenorm="prenorm" in case)
             y = y[0] + y[1].to(y[0].dtype) if isinstance(y, tuple) else y
-            y.backward(g)
-            outs += [y.detach()] + [t.grad for t in leaves if t.grad is not None]
+            y.backward(g, create_graph="create_graph" in case)
+            outs += [y.detach()] + [t.grad.detach() for t in leaves if t.grad is not None]
         runs.append(outs)
         if sig is _cpu_signature:
             assert len(served) == len(xs) - 1

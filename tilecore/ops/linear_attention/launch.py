@@ -25,6 +25,7 @@ _STEP = CachedLaunch(kernels_tl.la_step_kernel)
 _GLUON_FORWARD = CachedLaunch(gluon_forward.la_fwd_gluon_kernel)
 _GLUON_BASED = CachedLaunch(gluon_based.based_fwd_gluon_kernel)
 _GLUON_FITS = LRU(256)  # (a call's launch key, keep_linear) -> (the Gluon forward fits, Based's Gluon forward fits)
+_TL_FORWARDS = LRU(256)  # a call's launch key -> its TlForward (False: forward_call each call), after its first launch
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
 
@@ -92,9 +93,42 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
     o_lin = torch.empty(B, N, H, Dv, dtype=torch.float32, device=v.device) if keep_linear else None
     ht = torch.empty(B, H, Fdim, Dv, dtype=torch.float32, device=v.device) if final_state else None
     if B * H > 0:
-        _, grid, args, kw = forward_call(plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale, feature)
-        _FORWARD.run(key, grid, args, kw)
+        recipe = _TL_FORWARDS.get(key) if key is not None and tiles_launch.OP_RECIPES else None
+        if recipe:  # the key's kept launch (its second call on): no argument tuple or options rebuilt
+            recipe(q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale)
+        else:
+            _, grid, args, kw = forward_call(plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale, feature)
+            _FORWARD.run(key, grid, args, kw)
+            if recipe is None and key is not None and tiles_launch.OP_RECIPES:
+                _TL_FORWARDS.put(key, TlForward.of(plan, grid, args, kw, key))
     return o.to(out_dtype), ht, o_lin
+
+
+class TlForward:
+    """The tl forward kernel's launch for one launch key (issue 31's host time): its KeyedLaunch, and the arguments
+    the key fixes (every stride, the sizes, the value blocks: functions of the inputs' signature; o, ht and o_lin are
+    fresh contiguous tensors of the key's shapes), made from forward_call's first launch of the key. A call passes
+    the tensors and scale as forward_call would (v in place of an absent input, o in place of an absent output).
+    ``of``: False for per-channel decay (its GL tensor is a keyword argument) and the interpreter's float32 upcast
+    (the inputs converted each call)."""
+
+    __slots__ = ("launch", "tail", "blocks")
+
+    TENSORS = 11  # forward_call's tensor arguments, before the strides and sizes
+
+    @classmethod
+    def of(cls, plan: Plan, grid, args: tuple, kw: dict, key):
+        if "GL" in kw or plan.config["upcast"]:
+            return False
+        self = cls()
+        self.launch = KeyedLaunch(_FORWARD, key, grid, kw)
+        self.tail, self.blocks = args[cls.TENSORS:-2], args[-1]  # (then scale, the value blocks)
+        return self
+
+    def __call__(self, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scale: float) -> None:
+        self.launch((q, k, v, v if g is None else g, v if beta is None else beta, v if d_skip is None else d_skip,
+                     v if z is None else z, v if h0 is None else h0, o, o if o_lin is None else o_lin,
+                     o if ht is None else ht, *self.tail, scale, self.blocks))
 
 
 def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int):

@@ -132,16 +132,16 @@ class NormForward:
 
     def outputs(self, x2, weight, bias, res2, seed):
         """forward(...)'s (y, h, mean, rstd) for the (rows, n) matrices op._rows made (the recorded-gradient path,
-        which saves them): y and h (rows, n), the empty h and mean where forward makes them empty."""
+        which saves them): y and h (rows, n); None for h where it is not stored and for RMSNorm's mean, where forward
+        makes them empty (two allocations fewer, and two outputs fewer for autograd to wrap: issue 31's host time)."""
         device, rows = self.device, self.rows
         y = torch.empty(x2.shape, dtype=self.dtype, device=device)
-        h = torch.empty(x2.shape if self.store_h else (0,), dtype=self.h_dtype, device=device)
-        mean = torch.empty(0 if self.rms else rows, dtype=torch.float32, device=device)
+        h = torch.empty(x2.shape, dtype=self.h_dtype, device=device) if self.store_h else None
+        mean = None if self.rms else torch.empty(rows, dtype=torch.float32, device=device)
         rstd = torch.empty(rows, dtype=torch.float32, device=device)
-        mean_arg = None if self.rms else mean
         if self.stats is not None:
-            self.stats((x2, res2, mean_arg, rstd, seed, *self.stats_tail))
-        self.forward((x2, res2, weight, bias, y, h if self.store_h else None, mean_arg, rstd, seed, *self.forward_tail))
+            self.stats((x2, res2, mean, rstd, seed, *self.stats_tail))
+        self.forward((x2, res2, weight, bias, y, h, mean, rstd, seed, *self.forward_tail))
         return y, h, mean, rstd
 
 

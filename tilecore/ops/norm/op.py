@@ -136,7 +136,8 @@ def _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, d
 @torch.library.custom_op("tilecore::layer_norm_backward", mutates_args=())
 def _backward_op(dy: torch.Tensor, x: Optional[torch.Tensor], residual: Optional[torch.Tensor],
                  h: Optional[torch.Tensor], weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                 mean: torch.Tensor, rstd: torch.Tensor, seed: Optional[torch.Tensor], dh_out: Optional[torch.Tensor],
+                 mean: Optional[torch.Tensor], rstd: torch.Tensor, seed: Optional[torch.Tensor],
+                 dh_out: Optional[torch.Tensor],
                  dropout_p: float, rms: bool, x_dtype: torch.dtype, h_dtype: torch.dtype,
                  store_dres: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, dropout_p, rms, x_dtype,
