@@ -16,8 +16,9 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
     PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--set r3 | r2] [--budget 140] [--quick]
 
 --set s34 (session 34): BALANCE and PERM under UNITS at 18944 against the shipped plans, ~66 s on an H100.
---set s35 (session 35): E2M1_PAIRS against the shipped plans at 18944 / 28672, 4-bit n = 128 with more programs an
-SM; 4 float64 checks, bytes compared with the shipped plan's.
+--set s35 (session 35): PAIRS on the pow2 kernel at 8192 / 16384, 4-bit n = 128 with more programs an SM, E2M1_PAIRS at
+18944 / 28672, against the shipped plans; 3 float64 checks, bytes compared with the shipped plan's. --set s35b: PAIRS at
+512 (4-bit).
 """
 import argparse
 import json
@@ -357,29 +358,36 @@ def s34c_timed():
 
 
 def s35_timed():
-    """Session 35: E2M1_PAIRS (mxfp4 / nvfp4 codes a column pair at a time, the same bytes) against the shipped plans
-    at 18944 and 28672; the pow2 kernel's 4-bit rows at n = 128 with 2 and 4 programs an SM (shipped: 1), and
-    4 programs of a quarter of the tile on 4 warps ("small4")."""
+    """Session 35, batch 1, by priority: PAIRS on the tl pow2 kernel where session 33 left it untimed (8192, 16384 every
+    format; checked against float64 in run 4 of session 34; bit-identical by construction); the pow2 kernel's 4-bit rows
+    at n = 128 (one program an SM shipped) with 2 and 4 programs an SM and a quarter tile on 4 warps ("small4");
+    E2M1_PAIRS (mxfp4 / nvfp4 codes a column pair at a time, the same bytes) at 18944 and 28672. Against the shipped
+    plans, bytes compared."""
+    from tilecore.ops.hadamard import configs
+
     cases = []
-    for n in (18944, 28672):
-        for fmt in ("mxfp4", "nvfp4"):
-            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "e2m1_pairs", {"e2m1_pairs": True})]
+    for n in (8192, 16384):
+        for fmt in FORMATS:
+            if (fmt, n) not in configs.QUANT_POW2_PAIRS:
+                cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", {"pairs": True})]
     for fmt in ("mxfp4", "nvfp4", "int4"):
         cases += [("q", fmt, 128, "shipped", {}), ("q", fmt, 128, "waves2", {"waves": 2}),
                   ("q", fmt, 128, "waves4", {"waves": 4})]
         if fmt != "int4":
             cases.append(("q", fmt, 128, "small4", {"tile_elems": 4096, "num_warps": 4, "waves": 4}))
+    for n in (18944, 28672):
+        for fmt in ("mxfp4", "nvfp4"):
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "e2m1_pairs", {"e2m1_pairs": True})]
     return cases
 
 
 def s35b_timed():
-    """Session 35, batch 2: PAIRS on the tl pow2 kernel where session 33 left it untimed (8192, 16384 every format; 512
-    the 4-bit ones; checked against float64 in run 4 of session 34), against the shipped plans, bytes compared
-    (PAIRS is bit-identical by construction)."""
+    """Session 35, batch 2: PAIRS on the tl pow2 kernel at 512 for the 4-bit formats (checked against float64 in run 4
+    of session 34), against the shipped plans, bytes compared (PAIRS is bit-identical by construction)."""
     from tilecore.ops.hadamard import configs
 
     cases = []
-    for n, fmts in ((8192, FORMATS), (16384, FORMATS), (512, ("mxfp4", "nvfp4", "int4"))):
+    for n, fmts in ((512, ("mxfp4", "nvfp4", "int4")),):
         for fmt in fmts:
             if (fmt, n) not in configs.QUANT_POW2_PAIRS:
                 cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", {"pairs": True})]
@@ -496,8 +504,10 @@ def phase_warm(result, deadline, quick):
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
     if SET == "s35b":  # the checks' kernels are the timed ones
         cases = timed_cases(quick)
-    if SET == "s35":  # the waves cases run the shipped kernels; the checks' kernels are the timed ones
+    if SET == "s35":  # the waves cases run the shipped kernels; the checks' kernels are the timed ones; the Gluon
+        # kernels (slowest to compile) first
         cases = [c for c in timed_cases(quick) if not c[3].startswith("waves")]
+        cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
     with ctx.Pool(min(14 if SET in ("s35", "s35b") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
@@ -515,12 +525,13 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
-    if SET == "s35b":  # PAIRS at 8192 (int8: the one format session 34's run 4 did not check there)
-        return [("int8", 8192, {}, "bfloat16", {"pairs": True}), ("int4", 16384, {}, "bfloat16", {"pairs": True})]
-    if SET == "s35":  # E2M1_PAIRS against float64 (the timed cases' bytes are compared with the shipped plan's too)
+    if SET == "s35b":  # PAIRS at 512 (int4 fp16 checked in run 4 of session 34)
+        return [("mxfp4", 512, {}, "bfloat16", {"pairs": True})]
+    if SET == "s35":  # E2M1_PAIRS and PAIRS at 8192 (int8: not checked there before) against float64 (the timed cases'
+        # bytes are compared with the shipped plan's too)
         ep = {"e2m1_pairs": True}
         return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", ep),
-                ("mxfp4", 28672, {}, "bfloat16", ep), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", ep)]
+                ("int8", 8192, {}, "bfloat16", {"pairs": True})]
     if SET == "s34b":  # the flipped 18944 plans (shipped) and PAIRS at the pow2 n it is new at, against float64
         return [("mxfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {}),
                 ("nvfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "float16", {}),
@@ -681,7 +692,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
