@@ -369,29 +369,54 @@ def test_value_loop_never_one_constexpr_block(D):
         assert kw["DYN"] is True
 
 
-@pytest.mark.parametrize("N, Dk, Dv, flat", [(70, 24, 40, 3), (100, 32, 32, 2)])
-def test_dqk_flat_chunks_a_program(N, Dk, Dv, flat):
+@pytest.mark.parametrize("N, Dk, Dv, flat, tma", [(70, 24, 40, 3, False), (100, 32, 32, 2, False),
+                                                 (96, 32, 32, 2, True), (96, 32, 32, 4, True)])
+def test_dqk_flat_chunks_a_program(N, Dk, Dv, flat, tma):
     """dqk_flat: the dqk common launch by ``flat`` consecutive chunks a program (gla_dqk_flat_kernel, one loop over
     them, whole-chunk trips) with dqk_form 3's math, chunks of 16 and key blocks of 16. fp16 weak decays with Dk 24 /
     Dv 40 (partial key and value blocks: EVEN off) and N 70 (5 chunks: a last group of 2 at flat 3, a partial last
     chunk), an initial state and a final state's gradient: dq / dk / dv within 2.5x the rounding floor, dg, dh0 at
     fp16's relative error; float32 strong decays with a reset and a -1e30 channel (flagged blocks: the fallback's
     launch writes them again) at Dk = Dv = 32 (EVEN on): float32 noise, dg 0 where the floor clamped. Both times the
-    gradients equal the shipped launch's to rounding, and the launch is the flat kernel's."""
-    blocks = dict(BT=16, BKB=16, dqk_VB=16, KD=16, BV=16, dqk_form=3)
-    opts = _dqk_launch_options(32, **dict(blocks, dqk_flat=flat))
-    assert opts[0]["CPP"] == flat and opts[0]["EVEN"] is True and "CPP" not in opts[1]
+    gradients equal the shipped launch's to rounding, and the launch is the flat kernel's. tma (dqk_flat_tma): its
+    loads by tensor descriptors on 2-D views, taken only where N is a multiple of the chunk (N 96: 6 chunks, groups of
+    2 / 4 with a last group of 2; fp16 and float32 both)."""
+    blocks = dict(BT=16, BKB=16, dqk_VB=16, KD=16, BV=16, dqk_form=3, dqk_flat=flat, dqk_flat_tma=tma)
+    opts = _dqk_launch_options(32, **blocks)  # N 256: a multiple of the chunk
+    assert opts[0]["CPP"] == flat and opts[0]["EVEN"] is True and opts[0]["TMA"] is tma and "CPP" not in opts[1]
+    base_blocks = dict(blocks, dqk_flat=0, dqk_flat_tma=False)
     torch.manual_seed(N)
+    if tma:
+        q, k, v, g, s0 = make(1, N, 2, 2, Dk, Dv, dtype=F16, decay="channel", h0=True)
+        do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+        _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+        got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
+        for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+            assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
+        base = run_chunked(q, k, v, g, s0, do, dht, st.float(), **base_blocks)
+        for name, x, y in zip(("dq", "dk", "dv", "dg"), got, base):
+            assert accuracy.rel_rms(x, y) < 2e-3, (name, accuracy.rel_rms(x, y))
+        q, k, v, g, _ = make(1, N, 2, 2, Dk, Dv, dtype=F32, decay="channel", strong=True)
+        g[:, N // 2, :, :4] = float("-inf")
+        do, dht = torch.randn(v.shape), torch.randn(1, 2, Dk, Dv)
+        _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+        got = run_chunked(q, k, v, g, None, do, dht, None, **blocks)
+        for name, x, r in zip(("dq", "dk", "dv"), got[:3], ref):
+            assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
+        live = g >= -100
+        assert (got[3][~live] == 0).all()
+        assert accuracy.rel_rms(got[3][live], ref[3][live]) < 2e-4
+        return
     if Dk != Dv:
         q, k, v, g, s0 = make(1, N, 1, 1, Dk, Dv, dtype=F16, decay="channel", h0=True)
         do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
         _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-        got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dqk_flat=flat, **blocks)
+        got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
         for name, x, r in zip(("dq", "dk", "dv"), got, ref):
             assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
         assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
         assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
-        base = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
+        base = run_chunked(q, k, v, g, s0, do, dht, st.float(), **base_blocks)
         tol = 2e-3
     else:
         q, k, v, g, _ = make(1, N, 1, 1, Dk, Dv, dtype=F32, decay="channel", strong=True)
@@ -399,13 +424,13 @@ def test_dqk_flat_chunks_a_program(N, Dk, Dv, flat):
         g[:, 3, :, 5] = -1e30
         do, dht = torch.randn(v.shape), torch.randn(1, 1, Dk, Dv)
         _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
-        got = run_chunked(q, k, v, g, None, do, dht, None, dqk_flat=flat, **blocks)
+        got = run_chunked(q, k, v, g, None, do, dht, None, **blocks)
         for name, x, r in zip(("dq", "dk", "dv"), got[:3], ref):
             assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
         live = g >= -100
         assert (got[3][~live] == 0).all()
         assert accuracy.rel_rms(got[3][live], ref[3][live]) < 2e-4
-        base = run_chunked(q, k, v, g, None, do, dht, None, **blocks)
+        base = run_chunked(q, k, v, g, None, do, dht, None, **base_blocks)
         tol = 1e-6
     for name, x, y in zip(("dq", "dk", "dv", "dg"), got, base):
         assert accuracy.rel_rms(x, y) < tol, (name, accuracy.rel_rms(x, y))

@@ -52,6 +52,7 @@ CHUNKED = dict(
     dv_form=5,  # one reduction a key block, two exp tiles, no branch on the flags
     g_pre=False,  # the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: slower walk
     dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, one pipelined loop of (chunk, value block) trips
+    dqk_flat_tma=False,  # with dqk_flat: its loads by tensor descriptors (TMA) where every input allows
     dqk_l2_ahead=0,  # n > 0: each dqk program (dqk_form's common launch) prefetches program pid + n's tiles into L2
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)

@@ -734,7 +734,7 @@ def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG,
                         sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS, GROUPS,
                         BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, CPP: tl.constexpr,
                         MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, DOTSCAN: tl.constexpr,
-                        EVEN: tl.constexpr = False):
+                        EVEN: tl.constexpr = False, TMA: tl.constexpr = False):
     """The dqk kernel's common launch (gla_dqk_kernel WIDE 1 with dqk_form 3's math) with CPP consecutive chunks a
     program through ONE loop over them, each trip a whole chunk (every value column: v, do [BT, BVF], S_c, dS_c [BKB,
     BVF]), so that Triton's pipeliner (num_stages) has the next chunk's tiles in flight (cp.async into shared memory)
@@ -746,7 +746,9 @@ def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG,
     key blocks fastest. FLAG[(bh NT + c) KBLOCKS + key block] is gla_dqk_kernel's (the fallback's launch reads it).
     The trip count is a run-time value (no one-trip loop folded into straight-line code, decision 84). EVEN: Dv = BVF
     and BKB divides Dk (the launcher's), so the loads are masked by token alone (no [BKB, BVF] column masks carried
-    through the loop)."""
+    through the loop). TMA (with EVEN, N a multiple of BT): every load by a tensor descriptor (Q, K, V, G, DO as (B N,
+    H D) with blocks [BT, BKB or BVF]; HS, DHS as (B H NT Dk, Dv) with blocks [BKB, BVF]): no pointer tiles at all
+    (the pointer path's loop-invariant column offsets, hoisted out of the loop, stay live through the chain)."""
     pid = tl.program_id(0)
     kblock = pid % KBLOCKS
     grp = (pid // KBLOCKS) % GROUPS
@@ -766,18 +768,30 @@ def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG,
     c_first = grp * CPP
     for c in range(c_first, tl.minimum(NT, c_first + CPP)):
         t0 = c * BT
-        v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
-        do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
-        if EVEN:  # c < NT: the state buffers' block is whole
-            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV))  # [BKB, BVF]
-            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV))
+        if TMA:  # N a multiple of BT: a chunk's rows never cross into the next batch
+            row = (bh // H) * N + t0
+            col = (bh % H) * DK + kblock * BKB
+            v = V.load([row, (bh % H) * DV])  # [BT, BVF]
+            do = DO.load([row, (bh % H) * DV])
+            srow = (bh * NT + c) * DK + kblock * BKB
+            hs = HS.load([srow, 0])  # [BKB, BVF]
+            dhs = DHS.load([srow, 0])
+            g = G.load([row, col]).to(tl.float32)  # [BT, BKB]
+            q = Q.load([row, col])
+            k = K.load([row, col])
         else:
-            ok = k_ok[:, None] & v_ok[None, :]
-            hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
-            dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
-        g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, kc_ok, N, sgn, sgd).to(tl.float32)  # [BT, BKB]
-        q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, kc_ok, N, sqn, sqd)
-        k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, kc_ok, N, skn, skd)
+            v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
+            do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
+            if EVEN:  # c < NT: the state buffers' block is whole
+                hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV))  # [BKB, BVF]
+                dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV))
+            else:
+                ok = k_ok[:, None] & v_ok[None, :]
+                hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
+                dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
+            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, kc_ok, N, sgn, sgd).to(tl.float32)  # [BT, BKB]
+            q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, kc_ok, N, sqn, sqd)
+            k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, kc_ok, N, skn, skd)
         a = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)
         dqs = _dot(do.to(MMA), tl.trans(hs), IEEE)
         dks = _dot(v.to(MMA), tl.trans(dhs), IEEE)
@@ -1021,6 +1035,21 @@ def gradient_buffers(out: dict | None, upcast: bool, q, k, v, h0, name: str):
     return dq, dk, dv, dg, dh0
 
 
+def _tma_ready(tensors) -> bool:
+    """Every tensor can back a TMA descriptor on its 2-D view (q, k, v, g, do (B, N, H, D) as (B N, H D): heads
+    consecutive in a token's row, tokens in a batch's; states (B, H, NT, Dk, Dv) contiguous), its base and row stride
+    16-byte aligned."""
+    for t in tensors:
+        if t.dim() == 5:
+            ok = t.is_contiguous()
+        else:
+            B, N, H, D = t.shape
+            ok = t.stride(3) == 1 and t.stride(2) == D and t.stride(0) == N * t.stride(1)
+        if not ok or t.data_ptr() % 16 or (t.stride(-2) * t.element_size()) % 16:
+            return False
+    return True
+
+
 def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | None = None, steps: list | None = None,
              **overrides):
     """(dq, dk, dv, dg, None, dh0), as kernels_backward_gla.backward (the same contract: dq, dk, dv in the inputs'
@@ -1128,14 +1157,26 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         # dqk_flat where dqk_form 3's common launch runs (the value loop, lean, dg_local, the fallback apart)
         flat = cfg["dqk_flat"] if (form == 3 and not g_pre and not cfg["split"]) else 0
         for part, wide in dqk:
-            if flat and wide == 1:  # the common launch by CPP chunks a program (one loop of chunk x value block trips)
+            if flat and wide == 1:  # the common launch by CPP chunks a program (one loop over them)
                 groups = -(-NT // flat)
+                even = Dv == BVF and Dk % BKB == 0
+                ins = (q, k, v, g, do, hs, dhs)
+                tma = bool(cfg["dqk_flat_tma"] and even and N % BT == 0 and _tma_ready(ins))
+                if tma:  # the loads by tensor descriptors (TMA on the GPU) on 2-D views
+                    from triton.tools.tensor_descriptor import TensorDescriptor
+
+                    def desc(t, rows, cols):
+                        t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
+                        return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
+
+                    ins = (desc(q, BT, BKB), desc(k, BT, BKB), desc(v, BT, BVF), desc(g, BT, BKB), desc(do, BT, BVF),
+                           desc(hs, BKB, BVF), desc(dhs, BKB, BVF))
                 calls.append(("dqk0w", gla_dqk_flat_kernel, (B * H * groups * kblocks,), (
-                    q, k, v, g, do, hs, dhs, dq, dk, dg, flag, *q.stride(), *k.stride(), *v.stride(), *g_strides,
+                    *ins[:5], ins[5], ins[6], dq, dk, dg, flag, *q.stride(), *k.stride(), *v.stride(), *g_strides,
                     *do.stride(), N, H, Dk, Dv, NT, scale, kblocks, groups),
                     dict(BT=BT, BKB=BKB, BVF=BVF, CPP=flat, MMA=mma, IEEE=ieee, SPLIT=False,
                          DOTSCAN=1 if dispatch.interpreted(dev) else 3, num_warps=cfg["dqk_warps"],
-                         num_stages=cfg["dqk_stages"] or cfg["stages"], EVEN=Dv == BVF and Dk % BKB == 0,
+                         num_stages=cfg["dqk_stages"] or cfg["stages"], EVEN=even, TMA=tma,
                          **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] else {}))))
                 continue
             grid = (-(-programs // group),) if wide == 2 else (programs,)
