@@ -129,9 +129,8 @@ print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)),
 def test_order3_two_warpgroups_compile_for_hopper(n, kg, g1):
     """WARPGROUPS 2 (session 35): two warpgroups (8 warps, the second a warp_specialize worker) on one pair's T, ordered
     by two mbarriers of two arrivals each (one a warpgroup, each arriving once a pair at each); one program a
-    multiprocessor fits (16384: T 128 KiB once, each warpgroup its own DFT matrices and staging tiles); the ptxas spill
-    is bounded (values that live across the partitions: the wgmma descriptors of the resident matrices, reloaded a few
-    times a pair, not in the chunk loop's products)."""
+    multiprocessor fits (16384: T 128 KiB once, each warpgroup its own DFT matrices and staging tiles); no spill (the
+    pair's scales read by blocks of 64 columns: the whole pair at once spilled beside the partitions' live-ins)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", CODE_WG, str(n), str(kg), str(g1)], capture_output=True, text=True,
                        env=env, timeout=600)
@@ -140,7 +139,7 @@ def test_order3_two_warpgroups_compile_for_hopper(n, kg, g1):
     assert row["wgmma"] and not row["wgmma_serialized"] and row["mbarrier"] and row["threads"] == 256, row
     assert row["arrives"] >= 2 and row["waits"] >= 2 and row["inits"] == ["2", "2"], row
     assert row["shared"] <= 227 * 1024 and max(row["regs"]) <= 256, row
-    assert row["spill_stores"] <= 128 and row["spill_loads"] <= 128, row
+    assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
     # each warpgroup: its half of 1a's and 1'a's A2 columns (4 wgmmas each), the chunk loop's 4 complex products
     a2 = gluon_order3.factors(n)[2]
     assert row["mmas"] >= 2 * (a2 * 4 + 4 * 4), row

@@ -33,7 +33,7 @@ torch: gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be int
 """
 from triton.experimental import gluon
 
-from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inverse_stages, _load_raw,
+from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inverse_stages, _load_raw, _max4,
                                                  _resident, _scaled_both, _spectrum_issue, _walk)
 from tilecore.tiles.gluon import struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
@@ -228,6 +228,31 @@ def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.
 
 
 @gluon.jit
+def _pair_scales(U, b_re, batch, row_re, row_im, B: gl.constexpr, HALF: gl.constexpr, COLS: gl.constexpr,
+                 io: gl.constexpr):
+    """(scale_re, bad_re, scale_im, bad_im) of a pair's two sequences as _scaled_both gives them (each one's largest
+    |u| over its finite elements, 1 where that is 0, and whether it holds a non-finite element), read COLS columns of
+    the [B, HALF] view at a time: fewer registers live than the whole sequences at once (the same values: a max is
+    exact)."""
+    m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    a = gl.arange(0, COLS, layout=gl.SliceLayout(0, io))
+    base = gl.expand_dims(a, 0) * B + gl.expand_dims(m, 1)
+    for c in gl.static_range(HALF // COLS):
+        xre = _load_raw(U, b_re, batch, row_re, base + c * COLS * B).to(gl.float32)
+        xim = _load_raw(U, b_re + 1, batch, row_im, base + c * COLS * B).to(gl.float32)
+        fre = gl.abs(xre) < float("inf")  # False for NaN and +-inf
+        fim = gl.abs(xim) < float("inf")
+        part = gl.reduce((gl.where(fre, gl.abs(xre), 0.0), gl.where(fre, 0.0, 1.0), gl.where(fim, gl.abs(xim), 0.0),
+                          gl.where(fim, 0.0, 1.0)), 1, _max4)
+        part = gl.reduce(part, 0, _max4)
+        if c == 0:
+            are, bre, aim, bim = part
+        else:
+            are, bre, aim, bim = _max4(are, bre, aim, bim, *part)
+    return gl.where(are > 0, are, 1.0), bre > 0, gl.where(aim > 0, aim, 1.0), bim > 0
+
+
+@gluon.jit
 def _both_arrived(bars, which: gl.constexpr, phase, PARTS: gl.constexpr):
     """WARPGROUPS 2: this warpgroup's shared-memory writes done (its own barrier), then barrier ``which`` arrived at
     (one arrival a warpgroup) and waited for: both warpgroups' writes are visible; else this warpgroup's barrier."""
@@ -378,8 +403,11 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         b_re = 2 * (w % groups)
         row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh
         row_im = row_re + stride_ub
-        _, scale_re, bad_re, _, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
-                                                                _load_raw(U, b_re + 1, batch, row_im, seq))
+        if PARTS == 2:  # (by blocks of columns: the whole pair at once spilled beside the partitions' live-ins)
+            scale_re, bad_re, scale_im, bad_im = _pair_scales(U, b_re, batch, row_re, row_im, B, HALF, 64, io)
+        else:
+            _, scale_re, bad_re, _, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
+                                                                    _load_raw(U, b_re + 1, batch, row_im, seq))
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
