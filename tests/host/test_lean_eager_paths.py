@@ -52,3 +52,50 @@ def test_signature_keys_scalars_and_refuses_what_it_cannot_key():
     x = torch.randn(3)
     assert signature(x) is None and signature(object()) is None and signature([1]) is None
     assert signature(x.as_subclass(type("Sub", (torch.Tensor,), {}))) is None
+
+
+def _cpu_signature(*items):
+    out = []
+    for t in items:
+        if isinstance(t, torch.Tensor):
+            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+        elif t is None or isinstance(t, (bool, int, float, str)):
+            out.append(t)
+        else:
+            return None
+    return tuple(out)
+
+
+def test_one_look_at_the_modes_a_keyed_call(monkeypatch):
+    """Session 35 (issue 31's host time): a keyed layer_norm call recording a gradient (the key's recipe kept) and an
+    fft_conv call recording one ask dispatch.eager_mode once each (they asked twice, fft_conv three times where the
+    key's plain call had kept its recipe: run 2's profile), with the same outputs and gradients as without a key."""
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.norm import op as norm_op
+
+    asked = []
+    mode = dispatch.eager_mode
+    monkeypatch.setattr(dispatch, "eager_mode", lambda *t: asked.append(1) or mode(*t))
+    torch.manual_seed(1)
+    x, w = torch.randn(4, 32, dtype=torch.float16), torch.randn(32, dtype=torch.float16)
+    u, k = torch.randn(2, 4, 256, dtype=torch.float16), torch.randn(4, 256)
+    runs = []
+    for sig in (_cpu_signature, lambda *items: None):
+        monkeypatch.setattr(norm_op, "signature", sig)
+        monkeypatch.setattr(fft_op, "signature", sig)
+        for cache in (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, fft_op._CHECKED, fft_op._PLANS):
+            cache.clear()
+        outs = []
+        for call in range(3):
+            xg, wg, ug, kg = (t.clone().requires_grad_() for t in (x, w, u, k))
+            asked.clear()
+            y = tilecore.layer_norm(xg, wg, rms=True)
+            if sig is _cpu_signature and call:  # (the key's first call keeps the recipe; later ones use it)
+                assert len(asked) == 1, asked
+            asked.clear()
+            z = tilecore.fft_conv(ug, kg)
+            assert len(asked) == 1, asked
+            (y.float().sum() + z.float().sum()).backward()
+            outs += [y.detach(), z.detach(), xg.grad, wg.grad, ug.grad, kg.grad]
+        runs.append(outs)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

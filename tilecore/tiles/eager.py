@@ -70,14 +70,15 @@ def apply(function: type, *args):
     return super(torch.autograd.Function, function).apply(*args)
 
 
-def run(op, impl: Callable, function: type, *args, tensors=None, key=None):
+def run(op, impl: Callable, function: type, *args, tensors=None, key=None, mode=None):
     """``op(*args)``, the same through ``impl`` (nothing to record) or ``function`` (a gradient to
     record) where the call is plain eager; ``tensors``: the arguments that decide (default: every
     tensor among ``args``). ``key``: the call's launch key (its signature, tiles.launch.signature, with
     what else its plan reads), handed to ``impl`` as ``key=`` on the eager paths: the implementation's
     plan cache and keyed launches (CachedLaunch.launch_keyed) use it; None: the plain calls."""
-    mode = dispatch.eager_mode(*(tensors if tensors is not None else
-                                 [a for a in args if isinstance(a, torch.Tensor)]))
+    if mode is None:  # (``mode``: the caller's dispatch.eager_mode of the same tensors, where it has it)
+        mode = dispatch.eager_mode(*(tensors if tensors is not None else
+                                     [a for a in args if isinstance(a, torch.Tensor)]))
     if mode == "direct":
         return impl(*args) if key is None else impl(*args, key=key)
     if mode == "autograd":

@@ -44,6 +44,11 @@ def filter_spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
     if k.dim() != 2 or not 1 <= k.shape[1] <= n:
         raise ValueError(f"filter_spectrum: k must be (channels, filter_len) with 1 <= filter_len <= n = {n}; got "
                          f"shape {tuple(k.shape)}")
+    return _spectrum(k, n)
+
+
+def _spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
+    """filter_spectrum without its checks (k checked by fft_conv's): the same call, the same bits."""
     return torch.fft.rfft(k.float(), n=2 * n)
 
 
@@ -149,7 +154,7 @@ _spectrum_op.register_autograd(_spectrum_backward, setup_context=_spectrum_setup
 
 
 def _filter_impl(u, k, key=None):
-    return _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
+    return _conv_impl(u, _spectrum(k, u.shape[-1]), False, key=key)
 
 
 @torch.library.custom_op("tilecore::fft_conv", mutates_args=())
@@ -188,7 +193,7 @@ def _filter_backward(ctx, dy):
     u, k = ctx.saved_tensors
     n = u.shape[-1]
     need_du, need_dk = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    spectrum = filter_spectrum(k, n)
+    spectrum = _spectrum(k, n)
     torch_du = need_du and plan(n, u.device, u.dtype).path == "torch"
     dk_launch = dk_plan(n, u.device, u.dtype, k.dtype) if need_dk else None  # (chosen once, handed to the launch)
     kernel_dk = dk_launch is not None
@@ -239,26 +244,27 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     and 4096 (the pair kernel's), elsewhere torch.fft's (float32).
     """
     key = _CALL_KEY(u, k)
+    mode = dispatch.eager_mode(u, k)  # (one look at the modes a call: issue 31's host time)
     if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
         prepared = _GLUON_CONVS.get(key)
-        if prepared and dispatch.plain_eager(u, k) and not (prepared.given and k.is_conj()):
+        if prepared and mode == "direct" and not (prepared.given and k.is_conj()):
             return prepared(u, k)
     _CHECKED.memo(key, lambda: check(u, k) or True)
     # eager: the implementation, or its autograd Function where a gradient is recorded; torch.compile,
     # fake tensors, modes: the ops
     if k.is_complex():
-        if dispatch.plain_eager(u, k):
+        if mode == "direct":
             y = _conv_impl(u, k, False, key=key)
             if key is not None and tiles_launch.BIND_KEYED_LAUNCHES and key not in _GLUON_CONVS:
                 _GLUON_CONVS.put(key, _GluonConv.of(key, u, k, y))
             return y
-        return eager.run(_spectrum_op, _conv_impl, _SpectrumFunction, u, k, False, key=key)
-    if dispatch.plain_eager(u, k):
-        y = _conv_impl(u, filter_spectrum(k, u.shape[-1]), False, key=key)
+        return eager.run(_spectrum_op, _conv_impl, _SpectrumFunction, u, k, False, key=key, mode=mode)
+    if mode == "direct":
+        y = _conv_impl(u, _spectrum(k, u.shape[-1]), False, key=key)
         if key is not None and tiles_launch.BIND_KEYED_LAUNCHES and key not in _GLUON_CONVS:
             _GLUON_CONVS.put(key, _GluonConv.of(key, u, k, y))
         return y
-    return eager.run(_filter_op, _filter_impl, _FilterFunction, u, k, key=key)
+    return eager.run(_filter_op, _filter_impl, _FilterFunction, u, k, key=key, mode=mode)
 
 
 class _GluonConv:

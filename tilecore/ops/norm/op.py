@@ -218,18 +218,22 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     # the kernels (keyed launches): the host time of an eager call (issue 31)
     key = _CALL_KEY(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
         if generator is None else None
+    mode = None
     if key is not None and tiles_launch.OP_RECIPES:  # the key's kept launches (its second call on): no checks, plan
         prepared = _FORWARDS.get(key)
-        if prepared and dispatch.eager_mode(x, weight, bias, residual) == "direct":
-            y, h = prepared(x, weight, bias, residual, draw_seed(None, x.device) if dropout_p > 0 else None)
-            return (y, h if h is not None else x) if prenorm else y
+        if prepared:
+            mode = dispatch.eager_mode(x, weight, bias, residual)
+            if mode == "direct":
+                y, h = prepared(x, weight, bias, residual, draw_seed(None, x.device) if dropout_p > 0 else None)
+                return (y, h if h is not None else x) if prenorm else y
     dropout_p, eps = _CHECKED.memo(key, lambda: check(x, weight, bias, residual, dropout_p, eps, generator))
     n = x.shape[-1]
     x2, res2 = _rows(x, n), _rows(residual, n)
     seed = draw_seed(generator, x.device) if dropout_p > 0 else None
     store_h = bool(prenorm) and (residual is not None or seed is not None)
     args = (x2, weight, bias, res2, seed, dropout_p, eps, bool(rms), store_h)
-    mode = dispatch.eager_mode(x2, weight, bias, res2)
+    if mode is None:  # (x2 and res2 are x's and the residual's views or copies: the same mode as theirs)
+        mode = dispatch.eager_mode(x2, weight, bias, res2)
     if mode == "direct":  # nothing kept for a backward: the empty h and mean not made (lean)
         y, h, _, _ = _forward_impl(*args, key=key, lean=True)
     elif mode == "autograd":
