@@ -8,8 +8,8 @@ and 8192 (shipped: order 3 at two programs a SM); at 4096 the order-2 chunked ke
 
 Per candidate (a configs.GLUON_ORDER3 tuple, or at 4096 a configs.GLUON_ONEPASS one), in order, each printed as it
 lands:
-* at the sizes --op names, the op with the tuple patched in (tilecore.tiles.switches.patched on the configs): fft_conv(u,
-  k) three times at B16 H16 (the same bits each call), y and the backward's du (the correlation: the kernel with CONJ)
+* at the sizes --op names, the op with the tuple patched in (tilecore.tiles.switches.patched on the configs):
+  fft_conv(u, k) three times at B16 H16 (the same bits each call), y and the backward's du (the correlation: the kernel with CONJ)
   against float64 (error / the rounding floor), the op's outputs checked finite (written whole);
 * an odd batch with a NaN sequence (B5 H3, through launch.launch, y started as NaN): that sequence all NaN,
   every other finite and at the floor;
@@ -184,7 +184,8 @@ def main() -> int:
     for n in sizes:
         ok &= size(n)
         save(ok)
-    print(f"\nchecks: {'all ok' if ok else 'FAILURES'}; B16 H768 bf16, do_bench medians, {torch.cuda.get_device_name()}")
+    device = torch.cuda.get_device_name()
+    print(f"\nchecks: {'all ok' if ok else 'FAILURES'}; B16 H768 bf16, do_bench medians, {device}")
     print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11} {'% copy':>7}")
     for row in table:
         print(f"{row['n']:>6} {row['what']:>32} {row['ms']:8.4f} {row.get('speedup', 0):11.2f} "
