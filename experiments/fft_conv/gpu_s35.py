@@ -9,8 +9,8 @@ and 8192 (shipped: order 3 at two programs a SM); at 4096 the order-2 chunked ke
 Per candidate (a configs.GLUON_ORDER3 tuple, or at 4096 a configs.GLUON_ONEPASS one), in order, each printed as it
 lands:
 * at the sizes --op names, the op with the tuple patched in (tilecore.tiles.switches.patched on the configs):
-  fft_conv(u, k) three times at B16 H16 (the same bits each call), y and the backward's du (the correlation: the kernel with CONJ)
-  against float64 (error / the rounding floor), the op's outputs checked finite (written whole);
+  fft_conv(u, k) three times at B16 H16 (the same bits each call), y and the backward's du (the correlation: the
+  kernel with CONJ) against float64 (error / the rounding floor), the op's outputs checked finite (written whole);
 * an odd batch with a NaN sequence (B5 H3, through launch.launch, y started as NaN): that sequence all NaN,
   every other finite and at the floor;
 * B16 H768 bf16 (the filter's spectrum precomputed): the shipped op, the candidate's launch, the shipped op again,
