@@ -36,7 +36,9 @@ def test_e4m3_formats_take_torchs_ops_where_triton_has_no_e4m3(name):
         for fmt, f in FORMATS.items():
             plan = hq.plan_quantize(_x(), fmt, f.default_group, None, True, False, False)
             torch_ops = plan.path == "cpu"
-            assert torch_ops == (no_e4m3 and fmt in hq.E4M3_FORMATS), (name, fmt, plan.path)
+            # (and int8 / int4 on ROCm: their libdevice rounding, session 35; test_fitted_configs.py)
+            want = (no_e4m3 and fmt in hq.E4M3_FORMATS) or (target.rocm and fmt in hq.LIBDEVICE_FORMATS)
+            assert torch_ops == want, (name, fmt, plan.path)
 
 
 # Recording and compiling need Triton's compiled-mode kernels: a fresh process without TRITON_INTERPRET (the tests
