@@ -69,10 +69,6 @@ VARIANTS = {
     "lean+beta_log": dict(lean=True, beta_log=True),
     "lean+beta_log+late": dict(lean=True, beta_log=True, update_late=True),
     "lean+beta_log+q_reg": dict(lean=True, beta_log=True, q_reg=True),
-    # session 35 (gpu_mamba_s35.py): SHARE_QK (C B^T once a tile, handed from consumer 0 to consumer 1), over LEAN
-    "share_qk": dict(share_qk=True),
-    "share_qk+late": dict(share_qk=True, update_late=True),
-    "share_qk_alt": dict(share_qk_alt=True),  # (the consumers take turns making it)
 }
 # (label, B, N, H, dtype, h0, A's range (lo, hi))
 CHECKS = [("bf16 h0 N 1000", 2, 1000, 8, "bf16", True, (-8.5, -0.5)),

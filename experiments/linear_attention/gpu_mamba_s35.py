@@ -1,9 +1,8 @@
 """Session 35 (issue 33, helper HB): one job of <= 60 s, every variant checked against float64 before it is timed.
 
 * Mamba-2 2.7B (B16 H80 N4096, headdim 64, d_state 128, one group; the kernel alone on prepared arguments, as
-  gpu_mamba_s32 launches it): the shipped kernel against SHARE_QK (gluon_forward: the tile's two heads read one C/B
-  head, so consumer 0 makes Q K^T = C B^T and hands it to consumer 1 through shared memory; consumer 1's scores are
-  the same bits) alone and with UPDATE_LATE, and SHARE_QK 2 (the consumers take turns making it). Checks (gpu_mamba_s32's, each variant in a process of its own that
+  gpu_mamba_s32 launches it): the shipped kernel (call 2 of session 35 also timed SHARE_QK, C B^T made by one
+  consumer and handed to the other, in three forms: 0.86-0.92x, removed after it: decision 102). Checks (gpu_mamba_s32's, each variant in a process of its own that
   also compiles it at the timed shape): bf16 / fp16 with h0 N 1000, N 33, strong decays; o and the final state
   NaN-poisoned, error over the rounding floor. Then interleaved rounds, the napkin's bound and the copy.
 * Hedgehog (d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad): the public op's fwd and fwd+bwd as shipped against
@@ -43,8 +42,7 @@ gm.OUT = Path("/tmp/hb_s35_scratch")  # (gpu_mamba_s32's own JSON to scratch)
 gm.WARM_DEADLINE = 34.0  # (gm.warm's deadline counts from gm.START: this process's start too)
 CONFIRM = "--confirm" in sys.argv
 RESULTS: dict = {"check": [], "hedgehog": {}, "mamba": {}, "errors": [], "warm": []}
-# (the variants are gpu_mamba_s32.VARIANTS' "share_qk" and "share_qk+late": its checking processes import it afresh)
-MAMBA = ["shipped", "share_qk"] if CONFIRM else ["shipped", "share_qk", "share_qk_alt", "share_qk+late"]
+MAMBA = ["shipped"]
 # Hedgehog rows: name -> (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X)
 N32 = dict(BKB=32, BV=32, BKQ=32)
 # (sm_90a at d64: the dQ kernel's 166 registers at BKQ 32 fit 3 programs an SM: 512 are 1.3 waves, so BKQ 64 beside)

@@ -56,7 +56,7 @@ def test_the_kernel_defaults_them_off():
 def test_configs_turn_them_on_by_whether_beta_is_given(monkeypatch):
     monkeypatch.setattr(configs, "GLUON_S32", {True: ("lean", "update_late")})
     assert gluon_forward.s32_flags(True) == dict(d_early=False, lean=True, update_late=True, q_reg=False,
-                                                 beta_log=False, share_qk=False, share_qk_alt=False)
+                                                 beta_log=False)
     assert not any(gluon_forward.s32_flags(False).values())
 
 

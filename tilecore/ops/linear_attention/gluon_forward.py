@@ -34,7 +34,7 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon import (Layout, join_n, ring, run, split_n, stage_struct, store_block, struct, wgmma_layout,
                                   wgmma_lhs_layout)
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
@@ -182,9 +182,6 @@ class LinearAttentionForward:
     wv_smem: object  # [2, BT, BV] (OVERLAP: [4, ..]): each consumer's weighted values (B operands of K^T V, P V)
     bv_smem: object  # LEAN with EARLY_WV and beta: [2, BT, BV], each consumer's beta V in an allocation of its own (the
     # barrier analysis then puts no bar.sync between its stores and wv's); else wv_smem (unused)
-    qk_smem: object  # SHARE_QK: [BT, BT] float32, consumer 0's Q K^T for consumer 1; else wv_smem (unused)
-    qk_full: object  # SHARE_QK: [1, 1] mbarrier, consumer 0 wrote qk_smem; else wv_smem (unused)
-    qk_empty: object  # SHARE_QK: [1, 1] mbarrier, consumer 1 read it; else wv_smem (unused)
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -218,9 +215,6 @@ class LinearAttentionForward:
     BETA_LOG: gl.constexpr  # (LEAN with beta and EARLY_WV) the stage's beta holds Gb = G - log2(beta scale) (the host's
     # ``beta_log``): P's column factor 2^(G_i - Gb_j) carries beta and the scale, the update's 2^(G_last - Gb_j) / scale
     # beta: no beta V (P V reads v from the stage)
-    SHARE_QK: gl.constexpr  # both units of every tile read one q/k head (the host checks): Q K^T made by one consumer,
-    # handed to the other through qk_smem (a one-buffer handoff on qk_full / qk_empty): 1 consumer 0 makes it every
-    # chunk, 2 the consumers take turns (consumer ring step % 2)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -489,8 +483,6 @@ class LinearAttentionForward:
             # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
             if self.PROBE & PROBE_NO_INTRA:
                 s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
-            elif self.SHARE_QK:
-                s = self.shared_scores(q_a, k, c, ctx.ring_step)
             else:
                 s = warpgroup_mma(q_a, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
                                   use_acc=False)
@@ -601,32 +593,6 @@ class LinearAttentionForward:
         return walk
 
     @gluon.jit
-    def shared_scores(self, q, k, c: gl.constexpr, i):
-        """SHARE_QK: the chunk's Q K^T [BT, BT] float32 made once for the tile's two units (they read the same q and
-        k): the maker (consumer 0; SHARE_QK 2: consumer i % 2) by its wgmma, stored to qk_smem once the other has
-        read ring step i - 1's; the other loads it (the same bits). Each step completes one phase of each mbarrier
-        whoever makes it, so the waits' parities are the step's. Each arrive follows a bar.sync of the arriving
-        warpgroup (the arrive's lowering): every thread's store (load) is done before the other side passes."""
-        if self.SHARE_QK == 2:
-            s = self.scores_turn(q, k, (i % 2) == c, i)
-        else:
-            s = self.scores_turn(q, k, c == 0, i)
-        return s
-
-    @gluon.jit
-    def scores_turn(self, q, k, make, i):
-        if make:
-            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
-            mbarrier.wait(self.qk_empty.index(0), (i & 1) ^ 1)  # (passes at once at ring step 0)
-            self.qk_smem.store(s)
-            mbarrier.arrive(self.qk_full.index(0))
-        else:
-            mbarrier.wait(self.qk_full.index(0), i & 1)
-            s = self.qk_smem.load(self.SL)
-            mbarrier.arrive(self.qk_empty.index(0))
-        return s
-
-    @gluon.jit
     def wait(self, ctx, walk):
         return walk
 
@@ -648,8 +614,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False,
                         SILU_TANH: gl.constexpr = False, EXP2_FMA: gl.constexpr = 0, PROBE: gl.constexpr = 0,
                         D_EARLY: gl.constexpr = False, LEAN: gl.constexpr = False, UPDATE_LATE: gl.constexpr = False,
-                        Q_REG: gl.constexpr = False, BETA_LOG: gl.constexpr = False,
-                        SHARE_QK: gl.constexpr = False):
+                        Q_REG: gl.constexpr = False, BETA_LOG: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
     a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
@@ -662,9 +627,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe. Session 32 (not with OVERLAP, PROBE): D_EARLY
     (with EARLY_WV and D) D v from the chunk's first v load, added with Q S's row scale; LEAN (with G_STAGE, not
     FACTORED / EXP2_FMA) one causal select on P and, with beta, the scale on beta V; UPDATE_LATE (with EARLY_WV, not
-    ASYNC_UPDATE) P V and the update async, the update's wait after o's store; Q_REG q as the register operand.
-    SHARE_QK (not with OVERLAP, PROBE; the host passes it only where both units of every tile read one q/k head):
-    Q K^T by consumer 0 alone, handed to consumer 1 through shared memory."""
+    ASYNC_UPDATE) P V and the update async, the update's wait after o's store; Q_REG q as the register operand."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -683,21 +646,9 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     if SPLIT_BV:
         bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
     gl.static_assert(not (G_STAGE and PREFETCH), "G_STAGE replaces PREFETCH's G loads")
-    SHARE_QK_ON: gl.constexpr = SHARE_QK if not OVERLAP and PROBE == 0 else 0
-    qk_smem = wv_smem
-    qk_full = wv_smem
-    qk_empty = wv_smem
-    if SHARE_QK_ON:
-        qk_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=32, rank=2))
-        qk_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        qk_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(qk_full.index(0), count=1)
-        mbarrier.init(qk_empty.index(0), count=1)
     op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
-                                stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, qk_smem, qk_full, qk_empty,
-                                BT, BK, BV, DECAY, HAS_BETA,
+                                stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, BT, BK, BV, DECAY, HAS_BETA,
                                 HAS_D, HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
                                 FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
                                 ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE,
@@ -705,8 +656,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 D_EARLY and EARLY_WV and DECAY and HAS_D and not OVERLAP and PROBE == 0,
                                 LEAN_ON,
                                 UPDATE_LATE and EARLY_WV and DECAY and not ASYNC_UPDATE and not OVERLAP and PROBE == 0,
-                                Q_REG and not OVERLAP and (PROBE & PROBE_NO_INTRA) == 0, BETA_LOG_ON, SHARE_QK_ON, SL,
-                                STL, PL)
+                                Q_REG and not OVERLAP and (PROBE & PROBE_NO_INTRA) == 0, BETA_LOG_ON, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -729,9 +679,6 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # tensor: B1 with two units compiled to a CompilationError, H100 run 7)
     num_tiles = gl.program_id(0) * 0 + num_tiles
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
-    if SHARE_QK_ON:
-        mbarrier.invalidate(qk_full.index(0))
-        mbarrier.invalidate(qk_empty.index(0))
 
 
 EXP2_MAGIC = gl.constexpr(12582912.0)  # 1.5 * 2^23: x + it rounds x to an integer held in the low mantissa bits
@@ -866,15 +813,13 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
                 factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
                 probe: int = 0, exp2_fma: int = 0, d_early: bool = False, lean: bool = False,
-                update_late: bool = False, q_reg: bool = False, beta_log: bool = False, share_qk: bool = False,
-                share_qk_alt: bool = False):
+                update_late: bool = False, q_reg: bool = False, beta_log: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
     Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
     ``chunk_cumulative``'s G, or with g_stage ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor;
-    tiles.launch.TmaOperand for a CachedLaunch). share_qk (share_qk_alt): the kernel's SHARE_QK 1 (2: the consumers
-    take turns) where ``shared_qk_ok`` says both units of every tile read one q/k head (ignored elsewhere)."""
+    tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -925,16 +870,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                      ("BETA_LOG", beta_log)):  # (BETA_LOG: beta must be beta_log's Gb)
         if on:
             args[name] = True
-    if (share_qk or share_qk_alt) and shared_qk_ok(VB, H // q.shape[2]):
-        args["SHARE_QK"] = 2 if share_qk_alt else True
     return (persistent_programs(num_tiles, v.device),), args, 4
-
-
-def shared_qk_ok(value_blocks: int, group: int) -> bool:
-    """Whether both units of every tile (units 2t and 2t + 1 in (head, value block) order) read one q/k head: a
-    head's value blocks come in pairs (VB even), or each head has one (VB 1) and the q/k groups pair heads (2h and
-    2h + 1 in one group: the group size even). Mamba-2 (VB 1, one group of H heads): H even."""
-    return value_blocks % 2 == 0 or (value_blocks == 1 and group % 2 == 0)
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -965,8 +901,7 @@ def s32_flags(mamba: bool) -> dict:
     from tilecore.ops.linear_attention import configs
 
     on = configs.GLUON_S32.get(mamba, ())
-    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg", "beta_log", "share_qk",
-                                          "share_qk_alt")}
+    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg", "beta_log")}
 
 
 def beta_log(G: torch.Tensor, beta: torch.Tensor, scale: float) -> torch.Tensor:
