@@ -272,7 +272,10 @@ def main():
         if "ms" not in r:
             print(f"| D{r['D']} {'causal' if r['causal'] else 'full'} N{r['N']} | error | {r.get('error', '')[:60]} | |")
             continue
-        forms_txt = ", ".join(f"{n} {r['ms'][n]:.3f} ({r['over_bf16'][n]:.3f}x)" for n in r["ms"] if n != "bf16")
+        forms_txt = ", ".join(f"{n} {r['ms'][n]:.3f} ({r['ms']['bf16'] / r['ms'][n]:.3f}x)" for n in r["ms"]
+                              if n != "bf16")
+        if "error" in r:
+            forms_txt += f"; error {r['error'][:50]}"
         errs = ", ".join(f"{k.removeprefix('err_over_floor_')} {v:.1f}" for k, v in r.items()
                          if k.startswith("err_over_floor_"))
         print(f"| D{r['D']} {'causal' if r['causal'] else 'full'} B{r['B']} H{r['H']} N{r['N']} | {r['ms']['bf16']:.3f} "

@@ -150,3 +150,32 @@ def test_kernel_compiles_with_the_rotation_on_the_tensor_cores(report):
     assert (d128["stages"], d128["q_buffers"]) == (3, 2), d128
     assert d128["spill_stores"] <= 64 and d128["spill_loads"] <= 96, d128
     assert d64["spill_stores"] == 0 and d64["spill_loads"] == 0, d64
+
+
+def test_launch_binds_to_the_kernel(monkeypatch):
+    # forward_q_rotated's arguments as the Gluon kernel's signature binds them (no GPU: the launch recorded, not made)
+    import inspect
+
+    from tilecore.ops.attention_fp8 import gluon_fp8, launch
+
+    calls = []
+
+    class Recorder:
+        def run(self, key, grid, args, kwargs):
+            calls.append((args, kwargs))
+
+    monkeypatch.setattr(launch, "GLUON_FWD", Recorder())
+    monkeypatch.setattr(launch, "_tiling", lambda q, k, rows, bn, causal: ((4,), 2, None))
+    B, Hq, Hkv, N, Nk, D = 1, 4, 2, 100, 130, 128
+    q = torch.randn(B, Hq, N, D).to(torch.bfloat16)
+    k8 = torch.zeros(B, Hkv, Nk, D, dtype=torch.float8_e4m3fn)
+    v8 = torch.zeros(B, Hkv, D, 160, dtype=torch.float8_e4m3fn)
+    ks, vs = torch.ones(B, Hkv, 2), torch.ones(B, Hkv, 2)
+    launch.forward_q_rotated(q, rotation_signs(D, q.device), k8, v8, ks, vs, True, D ** -0.5, torch.bfloat16)
+    (args, kwargs), = calls
+    options = {name: kwargs.pop(name) for name in ("num_warps",)}  # launch options, not parameters
+    bound = inspect.signature(gluon_fp8.attention_fp8_fwd_kernel.fn).bind(*args, **kwargs).arguments
+    assert options == {"num_warps": 4}
+    assert bound["Q_ROTATE"] is True and bound["Q_PER_ROW"] is True and bound["CAUSAL"] is True
+    assert bound["signs"].shape == (D,) and bound["V_PER_BLOCK"] is True and bound["K_PER_BLOCK"] is True
+    assert bound["GROUP"] == Hq // Hkv and bound["N"] == N and bound["Nk"] == Nk and bound["v_n_scales"] == 2

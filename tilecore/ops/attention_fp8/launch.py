@@ -251,8 +251,8 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
     signs = signs.to(device=q.device, dtype=torch.float32).contiguous()
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, signs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, N, 1,
-            k_n, k_rows, B * H, head_group, schedule, v_n, signs)
-    GLUON_FWD.run(key, grid, args, layout.options)
+            k_n, k_rows, B * H, head_group, schedule, v_n)
+    GLUON_FWD.run(key, grid, args, dict(layout.options, signs=signs))  # (signs: a keyword parameter of the kernel)
     return out, lse
 
 
