@@ -243,6 +243,36 @@ def ab(label, lengths, variants, rounds, calls=None):
     return result
 
 
+def per_sequence(lengths, rounds):
+    """Each routed length alone, H16 D128 causal: the varlen split on it, its route (the fixed call on views of
+    the packed tensors) and the fixed default on contiguous (1, H, N, D) copies, alternate rounds; TFLOP/s."""
+    rows = {}
+    for n in lengths:
+        if left(10) < 0:
+            say(f"skip per-sequence N{n}: budget")
+            continue
+
+        def one(n=n):
+            inputs = varlen_inputs([n])
+            fixed, p = fixed_call(inputs, 1, n)
+            calls = [("split", varlen_call(inputs, 0, True)), ("route (view)", varlen_call(inputs, 1, True)),
+                     ("fixed B1 (contiguous)", fixed)]
+            times = {name: [] for name, _ in calls}
+            for _, fn in calls:
+                fn()
+            for _ in range(rounds):
+                for name, fn in calls:
+                    times[name].append(bench(fn))
+            flops = bwd_flops([n])
+            ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+            rows[n] = {name: dict(ms=m, tflops=flops / m * 1e-9, rounds=times[name]) for name, m in ms.items()}
+            say(f"N{n} alone: " + ", ".join(f"{name} {m:.3f} ms ({flops / m * 1e-9:.0f} TF)" for name, m in ms.items())
+                + f" [fixed {p.config.get('dq_from')}]")
+        guarded(f"per-sequence N{n}", one)
+    OUT["per_sequence"] = rows
+    return rows
+
+
 def fixed_rates():
     """The fixed default backward's TFLOP/s at each MATCHED length, B = 64K / N."""
     rates = {}
@@ -288,6 +318,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-fixed-rates", action="store_true", help="skip the fixed path at N 512 ... 8192")
     ap.add_argument("--no-op", action="store_true", help="skip the public op's autograd A/B")
+    ap.add_argument("--per-seq", action="store_true", help="first: each routed length alone (split, route, fixed B1)")
+    ap.add_argument("--variants", default="split,host,reads,stream",
+                    help="long-tail variants: split, host (each --routes), reads, stream (the first route)")
     args = ap.parse_args()
     BUDGET[0] = args.budget if not args.smoke else 1e9
     if args.smoke:
@@ -298,10 +331,12 @@ def main():
     routes = [int(x) for x in args.routes.split(",") if x]
     scale_down = 64 if args.smoke else 1  # smoke: lengths / 64 (the routes too)
     routes = [max(1, r // scale_down) for r in routes]
-    variants = [("split (shipped)", 0, True)] + [(f"route {r} (host cu)", r, True) for r in routes]
-    variants += [(f"route {routes[0]} (reads cu)", routes[0], False),
-                 (f"route {routes[0]} stream (host cu)", routes[0], True, True)] if routes else []
+    wanted = set(args.variants.split(","))
+    variants = [("split (shipped)", 0, True)] + [(f"route {r} (host cu)", r, True) for r in routes if "host" in wanted]
+    variants += [(f"route {routes[0]} (reads cu)", routes[0], False)] if routes and "reads" in wanted else []
+    variants += [(f"route {routes[0]} stream (host cu)", routes[0], True, True)] if routes and "stream" in wanted else []
     lt = [16, 40, 3, 25, 70] if args.smoke else long_tailed()
+    per_seq = per_sequence([n for n in lt if routes and n >= routes[0]], 2) if args.per_seq else {}
     lt_times = guarded("long-tailed", ab, "long-tailed", lt, variants, args.rounds) or {}
     rates = {} if args.no_fixed_rates else fixed_rates()
     if not args.no_check:  # lengths 0 / 1 / odd / past 4096; two routed (from 1024), one (from 4096); GQA; not causal
@@ -315,7 +350,8 @@ def main():
             guarded(f"check {label}", check, f"{label} {long_from} q{lens}", lens, hq, hkv, causal, long_from)
     # the long tail's routed sequences alone: the varlen split on them against their fixed-length calls
     longs = [n for n in lt if n >= routes[0]] if routes else []
-    long_times = (guarded("long only", ab, f"long only {longs}", longs, variants[:2], 2) or {}) if longs else {}
+    long_times = (guarded("long only", ab, f"long only {longs}", longs, variants[:2], 2) or {}) \
+        if longs and not args.per_seq else {}
     # the public op's backward through autograd, the route off and on (its forward's copy of cu_seqlens)
     op_times = {}
     if routes and not args.no_op and left(12) > 0:
@@ -338,8 +374,12 @@ def main():
     for name, ms in long_times.items():
         extra = f", {long_matched / ms:.3f}x matched" if long_matched else ""
         say(f"  long only {name:28s} {ms:7.3f} ms{extra}")
-    OUT["summary"] = {"long_tailed": lt_times, "long_only": long_times, "op_autograd": op_times, "fixed_rates": rates, "matched_ms": matched,
-                      "long_matched_ms": long_matched, "lengths": lt}
+    for n, row in per_seq.items():
+        at_rate = matched_ms([n], rates) if len(rates) >= 2 else None  # ms at the fixed path's B = 64K / N rate
+        say(f"  N{n} alone: " + ", ".join(f"{name} {r['ms']:.3f} ms" + (f" {at_rate / r['ms']:.3f}x" if at_rate else "")
+                                         for name, r in row.items()) + " (x: of the matched rate)")
+    OUT["summary"] = {"long_tailed": lt_times, "long_only": long_times, "op_autograd": op_times, "fixed_rates": rates,
+                      "matched_ms": matched, "long_matched_ms": long_matched, "lengths": lt}
     say(f"checks: {sum(r['ok'] for r in OUT['check'])} ok, {sum(not r['ok'] for r in OUT['check'])} bad; "
         f"errors {len(OUT['errors'])}")
     out_dir = os.environ.get("OUT", "/tmp")
