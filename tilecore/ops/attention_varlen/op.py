@@ -156,21 +156,29 @@ def check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causa
 # launches
 
 
-def block_config(d: int, interpret: bool, kernel: str) -> dict:
+def block_config(d: int, interpret: bool, kernel: str, device: torch.device | None = None) -> dict:
     """Blocks and launch options of ``kernel`` ("forward", "dkdv", "dq"): the interpreter's smallest
     tl.dot blocks (odd lengths then span several blocks in small tests); on a GPU, untimed yet, the
     largest that compile for sm_90a without spilling at D 128 with window and softcap on (ptxas:
     forward 64 x 64 in 3 stages 194 registers; dK/dV 32 queries x 128 keys, 8 warps, 1 stage, 255
-    registers, where 64 x 64 in 2 stages spilled 612 B; dQ 64 x 64 in 2 stages 246 registers)."""
+    registers, where 64 x 64 in 2 stages spilled 612 B; dQ 64 x 64 in 2 stages 246 registers), with
+    configs.SHARED_FITS's overrides on a ``device`` whose blocks get less shared memory."""
     if interpret:
         return dict(BLOCK_M=16, BLOCK_N=16)
     if d <= 128:
-        return {"forward": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-                "dkdv": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
-                "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}[kernel]
-    return {"forward": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
-            "dkdv": dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
-            "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
+        cfg = {"forward": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+               "dkdv": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+               "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}[kernel]
+    else:
+        cfg = {"forward": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+               "dkdv": dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
+               "dq": dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)}[kernel]
+    if device is not None:
+        rows = (dispatch.shared_memory_fit(device, configs.SHARED_FITS, "attention_varlen") or {}).get(kernel, {})
+        largest = next((b for b in sorted(rows) if d <= b), None)  # the row of the head dims up to b
+        if largest is not None:
+            cfg = {**cfg, **rows[largest]}
+    return cfg
 
 
 # tanh by tanh.approx.f32 in the varlen tl kernels on a GPU (sm_90a: forward div 99 -> 67, ex2 66 -> 34,
@@ -181,13 +189,13 @@ VARLEN_TANH_APPROX = True
 
 def softcap_mode(softcap: float, device, tanh_approx: bool | None = None) -> int:
     """The varlen kernels' SOFTCAP constexpr: 0 without a softcap; 1, tanh through exp2 (the
-    interpreter's: no inline asm there); 2, tanh by tanh.approx.f32, on a GPU where
-    VARLEN_TANH_APPROX (the Gluon kernels' default since session 26, its error invisible at bf16 /
-    fp16 there); ``tanh_approx`` (probes) in place of VARLEN_TANH_APPROX."""
+    interpreter's: no inline asm there; and ROCm's: the asm is PTX); 2, tanh by tanh.approx.f32, on an
+    NVIDIA GPU where VARLEN_TANH_APPROX (the Gluon kernels' default since session 26, its error invisible
+    at bf16 / fp16 there); ``tanh_approx`` (probes) in place of VARLEN_TANH_APPROX."""
     if softcap <= 0:
         return 0
     approx = VARLEN_TANH_APPROX if tanh_approx is None else tanh_approx
-    return 2 if approx and not dispatch.interpreted(device) else 1
+    return 2 if approx and not dispatch.interpreted(device) and not dispatch.is_rocm(device) else 1
 
 
 def block_d(d: int) -> int:
@@ -680,7 +688,7 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
     if total_q == 0:
         return out, lse
     q, k, v = (tl_addressable(t) for t in (q, k, v))
-    cfg = dict(config or block_config(max(d, dv), dispatch.interpreted(q.device), "forward"))
+    cfg = dict(config or block_config(max(d, dv), dispatch.interpreted(q.device), "forward", q.device))
     bm = cfg["BLOCK_M"]
     wl, wr, has_left, has_right = kernel_window(causal, left, right)
     grid = (cdiv(total_q, bm) + batch, hq)
@@ -726,13 +734,13 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
         starts = {start for start, _ in routed}
         firsts = (host_cu if host_cu is not None else cu_q.tolist())[:-1]
         skip = torch.tensor([a in starts for a in firsts], dtype=torch.bool).to(q.device)
-    cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv"))
+    cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv", q.device))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
         q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"], skip),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
-    cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq"))
+    cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq", q.device))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"], skip),
