@@ -16,8 +16,8 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
     PYTHONPATH=. python3 experiments/hadamard/gpu_gluon_widths.py [--set r3 | r2] [--budget 140] [--quick]
 
 --set s34 (session 34): BALANCE and PERM under UNITS at 18944 against the shipped plans, ~66 s on an H100.
---set s35 (session 35): PAIRS on the pow2 kernel at 8192 / 16384, 4-bit n = 128 with more programs an SM, E2M1_PAIRS at
-18944 / 28672, against the shipped plans; 3 float64 checks, bytes compared with the shipped plan's. --set s35b: PAIRS at
+--set s35 (session 35): PAIRS on the pow2 kernel at 8192 / 16384, 4-bit n = 128 with more programs an SM and TMA,
+E2M1_PAIRS at 28672, against the shipped plans; 4 float64 checks, bytes compared with the shipped plan's. --set s35b: PAIRS at
 512 (4-bit).
 """
 import argparse
@@ -360,9 +360,9 @@ def s34c_timed():
 def s35_timed():
     """Session 35, batch 1, by priority: PAIRS on the tl pow2 kernel where session 33 left it untimed (8192, 16384 every
     format; checked against float64 in run 4 of session 34; bit-identical by construction); the pow2 kernel's 4-bit rows
-    at n = 128 (one program an SM shipped) with 2 and 4 programs an SM and a quarter tile on 4 warps ("small4");
-    E2M1_PAIRS (mxfp4 / nvfp4 codes a column pair at a time, the same bytes) at 18944 and 28672. Against the shipped
-    plans, bytes compared."""
+    at n = 128 (one program an SM, codes stored by pointer, shipped) with 2 and 4 programs an SM, a quarter tile on 4
+    warps ("small4"), and TMA loads and code stores with each; E2M1_PAIRS (mxfp4 / nvfp4 codes a column pair at a time,
+    the same bytes) at 28672. Against the shipped plans, bytes compared."""
     from tilecore.ops.hadamard import configs
 
     cases = []
@@ -372,10 +372,12 @@ def s35_timed():
                 cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", {"pairs": True})]
     for fmt in ("mxfp4", "nvfp4", "int4"):
         cases += [("q", fmt, 128, "shipped", {}), ("q", fmt, 128, "waves2", {"waves": 2}),
-                  ("q", fmt, 128, "waves4", {"waves": 4})]
-        if fmt != "int4":
-            cases.append(("q", fmt, 128, "small4", {"tile_elems": 4096, "num_warps": 4, "waves": 4}))
-    for n in (18944, 28672):
+                  ("q", fmt, 128, "waves4", {"waves": 4}),
+                  ("q", fmt, 128, "small4", {"tile_elems": 4096, "num_warps": 4, "waves": 4}),
+                  # TMA loads and code stores (the shipped 128 stores each code byte by pointer)
+                  ("q", fmt, 128, "tma", {"tma": "load"}), ("q", fmt, 128, "tma_waves2", {"tma": "load", "waves": 2}),
+                  ("q", fmt, 128, "tma_small4", {"tma": "load", "tile_elems": 4096, "num_warps": 4, "waves": 4})]
+    for n in (28672,):
         for fmt in ("mxfp4", "nvfp4"):
             cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "e2m1_pairs", {"e2m1_pairs": True})]
     return cases
@@ -506,7 +508,7 @@ def phase_warm(result, deadline, quick):
         cases = timed_cases(quick)
     if SET == "s35":  # the waves cases run the shipped kernels; the checks' kernels are the timed ones; the Gluon
         # kernels (slowest to compile) first
-        cases = [c for c in timed_cases(quick) if not c[3].startswith("waves")]
+        cases = [c for c in timed_cases(quick) if c[3] not in ("waves2", "waves4", "tma_waves2")]
         cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
@@ -530,8 +532,8 @@ def check_cases(quick=False):
     if SET == "s35":  # E2M1_PAIRS and PAIRS at 8192 (int8: not checked there before) against float64 (the timed cases'
         # bytes are compared with the shipped plan's too)
         ep = {"e2m1_pairs": True}
-        return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", ep),
-                ("int8", 8192, {}, "bfloat16", {"pairs": True})]
+        return [("mxfp4", 28672, {}, "bfloat16", ep), ("nvfp4", 28672, {"scale": 0.002}, "bfloat16", ep),
+                ("int8", 8192, {}, "bfloat16", {"pairs": True}), ("mxfp4", 128, {}, "bfloat16", {"tma": "load"})]
     if SET == "s34b":  # the flipped 18944 plans (shipped) and PAIRS at the pow2 n it is new at, against float64
         return [("mxfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", {}),
                 ("nvfp4", 18944, {}, "bfloat16", {}), ("nvfp4", 18944, {}, "float16", {}),
@@ -883,7 +885,8 @@ def phase_time(result, save, deadline, quick):
                 elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
                                                                "balance", "balance_perm", "units_perm", "stream",
                                                                "noperm", "nostream", "e2m1_pairs", "waves2",
-                                                               "waves4", "small4"):
+                                                               "waves4", "small4", "tma", "tma_waves2",
+                                                               "tma_small4"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
