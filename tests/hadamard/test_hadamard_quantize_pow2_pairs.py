@@ -78,3 +78,28 @@ def test_pairs_compiles_for_sm90_shorter_and_paired():
     for d, x1, x0, h0, h1 in asm:
         assert re.search(rf"sub\.f32 \t*%r\d+, {x0}, {h0};", ptx) and re.search(rf"sub\.f32 \t*%r\d+, {x1}, {h1};", ptx)
     assert "cvt.f32.bf16" not in ptx
+
+
+def test_format_tuning_table_under_the_callers_tuning():
+    """configs.QUANT_POW2_FORMAT_TUNING by (format, n) goes under the caller's tuning; its TMA only from
+    TMA_MIN_ELEMENTS elements and never for float32 (the pointer path below: the descriptors' host cost)."""
+    from tilecore.ops.hadamard import configs
+
+    old = dict(configs.QUANT_POW2_FORMAT_TUNING)
+    try:
+        configs.QUANT_POW2_FORMAT_TUNING[("mxfp4", 128)] = dict(tma="load", waves=2)
+        big = (1 << 28) // 128
+        plan = quantize.kernel_plan(big, 128, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False)
+        assert plan.config["TMA_LOAD"] and plan.config["TMA_STORE"] and plan.grid == (264,), (plan.grid, plan.config)
+        plan = quantize.kernel_plan(big, 128, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False,
+                                    waves=1, tma="none")
+        assert not plan.config["TMA_LOAD"] and plan.grid == (132,)
+        small = quantize.kernel_plan(64, 128, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False)
+        assert not small.config["TMA_LOAD"]
+        f32 = quantize.kernel_plan(big, 128, torch.float32, "mxfp4", 32, None, True, False, False, 132, False)
+        assert not f32.config["TMA_LOAD"]
+        other = quantize.kernel_plan(big, 128, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, False)
+        assert not other.config["TMA_LOAD"] and other.grid == (132,)
+    finally:
+        configs.QUANT_POW2_FORMAT_TUNING.clear()
+        configs.QUANT_POW2_FORMAT_TUNING.update(old)

@@ -71,6 +71,7 @@ QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(
 QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for n in (1024, 2048)},
                     ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
                     ("nvfp4", 32768): True}
+QUANT_POW2_FORMAT_TUNING = {}  # (format, n) -> the pow2 plan's tuning over QUANT_POW2_TUNING's (tma, waves, tile_elems, ...)
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64

@@ -369,7 +369,8 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     the quantizing epilogue) where it applies, else None: a rotation of a whole power-of-two row of 16 to
     configs.MAX_N, or of blocks whose groups lie inside a block (then the rows are the blocks: a
     (rows n / block, block) view). ``tuning``: tma ("none" / "load"), split, tile_elems, num_warps,
-    num_stages, waves (plan.tl_config's), fast (the epilogue's multiply by a reciprocal: configs.QUANT_FAST)."""
+    num_stages, waves (plan.tl_config's), fast (the epilogue's multiply by a reciprocal: configs.QUANT_FAST); under
+    it configs.QUANT_POW2_FORMAT_TUNING's by (format, n)."""
     if not rotate or tuning.get("legacy"):
         return None
     if block is not None:
@@ -381,6 +382,11 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     static_fp8 = static and fmt in FP8_DTYPES
     g = n if group is None or static_fp8 else group
     fp32 = dtype == torch.float32
+    # the measured tuning by (format, n) (the caller's first), its TMA only where the input is large enough for it
+    measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), {})
+    if fp32 or rows * n < configs.TMA_MIN_ELEMENTS:
+        measured = {k: v for k, v in measured.items() if k != "tma"}
+    tuning = {**measured, **tuning}
     # the input through TMA where hadamard_transform's table loads it so (with that table's tile), else
     # pointers with TUNING's tile; the codes always through pointers
     load, _, preset = pow2_plan_module.tma_sides(n, fp32, tuning.get("tma"), {}, rows * n)
