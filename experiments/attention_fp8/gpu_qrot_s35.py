@@ -21,7 +21,8 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
    <= 9.1e-3 rotated): block and q3.
    3b. A scaled score that overflows float32 (q's descale 3e38 on one head, per-head descales): its rows NaN.
 4. If time is left: D128 full, D64 causal, D64 full end to end (bf16, block, q3).
-Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
+--confirm (the second batch): the checks (2, 3, 3b) first, then end to end block against q3 at D128 causal, D64 causal,
+D128 full, D64 full. Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
 twin in place of the kernel: checks the script, not the kernel).
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget", type=float, default=58.0)
+    ap.add_argument("--confirm", action="store_true", help="the second batch: checks first, then e2e block vs q3")
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     smoke = args.smoke
@@ -151,9 +153,10 @@ def main():
         result["e2e"].append(row)
         save()
 
-    # 1. the target: D128 causal N4096
+    # 1. the target: D128 causal N4096 (--confirm: after the checks, without q31 and the parts)
     head = (1, 2, 256, 128, True) if smoke else (16, 16, 4096, 128, True)
-    e2e(*head, ["block", "q3", "q31"], parts=True)
+    if not args.confirm:
+        e2e(*head, ["block", "q3", "q31"], parts=True)
 
     # 2. q in the kernel against its twin on a GQA tail
     for Dt, causal_t in ((128, True),) + (((64, False),) if left() > 40 else ()):
@@ -260,6 +263,9 @@ def main():
     # 4. the other cases, as time allows
     rest = [(1, 2, 256, 64, True)] if smoke else [(16, 16, 4096, 128, False), (16, 16, 4096, 64, True),
                                                   (16, 16, 4096, 64, False)]
+    if args.confirm:  # the second batch: the target first, then D64 causal (below 1x for the block form in call 2)
+        rest = [head] + ([] if smoke else [(16, 16, 4096, 64, True), (16, 16, 4096, 128, False),
+                                           (16, 16, 4096, 64, False)])
     for case in rest:
         if left() < 14:
             result["notes"].append(f"e2e {case}: skipped for the time budget")
