@@ -68,10 +68,13 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 # hadamard_quantize's pow2 plan by n over TUNING / TMA_TUNING's: the H100's fastest
 QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(num_warps=4)}
 # the pow2 quantize with PAIRS (hi a column pair at a time, bit-identical): 1.03-1.13x where on (the rest 1.01x+)
-QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for n in (1024, 2048)},
-                    ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
-                    ("nvfp4", 32768): True}
-QUANT_POW2_FORMAT_TUNING = {}  # (format, n) -> the pow2 plan's tuning over QUANT_POW2_TUNING's (tma, waves, tile_elems, ...)
+QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
+                       for n in (1024, 2048, 8192)}, ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
+                    ("nvfp4", 32768): True, **{(f, 16384): True for f in ("fp8_e4m3", "int8", "nvfp4", "int4")}}
+# (format, n) -> the pow2 plan's tuning under the caller's: n = 128's 4-bit codes by TMA, not a byte a store by pointer:
+# mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 57-94% of copy)
+QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2), ("nvfp4", 128): dict(tma="load"),
+                            ("int4", 128): dict(tma="load", waves=2)}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64
@@ -142,7 +145,8 @@ QUANT_GLUON_NOZERO = dict(_NZ_CL)
 # CLAMP_LO 2 (PAIRS, bit-identical): 1.04-1.24x where on; 28672's other formats 0.74-0.83x (more spilled)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
-QUANT_GLUON_E2M1_PAIRS = {}  # mxfp4 / nvfp4 codes a column pair at a time (the same bytes): untimed, off
+# mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): 1.02-1.03x at 28672
+QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("nvfp4", 28672): True}
 # PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.13x where on; elsewhere 0.73-1.02x
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
@@ -159,3 +163,10 @@ def gluon_kron_tuning(m: int, p: int, tuning: dict, fmt: str | None = None) -> t
     split = tuning.get("split") or table.get("split") or (1 if f <= 4 else 2)
     inside = tuning.get("inside", table.get("inside", f // (2 * split) == 4))
     return split, bool(inside)
+
+# GPUs with tensor memory (dispatch.tensor_memory: sm_100, B200), compiled on the CPU (session 35, issue 31; untimed
+# there): pow2_quantize_kernel with per-row scales at one row a tile (n >= 4096) does not compile under triton 3.6
+# (TritonNvidiaGPUOptimizeTMemLayouts: "parent layout must have at least rank >= 2"; sm_90a compiles it), so those
+# calls take the kron-tiled kernel (8-72 KiB there); and tiles whose shared memory tcgen05's lowering raises past the
+# block's 227 KiB get a smaller one: (n, format) -> tile_elems (n = 256 int4 on pointers: 232 KiB -> 132)
+QUANT_TMEM_TILES = {(256, "int4"): 16384}
