@@ -17,8 +17,8 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
 
 --set s34 (session 34): BALANCE and PERM under UNITS at 18944 against the shipped plans, ~66 s on an H100.
 --set s35 (session 35): PAIRS on the pow2 kernel at 8192 / 16384, 4-bit n = 128 with more programs an SM and TMA,
-E2M1_PAIRS at 28672, against the shipped plans; 4 float64 checks, bytes compared with the shipped plan's. --set s35b: PAIRS at
-512 (4-bit).
+E2M1_PAIRS at 28672, against the shipped plans; 4 float64 checks, bytes compared with the shipped plan's. --set s35b: the
+call-3 flips against the plans before them, TMA at 128 for fp8 / int8, E2M1_PAIRS at 18944, PAIRS at 512 (4-bit).
 """
 import argparse
 import json
@@ -384,15 +384,26 @@ def s35_timed():
 
 
 def s35b_timed():
-    """Session 35, batch 2: PAIRS on the tl pow2 kernel at 512 for the 4-bit formats (checked against float64 in run 4
-    of session 34), against the shipped plans, bytes compared (PAIRS is bit-identical by construction)."""
+    """Session 35, batch 2: the call-3 flips against the plans before them (n = 128's 4-bit TMA plans against the
+    pointer plans at one program an SM; E2M1_PAIRS at 28672 against it off); TMA at 128 for fp8 / int8 (pointers
+    shipped); E2M1_PAIRS at 18944; PAIRS on the tl pow2 kernel at 512 for the 4-bit formats. Bytes compared with the
+    shipped plan's (every variant: identical by construction)."""
     from tilecore.ops.hadamard import configs
 
     cases = []
-    for n, fmts in ((512, ("mxfp4", "nvfp4", "int4")),):
-        for fmt in fmts:
-            if (fmt, n) not in configs.QUANT_POW2_PAIRS:
-                cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "pairs", {"pairs": True})]
+    for fmt in ("mxfp4", "nvfp4"):
+        for n in (28672, 18944):
+            on = (fmt, n) in configs.QUANT_GLUON_E2M1_PAIRS
+            cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "e2m1_off" if on else "e2m1_pairs",
+                                                      {"e2m1_pairs": not on})]
+    for fmt in ("mxfp4", "nvfp4", "int4"):
+        cases += [("q", fmt, 128, "shipped", {}), ("q", fmt, 128, "before", {"tma": "none", "waves": 1})]
+    for fmt in ("fp8_e4m3", "int8"):
+        cases += [("q", fmt, 128, "shipped", {}), ("q", fmt, 128, "tma", {"tma": "load"}),
+                  ("q", fmt, 128, "tma_waves2", {"tma": "load", "waves": 2})]
+    for fmt in ("mxfp4", "nvfp4", "int4"):
+        if (fmt, 512) not in configs.QUANT_POW2_PAIRS:
+            cases += [("q", fmt, 512, "shipped", {}), ("q", fmt, 512, "pairs", {"pairs": True})]
     return cases
 
 
@@ -504,8 +515,9 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
-    if SET == "s35b":  # the checks' kernels are the timed ones
-        cases = timed_cases(quick)
+    if SET == "s35b":  # the checks' kernels are the timed ones; the tma_waves2 cases reuse the tma kernels; Gluon first
+        cases = [c for c in timed_cases(quick) if c[3] != "tma_waves2"]
+        cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
     if SET == "s35":  # the waves cases run the shipped kernels; the checks' kernels are the timed ones; the Gluon
         # kernels (slowest to compile) first
         cases = [c for c in timed_cases(quick) if c[3] not in ("waves2", "waves4", "tma_waves2")]
@@ -527,8 +539,12 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
-    if SET == "s35b":  # PAIRS at 512 (int4 fp16 checked in run 4 of session 34)
-        return [("mxfp4", 512, {}, "bfloat16", {"pairs": True})]
+    if SET == "s35b":  # E2M1_PAIRS at 18944, the shipped 128 TMA plans, fp8 at 128 by TMA, PAIRS at 512
+        ep = {"e2m1_pairs": True}
+        return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", ep),
+                ("int4", 128, {}, "bfloat16", {"tma": "load", "waves": 2}),  # (2049 rows: TMA asked, as shipped at 2^28)
+                ("fp8_e4m3", 128, {}, "bfloat16", {"tma": "load"}),
+                ("nvfp4", 512, {"scale": 0.002}, "bfloat16", {"pairs": True})]
     if SET == "s35":  # E2M1_PAIRS and PAIRS at 8192 (int8: not checked there before) against float64 (the timed cases'
         # bytes are compared with the shipped plan's too)
         ep = {"e2m1_pairs": True}
@@ -886,7 +902,7 @@ def phase_time(result, save, deadline, quick):
                                                                "balance", "balance_perm", "units_perm", "stream",
                                                                "noperm", "nostream", "e2m1_pairs", "waves2",
                                                                "waves4", "small4", "tma", "tma_waves2",
-                                                               "tma_small4"):
+                                                               "tma_small4", "e2m1_off", "before"):
                     row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
                                            for a, b in zip(got, shipped_out[key]))
                 del got
