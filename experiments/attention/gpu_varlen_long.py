@@ -273,6 +273,47 @@ def per_sequence(lengths, rounds):
     return rows
 
 
+def graph_of(fn):
+    """fn captured in a CUDA graph (after a warm-up call on a side stream; gpu_varlen_bwd.graph_of's): the
+    replay's time is the GPU's alone, with no host time between the kernels."""
+    if SMOKE[0]:
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def graphs(lt, long_from, rounds):
+    """--graphs: where the route's per-sequence gain goes in the batch. The long tail, the split and the route,
+    eager and replayed from CUDA graphs (GPU time alone); the rest (the sequences < long_from) as a batch of its
+    own and the routed ones as one (split, and route: their fixed calls), from graphs: the parts' sum."""
+    out = {}
+    inputs = varlen_inputs(lt)
+    split, route = varlen_call(inputs, 0, True), varlen_call(inputs, long_from, True)
+    calls = [("split eager", split), ("route eager", route)]
+    for name, fn in (("split graph", split), ("route graph", route)):
+        replay = guarded(f"capture {name}", graph_of, fn)
+        if replay is not None:
+            calls.append((name, replay))
+    out["long tail"] = ab("long tail", lt, None, rounds, calls)
+    for label, part in (("rest", [n for n in lt if n < long_from]), ("routed", [n for n in lt if n >= long_from])):
+        if left(8) < 0 or not part:
+            continue
+        part_inputs = varlen_inputs(part)
+        calls = [("split graph", varlen_call(part_inputs, 0, True))]
+        if label == "routed":
+            calls.append(("route graph", varlen_call(part_inputs, 1, True)))
+        calls = [(name, guarded(f"capture {label} {name}", graph_of, fn)) for name, fn in calls]
+        out[label] = ab(f"{label} ({len(part)} seqs)", part, None, 2, [(n, fn) for n, fn in calls if fn is not None])
+    return out
+
+
 def fixed_rates():
     """The fixed default backward's TFLOP/s at each MATCHED length, B = 64K / N."""
     rates = {}
@@ -319,6 +360,8 @@ def main():
     ap.add_argument("--no-fixed-rates", action="store_true", help="skip the fixed path at N 512 ... 8192")
     ap.add_argument("--no-op", action="store_true", help="skip the public op's autograd A/B")
     ap.add_argument("--per-seq", action="store_true", help="first: each routed length alone (split, route, fixed B1)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="instead of the variants: split / route eager and from CUDA graphs, and the parts")
     ap.add_argument("--variants", default="split,host,reads,stream",
                     help="long-tail variants: split, host (each --routes), reads, stream (the first route)")
     args = ap.parse_args()
@@ -337,7 +380,8 @@ def main():
     variants += [(f"route {routes[0]} stream (host cu)", routes[0], True, True)] if routes and "stream" in wanted else []
     lt = [16, 40, 3, 25, 70] if args.smoke else long_tailed()
     per_seq = per_sequence([n for n in lt if routes and n >= routes[0]], 2) if args.per_seq else {}
-    lt_times = guarded("long-tailed", ab, "long-tailed", lt, variants, args.rounds) or {}
+    graph_times = (guarded("graphs", graphs, lt, routes[0], args.rounds) or {}) if args.graphs and routes else {}
+    lt_times = {} if args.graphs else guarded("long-tailed", ab, "long-tailed", lt, variants, args.rounds) or {}
     rates = {} if args.no_fixed_rates else fixed_rates()
     if not args.no_check:  # lengths 0 / 1 / odd / past 4096; two routed (from 1024), one (from 4096); GQA; not causal
         lens = [1, 0, 20, 5, 40, 2, 70] if args.smoke else [1, 0, 777, 63, 1500, 2, 4500]
@@ -351,7 +395,7 @@ def main():
     # the long tail's routed sequences alone: the varlen split on them against their fixed-length calls
     longs = [n for n in lt if n >= routes[0]] if routes else []
     long_times = (guarded("long only", ab, f"long only {longs}", longs, variants[:2], 2) or {}) \
-        if longs and not args.per_seq else {}
+        if longs and not args.per_seq and not args.graphs else {}
     # the public op's backward through autograd, the route off and on (its forward's copy of cu_seqlens)
     op_times = {}
     if routes and not args.no_op and left(12) > 0:
@@ -367,6 +411,13 @@ def main():
         extra = f", {base / ms:.3f}x split" if base else ""
         extra += f", {matched / ms:.3f}x matched" if matched else ""
         say(f"  long-tailed {name:26s} {ms:7.3f} ms{extra}")
+    for part, times in graph_times.items():
+        base_g = times.get("split graph") or times.get("split eager")
+        for name, ms in times.items():
+            extra = f", {base_g / ms:.3f}x split" if base_g else ""
+            extra += f", {matched / ms:.3f}x matched" if matched and part == "long tail" else ""
+            say(f"  {part} {name:22s} {ms:7.3f} ms{extra}")
+    OUT["graphs"] = graph_times
     for name, ms in op_times.items():
         extra = f", {matched / ms:.3f}x matched" if matched else ""
         say(f"  long-tailed {name:26s} {ms:7.3f} ms{extra}")
