@@ -67,9 +67,9 @@ def main():
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "e2e": [], "checks": [], "outlier": {},
               "notes": []}
     shipped = dict(configs.ROTATED)
-    forms = {"block": dict(shipped, q_in_kernel=False),
-             "q3": dict(shipped, q_in_kernel=True, q_stages={}, q_buffers={}),
-             "q31": dict(shipped, q_in_kernel=True, q_stages={}, q_buffers={128: 1})}
+    forms = {"block": dict(shipped, q_in_kernel=()),
+             "q3": dict(shipped, q_in_kernel=(64, 128), q_stages={}, q_buffers={}),
+             "q31": dict(shipped, q_in_kernel=(64, 128), q_stages={}, q_buffers={128: 1})}
 
     def save():
         with open(path, "w") as f:

@@ -35,8 +35,11 @@ def tl_config(d: int, interpret: bool) -> dict:
 # (notes/attention_fp8/runs/e2e34_confirm_run5_session34_h100.txt, H100): D128 causal B16 H16 N4096 end to end 1.707 ms
 # = 1.046x bf16 against "head"'s 1.896 (0.941x); O vs float64 32.05x the bf16 floor against 32.33x; FA3's outlier
 # test rotated 7.73e-3 against 7.71e-3 (target <= 9.1e-3); the kernel alone 0.958x "head"'s (non-causal e2e not timed)
-# q_in_kernel (session 35, OFF until a GPU run shows it faster end to end): q rotated and quantized inside Hopper's
-# kernel (its Q_ROTATE: one bf16 wgmma a tile against diag(s) H in shared memory, the codes written over the bf16 Q
-# buffer) instead of rotate_quantize's pass over q; q_stages / q_buffers (by head dim): the kernel's ring depth and
-# bf16 Q buffers a consumer then, where not GLUON_FORWARD's (D128's 3 and 2 fit: 224 KB of 227)
-ROTATED = dict(v_scales="block", q_in_kernel=False, q_stages={}, q_buffers={})
+# q_in_kernel: the head dims at which q is rotated and quantized inside Hopper's kernel (its Q_ROTATE: one bf16 wgmma a
+# tile against diag(s) H in shared memory, the codes written over the bf16 Q buffer) instead of rotate_quantize's pass
+# over q. D128 since session 35 call 3 (notes/attention_fp8/runs/qrot2_s35_run3_session35_h100.txt, H100, B16 H16
+# N4096 end to end: causal 1.623 ms = 1.074x bf16 against the pass's 1.716 = 1.016x, full 2.539 = 1.264x against
+# 2.683 = 1.196x; O identical against float64, the kernel against its twin 3.35x the bf16 floor on a GQA tail); D64 not
+# yet run. q_stages / q_buffers (by head dim): the kernel's ring depth and bf16 Q buffers a consumer there, where not
+# GLUON_FORWARD's (D128's 3 and 2 fit: 224 KB of 227)
+ROTATED = dict(v_scales="block", q_in_kernel=(128,), q_stages={}, q_buffers={})
