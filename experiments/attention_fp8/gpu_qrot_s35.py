@@ -21,8 +21,9 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
    <= 9.1e-3 rotated): block and q3.
    3b. A scaled score that overflows float32 (q's descale 3e38 on one head, per-head descales): its rows NaN.
 4. If time is left: D128 full, D64 causal, D64 full end to end (bf16, block, q3).
---confirm (the second batch): the checks (2, 3, 3b) first, then end to end block against q3 at D128 causal, D64 causal,
-D128 full, D64 full. Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
+--confirm (the second batch): D128 causal block against q31 (1 Q buffer) with the kernels alone and two timing probes
+of the rotation (probe_rot 1: no rotation product; 2: no rotate_q), then D64 (the tail against the twin, causal end
+to end), the outlier test, D128 full (block, q3, q31) and D64 full. Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
 twin in place of the kernel: checks the script, not the kernel).
 """
 from __future__ import annotations
@@ -98,7 +99,7 @@ def main():
             s = s.masked_fill(~allowed, float("-inf"))
         return torch.softmax(s, -1) @ vf
 
-    def e2e(B, H, N, D, causal, names, parts=False):
+    def e2e(B, H, N, D, causal, names, parts=()):
         row = dict(B=B, H=H, N=N, D=D, causal=causal)
         try:
             g = torch.Generator(device=dev).manual_seed(N + D + causal)
@@ -129,17 +130,14 @@ def main():
                 kern = {"kernel_block": bench(lambda: attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs,
                                                                      causal=causal, v_layout="keys_permuted",
                                                                      check_scales=False))}
-                for name in names[1:]:
+                # the q forms' kernels, and timing probes (wrong O): probe_pv2, P V issued twice a step (the tensor
+                # time of P V in bf16 on unquantized V, which would drop v's pass); probe_rot 1, no rotation product
+                # (codes 0); probe_rot 2, no rotate_q at all (the bf16 rows read as codes): where the rotation's cost is
+                for label, name, extra in parts:
                     with patched(configs, ROTATED=forms[name]):
-                        cfg = launch.rotated_q_config(D, causal)
-                    kern[f"kernel_{name}"] = bench(lambda: launch.forward_q_rotated(
+                        cfg = dict(launch.rotated_q_config(D, causal), **extra)
+                    kern[f"kernel_{label}"] = bench(lambda: launch.forward_q_rotated(
                         q, signs, k8, v8, ks, vs, causal, D ** -0.5, q.dtype, config=cfg))
-                # probe (wrong O): P V issued twice a step, the tensor time P V in bf16 on unquantized V would take
-                # (that form drops v's pass; notes/attention_fp8's napkin: it pays if the kernel stays within 1.33 ms)
-                with patched(configs, ROTATED=forms["q3"]):
-                    cfg = dict(launch.rotated_q_config(D, causal), probe_pv2=True)
-                kern["kernel_q3_probe_pv2"] = bench(lambda: launch.forward_q_rotated(
-                    q, signs, k8, v8, ks, vs, causal, D ** -0.5, q.dtype, config=cfg))
                 kern["q_pass"] = bench(lambda: rotate_quantize(q, signs=signs, scales="token"))
                 kern["k_pass"] = bench(lambda: rotate_quantize(k, signs=signs, scales="block"))
                 kern["v_pass"] = bench(lambda: quantize_v_permuted(v, per="block"))
@@ -153,13 +151,8 @@ def main():
         result["e2e"].append(row)
         save()
 
-    # 1. the target: D128 causal N4096 (--confirm: after the checks, without q31 and the parts)
-    head = (1, 2, 256, 128, True) if smoke else (16, 16, 4096, 128, True)
-    if not args.confirm:
-        e2e(*head, ["block", "q3", "q31"], parts=True)
-
-    # 2. q in the kernel against its twin on a GQA tail
-    for Dt, causal_t in ((128, True),) + (((64, False),) if left() > 40 else ()):
+    def tail(Dt, causal_t):
+        """2. q in the kernel against its twin on a GQA tail."""
         try:
             Bt, Hq, Hkv, Nt, Nkt = (1, 4, 2, 100, 200) if smoke else (2, 8, 2, 1008, 1104)
             g = torch.Generator(device=dev).manual_seed(3 + Dt)
@@ -206,8 +199,8 @@ def main():
         print("check", json.dumps(t), flush=True)
         save()
 
-    # 3. FlashAttention-3's outlier test
-    if left() > 25:
+    def outlier():
+        """3. FlashAttention-3's outlier test."""
         try:
             Bo, Ho, No, Do = (1, 2, 256, 128) if smoke else (1, 16, 2048, 128)
             g = torch.Generator(device=dev).manual_seed(1)
@@ -230,9 +223,9 @@ def main():
             traceback.print_exc()
         save()
 
-    # 3b. a scaled score that overflows float32 (q's descale 3e38 on head 0): its rows NaN, as the emulation's (the
-    # kernel's +inf select a step dropped in session 35: finish takes l for NaN where m is +inf)
-    if left() > 20:
+    def overflow():
+        """3b. a scaled score that overflows float32 (q's descale 3e38 on head 0): its rows NaN, as the emulation's
+        (the kernel's +inf select a step dropped in session 35: finish takes l for NaN where m is +inf)."""
         try:
             from tilecore.ops.attention_fp8 import attention_fp8, quantize_fp8
             from tilecore.ops.attention_fp8.reference import attention_fp8_emulated as emulated
@@ -260,17 +253,32 @@ def main():
         print("check", json.dumps(t), flush=True)
         save()
 
-    # 4. the other cases, as time allows
-    rest = [(1, 2, 256, 64, True)] if smoke else [(16, 16, 4096, 128, False), (16, 16, 4096, 64, True),
-                                                  (16, 16, 4096, 64, False)]
-    if args.confirm:  # the second batch: the target first, then D64 causal (below 1x for the block form in call 2)
-        rest = [head] + ([] if smoke else [(16, 16, 4096, 64, True), (16, 16, 4096, 128, False),
-                                           (16, 16, 4096, 64, False)])
-    for case in rest:
-        if left() < 14:
-            result["notes"].append(f"e2e {case}: skipped for the time budget")
-            continue
-        e2e(*case, ["block", "q3"])
+    def when(seconds, what, fn, *a, **kw):
+        if left() < seconds:
+            result["notes"].append(f"{what}: skipped for the time budget")
+            print(f"skipped for the time budget: {what}", flush=True)
+            return
+        fn(*a, **kw)
+
+    B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
+    if not args.confirm:  # the first batch (call 3)
+        e2e(B0, H0, N0, 128, True, ["block", "q3", "q31"],
+            parts=[("q3", "q3", {}), ("q31", "q31", {}), ("q3_probe_pv2", "q3", dict(probe_pv2=True))])
+        tail(128, True)
+        when(40, "tail D64", tail, 64, False)
+        when(25, "outlier", outlier)
+        when(20, "overflow", overflow)
+        for D, causal in ((128, False), (64, True), (64, False)):
+            when(14, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["block", "q3"])
+    else:  # the second batch: where the rotation's cost lies, D64 (its tail and causal), the outlier test, the rest
+        e2e(B0, H0, N0, 128, True, ["block", "q31"],
+            parts=[("q31", "q31", {}), ("q31_probe_rot1", "q31", dict(probe_rot=1)),
+                   ("q31_probe_rot2", "q31", dict(probe_rot=2))])
+        when(30, "tail D64 causal", tail, 64, True)
+        when(20, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["block", "q3"])
+        when(15, "outlier", outlier)
+        when(14, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["block", "q3", "q31"])
+        when(10, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["block", "q3"])
 
     print("\n| case | bf16 ms | form: ms (x bf16) | O / floor |")
     print("| --- | --- | --- | --- |")

@@ -221,6 +221,7 @@ class AttentionFp8:
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     PROBE_PV2: gl.constexpr  # timing probe (session 35, wrong results, never in configs): P V issued twice a step
+    PROBE_ROT: gl.constexpr  # timing probe (session 35, wrong results): 1 no rotation wgmma, 2 no rotate_q at all
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -265,7 +266,9 @@ class AttentionFp8:
         if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
             own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
             n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
-        if self.Q_ROTATE:
+        if self.Q_ROTATE and self.PROBE_ROT == 2:  # probe: the bf16 rows read as codes, descales 1
+            q_scale = gl.full([self.BM], 1.0, gl.float32, gl.SliceLayout(1, self.S)) * self.scale_log2e
+        elif self.Q_ROTATE:
             q_scale = self.rotate_q(ctx) * self.scale_log2e
         elif self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
@@ -297,9 +300,12 @@ class AttentionFp8:
         descales (S's row slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the
         division by a row's descale replaced by a multiply by its reciprocal)."""
         x = ctx.operand.reshape([self.BM, self.D])
-        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                            use_acc=False, is_async=True)
-        y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        if self.PROBE_ROT == 1:  # probe: no rotation product (codes 0)
+            y = gl.zeros([self.BM, self.D], gl.float32, self.R)
+        else:
+            tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                                use_acc=False, is_async=True)
+            y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
         codes = (y * gl.expand_dims(1.0 / descale, 1)).to(gl.float8e4nv)
@@ -485,7 +491,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
-                             PROBE_PV2: gl.constexpr = False):
+                             PROBE_PV2: gl.constexpr = False, PROBE_ROT: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused)."""
@@ -515,7 +521,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, PROBE_PV2, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
+                      Q_ROTATE, PROBE_PV2, PROBE_ROT, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
                       out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),

@@ -204,6 +204,8 @@ class _GluonLayout:
             self.options["V_PER_BLOCK"] = True
         if cfg.get("probe_pv2"):  # a timing probe (wrong results; never in configs.GLUON_FORWARD)
             self.options["PROBE_PV2"] = True
+        if cfg.get("probe_rot"):  # a timing probe (wrong results): 1 no rotation wgmma, 2 no rotate_q
+            self.options["PROBE_ROT"] = int(cfg["probe_rot"])
         if q_rotate:  # q in bf16/fp16, rotated and quantized per row in the kernel (forward_q_rotated)
             self.options["Q_ROTATE"] = True
             self.options["Q_PER_ROW"] = True
