@@ -10,7 +10,11 @@ import pytest
 from tilecore.napkin import H100, Diagram, compose, models, rewrite
 from tilecore.napkin.compile import predicted_time
 
-RUN = Path(__file__).resolve().parents[2] / "notes" / "napkin" / "runs" / "napkin_gpu_compile_session26_h100.json"
+RUNS = Path(__file__).resolve().parents[2] / "notes" / "napkin" / "runs"
+# session 26's run (the cases the model was revised against in session 27) and session 35's (predictions at
+# 77b705e, written before it; softcap_approx's first timing)
+RUN = RUNS / "napkin_gpu_compile_session26_h100.json"
+RUN_35 = RUNS / "compile_s35_run2_session35_h100_napkin_gpu_compile.json"
 
 
 def _attention(modifiers, causal=False, softmax=True, B=4, H=16, N=4096, D=128, dtype="bf16"):
@@ -46,14 +50,18 @@ CASES = {  # the run's case names (their first words) -> the diagram it timed
     "G W2": lambda: models.matmul(m=8192, n=4096, k=14336),
     "attention softcap 30 B4": lambda: _attention((f"scale({128 ** -0.5})", "softcap(30.0)")),
     "attention softcap 30 causal": lambda: _attention((f"scale({128 ** -0.5})", "softcap(30.0)"), causal=True),
+    "attention softcap_approx 30 B4": lambda: _attention((f"scale({128 ** -0.5})", "softcap_approx(30.0)")),
+    "attention softcap_approx 30 causal": lambda: _attention((f"scale({128 ** -0.5})", "softcap_approx(30.0)"),
+                                                             causal=True),
     "attention plain": lambda: _attention((f"scale({128 ** -0.5})",)),
     "attention sigmoid": lambda: _attention(("sigmoid(a * 0.125 - 2.0)",), softmax=False),
     "RMSNorm": lambda: _rownorm(8192, 4096, 4096),
 }
 
 
-def test_every_compiled_case_of_the_h100_run_within_20_percent():
-    run = json.loads(RUN.read_text())
+@pytest.mark.parametrize("path", [RUN, RUN_35], ids=["session26", "session35"])
+def test_every_compiled_case_of_the_h100_run_within_20_percent(path):
+    run = json.loads(path.read_text())
     c = run["ceilings"]
     gpu = H100.calibrated(copy_bytes_per_s=c["copy_bytes_per_s"], matmul_flops={"bf16": c["matmul_bf16_flops"]},
                           label="this run")
@@ -63,7 +71,7 @@ def test_every_compiled_case_of_the_h100_run_within_20_percent():
         seen.add(key)
         p = predicted_time(CASES[key](), gpu)
         assert row["compiled_us"] * 1e-6 / p.seconds == pytest.approx(1.0, abs=0.20), (row["case"], p.terms)
-    assert seen == set(CASES)
+    assert seen == {k for k in CASES if "approx" not in k or path == RUN_35}
 
 
 def test_the_terms_say_what_the_emitted_code_does():
