@@ -62,6 +62,16 @@ def test_chain_mlp_bias_epilogue_and_nan():
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[3]).all()
 
 
+def test_chain_epilogue_with_tanh_approx():
+    # tanh_approx in an expression (a gelu written out): emitted through _tanh_approx, evaluated as tanh
+    g = Diagram("mlp_gelu_approx", t=24, m=32, f=48)
+    X, W1 = g.input("X", "t m", "fp16"), g.input("W1", "m f", "fp16")
+    gelu = "0.5 * a * (1.0 + tanh_approx(0.7978845608028654 * (a + 0.044715 * a * a * a)))"
+    g.output(g.map(gelu, g.contract(X, W1, out="t f", name="H", dtype="fp32"), name="A", unit="sfu", dtype="fp16"))
+    f, _, _ = run_and_check(g, 4.0, scale=0.5)
+    assert "_tanh_approx(" in f.source
+
+
 def softcap_attention(causal, written_out=False, q=40, x=56, d=32, cap="softcap(5.0)"):
     g = Diagram("softcap_attention", q=q, x=x, d=d, e=d)
     Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
