@@ -387,7 +387,8 @@ def s35b_timed():
     """Session 35, batch 2: the call-3 flips against the plans before them (n = 128's 4-bit TMA plans against the
     pointer plans at one program an SM; E2M1_PAIRS at 28672 against it off); TMA at 128 for fp8 / int8 (pointers
     shipped); E2M1_PAIRS at 18944; PAIRS on the tl pow2 kernel at 512 for the 4-bit formats. Bytes compared with the
-    shipped plan's (every variant: identical by construction)."""
+    shipped plan's (every variant but split2: identical by construction); 256 for mxfp4 / nvfp4 as two slices of 128
+    (split2: the sums in another order, checked against float64)."""
     from tilecore.ops.hadamard import configs
 
     cases = []
@@ -404,6 +405,8 @@ def s35b_timed():
     for fmt in ("mxfp4", "nvfp4", "int4"):
         if (fmt, 512) not in configs.QUANT_POW2_PAIRS:
             cases += [("q", fmt, 512, "shipped", {}), ("q", fmt, 512, "pairs", {"pairs": True})]
+    for fmt in ("mxfp4", "nvfp4"):  # 256 as two slices of 128 (sm_90a: 21.2 -> 18.2 / 28.6 -> 26.1 SASS a value)
+        cases += [("q", fmt, 256, "shipped", {}), ("q", fmt, 256, "split2", {"split": (2, 1, 128)})]
     return cases
 
 
@@ -544,7 +547,10 @@ def check_cases(quick=False):
         return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", ep),
                 ("int4", 128, {}, "bfloat16", {"tma": "load", "waves": 2}),  # (2049 rows: TMA asked, as shipped at 2^28)
                 ("fp8_e4m3", 128, {}, "bfloat16", {"tma": "load"}),
-                ("nvfp4", 512, {"scale": 0.002}, "bfloat16", {"pairs": True})]
+                # (2049 rows take the pointer path unless TMA is asked: asked, with the timed kernels' tiles)
+                ("nvfp4", 512, {"scale": 0.002}, "bfloat16", {"pairs": True, "tma": "load", "split": (1, 16, 32),
+                                                               "tile_elems": 8192}),
+                ("mxfp4", 256, {}, "bfloat16", {"split": (2, 1, 128), "tma": "load", "tile_elems": 16384})]
     if SET == "s35":  # E2M1_PAIRS and PAIRS at 8192 (int8: not checked there before) against float64 (the timed cases'
         # bytes are compared with the shipped plan's too)
         ep = {"e2m1_pairs": True}
