@@ -174,6 +174,14 @@ def is_hopper(device: torch.device) -> bool:
     return capability(device) == (9, 0) and not is_rocm(device)
 
 
+def tensor_memory(device: torch.device) -> bool:
+    """Whether ``device`` is an NVIDIA GPU with tensor memory (sm_100, sm_103: B200, B300), where Triton lowers
+    ``tl.dot`` to tcgen05 through TMEM and its shared-memory use and compile paths differ from Hopper's for the
+    same kernel (tilecore.portability compiles both; sm_120's consumer Blackwell has no TMEM: mma.sync there)."""
+    cap = capability(device)
+    return cap is not None and cap[0] == 10 and not is_rocm(device)
+
+
 def tma_ok(device: torch.device) -> bool:
     """Whether the tl kernels' TMA descriptors are copied by TMA units on ``device``: NVIDIA from sm_90,
     and Triton's interpreter (which runs them as loads). Elsewhere Triton lowers descriptors to plain

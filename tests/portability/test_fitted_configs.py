@@ -144,3 +144,51 @@ def test_varlen_softcap_tanh_without_ptx_on_rocm():
         with dispatch.pretend(T[name]):
             assert varlen_op.softcap_mode(30.0, META) == mode, name
             assert varlen_op.softcap_mode(0.0, META) == 0
+
+
+def test_tensor_memory_is_sm_100s():
+    for name, target in T.items():
+        with dispatch.pretend(target):
+            assert dispatch.tensor_memory(META) == (name == "sm_100a"), name
+    assert not dispatch.tensor_memory(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("n,fmt", [(4096, "int8"), (8192, "fp8_e4m3"), (16384, "fp8_e5m2"), (4096, "mxfp4"),
+                                   (256, "int4"), (256, "int8")])
+def test_hadamard_quantize_tensor_memory_plans(n, fmt):
+    # sm_100a (tcgen05): per-row scales at one row a tile did not compile (TMEM layouts, triton 3.6): the kron-tiled
+    # kernel there; n = 256 int4 on pointers asked 232 KiB of 227: half the tile (B 64, 132 KiB). Hopper unchanged
+    x = torch.empty(64, n, dtype=torch.bfloat16, device=META)
+
+    def planned(name):
+        with dispatch.pretend(T[name]):
+            return hq.plan_quantize(x, fmt, hq.FORMATS[fmt].default_group, None, True, False, False)
+
+    hopper, blackwell = planned("sm_90a"), planned("sm_100a")
+    assert hopper.path == "pow2"
+    per_row_one = hopper.config["B"] == 1 and hopper.config["G"] == hopper.config["N"]
+    if per_row_one:
+        assert blackwell.path == "fused", blackwell.path
+    elif (n, fmt) in hq.configs.QUANT_TMEM_TILES:
+        assert blackwell.path == "pow2" and (hopper.config["B"], blackwell.config["B"]) == (128, 64)
+    else:
+        assert blackwell == hopper
+    assert per_row_one == (fmt in ("int8", "fp8_e4m3", "fp8_e5m2") and n >= 4096)
+
+
+@pytest.mark.parametrize("name,n,tile", [("sm_86", 128, 8192), ("sm_89", 256, 16384), ("sm_120a", 256, 16384),
+                                         ("gfx90a", 16, 8192), ("gfx942", 256, 8192), ("sm_80", 256, None),
+                                         ("sm_90a", 256, None)])
+def test_hadamard_quantize_pow2_tiles_fit_the_block(name, n, tile):
+    # configs.QUANT_SHARED_FITS: n = 128 / 256 asked 104-136 KiB on sm_86 (99), n = 16..256 66-132 on gfx90a (64)
+    fmt = "fp8_e5m2"  # (a format every target quantizes in the kernel)
+    x = torch.empty(64, n, dtype=torch.bfloat16, device=META)
+    with dispatch.pretend(T[name]):
+        p = hq.plan_quantize(x, fmt, None, None, True, False, False)
+    with dispatch.pretend(T["sm_80"]):
+        measured = hq.plan_quantize(x, fmt, None, None, True, False, False)
+    assert p.path == measured.path == "pow2"
+    if tile is None:
+        assert p.config["B"] == measured.config["B"]
+    else:
+        assert p.config["B"] * n == tile < measured.config["B"] * n

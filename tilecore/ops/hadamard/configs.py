@@ -170,3 +170,13 @@ def gluon_kron_tuning(m: int, p: int, tuning: dict, fmt: str | None = None) -> t
 # calls take the kron-tiled kernel (8-72 KiB there); and tiles whose shared memory tcgen05's lowering raises past the
 # block's 227 KiB get a smaller one: (n, format) -> tile_elems (n = 256 int4 on pointers: 232 KiB -> 132)
 QUANT_TMEM_TILES = {(256, "int4"): 16384}
+# GPUs whose blocks get less shared memory than the pow2 quantize tiles ask (issue 31, session 35; compiled on the CPU,
+# untimed there): rows of (least bytes a block gets, {n: the most elements a tile}), read through
+# dispatch.shared_memory_fit. The H100 and the A100 take the first row (n = 256 136 KiB of sm_80's 163)
+QUANT_SHARED_FITS = (
+    (163 * 1024, {}),
+    # sm_86, sm_89, sm_120 (99 KiB): n = 128 asked 104-112 KiB (sm_86) -> 68-72 at 8192 elements; 256: 132-136 -> 66-68
+    (99 * 1024, {128: 8192, 256: 16384}),
+    # ROCm's MI200 / MI300 (64 KiB): n = 16..128 asked 66-72 KiB (gfx90a) -> 32-36 at 8192; 256: 129-132 -> 32-33
+    (64 * 1024, {16: 8192, 32: 8192, 64: 8192, 128: 8192, 256: 8192}),
+)

@@ -107,7 +107,28 @@ def plan_quantize(x: torch.Tensor, fmt: str, group: int | None, block: int | Non
     if not interpret and x.device.type == "cuda" and dispatch.gluon_ok(x.device) and x.stride(0) % 8 == 0 \
             and x.data_ptr() % 16 == 0:
         tuning = {**tuning, "_gluon_ok": True}  # the Gluon kernels may run here (the plan decides whether)
-    return kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
+    plan = kernel_plan(rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
+    if plan.path == "pow2" and not interpret:
+        return _fitted_pow2(plan, x.device, rows, n, x.dtype, fmt, group, block, rotate, static, signs, sms, tuning)
+    return plan
+
+
+def _fitted_pow2(plan: QuantizePlan, device, rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning):
+    """A pow2 plan as ``device`` fits it (issue 31): configs.QUANT_SHARED_FITS' smaller tiles where its blocks get less
+    shared memory; on a GPU with tensor memory (configs.QUANT_TMEM_TILES) per-row scales at one row a tile by the
+    kron-tiled kernel instead, and the table's smaller tiles. ``plan`` itself where nothing changes."""
+    cfg = plan.config
+    cap = (dispatch.shared_memory_fit(device, configs.QUANT_SHARED_FITS, "hadamard_quantize") or {}).get(cfg["N"])
+    if dispatch.tensor_memory(device):
+        if cfg["B"] == 1 and cfg["G"] == cfg["N"] and not cfg["STATIC"]:
+            return kernel_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, False,
+                               **{**tuning, "legacy": True})
+        if cap is None and not cfg["TMA_LOAD"]:
+            cap = configs.QUANT_TMEM_TILES.get((cfg["N"], fmt))
+    if cap is None or "tile_elems" in tuning or cfg["B"] * cfg["N"] <= cap:
+        return plan
+    return kernel_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, False,
+                       **{**tuning, "tile_elems": cap})
 
 
 @functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature
