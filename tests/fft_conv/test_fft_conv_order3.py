@@ -29,6 +29,8 @@ def _correlation(u64, k64):
                                                        (8192, torch.bfloat16, False, 1.2, 2),
                                                        (8192, torch.bfloat16, True, 1.2, 2),
                                                        (16384, torch.bfloat16, False, 1.2, 1),
+                                                       (16384, torch.bfloat16, True, 1.2, 1),
+                                                       (16384, torch.float16, False, 3.5, 1),
                                                        (4096, torch.bfloat16, False, 1.2, 2),
                                                        (4096, torch.bfloat16, True, 1.2, 4),
                                                        (4096, torch.float16, False, 3.5, 2)])
