@@ -1,4 +1,4 @@
-"""Session 35's second batch (issue 33, helper HB): Hedgehog's backward toward 2x FLA, by its parts. One job of <= 60 s.
+"""Session 35 (issue 33, helper HB): Hedgehog's backward toward 2x FLA, by its parts. One job of <= 60 s.
 
 Hedgehog d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad (the benchmark of decisions 95-97):
 
@@ -6,12 +6,15 @@ Hedgehog d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad (the benchmark of d
   with x by two tf32 products) against the same with it off, five interleaved rounds (call 2's host was noisy);
 * the map kernels alone on q (kernels_forward.hedgehog_map_fused / hedgehog_map_backward at op's blocks): tf32x3
   against tf32x2, five rounds;
-* the linear kernels' backward alone on the features (launch.backward on phi(q), phi(k), v, do; no decay) at the
-  shipped blocks against configs.BWD_SPLIT_NARROW's (key / value / dQ key blocks of 32; dQ at 64), five rounds;
+* the linear kernels' backward alone on the features (launch.backward on phi(q), phi(k), v, do; no decay), five
+  rounds (call 3 also timed configs.BWD_SPLIT_NARROW's blocks: 0.84x / 0.89x, removed: decision 103);
 * where the shipped fwd+bwd's time goes: CUDA time by kernel (torch.profiler, the gradients set to None before each
   call, as do_bench's grad_to_none: call 2's profile summed their accumulation);
-* checks first: the op's o, dq, dk, dv, dW against float64 at N 208 and 1008 (B1 H2) both ways; the features'
-  backward at narrow blocks against the shipped blocks' (the same sums, float32 noise).
+* checks first: the op's o, dq, dk, dv, dW against float64 at N 208 and 1008 (B1 H2) both ways.
+
+``--nodecay`` (call 4): also the no-decay op at d128 (B16 H16 N4096 bf16: fwd, fwd+bwd, launch.backward), checked
+against float64 (B1 H2 N 1000), and v's float32 copy alone at both shapes: what launch.backward_combine took for
+nothing on the no-decay path until session 35 (call 3's profile: a 0.209 ms direct_copy kernel a Hedgehog fwd+bwd).
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_hedgehog_s35.py
 
@@ -43,9 +46,9 @@ START = time.time()
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 RESULTS: dict = {"check": [], "op": {}, "map": {}, "linear_bwd": {}, "profile_ms": [], "errors": []}
 FLA = dict(fwd=1.613, fwd_bwd=4.220, bwd=2.607)  # session 33 run 2, same shape (torch features + chunk_linear_attn)
-N32 = dict(BKB=32, BV=32, BKQ=32)
-NARROW = {"shipped": configs.BWD_SPLIT_NARROW, "narrow 32": N32, "narrow 32 dq64": dict(N32, BKQ=64)}
 EXACT = {"shipped": configs.HEDGEHOG_MAP_EXACT_X, "tf32x3": False}
+NODECAY = "--nodecay" in sys.argv
+FLA_LINEAR_BWD = 3.448  # FLA chunk_linear_attn's bwd at d128 (session 28 run 3, same shape)
 
 
 def elapsed() -> float:
@@ -112,18 +115,19 @@ def checks():
                        finite=bool(all(torch.isfinite(ts[x].grad).all() for x in ts)))
             print("check", row, flush=True)
             RESULTS["check"].append(row)
-    # the features' backward at every block set against the shipped blocks' (B2 H3 N 1008: ragged last chunk)
-    f = features(1008, b=2, h=3, seed=7)
-    base = None
-    for name in NARROW:
-        g = linear_bwd(f, name)()
-        torch.cuda.synchronize()
-        if base is None:
-            base = g
-            continue
-        rel = {x: float((a.float() - b.float()).norm() / b.float().norm()) for x, a, b in zip("qkv", g, base)}
-        row = dict(case=f"features bwd {name} vs shipped N 1008", **{f"d{x}_rel": f"{r:.2e}" for x, r in rel.items()},
-                   ok=all(r < 1e-2 for r in rel.values()))
+    if NODECAY:  # the no-decay op at d128 (its backward's combine path)
+        torch.manual_seed(11)
+        bf = torch.bfloat16
+        q, k, v = (torch.randn(1, 1000, 2, 128, device="cuda", dtype=bf).requires_grad_(True) for _ in range(3))
+        do = torch.randn_like(v)
+        d = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
+        ref, _ = linear_attention_reference(*d)
+        ref.backward(do.double())
+        o = linear_attention(q, k, v)
+        o.backward(do)
+        row = dict(case="no decay d128 B1 H2 N 1000", out_floor=round(accuracy.error_over_floor(o.detach(), ref), 3),
+                   **{f"d{n}_floor": round(accuracy.error_over_floor(x.grad, r.grad), 3)
+                      for n, x, r in zip("qkv", (q, k, v), d)})
         print("check", row, flush=True)
         RESULTS["check"].append(row)
 
@@ -139,13 +143,20 @@ def features(n, b=16, h=16, seed=1):
     return dict(q=fq, k=fk, v=t["v"].detach(), do=t["do"])
 
 
-def linear_bwd(f, name):
-    """launch.backward on the features at the row's blocks (as op._backward_impl plans it: no decay, no beta)."""
+def linear_bwd(f):
+    """launch.backward on the features (as op._backward_impl plans it: no decay, no beta)."""
     q, k, v, do = f["q"], f["k"], f["v"], f["do"]
-    with patched(configs, BWD_SPLIT_NARROW=NARROW[name]):
-        p = launch.backward_plan(tl_plan(q, v, None, IDENTITY), q, v, None, IDENTITY)
+    p = launch.backward_plan(tl_plan(q, v, None, IDENTITY), q, v, None, IDENTITY)
     scale = q.shape[-1] ** -0.5
     return lambda: launch.backward(p, do, q, k, v, None, None, None, None, None, None, scale, IDENTITY, native=True)[:3]
+
+
+def nodecay_inputs(n=4096, b=16, h=16, d=128, seed=3):
+    torch.manual_seed(seed)
+    bf = torch.bfloat16
+    return dict(q=torch.randn(b, n, h, d, device="cuda", dtype=bf) * d ** -0.5,
+                k=torch.randn(b, n, h, d, device="cuda", dtype=bf) * d ** -0.5,
+                v=torch.randn(b, n, h, d, device="cuda", dtype=bf), do=torch.randn(b, n, h, d, device="cuda", dtype=bf))
 
 
 def map_calls(t, exact):
@@ -177,13 +188,24 @@ def time_all(rounds: int = 5):
     for name, exact in EXACT.items():
         fw, bw = map_calls(t, exact)
         rows[f"map fwd {name}"], rows[f"map bwd {name}"] = fw, bw
-    for name in NARROW:
-        rows[f"linear bwd {name}"] = linear_bwd(f, name)
+    rows["linear bwd"] = linear_bwd(f)
+    rows["v.float() d64"] = lambda: f["v"].float()
+    if NODECAY:
+        n = nodecay_inputs()
+        rows["no decay d128 launch.backward"] = linear_bwd(n)
+        rows["v.float() d128"] = lambda: n["v"].float()
+        nd = {x: n[x].detach().requires_grad_(True) for x in ("q", "k", "v")}
+        nfb = lambda: linear_attention(nd["q"], nd["k"], nd["v"]).backward(n["do"])  # noqa: E731
+        RESULTS["nodecay"] = {}
     for name, fn in rows.items():  # (compiles)
         attempt(f"warm {name}", fn)
     for name, exact in EXACT.items():
         with patched(configs, HEDGEHOG_MAP_EXACT_X=exact):
             attempt(f"warm op {name}", fb)
+    if NODECAY:
+        attempt("warm no decay", nfb)
+        with torch.no_grad():
+            attempt("warm no decay fwd", lambda: linear_attention(nd["q"], nd["k"], nd["v"]))
     torch.cuda.synchronize()
     print(f"compiled at {elapsed():.0f} s", flush=True)
     T = RESULTS["times"] = {}
@@ -197,6 +219,11 @@ def time_all(rounds: int = 5):
                 T.setdefault(f"op fwd+bwd {name}", []).append(attempt("fb", lambda: bench(fb, grads)))
         for name, fn in rows.items():
             T.setdefault(name, []).append(attempt(name, lambda: bench(fn)))
+        if NODECAY:
+            with torch.no_grad():
+                T.setdefault("op no decay d128 fwd", []).append(attempt("nd fwd", lambda: bench(
+                    lambda: linear_attention(nd["q"], nd["k"], nd["v"]))))
+            T.setdefault("op no decay d128 fwd+bwd", []).append(attempt("nd fb", lambda: bench(nfb, list(nd.values()))))
         print(f"round {r} at {elapsed():.0f} s: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in T.items() if v[-1]),
               flush=True)
         save()
@@ -236,6 +263,10 @@ def table() -> str:
                  f"rounds fwd+bwd {', '.join(f(x) for x in T.get(f'op fwd+bwd {name}', []))}")
     for key in [k for k in T if not k.startswith("op ")]:
         L.append(f"  {key}: {f(med(T[key]))} ({', '.join(f(x) for x in T[key])})")
+    nf, nb = med(T.get("op no decay d128 fwd", [])), med(T.get("op no decay d128 fwd+bwd", []))
+    if nf and nb:
+        L.append(f"  op no decay d128 B16 H16 N4096: fwd {f(nf)}, fwd+bwd {f(nb)}, bwd {f(nb - nf)} = "
+                 f"{FLA_LINEAR_BWD / (nb - nf):.2f}x FLA chunk_linear_attn's bwd ({FLA_LINEAR_BWD}, s28 run 3)")
     if RESULTS["profile_ms"]:
         L.append("  shipped profile: " + ", ".join(f"{k[:26]} {ms}" for k, ms in RESULTS["profile_ms"][:8]))
     for r in RESULTS["check"]:

@@ -6,9 +6,9 @@
   also compiles it at the timed shape): bf16 / fp16 with h0 N 1000, N 33, strong decays; o and the final state
   NaN-poisoned, error over the rounding floor. Then interleaved rounds, the napkin's bound and the copy.
 * Hedgehog (d64, F 2 x 32, B16 H16 N4096 bf16, W requiring grad): the public op's fwd and fwd+bwd as shipped against
-  configs.BWD_SPLIT_NARROW (the split backward's blocks at head dims <= 64: key / value / dQ key blocks of 32, two
-  programs a head per kernel instead of one), configs.HEDGEHOG_MAP_EXACT_X (the map kernels' products with x by two
-  tf32 products, not three: kernels_forward.dot_tf32x2) and both, each checked (o, dq, dk, dv, dW against float64
+  configs.HEDGEHOG_MAP_EXACT_X (the map kernels' products with x by two tf32 products, not three:
+  kernels_forward.dot_tf32x2; call 2 also timed the split backward's narrow blocks, removed after call 3: decision
+  103), each checked (o, dq, dk, dv, dW against float64
   at N 200 and 1000); where the shipped fwd+bwd's time goes (torch.profiler: CUDA time by kernel).
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba_s35.py [--confirm]
@@ -43,18 +43,13 @@ gm.WARM_DEADLINE = 34.0  # (gm.warm's deadline counts from gm.START: this proces
 CONFIRM = "--confirm" in sys.argv
 RESULTS: dict = {"check": [], "hedgehog": {}, "mamba": {}, "errors": [], "warm": []}
 MAMBA = ["shipped"]
-# Hedgehog rows: name -> (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X)
-N32 = dict(BKB=32, BV=32, BKQ=32)
-# (sm_90a at d64: the dQ kernel's 166 registers at BKQ 32 fit 3 programs an SM: 512 are 1.3 waves, so BKQ 64 beside)
-HH_ROWS = {"shipped": (configs.BWD_SPLIT_NARROW, configs.HEDGEHOG_MAP_EXACT_X), "narrow 32": (N32, False),
-           "narrow 32 dq64": (dict(N32, BKQ=64), False), "exact_x": (configs.BWD_SPLIT_NARROW, True),
-           "narrow 32 + exact_x": (N32, True)}
-HH = ["shipped", "narrow 32 + exact_x"] if CONFIRM else list(HH_ROWS)
+# Hedgehog rows: name -> configs.HEDGEHOG_MAP_EXACT_X ("shipped": call 2's, before it was on)
+HH_ROWS = {"shipped": False, "exact_x": True}
+HH = list(HH_ROWS)
 
 
 def hh_setting(name: str):
-    narrow, exact = HH_ROWS[name]
-    return patched(configs, BWD_SPLIT_NARROW=narrow, HEDGEHOG_MAP_EXACT_X=exact)
+    return patched(configs, HEDGEHOG_MAP_EXACT_X=HH_ROWS[name])
 
 
 def elapsed() -> float:
@@ -236,7 +231,7 @@ def table() -> str:
              "; FLA (s33 run 2): fwd 1.613, fwd+bwd 4.220, bwd 2.607")
     for name in HH:
         m = med(H.get(name, []))
-        own = H.get("fwd exact_x_ms") if HH_ROWS[name][1] else fwd  # (the row's own forward)
+        own = H.get("fwd exact_x_ms") if HH_ROWS[name] else fwd  # (the row's own forward)
         bwd = m - own if m and own else None
         L.append(f"  {name}: fwd+bwd {f(m)} ({', '.join(f(x) for x in H.get(name, []))}), bwd {f(bwd)}"
                  + (f" = {2.607 / bwd:.2f}x FLA's bwd, fwd+bwd {4.220 / m:.2f}x" if bwd else ""))

@@ -114,11 +114,6 @@ BWD_SPLIT_KINDS: tuple = (0, 1)
 BWD_SPLIT_MAX_DIM = 128
 BWD_SPLIT = {0: dict(BT=64, BKB=64, BV=64, warps=4, stages=2), 1: dict(BT=64, BKB=64, BV=64, warps=4, stages=2)}
 BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, stages=3)}
-# the split path's blocks where both head dims are <= BWD_SPLIT_NARROW_DIM (Hedgehog's 2 x 32 features, d64 values),
-# over BWD_SPLIT / BWD_SPLIT_DQ's (each clipped to the head's padded dims): None (theirs: one program a head per kernel,
-# 256 at B16 H16) until a GPU run times dict(BKB=32, BV=32, BKQ=32) (two a head, as d128 gets from blocks of 64)
-BWD_SPLIT_NARROW: dict | None = None
-BWD_SPLIT_NARROW_DIM = 64
 # the split kernels do the combine's work with a scalar decay (no 1.69 ms combine kernel)
 BWD_SPLIT_EPILOGUE = True
 # dq, dk, dv stored in the inputs' dtype where nothing combines after them (no torch cast passes)

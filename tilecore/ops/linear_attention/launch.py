@@ -295,10 +295,6 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
     cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or dkv["BT"], split_BKB=dkv["BKB"],
                split_BV=dkv["BV"], split_warps=dkv["warps"], split_stages=dkv["stages"], dq_BKQ=dq["BKQ"],
                dq_warps=dq["warps"], dq_stages=dq_stages, split_epilogue=configs.BWD_SPLIT_EPILOGUE)
-    narrow = configs.BWD_SPLIT_NARROW
-    if narrow and max(q.shape[-1], v.shape[-1]) <= configs.BWD_SPLIT_NARROW_DIM:  # (more programs at small dims)
-        cfg.update(split_BKB=min(narrow["BKB"], cfg["BK"]), split_BV=min(narrow["BV"], cfg["BVF"]),
-                   dq_BKQ=min(narrow["BKQ"], cfg["BK"]))
     cfg.update(overrides)
     return dataclasses.replace(plan, config=cfg)
 
@@ -448,7 +444,8 @@ def backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht):
     nv, nk = dk_parts.shape[0], dv_parts.shape[0]
     dk_hat = dk_parts.sum(0) if nv > 1 else dk_parts[0]
     dv_hat = dv_parts.sum(0) if nk > 1 else dv_parts[0]
-    vf = v.float()
+    # v in float32 only where read: beta's gradient and Based's decay gradient (without them nothing reads it)
+    vf = v.float() if beta is not None or (r is None and g is not None) else None
     bf = beta.float()[..., None] if beta is not None else None
     dbeta = (vf * dv_hat).sum(-1) if beta is not None else None  # the token's contribution is linear in beta
     dv = dv_hat * bf if beta is not None else dv_hat
