@@ -7,15 +7,21 @@ What the variants test (configs_gla_bwd.CHUNKED keys; sm_90a facts from the CPU 
   g, q, k in flight (cp.async) under the current chunk's chain. d 128: 110.6 KB of shared memory at 2 stages (2
   programs an SM; the next chunk's copies issued after the chain), 176 KB at 3 (ONE an SM, the copies a chunk ahead);
   d 64: 69.6 / 110.6 KB (2 an SM at both). 255 registers, 250-450 B spilled (the shipped: 0).
-* tma (dqk_flat_tma): the flat kernel's loads by tensor descriptors (TMA) on 2-D views, no pointer tiles (the pointer
-  path's hoisted column offsets stay live through the chain): 136-188 B spilled instead of 250-450; only where N is a
-  multiple of the chunk (checked here at N 1088: 17 chunks, a last group of 1 / 2).
-* ahead n (dqk_l2_ahead n): the shipped common launch, each program ending with PTX prefetch.global.L2 of program
+* tma (dqk_flat_tma, since call 3 the flat kernel's only loads): tensor descriptors (TMA) on 2-D views, no pointer
+  tiles (the pointer path's hoisted column offsets stay live through the chain): 136-188 B spilled instead of 250-450;
+  only where N is a multiple of the chunk (checked here at N 1088: 17 chunks, a last group of 1 / 2).
+* ahead n (dqk_l2_ahead n; removed after call 3, as the pointer loads of the flat kernel, both slower): the shipped common launch, each program ending with PTX prefetch.global.L2 of program
   pid + n's tiles (the program that starts about a lifetime later finds them in L2). 4 B spilled.
 
 Call 2 of session 35 (runs/gla_bwd_s35_run2_session35_h100.txt) checked every pointer variant right and timed d 128
 only: shipped dqk 2.486 ms, flat2 st2 3.225, flat2 st3 4.716, ahead384 2.582: slower. This run: the descriptors
 (d 128 flat2 st2, d 64 flat3 st3) and the d 64 rows, d 64 first.
+
+Call 3 (runs/gla_bwd_s35b_run3_session35_h100.txt): the descriptors won at both dims (d 64 flat3 st3 tma dqk 0.977 /
+0.954 ms against 1.168 / 1.151, backward 2.039 against 2.239; d 128 flat2 st2 tma 2.411 / 2.354 against 2.486 /
+2.452, backward 4.912 against 4.956), right: configs_gla_bwd.CHUNKED_FLAT_DIMS turns the flat launch (TMA only) on at
+d 128 (2 chunks, 2 stages) and d 64 (3, 3). This run confirms it: configs' against dqk_flat 0 ("common"), 4 / 6 chunks
+a program, and the public op through autograd (OPS) with configs' defaults.
 
 Each variant compiles and checks in a worker process of its own: bf16 B1 N1100 H16 (18 chunks: a partial last one
 of 12 tokens; groups of 3 at n = 3) with an initial state and a final state's gradient, weak decays
@@ -47,13 +53,16 @@ TIME_DEADLINE = 56.0  # no timing starts past it
 
 # name: (Dk = Dv, CHUNKED overrides, timed)
 VARIANTS = {
-    "d128 shipped": (128, {}, True),
-    "d128 flat2 st2 tma": (128, dict(dqk_flat=2, dqk_stages=2, dqk_flat_tma=True), True),
-    "d64 shipped": (64, {}, True),
-    "d64 flat3 st3 tma": (64, dict(dqk_flat=3, dqk_stages=3, dqk_flat_tma=True), True),
-    "d64 flat3 st3": (64, dict(dqk_flat=3, dqk_stages=3), True),
-    "d64 ahead384": (64, dict(dqk_l2_ahead=384), True),
+    "d128 configs": (128, {}, True),
+    "d128 common": (128, dict(dqk_flat=0), True),
+    "d128 flat4 st2": (128, dict(dqk_flat=4, dqk_flat_stages=2), True),
+    "d64 configs": (64, {}, True),
+    "d64 common": (64, dict(dqk_flat=0), True),
+    "d64 flat6 st3": (64, dict(dqk_flat=6, dqk_flat_stages=3), True),
 }
+# the public op through autograd with configs' defaults (gpu_gla_op.check: o, dq, dk, dv, dg, dh0 against float64):
+# (B, N, H, D, strong decays + a reset); N 1024: the flat launch, N 1000: the common one
+OPS = [(2, 1024, 3, 64, False), (1, 1024, 2, 128, True), (2, 1000, 3, 64, True)]
 if "--only" in sys.argv:
     keep = sys.argv[sys.argv.index("--only") + 1].split(",")
     VARIANTS = {k: v for k, v in VARIANTS.items() if k in keep}
@@ -90,7 +99,7 @@ def check(name: str) -> dict:
     row = dict(variant=name)
     for case, kw in CASES.items():
         B, N, H = CHECK_SHAPE
-        if over.get("dqk_flat_tma") and not SMOKE:  # the descriptors need N a multiple of the chunk (else pointers)
+        if over.get("dqk_flat", 1) and not SMOKE:  # the flat launch needs N a multiple of the chunk
             N = 1088
         t = make(B, N, H, max(16, D // 4) if SMOKE else D, dtype=torch.float16 if SMOKE else torch.bfloat16, **kw)
         leaves = [t[n].detach().double().requires_grad_() for n in ("q", "k", "v", "g", "h0")]
@@ -184,15 +193,30 @@ def timing(rows: dict) -> dict:
     return res
 
 
+def check_op(i: int) -> dict:
+    """OPS[i] through the public op (gpu_gla_op.check), in its own process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_gla_op", Path(__file__).with_name("gpu_gla_op.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    B, N, H, D, strong = OPS[i]
+    row = mod.check(B, N, H, D, strong)
+    row["variant"] = "op " + row.pop("case")
+    return row
+
+
 def main():
     if "--one" in sys.argv:
         name = sys.argv[sys.argv.index("--one") + 1]
-        print("ROW " + json.dumps(check(name)), flush=True)
+        row = check_op(int(name[3:])) if name.startswith("op ") else check(name)
+        print("ROW " + json.dumps(row), flush=True)
         return
     env = dict(os.environ)
+    names = list(VARIANTS) + ([] if SMOKE else [f"op {i}" for i in range(len(OPS))])
     procs = {n: subprocess.Popen([sys.executable, __file__, "--one", n] + (["--smoke"] if SMOKE else []),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for n in VARIANTS}
+             for n in names}
     rows = {}
     for n, p in procs.items():
         try:
@@ -215,10 +239,14 @@ def main():
           f"{times.get('copy_GBps', '-')} GB/s; {result['wall_s']} s)")
     print(f"{'variant':15s} | {'weak dq/dk/dv (x floor), dg':30s} | {'strong+reset dq/dk/dv, dg':28s} | "
           "dqk ms r1/r2 (% bound) | bwd ms r1/r2")
-    for n in VARIANTS:
+    for n in names:
         r = rows[n]
         if "error" in r:
             print(f"{n:15s} | ERROR {r['error']}")
+            continue
+        if n.startswith("op "):
+            print(f"{r['variant']:15s} | o {r['o']} dq/dk/dv {r['dq']}/{r['dk']}/{r['dv']} dg {r['dg']:.2e} "
+                  f"dh0 {r['dh0']:.2e} {'pass' if r['pass'] else 'FAIL'}")
             continue
         cells = []
         for c in CASES:

@@ -289,7 +289,7 @@ def test_session33_values_only_at_the_checked_head_dims():
         s = torch.empty(1, 2, d, d)
         steps = []
         kernels_backward_gla_chunked.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1,
-                                              steps=steps, **over)
+                                              steps=steps, **dict(dict(dqk_flat=0), **over))  # the common launch
         opts = {name: kw for name, _, _, _, kw in steps}
         return opts["dqk0w"], opts["dvw"]
 
@@ -306,7 +306,8 @@ def test_session33_values_only_at_the_checked_head_dims():
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (64, 3, 5)
 
 
-S33 = dict(dqk_VB=64, dqk_form=3, dv_form=5)  # session 33's values, by override (whatever configs' dims rule)
+S33 = dict(dqk_VB=64, dqk_form=3, dv_form=5, dqk_flat=0)  # session 33's values, by override (whatever configs' dims
+# rule), on the common launch
 OFF = dict(dqk_dyn=False)  # the constexpr-bounded value loop (configs' before session 34's run 3)
 
 
@@ -366,49 +367,23 @@ def test_value_loop_never_one_constexpr_block(D):
     for kw in _dqk_launch_options(D, **S33, **OFF):
         assert kw["VB"] == min(64, BVF) and "DYN" not in kw
     for kw in _dqk_launch_options(D):  # configs' (dqk_dyn on since session 34's run 3): never a folded loop
-        assert kw["DYN"] is True
+        assert kw.get("DYN") is True or kw.get("CPP")  # (the flat launch's loop over chunks has a run-time bound)
 
 
-@pytest.mark.parametrize("N, Dk, Dv, flat, tma", [(70, 24, 40, 3, False), (100, 32, 32, 2, False),
-                                                 (96, 32, 32, 2, True), (96, 32, 32, 4, True)])
-def test_dqk_flat_chunks_a_program(N, Dk, Dv, flat, tma):
-    """dqk_flat: the dqk common launch by ``flat`` consecutive chunks a program (gla_dqk_flat_kernel, one loop over
-    them, whole-chunk trips) with dqk_form 3's math, chunks of 16 and key blocks of 16. fp16 weak decays with Dk 24 /
-    Dv 40 (partial key and value blocks: EVEN off) and N 70 (5 chunks: a last group of 2 at flat 3, a partial last
-    chunk), an initial state and a final state's gradient: dq / dk / dv within 2.5x the rounding floor, dg, dh0 at
-    fp16's relative error; float32 strong decays with a reset and a -1e30 channel (flagged blocks: the fallback's
-    launch writes them again) at Dk = Dv = 32 (EVEN on): float32 noise, dg 0 where the floor clamped. Both times the
-    gradients equal the shipped launch's to rounding, and the launch is the flat kernel's. tma (dqk_flat_tma): its
-    loads by tensor descriptors on 2-D views, taken only where N is a multiple of the chunk (N 96: 6 chunks, groups of
-    2 / 4 with a last group of 2; fp16 and float32 both)."""
-    blocks = dict(BT=16, BKB=16, dqk_VB=16, KD=16, BV=16, dqk_form=3, dqk_flat=flat, dqk_flat_tma=tma)
-    opts = _dqk_launch_options(32, **blocks)  # N 256: a multiple of the chunk
-    assert opts[0]["CPP"] == flat and opts[0]["EVEN"] is True and opts[0]["TMA"] is tma and "CPP" not in opts[1]
-    base_blocks = dict(blocks, dqk_flat=0, dqk_flat_tma=False)
-    torch.manual_seed(N)
-    if tma:
-        q, k, v, g, s0 = make(1, N, 2, 2, Dk, Dv, dtype=F16, decay="channel", h0=True)
-        do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
-        _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-        got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
-        for name, x, r in zip(("dq", "dk", "dv"), got, ref):
-            assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
-        base = run_chunked(q, k, v, g, s0, do, dht, st.float(), **base_blocks)
-        for name, x, y in zip(("dq", "dk", "dv", "dg"), got, base):
-            assert accuracy.rel_rms(x, y) < 2e-3, (name, accuracy.rel_rms(x, y))
-        q, k, v, g, _ = make(1, N, 2, 2, Dk, Dv, dtype=F32, decay="channel", strong=True)
-        g[:, N // 2, :, :4] = float("-inf")
-        do, dht = torch.randn(v.shape), torch.randn(1, 2, Dk, Dv)
-        _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
-        got = run_chunked(q, k, v, g, None, do, dht, None, **blocks)
-        for name, x, r in zip(("dq", "dk", "dv"), got[:3], ref):
-            assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
-        live = g >= -100
-        assert (got[3][~live] == 0).all()
-        assert accuracy.rel_rms(got[3][live], ref[3][live]) < 2e-4
-        return
-    if Dk != Dv:
-        q, k, v, g, s0 = make(1, N, 1, 1, Dk, Dv, dtype=F16, decay="channel", h0=True)
+
+@pytest.mark.parametrize("N, H, flat, dtype", [(96, 2, 2, F16), (96, 2, 4, F32), (112, 1, 3, F16)])
+def test_dqk_flat_chunks_a_program(N, H, flat, dtype):
+    """The flat dqk launch (gla_dqk_flat_kernel: ``flat`` consecutive chunks a program, one loop over them, loads by
+    tensor descriptors, which the interpreter runs) with dqk_form 3's math, chunks of 16, key blocks of 16, Dk = Dv =
+    32: N 96 / 112 (6 / 7 chunks: groups of 2 / 4 / 3 with a partial last group), 1-2 heads. fp16 weak decays with an
+    initial state and a final state's gradient: dq / dk / dv within 2.5x the rounding floor, dg, dh0 at fp16's relative
+    error; float32 strong decays with a reset and a -1e30 channel (flagged blocks: the fallback's launch writes them
+    again): float32 noise, dg 0 where the floor clamped. Both equal the common launch's gradients to rounding."""
+    blocks = dict(BT=16, BKB=16, dqk_VB=16, KD=16, BV=16, dqk_form=3, dqk_flat=flat)
+    off = dict(blocks, dqk_flat=0)
+    torch.manual_seed(N + flat)
+    if dtype == F16:
+        q, k, v, g, s0 = make(1, N, H, H, 32, 32, dtype=F16, decay="channel", h0=True)
         do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
         _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
         got = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
@@ -416,13 +391,12 @@ def test_dqk_flat_chunks_a_program(N, Dk, Dv, flat, tma):
             assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
         assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
         assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
-        base = run_chunked(q, k, v, g, s0, do, dht, st.float(), **base_blocks)
-        tol = 2e-3
+        base, tol = run_chunked(q, k, v, g, s0, do, dht, st.float(), **off), 2e-3
     else:
-        q, k, v, g, _ = make(1, N, 1, 1, Dk, Dv, dtype=F32, decay="channel", strong=True)
+        q, k, v, g, _ = make(1, N, H, H, 32, 32, dtype=F32, decay="channel", strong=True)
         g[:, N // 2, :, :4] = float("-inf")
         g[:, 3, :, 5] = -1e30
-        do, dht = torch.randn(v.shape), torch.randn(1, 1, Dk, Dv)
+        do, dht = torch.randn(v.shape), torch.randn(1, H, 32, 32)
         _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
         got = run_chunked(q, k, v, g, None, do, dht, None, **blocks)
         for name, x, r in zip(("dq", "dk", "dv"), got[:3], ref):
@@ -430,14 +404,32 @@ def test_dqk_flat_chunks_a_program(N, Dk, Dv, flat, tma):
         live = g >= -100
         assert (got[3][~live] == 0).all()
         assert accuracy.rel_rms(got[3][live], ref[3][live]) < 2e-4
-        base = run_chunked(q, k, v, g, None, do, dht, None, **base_blocks)
-        tol = 1e-6
+        base, tol = run_chunked(q, k, v, g, None, do, dht, None, **off), 1e-6
     for name, x, y in zip(("dq", "dk", "dv", "dg"), got, base):
         assert accuracy.rel_rms(x, y) < tol, (name, accuracy.rel_rms(x, y))
 
 
-def test_dqk_l2_ahead_only_compiled():
-    """dqk_l2_ahead (PTX prefetch.global.L2, which the interpreter cannot run) reaches the dqk common launch's
-    options only on a GPU, and only where dqk_form's launch runs (its compile facts: test_gla_backward_dqk_compile)."""
-    for kw in _dqk_launch_options(128, dqk_l2_ahead=384):
-        assert "AHEAD" not in kw  # this test's tensors are on the CPU (the interpreter's launches)
+def test_dqk_flat_where_configs_and_the_descriptors_allow():
+    """configs_gla_bwd.CHUNKED_FLAT_DIMS: the flat launch (chunks a program and stages as listed) at d 128 and d 64
+    where N is a multiple of the chunk; the common launch elsewhere: N not a multiple of 64, d 32 / d 96 (not listed),
+    a view whose heads are not consecutive in a token's row (q, k, v from a fused projection's split), dqk_flat 0."""
+    from tilecore.ops.linear_attention import configs_gla_bwd
+
+    def first(D, N=256, fused=False, **over):  # fused: float32 (no interpreter upcast, which copies the views)
+        q = torch.empty(1, N, 2, 3 * D)[..., :D] if fused else torch.empty(1, N, 2, D, dtype=torch.bfloat16)
+        g = torch.empty(1, N, 2, D)
+        s = torch.empty(1, 2, D, D)
+        steps = []
+        kernels_backward_gla_chunked.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1,
+                                              steps=steps, **over)
+        step = next(st for st in steps if st[0] == "dqk0w")
+        return step[1].fn.__name__, step[4]
+
+    for (Dk, Dv), want in configs_gla_bwd.CHUNKED_FLAT_DIMS.items():
+        name, kw = first(Dk)
+        assert name == "gla_dqk_flat_kernel" and kw["CPP"] == want["dqk_flat"], (Dk, kw)
+        assert kw["num_stages"] == want["dqk_flat_stages"]
+    assert {(128, 128), (64, 64)} == set(configs_gla_bwd.CHUNKED_FLAT_DIMS)
+    for case in (dict(D=128, N=1000), dict(D=64, N=200), dict(D=32), dict(D=96), dict(D=128, fused=True),
+                 dict(D=128, dqk_flat=0)):
+        assert first(**case)[0] == "gla_dqk_kernel", case

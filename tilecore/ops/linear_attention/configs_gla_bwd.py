@@ -51,9 +51,8 @@ CHUNKED = dict(
     dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch (11 / 27: within noise, more error)
     dv_form=5,  # one reduction a key block, two exp tiles, no branch on the flags
     g_pre=False,  # the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: slower walk
-    dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, one pipelined loop of (chunk, value block) trips
-    dqk_flat_tma=False,  # with dqk_flat: its loads by tensor descriptors (TMA) where every input allows
-    dqk_l2_ahead=0,  # n > 0: each dqk program (dqk_form's common launch) prefetches program pid + n's tiles into L2
+    dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, loads by TMA (CHUNKED_FLAT_DIMS sets it)
+    dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)
 )
@@ -62,6 +61,10 @@ CHUNKED = dict(
 # dims take CHUNKED_OTHER_DIMS
 CHUNKED_CHECKED_DIMS = ((128, 128), (64, 64), (32, 32))
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
+# the (Dk, Dv) pairs where the flat dqk launch (chunks a program, loads by TMA) was checked and faster on the H100, with
+# its chunks a program and stages: at d 64 3 stages keep a chunk's copies in flight with 2 programs an SM (110.7 KB);
+# a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM
+CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2), (64, 64): dict(dqk_flat=3, dqk_flat_stages=3)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
 COMBINE_KEY_BLOCK = 32

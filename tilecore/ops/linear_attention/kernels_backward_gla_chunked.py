@@ -44,7 +44,6 @@ from tilecore.ops.linear_attention.kernels_tl import (LOG_DECAY_FLOOR, _channel_
                                                       _channel_scores_in_registers, _cumulative_channels, _dot,
                                                       _factor_span, _rows, _split_dot, _store_rows)
 from tilecore.ops.linear_attention.plan import Plan
-from tilecore.tiles.ops import block_ptrs
 
 
 @triton.jit
@@ -360,7 +359,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
                    DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0,
-                   DYN: tl.constexpr = False, AHEAD: tl.constexpr = 0):
+                   DYN: tl.constexpr = False):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
     TOT (B H, NT, Dk) float32. Every value column at once (BVF >= Dv). Grid (B * H * NT * KBLOCKS,), key blocks
@@ -399,9 +398,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     PROBE (timing only, outputs WRONG; session 32, with VB and not EARLY): 1 leaves the value loop out (its sums zero:
     what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero).
     FORM (session 33; WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits.
-    DYN (session 34, with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches.
-    AHEAD (with FORM, on a GPU: PTX prefetch): the program first asks L2 for the tiles of program pid + AHEAD
-    (_dqk_l2_ahead), so the program that starts about then finds them there (its loads wait on L2, not HBM)."""
+    DYN (session 34, with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -422,49 +419,11 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                          pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID, DYN)
-        if AHEAD > 0:  # after the stores (before them its registers made ptxas serialize the wgmma, C7514)
-            _dqk_l2_ahead(Q, K, V, G, DO, HS, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
-                          sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, KBLOCKS, pid + AHEAD, BT, BKB, BVF)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY,
                      LEAN, DOTSCAN, PROBE, DYN)
-
-
-@triton.jit
-def _l2_prefetch(ptrs):
-    """PTX prefetch.global.L2 of the line holding each pointer (no value; not in the interpreter)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def _dqk_l2_ahead(Q, K, V, G, DO, HS, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd,
-                  sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, KBLOCKS, p,
-                  BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr):
-    """L2 prefetches of the dqk program p's tiles (gla_dqk_kernel's grid; none past the grid): its S_c and dS_c
-    rows, its chunk's g, q, k [BT, BKB] and (the key block 0 program's) v, do [BT, BVF], one pointer a 64-element
-    line (bf16: 128 B), tokens past N clamped to N - 1."""
-    if p < tl.num_programs(0):
-        kblock = p % KBLOCKS
-        c = (p // KBLOCKS) % NT
-        bh = p // (KBLOCKS * NT)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        rows = tl.minimum(c * BT + tl.arange(0, BT), N - 1)
-        lines: tl.constexpr = (BVF + 63) // 64
-        offs_l = tl.minimum(tl.arange(0, lines) * 64, DV - 1)
-        offs_k = tl.minimum(kblock * BKB + tl.arange(0, BKB), DK - 1)
-        _l2_prefetch(_state_ptrs(HS, bh, c, NT, offs_k, offs_l, DK, DV))
-        _l2_prefetch(_state_ptrs(DHS, bh, c, NT, offs_k, offs_l, DK, DV))
-        first = tl.arange(0, 1) * 0 + kblock * BKB
-        _l2_prefetch(block_ptrs(G + b * sgb + h * sgh, 0, rows, first, sgn, sgd))
-        _l2_prefetch(block_ptrs(Q + b * sqb + h * sqh, 0, rows, first, sqn, sqd))
-        _l2_prefetch(block_ptrs(K + b * skb + h * skh, 0, rows, first, skn, skd))
-        if kblock == 0:
-            _l2_prefetch(block_ptrs(V + b * svb + h * svh, 0, rows, offs_l, svn, svd))
-            _l2_prefetch(block_ptrs(DO + b * sob + h * soh, 0, rows, offs_l, son, sod))
 
 
 @triton.jit
@@ -729,26 +688,21 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
 
 
 @triton.jit
-def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG,
-                        sqb, sqn, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
-                        sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS, GROUPS,
+def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG, N, H, DK, DV, NT, scale, KBLOCKS, GROUPS,
                         BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, CPP: tl.constexpr,
-                        MMA: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, DOTSCAN: tl.constexpr,
-                        EVEN: tl.constexpr = False, TMA: tl.constexpr = False):
+                        MMA: tl.constexpr, IEEE: tl.constexpr, DOTSCAN: tl.constexpr):
     """The dqk kernel's common launch (gla_dqk_kernel WIDE 1 with dqk_form 3's math) with CPP consecutive chunks a
-    program through ONE loop over them, each trip a whole chunk (every value column: v, do [BT, BVF], S_c, dS_c [BKB,
-    BVF]), so that Triton's pipeliner (num_stages) has the next chunk's tiles in flight (cp.async into shared memory)
-    while the current chunk's chain runs: do v^T, do S_c^T, v dS_c^T from zero accumulators (none carried from trip to
-    trip: a reset of a carried wgmma accumulator makes ptxas serialize the wgmma, C7515), <S_c, dS_c>, then the chain
-    (G's scan, span and G_last by one reduction, the flag, the intra dots, dq, dk, dg's reverse sum, the stores:
-    _dqk_flat_chunk).
+    program through ONE loop over them, each trip a whole chunk, every load by a tensor descriptor (TMA on the GPU):
+    Q, K, V, G, DO on their (B N, H D) views with blocks [BT, BKB] / [BT, BVF], HS, DHS on (B H NT Dk, Dv) with blocks
+    [BKB, BVF] (the launcher's conditions: Dv = BVF, BKB divides Dk, N a multiple of BT, so a chunk's rows never cross
+    into the next batch). Triton's pipeliner (num_stages) issues the copies of a later chunk into shared memory; with
+    one copy a chunk ahead (3 stages) the copies run under the current chunk's chain. A trip: do v^T, do S_c^T,
+    v dS_c^T from zero accumulators (none carried from trip to trip: resetting a carried wgmma accumulator makes ptxas
+    serialize the wgmma, C7515), <S_c, dS_c>, then the chain (_dqk_flat_chunk). Pointer loads instead spill more (the
+    loop-invariant column offsets of their pointer tiles, hoisted out of the loop, stay live through the chain).
     Program (batch * head, group of CPP chunks, key block); grid (B * H * GROUPS * KBLOCKS,), GROUPS = cdiv(NT, CPP),
     key blocks fastest. FLAG[(bh NT + c) KBLOCKS + key block] is gla_dqk_kernel's (the fallback's launch reads it).
-    The trip count is a run-time value (no one-trip loop folded into straight-line code, decision 84). EVEN: Dv = BVF
-    and BKB divides Dk (the launcher's), so the loads are masked by token alone (no [BKB, BVF] column masks carried
-    through the loop). TMA (with EVEN, N a multiple of BT): every load by a tensor descriptor (Q, K, V, G, DO as (B N,
-    H D) with blocks [BT, BKB or BVF]; HS, DHS as (B H NT Dk, Dv) with blocks [BKB, BVF]): no pointer tiles at all
-    (the pointer path's loop-invariant column offsets, hoisted out of the loop, stay live through the chain)."""
+    The trip count is a run-time value (no one-trip loop folded into straight-line code, decision 84)."""
     pid = tl.program_id(0)
     kblock = pid % KBLOCKS
     grp = (pid // KBLOCKS) % GROUPS
@@ -758,46 +712,25 @@ def gla_dqk_flat_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, FLAG,
     offs_t = tl.arange(0, BT)
     offs_k = kblock * BKB + tl.arange(0, BKB)
     k_ok = offs_k < DK
-    offs_v = tl.arange(0, BVF)
-    if EVEN:
-        v_ok = offs_v < BVF  # all true: constant
-        kc_ok = offs_k < DK + BKB
-    else:
-        v_ok = offs_v < DV
-        kc_ok = k_ok
     c_first = grp * CPP
     for c in range(c_first, tl.minimum(NT, c_first + CPP)):
         t0 = c * BT
-        if TMA:  # N a multiple of BT: a chunk's rows never cross into the next batch
-            row = (bh // H) * N + t0
-            col = (bh % H) * DK + kblock * BKB
-            v = V.load([row, (bh % H) * DV])  # [BT, BVF]
-            do = DO.load([row, (bh % H) * DV])
-            srow = (bh * NT + c) * DK + kblock * BKB
-            hs = HS.load([srow, 0])  # [BKB, BVF]
-            dhs = DHS.load([srow, 0])
-            g = G.load([row, col]).to(tl.float32)  # [BT, BKB]
-            q = Q.load([row, col])
-            k = K.load([row, col])
-        else:
-            v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)  # [BT, BVF]
-            do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
-            if EVEN:  # c < NT: the state buffers' block is whole
-                hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV))  # [BKB, BVF]
-                dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV))
-            else:
-                ok = k_ok[:, None] & v_ok[None, :]
-                hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
-                dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=ok, other=0.0)
-            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, kc_ok, N, sgn, sgd).to(tl.float32)  # [BT, BKB]
-            q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, kc_ok, N, sqn, sqd)
-            k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, kc_ok, N, skn, skd)
+        row = (bh // H) * N + t0
+        col = (bh % H) * DK + kblock * BKB
+        v = V.load([row, (bh % H) * DV])  # [BT, BVF]
+        do = DO.load([row, (bh % H) * DV])
+        srow = (bh * NT + c) * DK + kblock * BKB
+        hs = HS.load([srow, 0])  # [BKB, BVF]
+        dhs = DHS.load([srow, 0])
+        g = G.load([row, col]).to(tl.float32)  # [BT, BKB]
+        q = Q.load([row, col])
+        k = K.load([row, col])
         a = _dot(do.to(MMA), tl.trans(v.to(MMA)), IEEE)
         dqs = _dot(do.to(MMA), tl.trans(hs), IEEE)
         dks = _dot(v.to(MMA), tl.trans(dhs), IEEE)
         sfx = tl.sum(hs.to(tl.float32) * dhs.to(tl.float32), 1)
         _dqk_flat_chunk(a, dqs, dks, sfx, g, q, k, DQ, DK_OUT, DG, FLAG + (bh * NT + c) * KBLOCKS + kblock,
-                        b, h, t0, offs_t, offs_k, k_ok, N, H, DK, scale, BT, MMA, IEEE, SPLIT, DOTSCAN)
+                        b, h, t0, offs_t, offs_k, k_ok, N, H, DK, scale, BT, MMA, IEEE, False, DOTSCAN)
 
 
 @triton.jit
@@ -1035,7 +968,7 @@ def gradient_buffers(out: dict | None, upcast: bool, q, k, v, h0, name: str):
     return dq, dk, dv, dg, dh0
 
 
-def _tma_ready(tensors) -> bool:
+def _tma_views(tensors) -> bool:
     """Every tensor can back a TMA descriptor on its 2-D view (q, k, v, g, do (B, N, H, D) as (B N, H D): heads
     consecutive in a token's row, tokens in a batch's; states (B, H, NT, Dk, Dv) contiguous), its base and row stride
     16-byte aligned."""
@@ -1065,6 +998,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
     cfg.update(overrides)
     if (q.shape[3], v.shape[3]) not in configs_gla_bwd.CHUNKED_CHECKED_DIMS:  # CHUNKED's values: GPU-checked there
         cfg.update({key: x for key, x in configs_gla_bwd.CHUNKED_OTHER_DIMS.items() if key not in overrides})
+    flat_dims = configs_gla_bwd.CHUNKED_FLAT_DIMS.get((q.shape[3], v.shape[3]), {})  # the flat launch where checked
+    cfg.update({key: x for key, x in flat_dims.items() if key not in overrides})
     mma, ieee, upcast = plan.config["MMA"], plan.config["IEEE"], plan.config["upcast"]
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
@@ -1154,30 +1089,28 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                              **({"G_PRE": True} if g_pre == 1 else {}))))
         # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
         dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
-        # dqk_flat where dqk_form 3's common launch runs (the value loop, lean, dg_local, the fallback apart)
-        flat = cfg["dqk_flat"] if (form == 3 and not g_pre and not cfg["split"]) else 0
+        # dqk_flat where dqk_form 3's common launch runs (the value loop, lean, dg_local, the fallback apart) and the
+        # descriptors can: Dv = BVF, BKB divides Dk, N a multiple of the chunk, every view TMA-aligned (_tma_views), on
+        # Hopper (where the H100 checked it) or in the interpreter
+        flat = cfg["dqk_flat"] if (form == 3 and not g_pre and not cfg["split"] and Dv == BVF and Dk % BKB == 0
+                                   and N % BT == 0 and (dispatch.is_hopper(dev) or dispatch.interpreted(dev))
+                                   and _tma_views((q, k, v, g, do, hs, dhs))) else 0
         for part, wide in dqk:
-            if flat and wide == 1:  # the common launch by CPP chunks a program (one loop over them)
+            if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                def desc(t, rows, cols):
+                    t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
+                    return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
+
                 groups = -(-NT // flat)
-                even = Dv == BVF and Dk % BKB == 0
-                ins = (q, k, v, g, do, hs, dhs)
-                tma = bool(cfg["dqk_flat_tma"] and even and N % BT == 0 and _tma_ready(ins))
-                if tma:  # the loads by tensor descriptors (TMA on the GPU) on 2-D views
-                    from triton.tools.tensor_descriptor import TensorDescriptor
-
-                    def desc(t, rows, cols):
-                        t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
-                        return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
-
-                    ins = (desc(q, BT, BKB), desc(k, BT, BKB), desc(v, BT, BVF), desc(g, BT, BKB), desc(do, BT, BVF),
-                           desc(hs, BKB, BVF), desc(dhs, BKB, BVF))
                 calls.append(("dqk0w", gla_dqk_flat_kernel, (B * H * groups * kblocks,), (
-                    *ins[:5], ins[5], ins[6], dq, dk, dg, flag, *q.stride(), *k.stride(), *v.stride(), *g_strides,
-                    *do.stride(), N, H, Dk, Dv, NT, scale, kblocks, groups),
-                    dict(BT=BT, BKB=BKB, BVF=BVF, CPP=flat, MMA=mma, IEEE=ieee, SPLIT=False,
-                         DOTSCAN=1 if dispatch.interpreted(dev) else 3, num_warps=cfg["dqk_warps"],
-                         num_stages=cfg["dqk_stages"] or cfg["stages"], EVEN=even, TMA=tma,
-                         **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] else {}))))
+                    desc(q, BT, BKB), desc(k, BT, BKB), desc(v, BT, BVF), desc(g, BT, BKB), desc(do, BT, BVF),
+                    desc(hs, BKB, BVF), desc(dhs, BKB, BVF), dq, dk, dg, flag, N, H, Dk, Dv, NT, scale, kblocks,
+                    groups), dict(BT=BT, BKB=BKB, BVF=BVF, CPP=flat, MMA=mma, IEEE=ieee,
+                                  DOTSCAN=1 if dispatch.interpreted(dev) else 3, num_warps=cfg["dqk_warps"],
+                                  num_stages=cfg["dqk_flat_stages"] or cfg["dqk_stages"] or cfg["stages"],
+                                  **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] else {}))))
                 continue
             grid = (-(-programs // group),) if wide == 2 else (programs,)
             calls.append((f"dqk{part}{'w' * wide}", gla_dqk_kernel, grid, (
@@ -1194,9 +1127,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                         else {}),
                      **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}),
-                     **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}),
-                     **({"AHEAD": cfg["dqk_l2_ahead"]} if cfg["dqk_l2_ahead"] and form and wide == 1
-                        and not dispatch.interpreted(dev) else {}))))
+                     **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}))))
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
