@@ -32,12 +32,12 @@ GLUON_ONEPASS: dict = {
 # gpu_s35.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388 (s34 calls 3, 4, 5)
+    16384: (1, True, 1, 2, 2),  # two warpgroups a pair's T: 4.76-4.98 ms = 1.68-1.76x torch.fft, long 5.92-5.95 (s35)
 }
-GLUON_ORDER3_CANDIDATES = {  # 8192's shipped tuple and what it beat; elsewhere slower than the shipped path (s34 calls 3-5)
+GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path (s34 calls 3-5)
     8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
            (1, True, 2, 2, 2)],  # two warpgroups on each pair's T (s35)
-    16384: [(1, True, 1, 2), (1, True, 1, 2, 2)],  # 6.238 ms vs the long path's 5.947 (one program a SM: T is 128
-    # KiB); two warpgroups on each pair's T (s35)
+    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped (s35); one warpgroup a SM 6.238 vs the long path's 5.947
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py

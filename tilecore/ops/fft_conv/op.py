@@ -234,9 +234,10 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Gluon kernel (every DFT stage a wgmma, u and y by TMA); at seqlen 256..4096 elsewhere: one Triton kernel
     for two sequences of a channel at a time (as the real and imaginary parts of one complex sequence),
     the DFT factored into small float16 matrices on tensor cores, u read once and y written once; at
-    seqlen 8192 and 16384 the same method in three passes through a float16 scratch (bf16 at ~1.04x its
-    rounding floor, fp16 at ~2.5x). float32 u at 256, 512, 1024: a kernel with float32 products. Other
-    lengths (any seqlen >= 1) and CPU tensors: torch.fft in float32.
+    seqlen 8192 and 16384 on Hopper one Gluon kernel at order 3 (no DFT matrix above 64 x 64; at 16384 two
+    warpgroups on each pair), elsewhere the same method in three passes through a float16 scratch (bf16 at
+    ~1.04-1.07x its rounding floor, fp16 at ~2.5-3.2x). float32 u at 256, 512, 1024: a kernel with float32
+    products. Other lengths (any seqlen >= 1) and CPU tensors: torch.fft in float32.
 
     Differentiable in u and in k: the filter, or its spectrum (a gradient reaching it flows on to the filter
     it was computed from, through torch.fft.rfft's backward). du is the same kernel's correlation; the filter's

@@ -4,7 +4,7 @@
   resident in shared memory) for bf16 / fp16 u at N in configs.GLUON_ONEPASS on Hopper under a triton
   the Gluon kernels were checked under (dispatch.gluon_ok); empty until a GPU run checks it;
 * "order3": the order-3 one-pass kernel in Gluon (gluon_order3.py, session 34) for bf16 / fp16 u at N in
-  configs.GLUON_ORDER3 (8192; empty until a GPU run checks it), on Hopper as "gluon";
+  configs.GLUON_ORDER3 (8192; 16384 with two warpgroups a pair, session 35), on Hopper as "gluon";
 * "mono": the one-pass three-factor kernel (kernels_mono.py) for bf16 / fp16 u at N in
   configs.MONO_CONFIGS (empty until a GPU run checks it: the switch);
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
