@@ -315,35 +315,6 @@ def test_plan_takes_the_kernel_only_behind_its_switch_on_hopper(monkeypatch):
     assert conv_plan.plan(1024, torch.device("cpu"), torch.bfloat16).path != "gluon"
 
 
-WG3 = """
-import json, re
-from tilecore.ops.fft_conv import configs
-from tilecore.ops.fft_conv.report import gluon_variant
-from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-config = [c for c in configs.GLUON_ONEPASS_CANDIDATES[4096] if c[7] == 3][0]
-name, kernel, args, warps, _ = gluon_variant(*config)
-compiled = compile_kernel(kernel, args, num_warps=warps)
-ptx = compiled.asm["ptx"]
-print(json.dumps(dict(regs=args["WORKER_REGS"], cap=re.findall(r"\\.maxnreg (\\d+)", ptx),
-                      sins=len(re.findall(r"sin\\.approx", ptx)), **vars(resources(compiled)),
-                      **has_hopper_instructions(ptx))))
-"""
-
-
-def test_three_walkers_compile_for_hopper():
-    """WARPGROUPS 3 (session 35, 4096's candidate): three walkers a program (12 warps: gl.warp_specialize with two
-    workers of 168 registers), chunks of 16, u and y by pointers: 3 x 128 threads x 168 registers fit the 64K and the
-    program's shared memory (resident F_A, F_B; each walker's x, staging tile) one a multiprocessor; ptxas's spill is
-    bounded (a few values a chunk: L1)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", WG3], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
-    assert row["wgmma"] and not row["wgmma_serialized"] and not row["tma"] and row["threads"] == 384, row
-    assert row["regs"] == 168 and row["cap"] == ["168"] and row["registers"] <= 168 and row["sins"] > 0, row
-    assert row["shared"] <= 227 * 1024 and row["spill_stores"] <= 256 and row["spill_loads"] <= 256, row
-
-
 def test_gluon_plan_rejects_what_the_kernel_does_not_take():
     with pytest.raises(ValueError, match="a x 64"):
         conv_plan.gluon_plan(16, 128, 0)
@@ -361,9 +332,6 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
     with pytest.raises(ValueError, match="contig"):
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 1, 4, True, 2)
     assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1).contig == 2
-    assert conv_plan.gluon_plan(128, 64, 1, True, False, 16, 2, 3, 4, True, 2, 1, False, 1).warpgroups == 3
-    with pytest.raises(ValueError, match="warpgroup"):
-        conv_plan.gluon_plan(32, 64, 1, warpgroups=3)  # (three walkers: the chunked kernel's)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk

@@ -44,8 +44,7 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
     4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG (s33 calls 4-6)
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1),  # the strided walk
-           (128, 64, 1, True, False, 16, 2, 3, 4, True, 2, 1, False, 1)],  # three walkers, chunks of 16, pointers (s35)
+           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {

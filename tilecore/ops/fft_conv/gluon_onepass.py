@@ -810,10 +810,9 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     (one wait a complex product). WARPGROUPS 2: two warpgroups (4 + 4 warps, gl.warp_specialize) walk
     alternate pairs with buffers of their own, sharing the resident matrices (two pairs in flight a
     multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
-    the workers' registers. WARPGROUPS 3 (session 35): three walkers (12 warps, two workers of WORKER_REGS 168:
-    the 64K registers of a multiprocessor), three pairs in flight. YALIAS (TMA, session 31): y's box is the ring slot
-    its pair's u came in (16 KiB a walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the
-    pair's x is in shared memory and the previous y store has read that slot."""
+    the second one's registers. YALIAS (TMA, session 31): y's box is the ring slot its pair's u came in (16 KiB a
+    walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
+    memory and the previous y store has read that slot."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     HALF: gl.constexpr = A // 2
@@ -839,20 +838,13 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         fence_async_shared()
         gl.thread_barrier()
         _chunked_walk(g, first, 0, 1)
-    elif WARPGROUPS == 2:
+    else:
+        gl.static_assert(WARPGROUPS == 2, "WARPGROUPS is 1 or 2")
         second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
         fence_async_shared()
         gl.thread_barrier()
         gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
                            [WORKER_REGS])
-    else:  # (session 35: a third walker, three pairs in flight a multiprocessor, 168 registers each)
-        gl.static_assert(WARPGROUPS == 3, "WARPGROUPS is 1, 2 or 3")
-        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
-        third = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
-        fence_async_shared()
-        gl.thread_barrier()
-        gl.warp_specialize([(_chunked_walk, (g, first, 0, 3)), (_chunked_walk, (g, second, 1, 3)),
-                            (_chunked_walk, (g, third, 2, 3))], [4, 4], [WORKER_REGS, WORKER_REGS])
 
 
 @gluon.jit

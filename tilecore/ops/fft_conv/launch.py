@@ -197,10 +197,6 @@ def gluon_spectrum(plan: Plan, spectrum: torch.Tensor, conj: bool) -> torch.Tens
     return mono_spectrum(spectrum, plan.n1, plan.n2, 1, False, conj)
 
 
-# The chunked Gluon kernel's worker warpgroups' registers by warpgroups a program: 248 (4096's two without spill), 168
-# (three: 3 x 128 threads x 168 of the 64K)
-WORKER_REGS = {1: 248, 2: 248, 3: 168}
-
 # A keyed call's launch, all but its tensors (the grid, the DFT tables, the constexprs): a function of the
 # launch key (op.py: u's and the filter's signatures, conj), made at the key's first call
 _GLUON_LAUNCHES = LRU(256)
@@ -218,10 +214,9 @@ def _gluon_launch_parts(plan: Plan, u: torch.Tensor, y: torch.Tensor, conj: bool
                    CONTIG=plan.contig, KPRE=plan.kpre, LEAN=plan.lean, PRESCALE=plan.prescale)
     if plan.maxnreg:  # (a launch option: only where set, so the other plans' launches are as before)
         options["maxnreg"] = plan.maxnreg
-    if plan.chunk:
+    if plan.chunk:  # (WORKER_REGS 248: 4096's two warpgroups without spill)
         kernel = CONV_GLUON_CHUNKED
-        options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=WORKER_REGS[plan.warpgroups],
-                       num_warps=4,
+        options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=248, num_warps=4,
                        YALIAS=plan.yalias and tma)
     else:
         kernel = CONV_GLUON

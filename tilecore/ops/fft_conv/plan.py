@@ -88,9 +88,7 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     32, a 16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
     of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain).
     ``contig`` 2 (session 33; chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it
-    (both on one channel's pairs at once). ``warpgroups`` 3 (session 35; chunked): three walkers a program, 168
-    registers each (launch.WORKER_REGS), three pairs in flight a multiprocessor (u and y by pointers: three TMA rings do
-    not fit beside the resident matrices). (Session 33's CSCALE, TWEARLY and LAG were measured no faster or slower and
+    (both on one channel's pairs at once). (Session 33's CSCALE, TWEARLY and LAG were measured no faster or slower and
     removed: notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
@@ -103,11 +101,11 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
-    if contig not in (False, True, 2) or (contig == 2 and (not chunk or warpgroups < 2)):
-        raise ValueError(f"the Gluon one-pass kernel's contig is False, True or 2 (the chunked kernel's walkers "
+    if contig not in (False, True, 2) or (contig == 2 and (not chunk or warpgroups != 2)):
+        raise ValueError(f"the Gluon one-pass kernel's contig is False, True or 2 (the chunked kernel's two walkers "
                          f"interleaved on their program's block); got {contig} (chunk {chunk}, warpgroups {warpgroups})")
-    if warpgroups not in (1, 2, 3) or (warpgroups > 1 and not chunk):
-        raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 or 3 chunked; got {warpgroups}")
+    if warpgroups not in (1, 2) or (warpgroups == 2 and not chunk):
+        raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 chunked; got {warpgroups}")
     if warps not in (4, 8) or (warps == 8 and chunk):
         raise ValueError(f"the Gluon one-pass kernel runs 4 warps, or 8 in the whole-tile kernel; got {warps}")
     if not chunk and (b != 64 or a not in (32, 64)):

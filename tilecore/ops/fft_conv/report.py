@@ -83,9 +83,7 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         ", spectrum prescale" if prescale else "")
     if chunk:
         del args["ASYNC"]
-        from tilecore.ops.fft_conv.launch import WORKER_REGS
-
-        args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=WORKER_REGS[warpgroups], YALIAS=yalias)
+        args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
         return (f"fft_conv gluon N{n} ({a}x{b}, chunks of {chunk}{extra.replace(', async', '')}, {4 * warpgroups} warps)",
                 gluon_onepass.fft_conv_gluon_chunked_kernel, args, 4, True)
     return (f"fft_conv gluon N{n} ({a}x{b}{extra}, {warps} warps)",
