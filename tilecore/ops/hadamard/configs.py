@@ -112,7 +112,7 @@ QUANT_GLUON_WIDE = {("fp8_e4m3", 11008): True, ("int8", 11008): True, ("mxfp4", 
                     ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
                     ("int4", 18944): True}
 QUANT_GLUON_WIDE_STAGES = 2  # its ring's stages: one stage ran 0.86-0.97x
-QUANT_GLUON_WIDE_TUNING = {}  # its stages / ahead / pingpong by (format, n): none faster
+QUANT_GLUON_WIDE_TUNING = {}  # its stages by (format, n): none faster (AHEAD, PINGPONG lost and were removed)
 # the Gluon kron kernel (m <= 32 x 128..1024): checked, 1.19-2.53x the tl plans
 QUANT_GLUON_KRON = {(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (14336, 28672)}
 QUANT_GLUON_KRON.update({("nvfp4", 14336): True, ("nvfp4", 28672): True})  # with SCALE_ONCE: 1.19x / 1.55x

@@ -92,7 +92,6 @@ def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> Glu
         return GluonPlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
             M=m, FORMAT=_FP8_ID, **({"HALVES": 2} if halves == 2 else {}), G=0, STATIC=False, QMAX=_FP8_QMAX,
             STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=False, num_warps=4,
-            **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
             **({"KTRIM": True} if tuning.get("ktrim") else {}),
             **({"UNITS": True} if halves == 2 and tuning.get("units") else {}), **_switches(tuning),
             **({"STORE2": True} if halves == 2 and tuning.get("units") and tuning.get("store2") else {}),

@@ -85,8 +85,6 @@ class WideQuantize:
     G: gl.constexpr  # group size (0: per token)
     STATIC: gl.constexpr  # fp8 with a given scale
     QMAX: gl.constexpr
-    AHEAD: gl.constexpr  # block j + 1's mixing behind block j's second product (plan tuning "ahead"; untimed)
-    turns: object  # PINGPONG: two mbarriers, consumer c's turn at the tensor cores; else None
     PROBE: gl.constexpr  # experiments only (0 ships): 1, no products (Y_j = the row's chunk j as loaded, times rscale)
     HALVES: gl.constexpr  # 2: rows of m x 128 (18944 = 148 x 128), a tile one row, consumer c its output columns 64 c..
     xchg: object  # HALVES 2: [4, 1] float32 shared (tile parity x consumer), the per-token amax exchange; else None
@@ -194,12 +192,6 @@ class WideQuantize:
         else:
             xs = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
         h64 = ctx.operand.index(NB * NB)
-        if self.turns is not None:  # ping-pong: the consumers take turns at the products, one's epilogue under the other's
-            t = ctx.ring_step  # this program's tile count so far (one ring step a tile)
-            if ctx.index == 0:
-                mbarrier.wait(self.turns.index(0), (t & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-            else:
-                mbarrier.wait(self.turns.index(1), t & 1)
         if self.HALVES == 2:  # block J: both halves' mixing, then W = W_0 +- W_1 (H_2 of H_128 = H_2 (x) H_64; - for c 1)
             y0 = self._halves(ctx, stage, state.w0, h64, 0)
             y1 = self._halves(ctx, stage, state.w1, h64, 1)
@@ -209,19 +201,6 @@ class WideQuantize:
             y0 = self._scaled(xs[0].load(L).to(gl.float32), 0)
             y1 = self._scaled(xs[1].load(L).to(gl.float32), 1)
             y2 = self._scaled(xs[2].load(L).to(gl.float32), 2)
-        elif self.AHEAD:  # block j + 1's mixing issued behind block j's second product (the tensor cores kept busy)
-            w0 = warpgroup_mma_wait(0, deps=(self._issue_mixing(ctx, xs, state.w0, 0),))
-            s0 = self._issue_second(w0, h64)
-            w1 = self._issue_mixing(ctx, xs, state.w1, 1)
-            s0 = warpgroup_mma_wait(NB, deps=(s0,))  # NB groups (block 1's mixing) may still run
-            y0 = self._scaled(s0, 0)
-            w1 = warpgroup_mma_wait(0, deps=(w1,))
-            s1 = self._issue_second(w1, h64)
-            w2 = self._issue_mixing(ctx, xs, state.w2, 2)
-            s1 = warpgroup_mma_wait(NB, deps=(s1,))
-            y1 = self._scaled(s1, 1)
-            w2 = warpgroup_mma_wait(0, deps=(w2,))
-            y2 = self._scaled(warpgroup_mma_wait(0, deps=(self._issue_second(w2, h64),)), 2)
         elif self.STREAM:  # the values stored block by block as made; nothing held for finish
             self._stream(ctx, self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0), tile, 0)
             self._stream(ctx, self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1), tile, 1)
@@ -233,8 +212,6 @@ class WideQuantize:
             y0 = self._rotated(self._mixed(ctx, xs, state.w0, 0), h64, 0)
             y1 = self._rotated(self._mixed(ctx, xs, state.w1, 1), h64, 1)
             y2 = self._rotated(self._mixed(ctx, xs, state.w2, 2), h64, 2)
-        if self.turns is not None:
-            mbarrier.arrive(self.turns.index(1 - ctx.index))  # the other consumer's turn
         if self.HALVES == 2:
             return Mixed(y0, y1, y2, ctx.ring_step)
         else:
@@ -329,25 +306,6 @@ class WideQuantize:
         keep = gl.expand_dims(keep, 1)
         return (_pack(gl.where(keep, _rni(y0 * recip), 0), BLOCK, BLOCK),
                 _pack(gl.where(keep, _rni(y1 * recip), 0), BLOCK, BLOCK))
-
-    @gluon.jit
-    def _issue_mixing(self, ctx, xs, w, J: gl.constexpr):
-        """W_J = sum_k H[J, k] X_k issued (NB wgmma groups), not waited for."""
-        bufs = ctx.operand
-        dt: gl.constexpr = self.x_desc.dtype
-        lay: gl.constexpr = bufs.type.layout
-        for k in gl.static_range(NB):
-            w = warpgroup_mma(bufs.index(NB * J + k)._reinterpret(dt, [BLOCK, BLOCK], lay), xs[k], w, use_acc=k > 0,
-                              is_async=True)
-        return w
-
-    @gluon.jit
-    def _issue_second(self, w, h64):
-        """(hi + lo)(W) H_64 issued (two groups), not waited for."""
-        operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=w.type.layout, k_width=2)
-        hi, lo = pieces(w, self.CLAMP_LO)
-        y = warpgroup_mma(gl.convert_layout(hi, operand), h64, gl.zeros_like(w), use_acc=False, is_async=True)
-        return warpgroup_mma(gl.convert_layout(lo, operand), h64, y, is_async=True)
 
     @gluon.jit
     def _product(self, ctx, J: gl.constexpr, k: gl.constexpr, x, w, use_acc: gl.constexpr):
@@ -584,7 +542,7 @@ class WideQuantize:
 def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows, stride_scales,
                                rscale, row_counter, M: gl.constexpr, FORMAT: gl.constexpr, G: gl.constexpr,
                                STATIC: gl.constexpr, QMAX: gl.constexpr, STAGES: gl.constexpr,
-                               AHEAD: gl.constexpr = False, PINGPONG: gl.constexpr = False, PROBE: gl.constexpr = 0,
+                               PROBE: gl.constexpr = 0,
                                HALVES: gl.constexpr = 1, SCALE_ONCE: gl.constexpr = False, KTRIM: gl.constexpr = False,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
@@ -595,12 +553,6 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
     are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
     zero at launch and left so, from which programs draw row pairs."""
-    if PINGPONG:  # consumer c's turn at the tensor cores (WideQuantize.compute)
-        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(turns.index(0), count=1)
-        mbarrier.init(turns.index(1), count=1)
-    else:
-        turns = None
     if HALVES == 2:  # the per-token amax exchange between the consumers sharing a row
         xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -609,8 +561,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xchg = None
         xbar = None
-    gl.static_assert(not UNITS or (HALVES == 2 and not AHEAD and not PINGPONG and PROBE == 0), "UNITS: HALVES 2 alone")
-    gl.static_assert(not STREAM or (HALVES == 1 and FORMAT == STORE and not AHEAD and not PINGPONG and PROBE == 0),
+    gl.static_assert(not UNITS or (HALVES == 2 and PROBE == 0), "UNITS: HALVES 2 alone")
+    gl.static_assert(not STREAM or (HALVES == 1 and FORMAT == STORE and PROBE == 0),
                      "STREAM: HALVES 1 STORE alone")
     # PERM: HALVES 1, or UNITS' group formats with groups inside a sub-row (their codes made and held in _unit); the
     # AMAX pass of such a plan (nvfp4's dynamic global scale) takes the permuted operand but needs no relabelling:
@@ -622,7 +574,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     else:
         xrows = None
     op = WideQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, M, FORMAT, G,
-                      STATIC, QMAX, AHEAD, turns, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
+                      STATIC, QMAX, PROBE, HALVES, xchg, xbar, xrows, SCALE_ONCE, KTRIM,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
                       STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM,

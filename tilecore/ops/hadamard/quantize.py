@@ -221,8 +221,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     where it applies and is asked for (plan tuning "gluon", or configs.QUANT_GLUON_WIDE by (format, n); off until
     a GPU run checks it), else None: rows of m x 64 with 128 < m <= 192, 16-bit, no random signs, groups of 16 or
     32 inside a sub-row, 128 (int4: a sub-row pair) or the whole row; plan_quantize's device may run Gluon.
-    Tuning: stages (the ring's), waves (programs an SM), ahead, pingpong (gluon_quantize_wide's AHEAD, PINGPONG),
-    scale_once (SCALE_ONCE), ktrim (KTRIM: the last K chunk of the mixing cut at the 16-multiple past m)."""
+    Tuning: stages (the ring's), waves (programs an SM), scale_once (SCALE_ONCE), ktrim (KTRIM: the last K chunk of the mixing cut at the 16-multiple past m)."""
     from tilecore.ops.hadamard.gluon_quantize_wide import fits
 
     on = tuning.get("gluon", _by_format(configs.QUANT_GLUON_WIDE, fmt, n, False))
@@ -237,7 +236,6 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     return QuantizePlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
         M=M, FORMAT=f.kernel_id, **({"HALVES": 2} if halves == 2 else {}), G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
-        **({"AHEAD": True} if tuning.get("ahead") else {}), **({"PINGPONG": True} if tuning.get("pingpong") else {}),
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
         **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning),
