@@ -103,3 +103,30 @@ def test_format_tuning_table_under_the_callers_tuning():
     finally:
         configs.QUANT_POW2_FORMAT_TUNING.clear()
         configs.QUANT_POW2_FORMAT_TUNING.update(old)
+
+
+_COMPILE_128 = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard import sass_quantize as sq
+from tilecore.tiles.compile import resources
+for fmt in ("mxfp4", "nvfp4", "int4"):
+    plan, k = sq.compile_case(fmt, 128, True, **({"static": True} if fmt == "nvfp4" else {}))
+    ptx = k.asm["ptx"]
+    print(json.dumps(dict(fmt=fmt, tma_load=plan.config["TMA_LOAD"], tma_store=plan.config["TMA_STORE"],
+                          grid=plan.grid[0], bulk=ptx.count("cp.async.bulk.tensor"), spills=resources(k).spill_stores)))
+"""
+
+
+def test_shipped_128_4bit_plans_compile_with_tma_for_sm90():
+    """The shipped 4-bit plans at n = 128 (QUANT_POW2_FORMAT_TUNING, session 35: 2.3-3.5x the pointer plans on the
+    H100) at 2^28 elements: TMA loads and code stores in the sm_90a PTX, nothing spilled; mxfp4 / int4 on 2 programs
+    an SM."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_128], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {d["fmt"]: d for d in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{"))}
+    for fmt, d in rows.items():
+        assert d["tma_load"] and d["tma_store"] and d["bulk"] >= 2 and d["spills"] == 0, d
+    assert rows["mxfp4"]["grid"] == rows["int4"]["grid"] == 2 * rows["nvfp4"]["grid"] == 264, rows
