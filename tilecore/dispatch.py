@@ -107,9 +107,9 @@ def eager_mode(*tensors: torch.Tensor | None) -> str:
     * "op": through the ``torch.library`` custom op: under torch.compile, dispatch or torch-function
       modes (fake and meta tensors), functorch transforms, tensor subclasses.
 
-    Inside :func:`pretend`, plain meta tensors stand for the described GPU's tensors and count as a device's
-    (session 34): a public call runs the implementation, so tilecore.portability records the kernels the
-    op's own host path launches there (outside pretend a meta tensor still takes the custom op's fake).
+    Inside :func:`pretend`, plain meta tensors stand for the described GPU's tensors and count as a device's:
+    a public call runs the implementation, so tilecore.portability records the kernels the op's own host path
+    launches there (outside pretend a meta tensor still takes the custom op's fake).
     """
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() \
             or torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:

@@ -364,7 +364,7 @@ CASES = {"hadamard": hadamard_cases, "gemm": gemm_cases, "attention": attention_
 QUICK_PUBLIC_TARGETS = {op: ("sm_86", "gfx90a") for op in ("linear_attention", "fft_conv", "attention_varlen",
                                                             "attention_kvcache", "hadamard_quantize")}
 QUICK_PUBLIC_TARGETS["attention_fp8"] = ("sm_86", "sm_89", "gfx90a")
-# hadamard_quantize on sm_100a too: tcgen05's lowering fails or asks more there for tiles sm_90a compiles (session 35)
+# hadamard_quantize on sm_100a too: tcgen05's lowering fails or asks more there for tiles sm_90a compiles
 QUICK_PUBLIC_TARGETS["hadamard_quantize"] = ("sm_86", "gfx90a", "sm_100a")
 PUBLIC_OPS = tuple(QUICK_PUBLIC_TARGETS)
 # --quick: the ops compiled for each target. sm_89 and gfx942 asked exactly the shared memory sm_86 and

@@ -164,13 +164,13 @@ def gluon_kron_tuning(m: int, p: int, tuning: dict, fmt: str | None = None) -> t
     inside = tuning.get("inside", table.get("inside", f // (2 * split) == 4))
     return split, bool(inside)
 
-# GPUs with tensor memory (dispatch.tensor_memory: sm_100, B200), compiled on the CPU (session 35, issue 31; untimed
+# GPUs with tensor memory (dispatch.tensor_memory: sm_100, B200), compiled on the CPU (issue 31; untimed
 # there): pow2_quantize_kernel with per-row scales at one row a tile (n >= 4096) does not compile under triton 3.6
 # (TritonNvidiaGPUOptimizeTMemLayouts: "parent layout must have at least rank >= 2"; sm_90a compiles it), so those
 # calls take the kron-tiled kernel (8-72 KiB there); and tiles whose shared memory tcgen05's lowering raises past the
 # block's 227 KiB get a smaller one: (n, format) -> tile_elems (n = 256 int4 on pointers: 232 KiB -> 132)
 QUANT_TMEM_TILES = {(256, "int4"): 16384}
-# GPUs whose blocks get less shared memory than the pow2 quantize tiles ask (issue 31, session 35; compiled on the CPU,
+# GPUs whose blocks get less shared memory than the pow2 quantize tiles ask (issue 31; compiled on the CPU,
 # untimed there): rows of (least bytes a block gets, {n: the most elements a tile}), read through
 # dispatch.shared_memory_fit. The H100 and the A100 take the first row (n = 256 136 KiB of sm_80's 163)
 QUANT_SHARED_FITS = (
