@@ -183,14 +183,15 @@ def online_softmax_update(m_i, l_i, s, scale_log2e):
     exp2(m_old - m), the factor that rescales what was accumulated before (the ``tl`` twin also
     applies it to an accumulator; here the caller does, in the accumulator's layout, when it is
     done with the tensor cores). As the twin: m starts at -inf and masked scores are -inf; while a
-    row's max is still -inf the shift is 0 (exp2(-inf - -inf) would be NaN), so such a row keeps
-    l = 0 and P = 0; a NaN or +inf score makes its row's P and l NaN. A finite score whose scaled
-    value overflows (m = +inf) makes its row NaN too, but at the end: ``online_softmax_result`` takes
-    such a row's l for NaN (here exp2_scaled's FMA keeps s * c exact, so exp2(s * c - inf) = 0 where
-    the twin's rounded s * c gives inf - inf; a max, once +inf, stays +inf). Not a select a step:
-    that cost the D64 three-consumer forward 2-5% on the H100 (notes/tiles)."""
+    row's max is still -inf (exp2(-inf - -inf) would be NaN) the shift is -FLT_MAX, one max with m
+    (the twin selects 0; both give P = exp2(-inf) = 0 and alpha = 0), so such a row keeps l = 0 and
+    P = 0, and every finite m is its own shift; a NaN or +inf score makes its row's P and l NaN. A
+    finite score whose scaled value overflows (m = +inf) makes its row NaN too, but at the end:
+    ``online_softmax_result`` takes such a row's l for NaN (here exp2_scaled's FMA keeps s * c exact,
+    so exp2(s * c - inf) = 0 where the twin's rounded s * c gives inf - inf; a max, once +inf, stays
+    +inf). No select a step (a select cost the D64 three-consumer forward 2-5% on the H100, notes/tiles)."""
     m_new = gl.maximum(m_i, row_max(s) * scale_log2e)
-    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    m_ref = gl.maximum(m_new, -3.4028234663852886e38)  # -inf -> -FLT_MAX: exp2(-inf + FLT_MAX) = 0
     p = exp2_scaled(s, scale_log2e, m_ref)
     alpha = gl.exp2(m_i - m_ref)
     return m_new, l_i * alpha + row_sum(p), p, alpha
