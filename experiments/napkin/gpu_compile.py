@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 SMOKE = "--smoke" in sys.argv
 QUICK = "--quick" in sys.argv  # one job of <= 60 s: the sweeps cut to session 26's best configs
+DEFAULTS = "--defaults" in sys.argv  # run.py's default blocks against swept ones (after the checks)
 if SMOKE:  # before tilecore: its kernels are made for the interpreter or a GPU at import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -60,7 +61,7 @@ from tilecore.ops.napkin_compiled import CompiledDiagram, compile_diagram, evalu
 
 START = time.time()
 BUDGET_S = 150  # parts not started by then are skipped (the run stays under 3 minutes)
-if "--quick" in sys.argv:
+if "--quick" in sys.argv or "--defaults" in sys.argv:
     BUDGET_S = 48
 DEV = torch.device("cpu" if SMOKE else "cuda")
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -345,8 +346,61 @@ def time_rownorm(gpu):
            bench(unfused), "tilecore.layer_norm + tilecore.gemm", g.flops(), cfg, rows)
 
 
+def time_defaults():
+    """--defaults: the block configuration compile_diagram launches when given none (run.py's per-family
+    default) against the best of session 26's sweeps and one more, per family, at the timed sizes; each
+    result checked against float64 on a small shape first (run_checks). Decides run.py's defaults."""
+    B, H, N, D = (1, 2, 64, 32) if SMOKE else (4, 16, 4096, 128)
+    t, m, f = (64, 64, 128) if SMOKE else (8192, 4096, 14336)
+    tn, nn, on = (48, 64, 64) if SMOKE else (8192, 4096, 4096)
+    att = [{}, dict(BM=128, BN=64, num_warps=8, num_stages=3), dict(BM=128, BN=128, num_warps=8, num_stages=2)]
+    cases = [
+        ("attention softcap_approx 30 causal", attention_diagram(B, H, N, D, DTN, (f"scale({D ** -0.5})", "softcap_approx(30.0)"), True),
+         att, lambda ins: tilecore.attention(ins["Q"], ins["K"], ins["V"], causal=True, softcap=30.0), "tilecore.attention"),
+        ("attention plain softmax", attention_diagram(B, H, N, D, DTN, (f"scale({D ** -0.5})",)), att[:2],
+         lambda ins: tilecore.attention(ins["Q"], ins["K"], ins["V"]), "tilecore.attention"),
+        ("RMSNorm then GEMM", rownorm_diagram(tn, nn, on, DTN), [{}, dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)],
+         lambda ins: tilecore.gemm(tilecore.layer_norm(ins["X"], ins["W"], rms=True), ins["P"]), "layer_norm + gemm"),
+        ("gated MLP", gated(t, m, f, DTN), [{}, dict(BM=128, BN=256, BK=64, GROUP=8, num_warps=8, num_stages=4)], None, None),
+    ]
+    for label, g, cfgs, peer, peer_name in cases:
+        if time.time() - START > BUDGET_S:
+            RESULTS["errors"].append(f"defaults {label}: skipped (time budget)")
+            continue
+        ins = rand_inputs(g, 0.05 if "MLP" in label else 1.0)
+        rows, first = [], None
+        for cfg in cfgs:
+            fc = CompiledDiagram(compile_diagram(g).program, cfg or None)
+            out = fc(poison=True, **ins)[g.outputs[0]].float()
+            first = out if first is None else first
+            # every element written (poisoned first), and the same answer as the default's within rounding
+            diff = ((out - first).norm() / first.norm()).item()
+            rows.append({"config": cfg or "default", "us": bench(lambda: fc(**ins)) * 1e6,
+                         "finite": bool(torch.isfinite(out).all()), "rel_diff_vs_default": diff})
+        t_peer = bench(lambda: peer(ins)) * 1e6 if peer else None
+        RESULTS["timings"].append({"case": label, "defaults": rows, "peer": peer_name, "peer_us": t_peer})
+        print(f"defaults {label}: " + "; ".join(f"{r['config']} {r['us']:.1f} us" for r in rows)
+              + (f"; {peer_name} {t_peer:.1f} us" if peer else ""), flush=True)
+
+
 def main():
     run_checks()
+    if DEFAULTS:
+        time_defaults()
+        RESULTS["wall_s"] = time.time() - START
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "napkin_gpu_compile.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+        print(f"device: {RESULTS['device']}; {RESULTS['wall_s']:.0f} s")
+        for r in RESULTS["timings"]:
+            best = min(r["defaults"], key=lambda x: x["us"])
+            base = r["defaults"][0]["us"]
+            ok = all(x["finite"] and x["rel_diff_vs_default"] < 2 ** -7 for x in r["defaults"])
+            print(f"{r['case']:<36} {'ok' if ok else 'CHECK FAILED'} default {base:8.1f} us; best {best['config']} {best['us']:.1f} us "
+                  f"({base / best['us']:.3f}x)" + (f"; {r['peer']} {r['peer_us']:.1f} us: best x peer "
+                                                   f"{r['peer_us'] / best['us']:.2f}" if r["peer_us"] else ""))
+        for e in RESULTS["errors"]:
+            print("error:", e)
+        return
     try:
         tanh_approx_error()
     except Exception as e:  # noqa: BLE001
