@@ -11,8 +11,10 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
 
 1. D128 causal B16 H16 N4096: O of each form against float64 attention of the bf16 inputs on a slice (error as a
    multiple of the bf16 rounding floor; all finite), then timings (triton.testing.do_bench medians): end to end, and
-   the parts: each kernel alone (k and v quantized once; q3 / q31 launched by launch.forward_q_rotated), a timing
-   probe (q3 with P V issued twice a step: P V's tensor time in bf16, O wrong) and the quantizing passes of q, k, v.
+   the parts: each kernel alone (k and v quantized once; q3 / q31 launched by launch.forward_q_rotated) and the
+   quantizing passes of q, k, v. Calls 3 and 4 of session 35 also timed the kernel's timing probes probe_pv2 (P V
+   issued twice a step) and probe_rot 1 / 2 (no rotation product / no rotate_q); wrong O, removed after those runs
+   (issue 30): their code and this script's rows for them at commit 34f350a.
 2. q in the kernel against its twin (quantize.rotate_quantize_rows for q, rotate_quantize for k per block,
    quantize_v_permuted per block, attention_fp8_emulated with P's linear code) on a GQA tail (B2 Hq8 Hkv2 N1008 Nk1104,
    D128 causal: neither a multiple of 128; v's magnitude 10^-2..10^2 along the keys), O, lse and the no-key rows;
@@ -21,9 +23,8 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
    <= 9.1e-3 rotated): block and q3.
    3b. A scaled score that overflows float32 (q's descale 3e38 on one head, per-head descales): its rows NaN.
 4. If time is left: D128 full, D64 causal, D64 full end to end (bf16, block, q3).
---confirm (the second batch): D128 causal block against q31 (1 Q buffer) with the kernels alone and two timing probes
-of the rotation (probe_rot 1: no rotation product; 2: no rotate_q), then D64 (the tail against the twin, causal end
-to end), the outlier test, D128 full (block, q3, q31) and D64 full. Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
+--confirm (the second batch): D128 causal block against q31 (1 Q buffer) with the kernels alone, then D64 (the tail
+against the twin, causal end to end), the outlier test, D128 full (block, q3, q31) and D64 full. Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
 twin in place of the kernel: checks the script, not the kernel).
 """
 from __future__ import annotations
@@ -69,8 +70,8 @@ def main():
               "notes": []}
     shipped = dict(configs.ROTATED)
     forms = {"block": dict(shipped, q_in_kernel=()),
-             "q3": dict(shipped, q_in_kernel=(64, 128), q_stages={}, q_buffers={}),
-             "q31": dict(shipped, q_in_kernel=(64, 128), q_stages={}, q_buffers={128: 1})}
+             "q3": dict(shipped, q_in_kernel=(64, 128), q_buffers={}),
+             "q31": dict(shipped, q_in_kernel=(64, 128), q_buffers={128: 1})}
 
     def save():
         with open(path, "w") as f:
@@ -130,9 +131,7 @@ def main():
                 kern = {"kernel_block": bench(lambda: attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs,
                                                                      causal=causal, v_layout="keys_permuted",
                                                                      check_scales=False))}
-                # the q forms' kernels, and timing probes (wrong O): probe_pv2, P V issued twice a step (the tensor
-                # time of P V in bf16 on unquantized V, which would drop v's pass); probe_rot 1, no rotation product
-                # (codes 0); probe_rot 2, no rotate_q at all (the bf16 rows read as codes): where the rotation's cost is
+                # the q forms' kernels (calls 3-4 also timed probes of the kernel, removed since: module docstring)
                 for label, name, extra in parts:
                     with patched(configs, ROTATED=forms[name]):
                         cfg = dict(launch.rotated_q_config(D, causal), **extra)
@@ -263,7 +262,7 @@ def main():
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
     if not args.confirm:  # the first batch (call 3)
         e2e(B0, H0, N0, 128, True, ["block", "q3", "q31"],
-            parts=[("q3", "q3", {}), ("q31", "q31", {}), ("q3_probe_pv2", "q3", dict(probe_pv2=True))])
+            parts=[("q3", "q3", {}), ("q31", "q31", {})])
         tail(128, True)
         when(40, "tail D64", tail, 64, False)
         when(25, "outlier", outlier)
@@ -272,8 +271,7 @@ def main():
             when(14, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["block", "q3"])
     else:  # the second batch: where the rotation's cost lies, D64 (its tail and causal), the outlier test, the rest
         e2e(B0, H0, N0, 128, True, ["block", "q31"],
-            parts=[("q31", "q31", {}), ("q31_probe_rot1", "q31", dict(probe_rot=1)),
-                   ("q31_probe_rot2", "q31", dict(probe_rot=2))])
+            parts=[("q31", "q31", {})])
         when(30, "tail D64 causal", tail, 64, True)
         when(20, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["block", "q3"])
         when(15, "outlier", outlier)

@@ -86,8 +86,8 @@ def test_switch_leaves_cpu_calls_alone():
         assert not q_in_kernel(q, k, True, True, "block", "fused")  # the Gluon kernel's path only
         got = attention_fp8_rotated(q, k, v, causal=True)
     assert torch.equal(got, want)
-    # D128 on since session 35 call 3 (faster end to end, right: notes/attention_fp8); D64 not yet run on a GPU
-    assert configs.ROTATED["q_in_kernel"] == (128,)
+    # on since session 35 calls 3 (D128) and 4 (D64): faster end to end and right (notes/attention_fp8)
+    assert configs.ROTATED["q_in_kernel"] == (64, 128)
 
 
 SCRIPT = r"""

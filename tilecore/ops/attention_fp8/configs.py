@@ -14,7 +14,7 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
-                        "p_linear", "probe_pv2", "probe_rot"})  # probe_*: session 35's timing probes (wrong results)
+                        "p_linear"})
 
 
 def gluon_config(d: int, causal: bool) -> dict:
@@ -37,9 +37,10 @@ def tl_config(d: int, interpret: bool) -> dict:
 # test rotated 7.73e-3 against 7.71e-3 (target <= 9.1e-3); the kernel alone 0.958x "head"'s (non-causal e2e not timed)
 # q_in_kernel: the head dims at which q is rotated and quantized inside Hopper's kernel (its Q_ROTATE: one bf16 wgmma a
 # tile against diag(s) H in shared memory, the codes written over the bf16 Q buffer) instead of rotate_quantize's pass
-# over q. D128 since session 35 call 3 (notes/attention_fp8/runs/qrot2_s35_run3_session35_h100.txt, H100, B16 H16
-# N4096 end to end: causal 1.623 ms = 1.074x bf16 against the pass's 1.716 = 1.016x, full 2.539 = 1.264x against
-# 2.683 = 1.196x; O identical against float64, the kernel against its twin 3.35x the bf16 floor on a GQA tail); D64 not
-# yet run. q_stages / q_buffers (by head dim): the kernel's ring depth and bf16 Q buffers a consumer there, where not
-# GLUON_FORWARD's (D128's 3 and 2 fit: 224 KB of 227)
-ROTATED = dict(v_scales="block", q_in_kernel=(128,), q_stages={}, q_buffers={})
+# over q. H100, B16 H16 N4096 end to end against the pass in the same run: D128 since session 35 call 3
+# (notes/attention_fp8/runs/qrot2_s35_run3_session35_h100.txt: causal 1.623 ms = 1.074x bf16 against 1.716 = 1.016x,
+# full 2.539 = 1.264x against 2.683 = 1.196x; the kernel against its twin 3.35x the bf16 floor on a GQA tail), D64
+# since call 4 (runs/qrot3_s35_run4_session35_h100.txt: causal 1.174 ms = 1.034x against 1.225 = 0.991x; O against
+# float64 identical to the pass's). q_buffers (by head dim): bf16 Q buffers a consumer where not GLUON_FORWARD's
+# q_buffers (D128 with 1: causal 1.587-1.599 ms = 1.099x, calls 3-4, against 2's 1.623; full not timed: not set)
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={})

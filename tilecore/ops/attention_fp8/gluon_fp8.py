@@ -220,8 +220,6 @@ class AttentionFp8:
     P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
-    PROBE_PV2: gl.constexpr  # timing probe (session 35, wrong results, never in configs): P V issued twice a step
-    PROBE_ROT: gl.constexpr  # timing probe (session 35, wrong results): 1 no rotation wgmma, 2 no rotate_q at all
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -266,9 +264,7 @@ class AttentionFp8:
         if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
             own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
             n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
-        if self.Q_ROTATE and self.PROBE_ROT == 2:  # probe: the bf16 rows read as codes, descales 1
-            q_scale = gl.full([self.BM], 1.0, gl.float32, gl.SliceLayout(1, self.S)) * self.scale_log2e
-        elif self.Q_ROTATE:
+        if self.Q_ROTATE:
             q_scale = self.rotate_q(ctx) * self.scale_log2e
         elif self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
@@ -300,12 +296,9 @@ class AttentionFp8:
         descales (S's row slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the
         division by a row's descale replaced by a multiply by its reciprocal)."""
         x = ctx.operand.reshape([self.BM, self.D])
-        if self.PROBE_ROT == 1:  # probe: no rotation product (codes 0)
-            y = gl.zeros([self.BM, self.D], gl.float32, self.R)
-        else:
-            tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                                use_acc=False, is_async=True)
-            y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                            use_acc=False, is_async=True)
+        y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
         codes = (y * gl.expand_dims(1.0 / descale, 1)).to(gl.float8e4nv)
@@ -416,8 +409,6 @@ class AttentionFp8:
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
         t0, t1, t2, t3 = self.row_sum_mma(p8)  # issued before P V, so that the wait for S covers them too
         o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-        if self.PROBE_PV2:  # P V's tensor time doubled, as P V in bf16 would take it (O wrong)
-            o_tok = warpgroup_mma(p8, v, o_tok, is_async=True)
         s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
         l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
         m, p32, alpha = self.softmax(s, st, first_key, k_scale)
@@ -490,8 +481,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              K_PER_ROW: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
-                             V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
-                             PROBE_PV2: gl.constexpr = False, PROBE_ROT: gl.constexpr = 0):
+                             V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused)."""
@@ -521,7 +511,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, PROBE_PV2, PROBE_ROT, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
+                      Q_ROTATE, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
                       out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),

@@ -202,10 +202,6 @@ class _GluonLayout:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
                                  f"kernel's block_n = {SCALE_BLOCK}; got {self.block_n}")
             self.options["V_PER_BLOCK"] = True
-        if cfg.get("probe_pv2"):  # a timing probe (wrong results; never in configs.GLUON_FORWARD)
-            self.options["PROBE_PV2"] = True
-        if cfg.get("probe_rot"):  # a timing probe (wrong results): 1 no rotation wgmma, 2 no rotate_q
-            self.options["PROBE_ROT"] = int(cfg["probe_rot"])
         if q_rotate:  # q in bf16/fp16, rotated and quantized per row in the kernel (forward_q_rotated)
             self.options["Q_ROTATE"] = True
             self.options["Q_PER_ROW"] = True
@@ -229,8 +225,7 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
     per row (gluon_fp8.AttentionFp8.rotate_q; quantize.rotate_quantize_rows is its twin); k e4m3 (B, Hkv, Nk, D) with
     k_scale's descales (per head, per 128-key block or per key), v e4m3 in the kernel's layout (keys_permuted) with
     v_scale's (per head or per 128-key block). The caller checked the shapes (quantize.attention_fp8_rotated); the
-    Gluon path only (D 64 or 128 on Hopper). ``config``: the Gluon config (default configs.gluon_config, with
-    configs.ROTATED's ``q_stages`` / ``q_buffers`` where set)."""
+    Gluon path only (D 64 or 128 on Hopper). ``config``: the Gluon config (default rotated_q_config)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
@@ -260,11 +255,9 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
 
 def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
-    configs.ROTATED's ``q_stages`` and ``q_buffers`` (shared memory: the rotation's matrix and the bf16 Q buffers)."""
+    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) where it names the head dim."""
     cfg = configs.gluon_config(D, causal)
-    rot = configs.ROTATED
-    cfg["stages"] = rot.get("q_stages", {}).get(D, cfg["stages"])
-    cfg["q_buffers"] = rot.get("q_buffers", {}).get(D, cfg["q_buffers"])
+    cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
     return cfg
 
 

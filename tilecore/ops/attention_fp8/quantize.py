@@ -261,8 +261,9 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     one descale a (batch, kv head), its amax a pass over v before the quantizing one; or "block" (session 34), one a
     block of 128 keys, computed in the quantizing pass (v read once: the end-to-end gap's 268 MB at B16 H16 N4096
     D128), which the kernels fold into O's rescale once a key block. At the head dims of configs.ROTATED["q_in_kernel"]
-    (128) on Hopper, q's rotation and quantization run inside the FP8 kernel (no pass over q; launch.forward_q_rotated):
-    end to end 1.074x bf16 at causal D128 N4096, 1.264x full (notes/attention_fp8)."""
+    (64, 128) on Hopper, q's rotation and quantization run inside the FP8 kernel (no pass over q;
+    launch.forward_q_rotated): end to end 1.074x bf16 at causal D128 N4096 (1.264x full), 1.034x at causal D64
+    (notes/attention_fp8)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
