@@ -24,7 +24,9 @@ Forms (switches.patched(configs, ROTATED=...)): "block" (shipped: v per 128-key 
    3b. A scaled score that overflows float32 (q's descale 3e38 on one head, per-head descales): its rows NaN.
 4. If time is left: D128 full, D64 causal, D64 full end to end (bf16, block, q3).
 --confirm (the second batch): D128 causal block against q31 (1 Q buffer) with the kernels alone, then D64 (the tail
-against the twin, causal end to end), the outlier test, D128 full (block, q3, q31) and D64 full. Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
+against the twin, causal end to end), the outlier test, D128 full (block, q3, q31) and D64 full.
+--rest (what calls 3 and 4 left): q in the kernel against its twin on D64 GQA tails (causal, full), D128 full end to
+end (block, q3, q31: 1 Q buffer), D64 full (block, q3). Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qrot_s35.json. --smoke: CPU, tiny shapes (the
 twin in place of the kernel: checks the script, not the kernel).
 """
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget", type=float, default=58.0)
     ap.add_argument("--confirm", action="store_true", help="the second batch: checks first, then e2e block vs q3")
+    ap.add_argument("--rest", action="store_true", help="what calls 3-4 left: D64 tails, D128 / D64 full")
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     smoke = args.smoke
@@ -260,7 +263,12 @@ def main():
         fn(*a, **kw)
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
-    if not args.confirm:  # the first batch (call 3)
+    if args.rest:  # what calls 3 and 4 left: D64 against the twin, the full cases (1 Q buffer at D128 full)
+        tail(64, True)
+        when(36, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["block", "q3", "q31"])
+        when(22, "tail D64 full", tail, 64, False)
+        when(14, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["block", "q3"])
+    elif not args.confirm:  # the first batch (call 3)
         e2e(B0, H0, N0, 128, True, ["block", "q3", "q31"],
             parts=[("q3", "q3", {}), ("q31", "q31", {})])
         tail(128, True)
