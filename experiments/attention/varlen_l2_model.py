@@ -102,9 +102,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", type=float, default=16.0, help="effective L2 MB")
     args = ap.parse_args()
-    from experiments.attention.gpu_varlen_long import long_tailed
+    from experiments.attention.gpu_varlen_bwd import long_tailed_lengths
 
-    uniform, tail = [4096] * 16, long_tailed()
+    uniform, tail = [4096] * 16, long_tailed_lengths(65536)
     print(f"LRU of {args.cache:.0f} MB, H16 D128 causal backward, GB missed (fused dQ / dK-dV alone)")
     rows = [("fixed balanced 16 x 4096", lambda: fixed_starts(4096, 256), ("staggered", "down"))]
     rows += [(f"varlen {name}", lambda lengths=lengths: drawn_starts(varlen_items(lengths, 16)),

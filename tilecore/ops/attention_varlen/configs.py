@@ -22,9 +22,6 @@ VARLEN_GLUON_BACKWARD_CONFIG = {(64, False): dict(block_m=64, block_n=64, stages
                                 (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="gluon")}
 # zero_tail (a neighbour's inf / NaN rows zeroed in shared memory) off: +7-8% on the long tail
 VARLEN_GLUON_BACKWARD_ZERO_TAIL = False
-# sequences of at least this many rows (cu_seqlens_q == cu_seqlens_k, no window, no softcap) by the fixed-length
-# backward, one call each, the rest by the varlen kernels (op.long_sequences; reads cu_seqlens on the host); 0: off
-VARLEN_GLUON_BACKWARD_LONG = 0
 
 # the tl kernels (op.block_config) where a GPU's blocks get less shared memory than they ask there (issue 31): rows
 # of (least bytes a block gets, kernel -> {largest head dim: overrides}), the first row whose bytes the GPU's reach

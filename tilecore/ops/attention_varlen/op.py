@@ -14,7 +14,6 @@ TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 import numbers
@@ -202,12 +201,9 @@ def block_d(d: int) -> int:
     return max(16, next_power_of_2(d))
 
 
-def _cu_blocks(cu: torch.Tensor, block: int, skip: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(B + 1,) int32: running count of each sequence's blocks of ``block`` rows (device torch ops);
-    ``skip`` (B,) bool: those sequences get no block (no program finds them)."""
+def _cu_blocks(cu: torch.Tensor, block: int) -> torch.Tensor:
+    """(B + 1,) int32: running count of each sequence's blocks of ``block`` rows (device torch ops)."""
     blocks = torch.div(cu[1:] - cu[:-1] + (block - 1), block, rounding_mode="floor")
-    if skip is not None:
-        blocks = torch.where(skip, torch.zeros_like(blocks), blocks)
     return torch.cat([cu.new_zeros(1), torch.cumsum(blocks, 0, dtype=torch.int32)])
 
 
@@ -518,66 +514,15 @@ def neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m: int, til
     return bad.to(torch.int32)
 
 
-def long_sequences(cu_q, cu_k, min_rows: int, causal: bool, left: int, right: int, softcap: float,
-                   host_cu=None) -> list[tuple[int, int]]:
-    """(first packed row, rows) of the sequences the backward sends to the fixed-length path, one call
-    each (configs.VARLEN_GLUON_BACKWARD_LONG): those of at least ``min_rows`` queries where every
-    sequence has as many keys as queries (cu_seqlens_q equal to cu_seqlens_k), without a window or a
-    softcap; none where ``min_rows`` is 0 or a CUDA graph is being captured. They are the first
-    sequences of the work tables' order (N x Nk, longest first), so the tables' entries past theirs
-    (``routed_entries``) are the rest's. Reads cu_seqlens on the host (a sync) unless ``host_cu``
-    gives their values."""
-    if min_rows <= 0 or softcap != 0 or gluon_masks(causal, left, right)[1]:
-        return []
-    if host_cu is None:
-        if cu_q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return []
-        if cu_k is not cu_q:
-            both = torch.stack([cu_q, cu_k]).tolist()
-            if both[0] != both[1]:
-                return []
-        host_cu = cu_q.tolist()
-    return [(a, b - a) for a, b in zip(host_cu, host_cu[1:]) if b - a >= min_rows]
-
-
-def routed_entries(routed: list[tuple[int, int]], tile_rows: int, heads: int) -> int:
-    """The work table's entries (tiles of ``tile_rows`` rows, ``heads`` heads) of the routed sequences:
-    the table's first ones (work_table's order is longest first and they are the longest)."""
-    return sum(cdiv(rows, tile_rows) for _, rows in routed) * heads
-
-
-def backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float) -> None:
-    """dq, dk, dv of each routed sequence (``long_sequences``) by the fixed-length backward
-    (tilecore.ops.attention's plan_backward and launch.backward: its default for (1, H, rows, D)) on
-    views of the packed tensors: TMA bounds a box by the view's rows, so no other sequence's row is
-    read or written."""
-    from tilecore.ops.attention import launch as fixed_launch
-    from tilecore.ops.attention import plan as fixed_plan
-
-    for start, rows in routed:
-        def view(t, start=start, rows=rows):  # (1, heads, rows, D) of the packed (total, heads, D)
-            return t[start:start + rows].unsqueeze(0).transpose(1, 2)
-
-        lse_rows, dlse_rows = (None if t is None else t[:, start:start + rows].unsqueeze(0) for t in (lse, dlse))
-        qs, ks, vs, ds = view(q), view(k), view(v), view(dout)
-        p = fixed_plan.plan_backward(ds, qs, ks, vs, causal, scale)
-        fixed_launch.backward(p, ds, qs, ks, vs, view(out), lse_rows, dlse_rows, view(dq), view(dk), view(dv),
-                              causal, scale)
-
-
 def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
-                   config=None, tanh_approx=None, long_from=None, host_cu=None, long_stream=False):
+                   config=None, tanh_approx=None):
     """(dq, dk, dv) by the Gluon varlen backward (gluon_backward.py) after the fixed path's
     preprocess (launch.backward_preprocess on the packed tensors as one batch of total_q rows: delta,
     the (Hq, 2, total_q) row statistics, and for a dQ in the kernel a zeroed float32 (Hq, total_q, D)
     dQ), into ``grads`` (contiguous) where given; with the config's dq_from "gluon", dK/dV alone and
     then dQ by attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks);
     ``config`` in place of configs.varlen_gluon_backward_config; the softcap's tanh by
-    tanh.approx.f32 unless ``tanh_approx`` is False. Sequences of at least ``long_from`` rows (None:
-    configs.VARLEN_GLUON_BACKWARD_LONG; 0: none) go to the fixed-length backward (``long_sequences``;
-    ``host_cu``: cu_seqlens' values where known) and the varlen kernels take the rest of the tables;
-    ``long_stream`` (a candidate, experiments only): the fixed calls first on a stream of their own, beside
-    the varlen kernels (dQ split off only: a fused dQ's copy writes every row)."""
+    tanh.approx.f32 unless ``tanh_approx`` is False."""
     from tilecore.ops.attention.launch import backward_preprocess, row_stats_operand
     from tilecore.tiles.launch import tile_counter
 
@@ -598,19 +543,10 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
     zero_tail = cfg.get("zero_tail", False)
     scale_log2e, tanh_scale, mode = gluon_scores(scale, softcap, tanh_approx)
     wl, wr = gluon_window(causal, left, right, total_q, total_k)
-    routed = long_sequences(cu_q, cu_k, configs.VARLEN_GLUON_BACKWARD_LONG if long_from is None else long_from,
-                            causal, left, right, softcap, host_cu)
-    beside = None
-    if routed and long_stream and dq_after and q.device.type == "cuda":  # the fixed calls first, on their stream
-        beside = side_stream(q.device)
-        beside.wait_stream(torch.cuda.current_stream(q.device))
-        with torch.cuda.stream(beside):
-            backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)
     delta, dq_sum, stats = backward_preprocess(out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
                                                lse, dlse, dq_sum=not dq_after, row_stats=True)
     dq_sum = dq_sum[0]  # (Hq, total_q, D) float32, zeroed (a placeholder with dQ after the kernel)
     work = work_table(cu_k, cu_q, total_k, hkv, 2 * block_n)  # over the keys: (sequence, key tile, kv head, 0)
-    work = work[routed_entries(routed, 2 * block_n, hkv):]  # the routed sequences' entries come first
     num_tiles = work.shape[0]
     grid = (min(num_tiles, dispatch.num_sms(q.device)),)
     tail_flags = (neighbour_rows_nonfinite(q, k, v, dout, stats, cu_q, cu_k, block_m, 2 * block_n)
@@ -629,29 +565,14 @@ def backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, lef
         dq.copy_(dq_sum.transpose(0, 1))
     else:
         _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr,
-                   tanh_scale, mode, zero_tail, routed)
-    if beside is None:
-        backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)  # after dQ's copy
-    else:  # later work on this stream waits for theirs (and the buffers they used are reused only after it)
-        torch.cuda.current_stream(q.device).wait_stream(beside)
+                   tanh_scale, mode, zero_tail)
     return dq, dk, dvv
 
 
-_SIDE_STREAMS: dict = {}
-
-
-def side_stream(device: torch.device):
-    """backward_gluon's second stream on ``device`` (long_stream), made once."""
-    stream = _SIDE_STREAMS.get(device)
-    if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
-
-
 def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, scale_log2e, scale, wl, wr, tanh_scale,
-               mode, zero_tail, routed=()):
+               mode, zero_tail):
     """attention_varlen_dq_kernel over the forward's work table (configs.GLUON_DQ's blocks) into dq, from the
-    rows' ``delta``; the ``routed`` sequences' entries (the table's first) left out."""
+    rows' ``delta``."""
     from tilecore.tiles.launch import tile_counter
 
     total_q, hq, d = q.shape
@@ -659,7 +580,6 @@ def _launch_dq(dout, q, k, v, lse, delta, dq, cu_q, cu_k, is_causal, window, sca
     dq_cfg = fixed_configs.GLUON_DQ[d]
     dq_m, dq_n = dq_cfg["block_m"], dq_cfg["block_n"]
     work = work_table(cu_q, cu_k, total_q, hq, 2 * dq_m)  # the forward's: (sequence, query tile, q head, 0)
-    work = work[routed_entries(routed, 2 * dq_m, hq):]
     grid = (min(work.shape[0], dispatch.num_sms(q.device)),)
     with dispatch.on_device(q.device):
         GLUON_VARLEN_DQ[grid](
@@ -702,12 +622,10 @@ def forward_kernels(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, ou
 
 
 def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, grads=None,
-                     config=None, tanh_approx=None, long_from=0, host_cu=None):
+                     config=None, tanh_approx=None):
     """(dq, dk, dv) by the tl kernels (dK/dV per key block, then dQ), into ``grads`` where given;
     ``config``: {"dkdv": ..., "dq": ...} blocks and launch options in place of block_config's,
-    ``tanh_approx``: softcap_mode's (probes). ``long_from`` > 0: backward_gluon's route (sequences of
-    at least that many rows by the fixed-length backward, the tl kernels' blocks skipping them): the
-    interpreter's stand-in for the Gluon path's."""
+    ``tanh_approx``: softcap_mode's (probes)."""
     from tilecore.ops.attention_varlen.kernels_tl import varlen_bwd_delta, varlen_bwd_dkdv, varlen_bwd_dq
 
     total_q, hq, d = q.shape
@@ -728,24 +646,17 @@ def backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, l
                   SEARCH_STEPS=_search_steps(batch),
                   BLOCK_D=block_d(d), BLOCK_DV=block_d(dv))
     scalars = (batch, total_q, d, dv, hq // hkv, scale, float(softcap), wl, wr)
-    routed = long_sequences(cu_q, cu_k, long_from, causal, left, right, softcap, host_cu)
-    skip = None
-    if routed:  # those sequences' blocks: none (their rows by backward_fixed_rows below)
-        starts = {start for start, _ in routed}
-        firsts = (host_cu if host_cu is not None else cu_q.tolist())[:-1]
-        skip = torch.tensor([a in starts for a in firsts], dtype=torch.bool).to(q.device)
     cfg = dict((config or {}).get("dkdv") or block_config(max(d, dv), interpret, "dkdv", q.device))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dkdv[(cdiv(total_k, cfg["BLOCK_N"]) + batch, hkv)](
-        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"], skip),
+        q, k, v, dout, lse, delta, dk, dvv, cu_q, cu_k, _cu_blocks(cu_k, cfg["BLOCK_N"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dvv), *scalars,
         **common, **cfg)
     cfg = dict((config or {}).get("dq") or block_config(max(d, dv), interpret, "dq", q.device))
     cfg.setdefault("UNMASKED_MIDDLE", softcap == 0)
     varlen_bwd_dq[(cdiv(total_q, cfg["BLOCK_M"]) + batch, hq)](
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"], skip),
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, _cu_blocks(cu_q, cfg["BLOCK_M"]),
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq), *scalars, **common, **cfg)
-    backward_fixed_rows(routed, dout, q, k, v, out, lse, dlse, dq, dk, dvv, causal, scale)
     return dq, dk, dvv
 
 
@@ -770,11 +681,10 @@ def _forward_impl(q, k, v, cu_q, cu_k, causal, scale, left, right, softcap, key=
     return out.to(q.dtype), lse.float()
 
 
-def _backward_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap, host_cu=None):
+def _backward_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap):
     if dispatch.backend_for(q.device) == "kernel":
         if gluon_backward_fits(q, k, v, causal, left, right):
-            return backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap,
-                                  host_cu=host_cu)
+            return backward_gluon(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
         return backward_kernels(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal, scale, left, right, softcap)
     grads = varlen_backward_reference(dout, q, k, v, out, lse, dlse, cu_q, cu_k, causal=causal, scale=scale,
                                       window_size=(left, right), softcap=softcap, compute_dtype=torch.float32)
@@ -808,41 +718,11 @@ def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, causal, scale, 
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-class HostOffsets:
-    """cu_seqlens' values for the backward's long-sequence route (long_sequences) without a sync: copied to
-    pinned host memory behind the forward's kernels (non_blocking, an event after the copy); by the time the
-    backward asks, the copy is long done and ``values`` returns without waiting for the stream's later work."""
-
-    __slots__ = ("host", "event", "same")
-
-    def __init__(self, cu_q: torch.Tensor, cu_k: torch.Tensor):
-        self.same = cu_k is cu_q
-        self.host = torch.empty((1 if self.same else 2, cu_q.numel()), dtype=torch.int32, pin_memory=True)
-        for row, cu in zip(self.host, (cu_q, cu_k)):
-            row.copy_(cu, non_blocking=True)
-        self.event = torch.cuda.Event()
-        self.event.record()
-
-    def values(self) -> list:
-        """cu_seqlens_q's values, or [] (nothing to route) where cu_seqlens_k's differ."""
-        self.event.synchronize()
-        rows = self.host.tolist()
-        return rows[0] if self.same or rows[0] == rows[1] else []
-
-    @staticmethod
-    def wanted(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
-        """Whether the forward starts the copy: the route on (configs.VARLEN_GLUON_BACKWARD_LONG), plain CUDA
-        tensors, eager (no trace, mode or fake tensors), no CUDA graph being captured."""
-        return bool(configs.VARLEN_GLUON_BACKWARD_LONG) and cu_q.device.type == "cuda" \
-            and dispatch.eager_mode(cu_q, cu_k) != "op" and not torch.cuda.is_current_stream_capturing()
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, causal, scale, left, right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.options = (causal, scale, left, right, softcap)
-    ctx.host_cu = HostOffsets(cu_q, cu_k) if HostOffsets.wanted(cu_q, cu_k) else None
 
 
 def _backward(ctx, dout, dlse):
@@ -851,11 +731,9 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    # eager with nothing to record: the implementation (given the forward's copy of cu_seqlens where it made
-    # one); traced or create_graph: the op
-    host = getattr(ctx, "host_cu", None)
-    impl = _backward_impl if host is None else functools.partial(_backward_impl, host_cu=host.values())
-    dq, dk, dv = eager.backward_call(_backward_op, impl, dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
+    # eager with nothing to record: the implementation; traced or create_graph: the op
+    dq, dk, dv = eager.backward_call(_backward_op, _backward_impl, dout, q, k, v, out, lse, dlse, cu_q, cu_k,
+                                     *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
