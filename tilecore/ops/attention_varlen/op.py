@@ -189,7 +189,7 @@ VARLEN_TANH_APPROX = True
 def softcap_mode(softcap: float, device, tanh_approx: bool | None = None) -> int:
     """The varlen kernels' SOFTCAP constexpr: 0 without a softcap; 1, tanh through exp2 (the
     interpreter's: no inline asm there; and ROCm's: the asm is PTX); 2, tanh by tanh.approx.f32, on an
-    NVIDIA GPU where VARLEN_TANH_APPROX (the Gluon kernels' default since session 26, its error invisible
+    NVIDIA GPU where VARLEN_TANH_APPROX (the Gluon kernels' default, its error invisible
     at bf16 / fp16 there); ``tanh_approx`` (probes) in place of VARLEN_TANH_APPROX."""
     if softcap <= 0:
         return 0
