@@ -209,9 +209,9 @@ def main():
         mla = dict(H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, head_group=8,
                    schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0, tanh_scale=0.0,
                    CAUSAL=causal, STAGES=3, WINDOW=False, SOFTCAP=0)
-        # dK/dV at 32 query rows a step (compute_together; shipped until 04c0b44) and at 64 (compute_in_turn,
-        # configs.GLUON_BACKWARD_DV's block_m since session 33: "rows64" is the shipped kernel)
-        for bm in (32, 64):
+        # dK/dV at 64 query rows a step (AttentionBackwardPieces.compute, configs.GLUON_BACKWARD_DV's block_m: the
+        # shipped kernel; the 32-row step was removed in session 35)
+        for bm in (64,):
             one(f"attention bwd mla{' rows64' if bm == 64 else ''}{' causal' if causal else ''}",
                 attention_bwd_mla_kernel,
                 dict(mla, q_desc=piece(q192, bm), k_desc=piece(q192, 128), v_desc=piece(v128, 128),

@@ -127,7 +127,7 @@ GLUON_BACKWARD = {
     (64, True): dict(block_m=64, block_n=64, stages=2, dq_from="warpgroup", kv_regs=True),
     (128, False): dict(block_m=64, block_n=64, stages=2, dq_from="lagged"),  # 1.00-1.03x vs fused's 0.98-1.02x
     (128, True): dict(block_m=64, block_n=64, stages=2, dq_from="fused")}  # lagged lost 1-3% causal
-# MLA 192 / 128 (issue 35): dK/dV by 64-column pieces at 64 query rows a step (compute_in_turn), then the dq kernel:
+# MLA 192 / 128 (issue 35): dK/dV by 64-column pieces at 64 query rows a step (AttentionBackwardPieces.compute), then the dq kernel:
 # fwd+bwd 0.929x / 0.984x the 128/128 rate against 32 rows' 0.883x / 0.922x
 GLUON_BACKWARD_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, dq_from="gluon", qk_pieces=3)}
 GLUON_DQ_DV = {(192, 128): dict(block_m=64, block_n=64, stages=3, qk_pieces=3)}
