@@ -86,7 +86,7 @@ def gluon_forward_config(d: int, n: int, nk: int, causal: bool, dv: int | None =
     """The Gluon forward's configuration for head dim ``d`` (v's ``dv``, default d) and these lengths:
     GLUON_FORWARD[d]; at D = 64 from THREE_CONSUMERS_MIN_N[causal], three consumers (tiles short and
     not causal: not); else short tiles carry the pipeline across tiles (not at D128 causal: -1 to
-    -2%, session 9); else D128 without a mask holds Q in registers (+1.3-2.2%, session 14); causal
+    -2%); else D128 without a mask holds Q in registers (+1.3-2.2%); causal
     rows seeing at most SHORT_CAUSAL_KEYS keys take 64-key blocks. Dv != D: GLUON_FORWARD_DV[d, dv]
     (no carry, no Q in registers: Q is in column pieces), 64-key blocks in 3 stages for short causal
     rows as D128's (untimed)."""

@@ -26,7 +26,7 @@ only its edge blocks (``window_needs_mask``). ``SOFTCAP``: S becomes tanh(S scal
 online softmax, whose scale is then cap log2(e): SOFTCAP 1 (True) tanh from one exp2 and one
 approximate division (two more SFU operations a score besides the softmax's exp2), SOFTCAP 2 the
 hardware's tanh.approx.f32 (one; relative error up to ~2^-11, invisible at bf16 / fp16 on the H100:
-the launches' default since session 26, launch.gluon_softcap).
+the launches' default, launch.gluon_softcap).
 
 ``CARRY``: a consumer's pipeline does not drain between tiles. A tile's first step issues its first S
 with the previous tile's last P V (the stage holds this tile's first K block and the previous tile's
@@ -426,7 +426,7 @@ class Attention:
     @gluon.jit
     def first_key(self, step):
         """A tile's first key (step 0): hidden from the compiler where causal, which otherwise hoists
-        the first block's mask to the tile's start at every tile (notes/attention, session 13)."""
+        the first block's mask to the tile's start at every tile (notes/attention)."""
         return opaque_int(step * self.BN) if self.CAUSAL else 0
 
     @gluon.jit

@@ -135,7 +135,7 @@ def launch_forward_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, wi
 
 
 class GluonForward:
-    """attention's Gluon forward for one launch key (session 32, issue 31's host time): the kernel's KeyedLaunch with
+    """attention's Gluon forward for one launch key (issue 31's host time): the kernel's KeyedLaunch with
     q's, k's, v's and O's TMA views fixed by the key (each made from the tensor at its position, encoded once per base
     address), the sizes, grid, schedule, window bounds and constexprs as launch_forward_gluon makes them. A call
     allocates O and lse, takes the scores' scale and softcap factors from this call's scale and softcap (the key holds

@@ -279,7 +279,7 @@ class _AttentionFunction(torch.autograd.Function):
 
 
 class _AttentionOutFunction(torch.autograd.Function):
-    """_AttentionFunction for a call that returns O alone (session 31, issue 31's host time): lse is saved for the
+    """_AttentionFunction for a call that returns O alone (issue 31's host time): lse is saved for the
     backward but not an output, so autograd wraps one output instead of two; the same backward (no lse gradient)."""
 
     @staticmethod
