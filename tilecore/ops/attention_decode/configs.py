@@ -1,5 +1,5 @@
 """The split-key (decode) path's measured configuration: which inputs it serves, its tiles and splits,
-one line of why each (the runs: notes/attention, session 21 and issue 35). attention's plan reads them
+one line of why each (the runs: notes/attention and issue 35). attention's plan reads them
 through plan.py; nothing here asks about the device."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ DECODE_MIN_SPLIT_KEYS = 128  # below it a split's fixed cost dominates (1024 key
 
 def decode_config(d: int, interpret: bool) -> dict:
     """Keys a step (BLOCK_N) and launch options of the split-key kernel for head dim ``d`` (one query
-    against 1024-16384 keys, notes/attention, session 21)."""
+    against 1024-16384 keys, notes/attention)."""
     if interpret:
         return dict(BLOCK_N=16)
     if d <= 64:  # 4 stages: B 64 x 4096 keys 0.98x copy against 3 stages' 0.90x

@@ -214,7 +214,7 @@ _LAYOUTS = LRU(256)  # an eager call's launch key -> its _DecodeLayout
 
 
 class _DecodeLaunch:
-    """forward_kernels for one launch key (session 31, issue 31's host time): its layout's two KeyedLaunch and
+    """forward_kernels for one launch key (issue 31's host time): its layout's two KeyedLaunch and
     every launch argument the key fixes (the inputs' and the fresh output's strides, sizes, the scale and softcap,
     which the signature holds by value), made at the key's first call; a call then allocates the merge's
     partial buffers and launches."""
