@@ -97,7 +97,7 @@ def _gluon(plan: Plan, a, b, c, bias, scale_a, scale_b, key=None):
 
 
 class GluonGemm:
-    """gemm's and gemm_fp8's eager call for one launch key on the Gluon path (session 32, issue 31's host time): the
+    """gemm's and gemm_fp8's eager call for one launch key on the Gluon path (issue 31's host time): the
     kernel's KeyedLaunch with A's, B's and C's TMA views fixed by the key (each descriptor encoded once per base
     address; B^T described from B's own memory, no view a call), M, N, K, the schedule and the constexprs, made from
     the key's plan; a call allocates C, takes the stream's stream-K buffers where the plan has a tail, and launches:
@@ -179,7 +179,7 @@ def time_plans(plans: list[Plan], a, b, bias=None, scales=None, rep_ms: float = 
 
     ``clock`` "do_bench": triton.testing.do_bench's median over about ``rep_ms`` of launches, each
     after an L2 flush (the flush keeps the GPU busy while the host queues a launch, but a launch whose
-    host path outlasts the flush is timed at its host time: session 30, fp8 M 256). "graph": the
+    host path outlasts the flush is timed at its host time: fp8 M 256). "graph": the
     launch captured into a CUDA graph once (GRAPH_LAUNCHES of it, C preallocated), the graph replayed
     for about ``rep_ms``, each replay timed by CUDA events: the GPU's time alone (no host time; no
     L2 flush either, so operands that fit L2 stay there between launches)."""

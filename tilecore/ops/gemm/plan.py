@@ -306,7 +306,7 @@ def agreed(by_clock: list[list[float]], table: int) -> int | None:
 
 
 def agreed_pick(timer, plans, a, b, bias, scales, rep_ms: float, table: int) -> tuple[int | None, list]:
-    """configs clock "agree" (issue 36, session 34): the table's row unless do_bench (an L2 flush before each
+    """configs clock "agree" (issue 36): the table's row unless do_bench (an L2 flush before each
     launch; may read host time on short kernels) and the CUDA-graph clock (GPU time alone; operands that fit
     L2 stay there) both time a candidate faster. Every candidate by do_bench first; by the graph only the table
     and the candidates do_bench times faster than it (none: the table, no graph timed). (position picked,
