@@ -1,6 +1,6 @@
 """The norm's tables (plan.py reads them). Why each value: notes/norm/README.md.
 
-One H100 run so far (session 24: the forward at 97-100% of copy with these forward values; the backward
+One H100 run so far (the forward at 97-100% of copy with these forward values; the backward
 at 11-91%, since reshaped below, untimed): experiments/norm_rotary/gpu_check.py sweeps the rest.
 """
 from __future__ import annotations

@@ -87,7 +87,7 @@ _FORWARD_OPTIONS = LRU(256)  # a forward's launch key -> _forward_options'
 
 
 class NormForward:
-    """The norm forward's eager call (nothing kept for a backward) for one launch key (session 32, issue 31's host
+    """The norm forward's eager call (nothing kept for a backward) for one launch key (issue 31's host
     time): the stats and forward kernels' KeyedLaunches with every argument the key fixes (sizes, row strides, eps,
     the dropout threshold and scale, the constexprs), made from the key's plan. A call allocates y (in x's own
     shape: rows of n, as the general path's (rows, n) y viewed back), h where it is stored, mean and rstd, and
