@@ -2,7 +2,7 @@
 
 Why: NCCL moves bytes with a kernel, on SMs, and tilecore's persistent attention takes every SM, so
 beside it NCCL's kernel either waits for the attention (the late order: the transfer exposed) or
-takes SMs the attention then lacks (a margin; session 28: hidden 0-100%, the hop 1.7x slower with
+takes SMs the attention then lacks (a margin: hidden 0-100%, the hop 1.7x slower with
 its CTAs capped). A peer copy (cudaMemcpyAsync into memory of the other GPU, mapped here through
 torch's symmetric memory) runs on a copy engine over NVLink and needs no SM, so it overlaps the
 attention at margin 0.
@@ -24,7 +24,7 @@ on the other rank, so the tokens balance per call. Signals time out (``TIMEOUT_M
 an error, rather than a hang).
 
 Two ranks: each rank's next is its previous, and one mailbox a kind suffices (one K/V hop a pass and
-one sum hop in the backward). More ranks (session 30): each rank pushes to its next and reads what
+one sum hop in the backward). More ranks: each rank pushes to its next and reads what
 its previous pushed; the slots are double-buffered (kv0, kv1, sum0, sum1: step s+1's push lands while
 step s reads the other), a rank forwards the block in its own slot to the next one (a copy from its
 symmetric memory), and hands a slot back only after that copy too (the compute stream waits for the

@@ -320,7 +320,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     before the attention it hides under, the attentions beside a transfer on SMs - m programs and
     NCCL's kernels capped at m CTAs (a group of the same ranks made for it once); 0 keeps every SM
     for the attention, each transfer then after its step's attention (ring.TRANSFERS_EARLY). None
-    (default): ring.RING_SM_MARGIN for the ring on CUDA (0: measured best on 2 H200s, session 26),
+    (default): ring.RING_SM_MARGIN for the ring on CUDA (0: measured best on 2 H200s),
     0 elsewhere (all-to-all, one rank, CPU tensors). From 0 to the GPU's SMs - 1.
     """
     group = groups.resolve(group, NAME)

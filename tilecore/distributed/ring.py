@@ -30,8 +30,8 @@ it. NCCL moves the bytes with a kernel, on SMs, so the transfer overlaps the ste
 where the attention leaves it some: ``sm_margin`` (tilecore.attention's: its persistent kernels'
 grids that many SMs smaller). With a margin each transfer starts before the attention it hides
 under (the early order); without one, after it (the late order, TRANSFERS_EARLY). On gloo the same
-code runs (the transfer on gloo's threads). CUDA ranks of one host (the default, TRANSPORT; two
-since session 29, more since session 32): the copy engines instead (copy_engine.py: peer copies into
+code runs (the transfer on gloo's threads). CUDA ranks of one host (the default, TRANSPORT, for two
+ranks or more): the copy engines instead (copy_engine.py: peer copies into
 the next GPU's symmetric memory, no SM), each transfer started before the attention it hides under,
 at margin 0.
 """
