@@ -11,7 +11,7 @@ A step takes max(attention + its elementwise passes, the bytes in flight on one 
 where the attention leaves the transfer's kernel its SMs (``sm_margin`` >= the link's ``sms``; the
 attention then runs on the rest, in the steps with a transfer beside it), else their sum:
 tilecore's attention kernels are persistent, one
-program on every SM, and NCCL's kernel waits for them (the h100-x2 run of session 24 measured the
+program on every SM, and NCCL's kernel waits for them (an h100-x2 run measured the
 transfers exposed, not hidden, at sm_margin 0). Attention runs at the rate the
 napkin derives for the step's shape (the calibrated H100 by default: measured copy and matmul
 ceilings), or at ``attention_tflops`` where a measured rate is given. The backward does

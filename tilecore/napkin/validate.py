@@ -171,7 +171,7 @@ FA2_FORWARD = {64: (128, 128), 128: (128, 64)}
 
 
 def flash2_forward_tile_s(d: int, gpu) -> float:
-    """Seconds a FlashAttention-2 forward query tile costs outside its steps (session 28, issue 36): its
+    """Seconds a FlashAttention-2 forward query tile costs outside its steps (issue 36): its
     grid is one query tile a thread block (flash_fwd_kernel: a block per (query block, batch, head), no
     persistent scheduler), so each tile's prologue (Q and the first K and V blocks in, after a DRAM
     round trip) and epilogue (O and the log-sum-exp out, the stores completed before the block exits:
@@ -259,7 +259,7 @@ def kv_repeated_time(batch, hq, hkv, seq, d, backward, gpu, impl):
     timed backward is ``autograd.grad`` of one forward: the attention backward, then index_select's
     backward (zeros, then ``index_add_`` of the q heads' dK and dV into the kv heads), one a tensor;
     the forward's repeats are not in it. The gathers and scatters move the q heads' bytes in and out
-    (the kv heads' share is small) at GENERIC_COPY_SLOWDOWN x the copy ceiling's time (session 28)."""
+    (the kv heads' share is small) at GENERIC_COPY_SLOWDOWN x the copy ceiling's time."""
     kv = 2 * batch * seq * d * 2                                  # one kv head's K (or V): in + out, bf16
     per_tensor = copy_time(kv * (hkv + hq) // 2 // 2, gpu)[0] * GENERIC_COPY_SLOWDOWN
     t, bound = attention_time(batch, hq, hq, seq, d, True, backward, gpu, impl)
