@@ -126,7 +126,7 @@ class TmaOperand:
     @property
     def key(self) -> tuple:
         """What Triton specializes a descriptor on: dtype, box and layout (and TMA needs 16-byte bases). Made
-        where a launch is looked up by it (CachedLaunch.key), not by a keyed hit (session 30: host time)."""
+        where a launch is looked up by it (CachedLaunch.key), not by a keyed hit (host time)."""
         return ("tma", self.base.dtype, tuple(self.block_shape), self.layout, self.base.data_ptr() % 16 == 0)
 
     def descriptor(self):
@@ -688,7 +688,7 @@ def _picker(positions: list[int]):
 class SignatureMemo:
     """:func:`signature` for one call site (an op keeps one per call it keys), 0.5-0.9x its host time for 2-7 tensors
     where the site's call repeats the signature of the one before (an eager loop, a model's layers; this machine's
-    CPU, session 32: kvcache's 7 tensors 0.52x, attention's 3 0.66x, the norm's 3 0.70x, gemm's 2 0.88x; one tensor
+    CPU: kvcache's 7 tensors 0.52x, attention's 3 0.66x, the norm's 3 0.70x, gemm's 2 0.88x; one tensor
     1.29x, so hadamard keeps signature()): the last repeated signature is
     kept with torch's C-level check of its tensors (``TensorGuards``, torch.compile's own tensor guard), and a call
     whose items pass the check gets that signature object back without reading each tensor in Python.

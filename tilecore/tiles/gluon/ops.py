@@ -65,7 +65,7 @@ def opaque_int(x):
     what is computed from it stays where it is written. For a mask whose key offset is a constant
     (a tile's first key block): LLVM hoisted its comparisons (64 a thread) to the tile's start, kept
     them live through the tile as packed predicates, and turned the masking branch into selects run
-    at every first step (notes/attention/README.md, session 13)."""
+    at every first step (notes/attention/README.md)."""
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
