@@ -84,7 +84,7 @@ def register_operands_clobbered(cubin: bytes) -> bool:
     """Whether a register that an LDSM fills (the key split's K and V rows, loaded once a tile as
     wgmma register operands with ``kv_regs``) is also written by any other instruction, i.e. whether
     ptxas reused a loop-carried operand's registers inside the loop. It did in the dK/dV kernel alone
-    (dQ mode 0) and gave wrong dK and dV on the H100 (notes/attention/README.md, session 14)."""
+    (dQ mode 0) and gave wrong dK and dV on the H100 (notes/attention/README.md)."""
     import tempfile
 
     import triton.backends.nvidia as nvidia
