@@ -23,21 +23,21 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower than the shipped 
 # a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg, PRESCALE),
 # 2N = A B, B = 64; the plan takes it on a Hopper under a checked triton
 GLUON_ONEPASS: dict = {
-    1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft (s31 call 5, s32 call 7)
-    2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft (s31 call 5, s32)
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG (s33 call 7)
+    1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft
+    2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft
+    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
 # columns a wgmma wait in 1a / 1'a[, warpgroups a pair]); checked and timed by experiments/fft_conv/gpu_order3.py and
 # gpu_s35.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388 (s34 calls 3, 4, 5)
-    16384: (1, True, 1, 2, 2),  # two warpgroups a pair's T: 4.76-4.98 ms = 1.68-1.76x torch.fft, long 5.92-5.95 (s35)
+    16384: (1, True, 1, 2, 2),  # two warpgroups a pair's T: 4.76-4.98 ms = 1.68-1.76x torch.fft, long 5.92-5.95
 }
 GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path (s34 calls 3-5)
     8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
-           (1, True, 2, 2, 2)],  # two warpgroups on each pair's T (s35)
-    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped (s35); one warpgroup a SM 6.238 vs the long path's 5.947
+           (1, True, 2, 2, 2)],  # two warpgroups on each pair's T
+    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped; one warpgroup a SM 6.238 vs the long path's 5.947
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py

@@ -217,7 +217,7 @@ class Stages:
     wgmmas issued at once, one wait; PROBE: timing probes, WRONG results (never in the plans): 1 the square
     products left out (S = R, D = Y), 2 the spectrum product's scale reduction (scale 1), 4 the twiddle
     and spectrum loads (constants); what each saves is that part's share of the time. TW_SFU: the twiddles
-    computed (_twiddles) instead of read from the table. KPRE (session 31): the spectrum's bins of a block
+    computed (_twiddles) instead of read from the table. KPRE: the spectrum's bins of a block
     requested before its stage 1 (_spectrum_issue), so their L2 latency runs under stages 1-3: 1 loaded
     into registers there and held, 2 gathered by cp.async into ``kbuf`` ([B, C] int64: a bin's (re, im),
     RFFT 2) and read from shared memory at the product (no registers held)."""
@@ -614,7 +614,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     in, clipped out), the next pair's u loaded into a second buffer while this one's products run
     (else pointer loads and stores). RFFT: K is the rfft itself, (heads, N + 1) complex64 as float32 (re,
     im) pairs, read at the tile's bins in the kernel (conjugated with CONJ): no host layout a call. KPRE: the
-    pair's spectrum requested at the top of the pair, before its u (Stages). LEAN (session 31; the same bits): 1 fewer reductions
+    pair's spectrum requested at the top of the pair, before its u (Stages). LEAN (the same bits): 1 fewer reductions
     (u's four scales and flags as one, the spectrum product's scale as one), 2 (TMA) x read from u's box
     straight into the wgmma's operand layout (no layout conversion through shared memory)."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
@@ -810,7 +810,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     (one wait a complex product). WARPGROUPS 2: two warpgroups (4 + 4 warps, gl.warp_specialize) walk
     alternate pairs with buffers of their own, sharing the resident matrices (two pairs in flight a
     multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
-    the second one's registers. YALIAS (TMA, session 31): y's box is the ring slot its pair's u came in (16 KiB a
+    the second one's registers. YALIAS (TMA): y's box is the ring slot its pair's u came in (16 KiB a
     walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
     memory and the previous y store has read that slot."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
@@ -958,7 +958,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
                              stride_ub, stride_uh, stride_db, stride_dh,
                              A: gl.constexpr, B: gl.constexpr, LOOP: gl.constexpr, TW_SFU: gl.constexpr = True,
                              XSMEM: gl.constexpr = False):
-    """The filter's gradient in the frequency domain on the one-pass kernel's forward stages (session 32; the
+    """The filter's gradient in the frequency domain on the one-pass kernel's forward stages (the
     math of kernels_pair.fft_conv_dk_pair_kernel, its tl twin): program p = h chunks + c takes the pairs g = LOOP c + i
     (i < LOOP) of channel h and writes P[p] = sum over them of w_g DFT(z_dy) conj(DFT(z_u)), (2, B, A) float32 (re,
     im) at f = k_a + A k_b, where z_u = u_a / s_a + i u_b / s_b (each sequence over its largest |u|) and z_dy = dy_a

@@ -1,6 +1,6 @@
-"""The one-pass FFT convolution at order 3 in Gluon (issue 37; session 34): one kernel, u read once and y written
+"""The one-pass FFT convolution at order 3 in Gluon (issue 37): one kernel, u read once and y written
 once. ON at N = 8192 (configs.GLUON_ORDER3: 2.41x torch.fft, 1.47x the three-pass "long" path it replaced) and, with two
-warpgroups a pair (WARPGROUPS 2, session 35), at 16384 (1.25x the long path); built for 4096 (A2 = 8) as a candidate.
+warpgroups a pair (WARPGROUPS 2), at 16384 (1.25x the long path); built for 4096 (A2 = 8) as a candidate.
 
 The chunked kernel's method (gluon_onepass.py: two sequences of a channel as z = u_a + i u_b, one complex DFT
 of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A split once more,
@@ -278,7 +278,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
     F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
     scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
-    (two: eight wgmmas in flight, half the waits; the same arithmetic). WARPGROUPS 2 (session 35): two warpgroups (4 + 4
+    (two: eight wgmmas in flight, half the waits; the same arithmetic). WARPGROUPS 2: two warpgroups (4 + 4
     warps, gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor)."""
@@ -421,7 +421,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
         for j in range(PART, 16 // KG, PARTS):  # (a loop, not unrolled)
             k1 = j * KG
-            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; session 34's KPRE 1: slower)
+            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; KPRE 1 measured slower)
             xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
             xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
             yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)

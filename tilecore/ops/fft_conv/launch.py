@@ -318,7 +318,7 @@ def dk_pair(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -
 
 
 def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int) -> torch.Tensor:
-    """dk as dk_pair gives it, through gluon_onepass.fft_conv_gluon_dk_kernel (session 32: the Gluon one-pass kernel's
+    """dk as dk_pair gives it, through gluon_onepass.fft_conv_gluon_dk_kernel (the Gluon one-pass kernel's
     forward stages; Hopper only): config = (A, B, pair groups a program[, XSMEM]), A B = 2N, B = 64; u, dy: (batch, H, N) 16-bit
     rows with unit stride. The host tail _dk_spectrum_sum's (the partials (B, A) at f = k_a + A k_b: the tile's rows in
     order are the natural order)."""

@@ -269,11 +269,11 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 class _GluonConv:
-    """fft_conv's plain eager call of a filter k by the Gluon one-pass kernel, for one signature (session 31, issue
+    """fft_conv's plain eager call of a filter k by the Gluon one-pass kernel, for one signature (issue
     31's host time): the kernel's KeyedLaunch (u's and y's TMA descriptors as u and y: KeyedLaunch's derived
     descriptors, encoded once per address) and every argument the key fixes (the DFT tables, sizes, strides),
     made after the key's first call; a call then computes the filter's spectrum (every call: it reads k's values),
-    allocates y and launches. A spectrum k (``given``, session 32: filter_spectrum's, contiguous rows, not a conjugate
+    allocates y and launches. A spectrum k (``given``: filter_spectrum's, contiguous rows, not a conjugate
     view, which the caller checks) is read as it is: no rfft a call. ``of`` gives False for every other path (the
     general path serves them)."""
 

@@ -3,8 +3,8 @@
 * "gluon": the one-pass kernel in Gluon (gluon_onepass.py: every DFT stage a wgmma, the DFT matrices
   resident in shared memory) for bf16 / fp16 u at N in configs.GLUON_ONEPASS on Hopper under a triton
   the Gluon kernels were checked under (dispatch.gluon_ok); empty until a GPU run checks it;
-* "order3": the order-3 one-pass kernel in Gluon (gluon_order3.py, session 34) for bf16 / fp16 u at N in
-  configs.GLUON_ORDER3 (8192; 16384 with two warpgroups a pair, session 35), on Hopper as "gluon";
+* "order3": the order-3 one-pass kernel in Gluon (gluon_order3.py) for bf16 / fp16 u at N in
+  configs.GLUON_ORDER3 (8192; 16384 with two warpgroups a pair), on Hopper as "gluon";
 * "mono": the one-pass three-factor kernel (kernels_mono.py) for bf16 / fp16 u at N in
   configs.MONO_CONFIGS (empty until a GPU run checks it: the switch);
 * "pair": the fast kernel (kernels_pair.py: two sequences as one complex one, float16 DFT matrices on
@@ -78,17 +78,17 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     kernel): 8 splits each product's columns between two warpgroups; ``tw_sfu``: the twiddles computed in
     the kernel (cos/sin.approx of the exactly reduced angle) instead of read from the table; ``contig``: each
     walker takes a contiguous block of pairs (a channel's pairs in a row: its spectrum from L1), not every
-    programs-th; ``kpre`` (session 31): a block's spectrum bins requested before its stage 1, their L2
+    programs-th; ``kpre``: a block's spectrum bins requested before its stage 1, their L2
     latency under stages 1-3: 1 into registers, 2 by cp.async into shared memory (``rfft`` 2), 3 as 2 but
     kept for a channel's next pairs (the whole-tile kernel on a ``contig`` walk); ``yalias`` (chunked, with TMA):
     y's box is the ring slot its pair's u came in (16 KiB a walker less: KPRE 2 at chunks of 32 fits); ``lean``: 1
     u's four scale / flag reductions as one and the spectrum product's scale as one (the same values), 2 (the
     whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout; ``maxnreg``: ptxas's register
-    cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill); ``prescale`` (session
-    32, a 16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
+    cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill); ``prescale`` (a
+    16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
     of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain).
-    ``contig`` 2 (session 33; chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it
-    (both on one channel's pairs at once). (Session 33's CSCALE, TWEARLY and LAG were measured no faster or slower and
+    ``contig`` 2 (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it
+    (both on one channel's pairs at once). (CSCALE, TWEARLY and LAG were measured no faster or slower and
     removed: notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
@@ -122,12 +122,12 @@ ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), 
 
 
 def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, warpgroups: int = 1) -> Plan:
-    """The order-3 one-pass Gluon kernel (gluon_order3.py, session 34): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
+    """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
     8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
     KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
     ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
-    ``warpgroups`` 2 (session 35): two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
-    KiB). (Session 34's KPRE, XT and VIEWS were measured slower and removed: notes/fft_conv.)"""
+    ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
+    KiB). (KPRE, XT and VIEWS were measured slower and removed: notes/fft_conv.)"""
     fits = ORDER3_FITS.get(n)
     if (fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2)
             or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)):

@@ -138,8 +138,8 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
 
 def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1,
                    warpgroups: int = 1) -> tuple[str, object, dict, int, bool]:
-    """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel, session 34) at a configs.GLUON_ORDER3
-    tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair, session 35)."""
+    """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel) at a configs.GLUON_ORDER3
+    tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair)."""
     import torch
 
     from tilecore.ops.fft_conv import gluon_order3
@@ -234,8 +234,8 @@ if __name__ == "__main__":
 
 def gluon_dk_variant(a: int, b: int, loop: int, xsmem: bool = False, tw_sfu: bool = True) -> tuple[str, object, dict, int,
                                                                                                     bool]:
-    """The filter-gradient kernel on the Gluon one-pass kernel's forward stages (gluon_onepass.fft_conv_gluon_dk_kernel,
-    session 32) at one configuration (N = a b / 2)."""
+    """The filter-gradient kernel on the Gluon one-pass kernel's forward stages (gluon_onepass.fft_conv_gluon_dk_kernel)
+    at one configuration (N = a b / 2)."""
     import torch
 
     from tilecore.ops.fft_conv import gluon_onepass
