@@ -30,17 +30,17 @@ def tl_config(d: int, interpret: bool) -> dict:
 
 
 # The convenience path (quantize.attention_fp8_rotated, tilecore.attention(..., precision="fp8")): v_scales "head" (one
-# descale a kv head: a pass over v for its amax, then the quantizing pass) or "block" (session 34: one a block of 128
-# keys, computed in the quantizing pass; the kernels fold it into O's rescale). "block" since session 34 call 5
-# (notes/attention_fp8/runs/e2e34_confirm_run5_session34_h100.txt, H100): D128 causal B16 H16 N4096 end to end 1.707 ms
+# descale a kv head: a pass over v for its amax, then the quantizing pass) or "block" (one a block of 128
+# keys, computed in the quantizing pass; the kernels fold it into O's rescale). "block" since the run
+# notes/attention_fp8/runs/e2e34_confirm_run5_session34_h100.txt (H100): D128 causal B16 H16 N4096 end to end 1.707 ms
 # = 1.046x bf16 against "head"'s 1.896 (0.941x); O vs float64 32.05x the bf16 floor against 32.33x; FA3's outlier
 # test rotated 7.73e-3 against 7.71e-3 (target <= 9.1e-3); the kernel alone 0.958x "head"'s (non-causal e2e not timed)
 # q_in_kernel: the head dims at which q is rotated and quantized inside Hopper's kernel (its Q_ROTATE: one bf16 wgmma a
 # tile against diag(s) H in shared memory, the codes written over the bf16 Q buffer) instead of rotate_quantize's pass
-# over q. H100, B16 H16 N4096 end to end against the pass in the same run: D128 since session 35 call 3
+# over q. H100, B16 H16 N4096 end to end against the pass in the same run: D128
 # (notes/attention_fp8/runs/qrot2_s35_run3_session35_h100.txt: causal 1.623 ms = 1.074x bf16 against 1.716 = 1.016x,
 # full 2.539 = 1.264x against 2.683 = 1.196x; the kernel against its twin 3.35x the bf16 floor on a GQA tail), D64
-# since call 4 (runs/qrot3_s35_run4_session35_h100.txt: causal 1.174 ms = 1.034x against 1.225 = 0.991x; O against
+# (runs/qrot3_s35_run4_session35_h100.txt: causal 1.174 ms = 1.034x against 1.225 = 0.991x; O against
 # float64 identical to the pass's). q_buffers (by head dim): bf16 Q buffers a consumer where not GLUON_FORWARD's
-# q_buffers (D128 with 1: causal 1.587-1.599 ms = 1.099x, calls 3-4, against 2's 1.623; full not timed: not set)
+# q_buffers (D128 with 1: causal 1.587-1.599 ms = 1.099x, runs 3-4, against 2's 1.623; full not timed: not set)
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={})

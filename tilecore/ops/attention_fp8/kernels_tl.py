@@ -171,7 +171,7 @@ def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
     key j of a head at column key_position(j); the padding keys (Nk .. n_out) are written as 0. One
     program per (batch * head, block of BLOCK_K keys, a multiple of 32). ``EMULATE_CAST``: the
     interpreter (its e4m3 cast is wrong): rounded by round_to_e4m3 first.
-    ``PER_BLOCK`` (BLOCK_K = 128, session 34): the descale is the block's own, amax / 448 of its keys (1 where 0),
+    ``PER_BLOCK`` (BLOCK_K = 128): the descale is the block's own, amax / 448 of its keys (1 where 0),
     computed here and stored at DESCALE[bh * n_scales + block]: one read of v, no pass before it for a head's amax."""
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)

@@ -107,7 +107,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
 
 
 class _Fp8Launch:
-    """forward's Gluon path for one launch key (session 31, issue 31's host time): the kernel's KeyedLaunch with its
+    """forward's Gluon path for one launch key (issue 31's host time): the kernel's KeyedLaunch with its
     four descriptors as tensors (their views and boxes are the key's: KeyedLaunch's operands, encoded once per
     address), the launch's other arguments the key fixes, and which descales are float32 and contiguous already;
     a call then allocates O and lse and launches. ``of`` gives False where there is no Gluon plan."""

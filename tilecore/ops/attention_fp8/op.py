@@ -229,7 +229,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     key = None if grad else _CALL_KEY(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
                                       softmax_scale, out_dtype, v_layout)
     if key is not None and direct and tiles_launch.BIND_KEYED_LAUNCHES:
-        recipe = launch._FP8_LAUNCHES.get(key)  # kept after the key's first (checked) call (session 31)
+        recipe = launch._FP8_LAUNCHES.get(key)  # kept after the key's first (checked) call
         if recipe:
             if check_scales:
                 check_scale_values(q_scale, k_scale, v_scale)

@@ -34,7 +34,7 @@ def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool
     quantize_fp8(v, per="head", layout="keys_permuted")), by one read of v for its amax (torch's
     vector_norm; ``amax_kernel``: kernels_tl.head_amax, atomic maxima) and one tl kernel (read, quantize,
     write transposed and permuted; ``permute_in_registers``: the tile transposed and permuted in registers,
-    stored with contiguous addresses) on kernel devices. ``per="block"`` (session 34): a descale per block of 128
+    stored with contiguous addresses) on kernel devices. ``per="block"``: a descale per block of 128
     keys, (B, H, ceil(Nk / 128)) as quantize_fp8(v, per="block", layout="keys_permuted"), computed by the same
     kernel from the block it holds: one read of v, not two."""
     if per not in ("head", "block"):
@@ -169,7 +169,7 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         out_scale = {"token": (B, H, N), "block": (B, H, n_scales)}
         ds = descale.reshape(1).to(torch.float32) if scales == "tensor" else \
             torch.empty(out_scale[scales], dtype=torch.float32, device=x.device)
-        # H100 (session 26 round 2), B16 H16 N4096: D128 8 blocks, 4 warps, 2 stages 0.160 ms (2,510 GB/s, 85% of
+        # H100, B16 H16 N4096: D128 8 blocks, 4 warps, 2 stages 0.160 ms (2,510 GB/s, 85% of
         # the copy) against 0.196 with 4, 8, 3; D64 4, 4, 3: 0.078 (2,566 GB/s, 89%), every shape but 8 x 8 alike
         cfg = {"row_blocks": 1 if interp else 8 if D >= 128 else 4, "num_warps": 4,
                **({"num_stages": 2} if D >= 128 and not interp else {}), **(config or {})}
@@ -247,8 +247,8 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     ``quantizer``: "fused" (default: ``rotate_quantize``, one tl kernel a tensor that rotates on the
     tensor cores and quantizes, no host sync; torch's ops where D is not a power of two 16..256) or
     "hadamard_quantize" (tilecore.hadamard_quantize for q and k; its static k scale costs a host sync).
-    H100, B16 H16 N4096 D128 (session 26): end to end 0.90x the bf16 forward against 0.77x; with P's linear code and
-    v per block (session 34 call 5): causal 1.046x (notes/attention_fp8).
+    H100, B16 H16 N4096 D128: end to end 0.90x the bf16 forward against 0.77x; with P's linear code and
+    v per block: causal 1.046x (notes/attention_fp8/runs/e2e34_confirm_run5_session34_h100.txt).
 
     Descales: q's per token (a per-row factor in the kernel, free); k's (``k_scales``): "block" (default;
     one per block of 128 keys, computed as k is quantized: one scalar a key block in the kernel;
@@ -257,8 +257,8 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     |k_j|_2 / 448 never saturates; a few times more headroom than needed, which e4m3's floating point
     loses nothing to but the subnormals; the norms cost a pass over k), or "token" (per key: a per-key
     factor in the kernel's every step, slower). V: quantize_v_permuted (``v_amax_kernel``: its amax by
-    kernels_tl.head_amax instead of torch's vector_norm). ``v_scales`` (None: configs.ROTATED["v_scales"], "block" since session 34): "head",
-    one descale a (batch, kv head), its amax a pass over v before the quantizing one; or "block" (session 34), one a
+    kernels_tl.head_amax instead of torch's vector_norm). ``v_scales`` (None: configs.ROTATED["v_scales"], "block"): "head",
+    one descale a (batch, kv head), its amax a pass over v before the quantizing one; or "block", one a
     block of 128 keys, computed in the quantizing pass (v read once: the end-to-end gap's 268 MB at B16 H16 N4096
     D128), which the kernels fold into O's rescale once a key block. At the head dims of configs.ROTATED["q_in_kernel"]
     (64, 128) on Hopper, q's rotation and quantization run inside the FP8 kernel (no pass over q;

@@ -4,7 +4,7 @@ the CPU path.
 
 Descales (see op.py): the dequantized inputs are q = q8 * q_scale, k = k8 * k_scale, v = v8 * v_scale,
 with q_scale and k_scale per (batch, head), per block of ``SCALE_BLOCK`` rows or per row, v_scale per
-(batch, kv head) or (session 34) per block of ``SCALE_BLOCK`` keys (the Hopper kernel folds a block's descale into
+(batch, kv head) or per block of ``SCALE_BLOCK`` keys (the Hopper kernel folds a block's descale into
 O's rescale: O is carried in units of the last block's descale). Masks as tilecore.attention: causal aligned to the bottom right (query i sees keys
 j <= i + Nk - N); a row with no key gets 0 and lse -inf.
 
@@ -50,7 +50,7 @@ def check_rescale(rescale_tau: float, p_shift: int) -> None:
                          f"p_shift + tau <= log2(448) = {MAX_SHIFT_PLUS_TAU:.3f}")
 
 
-# P_LINEAR (the Hopper kernel's configs key p_linear, session 33): P's e4m3 code by one multiply-add, no exp2
+# P_LINEAR (the Hopper kernel's configs key p_linear): P's e4m3 code by one multiply-add, no exp2
 LINEAR_LSE_BIAS = 0.05708148  # log2 of the codes' mean overestimate of 2^x (1.0404, x uniform over the octaves)
 
 
