@@ -1,6 +1,6 @@
 """Linear attention's tables (plan.py reads them): each value with one line of reason. The runs behind them (figures,
 dates, files) are in notes/linear_attention/README.md's decision log and notes/linear_attention/configs_history.md
-(these comments' history up to session 32); blocks not timed are the ones that compile for sm_90a without spilling
+(these comments' earlier history); blocks not timed are the ones that compile for sm_90a without spilling
 (``python -m tilecore.ops.linear_attention.report``)."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ BASED_BWD_BV = 32
 BWD_KEY_BLOCK = 128
 WIDE_BWD_BV = 32
 
-# the tl forward's blocks by the session-26 sweeps: 4 warps 1.5-2.3x faster than 8, [128, 128] state blocks
+# the tl forward's blocks by the sweeps: 4 warps 1.5-2.3x faster than 8, [128, 128] state blocks
 FWD_WARPS = 4
 FWD_STATE_ELEMS = 16384
 FWD_STAGES = {0: 3, 1: 2}  # by decay kind: the faster in the sweep (no decay 0.344 ms at 3 against 0.392 at 2)
@@ -58,7 +58,7 @@ GLUON_ASYNC_UPDATE: tuple = ()
 GLUON_SILU_TANH = True
 # EXP2_FMA off: checked, slower (the FMA pipe is not idle)
 GLUON_EXP2_FMA: dict = {}
-# session 32's step variants by whether beta is given -> names on: LEAN for Mamba-2 (1.061x, checked; decision 65)
+# the step variants by whether beta is given -> names on: LEAN for Mamba-2 (1.061x, checked; decision 65)
 GLUON_S32: dict = {True: ("lean",)}
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
@@ -99,7 +99,7 @@ GLUON_BASED_ALU_STAGES = 3
 # OUT_DIRECT off: checked, 0.67x (the accumulator layout's 4-byte stores; decision 56)
 GLUON_BASED_OUT_DIRECT = False
 
-# the backward's blocks where Dk <= 128 and Dk x Dv <= 16384 (the session-26 sweep: 2.36 ms against 4.76)
+# the backward's blocks where Dk <= 128 and Dk x Dv <= 16384 (the H100 sweep: 2.36 ms against 4.76)
 BWD_CHUNK = 64
 BWD_STATE_ELEMS = 16384
 BWD_WARPS = {0: 8, 1: 4}

@@ -624,7 +624,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
     EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made.
     SILU_TANH (with Z_STAGE): the gate's sigmoid by one tanh.approx.f32. EXP2_FMA (with G_STAGE): 1 (2): half (a
-    quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe. Session 32 (not with OVERLAP, PROBE): D_EARLY
+    quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe. Step variants (not with OVERLAP, PROBE): D_EARLY
     (with EARLY_WV and D) D v from the chunk's first v load, added with Q S's row scale; LEAN (with G_STAGE, not
     FACTORED / EXP2_FMA) one causal select on P and, with beta, the scale on beta V; UPDATE_LATE (with EARLY_WV, not
     ASYNC_UPDATE) P V and the update async, the update's wait after o's store; Q_REG q as the register operand."""
@@ -865,7 +865,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
         args["EXP2_FMA"] = exp2_fma
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
-    # session 32's (absent where off: the launches' keys as before; the kernel ignores them where they do not apply)
+    # the step variants (configs.GLUON_S32; absent where off: the launches' keys as before; the kernel ignores them
+    # where they do not apply)
     for name, on in (("D_EARLY", d_early), ("LEAN", lean), ("UPDATE_LATE", update_late), ("Q_REG", q_reg),
                      ("BETA_LOG", beta_log)):  # (BETA_LOG: beta must be beta_log's Gb)
         if on:
@@ -896,7 +897,7 @@ def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = Non
 
 
 def s32_flags(mamba: bool) -> dict:
-    """launch_args's session-32 keywords (d_early, lean, update_late, q_reg) from configs.GLUON_S32 (by whether beta
+    """launch_args's step-variant keywords (d_early, lean, update_late, q_reg) from configs.GLUON_S32 (by whether beta
     is given: Mamba-2 or not); off where configs names none."""
     from tilecore.ops.linear_attention import configs
 

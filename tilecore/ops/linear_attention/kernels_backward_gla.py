@@ -1,5 +1,5 @@
 """GLA's backward (per-channel log decay, phi(x) = x, no beta, q/k heads = v heads) as three kernels and nothing
-after them (issue 33, session 30): the split dK/dV path of the scalar decay (launch.backward_calls) with the
+after them (issue 33): the split dK/dV path of the scalar decay (launch.backward_calls) with the
 GLA epilogue (kernels_tl la_bwd_dq_kernel / la_bwd_dkv_kernel, EPILOGUE with DECAY 2).
 
     dQ  (forward sweep, programs of BKQ key channels x every value column): dq stored whole in q's dtype (the

@@ -152,7 +152,7 @@ def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, fina
 
 
 class GluonForward:
-    """linear_attention's Gluon forward without decay, beta, D or z for one launch key (session 32, issue 31's host
+    """linear_attention's Gluon forward without decay, beta, D or z for one launch key (issue 31's host
     time): the kernel's KeyedLaunch with its 37 arguments in the kernel's order, made from the key's first launch as
     gluon_forward.forward gave them: q's, k's, v's and o's descriptors (views fixed by the key: each made from the
     tensor at its position, encoded once per base address), sizes, strides and scale as they were, h0 and the final
@@ -376,10 +376,11 @@ def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: floa
 
 
 def kernel_do(plan: Plan, do, v, g):
-    """do in the dtype the backward kernels read it in, as the H100 checked them (run 2 of session 27): the
+    """do in the dtype the backward kernels read it in, as the H100 checked them
+    (notes/linear_attention/runs/linear_attention_backward_run2_session27_h100.txt): the
     split path in v's dtype (bf16 do checked there, beta and grouped heads included); the unsplit path with a
     decay in float32: its dQ kernel reading bf16 do directly was WRONG on the H100 (Mamba-2 with D and no
-    gate, Dk 128, Dv 64, 8 warps: dC 13.9x the rounding floor; with float32 do, as checked in sessions 24-27,
+    gate, Dk 128, Dv 64, 8 warps: dC 13.9x the rounding floor; with float32 do, the checked form,
     1.4x) while the interpreter, which runs bf16 on a float32 upcast, cannot see it; without a decay bf16 as
     it comes (checked: d128, Based)."""
     if plan.config.get("split"):

@@ -7,14 +7,14 @@ product: each rounded once as torch rounds it), so the step's bits do not change
 log1p is libdevice's on the GPU, which the interpreter cannot run: those calls keep torch's ops).
 A NaN dt stays NaN (the compares are false for it), as torch.clamp keeps it.
 
-Signed zero (session 30): session 29's GPU check differed from torch's ops in exactly the 4 of 24 cases where a
+Signed zero: a GPU check differed from torch's ops in exactly the 4 of 24 cases where a
 -0.0 dt reaches the clamp at lo = 0 (no bias, dt_limit (0, inf)): the compare-select keeps -0.0 (as torch's CPU
 clamp does), while torch's CUDA clamp (an isnan test, then ``val < lo ? lo : val``, which nvcc may emit as
 ``max.f32`` once NaN is ruled out) evidently gives +0.0, and g = dt_eff A then differs in sign too. The
 ``MAMBA_DT_CLAMP`` "max" form clamps with tl.maximum / tl.minimum (``max.f32`` / ``min.f32``) after passing NaN
 through, as the CUDA clamp compiles; host_time.py checks both forms on the GPU and prints any differing element.
 
-ON since session 30's H100 run 3 (notes/host/runs/host_time_later_ab_run3_session30_h100.txt): the "max" form equal
+ON since the H100 run notes/host/runs/host_time_later_ab_run3_session30_h100.txt: the "max" form equal
 to torch's CUDA ops bit for bit in all 24 cases ("select" 20/24: the -0.0 dt at lo = 0, which torch's CUDA clamp
 turns to +0.0); the step's dt then costs one launch (22.3 us of host time against the torch ops' 27.1 there).
 """

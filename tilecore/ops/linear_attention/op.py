@@ -489,7 +489,7 @@ def _check_mamba(op, x, dt, A, B, C, D, z, dt_bias, state, state_name: str, step
 
 
 class _MambaStep:
-    """mamba2_step for one launch key by its two kernels (session 31, issue 31's host time): the dt kernel's and the
+    """mamba2_step for one launch key by its two kernels (issue 31's host time): the dt kernel's and the
     step kernel's KeyedLaunch and every launch argument the key fixes (strides, sizes, dt_limit), made from its
     keyed call's own launches; a call then allocates dt_eff, g and y and launches. Made only where that call took
     the kernels (mamba_dt.fits, no upcast, a kernel plan); ``serves()``: the dt kernel's switches as they were
@@ -688,7 +688,7 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
 
 
 class _LaStep:
-    """linear_attention_step for one launch key by its kernel (session 32, issue 31's host time): the step kernel's
+    """linear_attention_step for one launch key by its kernel (issue 31's host time): the step kernel's
     KeyedLaunch and every argument the key fixes (strides, sizes, scale), made from the key's first call. A call
     allocates o in the shape the op returns and launches with the caller's own q, k, v and decay: each is the same
     memory as the (B, H, D) slice the general path hands the kernel (a token axis of 1 or a decay's added axis is

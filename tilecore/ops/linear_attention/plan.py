@@ -102,7 +102,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
         BT_BWD, BVB = min(chunk, configs.BASED_BWD_CHUNK), min(BVF, configs.BASED_BWD_BV)
     elif kind != CHANNEL_DECAY and BK > configs.BWD_KEY_BLOCK:
         BKB, BVB = configs.BWD_KEY_BLOCK, min(BVF, configs.WIDE_BWD_BV)
-    # the backward's blocks from the session-26 sweep (H100, B16 H16 N4096, Dk = Dv = 128): chunks of 64
+    # the backward's blocks from the sweep (H100, B16 H16 N4096, Dk = Dv = 128): chunks of 64
     # and a head's every key channel a dQ program, every value column a dK/dV one (configs.BWD_*)
     bwd_warps = configs.NUM_WARPS
     if feature == BASED:
