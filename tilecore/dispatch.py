@@ -89,7 +89,7 @@ def plain_eager(*tensors: torch.Tensor | None) -> bool:
 
     A ``torch.library`` custom op's Python dispatch costs ~100 us of host time per call (measured on
     the lent H100's host, notes/gemm/README.md), more than many kernels take; torch.compile, autograd,
-    fake tensors and modes still go through the op. (Session 30: the same C-level checks as eager_mode,
+    fake tensors and modes still go through the op. (The same C-level checks as eager_mode,
     where this imported and walked the dispatch-mode stack in Python each call: 6-8 us of the H100 host's
     cProfile for attention_fp8, fft_conv, mamba2_step.)
     """

@@ -202,7 +202,7 @@ BACKWARD_CLOCK_HZ = 1545e6
 # backward, B16 H16 N4096 D128, 519 TFLOP/s where cuBLAS ran 680 in the same run) by
 # `step_latency_from_anchor(rates)`, and checked on the anchors' three other cuDNN backward rows (D64
 # 430, D64 causal 379, D128 causal 461: predicted 394, 358, 467 with "clock"; 444, 400, 467 with
-# "ceiling"). No committed bench row is used. Session 28: re-derived with cuDNN's tile prologue and
+# "ceiling"). No committed bench row is used. Re-derived with cuDNN's tile prologue and
 # epilogue (646.6 and 181.6 before: the per-tile cost was inside the per-step one).
 ANCHOR = dict(impl="cudnn", batch=16, heads=16, seq=4096, d=128, causal=False, tflops=519.0,
               ceiling_tflops=680.0, copy_bytes_per_s=2997e9)

@@ -486,8 +486,8 @@ def direct_launch(compiled, operands: dict | None = None):
     None otherwise (the runner then). CachedLaunch uses it only while no launch hook is installed
     (a profiler's: :func:`_launch_hooks`). 3.6's convention is checked by its driver module's
     ``_BASE_ARGS_FORMAT_LEN`` (13 base arguments, then the kernel's): triton 3.7 on passes the hooks first and the
-    kernel's arguments as one tuple after their annotations, which this call would hand the wrong values (session
-    34: found under the compat matrix's 3.7-3.9, whose kernels were compile-checked but whose launches never ran)."""
+    kernel's arguments as one tuple after their annotations, which this call would hand the wrong values (found
+    under the compat matrix's 3.7-3.9, whose kernels were compile-checked but whose launches never ran)."""
     run = getattr(compiled, "run", None)
     function = getattr(compiled, "function", None)
     packed = getattr(compiled, "packed_metadata", None)

@@ -248,7 +248,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 
 
 def _epilogue_switches(fmt, n, tuning) -> dict:
-    """Session 32's switches of both Gluon kernels: NOZERO (sub-rows past m left unzeroed: the group formats, whose
+    """The epilogue switches of both Gluon kernels: NOZERO (sub-rows past m left unzeroed: the group formats, whose
     padded sub-rows' scales and codes are never stored; the kernel ignores it for per-token formats and AMAX) and
     CLAMP_LO (the lo piece by one max; 2: and hi's column pairs converted by one instruction, PAIRS):
     tunings "nozero", "clamp_lo", else configs.QUANT_GLUON_NOZERO /

@@ -4,7 +4,7 @@ path, for n = m x 2^k with m > 64 and 64-wide slices (11008 = 172 x 64, 18944 = 
 Why: quantize_wide.wide_quantize_kernel mixes one row's [KC, Q = 64] chunk at a time, so each product is a
 [MB, KC] x [KC, 64] wgmma (N = 64) and each chunk of H_m ([MB, KC] bf16, 8 KiB) is fetched from L2 into shared
 memory for that one row: at 11008 (NB = 3 blocks, NK = 3 chunks) 72 KiB of H a row against the row's own 22 KiB
-read and 11 KiB written (fp8). Session 28's best wide plan ran at 281 effective TFLOPS (40% of copy).
+read and 11 KiB written (fp8). The best wide plan measured ran at 281 effective TFLOPS (40% of copy).
 
 Here the mixing's B operand is 128 columns: C = R S = 2 slices of Q = 64 (R rows of one slice at 11008, R = 2;
 one row's two slices at 18944, R = 1), side by side:
