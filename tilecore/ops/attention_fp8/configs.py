@@ -41,6 +41,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # (notes/attention_fp8/runs/qrot2_s35_run3_session35_h100.txt: causal 1.623 ms = 1.074x bf16 against 1.716 = 1.016x,
 # full 2.539 = 1.264x against 2.683 = 1.196x; the kernel against its twin 3.35x the bf16 floor on a GQA tail), D64
 # (runs/qrot3_s35_run4_session35_h100.txt: causal 1.174 ms = 1.034x against 1.225 = 0.991x; O against
-# float64 identical to the pass's). q_buffers (by head dim): bf16 Q buffers a consumer where not GLUON_FORWARD's
-# q_buffers (D128 with 1: causal 1.587-1.599 ms = 1.099x, runs 3-4, against 2's 1.623; full not timed: not set)
+# float64 identical to the pass's; runs/qrot4_s35_run5_session35_h100.txt: D64 full 1.151x against 1.064x, D128 full
+# 1.346x against 1.379x: at D128 full the two about cancel, the first run had +5.7%). q_buffers (by head dim): bf16 Q
+# buffers a consumer where not GLUON_FORWARD's q_buffers (D128 with 1: causal 1.099x against 2's 1.074x, full 1.334x
+# against 1.346x: not set)
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={})
