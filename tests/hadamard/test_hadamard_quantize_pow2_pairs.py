@@ -87,6 +87,7 @@ def test_format_tuning_table_under_the_callers_tuning():
 
     old = dict(configs.QUANT_POW2_FORMAT_TUNING)
     try:
+        configs.QUANT_POW2_FORMAT_TUNING.clear()
         configs.QUANT_POW2_FORMAT_TUNING[("mxfp4", 128)] = dict(tma="load", waves=2)
         big = (1 << 28) // 128
         plan = quantize.kernel_plan(big, 128, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False)

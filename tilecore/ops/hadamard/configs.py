@@ -69,12 +69,15 @@ QUANT_TILE_ELEMS = 8192  # hadamard_quantize's kron-tiled tile where several row
 QUANT_POW2_TUNING = {4096: dict(num_stages=4), 1024: dict(waves=16), 2048: dict(num_warps=4)}
 # the pow2 quantize with PAIRS (hi a column pair at a time, bit-identical): 1.03-1.13x where on (the rest 1.01x+)
 QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
-                       for n in (1024, 2048, 8192)}, ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True, ("int8", 32768): True,
-                    ("nvfp4", 32768): True, **{(f, 16384): True for f in ("fp8_e4m3", "int8", "nvfp4", "int4")}}
-# (format, n) -> the pow2 plan's tuning under the caller's: n = 128's 4-bit codes by TMA, not a byte a store by pointer:
-# mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 57-94% of copy)
+                       for n in (1024, 2048, 8192)}, ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True,
+                    ("int8", 32768): True, ("nvfp4", 32768): True,
+                    **{(f, 16384): True for f in ("fp8_e4m3", "int8", "nvfp4", "int4")},
+                    **{(f, 512): True for f in ("mxfp4", "nvfp4", "int4")}}
+# (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
+# mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%)
 QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2), ("nvfp4", 128): dict(tma="load"),
-                            ("int4", 128): dict(tma="load", waves=2)}
+                            ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
+                            ("int8", 128): dict(tma="load")}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64
@@ -145,8 +148,9 @@ QUANT_GLUON_NOZERO = dict(_NZ_CL)
 # CLAMP_LO 2 (PAIRS, bit-identical): 1.04-1.24x where on; 28672's other formats 0.74-0.83x (more spilled)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
-# mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): 1.02-1.03x at 28672
-QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("nvfp4", 28672): True}
+# mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): mxfp4 1.02-1.03x at 28672 / 18944;
+# nvfp4 0.96-1.02x, off
+QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True}
 # PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.13x where on; elsewhere 0.73-1.02x
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
