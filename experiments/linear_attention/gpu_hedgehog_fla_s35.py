@@ -90,7 +90,8 @@ def main() -> int:
     RESULTS["median"] = med
     (out / "hedgehog_fla_s35.json").write_text(json.dumps(RESULTS, indent=1))
     bwd = {n: med[f"{n}_fwd_bwd_ms"] - med[f"{n}_fwd_ms"] for n in fns}
-    print(f"\nHedgehog d64 F 2x32 B16 H16 N4096 bf16, W with grad, {RESULTS['device']}, medians of {ROUNDS} interleaved rounds")
+    print(f"\nHedgehog d64 F 2x32 B16 H16 N4096 bf16, W with grad, {RESULTS['device']}, "
+          f"medians of {ROUNDS} interleaved rounds")
     print(f"{'':8} {'fwd ms':>8} {'fwd+bwd':>8} {'bwd':>8}")
     for n in fns:
         print(f"{n:8} {med[f'{n}_fwd_ms']:8.3f} {med[f'{n}_fwd_bwd_ms']:8.3f} {bwd[n]:8.3f}")
