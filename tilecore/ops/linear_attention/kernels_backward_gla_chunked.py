@@ -1,4 +1,4 @@
-"""GLA's backward in the chunk-parallel form (issue 33, session 30): two state walks that do nothing else, then
+"""GLA's backward in the chunk-parallel form (issue 33): two state walks that do nothing else, then
 every chunk's gradients at once, as flash-linear-attention's chunk_gla structures it (its code not used).
 
 Per-channel log decay g (B, N, H, Dk), phi(x) = x, no beta, q/k heads = v heads. Chunks of BT tokens; G the
@@ -16,7 +16,7 @@ last row; S_c the state entering chunk c, dS_c the gradient of the state leaving
              intra-chunk scores over every channel, by key blocks of KD
     dg       (B H x key blocks, a reverse walk over chunks):  dg = DG + the later chunks' totals (+ the final
              state's sum_v dht * ht), zero where the floor clamped g
-    (dg_fused, session 31: none; the dqk kernel stores dg = its chunk's reverse sum + sum_v S_(c+1) dS_c, the
+    (dg_fused: none; the dqk kernel stores dg = its chunk's reverse sum + sum_v S_(c+1) dS_c, the
              decay gradient at the next chunk's first token, which sums every later token's part; S_NT = ht)
 
 The intra-chunk terms take one reference a key block (kernels_tl._channel_dq_factored / _channel_dk_factored, and
@@ -25,11 +25,11 @@ states are stored in the dot operand dtype (bf16 / fp16: the walk kernels round 
 (B, H, NT, Dk, Dv) each: 537 MB apiece at B16 H16 N4096 d128 bf16. No walk holds more than its state, so no
 program carries a chunk's temporaries next to a [64, 128] float32 state (the split kernels' spills: 0.2-2.3 KB).
 
-On since session 30 (configs_gla_bwd.GLA_BWD_PATH "chunked"; FLA's issue 640: checked on the H100 against float64);
-session 31's blocks (configs_gla_bwd.CHUNKED: chunk 64, key blocks 32, the dqk value loop, dg from the dqk kernel)
-6.07 ms at B16 H16 N4096 d128 bf16; session 32's (the value loop at 3 stages, dg's later part from S_c (SUFFIX 3), r from
+On (configs_gla_bwd.GLA_BWD_PATH "chunked"; FLA's issue 640: checked on the H100 against float64);
+the first blocks (configs_gla_bwd.CHUNKED: chunk 64, key blocks 32, the dqk value loop, dg from the dqk kernel)
+6.07 ms at B16 H16 N4096 d128 bf16; then (the value loop at 3 stages, dg's later part from S_c (SUFFIX 3), r from
 do v^T's diagonal (LEAN), dG's reverse sum as dots (DOTSCAN), the walks by key blocks of 64): dqk 2.87 ms against 3.24,
-the walks 0.70 + 0.69 against 0.84 + 0.83 (notes/linear_attention/README.md, decisions 70-77); session 33's: the value
+the walks 0.70 + 0.69 against 0.84 + 0.83 (notes/linear_attention/README.md, decisions 70-77); then the value
 loop by blocks of 64, 5.315 ms composed (decision 78), and the dqk / dv forms and g_pre behind CHUNKED switches."""
 from __future__ import annotations
 
@@ -60,9 +60,9 @@ def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, s
                       MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
                       G_PRE: tl.constexpr = 0, BKB: tl.constexpr = 0):
     """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
-    Grid (B * H, cdiv(DV, BV)). NVB (session 32): the state's rows by key blocks of BK too (each row of S walks on its
+    Grid (B * H, cdiv(DV, BV)). NVB: the state's rows by key blocks of BK too (each row of S walks on its
     own: its channel's decay, k's column): axis 1 is (key block, value block), NVB value blocks; grid (B * H,
-    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK). G_PRE (session 33; BKB the dqk kernel's key block, dividing BK):
+    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK). G_PRE (BKB the dqk kernel's key block, dividing BK):
     the value block 0 programs also store each chunk's span middles, G_last and the dqk kernel's flags, and (G_PRE 1)
     G itself (_g_pre_store); 0 none."""
     vblock, kblock = _walk_blocks(NVB)
@@ -139,7 +139,7 @@ def _mid_last(MID, bh, c, NT, offs_k, k_ok, DK):
 @triton.jit
 def _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, G_last, kblock,
                  BK: tl.constexpr, BKB: tl.constexpr, KBLOCKS, MMA: tl.constexpr, FULL: tl.constexpr):
-    """g_pre (session 33): the states walk's chunk c stores its span's middle and G_last per channel (MID (B H, NT, 2,
+    """g_pre: the states walk's chunk c stores its span's middle and G_last per channel (MID (B H, NT, 2,
     Dk) float32), the dqk kernel's flags (FLAG[(bh NT + c) KBLOCKS + key block of BKB]: 1 where the block's span is
     wider than _factor_span, NaN, or a log decay of the block was clamped at the floor) and, FULL (g_pre 1), G itself
     (GC, rows below N), so the kernels after it read them instead of reducing (and scanning) g again. g: the chunk's
@@ -193,7 +193,7 @@ def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sg
                        G_PRE: tl.constexpr = False):
     """Program (batch * head, value block): DHS[c] = the gradient of the state leaving chunk c, every chunk, by a
     reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV)); NVB as gla_states_kernel's
-    (the rows of dS walk apart too). G_PRE (session 33): G is the states walk's GC (each chunk's G: no scan)."""
+    (the rows of dS walk apart too). G_PRE: G is the states walk's GC (each chunk's G: no scan)."""
     vblock, kblock = _walk_blocks(NVB)
     _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, tl.program_id(0), vblock,
@@ -308,9 +308,9 @@ def _dqk_value_loop(V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h
     do S_c^T and v dS_c^T [BT, BKB]; float32; the state terms only where PART needs them, zeros else; and with
     SUFFIX, sum_v S_(c+1) dS_c [BKB] float32: the decay gradient's part from every later token (see
     gla_dqk_kernel), S_NT the final state HT ((B H, Dk, Dv) float32 contiguous; SUFFIX 2: none, zeros)).
-    START (session 32's EARLY): the value columns from START on, added to the sums a, r, dqs, dks, sfx given (the
-    caller's, of the columns before START); 0: from zeros. LEAN (session 32): no do . v (r stays as given: the caller
-    takes it from a's diagonal). DYN (session 34, CHUNKED dqk_dyn): the loop's bound is Dv at run time, not the
+    START (EARLY's): the value columns from START on, added to the sums a, r, dqs, dks, sfx given (the
+    caller's, of the columns before START); 0: from zeros. LEAN: no do . v (r stays as given: the caller
+    takes it from a's diagonal). DYN (CHUNKED dqk_dyn): the loop's bound is Dv at run time, not the
     constexpr BVF, so one value block stays a loop (one trip through Triton's cp.async pipeline) and is not folded into
     straight-line code (the build the H100 got wrong at d 64, decision 84); at any Dv the same code as at d 128."""
     if START == 0:
@@ -370,35 +370,35 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     0): 1 computes the blocks whose span of G allows the factored form and writes FLAG[program] (int8) 1 for the
     others, 2 (after 1) computes the flagged ones; 0 both in one program.
     AT (with WIDE 1's factored form): dk's intra-chunk term as (v do^T, masked) @ (q e^(G - m)), a second score dot,
-    instead of a^T from registers: on the H100 (run 7 of session 30) chunk 64 with key blocks of 32 gave dk 3.6e3x
+    instead of a^T from registers: on the H100 chunk 64 with key blocks of 32 gave dk 3.6e3x
     the rounding floor (dq, from a itself, right), as the unsplit walk kernels' diag 6 at key blocks of 16 did
     (decision 44); the suspect is the dot on a register tile transposed (not diagnosed: no GPU here).
-    VB (session 31): 0 every value column at once (v, do [BT, BVF], S_c and dS_c [BKB, BVF] live together: 255
+    VB: 0 every value column at once (v, do [BT, BVF], S_c and dS_c [BKB, BVF] live together: 255
     registers at chunk 32, key blocks 64, 4 warps); else a loop over value blocks of VB that sums do v^T, the
     diagonal's do . v and the state terms do S_c^T, v dS_c^T (float32 [BT, BT], [BT], [BT, BKB] x 2), so only one
     value block's tiles are live at a time (not with AT).
     GROUP (WIDE 2): programs of the first launch a program of the fallback's launch reads the flags of (FLAG padded
     with zeros to a multiple of it): fewer programs that only read a zero flag (0.12 ms of 65536 at B16 H16 N4096
-    chunk 32, session 30).
-    SUFFIX (with VB, PART 0; session 31): dg stored whole into DG, no TOT and no dg kernel after: the part of dg_t from
+    chunk 32).
+    SUFFIX (with VB, PART 0): dg stored whole into DG, no TOT and no dg kernel after: the part of dg_t from
     the tokens after t's chunk c is sum_v S_(c+1) dS_c per channel (the decay gradient at chunk c + 1's first token:
     S_c leaves chunk c into e^(g_t) S_c + k v^T, and dS_c is the gradient that flows back into it), summed in the
     value loop from HS[c + 1] (HS[NT]: the final state, passed in TOT as (B H, Dk, Dv) float32 contiguous; SUFFIX 2:
-    no final state, its part 0) and dS_c. SUFFIX 3 (session 32): the same sum without HS[c + 1]'s load: S_(c+1) =
+    no final state, its part 0) and dS_c. SUFFIX 3: the same sum without HS[c + 1]'s load: S_(c+1) =
     e^G_last S_c + (k e^(G_last - G))^T v, so sum_v S_(c+1) dS_c = e^G_last <S_c, dS_c> + sum_t k e^(G_last - G)
     (v dS_c^T): the first from the tiles the loop loads anyway, the second from dk's state term (HT / TOT unused; the
-    last chunk's dS is dht, or 0 without one, so no final state is read). EARLY (with SUFFIX 3; session 32): the first value block's v, do, S_c, dS_c loaded
+    last chunk's dS is dht, or 0 without one, so no final state is read). EARLY (with SUFFIX 3): the first value block's v, do, S_c, dS_c loaded
     before the span test too, so every load of the program's first step is in flight at once (the loop from the
-    second block). LEAN (with VB; session 32): the diagonal's r_t = do_t . v_t from do v^T's diagonal (a's, before
+    second block). LEAN (with VB): the diagonal's r_t = do_t . v_t from do v^T's diagonal (a's, before
     its mask) instead of a product and a row sum of v and do each value block (their tiles then stay in shared memory
-    for the dots alone). DOTSCAN (with SUFFIX; session 32; 3 the GPU's three bf16 pieces, 1 one float32 dot for the
+    for the dots alone). DOTSCAN (with SUFFIX; 3 the GPU's three bf16 pieces, 1 one float32 dot for the
     interpreter): dG's reverse sum within the chunk as a dot with a triangle of ones (_scan_dot), not tl.cumsum's
     shuffles (sm_90a: the kernel's two scans were ~700 of its ~3400
     instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514).
-    PROBE (timing only, outputs WRONG; session 32, with VB and not EARLY): 1 leaves the value loop out (its sums zero:
+    PROBE (timing only, outputs WRONG; with VB and not EARLY): 1 leaves the value loop out (its sums zero:
     what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero).
-    FORM (session 33; WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits.
-    DYN (session 34, with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches."""
+    FORM (WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits.
+    DYN (with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches."""
     pid = tl.program_id(0)
     if WIDE == 2:
         if GROUP == 1:
@@ -579,7 +579,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
                      pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                      IEEE: tl.constexpr, SPLIT: tl.constexpr, VB: tl.constexpr, DOTSCAN: tl.constexpr,
                      FORM: tl.constexpr, GC=0, MID=0, DYN: tl.constexpr = False):
-    """Session 33's form of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN; DOTSCAN or tl.cumsum for dG's reverse
+    """FORM's variant of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN; DOTSCAN or tl.cumsum for dG's reverse
     sum),
     FORM bits: 1 G's span, its middle and G_last by ONE three-way reduction over tokens (max, min, the last row's
     sum) instead of three, and two tiles of exps, e^(G - m) and e^(m - G), for the four factors (e^G = e^(G - m)
@@ -807,7 +807,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     form; KBLOCKS of them a chunk, KBP their power of two): 1 computes the chunks none of whose blocks is marked, by
     the factored scores alone (no fallback's registers); 2 (after) the others, as WIDE 0 does. A KD block inside
     unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are.
-    DVFORM (session 33, WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
+    DVFORM (WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
     reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three; 3
     (g_pre) the same with G_last and the middles read from the states walk's MID (no reduction), G from its GC too
     with bit 8 (g_pre 1: no scan);
