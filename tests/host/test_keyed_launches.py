@@ -13,6 +13,7 @@ from tilecore.ops.attention_decode import launch as decode_launch
 from tilecore.ops.attention import op as attention_op
 from tilecore.tiles import launch
 from tilecore.tiles.launch import CachedLaunch, KeyedLaunch, TmaOperand
+from host_testing import cpu_signature
 
 
 def _tiny(x_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
@@ -154,16 +155,7 @@ def test_a_key_is_required():
 # CachedLaunch.run, whose keyed launch is recorded with Triton's own key of them, then launched plainly)
 
 
-def _cpu_signature(*items):
-    out = []
-    for t in items:
-        if isinstance(t, torch.Tensor):
-            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-        elif t is None or isinstance(t, launch._KEY_SCALARS):
-            out.append(t)
-        else:
-            return None
-    return tuple(out)
+_cpu_signature = cpu_signature
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import torch
 import tilecore
 from tilecore import dispatch
 from tilecore.ops.norm import launch as norm_launch
+from host_testing import cpu_signature
 
 
 def test_norm_direct_call_makes_only_y_and_rstd(monkeypatch):
@@ -55,15 +56,7 @@ def test_signature_keys_scalars_and_refuses_what_it_cannot_key():
 
 
 def _cpu_signature(*items):
-    out = []
-    for t in items:
-        if isinstance(t, torch.Tensor):
-            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-        elif t is None or isinstance(t, (bool, int, float, str)):
-            out.append(t)
-        else:
-            return None
-    return tuple(out)
+    return cpu_signature(*items, scalars=(bool, int, float, str))
 
 
 def test_one_look_at_the_modes_a_keyed_call(monkeypatch):

@@ -7,18 +7,11 @@ import torch
 
 from tilecore.ops.hadamard import quantize
 from tilecore.tiles import launch as tiles_launch
+from host_testing import cpu_signature
 
 
 def _cpu_signature(*items):
-    out = []
-    for t in items:
-        if isinstance(t, torch.Tensor):
-            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-        elif t is None or isinstance(t, (bool, int, float, str)):
-            out.append(t)
-        else:
-            return None
-    return tuple(out)
+    return cpu_signature(*items, scalars=(bool, int, float, str))
 
 
 def _clear():
