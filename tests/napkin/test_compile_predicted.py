@@ -83,5 +83,5 @@ def test_the_terms_say_what_the_emitted_code_does():
     assert soft.seconds - plain.seconds == pytest.approx(2 * plain.terms["of which SFU"], rel=0.05)
     norm = predicted_time(_rownorm(1024, 512, 1024), H100)
     assert norm.family == "rownorm"
-    assert {"GEMM (the one-pass plan)", "row statistic recomputed a column tile", "prescale_weight pass"} <= set(norm.terms)
+    assert {"GEMM (the row factor after the k-loop)", "row_factor pass", "prescale_weight pass"} <= set(norm.terms)
     assert norm.seconds == pytest.approx(sum(norm.terms.values()))

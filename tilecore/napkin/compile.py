@@ -23,7 +23,6 @@ with exp, log, sqrt, rsqrt, sigmoid, tanh, abs, maximum, minimum and numbers.
 from __future__ import annotations
 
 import ast
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -295,11 +294,24 @@ def _attention(d: Diagram) -> Program:
                "@triton.jit",
                "def attention_fwd" + ("_tma" if tma else "") + "(Q, K, V, O, H, NQ, NX, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, sve,",
                "                  sob, soh, som, soe, D: tl.constexpr, E: tl.constexpr, BM: tl.constexpr,",
-               "                  BN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_Q: tl.constexpr, EVEN_X: tl.constexpr):",
+               "                  BN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_Q: tl.constexpr, EVEN_X: tl.constexpr,",
+               "                  HEAD_GROUP: tl.constexpr = 4):",
                f"    # Q: [B, H, NQ, D], K: [B, H, NX, D], V: [B, H, NX, E] -> O: [B, H, NQ, E]; "
                f"{'softmax' if softmax else 'plain sum'} over the keys, streamed. EVEN_*: no bounds masks",
-               "    pid_m = tl.program_id(0)",
-               "    bh = tl.program_id(1)",
+               "    # one program a query tile of a head, B * H * cdiv(NQ, BM) of them: HEAD_GROUP heads at a time",
+               "    # (their keys and values stay in L2), the last query tiles first (causal: the longest first, so",
+               "    # that no long tile starts last); HEAD_GROUP 0: a head's tiles in order, the first first",
+               "    pid = tl.program_id(0)",
+               "    num_m = tl.cdiv(NQ, BM)",
+               "    if HEAD_GROUP == 0:",
+               "        pid_m = pid % num_m",
+               "        bh = pid // num_m",
+               "    else:",
+               "        first = pid // (HEAD_GROUP * num_m) * HEAD_GROUP",
+               "        size = tl.minimum(tl.num_programs(0) // num_m - first, HEAD_GROUP)",
+               "        r = pid - first * num_m",
+               "        pid_m = num_m - 1 - r // size",
+               "        bh = first + r % size",
                "    b = (bh // H).to(tl.int64)",
                "    h = (bh % H).to(tl.int64)",
                "    rm = pid_m * BM + tl.arange(0, BM)",
@@ -444,87 +456,116 @@ def _rownorm(d: Diagram) -> Program:
         v_f = [f for f in split[0] if names(f) <= set(vecs)]
         if len(x_f) == 1 and isinstance(x_f[0], ast.Name) and len(x_f) + len(v_f) == len(split[0]) and v_f:
             prescale = v_f
-    params = ["X"] + [f"VN{j}" for j in range(len(vecs))] + [f"VT{j}" for j in range(len(rows))] + \
-        ["P", "OUT", "M", "N", "NO", "stride_xm", "stride_xn", "stride_pn", "stride_po", "stride_om", "stride_oo",
-         "BM: tl.constexpr", "BO: tl.constexpr", "BK: tl.constexpr", "GROUP: tl.constexpr"]
+    def head(name, ps):
+        return ["", "", "@triton.jit", f"def {name}({', '.join(ps)}):"]
 
-    def emit(tma: bool) -> list:
-      L = ["", "", "@triton.jit",
-           f"def rownorm_gemm{'_tma' if tma else ''}({', '.join(params)}):",
-           f"    # X: [{t}=M, {n}=N] -> row statistic over N ({R.label}) -> operand [M, N] -> OUT = operand . P[N, {o}=NO]"
-           + ("; one pass: the statistic is a row factor of the operand, applied to the accumulator" if split else
-              "; two passes over the row"),
-           "    pid = tl.program_id(0)",
-           "    num_m = tl.cdiv(M, BM)",
-           "    num_o = tl.cdiv(NO, BO)",
-           "    group = GROUP * num_o  # GROUP row tiles run together: their X rows and P's columns stay in L2",
-           "    first_m = (pid // group) * GROUP",
-           "    size_m = tl.minimum(num_m - first_m, GROUP)",
-           "    pid_m = first_m + (pid % group) % size_m",
-           "    pid_o = (pid % group) // size_m",
-           "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
-           "    ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)",
-           "    rk = tl.arange(0, BK).to(tl.int64)"]
-      for j, v in enumerate(rows):
-          L.append(f"    {_var(v)} = tl.load(VT{j} + rm, mask=rm < M, other=0.0).to(tl.float32)[:, None]")
-      init = "float('-inf')" if kind == "max" else "0.0"
-      src = _var(R.inputs[0])
+    init = "float('-inf')" if kind == "max" else "0.0"
+    src = _var(R.inputs[0])
 
-      def loads():
-          out = ["        kk = k0 + rk",
-                 "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
-                 ("        x_raw = X.load([pid_m * BM, k0])  # TMA: zero past the bounds" if tma else
-                  "        x_raw = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0)"),
-                 f"        {_var(X.name)} = x_raw.to(tl.float32)"]
-          out += [f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]"
-                  for j, v in enumerate(vecs)]
-          return out
+    def loads(tma):
+        out = ["        kk = k0 + rk",
+               "        inb = (rm[:, None] < M) & (kk[None, :] < N)",
+               ("        x_raw = X.load([pid_m * BM, k0])  # TMA: zero past the bounds" if tma else
+                "        x_raw = tl.load(X + rm[:, None] * stride_xm + kk[None, :] * stride_xn, mask=inb, other=0.0)"),
+               f"        {_var(X.name)} = x_raw.to(tl.float32)"]
+        out += [f"        {_var(v)} = tl.load(VN{j} + kk, mask=kk < N, other=0.0).to(tl.float32)[None, :]"
+                for j, v in enumerate(vecs)]
+        return out
 
-      def accumulate_stat():
-          if kind == "max":
-              return [f"        stat = tl.maximum(stat, tl.max(tl.where(inb, {src}, float('-inf')), 1)[:, None])"]
-          return [f"        stat += tl.sum(tl.where(inb, {src}, 0.0), 1)[:, None]"]
+    def row_loads():
+        return [f"    {_var(v)} = tl.load(VT{j} + rm, mask=rm < M, other=0.0).to(tl.float32)[:, None]"
+                for j, v in enumerate(rows)]
 
-      def finish_stat():
-          out = ["    stat = tl.where(rm[:, None] < M, stat, 1.0)  # rows past M: a finite statistic (masked at the store)",
-                 f"    {_var(R.output)} = stat" + (" / N" if kind == "mean" else "")]
-          out += [f"    {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in row_ops]
-          return out
-      w_load = ("        w = P.load([k0, pid_o * BO])" if tma else
+    def statistic(tma):
+        """The k-loop of the row statistic, then the row maps."""
+        L = [f"    stat = tl.full((BM, 1), {init}, dtype=tl.float32)",
+             "    for k0 in range(0, N, BK):  # the row statistic"]
+        L += loads(tma)
+        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
+              for op in tile_ops if op.output not in after_stats]
+        L += ([f"        stat = tl.maximum(stat, tl.max(tl.where(inb, {src}, float('-inf')), 1)[:, None])"]
+              if kind == "max" else [f"        stat += tl.sum(tl.where(inb, {src}, 0.0), 1)[:, None]"])
+        L += ["    stat = tl.where(rm[:, None] < M, stat, 1.0)  # rows past M: a finite statistic (masked at the store)",
+              f"    {_var(R.output)} = stat" + (" / N" if kind == "mean" else "")]
+        L += [f"    {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in row_ops]
+        return L
+
+    tile_setup = ["    pid = tl.program_id(0)",
+                  "    num_m = tl.cdiv(M, BM)",
+                  "    num_o = tl.cdiv(NO, BO)",
+                  "    group = GROUP * num_o  # GROUP row tiles run together: their X rows and P's columns stay in L2",
+                  "    first_m = (pid // group) * GROUP",
+                  "    size_m = tl.minimum(num_m - first_m, GROUP)",
+                  "    pid_m = first_m + (pid % group) % size_m",
+                  "    pid_o = (pid % group) // size_m",
+                  "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
+                  "    ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)",
+                  "    rk = tl.arange(0, BK).to(tl.int64)"]
+    store = ["    tl.store(OUT + rm[:, None] * stride_om + ro[None, :] * stride_oo, acc.to(OUT.dtype.element_ty),",
+             "             mask=(rm[:, None] < M) & (ro[None, :] < NO))"]
+
+    def w_load(tma):
+        return ("        w = P.load([k0, pid_o * BO])" if tma else
                 "        w = tl.load(P + kk[:, None] * stride_pn + ro[None, :] * stride_po, "
                 "mask=(kk[:, None] < N) & (ro[None, :] < NO), other=0.0)")
-      L += [f"    stat = tl.full((BM, 1), {init}, dtype=tl.float32)", "    acc = tl.zeros((BM, BO), dtype=tl.float32)"]
-      if split:
-          tile_f, row_f = split
-          args = [_var(i) for i in y_op.inputs]
-          L += ["    for k0 in range(0, N, BK):  # one pass: the statistic and the contraction of the tile part"]
-          L += loads()
-          L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
-                for op in tile_ops if op is not y_op]
-          L += accumulate_stat()
-          if prescale:  # the weight was scaled by the vector factors: x straight into the MMA
-              L += [w_load, "        acc = tl.dot(x_raw, w, acc)"]
-          else:
-              L += [f"        part = {' * '.join(_substituted(f, args) for f in tile_f)}", w_load,
-                    "        acc = tl.dot(tl.where(inb, part, 0.0).to(w.dtype), w, acc)"]
-          L += finish_stat()
-          L += [f"    acc = acc * ({' * '.join(_substituted(f, args) for f in row_f)})"]
-      else:
-          L += ["    for k0 in range(0, N, BK):  # pass 1: the row statistic"]
-          L += loads()
-          L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
-                for op in tile_ops if op.output not in after_stats]
-          L += accumulate_stat()
-          L += finish_stat()
-          L += ["    for k0 in range(0, N, BK):  # pass 2: the operand made in registers, contracted"]
-          L += loads()
-          L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in tile_ops]
-          L += [w_load, f"        acc = tl.dot(tl.where(inb, {_var(Y)}, 0.0).to(w.dtype), w, acc)"]
-      L += ["    tl.store(OUT + rm[:, None] * stride_om + ro[None, :] * stride_oo, acc.to(OUT.dtype.element_ty),",
-            "             mask=(rm[:, None] < M) & (ro[None, :] < NO))"]
-      return L
 
-    L = [HEADER.format(name=d.name, family="rownorm")] + emit(False) + emit(True)
+    vn = [f"VN{j}" for j in range(len(vecs))]
+    vt = [f"VT{j}" for j in range(len(rows))]
+    sizes = ["M", "N", "NO", "stride_xm", "stride_xn", "stride_pn", "stride_po", "stride_om", "stride_oo",
+             "BM: tl.constexpr", "BO: tl.constexpr", "BK: tl.constexpr", "GROUP: tl.constexpr"]
+
+    def emit_two_pass(tma: bool) -> list:
+        L = head(f"rownorm_gemm{'_tma' if tma else ''}", ["X", *vn, *vt, "P", "OUT", *sizes])
+        L += [f"    # X: [{t}=M, {n}=N] -> row statistic over N ({R.label}) -> operand [M, N] -> OUT = operand . "
+              f"P[N, {o}=NO]; two passes over the row"]
+        L += tile_setup + row_loads() + statistic(tma)
+        L += ["    acc = tl.zeros((BM, BO), dtype=tl.float32)",
+              "    for k0 in range(0, N, BK):  # pass 2: the operand made in registers, contracted"]
+        L += loads(tma)
+        L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}" for op in tile_ops]
+        L += [w_load(tma), f"        acc = tl.dot(tl.where(inb, {_var(Y)}, 0.0).to(w.dtype), w, acc)"]
+        return L + store
+
+    def emit_split(tma: bool) -> list:
+        # the row factor comes from row_factor's pass (F, fp32 a row); the k-loop is the GEMM's alone
+        tile_f, row_f = split
+        args = [_var(i) for i in y_op.inputs]
+        L = head(f"rownorm_gemm{'_tma' if tma else ''}", ["X", *([] if prescale else vn), "F", "P", "OUT", *sizes])
+        L += [f"    # OUT = (X's tile part . P[{n}=N, {o}=NO]) * F[{t}], F the row factor (row_factor's pass)"]
+        L += tile_setup + ["    acc = tl.zeros((BM, BO), dtype=tl.float32)",
+                           "    for k0 in range(0, N, BK):"]
+        if prescale:  # the weight was scaled by the vector factors: x straight into the MMA
+            L += loads(tma)[:3] + [w_load(tma), "        acc = tl.dot(x_raw, w, acc)"]
+        else:
+            need = set(y_op.inputs)  # the tile maps the part needs (not the statistic's)
+            for op in reversed(tile_ops):
+                if op.output in need:
+                    need |= set(op.inputs)
+            L += loads(tma)
+            L += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(i) for i in op.inputs])}"
+                  for op in tile_ops if op is not y_op and op.output in need]
+            L += [f"        part = {' * '.join(_substituted(f, args) for f in tile_f)}", w_load(tma),
+                  "        acc = tl.dot(tl.where(inb, part, 0.0).to(w.dtype), w, acc)"]
+        L += ["    acc = acc * tl.load(F + rm, mask=rm < M, other=1.0)[:, None]"]
+        return L + store
+
+    if split:
+        row_f = split[1]
+        args = [_var(i) for i in y_op.inputs]
+        L = [HEADER.format(name=d.name, family="rownorm")]
+        L += head("row_factor", ["X", *vn, *vt, "F", "M", "N", "stride_xm", "stride_xn",
+                                 "BM: tl.constexpr", "BK: tl.constexpr"])
+        L += [f"    # F[{t}] = the operand's row factor ({' * '.join(ast.unparse(f) for f in row_f)}), from the row "
+              f"statistic over {n} ({R.label})",
+              "    pid_m = tl.program_id(0)",
+              "    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)",
+              "    rk = tl.arange(0, BK).to(tl.int64)"]
+        L += row_loads() + statistic(False)
+        L += [f"    factor = {' * '.join(_substituted(f, args) for f in row_f)}",
+              "    tl.store(F + rm[:, None], factor, mask=rm[:, None] < M)"]
+        L += emit_split(False) + emit_split(True)
+    else:
+        L = [HEADER.format(name=d.name, family="rownorm")] + emit_two_pass(False) + emit_two_pass(True)
     if prescale:
         vargs = [_var(i) for i in y_op.inputs]
         L += ["", "", "@triton.jit",
@@ -540,22 +581,12 @@ def _rownorm(d: Diagram) -> Program:
         L += [f"    tl.store(P2 + rk[:, None] * NO + ro[None, :], (w * {' * '.join(_substituted(f, vargs) for f in prescale)})"
               ".to(P2.dtype.element_ty), mask=inb)"]
     spec = KernelSpec("rownorm_gemm", "rownorm", [X.name] + vecs + rows + [P, last.output],
-                      {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows, "one_pass": bool(split),
+                      {"t": t, "n": n, "o": o, "vecs": vecs, "rows": rows, "row_factor": bool(split),
                        "prescale": bool(prescale)})
     return Program(d, "rownorm", "\n".join(L) + "\n", [spec], [])
 
 
 # ------------------------------------------------------------------------------------ predicted time
-# Instructions an element of X costs where the one-pass rownorm kernel recomputes the row statistic, each
-# a thread's issue slot (an SM issues 4 x 32 thread-instructions a clock): counted from the sm_90a SASS
-# (test_compile's Hopper check): rownorm_gemm_tma's k-loop at BM 128, BO 256, BK 64, 8 warps is 230
-# instructions a warp a step, the chain's plain GEMM at the same tiles 87; the 143 more (X's tile out of
-# shared memory, bf16 -> fp32, the square's FMA, the row sum's adds and shuffles, the bounds select) serve
-# 128 x 64 / 256 = 32 elements a thread
-ROWNORM_STAT_ISSUE = 143 / 32
-ISSUE_PER_SM_PER_CLOCK = 4 * 32
-
-
 @dataclass
 class PredictedTime:
     seconds: float
@@ -572,11 +603,9 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
       modifier's tanh or sigmoid, at what the emitted code spends: rewrite.map_cost) is issued by the
       warps that issue the dots, so all of it adds to the tensor time (exposed share 1). The paper's 2/3
       is FlashAttention-3's, whose consumers ping-pong; tilecore's hand-written Gluon forward is that.
-    - rownorm in one pass: each output-column tile recomputes the row statistic in the loop, from X's
-      tile read back out of shared memory: ROWNORM_STAT_ISSUE instructions an element (counted from the
-      SASS) issued by the warps that issue the MMAs, at ISSUE_PER_SM_PER_CLOCK, all of it exposed as the
-      attention family's SFU work is; the weight's vector factors are a pass of their own
-      (prescale_weight)."""
+    - rownorm with a row factor (RMSNorm's x * inv * w): a pass over X for the factor (row_factor: X
+      read, one fp32 a row written) at copy bandwidth, the GEMM's k-loop alone (the factor scales the
+      accumulator after it), and the weight's vector factors a pass of their own (prescale_weight)."""
     from .diagram import segment
     from .engine import derive, group, plan, relabel
     from .hardware import get_gpu
@@ -600,15 +629,13 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
             terms[f"kernel {d.ops[i].name}"] = derive(segment(d, i, i + 1), gpu).time
     else:  # rownorm
         s = plan(planner_rewrites(diagram), gpu)
-        terms["GEMM (the one-pass plan)"] = s.time
+        terms["GEMM (the row factor after the k-loop)"] = s.time
         info = prog.kernels[0].info
-        if info.get("one_pass"):
-            t, n, o = (d.sizes[info[a]] for a in ("t", "n", "o"))
-            main = max(s.kernels, key=lambda k: k.time)
-            o_tiles = math.ceil(o / main.T["SMEM"].get(info["o"], o))
-            elems = o_tiles * t * n
-            terms["row statistic recomputed a column tile"] = (
-                elems * ROWNORM_STAT_ISSUE / (ISSUE_PER_SM_PER_CLOCK * gpu.sms * gpu.clock_hz))
+        if info.get("row_factor"):
+            t, n = d.sizes[info["t"]], d.sizes[info["n"]]
+            x_bytes = t * n * (4 if d.arrays[prog.kernels[0].args[0]].dtype == "fp32" else 2)
+            elems = (x_bytes + 4 * t) // 4  # X read and F written: a bf16 copy of the same bytes
+            terms["row_factor pass"] = relabel(copy_diagram(n=elems), gpu, {"i": group(min(elems, 8192))}).time
         if info.get("prescale"):
             nn, oo = d.sizes[info["n"]], d.sizes[info["o"]]
             elems = nn * oo

@@ -165,7 +165,7 @@ class CompiledDiagram:
         Q4, K4, V4, O4 = (four(t) for t in (Q, K, V, O))
         B, H, NQ, D = Q4.shape
         NX, E = K4.shape[2], V4.shape[3]
-        grid = (triton.cdiv(NQ, blk["BM"]), B * H)
+        grid = (triton.cdiv(NQ, blk["BM"]) * B * H,)
         use_tma = blk.pop("tma", None)
         flat = [t.reshape(B * H, t.shape[2], t.shape[3]) if _heads_flat(t) else None for t in (Q4, K4, V4)]
         if use_tma is None:
@@ -201,8 +201,15 @@ class CompiledDiagram:
             kernel = self.module.rownorm_gemm_tma
             x_arg = TensorDescriptor.from_tensor(X, [blk["BM"], blk["BK"]])
             p_arg = TensorDescriptor.from_tensor(P, [blk["BK"], blk["BO"]])
-        kernel[grid](x_arg, *vecs, *rows, p_arg, out, M, N, NO, X.stride(0), X.stride(1),
-                     P.stride(0), P.stride(1), out.stride(0), out.stride(1), **blk)
+        sizes = (M, N, NO, X.stride(0), X.stride(1), P.stride(0), P.stride(1), out.stride(0), out.stride(1))
+        if k.info["row_factor"]:  # F[M] (fp32) by its own pass, then the GEMM scales its accumulator by it
+            F = torch.empty(M, dtype=torch.float32, device=device)
+            fm = blk["BM"] // 2 if device.type == "cuda" else blk["BM"]  # 64 rows a program on a GPU
+            self.module.row_factor[(triton.cdiv(M, fm),)](X, *vecs, *rows, F, M, N, X.stride(0), X.stride(1),
+                                                         BM=fm, BK=blk["BK"])
+            kernel[grid](x_arg, *([] if k.info["prescale"] else vecs), F, p_arg, out, *sizes, **blk)
+        else:
+            kernel[grid](x_arg, *vecs, *rows, p_arg, out, *sizes, **blk)
 
 
 def compile_diagram(diagram: Diagram, blocks: dict | None = None) -> CompiledDiagram:
