@@ -53,6 +53,8 @@ CHUNKED = dict(
     g_pre=False,  # the states walk stores span middles, G_last, flags (2; 1: and G) for dqk, dv: slower walk
     dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, loads by TMA (CHUNKED_FLAT_DIMS sets it)
     dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
+    dqk_gluon=0,  # n > 0: where the flat launch runs, the Gluon kernel on the tiles template instead (gluon_gla_bwd: a
+    # ring of n stages, the next tile's TMA loads under this tile's chain); off until an H100 run
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)
 )

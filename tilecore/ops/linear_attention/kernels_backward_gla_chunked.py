@@ -1095,7 +1095,21 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         flat = cfg["dqk_flat"] if (form == 3 and not g_pre and not cfg["split"] and Dv == BVF and Dk % BKB == 0
                                    and N % BT == 0 and (dispatch.is_hopper(dev) or dispatch.interpreted(dev))
                                    and _tma_views((q, k, v, g, do, hs, dhs))) else 0
+        # dqk_gluon (stages): the common launch by the Gluon kernel on the tiles template (gluon_gla_bwd: the next
+        # tile's TMA loads under this tile's chain), where the flat launch's conditions hold and its own (fits)
+        gluon_stages = 0
+        if cfg["dqk_gluon"] and flat and not dispatch.interpreted(dev) and dispatch.gluon_ok(dev):
+            from tilecore.ops.linear_attention import gluon_gla_bwd
+
+            if gluon_gla_bwd.fits(q, k, v, g, do, hs, dhs, N, BT, BKB) is None:
+                gluon_stages = cfg["dqk_gluon"]
         for part, wide in dqk:
+            if gluon_stages and wide == 1:
+                grid, gargs, warps = gluon_gla_bwd.launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale,
+                                                               stages=gluon_stages,
+                                                               span=8.0 if mma == tl.float16 else 64.0)
+                calls.append(("dqk0w", gluon_gla_bwd.gla_dqk_gluon_kernel, grid, (), dict(gargs, num_warps=warps)))
+                continue
             if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
                 from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -1,0 +1,310 @@
+"""GLA backward's dq / dk kernel (the chunk-parallel form's common launch) for Hopper on the tiles template
+(tilecore/tiles/gluon/pipeline.py): the loads of the next tile run under the current tile's chain.
+
+The math is kernels_backward_gla_chunked.gla_dqk_flat_kernel's (its ``tl`` twin, tested in the interpreter against
+float64): per (batch * head, chunk c of BT = 64 tokens, key block of BKB = 32 channels), from the states walks' S_c
+and dS_c, with G the chunk's cumulative log decay (clamped at -100 a token), m the middle of its span per channel,
+E = e^(G - m), Ei = e^(m - G):
+
+    a   = do v^T (strictly lower), r_t = scale do_t . v_t (a's diagonal)
+    dq  = scale (E (a (k Ei)) + (do S_c^T) e^G) + r k
+    dk  = scale Ei (a^T (q E)) + (v dS_c^T) e^(G_last - G) + r q
+    dg  = the reverse sum over the chunk of q dq - k dk (without r) + e^G_last <S_c, dS_c> + sum_t k (v dS_c^T)
+          e^(G_last - G), 0 where the floor clamped g
+    the flag 1 where a channel's span is past the factor span (the fallback's launch writes the block again)
+
+The template's parts:
+
+* a tile is (batch * head, chunk, a pair of key blocks); ``setup`` gives it one step;
+* a stage is the chunk's v, do [BT, Dv] and, for each key block of the pair, q, k, g [BT, BKB] and S_c, dS_c
+  [BKB, Dv], TMA-loaded by the 1-warp producer from 2-D views (q, k, v, g, do (B, N, H, D) as (B N, H D); the
+  states (B, H, NT, Dk, Dv) as (B H NT Dk, Dv));
+* consumer c (a warpgroup) takes key block c of the pair: do v^T, v do^T, do S_c^T and v dS_c^T by four async
+  wgmma from the stage while it scans G (its layout's token axis: the accumulator's rows), then k Ei and q E go to
+  shared memory as the B operands of a (k Ei) and a^T (q E), whose A operands are a and a^T from registers.
+
+With two stages the producer loads tile t + 1 while the consumers compute tile t, and the two consumers are two
+chains an SM (the tl kernel's two programs an SM, without its waits on loads). Conditions (``fits``, and the flat
+launch's: Hopper, every view TMA-aligned): N a multiple of BT, Dv = 64 or 128, Dk a multiple of 2 BKB; the launcher
+falls back to the tl kernels elsewhere. Gluon does not run in the interpreter: tests/linear_attention/test_gla_bwd_gluon_compile.py
+compiles it for sm_90a, experiments/linear_attention/gpu_gla_gluon_s36.py checks it on the GPU against float64."""
+import torch
+from triton.experimental import gluon
+
+from tilecore.tiles.gluon import Layout, ring, run, stage_struct, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+
+BT_GLUON = 64  # tokens a chunk (a wgmma's M)
+BKB_GLUON = 32  # key channels a consumer
+FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
+
+
+@stage_struct
+class DqkChunk:
+    v: object  # [BT, Dv]
+    do: object  # [BT, Dv]
+    q0: object  # [BT, BKB]: key block 0 of the pair (consumer 0)
+    q1: object  # key block 1 (consumer 1)
+    k0: object
+    k1: object
+    g0: object  # [BT, BKB] the log decays (float32 or the inputs' dtype)
+    g1: object
+    hs0: object  # [BKB, Dv] S_c's rows of key block 0
+    hs1: object
+    dhs0: object  # [BKB, Dv] dS_c's rows
+    dhs1: object
+
+
+@struct
+class DqkTile:
+    bh: object  # batch * H + head
+    c: object  # chunk
+    kb: object  # the pair's first key block
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@struct
+class GlaDqk:
+    q_desc: object
+    k_desc: object
+    v_desc: object
+    g_desc: object
+    do_desc: object
+    hs_desc: object
+    dhs_desc: object
+    DQ: object  # (B, N, H, Dk) contiguous, the inputs' dtype
+    DK_OUT: object
+    DG: object  # (B, N, H, Dk) float32
+    FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
+    qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
+    N: object
+    H: object
+    DKD: object  # Dk
+    NT: object
+    KBLOCKS: object
+    scale: object
+    BT: gl.constexpr
+    BKB: gl.constexpr
+    DV: gl.constexpr
+    SPAN: gl.constexpr  # the widest span of G factored about its middle (kernels_tl._factor_span)
+    L64: gl.constexpr  # [BT, BT] accumulators
+    L32: gl.constexpr  # [BT, BKB] accumulators and the chain's tiles
+    A32: gl.constexpr  # a [BT, BT] as the register A operand of a [BT, BKB] product
+    SCAN: gl.constexpr  # [BT, BKB] with a warp's rows in its threads, a lane a channel: the scans over tokens (the
+    # wgmma layouts have no scan)
+
+    @gluon.jit
+    def setup(self, tile_id):
+        pairs = self.KBLOCKS // 2
+        kp = tile_id % pairs
+        c = (tile_id // pairs) % self.NT
+        return DqkTile(tile_id // (pairs * self.NT), c, kp * 2), 1
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        h = tile.bh % self.H
+        row = (tile.bh // self.H) * self.N + tile.c * self.BT
+        col = h * self.DKD + tile.kb * self.BKB
+        srow = (tile.bh * self.NT + tile.c) * self.DKD + tile.kb * self.BKB
+        tma.async_copy_global_to_shared(self.v_desc, [row, h * self.DV], bar, stage.v)
+        tma.async_copy_global_to_shared(self.do_desc, [row, h * self.DV], bar, stage.do)
+        tma.async_copy_global_to_shared(self.hs_desc, [srow, 0], bar, stage.hs0)
+        tma.async_copy_global_to_shared(self.dhs_desc, [srow, 0], bar, stage.dhs0)
+        tma.async_copy_global_to_shared(self.hs_desc, [srow + self.BKB, 0], bar, stage.hs1)
+        tma.async_copy_global_to_shared(self.dhs_desc, [srow + self.BKB, 0], bar, stage.dhs1)
+        tma.async_copy_global_to_shared(self.g_desc, [row, col], bar, stage.g0)
+        tma.async_copy_global_to_shared(self.g_desc, [row, col + self.BKB], bar, stage.g1)
+        tma.async_copy_global_to_shared(self.q_desc, [row, col], bar, stage.q0)
+        tma.async_copy_global_to_shared(self.q_desc, [row, col + self.BKB], bar, stage.q1)
+        tma.async_copy_global_to_shared(self.k_desc, [row, col], bar, stage.k0)
+        tma.async_copy_global_to_shared(self.k_desc, [row, col + self.BKB], bar, stage.k1)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        return 0
+
+    @gluon.jit
+    def compute(self, ctx, state, stage, tile, step):
+        """Consumer ctx.index's key block of the tile: every product and store (the stage is released after, so q,
+        k and g are read from it again where that keeps registers free). Between a wgmma's issue and its wait
+        nothing else runs (an instruction touching a running wgmma's accumulators makes ptxas serialize every
+        wgmma, C7514), and the accumulators live at once are at most 64 + 16 + 16 float32 a thread."""
+        cid: gl.constexpr = ctx.index
+        BT: gl.constexpr = self.BT
+        BKB: gl.constexpr = self.BKB
+        L32: gl.constexpr = self.L32
+        L64: gl.constexpr = self.L64
+        dtype: gl.constexpr = self.q_desc.dtype
+        if cid == 0:
+            q_s = stage.q0
+            k_s = stage.k0
+            g_s = stage.g0
+            hs_s = stage.hs0
+            dhs_s = stage.dhs0
+        else:
+            q_s = stage.q1
+            k_s = stage.k1
+            g_s = stage.g1
+            hs_s = stage.hs1
+            dhs_s = stage.dhs1
+        # G, its span, middle and last row (a scan over tokens in SCAN, a warp's rows in its threads)
+        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
+        g = g_s.load(self.SCAN).to(gl.float32)
+        Gc = gl.convert_layout(gl.associative_scan(gl.where(g < FLOOR, FLOOR, g), 0, _add), L32)
+        hi = gl.max(Gc, axis=0)
+        lo = gl.min(Gc, axis=0)
+        G_last = gl.sum(gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0), axis=0)
+        mid = 0.5 * (hi + lo)
+        wide = gl.sum(gl.where(hi - lo <= self.SPAN, 0, 1), axis=0)  # NaN spans count as wide too
+        flag_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        one = gl.arange(0, 1, layout=flag_layout)
+        flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
+        gl.store(self.FLAG + flag_at.to(gl.int64) + one, gl.full([1], 0, gl.int8, flag_layout) + (wide > 0).to(gl.int8))
+        E = gl.exp(Gc - gl.expand_dims(mid, 0))
+        Ei = gl.exp(gl.expand_dims(mid, 0) - Gc)
+        # <S_c, dS_c> per channel
+        SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        sfx = gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1)
+        sfx = gl.convert_layout(sfx, gl.SliceLayout(0, L32))
+        # the B operands of the intra products: k Ei (this consumer's ctx.out) and q E
+        kei_s = ctx.out
+        qe_s = self.qe_smem.index(cid)
+        gl.thread_barrier()  # the previous tile's products have read them
+        kei_s.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))
+        qe_s.store((q_s.load(L32).to(gl.float32) * E).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        # the value sums do v^T, do S_c^T, v dS_c^T
+        z64 = gl.zeros([BT, BT], gl.float32, L64)
+        z32 = gl.zeros([BT, BKB], gl.float32, L32)
+        a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
+        r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
+        c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
+        r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
+        r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
+        a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
+        # dq's intra product a (k Ei), and a^T = v do^T for dk's
+        dq_tok = warpgroup_mma(a_op, kei_s, z32, use_acc=False, is_async=True)
+        at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dq_in, at = warpgroup_mma_wait(0, deps=[dq_tok, at_tok])
+        at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
+                                  self.A32)
+        dk_tok = warpgroup_mma(at_op, qe_s, z32, use_acc=False, is_async=True)
+        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+
+        half = gl.expand_dims(gl.exp(0.5 * mid), 0)
+        dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
+        dk_state = dks * (Ei * gl.expand_dims(gl.exp(G_last - mid), 0))
+        dk = Ei * dk_in * self.scale + dk_state
+        qf = q_s.load(L32).to(gl.float32)
+        kf = k_s.load(L32).to(gl.float32)
+        h = tile.bh % self.H
+        b = tile.bh // self.H
+        cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
+        # a 64-bit base at the block's first element, 32-bit offsets within the chunk (BT H Dk elements)
+        base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
+        offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
+        gl.store(self.DQ + base + offs, (dq + r * kf).to(self.DQ.dtype.element_ty))
+        gl.store(self.DK_OUT + base + offs, (dk + r * qf).to(self.DK_OUT.dtype.element_ty))
+        later = gl.exp(G_last) * sfx + gl.sum(kf * dk_state, axis=0)
+        dGs = gl.convert_layout(gl.associative_scan(gl.convert_layout(qf * dq - kf * dk, self.SCAN), 0, _add,
+                                                    reverse=True), L32)
+        clamped = g_s.load(L32).to(gl.float32) < FLOOR
+        gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dGs + gl.expand_dims(later, 0)))
+        return state
+
+    @gluon.jit
+    def wait(self, ctx, state):
+        return state
+
+    @gluon.jit
+    def finish(self, ctx, state, tile):
+        pass
+
+
+@gluon.jit
+def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG,
+                         N, H, DKD, NT, KBLOCKS, scale, num_tiles, STAGES: gl.constexpr, SPAN: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
+    """dq, dk, dg and the fallback's flags of every (batch * head, chunk, key block) (see the module docstring): a
+    persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    BKB: gl.constexpr = q_desc.block_type.shape[1]
+    DV: gl.constexpr = v_desc.block_type.shape[1]
+    L64: gl.constexpr = wgmma_layout(BT, BT, gl.num_warps())
+    L32: gl.constexpr = wgmma_layout(BT, BKB, gl.num_warps())
+    A32: gl.constexpr = wgmma_lhs_layout(BT, BKB, gl.num_warps())
+    SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
+    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BKB], q_desc.layout)
+    op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem,
+                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, L64, L32, A32, SCAN)
+    stages = DqkChunk(ring(v_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),
+                      ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
+                      ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
+    num_tiles = gl.program_id(0) * 0 + num_tiles  # a tensor even where the launch specialized it to 1
+    run(op, Layout(q_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                   LATE_RELEASE=0), stages, num_tiles)
+
+
+def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
+    """None where the Gluon dq / dk kernel takes these tensors, else why not (the caller has checked that TMA can read
+    every view: kernels_backward_gla_chunked._tma_views)."""
+    Dk, Dv = q.shape[3], v.shape[3]
+    if BT != BT_GLUON or BKB != BKB_GLUON:
+        return f"chunk {BT} / key block {BKB} (it takes {BT_GLUON} / {BKB_GLUON})"
+    if N % BT:
+        return f"N {N} not a multiple of the chunk {BT}"
+    if Dv not in (64, 128) or Dk % (2 * BKB):
+        return f"head dims ({Dk}, {Dv}): Dv 64 or 128, Dk a multiple of {2 * BKB}"
+    if q.dtype not in (torch.bfloat16, torch.float16) or hs.dtype != q.dtype or k.dtype != q.dtype \
+            or v.dtype != q.dtype or do.dtype != q.dtype:
+        return "q, k, v, do and the states in one 16-bit dtype"
+    return None
+
+
+def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages: int = 2, span: float = 64.0):
+    """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous."""
+    from tilecore.tiles.launch import gluon_descriptor
+    from tilecore.tiles.schedule import persistent_programs
+
+    B, N, H, Dv = v.shape
+    Dk = q.shape[3]
+    BT, BKB = BT_GLUON, BKB_GLUON
+    NT = N // BT
+    kblocks = Dk // BKB
+
+    def flat(t, block):
+        t2 = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
+        return gluon_descriptor(t2, block)
+
+    args = dict(q_desc=flat(q, [BT, BKB]), k_desc=flat(k, [BT, BKB]), v_desc=flat(v, [BT, Dv]),
+                g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
+                dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
+                KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
+    return (persistent_programs(args["num_tiles"], v.device),), args, 4
+
+
+def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=torch.float32) -> dict:
+    """sm_90a resources of the kernel at B2 H4 N4096 Dk = Dv = D (compiled on the CPU, nothing run)."""
+    from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+
+    B, N, H = 2, 4096, 4
+    NT = N // BT_GLUON
+    x = torch.empty(B, N, H, D, dtype=dtype)
+    g = torch.empty(B, N, H, D, dtype=g_dtype)
+    hs = torch.empty(B, H, NT, D, D, dtype=dtype)
+    dg = torch.empty(B, N, H, D, dtype=torch.float32)
+    flag = torch.empty(B * H * NT * (D // BKB_GLUON), dtype=torch.int8)
+    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages)
+    compiled = compile_kernel(gla_dqk_gluon_kernel, args, num_warps=warps)
+    r = resources(compiled)
+    return dict(D=D, stages=stages, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared,
+                threads=r.threads, wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
