@@ -53,7 +53,7 @@ PEER_DEADLINE = 140.0
 WARM_DEADLINE = 80.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "based": {}, "based_check": [], "errors": [], "peer": {}}
 CONFIRM = "--confirm" in sys.argv
-MAMBA = [] if "--no-mamba" in sys.argv else ["shipped"] if CONFIRM else ["shipped", "lean+beta_log", "lean+late"]
+MAMBA = [] if "--no-mamba" in sys.argv else ["shipped"]  # (LEAN + BETA_LOG, + UPDATE_LATE: removed, decision 124)
 # name -> tl_plan overrides of Based's backward (shipped: configs.BASED_BWD_CHUNK 16, BASED_BWD_BV 32, 4 warps, 2
 # stages). sm_90a (this ptxas): shipped dq 144 B / dkv 316 B spilled; BVB 16: dkv 68 B; 8 warps, BVB 64: dkv 72 B
 BASED_VARIANTS = {

@@ -57,7 +57,7 @@ PEER_DEADLINE = 64.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "based": {}, "based_check": [], "mamba": {}, "errors": [], "peer": {}}
 PEER = "--no-peer" not in sys.argv
 CONFIRM = "--confirm" in sys.argv  # the shipped configs only (each row checked as above) and Based's public op
-MAMBA = [] if "--no-mamba" in sys.argv else ["shipped"] if CONFIRM else ["shipped", "lean+late"]
+MAMBA = [] if "--no-mamba" in sys.argv else ["shipped"]  # (LEAN + UPDATE_LATE: removed, decision 124)
 BASED_VARIANTS = {
     "shipped": {},
     "sym": dict(based_sym=True),

@@ -366,7 +366,7 @@ def warm(workers: int, cases):
     # rest), then the new kernels (workers take tasks in order; one past the warm budget is skipped after)
     tasks = [("fla", c, p) for c in cases for p in CASES[c]["peers"] if p == "chunk_simple_gla"]
     tasks += [("basedcheck", i) for i in range(len(BASED_CHECKS))]
-    tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]  # PREFETCH's are last in the list
+    tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]
     # one task a variant (a case's compiles in parallel: one slow compile costs only its own row)
     tasks += [("extra", c, n) for c in cases for n in extra_calls(c, None, names_only=True)
               if n not in ("torch_prep", "kernel_only")]  # (kernel_only: gluon_zstage's compile)
@@ -436,14 +436,12 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
-                stages: int = 3, prefetch: bool = False, overlap: bool = False, z_stage: bool = False,
-                g_stage: bool = False, factored: bool = False, strength: str = "mild", early_wv: bool = False,
-                async_update: bool = False, dtype: str = "bf16", silu_tanh: bool = False, exp2_fma: int = 0):
+                stages: int = 3, z_stage: bool = False, g_stage: bool = False, strength: str = "mild",
+                early_wv: bool = False, dtype: str = "bf16", silu_tanh: bool = False):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
-    reset: with FACTORED the reset's chunk takes the elementwise exps, the others the factors), "strong"
-    ([-4, -1]: every chunk's span past FACTOR_SPAN), "tiny" ([-1e-4, 0])."""
+    reset), "strong" ([-4, -1]), "tiny" ([-1e-4, 0])."""
     from tilecore.ops.linear_attention import gluon_forward as gf
 
     torch.manual_seed(5)
@@ -468,9 +466,8 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         g[:, N // 3] = float("-inf")  # a reset
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
-    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), prefetch=prefetch, overlap=overlap, z_stage=z_stage,
-               g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update, silu_tanh=silu_tanh,
-               exp2_fma=exp2_fma)
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), z_stage=z_stage, g_stage=g_stage, early_wv=early_wv,
+               silu_tanh=silu_tanh)
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
     beta_k = beta
@@ -483,9 +480,8 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
             beta_k = beta_h
     else:
         G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
-    grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap,
-                                       z_stage, g_stage=g_stage, factored=factored, early_wv=early_wv,
-                                       async_update=async_update, silu_tanh=silu_tanh, exp2_fma=exp2_fma)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, z_stage=z_stage,
+                                       g_stage=g_stage, early_wv=early_wv, silu_tanh=silu_tanh)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -505,23 +501,19 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
     row["tl_out_floor"] = round(accuracy.error_over_floor(o_tl, ref), 3)
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
     if g_stage:  # gluon_forward.forward (its host side: chunk_cumulative_heads) gives the same o
-        o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, prefetch, overlap, z_stage,
-                           g_stage=True, factored=factored, early_wv=early_wv, async_update=async_update,
-                           silu_tanh=silu_tanh, exp2_fma=exp2_fma)
+        o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, z_stage=z_stage, g_stage=True,
+                           early_wv=early_wv, lean=False, silu_tanh=silu_tanh)
         row["forward_matches"] = bool(torch.equal(o2, o))
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
     return row
 
 
-# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED, strength,
-# EARLY_WV, ASYNC_UPDATE]). Run 9 (session 27) checked PREFETCH and OVERLAP (off since); these are the defaults
-# and session 28's G_STAGE (configs.GLUON_G_STAGE: G head-major through the TMA stage), FACTORED
-# (configs.GLUON_FACTORED: the intra-chunk decay as row x column factors where a chunk's G spans <= 120 in
-# log2 units), EARLY_WV (configs.GLUON_EARLY_WV: the state update's weighted values stored with the old state)
-# and ASYNC_UPDATE (configs.GLUON_ASYNC_UPDATE: Q S_old and the state update async under P)
-_GS = (2, False, False, False, True, False)  # stages, PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED
-_GSZ = (2, False, False, True, True, False)  # with Z_STAGE (Mamba-2's default)
+# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, Z_STAGE, G_STAGE, strength, EARLY_WV, dtype]): the plain
+# kernel, G_STAGE (configs.GLUON_G_STAGE: G head-major through the TMA stage) and EARLY_WV (configs.GLUON_EARLY_WV:
+# the state update's weighted values stored with the old state)
+_GS = (2, False, True)  # stages, Z_STAGE, G_STAGE
+_GSZ = (2, True, True)  # with Z_STAGE (Mamba-2's default)
 # Run 7 of session 28 (snapshot 6db6b90): every scalar-decay check with EARLY_WV was wrong (324-578x the floor:
 # consumer 1 read past the two-buffer ring, fixed in 1d7ac6a), Mamba-2's (beta: a ring of four) right; G_STAGE
 # alone timed 0.375 ms (97% of the copy bound, 2.71x chunk_simple_gla) with o within 6.6e-5 of the default's.
@@ -529,8 +521,7 @@ _GSZ = (2, False, False, True, True, False)  # with Z_STAGE (Mamba-2's default)
 # EARLY_WV again after its fix
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
-                ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, False,
-                 False, True),
+                ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True),
                 ("gluon g_stage scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, *_GS),
                 ("gluon g_stage scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False, *_GS,
                  "strong"),
@@ -538,7 +529,7 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon g_stage scalar decay d128 B1 H1 N 1 (one token, one tile)", 1, 1, 1, 1, 128, 128, True, False,
                  *_GS),
                 ("gluon g_stage scalar decay d128 fp16 N 1000 h0", 2, 1000, 3, 3, 128, 128, True, False, *_GS, "mild",
-                 False, False, "fp16"),
+                 False, "fp16"),
                 ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
                  *_GS, "mild", True),
                 ("gluon g_stage+early_wv scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False,
@@ -619,7 +610,6 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     Gluon kernel alone on prepared arguments; the torch side before it: dt A and the chunk sums)."""
     c = CASES[case]
     names = []
-    # run 9 (session 27) timed OVERLAP and PREFETCH (off since); session 28 times G_STAGE and FACTORED
     # (Based's Gluon kernel and the no-decay Gluon forward are the defaults: their default rows time them)
     if c["feature"] == BASED:
         names = []
@@ -629,8 +619,8 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         names = ["gluon", "gluon_gstage", "gluon_gstage_early"] if c["decay"] else []
     elif c.get("mamba"):
         names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage_early"]
-    elif c["decay"]:  # (run 7: FACTORED, ASYNC_UPDATE and 3 stages no faster than G_STAGE alone)
-        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early", "gluon_gstage_early_async"]
+    elif c["decay"]:
+        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early"]
     else:
         names = []
     if names_only or not names:
@@ -646,24 +636,14 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
                 "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
                                                           overlap=True)[0]}
-    def direct(prefetch, overlap=False, z_stage=False, g_stage=False, factored=False, early_wv=False, stages=2,
-               async_update=False):
+    def direct(z_stage=False, g_stage=False, early_wv=False, stages=2):
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
-                                  False, stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                  factored=factored, early_wv=early_wv, async_update=async_update)[0]
-    variants = {"gluon_direct": direct(False), "gluon_zstage": direct(False, False, True),
-                "gluon_gstage": direct(False, g_stage=True),
-                "gluon_factored": direct(False, g_stage=True, factored=True),
-                "gluon_gstage_early": direct(False, g_stage=True, early_wv=True),
-                "gluon_factored_early": direct(False, g_stage=True, factored=True, early_wv=True),
-                "gluon_factored_early_s3": direct(False, g_stage=True, factored=True, early_wv=True, stages=3),
-                "gluon_gstage_early_async": direct(False, g_stage=True, early_wv=True, async_update=True),
-                "gluon_factored_early_async": direct(False, g_stage=True, factored=True, early_wv=True,
-                                                     async_update=True),
-                "gluon_zstage_gstage_early_async": direct(False, False, True, True, False, True, async_update=True),
-                "gluon_zstage_gstage": direct(False, False, True, True),
-                "gluon_zstage_gstage_early": direct(False, False, True, True, False, True),
-                "gluon_zstage_factored_early": direct(False, False, True, True, True, True)}
+                                  False, stages, z_stage=z_stage, g_stage=g_stage, early_wv=early_wv)[0]
+    variants = {"gluon_direct": direct(), "gluon_zstage": direct(True),
+                "gluon_gstage": direct(g_stage=True),
+                "gluon_gstage_early": direct(g_stage=True, early_wv=True),
+                "gluon_zstage_gstage": direct(True, True),
+                "gluon_zstage_gstage_early": direct(True, True, True)}
     if c.get("gluon_override"):
         calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}  # the default (GLUON_CHECKED)
         calls.update({n: variants[n] for n in names if n in variants})

@@ -47,7 +47,7 @@ gm.OUT = SCRATCH  # (gpu_mamba_s32's own JSON goes to scratch: this call writes 
 READY_DEADLINE = 85.0
 PEER_DEADLINE = 140.0
 RESULTS: dict = {"check": [], "hedgehog": {}, "profile": {}, "errors": [], "peer": {}}
-MAMBA = ["shipped", "no lean", "lean+beta_log", "lean+beta_log+late"]
+MAMBA = ["shipped", "no lean"]  # (session 33 also timed LEAN + BETA_LOG, + UPDATE_LATE: removed, decision 124)
 
 
 def elapsed() -> float:

@@ -34,13 +34,12 @@ def based_args(**kw):
 
 def test_the_shipped_launches_pass_no_new_constexpr():
     for args in (mamba_args(), based_args()):
-        assert not {"SILU_TANH", "EXP2_FMA", "PAIRED", "CHAIN", "SEL_ASYNC", "PROBE"} & set(args)
+        assert not {"SILU_TANH", "PAIRED", "CHAIN", "SEL_ASYNC", "PROBE"} & set(args)
 
 
 def test_silu_tanh_only_with_z_through_the_stage():
     assert mamba_args(silu_tanh=True)["SILU_TANH"] is True
     assert "SILU_TANH" not in mamba_args(silu_tanh=True, z_stage=False)  # the gate's other form has no switch
-    assert mamba_args(exp2_fma=2)["EXP2_FMA"] == 2
 
 
 def test_paired_only_without_overlap_and_probes_by_their_bits():
@@ -52,7 +51,7 @@ def test_paired_only_without_overlap_and_probes_by_their_bits():
     assert mamba_args(probe=gluon_forward.PROBE_NO_EPILOGUE.value)["PROBE"] == 32
 
 
-@pytest.mark.parametrize("kernel,names", [(gluon_forward.la_fwd_gluon_kernel, ("SILU_TANH", "EXP2_FMA", "PROBE")),
+@pytest.mark.parametrize("kernel,names", [(gluon_forward.la_fwd_gluon_kernel, ("SILU_TANH", "PROBE")),
                                           (gluon_based.based_fwd_gluon_kernel, ("PAIRED", "CHAIN", "SEL_ASYNC", "PROBE"))])
 def test_the_kernels_default_every_new_constexpr_off(kernel, names):
     params = inspect.signature(kernel.fn).parameters

@@ -27,25 +27,18 @@ here that column factor spilled 1 KB of registers), as mamba_ssm rounds x dt.
 launch_args builds the descriptors and checks the fit (``fits``); the tl kernels (kernels_tl.py,
 kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
 """
-import math
-
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import (Layout, join_n, ring, run, split_n, stage_struct, store_block, struct, wgmma_layout,
-                                  wgmma_lhs_layout)
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# FACTORED's largest span of a chunk's G (log2 units): 2^+-60 factors, whose products stay in float32's
-# normal range (2^+-126)
-FACTOR_SPAN = gl.constexpr(120.0)
 # timing probes (the kernel's PROBE; experiments/linear_attention/gpu_forward.py --set s30): each bit leaves a
 # part of a chunk's work out, so the time it saves says what binds. Outputs are wrong; never in a real launch.
-# The plain (not OVERLAP) walk only.
 PROBE_NO_INTRA = gl.constexpr(1)  # no Q K^T and no P V wgmma (P made from zeros)
 PROBE_NO_UPDATE = gl.constexpr(2)  # no state-update wgmma (S only decays)
 PROBE_NO_STORE = gl.constexpr(4)  # o made, not stored
@@ -134,10 +127,6 @@ class Units:
 @struct
 class Walk:
     S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator
-    # PREFETCH: this chunk's per-token factors, loaded during the previous chunk (else 0)
-    G_r: object  # [BT] the cumulative log decay by row
-    G_last: object  # the chunk's last token's
-    beta_r: object  # [BT] beta by row
 
 
 @struct
@@ -179,7 +168,8 @@ class LinearAttentionForward:
     GROUP: object
     scale: object
     state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S)
-    wv_smem: object  # [2, BT, BV] (OVERLAP: [4, ..]): each consumer's weighted values (B operands of K^T V, P V)
+    wv_smem: object  # [2, BT, BV] (EARLY_WV with beta, not LEAN: [4, ..]): each consumer's weighted values (B operands
+    # of K^T V, P V)
     bv_smem: object  # LEAN with EARLY_WV and beta: [2, BT, BV], each consumer's beta V in an allocation of its own (the
     # barrier analysis then puts no bar.sync between its stores and wv's); else wv_smem (unused)
     BT: gl.constexpr
@@ -191,30 +181,14 @@ class LinearAttentionForward:
     HAS_Z: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
-    PREFETCH: gl.constexpr  # G and beta a chunk ahead (registers)
     Z_STAGE: gl.constexpr  # z through the stage (TMA), silu by an approximate division
-    OVERLAP: gl.constexpr  # Q K^T, Q S and the state update issued together (async wgmma)
     G_STAGE: gl.constexpr  # G (head-major, log2 units) through the stage (TMA): no global load on the walk
-    FACTORED: gl.constexpr  # (with G_STAGE) exp2(G_i - G_j) as a row times a column factor where the chunk's
-    # range of G allows it (no [BT, BT] exps); the elementwise exps where it does not
     EARLY_WV: gl.constexpr  # the state update's weighted values stored with the old state (one barrier pair)
-    ASYNC_UPDATE: gl.constexpr  # (with EARLY_WV) Q S_old and the state update issued async after Q K^T, under P
     SILU_TANH: gl.constexpr  # (Z_STAGE) the gate's sigmoid as 0.5 + 0.5 tanh(z / 2): one SFU op, not ex2 and rcp
-    EXP2_FMA: gl.constexpr  # (G_STAGE) the [BT, BT] decay exps' right half (1) or quarter (2) by exp2_fma (FMA and
-    # integer pipes) beside the SFU's ex2 for the rest
     PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch): PROBE_* bits leave work out
-    D_EARLY: gl.constexpr  # (EARLY_WV, D) D v made from the chunk's first v load, added with Q S's row scale: no
-    # second v load and conversion in the epilogue
-    LEAN: gl.constexpr  # (G_STAGE, not FACTORED / EXP2_FMA) one causal select on P (the exps take the unmasked
-    # difference: +inf above the diagonal, selected away), and with beta the scale on beta V's rows, not on P; with
-    # EARLY_WV and beta, beta V in bv_smem (no barrier between its stores and wv's)
-    UPDATE_LATE: gl.constexpr  # (EARLY_WV) P V and the state update issued async together; o's epilogue and
-    # store run while the update does, its wait at the chunk's end
-    Q_REG: gl.constexpr  # q loaded into registers once a chunk, the A operand of Q K^T and Q S (not read twice
-    # from shared memory by the wgmmas)
-    BETA_LOG: gl.constexpr  # (LEAN with beta and EARLY_WV) the stage's beta holds Gb = G - log2(beta scale) (the host's
-    # ``beta_log``): P's column factor 2^(G_i - Gb_j) carries beta and the scale, the update's 2^(G_last - Gb_j) / scale
-    # beta: no beta V (P V reads v from the stage)
+    LEAN: gl.constexpr  # (G_STAGE) one causal select on P (the exps take the unmasked difference: +inf above the
+    # diagonal, selected away), and with beta the scale on beta V's rows, not on P; with EARLY_WV and beta, beta V in
+    # bv_smem (no barrier between its stores and wv's)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -255,32 +229,7 @@ class LinearAttentionForward:
         if self.HAS_H0:
             h, col = self.unit(tile, ctx.index)
             S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
-        walk = Walk(S, 0, 0, 0)
-        if self.PREFETCH:
-            G_r, G_last, beta_r = self.chunk_factors(tile, ctx.index, 0)
-            walk = Walk(S, G_r, G_last, beta_r)
-        return walk
-
-    @gluon.jit
-    def chunk_factors(self, tile, c: gl.constexpr, step):
-        """(G by row, G of the last token, beta by row) of chunk ``step`` of unit c (0 where absent; rows
-        past N 0; a step past the walk reads nothing)."""
-        h, col = self.unit(tile, c)
-        t0 = step * self.BT
-        offs_r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
-        row_ok = t0 + offs_r < self.N
-        G_r = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL))
-        beta_r = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL))
-        G_last = 0.0
-        if self.DECAY:
-            g_base = self.G + tile.b.to(gl.int64) * self.sgb + h.to(gl.int64) * self.sgh + t0.to(gl.int64) * self.sgn
-            G_r = gl.load(g_base + offs_r * self.sgn, mask=row_ok, other=0.0)
-            last = gl.maximum(gl.minimum(self.BT, self.N - t0) - 1, 0)
-            G_last = gl.load(g_base + last * self.sgn, mask=t0 < self.N, other=0.0)
-        if self.HAS_BETA:
-            b_base = self.BETA + tile.b.to(gl.int64) * self.sbb + h.to(gl.int64) * self.sbh + t0.to(gl.int64) * self.sbn
-            beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
-        return G_r, G_last, beta_r
+        return Walk(S)
 
     @gluon.jit
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
@@ -292,40 +241,12 @@ class LinearAttentionForward:
     @gluon.jit
     def decay_factors(self, G_r, G_c, causal):
         """[BT, BT] 2^(G_i - G_j) on and below the diagonal (G in log2 units; above it anything finite or
-        not: the caller masks P there). FACTORED: where the chunk's G spans at most FACTOR_SPAN, the outer
-        product of 2^(G_i - m) and 2^(m - G_j) about the middle m of that span (each factor within
-        2^+-FACTOR_SPAN/2, so neither overflows nor leaves float32's normal range: a few ulp, as the exp2)
-        and 18 exps a thread instead of 32; strong decays or a reset in the chunk: the elementwise exp2 of
-        the masked difference (a NaN in G: the same rows and columns NaN either way)."""
+        not: the caller masks P there). LEAN: the unmasked difference (+inf above the diagonal where decays are
+        strong, taken away by the caller's one select); else the exps of the masked difference (0 above)."""
         if self.LEAN:  # (the caller's select takes the entries above the diagonal: +inf there is never used)
             f = gl.exp2(gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0))
-        elif self.FACTORED:
-            hi = gl.max(G_c, axis=0)
-            lo = gl.min(G_c, axis=0)
-            if hi - lo <= FACTOR_SPAN:
-                mid = 0.5 * (hi + lo)
-                f = gl.expand_dims(gl.exp2(G_r - mid), 1) * gl.expand_dims(gl.exp2(mid - G_c), 0)
-            else:
-                f = self.exp2_shared(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
         else:
-            f = self.exp2_shared(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
-        return f
-
-    @gluon.jit
-    def exp2_shared(self, d):
-        """2^d of a [BT, BT] tile: by the SFU's ex2, or (EXP2_FMA) part of it by exp2_fma on the FMA pipe, so
-        both pipes share the chunk's 32 exps a thread (split_n: no data moves between threads)."""
-        if self.EXP2_FMA == 0:
-            f = gl.exp2(d)
-        else:
-            d_lo, d_hi = split_n(d)
-            if self.EXP2_FMA == 1:
-                f = join_n(gl.exp2(d_lo), exp2_fma(d_hi))
-            else:
-                d_hl, d_hh = split_n(d_hi)
-                hi = gl.convert_layout(join_n(gl.exp2(d_hl), exp2_fma(d_hh)), d_lo.type.layout)
-                f = join_n(gl.exp2(d_lo), hi)
-            f = gl.convert_layout(f, self.SL)  # (join_n's linear layout is SL's: nothing moves)
+            f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
         return f
 
     @gluon.jit
@@ -369,23 +290,14 @@ class LinearAttentionForward:
                 G_r = g_smem.load(gl.SliceLayout(1, self.SL))
                 G_c = g_smem.load(gl.SliceLayout(0, self.SL))
                 G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
-                if self.HAS_BETA:  # (0 past N: the host's pad; BETA_LOG: Gb, +inf past N)
+                if self.HAS_BETA:  # (0 past N: the host's pad)
                     if c == 0:
                         b_smem = stage.ba.reshape([self.BT])
                     else:
                         b_smem = stage.bb.reshape([self.BT])
                     beta_r = b_smem.load(gl.SliceLayout(1, self.SL))
-                    if self.BETA_LOG:
-                        Gb_c = b_smem.load(gl.SliceLayout(0, self.SL))
             elif self.HAS_BETA:
                 beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
-        elif self.PREFETCH:
-            # the next chunk's factors now (their latency under this chunk's work); this chunk's came
-            # with the walk. G by column reads what the last chunk's prefetch brought into L1
-            nxt_G_r, nxt_G_last, nxt_beta_r = self.chunk_factors(tile, c, step + 1)
-            G_r, G_last, beta_r = walk.G_r, walk.G_last, walk.beta_r
-            if self.DECAY:
-                G_c = gl.load(g_base + offs_c * self.sgn, mask=col_ok, other=0.0)
         else:
             if self.DECAY:
                 G_r = gl.load(g_base + offs_r * self.sgn, mask=row_ok, other=0.0)
@@ -394,173 +306,94 @@ class LinearAttentionForward:
             if self.HAS_BETA:
                 beta_r = gl.load(b_base + offs_r * self.sbn, mask=row_ok, other=0.0)
         if self.DECAY:
-            if self.BETA_LOG:  # beta_r holds Gb = G - log2(beta scale): 2^(G_last - Gb) / scale = 2^(G_last - G) beta
-                w_rows = w_rows * gl.exp2(G_last - beta_r) * (1.0 / self.scale)
-                S_decay = gl.exp2(G_last)
-            elif self.G_STAGE:
+            if self.G_STAGE:
                 w_rows = w_rows * gl.exp2(G_last - G_r)
                 S_decay = gl.exp2(G_last)
             else:
                 w_rows = w_rows * gl.exp(G_last - G_r)
                 S_decay = gl.exp(G_last)
-        if self.HAS_BETA and not self.BETA_LOG:
+        if self.HAS_BETA:
             w_rows = w_rows * beta_r
 
         S_smem = self.state_smem.index(c)
         causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
         row_scale = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL)) + self.scale
-        if self.OVERLAP:
-            # every operand to shared memory first (the old S; beta V and the state update's weighted V in
-            # buffers of their own), then Q K^T, Q S_old and the state update issued together; P is made
-            # while Q S and the update run, P V chained after Q S
-            wv = self.wv_smem.index(2 * c)  # the state update's exp(G_last - G_j) beta_j V_j
-            bv = self.wv_smem.index(2 * c + 1)  # beta_j V_j (P V's B operand, with beta)
-            gl.thread_barrier()  # the previous step's wgmmas have read the buffers
-            S_smem.store(walk.S.to(dtype))
+        # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
+        # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
+        # but the decay's, which spilled 1 KB at Mamba-2's shape)
+        # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
+        # its own), so one barrier pair a chunk serves every shared-memory operand
+        SPLIT_BV: gl.constexpr = self.LEAN and self.EARLY_WV and self.HAS_BETA  # (bv_smem)
+        RING4: gl.constexpr = self.EARLY_WV and self.HAS_BETA and not SPLIT_BV
+        wv = self.wv_smem.index(2 * c if RING4 else c)  # ([4, ..] only then)
+        # LEAN with beta: P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
+        if self.HAS_BETA:
+            beta_pv = beta_r
+            if self.LEAN:
+                beta_pv = beta_r * self.scale
+        gl.thread_barrier()  # the previous step's wgmmas have read both buffers
+        S_smem.store(walk.S.to(dtype))
+        if self.EARLY_WV:
             v_f = v.load(self.SL).to(gl.float32)
             wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
             if self.HAS_BETA:
-                bv.store((v_f * gl.expand_dims(beta_r, 1)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
-                                  use_acc=False, is_async=True)
-            o_tok = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
-                                  is_async=True)
-            S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
-            s = warpgroup_mma_wait(2, deps=(s_tok,))
-            if self.DECAY:
-                if self.G_STAGE:
-                    s = s * self.decay_factors(G_r, G_c, causal)
-                    row_scale = row_scale * gl.exp2(G_r)
+                if SPLIT_BV:
+                    bv = self.bv_smem.index(c)
                 else:
-                    s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
-                    row_scale = row_scale * gl.exp(G_r)
-            p = gl.convert_layout(gl.where(causal, s * self.scale, 0.0).to(dtype), self.PL)
-            o = warpgroup_mma_wait(1, deps=(o_tok,)) * gl.expand_dims(row_scale, 1)
-            if self.HAS_BETA:
-                o_tok = warpgroup_mma(p, bv, o, is_async=True)
-            else:
-                o_tok = warpgroup_mma(p, v, o, is_async=True)
-            o, S = warpgroup_mma_wait(0, deps=(o_tok, S_tok))
+                    bv = self.wv_smem.index(2 * c + 1)
+                bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
+        elif self.HAS_BETA:
+            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_pv, 1)).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
+        if self.PROBE & PROBE_NO_INTRA:
+            s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
         else:
-            # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
-            # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
-            # but the decay's, which spilled 1 KB at Mamba-2's shape)
-            # EARLY_WV: the state update's weighted values stored here too (beta V, with beta, in a buffer of
-            # its own), so one barrier pair a chunk serves every shared-memory operand
-            SPLIT_BV: gl.constexpr = self.LEAN and self.EARLY_WV and self.HAS_BETA and not self.BETA_LOG  # (bv_smem)
-            RING4: gl.constexpr = self.EARLY_WV and self.HAS_BETA and not SPLIT_BV and not self.BETA_LOG
-            wv = self.wv_smem.index(2 * c if RING4 else c)  # ([4, ..] only then)
-            # LEAN with beta: P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
-            if self.HAS_BETA:
-                beta_pv = beta_r
-                if self.LEAN:
-                    beta_pv = beta_r * self.scale
-            q_a = q  # Q_REG: q in registers (the A operand of Q K^T and Q S), else the shared-memory tile
-            if self.Q_REG:
-                q_a = q.load(self.PL)
-            gl.thread_barrier()  # the previous step's wgmmas have read both buffers
-            S_smem.store(walk.S.to(dtype))
+            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
+        if self.DECAY and (self.PROBE & PROBE_NO_DECAY_FACTORS) == 0:
+            if self.G_STAGE:
+                s = s * self.decay_factors(G_r, G_c, causal)
+                row_scale = row_scale * gl.exp2(G_r)
+            else:
+                s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+                row_scale = row_scale * gl.exp(G_r)
+        if self.LEAN and self.HAS_BETA:  # (the scale is on beta V's rows)
+            p_f = gl.where(causal, s, 0.0)
+        else:
+            p_f = gl.where(causal, s * self.scale, 0.0)
+        p = gl.convert_layout(p_f.to(dtype), self.PL)
+
+        # o = exp(G_i) scale (Q S_old) + P (beta V)
+        if self.PROBE & PROBE_NO_INTER:
+            o = gl.zeros([self.BT, self.BV], gl.float32, self.SL) + gl.expand_dims(row_scale, 1)
+        else:
+            o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+        if self.PROBE & PROBE_NO_INTRA:
+            o = o * gl.expand_dims(row_scale, 1) + p_f  # (P's elementwise work kept: BT == BV)
+        elif self.HAS_BETA:
             if self.EARLY_WV:
-                v_f = v.load(self.SL).to(gl.float32)
-                wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
-                if self.HAS_BETA and not self.BETA_LOG:
-                    if SPLIT_BV:
-                        bv = self.bv_smem.index(c)
-                    else:
-                        bv = self.wv_smem.index(2 * c + 1)
-                    bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
-                if self.D_EARLY:  # D v now, from this load (added to o with Q S's row scale)
-                    d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + gl.arange(0, self.BV,
-                                                                                   layout=gl.SliceLayout(0, self.SL)))
-                    dv = gl.expand_dims(d_row, 0) * v_f
-            elif self.HAS_BETA:
-                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_pv, 1)).to(dtype))
+                o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
+            else:
+                o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
+        else:
+            o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
+
+        # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
+        if not self.EARLY_WV:
+            gl.thread_barrier()  # P V has read wv
+            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
-
-            # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
-            if self.PROBE & PROBE_NO_INTRA:
-                s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
-            else:
-                s = warpgroup_mma(q_a, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
-                                  use_acc=False)
-            if self.ASYNC_UPDATE:
-                # Q S_old and the state update (their operands in shared memory since the chunk's one barrier
-                # pair: EARLY_WV) on the tensor cores while P is made
-                o_tok = warpgroup_mma(q_a, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False,
-                                      is_async=True)
-                S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
-            if self.DECAY and (self.PROBE & PROBE_NO_DECAY_FACTORS) == 0:
-                if self.BETA_LOG:  # beta_j and the scale in the column's exponent (+inf above the diagonal: selected)
-                    s = s * gl.exp2(gl.expand_dims(G_r, 1) - gl.expand_dims(Gb_c, 0))
-                    row_scale = row_scale * gl.exp2(G_r)
-                elif self.G_STAGE:
-                    s = s * self.decay_factors(G_r, G_c, causal)
-                    row_scale = row_scale * gl.exp2(G_r)
-                else:
-                    s = s * gl.exp(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
-                    row_scale = row_scale * gl.exp(G_r)
-            if self.LEAN and self.HAS_BETA:  # (the scale is on beta V's rows, or BETA_LOG's exponent)
-                p_f = gl.where(causal, s, 0.0)
-            else:
-                p_f = gl.where(causal, s * self.scale, 0.0)
-            p = gl.convert_layout(p_f.to(dtype), self.PL)
-
-            # o = exp(G_i) scale (Q S_old) + P (beta V)
-            if self.ASYNC_UPDATE:
-                o = warpgroup_mma_wait(1, deps=(o_tok,))
-            elif self.PROBE & PROBE_NO_INTER:
-                o = gl.zeros([self.BT, self.BV], gl.float32, self.SL) + gl.expand_dims(row_scale, 1)
-            else:
-                o = warpgroup_mma(q_a, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-            if self.UPDATE_LATE:
-                # P V and the state update in flight together; o's wait leaves the update running under the
-                # epilogue (wgmma groups retire in order: the update's wait is the chunk's last)
-                if self.D_EARLY:
-                    o = o * gl.expand_dims(row_scale, 1) + dv
-                else:
-                    o = o * gl.expand_dims(row_scale, 1)
-                if self.HAS_BETA and not self.BETA_LOG:
-                    o_tok = warpgroup_mma(p, bv, o, is_async=True)
-                else:
-                    o_tok = warpgroup_mma(p, v, o, is_async=True)
-                S_tok = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay, is_async=True)
-                o = warpgroup_mma_wait(1, deps=(o_tok,))
-            elif self.PROBE & PROBE_NO_INTRA:
-                o = o * gl.expand_dims(row_scale, 1) + p_f  # (P's elementwise work kept: BT == BV)
-            elif self.D_EARLY:
-                if self.HAS_BETA and not self.BETA_LOG:
-                    o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1) + dv)
-                else:
-                    o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1) + dv)
-            elif self.HAS_BETA and not self.BETA_LOG:
-                if self.EARLY_WV:
-                    o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
-                else:
-                    o = warpgroup_mma(p, wv, o * gl.expand_dims(row_scale, 1))
-            else:
-                o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
-
-            # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
-            if not self.EARLY_WV:
-                gl.thread_barrier()  # P V has read wv
-                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-            if self.UPDATE_LATE:
-                S = walk.S  # (the update's result: at the chunk's end, below)
-            elif self.ASYNC_UPDATE:
-                S = warpgroup_mma_wait(0, deps=(S_tok,))  # (P V's wait retired it: wgmma groups end in order)
-            elif self.PROBE & PROBE_NO_UPDATE:
-                S = walk.S * S_decay
-            else:
-                S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
+        if self.PROBE & PROBE_NO_UPDATE:
+            S = walk.S * S_decay
+        else:
+            S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
         offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
-        if self.HAS_D and not self.D_EARLY and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
+        if self.HAS_D and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
             d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
             o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
         if self.HAS_Z and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
@@ -585,12 +418,7 @@ class LinearAttentionForward:
                 store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         else:
             store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
-        if self.UPDATE_LATE:
-            S = warpgroup_mma_wait(0, deps=(S_tok,))
-        walk = Walk(S, 0, 0, 0)
-        if self.PREFETCH:
-            walk = Walk(S, nxt_G_r, nxt_G_last, nxt_beta_r)
-        return walk
+        return Walk(S)
 
     @gluon.jit
     def wait(self, ctx, walk):
@@ -609,25 +437,15 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                        PREFETCH: gl.constexpr = False, OVERLAP: gl.constexpr = False, Z_STAGE: gl.constexpr = False,
-                        G_STAGE: gl.constexpr = False, FACTORED: gl.constexpr = False,
-                        EARLY_WV: gl.constexpr = False, ASYNC_UPDATE: gl.constexpr = False,
-                        SILU_TANH: gl.constexpr = False, EXP2_FMA: gl.constexpr = 0, PROBE: gl.constexpr = 0,
-                        D_EARLY: gl.constexpr = False, LEAN: gl.constexpr = False, UPDATE_LATE: gl.constexpr = False,
-                        Q_REG: gl.constexpr = False, BETA_LOG: gl.constexpr = False):
+                        Z_STAGE: gl.constexpr = False, G_STAGE: gl.constexpr = False, EARLY_WV: gl.constexpr = False,
+                        SILU_TANH: gl.constexpr = False, PROBE: gl.constexpr = 0, LEAN: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
-    consumer warpgroups (num_warps = 4) and a producer warp. PREFETCH: each chunk's decay and beta loaded
-    a chunk ahead. Z_STAGE: z TMA-loaded with the stage (off the walk's serial path). OVERLAP: the chunk's
-    three independent wgmmas in flight together. G_STAGE: G (head-major, log2 units: chunk_cumulative_heads)
-    TMA-loaded with the stage, and with beta (chunk_heads) beta too. FACTORED (with G_STAGE): the intra-chunk
-    decay as row times column factors where the chunk's span of G allows. EARLY_WV: the state update's weighted values stored beside the old
-    state at the chunk's start (one barrier pair a chunk fewer; not with OVERLAP). ASYNC_UPDATE (with
-    EARLY_WV): Q S_old and the state update issued async right after Q K^T, so they run while P is made.
-    SILU_TANH (with Z_STAGE): the gate's sigmoid by one tanh.approx.f32. EXP2_FMA (with G_STAGE): 1 (2): half (a
-    quarter) of the [BT, BT] decay exps by exp2_fma on the FMA pipe. Step variants (not with OVERLAP, PROBE): D_EARLY
-    (with EARLY_WV and D) D v from the chunk's first v load, added with Q S's row scale; LEAN (with G_STAGE, not
-    FACTORED / EXP2_FMA) one causal select on P and, with beta, the scale on beta V; UPDATE_LATE (with EARLY_WV, not
-    ASYNC_UPDATE) P V and the update async, the update's wait after o's store; Q_REG q as the register operand."""
+    consumer warpgroups (num_warps = 4) and a producer warp. Z_STAGE: z TMA-loaded with the stage (off the walk's
+    serial path). G_STAGE: G (head-major, log2 units: chunk_cumulative_heads) TMA-loaded with the stage, and with
+    beta (chunk_heads) beta too. EARLY_WV: the state update's weighted values stored beside the old state at the
+    chunk's start (one barrier pair a chunk fewer). SILU_TANH (with Z_STAGE): the gate's sigmoid by one
+    tanh.approx.f32. LEAN (with G_STAGE): one causal select on P and, with beta, the scale on beta V. PROBE: timing
+    probes (wrong outputs)."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -637,26 +455,18 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
-    LEAN_ON: gl.constexpr = LEAN and G_STAGE and DECAY and not FACTORED and EXP2_FMA == 0 and not OVERLAP
-    BETA_LOG_ON: gl.constexpr = BETA_LOG and LEAN_ON and HAS_BETA and EARLY_WV
-    SPLIT_BV: gl.constexpr = LEAN_ON and EARLY_WV and HAS_BETA and not BETA_LOG_ON  # (beta V's own allocation)
-    RING4: gl.constexpr = OVERLAP or (EARLY_WV and HAS_BETA and not SPLIT_BV and not BETA_LOG_ON)
+    LEAN_ON: gl.constexpr = LEAN and G_STAGE and DECAY
+    SPLIT_BV: gl.constexpr = LEAN_ON and EARLY_WV and HAS_BETA  # (beta V's own allocation)
+    RING4: gl.constexpr = EARLY_WV and HAS_BETA and not SPLIT_BV
     wv_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if RING4 else 2, BT, BV], operand_layout)
     bv_smem = wv_smem
     if SPLIT_BV:
         bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
-    gl.static_assert(not (G_STAGE and PREFETCH), "G_STAGE replaces PREFETCH's G loads")
     op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, G, BETA, DSKIP, Z, H0, HT,
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, BT, BK, BV, DECAY, HAS_BETA,
-                                HAS_D, HAS_Z, HAS_H0, STORE_HT, PREFETCH, Z_STAGE, OVERLAP, G_STAGE and DECAY,
-                                FACTORED and G_STAGE and DECAY, EARLY_WV and not OVERLAP,
-                                ASYNC_UPDATE and EARLY_WV and not OVERLAP, SILU_TANH and Z_STAGE,
-                                EXP2_FMA if G_STAGE and DECAY else 0, PROBE,
-                                D_EARLY and EARLY_WV and DECAY and HAS_D and not OVERLAP and PROBE == 0,
-                                LEAN_ON,
-                                UPDATE_LATE and EARLY_WV and DECAY and not ASYNC_UPDATE and not OVERLAP and PROBE == 0,
-                                Q_REG and not OVERLAP and (PROBE & PROBE_NO_INTRA) == 0, BETA_LOG_ON, SL, STL, PL)
+                                HAS_D, HAS_Z, HAS_H0, STORE_HT, Z_STAGE, G_STAGE and DECAY, EARLY_WV,
+                                SILU_TANH and Z_STAGE, PROBE, LEAN_ON, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -679,31 +489,6 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # tensor: B1 with two units compiled to a CompilationError, H100 run 7)
     num_tiles = gl.program_id(0) * 0 + num_tiles
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
-
-
-EXP2_MAGIC = gl.constexpr(12582912.0)  # 1.5 * 2^23: x + it rounds x to an integer held in the low mantissa bits
-EXP2_MAGIC_BITS = gl.constexpr(0x4B400000)  # its bits
-# 2^f on [-0.5, 0.5], degree 3, fitted to the relative error (< 7.5e-5, under bf16's 2^-9; P is rounded to the
-# input dtype after the decay)
-EXP2_C0 = gl.constexpr(0.9999280709452044)
-EXP2_C1 = gl.constexpr(0.6932609990867893)
-EXP2_C2 = gl.constexpr(0.24261117040784735)
-EXP2_C3 = gl.constexpr(0.05517161971787593)
-
-
-@gluon.jit
-def exp2_fma(x):
-    """2^x without the SFU (FlashAttention-4's idea: the FMA pipe takes part of the exps): x clamped at -125
-    (the callers' exponents are <= 0 and what lies below 2^-125 is nothing beside the other terms: -inf, a
-    masked entry, gives ~2^-125, masked after), split into the nearest integer n (the 1.5 * 2^23 rounding) and
-    f = x - n in [-0.5, 0.5], 2^f by a cubic, n added to the exponent bits. NaN stays NaN."""
-    xc = gl.maximum(x, -125.0)
-    t = xc + EXP2_MAGIC
-    f = xc - (t - EXP2_MAGIC)
-    p = ((EXP2_C3 * f + EXP2_C2) * f + EXP2_C1) * f + EXP2_C0
-    n = t.to(gl.int32, bitcast=True) - EXP2_MAGIC_BITS
-    r = (p.to(gl.int32, bitcast=True) + (n << 23)).to(gl.float32, bitcast=True)
-    return gl.where(x == x, r, x)
 
 
 @gluon.jit
@@ -775,21 +560,6 @@ def chunk_heads(beta: torch.Tensor, chunk: int) -> torch.Tensor:
     return torch.nn.functional.pad(beta.float().transpose(1, 2), (0, (-N) % chunk)).contiguous()
 
 
-def decay_factors_reference(G: torch.Tensor, factored: bool = True) -> torch.Tensor:
-    """The kernel's decay_factors in torch float32 for one chunk's G [BT] (log2 units): [BT, BT] 2^(G_i - G_j)
-    on and below the diagonal (0 above), by the row and column factors about the span's middle where the
-    span is at most FACTOR_SPAN (and ``factored``), else elementwise."""
-    G = G.float()
-    causal = torch.ones(len(G), len(G), dtype=torch.bool, device=G.device).tril()
-    hi, lo = G.nan_to_num(nan=-float("inf")).max(), G.nan_to_num(nan=float("inf")).min()  # fmax/fmin skip NaN
-    if factored and hi - lo <= FACTOR_SPAN.value:
-        mid = 0.5 * (hi + lo)
-        f = torch.exp2(G - mid)[:, None] * torch.exp2(mid - G)[None, :]
-    else:
-        f = torch.exp2((G[:, None] - G[None, :]).masked_fill(~causal, -float("inf")))
-    return torch.where(causal, f, 0.0)
-
-
 def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     """(chunk_cumulative_heads(g), chunk_heads(beta) or None) by one pass of kernels_forward.chunk_heads_kernel
     (the torch forms take four or five)."""
@@ -809,17 +579,14 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, prefetch: bool = False,
-                overlap: bool = False, z_stage: bool = False, operand=None, g_stage: bool = False,
-                factored: bool = False, early_wv: bool = False, async_update: bool = False, silu_tanh: bool = False,
-                probe: int = 0, exp2_fma: int = 0, d_early: bool = False, lean: bool = False,
-                update_late: bool = False, q_reg: bool = False, beta_log: bool = False):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, z_stage: bool = False,
+                operand=None, g_stage: bool = False, early_wv: bool = False, silu_tanh: bool = False, probe: int = 0,
+                lean: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    prefetch, overlap, z_stage, g_stage, factored, early_wv, async_update: the kernel's PREFETCH, OVERLAP,
-    Z_STAGE (z must then be TMA-able: ``tma_ok``), G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE; g:
-    ``chunk_cumulative``'s G, or with g_stage ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s).
-    ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor;
-    tiles.launch.TmaOperand for a CachedLaunch)."""
+    z_stage, g_stage, early_wv, silu_tanh, lean: the kernel's Z_STAGE (z must then be TMA-able: ``tma_ok``),
+    G_STAGE, EARLY_WV, SILU_TANH and LEAN (``variant`` gives configs'); g: ``chunk_cumulative``'s G, or with
+    g_stage ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s). ``operand(t, block, shape, strides)`` makes
+    the descriptors (default gluon_descriptor; tiles.launch.TmaOperand for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -856,21 +623,14 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 szh=sz[2], sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1],
                 stf=sht[2], stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
                 STAGES=stages, DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None,
-                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, PREFETCH=prefetch,
-                OVERLAP=overlap, Z_STAGE=z_stage, G_STAGE=g_stage, FACTORED=factored and g_stage, EARLY_WV=early_wv,
-                ASYNC_UPDATE=async_update and early_wv)
+                HAS_Z=z is not None, HAS_H0=h0 is not None, STORE_HT=ht is not None, Z_STAGE=z_stage,
+                G_STAGE=g_stage, EARLY_WV=early_wv)
     if silu_tanh and z_stage and z is not None:  # (absent otherwise: the launches' keys as before)
         args["SILU_TANH"] = True
-    if exp2_fma and g_stage:
-        args["EXP2_FMA"] = exp2_fma
     if probe:  # (timing probes only: the kernel's PROBE)
         args["PROBE"] = probe
-    # the step variants (configs.GLUON_S32; absent where off: the launches' keys as before; the kernel ignores them
-    # where they do not apply)
-    for name, on in (("D_EARLY", d_early), ("LEAN", lean), ("UPDATE_LATE", update_late), ("Q_REG", q_reg),
-                     ("BETA_LOG", beta_log)):  # (BETA_LOG: beta must be beta_log's Gb)
-        if on:
-            args[name] = True
+    if lean:  # (absent where off; the kernel ignores it without G_STAGE)
+        args["LEAN"] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -880,36 +640,17 @@ def tma_ok(t: torch.Tensor) -> bool:
                                                                  for s in t.stride()[:-1])
 
 
-def variant(g, beta, z, prefetch: bool | None = None, g_stage: bool | None = None, factored: bool | None = None,
-            early_wv: bool | None = None, async_update: bool | None = None) -> dict:
-    """The kernel's PREFETCH, G_STAGE, FACTORED, EARLY_WV and ASYNC_UPDATE for these inputs (launch_args's
-    prefetch, g_stage, factored, early_wv, async_update): the given ones, else configs' (GLUON_PREFETCH where
-    z is given; the others by whether beta is given: Mamba-2 or not). G_STAGE takes PREFETCH's place; all but PREFETCH need a decay."""
+def variant(g, beta, z, g_stage: bool | None = None, early_wv: bool | None = None, lean: bool | None = None) -> dict:
+    """The kernel's G_STAGE, EARLY_WV and LEAN for these inputs (launch_args's g_stage, early_wv, lean): the given
+    ones, else configs' GLUON_G_STAGE, GLUON_EARLY_WV and GLUON_LEAN by whether beta is given (Mamba-2 or not). All
+    three need a decay (LEAN G_STAGE too)."""
     from tilecore.ops.linear_attention import configs
 
     mamba = beta is not None
     g_stage = (mamba in configs.GLUON_G_STAGE if g_stage is None else g_stage) and g is not None
-    factored = (mamba in configs.GLUON_FACTORED if factored is None else factored) and g_stage
     early_wv = (mamba in configs.GLUON_EARLY_WV if early_wv is None else early_wv) and g is not None
-    async_update = (mamba in configs.GLUON_ASYNC_UPDATE if async_update is None else async_update) and early_wv
-    prefetch = (configs.GLUON_PREFETCH and z is not None if prefetch is None else prefetch) and not g_stage
-    return dict(prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv, async_update=async_update)
-
-
-def s32_flags(mamba: bool) -> dict:
-    """launch_args's step-variant keywords (d_early, lean, update_late, q_reg) from configs.GLUON_S32 (by whether beta
-    is given: Mamba-2 or not); off where configs names none."""
-    from tilecore.ops.linear_attention import configs
-
-    on = configs.GLUON_S32.get(mamba, ())
-    return {name: name in on for name in ("d_early", "lean", "update_late", "q_reg", "beta_log")}
-
-
-def beta_log(G: torch.Tensor, beta: torch.Tensor, scale: float) -> torch.Tensor:
-    """BETA_LOG's Gb = G - log2(beta scale) from G_STAGE's head-major G and beta (chunk_heads_prep): beta (>= 0:
-    Mamba-2's dt) and the scale move into the exponents (P's column factor 2^(G_i - Gb_j) = 2^(G_i - G_j) beta_j
-    scale); +inf where beta is 0 (the pad past N, a token that adds nothing). The scale must be > 0."""
-    return G - torch.log2(beta) - math.log2(scale)
+    lean = (mamba in configs.GLUON_LEAN if lean is None else lean) and g_stage
+    return dict(g_stage=g_stage, early_wv=early_wv, lean=lean)
 
 
 def prepare_decay(g, beta, g_stage: bool):
@@ -921,49 +662,30 @@ def prepare_decay(g, beta, g_stage: bool):
     return (chunk_cumulative(g, BT_GLUON) if g is not None else None), beta
 
 
-def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3,
-            prefetch: bool | None = None, overlap: bool | None = None, z_stage: bool | None = None,
-            g_stage: bool | None = None, factored: bool | None = None, early_wv: bool | None = None,
-            async_update: bool | None = None, operand=None, launch=None, silu_tanh: bool | None = None,
-            exp2_fma: int | None = None, s32: dict | None = None, beta_nonneg: bool = False):
+def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3, *,
+            z_stage: bool | None = None, g_stage: bool | None = None, early_wv: bool | None = None,
+            lean: bool | None = None, silu_tanh: bool | None = None, operand=None, launch=None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are. prefetch, overlap, z_stage, g_stage, factored,
-    early_wv: the kernel's PREFETCH, OVERLAP, Z_STAGE, G_STAGE, FACTORED and EARLY_WV (None:
-    configs.GLUON_PREFETCH (where z is given: Mamba-2), configs.GLUON_OVERLAP, configs.GLUON_Z_STAGE, and
-    configs.GLUON_G_STAGE, GLUON_FACTORED, GLUON_EARLY_WV by whether beta is given: Mamba-2 or not).
-    G_STAGE takes PREFETCH's place. ``operand``: launch_args's (the descriptors' maker); ``launch(grid, args,
-    num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a CachedLaunch's).
-    silu_tanh: the kernel's SILU_TANH with Z_STAGE (None: configs.GLUON_SILU_TANH); exp2_fma: its EXP2_FMA with
-    G_STAGE (None: configs.GLUON_EXP2_FMA, by whether beta is given). s32: launch_args's d_early, lean, update_late,
-    q_reg, beta_log (None: ``s32_flags``: configs.GLUON_S32 by whether beta is given; beta_log only with lean,
-    G_STAGE, EARLY_WV, beta and a positive scale, and where the caller says beta >= 0 (``beta_nonneg``: Mamba-2's dt
-    with dt_limit's lower end >= 0, its default): beta then goes to the kernel as ``beta_log``'s Gb)."""
+    columns must be contiguous (stride 1), as Mamba-2's are. z_stage, g_stage, early_wv, lean, silu_tanh: the
+    kernel's Z_STAGE, G_STAGE, EARLY_WV, LEAN and SILU_TANH (None: configs.GLUON_Z_STAGE, ``variant``'s (configs by
+    whether beta is given), configs.GLUON_SILU_TANH). ``operand``: launch_args's (the descriptors' maker);
+    ``launch(grid, args, num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a
+    CachedLaunch's)."""
     from tilecore.ops.linear_attention import configs
 
-    flags = variant(g, beta, z, prefetch=prefetch, g_stage=g_stage, factored=factored, early_wv=early_wv,
-                    async_update=async_update)
-    prefetch, g_stage, factored, early_wv = flags["prefetch"], flags["g_stage"], flags["factored"], flags["early_wv"]
-    overlap = configs.GLUON_OVERLAP if overlap is None else overlap
+    flags = variant(g, beta, z, g_stage=g_stage, early_wv=early_wv, lean=lean)
     z_stage = configs.GLUON_Z_STAGE if z_stage is None else z_stage
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
-    g, beta = prepare_decay(g, beta, g_stage)
-    s32 = dict(s32_flags(beta is not None) if s32 is None else s32)
-    s32["beta_log"] = bool(s32.get("beta_log")) and s32.get("lean", False) and g_stage and beta is not None \
-        and early_wv and scale > 0 and beta_nonneg  # (a negative beta has no log: the launches that know pass it)
-    if s32["beta_log"]:
-        beta = beta_log(g, beta, scale)
+    g, beta = prepare_decay(g, beta, flags["g_stage"])
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and (z.stride(-1) != 1 or (z_stage and not tma_ok(z))):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, prefetch, overlap, z_stage,
-                                    operand=operand, g_stage=g_stage, factored=factored, early_wv=early_wv,
-                                    async_update=flags["async_update"],
-                                    silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None else silu_tanh,
-                                    exp2_fma=configs.GLUON_EXP2_FMA.get(beta is not None, 0) if exp2_fma is None
-                                    else exp2_fma, **s32)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, z_stage=z_stage,
+                                    operand=operand, silu_tanh=configs.GLUON_SILU_TANH if silu_tanh is None
+                                    else silu_tanh, **flags)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -972,10 +694,10 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
 
 
 # --------------------------------------------------------------------------------------------
-# compile report (no GPU): compile_report(CASE, prefetch, stages) compiles the kernel for sm_90a and returns its
+# compile report (no GPU): compile_report(CASE, stages, ...flags) compiles the kernel for sm_90a and returns its
 # resources and Hopper instructions; CASE: linear, decay (scalar decay, initial and final states), mamba2 (beta,
-# D, z, 80 heads on one q/k head); stages: configs.GLUON_STAGES's 2 (with Z_STAGE's z stages 3 pass 227 KiB). TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py
-# runs it in a fresh process).
+# D, z, 80 heads on one q/k head); stages: configs.GLUON_STAGES's 2 (with Z_STAGE's z stages 3 pass 227 KiB).
+# TRITON_INTERPRET must be unset (tests/linear_attention/test_forward_gluon_compile.py runs it in a fresh process).
 
 COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
     "linear": (16, 16, 128, 128, False, False, False),
@@ -984,10 +706,9 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: bool = False,
-                   z_stage: bool = False, g_stage: bool = False, factored: bool = False, early_wv: bool = False,
-                   async_update: bool = False, compiled_out: list | None = None, probe: int = 0,
-                   silu_tanh: bool = False, exp2_fma: int = 0, **s32) -> dict:
+def compile_report(case: str, stages: int = 2, z_stage: bool = False, g_stage: bool = False, early_wv: bool = False,
+                   compiled_out: list | None = None, probe: int = 0, silu_tanh: bool = False,
+                   lean: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -999,15 +720,13 @@ def compile_report(case: str, prefetch: bool = False, stages: int = 2, overlap: 
     g = (f32(B, H, N) if g_stage else f32(B, N, H)) if decay else None
     grid, args, warps = launch_args(q, q, v, g, (f32(B, H, N) if g_stage else f32(B, N, H)) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0,
-                                    stages=stages, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage,
-                                    factored=factored, early_wv=early_wv, async_update=async_update, probe=probe,
-                                    silu_tanh=silu_tanh, exp2_fma=exp2_fma, **s32)
+                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages,
+                                    z_stage=z_stage, g_stage=g_stage, early_wv=early_wv, probe=probe,
+                                    silu_tanh=silu_tanh, lean=lean)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)
-    return dict(case=case, prefetch=prefetch, overlap=overlap, z_stage=z_stage, g_stage=g_stage, factored=factored,
-                early_wv=early_wv, async_update=async_update,
+    return dict(case=case, z_stage=z_stage, g_stage=g_stage, early_wv=early_wv, lean=lean,
                 spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))

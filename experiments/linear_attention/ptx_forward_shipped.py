@@ -1,0 +1,86 @@
+"""The PTX of the linear-attention Gluon forward (gluon_forward.la_fwd_gluon_kernel) as the shipped launches build it,
+one file a case, compiled for sm_90a on this machine (no GPU): the flags come from the same public functions
+gluon_forward.forward asks (``variant``) and the configs it reads, so the same script run against two
+trees shows whether an edit changed what the shipped launches compile. Compare with experiments/tiles/ptx_compare.py:
+
+    git archive HEAD tilecore | tar -x -C /tmp/old
+    python experiments/linear_attention/ptx_forward_shipped.py --root /tmp/old --ptx /tmp/ptx_old
+    python experiments/linear_attention/ptx_forward_shipped.py --ptx /tmp/ptx_new
+    python experiments/tiles/ptx_compare.py /tmp/ptx_old /tmp/ptx_new
+"""
+import argparse
+import inspect
+import os
+import re
+import sys
+
+# (Hqk, H, Dk, Dv, dtype, decay, beta, D, z, states): what the op launches the kernel with
+CASES = {
+    "linear_d128": (16, 16, 128, 128, "bf16", False, False, False, False, False),
+    "linear_d128_states": (16, 16, 128, 128, "bf16", False, False, False, False, True),
+    "linear_d64_fp16": (16, 16, 64, 64, "fp16", False, False, False, False, False),
+    "beta_no_decay": (16, 16, 128, 128, "bf16", False, True, False, False, False),
+    "decay_d128_states": (16, 16, 128, 128, "bf16", True, False, False, False, True),
+    "decay_d64": (16, 16, 64, 64, "bf16", True, False, False, False, False),
+    "mamba2": (1, 80, 128, 64, "bf16", True, True, True, True, False),
+    "mamba2_d_only_states": (1, 80, 128, 64, "bf16", True, True, True, False, True),
+    "mamba2_fp16": (8, 80, 128, 64, "fp16", True, True, True, True, False),
+}
+
+
+def shipped_kwargs(gf, configs, g, beta, z) -> dict:
+    """launch_args's keywords as gluon_forward.forward gives them for these inputs (None or a tensor each)."""
+    kw = dict(gf.variant(g, beta, z))
+    kw["z_stage"] = configs.GLUON_Z_STAGE
+    kw["silu_tanh"] = configs.GLUON_SILU_TANH
+    if hasattr(gf, "s32_flags"):  # (the tree before issue 30's removals: LEAN came from configs.GLUON_S32)
+        s32 = dict(gf.s32_flags(beta is not None))
+        s32.pop("beta_log", None)  # (needs beta_nonneg: no shipped config names it)
+        kw.update(s32)
+    params = inspect.signature(gf.launch_args).parameters
+    return {k: v for k, v in kw.items() if k in params}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default=os.getcwd())
+    ap.add_argument("--ptx", required=True)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    sys.path.insert(0, a.root)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
+    from tilecore.ops.linear_attention import configs
+    from tilecore.ops.linear_attention import gluon_forward as gf
+    from tilecore.tiles.compile import compile_kernel, resources
+
+    os.makedirs(a.ptx, exist_ok=True)
+    for name, (Hqk, H, Dk, Dv, dt, decay, has_beta, has_d, has_z, states) in CASES.items():
+        if a.only and a.only not in name:
+            continue
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
+        B, N = 2, 4096
+        f32 = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
+        q = torch.empty(B, N, Hqk, Dk, dtype=dtype)
+        v = torch.empty(B, N, H, Dv, dtype=dtype)
+        z = torch.empty_like(v) if has_z else None
+        g_in = f32(B, N, H) if decay else None
+        b_in = f32(B, N, H) if has_beta else None
+        kw = shipped_kwargs(gf, configs, g_in, b_in, z)
+        g_stage = kw.get("g_stage", False)
+        g = (f32(B, H, N) if g_stage else g_in) if decay else None
+        beta = (f32(B, H, N) if g_stage else b_in) if has_beta else None
+        _, args, warps = gf.launch_args(q, q, v, g, beta, f32(H, Dv) if has_d else None, z,
+                                        f32(B, H, Dk, Dv) if states else None, torch.empty_like(v),
+                                        f32(B, H, Dk, Dv) if states else None, 1.0, configs.GLUON_STAGES, **kw)
+        k = compile_kernel(gf.la_fwd_gluon_kernel, args, num_warps=warps)
+        r = resources(k)
+        with open(os.path.join(a.ptx, re.sub(r"[^A-Za-z0-9]+", "_", name) + ".ptx"), "w") as f:
+            f.write(k.asm["ptx"].replace(os.path.abspath(a.root) + os.sep, ""))
+        on = sorted(n for n, val in kw.items() if val)
+        print(f"{name:22s} registers {r.registers} spills {r.spill_stores} shared {r.shared} flags {on}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
