@@ -45,4 +45,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # 1.346x against 1.379x: at D128 full the two about cancel, the first run had +5.7%). q_buffers (by head dim): bf16 Q
 # buffers a consumer where not GLUON_FORWARD's q_buffers (D128 with 1: causal 1.099x against 2's 1.074x, full 1.334x
 # against 1.346x: not set)
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={})
+# pv_bf16 (session 36, issue 34's 1.2x): the head dims (-> their stages) at which, with q in the kernel and bf16 inputs,
+# P V runs in bfloat16 on v as given (the kernel's PV_BF16, P's bfloat16 linear code): no pass over v at all (its
+# 0.149 ms at D128 causal N4096) for P V at bf16's tensor rate (a bf16 V block is 32 KiB at D128: 2 stages).
+# Empty: off until an H100 run shows it right and faster end to end (notes/attention_fp8)
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, pv_bf16={})

@@ -224,6 +224,12 @@ def q_in_kernel(q: torch.Tensor, k: torch.Tensor, causal: bool, rotate: bool, k_
     return launch.plan(q, k, causal).path == "gluon"
 
 
+def pv_bf16(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the convenience path with q in the kernel runs P V in bfloat16 on v as given (no pass over v): at the
+    head dims of configs.ROTATED["pv_bf16"], bfloat16 inputs (the kernel's PV_BF16: P's bfloat16 linear code)."""
+    return q.shape[-1] in configs.ROTATED.get("pv_bf16", {}) and v.dtype == torch.bfloat16
+
+
 K_SCALES = ("tensor", "token", "block")
 QUANTIZERS = ("hadamard_quantize", "fused")
 
@@ -305,9 +311,15 @@ def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_k
 
     signs = rotation_signs(q.shape[-1], q.device)
     k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block")
-    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
     q_codes = torch.empty((), dtype=FP8, device=q.device).expand(q.shape)
     q_scale = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
+    if pv_bf16(q, v):  # v as given, read by P V's bfloat16 wgmma: no pass over v (the checks on stand-ins)
+        v_codes = torch.empty((), dtype=FP8, device=q.device).expand(v.shape)
+        v_ones = torch.empty((), dtype=torch.float32, device=q.device).expand(v.shape[:2])
+        softmax_scale = check(q_codes, k8, v_codes, q_scale, k_scale, v_ones, causal, scale, q.dtype, "bhnd", False)
+        out, lse = launch.forward_q_rotated(q, signs, k8, v, k_scale, None, causal, softmax_scale, q.dtype)
+        return (out, lse) if return_lse else out
+    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
     softmax_scale = check(q_codes, k8, v8, q_scale, k_scale, v_scale, causal, scale, q.dtype, "keys_permuted", False)
     out, lse = launch.forward_q_rotated(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
     return (out, lse) if return_lse else out
