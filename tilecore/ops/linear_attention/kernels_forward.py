@@ -191,13 +191,15 @@ def map_precision(precision: str, x) -> str:
     return "tf32x2" if precision == "tf32x3" and x.element_size() == 2 and configs.HEDGEHOG_MAP_EXACT_X else precision
 
 
-def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows: int = 64, warps: int = 4):
+def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows: int = 64, warps: int = 4,
+                       launch=None):
     """op.hedgehog_map by hedgehog_map_kernel: x (..., Hqk, Dk), weight (Hqk, Dk, F) -> (..., Hqk, 2F) in x's dtype
     (or ``out_dtype``: Triton's interpreter truncates float32 to bf16, so its tests take float32 and round by torch).
     ``precision``: the projection's dot, "ieee" (float32 FMAs) or "tf32x3" (three tf32 tensor-core products: float32's
     accuracy but for the lo x lo term; sm_90a at Dk 64, F 32 106 registers against ieee's 64, Dk 128, F 64 186 / 0
     spilled; map_precision may take "tf32x2" for it). No gradient (op._HedgehogMap pairs it with
-    hedgehog_map_backward)."""
+    hedgehog_map_backward). ``launch(grid, args, options)``: the launch (None: ``hedgehog_map_kernel[grid]``; op.py
+    hands a CachedLaunch's keyed run)."""
     Hqk, Dk = x.shape[-2], x.shape[-1]
     F = weight.shape[-1]
     x3 = x.reshape(-1, Hqk, Dk)
@@ -207,10 +209,12 @@ def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows:
     if R == 0:
         return out
     bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
-    hedgehog_map_kernel[(triton.cdiv(R, rows), Hqk)](x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride(),
-                                                      DK=Dk, F=F, BR=rows, BD=bd, BF=bf,
-                                                      PREC=map_precision(precision, x),
-                                                      num_warps=warps)
+    grid, args = (triton.cdiv(R, rows), Hqk), (x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride())
+    options = dict(DK=Dk, F=F, BR=rows, BD=bd, BF=bf, PREC=map_precision(precision, x), num_warps=warps)
+    if launch is None:
+        hedgehog_map_kernel[grid](*args, **options)
+    else:
+        launch(grid, args, options)
     return out
 
 
@@ -271,14 +275,14 @@ def hedgehog_map_bwd_kernel(X, W, DOUT, DX, DWP, R, ROWS_PER, sxr, sxh, sxd, swh
 
 
 def hedgehog_map_backward(x, weight, dout, programs: int | None = None, dx_dtype=None, rows: int = 32,
-                          warps: int = 4, precision: str = "ieee"):
+                          warps: int = 4, precision: str = "ieee", launch=None):
     """(dx, dW) of hedgehog_map_fused's output against ``dout`` (..., Hqk, 2F) by hedgehog_map_bwd_kernel: dx in x's
     dtype (or ``dx_dtype``: the interpreter's bf16 rounding, as hedgehog_map_fused's out_dtype), dW (Hqk, Dk, F)
     float32. ``programs``: row ranges a head (default: ~512 programs over the heads, ~4 an SM of an H100, at most one
     a block of rows; each writes one [Dk, F] float32 partial of dW). ``rows`` a block, ``warps``: 32 / 4 compile for
     sm_90a at Dk 64, F 32 in 118 registers, 0 spilled (64 / 4: 255 and 388 B spilled; 64 / 8: 181, 0); with
     ``precision`` "tf32x3" (the three dots on tensor cores) 165 registers, 0 spilled (map_precision may take "tf32x2"
-    for it)."""
+    for it). ``launch``: as hedgehog_map_fused's."""
     Hqk, Dk = x.shape[-2], x.shape[-1]
     F = weight.shape[-1]
     x3 = x.reshape(-1, Hqk, Dk)
@@ -294,8 +298,10 @@ def hedgehog_map_backward(x, weight, dout, programs: int | None = None, dx_dtype
     rows_per = triton.cdiv(triton.cdiv(R, P), BR) * BR
     P = triton.cdiv(R, rows_per)
     dwp = torch.empty(P, Hqk, bd, bf, dtype=torch.float32, device=x.device)
-    hedgehog_map_bwd_kernel[(P, Hqk)](x3, weight, d3, g3, dwp, R, rows_per, *x3.stride(), *weight.stride(),
-                                      *d3.stride(), *g3.stride(), DK=Dk, F=F, BR=BR, BD=bd, BF=bf,
-                                      PREC=map_precision(precision, x),
-                                      num_warps=warps)
+    args = (x3, weight, d3, g3, dwp, R, rows_per, *x3.stride(), *weight.stride(), *d3.stride(), *g3.stride())
+    options = dict(DK=Dk, F=F, BR=BR, BD=bd, BF=bf, PREC=map_precision(precision, x), num_warps=warps)
+    if launch is None:
+        hedgehog_map_bwd_kernel[(P, Hqk)](*args, **options)
+    else:
+        launch((P, Hqk), args, options)
     return dx, dwp.sum(0)[:, :Dk, :F]

@@ -306,11 +306,12 @@ def part_counts(plan: Plan) -> tuple[int, int]:
 
 
 def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float, feature: int, *,
-             native: bool = False):
+             native: bool = False, key=None):
     """(dq, dk, dv, dg, dbeta, dh0) (None for an input that is None) of o (before D and z) and the final
     state against their gradients do (any float dtype, read as it is) and dht (or None). float32, but
     with ``native`` dq, dk, dv in q's, k's, v's dtypes: the kernels then store them so where nothing is
-    combined after them (no torch pass casts them)."""
+    combined after them (no torch pass casts them). ``key``: the backward's launch key (op._backward_impl: it
+    fixes every launch argument's specialization), its kernels then launched by it (_launch_bwd); None: plainly."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     if plan.path == "cpu":
         grads = chunked.chunked_backward(do, q, k, v, g, beta, h0, dht, scale, feature, plan.chunk)
@@ -321,12 +322,12 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     out = dict(zip(("dq", "dk", "dv"), dtypes)) if native and not plan.config["upcast"] else None
     torch_combine = plan.config.get("combine", "kernel") != "kernel" or (feature == BASED and g is not None)
     if split_epilogue(plan, g, feature) and not torch_combine:
-        grads = backward_epilogue(plan, do, q, k, v, g, beta, h0, ht, dht, scale, feature, out)
+        grads = backward_epilogue(plan, do, q, k, v, g, beta, h0, ht, dht, scale, feature, out, key=key)
         return _cast_grads(grads, dtypes) if native else grads
     buffers = backward_kernels(plan, do, q, k, v, g, beta, h0, dht, scale, feature,
-                               out_dtypes=None if torch_combine else out)
+                               out_dtypes=None if torch_combine else out, key=key)
     if not torch_combine:
-        grads = backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=out)
+        grads = backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=out, key=key)
     else:
         grads = backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
     return _cast_grads(grads, dtypes) if native else grads
@@ -340,7 +341,8 @@ def split_epilogue(plan: Plan, g, feature: int) -> bool:
         and feature != BASED
 
 
-def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: float, feature: int, out_dtypes):
+def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: float, feature: int, out_dtypes,
+                      key=None):
     """backward() on the split path with the kernels' EPILOGUE: dq, dk, dv written whole (the diagonal added
     back, beta applied; the inputs' dtypes where ``out_dtypes`` says so and no q/k head group is summed),
     and the decay's and beta's gradients from the kernels' per-token parts: dG_t = sum of q_t . dq_t parts
@@ -360,9 +362,10 @@ def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: floa
     dh0 = torch.empty(B, H, feature_rows(feature, Dk), Dv, dtype=f32, device=dev) if h0 is not None else None
     if B * H > 0:
         with dispatch.on_device(dev):
-            for kernel, grid, args, kw in backward_calls(plan, do, q, k, v, g, beta, h0, dht, dq, dk, dv, dh0, scale,
-                                                         feature, dq, epilogue=(dg_q, dg_k, dbeta_parts)):
-                kernel[grid](*args, **kw)
+            for i, (kernel, grid, args, kw) in enumerate(backward_calls(
+                    plan, do, q, k, v, g, beta, h0, dht, dq, dk, dv, dh0, scale, feature, dq,
+                    epilogue=(dg_q, dg_k, dbeta_parts))):
+                _launch_bwd(kernel, key, i, grid, args, kw)
     has_dht = dht is not None and ht is not None
     dG = dg_q.sum(0) - dg_k.sum(0) if B * H * N > 0 else torch.zeros(g.shape, dtype=f32, device=dev)
     dg = decay_grad(g, ht if has_dht else None, dht if has_dht else None, dG)
@@ -411,7 +414,8 @@ def _buffer_dtypes(plan: Plan, q, v, g, beta, feature: int, out_dtypes) -> tuple
             out_dtypes["dk"] if own else f32, out_dtypes["dv"] if plain else f32)
 
 
-def backward_kernels(plan: Plan, do, q, k, v, g, beta, h0, dht, scale: float, feature: int, out_dtypes=None):
+def backward_kernels(plan: Plan, do, q, k, v, g, beta, h0, dht, scale: float, feature: int, out_dtypes=None,
+                     key=None):
     """The dQ and dK/dV kernels' outputs: (dq per v head, dk parts, dv parts, dh0 or None, r or None),
     float32 but where ``out_dtypes`` ({"dq", "dk", "dv"}: dtypes) lets a buffer be the output itself
     (_buffer_dtypes; backward_calls says what each holds)."""
@@ -429,9 +433,9 @@ def backward_kernels(plan: Plan, do, q, k, v, g, beta, h0, dht, scale: float, fe
     r = torch.empty(B, N, H, dtype=f32, device=dev) if strict_diagonal(feature, g) else None
     if B * H > 0:
         with dispatch.on_device(dev):
-            for kernel, grid, args, kw in backward_calls(plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts,
-                                                         dv_parts, dh0, scale, feature, r):
-                kernel[grid](*args, **kw)
+            for i, (kernel, grid, args, kw) in enumerate(backward_calls(
+                    plan, do, q, k, v, g, beta, h0, dht, dq_heads, dk_parts, dv_parts, dh0, scale, feature, r)):
+                _launch_bwd(kernel, key, i, grid, args, kw)
     return dq_heads, dk_parts, dv_parts, dh0, r
 
 
@@ -467,7 +471,7 @@ def backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht):
     return dq, dk, dv, dg, dbeta, dh0
 
 
-def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=None):
+def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=None, key=None):
     """backward_combine in one kernel (kernels_backward.la_bwd_combine_kernel: each buffer read once, the
     log decay's reverse sum along the sequence in it) for phi(x) = x (any decay) and Based without a
     decay (Based's decay gradient, do . o - v . dv, stays backward_combine's)."""
@@ -500,15 +504,30 @@ def backward_combine_kernel(buffers, q, k, v, g, beta, ht, dht, out_dtypes=None)
                 *_strides(ht if has_dht else None, 4), *_strides(dht if has_dht else None, 4),
                 dk_parts.stride(0), dv_parts.stride(0), N, H, group, Dk, Dv, dk_parts.shape[0], dv_parts.shape[0])
         with dispatch.on_device(dev):
-            kernels_backward.la_bwd_combine_kernel[(B * H * 2,)](
-                *args, BT=configs.COMBINE_TOKENS, BK=BK, BV=BV, DECAY=kind, STRICT=strict, HAS_BETA=beta is not None,
-                HAS_DHT=has_dht, num_warps=4 if max(BK, BV) <= 128 else 8)
+            _launch_bwd(kernels_backward.la_bwd_combine_kernel, key, "combine", (B * H * 2,), args, dict(
+                BT=configs.COMBINE_TOKENS, BK=BK, BV=BV, DECAY=kind, STRICT=strict, HAS_BETA=beta is not None,
+                HAS_DHT=has_dht, num_warps=4 if max(BK, BV) <= 128 else 8))
     elif strict:
         dg.zero_()
     if group > 1:
         dq = dq.view(B, N, Hqk, group, Dk).sum(3)
         dk = dk.view(B, N, Hqk, group, Dk).sum(3)
     return dq, dk, dv, dg, dbeta, dh0
+
+
+_BACKWARD_LAUNCHES: dict = {}  # a backward kernel -> its CachedLaunch (keyed backward launches)
+
+
+def _launch_bwd(kernel, key, part, grid, args, kw) -> None:
+    """``kernel[grid](*args, **kw)``, or with a backward's launch ``key`` the keyed launch of the kernel's
+    CachedLaunch under (key, ``part``: which of the backward's launches)."""
+    if key is None:
+        kernel[grid](*args, **kw)
+        return
+    cached = _BACKWARD_LAUNCHES.get(kernel)
+    if cached is None:
+        cached = _BACKWARD_LAUNCHES.setdefault(kernel, CachedLaunch(kernel))
+    cached.run((key, part), grid, args, kw)
 
 
 def strict_diagonal(feature: int, g) -> bool:

@@ -20,7 +20,7 @@ from tilecore.ops.linear_attention import configs, kernels_backward_gla, kernels
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, next_power_of_2, signature
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
@@ -32,6 +32,16 @@ LAYOUT = ("linear_attention takes (batch, tokens, heads, head_dim) tensors, as f
 _FORWARD_KEY = SignatureMemo(globals())
 _STEP_KEY = SignatureMemo(globals())
 _MAMBA_STEP_KEY = SignatureMemo(globals())
+
+# Issue 31's host time for Hedgehog's eager calls: KEYED_HEDGEHOG keys a Hedgehog call on its tensors with its
+# weights (checks once a key, the two maps' launches by key, the core on the key: plan cache, keyed launches);
+# KEYED_BACKWARD plans the core's backward once per (forward key, gradients' layouts) and launches its kernels by
+# that key. Read each call; the same kernels and arguments either way (tests/host/test_hedgehog_host.py)
+KEYED_HEDGEHOG = False
+KEYED_BACKWARD = False
+_MAP = CachedLaunch(kernels_forward.hedgehog_map_kernel)
+_MAP_BWD = CachedLaunch(kernels_forward.hedgehog_map_bwd_kernel)
+_MAP_BWD_BLOCKS = LRU(256)  # a map's key -> (rows, warps, programs) of its backward
 
 
 def _name(dtype) -> str:
@@ -134,11 +144,17 @@ def _map_precision(device) -> str:
     return "ieee" if dispatch.is_rocm(device) else configs.HEDGEHOG_MAP_PRECISION
 
 
-def _fused_map(x, weight):
-    """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums)."""
+def _keyed(launcher: CachedLaunch, key):
+    """A kernels_forward ``launch`` hook: ``launcher``'s run by ``key`` (None: the plain kernel[grid] launch)."""
+    return None if key is None else (lambda grid, args, options: launcher.run(key, grid, args, options))
+
+
+def _fused_map(x, weight, key=None):
+    """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums).
+    ``key``: the map's launch key (it fixes x's and weight's signatures and the map's precision), or None."""
     wide = torch.float32 if dispatch.interpreted(x.device) else None
-    return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide,
-                                              precision=_map_precision(x.device)).to(x.dtype)
+    return kernels_forward.hedgehog_map_fused(x, weight.float(), out_dtype=wide, precision=_map_precision(x.device),
+                                              launch=_keyed(_MAP, key)).to(x.dtype)
 
 
 class _HedgehogMap(torch.autograd.Function):
@@ -146,40 +162,54 @@ class _HedgehogMap(torch.autograd.Function):
     hedgehog_map_backward's recomputation backward (dx in x's dtype, dW summed in float32, in W's dtype)."""
 
     @staticmethod
-    def forward(ctx, x, weight):
+    def forward(ctx, x, weight, key):
         ctx.save_for_backward(x, weight)
-        return _fused_map(x, weight)
+        ctx.map_key = key
+        return _fused_map(x, weight, key)
 
     @staticmethod
     def backward(ctx, dout):
         x, weight = ctx.saved_tensors
         wide = torch.float32 if dispatch.interpreted(x.device) else None
-        rows, warps = _map_bwd_block(x.shape[-1], weight.shape[-1])
-        heads, blocks = x.shape[-2], -(-x.numel() // (x.shape[-2] * x.shape[-1] * rows))  # (blocks of rows a head)
-        programs = max(1, min(blocks, -(-configs.HEDGEHOG_MAP_BWD_PROGRAMS // heads)))  # (row ranges a head)
+        key = ctx.map_key
+        rows, warps, programs = _MAP_BWD_BLOCKS.memo(key, lambda: _map_bwd_launch(x, weight))
+        if key is not None:  # (dout: the core's fresh dq or dk, its layout in the key all the same)
+            key = (key, dout.dtype, dout.stride(), dout.data_ptr() & 15 == 0)
         dx, dw = kernels_forward.hedgehog_map_backward(x, weight.float(), dout, programs=programs, dx_dtype=wide,
                                                        rows=rows, warps=warps,
-                                                       precision=_map_precision(x.device))
+                                                       precision=_map_precision(x.device),
+                                                       launch=_keyed(_MAP_BWD, key))
         return (dx.to(x.dtype) if ctx.needs_input_grad[0] else None,
-                dw.to(weight.dtype) if ctx.needs_input_grad[1] else None)
+                dw.to(weight.dtype) if ctx.needs_input_grad[1] else None, None)
 
 
-def hedgehog_map(x: torch.Tensor, weight: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
+def _map_bwd_launch(x, weight) -> tuple[int, int, int]:
+    """(rows, warps, programs) of the map's backward for x and weight."""
+    rows, warps = _map_bwd_block(x.shape[-1], weight.shape[-1])
+    heads, blocks = x.shape[-2], -(-x.numel() // (x.shape[-2] * x.shape[-1] * rows))  # (blocks of rows a head)
+    programs = max(1, min(blocks, -(-configs.HEDGEHOG_MAP_BWD_PROGRAMS // heads)))  # (row ranges a head)
+    return rows, warps, programs
+
+
+def hedgehog_map(x: torch.Tensor, weight: torch.Tensor, fused: bool | None = None, key=None) -> torch.Tensor:
     """Hedgehog's feature map [softmax(x W_h), softmax(-x W_h)] (x (..., Hqk, Dk), W (Hqk, Dk, F)),
     computed in float32 and returned in x's dtype (values in [0, 1]).
 
     ``fused`` (None: configs.HEDGEHOG_FUSED_MAP where nothing is recorded, configs.HEDGEHOG_FUSED_MAP_GRAD where a
     gradient is): the one-pass kernels (kernels_forward.hedgehog_map_fused, and under autograd _HedgehogMap with
     hedgehog_map_backward) in eager mode where kernels serve x's device; else (and under torch.compile, functorch
-    transforms, modes) torch's passes."""
+    transforms, modes) torch's passes. ``key``: the map's launch key on the eager paths (linear_attention's call key
+    with which map and its precision: it fixes every launch argument's specialization), or None."""
     mode = dispatch.eager_mode(x, weight)
     if mode != "op" and dispatch.backend_for(x.device) == "kernel" and _fused_map_fits(x.shape[-1], weight.shape[-1]):
         on = fused if fused is not None else \
             configs.HEDGEHOG_FUSED_MAP if mode == "direct" else configs.HEDGEHOG_FUSED_MAP_GRAD
+        if key is not None:
+            key = (key, _map_precision(x.device))
         if on and mode == "direct":
-            return _fused_map(x, weight)
+            return _fused_map(x, weight, key)
         if on:
-            return _HedgehogMap.apply(x, weight)
+            return _HedgehogMap.apply(x, weight, None) if key is None else eager.apply(_HedgehogMap, x, weight, key)
     proj = torch.einsum("...hd,hdf->...hf", x.float(), weight.float())
     return torch.cat([proj.softmax(-1), (-proj).softmax(-1)], dim=-1).to(x.dtype)
 
@@ -240,14 +270,28 @@ def _backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native)
 
 
-def _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native):
-    p = plan(q, v, g, feature, chunk or None)
-    if kernels_backward_gla.takes(p, q, v, g, beta, feature):  # per-channel decay: configs_gla_bwd.GLA_BWD_PATH
+def _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chunk, native, key=None):
+    """``key``: the backward's launch key (eager.backward_key: the forward's key and the gradients' layouts), which
+    with ``native`` fixes every launch argument's specialization: the plans kept per key, the kernels launched by
+    it (KEYED_BACKWARD); None: planned and launched plainly."""
+    if key is not None:
+        key = (key, native)
+    p, gla = _BACKWARD_PLANS.memo(key, lambda: _backward_plans(q, v, g, beta, feature, chunk))
+    if gla:  # per-channel decay: configs_gla_bwd.GLA_BWD_PATH
         grads = kernels_backward_gla.run(p, do, q, k, v, g, h0, ht, dht, scale, native, chunk or None)
     else:
-        p = launch.backward_plan(p, q, v, g, feature, chunk or None)
-        grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native)
+        grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native, key=key)
     return tuple(_none_to_empty(t, v) for t in grads)
+
+
+_BACKWARD_PLANS = LRU(256)  # a backward's launch key -> (its plan, whether the GLA backward takes it)
+
+
+def _backward_plans(q, v, g, beta, feature, chunk):
+    p = plan(q, v, g, feature, chunk or None)
+    if kernels_backward_gla.takes(p, q, v, g, beta, feature):
+        return p, True
+    return launch.backward_plan(p, q, v, g, feature, chunk or None), False
 
 
 @_backward_op.register_fake
@@ -295,8 +339,9 @@ def _backward(ctx, do, dht, _do_lin):
     # term is added to dv after them
     native = configs.BWD_NATIVE_GRADS and d_skip is None
     # eager with nothing to record: the implementation (no custom op's host time); traced or create_graph: the op
+    key = eager.backward_key(ctx, du, dht) if KEYED_BACKWARD else None
     dq, dk, dv, dg, dbeta, dh0 = eager.backward_call(_backward_op, _backward_impl, du, q, k, v, g, beta, h0, lin_in,
-                                                     ht, dht, scale, feature, chunk, native)
+                                                     ht, dht, scale, feature, chunk, native, key=key)
     if d_skip is not None:
         dv = dv + du.float() * d_skip.float()
 
@@ -344,8 +389,20 @@ def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, fin
 # linear_attention
 
 
-def _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state, step: bool = False):
-    """Checks; returns (q, k, feature, scale) with Hedgehog's features applied (in torch)."""
+def _weights_items(weights) -> tuple | None:
+    """Hedgehog's feature_weights as items of a call's key: (W,) or (W_q, W_k); None (not keyed) for anything
+    else (the checks say what is wrong)."""
+    if type(weights) is torch.Tensor:
+        return (weights,)
+    if type(weights) in (tuple, list) and len(weights) == 2 and all(type(w) is torch.Tensor for w in weights):
+        return tuple(weights)
+    return None
+
+
+def _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state, step: bool = False,
+             apply_map: bool = True):
+    """Checks; returns (q, k, feature, scale) with Hedgehog's features applied (``apply_map``; else q and k as
+    given: a keyed call maps them itself)."""
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"{op}: feature_map must be None, 'based' or 'hedgehog'; got {feature_map!r}")
     B, N, Hqk, Dk = q.shape
@@ -379,7 +436,7 @@ def _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_st
         scale = 1.0 if feature_map == "hedgehog" else Dk ** -0.5
     else:
         scale = _real(op, "scale", scale)
-    if feature_map == "hedgehog":
+    if feature_map == "hedgehog" and apply_map:
         q, k = hedgehog_map(q, wq), hedgehog_map(k, wk)
     return q, k, (BASED if feature_map == "based" else IDENTITY), scale
 
@@ -416,15 +473,16 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     the chunked form on torch's CPU ops in float32.
     """
     op = "linear_attention"
-    # a CUDA call seen before skips the checks (Hedgehog's map runs torch ops on q and k, a tensor scale is
-    # read each call: never keyed)
+    # a CUDA call seen before skips the checks (a tensor scale is read each call: never keyed). Hedgehog's weights
+    # join the key where KEYED_HEDGEHOG says (their maps then run each call, by key), else it is never keyed
+    weights = () if feature_weights is None else _weights_items(feature_weights) if KEYED_HEDGEHOG else None
     key = _FORWARD_KEY(q, k, v, decay, initial_state, feature_map, scale, return_final_state is True,
-                    return_final_state is False, chunk_size) \
-        if feature_weights is None and not isinstance(scale, torch.Tensor) else None
+                    return_final_state is False, chunk_size, *weights) \
+        if weights is not None and not isinstance(scale, torch.Tensor) else None
     if key is not None:
         key = ("linear_attention", key)
-        if tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES:  # the key's kept Gluon launch (its second
-            # call on): no checks, plan or flags
+        if tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES and not weights:  # the key's kept Gluon
+            # launch (its second call on): no checks, plan or flags
             prepared = launch.GLUON_FORWARDS.get(key)
             if prepared and dispatch.eager_mode(q, k, v, decay, initial_state) == "direct":
                 o, ht = prepared(q, k, v, initial_state)
@@ -435,12 +493,16 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
         _check_chunk(op, chunk_size)
         if not isinstance(return_final_state, bool):
             raise TypeError(f"{op}: return_final_state must be True or False; got {return_final_state!r}")
-        return _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state)
+        return _prepare(op, q, k, v, feature_map, feature_weights, decay, scale, initial_state,
+                        apply_map=key is None)
 
     if key is None:
         q, k, feature, scale = check()
     else:
         feature, scale = _CHECKED.memo(key, lambda: check()[2:])
+        if weights:  # (the checks passed: one weight or a pair of them, Hedgehog's)
+            wq, wk = weights if len(weights) == 2 else weights * 2
+            q, k = hedgehog_map(q, wq, key=(key, "q")), hedgehog_map(k, wk, key=(key, "k"))
     o, ht = _run(q, k, v, decay, None, None, None, initial_state, scale, feature, chunk_size, return_final_state,
                  key=key)
     return (o, ht) if return_final_state else o
