@@ -1,19 +1,253 @@
 """Attention forward with rotary embeddings turned inside the Hopper kernel (issue 37).
 
 ``forward(q, k, v, cos, sin, ...)`` is attention(rotary(q), rotary(k), v) without a pass of its own
-over Q or K: K is turned in shared memory as each stage arrives, Q once a tile.
+over Q or K. The attention forward of gluon_kernels.py runs on the tiles template with a transform
+partition (``pipeline.Transform``, a warpgroup of its own): each K block, once its TMA has arrived in
+a stage, is turned there in place by its keys' angles,
+
+    a' = a cos - b sin,    b' = b cos + a sin       (pairs (i, i + R), fp32, rounded once)
+
+(ld.shared, cos and sin rows by global loads: L2-resident, st.shared, fenced for wgmma), and the
+consumers take the stage from it. Each consumer turns its Q block the same way once a tile, in its
+own buffer, before the tile's first S. Every thread holds both elements of its pairs, so turning in
+place is safe. The consumers give the transform its registers (CONSUMER_REGS 216 here, 232 without;
+Q stays in shared memory).
 
 Conventions (as ``tilecore.apply_rotary``): q (B, H, N, D), k and v (B, Hkv, Nk, D); cos, sin
-(max_seqlen, rotary_dim / 2); key j is at position j, query i at i + Nk - N; the pairs are (i, i + R)
-(half-split, NeoX / Llama), R = rotary_dim / 2.
+(max_seqlen, rotary_dim / 2), any float dtype; key j is at position j, query i at i + Nk - N (so
+N <= Nk, max_seqlen >= Nk); the pairs are (i, i + R) (half-split, NeoX / Llama), R = rotary_dim / 2,
+features past 2R pass through. Taken: D 64 and 128, rotary_dim any multiple of 32 up to D; bf16 and
+fp16; causal, windows and softcaps as the shipped forward. Not taken (NotImplementedError): the
+interleaved (GPT-J) layout, MLA's 192 / 128, three consumer warpgroups (D64 runs two).
 """
-from __future__ import annotations
 
 import torch
+from triton.experimental import gluon
+
+from tilecore import dispatch
+from tilecore.ops.attention import configs
+from tilecore.ops.attention.gluon_kernels import Attention, KV
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon.compat import fence_async_shared, gl
+from tilecore.tiles.gluon.pipeline import Transform
+from tilecore.tiles.launch import CachedLaunch
+
+
+
+@gluon.jit
+def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
+              ROWS: gl.constexpr):
+    """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
+    the pairs (i, i + R), i < R, by the angles of cos and sin's row of that position (positions outside
+    [0, n_max) read nothing and turn to 0: rows TMA filled with zeros). ROWS rows at a time, 16-byte
+    vectors, the next rows' cos and sin loaded before this rows' turn."""
+    BLOCK_ROWS: gl.constexpr = buf.shape[0]
+    COL_THREADS: gl.constexpr = R // 8 if R // 8 <= 32 else 32  # 8 features (16 bytes) a thread
+    ROW_THREADS: gl.constexpr = 32 // COL_THREADS
+    gl.static_assert(ROWS % (ROW_THREADS * gl.num_warps()) == 0 and BLOCK_ROWS % ROWS == 0,
+                     "ROWS: a multiple of the rows the partition's threads cover, dividing the block's")
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [ROW_THREADS, COL_THREADS], [gl.num_warps(), 1], [1, 0])
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(0, layout)), 0)
+    pos = first_pos + rows
+    ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
+    cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
+    sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
+    for c in gl.static_range(BLOCK_ROWS // ROWS):
+        if c + 1 < BLOCK_ROWS // ROWS:  # the next rows' angles, in flight under this turn
+            pos = first_pos + (c + 1) * ROWS + rows
+            ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
+            next_cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
+            next_sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
+        chunk = buf.slice(c * ROWS, ROWS, dim=0)
+        lo = chunk.slice(0, R, dim=1)
+        hi = chunk.slice(R, R, dim=1)
+        a = lo.load(layout).to(gl.float32)
+        b = hi.load(layout).to(gl.float32)
+        cs = cos.to(gl.float32)
+        sn = sin.to(gl.float32)
+        lo.store((a * cs - b * sn).to(buf.dtype))
+        hi.store((b * cs + a * sn).to(buf.dtype))
+        if c + 1 < BLOCK_ROWS // ROWS:
+            cos = next_cos
+            sin = next_sin
+
+
+@struct
+class RotaryAttention:
+    """The rotary forward's op: attention's (``attn``, whose callbacks it passes on) with Q and K
+    turned: ``start`` turns a consumer's Q rows, ``turn`` (the transform partition) a stage's K block."""
+    attn: object
+    cos: object
+    sin: object
+    cos_stride: object
+    sin_stride: object
+    n_max: object  # cos's and sin's rows
+    R: gl.constexpr  # pairs a row: rotary_dim / 2
+    TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
+
+    @gluon.jit
+    def setup(self, tile_id):
+        return self.attn.setup(tile_id)
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step, prev=None):
+        self.attn.load(stage, bar, tile, step, prev)
+
+    @gluon.jit
+    def load_tile(self, q_smem, bar, tile, consumer):
+        self.attn.load_tile(q_smem, bar, tile, consumer)
+
+    @gluon.jit
+    def initial(self, ctx):
+        return self.attn.initial(ctx)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        """This consumer's Q rows turned in its buffer (query i at position i + Nk - N), made visible to
+        wgmma, then attention's start."""
+        a = self.attn
+        q = ctx.operand.reshape([a.BM, a.D])
+        first = tile.first + ctx.index * a.BM
+        turn_rows(q, first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride, self.sin_stride, self.n_max, self.R,
+                  self.TURN_ROWS)
+        fence_async_shared()
+        gl.thread_barrier()
+        return a.start(ctx, tile, prev)
+
+    @gluon.jit
+    def turn(self, ctx, stage, tile, step):
+        """The stage's K block turned (key j at position j); a stage whose K goes unused (a tile's last
+        P V step, the carried tail) is passed on as it is."""
+        a = self.attn
+        if step < tile.n_blocks:
+            k_block = step
+            if a.WINDOW:
+                k_block += tile.first_block
+            turn_rows(stage.k.reshape([a.BN, a.D]), k_block * a.BN, self.cos, self.sin, self.cos_stride,
+                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS)
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        return self.attn.compute(ctx, st, stage, tile, step)
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return self.attn.wait(ctx, st)
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        self.attn.finish(ctx, st, tile)
+
+
+@gluon.jit
+def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr, sin_ptr, cos_stride, sin_stride,
+                                n_max, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, schedule, left, right,
+                                tanh_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
+                                Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
+                                Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                                SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
+                                TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
+                                TURN_REGS: gl.constexpr = 56):
+    """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
+    turned in the kernel (the module docstring)."""
+    CONSUMERS: gl.constexpr = 2
+    gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
+    gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
+    BM: gl.constexpr = o_desc.block_type.shape[2]
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    D: gl.constexpr = k_desc.block_type.shape[3]
+    DV: gl.constexpr = v_desc.block_type.shape[3]
+    gl.static_assert(q_desc.block_type.shape[2] == BM and DV == D, "a consumer's Q rows; v's head dim q's")
+    gl.static_assert(2 * R <= D and R % 16 == 0, "rotary_dim: a multiple of 32 up to D")
+    attn = Attention(q_desc, k_desc, v_desc, o_desc, lse_ptr, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, left,
+                     right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
+                     wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
+                     wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS)
+    # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512 (64K a SM)
+    PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
+    gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                    LATE_RELEASE=0, CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS),
+                    schedule=schedule, transform=Transform(TURN_WARPS, TURN_REGS))
+    run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
+
+
+# --------------------------------------------------------------------------------------------
+# the launch
+
+ROTARY_FWD = CachedLaunch(attention_rotary_fwd_kernel)
+
+
+def rotary_config(d: int, n: int, nk: int, causal: bool) -> dict:
+    """The shipped forward's configuration (configs.gluon_forward_config) with two consumers and Q in
+    shared memory (the transform takes the registers of a third consumer, and of Q's: at 216 a thread
+    Q in registers spills)."""
+    cfg = configs.gluon_forward_config(d, n, nk, causal)
+    if cfg.get("consumers", 2) != 2:
+        cfg.update(consumers=2, q_buffers=2)
+    cfg["q_regs"] = False
+    return cfg
+
+
+def rows_at_a_time(r: int) -> int:
+    """Rows the transform's 4 warps turn at a time: as many as they cover with 8 features (16 bytes) a
+    thread in each half of the pairs, 1024 / R."""
+    return 1024 // r
+
+
+def check(q, k, v, cos, sin, interleaved: bool) -> None:
+    """What forward takes, or a clear error."""
+    B, H, N, D = q.shape
+    Nk = k.shape[2]
+    if interleaved:
+        raise NotImplementedError("the in-kernel rotary forward takes the half-split layout (interleaved=False)")
+    if D not in (64, 128) or k.shape[3] != D or v.shape[3] != D:
+        raise NotImplementedError(f"the in-kernel rotary forward takes q, k and v of head dim 64 or 128; got "
+                                  f"{D}, {k.shape[3]}, {v.shape[3]}")
+    if cos.dim() != 2 or cos.shape != sin.shape:
+        raise ValueError(f"cos and sin: (max_seqlen, rotary_dim / 2) each; got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
+    R = cos.shape[1]
+    if 2 * R > D or R % 16:
+        raise ValueError(f"rotary_dim (2 x cos.shape[1] = {2 * R}): a multiple of 32 up to the head dim {D}")
+    if N > Nk:
+        raise ValueError(f"rotary in the kernel puts query i at position i + Nk - N: N ({N}) must not exceed Nk ({Nk})")
+    if cos.shape[0] < Nk:
+        raise ValueError(f"cos and sin have {cos.shape[0]} rows, fewer than the {Nk} positions of the keys")
+    if cos.stride(1) != 1 or sin.stride(1) != 1:
+        raise ValueError("cos and sin: unit stride along rotary_dim / 2")
 
 
 def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool = False, window=(-1, -1),
             softcap: float = 0.0, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of attention(rotary(q), rotary(k), v): out (B, H, N, D) contiguous in q's dtype, lse
-    (B, H, N) float32, as the shipped forward's launch (launch.outputs) gives them."""
-    raise NotImplementedError("gluon_rotary.forward: the in-kernel rotary forward is being written (issue 37)")
+    (B, H, N) float32, as the shipped forward's launch (launch.outputs) gives them. Hopper with Gluon
+    only (the caller routes other devices to apply_rotary and the shipped forward)."""
+    from tilecore.ops.attention.kernels_tl import mask_options, score_options
+    from tilecore.ops.attention.launch import gluon_softcap, head_operand, run as run_plan
+    from tilecore.ops.attention.plan import plan_forward
+
+    check(q, k, v, cos, sin, interleaved)
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    windowed = tuple(window) != (-1, -1)
+    cfg = rotary_config(D, N, Nk, causal and not windowed)
+    plan = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, window=window, softcap=softcap,
+                        sm_margin=sm_margin)
+    cfg = plan.config
+    out = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    block_m, block_n = cfg["block_m"], cfg["block_n"]
+    masks, left, right = mask_options(causal, window, N, Nk)
+    _, scale_log2e, tanh_scale = score_options(scale, softcap)
+    with dispatch.on_device(q.device):
+        run_plan(ROTARY_FWD, plan, plan.grid,
+                 (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
+                  head_operand(out, block_m), lse, cos, sin, cos.stride(0), sin.stride(0), cos.shape[0], H, N, Nk,
+                  H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
+                 dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
+                      Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
+                      Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1]), num_warps=4))
+    return out, lse
