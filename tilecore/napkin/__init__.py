@@ -9,7 +9,8 @@ units, GPU presets, calibration), engine (relabel a diagram with levels, cost it
 model: its step chain per implementation), closed_forms
 (the paper's formulas), render (pseudocode, cost table, pictures, explain), validate (predicted vs
 measured), rewrite (the planner's rewrites: online softmax, epilogue fusion, split-K / flash-decoding),
-compile (a diagram's fused plan as Triton source; tilecore.ops.napkin_compiled runs it).
+compile (a diagram's fused plan as Triton source; tilecore.ops.napkin_compiled runs it), rotary
+(apply_rotary's pass and rotary turned inside the attention forward).
 """
 from . import backward, closed_forms, models, rewrite
 from .backward import attention_backward_time

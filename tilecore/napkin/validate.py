@@ -517,6 +517,42 @@ def feature_backwards(path: Path = FEATURE_RUN) -> list:
     return out
 
 
+# issue 37's rotary: the standalone pass's timed rows (session 24, H100: B16 N4096 H32 D128 bf16), and the
+# in-kernel rotary forward's run (gpu_rotary_kernel.py's JSON) once one is committed (None: predictions only)
+ROTARY_RUN = ROOT / "notes" / "norm" / "runs" / "norm_rotary_gpu_check_session24_h100.json"
+FUSED_ROTARY_RUN = None
+
+
+def rotary_section() -> list:
+    """Markdown lines: apply_rotary's rows of ROTARY_RUN beside models.rotary's time on the H100 calibrated
+    with that run's copy of the same bytes; the fused forward's predicted overhead (rotary.fused_table),
+    beside FUSED_ROTARY_RUN's measured one where it is set."""
+    from .rotary import fused_table, standalone_time
+    lines = []
+    if Path(ROTARY_RUN).exists():
+        run = json.loads(Path(ROTARY_RUN).read_text())
+        lines += ["", f"### Rotary (issue 37): apply_rotary, {Path(ROTARY_RUN).relative_to(ROOT)}", "",
+                  "| case | measured ms | % of copy | predicted ms | predicted % of copy | pred/meas (speed) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in run["time"]:
+            m = re.match(r"rotary (\w+) B(\d+) N(\d+) H(\d+) D(\d+)", r["case"])
+            if not m:
+                continue
+            b, n, h, d = (int(v) for v in m.groups()[1:])
+            nbytes = 2 * b * n * h * d * 2  # x read and written, bf16
+            gpu = H100.calibrated(copy_bytes_per_s=nbytes / (r["copy_ms"] * 1e-3), label="this run's copy")
+            t = standalone_time(b, n, h, d, gpu=gpu) * 1e3
+            lines.append(f"| {r['case']} | {r['ms']:.3f} | {r['pct_of_copy']:.1f}% | {t:.3f} | "
+                         f"{100 * r['copy_ms'] / t:.1f}% | {r['ms'] / t:.2f} |")
+    measured = None
+    if FUSED_ROTARY_RUN and Path(FUSED_ROTARY_RUN).exists():
+        measured = {r["case"]: r for r in json.loads(Path(FUSED_ROTARY_RUN).read_text())["timing"]}
+    lines += ["", "### Rotary turned inside the attention forward (gluon_rotary.py), B16 H16 N4096 bf16, rotary_dim D: "
+              "the predicted overhead over the forward without rotary (tilecore.napkin.rotary.fused_overhead; "
+              "target <= 3%)" + ("" if measured else "; no run committed yet"), "", fused_table(measured)]
+    return lines
+
+
 def table(root: Path = RESULTS) -> str:
     preds = predict_all(root)
     ops = sorted({p.op for p in preds})
@@ -543,6 +579,8 @@ def table(root: Path = RESULTS) -> str:
                   "| case | implementation | measured ms | predicted ms | pred/meas (speed) | cause |",
                   "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {c} | {i} | {m:.3f} | {t:.3f} | {m / t:.2f} | {cause} |" for c, i, m, t, cause in feats]
+    if Path(root) == RESULTS:
+        lines += rotary_section()
     lines += ["", "### Every row", "",
               "| file | op | series | params | metric | measured | predicted | pred/meas | bound | cause |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
