@@ -26,8 +26,9 @@ The template's parts:
 With two stages the producer loads tile t + 1 while the consumers compute tile t, and the two consumers are two
 chains an SM (the tl kernel's two programs an SM, without its waits on loads). Conditions (``fits``, and the flat
 launch's: Hopper, every view TMA-aligned): N a multiple of BT, Dv = 64 or 128, Dk a multiple of 2 BKB; the launcher
-falls back to the tl kernels elsewhere. Gluon does not run in the interpreter: tests/linear_attention/test_gla_bwd_gluon_compile.py
-compiles it for sm_90a, experiments/linear_attention/gpu_gla_gluon_s36.py checks it on the GPU against float64."""
+falls back to the tl kernels elsewhere. Gluon does not run in the interpreter:
+tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
+experiments/linear_attention/gpu_gla_gluon_s36.py checks it on the GPU against float64."""
 import torch
 from triton.experimental import gluon
 

@@ -1,0 +1,96 @@
+"""The GLA backward's Gluon dq / dk kernel (gluon_gla_bwd.gla_dqk_gluon_kernel, CHUNKED dqk_gluon): where the launcher
+routes to it, and that it compiles for sm_90a on this GPU-less machine (TMA loads, wgmma not serialized, mbarriers,
+two consumer warpgroups and a producer warp, within Hopper's 227 KiB of shared memory). Gluon does not run in Triton's
+interpreter: its tl twin, gla_dqk_flat_kernel (the same chunk formulas, the same outputs and flags), is checked against
+float64 there (test_gla_backward_dqk.py -k flat), and experiments/linear_attention/gpu_gla_gluon_s36.py checks this
+kernel on the GPU against float64."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import dispatch
+from tilecore.ops.linear_attention import gluon_gla_bwd
+from tilecore.ops.linear_attention import kernels_backward_gla_chunked as kc
+from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+
+META = torch.device("meta")  # described as an H100 inside dispatch.pretend
+
+
+def _dqk_step(D, N=256, dtype=torch.bfloat16, **over):
+    """The dqk common launch's (kernel name, options) that backward plans for an H100 at B1 H2 N Dk = Dv = D."""
+    q = torch.empty(1, N, 2, D, dtype=dtype, device=META)
+    g = torch.empty(1, N, 2, D, device=META)
+    s = torch.empty(1, 2, D, D, device=META)
+    steps = []
+    with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
+        kc.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1, steps=steps, **over)
+    step = next(st for st in steps if st[0] == "dqk0w")
+    kernel = step[1]
+    return getattr(kernel, "__name__", None) or kernel.fn.__name__, step[4]
+
+
+def test_gluon_dqk_where_switched_on_and_it_fits():
+    """dqk_gluon n: the Gluon kernel at d 128 and d 64 (a ring of n stages, the flat launch's places) in bf16 and
+    fp16 (the factor span 64 / 8, the tl kernels' rule); elsewhere the tl launches: off, N not a multiple of the
+    chunk, d 32 (one key block: no pair), the flat launch off."""
+    for D in (128, 64):
+        name, kw = _dqk_step(D, dqk_gluon=2)
+        assert name == "gla_dqk_gluon_kernel" and kw["STAGES"] == 2 and kw["SPAN"] == 64.0, (D, kw)
+        assert kw["num_warps"] == 4 and kw["num_tiles"] == 2 * (256 // 64) * (D // 64), kw
+        assert _dqk_step(D, dtype=torch.float16, dqk_gluon=3)[1]["SPAN"] == 8.0
+        assert _dqk_step(D)[0] == "gla_dqk_flat_kernel"  # (configs': off)
+    for case in (dict(D=128, N=1000), dict(D=32), dict(D=128, dqk_flat=0)):
+        assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
+
+
+def test_fits_says_why_not():
+    x = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device=META)
+    s = torch.empty(1, 2, 2, 128, 128, dtype=torch.bfloat16, device=META)
+    g = torch.empty(1, 128, 2, 128, device=META)
+    assert gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 64, 32) is None
+    assert "multiple of the chunk" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 100, 64, 32)
+    assert "chunk 32" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 32, 32)
+    x96 = torch.empty(1, 128, 2, 96, dtype=torch.bfloat16, device=META)
+    assert "head dims" in gluon_gla_bwd.fits(x96, x96, x96, g, x96, s, s, 128, 64, 32)
+    x32 = x.float()
+    assert "16-bit" in gluon_gla_bwd.fits(x32, x32, x32, g, x32, s, s, 128, 64, 32)
+
+
+CODE = """
+import json, sys
+from tilecore.ops.linear_attention.gluon_gla_bwd import compile_report
+print(json.dumps(compile_report(int(sys.argv[1]), int(sys.argv[2]))))
+"""
+
+# bytes ptxas spills (sm_90a, triton 3.6.0): a few loop-invariant scalars of the consumers (the op's sizes and bases),
+# stored once a program and reloaded a few times a tile; the chain's tiles stay in registers (their wgmma
+# accumulators are not serialized)
+SPILLS_ALLOWED = 160
+
+
+@pytest.fixture(scope="module")
+def reports():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    cases = ((128, 2), (64, 3))
+    procs = {c: subprocess.Popen([sys.executable, "-c", CODE, *map(str, c)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env) for c in cases}
+    out = {}
+    for c, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[c] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("case", [(128, 2), (64, 3)])
+def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
+    r = reports[case]
+    assert r["tma"] and r["wgmma"] and r["mbarrier"], r
+    assert not r["wgmma_serialized"], r
+    assert r["threads"] == 384, r  # two consumer warpgroups and the producer's warp
+    assert r["shared"] <= 227 * 1024, r
+    assert r["spill_bytes"] <= SPILLS_ALLOWED, r
