@@ -13,8 +13,12 @@ at ``--deadline`` seconds. Writes $OUT/host_rows.json after each row; prints a s
 --ab-rows NAME,NAME (first): those rows with tiles.launch.OP_RECIPES on and off (keep_op_recipes), ``--ab-rounds``
 interleaved rounds (the order alternating), medians; the outputs of the recipe's calls (on) against the general
 path's (off), bit for bit, and calls 1..10 with it on. Session 35: hadamard_quantize's per-key recipe.
+--ab-switch MODULE:NAME: that module switch in place of OP_RECIPES (tilecore.tiles.switches.patched), e.g.
+tilecore.ops.fft_conv.op:RECORDED_RECIPES (session 36).
 """
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import statistics
@@ -49,16 +53,40 @@ def _same(a, b) -> bool:
         for x, y in zip(a, b))
 
 
-def ab_recipes(name, ours, peer, rounds, calls) -> dict:
-    """OP_RECIPES on vs off for one row: medians over interleaved rounds, and the same bits both ways."""
+def switch_setter(spec: str):
+    """(set(on), restore()) for --ab-switch MODULE:NAME (a with-block of switches.patched held open), or for
+    OP_RECIPES where ``spec`` is empty."""
     from tilecore.tiles import launch as tiles_launch
+    from tilecore.tiles.switches import patched
 
+    if not spec:
+        return tiles_launch.keep_op_recipes, lambda: tiles_launch.keep_op_recipes(True)
+    module_name, name = spec.split(":")
+    module = importlib.import_module(module_name)
+    held = []
+
+    def restore():
+        while held:
+            held.pop().close()
+
+    def set_(on: bool):
+        restore()
+        stack = contextlib.ExitStack()
+        stack.enter_context(patched(module, **{name: on}))
+        held.append(stack)
+    return set_, restore
+
+
+def ab_recipes(name, ours, peer, rounds, calls, switch: str = "") -> dict:
+    """OP_RECIPES (or ``switch``, MODULE:NAME) on vs off for one row: medians over interleaved rounds, and the same
+    bits both ways."""
+    keep, restore = switch_setter(switch)
     row = {}
     try:
-        tiles_launch.keep_op_recipes(False)
+        keep(False)
         host_time.RESETS.get(name, lambda: None)()
         off = _tensors(ours())
-        tiles_launch.keep_op_recipes(True)
+        keep(True)
         ons = []
         for _ in range(10):  # the key's first call with the switch on makes the recipe; the rest use it
             host_time.RESETS.get(name, lambda: None)()
@@ -68,7 +96,7 @@ def ab_recipes(name, ours, peer, rounds, calls) -> dict:
         t = {"on": [], "off": [], "torch": []}
         for r in range(rounds):
             for setting in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                tiles_launch.keep_op_recipes(setting == "on")
+                keep(setting == "on")
                 t[setting].append(host_time.per_call_us(ours, calls))
             t["torch"].append(host_time.per_call_us(peer, calls))
         row["rounds_us"] = {k: [round(x, 1) for x in v] for k, v in t.items()}
@@ -76,7 +104,7 @@ def ab_recipes(name, ours, peer, rounds, calls) -> dict:
     except Exception as err:  # noqa: BLE001
         row["error"] = f"{type(err).__name__}: {err}"[:400]
     finally:
-        tiles_launch.keep_op_recipes(True)
+        restore()
     return row
 
 
@@ -90,6 +118,7 @@ def main():
     ap.add_argument("--deadline", type=float, default=55.0)
     ap.add_argument("--ab-rows", default="", help="rows timed with OP_RECIPES on and off first (comma-separated)")
     ap.add_argument("--ab-rounds", type=int, default=5)
+    ap.add_argument("--ab-switch", default="", help="MODULE:NAME: the switch --ab-rows time on and off (OP_RECIPES)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
     start = time.perf_counter()
@@ -105,10 +134,10 @@ def main():
                   torch=torch.__version__, calls=a.calls, rounds=a.rounds, ab={}, rows={})
     for name in [r for r in a.ab_rows.split(",") if r]:
         ours, peer = table[name]
-        result["ab"][name] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls)
+        result["ab"][name] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls, a.ab_switch)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
-        print(f"A/B OP_RECIPES {name}: {json.dumps(result['ab'][name])}", flush=True)
+        print(f"A/B {a.ab_switch or 'OP_RECIPES'} {name}: {json.dumps(result['ab'][name])}", flush=True)
     for name in names:
         if time.perf_counter() - start > a.deadline:
             result["rows"][name] = "skipped: deadline"
@@ -155,7 +184,7 @@ def main():
         if "error" in row:
             print(f"A/B {name}: ERROR {row['error'][:100]}")
         else:
-            print(f"A/B {name}: recipes on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch {row['torch_us']:.1f}), "
+            print(f"A/B {name}: {a.ab_switch or 'recipes'} on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch {row['torch_us']:.1f}), "
                   f"{row['on_us'] / row['off_us']:.2f}x; same bits on vs off {row['same_bits_on_vs_off']}, "
                   f"calls 1..10 {row['same_bits_calls_1_10_on']}")
     print(f"{result.get('seconds', 0):.1f} s; {path}")

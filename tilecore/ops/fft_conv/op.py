@@ -154,7 +154,24 @@ _spectrum_op.register_autograd(_spectrum_backward, setup_context=_spectrum_setup
 
 
 def _filter_impl(u, k, key=None):
+    """The filter form's forward. With a key (an eager call recording a gradient: _FilterFunction) and
+    RECORDED_RECIPES, by the key's _GluonConv where one is kept (made here or by a plain call of the key), the
+    general path else."""
+    if key is not None and RECORDED_RECIPES and tiles_launch.BIND_KEYED_LAUNCHES:
+        prepared = _GLUON_CONVS.get(key)
+        if prepared:
+            return prepared(u, k)
+        y = _conv_impl(u, _spectrum(k, u.shape[-1]), False, key=key)
+        if key not in _GLUON_CONVS:
+            _GLUON_CONVS.put(key, _GluonConv.of(key, u, k, y))
+        return y
     return _conv_impl(u, _spectrum(k, u.shape[-1]), False, key=key)
+
+
+# an eager filter-form call recording a gradient launches by the key's _GluonConv (issue 31's host time: the
+# general path's plan, spectrum layout, operands and keyed hit each call otherwise); the same launch as the
+# plain call's recipe. Read each call
+RECORDED_RECIPES = False
 
 
 @torch.library.custom_op("tilecore::fft_conv", mutates_args=())

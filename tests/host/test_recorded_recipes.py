@@ -1,0 +1,82 @@
+"""Per-key recipes for eager calls that record a gradient (issue 31's host time, session 36): fft_conv's filter form
+under autograd launches by the key's _GluonConv (fft_conv op.RECORDED_RECIPES) what its general path launches. The
+Gluon kernel cannot be interpreted: its launches are recorded, the plan stands in for the H100's."""
+import torch
+
+from host_testing import cpu_signature
+from tilecore import dispatch
+from tilecore.ops.fft_conv import launch as conv_launch
+from tilecore.ops.fft_conv import op as fft_op
+from tilecore.ops.fft_conv import plan as conv_plan
+from tilecore.tiles import launch
+from tilecore.tiles.switches import patched
+
+
+def _signature(*items):
+    return cpu_signature(*items, scalars=(bool, int, float, str))
+
+
+def _clear():
+    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
+        cache.clear()
+
+
+def test_fft_conv_recorded_calls_launch_by_the_recipe_what_the_general_path_launches(monkeypatch):
+    """Three recorded-gradient calls of one key with RECORDED_RECIPES on (the first general and keeping the recipe,
+    the rest through it) against the same calls unkeyed: the same kernel, grid, options and arguments (u itself, y
+    fresh, the same spectrum, tables and strides; the descriptors of the same views); the recipe's calls make no
+    plan. Off, the key keeps no recipe from recorded calls."""
+    calls, plans = [], []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: plans.append(n) or gluon)
+    monkeypatch.setattr(fft_op, "signature", _signature)
+    _clear()
+    torch.manual_seed(6)
+    B, H, n = 4, 2, 1024
+    inputs = [(torch.randn(B, H, n).to(torch.bfloat16).requires_grad_(), torch.randn(H, 300).requires_grad_())
+              for _ in range(3)]
+    with patched(fft_op, RECORDED_RECIPES=False):
+        fft_op.fft_conv(*inputs[0])
+        assert len(fft_op._GLUON_CONVS) == 0
+    _clear()
+    with patched(fft_op, RECORDED_RECIPES=True):
+        calls.clear()
+        for i, (u, k) in enumerate(inputs):
+            plans.clear()
+            y = fft_op.fft_conv(u, k)
+            assert y.grad_fn is not None and y.shape == u.shape and y.dtype == u.dtype
+            assert len(plans) == (1 if i == 0 else 0)  # (the recipe's calls: no plan)
+        assert len(fft_op._GLUON_CONVS) == 1 and next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+        keyed = calls[:]
+        monkeypatch.setattr(fft_op, "signature", lambda *items: None)
+        for u, k in inputs:
+            fft_op.fft_conv(u, k)
+    plain = calls[len(keyed):]
+    assert len(keyed) == len(plain) == 3
+    for (u, k), (key0, grid0, args0, kw0), (key1, grid1, args1, kw1) in zip(inputs, plain, keyed):
+        assert key0 is None and key1[1:] == (False, False)
+        assert tuple(grid0) + (1,) * (3 - len(grid0)) == tuple(grid1) + (1,) * (3 - len(grid1))
+        assert len(args0) == len(args1) and args1[0] is u and set(kw0) == set(kw1)
+        for a, b in zip(args0, args1):
+            if isinstance(a, torch.Tensor):
+                assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+                assert a is args0[2] or torch.equal(a, b)  # (y: fresh each call)
+            else:
+                assert a == b
+        for name in kw0:
+            a, b = kw0[name], kw1[name]
+            if isinstance(a, launch.TmaOperand):
+                assert (a.shape, a.strides, a.block_shape, a.layout) == (b.shape, b.strides, b.block_shape, b.layout)
+                assert (a.base is u) == (b.base is u)
+            else:
+                assert a == b
+    _clear()
