@@ -281,6 +281,8 @@ def _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chu
         grads = kernels_backward_gla.run(p, do, q, k, v, g, h0, ht, dht, scale, native, chunk or None)
     else:
         grads = launch.backward(p, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, native=native, key=key)
+    if key is not None:  # (an eager backward: its caller takes None for an absent gradient, no empty tensor made)
+        return grads
     return tuple(_none_to_empty(t, v) for t in grads)
 
 
