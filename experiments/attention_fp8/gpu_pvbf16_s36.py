@@ -7,7 +7,8 @@ forward, end to end from bf16, in the same run. Target: >= 1.2x bf16 at causal D
     PYTHONPATH=. python3 experiments/attention_fp8/gpu_pvbf16_s36.py [--budget 56] [--smoke] [--confirm]
 
 Forms (switches.patched(configs, ROTATED=...)): "q3" (shipped), "pv" (pv_bf16: D128 2 stages, D64 3), "pv1" (pv with
-1 bf16 Q buffer a consumer at D128).
+1 bf16 Q buffer a consumer at D128), "qr" (q_reg: q's codes kept in registers as S's operand, the kernel's Q_REG, v per
+block as shipped), "pvqr" (both).
 
 1. D128 causal B16 H16 N4096: O of each form against float64 attention of the bf16 inputs on a slice (error as a
    multiple of the bf16 rounding floor; all finite), then timings: end to end eager (triton.testing.do_bench medians)
@@ -66,7 +67,8 @@ def main():
               "notes": []}
     shipped = dict(configs.ROTATED)
     pv = {64: 3, 128: 2}
-    forms = {"q3": shipped, "pv": dict(shipped, pv_bf16=pv), "pv1": dict(shipped, pv_bf16=pv, q_buffers={128: 1})}
+    forms = {"q3": shipped, "pv": dict(shipped, pv_bf16=pv), "pv1": dict(shipped, pv_bf16=pv, q_buffers={128: 1}),
+             "qr": dict(shipped, q_reg=(64, 128)), "pvqr": dict(shipped, pv_bf16=pv, q_reg=(64, 128))}
 
     def save():
         with open(path, "w") as f:
@@ -145,8 +147,13 @@ def main():
                     cfg_pv = launch.rotated_q_config(D, causal, True)
                 kern = {"kernel_q3": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype)),
+                        "kernel_qr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
+                                                                            q.dtype, q_reg=True)),
                         "kernel_pv": bench(lambda: launch.forward_q_rotated(q, signs, k8, v, ks, None, causal,
                                                                             D ** -0.5, q.dtype, config=cfg_pv)),
+                        "kernel_pvqr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v, ks, None, causal,
+                                                                              D ** -0.5, q.dtype, config=cfg_pv,
+                                                                              q_reg=True)),
                         "k_pass": bench(lambda: rotate_quantize(k, signs=signs, scales="block")),
                         "v_pass": bench(lambda: quantize_v_permuted(v, per="block"))}
                 row["parts_ms"] = kern
@@ -159,8 +166,8 @@ def main():
         result["e2e"].append(row)
         save()
 
-    def tail(Dt, causal_t):
-        """2. the pv kernel against its twin on a GQA tail."""
+    def tail(Dt, causal_t, form="pvqr"):
+        """2. a form's kernel against its twin on a GQA tail."""
         try:
             Bt, Hq, Hkv, Nt, Nkt = (1, 4, 2, 100, 200) if smoke else (2, 8, 2, 1008, 1104)
             g = torch.Generator(device=dev).manual_seed(3 + Dt)
@@ -168,13 +175,20 @@ def main():
             kt = torch.randn(Bt, Hkv, Nkt, Dt, device=dev, generator=g).to(dt)
             vt = (torch.randn(Bt, Hkv, Nkt, Dt, device=dev, generator=g)
                   * torch.logspace(-2, 2, Nkt, device=dev)[:, None]).to(dt)
-            o, lse = run_form("pv", qt, kt, vt, causal=causal_t, return_lse=True)
+            o, lse = run_form(form, qt, kt, vt, causal=causal_t, return_lse=True)
             o_ship = run_form("q3", qt, kt, vt, causal=causal_t)
             signs = rotation_signs(Dt, qt.device)
             q8, qs = rotate_quantize_rows(qt, signs)
             k8, ks = rotate_quantize(kt, signs=signs, scales="block")
-            emu, lse_emu = attention_fp8_emulated(q8, k8, vt, qs, ks, torch.ones(Bt, Hkv, device=dev),
-                                                  causal=causal_t, p_linear=2)
+            if form.startswith("pv"):  # v as given, P's bfloat16 code
+                emu, lse_emu = attention_fp8_emulated(q8, k8, vt, qs, ks, torch.ones(Bt, Hkv, device=dev),
+                                                      causal=causal_t, p_linear=2)
+            else:  # v per 128-key block as the shipped form quantizes it, P's e4m3 code
+                from tilecore.ops.attention_fp8.reference import keys_unpermuted
+
+                vp8, vs = quantize_v_permuted(vt, per="block")
+                emu, lse_emu = attention_fp8_emulated(q8, k8, keys_unpermuted(vp8, Nkt), qs, ks, vs, causal=causal_t,
+                                                      p_linear=not smoke)
             rows = torch.isfinite(lse_emu)
             sel = rows[..., None].expand_as(emu)
             floor = rel_rms(emu[sel].to(torch.bfloat16), emu[sel])
@@ -186,7 +200,7 @@ def main():
                 errs.append(rel_rms(o[b, h][ok_rows], ref[ok_rows]))
                 errs_ship.append(rel_rms(o_ship[b, h][ok_rows], ref[ok_rows]))
                 floors.append(rel_rms(ref[ok_rows].to(torch.bfloat16), ref[ok_rows]))
-            t = dict(check=f"pv: tail GQA B{Bt} Hq{Hq} Hkv{Hkv} N{Nt} Nk{Nkt} D{Dt} "
+            t = dict(check=f"{form}: tail GQA B{Bt} Hq{Hq} Hkv{Hkv} N{Nt} Nk{Nkt} D{Dt} "
                      f"{'causal' if causal_t else 'full'}", written=bool(torch.isfinite(o[sel]).all().item()),
                      vs_twin_over_floor=rel_rms(o[sel].float(), emu[sel]) / floor,
                      lse_vs_twin=(lse[rows] - lse_emu[rows]).abs().max().item(),
@@ -196,7 +210,7 @@ def main():
             t["ok"] = bool(t["written"] and t["vs_twin_over_floor"] < 8 and t["lse_vs_twin"] < 2e-2
                            and t["no_key_rows_ok"])
         except Exception as e:  # noqa: BLE001
-            t = dict(check=f"pv tail D{Dt}", error=f"{type(e).__name__}: {str(e)[:400]}")
+            t = dict(check=f"{form} tail D{Dt}", error=f"{type(e).__name__}: {str(e)[:400]}")
             traceback.print_exc()
         result["checks"].append(t)
         print("check", json.dumps(t), flush=True)
@@ -218,7 +232,7 @@ def main():
             ref_o = torch.softmax((qf @ kf.transpose(-1, -2)) * Do ** -0.5, -1) @ vf
             rmse = lambda o: (o.double() - ref_o).pow(2).mean().sqrt().item()
             result["outlier"]["bf16"] = rmse(tilecore.attention(qo, ko, vo))
-            for name in ("q3", "pv"):
+            for name in ("q3", "pv", "pvqr"):
                 result["outlier"][f"{name} rotated"] = rmse(run_form(name, qo, ko, vo))
             print("outlier", json.dumps(result["outlier"]), flush=True)
         except Exception as e:  # noqa: BLE001
@@ -235,17 +249,18 @@ def main():
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
     if not args.confirm:
-        e2e(B0, H0, N0, 128, True, ["q3", "pv", "pv1"], parts=True)
-        when(40, "tail D128 causal", tail, 128, True)
-        when(30, "outlier", outlier)
+        e2e(B0, H0, N0, 128, True, ["q3", "pv", "qr", "pvqr"], parts=True)
+        when(40, "tail D128 causal pvqr", tail, 128, True, "pvqr")
+        when(34, "tail D128 causal qr", tail, 128, True, "qr")
+        when(28, "outlier", outlier)
         for D, causal in ((64, True), (128, False), (64, False)):
-            when(12, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "pv"], eager=False)
-        when(8, "tail D64 full", tail, 64, False)
+            when(12, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "pv", "pvqr"], eager=False)
+        when(8, "tail D64 full pvqr", tail, 64, False, "pvqr")
     else:
-        e2e(B0, H0, N0, 128, True, ["q3", "pv", "pv1"], eager=False)
-        when(30, "tail D64 full", tail, 64, False)
+        e2e(B0, H0, N0, 128, True, ["q3", "pv", "qr", "pvqr", "pv1"], eager=False)
+        when(30, "tail D64 full pvqr", tail, 64, False, "pvqr")
         for D, causal in ((64, True), (128, False), (64, False)):
-            when(10, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "pv"], eager=False)
+            when(10, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "pv", "pvqr"], eager=False)
 
     print("\n| case | bf16 ms (graph) | form: graph ms (x bf16) [eager x bf16] | O / floor |")
     print("| --- | --- | --- | --- |")

@@ -19,6 +19,8 @@ VARIANTS = {  # name -> (D, causal, q descales per row, k descales: "head", "blo
     "d64c": (64, True, False, "head"), "d128c_rowblock": (128, True, True, "block"), "d64_rowrow": (64, False, True, "row"),
     # session 34: v's descales per block of 128 keys (the convenience path's v_scales="block"; not in older trees)
     "d128c_vblock": (128, True, True, "block", True), "d64c_vblock": (64, True, True, "block", True),
+    # session 35: q rotated and quantized in the kernel (the convenience path's at D64 / D128; not in older trees)
+    "d128c_qrot": (128, True, True, "block", True, True), "d64_qrot": (64, False, True, "block", True, True),
 }
 
 
@@ -40,13 +42,14 @@ def main():
     os.makedirs(a.ptx, exist_ok=True)
     names = a.only.split(",") if a.only else list(VARIANTS)
     for name in names:
-        D, causal, q_row, k_form, *v_block = VARIANTS[name]
-        v_block = bool(v_block and v_block[0])
+        D, causal, q_row, k_form, *rest = VARIANTS[name]
+        v_block = bool(rest and rest[0])
+        q_rotate = bool(len(rest) > 1 and rest[1])
         t0 = time.time()
         cfg = configs.gluon_config(D, causal)
         N = Nk = 1000
         f8 = torch.float8_e4m3fn
-        q = torch.empty(2, 4, N, D, dtype=f8)
+        q = torch.empty(2, 4, N, D, dtype=torch.bfloat16 if q_rotate else f8)
         k = torch.empty(2, 2, Nk, D, dtype=f8)
         vt = torch.empty(2, 2, D, 1024, dtype=f8)
         o = torch.empty(2, 4, N, D, dtype=torch.bfloat16)
@@ -54,7 +57,8 @@ def main():
         k_per_row = k_form != "head"
         k_n, k_rows = (-(-Nk // 128), 128) if k_form == "block" else (Nk, 1) if k_form == "row" else (1, 1)
         q_n, q_rows = (N, 1) if q_row else (1, 1)
-        opts = launch.gluon_options(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows, *([True] if v_block else []))
+        opts = launch.gluon_options(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows, *([True] if v_block else []),
+                                    **({"q_rotate": True} if q_rotate else {}))
         bm, bn = cfg["block_m"], cfg["block_n"]
         args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                     vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]),
@@ -63,6 +67,8 @@ def main():
                     head_group=4, schedule=None)
         if "v_n_scales" in gluon_fp8.attention_fp8_fwd_kernel.arg_names:  # (session 34's argument)
             args["v_n_scales"] = -(-Nk // 128) if v_block else 1
+        if q_rotate:
+            args["signs"] = f32
         num_warps = opts.pop("num_warps")
         args.update(opts)
         c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, args, num_warps=num_warps)

@@ -41,6 +41,8 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # session 36: P V in bfloat16 on v as given (the kernel's PV_BF16, configs.ROTATED["pv_bf16"]), q in the kernel,
     # launch.PV_BF16_STAGES (D128 2); "qrot_pv_q1": 1 Q buffer a consumer
     "qrot_pv": dict(_q_rotate=True, _pv_bf16=True), "qrot_pv_q1": dict(_q_rotate=True, _pv_bf16=True, q_buffers=1),
+    # session 36: q's codes in registers as S's operand (Q_REG), with v per block or with P V in bf16
+    "qreg": dict(_q_rotate=True, _v_block=True, _q_reg=True), "qreg_pv": dict(_q_rotate=True, _pv_bf16=True, _q_reg=True),
 }
 
 
@@ -113,6 +115,7 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     v_block = overrides.pop("_v_block", False)
     q_rotate = overrides.pop("_q_rotate", False)
     pv_bf16 = overrides.pop("_pv_bf16", False)
+    q_reg = overrides.pop("_q_reg", False)
     cfg = dict(launch.rotated_q_config(D, causal, True) if pv_bf16 else configs.gluon_config(D, causal), **overrides)
     f8 = torch.float8_e4m3fn
     q = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16 if q_rotate else f8)
@@ -124,7 +127,7 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     if q_rotate:  # the convenience path's descales: q per row (computed in the kernel), k per 128-key block
         e2e_forms, k_n, k_rows = True, 32, 128
     opts = launch.gluon_options(q, k, cfg, causal, e2e_forms, e2e_forms, k_n, k_rows, v_block, q_rotate=q_rotate,
-                                pv_bf16=pv_bf16)
+                                pv_bf16=pv_bf16, q_reg=q_reg)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, bn, D] if pv_bf16 else [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,

@@ -49,4 +49,7 @@ def tl_config(d: int, interpret: bool) -> dict:
 # P V runs in bfloat16 on v as given (the kernel's PV_BF16, P's bfloat16 linear code): no pass over v at all (its
 # 0.149 ms at D128 causal N4096) for P V at bf16's tensor rate (a bf16 V block is 32 KiB at D128: 2 stages).
 # Empty: off until an H100 run shows it right and faster end to end (notes/attention_fp8)
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, pv_bf16={})
+# q_reg (session 36): the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the
+# rotation's columns permuted so that the accumulator is the e4m3 operand as it lies; no stores, fence or barriers
+# at a tile's start). Empty: off until an H100 run shows it faster
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, pv_bf16={}, q_reg=())

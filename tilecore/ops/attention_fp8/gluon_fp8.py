@@ -118,6 +118,16 @@ def to_e4m3x4(x, P_LINEAR: gl.constexpr = 0):
 
 
 @gluon.jit
+def fp8_operand_order(x, layout: gl.constexpr):
+    """x [m, n] in a wgmma accumulator's layout relabelled as an e4m3 register operand in ``layout`` without moving
+    data: column c = 32 t + 16 j_hi + 8 j_lo + 2 r + e becomes operand index 32 t + 16 j_hi + 4 r + 2 j_lo + e
+    (AttentionFp8.p_operand's relabelling; its docstring says why)."""
+    y = gl.reshape(x, [x.shape[0], x.shape[1] // 32, 2, 2, 4, 2])
+    y = gl.permute(y, (0, 1, 2, 4, 3, 5))
+    return gl.convert_layout(gl.reshape(y, [x.shape[0], x.shape[1]]), layout, assert_trivial=True)
+
+
+@gluon.jit
 def row_max_tree(s):
     """The max of each row of a [m, 128] tile in the wgmma accumulator layout, as a tree: four halvings on the column
     bits that are register bits (64, 32, 16, 8: split_n moves no data), each an elementwise max of independent pairs,
@@ -171,13 +181,18 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
 
 
 @gluon.jit
-def signed_hadamard_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl.constexpr):
+def signed_hadamard_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl.constexpr,
+                      PERMUTED: gl.constexpr = False):
     """(diag(s) H)^T [D, D] in ``dtype`` (+-1: exact), H Sylvester's Hadamard matrix (H[i, j] = (-1)^popcount(i & j),
     symmetric), s the signs at ``signs`` (float32): element [n, k] = H[n, k] s_k, so that x [m, D] times its transpose
     is x diag(s) H (kernels_tl.signed_hadamard's matrix, stored K-major for wgmma's B). Made in registers (a parity of
-    8 bits: D <= 256), nothing loaded but the signs."""
+    8 bits: D <= 256), nothing loaded but the signs. PERMUTED (Q_REG): row c is row f(c) of that, f the relabelling of
+    fp8_operand_order (c = 32 t + 16 j_hi + 8 j_lo + 2 r + e -> 32 t + 16 j_hi + 4 r + 2 j_lo + e), so that the
+    rotation's accumulator column c, read as S's register operand index f(c), holds the rotated q's column f(c)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     n = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, layout)), 1)
+    if PERMUTED:
+        n = (n >> 4 << 4) | (((n >> 1) & 3) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
     kk = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     bits = n & gl.expand_dims(kk, 0)
     bits = bits ^ (bits >> 4)
@@ -202,6 +217,7 @@ class Running:
     l_acc: object
     vd: object  # V_PER_BLOCK: the descale of the V block whose P V is next (acc is carried in its units)
     vn: object  # V_PER_BLOCK: the block's after it (loaded a step ahead)
+    qr: object  # Q_REG: Q's e4m3 codes as S's register operand (rotate_q_reg; else None)
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # row_sum_mma: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -242,6 +258,7 @@ class AttentionFp8:
     P_LINEAR: gl.constexpr  # P's e4m3 codes by one FFMA, no exp2 (fp8_softmax_update; configs key p_linear)
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
+    Q_REG: gl.constexpr  # Q_ROTATE with the codes kept in registers as S's A operand (rotate_q_reg)
     PV_BF16: gl.constexpr  # P V in bfloat16 on v as given (bf16, (B, Hkv, Nk, D)): no v pass, P's bf16 linear code
     ones: object  # the ones block (e4m3; PV_BF16 bfloat16 [L_COLS, BN]) in shared memory (l's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
@@ -290,7 +307,11 @@ class AttentionFp8:
         if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
             own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
             n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
-        if self.Q_ROTATE:
+        qr = None
+        if self.Q_REG:
+            q_scale, qr = self.rotate_q_reg(ctx)
+            q_scale = q_scale * self.scale_log2e
+        elif self.Q_ROTATE:
             q_scale = self.rotate_q(ctx) * self.scale_log2e
         elif self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
@@ -310,7 +331,7 @@ class AttentionFp8:
         if self.V_PER_BLOCK:
             vd = self.v_block_scale(tile.bh, 0)
             vn = self.v_block_scale(tile.bh, 1)
-        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn)
+        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr)
 
     @gluon.jit
     def rotate_q(self, ctx):
@@ -333,6 +354,21 @@ class AttentionFp8:
         fence_async_shared()
         gl.thread_barrier()  # the warpgroup's stores are in before its S wgmma reads them
         return gl.convert_layout(descale, gl.SliceLayout(1, self.S))
+
+    @gluon.jit
+    def rotate_q_reg(self, ctx):
+        """Q_REG: rotate_q with the codes kept in registers as S's A operand (no stores, fence or barriers): the
+        rotation's columns are permuted (signed_hadamard_t's PERMUTED) so that relabelling the accumulator as the
+        e4m3 operand moves no data (fp8_operand_order, as P's for P V). Returns (the rows' descales, the codes)."""
+        x = ctx.operand.reshape([self.BM, self.D])
+        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                            use_acc=False, is_async=True)
+        y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        amax = gl.max(gl.abs(y), axis=1)
+        descale = gl.where(amax > 0, amax / 448.0, 1.0)
+        qa: gl.constexpr = wgmma_lhs_layout(self.BM, self.BN, gl.num_warps(), 8)
+        codes = to_e4m3x4(fp8_operand_order(y * gl.expand_dims(1.0 / descale, 1), qa))
+        return gl.convert_layout(descale, gl.SliceLayout(1, self.S)), codes
 
     @gluon.jit
     def q_operand(self, ctx):
@@ -469,7 +505,10 @@ class AttentionFp8:
         """S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs (ptxas puts P V's wait after the
         first row max: notes/attention_fp8). Every branch ends with its wgmma complete, so the stage is free when
         compute returns."""
-        q = self.q_operand(ctx)
+        if self.Q_REG:
+            q = st.qr
+        else:
+            q = self.q_operand(ctx)
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
         if self.PV_BF16:
             v = stage.vt.reshape([self.BN, self.D])  # [BN, D] bfloat16, D contiguous (a 16-bit B may be MN-major)
@@ -544,7 +583,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
-                             PV_BF16: gl.constexpr = False):
+                             PV_BF16: gl.constexpr = False, Q_REG: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused). PV_BF16: vt_desc is
@@ -576,7 +615,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     if Q_ROTATE:
         gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
         rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
-            [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps()))
+            [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
         out_scale = D ** -0.5
     else:
         rotation = None
@@ -585,7 +624,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, PV_BF16, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
+                      Q_ROTATE, Q_REG, PV_BF16, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
                       out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), mma_bits),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), mma_bits),
