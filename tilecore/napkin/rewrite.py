@@ -401,10 +401,11 @@ PLACEHOLDERS = "abcdefgh"
 
 
 # special-function-unit (MUFU) instructions a function costs as napkin.compile emits it: exp, log,
-# sqrt, rsqrt one each; sigmoid 1 / (1 + exp(-x)) two (ex2, rcp); tanh as 2 sigmoid(2x) - 1 two;
-# tanh_approx one (tanh.approx.f32 on the GPU). sm_90a SASS of the emitted attention loop, a score:
-# MUFU.EX2 1 plain, EX2 + RCP 2 more with sigmoid, EX2 + RCP 2 more with softcap (test_compile)
-SFU_COST = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "sigmoid": 2, "tanh": 2, "tanh_approx": 1}
+# sqrt, rsqrt one each; sigmoid 1 / (1 + exp(-x)) two (ex2, rcp); tanh one ex2 (its reciprocal by
+# Newton steps on the FMA pipe: compile._tanh); tanh_approx one (tanh.approx.f32 on the GPU). sm_90a
+# SASS of the emitted attention loop, a score: MUFU.EX2 1 plain, EX2 + RCP 2 more with sigmoid, EX2
+# 1 more with softcap, TANH 1 more with softcap_approx (test_compile)
+SFU_COST = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "sigmoid": 2, "tanh": 1, "tanh_approx": 1}
 
 
 def map_cost(fn: str) -> tuple:
