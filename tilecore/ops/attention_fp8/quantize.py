@@ -269,7 +269,9 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     D128), which the kernels fold into O's rescale once a key block. At the head dims of configs.ROTATED["q_in_kernel"]
     (64, 128) on Hopper, q's rotation and quantization run inside the FP8 kernel (no pass over q;
     launch.forward_q_rotated): end to end 1.074x bf16 at causal D128 N4096 (1.264x full), 1.034x at causal D64
-    (notes/attention_fp8)."""
+    (notes/attention_fp8). There, configs.ROTATED["pv_bf16"] (head dims -> stages; bf16 inputs) skips v's pass: the
+    kernel reads v as given and runs P V in bfloat16 (pv_bf16), and configs.ROTATED["q_reg"] keeps q's codes in
+    registers (the kernel's Q_REG); both off until an H100 run decides (notes/attention_fp8)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
