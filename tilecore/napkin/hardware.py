@@ -217,7 +217,7 @@ H100 = _gpu(
         "mma_sync_fraction 2/3: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, sec. 2): Hopper's "
         "mma.sync reaches about 2/3 of the tensor cores' peak; wgmma is needed for the rest",
         "exposed_sfu 2/3: the napkin paper's account of FA3 (shared/napkin.md: softmax overhead costs 4/3 "
-        "of the time in fp16, 5/3 in fp8). Not derivable for tilecore's forward from its counts (session 33, "
+        "of the time in fp16, 5/3 in fp8). Not derivable for tilecore's forward from its counts ("
         "experiments/tiles/wgmma_overlap.py, notes/distributed/README.md): a consumer's step is 16 HGMMA "
         "m64n128k16 (1024 clocks of the SM's tensor cores at peak) and 66 MUFU.EX2 a thread (528 clocks of its "
         "SFU), and ptxas waits for P V before the softmax, so the two consumers' phases decide: alternating, "

@@ -47,7 +47,7 @@ NVLINK4 = Link(
 H100_X2 = dataclasses.replace(
     NVLINK4, name="NVLink 4, measured (lent nvidia-h100-x2)", bandwidth=291e9, copy_bandwidth=355e9,
     source="issue 38: NCCL batch_isend_irecv, 268 MB in 0.92 ms a direction (2026-11-25); copy engines 355 GB/s "
-           "(session 29, run 6); latency as NVLINK4's")
+           "(notes/distributed/runs/distributed_gpu_check_ce_run6_session29_h100x2.txt); latency as NVLINK4's")
 
 LINKS = {"nvlink4": NVLINK4, "h100-x2": H100_X2}
 

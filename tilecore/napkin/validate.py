@@ -247,7 +247,7 @@ def decode_time(batch, heads, kv_heads, kv_seq, d, gpu):
 
 # PyTorch's generic (TensorIterator / indexing) kernels on strided views run at about half the copy
 # ceiling: SDPA's flash backward's two transposing copies of Q's size took 0.37 ms (D64) and 0.74 ms
-# (D128) a backward in run 5 (notes/napkin/runs/napkin_gpu_backward_tiles_run5_session28_h100.txt),
+# (D128) a backward (notes/napkin/runs/napkin_gpu_backward_tiles_run5_session28_h100.txt),
 # 2.07x the copy-ceiling time of their bytes (0.179 / 0.358 ms at 3,002 GB/s)
 GENERIC_COPY_SLOWDOWN = 2.07
 
@@ -422,7 +422,7 @@ def name_cause(p: Prediction) -> str:
                 "kernels' main kernels run 1.12-1.27x the model's time there (cuDNN, tilecore; "
                 "notes/napkin/runs/napkin_gpu_backward_tiles_run5_session28_h100) while FlashAttention-2's causal "
                 "rows carry no excess over its non-causal ones; non-causal N 128 / 256 tiles (2-4 steps) run as far "
-                "over (run 8, --short): the tiles' length, not the mask; not modelled beyond the one-tile blocks' "
+                "over (notes/napkin/runs/napkin_gpu_backward_tiles_short_run8_session28_h100.txt): the tiles' length, not the mask; not modelled beyond the one-tile blocks' "
                 "prologue and epilogue and the passes")
     if p.op.endswith("bwd") and p.series.startswith("flash") and fast:
         return ("peer's kernel (FlashAttention-2's backward on Hopper): beyond mma.sync's 2/3 rate, its warps' "
@@ -435,7 +435,7 @@ def name_cause(p: Prediction) -> str:
                 "the one-tile term (flash2_forward_tile_s) charges them in full")
     if "K/V repeated" in p.series:
         return ("peer's extra passes: K and V repeated to every q head by eager PyTorch (index_select, its "
-                "backward index_add_), costed at PyTorch's generic copy rate (half the copy ceiling, run 5)")
+                "backward index_add_), costed at PyTorch's generic copy rate (half the copy ceiling: GENERIC_COPY_SLOWDOWN)")
     if p.op.endswith("bwd") and fast and q.get("N", 1 << 30) <= 2048:
         return ("short tiles (backward): the causal tail over few query steps and a persistent schedule's last "
                 "tiles, not modelled per tile; the prologue and epilogue of one-tile thread blocks are")
@@ -517,7 +517,7 @@ def feature_backwards(path: Path = FEATURE_RUN) -> list:
     return out
 
 
-# issue 37's rotary: the standalone pass's timed rows (session 24, H100: B16 N4096 H32 D128 bf16), and the
+# issue 37's rotary: the standalone pass's timed rows (H100: B16 N4096 H32 D128 bf16), and the
 # in-kernel rotary forward's run (gpu_rotary_kernel.py's JSON) once one is committed (None: predictions only)
 ROTARY_RUN = ROOT / "notes" / "norm" / "runs" / "norm_rotary_gpu_check_session24_h100.json"
 FUSED_ROTARY_RUN = None
