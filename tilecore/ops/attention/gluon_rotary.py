@@ -85,6 +85,7 @@ class RotaryAttention:
     n_max: object  # cos's and sin's rows
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
+    Q_BY_TRANSFORM: gl.constexpr  # Q turned by the transform partition (turn_tile), else by each consumer (start)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -103,17 +104,26 @@ class RotaryAttention:
         return self.attn.initial(ctx)
 
     @gluon.jit
-    def start(self, ctx, tile, prev):
-        """This consumer's Q rows turned in its buffer (query i at position i + Nk - N), made visible to
-        wgmma, then attention's start."""
+    def turn_q(self, buf, tile, consumer):
+        """Consumer ``consumer``'s Q rows turned in its buffer (query i at position i + Nk - N)."""
         a = self.attn
-        q = ctx.operand.reshape([a.BM, a.D])
-        first = tile.first + ctx.index * a.BM
-        turn_rows(q, first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride, self.sin_stride, self.n_max, self.R,
-                  self.TURN_ROWS)
-        fence_async_shared()
-        gl.thread_barrier()
-        return a.start(ctx, tile, prev)
+        first = tile.first + consumer * a.BM
+        turn_rows(buf.reshape([a.BM, a.D]), first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride,
+                  self.sin_stride, self.n_max, self.R, self.TURN_ROWS)
+
+    @gluon.jit
+    def turn_tile(self, ctx, buf, tile, consumer):
+        self.turn_q(buf, tile, consumer)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        """Attention's start, this consumer's Q turned first unless the transform turned it (then made
+        visible to wgmma: every thread fences its own writes, then the warpgroup meets)."""
+        if not self.Q_BY_TRANSFORM:
+            self.turn_q(ctx.operand, tile, ctx.index)
+            fence_async_shared()
+            gl.thread_barrier()
+        return self.attn.start(ctx, tile, prev)
 
     @gluon.jit
     def turn(self, ctx, stage, tile, step):
@@ -148,7 +158,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
-                                TURN_REGS: gl.constexpr = 56):
+                                TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False):
     """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
     turned in the kernel (the module docstring)."""
     CONSUMERS: gl.constexpr = 2
@@ -164,13 +174,13 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS)
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_BY_TRANSFORM)
     # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512 (64K a SM)
     PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
     gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
                     LATE_RELEASE=0, CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS),
-                    schedule=schedule, transform=Transform(TURN_WARPS, TURN_REGS))
+                    schedule=schedule, transform=Transform(TURN_WARPS, TURN_REGS, TILE_OPERAND=Q_BY_TRANSFORM))
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
 
 
@@ -178,16 +188,23 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
 # the launch
 
 ROTARY_FWD = CachedLaunch(attention_rotary_fwd_kernel)
+# registers a thread: two consumers, the transform (the producer gets the rest of 512, at least 24)
+CONSUMER_REGS = 216
+TURN_REGS = 56
+Q_BY_TRANSFORM = False  # Q turned by the transform partition as it arrives (else by each consumer, a tile's start)
+TABLES_DTYPE = None  # cos and sin as given (None), or cast to q's dtype ("input") before the launch
 
 
 def rotary_config(d: int, n: int, nk: int, causal: bool) -> dict:
-    """The shipped forward's configuration (configs.gluon_forward_config) with two consumers and Q in
-    shared memory (the transform takes the registers of a third consumer, and of Q's: at 216 a thread
-    Q in registers spills)."""
+    """The shipped forward's configuration (configs.gluon_forward_config) with two consumers, Q in shared
+    memory and at D128 no carried pipeline: the transform takes the registers of a third consumer, of
+    Q's and of the carry's (at 216 a thread Q in registers spills ~860 bytes, D128's carry ~600)."""
     cfg = configs.gluon_forward_config(d, n, nk, causal)
     if cfg.get("consumers", 2) != 2:
         cfg.update(consumers=2, q_buffers=2)
     cfg["q_regs"] = False
+    if d == 128:  # the carried pipeline at 216 registers spills ~600 bytes (232 without the transform: none)
+        cfg["carry"] = False
     return cfg
 
 
@@ -230,6 +247,8 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     from tilecore.ops.attention.plan import plan_forward
 
     check(q, k, v, cos, sin, interleaved)
+    if TABLES_DTYPE == "input":
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     windowed = tuple(window) != (-1, -1)
@@ -249,5 +268,6 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                   H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
                  dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
                       Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
-                      Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1]), num_warps=4))
+                      Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1]),
+                      CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM, num_warps=4))
     return out, lse

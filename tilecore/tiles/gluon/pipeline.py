@@ -28,6 +28,8 @@ per-tile operands and their buffers, a persistent grid walking tiles in the orde
   ``turn(ctx, stage, tile, step)``     the transform partition, with ``Layout.transform``: rewrite the
                                        arrived stage in place (ld.shared / st.shared), before any
                                        consumer reads it
+  ``turn_tile(ctx, buf, tile, c)``     the transform, with ``Transform.TILE_OPERAND``: consumer c's
+                                       tile operand, likewise
   ==================================  =====================================================================
 
   ``ctx`` is the partition's ``Consumer``: its index (a constexpr), its epilogue buffer, this tile's
@@ -46,9 +48,11 @@ finished tile under it), ``finish`` is not called, and after a program's last ti
 A stage that must change between its TMA's arrival and its consumers (the rotary forward turns each
 K block by its keys' angles) takes ``Layout.transform``: a partition that waits each stage's ready
 barrier, calls ``turn``, fences its shared-memory writes for the async proxy (wgmma, TMA) and arrives
-on the stage's second barrier, which the consumers then wait instead of ready. The stage is released
-by the consumers as before (the transform is done with it once they have it). Without it the template
-emits what it did before.
+on the stage's second barrier, which the consumers then wait instead of ready (with CARRY, not the
+tail step: it is handed on as it arrived). With ``Transform.TILE_OPERAND`` each consumer's tile
+operand goes through ``turn_tile`` the same way at the start of its tile. Stages and operands are
+released by the consumers as before (the transform is done with them once they have them). Without
+a transform the template emits what it did before.
 """
 from triton.experimental import gluon
 
@@ -221,16 +225,19 @@ class Helper:
 class Transform:
     """A partition (``WARPS`` warps, ``REGS`` registers a thread) between the producer and the
     consumers: every stage, once its TMA has arrived, goes through the op's ``turn(ctx, stage, tile,
-    step)`` (a rewrite in shared memory, in place) before the consumers see it. Its registers come out
-    of the consumers' budget: CONSUMERS x CONSUMER_REGS + REGS + PRODUCER_REGS within 512 (64K a SM
-    in warpgroups of 128 threads)."""
+    step)`` (a rewrite in shared memory, in place) before the consumers see it; with ``TILE_OPERAND``
+    each consumer's tile operand too, through ``turn_tile(ctx, buf, tile, consumer)`` at the start of
+    each tile (a per-consumer operand). Its registers come out of the consumers' budget: CONSUMERS x
+    CONSUMER_REGS + REGS + PRODUCER_REGS within 512 (64K a SM in warpgroups of 128 threads)."""
     WARPS: gl.constexpr
     REGS: gl.constexpr
+    TILE_OPERAND: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WARPS=4, REGS=88):
+    def __init__(self, WARPS=4, REGS=88, TILE_OPERAND=False):
         self.WARPS = gl.constexpr(WARPS)
         self.REGS = gl.constexpr(REGS)
+        self.TILE_OPERAND = gl.constexpr(TILE_OPERAND)
 
 
 @gluon.jit
@@ -268,10 +275,11 @@ class _Pipeline:
     id_free: object
     num_tiles: gl.tensor
     turned: object
+    tile_turned: object
 
     @gluon.constexpr_function
     def __init__(self, stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles,
-                 turned=None):
+                 turned=None, tile_turned=None):
         self.stages = stages
         self.ready = ready
         self.empty = empty
@@ -283,6 +291,7 @@ class _Pipeline:
         self.id_free = field(id_free)
         self.num_tiles = num_tiles
         self.turned = field(turned)
+        self.tile_turned = field(tile_turned)
 
 
 @gluon.jit
@@ -461,7 +470,12 @@ def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, la
     operand = layout.tile_operand
     slot = _tile_slot(layout, CID, t) if operand is not None else 0
     if operand is not None:
-        mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
+        if layout.transform is None:
+            mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
+        elif layout.transform.TILE_OPERAND:  # the operand as the transform left it
+            mbarrier.wait(p.tile_turned.index(slot), (t // operand.BUFFERS) & 1)
+        else:
+            mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
     ctx = _context(layout, p, CID, out, slot)
     state = op.start(ctx, tile, prev)
     for kk in range(steps):
@@ -538,9 +552,19 @@ def _transform(op, layout, p):
     first, end, step = program_tiles(p.num_tiles, layout.schedule, SCHEDULED)
     next_id = scheduled_tile(first, layout.schedule, SCHEDULED)
     ctx = Consumer(layout.CONSUMERS, None, None)
+    t = 0
     for n in range(first, end, step):
         tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
         tile, steps = op.setup(tile_id)
+        if layout.transform.TILE_OPERAND:  # each consumer's operand for this tile, as it arrives
+            for c in gl.static_range(layout.CONSUMERS):
+                slot = _tile_slot(layout, c, t)
+                mbarrier.wait(p.tile_ready.index(slot), (t // layout.tile_operand.BUFFERS) & 1)
+                op.turn_tile(ctx, p.tile_bufs.index(slot), tile, c)
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(p.tile_turned.index(slot))
+        t += 1
         for kk in range(steps):
             s = i % layout.STAGES
             mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
@@ -585,6 +609,8 @@ def run(op, layout, stages, num_tiles):
     TRANSFORM: gl.constexpr = layout.transform is not None
     gl.static_assert(not TRANSFORM or (C <= 2 and not HELPER and layout.tile_counter is None),
                      "a transform partition comes with one or two consumers, no helper, no drawn tiles")
+    gl.static_assert(not TRANSFORM or not layout.transform.TILE_OPERAND
+                     or (operand is not None and not operand.SHARED), "a transformed tile operand is per consumer")
     READERS: gl.constexpr = C + 1 if HELPER else C  # the partitions that read a tile's operand and ids
     out_desc = layout.out
     outs = gl.allocate_shared_memory(out_desc.dtype, [C] + out_desc.block_type.shape, out_desc.layout)
@@ -621,12 +647,18 @@ def run(op, layout, stages, num_tiles):
         ids = None
         id_ready = None
         id_free = None
-    if TRANSFORM:  # a stage turned: the consumers wait this instead of ready
+    if TRANSFORM:  # a stage turned (an operand turned): the consumers wait this instead of ready (tile_ready)
         turned = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(turned.index(s), count=1)
+        if layout.transform.TILE_OPERAND:
+            tile_turned = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
+            for c in gl.static_range(OPERAND_SLOTS):
+                mbarrier.init(tile_turned.index(c), count=1)
+        else:
+            tile_turned = None
         p = _Pipeline(stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles,
-                      turned)
+                      turned, tile_turned)
     else:
         p = _Pipeline(stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles)
     STAGE_BYTES: gl.constexpr = stage_bytes(stages)
@@ -672,6 +704,9 @@ def run(op, layout, stages, num_tiles):
     if TRANSFORM:
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(turned.index(s))
+        if layout.transform.TILE_OPERAND:
+            for c in gl.static_range(OPERAND_SLOTS):
+                mbarrier.invalidate(tile_turned.index(c))
     for c in gl.static_range(OPERAND_SLOTS):
         mbarrier.invalidate(tile_ready.index(c))
         mbarrier.invalidate(tile_empty.index(c))

@@ -1,0 +1,148 @@
+"""The attention forward with rotary turned in the Hopper kernel (gluon_rotary.py, issue 37).
+
+On this (GPU-less) machine: what forward takes and refuses, its configuration, and the kernel compiled for
+sm_90a: wgmma not serialized, registers split between the consumers, the transform and the producer,
+K and Q turned in 16-byte shared-memory vectors and fenced for wgmma, spills within their bound. On a GPU:
+O and lse against the float64 attention of the float64-turned q and k (experiments/attention/
+gpu_rotary_kernel.py times it)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.attention import gluon_rotary
+
+CODE = """
+import json, re, sys
+import torch
+from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, rows_at_a_time
+from tilecore.tiles.compile import compile_kernel, resources
+from tilecore.tiles.launch import gluon_descriptor as desc
+out = []
+for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
+    t = torch.empty(2, 4, 256, d, dtype=torch.bfloat16)
+    head = lambda rows: desc(t, [1, 1, rows, d])
+    cs = torch.empty(256, r, dtype=getattr(torch, cos_dtype))
+    args = dict(q_desc=head(cfg["block_m"]), k_desc=head(cfg["block_n"]), v_desc=head(cfg["block_n"]),
+                o_desc=head(cfg["block_m"]), lse_ptr=torch.empty(8, dtype=torch.float32), cos_ptr=cs, sin_ptr=cs,
+                cos_stride=r, sin_stride=r, n_max=4096, H=4, N=256, Nk=256, GROUP=1, scale_log2e=0.1, num_bh=8,
+                head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
+                tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
+                CARRY=cfg.get("carry", False), TURN_ROWS=rows_at_a_time(r))
+    k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
+    ptx = k.asm["ptx"]
+    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, **vars(resources(k)),
+                    wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)), tma=ptx.count("cp.async.bulk.tensor"),
+                    setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)}),
+                    lds_v4=len(re.findall(r"ld\\.shared\\.v4", ptx)), sts_v4=len(re.findall(r"st\\.shared\\.v4", ptx)),
+                    fences=ptx.count("fence.proxy.async"), cos_v4=len(re.findall(r"ld\\.global(\\.\\w+)*\\.v4", ptx))))
+print(json.dumps(out))
+"""
+
+# (D, causal, config, R, cos dtype): rotary_config's outcomes at N 4096 (D128: Q in shared memory; D64: two
+# consumers) and D64's carried pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables
+VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2), 64, "bfloat16"),
+            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2), 32, "bfloat16"),
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32")]
+# spill bytes (stores, loads) ptxas reports, by (D, carried): scalars of the tile loop kept in local memory at
+# 216 / 56 registers a thread (none of a wgmma's operands)
+SPILL_BYTES_ALLOWED = {(128, False): 64, (64, False): 0, (64, True): 64}
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    r = subprocess.run([sys.executable, "-c", CODE, json.dumps(VARIANTS)], capture_output=True, text=True, env=env,
+                       timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_compiles_unserialized_with_the_registers_split(report):
+    assert len(report) == len(VARIANTS)
+    for row in report:
+        assert row["wgmma"] > 0 and row["tma"] > 0 and not row["wgmma_serialized"], row
+        # two consumers at 216, the transform's warpgroup at 56, the producer at 24: 512 a warpgroup's thread
+        assert {216, 56, 24} <= set(row["setmaxnreg"]), row
+        allowed = SPILL_BYTES_ALLOWED[row["d"], row["cfg"].get("carry", False)]
+        assert row["spill_stores"] <= allowed and row["spill_loads"] <= allowed, row
+        assert row["shared"] <= 227 * 1024, row
+
+
+def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
+    for row in report:
+        # K (the transform) and Q (each consumer) read and written back in 16-byte vectors, both halves
+        assert row["lds_v4"] > 0 and row["lds_v4"] == row["sts_v4"], row
+        assert row["cos_v4"] > 0, row  # cos and sin rows in 16-byte loads
+        assert row["fences"] >= 2, row  # after the transform's writes and after each consumer's Q
+
+
+def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
+    return (torch.randn(b, h, n, d, dtype=dtype), torch.randn(b, hkv, nk, d, dtype=dtype),
+            torch.randn(b, hkv, nk, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("what, change, error", [
+    ("interleaved", dict(interleaved=True), NotImplementedError),
+    ("head dim 96", dict(d=96), NotImplementedError),
+    ("rotary_dim 48", dict(r=24), ValueError),
+    ("rotary_dim past D", dict(r=64), ValueError),
+    ("N past Nk", dict(n=80), ValueError),
+    ("cos short of the keys", dict(rows=63), ValueError),
+    ("cos and sin differ", dict(sin_rows=70), ValueError)])
+def test_refuses_what_it_does_not_take(what, change, error):
+    d = change.get("d", 64)
+    q, k, v = qkv(n=change.get("n", 64), d=d)
+    r = change.get("r", d // 2)
+    cos, sin = torch.randn(change.get("rows", 64), r), torch.randn(change.get("sin_rows", change.get("rows", 64)), r)
+    with pytest.raises(error):
+        gluon_rotary.check(q, k, v, cos, sin, change.get("interleaved", False))
+
+
+def test_takes_partial_rotary_dims_and_fewer_queries():
+    q, k, v = qkv(n=40, nk=64, d=128)
+    gluon_rotary.check(q, k, v, torch.randn(100, 32), torch.randn(100, 32), False)  # rotary_dim 64 of 128
+
+
+@pytest.mark.parametrize("d, n, causal", [(64, 4096, False), (64, 4096, True), (128, 4096, False), (128, 512, True),
+                                          (128, 512, False), (64, 512, True)])
+def test_config_is_the_shipped_one_with_two_consumers_and_q_in_shared_memory(d, n, causal):
+    from tilecore.ops.attention import configs
+
+    cfg, shipped = gluon_rotary.rotary_config(d, n, n, causal), configs.gluon_forward_config(d, n, n, causal)
+    assert cfg["consumers"] == 2 and not cfg["q_regs"] and not (d == 128 and cfg.get("carry"))
+    assert (cfg["block_m"], cfg["block_n"], cfg["stages"]) == (shipped["block_m"], shipped["block_n"], shipped["stages"])
+
+
+def test_rows_at_a_time_cover_the_transform_warps_once():
+    # 4 warps x 32 threads, 8 features a thread in each half of the pairs: R / 8 threads a row
+    for r in (16, 32, 64):
+        rows = gluon_rotary.rows_at_a_time(r)
+        assert rows * (r // 8) == 4 * 32 and rows <= 64
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on Hopper")
+@pytest.mark.parametrize("d, causal, n, nk, r", [(128, False, 300, 300, 64), (64, True, 200, 333, 32)])
+def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r):
+    from tilecore.accuracy import error_over_floor
+    from tilecore.ops.attention.reference import attention_reference
+    from tilecore.ops.rotary.reference import rotary_reference
+
+    from tilecore import dispatch
+
+    if not dispatch.gluon_ok(torch.device("cuda")):
+        pytest.skip("Hopper with Gluon only")
+    torch.manual_seed(0)
+    q, k, v = (t.cuda() for t in qkv(b=2, h=4, hkv=2, n=n, nk=nk, d=d))
+    cos, sin = torch.randn(nk + 3, r, device="cuda", dtype=torch.float64).cos(), torch.randn(nk + 3, r, device="cuda").sin()
+    cos = cos.float()
+    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5)
+    pos_q = torch.arange(nk - n, nk, device="cuda")[None]
+    qt = rotary_reference(q.transpose(1, 2), cos, sin, position_ids=pos_q).transpose(1, 2)
+    kt = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    ref_o, ref_lse = attention_reference(qt, kt, v.double(), causal=causal, scale=d ** -0.5)
+    assert error_over_floor(out, ref_o) < 3.0
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=0)
