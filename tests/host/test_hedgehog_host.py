@@ -1,4 +1,4 @@
-"""Hedgehog's lean eager path (issue 31's host time, session 36): linear_attention(feature_map="hedgehog") keyed on
+"""Hedgehog's lean eager path (issue 31's host time): linear_attention(feature_map="hedgehog") keyed on
 its tensors and weights (op.KEYED_HEDGEHOG) and the core's backward planned and launched by key
 (op.KEYED_BACKWARD). Interpreter, CPU tensors keyed through a stand-in signature (the real one keys CUDA tensors
 only): the same bits as the shipped path, and a key's later calls run no checks and no plans and launch every

@@ -1,4 +1,4 @@
-"""Per-key recipes for eager calls that record a gradient (issue 31's host time, session 36): fft_conv's filter form
+"""Per-key recipes for eager calls that record a gradient (issue 31's host time): fft_conv's filter form
 under autograd launches by the key's _GluonConv (fft_conv op.RECORDED_RECIPES) what its general path launches. The
 Gluon kernel cannot be interpreted: its launches are recorded, the plan stands in for the H100's."""
 import torch
