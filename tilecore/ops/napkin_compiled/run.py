@@ -204,9 +204,11 @@ class CompiledDiagram:
         sizes = (M, N, NO, X.stride(0), X.stride(1), P.stride(0), P.stride(1), out.stride(0), out.stride(1))
         if k.info["row_factor"]:  # F[M] (fp32) by its own pass, then the GEMM scales its accumulator by it
             F = torch.empty(M, dtype=torch.float32, device=device)
-            fm = blk["BM"] // 2 if device.type == "cuda" else blk["BM"]  # 64 rows a program on a GPU
+            # on a GPU 16 rows x 256 columns a step, 4 warps: many small programs an SM keep the loads of a
+            # bandwidth-bound pass in flight (M / 16 of them)
+            fm, fk, fw = (16, 256, 4) if device.type == "cuda" else (blk["BM"], blk["BK"], 4)
             self.module.row_factor[(triton.cdiv(M, fm),)](X, *vecs, *rows, F, M, N, X.stride(0), X.stride(1),
-                                                         BM=fm, BK=blk["BK"])
+                                                         BM=fm, BK=fk, num_warps=fw)
             kernel[grid](x_arg, *([] if k.info["prescale"] else vecs), F, p_arg, out, *sizes, **blk)
         else:
             kernel[grid](x_arg, *vecs, *rows, p_arg, out, *sizes, **blk)
