@@ -8,6 +8,9 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
 2. GPU time (triton.testing.do_bench_cudagraph medians; do_bench where a graph fails) of the rotary forward,
    of the shipped forward without rotary on the same q, k, v, and of the composite; the overhead % of each
    over the forward without rotary (the issue's target: <= 3% for the rotary forward).
+3. while the budget lasts, the variants of --variants (gluon_rotary's switches through switches.patched: q_transform:
+   Q turned by the transform partition instead of each consumer; tables_input: cos and sin cast to q's dtype),
+   checked and timed on the same inputs;
 Then a few small checks (--extras): grouped heads with rotary_dim < D and fp32 cos/sin, N < Nk causal with
 rows past a tile, a window with a softcap, the carried pipeline (short rows).
 
@@ -29,11 +32,13 @@ from tilecore.ops.attention import gluon_rotary, launch, plan
 from tilecore.ops.attention.reference import attention_reference
 from tilecore.ops.rotary import apply_rotary
 from tilecore.ops.rotary.reference import rotary_reference
+from tilecore.tiles.switches import patched
 
 T0 = time.time()
 ROWS = []
 RESULTS = {"check": [], "timing": [], "errors": []}
 CASES = {"d128": (128, False), "d128c": (128, True), "d64": (64, False), "d64c": (64, True)}
+VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLES_DTYPE="input")}
 
 
 def row(*entry):
@@ -114,26 +119,30 @@ def main():
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--extras", action="store_true")
     ap.add_argument("--shape", default="16,16,4096")
+    ap.add_argument("--variants", default="q_transform")
     a = ap.parse_args()
     B, H, N = (int(x) for x in a.shape.split(","))
     torch.manual_seed(0)
     dev = "cuda"
     row("device", torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    inputs = {}
     for case in a.cases.split(","):
         D, causal = CASES[case]
-        if time.time() - T0 > 48:  # the job's budget (~60 s with compiles): the table so far
+        if time.time() - T0 > 45:  # the job's budget (~60 s with compiles): the table so far
             row("skip", case, "time")
             continue
         try:
             q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cos, sin = tables(N, D // 2, torch.bfloat16, dev)
             scale = D ** -0.5
+            inputs[case] = (q, k, v, cos, sin, scale)
             check(f"{case} B{B} H{H} N{N}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
             p = plan.plan_forward(q, k, v, causal, scale)
             base, how_b = bench(lambda: launch.outputs(p, q, k, v, causal, scale))
             ours, how_o = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
             comp, how_c = bench(lambda: composite(q, k, v, cos, sin, causal, scale))
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
+            inputs[case] += (base,)
             RESULTS["timing"].append(dict(case=case, B=B, H=H, N=N, D=D, causal=causal, base_ms=base, rotary_ms=ours,
                                           composite_ms=comp, timed=[how_b, how_o, how_c],
                                           rotary_cfg=gluon_rotary.rotary_config(D, N, N, causal),
@@ -145,6 +154,24 @@ def main():
         except Exception as e:  # noqa: BLE001 (reported; the next case runs)
             RESULTS["errors"].append(dict(case=case, error=traceback.format_exc()[-2000:]))
             row("error", case, repr(e)[:300])
+    for variant in [x for x in a.variants.split(",") if x]:
+        switch = VARIANTS[variant]
+        for case in [c for c in a.cases.split(",") if len(inputs.get(c, ())) == 7]:
+            if time.time() - T0 > 50:
+                row("skip", variant, case, "time")
+                continue
+            q, k, v, cos, sin, scale, base = inputs[case]
+            D, causal = CASES[case]
+            try:
+                with patched(gluon_rotary, **switch):
+                    check(f"{case} {variant}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
+                    ours, how = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
+                RESULTS["timing"].append(dict(case=case, variant=variant, rotary_ms=ours, base_ms=base, timed=how))
+                row("time", case, variant, f"rotary in kernel {ours:.3f} ms ({100 * (ours / base - 1):+.1f}% over "
+                    f"{base:.3f})", how, f"{time.time() - T0:.0f}s")
+            except Exception as e:  # noqa: BLE001
+                RESULTS["errors"].append(dict(case=f"{case} {variant}", error=traceback.format_exc()[-2000:]))
+                row("error", case, variant, repr(e)[:300])
     if a.extras:
         extras = [  # name, B, H, Hkv, N, Nk, D, R, causal, window, softcap, cos dtype
             ("gqa R32 fp32 cos", 2, 8, 2, 1000, 1000, 128, 32, False, (-1, -1), 0.0, torch.float32),
