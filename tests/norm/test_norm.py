@@ -215,3 +215,45 @@ def test_interpreter_truncates_to_bfloat16():
     to_bf16[(1,)](x, y, BLOCK=1024)
     assert not torch.equal(y, x.bfloat16())
     assert torch.equal(y, (x.view(torch.int32) & -65536).view(torch.float32).bfloat16())
+
+
+@pytest.mark.parametrize("finish, hoist_w, stages", [("kernel", False, 0), ("torch", True, 0), ("kernel", True, 3),
+                                                     ("torch", False, 2)])
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_backward_candidates_match_float64(monkeypatch, finish, hoist_w, stages, rms):
+    """The backward's candidates (configs.BACKWARD_FINISH "kernel": dweight / dbias summed and cast by
+    norm_partials_kernel; BACKWARD_HOIST_W; BACKWARD_STAGES, the compiler-pipelined loop) against float64, with the
+    finishing kernel stepping over the partials several times (a small tile) and a column count that is no multiple
+    of its columns a program."""
+    monkeypatch.setattr(configs, "BACKWARD_FINISH", finish)
+    monkeypatch.setattr(configs, "BACKWARD_HOIST_W", hoist_w)
+    monkeypatch.setattr(configs, "BACKWARD_STAGES", stages)
+    monkeypatch.setattr(configs, "FINISH_TILE_ELEMS", 64)
+    p = plan.plan(37, 300, torch.device("cpu"))
+    assert (p.finish, p.hoist_w, p.stages) == (finish, hoist_w, stages)
+    assert launch.finish_tile(300, p.groups)[0] < p.groups  # several steps over the partials
+    x, w, b, r = make_inputs(37, 300, torch.float16, shift=2.0)
+    run_and_check(x, w, b, r, rms=rms, dropout_p=0.2)
+    x, w, b, r = make_inputs(37, 300, torch.float16, bias=False, residual=False, param_dtype=torch.float32)
+    run_and_check(x, w, b, r, rms=rms, prenorm=False)
+
+
+@pytest.mark.parametrize("weight, bias", [(True, True), (True, False), (False, True)])
+def test_backward_candidates_give_the_shipped_gradients(weight, bias):
+    """The same inputs through the launch with the shipped plan and with each candidate: dx bit for bit (the
+    same float32 arithmetic a tile, whoever loads the operands), dweight / dbias to float32 summation order."""
+    rows, n, dtype = 50, 200, torch.float16
+    x = torch.randn(rows, n).to(dtype)
+    dy = torch.randn(rows, n).to(dtype)
+    w = (1 + 0.5 * torch.randn(n)).to(dtype) if weight else None
+    b = torch.randn(n).to(dtype) if bias else None
+    base = plan.tl_plan(rows, n, configs.INTERPRETER_SMS, finish="torch", hoist_w=False)
+    _, _, mean, rstd = launch.forward(base, x, None, w, b, None, 0.0, 1e-5, False, False, dtype)
+    ref = launch.backward(base, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, False, dtype, dtype, False)
+    for finish, hoist_w, stages in (("kernel", False, 0), ("torch", True, 0), ("torch", False, 3), ("kernel", True, 2)):
+        p = plan.tl_plan(rows, n, configs.INTERPRETER_SMS, finish=finish, hoist_w=hoist_w, stages=stages)
+        out = launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, False, dtype, dtype, False)
+        assert torch.equal(out[0], ref[0])
+        for got, want in zip(out[2:], ref[2:]):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
