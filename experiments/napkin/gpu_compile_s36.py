@@ -16,6 +16,8 @@
    timed against tilecore.attention (its softcap: tanh.approx) and the napkin.
 
 The napkin's H100 is calibrated with this run's copy bandwidth and cuBLAS bf16 8192^3 rate.
+``--sweep``: the rownorm default only, then the causal softcap_approx(30) and softcap(30) at four block
+configurations (the default and three more), each checked.
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s36.json; prints a table last.
 """
@@ -47,7 +49,14 @@ NORM_CFGS = {"BO 128 (default)": None,
              "BO 256": dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)}
 ATT_CFGS = {"HEAD_GROUP 4 (default)": None,
             "HEAD_GROUP 0 (s35 order)": dict(BM=128, BN=64, num_warps=8, num_stages=3, HEAD_GROUP=0)}
+SWEEP = "--sweep" in sys.argv  # the causal softcaps' blocks (a second job): the default against three more
+SWEEP_CFGS = {"default": None, "BM 64 BN 64 w4 s3": dict(BM=64, BN=64, num_warps=4, num_stages=3),
+              "BM 64 BN 128 w4 s2": dict(BM=64, BN=128, num_warps=4, num_stages=2),
+              "BM 128 BN 128 w8 s2": dict(BM=128, BN=128, num_warps=8, num_stages=2)}
+if SWEEP:
+    NORM_CFGS = {"default": None}
 if SMOKE:
+    SWEEP_CFGS = {"default": None, "BM 16 BN 32": dict(BM=16, BN=32)}
     NORM_CFGS = {"default": None}
     ATT_CFGS = {"default": None, "HEAD_GROUP 0": dict(BM=16, BN=16, HEAD_GROUP=0)}
 
@@ -97,6 +106,9 @@ def attention(gpu):
              ("softcap 30 (exact tanh)", (f"scale({D ** -0.5})", "softcap(30.0)"), False, dict(softcap=30.0),
               dict(list(ATT_CFGS.items())[:1])),
              ("plain softmax", (f"scale({D ** -0.5})",), False, {}, ATT_CFGS)]
+    if SWEEP:
+        cases = [("softcap_approx 30 causal", cases[0][1], True, dict(softcap=30.0), SWEEP_CFGS),
+                 ("softcap 30 causal (exact tanh)", cases[1][1], True, dict(softcap=30.0), SWEEP_CFGS)]
     for label, mods, causal, kw, cfgs in cases:
         if time.time() - START > BUDGET_S:
             RES["errors"].append(f"{label}: skipped (time budget)")
