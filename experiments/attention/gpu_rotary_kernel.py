@@ -10,7 +10,9 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
    over the forward without rotary (the issue's target: <= 3% for the rotary forward).
 3. while the budget lasts, the variants of --variants (gluon_rotary's switches through switches.patched: q_transform:
    Q turned by the transform partition instead of each consumer; tables_input: cos and sin cast to q's dtype),
-   checked and timed on the same inputs;
+   checked and timed on the same inputs; regs200: consumers 200 registers, the transform 88; the probes
+   no_turn (the transform hands each stage on unturned) and no_tables (turns by constant angles: no cos / sin
+   loads), timed only (wrong results);
 Then a few small checks (--extras): grouped heads with rotary_dim < D and fp32 cos/sin, N < Nk causal with
 rows past a tile, a window with a softcap, the carried pipeline (short rows).
 
@@ -38,7 +40,11 @@ T0 = time.time()
 ROWS = []
 RESULTS = {"check": [], "timing": [], "errors": []}
 CASES = {"d128": (128, False), "d128c": (128, True), "d64": (64, False), "d64c": (64, True)}
-VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLES_DTYPE="input")}
+VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLES_DTYPE="input"),
+            "regs200": dict(CONSUMER_REGS=200, TURN_REGS=88),
+            # timing probes (wrong results, not checked): the transform hands stages on unturned; turns by
+            # constant angles (no cos / sin loads)
+            "no_turn": dict(PROBE=1), "no_tables": dict(PROBE=2)}
 
 
 def row(*entry):
@@ -119,7 +125,7 @@ def main():
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--extras", action="store_true")
     ap.add_argument("--shape", default="16,16,4096")
-    ap.add_argument("--variants", default="q_transform")
+    ap.add_argument("--variants", default="no_tables,q_transform")
     a = ap.parse_args()
     B, H, N = (int(x) for x in a.shape.split(","))
     torch.manual_seed(0)
@@ -164,7 +170,8 @@ def main():
             D, causal = CASES[case]
             try:
                 with patched(gluon_rotary, **switch):
-                    check(f"{case} {variant}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
+                    if "PROBE" not in switch:
+                        check(f"{case} {variant}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
                     ours, how = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
                 RESULTS["timing"].append(dict(case=case, variant=variant, rotary_ms=ours, base_ms=base, timed=how))
                 row("time", case, variant, f"rotary in kernel {ours:.3f} ms ({100 * (ours / base - 1):+.1f}% over "

@@ -36,11 +36,14 @@ from tilecore.tiles.launch import CachedLaunch
 
 @gluon.jit
 def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
-              ROWS: gl.constexpr):
+              ROWS: gl.constexpr, PROBE: gl.constexpr = 0):
     """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
     the pairs (i, i + R), i < R, by the angles of cos and sin's row of that position (positions outside
     [0, n_max) read nothing and turn to 0: rows TMA filled with zeros). ROWS rows at a time, 16-byte
-    vectors, the next rows' cos and sin loaded before this rows' turn."""
+    vectors, the next rows' cos and sin loaded before this rows' turn. PROBE (timing only, wrong results):
+    1 turns nothing, 2 turns by constant angles (no cos / sin loads)."""
+    if PROBE == 1:
+        return
     BLOCK_ROWS: gl.constexpr = buf.shape[0]
     COL_THREADS: gl.constexpr = R // 8 if R // 8 <= 32 else 32  # 8 features (16 bytes) a thread
     ROW_THREADS: gl.constexpr = 32 // COL_THREADS
@@ -51,10 +54,17 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
     cols = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(0, layout)), 0)
     pos = first_pos + rows
     ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
-    cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
-    sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
+    if PROBE == 2:
+        cos = gl.full([ROWS, R], 0.8, gl.float32, layout)
+        sin = gl.full([ROWS, R], 0.6, gl.float32, layout)
+    else:
+        cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
+        sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
     for c in gl.static_range(BLOCK_ROWS // ROWS):
-        if c + 1 < BLOCK_ROWS // ROWS:  # the next rows' angles, in flight under this turn
+        if PROBE == 2:
+            next_cos = cos
+            next_sin = sin
+        elif c + 1 < BLOCK_ROWS // ROWS:  # the next rows' angles, in flight under this turn
             pos = first_pos + (c + 1) * ROWS + rows
             ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
             next_cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
@@ -86,6 +96,7 @@ class RotaryAttention:
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
     Q_BY_TRANSFORM: gl.constexpr  # Q turned by the transform partition (turn_tile), else by each consumer (start)
+    PROBE: gl.constexpr  # timing probes (turn_rows): 0 shipped
 
     @gluon.jit
     def setup(self, tile_id):
@@ -109,7 +120,7 @@ class RotaryAttention:
         a = self.attn
         first = tile.first + consumer * a.BM
         turn_rows(buf.reshape([a.BM, a.D]), first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride,
-                  self.sin_stride, self.n_max, self.R, self.TURN_ROWS)
+                  self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.PROBE)
 
     @gluon.jit
     def turn_tile(self, ctx, buf, tile, consumer):
@@ -135,7 +146,7 @@ class RotaryAttention:
             if a.WINDOW:
                 k_block += tile.first_block
             turn_rows(stage.k.reshape([a.BN, a.D]), k_block * a.BN, self.cos, self.sin, self.cos_stride,
-                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS)
+                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.PROBE)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
@@ -158,7 +169,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
-                                TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False):
+                                TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False,
+                                PROBE: gl.constexpr = 0):
     """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
     turned in the kernel (the module docstring)."""
     CONSUMERS: gl.constexpr = 2
@@ -174,7 +186,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_BY_TRANSFORM)
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_BY_TRANSFORM, PROBE)
     # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512 (64K a SM)
     PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
     gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
@@ -193,6 +205,7 @@ CONSUMER_REGS = 216
 TURN_REGS = 56
 Q_BY_TRANSFORM = False  # Q turned by the transform partition as it arrives (else by each consumer, a tile's start)
 TABLES_DTYPE = None  # cos and sin as given (None), or cast to q's dtype ("input") before the launch
+PROBE = 0  # timing probes, wrong results (turn_rows): 1 no turn (the partition's hand-on only), 2 no cos / sin loads
 
 
 def rotary_config(d: int, n: int, nk: int, causal: bool) -> dict:
@@ -269,5 +282,6 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                  dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
                       Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
                       Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1]),
-                      CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM, num_warps=4))
+                      CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM, PROBE=PROBE,
+                      num_warps=4))
     return out, lse
