@@ -17,7 +17,7 @@ op.KEYED_BACKWARD on, the lean host path of session 36):
 * torch.profiler over 3 calls: the CUDA runtime / driver calls by name and count a call.
 
 And the host time of one fwd+bwd at B1 H2 N 64 (GPU work negligible; not FLA's, which would autotune again): median
-us a call over rounds of back-to-back calls. First a float64 check of ``full`` at B1 H2 N 200 (output and every gradient over the rounding floor), and
+us a call over rounds of back-to-back calls. First a float64 check of ``full_keyed`` (a key's second call) at B1 H2 N 200 (output and every gradient over the rounding floor), and
 ``full_keyed``'s output and gradients against ``full``'s bit for bit (B2 H4 N 512, calls 1..3).
 
     PYTHONPATH=/tmp/site:. python experiments/common/host_hedgehog.py [--rounds 3] [--deadline 55]
@@ -50,14 +50,20 @@ from tilecore.ops.linear_attention.op import hedgehog_map  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 START = time.time()
+NAMES = ["full", "full_keyed", "core", "core_keyed", "map", "fla"]  # (--names picks some)
 OUT = Path(os.environ.get("OUT", "."))
 RESULTS: dict = {"device": None, "check": {}, "big": {}, "small_us": {}, "errors": []}
 KEYED = dict(KEYED_HEDGEHOG=True, KEYED_BACKWARD=True)
 
 
 def switched(name: str):
-    """The variant's switches for a with-block: the lean path's for ``*_keyed``, else as shipped."""
-    return patched(la_op, **KEYED) if name.endswith("_keyed") else contextlib.nullcontext()
+    """The variant's switches for a with-block: both on for ``*_keyed``, both off for ``full`` and ``core`` (the
+    session-35 path, whatever the defaults), as they are for the others."""
+    if name.endswith("_keyed"):
+        return patched(la_op, **KEYED)
+    if name in ("full", "core"):
+        return patched(la_op, **dict.fromkeys(KEYED, False))
+    return contextlib.nullcontext()
 
 
 def save():
@@ -85,12 +91,13 @@ def callables(t: dict) -> dict:
     def fmap():
         torch.autograd.backward([hedgehog_map(t["q"], t["W"]), hedgehog_map(t["k"], t["W"])], [t["dqf"], t["dkf"]])
 
-    peer = fla("hedgehog", t)
+    peer = fla("hedgehog", t) if "fla" in NAMES else None
 
     def fla_call():
         out = peer()
         (out[0] if isinstance(out, tuple) else out).backward(t["do"])
-    return {"full": full, "full_keyed": full, "core": core, "core_keyed": core, "map": fmap, "fla": fla_call}
+    every = {"full": full, "full_keyed": full, "core": core, "core_keyed": core, "map": fmap, "fla": fla_call}
+    return {n: every[n] for n in NAMES}
 
 
 def grads_of(t):
@@ -128,7 +135,7 @@ def sync_warnings(fn) -> dict:
         finally:
             torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    return dict(collections.Counter(str(w.message)[:120] for w in caught))
+    return dict(collections.Counter(str(w.message)[:120] for w in caught if "synchroniz" in str(w.message).lower()))
 
 
 def runtime_calls(fn, calls=3) -> dict:
@@ -155,8 +162,12 @@ def runtime_calls(fn, calls=3) -> dict:
 
 def check() -> dict:
     t = prepared(1, 200, 2, seed=3)
-    o = linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"])
-    o.backward(t["do"])
+    with switched("full_keyed"):  # (the key's second call: the lean path's own launches)
+        for _ in range(2):
+            for x in ("q", "k", "v", "W"):
+                t[x].grad = None
+            o = linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"])
+            o.backward(t["do"])
     d = {x: t[x].double().detach().requires_grad_(True) for x in ("q", "k", "v", "W")}
     ref, _ = linear_attention_reference(d["q"], d["k"], d["v"], feature_map="hedgehog", feature_weights=d["W"])
     ref.backward(t["do"].double())
@@ -176,7 +187,8 @@ def check() -> dict:
         o = linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"])
         o.backward(t["do"])
         return [o.detach().clone()] + [t[x].grad.clone() for x in ("q", "k", "v", "W")]
-    shipped = outputs()
+    with switched("full"):
+        shipped = outputs()
     with switched("full_keyed"):
         lean = [outputs() for _ in range(3)]
     row["keyed_same_bits"] = [all(torch.equal(a, b) for a, b in zip(shipped, call)) for call in lean]
@@ -205,7 +217,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=55.0)
     ap.add_argument("--profile", action="store_true", help="torch.profiler's runtime calls (CUPTI)")
+    ap.add_argument("--names", default=",".join(NAMES), help="the variants (comma-separated)")
+    ap.add_argument("--shape", default="16,4096,16", help="B,N,H of the timed calls")
     a = ap.parse_args()
+    NAMES[:] = [n for n in a.names.split(",") if n]
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["check"] = check()
     print("check (error / rounding floor)", RESULTS["check"], flush=True)
@@ -213,7 +228,7 @@ def main() -> int:
     RESULTS["small_us"] = small_host_us(a.rounds)
     print("host us a fwd+bwd at B1 H2 N64:", {n: v["median"] for n, v in RESULTS["small_us"].items()}, flush=True)
     save()
-    t = prepared(16, 4096, 16)
+    t = prepared(*(int(x) for x in a.shape.split(",")))
     fns = callables(t)
     for name, fn in fns.items():
         with switched(name):
@@ -246,7 +261,7 @@ def main() -> int:
                                          for n in fns), f"({time.time() - START:.0f} s)", flush=True)
         save()
     if a.profile and time.time() - START < a.deadline:
-        for name in ("full", "full_keyed", "map"):
+        for name in [n for n in ("full", "full_keyed", "map") if n in fns]:
             try:
                 with switched(name):
                     RESULTS["big"][name]["runtime_calls"] = runtime_calls(fns[name])
