@@ -174,7 +174,7 @@ def norm_peers(rms: bool, big, best_kw):
     if best_kw:  # the candidate through the op (fresh inputs: no plan kept for them)
         switches = {"finish": "BACKWARD_FINISH", "hoist_w": "BACKWARD_HOIST_W", "groups_per_sm": "BACKWARD_GROUPS_PER_SM",
                     "stages": "BACKWARD_STAGES", "backward_tile_elems": "BACKWARD_TILE_ELEMS"}
-        vals = {switches[k]: v for k, v in best_kw.items() if k in switches}
+        vals = {switches[k]: ({N: v} if k == "stages" else v) for k, v in best_kw.items() if k in switches}
         if len(vals) == len(best_kw):
             x2 = x[:-8].clone().requires_grad_()  # another shape: a plan of its own
             leaves2 = [t for t in (x2, wg, bg) if t is not None]

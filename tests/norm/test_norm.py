@@ -224,10 +224,10 @@ def test_backward_candidates_match_float64(monkeypatch, finish, hoist_w, stages,
     """The backward's candidates (configs.BACKWARD_FINISH "kernel": dweight / dbias summed and cast by
     norm_partials_kernel; BACKWARD_HOIST_W; BACKWARD_STAGES, the compiler-pipelined loop) against float64, with the
     finishing kernel stepping over the partials several times (a small tile) and a column count that is no multiple
-    of its columns a program."""
+    of its columns a program. (The stages apply to the plans without a residual stream: the second call's.)"""
     monkeypatch.setattr(configs, "BACKWARD_FINISH", finish)
     monkeypatch.setattr(configs, "BACKWARD_HOIST_W", hoist_w)
-    monkeypatch.setattr(configs, "BACKWARD_STAGES", stages)
+    monkeypatch.setattr(configs, "BACKWARD_STAGES", {512: stages})  # (300 columns: BLOCK_N 512)
     monkeypatch.setattr(configs, "FINISH_TILE_ELEMS", 64)
     p = plan.plan(37, 300, torch.device("cpu"))
     assert (p.finish, p.hoist_w, p.stages) == (finish, hoist_w, stages)

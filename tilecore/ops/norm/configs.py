@@ -47,10 +47,11 @@ FUSED_BACKWARD = {4096: (4096, 4, 8)}
 # backward (issue 37's 90% of copy); experiments/norm_rotary/gpu_s36.py times them.
 BACKWARD_FINISH = "torch"
 BACKWARD_HOIST_W = False
-# BACKWARD_STAGES: 0, the backward's next tile loaded by hand one tile ahead into registers (at 1024 columns 128
-# registers, 4 programs an SM: ~32 KiB of loads in flight a SM); n > 0, its loop pipelined by the compiler at n
-# stages (the tiles ahead in shared memory, not registers: more programs resident). A candidate.
-BACKWARD_STAGES = 0
+# BACKWARD_STAGES: BLOCK_N -> n for the backward without a residual stream (configs.FUSED_BACKWARD's plans keep 0):
+# n > 0 pipelines its loop by the compiler at n stages (the tiles ahead in shared memory, not registers: more
+# programs resident); absent or 0, the next tile is loaded by hand one tile ahead into registers (at 1024 columns 128
+# registers, 4 programs an SM: ~32 KiB of loads in flight a SM). A candidate.
+BACKWARD_STAGES: dict = {}
 # the finishing kernel's tile: FINISH_TILE_ELEMS partial values a step over columns of its FINISH_PROGRAMS programs
 FINISH_TILE_ELEMS = 2048
 FINISH_PROGRAMS = 128

@@ -85,4 +85,5 @@ def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, ti
                 row_tiles=row_tiles, groups=groups,
                 finish=finish or configs.BACKWARD_FINISH,
                 hoist_w=configs.BACKWARD_HOIST_W if hoist_w is None else hoist_w,
-                stages=configs.BACKWARD_STAGES if stages is None else stages)
+                stages=(configs.BACKWARD_STAGES.get(block_n, 0) if whole_row and not fused else 0) if stages is None
+                else stages)
