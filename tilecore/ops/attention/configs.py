@@ -167,3 +167,11 @@ def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, w
 L2_GROUP_BYTES = 8 << 20  # shared operands of the heads kept together: D128 fwd +0-5%, bwd +2-13%
 TILE_OVERHEAD_STEPS = 2  # a tile's fixed cost in steps, for the balanced schedule (~2.5-4 us a tile)
 DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a few KB to 33 KB each)
+
+
+# --------------------------------------------------------------------------------------------
+# attention(..., rotary=(cos, sin)) on Hopper (plan.rotary_path): True routes the calls the Gluon forward
+# serves to the forward that turns Q and K inside the Gluon kernel (gluon_rotary.forward, where it exists;
+# the backward then the composite's); False: the composite (apply_rotary on q and k, the shipped Gluon
+# forward and backward on the turned tensors, dQ and dK turned back by apply_rotary's backward)
+ROTARY_IN_KERNEL = False

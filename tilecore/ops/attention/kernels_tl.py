@@ -21,6 +21,14 @@ SOFTCAP: the base-2 score is cap log2(e) tanh(q.k scale / cap) (``scale_log2e`` 
 cap log2(e), ``tanh_scale`` scale / cap); tanh is computed from exp2 (tanh_from_exp2: libdevice does
 not run in the interpreter), stable for any |x|. Its gradient is dS (1 - tanh^2).
 
+ROTARY (attention(..., rotary=(cos, sin)); the forward and both backward kernels): Q and K turned by
+rotary embedding as they are loaded (rotary_turn: Q once a tile, K as each block arrives), key j at
+position j and query i at i + (Nk - N), cos and sin rows (positions, rotary_pairs) of the tables
+COS / SIN; the turned tile is rounded to the operand dtype (as a separate rotation pass would) and
+feeds tl.dot unchanged. The backward's dS is the same on the turned vectors: dK and dQ accumulate in
+the turned space and are turned back, R(-theta), once a tile before they are stored. Off (the
+default, COS = SIN = None) the kernels compile as without it.
+
 Scores are kept in base 2: s = q k^T * scale * log2(e), so every exponential is one ``exp2``, and
 are scaled before they are masked, so a negative scale cannot turn the -inf fill into +inf. The
 running row max starts at -inf (tiles.ops.online_softmax_update shifts by 0 while it is -inf, so a
@@ -177,6 +185,52 @@ def mask_keys(s, queries, keys, shift, key_end, left, right, CAUSAL: tl.constexp
     return tl.where(ok, s, float("-inf"))
 
 
+@triton.jit
+def rotary_partner(offs_d, pairs, INTERLEAVED: tl.constexpr):
+    """The column each head-dim column ``offs_d`` turns with: c +- pairs (half-split) or c ^ 1
+    (INTERLEAVED) within the first 2 * pairs columns, c itself past them."""
+    rotated = offs_d < 2 * pairs
+    if INTERLEAVED:
+        return tl.where(rotated, offs_d ^ 1, offs_d)
+    else:
+        return tl.where(rotated, tl.where(offs_d < pairs, offs_d + pairs, offs_d - pairs), offs_d)
+
+
+@triton.jit
+def rotary_turn(x, x_partner, COS, SIN, stride_cos, stride_sin, pos, rows_ok, offs_d, pairs,
+                INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr):
+    """x, a [rows, BLOCK_D] tile of head-dim columns offs_d, turned by rotary embedding, in float32:
+    each pair (i, i + pairs) (or (2i, 2i + 1) when INTERLEAVED) of a row at position ``pos`` by the
+    angle whose cosine and sine are COS[pos, i], SIN[pos, i] (INVERSE: by the opposite angle, the
+    transpose); columns from 2 * pairs on, and rows not ``rows_ok``, unchanged. ``x_partner``: x's
+    columns rotary_partner(offs_d) (loaded beside x, or rotary_gathered from it);
+    x'[c] = x[c] cos -+ x[partner] sin, minus for a pair's first column."""
+    rotated = offs_d < 2 * pairs
+    if INTERLEAVED:
+        first = (offs_d % 2) == 0
+        angle = offs_d // 2
+    else:
+        first = offs_d < pairs
+        angle = tl.where(first, offs_d, offs_d - pairs)
+    ok = rows_ok[:, None] & rotated[None, :]
+    pos = pos.to(tl.int64)
+    c = tl.load(COS + pos[:, None] * stride_cos + angle[None, :], mask=ok, other=1.0).to(tl.float32)
+    s = tl.load(SIN + pos[:, None] * stride_sin + angle[None, :], mask=ok, other=0.0).to(tl.float32)
+    if INVERSE:
+        s = tl.where(first[None, :], s, -s)
+    else:
+        s = tl.where(first[None, :], -s, s)
+    return x.to(tl.float32) * c + x_partner.to(tl.float32) * s
+
+
+@triton.jit
+def rotary_gathered(x, offs_d, pairs, INTERLEAVED: tl.constexpr):
+    """x's columns rotary_partner(offs_d), from the tile itself (tl.gather along the columns): the
+    partner of an accumulator, which has no copy in memory."""
+    partner = rotary_partner(offs_d, pairs, INTERLEAVED)
+    return tl.gather(x, tl.broadcast_to(partner[None, :], x.shape), axis=1)
+
+
 # --------------------------------------------------------------------------------------------
 # the forward's tile steps, shared by the query-block and the split-key kernels
 
@@ -232,9 +286,11 @@ def attn_fwd(Q, K, V, O, LSE,
              sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
              H, N, Nk, D, DV, GROUP, left, right, scale_log2e, tanh_scale,
              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+             COS=None, SIN=None, stride_cos=1, stride_sin=1, rotary_pairs=1, ROTARY: tl.constexpr = False,
+             ROTARY_INTERLEAVED: tl.constexpr = False):
     """One program per (batch * q head, block of queries): its rows' O (BLOCK_M x DV) and lse over
-    the keys their windows reach (key_range)."""
+    the keys their windows reach (key_range). ROTARY: Q turned once, each K block as it is loaded."""
     bh, b, h, hk, start_m, offs_m = _query_block(H, N, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -244,6 +300,11 @@ def attn_fwd(Q, K, V, O, LSE,
 
     q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
     q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    if ROTARY:
+        turn = rotary_partner(offs_d, rotary_pairs, ROTARY_INTERLEAVED) - offs_d  # partner column - column
+        q = rotary_turn(q, tl.load(q_ptrs + turn[None, :] * sqd, mask=q_ok, other=0.0), COS, SIN, stride_cos,
+                        stride_sin, offs_m + (Nk - N), offs_m < N, offs_d, rotary_pairs, ROTARY_INTERLEAVED,
+                        False).to(q.dtype)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
@@ -254,9 +315,19 @@ def attn_fwd(Q, K, V, O, LSE,
     shift = Nk - N  # query i sits at key position i + shift
     lo, hi = key_range(start_m, start_m + BLOCK_M - 1, N, Nk, left, right, BLOCK_N, CAUSAL, WINDOW)
     for start_n in range(lo, hi, BLOCK_N):
-        m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, offs_dv, dv_ok, Nk, skn, skd,
-                                    svn, svd, offs_m, shift, left, right, m_i, l_i, acc, scale_log2e, tanh_scale,
-                                    CAUSAL, WINDOW, SOFTCAP)
+        if ROTARY:
+            k, _ = key_rows(k_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
+            k_partner, _ = key_rows(k_base + turn[None, :] * skd, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
+            k = rotary_turn(k, k_partner, COS, SIN, stride_cos, stride_sin, start_n + offs_n0,
+                            start_n + offs_n0 < Nk, offs_d, rotary_pairs, ROTARY_INTERLEAVED, False).to(k.dtype)
+            v, _ = key_rows(v_base, start_n, offs_n0, offs_dv, dv_ok, Nk, svn, svd)
+            qk = mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
+            m_i, l_i, acc = fold_keys(qk, v, start_n + offs_n0, Nk, offs_m, shift, left, right, m_i, l_i, acc,
+                                      scale_log2e, tanh_scale, CAUSAL, WINDOW, SOFTCAP)
+        else:
+            m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, offs_dv, dv_ok, Nk, skn,
+                                        skd, svn, svd, offs_m, shift, left, right, m_i, l_i, acc, scale_log2e,
+                                        tanh_scale, CAUSAL, WINDOW, SOFTCAP)
     out, lse2 = normalized(m_i, l_i, acc)
     lse = lse2 / LOG2E_IN_KERNEL
     o_ptrs, o_ok = _rows(O, b, h, start_m, N, DV, sob, soh, son, sod, BLOCK_M, BLOCK_DV)
@@ -312,11 +383,13 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
                   sgb, sgh, sgn, sgd, svgb, svgh, svgn, svgd,
                   H, HKV, N, Nk, D, DV, GROUP, left, right, scale, scale_log2e, tanh_scale,
                   CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  COS=None, SIN=None, stride_cos=1, stride_sin=1, rotary_pairs=1, ROTARY: tl.constexpr = False,
+                  ROTARY_INTERLEAVED: tl.constexpr = False):
     """One program per (batch * kv head, block of keys): sums dk, dv over the query blocks that
     see the keys (query_range) of every q head in the kv head's group (no atomics), computing the
     transposed tiles directly. Query rows past N load as zeros (Q, dO, lse and delta): whatever
-    their p, they add 0."""
+    their p, they add 0. ROTARY: K turned once, each Q block as it is loaded, dK turned back."""
     # (batch * kv heads, key blocks) on the grid's axes: a 1-D grid with a kv head's blocks
     # consecutive, as the query-block kernels have, spilled 52-80 B at D128 (notes/attention)
     bhk = tl.program_id(0)
@@ -333,6 +406,12 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
     dv_ok = offs_dv < DV
     k, k_ok = key_rows(K + b * skb + hk * skh, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
     v, v_ok = key_rows(V + b * svb + hk * svh, start_n, offs_n0, offs_dv, dv_ok, Nk, svn, svd)
+    if ROTARY:
+        turn = rotary_partner(offs_d, rotary_pairs, ROTARY_INTERLEAVED) - offs_d  # partner column - column
+        k_partner, _ = key_rows(K + b * skb + hk * skh + turn[None, :] * skd, start_n, offs_n0, offs_d, d_ok, Nk,
+                                skn, skd)
+        k = rotary_turn(k, k_partner, COS, SIN, stride_cos, stride_sin, offs_n, offs_n < Nk, offs_d, rotary_pairs,
+                        ROTARY_INTERLEAVED, False).to(k.dtype)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
@@ -346,6 +425,10 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
             q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
             do_ptrs, do_ok = _rows(DO, b, h, start_m, N, DV, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_DV)
             q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+            if ROTARY:
+                q_partner = tl.load(q_ptrs + turn[None, :] * sqd, mask=q_ok, other=0.0)
+                q = rotary_turn(q, q_partner, COS, SIN, stride_cos, stride_sin, offs_m + shift, offs_m < N, offs_d,
+                                rotary_pairs, ROTARY_INTERLEAVED, False).to(q.dtype)
             do = tl.load(do_ptrs, mask=do_ok, other=0.0)
             m2 = _row_max_log2(LSE, row_base + offs_m, offs_m < N)
             delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < N, other=0.0)
@@ -361,8 +444,14 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
 
     dk_ptrs, _ = _rows(DK, b, hk, start_n, Nk, D, sgb, sgh, sgn, sgd, BLOCK_N, BLOCK_D)
     dv_ptrs, _ = _rows(DV_OUT, b, hk, start_n, Nk, DV, svgb, svgh, svgn, svgd, BLOCK_N, BLOCK_DV)
-    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
-    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=v_ok)
+    if ROTARY:  # dV first: its registers free before dK is turned back
+        tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=v_ok)
+        dk = rotary_turn(dk, rotary_gathered(dk, offs_d, rotary_pairs, ROTARY_INTERLEAVED), COS, SIN, stride_cos,
+                         stride_sin, offs_n, offs_n < Nk, offs_d, rotary_pairs, ROTARY_INTERLEAVED, True)
+        tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
+    else:
+        tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
+        tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=v_ok)
 
 
 @triton.jit
@@ -371,9 +460,11 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                 sgb, sgh, sgn, sgd,
                 H, N, Nk, D, DV, GROUP, left, right, scale, scale_log2e, tanh_scale,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                COS=None, SIN=None, stride_cos=1, stride_sin=1, rotary_pairs=1, ROTARY: tl.constexpr = False,
+                ROTARY_INTERLEAVED: tl.constexpr = False):
     """One program per (batch * q head, block of queries): dq = scale * sum over the keys its rows
-    see (key_range) of dS k."""
+    see (key_range) of dS k. ROTARY: Q turned once, each K block as it is loaded, dQ turned back."""
     bh, b, h, hk, start_m, offs_m = _query_block(H, N, GROUP, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -383,6 +474,11 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     q_ptrs, q_ok = _rows(Q, b, h, start_m, N, D, sqb, sqh, sqn, sqd, BLOCK_M, BLOCK_D)
     do_ptrs, do_ok = _rows(DO, b, h, start_m, N, DV, sdb, sdh, sdn, sdd, BLOCK_M, BLOCK_DV)
     q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    if ROTARY:
+        turn = rotary_partner(offs_d, rotary_pairs, ROTARY_INTERLEAVED) - offs_d  # partner column - column
+        q = rotary_turn(q, tl.load(q_ptrs + turn[None, :] * sqd, mask=q_ok, other=0.0), COS, SIN, stride_cos,
+                        stride_sin, offs_m + (Nk - N), offs_m < N, offs_d, rotary_pairs, ROTARY_INTERLEAVED,
+                        False).to(q.dtype)
     do = tl.load(do_ptrs, mask=do_ok, other=0.0)
     row = bh.to(tl.int64) * N + offs_m
     m2 = _row_max_log2(LSE, row, offs_m < N)
@@ -396,6 +492,10 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         k, _ = key_rows(k_base, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
+        if ROTARY:
+            k_partner, _ = key_rows(k_base + turn[None, :] * skd, start_n, offs_n0, offs_d, d_ok, Nk, skn, skd)
+            k = rotary_turn(k, k_partner, COS, SIN, stride_cos, stride_sin, offs_n, offs_n < Nk, offs_d,
+                            rotary_pairs, ROTARY_INTERLEAVED, False).to(k.dtype)
         v, _ = key_rows(v_base, start_n, offs_n0, offs_dv, dv_ok, Nk, svn, svd)
         s = scores_base2(mma_abt(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)), scale_log2e, tanh_scale,
                          SOFTCAP)
@@ -407,4 +507,7 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         dq = mma(ds.to(k.dtype), k, dq)
 
     dq_ptrs, _ = _rows(DQ, b, h, start_m, N, D, sgb, sgh, sgn, sgd, BLOCK_M, BLOCK_D)
+    if ROTARY:
+        dq = rotary_turn(dq, rotary_gathered(dq, offs_d, rotary_pairs, ROTARY_INTERLEAVED), COS, SIN, stride_cos,
+                         stride_sin, offs_m + (Nk - N), offs_m < N, offs_d, rotary_pairs, ROTARY_INTERLEAVED, True)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)

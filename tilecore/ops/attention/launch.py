@@ -188,16 +188,54 @@ _GLUON_FORWARDS = LRU(256)  # a plan's launch key -> its GluonForward (False: la
 
 
 def launch_forward_tl(plan, q, k, v, out, lse, causal: bool, scale: float, window=NO_WINDOW,
-                      softcap: float = 0.0) -> None:
-    """The tl query-block forward (kernels_tl.attn_fwd)."""
+                      softcap: float = 0.0, rotary=None) -> None:
+    """The tl query-block forward (kernels_tl.attn_fwd); ``rotary``: (cos, sin, interleaved), Q and K
+    turned in the kernel (rotary_arguments)."""
     B, H, N, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
     masks, left, right = mask_options(causal, window, N, Nk)
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    turn = rotary_arguments(rotary)
     run(FWD, plan, plan.grid, (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
                                H, N, Nk, D, Dv, H // Hkv, left, right, scale_log2e, tanh_scale),
-        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
+        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config, **turn))
+
+
+def rotary_arguments(rotary) -> dict:
+    """The tl kernels' rotary arguments for ``rotary`` = (cos, sin, interleaved) (tables (max_seqlen,
+    pairs), unit stride along the pairs), by name, or none (None: the kernels' defaults, which compile
+    the kernels as without rotary)."""
+    if rotary is None:
+        return {}
+    cos, sin, interleaved = rotary
+    cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
+    return dict(COS=cos, SIN=sin, stride_cos=cos.stride(0), stride_sin=sin.stride(0), rotary_pairs=cos.shape[1],
+                ROTARY=True, ROTARY_INTERLEAVED=bool(interleaved))
+
+
+def rotary_buffer(shape, dtype, device) -> torch.Tensor:
+    """An output of the rotary tl path, which its kernels write whole (tests fill it with NaN first)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def rotary_outputs(plan, q, k, v, cos, sin, interleaved: bool, causal: bool, scale: float, window=NO_WINDOW,
+                   softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention(q, k, v, rotary=(cos, sin)) by a tl forward ``plan`` (plan_forward's for
+    q, k, v with path "tl"): Q and K turned in the kernel."""
+    if plan.path != "tl":
+        raise ValueError(f"rotary in the kernel: the tl forward only; got a {plan.path!r} plan")
+    out = rotary_buffer((*q.shape[:3], v.shape[-1]), q.dtype, q.device)
+    lse = rotary_buffer(q.shape[:3], torch.float32, q.device)
+    rotary = (cos, sin, interleaved)
+    if plan.operand_dtype is not None:  # exact upcasts in, one rounding out
+        q, k, v = (t.to(plan.operand_dtype) for t in (q, k, v))
+        result = torch.empty(out.shape, dtype=plan.operand_dtype, device=out.device)
+        launch_forward_tl(plan, q, k, v, result, lse, causal, scale, window, softcap, rotary)
+        out.copy_(result)
+    else:
+        launch_forward_tl(plan, q, k, v, out, lse, causal, scale, window, softcap, rotary)
+    return out, lse
 
 
 _FORWARD = {"gluon": launch_forward_gluon, "tl": launch_forward_tl, "decode": launch_decode,
@@ -361,8 +399,9 @@ def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: fl
 
 
 def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,
-                       window=NO_WINDOW, softcap: float = 0.0) -> None:
-    """The preprocess, the tl dk/dv kernel (a program per kv head's key block), then the tl dq pass."""
+                       window=NO_WINDOW, softcap: float = 0.0, rotary=None) -> None:
+    """The preprocess, the tl dk/dv kernel (a program per kv head's key block), then the tl dq pass;
+    ``rotary`` as launch_forward_tl's (dK and dQ turned back in the kernels)."""
     B, H, N, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
@@ -370,23 +409,47 @@ def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: 
     masks, left, right = mask_options(causal, window, N, Nk)
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    turn = rotary_arguments(rotary)
     run(DKDV, plan, plan.grid, (q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), H, Hkv, N,
                                 Nk, D, Dv, H // Hkv, left, right, scale, scale_log2e, tanh_scale),
-        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
-    launch_dq_tl(plan.dq, dout, q, k, v, lse, delta, dq, causal, scale, window, softcap)
+        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config, **turn))
+    launch_dq_tl(plan.dq, dout, q, k, v, lse, delta, dq, causal, scale, window, softcap, rotary)
 
 
-def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
+def launch_dq_tl(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
+                 rotary=None) -> None:
     """The tl dq kernel: one program per (batch * q head, query block), looping over the keys its
-    rows see."""
+    rows see; ``rotary`` as launch_forward_tl's."""
     q, k, v, dout = tl_addressable(q), tl_addressable(k), tl_addressable(v), tl_addressable(dout)
     B, H, N, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     masks, left, right = mask_options(causal, window, N, Nk)
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
+    turn = rotary_arguments(rotary)
     run(DQ, plan, plan.grid, (q, k, v, dout, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
                               *dq.stride(), H, N, Nk, D, Dv, H // Hkv, left, right, scale, scale_log2e, tanh_scale),
-        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config))
+        dict(**masks, **scores, BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv), **plan.config, **turn))
+
+
+def rotary_gradients(plan, dout, q, k, v, cos, sin, interleaved: bool, out, lse, dlse, causal: bool, scale: float,
+                     window=NO_WINDOW, softcap: float = 0.0):
+    """(dq, dk, dv) of attention(q, k, v, rotary=(cos, sin)) by a tl backward ``plan`` (plan_backward's
+    with path "tl"), allocated here: Q and K turned in the kernels, dQ and dK turned back there."""
+    if plan.path != "tl":
+        raise ValueError(f"rotary in the kernel: the tl backward only; got a {plan.path!r} plan")
+    lse = lse.contiguous()
+    dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+    grads = [rotary_buffer(t.shape, t.dtype, t.device) for t in (q, k, v)]
+    rotary = (cos, sin, interleaved)
+    if plan.operand_dtype is None:
+        launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, *grads, causal, scale, window, softcap, rotary)
+        return tuple(grads)
+    dout, q, k, v, out = (t.to(plan.operand_dtype) for t in (dout, q, k, v, out))
+    wide = [torch.empty(g.shape, dtype=plan.operand_dtype, device=g.device) for g in grads]
+    launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, *wide, causal, scale, window, softcap, rotary)
+    for g, result in zip(grads, wide):
+        g.copy_(result)
+    return tuple(grads)
 
 
 _BACKWARD = {"gluon": launch_backward_gluon, "tl": launch_backward_tl, "reference": launch_backward_reference,

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import launch
+from tilecore.ops.attention import launch, op_rotary
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
 from tilecore.ops.attention_decode.launch import prepared as decode_prepared
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
@@ -297,7 +297,8 @@ class _AttentionOutFunction(torch.autograd.Function):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, return_lse: bool = False, window_size: tuple[int, int] = NO_WINDOW,
-              softcap: float = 0.0, precision: str | None = None, rotate: bool = True, sm_margin: int = 0):
+              softcap: float = 0.0, precision: str | None = None, rotate: bool = True, sm_margin: int = 0,
+              rotary: tuple[torch.Tensor, torch.Tensor] | None = None, rotary_interleaved: bool = False):
     """softmax(scale q k^T) v, FlashAttention-style (never materializes the N x Nk scores).
 
     Layout (B, H, N, D), as SDPA's: q (batch, heads, queries, head_dim); k (batch, kv_heads, keys,
@@ -333,7 +334,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     backward and dQ kernels) leave free, forward and backward, for work on other streams beside them
     (tilecore.distributed's ring: NCCL's transfer kernels); from 0 to the GPU's SMs - 1. The math is
     the same; kernels launched a program per tile and CPU tensors ignore it. Not with precision="fp8".
+
+    ``rotary=(cos, sin)`` (issue 37): rotary position embedding applied to q and k first, as
+    ``tilecore.apply_rotary(x, cos, sin, interleaved=rotary_interleaved)`` would (cos, sin:
+    (max_seqlen, rotary_dim / 2), any float dtype, q's device; rotary_dim <= D, the features past it
+    pass through; pairs (i, i + rotary_dim / 2), or (2i, 2i + 1) with ``rotary_interleaved``), key j
+    at position j and query i at i + Nk - N (the alignment causal uses), so cos and sin need Nk rows
+    and N <= Nk. Every kv head turns the same. Gradients for q, k, v (cos and sin get none, as
+    apply_rotary's). With every option above; with precision="fp8" q and k are turned first, then
+    the FP8 path. Where it runs (plan.rotary_path): inside the tl kernels (Q and K turned as they are
+    loaded, dQ and dK turned back before they are stored: the interpreter, GPUs other than Hopper); on
+    Hopper apply_rotary on q and k, then the Gluon kernels (op_rotary's module docstring).
     """
+    if rotary is not None:
+        return _rotary(q, k, v, rotary, rotary_interleaved, causal, scale, return_lse, window_size, softcap,
+                       precision, rotate, sm_margin)
     if precision is not None:
         if sm_margin != 0:
             raise ValueError(f"attention: precision='fp8' takes no sm_margin (its kernel takes every SM); got "
@@ -364,6 +379,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     else:
         out, lse = _forward_op(q, k, v, causal, scale, *window, softcap, sm_margin)
+    return (out, lse) if return_lse else out
+
+
+def _rotary(q, k, v, rotary, interleaved, causal, scale, return_lse, window_size, softcap, precision, rotate,
+            sm_margin):
+    """attention(..., rotary=(cos, sin)): the checks, then the path plan.rotary_path names: "composite"
+    (apply_rotary on q and k, then attention itself: autograd turns dQ and dK back through
+    apply_rotary), else op_rotary's custom ops (the kernels turn Q and K themselves)."""
+    check(q, k, v, causal, scale, window_size, softcap, sm_margin)
+    cos, sin = op_rotary.check_rotary(q, k, rotary, interleaved)
+    if precision is not None or op_rotary.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale)) \
+            == "composite":
+        qr, kr = op_rotary.turned_qk(q, k, cos, sin, interleaved)
+        return attention(qr, kr, v, causal=causal, scale=scale, return_lse=return_lse, window_size=window_size,
+                         softcap=softcap, precision=precision, rotate=rotate, sm_margin=sm_margin)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
+    window = window_value(window_size)
+    out, lse = op_rotary.forward_op(q, k, v, cos, sin, causal, scale, interleaved, *window, softcap_value(softcap),
+                                    int(sm_margin))
     return (out, lse) if return_lse else out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import numbers
 import threading
@@ -520,3 +521,43 @@ def causal_schedule(device: torch.device, *key, build=balanced_table) -> torch.T
         if capturing and table is not None:  # kept for good: the graph reads it at every replay
             _CAPTURED_TABLES[cache_key] = _DEVICE_TABLES.pop(cache_key)
         return table
+
+
+# --------------------------------------------------------------------------------------------
+# attention(..., rotary=(cos, sin))
+
+GLUON_ROTARY_MODULE = "tilecore.ops.attention.gluon_rotary"
+
+
+def gluon_rotary_forward():
+    """The Hopper forward that turns Q and K inside the Gluon kernel, ``forward(q, k, v, cos, sin, *,
+    causal, scale, interleaved, window, softcap, sm_margin) -> (o, lse)``, or None where its module or
+    entry point does not exist."""
+    try:
+        module = importlib.import_module(GLUON_ROTARY_MODULE)
+    except ImportError:
+        return None
+    return getattr(module, "forward", None)
+
+
+def rotary_path(q, k, v, scale: float) -> str:
+    """How attention(q, k, v, rotary=(cos, sin)) runs, from shapes, dtypes and the device alone (so
+    torch.compile's fake tensors plan it as the real ones):
+
+    * "composite": apply_rotary on q and k, then attention on the turned tensors, whose autograd turns
+      dQ and dK back (apply_rotary's backward): CPU tensors without the interpreter (torch's CPU
+      paths), Hopper where the Gluon forward serves the call (its kernels read K from shared memory by
+      TMA, where the tl kernels' in-register turn does not reach) unless ROTARY_IN_KERNEL, and head dims
+      past 256 (the split-key path);
+    * "gluon": Hopper, the Gluon forward's calls, configs.ROTARY_IN_KERNEL on and gluon_rotary_forward()
+      there: that forward, and for the gradients the composite's backward;
+    * "tl": the tl forward and backward with Q and K turned in the kernels (kernels_tl.rotary_turn):
+      the interpreter and every other GPU."""
+    if dispatch.backend_for(q.device) == "reference":
+        return "composite"
+    D, Dv = q.shape[-1], v.shape[-1]
+    if dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0:
+        return "gluon" if configs.ROTARY_IN_KERNEL and gluon_rotary_forward() is not None else "composite"
+    if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
+        return "tl"
+    return "composite"

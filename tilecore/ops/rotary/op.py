@@ -173,3 +173,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
             _rotary_inplace_op(x, cos, sin, pos, interleaved, False)
         return x
     return eager.run(_rotary_op, _rotary_impl, _RotaryFunction, x, cos, sin, pos, interleaved, False, key=key)
+
+
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
+         conjugate: bool = False) -> torch.Tensor:
+    """apply_rotary's rotation of x (batch, seqlen, heads, head_dim), token n by row n of cos and sin
+    (``conjugate``: by the opposite angle, the inverse), into a new (B, N, H, D) contiguous tensor: no
+    checks, no autograd, no custom op (for ops that call it inside their own implementations, on
+    inputs they checked: attention's rotary backward)."""
+    return _rotary_impl(x, cos, sin, None, bool(interleaved), bool(conjugate))

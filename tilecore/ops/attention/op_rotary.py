@@ -1,0 +1,178 @@
+"""``attention(..., rotary=(cos, sin))``: rotary embedding applied to Q and K inside attention, its
+checks and its custom ops (op.py's ``attention`` routes here; plan.rotary_path picks the path).
+
+Positions: key j of Nk sits at position j and query i of N at i + Nk - N (the bottom-right
+alignment causal uses: a prefill chunk, or the last N tokens of a KV cache), so cos and sin (flash-
+attn's (max_seqlen, rotary_dim / 2), as ``apply_rotary`` takes them) need at least Nk rows and
+N <= Nk. Every kv head turns the same (GQA, MQA). Features past rotary_dim pass through.
+
+The fused path is two custom ops, ``tilecore::attention_rotary_forward`` and ``_backward`` (cos and
+sin tensor arguments; fake implementations, so torch.compile(fullgraph=True) traces them), whose
+implementations run the tl kernels with Q and K turned as they are loaded ("tl"), or the Hopper
+forward that turns them inside the Gluon kernel ("gluon", configs.ROTARY_IN_KERNEL) with the
+composite's backward: q and k turned again by apply_rotary's kernel, the shipped backward on them,
+dQ and dK turned back. The "composite" path itself is op.py's: apply_rotary then attention, in
+Python, so autograd keeps the turned q and k and turns the gradients back through apply_rotary.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tilecore.ops.attention import launch
+from tilecore.ops.attention.plan import gluon_rotary_forward, plan_backward, plan_forward, rotary_path
+from tilecore.ops.rotary.op import turn
+
+TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_rotary(q, k, rotary, interleaved) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of ``rotary`` for q (B, Hq, N, D) and k (B, Hkv, Nk, D), or TypeError/ValueError
+    naming what is accepted (q, k and v already checked by op.check)."""
+    accepted = ("rotary must be a pair (cos, sin) of tensors of shape (max_seqlen, rotary_dim / 2), as "
+                "tilecore.apply_rotary takes them")
+    if not isinstance(rotary, (tuple, list)) or len(rotary) != 2:
+        raise TypeError(f"attention: {accepted}; got {type(rotary).__name__}")
+    cos, sin = rotary
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {accepted}; got {name} of type {type(t).__name__}")
+        if t.dim() != 2 or t.shape[1] < 1:
+            raise ValueError(f"attention: {accepted} (rotary_dim >= 2); got {name} of shape {tuple(t.shape)}")
+        if t.dtype not in TABLE_DTYPES:
+            raise TypeError(f"attention: rotary's {name} must be float16, bfloat16 or float32; got "
+                            f"{str(t.dtype).removeprefix('torch.')}")
+        if t.device != q.device:
+            raise ValueError(f"attention: rotary's {name} is on {t.device} and q on {q.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"attention: rotary's cos and sin must have one shape; got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"attention: rotary_interleaved must be True or False, got {interleaved!r}")
+    rows, pairs = cos.shape
+    D, N, Nk = q.shape[3], q.shape[2], k.shape[2]
+    if 2 * pairs > D:
+        raise ValueError(f"attention: rotary_dim = 2 * cos.shape[1] = {2 * pairs} exceeds q's and k's head_dim {D}")
+    if N > Nk:
+        raise ValueError(f"attention: rotary places query i at position i + Nk - N (bottom-right, as causal); "
+                         f"it takes N <= Nk, got N = {N} queries and Nk = {Nk} keys")
+    if rows < Nk:
+        raise ValueError(f"attention: rotary's cos and sin hold {rows} positions, fewer than the {Nk} keys "
+                         f"(key j at position j)")
+    return cos, sin
+
+
+def turned_qk(q, k, cos, sin, interleaved: bool):
+    """q and k turned by apply_rotary (differentiable: its backward turns the gradients back), in
+    their (B, H, N, D) shapes (views of (B, N, H, D) tensors)."""
+    from tilecore.ops.rotary import apply_rotary
+
+    n, nk = q.shape[2], k.shape[2]
+    qr = apply_rotary(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved).transpose(1, 2)
+    kr = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
+    return qr, kr
+
+
+def _turn(q, k, cos, sin, interleaved: bool, conjugate: bool = False):
+    """turned_qk's rotation without autograd (rotary.op.turn), or its inverse (``conjugate``)."""
+    n, nk = q.shape[2], k.shape[2]
+    qr = turn(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved,
+              conjugate=conjugate).transpose(1, 2)
+    kr = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=conjugate).transpose(1, 2)
+    return qr, kr
+
+
+# --------------------------------------------------------------------------------------------
+# implementations
+
+
+def forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: bool, window, softcap: float,
+                 sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    window = tuple(window)
+    if q.numel() == 0 or v.shape[-1] == 0:
+        return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
+    path = rotary_path(q, k, v, scale)
+    if path == "gluon":
+        try:
+            return gluon_rotary_forward()(q, k, v, cos, sin, causal=causal, scale=scale, interleaved=interleaved,
+                                          window=window, softcap=softcap, sm_margin=sm_margin)
+        except NotImplementedError:  # a case the in-kernel forward does not take: the composite's forward
+            pass
+    if path == "tl":
+        plan = plan_forward(q, k, v, causal, scale, path="tl", window=window, softcap=softcap, sm_margin=sm_margin)
+        return launch.rotary_outputs(plan, q, k, v, cos, sin, interleaved, causal, scale, window, softcap)
+    qr, kr = _turn(q, k, cos, sin, interleaved)
+    plan = plan_forward(qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
+    return launch.outputs(plan, qr, kr, v, causal, scale, window, softcap)
+
+
+def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: float, interleaved: bool, window,
+                  softcap: float, sm_margin: int):
+    window = tuple(window)
+    if q.numel() == 0 or k.numel() == 0:
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if rotary_path(q, k, v, scale) == "tl":
+        plan = plan_backward(dout, q, k, v, causal, scale, path="tl", window=window, softcap=softcap,
+                             sm_margin=sm_margin)
+        return launch.rotary_gradients(plan, dout, q, k, v, cos, sin, interleaved, out, lse, dlse, causal, scale,
+                                       window, softcap)
+    # the composite's backward: the shipped kernels on the turned q and k, dQ and dK turned back
+    qr, kr = _turn(q, k, cos, sin, interleaved)
+    plan = plan_backward(dout, qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
+    dqr, dkr, dv = launch.gradients(plan, dout, qr, kr, v, out, lse, dlse, causal, scale, window, softcap)
+    dq, dk = _turn(dqr, dkr, cos, sin, interleaved, conjugate=True)
+    return dq.contiguous(), dk.contiguous(), dv
+
+
+# --------------------------------------------------------------------------------------------
+# custom ops and autograd
+
+
+@torch.library.custom_op("tilecore::attention_rotary_forward", mutates_args=())
+def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, causal: bool,
+               scale: float, interleaved: bool, window_left: int, window_right: int, softcap: float,
+               sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward_impl(q, k, v, cos, sin, causal, scale, interleaved, (window_left, window_right), softcap,
+                        sm_margin)
+
+
+@forward_op.register_fake
+def _(q, k, v, cos, sin, causal, scale, interleaved, window_left, window_right, softcap, sm_margin):
+    B, H, N, _ = q.shape
+    return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
+
+
+@torch.library.custom_op("tilecore::attention_rotary_backward", mutates_args=())
+def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
+                scale: float, interleaved: bool, window_left: int, window_right: int, softcap: float,
+                sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal, scale, interleaved,
+                         (window_left, window_right), softcap, sm_margin)
+
+
+@backward_op.register_fake
+def _(dout, q, k, v, cos, sin, out, lse, dlse, causal, scale, interleaved, window_left, window_right, softcap,
+      sm_margin):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cos, sin, causal, scale, interleaved, window_left, window_right, softcap, sm_margin = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, cos, sin, out, lse)
+    ctx.options = (causal, scale, interleaved, window_left, window_right, softcap, sm_margin)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, cos, sin, out, lse = ctx.saved_tensors
+    if dout is None:  # only lse was used
+        dout = torch.zeros_like(out)
+    if dlse is not None:  # the kernels index it as a contiguous float32 (B, Hq, N) array
+        dlse = dlse.to(torch.float32).contiguous()
+    dq, dk, dv = backward_op(dout, q, k, v, cos, sin, out, lse, dlse, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None  # cos and sin: no gradient
+
+
+forward_op.register_autograd(_backward, setup_context=_setup_context)
