@@ -13,8 +13,8 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
    checked and timed on the same inputs; regs200: consumers 200 registers, the transform 88; the probes
    no_turn (the transform hands each stage on unturned) and no_tables (turns by constant angles: no cos / sin
    loads), timed only (wrong results);
-Then a few small checks (--extras): grouped heads with rotary_dim < D and fp32 cos/sin, N < Nk causal with
-rows past a tile, a window with a softcap, the carried pipeline (short rows).
+Then a few small checks (--extras): grouped heads with rotary_dim < D and fp32 cos/sin, interleaved pairs
+(causal, D128), N < Nk causal with rows past a tile, a window with a softcap, the carried pipeline (short rows).
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_kernel.py [--cases d128,d128c,d64,d64c] [--extras]
 Prints a table last; writes $OUT/attention_rotary_kernel.json.
@@ -65,38 +65,40 @@ def poisoned(*shapes_dtypes):
     del bufs
 
 
-def turned(x, cos, sin, first_pos):
+def turned(x, cos, sin, first_pos, interleaved=False):
     """x (B, H, N, D) turned in float64, token n at position first_pos + n."""
     n = x.shape[2]
     pos = torch.arange(first_pos, first_pos + n, device=x.device)
-    return rotary_reference(x.transpose(1, 2), cos, sin, position_ids=pos[None]).transpose(1, 2)
+    return rotary_reference(x.transpose(1, 2), cos, sin, position_ids=pos[None],
+                            interleaved=interleaved).transpose(1, 2)
 
 
-def composite(q, k, v, cos, sin, causal, scale, window=(-1, -1), softcap=0.0):
+def composite(q, k, v, cos, sin, causal, scale, window=(-1, -1), softcap=0.0, interleaved=False):
     """apply_rotary on q and k (their (B, N, H, D) views, as a model holds them), then the shipped forward."""
     N, Nk = q.shape[2], k.shape[2]
     pos = torch.arange(Nk - N, Nk, device=q.device)[None]
-    qr = apply_rotary(q.transpose(1, 2), cos, sin, position_ids=pos).transpose(1, 2)
-    kr = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    qr = apply_rotary(q.transpose(1, 2), cos, sin, position_ids=pos, interleaved=interleaved).transpose(1, 2)
+    kr = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
     p = plan.plan_forward(qr, kr, v, causal, scale, window=window, softcap=softcap)
     return launch.outputs(p, qr, kr, v, causal, scale, window, softcap)
 
 
-def check(name, q, k, v, cos, sin, causal, scale, heads, window=(-1, -1), softcap=0.0):
+def check(name, q, k, v, cos, sin, causal, scale, heads, window=(-1, -1), softcap=0.0, interleaved=False):
     """Error over the rounding floor of O (and lse's relative RMS) against float64, ours and the composite's,
     on the heads ``heads`` (a slice of (B, H)); every output element finite (the inputs are)."""
     B, H, N, D = q.shape
     poisoned(((B, H, N, D), q.dtype), ((B, H, N), torch.float32))
-    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale, window=window, softcap=softcap)
+    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale, window=window, softcap=softcap,
+                                    interleaved=interleaved)
     torch.cuda.synchronize()
     finite = bool(torch.isfinite(out).all()) and bool((torch.isfinite(lse) | (lse == float("-inf"))).all())
-    cout, clse = composite(q, k, v, cos, sin, causal, scale, window, softcap)
+    cout, clse = composite(q, k, v, cos, sin, causal, scale, window, softcap, interleaved)
     b, hs = heads
     group = H // k.shape[1]
     qs = q[b:b + 1, hs]
     kvh = slice(hs.start // group, (hs.stop - 1) // group + 1)
-    qt = turned(qs, cos, sin, k.shape[2] - N)
-    kt = turned(k[b:b + 1, kvh], cos, sin, 0)
+    qt = turned(qs, cos, sin, k.shape[2] - N, interleaved)
+    kt = turned(k[b:b + 1, kvh], cos, sin, 0, interleaved)
     ref_o, ref_lse = attention_reference(qt, kt, v[b:b + 1, kvh].double(), causal=causal, scale=scale,
                                          window_size=window, softcap=softcap)
     ours = error_over_floor(out[b:b + 1, hs], ref_o)
@@ -180,8 +182,9 @@ def main():
                 RESULTS["errors"].append(dict(case=f"{case} {variant}", error=traceback.format_exc()[-2000:]))
                 row("error", case, variant, repr(e)[:300])
     if a.extras:
-        extras = [  # name, B, H, Hkv, N, Nk, D, R, causal, window, softcap, cos dtype
+        extras = [  # name, B, H, Hkv, N, Nk, D, R, causal, window, softcap, cos dtype (interleaved: name)
             ("gqa R32 fp32 cos", 2, 8, 2, 1000, 1000, 128, 32, False, (-1, -1), 0.0, torch.float32),
+            ("interleaved causal d128", 2, 4, 2, 700, 700, 128, 64, True, (-1, -1), 0.0, torch.bfloat16),
             ("N<Nk causal d64", 2, 4, 4, 300, 777, 64, 32, True, (-1, -1), 0.0, torch.bfloat16),
             ("window softcap d128", 1, 4, 4, 1500, 1500, 128, 64, False, (200, 0), 30.0, torch.bfloat16),
             ("carried short d64", 4, 4, 4, 256, 256, 64, 32, True, (-1, -1), 0.0, torch.bfloat16)]
@@ -193,7 +196,8 @@ def main():
                 q = torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16)
                 k, v = (torch.randn(b, hkv, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
                 cos, sin = tables(nk + 5, r, cdt, dev)
-                check(name, q, k, v, cos, sin, causal, d ** -0.5, (b - 1, slice(0, h)), window, softcap)
+                check(name, q, k, v, cos, sin, causal, d ** -0.5, (b - 1, slice(0, h)), window, softcap,
+                      interleaved="interleaved" in name)
             except Exception as e:  # noqa: BLE001
                 RESULTS["errors"].append(dict(case=name, error=traceback.format_exc()[-2000:]))
                 row("error", name, repr(e)[:300])

@@ -31,20 +31,24 @@ for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
                 cos_stride=r, sin_stride=r, n_max=4096, H=4, N=256, Nk=256, GROUP=1, scale_log2e=0.1, num_bh=8,
                 head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
                 tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
-                CARRY=cfg.get("carry", False), TURN_ROWS=rows_at_a_time(r))
+                CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
+                TURN_ROWS=rows_at_a_time(r, cfg.get("interleaved", False)))
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
     out.append(dict(d=d, causal=causal, cfg=cfg, r=r, **vars(resources(k)),
                     wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)), tma=ptx.count("cp.async.bulk.tensor"),
                     setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)}),
                     lds_v4=len(re.findall(r"ld\\.shared\\.v4", ptx)), sts_v4=len(re.findall(r"st\\.shared\\.v4", ptx)),
-                    fences=ptx.count("fence.proxy.async"), cos_v4=len(re.findall(r"ld\\.global(\\.\\w+)*\\.v4", ptx))))
+                    fences=ptx.count("fence.proxy.async"), cos_v4=len(re.findall(r"ld\\.global(\\.\\w+)*\\.v4", ptx)),
+                    cos_v2=len(re.findall(r"ld\\.global(\\.\\w+)*\\.v2", ptx))))
 print(json.dumps(out))
 """
 
 # (D, causal, config, R, cos dtype): rotary_config's outcomes at N 4096 (D128: Q in shared memory; D64: two
-# consumers) and D64's carried pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables
+# consumers), D128 causal with interleaved pairs, and D64's carried pipeline of short causal rows (64-key blocks)
+# with rotary_dim 32 and float32 tables
 VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2), 64, "bfloat16"),
+            (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16"),
             (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2), 32, "bfloat16"),
             (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32")]
 # spill bytes (stores, loads) ptxas reports, by (D, carried): scalars of the tile loop kept in local memory at
@@ -76,7 +80,10 @@ def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
     for row in report:
         # K (the transform) and Q (each consumer) read and written back in 16-byte vectors, both halves
         assert row["lds_v4"] > 0 and row["lds_v4"] == row["sts_v4"], row
-        assert row["cos_v4"] > 0, row  # cos and sin rows in 16-byte loads
+        if row["cfg"].get("interleaved"):  # 4 pairs a thread: 4 angles, 8 bytes of bfloat16
+            assert row["cos_v4"] + row["cos_v2"] > 0, row
+        else:  # 8 angles a thread: 16 bytes of bfloat16 (two 16-byte loads of float32)
+            assert row["cos_v4"] > 0, row
         assert row["fences"] >= 2, row  # after the transform's writes and after each consumer's Q
 
 
@@ -86,7 +93,6 @@ def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("what, change, error", [
-    ("interleaved", dict(interleaved=True), NotImplementedError),
     ("head dim 96", dict(d=96), NotImplementedError),
     ("rotary_dim 48", dict(r=24), ValueError),
     ("rotary_dim past D", dict(r=64), ValueError),
@@ -118,15 +124,19 @@ def test_config_is_the_shipped_one_with_two_consumers_and_q_in_shared_memory(d, 
 
 
 def test_rows_at_a_time_cover_the_transform_warps_once():
-    # 4 warps x 32 threads, 8 features a thread in each half of the pairs: R / 8 threads a row
+    # 4 warps x 32 threads, 8 features a thread: R / 8 threads a row in each half, 2R / 8 interleaved
     for r in (16, 32, 64):
         rows = gluon_rotary.rows_at_a_time(r)
         assert rows * (r // 8) == 4 * 32 and rows <= 64
+        rows = gluon_rotary.rows_at_a_time(r, interleaved=True)
+        assert rows * (2 * r // 8) == 4 * 32 and rows <= 64
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on Hopper")
-@pytest.mark.parametrize("d, causal, n, nk, r", [(128, False, 300, 300, 64), (64, True, 200, 333, 32)])
-def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r):
+@pytest.mark.parametrize("d, causal, n, nk, r, interleaved", [(128, False, 300, 300, 64, False),
+                                                              (64, True, 200, 333, 32, False),
+                                                              (128, True, 200, 200, 32, True)])
+def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r, interleaved):
     from tilecore.accuracy import error_over_floor
     from tilecore.ops.attention.reference import attention_reference
     from tilecore.ops.rotary.reference import rotary_reference
@@ -139,10 +149,10 @@ def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r):
     q, k, v = (t.cuda() for t in qkv(b=2, h=4, hkv=2, n=n, nk=nk, d=d))
     cos, sin = torch.randn(nk + 3, r, device="cuda", dtype=torch.float64).cos(), torch.randn(nk + 3, r, device="cuda").sin()
     cos = cos.float()
-    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5)
+    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5, interleaved=interleaved)
     pos_q = torch.arange(nk - n, nk, device="cuda")[None]
-    qt = rotary_reference(q.transpose(1, 2), cos, sin, position_ids=pos_q).transpose(1, 2)
-    kt = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    qt = rotary_reference(q.transpose(1, 2), cos, sin, position_ids=pos_q, interleaved=interleaved).transpose(1, 2)
+    kt = rotary_reference(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
     ref_o, ref_lse = attention_reference(qt, kt, v.double(), causal=causal, scale=d ** -0.5)
     assert error_over_floor(out, ref_o) < 3.0
     assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=0)

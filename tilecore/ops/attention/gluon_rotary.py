@@ -15,10 +15,11 @@ Q stays in shared memory).
 
 Conventions (as ``tilecore.apply_rotary``): q (B, H, N, D), k and v (B, Hkv, Nk, D); cos, sin
 (max_seqlen, rotary_dim / 2), any float dtype; key j is at position j, query i at i + Nk - N (so
-N <= Nk, max_seqlen >= Nk); the pairs are (i, i + R) (half-split, NeoX / Llama), R = rotary_dim / 2,
-features past 2R pass through. Taken: D 64 and 128, rotary_dim any multiple of 32 up to D; bf16 and
-fp16; causal, windows and softcaps as the shipped forward. Not taken (NotImplementedError): the
-interleaved (GPT-J) layout, MLA's 192 / 128, three consumer warpgroups (D64 runs two).
+N <= Nk, max_seqlen >= Nk); the pairs are (i, i + R) (half-split, NeoX / Llama) or (2i, 2i + 1)
+(interleaved, GPT-J), R = rotary_dim / 2, features past 2R pass through. Taken: D 64 and 128,
+rotary_dim any multiple of 32 up to D; bf16 and fp16; grouped heads; causal, windows and softcaps as
+the shipped forward. Not taken (NotImplementedError): MLA's 192 / 128 and other head dims; per-token
+positions (position_ids); three consumer warpgroups (D64 runs two).
 """
 
 import torch
@@ -35,49 +36,66 @@ from tilecore.tiles.launch import CachedLaunch
 
 
 @gluon.jit
+def load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS: gl.constexpr, R: gl.constexpr,
+                layout: gl.constexpr):
+    """cos and sin of rows first_pos .. first_pos + ROWS - 1, [ROWS, R] in ``layout``; rows outside [0, n_max)
+    read nothing and are 0 (so their pairs turn to 0: rows TMA filled with zeros)."""
+    pos = first_pos + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(0, layout)), 0)
+    ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
+    cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
+    sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
+    return cos, sin
+
+
+@gluon.jit
 def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
-              ROWS: gl.constexpr, PROBE: gl.constexpr = 0):
+              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
-    the pairs (i, i + R), i < R, by the angles of cos and sin's row of that position (positions outside
-    [0, n_max) read nothing and turn to 0: rows TMA filled with zeros). ROWS rows at a time, 16-byte
-    vectors, the next rows' cos and sin loaded before this rows' turn. PROBE (timing only, wrong results):
-    1 turns nothing, 2 turns by constant angles (no cos / sin loads)."""
+    the pairs (i, i + R) (INTERLEAVED: (2i, 2i + 1)), i < R, by the angles of cos and sin's row of that
+    position (load_angles). ROWS rows at a time, 16-byte vectors (8 features a thread: both halves'
+    (i, i + R), or 4 whole pairs), the next rows' cos and sin loaded before this rows' turn. PROBE (timing
+    only, wrong results): 1 turns nothing, 2 turns by constant angles (no cos / sin loads)."""
     if PROBE == 1:
         return
     BLOCK_ROWS: gl.constexpr = buf.shape[0]
-    COL_THREADS: gl.constexpr = R // 8 if R // 8 <= 32 else 32  # 8 features (16 bytes) a thread
+    WIDTH: gl.constexpr = 2 * R if INTERLEAVED else R  # the features a thread row holds, 8 a thread
+    COL_THREADS: gl.constexpr = WIDTH // 8 if WIDTH // 8 <= 32 else 32
     ROW_THREADS: gl.constexpr = 32 // COL_THREADS
     gl.static_assert(ROWS % (ROW_THREADS * gl.num_warps()) == 0 and BLOCK_ROWS % ROWS == 0,
                      "ROWS: a multiple of the rows the partition's threads cover, dividing the block's")
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [ROW_THREADS, COL_THREADS], [gl.num_warps(), 1], [1, 0])
-    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(0, layout)), 0)
-    pos = first_pos + rows
-    ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
+    # interleaved: a thread's 8 features as 4 pairs, [rows, pairs, 2], split into a and b in registers
+    pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [ROW_THREADS, COL_THREADS, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
+    angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
     if PROBE == 2:
-        cos = gl.full([ROWS, R], 0.8, gl.float32, layout)
-        sin = gl.full([ROWS, R], 0.6, gl.float32, layout)
+        cos = gl.full([ROWS, R], 0.8, gl.float32, angle_layout)
+        sin = gl.full([ROWS, R], 0.6, gl.float32, angle_layout)
     else:
-        cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
-        sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
+        cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
     for c in gl.static_range(BLOCK_ROWS // ROWS):
         if PROBE == 2:
             next_cos = cos
             next_sin = sin
         elif c + 1 < BLOCK_ROWS // ROWS:  # the next rows' angles, in flight under this turn
-            pos = first_pos + (c + 1) * ROWS + rows
-            ok = gl.expand_dims((pos >= 0) & (pos < n_max), 1)
-            next_cos = gl.load(cos_ptr + gl.expand_dims(pos * cos_stride, 1) + cols, mask=ok, other=0.0)
-            next_sin = gl.load(sin_ptr + gl.expand_dims(pos * sin_stride, 1) + cols, mask=ok, other=0.0)
+            next_cos, next_sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
+                                             first_pos + (c + 1) * ROWS, ROWS, R, angle_layout)
         chunk = buf.slice(c * ROWS, ROWS, dim=0)
-        lo = chunk.slice(0, R, dim=1)
-        hi = chunk.slice(R, R, dim=1)
-        a = lo.load(layout).to(gl.float32)
-        b = hi.load(layout).to(gl.float32)
         cs = cos.to(gl.float32)
         sn = sin.to(gl.float32)
-        lo.store((a * cs - b * sn).to(buf.dtype))
-        hi.store((b * cs + a * sn).to(buf.dtype))
+        if INTERLEAVED:
+            rows = chunk.slice(0, 2 * R, dim=1)
+            x = gl.convert_layout(rows.load(layout).to(gl.float32).reshape([ROWS, R, 2]), pairs)
+            a, b = gl.split(x)
+            turned = gl.join(a * cs - b * sn, b * cs + a * sn).reshape([ROWS, 2 * R])
+            rows.store(gl.convert_layout(turned, layout).to(buf.dtype))
+        else:
+            lo = chunk.slice(0, R, dim=1)
+            hi = chunk.slice(R, R, dim=1)
+            a = lo.load(layout).to(gl.float32)
+            b = hi.load(layout).to(gl.float32)
+            lo.store((a * cs - b * sn).to(buf.dtype))
+            hi.store((b * cs + a * sn).to(buf.dtype))
         if c + 1 < BLOCK_ROWS // ROWS:
             cos = next_cos
             sin = next_sin
@@ -96,6 +114,7 @@ class RotaryAttention:
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
     Q_BY_TRANSFORM: gl.constexpr  # Q turned by the transform partition (turn_tile), else by each consumer (start)
+    INTERLEAVED: gl.constexpr  # pairs (2i, 2i + 1) (GPT-J), else (i, i + R)
     PROBE: gl.constexpr  # timing probes (turn_rows): 0 shipped
 
     @gluon.jit
@@ -120,7 +139,7 @@ class RotaryAttention:
         a = self.attn
         first = tile.first + consumer * a.BM
         turn_rows(buf.reshape([a.BM, a.D]), first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride,
-                  self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.PROBE)
+                  self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.INTERLEAVED, self.PROBE)
 
     @gluon.jit
     def turn_tile(self, ctx, buf, tile, consumer):
@@ -146,7 +165,7 @@ class RotaryAttention:
             if a.WINDOW:
                 k_block += tile.first_block
             turn_rows(stage.k.reshape([a.BN, a.D]), k_block * a.BN, self.cos, self.sin, self.cos_stride,
-                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.PROBE)
+                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.INTERLEAVED, self.PROBE)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
@@ -170,7 +189,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
                                 TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False,
-                                PROBE: gl.constexpr = 0):
+                                INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0):
     """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
     turned in the kernel (the module docstring)."""
     CONSUMERS: gl.constexpr = 2
@@ -186,7 +205,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_BY_TRANSFORM, PROBE)
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_BY_TRANSFORM,
+                         INTERLEAVED, PROBE)
     # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512 (64K a SM)
     PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
     gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
@@ -221,18 +241,16 @@ def rotary_config(d: int, n: int, nk: int, causal: bool) -> dict:
     return cfg
 
 
-def rows_at_a_time(r: int) -> int:
-    """Rows the transform's 4 warps turn at a time: as many as they cover with 8 features (16 bytes) a
-    thread in each half of the pairs, 1024 / R."""
-    return 1024 // r
+def rows_at_a_time(r: int, interleaved: bool = False) -> int:
+    """Rows 4 warps turn at a time: as many as they cover with 8 features (16 bytes) a thread, of each
+    half of the pairs (1024 / R rows) or of the 2R interleaved features (512 / R)."""
+    return (512 if interleaved else 1024) // r
 
 
 def check(q, k, v, cos, sin, interleaved: bool) -> None:
     """What forward takes, or a clear error."""
     B, H, N, D = q.shape
     Nk = k.shape[2]
-    if interleaved:
-        raise NotImplementedError("the in-kernel rotary forward takes the half-split layout (interleaved=False)")
     if D not in (64, 128) or k.shape[3] != D or v.shape[3] != D:
         raise NotImplementedError(f"the in-kernel rotary forward takes q, k and v of head dim 64 or 128; got "
                                   f"{D}, {k.shape[3]}, {v.shape[3]}")
@@ -281,7 +299,8 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                   H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
                  dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
                       Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
-                      Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1]),
+                      Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved),
+                      INTERLEAVED=bool(interleaved),
                       CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM, PROBE=PROBE,
                       num_warps=4))
     return out, lse
