@@ -75,11 +75,13 @@ def turned_qk(q, k, cos, sin, interleaved: bool):
 
 
 def _turn(q, k, cos, sin, interleaved: bool, conjugate: bool = False):
-    """turned_qk's rotation without autograd (rotary.op.turn), or its inverse (``conjugate``)."""
+    """turned_qk's rotation without autograd (rotary.op.turn), or its inverse (``conjugate``), into
+    contiguous (B, H, N, D) tensors."""
     n, nk = q.shape[2], k.shape[2]
-    qr = turn(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved,
-              conjugate=conjugate).transpose(1, 2)
-    kr = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=conjugate).transpose(1, 2)
+    qr, kr = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    turn(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved, conjugate=conjugate,
+         out=qr.transpose(1, 2))
+    turn(k.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=conjugate, out=kr.transpose(1, 2))
     return qr, kr
 
 
@@ -122,7 +124,7 @@ def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: 
     plan = plan_backward(dout, qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
     dqr, dkr, dv = launch.gradients(plan, dout, qr, kr, v, out, lse, dlse, causal, scale, window, softcap)
     dq, dk = _turn(dqr, dkr, cos, sin, interleaved, conjugate=True)
-    return dq.contiguous(), dk.contiguous(), dv
+    return dq, dk, dv
 
 
 # --------------------------------------------------------------------------------------------

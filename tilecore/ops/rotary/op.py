@@ -176,9 +176,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
 
 
 def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
-         conjugate: bool = False) -> torch.Tensor:
+         conjugate: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """apply_rotary's rotation of x (batch, seqlen, heads, head_dim), token n by row n of cos and sin
-    (``conjugate``: by the opposite angle, the inverse), into a new (B, N, H, D) contiguous tensor: no
-    checks, no autograd, no custom op (for ops that call it inside their own implementations, on
-    inputs they checked: attention's rotary backward)."""
-    return _rotary_impl(x, cos, sin, None, bool(interleaved), bool(conjugate))
+    (``conjugate``: by the opposite angle, the inverse), into ``out`` (x's shape, unit stride along the
+    head dim, any other strides; not x) or a new (B, N, H, D) contiguous tensor: no checks, no autograd,
+    no custom op (for ops that call it inside their own implementations, on inputs they checked:
+    attention's rotary backward)."""
+    if out is None:
+        return _rotary_impl(x, cos, sin, None, bool(interleaved), bool(conjugate))
+    _rotate_into(_unit_stride(x), cos, sin, None, out, bool(interleaved), bool(conjugate))
+    return out
