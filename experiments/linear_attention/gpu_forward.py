@@ -538,10 +538,7 @@ GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, *_GSZ, "mild", True))
 
 
-def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16",
-                overlap: bool = False, paired: bool = False, chain: bool = False, sel_async: int = 0,
-                stages: int = 2, sel_reg: bool = False, phiq_reg: bool = False, feat_alu: bool = False,
-                out_direct: bool = False):
+def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16", stages: int = 3):
     """Based's Gluon forward (gluon_based.based_fwd_gluon_kernel) into NaN-filled o and final states (the
     kernel's rows), with or without an initial state, against the float64 recurrence; beside the tl kernel."""
     from tilecore.ops.linear_attention import gluon_based as gb
@@ -553,26 +550,20 @@ def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype
     v = torch.randn(B, N, H, Dv, device=DEV).to(dt)
     h0 = torch.randn(B, H, 1 + gb.DK + gb.DK ** 2, Dv, device=DEV) * 0.1 if with_h0 else None
     scale = gb.DK ** -0.5
-    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), overlap=overlap, paired=paired, chain=chain,
-               sel_async=sel_async, stages=stages, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
-               out_direct=out_direct)
+    row = dict(case=name, N=N, fits=gb.fits(q, k, v, None), stages=stages)
     o = torch.full_like(v, float("nan"))
     xt = torch.full((B, H, gb.FEATURES, Dv), float("nan"), device=DEV)
-    x0 = gb.compress(h0, feat_alu) if h0 is not None else None
-    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, stages, overlap, paired=paired, chain=chain,
-                                       sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
-                                       out_direct=out_direct)
+    x0 = gb.compress(h0) if h0 is not None else None
+    grid, args, warps = gb.launch_args(q, k, v, x0, o, xt, scale, stages)
     gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(xt).any())
-    ht = gb.expand(xt, feat_alu) + (h0 - gb.expand(x0, feat_alu) if h0 is not None else 0.0)
+    ht = gb.expand(xt) + (h0 - gb.expand(x0) if h0 is not None else 0.0)
     ref, ref_state = linear_attention_reference(q.double(), k.double(), v.double(), feature_map="based", scale=scale,
                                                 initial_state=None if h0 is None else h0.double())
     row["out_floor"] = round(accuracy.error_over_floor(o.nan_to_num(), ref), 3)
     row["state_rel"] = accuracy.rel_rms(ht.nan_to_num(), ref_state)
-    o2, ht2 = gb.forward(q, k, v, h0, scale, True, stages, overlap=overlap, paired=paired, chain=chain,
-                         sel_async=sel_async, sel_reg=sel_reg, phiq_reg=phiq_reg, feat_alu=feat_alu,
-                         out_direct=out_direct)  # the host path (compress, expand) as the op will call it
+    o2, ht2 = gb.forward(q, k, v, h0, scale, True, stages)  # the host path (compress, expand) as the op calls it
     row["forward_matches"] = bool(torch.equal(o2, o)) and accuracy.rel_rms(ht2, ht) < 1e-6
     p = tl_plan(q, v, None, BASED)
     o_tl, ht_tl, _ = launch.forward(p, q, k, v, None, None, None, None, h0, scale, BASED, final_state=True,
@@ -633,9 +624,7 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     if c["feature"] == BASED:
         if gb.fits(t["q"], t["k"], t["v"], None) is not None:
             raise ValueError(f"gluon_based does not take the case: {gb.fits(t['q'], t['k'], t['v'], None)}")
-        return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False, overlap=False)[0],
-                "gluon_based_overlap": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False,
-                                                          overlap=True)[0]}
+        return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False)[0]}
     def direct(z_stage=False, g_stage=False, early_wv=False, stages=2):
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
                                   False, stages, z_stage=z_stage, g_stage=g_stage, early_wv=early_wv)[0]
@@ -818,7 +807,7 @@ S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
 # slower; Based SEL_ASYNC 2 + CHAIN 0.1928 (60%, from 57%). Run 6 (the final batch): the shipped defaults
 # (Based SEL_ASYNC 2 + CHAIN on), the session-start forms beside them, Mamba-2's ASYNC_UPDATE checked with
 # SILU_TANH, the public ops against float64
-S30_BASED = {"default": 0, "session_start": dict(sel_async=0, chain=False), "sel_async3_chain": dict(sel_async=3)}
+S30_BASED = {"default": 0}  # (its session-30 candidates and probes: the selection-wgmma features, removed: decision 133)
 S30_MAMBA = {"default": 0, "session_start": dict(silu_tanh=False)}
 S30_TABLES = {"based d16 v64": S30_BASED, "mamba2 2.7B shape": S30_MAMBA}
 def check_op_mamba2(N: int = 1000):
@@ -847,8 +836,8 @@ def check_op_mamba2(N: int = 1000):
 
 
 def check_op_based(N: int = 1000):
-    """The public linear_attention(feature_map="based") (configs' Gluon flags: SEL_ASYNC 2 and CHAIN since session
-    30) with an initial state against the float64 recurrence."""
+    """The public linear_attention(feature_map="based") (its Gluon kernel) with an initial state against the float64
+    recurrence."""
     torch.manual_seed(13)
     B, H, Dv, bf = 2, 4, 64, torch.bfloat16
     q = torch.randn(B, N, H, 16, device=DEV).to(bf)
@@ -867,15 +856,11 @@ def check_op_based(N: int = 1000):
 # candidate name -> its float64 check (check_gluon / check_based rows: NaN-poisoned o and states, initial states)
 S30_CHECKS = {
     "mamba2 public op h0 N 1000": lambda: check_op_mamba2(1000),
-    "based shipped fp16 v128 N 77": lambda: check_based("s30 based sel_async 2 chain fp16 v128 N 77", 1, 77, 2, 128,
-                                                        False, "fp16", chain=True, sel_async=2),
-    "based shipped h0 N 4097 (one tile)": lambda: check_based("s30 based sel_async 2 chain h0 N 4097 B1 H2", 1, 4097,
-                                                              2, 64, True, chain=True, sel_async=2),
+    "based shipped fp16 v128 N 77": lambda: check_based("s30 based shipped fp16 v128 N 77", 1, 77, 2, 128, False,
+                                                        "fp16"),
+    "based shipped h0 N 4097 (one tile)": lambda: check_based("s30 based shipped h0 N 4097 B1 H2", 1, 4097, 2, 64,
+                                                              True),
     "based public op N 1000": lambda: check_op_based(1000),
-    "based sel_async 3 + chain h0 N 1000": lambda: check_based("s30 based sel_async 3 chain h0 N 1000", 2, 1000, 4, 64,
-                                                               True, chain=True, sel_async=3),
-    "based sel_async 3 + chain fp16 v128 N 77": lambda: check_based("s30 based sel_async 3 chain fp16 v128 N 77", 1, 77,
-                                                                    2, 128, False, "fp16", chain=True, sel_async=3),
 }
 
 
@@ -890,11 +875,9 @@ def s30_call(case: str, t: dict, probe):
     probe = 0 if isinstance(probe, dict) else probe
     from tilecore.ops.linear_attention import configs
 
-    if case.startswith("based"):
-        flags = dict(paired=configs.GLUON_BASED_PAIRED, chain=configs.GLUON_BASED_CHAIN,
-                     sel_async=configs.GLUON_BASED_SEL_ASYNC)  # the shipped flags, a candidate's over them
-        flags.update(extra)
-        grid, args, warps = gb.launch_args(t["q"], t["k"], t["v"], None, o, None, t["scale"], 2, False, probe, **flags)
+    if case.startswith("based"):  # (the shipped kernel: Based has no probes or candidates left)
+        grid, args, warps = gb.launch_args(t["q"], t["k"], t["v"], None, o, None, t["scale"],
+                                           configs.GLUON_BASED_STAGES)
         return lambda: gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
     flags = gf.variant(t["g"], t["beta"], t["z"])  # the shipped flags (G_STAGE, EARLY_WV with beta)

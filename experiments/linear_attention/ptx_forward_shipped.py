@@ -1,7 +1,9 @@
-"""The PTX of the linear-attention Gluon forward (gluon_forward.la_fwd_gluon_kernel) as the shipped launches build it,
-one file a case, compiled for sm_90a on this machine (no GPU): the flags come from the same public functions
-gluon_forward.forward asks (``variant``) and the configs it reads, so the same script run against two
-trees shows whether an edit changed what the shipped launches compile. Compare with experiments/tiles/ptx_compare.py:
+"""The PTX of the linear-attention Gluon forwards (gluon_forward.la_fwd_gluon_kernel; Based's
+gluon_based.based_fwd_gluon_kernel) as the shipped launches build them, one file a case, compiled for sm_90a on this
+machine (no GPU). The linear kernel's flags come from the public functions gluon_forward.forward asks (``variant``)
+and the configs it reads; Based's launch is gluon_based.forward's own, captured before it runs. So the same script run
+against two trees shows whether an edit changed what the shipped launches compile. Compare with
+experiments/tiles/ptx_compare.py:
 
     git archive HEAD tilecore | tar -x -C /tmp/old
     python experiments/linear_attention/ptx_forward_shipped.py --root /tmp/old --ptx /tmp/ptx_old
@@ -79,6 +81,40 @@ def main():
         with open(os.path.join(a.ptx, re.sub(r"[^A-Za-z0-9]+", "_", name) + ".ptx"), "w") as f:
             f.write(k.asm["ptx"].replace(os.path.abspath(a.root) + os.sep, ""))
         on = sorted(n for n, val in kw.items() if val)
+        print(f"{name:22s} registers {r.registers} spills {r.spill_stores} shared {r.shared} flags {on}", flush=True)
+    based(a, torch, compile_kernel, resources)
+
+
+# Based's launches (gluon_based.forward with configs' flags, its launch captured before it runs): (H, Dv, dtype,
+# initial state, final state)
+BASED_CASES = {
+    "based_v64": (16, 64, "bf16", False, False),
+    "based_v64_states": (16, 64, "bf16", True, True),
+    "based_v128_fp16": (4, 128, "fp16", False, True),
+}
+
+
+def based(a, torch, compile_kernel, resources):
+    from tilecore.ops.linear_attention import configs
+    from tilecore.ops.linear_attention import gluon_based as gb
+
+    for name, (H, Dv, dt, h0, final) in BASED_CASES.items():
+        if a.only and a.only not in name:
+            continue
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
+        q = torch.empty(2, 4096, H, gb.DK, dtype=dtype)
+        v = torch.empty(2, 4096, H, Dv, dtype=dtype)
+        init = torch.zeros(2, H, 1 + 16 + 256, Dv) if h0 else None
+        launched = []
+        stages = getattr(configs, "GLUON_BASED_ALU_STAGES", configs.GLUON_BASED_STAGES)  # (the tree before: ALU's)
+        gb.forward(q, q, v, init, 0.25, final, stages, launch=lambda grid, args, warps: launched.append((args, warps)))
+        args, warps = launched[0]
+        k = compile_kernel(gb.based_fwd_gluon_kernel, args, num_warps=warps)
+        r = resources(k)
+        with open(os.path.join(a.ptx, name + ".ptx"), "w") as f:
+            f.write(k.asm["ptx"].replace(os.path.abspath(a.root) + os.sep, ""))
+        on = sorted(n for n, val in args.items() if n.isupper() and len(n) > 2 and isinstance(val, (bool, int))
+                    and n not in ("STAGES",) and val not in (False, 0))
         print(f"{name:22s} registers {r.registers} spills {r.spill_stores} shared {r.shared} flags {on}", flush=True)
 
 

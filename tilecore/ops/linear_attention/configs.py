@@ -73,26 +73,10 @@ HEDGEHOG_MAP_EXACT_X = True
 HEDGEHOG_MAP_BWD_BLOCKS: tuple = ((2048, 64, 4), (4096, 32, 4), (8192, 32, 8))
 # the map backward's programs over all heads (each a range of rows and one float32 dW partial): 1024 / 2048 slower
 HEDGEHOG_MAP_BWD_PROGRAMS = 512
-# Based's Gluon forward (Dk 16, no decay, Dv a multiple of 64): 10x parallel_based, GPU-checked
+# Based's Gluon forward (Dk 16, no decay, Dv a multiple of 64; the features by the CUDA cores): 0.1405 ms = 82% of the
+# copy bound, 14.6x parallel_based, GPU-checked (decisions 54, 57)
 GLUON_BASED = True
-GLUON_BASED_STAGES = 2  # 3 stages do not fit beside its feature buffers (227 KiB)
-# its OVERLAP off: checked, slower (0.211 ms against 0.200)
-GLUON_BASED_OVERLAP = False
-# its PAIRED off: slower (spills)
-GLUON_BASED_PAIRED = False
-# its CHAIN on: checked, 0.1986 ms against 0.2021
-GLUON_BASED_CHAIN = True
-# its SEL_ASYNC 3 (software-pipelined selections): checked, 0.1854 ms against 2's 0.1904
-GLUON_BASED_SEL_ASYNC = 3
-# SEL_REG / PHIQ_REG off: checked, no faster / 0.75x (decision 53)
-GLUON_BASED_SEL_REG = False
-GLUON_BASED_PHIQ_REG = False
-# FEAT_ALU 1 (the features by the CUDA cores): checked, 0.1405 ms = 82% of the copy, 1.31x (decisions 54, 57)
-GLUON_BASED_FEAT_ALU = 1
-# FEAT_ALU's ring depth: 3 stages fit (213 KB) and were the faster; 4 need 238 KB
-GLUON_BASED_ALU_STAGES = 3
-# OUT_DIRECT off: checked, 0.67x (the accumulator layout's 4-byte stores; decision 56)
-GLUON_BASED_OUT_DIRECT = False
+GLUON_BASED_STAGES = 3  # 3 stages fit (213 KB) and were the faster; 4 needed 238 KB beside the selection buffers
 
 # the backward's blocks where Dk <= 128 and Dk x Dv <= 16384 (the H100 sweep: 2.36 ms against 4.76)
 BWD_CHUNK = 64

@@ -224,8 +224,8 @@ GLUON_FORWARDS = LRU(256)  # a plain eager call's launch key -> its GluonForward
 
 
 def gluon_based_keyed(key, q, k, v, h0, scale: float, final_state: bool, stages: int):
-    """gluon_based.forward launched by ``key`` as gluon_forward_keyed launches its kernel: since FEAT_ALU the
-    kernel (0.14 ms at B16 H16 N4096) is shorter than the unkeyed host path's descriptors and binding."""
+    """gluon_based.forward launched by ``key`` as gluon_forward_keyed launches its kernel: the kernel (0.14 ms at
+    B16 H16 N4096) is shorter than the unkeyed host path's descriptors and binding."""
     return gluon_based.forward(q, k, v, h0, scale, final_state, stages, operand=TmaOperand,
                                launch=lambda grid, args, warps: _GLUON_BASED.run(key, grid, (),
                                                                                  dict(args, num_warps=warps)))

@@ -139,8 +139,7 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
                IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
                fwd_gluon_based=fwd_gluon_based,
-               gluon_based_stages=configs.GLUON_BASED_ALU_STAGES if configs.GLUON_BASED_FEAT_ALU
-               else configs.GLUON_BASED_STAGES,
+               gluon_based_stages=configs.GLUON_BASED_STAGES,
                step_warps=configs.STEP_WARPS, step_bv=configs.STEP_BV, diag=channel_diag(kind),
                based_sym=feature == BASED and configs.BASED_BWD_SYM)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
