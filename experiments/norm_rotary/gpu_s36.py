@@ -1,20 +1,25 @@
-"""Issue 37, session 36 (helper HF): the norm backward at 65536 x 1024 (the 90%-of-copy target) with its candidates,
-and fft_conv's figures at 4096 (x torch.fft, % of copy), in one run.
+"""Issue 37, session 36 (helper HF): the norm backward against issue 37's 90% of copy, and fft_conv's figures at 4096
+(x torch.fft, % of copy), in one run.
 
-    PYTHONPATH=. python experiments/norm_rotary/gpu_s36.py [--fft-sizes 4096] [--skip-fft] [--wide]
+    PYTHONPATH=. python experiments/norm_rotary/gpu_s36.py [--fft-sizes 4096] [--compile-peer]
 
-1. Norm backward (LayerNorm with weight and bias, RMSNorm with a weight; bf16), launch.backward on plans from
-   plan.tl_plan: the shipped plan and the candidates (configs.BACKWARD_FINISH "kernel": dweight / dbias summed and
-   cast in one launch; BACKWARD_HOIST_W; tile / warps / groups an SM). Each is checked first on fresh 4096 x 1024
-   inputs (outputs poisoned with NaN) against a float64 autograd reference (error / the rounding floor), then timed
-   at 65536 x 1024 under CUDA graphs (triton.testing.do_bench_cudagraph, median: the eager op is a 0.15-0.2 ms
-   call that other lanes' compiles disturb), against a graph-timed copy of the same bytes (dy, x read, dx written).
-   Peers: forward + backward through autograd, ours (shipped, and the fastest checked candidate through the op with
-   its switches patched) against Liger-Kernel's (where importable), graph-timed. --wide: LayerNorm at 65536 x 4096
-   too (WIDE_CANDIDATES).
-2. fft_conv at B16 H768 bf16 (spectrum precomputed): the shipped op and torch.fft (rfft, product, irfft in float32),
-   do_bench medians (0.4+ ms: eager is fine), the op's output on a B2 H64 slice against float64; % of copy = the op's
-   bytes (u, the spectrum, y: model.bound_ms) at the anchors' copy speed over the measured time.
+Call 1 (snapshot 17a61a21) timed the first candidates at 65536 x 1024 (the finishing kernel, the compiler-pipelined
+loop, the weight hoisted: notes/norm/README.md); configs.BACKWARD_FINISH "kernel" shipped from it. This form confirms
+it where call 1 did not measure (4096 columns, the fused residual + dropout + prenorm backward) and tries the rest:
+
+1. Norm backward (bf16; LayerNorm with weight and bias, RMSNorm with a weight, the fused variant with a residual,
+   dropout 0.1 and the prenorm gradient), launch.backward on plans from plan.tl_plan: the shipped plan, the torch
+   finish (the plan before), and candidates (groups an SM, the finishing kernel's programs). Each is checked first on
+   fresh 4096-row inputs (outputs poisoned with NaN) against a float64 autograd reference (error / the rounding
+   floor; the fused one with the kernels' own dropout mask), then timed at 65536 rows under CUDA graphs
+   (triton.testing.do_bench_cudagraph, median: an eager 0.15 ms call is disturbed by other lanes' compiles), against
+   a graph-timed copy of the same bytes (LayerNorm / RMSNorm: dy, x read, dx written; fused: dy, h, dh read, dx,
+   dresidual written).
+2. Peers at 65536 x 1024: forward + backward through autograd, ours against Liger-Kernel's (where importable) and
+   (--compile-peer) torch.compile's, graph-timed.
+3. fft_conv at B16 H768 bf16 (spectrum precomputed; --fft-sizes): the shipped op and torch.fft (rfft, product, irfft
+   in float32), do_bench medians (0.4+ ms: eager is fine), the op's output on a B2 H64 slice against float64; % of
+   copy = the op's bytes (u, the spectrum, y: model.bound_ms) at the anchors' copy speed over the measured time.
 Prints rows as they land and a short table last; writes norm_fft_gpu_s36.json to $OUT.
 """
 import json
@@ -28,8 +33,11 @@ import torch.nn.functional as F
 import triton
 
 from tilecore import accuracy
+from tilecore.ops.norm import configs as norm_configs
 from tilecore.ops.norm import launch as norm_launch
+from tilecore.ops.norm import layer_norm_reference
 from tilecore.ops.norm.plan import tl_plan
+from tilecore.tiles.switches import patched
 
 START = time.time()
 DEV = torch.device("cuda")
@@ -38,23 +46,22 @@ ROWS, N = 65536, 1024
 SMALL_ROWS = 4096  # the check's rows
 BOUND = 1.3  # error / floor: the shipped backward sits at 1.00-1.05x
 RESULTS = {"norm": [], "norm_peers": [], "fft": [], "errors": []}
-# (label, tl_plan keywords), most telling first (the run stops adding candidates at STOP_S)
-CANDIDATES = [
-    ("shipped", {}),
-    ("finish kernel", dict(finish="kernel")),
-    ("stages 3", dict(stages=3)),
-    ("finish + stages 3", dict(finish="kernel", stages=3)),
-    ("finish + stages 4, tile 1024", dict(finish="kernel", stages=4, backward_tile_elems=1024)),
-    ("finish + stages 3, 4 groups/SM", dict(finish="kernel", stages=3, groups_per_sm=4)),
-    ("finish + stages 2", dict(finish="kernel", stages=2)),
-    ("finish + hoist w", dict(finish="kernel", hoist_w=True)),
-]
-WIDE_CANDIDATES = [  # 65536 x 4096, LayerNorm (shipped 90% of copy in session 35)
-    ("shipped", {}),
-    ("finish + stages 2", dict(finish="kernel", stages=2)),
-    ("finish + stages 3", dict(finish="kernel", stages=3)),
+TORCH = ("torch finish", dict(finish="torch"), {})
+SHIPPED = ("shipped", {}, {})
+# (variant, columns, [(label, tl_plan keywords, configs patched)]), most telling first (none added after STOP_S)
+CASES = [
+    ("layer", 1024, [SHIPPED, TORCH, ("4 groups/SM", dict(groups_per_sm=4), {}),
+                     ("finish 256 programs", {}, dict(FINISH_PROGRAMS=256)),
+                     ("finish 64 programs", {}, dict(FINISH_PROGRAMS=64))]),
+    ("rms", 1024, [SHIPPED, TORCH, ("4 groups/SM", dict(groups_per_sm=4), {}),
+                   ("finish 256 programs", {}, dict(FINISH_PROGRAMS=256))]),
+    ("layer", 4096, [SHIPPED, TORCH, ("2 groups/SM", dict(groups_per_sm=2), {})]),
+    ("rms", 4096, [SHIPPED, TORCH, ("2 groups/SM", dict(groups_per_sm=2), {})]),
+    ("fused", 1024, [SHIPPED, TORCH]),
+    ("fused", 4096, [SHIPPED, TORCH]),
 ]
 STOP_S = 50  # no new candidate after this (the job's limit is 70 s, compiles included)
+P_FUSED = 0.1
 
 
 def say(*args):
@@ -81,82 +88,100 @@ def poison():
     del block
 
 
-def reference(x, w, b, dy, rms):
-    """float64 dx, dweight, dbias."""
-    leaves = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
-    xd, wd = leaves[0], leaves[1]
-    if rms:
-        y = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + 1e-5) * wd
-    else:
-        y = F.layer_norm(xd, (x.shape[-1],), wd, leaves[2], 1e-5)
-    return torch.autograd.grad((y * dy.double()).sum(), leaves)
+def reference(x, w, b, r, keep, dy, dh, variant):
+    """float64 gradients: (dx, dweight, dbias) or, fused, (dx, dweight, dbias, dresidual)."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b, r) if t is not None]
+    xd, wd, bd = leaves[0], leaves[1], (leaves[2] if b is not None else None)
+    rd = leaves[-1] if r is not None else None
+    y, h = layer_norm_reference(xd, wd, bd, residual=rd, keep=keep, dropout_p=P_FUSED if keep is not None else 0.0,
+                                rms=variant == "rms", h_dtype=x.dtype)
+    loss = (y * dy.double()).sum()
+    if dh is not None:
+        loss = loss + (h * dh.double()).sum()
+    return torch.autograd.grad(loss, leaves)
 
 
-def norm_case(rms: bool, sms: int, n: int = N, candidates=CANDIDATES):
+def norm_case(variant: str, n: int, candidates, sms: int):
     dtype = torch.bfloat16
-    variant = "rms" if rms else "layer"
-    g = torch.Generator(device=DEV).manual_seed(36 + n + rms)
+    rms, fused = variant == "rms", variant == "fused"
+    g = torch.Generator(device=DEV).manual_seed(36 + n + len(variant))
 
     def inputs(rows):
         x = torch.randn(rows, n, device=DEV, generator=g).to(dtype)
         w = (1 + 0.5 * torch.randn(n, device=DEV, generator=g)).to(dtype)
         b = None if rms else torch.randn(n, device=DEV, generator=g).to(dtype)
+        r = torch.randn(rows, n, device=DEV, generator=g).to(dtype) if fused else None
         dy = torch.randn(rows, n, device=DEV, generator=g).to(dtype)
-        return x, w, b, dy
+        dh = torch.randn(rows, n, device=DEV, generator=g).to(dtype) if fused else None
+        seed = torch.randint(0, 2**62, (1,), device=DEV, generator=g) if fused else None
+        return x, w, b, r, dy, dh, seed
+
+    def forward(x, w, b, r, seed):
+        base = tl_plan(x.shape[0], n, sms, fused=fused)
+        _, h, mean, rstd = norm_launch.forward(base, x, r, w, b, seed, P_FUSED if fused else 0.0, 1e-5, rms, fused,
+                                               dtype)
+        return base, h, mean, rstd
+
+    def backward(p, x, w, b, r, dy, dh, seed, h, mean, rstd):
+        if fused:
+            return norm_launch.backward(p, dy, None, None, h, w, b, mean, rstd, seed, dh, P_FUSED, False, dtype, dtype,
+                                        True)
+        return norm_launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, rms, dtype, dtype, False)
 
     small, big = inputs(SMALL_ROWS), inputs(ROWS)
-    refs = reference(*small, rms)
-    nbytes = 3 * ROWS * n * 2  # dy, x read, dx written (the partials and statistics not counted)
+    base, h_small, mean_small, rstd_small = forward(*small[:4], small[6])
+    keep = norm_launch.dropout_mask(small[6], SMALL_ROWS, n, P_FUSED, base) if fused else None
+    refs = reference(*small[:4], keep, small[4], small[5], variant)
+    _, h_big, mean_big, rstd_big = forward(*big[:4], big[6])
+    nbytes = (5 if fused else 3) * ROWS * n * 2  # fused: dy, h, dh read, dx, dres written (+ dy x, dx otherwise)
     c = copy_ms(nbytes)
     shipped_ms = None
-    for label, kw in candidates:
+    for label, kw, patches in candidates:
         if time.time() - START > STOP_S:
             say(f"skipped (time): {variant} {n} {label}")
             continue
         try:
-            errs = {}
-            for (x, w, b, dy), check in ((small, True), (big, False)):
-                p = tl_plan(x.shape[0], n, sms, **kw)
-                base = tl_plan(x.shape[0], n, sms)
-                _, _, mean, rstd = norm_launch.forward(base, x, None, w, b, None, 0.0, 1e-5, rms, False, dtype)
-                if check:
-                    poison()
-                    dx, _, dw, db = norm_launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, rms,
-                                                         dtype, dtype, False)
-                    for name, got, want in zip(("dx", "dw", "db"), (dx, dw, db), refs):
-                        errs[name] = accuracy.error_over_floor(got, want) if torch.isfinite(got).all() else math.inf
-                    continue
-                ms = graph_ms(lambda: norm_launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0,
-                                                           rms, dtype, dtype, False))
+            with patched(norm_configs, **patches):
+                p = tl_plan(SMALL_ROWS, n, sms, fused=fused, **kw)
+                poison()
+                outs = backward(p, *small, h_small, mean_small, rstd_small)
+                got = (outs[0], outs[2], outs[3]) + ((outs[1],) if fused else ())
+                if rms:
+                    got = got[:2]
+                names = ("dx", "dw", "db", "dres")
+                errs = {name: (accuracy.error_over_floor(o, want) if torch.isfinite(o).all() else math.inf)
+                        for name, o, want in zip(names, got, refs)}
+                p = tl_plan(ROWS, n, sms, fused=fused, **kw)
+                ms = graph_ms(lambda: backward(p, *big, h_big, mean_big, rstd_big))
             ok = all(e <= BOUND for e in errs.values())
             if label == "shipped":
                 shipped_ms = ms
             row = dict(variant=variant, n=n, what=label, ms=ms, pct_copy=100 * c / ms, copy_ms=c, ok=ok, errs=errs,
                        vs_shipped=(shipped_ms / ms) if shipped_ms else None, groups=p.groups,
-                       backward_rows=p.backward_rows, warps=p.backward_warps)
+                       backward_rows=p.backward_rows, warps=p.backward_warps, finish=p.finish)
             RESULTS["norm"].append(row)
             say(json.dumps(row))
         except Exception as err:  # noqa: BLE001
-            say(f"[error] {variant} {label}: {type(err).__name__}: {err}")
-            RESULTS["errors"].append(f"{variant} {label}: {type(err).__name__}: {err}")
+            say(f"[error] {variant} {n} {label}: {type(err).__name__}: {err}")
+            RESULTS["errors"].append(f"{variant} {n} {label}: {type(err).__name__}: {err}")
     return big
 
 
-def norm_peers(rms: bool, big, best_kw):
-    """forward + backward through autograd, graph-timed: ours (shipped; the best candidate patched in), Liger's."""
-    from tilecore.ops.norm import configs, layer_norm
-    from tilecore.tiles.switches import patched
+def norm_peers(rms: bool, big, compile_peer: bool):
+    """forward + backward through autograd at 65536 x 1024, graph-timed: ours (shipped), Liger's, torch.compile's."""
+    from tilecore.ops.norm import layer_norm
 
-    x, w, b, dy = big
+    x, w, b, _, dy, _, _ = big
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     bg = None if b is None else b.clone().requires_grad_()
     leaves = [t for t in (xg, wg, bg) if t is not None]
     variant = "rms" if rms else "layer"
+    n = x.shape[-1]
 
     def step(f):
         return lambda: torch.autograd.grad(f(), leaves, dy)
 
-    fns = {"ours shipped": step(lambda: layer_norm(xg, wg, bg, rms=rms))}
+    fns = {"ours": step(lambda: layer_norm(xg, wg, bg, rms=rms))}
     try:
         from liger_kernel.ops.layer_norm import LigerLayerNormFunction
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
@@ -164,29 +189,20 @@ def norm_peers(rms: bool, big, best_kw):
                             else (lambda: LigerLayerNormFunction.apply(xg, wg, bg, 1e-5)))
     except Exception as err:  # noqa: BLE001
         say(f"liger not importable: {type(err).__name__}: {err}")
-    nbytes = 5 * ROWS * N * 2
-    out = {}
+    if compile_peer and time.time() - START < STOP_S - 20:
+        eager = ((lambda x, w: F.rms_norm(x, (n,), w, 1e-5)) if rms
+                 else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)))
+        compiled = torch.compile(eager)
+        fns["torch.compile"] = step(lambda: compiled(*leaves))
+    nbytes = 5 * ROWS * n * 2
+    c = copy_ms(nbytes)
     for name, fn in fns.items():
         try:
-            out[name] = graph_ms(fn)
+            ms = graph_ms(fn)
         except Exception as err:  # noqa: BLE001
             say(f"[error] peer {name}: {type(err).__name__}: {err}")
-    if best_kw:  # the candidate through the op (fresh inputs: no plan kept for them)
-        switches = {"finish": "BACKWARD_FINISH", "hoist_w": "BACKWARD_HOIST_W", "groups_per_sm": "BACKWARD_GROUPS_PER_SM",
-                    "stages": "BACKWARD_STAGES", "backward_tile_elems": "BACKWARD_TILE_ELEMS"}
-        vals = {switches[k]: ({N: v} if k == "stages" else v) for k, v in best_kw.items() if k in switches}
-        if len(vals) == len(best_kw):
-            x2 = x[:-8].clone().requires_grad_()  # another shape: a plan of its own
-            leaves2 = [t for t in (x2, wg, bg) if t is not None]
-            with patched(configs, **vals):
-                fn = lambda: torch.autograd.grad(layer_norm(x2, wg, bg, rms=rms), leaves2, dy[:-8])
-                try:
-                    out["ours candidate"] = graph_ms(fn)
-                except Exception as err:  # noqa: BLE001
-                    say(f"[error] candidate op: {type(err).__name__}: {err}")
-    c = copy_ms(nbytes)
-    for name, ms in out.items():
-        row = dict(variant=variant, n=N, what=f"fwd+bwd {name}", ms=ms, pct_copy=100 * c / ms)
+            continue
+        row = dict(variant=variant, n=n, what=f"fwd+bwd {name}", ms=ms, pct_copy=100 * c / ms)
         RESULTS["norm_peers"].append(row)
         say(json.dumps(row))
 
@@ -220,25 +236,17 @@ def save():
 
 def main() -> int:
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    fft_sizes = [4096]
+    fft_sizes = []
     if "--fft-sizes" in sys.argv:
         fft_sizes = [int(s) for s in sys.argv[sys.argv.index("--fft-sizes") + 1].split(",")]
-    if "--skip-fft" in sys.argv:
-        fft_sizes = []
-    for rms in (False, True):
-        big = norm_case(rms, sms)
+    for variant, n, candidates in CASES:
+        big = norm_case(variant, n, candidates, sms)
         save()
-        rows = [r for r in RESULTS["norm"] if r["variant"] == ("rms" if rms else "layer") and r["ok"] and r["n"] == N]
-        best = min(rows, key=lambda r: r["ms"]) if rows else None
-        best_kw = dict(CANDIDATES)[best["what"]] if best and best["what"] != "shipped" else {}
-        if time.time() - START < STOP_S - 10:
-            norm_peers(rms, big, best_kw)
-        save()
+        if n == N and variant in ("layer", "rms") and time.time() - START < STOP_S - 10:
+            norm_peers(variant == "rms", big, "--compile-peer" in sys.argv)
+            save()
         del big
-    if "--wide" in sys.argv:
-        norm_case(False, sms, 4096, WIDE_CANDIDATES)
-        save()
-    torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     for n in fft_sizes:
         if time.time() - START > STOP_S + 5:
             say(f"skipped (time): fft {n}")
@@ -249,13 +257,13 @@ def main() -> int:
             say(f"[error] fft {n}: {type(err).__name__}: {err}")
             RESULTS["errors"].append(f"fft {n}: {type(err).__name__}: {err}")
         save()
-    print(f"\n{torch.cuda.get_device_name()}; norm backward {ROWS}x{N} bf16, CUDA-graph medians; % of a graph-timed copy")
-    print(f"{'variant':<6} {'what':<34} {'ms':>7} {'% copy':>7} {'vs shipped':>10} {'err/floor max':>13}")
+    print(f"\n{torch.cuda.get_device_name()}; norm backward {ROWS} rows bf16, CUDA-graph medians; % of a graph-timed copy")
+    print(f"{'variant':<6} {'n':>5} {'what':<28} {'ms':>7} {'% copy':>7} {'vs shipped':>10} {'err/floor max':>13}")
     for r in RESULTS["norm"]:
-        print(f"{r['variant']:<6} {r['what']:<34} {r['ms']:7.4f} {r['pct_copy']:7.1f} "
+        print(f"{r['variant']:<6} {r['n']:>5} {r['what']:<28} {r['ms']:7.4f} {r['pct_copy']:7.1f} "
               f"{(r['vs_shipped'] or 1):10.3f} {max(r['errs'].values()):13.3f}{'' if r['ok'] else '  FAIL'}")
     for r in RESULTS["norm_peers"]:
-        print(f"{r['variant']:<6} {r['what']:<34} {r['ms']:7.4f} {r['pct_copy']:7.1f}")
+        print(f"{r['variant']:<6} {r['n']:>5} {r['what']:<28} {r['ms']:7.4f} {r['pct_copy']:7.1f}")
     for r in RESULTS["fft"]:
         print(f"fft {r['n']} {r['path']}: {r['ms']:.4f} ms, torch.fft {r['torch_fft_ms']:.4f} ({r['speedup']:.2f}x; "
               f"5x = {r['five_x_ms']:.4f} ms), {r['pct_copy']:.1f}% of copy, err/floor {r['err_over_floor']:.3f}")

@@ -217,20 +217,16 @@ def test_interpreter_truncates_to_bfloat16():
     assert torch.equal(y, (x.view(torch.int32) & -65536).view(torch.float32).bfloat16())
 
 
-@pytest.mark.parametrize("finish, hoist_w, stages", [("kernel", False, 0), ("torch", True, 0), ("kernel", True, 3),
-                                                     ("torch", False, 2)])
+@pytest.mark.parametrize("finish", ["kernel", "torch"])
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
-def test_backward_candidates_match_float64(monkeypatch, finish, hoist_w, stages, rms):
-    """The backward's candidates (configs.BACKWARD_FINISH "kernel": dweight / dbias summed and cast by
-    norm_partials_kernel; BACKWARD_HOIST_W; BACKWARD_STAGES, the compiler-pipelined loop) against float64, with the
-    finishing kernel stepping over the partials several times (a small tile) and a column count that is no multiple
-    of its columns a program. (The stages apply to the plans without a residual stream: the second call's.)"""
+def test_backward_finish_matches_float64(monkeypatch, finish, rms):
+    """dweight / dbias from the partials by norm_partials_kernel ("kernel", shipped) and by torch sums ("torch")
+    against float64, the kernel stepping over the partials several times (a small tile) at a column count that is no
+    multiple of its columns a program; with and without a residual stream, a float32 weight without a bias."""
     monkeypatch.setattr(configs, "BACKWARD_FINISH", finish)
-    monkeypatch.setattr(configs, "BACKWARD_HOIST_W", hoist_w)
-    monkeypatch.setattr(configs, "BACKWARD_STAGES", {512: stages})  # (300 columns: BLOCK_N 512)
     monkeypatch.setattr(configs, "FINISH_TILE_ELEMS", 64)
     p = plan.plan(37, 300, torch.device("cpu"))
-    assert (p.finish, p.hoist_w, p.stages) == (finish, hoist_w, stages)
+    assert p.finish == finish
     assert launch.finish_tile(300, p.groups)[0] < p.groups  # several steps over the partials
     x, w, b, r = make_inputs(37, 300, torch.float16, shift=2.0)
     run_and_check(x, w, b, r, rms=rms, dropout_p=0.2)
@@ -239,21 +235,20 @@ def test_backward_candidates_match_float64(monkeypatch, finish, hoist_w, stages,
 
 
 @pytest.mark.parametrize("weight, bias", [(True, True), (True, False), (False, True)])
-def test_backward_candidates_give_the_shipped_gradients(weight, bias):
-    """The same inputs through the launch with the shipped plan and with each candidate: dx bit for bit (the
-    same float32 arithmetic a tile, whoever loads the operands), dweight / dbias to float32 summation order."""
+def test_backward_finish_kernel_gives_the_torch_sums(weight, bias):
+    """The same inputs through the launch with both finishes: dx bit for bit, dweight / dbias in the parameters'
+    dtypes and equal to float32 summation order (every output poisoned first: written whole)."""
     rows, n, dtype = 50, 200, torch.float16
     x = torch.randn(rows, n).to(dtype)
     dy = torch.randn(rows, n).to(dtype)
     w = (1 + 0.5 * torch.randn(n)).to(dtype) if weight else None
     b = torch.randn(n).to(dtype) if bias else None
-    base = plan.tl_plan(rows, n, configs.INTERPRETER_SMS, finish="torch", hoist_w=False)
+    base = plan.tl_plan(rows, n, configs.INTERPRETER_SMS, finish="torch")
     _, _, mean, rstd = launch.forward(base, x, None, w, b, None, 0.0, 1e-5, False, False, dtype)
     ref = launch.backward(base, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, False, dtype, dtype, False)
-    for finish, hoist_w, stages in (("kernel", False, 0), ("torch", True, 0), ("torch", False, 3), ("kernel", True, 2)):
-        p = plan.tl_plan(rows, n, configs.INTERPRETER_SMS, finish=finish, hoist_w=hoist_w, stages=stages)
-        out = launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, False, dtype, dtype, False)
-        assert torch.equal(out[0], ref[0])
-        for got, want in zip(out[2:], ref[2:]):
-            assert got.dtype == want.dtype and got.shape == want.shape
-            torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
+    p = plan.tl_plan(rows, n, configs.INTERPRETER_SMS, finish="kernel")
+    out = launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, False, dtype, dtype, False)
+    assert torch.equal(out[0], ref[0])
+    for got, want in zip(out[2:], ref[2:]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)

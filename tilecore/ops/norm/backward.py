@@ -8,7 +8,7 @@ With xhat = (h - mean) * rstd and g = dy * w (dy without a weight), the gradient
 plus the gradient that reaches h directly (``prenorm``'s second output). dresidual = dh; dx = dh where
 dropout kept the element, times 1 / (1 - p), else 0 (the mask recomputed from the seed). dweight and
 dbias are sums over rows of dy * xhat and dy: each program adds up its rows in float32 registers and
-writes one partial row; a small sum over the programs' partials finishes them (launch.py).
+writes one partial row; ``norm_partials_kernel`` sums the programs' partials and casts them (launch.py).
 
 h is read back where the forward stored it (``prenorm``), else recomputed from x, the residual and
 the mask: as many bytes as storing and reloading it, and no activation kept for the backward.
@@ -60,12 +60,10 @@ def load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_
 
 
 @triton.jit
-def grad_terms(dy, a, b, rstd, mean, W, w_row, c, mask, N, drop, LOAD_H: tl.constexpr, HAS_RES: tl.constexpr,
-               HAS_W: tl.constexpr, DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr,
-               HOIST_W: tl.constexpr):
+def grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H: tl.constexpr, HAS_RES: tl.constexpr,
+               HAS_W: tl.constexpr, DROPOUT: tl.constexpr, RMS: tl.constexpr, H_DTYPE: tl.constexpr):
     """(dy, xhat, g) in float32 from load_operands' tile: h = a (LOAD_H) or recomputed as x * drop +
-    residual, rounded as the forward stored it; dy, xhat, g are 0 outside ``mask``. The weight: ``w_row``
-    (HOIST_W: the program's row of it, float32, loaded once before its loop) or loaded here from W."""
+    residual, rounded as the forward stored it; dy, xhat, g are 0 outside ``mask``."""
     dy = dy.to(tl.float32)
     if LOAD_H:
         h = a.to(tl.float32)
@@ -76,52 +74,8 @@ def grad_terms(dy, a, b, rstd, mean, W, w_row, c, mask, N, drop, LOAD_H: tl.cons
     xhat = tl.where(mask, h * rstd[:, None], 0.0)
     g = dy
     if HAS_W:
-        if HOIST_W:
-            g = dy * w_row[None, :]
-        else:
-            g = dy * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+        g = dy * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
     return dy, xhat, g
-
-
-@triton.jit
-def backward_tile(dy, a, b, rstd, mean, r64, mask, c, dw, db, W, w_row, SUMS, SEED, DH_OUT, DX, DRES, N, stride_dh_out,
-                  stride_dx, stride_dres, p16, scale, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  WHOLE_ROW: tl.constexpr, LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
-                  DROPOUT: tl.constexpr, RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr, STORE_DRES: tl.constexpr,
-                  DW: tl.constexpr, DB: tl.constexpr, H_DTYPE: tl.constexpr, HOIST_W: tl.constexpr):
-    """One row tile of the backward from its loaded operands: dx (and dres) stored; returns the partial
-    accumulators with the tile's dy xhat and dy added."""
-    drop = 1.0
-    if DROPOUT:  # drawn once: for the recomputed h and for dx
-        drop = dropout_multiplier(SEED, r64, tl.program_id(1) * BLOCK_N, N, p16, scale, ROWS, BLOCK_N)
-    dy, xhat, g = grad_terms(dy, a, b, rstd, mean, W, w_row, c, mask, N, drop, LOAD_H, HAS_RES, HAS_W, DROPOUT,
-                             RMS, H_DTYPE, HOIST_W)
-    if WHOLE_ROW:
-        if RMS:
-            mean_gx = tl.sum(g * xhat, axis=1) / N
-        else:  # both row sums in one reduction (one round through shared memory)
-            sum_gx, sum_g = tl.reduce((g * xhat, g), 1, _add_pairs)
-            mean_gx, mean_g = sum_gx / N, sum_g / N
-    else:
-        mean_gx = tl.load(SUMS + 2 * r64)
-        if not RMS:
-            mean_g = tl.load(SUMS + 2 * r64 + 1)
-    dh = g - xhat * mean_gx[:, None]
-    if not RMS:
-        dh = dh - mean_g[:, None]
-    dh = dh * rstd[:, None]
-    if HAS_DH_OUT:
-        dh += load_tile(DH_OUT, r64, c, stride_dh_out, mask)
-    if STORE_DRES:
-        tl.store(DRES + r64[:, None] * stride_dres + c[None, :], dh.to(DRES.dtype.element_ty), mask=mask)
-    if DROPOUT:
-        dh = dh * drop
-    tl.store(DX + r64[:, None] * stride_dx + c[None, :], dh.to(DX.dtype.element_ty), mask=mask)
-    if DW:
-        dw += dy * xhat
-    if DB:
-        db += dy  # (0 outside the mask)
-    return dw, db
 
 
 @triton.jit
@@ -132,13 +86,10 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
                          LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
                          DROPOUT: tl.constexpr, RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr,
                          STORE_DRES: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
-                         H_DTYPE: tl.constexpr, HOIST_W: tl.constexpr, STAGES: tl.constexpr):
+                         H_DTYPE: tl.constexpr):
     """dx (and dres) for row tiles g, g + groups, ... (g = program_id(0), groups = num_programs(0)) over
     column block program_id(1); this program's dweight / dbias partials in row g of DW_PART / DB_PART
-    ((groups, N) float32). SUMS: (rows, 2) float32 mean(g xhat), mean(g) when not WHOLE_ROW. HOIST_W: the
-    weight's columns loaded once, before the loop (else a load a tile, from L1: the stores to DX may alias W,
-    so the compiler keeps it in the loop). STAGES: 0, the next tile's loads issued by hand one tile ahead (into
-    registers); else the loop pipelined by the compiler at that many stages (tl.range's num_stages)."""
+    ((groups, N) float32). SUMS: (rows, 2) float32 mean(g xhat), mean(g) when not WHOLE_ROW."""
     group = tl.program_id(0)
     groups = tl.num_programs(0)
     c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,32 +100,45 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
     db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     # the loop is latency-bound (a few programs an SM): the next tile's loads are issued before this
     # tile's reductions, so that they are in flight while it computes (past the last tile: all masked)
-    w_row = 0.0
-    if HOIST_W and HAS_W:
-        w_row = tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
-    if STAGES == 0:
-        r, r64, mask = tile_rows(group, rows, c, cmask, ROWS)
-        ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x, stride_res, stride_h,
-                              LOAD_H, HAS_RES, RMS)
-        for tile in range(group, tl.cdiv(rows, ROWS), groups):
-            dy, a, b, rstd, mean = ahead
-            r, r64, mask = tile_rows(tile, rows, c, cmask, ROWS)
-            r_next, r64_next, mask_next = tile_rows(tile + groups, rows, c, cmask, ROWS)
-            ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r_next, r64_next, c, mask_next, stride_dy, stride_x,
-                                  stride_res, stride_h, LOAD_H, HAS_RES, RMS)
-            dw, db = backward_tile(dy, a, b, rstd, mean, r64, mask, c, dw, db, W, w_row, SUMS, SEED, DH_OUT, DX, DRES,
-                                   N, stride_dh_out, stride_dx, stride_dres, p16, scale, ROWS, BLOCK_N, WHOLE_ROW,
-                                   LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, HAS_DH_OUT, STORE_DRES, DW, DB, H_DTYPE,
-                                   HOIST_W)
-    else:  # the compiler's pipeline: STAGES - 1 tiles' loads in flight through shared memory, not registers
-        for tile in tl.range(group, tl.cdiv(rows, ROWS), groups, num_stages=STAGES):
-            r, r64, mask = tile_rows(tile, rows, c, cmask, ROWS)
-            dy, a, b, rstd, mean = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x,
-                                                 stride_res, stride_h, LOAD_H, HAS_RES, RMS)
-            dw, db = backward_tile(dy, a, b, rstd, mean, r64, mask, c, dw, db, W, w_row, SUMS, SEED, DH_OUT, DX, DRES,
-                                   N, stride_dh_out, stride_dx, stride_dres, p16, scale, ROWS, BLOCK_N, WHOLE_ROW,
-                                   LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS, HAS_DH_OUT, STORE_DRES, DW, DB, H_DTYPE,
-                                   HOIST_W)
+    r, r64, mask = tile_rows(group, rows, c, cmask, ROWS)
+    ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x, stride_res, stride_h,
+                          LOAD_H, HAS_RES, RMS)
+    for tile in range(group, tl.cdiv(rows, ROWS), groups):
+        dy, a, b, rstd, mean = ahead
+        r, r64, mask = tile_rows(tile, rows, c, cmask, ROWS)
+        r_next, r64_next, mask_next = tile_rows(tile + groups, rows, c, cmask, ROWS)
+        ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r_next, r64_next, c, mask_next, stride_dy, stride_x,
+                              stride_res, stride_h, LOAD_H, HAS_RES, RMS)
+        drop = 1.0
+        if DROPOUT:  # drawn once: for the recomputed h and for dx
+            drop = dropout_multiplier(SEED, r64, tl.program_id(1) * BLOCK_N, N, p16, scale, ROWS, BLOCK_N)
+        dy, xhat, g = grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS,
+                                 H_DTYPE)
+        if WHOLE_ROW:
+            if RMS:
+                mean_gx = tl.sum(g * xhat, axis=1) / N
+            else:  # both row sums in one reduction (one round through shared memory)
+                sum_gx, sum_g = tl.reduce((g * xhat, g), 1, _add_pairs)
+                mean_gx, mean_g = sum_gx / N, sum_g / N
+        else:
+            mean_gx = tl.load(SUMS + 2 * r64)
+            if not RMS:
+                mean_g = tl.load(SUMS + 2 * r64 + 1)
+        dh = g - xhat * mean_gx[:, None]
+        if not RMS:
+            dh = dh - mean_g[:, None]
+        dh = dh * rstd[:, None]
+        if HAS_DH_OUT:
+            dh += load_tile(DH_OUT, r64, c, stride_dh_out, mask)
+        if STORE_DRES:
+            tl.store(DRES + r64[:, None] * stride_dres + c[None, :], dh.to(DRES.dtype.element_ty), mask=mask)
+        if DROPOUT:
+            dh = dh * drop
+        tl.store(DX + r64[:, None] * stride_dx + c[None, :], dh.to(DX.dtype.element_ty), mask=mask)
+        if DW:
+            dw += dy * xhat
+        if DB:
+            db += dy  # (0 outside the mask)
     part = group.to(tl.int64) * N + c
     if DW:
         tl.store(DW_PART + part, tl.sum(dw, axis=0), mask=cmask)
@@ -203,8 +167,8 @@ def norm_row_sums_kernel(DY, X, RES, H, W, MEAN, RSTD, SEED, SUMS, rows, N,
             drop = dropout_multiplier(SEED, r64, start, N, p16, scale, ROWS, BLOCK_N)
         dy, a, b, rstd, mean = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x,
                                              stride_res, stride_h, LOAD_H, HAS_RES, RMS)
-        dy, xhat, g = grad_terms(dy, a, b, rstd, mean, W, 0.0, c, mask, N, drop, LOAD_H, HAS_RES, HAS_W, DROPOUT,
-                                 RMS, H_DTYPE, False)
+        dy, xhat, g = grad_terms(dy, a, b, rstd, mean, W, c, mask, N, drop, LOAD_H, HAS_RES, HAS_W, DROPOUT, RMS,
+                                 H_DTYPE)
         if RMS:
             sum_gx += tl.sum(g * xhat, axis=1)
         else:

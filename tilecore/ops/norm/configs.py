@@ -40,18 +40,11 @@ BACKWARD_GROUPS_PER_SM = 8
 # H100 65536 x 4096 h stored 0.947 -> 0.867 ms, h recomputed 1.077 -> 1.050 (notes/norm/README.md).
 FUSED_BACKWARD = {4096: (4096, 4, 8)}
 
-# How the backward's dweight / dbias partials become dweight / dbias: "torch" (a torch sum over the groups and a
-# cast to the parameter's dtype, each of dweight and dbias: up to four small launches after the kernel) or "kernel"
-# (backward.norm_partials_kernel: both sums and casts in one launch). And BACKWARD_HOIST_W: the backward loads the
-# weight's columns once a program, before its loop (else once a tile, from L1). Candidates for the 1024-column
-# backward (issue 37's 90% of copy); experiments/norm_rotary/gpu_s36.py times them.
-BACKWARD_FINISH = "torch"
-BACKWARD_HOIST_W = False
-# BACKWARD_STAGES: BLOCK_N -> n for the backward without a residual stream (configs.FUSED_BACKWARD's plans keep 0):
-# n > 0 pipelines its loop by the compiler at n stages (the tiles ahead in shared memory, not registers: more
-# programs resident); absent or 0, the next tile is loaded by hand one tile ahead into registers (at 1024 columns 128
-# registers, 4 programs an SM: ~32 KiB of loads in flight a SM). A candidate.
-BACKWARD_STAGES: dict = {}
+# How the backward's dweight / dbias partials become dweight / dbias: "kernel" (backward.norm_partials_kernel: both
+# sums and casts in one launch) or "torch" (a torch sum over the groups and a cast, each of dweight and dbias: up to
+# four small launches after the kernel). "kernel": 65536 x 1024 bf16 LayerNorm 81.0% -> 88.5% of copy, RMSNorm 87.2% ->
+# 91.0% (H100, CUDA graphs: notes/norm/README.md).
+BACKWARD_FINISH = "kernel"
 # the finishing kernel's tile: FINISH_TILE_ELEMS partial values a step over columns of its FINISH_PROGRAMS programs
 FINISH_TILE_ELEMS = 2048
 FINISH_PROGRAMS = 128

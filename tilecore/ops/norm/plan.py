@@ -32,8 +32,6 @@ class Plan:
     row_tiles: int = 1
     groups: int = 1  # the backward's row groups (rows of the dweight / dbias partials)
     finish: str = "torch"  # the partials' sums: "torch" or "kernel" (configs.BACKWARD_FINISH)
-    hoist_w: bool = False  # the backward's weight loaded once a program (configs.BACKWARD_HOIST_W)
-    stages: int = 0  # the backward loop's pipeline (configs.BACKWARD_STAGES)
 
 
 def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None = None, fused: bool = False) -> Plan:
@@ -49,10 +47,10 @@ def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None =
 def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, tile_elems: int | None = None,
             wide_block: int | None = None, groups_per_sm: int | None = None, num_warps: int | None = None,
             backward_tile_elems: int | None = None, backward_warps: int | None = None, fused: bool = False,
-            finish: str | None = None, hoist_w: bool | None = None, stages: int | None = None) -> Plan:
+            finish: str | None = None) -> Plan:
     """The "tl" plan for (rows, n) rows on a GPU of ``sms`` SMs (no device asked: report.py and the GPU
     check use it). The keywords override configs' WHOLE_ROW_MAX, TILE_ELEMS, WIDE_BLOCK,
-    BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS, BACKWARD_FINISH, BACKWARD_HOIST_W, BACKWARD_STAGES and the warps (for sweeps);
+    BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS, BACKWARD_FINISH and the warps (for sweeps);
     ``fused`` takes the backward's from configs.FUSED_BACKWARD where it has the row's BLOCK_N (the keywords still
     win)."""
     whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
@@ -83,7 +81,4 @@ def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, ti
                                                                    configs.BACKWARD_VALUES_PER_THREAD),
                 column_blocks=column_blocks,
                 row_tiles=row_tiles, groups=groups,
-                finish=finish or configs.BACKWARD_FINISH,
-                hoist_w=configs.BACKWARD_HOIST_W if hoist_w is None else hoist_w,
-                stages=(configs.BACKWARD_STAGES.get(block_n, 0) if whole_row and not fused else 0) if stages is None
-                else stages)
+                finish=finish or configs.BACKWARD_FINISH)

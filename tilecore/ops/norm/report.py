@@ -45,12 +45,18 @@ def norm_variants(shapes=SHAPES) -> list[tuple[str, object, dict, int, bool]]:
             bwd = dict(bwd_common, SUMS=None if p.whole_row else f32, DH_OUT=t if fused else None, DX=t,
                        DRES=t if fused else None, DW_PART=f32, DB_PART=None if rms else f32,
                        stride_dh_out=n if fused else 0, stride_dx=n, stride_dres=n if fused else 0,
-                       WHOLE_ROW=p.whole_row, HAS_DH_OUT=fused, STORE_DRES=fused, DW=True, DB=not rms,
-                       HOIST_W=p.hoist_w, STAGES=p.stages)
+                       WHOLE_ROW=p.whole_row, HAS_DH_OUT=fused, STORE_DRES=fused, DW=True, DB=not rms)
             out.append((f"backward {name}", backward.norm_backward_kernel, bwd, p.backward_warps, False))
             if not p.whole_row:
                 sums = dict(bwd_common, SUMS=f32)
                 out.append((f"row sums {name}", backward.norm_row_sums_kernel, sums, p.backward_warps, False))
+        if p.finish == "kernel":
+            from tilecore.ops.norm.launch import finish_tile
+
+            block_g, block_c = finish_tile(n, p.groups)
+            out.append((f"partials {rows}x{n}", backward.norm_partials_kernel,
+                        dict(DW_PART=f32, DB_PART=f32, DW_OUT=t, DB_OUT=t, groups=p.groups, N=n, BLOCK_G=block_g,
+                             BLOCK_C=block_c, DW=True, DB=True), 4, False))
     return out
 
 
