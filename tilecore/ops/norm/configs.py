@@ -1,7 +1,5 @@
-"""The norm's tables (plan.py reads them). Why each value: notes/norm/README.md.
-
-One H100 run so far (the forward at 97-100% of copy with these forward values; the backward
-at 11-91%, since reshaped below, untimed): experiments/norm_rotary/gpu_check.py sweeps the rest.
+"""The norm's tables (plan.py reads them). One line a reason here; the runs behind each value and their history:
+notes/norm/README.md (decision log). experiments/norm_rotary/gpu_check.py and gpu_s36.py check and time them.
 """
 from __future__ import annotations
 
@@ -17,33 +15,26 @@ TILE_ELEMS = 4096
 
 # warps: a tile's elements over 32-thread warps at this many values a thread (from MIN_WARPS to
 # MAX_WARPS warps). The backward's loop is latency-bound, so what counts is how many of its programs
-# are resident: at 16 values a thread, 1024 columns take 4 warps, 85 registers, 6 programs an SM; 4096
-# columns 8 warps, 128 registers, 2 an SM (at 8 values a thread: 16 warps, 91 registers, 1 an SM); no
-# spills (report.py, sm_90a).
+# are resident (registers: python -m tilecore.ops.norm.report).
 FORWARD_VALUES_PER_THREAD = 16
 BACKWARD_VALUES_PER_THREAD = 16
 MIN_WARPS = 4
 MAX_WARPS = 16
 
 # The backward's tiles (rows = BACKWARD_TILE_ELEMS // BLOCK_N, at least 1) and row groups per SM (each a
-# persistent program writing one partial row of dweight and dbias: groups x N float32 each). 2 groups an
-# SM of 4 x 1024 tiles at 16 warps left one program resident an SM by registers, its loop latency-bound:
-# 11-20% of copy at 1024 columns on the H100 (notes/norm/README.md). Smaller
-# programs, more of them resident, hide the latency as the forward's grid does.
+# persistent program writing one partial row of dweight and dbias: groups x N float32 each): small programs,
+# several resident an SM, hide the loop's latency as the forward's grid does.
 BACKWARD_TILE_ELEMS = 2048
 BACKWARD_GROUPS_PER_SM = 8
 
 # The backward of the fused variant (it reads or recomputes the residual stream and writes dresidual:
 # 5 row passes against LayerNorm's 3) by BLOCK_N: (tile elements, warps, row groups an SM), in place of
-# the values above. At 4096 columns the one-tile-ahead prefetch left it at 167 registers at 8 warps,
-# one program an SM; 4 warps (32 values a thread), 8 groups an SM: 92.7% of copy on the H200, and on the
-# H100 65536 x 4096 h stored 0.947 -> 0.867 ms, h recomputed 1.077 -> 1.050 (notes/norm/README.md).
+# the values above: at 4096 columns 8 warps held 167 registers, one program an SM; 4 warps, 8 groups is faster.
 FUSED_BACKWARD = {4096: (4096, 4, 8)}
 
 # How the backward's dweight / dbias partials become dweight / dbias: "kernel" (backward.norm_partials_kernel: both
 # sums and casts in one launch) or "torch" (a torch sum over the groups and a cast, each of dweight and dbias: up to
-# four small launches after the kernel). "kernel": 65536 x 1024 bf16 LayerNorm 81.0% -> 88.5% of copy, RMSNorm 87.2% ->
-# 91.0% (H100, CUDA graphs: notes/norm/README.md).
+# four small launches after the kernel, 8-9% of the backward at 1024 columns).
 BACKWARD_FINISH = "kernel"
 # the finishing kernel's tile: FINISH_TILE_ELEMS partial values a step over columns of its FINISH_PROGRAMS programs
 FINISH_TILE_ELEMS = 2048
