@@ -1,28 +1,27 @@
-"""FP8 attention, session 36 (issue 34): the convenience path with P V in bfloat16 on v as given (configs.ROTATED
-["pv_bf16"]; the kernel's PV_BF16: no pass over v, P's bfloat16 linear code, l by a bf16 ones wgmma) against the
-shipped form (q rotated in the kernel, v quantized per 128-key block by quantize_v_permuted) and tilecore's bf16
-forward, end to end from bf16, in the same run. Target: >= 1.2x bf16 at causal D128 B16 H16 N4096 (session 35:
-1.074-1.099x).
+"""FP8 attention, session 36 (issue 34), the second batch: q's codes kept in registers as S's operand
+(configs.ROTATED["q_reg"], the kernel's Q_REG: on at D128 from call 1) against q's codes in shared memory (session 35's
+q in the kernel) and tilecore's bf16 forward, end to end from bf16, in the same run. Target: >= 1.2x bf16 at causal
+D128 B16 H16 N4096 (call 1: 1.153x eager, 1.198x from a CUDA graph).
 
-    PYTHONPATH=. python3 experiments/attention_fp8/gpu_pvbf16_s36.py [--budget 56] [--smoke] [--confirm]
+    PYTHONPATH=. python3 experiments/attention_fp8/gpu_qreg_s36.py [--budget 56] [--smoke]
 
-Forms (switches.patched(configs, ROTATED=...)): "q3" (shipped), "pv" (pv_bf16: D128 2 stages, D64 3), "pv1" (pv with
-1 bf16 Q buffer a consumer at D128), "qr" (q_reg: q's codes kept in registers as S's operand, the kernel's Q_REG, v per
-block as shipped), "pvqr" (both).
+Call 1 ran this script as gpu_pvbf16_s36.py (commit 7d57409c) with P V in bfloat16 on v as given (configs pv_bf16,
+the kernel's PV_BF16: slower, removed; notes/attention_fp8's decision log).
+Forms (switches.patched(configs, ROTATED=...)): "q3" (q's codes in shared memory), "qr" (q_reg at D64 and D128),
+"qr1" (qr with 1 bf16 Q buffer a consumer at D128).
 
-1. D128 causal B16 H16 N4096: O of each form against float64 attention of the bf16 inputs on a slice (error as a
+1. The qr kernel against its twin (quantize.rotate_quantize_rows for q, rotate_quantize per block for k,
+   quantize_v_permuted per block for v, attention_fp8_emulated with P's linear code) on GQA tails (B2 Hq8 Hkv2 N1008
+   Nk1104; v's magnitude 10^-2..10^2 along the keys), D128 causal and D64 full: O, lse, the no-key rows; q3 and qr
+   against float64.
+2. D128 causal B16 H16 N4096: O of each form against float64 attention of the bf16 inputs on a slice (error as a
    multiple of the bf16 rounding floor; all finite), then timings: end to end eager (triton.testing.do_bench medians)
-   and from a CUDA graph (do_bench_cudagraph: other lanes' compiles cannot delay its launches), and the parts (eager):
-   each kernel alone (k quantized once; v quantized once for q3) and the passes over k and v.
-2. The pv kernel against its twin (quantize.rotate_quantize_rows for q, rotate_quantize per block for k, v as given,
-   attention_fp8_emulated(p_linear=2)) on a GQA tail (B2 Hq8 Hkv2 N1008 Nk1104, D128 causal; v's magnitude
-   10^-2..10^2 along the keys): O, lse, the no-key rows; both forms against float64.
+   and from a CUDA graph (do_bench_cudagraph: other lanes' compiles cannot delay its launches), and the kernels alone.
 3. FlashAttention-3's outlier test (N(0,1) + N(0,100) w.p. 0.001, B1 H16 N2048 D128; RMSE against float64, target
-   <= 9.1e-3 rotated): q3 and pv.
-4. If time is left: D64 causal, D128 full, D64 full end to end (bf16, q3, pv), the D64 tail.
---confirm (the second batch): 1 (graph timings only), 2 at D64 full, 4.
-Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_pvbf16_s36.json. --smoke: CPU, tiny shapes (the
-twin in place of the kernel: checks the script, not the kernel).
+   <= 9.1e-3 rotated): q3 and qr.
+4. If time is left: D64 causal, D128 full, D64 full end to end (bf16, q3, qr; graphs).
+Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qreg_s36.json. --smoke: CPU, tiny shapes (the twin in
+place of the kernel: checks the script, not the kernel).
 """
 from __future__ import annotations
 
@@ -46,7 +45,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget", type=float, default=56.0)
-    ap.add_argument("--confirm", action="store_true")
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     smoke = args.smoke
@@ -61,14 +59,13 @@ def main():
     dt = torch.float32 if smoke else torch.bfloat16
     out_dir = os.environ.get("OUT", "/tmp/out")
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "attention_fp8_pvbf16_s36.json")
+    path = os.path.join(out_dir, "attention_fp8_qreg_s36.json")
     result = {"device": torch.cuda.get_device_name() if not smoke else "cpu (smoke)", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "e2e": [], "checks": [], "outlier": {},
               "notes": []}
     shipped = dict(configs.ROTATED)
-    pv = {64: 3, 128: 2}
-    forms = {"q3": shipped, "pv": dict(shipped, pv_bf16=pv), "pv1": dict(shipped, pv_bf16=pv, q_buffers={128: 1}),
-             "qr": dict(shipped, q_reg=(64, 128)), "pvqr": dict(shipped, pv_bf16=pv, q_reg=(64, 128))}
+    forms = {"q3": dict(shipped, q_reg=()), "qr": dict(shipped, q_reg=(64, 128)),
+             "qr1": dict(shipped, q_reg=(64, 128), q_buffers={128: 1})}
 
     def save():
         with open(path, "w") as f:
@@ -143,19 +140,15 @@ def main():
                 signs = rotation_signs(D, q.device)
                 k8, ks = rotate_quantize(k, signs=signs, scales="block")
                 v8, vs = quantize_v_permuted(v, per="block")
-                with patched(configs, ROTATED=forms["pv"]):
-                    cfg_pv = launch.rotated_q_config(D, causal, True)
+                with patched(configs, ROTATED=forms["qr1"]):
+                    cfg1 = launch.rotated_q_config(D, causal)
                 kern = {"kernel_q3": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
-                                                                            q.dtype)),
+                                                                            q.dtype, q_reg=False)),
                         "kernel_qr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype, q_reg=True)),
-                        "kernel_pv": bench(lambda: launch.forward_q_rotated(q, signs, k8, v, ks, None, causal,
-                                                                            D ** -0.5, q.dtype, config=cfg_pv)),
-                        "kernel_pvqr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v, ks, None, causal,
-                                                                              D ** -0.5, q.dtype, config=cfg_pv,
-                                                                              q_reg=True)),
-                        "k_pass": bench(lambda: rotate_quantize(k, signs=signs, scales="block")),
-                        "v_pass": bench(lambda: quantize_v_permuted(v, per="block"))}
+                        "kernel_qr1": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
+                                                                             D ** -0.5, q.dtype, config=cfg1,
+                                                                             q_reg=True))}
                 row["parts_ms"] = kern
                 print("parts", json.dumps(kern), flush=True)
                 del k8, v8
@@ -166,7 +159,7 @@ def main():
         result["e2e"].append(row)
         save()
 
-    def tail(Dt, causal_t, form="pvqr"):
+    def tail(Dt, causal_t, form="qr"):
         """2. a form's kernel against its twin on a GQA tail."""
         try:
             Bt, Hq, Hkv, Nt, Nkt = (1, 4, 2, 100, 200) if smoke else (2, 8, 2, 1008, 1104)
@@ -180,15 +173,11 @@ def main():
             signs = rotation_signs(Dt, qt.device)
             q8, qs = rotate_quantize_rows(qt, signs)
             k8, ks = rotate_quantize(kt, signs=signs, scales="block")
-            if form.startswith("pv"):  # v as given, P's bfloat16 code
-                emu, lse_emu = attention_fp8_emulated(q8, k8, vt, qs, ks, torch.ones(Bt, Hkv, device=dev),
-                                                      causal=causal_t, p_linear=2)
-            else:  # v per 128-key block as the shipped form quantizes it, P's e4m3 code
-                from tilecore.ops.attention_fp8.reference import keys_unpermuted
+            from tilecore.ops.attention_fp8.reference import keys_unpermuted
 
-                vp8, vs = quantize_v_permuted(vt, per="block")
-                emu, lse_emu = attention_fp8_emulated(q8, k8, keys_unpermuted(vp8, Nkt), qs, ks, vs, causal=causal_t,
-                                                      p_linear=not smoke)
+            vp8, vs = quantize_v_permuted(vt, per="block")  # (the twin's P: the linear e4m3 code, the kernel's)
+            emu, lse_emu = attention_fp8_emulated(q8, k8, keys_unpermuted(vp8, Nkt), qs, ks, vs, causal=causal_t,
+                                                  p_linear=not smoke)
             rows = torch.isfinite(lse_emu)
             sel = rows[..., None].expand_as(emu)
             floor = rel_rms(emu[sel].to(torch.bfloat16), emu[sel])
@@ -232,7 +221,7 @@ def main():
             ref_o = torch.softmax((qf @ kf.transpose(-1, -2)) * Do ** -0.5, -1) @ vf
             rmse = lambda o: (o.double() - ref_o).pow(2).mean().sqrt().item()
             result["outlier"]["bf16"] = rmse(tilecore.attention(qo, ko, vo))
-            for name in ("q3", "pv", "pvqr"):
+            for name in ("q3", "qr"):
                 result["outlier"][f"{name} rotated"] = rmse(run_form(name, qo, ko, vo))
             print("outlier", json.dumps(result["outlier"]), flush=True)
         except Exception as e:  # noqa: BLE001
@@ -248,19 +237,12 @@ def main():
         fn(*a, **kw)
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
-    if not args.confirm:
-        e2e(B0, H0, N0, 128, True, ["q3", "pv", "qr", "pvqr"], parts=True)
-        when(40, "tail D128 causal pvqr", tail, 128, True, "pvqr")
-        when(34, "tail D128 causal qr", tail, 128, True, "qr")
-        when(28, "outlier", outlier)
-        for D, causal in ((64, True), (128, False), (64, False)):
-            when(12, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "pv", "pvqr"], eager=False)
-        when(8, "tail D64 full pvqr", tail, 64, False, "pvqr")
-    else:
-        e2e(B0, H0, N0, 128, True, ["q3", "pv", "qr", "pvqr", "pv1"], eager=False)
-        when(30, "tail D64 full pvqr", tail, 64, False, "pvqr")
-        for D, causal in ((64, True), (128, False), (64, False)):
-            when(10, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "pv", "pvqr"], eager=False)
+    when(0, "tail D128 causal qr", tail, 128, True, "qr")
+    when(44, "tail D64 full qr", tail, 64, False, "qr")
+    e2e(B0, H0, N0, 128, True, ["q3", "qr", "qr1"], parts=True)
+    when(22, "outlier", outlier)
+    for D, causal in ((64, True), (128, False), (64, False)):
+        when(10, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "qr"], eager=False)
 
     print("\n| case | bf16 ms (graph) | form: graph ms (x bf16) [eager x bf16] | O / floor |")
     print("| --- | --- | --- | --- |")

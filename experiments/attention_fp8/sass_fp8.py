@@ -38,11 +38,10 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # q in bf16, rotated and quantized in the kernel (session 35, the convenience path's at D64 / D128: Q_ROTATE; with
     # --e2e, v per block as shipped); the tile's rotation (HGMMA, the amax, the codes' stores) is outside the step
     "qrot": dict(_q_rotate=True, _v_block=True), "qrot_q1": dict(_q_rotate=True, _v_block=True, q_buffers=1),
-    # session 36: P V in bfloat16 on v as given (the kernel's PV_BF16, configs.ROTATED["pv_bf16"]), q in the kernel,
-    # launch.PV_BF16_STAGES (D128 2); "qrot_pv_q1": 1 Q buffer a consumer
-    "qrot_pv": dict(_q_rotate=True, _pv_bf16=True), "qrot_pv_q1": dict(_q_rotate=True, _pv_bf16=True, q_buffers=1),
-    # session 36: q's codes in registers as S's operand (Q_REG), with v per block or with P V in bf16
-    "qreg": dict(_q_rotate=True, _v_block=True, _q_reg=True), "qreg_pv": dict(_q_rotate=True, _pv_bf16=True, _q_reg=True),
+    # session 36: q's codes in registers as S's operand (Q_REG; configs.ROTATED["q_reg"]); "qrot" keeps them in shared
+    # memory whatever that config says. (P V in bfloat16 on v as given, session 36's "qrot_pv": removed, commit 7d57409c)
+    "qreg": dict(_q_rotate=True, _v_block=True, _q_reg=True), "qreg_q1": dict(_q_rotate=True, _v_block=True,
+                                                                               _q_reg=True, q_buffers=1),
 }
 
 
@@ -114,12 +113,11 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     overrides = dict(overrides)
     v_block = overrides.pop("_v_block", False)
     q_rotate = overrides.pop("_q_rotate", False)
-    pv_bf16 = overrides.pop("_pv_bf16", False)
     q_reg = overrides.pop("_q_reg", False)
-    cfg = dict(launch.rotated_q_config(D, causal, True) if pv_bf16 else configs.gluon_config(D, causal), **overrides)
+    cfg = dict(configs.gluon_config(D, causal), **overrides)
     f8 = torch.float8_e4m3fn
     q = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16 if q_rotate else f8)
-    vt = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16) if pv_bf16 else torch.empty(16, 16, D, 4096, dtype=f8)
+    vt = torch.empty(16, 16, D, 4096, dtype=f8)
     o = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
     f32 = torch.empty(8192)
     k_n, k_rows = (32, 128) if e2e_forms else (1, 1)
@@ -127,10 +125,10 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     if q_rotate:  # the convenience path's descales: q per row (computed in the kernel), k per 128-key block
         e2e_forms, k_n, k_rows = True, 32, 128
     opts = launch.gluon_options(q, k, cfg, causal, e2e_forms, e2e_forms, k_n, k_rows, v_block, q_rotate=q_rotate,
-                                pv_bf16=pv_bf16, q_reg=q_reg)
+                                q_reg=q_reg)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
-                vt_desc=gluon_descriptor(vt, [1, 1, bn, D] if pv_bf16 else [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
+                vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
                 q_n_scales=4096 if e2e_forms else 1, q_rows_per_scale=1, k_n_scales=k_n, k_rows_per_scale=k_rows,
                 num_bh=256, head_group=16, schedule=None, v_n_scales=32 if v_block else 1,

@@ -45,11 +45,9 @@ def tl_config(d: int, interpret: bool) -> dict:
 # 1.346x against 1.379x: at D128 full the two about cancel, the first run had +5.7%). q_buffers (by head dim): bf16 Q
 # buffers a consumer where not GLUON_FORWARD's q_buffers (D128 with 1: causal 1.099x against 2's 1.074x, full 1.334x
 # against 1.346x: not set)
-# pv_bf16 (session 36, issue 34's 1.2x): the head dims (-> their stages) at which, with q in the kernel and bf16 inputs,
-# P V runs in bfloat16 on v as given (the kernel's PV_BF16, P's bfloat16 linear code): no pass over v at all (its
-# 0.149 ms at D128 causal N4096) for P V at bf16's tensor rate (a bf16 V block is 32 KiB at D128: 2 stages).
-# Empty: off until an H100 run shows it right and faster end to end (notes/attention_fp8)
-# q_reg (session 36): the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the
-# rotation's columns permuted so that the accumulator is the e4m3 operand as it lies; no stores, fence or barriers
-# at a tile's start). Empty: off until an H100 run shows it faster
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, pv_bf16={}, q_reg=())
+# q_reg: the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the rotation's columns
+# permuted so that its accumulator is the e4m3 operand as it lies; no stores, fence or barriers at a tile's start).
+# D128 since notes/attention_fp8/runs/pvbf16_s36_run1_session36_h100.txt (H100, B16 H16 N4096 causal, same run):
+# the kernel alone 1.412 ms against 1.469 (-3.9%), end to end 1.594 ms eager = 1.153x bf16 against 1.130x, from a
+# CUDA graph 1.694 = 1.198x against 1.189x; O vs float64 32.05x the bf16 floor, the same as q in shared memory
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,))

@@ -88,24 +88,6 @@ LINEAR_SCALE: gl.constexpr = gl.constexpr(8.0 * 2.0 ** -24)  # y = (8 log2(2^P_S
 LINEAR_BIAS: gl.constexpr = gl.constexpr(56.0 * 2.0 ** -24)  # and its offset (e4m3's exponent bias 7, times 8)
 LINEAR_LSE_BIAS: gl.constexpr = gl.constexpr(0.05708148)  # reference.LINEAR_LSE_BIAS (log2 of P's mean overestimate)
 
-# PV_BF16 (P_LINEAR 2): P's bfloat16 linear code. A float32 y = 128 x + (127 * 128 + 2^23) holds in its low 16 bits
-# bfloat16's bits of 2^x with the mantissa interpolated linearly (exponent and mantissa read as one fixed-point
-# number; the 2^23 makes the FFMA round to an integer); clamped below at 2^23 (code 0: x under -127, a masked -inf;
-# max.NaN keeps NaN, whose low half 0xffff is a bfloat16 NaN), then two low halves packed into a register
-BF16_SCALE: gl.constexpr = gl.constexpr(128.0)
-BF16_BIAS: gl.constexpr = gl.constexpr(127.0 * 128.0 + 2.0 ** 23)
-LINEAR_BF16_LSE_BIAS: gl.constexpr = gl.constexpr(0.05754877)  # reference.LINEAR_BF16_LSE_BIAS
-BF16X2_PTX: gl.constexpr = gl.constexpr("{\n\t.reg .f32 a, b;\n\t"
-                                        "max.NaN.f32 a, $1, 0f4B000000;\n\t"
-                                        "max.NaN.f32 b, $2, 0f4B000000;\n\t"
-                                        "prmt.b32 $0, a, b, 0x5410;\n\t}")
-
-
-@gluon.jit
-def to_bf16x2(y):
-    """PV_BF16: the codes y (float32, BF16_BIAS's form) as bfloat16, 2 elements an inline asm (BF16X2_PTX)."""
-    return gl.inline_asm_elementwise(BF16X2_PTX, "=r,f,f", [y], dtype=gl.bfloat16, is_pure=True, pack=2)
-
 
 @gluon.jit
 def to_e4m3x4(x, P_LINEAR: gl.constexpr = 0):
@@ -160,8 +142,7 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     and mantissa bits read as one fixed-point number: 2^x with its mantissa interpolated linearly, up to 6% over and
     4% under, 4% over on average), returned as y = b * 2^-24 before rounding (one FFMA an element, as the exp2's
     argument was), rounded and packed by to_e4m3x4 (reference.py: linear_e4m3). Shipped (configs p_linear 1:
-    faster than the exp2 form on the H100, notes/attention_fp8's decision log). P_LINEAR 2 (PV_BF16): bfloat16's
-    linear code, y = 128 x + BF16_BIAS (to_bf16x2; reference.linear_bf16)."""
+    faster than the exp2 form on the H100, notes/attention_fp8's decision log)."""
     s_max = row_max_tree(s)
     m_new = gl.maximum(m_i, s_max * row_scale)
     if PER_ROW:
@@ -169,9 +150,7 @@ def fp8_softmax_update(m_i, s, row_scale, PER_ROW: gl.constexpr, P_SHIFT: gl.con
     else:
         c = row_scale
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # (+inf kept: finish makes its row NaN)
-    if P_LINEAR == 2:  # bfloat16's linear code (PV_BF16): y = 128 x + BF16_BIAS, clamped and packed by to_bf16x2
-        p = s * (c * BF16_SCALE) - gl.expand_dims((m_ref - P_SHIFT) * BF16_SCALE - BF16_BIAS, 1)
-    elif P_LINEAR:
+    if P_LINEAR:
         gl.static_assert(P_SHIFT <= 8.0, "P_LINEAR: codes up to 8 P_SHIFT + 56 <= 120 (e4m3's 256)")
         p = s * (c * LINEAR_SCALE) - gl.expand_dims((m_ref - P_SHIFT) * LINEAR_SCALE - LINEAR_BIAS, 1)
     else:
@@ -222,7 +201,6 @@ class Running:
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # row_sum_mma: P times a [32, 8] block of ones (wgmma's narrowest N)
 E4M3_ONE_BITS: gl.constexpr = gl.constexpr(0x38)  # 1.0 in e4m3 (sign 0, exponent 7 = the bias, mantissa 0)
-BF16_ONE_BITS: gl.constexpr = gl.constexpr(0x3F80)  # 1.0 in bfloat16
 ONES_SHAPE: gl.constexpr = gl.constexpr([L_COLS, 32])  # the ones block [rows, keys], keys contiguous (K-major B)
 
 
@@ -259,8 +237,7 @@ class AttentionFp8:
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     Q_REG: gl.constexpr  # Q_ROTATE with the codes kept in registers as S's A operand (rotate_q_reg)
-    PV_BF16: gl.constexpr  # P V in bfloat16 on v as given (bf16, (B, Hkv, Nk, D)): no v pass, P's bf16 linear code
-    ones: object  # the ones block (e4m3; PV_BF16 bfloat16 [L_COLS, BN]) in shared memory (l's B operand)
+    ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
     out_scale: object  # Q_ROTATE: the rotation's 1 / sqrt(D)
@@ -289,10 +266,7 @@ class AttentionFp8:
         k_block = gl.minimum(step, tile.n_blocks - 1)
         v_block = gl.maximum(step - 1, 0)
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
-        if self.PV_BF16:  # v as given: a [BN, D] block of keys
-            tma.async_copy_global_to_shared(self.vt_desc, [b, hk, v_block * self.BN, 0], bar, stage.vt)
-        else:
-            tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BN], bar, stage.vt)
+        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BN], bar, stage.vt)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
@@ -430,14 +404,10 @@ class AttentionFp8:
         (the accumulator's: lane r of a quad holds e = 0, 1 of every 8) goes to k = 32 t + 16 j_hi + 4 r + 2 j_lo + e
         (the register operand's: lane r holds 4 consecutive k of every 16). P stays float32 here (moved by register
         renaming only) and is rounded just before its wgmma (to_e4m3x4): carried as e4m3 bytes, LLVM unpacked and
-        packed them every step (~190 PRMT/LOP3/SHF a step at D 128; notes/attention_fp8).
-        PV_BF16: a 16-bit register operand holds the accumulator's column pairs as they are: no permutation."""
-        if self.PV_BF16:
-            x = p
-        else:
-            x = gl.reshape(p, [self.BM, p.shape[1] // 32, 2, 2, 4, 2])
-            x = gl.reshape(gl.permute(x, (0, 1, 2, 4, 3, 5)), [self.BM, p.shape[1]])
-        return gl.convert_layout(x, self.P, assert_trivial=True)
+        packed them every step (~190 PRMT/LOP3/SHF a step at D 128; notes/attention_fp8)."""
+        x = gl.reshape(p, [self.BM, p.shape[1] // 32, 2, 2, 4, 2])
+        x = gl.permute(x, (0, 1, 2, 4, 3, 5))
+        return gl.convert_layout(gl.reshape(x, [self.BM, p.shape[1]]), self.P, assert_trivial=True)
 
     @gluon.jit
     def row_sum_mma(self, p8):
@@ -467,37 +437,18 @@ class AttentionFp8:
         return t0, t1, t2, t3
 
     @gluon.jit
-    def pv_bf16(self, p16, v, st):
-        """PV_BF16: l + P ones (P times a [BN, L_COLS] block of bfloat16 ones, accumulated in l_acc's float32 as O
-        is: no chunks, a 16-bit wgmma's sums are float32's) and acc + P V issued, async (l first)."""
-        ones_t = self.ones.permute((1, 0))  # [BN, L_COLS], keys contiguous
-        l_tok = warpgroup_mma(gl.convert_layout(p16, self.PL, assert_trivial=True), ones_t, st.l_acc, is_async=True)
-        o_tok = warpgroup_mma(p16, v, st.acc, is_async=True)
-        return l_tok, o_tok
-
-    @gluon.jit
     def s_and_pv(self, q, k_t, v, st, first_key):
         """S = Q K^T, l's chunk sums of the last P and acc + P V issued together, the softmax of S while P V runs.
         Returns (m, P in float32, alpha, acc + P V, l_acc + P ones)."""
         k_scale = self.key_scales(st, first_key)
-        if self.PV_BF16:
-            p16 = to_bf16x2(st.p)  # (before S's accumulator is allocated)
-            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
-                                  is_async=True)
-            l_tok, o_tok = self.pv_bf16(p16, v, st)
-            s = warpgroup_mma_wait(2, deps=(s_tok,))  # l and P V may still run
-            m, p32, alpha = self.softmax(s, st, first_key, k_scale)
-            acc, l_acc = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-        else:
-            p8 = to_e4m3x4(st.p, self.P_LINEAR)  # (before S's accumulator is allocated, so float32 P never meets it)
-            s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
-                                  is_async=True)
-            t0, t1, t2, t3 = self.row_sum_mma(p8)  # issued before P V, so that the wait for S covers them too
-            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-            s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
-            l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
-            m, p32, alpha = self.softmax(s, st, first_key, k_scale)
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        p8 = to_e4m3x4(st.p, self.P_LINEAR)  # (before S's accumulator is allocated, so float32 P never meets it)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
+        t0, t1, t2, t3 = self.row_sum_mma(p8)  # issued before P V, so that the wait for S covers them too
+        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+        s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
+        l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
+        m, p32, alpha = self.softmax(s, st, first_key, k_scale)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
         return m, p32, alpha, acc, l_acc
 
     @gluon.jit
@@ -510,10 +461,7 @@ class AttentionFp8:
         else:
             q = self.q_operand(ctx)
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
-        if self.PV_BF16:
-            v = stage.vt.reshape([self.BN, self.D])  # [BN, D] bfloat16, D contiguous (a 16-bit B may be MN-major)
-        else:
-            v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
+        v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
         if step == 0:
             k_scale = self.key_scales(st, 0)
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
@@ -531,16 +479,11 @@ class AttentionFp8:
             l_acc = l_acc * as_column(alpha, self.L)
             st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            if self.PV_BF16:
-                l_tok, o_tok = self.pv_bf16(to_bf16x2(st.p), v, st)
-                acc, l_acc = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-                st = st.replace(acc=acc, l_acc=l_acc)
-            else:
-                p8 = to_e4m3x4(st.p, self.P_LINEAR)
-                t0, t1, t2, t3 = self.row_sum_mma(p8)
-                o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-                acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-                st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+            p8 = to_e4m3x4(st.p, self.P_LINEAR)
+            t0, t1, t2, t3 = self.row_sum_mma(p8)
+            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+            st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
         return st  # (causal: a step past this consumer's keys does nothing; the other's rows see more)
 
     @gluon.jit
@@ -554,8 +497,6 @@ class AttentionFp8:
         b, h, hk = head_of(st.rows.bh, self.H, self.GROUP)
         if self.V_PER_BLOCK:  # acc is in the units of the last V block's descale
             v_scale = st.vd
-        elif self.PV_BF16:  # v as given
-            v_scale = 1.0
         else:
             v_scale = gl.load(self.v_scales + b * (self.H // self.GROUP) + hk)
         # every column of l_acc holds the row's sum (all NaN where one is: a NaN l stays NaN)
@@ -564,10 +505,7 @@ class AttentionFp8:
         no_key = l < 1.0  # l >= 2^P_SHIFT where a row has a key (its max's term); a NaN l stays NaN
         l_safe = gl.where(no_key, 1.0, l)
         out = st.acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, self.O)), 1)
-        if self.PV_BF16:  # l of the bfloat16 codes' values, on average 2^LINEAR_BF16_LSE_BIAS over the exact P's
-            lse = gl.where(no_key, float("-inf"),
-                           (st.m + gl.log2(l_safe) - (self.P_SHIFT + LINEAR_BF16_LSE_BIAS)) / LOG2E)
-        elif self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's
+        if self.P_LINEAR:  # l of the codes' values, on average 2^LINEAR_LSE_BIAS over the exact P's
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + LINEAR_LSE_BIAS)) / LOG2E)
         else:
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
@@ -583,11 +521,11 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
-                             PV_BF16: gl.constexpr = False, Q_REG: gl.constexpr = False):
+                             Q_REG: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
-    / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused). PV_BF16: vt_desc is
-    v as given, bfloat16 (B, Hkv, Nk, D), P V in bfloat16 with P's bf16 linear code (P_LINEAR 2; v_scales unused)."""
+    / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
+    in registers as S's operand (AttentionFp8.rotate_q_reg)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
@@ -597,21 +535,11 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     # immediate, then mov.b32 {h, h}) to one F2FP ... MERGE_C whose high half is another register's: half of each 4
     # bytes of the block were not ones (on the H100 l was half the true l: notes/attention_fp8;
     # experiments/attention_fp8/gpu_ones_probe.py: B loaded from memory is read right in every layout)
-    if PV_BF16:  # [L_COLS, BN] bfloat16 ones, written as their bits (0x3f80) as the e4m3 block is
-        gl.static_assert(P_LINEAR == 2, "PV_BF16: P's bfloat16 linear code (P_LINEAR 2)")
-        ones = gl.allocate_shared_memory(gl.bfloat16, [L_COLS, BN],
-                                         gl.NVMMASharedLayout.get_default_for([L_COLS, BN], gl.bfloat16),
-                                         gl.full([L_COLS, BN], BF16_ONE_BITS, gl.int16,
-                                                 gl.BlockedLayout([1, 2], [1, 32], [gl.num_warps(), 1], [1, 0]))
-                                         .to(gl.bfloat16, bitcast=True))
-        mma_bits: gl.constexpr = 16  # P V's (and l's) wgmma
-    else:
-        ones = gl.allocate_shared_memory(gl.float8e4nv, ONES_SHAPE,
-                                         gl.NVMMASharedLayout.get_default_for(ONES_SHAPE, gl.float8e4nv),
-                                         gl.full(ONES_SHAPE, E4M3_ONE_BITS, gl.uint8,
-                                                 gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0]))
-                                         .to(gl.float8e4nv, bitcast=True))
-        mma_bits: gl.constexpr = 8
+    ones = gl.allocate_shared_memory(gl.float8e4nv, ONES_SHAPE,
+                                     gl.NVMMASharedLayout.get_default_for(ONES_SHAPE, gl.float8e4nv),
+                                     gl.full(ONES_SHAPE, E4M3_ONE_BITS, gl.uint8,
+                                             gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0]))
+                                     .to(gl.float8e4nv, bitcast=True))
     if Q_ROTATE:
         gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
         rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
@@ -624,12 +552,11 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, PV_BF16, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
+                      Q_ROTATE, Q_REG, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
                       out_scale, BM, BN, D, CONSUMERS,
-                      wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), mma_bits),
-                      wgmma_lhs_layout(BM, D, gl.num_warps(), mma_bits),
-                      wgmma_layout(BM, L_COLS, gl.num_warps(), mma_bits),
-                      wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), mma_bits), wgmma_layout(BM, D, gl.num_warps(), 16))
+                      wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
+                      wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
+                      wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

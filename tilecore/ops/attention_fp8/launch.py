@@ -184,7 +184,7 @@ class _GluonLayout:
     __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
 
     def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block=False, q_rotate=False,
-                 pv_bf16=False, q_reg=False):
+                 q_reg=False):
         unknown = set(cfg) - configs.GLUON_KEYS
         if unknown:  # a variant's key: the kernel has only what the shipped configs use (issue 30)
             raise ValueError(f"attention_fp8: config keys {sorted(unknown)} are not the Gluon kernel's (the variants "
@@ -206,29 +206,22 @@ class _GluonLayout:
         if q_rotate:  # q in bf16/fp16, rotated and quantized per row in the kernel (forward_q_rotated)
             self.options["Q_ROTATE"] = True
             self.options["Q_PER_ROW"] = True
-        if pv_bf16:  # P V in bfloat16 on v as given (forward_q_rotated with a bf16 v): P's bfloat16 linear code
-            if v_per_block or not q_rotate:
-                raise ValueError("attention_fp8: P V in bfloat16 takes v unquantized (no v descales), with q rotated "
-                                 "in the kernel")
-            self.options["PV_BF16"] = True
-            self.options["P_LINEAR"] = 2
         if q_reg:  # q's codes kept in registers as S's operand (the rotation's columns permuted)
             if not q_rotate:
                 raise ValueError("attention_fp8: q's codes in registers need q rotated in the kernel")
             self.options["Q_REG"] = True
         check_rescale(0.0, self.options["P_SHIFT"])
-        if self.options["P_LINEAR"] not in ((2,) if pv_bf16 else (0, 1)):
+        if self.options["P_LINEAR"] not in (0, 1):
             raise ValueError(f"attention_fp8: p_linear must be 0 (exp2) or 1 (the codes); got {cfg['p_linear']!r}")
 
 
 def gluon_options(q, k, config: dict, causal: bool, q_per_row: bool = False, k_per_row: bool = False, k_n: int = 1,
-                  k_rows: int = 1, v_per_block: bool = False, q_rotate: bool = False, pv_bf16: bool = False,
-                  q_reg: bool = False) -> dict:
+                  k_rows: int = 1, v_per_block: bool = False, q_rotate: bool = False, q_reg: bool = False) -> dict:
     """The Gluon kernel's compile-time options (num_warps among them) that ``forward`` launches a call with: q and k
     the call's (or tensors of their shapes), ``config`` a plan's (configs.gluon_config), the descales' forms as
     scale_operand gives them. For compile probes (experiments/attention_fp8/sass_fp8.py, ptx_shipped.py)."""
     return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block, q_rotate,
-                             pv_bf16, q_reg).options)
+                             q_reg).options)
 
 
 def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
@@ -237,11 +230,10 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
     Q_ROTATE): q (B, Hq, N, D) bf16/fp16 as the caller gave it, rotated there by diag(signs) H / sqrt(D) and quantized
     per row (gluon_fp8.AttentionFp8.rotate_q; quantize.rotate_quantize_rows is its twin); k e4m3 (B, Hkv, Nk, D) with
     k_scale's descales (per head, per 128-key block or per key), v e4m3 in the kernel's layout (keys_permuted) with
-    v_scale's (per head or per 128-key block), or v bfloat16 (B, Hkv, Nk, D) as the caller gave it with v_scale None
-    (the kernel's PV_BF16: P V in bfloat16, no v pass). The caller checked the shapes (quantize.attention_fp8_rotated);
-    the Gluon path only (D 64 or 128 on Hopper). ``config``: the Gluon config (default rotated_q_config); ``q_reg``
-    (None: the head dims of configs.ROTATED["q_reg"]): q's codes kept in registers as S's operand (the kernel's
-    Q_REG) instead of written over its bf16 buffer."""
+    v_scale's (per head or per 128-key block). The caller checked the shapes (quantize.attention_fp8_rotated); the
+    Gluon path only (D 64 or 128 on Hopper). ``config``: the Gluon config (default rotated_q_config); ``q_reg`` (None:
+    the head dims of configs.ROTATED["q_reg"]): q's codes kept in registers as S's operand (the kernel's Q_REG) instead
+    of written over its bf16 buffer."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
@@ -250,46 +242,33 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    pv_bf16 = v_scale is None
+    cfg = dict(config or rotated_q_config(D, causal))
     q_reg = D in configs.ROTATED.get("q_reg", ()) if q_reg is None else q_reg
-    cfg = dict(config or rotated_q_config(D, causal, pv_bf16))
     ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
-    if pv_bf16:  # v read as given by P V's bfloat16 wgmma (no descales: k's stand in for the unused argument)
-        vs, v_n = ks, 1
-        v = v if tma_describable(v) else v.contiguous()
-    else:
-        vs = v_scale.to(torch.float32).contiguous()
-        v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
-    key = signature("attention_fp8_q_rotated", q, k, v, out, k_scale, vs, causal, tuple(sorted(cfg.items())), q_reg)
+    vs = v_scale.to(torch.float32).contiguous()
+    v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
+    key = signature("attention_fp8_q_rotated", q, k, v, out, k_scale, v_scale, causal, tuple(sorted(cfg.items())),
+                    q_reg)
     layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, True, k_per_row, k_n, k_rows,
-                                                           not pv_bf16 and v_scale.dim() == 3, q_rotate=True,
-                                                           pv_bf16=pv_bf16, q_reg=q_reg))
+                                                           v_scale.dim() == 3, q_rotate=True, q_reg=q_reg))
     q = q if layout.q_describable else q.contiguous()
     k = k if layout.k_describable else k.contiguous()
     block_m, block_n = layout.block_m, layout.block_n
     grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
     signs = signs.to(device=q.device, dtype=torch.float32).contiguous()
-    v_box = [1, 1, block_n, D] if pv_bf16 else [1, 1, D, block_n]
-    args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, v_box),
+    args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, D, block_n]),
             TmaOperand(out, [1, 1, block_m, D]), lse, signs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, N, 1,
             k_n, k_rows, B * H, head_group, schedule, v_n)
     GLUON_FWD.run(key, grid, args, dict(layout.options, signs=signs))  # (signs: a keyword parameter of the kernel)
     return out, lse
 
 
-def rotated_q_config(D: int, causal: bool, pv_bf16: bool = False) -> dict:
+def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
-    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) where it names the head dim; with ``pv_bf16`` (P V in
-    bfloat16 on v as given) the stages configs.ROTATED["pv_bf16"] gives the head dim (a bf16 V block is twice an
-    e4m3 one: D128 fits 2)."""
+    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) where it names the head dim."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
-    if pv_bf16:
-        cfg["stages"] = configs.ROTATED.get("pv_bf16", {}).get(D, PV_BF16_STAGES[D])
     return cfg
-
-
-PV_BF16_STAGES = {64: 3, 128: 2}  # the stages that fit shared memory with P V in bfloat16 (D128: 3 need 240 KiB)
 
 
 def _tiling(q, k, tile_rows: int, block_n: int, causal: bool):

@@ -224,12 +224,6 @@ def q_in_kernel(q: torch.Tensor, k: torch.Tensor, causal: bool, rotate: bool, k_
     return launch.plan(q, k, causal).path == "gluon"
 
 
-def pv_bf16(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the convenience path with q in the kernel runs P V in bfloat16 on v as given (no pass over v): at the
-    head dims of configs.ROTATED["pv_bf16"], bfloat16 inputs (the kernel's PV_BF16: P's bfloat16 linear code)."""
-    return q.shape[-1] in configs.ROTATED.get("pv_bf16", {}) and v.dtype == torch.bfloat16
-
-
 K_SCALES = ("tensor", "token", "block")
 QUANTIZERS = ("hadamard_quantize", "fused")
 
@@ -269,9 +263,8 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     D128), which the kernels fold into O's rescale once a key block. At the head dims of configs.ROTATED["q_in_kernel"]
     (64, 128) on Hopper, q's rotation and quantization run inside the FP8 kernel (no pass over q;
     launch.forward_q_rotated): end to end 1.074x bf16 at causal D128 N4096 (1.264x full), 1.034x at causal D64
-    (notes/attention_fp8). There, configs.ROTATED["pv_bf16"] (head dims -> stages; bf16 inputs) skips v's pass: the
-    kernel reads v as given and runs P V in bfloat16 (pv_bf16), and configs.ROTATED["q_reg"] keeps q's codes in
-    registers (the kernel's Q_REG); both off until an H100 run decides (notes/attention_fp8)."""
+    (notes/attention_fp8). There, at the head dims of configs.ROTATED["q_reg"], q's codes stay in registers as the
+    scores' operand (the kernel's Q_REG)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
@@ -313,15 +306,9 @@ def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_k
 
     signs = rotation_signs(q.shape[-1], q.device)
     k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block")
+    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
     q_codes = torch.empty((), dtype=FP8, device=q.device).expand(q.shape)
     q_scale = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
-    if pv_bf16(q, v):  # v as given, read by P V's bfloat16 wgmma: no pass over v (the checks on stand-ins)
-        v_codes = torch.empty((), dtype=FP8, device=q.device).expand(v.shape)
-        v_ones = torch.empty((), dtype=torch.float32, device=q.device).expand(v.shape[:2])
-        softmax_scale = check(q_codes, k8, v_codes, q_scale, k_scale, v_ones, causal, scale, q.dtype, "bhnd", False)
-        out, lse = launch.forward_q_rotated(q, signs, k8, v, k_scale, None, causal, softmax_scale, q.dtype)
-        return (out, lse) if return_lse else out
-    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
     softmax_scale = check(q_codes, k8, v8, q_scale, k_scale, v_scale, causal, scale, q.dtype, "keys_permuted", False)
     out, lse = launch.forward_q_rotated(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
     return (out, lse) if return_lse else out

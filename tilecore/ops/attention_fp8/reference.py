@@ -65,21 +65,6 @@ def linear_e4m3(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(z), float("nan"), val)
 
 
-# P_LINEAR 2 (the Hopper kernel's PV_BF16: P V in bfloat16 on v as given): P's bfloat16 code by one multiply-add
-LINEAR_BF16_LSE_BIAS = 0.05754877  # log2 of the bf16 codes' mean overestimate of 2^x: log2 of the integral of (1 + f) 2^-f
-
-
-def linear_bf16(x: torch.Tensor) -> torch.Tensor:
-    """2^x as bfloat16 by the linear code (the Hopper kernel's PV_BF16): bfloat16's bits b = round(128 x + 127 * 128)
-    (round half to even, clamped at 0: x under -127 gives 0), its exponent and 7 mantissa bits read as one fixed-point
-    number: 2^x with the mantissa interpolated linearly between powers of two (1.00x to 1.064x of 2^x, 1.0407x on
-    average). NaN stays NaN. Float32 values of the codes."""
-    z = x.double() * 128.0 + 127.0 * 128.0
-    code = torch.clamp(torch.round(torch.nan_to_num(z, nan=0.0, posinf=32639.0, neginf=0.0)), 0.0, 32639.0)
-    val = code.to(torch.int16).view(torch.bfloat16).to(torch.float32)
-    return torch.where(torch.isnan(z), float("nan"), val)
-
-
 KEY_CHUNK = 32  # the Hopper kernel's V layout permutes keys within chunks of this many (key_position)
 
 
@@ -160,17 +145,16 @@ def attention_fp8_exact(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, 
 def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=False, softmax_scale=None,
                            block_n: int = 128, out_dtype=torch.float32, rows_at_once: int = 1024,
                            rescale_tau: float = 0.0, p_shift: int = P_SHIFT, l_rounded: bool = False,
-                           p_linear: int = 0):
+                           p_linear: bool = False):
     """(O in ``out_dtype``, lse float32) by the kernels' math (module docstring) in float32, key block
     by key block of ``block_n`` (the kernels': P's rounding depends on it), ``rows_at_once`` query
     rows at a time. The CPU path of attention_fp8. ``rescale_tau``, ``p_shift``: conditional rescaling
     and P's scale 2^p_shift (module docstring; the kernels' defaults 0 and 8); ``l_rounded``: l sums the
     rounded P (module docstring; the Hopper kernel's L_MMA); ``p_linear``: P by linear_e4m3 instead of the rounded
     exp2 (the Hopper kernel's P_LINEAR, which sums l of the codes: implies l_rounded; lse corrected by
-    LINEAR_LSE_BIAS); ``p_linear=2``: P by linear_bf16 (the kernel's PV_BF16, whose v is bfloat16 as given: pass it
-    as ``v8`` with ``v_scale`` ones; lse corrected by LINEAR_BF16_LSE_BIAS)."""
+    LINEAR_LSE_BIAS)."""
     check_rescale(rescale_tau, p_shift)
-    if p_linear == 1 and p_shift + rescale_tau > 8.75:
+    if p_linear and p_shift + rescale_tau > 8.75:
         raise ValueError(f"p_linear: p_shift + rescale_tau <= 8.75 (codes <= 126, e4m3's 448); got {p_shift} + "
                          f"{rescale_tau}")
     p_scale = float(2 ** p_shift)
@@ -208,7 +192,7 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
             m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
             alpha = torch.exp2(m - m_ref)
             if p_linear:
-                p8 = (linear_bf16 if p_linear == 2 else linear_e4m3)(s - m_ref[..., None] + p_shift)
+                p8 = linear_e4m3(s - m_ref[..., None] + p_shift)
                 l = l * alpha + p8.sum(-1) / p_scale
             else:
                 p = torch.exp2(s - m_ref[..., None])
@@ -219,6 +203,6 @@ def attention_fp8_emulated(q8, k8, v8, q_scale, k_scale, v_scale, *, causal=Fals
         no_key = l == 0.0
         l_safe = torch.where(no_key, 1.0, l)
         out[:, :, rows] = (acc * vs / (p_scale * l_safe[..., None])).to(out_dtype)
-        lse_bias = LINEAR_BF16_LSE_BIAS if p_linear == 2 else LINEAR_LSE_BIAS if p_linear else 0.0
+        lse_bias = LINEAR_LSE_BIAS if p_linear else 0.0
         lse[:, :, rows] = torch.where(no_key, float("-inf"), (m + torch.log2(l_safe) - lse_bias) / LOG2E)
     return out, lse
