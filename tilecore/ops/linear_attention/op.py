@@ -36,9 +36,10 @@ _MAMBA_STEP_KEY = SignatureMemo(globals())
 # Issue 31's host time for Hedgehog's eager calls: KEYED_HEDGEHOG keys a Hedgehog call on its tensors with its
 # weights (checks once a key, the two maps' launches by key, the core on the key: plan cache, keyed launches);
 # KEYED_BACKWARD plans the core's backward once per (forward key, gradients' layouts) and launches its kernels by
-# that key. Read each call; the same kernels and arguments either way (tests/host/test_hedgehog_host.py)
-KEYED_HEDGEHOG = False
-KEYED_BACKWARD = False
+# that key. Read each call; the same kernels and arguments either way (tests/host/test_hedgehog_host.py). On: the
+# same bits on the H100 and 0.67x the host time of a Hedgehog fwd+bwd (notes/host's decision log)
+KEYED_HEDGEHOG = True
+KEYED_BACKWARD = True
 _MAP = CachedLaunch(kernels_forward.hedgehog_map_kernel)
 _MAP_BWD = CachedLaunch(kernels_forward.hedgehog_map_bwd_kernel)
 _MAP_BWD_BLOCKS = LRU(256)  # a map's key -> (rows, warps, programs) of its backward
