@@ -268,3 +268,19 @@ def test_empty_inputs():
     cos, sin = tables(8, 8)
     out = tilecore.attention(q, k, v, rotary=(cos, sin))
     assert out.shape == (1, 2, 0, 16)
+
+
+def test_fp8_precision_turns_q_and_k_first():
+    """precision="fp8": apply_rotary on q and k, then the FP8 convenience path (forward only)."""
+    from tilecore.ops.attention_fp8 import attention_fp8_rotated
+
+    q, k, v = (t.detach() for t in inputs(1, 2, 2, 24, 40, 64))
+    cos, sin = tables(40, 24)
+    out = tilecore.attention(q, k, v, causal=True, precision="fp8", rotary=(cos, sin))
+    qr = tilecore.apply_rotary(q.transpose(1, 2), cos[16:], sin[16:]).transpose(1, 2)
+    kr = tilecore.apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    assert torch.equal(out, attention_fp8_rotated(qr, kr, v, causal=True))
+    exact, _ = rotary_attention_reference(q.double(), k.double(), v.double(), cos, sin, causal=True)
+    assert 0 < accuracy.rel_rms(out, exact) < 0.1  # e4m3 operands: a few percent
+    with pytest.raises(RuntimeError, match="forward-only"):
+        tilecore.attention(q.requires_grad_(), k, v, precision="fp8", rotary=(cos, sin))
