@@ -48,12 +48,16 @@ BOUND = 1.3  # error / floor: the shipped backward sits at 1.00-1.05x
 RESULTS = {"norm": [], "norm_peers": [], "fft": [], "errors": []}
 TORCH = ("torch finish", dict(finish="torch"), {})
 SHIPPED = ("shipped", {}, {})
+# one row a program at 1 warp (239 registers, 8 programs an SM, no barrier: the row sums within a warp) or 2 warps
+# (123 registers, 8 an SM, 11 bar.sync) against the shipped 2 rows at 4 warps (128 registers, 4 an SM, 7 bar.sync)
+ONE_WARP = ("tile 1024, 1 warp", dict(backward_tile_elems=1024, backward_warps=1), {})
+TWO_WARPS = ("tile 1024, 2 warps", dict(backward_tile_elems=1024, backward_warps=2), {})
 # (variant, columns, [(label, tl_plan keywords, configs patched)]), most telling first (none added after STOP_S)
 CASES = [
-    ("layer", 1024, [SHIPPED, TORCH, ("4 groups/SM", dict(groups_per_sm=4), {}),
+    ("layer", 1024, [SHIPPED, TORCH, ("4 groups/SM", dict(groups_per_sm=4), {}), ONE_WARP, TWO_WARPS,
                      ("finish 256 programs", {}, dict(FINISH_PROGRAMS=256)),
                      ("finish 64 programs", {}, dict(FINISH_PROGRAMS=64))]),
-    ("rms", 1024, [SHIPPED, TORCH, ("4 groups/SM", dict(groups_per_sm=4), {}),
+    ("rms", 1024, [SHIPPED, TORCH, ("4 groups/SM", dict(groups_per_sm=4), {}), ONE_WARP,
                    ("finish 256 programs", {}, dict(FINISH_PROGRAMS=256))]),
     ("layer", 4096, [SHIPPED, TORCH, ("2 groups/SM", dict(groups_per_sm=2), {})]),
     ("rms", 4096, [SHIPPED, TORCH, ("2 groups/SM", dict(groups_per_sm=2), {})]),
