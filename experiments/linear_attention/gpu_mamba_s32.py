@@ -53,7 +53,6 @@ CASE = "mamba2 2.7B shape"
 VARIANTS = {
     "shipped": {},
     "no lean": dict(lean=False),
-    "scores_first": dict(scores_first=True),  # Q K^T issued at the chunk's start, under the stores' conversions
 }
 # (label, B, N, H, dtype, h0, A's range (lo, hi))
 CHECKS = [("bf16 h0 N 1000", 2, 1000, 8, "bf16", True, (-8.5, -0.5)),

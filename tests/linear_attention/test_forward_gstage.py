@@ -88,16 +88,15 @@ def test_variant_flags_follow_configs_and_need_a_decay(monkeypatch):
     from tilecore.ops.linear_attention import configs
 
     g, beta, z = torch.empty(1, 8, 2), torch.empty(1, 8, 2), torch.empty(1, 8, 2, 64)
-    off = dict(g_stage=False, early_wv=False, lean=False, scores_first=False)
-    names = ("GLUON_G_STAGE", "GLUON_EARLY_WV", "GLUON_LEAN", "GLUON_SCORES_FIRST")
+    off = dict(g_stage=False, early_wv=False, lean=False)
+    names = ("GLUON_G_STAGE", "GLUON_EARLY_WV", "GLUON_LEAN")
     for name in names:
         monkeypatch.setattr(configs, name, ())
     assert gf.variant(g, None, None) == off and gf.variant(g, beta, z) == off
     for name in names:
         monkeypatch.setattr(configs, name, (False,))  # the scalar decay's only
-    assert gf.variant(g, None, None) == dict(g_stage=True, early_wv=True, lean=True, scores_first=True)
-    assert gf.variant(g, beta, z) == off
-    assert gf.variant(None, None, None) == dict(off, scores_first=True)  # (the kernel's Q K^T is there without a decay)
+    assert gf.variant(g, None, None) == dict(g_stage=True, early_wv=True, lean=True)
+    assert gf.variant(g, beta, z) == off and gf.variant(None, None, None) == off
     assert gf.variant(g, beta, z, g_stage=True, early_wv=True) == dict(off, g_stage=True, early_wv=True)
     G, b = gf.prepare_decay(g.uniform_(-1, 0), None, False)
     assert b is None and torch.equal(G, gf.chunk_cumulative(g, gf.BT_GLUON))

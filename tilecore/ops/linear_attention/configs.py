@@ -52,9 +52,6 @@ GLUON_EARLY_WV: tuple = (True,)
 GLUON_SILU_TANH = True
 # LEAN by whether beta is given: Mamba-2's (1.061x, checked; decision 65)
 GLUON_LEAN: tuple = (True,)
-# SCORES_FIRST (Q K^T issued at the chunk's start, under the conversions before its stores) by whether beta is given:
-# off, untimed (session 36's job hb_m36)
-GLUON_SCORES_FIRST: tuple = ()
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's

@@ -31,7 +31,7 @@ import torch
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
@@ -189,8 +189,6 @@ class LinearAttentionForward:
     LEAN: gl.constexpr  # (G_STAGE) one causal select on P (the exps take the unmasked difference: +inf above the
     # diagonal, selected away), and with beta the scale on beta V's rows, not on P; with EARLY_WV and beta, beta V in
     # bv_smem (no barrier between its stores and wv's)
-    SCORES_FIRST: gl.constexpr  # Q K^T (it reads only the stage) issued async at the chunk's start, under the state's
-    # and the weighted values' conversions, waited after their stores and barrier pair
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state
     PL: gl.constexpr  # P as the register operand of P V
@@ -333,48 +331,24 @@ class LinearAttentionForward:
             beta_pv = beta_r
             if self.LEAN:
                 beta_pv = beta_r * self.scale
-        if self.EARLY_WV and self.HAS_BETA:
-            if SPLIT_BV:
-                bv = self.bv_smem.index(c)
-            else:
-                bv = self.wv_smem.index(2 * c + 1)
-        if self.SCORES_FIRST:
-            # Q K^T (its operands came with the stage) under the chunk's register work: the state and the weighted
-            # values made in registers first, then stored (ptxas waits for an in-flight wgmma before a shared-memory
-            # store, so the stores come last)
-            s_tok = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL),
-                                  use_acc=False, is_async=True)
-            S_lo = walk.S.to(dtype)
-            if self.EARLY_WV:
-                v_f = v.load(self.SL).to(gl.float32)
-                wv_lo = (v_f * gl.expand_dims(w_rows, 1)).to(dtype)
-                if self.HAS_BETA:
-                    bv_lo = (v_f * gl.expand_dims(beta_pv, 1)).to(dtype)
-            elif self.HAS_BETA:
-                wv_lo = (v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_pv, 1)).to(dtype)
-            gl.thread_barrier()  # the previous step's wgmmas have read the buffers
-            S_smem.store(S_lo)
-            if self.EARLY_WV or self.HAS_BETA:
-                wv.store(wv_lo)
-            if self.EARLY_WV and self.HAS_BETA:
-                bv.store(bv_lo)
-        else:
-            gl.thread_barrier()  # the previous step's wgmmas have read both buffers
-            S_smem.store(walk.S.to(dtype))
-            if self.EARLY_WV:
-                v_f = v.load(self.SL).to(gl.float32)
-                wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
-                if self.HAS_BETA:
-                    bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
-            elif self.HAS_BETA:
-                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_pv, 1)).to(dtype))
+        gl.thread_barrier()  # the previous step's wgmmas have read both buffers
+        S_smem.store(walk.S.to(dtype))
+        if self.EARLY_WV:
+            v_f = v.load(self.SL).to(gl.float32)
+            wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
+            if self.HAS_BETA:
+                if SPLIT_BV:
+                    bv = self.bv_smem.index(c)
+                else:
+                    bv = self.wv_smem.index(2 * c + 1)
+                bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
+        elif self.HAS_BETA:
+            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(beta_pv, 1)).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
 
         # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
-        if self.SCORES_FIRST:
-            s = warpgroup_mma_wait(0, deps=(s_tok,))
-        elif self.PROBE & PROBE_NO_INTRA:
+        if self.PROBE & PROBE_NO_INTRA:
             s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
         else:
             s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
@@ -464,16 +438,14 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                         Z_STAGE: gl.constexpr = False, G_STAGE: gl.constexpr = False, EARLY_WV: gl.constexpr = False,
-                        SILU_TANH: gl.constexpr = False, PROBE: gl.constexpr = 0, LEAN: gl.constexpr = False,
-                        SCORES_FIRST: gl.constexpr = False):
+                        SILU_TANH: gl.constexpr = False, PROBE: gl.constexpr = 0, LEAN: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. Z_STAGE: z TMA-loaded with the stage (off the walk's
     serial path). G_STAGE: G (head-major, log2 units: chunk_cumulative_heads) TMA-loaded with the stage, and with
     beta (chunk_heads) beta too. EARLY_WV: the state update's weighted values stored beside the old state at the
     chunk's start (one barrier pair a chunk fewer). SILU_TANH (with Z_STAGE): the gate's sigmoid by one
-    tanh.approx.f32. LEAN (with G_STAGE): one causal select on P and, with beta, the scale on beta V. SCORES_FIRST:
-    Q K^T issued at the chunk's start, under the conversions before its stores. PROBE: timing probes (wrong
-    outputs)."""
+    tanh.approx.f32. LEAN (with G_STAGE): one causal select on P and, with beta, the scale on beta V. PROBE: timing
+    probes (wrong outputs)."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -494,8 +466,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, BT, BK, BV, DECAY, HAS_BETA,
                                 HAS_D, HAS_Z, HAS_H0, STORE_HT, Z_STAGE, G_STAGE and DECAY, EARLY_WV,
-                                SILU_TANH and Z_STAGE, PROBE, LEAN_ON,
-                                SCORES_FIRST and (PROBE & PROBE_NO_INTRA) == 0, SL, STL, PL)
+                                SILU_TANH and Z_STAGE, PROBE, LEAN_ON, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -610,10 +581,10 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, z_stage: bool = False,
                 operand=None, g_stage: bool = False, early_wv: bool = False, silu_tanh: bool = False, probe: int = 0,
-                lean: bool = False, scores_first: bool = False):
+                lean: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
-    z_stage, g_stage, early_wv, silu_tanh, lean, scores_first: the kernel's Z_STAGE (z must then be TMA-able:
-    ``tma_ok``), G_STAGE, EARLY_WV, SILU_TANH, LEAN and SCORES_FIRST (``variant`` gives configs'); g:
+    z_stage, g_stage, early_wv, silu_tanh, lean: the kernel's Z_STAGE (z must then be TMA-able: ``tma_ok``),
+    G_STAGE, EARLY_WV, SILU_TANH and LEAN (``variant`` gives configs'); g:
     ``chunk_cumulative``'s G, or with g_stage ``chunk_cumulative_heads``'s (and beta ``chunk_heads``'s).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
     for a CachedLaunch)."""
@@ -661,8 +632,6 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
         args["PROBE"] = probe
     if lean:  # (absent where off; the kernel ignores it without G_STAGE)
         args["LEAN"] = True
-    if scores_first:  # (absent where off: the launches' keys as before)
-        args["SCORES_FIRST"] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -672,19 +641,17 @@ def tma_ok(t: torch.Tensor) -> bool:
                                                                  for s in t.stride()[:-1])
 
 
-def variant(g, beta, z, g_stage: bool | None = None, early_wv: bool | None = None, lean: bool | None = None,
-            scores_first: bool | None = None) -> dict:
-    """The kernel's G_STAGE, EARLY_WV, LEAN and SCORES_FIRST for these inputs (launch_args's g_stage, early_wv, lean,
-    scores_first): the given ones, else configs' GLUON_G_STAGE, GLUON_EARLY_WV, GLUON_LEAN and GLUON_SCORES_FIRST by
-    whether beta is given (Mamba-2 or not). The first three need a decay (LEAN G_STAGE too)."""
+def variant(g, beta, z, g_stage: bool | None = None, early_wv: bool | None = None, lean: bool | None = None) -> dict:
+    """The kernel's G_STAGE, EARLY_WV and LEAN for these inputs (launch_args's g_stage, early_wv, lean): the given
+    ones, else configs' GLUON_G_STAGE, GLUON_EARLY_WV and GLUON_LEAN by whether beta is given (Mamba-2 or not). All
+    three need a decay (LEAN G_STAGE too)."""
     from tilecore.ops.linear_attention import configs
 
     mamba = beta is not None
     g_stage = (mamba in configs.GLUON_G_STAGE if g_stage is None else g_stage) and g is not None
     early_wv = (mamba in configs.GLUON_EARLY_WV if early_wv is None else early_wv) and g is not None
     lean = (mamba in configs.GLUON_LEAN if lean is None else lean) and g_stage
-    scores_first = mamba in configs.GLUON_SCORES_FIRST if scores_first is None else scores_first
-    return dict(g_stage=g_stage, early_wv=early_wv, lean=lean, scores_first=scores_first)
+    return dict(g_stage=g_stage, early_wv=early_wv, lean=lean)
 
 
 def prepare_decay(g, beta, g_stage: bool):
@@ -698,17 +665,16 @@ def prepare_decay(g, beta, g_stage: bool):
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3, *,
             z_stage: bool | None = None, g_stage: bool | None = None, early_wv: bool | None = None,
-            lean: bool | None = None, scores_first: bool | None = None, silu_tanh: bool | None = None, operand=None,
-            launch=None):
+            lean: bool | None = None, silu_tanh: bool | None = None, operand=None, launch=None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
-    columns must be contiguous (stride 1), as Mamba-2's are. z_stage, g_stage, early_wv, lean, scores_first,
-    silu_tanh: the kernel's Z_STAGE, G_STAGE, EARLY_WV, LEAN, SCORES_FIRST and SILU_TANH (None: configs.GLUON_Z_STAGE,
-    ``variant``'s (configs by whether beta is given), configs.GLUON_SILU_TANH). ``operand``: launch_args's (the
+    columns must be contiguous (stride 1), as Mamba-2's are. z_stage, g_stage, early_wv, lean, silu_tanh: the
+    kernel's Z_STAGE, G_STAGE, EARLY_WV, LEAN and SILU_TANH (None: configs.GLUON_Z_STAGE, ``variant``'s (configs by
+    whether beta is given), configs.GLUON_SILU_TANH). ``operand``: launch_args's (the
     descriptors' maker); ``launch(grid, args, num_warps)``: the launch (default: the kernel's own; the op's keyed path
     passes a CachedLaunch's)."""
     from tilecore.ops.linear_attention import configs
 
-    flags = variant(g, beta, z, g_stage=g_stage, early_wv=early_wv, lean=lean, scores_first=scores_first)
+    flags = variant(g, beta, z, g_stage=g_stage, early_wv=early_wv, lean=lean)
     z_stage = configs.GLUON_Z_STAGE if z_stage is None else z_stage
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
@@ -743,7 +709,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 
 def compile_report(case: str, stages: int = 2, z_stage: bool = False, g_stage: bool = False, early_wv: bool = False,
                    compiled_out: list | None = None, probe: int = 0, silu_tanh: bool = False,
-                   lean: bool = False, scores_first: bool = False) -> dict:
+                   lean: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -757,11 +723,11 @@ def compile_report(case: str, stages: int = 2, z_stage: bool = False, g_stage: b
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages,
                                     z_stage=z_stage, g_stage=g_stage, early_wv=early_wv, probe=probe,
-                                    silu_tanh=silu_tanh, lean=lean, scores_first=scores_first)
+                                    silu_tanh=silu_tanh, lean=lean)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)
-    return dict(case=case, z_stage=z_stage, g_stage=g_stage, early_wv=early_wv, lean=lean, scores_first=scores_first,
+    return dict(case=case, z_stage=z_stage, g_stage=g_stage, early_wv=early_wv, lean=lean,
                 spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
