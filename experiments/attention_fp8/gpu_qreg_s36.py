@@ -8,7 +8,7 @@ D128 B16 H16 N4096 (call 1: 1.153x eager, 1.198x from a CUDA graph).
 Call 1 ran this script as gpu_pvbf16_s36.py (commit 7d57409c) with P V in bfloat16 on v as given (configs pv_bf16,
 the kernel's PV_BF16: slower, removed; notes/attention_fp8's decision log).
 Forms (switches.patched(configs, ROTATED=...)): "q3" (q's codes in shared memory), "qr" (q_reg at D64 and D128),
-"qr1" (qr with 1 bf16 Q buffer a consumer at D128).
+"qr1" (qr with 1 bf16 Q buffer a consumer at D128), "qr14" (qr1 with 4 stages at D128: the bf16 Q buffer it frees).
 
 1. The qr kernel against its twin (quantize.rotate_quantize_rows for q, rotate_quantize per block for k,
    quantize_v_permuted per block for v, attention_fp8_emulated with P's linear code) on GQA tails (B2 Hq8 Hkv2 N1008
@@ -65,7 +65,8 @@ def main():
               "notes": []}
     shipped = dict(configs.ROTATED)
     forms = {"q3": dict(shipped, q_reg=()), "qr": dict(shipped, q_reg=(64, 128)),
-             "qr1": dict(shipped, q_reg=(64, 128), q_buffers={128: 1})}
+             "qr1": dict(shipped, q_reg=(64, 128), q_buffers={128: 1}),
+             "qr14": dict(shipped, q_reg=(64, 128), q_buffers={128: 1}, stages={128: 4})}
 
     def save():
         with open(path, "w") as f:
@@ -142,13 +143,18 @@ def main():
                 v8, vs = quantize_v_permuted(v, per="block")
                 with patched(configs, ROTATED=forms["qr1"]):
                     cfg1 = launch.rotated_q_config(D, causal)
+                with patched(configs, ROTATED=forms["qr14"]):
+                    cfg14 = launch.rotated_q_config(D, causal)
                 kern = {"kernel_q3": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype, q_reg=False)),
                         "kernel_qr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype, q_reg=True)),
                         "kernel_qr1": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
                                                                              D ** -0.5, q.dtype, config=cfg1,
-                                                                             q_reg=True))}
+                                                                             q_reg=True)),
+                        "kernel_qr14": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
+                                                                              D ** -0.5, q.dtype, config=cfg14,
+                                                                              q_reg=True))}
                 row["parts_ms"] = kern
                 print("parts", json.dumps(kern), flush=True)
                 del k8, v8
@@ -238,9 +244,9 @@ def main():
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
     when(0, "tail D128 causal qr", tail, 128, True, "qr")
-    when(44, "tail D64 full qr", tail, 64, False, "qr")
-    e2e(B0, H0, N0, 128, True, ["q3", "qr", "qr1"], parts=True)
-    when(22, "outlier", outlier)
+    e2e(B0, H0, N0, 128, True, ["q3", "qr", "qr1", "qr14"], parts=True)
+    when(24, "tail D64 full qr", tail, 64, False, "qr")
+    when(18, "outlier", outlier)
     for D, causal in ((64, True), (128, False), (64, False)):
         when(10, f"e2e D{D} causal {causal}", e2e, B0, H0, N0, D, causal, ["q3", "qr"], eager=False)
 

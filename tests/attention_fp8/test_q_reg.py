@@ -138,3 +138,18 @@ def test_kernel_compiles_with_q_in_registers(report):
     # experiments/attention_fp8/sass_fp8.py --variants qreg), D64 none
     assert reg128["spill_stores"] <= 48 and reg128["spill_loads"] <= 64, reg128
     assert reg64["spill_stores"] == 0 and reg64["spill_loads"] == 0, reg64
+
+
+def test_rotated_config_takes_stages_and_q_buffers():
+    # configs.ROTATED's per-head-dim "stages" and "q_buffers" reach the rotated kernel's config; other head dims keep
+    # configs.GLUON_FORWARD's (with q_reg and 1 Q buffer, D128 fits 4 stages: 230,248 bytes, sm_90a)
+    from tilecore.ops.attention_fp8 import launch
+    from tilecore.tiles.switches import patched
+
+    with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={}, stages={})):
+        assert launch.rotated_q_config(128, True) == configs.gluon_config(128, True)
+    with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={128: 1}, stages={128: 4})):
+        cfg, cfg64 = launch.rotated_q_config(128, True), launch.rotated_q_config(64, True)
+    assert (cfg["stages"], cfg["q_buffers"]) == (4, 1)
+    assert (cfg64["stages"], cfg64["q_buffers"]) == (configs.gluon_config(64, True)["stages"],
+                                                     configs.gluon_config(64, True)["q_buffers"])

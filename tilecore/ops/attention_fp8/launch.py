@@ -265,9 +265,10 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
 
 def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
-    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) where it names the head dim."""
+    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) and ``stages`` where they name the head dim."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
+    cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
     return cfg
 
 
