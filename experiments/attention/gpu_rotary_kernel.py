@@ -8,12 +8,14 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
 2. GPU time (triton.testing.do_bench_cudagraph medians; do_bench where a graph fails) of the rotary forward,
    of the shipped forward without rotary on the same q, k, v, and of the composite; the overhead % of each
    over the forward without rotary (the issue's target: <= 3% for the rotary forward).
-3. while the budget lasts, the variants of --variants (gluon_rotary's switches through switches.patched: q_transform:
+3. (--extras, first) a few small checks of the rotary forward as --main runs it (below);
+4. while the budget lasts, the variants of --variants (gluon_rotary's switches through switches.patched: q_transform:
    Q turned by the transform partition instead of each consumer; tables_input: cos and sin cast to q's dtype),
    checked and timed on the same inputs; regs200: consumers 200 registers, the transform 88; the probes
    no_turn (the transform hands each stage on unturned) and no_tables (turns by constant angles: no cos / sin
    loads), timed only (wrong results);
-Then a few small checks (--extras): grouped heads with rotary_dim < D and fp32 cos/sin, interleaved pairs
+--main runs the four cases (and the extras) under one of VARIANTS (k_pass: K turned by apply_rotary's pass,
+Q in the kernel). The extras: grouped heads with rotary_dim < D and fp32 cos/sin, interleaved pairs
 (causal, D128), N < Nk causal with rows past a tile, a window with a softcap, the carried pipeline (short rows).
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_kernel.py [--cases d128,d128c,d64,d64c] [--extras]
@@ -42,6 +44,8 @@ RESULTS = {"check": [], "timing": [], "errors": []}
 CASES = {"d128": (128, False), "d128c": (128, True), "d64": (64, False), "d64c": (64, True)}
 VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLES_DTYPE="input"),
             "regs200": dict(CONSUMER_REGS=200, TURN_REGS=88),
+            # K turned by apply_rotary's pass, Q in the kernel (each consumer, its block at once): no transform
+            "k_pass": dict(K_IN_KERNEL=False), "in_kernel": dict(K_IN_KERNEL=True),
             # timing probes (wrong results, not checked): the transform hands stages on unturned; turns by
             # constant angles (no cos / sin loads)
             "no_turn": dict(PROBE=1), "no_tables": dict(PROBE=2)}
@@ -128,12 +132,16 @@ def main():
     ap.add_argument("--extras", action="store_true")
     ap.add_argument("--shape", default="16,16,4096")
     ap.add_argument("--variants", default="no_tables,q_transform")
+    ap.add_argument("--main", default="", help="a variant of VARIANTS the four cases run as the rotary forward "
+                    "(default: gluon_rotary's switches as they are); also the extras'")
     a = ap.parse_args()
     B, H, N = (int(x) for x in a.shape.split(","))
     torch.manual_seed(0)
     dev = "cuda"
     row("device", torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
     inputs = {}
+    main_switch = VARIANTS[a.main] if a.main else {}
+    main_name = a.main or "rotary in kernel"
     for case in a.cases.split(","):
         D, causal = CASES[case]
         if time.time() - T0 > 45:  # the job's budget (~60 s with compiles): the table so far
@@ -144,28 +152,52 @@ def main():
             cos, sin = tables(N, D // 2, torch.bfloat16, dev)
             scale = D ** -0.5
             inputs[case] = (q, k, v, cos, sin, scale)
-            check(f"{case} B{B} H{H} N{N}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
+            with patched(gluon_rotary, **main_switch):
+                check(f"{case} {a.main} B{B} H{H} N{N}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
             p = plan.plan_forward(q, k, v, causal, scale)
             base, how_b = bench(lambda: launch.outputs(p, q, k, v, causal, scale))
-            ours, how_o = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
+            with patched(gluon_rotary, **main_switch):
+                ours, how_o = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
             comp, how_c = bench(lambda: composite(q, k, v, cos, sin, causal, scale))
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
             inputs[case] += (base,)
             RESULTS["timing"].append(dict(case=case, B=B, H=H, N=N, D=D, causal=causal, base_ms=base, rotary_ms=ours,
-                                          composite_ms=comp, timed=[how_b, how_o, how_c],
-                                          rotary_cfg=gluon_rotary.rotary_config(D, N, N, causal),
+                                          composite_ms=comp, timed=[how_b, how_o, how_c], variant=a.main,
+                                          rotary_cfg=gluon_rotary.rotary_config(
+                                              D, N, N, causal, main_switch.get("K_IN_KERNEL", True)),
                                           base_cfg=p.config))
             row("time", case, f"no rotary {base:.3f} ms ({flops / base / 1e9:.0f} TF/s)",
-                f"rotary in kernel {ours:.3f} ms ({100 * (ours / base - 1):+.1f}%)",
+                f"{main_name} {ours:.3f} ms ({100 * (ours / base - 1):+.1f}%)",
                 f"composite {comp:.3f} ms ({100 * (comp / base - 1):+.1f}%)", f"[{how_b},{how_o},{how_c}]",
                 f"{time.time() - T0:.0f}s")
         except Exception as e:  # noqa: BLE001 (reported; the next case runs)
             RESULTS["errors"].append(dict(case=case, error=traceback.format_exc()[-2000:]))
             row("error", case, repr(e)[:300])
+    if a.extras:
+        extras = [  # name, B, H, Hkv, N, Nk, D, R, causal, window, softcap, cos dtype (interleaved: name)
+            ("gqa R32 fp32 cos", 2, 8, 2, 1000, 1000, 128, 32, False, (-1, -1), 0.0, torch.float32),
+            ("interleaved causal d128", 2, 4, 2, 700, 700, 128, 64, True, (-1, -1), 0.0, torch.bfloat16),
+            ("N<Nk causal d64", 2, 4, 4, 300, 777, 64, 32, True, (-1, -1), 0.0, torch.bfloat16),
+            ("window softcap d128", 1, 4, 4, 1500, 1500, 128, 64, False, (200, 0), 30.0, torch.bfloat16),
+            ("carried short d64", 4, 4, 4, 256, 256, 64, 32, True, (-1, -1), 0.0, torch.bfloat16)]
+        for name, b, h, hkv, n, nk, d, r, causal, window, softcap, cdt in extras:
+            if time.time() - T0 > 50:
+                row("skip", name, "time")
+                continue
+            try:
+                q = torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16)
+                k, v = (torch.randn(b, hkv, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+                cos, sin = tables(nk + 5, r, cdt, dev)
+                with patched(gluon_rotary, **main_switch):
+                    check(f"{name} {a.main}", q, k, v, cos, sin, causal, d ** -0.5, (b - 1, slice(0, h)), window,
+                          softcap, interleaved="interleaved" in name)
+            except Exception as e:  # noqa: BLE001
+                RESULTS["errors"].append(dict(case=name, error=traceback.format_exc()[-2000:]))
+                row("error", name, repr(e)[:300])
     for variant in [x for x in a.variants.split(",") if x]:
         switch = VARIANTS[variant]
         for case in [c for c in a.cases.split(",") if len(inputs.get(c, ())) == 7]:
-            if time.time() - T0 > 50:
+            if time.time() - T0 > 48:
                 row("skip", variant, case, "time")
                 continue
             q, k, v, cos, sin, scale, base = inputs[case]
@@ -181,26 +213,6 @@ def main():
             except Exception as e:  # noqa: BLE001
                 RESULTS["errors"].append(dict(case=f"{case} {variant}", error=traceback.format_exc()[-2000:]))
                 row("error", case, variant, repr(e)[:300])
-    if a.extras:
-        extras = [  # name, B, H, Hkv, N, Nk, D, R, causal, window, softcap, cos dtype (interleaved: name)
-            ("gqa R32 fp32 cos", 2, 8, 2, 1000, 1000, 128, 32, False, (-1, -1), 0.0, torch.float32),
-            ("interleaved causal d128", 2, 4, 2, 700, 700, 128, 64, True, (-1, -1), 0.0, torch.bfloat16),
-            ("N<Nk causal d64", 2, 4, 4, 300, 777, 64, 32, True, (-1, -1), 0.0, torch.bfloat16),
-            ("window softcap d128", 1, 4, 4, 1500, 1500, 128, 64, False, (200, 0), 30.0, torch.bfloat16),
-            ("carried short d64", 4, 4, 4, 256, 256, 64, 32, True, (-1, -1), 0.0, torch.bfloat16)]
-        for name, b, h, hkv, n, nk, d, r, causal, window, softcap, cdt in extras:
-            if time.time() - T0 > 52:
-                row("skip", name, "time")
-                continue
-            try:
-                q = torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16)
-                k, v = (torch.randn(b, hkv, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
-                cos, sin = tables(nk + 5, r, cdt, dev)
-                check(name, q, k, v, cos, sin, causal, d ** -0.5, (b - 1, slice(0, h)), window, softcap,
-                      interleaved="interleaved" in name)
-            except Exception as e:  # noqa: BLE001
-                RESULTS["errors"].append(dict(case=name, error=traceback.format_exc()[-2000:]))
-                row("error", name, repr(e)[:300])
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "attention_rotary_kernel.json"), "w") as f:

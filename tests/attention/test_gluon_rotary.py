@@ -32,6 +32,8 @@ for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
                 head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
                 tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
+                Q_REGS=cfg.get("q_regs", False), K_IN_KERNEL=cfg.get("k_in_kernel", True),
+                CONSUMERS=cfg.get("consumers", 2),
                 TURN_ROWS=rows_at_a_time(r, cfg.get("interleaved", False)))
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
@@ -50,10 +52,19 @@ print(json.dumps(out))
 VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2), 64, "bfloat16"),
             (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16"),
             (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2), 32, "bfloat16"),
-            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32")]
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32"),
+            # K turned by a pass: the shipped forward's layout (D128 without a mask: Q in registers; D64 causal:
+            # three consumers), Q turned in the kernel
+            (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True, k_in_kernel=False), 64,
+             "bfloat16"),
+            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3, k_in_kernel=False), 32,
+             "bfloat16")]
 # spill bytes (stores, loads) ptxas reports, by (D, carried): scalars of the tile loop kept in local memory at
 # 216 / 56 registers a thread (none of a wgmma's operands)
 SPILL_BYTES_ALLOWED = {(128, False): 64, (64, False): 0, (64, True): 64}
+# with K turned by a pass: the shipped forward's registers; its three-consumer D64 causal variant spills 168 bytes
+# without rotary (test_attention_hopper_compile), 240 here
+SPILL_BYTES_ALLOWED_K_PASS = {2: 0, 3: 256}
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +80,12 @@ def test_compiles_unserialized_with_the_registers_split(report):
     assert len(report) == len(VARIANTS)
     for row in report:
         assert row["wgmma"] > 0 and row["tma"] > 0 and not row["wgmma_serialized"], row
+        if not row["cfg"].get("k_in_kernel", True):  # the shipped forward's split, no transform
+            assert 56 not in row["setmaxnreg"] and ({232, 40} <= set(row["setmaxnreg"])
+                                                    or {160, 24} <= set(row["setmaxnreg"])), row
+            allowed = SPILL_BYTES_ALLOWED_K_PASS[row["cfg"].get("consumers", 2)]
+            assert row["spill_stores"] <= allowed and row["spill_loads"] <= allowed, row
+            continue
         # two consumers at 216, the transform's warpgroup at 56, the producer at 24: 512 a warpgroup's thread
         assert {216, 56, 24} <= set(row["setmaxnreg"]), row
         allowed = SPILL_BYTES_ALLOWED[row["d"], row["cfg"].get("carry", False)]
@@ -84,7 +101,7 @@ def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
             assert row["cos_v4"] + row["cos_v2"] > 0, row
         else:  # 8 angles a thread: 16 bytes of bfloat16 (two 16-byte loads of float32)
             assert row["cos_v4"] > 0, row
-        assert row["fences"] >= 2, row  # after the transform's writes and after each consumer's Q
+        assert row["fences"] >= 2, row  # after the transform's writes and after each consumer's Q (2 or 3)
 
 
 def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
@@ -156,3 +173,37 @@ def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r, interleav
     ref_o, ref_lse = attention_reference(qt, kt, v.double(), causal=causal, scale=d ** -0.5)
     assert error_over_floor(out, ref_o) < 3.0
     assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("k_in_kernel", [True, False])
+def test_host_path_launches_the_inputs_or_k_turned(monkeypatch, k_in_kernel):
+    """forward's launch on the CPU with the kernel stubbed: K as given (turned in the kernel) or turned by
+    apply_rotary's pass (float64 reference: within bf16's rounding); the tables, positions and options."""
+    from tilecore import dispatch
+    from tilecore.ops.rotary.reference import rotary_reference
+    from tilecore.tiles.switches import patched
+
+    launches = []
+
+    class Stub:
+        def run(self, key, grid, args, options):
+            launches.append((args, options))
+
+    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    torch.manual_seed(0)
+    q, k, v = qkv(b=2, h=4, hkv=2, n=48, nk=80, d=64)
+    cos, sin = torch.randn(90, 32).cos(), torch.randn(90, 32).sin()
+    with patched(gluon_rotary, K_IN_KERNEL=k_in_kernel):
+        out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.125)
+    (args, options), = launches
+    assert out.shape == (2, 4, 48, 64) and lse.shape == (2, 4, 48) and lse.dtype == torch.float32
+    assert args[5] is cos and args[6] is sin and args[9] == 90 and args[11:13] == (48, 80)
+    assert options["K_IN_KERNEL"] is k_in_kernel and options["R"] == 32 and options["CAUSAL"]
+    launched_k = args[1].base
+    if k_in_kernel:
+        assert launched_k is k
+    else:
+        ref = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
+        assert torch.allclose(launched_k.double(), ref, rtol=2 ** -7, atol=2 ** -7)
+        assert not torch.equal(launched_k, k)

@@ -113,6 +113,7 @@ class RotaryAttention:
     n_max: object  # cos's and sin's rows
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
+    Q_ROWS: gl.constexpr  # ... of Q (a consumer's block at once where its registers allow: one round trip for its angles)
     Q_BY_TRANSFORM: gl.constexpr  # Q turned by the transform partition (turn_tile), else by each consumer (start)
     INTERLEAVED: gl.constexpr  # pairs (2i, 2i + 1) (GPT-J), else (i, i + R)
     PROBE: gl.constexpr  # timing probes (turn_rows): 0 shipped
@@ -139,7 +140,7 @@ class RotaryAttention:
         a = self.attn
         first = tile.first + consumer * a.BM
         turn_rows(buf.reshape([a.BM, a.D]), first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride,
-                  self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.INTERLEAVED, self.PROBE)
+                  self.sin_stride, self.n_max, self.R, self.Q_ROWS, self.INTERLEAVED, self.PROBE)
 
     @gluon.jit
     def turn_tile(self, ctx, buf, tile, consumer):
@@ -189,10 +190,12 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
                                 TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False,
-                                INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0):
+                                INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0,
+                                K_IN_KERNEL: gl.constexpr = True, CONSUMERS: gl.constexpr = 2):
     """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
-    turned in the kernel (the module docstring)."""
-    CONSUMERS: gl.constexpr = 2
+    turned in the kernel (the module docstring); K_IN_KERNEL False: K comes turned (a pass before), only
+    Q is turned here (by each consumer), no transform partition (the shipped forward's registers)."""
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not K_IN_KERNEL), "two consumers (three with K turned before)")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -205,14 +208,22 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_BY_TRANSFORM,
+    # Q turned whole by a consumer at the shipped registers (232, no tile carried over), else TURN_ROWS at a time
+    Q_ROWS: gl.constexpr = BM if not (K_IN_KERNEL or CARRY or CONSUMERS == 3) else TURN_ROWS
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_ROWS, Q_BY_TRANSFORM,
                          INTERLEAVED, PROBE)
-    # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512 (64K a SM)
-    PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
-    gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
-    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                    LATE_RELEASE=0, CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS),
-                    schedule=schedule, transform=Transform(TURN_WARPS, TURN_REGS, TILE_OPERAND=Q_BY_TRANSFORM))
+    gl.static_assert(K_IN_KERNEL or not Q_BY_TRANSFORM, "Q by the transform: K turned in the kernel")
+    if K_IN_KERNEL:
+        # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512
+        PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
+        gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
+        layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                        LATE_RELEASE=0, CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS),
+                        schedule=schedule, transform=Transform(TURN_WARPS, TURN_REGS, TILE_OPERAND=Q_BY_TRANSFORM))
+    else:  # the shipped forward's layout
+        layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
+                        PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
+                        tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
 
 
@@ -226,13 +237,16 @@ TURN_REGS = 56
 Q_BY_TRANSFORM = False  # Q turned by the transform partition as it arrives (else by each consumer, a tile's start)
 TABLES_DTYPE = None  # cos and sin as given (None), or cast to q's dtype ("input") before the launch
 PROBE = 0  # timing probes, wrong results (turn_rows): 1 no turn (the partition's hand-on only), 2 no cos / sin loads
+K_IN_KERNEL = True  # K turned by the transform partition; False: by apply_rotary's pass before the kernel (Q in it)
 
 
-def rotary_config(d: int, n: int, nk: int, causal: bool) -> dict:
+def rotary_config(d: int, n: int, nk: int, causal: bool, k_in_kernel: bool = True) -> dict:
     """The shipped forward's configuration (configs.gluon_forward_config) with two consumers, Q in shared
     memory and at D128 no carried pipeline: the transform takes the registers of a third consumer, of
     Q's and of the carry's (at 216 a thread Q in registers spills ~860 bytes, D128's carry ~600)."""
     cfg = configs.gluon_forward_config(d, n, nk, causal)
+    if not k_in_kernel:  # K turned by a pass: the shipped forward's registers, and its configuration
+        return cfg
     if cfg.get("consumers", 2) != 2:
         cfg.update(consumers=2, q_buffers=2)
     cfg["q_regs"] = False
@@ -280,10 +294,15 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     check(q, k, v, cos, sin, interleaved)
     if TABLES_DTYPE == "input":
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    k_in_kernel = K_IN_KERNEL
+    if not k_in_kernel:  # K turned by a pass (its (B, Nk, Hkv, D) view, as apply_rotary takes it)
+        from tilecore.ops.rotary import apply_rotary
+
+        k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     windowed = tuple(window) != (-1, -1)
-    cfg = rotary_config(D, N, Nk, causal and not windowed)
+    cfg = rotary_config(D, N, Nk, causal and not windowed, K_IN_KERNEL)
     plan = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, window=window, softcap=softcap,
                         sm_margin=sm_margin)
     cfg = plan.config
@@ -301,6 +320,6 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                       Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
                       Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved),
                       INTERLEAVED=bool(interleaved),
-                      CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM, PROBE=PROBE,
-                      num_warps=4))
+                      CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM and k_in_kernel,
+                      PROBE=PROBE, K_IN_KERNEL=k_in_kernel, CONSUMERS=cfg.get("consumers", 2), num_warps=4))
     return out, lse
