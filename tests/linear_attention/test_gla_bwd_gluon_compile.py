@@ -36,13 +36,16 @@ def _dqk_step(D, N=256, dtype=torch.bfloat16, **over):
 def test_gluon_dqk_where_switched_on_and_it_fits():
     """dqk_gluon n: the Gluon kernel at d 128 and d 64 (a ring of n stages, the flat launch's places) in bf16 and
     fp16 (the factor span 64 / 8, the tl kernels' rule); elsewhere the tl launches: off, N not a multiple of the
-    chunk, d 32 (one key block: no pair), the flat launch off."""
+    chunk, d 32 (one key block: no pair), the flat launch off. configs': on at d 128 only."""
     for D in (128, 64):
         name, kw = _dqk_step(D, dqk_gluon=2)
         assert name == "gla_dqk_gluon_kernel" and kw["STAGES"] == 2 and kw["SPAN"] == 64.0, (D, kw)
         assert kw["num_warps"] == 4 and kw["num_tiles"] == 2 * (256 // 64) * (D // 64), kw
         assert _dqk_step(D, dtype=torch.float16, dqk_gluon=3)[1]["SPAN"] == 8.0
-        assert _dqk_step(D)[0] == "gla_dqk_flat_kernel"  # (configs': off)
+        assert _dqk_step(D, dqk_gluon=0)[0] == "gla_dqk_flat_kernel"
+    # configs': on at d 128 (CHUNKED_FLAT_DIMS), the flat tl launch at d 64 (where it was faster)
+    assert _dqk_step(128)[0] == "gla_dqk_gluon_kernel" and _dqk_step(128)[1]["STAGES"] == 2
+    assert _dqk_step(64)[0] == "gla_dqk_flat_kernel"
     for case in (dict(D=128, N=1000), dict(D=32), dict(D=128, dqk_flat=0)):
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
 

@@ -54,7 +54,7 @@ CHUNKED = dict(
     dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, loads by TMA (CHUNKED_FLAT_DIMS sets it)
     dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
     dqk_gluon=0,  # n > 0: where the flat launch runs, the Gluon kernel on the tiles template instead (gluon_gla_bwd: a
-    # ring of n stages, the next tile's TMA loads under this tile's chain); off until an H100 run
+    # ring of n stages, the next tile's TMA loads under this tile's chain; CHUNKED_FLAT_DIMS sets it)
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)
 )
@@ -65,8 +65,10 @@ CHUNKED_CHECKED_DIMS = ((128, 128), (64, 64), (32, 32))
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # the (Dk, Dv) pairs where the flat dqk launch (chunks a program, loads by TMA) was checked and faster on the H100, with
 # its chunks a program and stages: at d 64 3 stages keep a chunk's copies in flight with 2 programs an SM (110.7 KB);
-# a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM
-CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2), (64, 64): dict(dqk_flat=3, dqk_flat_stages=3)}
+# a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM; at d 128 the Gluon kernel instead where
+# Gluon runs (dqk_gluon: 1.04x the flat launch; at d 64 it lost to it)
+CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2),
+                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
 COMBINE_KEY_BLOCK = 32
