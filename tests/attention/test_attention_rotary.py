@@ -145,23 +145,23 @@ def test_cpu_path_without_the_interpreter(interleaved, monkeypatch):
 
 
 def test_the_paths_by_device():
-    """Hopper's Gluon forward dims: the composite (ROTARY_IN_KERNEL off) or the Gluon entry (on, where
-    it exists); other head dims and other GPUs: the tl kernels; past 256: the composite."""
+    """Hopper's Gluon forward dims: q and k turned by apply_rotary's kernel (ROTARY_IN_KERNEL off) or the
+    Gluon entry (on, where it exists); other head dims and other GPUs: the tl kernels; past 256: turned."""
     meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")
     q, k, v = meta(2, 4, 64, 128), meta(2, 4, 64, 128), meta(2, 4, 64, 128)
     with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
         assert not configs.ROTARY_IN_KERNEL
-        assert plan.rotary_path(q, k, v, 0.1) == "composite"
+        assert plan.rotary_path(q, k, v, 0.1) == "turned"
         assert plan.rotary_path(meta(2, 4, 64, 96), meta(2, 4, 64, 96), meta(2, 4, 64, 96), 0.1) == "tl"
         assert plan.rotary_path(q, k, v, -0.1) == "tl"  # the Gluon forward takes a positive scale
         big = meta(2, 4, 8, 320)
-        assert plan.rotary_path(big, big, big, 0.1) == "composite"
+        assert plan.rotary_path(big, big, big, 0.1) == "turned"
         with pytest.MonkeyPatch.context() as m:
             m.setattr(configs, "ROTARY_IN_KERNEL", True)
             m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))
             assert plan.rotary_path(q, k, v, 0.1) == "gluon"
             m.setattr(plan, "gluon_rotary_forward", lambda: None)
-            assert plan.rotary_path(q, k, v, 0.1) == "composite"
+            assert plan.rotary_path(q, k, v, 0.1) == "turned"
     with dispatch.pretend(dispatch.TARGETS["sm_80"]):
         assert plan.rotary_path(q, k, v, 0.1) == "tl"
 
@@ -188,6 +188,32 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
     assert_near(out, ref[0], 2.5, "O")
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
         assert_near(g, r, 3.0, name)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2]], ids=[IDS[1], IDS[2]])
+def test_the_turned_ops(case, monkeypatch):
+    """The "turned" path (Hopper's today, forced here: its kernels are the interpreter's): q and k turned
+    into contiguous buffers kept for the backward, the shipped kernels on them, dQ and dK turned back;
+    opcheck of both ops."""
+    b, hq, hkv, n, nk, d, pairs, causal, window, softcap = case
+    q, k, v = inputs(b, hq, hkv, n, nk, d)
+    cos, sin = tables(nk, pairs)
+    monkeypatch.setattr(op_rotary, "rotary_path", lambda *a: "turned")
+    out, lse = tilecore.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, return_lse=True,
+                                  rotary=(cos, sin), rotary_interleaved=True)
+    dout = torch.randn(out.shape, dtype=F16)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = reference(q, k, v, cos, sin, dout, interleaved=True, causal=causal, window_size=window, softcap=softcap)
+    assert_near(out, ref[0], 2.5, "O")
+    assert_lse(lse, ref[1])
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
+        assert_near(g, r, 3.0, name)
+    args = (q.detach(), k.detach(), v.detach(), cos, sin, causal, d**-0.5, True, *window, softcap, 0)
+    torch.library.opcheck(torch.ops.tilecore.attention_rotary_turned_forward.default, args)
+    out, lse, qr, kr = op_rotary.turned_forward_op(*args)
+    assert qr.is_contiguous() and kr.is_contiguous()
+    torch.library.opcheck(torch.ops.tilecore.attention_rotary_turned_backward.default,
+                          (dout, qr, kr, *args[2:5], out, lse, None, *args[5:]))
 
 
 def _bad(**change):

@@ -344,7 +344,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     apply_rotary's). With every option above; with precision="fp8" q and k are turned first, then
     the FP8 path. Where it runs (plan.rotary_path): inside the tl kernels (Q and K turned as they are
     loaded, dQ and dK turned back before they are stored: the interpreter, GPUs other than Hopper); on
-    Hopper apply_rotary on q and k, then the Gluon kernels (op_rotary's module docstring).
+    Hopper q and k turned by apply_rotary's kernel, then the Gluon kernels, dQ and dK turned back
+    (op_rotary's module docstring).
     """
     if rotary is not None:
         return _rotary(q, k, v, rotary, rotary_interleaved, causal, scale, return_lse, window_size, softcap,
@@ -385,19 +386,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def _rotary(q, k, v, rotary, interleaved, causal, scale, return_lse, window_size, softcap, precision, rotate,
             sm_margin):
     """attention(..., rotary=(cos, sin)): the checks, then the path plan.rotary_path names: "composite"
-    (apply_rotary on q and k, then attention itself: autograd turns dQ and dK back through
-    apply_rotary), else op_rotary's custom ops (the kernels turn Q and K themselves)."""
+    (and precision="fp8": apply_rotary on q and k, then attention itself: autograd turns dQ and dK back
+    through apply_rotary), "turned" (op_rotary's turned ops: q and k turned and kept for the backward),
+    else op_rotary's ops whose kernels turn Q and K themselves ("tl", "gluon")."""
     check(q, k, v, causal, scale, window_size, softcap, sm_margin)
     cos, sin = op_rotary.check_rotary(q, k, rotary, interleaved)
-    if precision is not None or op_rotary.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale)) \
-            == "composite":
+    path = op_rotary.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale))
+    if precision is not None or path == "composite":
         qr, kr = op_rotary.turned_qk(q, k, cos, sin, interleaved)
         return attention(qr, kr, v, causal=causal, scale=scale, return_lse=return_lse, window_size=window_size,
                          softcap=softcap, precision=precision, rotate=rotate, sm_margin=sm_margin)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
-    window = window_value(window_size)
-    out, lse = op_rotary.forward_op(q, k, v, cos, sin, causal, scale, interleaved, *window, softcap_value(softcap),
-                                    int(sm_margin))
+    options = (causal, scale, interleaved, *window_value(window_size), softcap_value(softcap), int(sm_margin))
+    if path == "turned":
+        out, lse, _, _ = op_rotary.turned_forward_op(q, k, v, cos, sin, *options)
+    else:
+        out, lse = op_rotary.forward_op(q, k, v, cos, sin, *options)
     return (out, lse) if return_lse else out
 
 

@@ -6,13 +6,22 @@ alignment causal uses: a prefill chunk, or the last N tokens of a KV cache), so 
 attn's (max_seqlen, rotary_dim / 2), as ``apply_rotary`` takes them) need at least Nk rows and
 N <= Nk. Every kv head turns the same (GQA, MQA). Features past rotary_dim pass through.
 
-The fused path is two custom ops, ``tilecore::attention_rotary_forward`` and ``_backward`` (cos and
-sin tensor arguments; fake implementations, so torch.compile(fullgraph=True) traces them), whose
-implementations run the tl kernels with Q and K turned as they are loaded ("tl"), or the Hopper
-forward that turns them inside the Gluon kernel ("gluon", configs.ROTARY_IN_KERNEL) with the
-composite's backward: q and k turned again by apply_rotary's kernel, the shipped backward on them,
-dQ and dK turned back. The "composite" path itself is op.py's: apply_rotary then attention, in
-Python, so autograd keeps the turned q and k and turns the gradients back through apply_rotary.
+Custom ops (cos and sin tensor arguments; fake implementations, so torch.compile(fullgraph=True)
+traces them), by plan.rotary_path:
+
+* "tl": ``tilecore::attention_rotary_forward`` / ``_backward`` run the tl kernels with Q and K turned
+  as they are loaded, dQ and dK turned back before they are stored;
+* "gluon" (configs.ROTARY_IN_KERNEL): the same ops run the Hopper forward that turns Q and K inside the
+  Gluon kernel, and the backward turns q and k again (apply_rotary's kernel), runs the shipped
+  backward on them and turns dQ and dK back;
+* "turned" (CUDA tensors the Gluon forward serves, and head dims past 256):
+  ``tilecore::attention_rotary_turned_forward`` turns q and k by apply_rotary's kernel into contiguous
+  (B, H, N, D) tensors, runs the shipped forward on them and returns them beside O and lse (autograd
+  keeps them: the backward turns nothing again); ``_turned_backward`` runs the shipped backward and
+  turns dQ and dK back, dQ as the conversion of the Gluon kernel's float32 dQ sum to q's dtype where
+  the kernel adds dQ (the pass that copy would be anyway);
+* "composite" (CPU tensors without the interpreter): op.py's apply_rotary then attention, in Python
+  (torch's CPU kernels; autograd turns the gradients back through apply_rotary's backward).
 """
 from __future__ import annotations
 
@@ -127,6 +136,45 @@ def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: 
     return dq, dk, dv
 
 
+def turned_forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: bool, window, softcap: float,
+                        sm_margin: int):
+    """(O, lse, turned q, turned k): q and k turned (contiguous (B, H, N, D)), then the shipped forward."""
+    window = tuple(window)
+    qr, kr = _turn(q, k, cos, sin, interleaved)
+    if q.numel() == 0 or v.shape[-1] == 0:
+        out, lse = q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
+        return out, lse, qr, kr
+    plan = plan_forward(qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
+    out, lse = launch.outputs(plan, qr, kr, v, causal, scale, window, softcap)
+    return out, lse, qr, kr
+
+
+def turned_backward_impl(dout, qr, kr, v, cos, sin, out, lse, dlse, causal: bool, scale: float, interleaved: bool,
+                         window, softcap: float, sm_margin: int):
+    """(dq, dk, dv) from the turned q and k: the shipped backward on them, dQ and dK turned back (R(-theta));
+    where the Gluon kernel adds dQ into a float32 sum, the turn back is that sum's conversion to q's dtype."""
+    window = tuple(window)
+    dq, dk = torch.empty(qr.shape, dtype=qr.dtype, device=qr.device), torch.empty(kr.shape, dtype=kr.dtype,
+                                                                                    device=kr.device)
+    if qr.numel() == 0 or kr.numel() == 0:
+        return dq.zero_(), dk.zero_(), torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    plan = plan_backward(dout, qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
+    if plan.path == "gluon" and plan.dq is None and plan.operand_dtype is None:
+        dkr, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (kr, v))
+        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+        _, dqr, stats = launch.backward_preprocess(out, dout, lse.contiguous(), dlse, dq_sum=True, row_stats=True,
+                                                   plan=plan)
+        launch.launch_backward_gluon_kernel(plan, dout, qr, kr, v, stats, dqr, dkr, dv, causal, scale, window,
+                                            softcap)
+    else:
+        dqr, dkr, dv = launch.gradients(plan, dout, qr, kr, v, out, lse, dlse, causal, scale, window, softcap)
+    n, nk = qr.shape[2], kr.shape[2]
+    turn(dqr.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved, conjugate=True,
+         out=dq.transpose(1, 2))
+    turn(dkr.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=True, out=dk.transpose(1, 2))
+    return dq, dk, dv
+
+
 # --------------------------------------------------------------------------------------------
 # custom ops and autograd
 
@@ -178,3 +226,54 @@ def _backward(ctx, dout, dlse):
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("tilecore::attention_rotary_turned_forward", mutates_args=())
+def turned_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      causal: bool, scale: float, interleaved: bool, window_left: int, window_right: int,
+                      softcap: float, sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return turned_forward_impl(q, k, v, cos, sin, causal, scale, interleaved, (window_left, window_right), softcap,
+                               sm_margin)
+
+
+@turned_forward_op.register_fake
+def _(q, k, v, cos, sin, causal, scale, interleaved, window_left, window_right, softcap, sm_margin):
+    B, H, N, _ = q.shape
+    return (q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32), q.new_empty(q.shape),
+            k.new_empty(k.shape))
+
+
+@torch.library.custom_op("tilecore::attention_rotary_turned_backward", mutates_args=())
+def turned_backward_op(dout: torch.Tensor, qr: torch.Tensor, kr: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
+                       causal: bool, scale: float, interleaved: bool, window_left: int, window_right: int,
+                       softcap: float, sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return turned_backward_impl(dout, qr, kr, v, cos, sin, out, lse, dlse, causal, scale, interleaved,
+                                (window_left, window_right), softcap, sm_margin)
+
+
+@turned_backward_op.register_fake
+def _(dout, qr, kr, v, cos, sin, out, lse, dlse, causal, scale, interleaved, window_left, window_right, softcap,
+      sm_margin):
+    return qr.new_empty(qr.shape), kr.new_empty(kr.shape), v.new_empty(v.shape)
+
+
+def _turned_setup_context(ctx, inputs, output):
+    _, _, v, cos, sin, causal, scale, interleaved, window_left, window_right, softcap, sm_margin = inputs
+    out, lse, qr, kr = output
+    ctx.mark_non_differentiable(qr, kr)
+    ctx.save_for_backward(qr, kr, v, cos, sin, out, lse)
+    ctx.options = (causal, scale, interleaved, window_left, window_right, softcap, sm_margin)
+
+
+def _turned_backward(ctx, dout, dlse, _dqr, _dkr):
+    qr, kr, v, cos, sin, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    dq, dk, dv = turned_backward_op(dout, qr, kr, v, cos, sin, out, lse, dlse, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+turned_forward_op.register_autograd(_turned_backward, setup_context=_turned_setup_context)

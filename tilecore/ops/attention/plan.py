@@ -542,22 +542,23 @@ def gluon_rotary_forward():
 
 def rotary_path(q, k, v, scale: float) -> str:
     """How attention(q, k, v, rotary=(cos, sin)) runs, from shapes, dtypes and the device alone (so
-    torch.compile's fake tensors plan it as the real ones):
+    torch.compile's fake tensors plan it as the real ones; op_rotary's module docstring has each):
 
-    * "composite": apply_rotary on q and k, then attention on the turned tensors, whose autograd turns
-      dQ and dK back (apply_rotary's backward): CPU tensors without the interpreter (torch's CPU
-      paths), Hopper where the Gluon forward serves the call (its kernels read K from shared memory by
-      TMA, where the tl kernels' in-register turn does not reach) unless ROTARY_IN_KERNEL, and head dims
-      past 256 (the split-key path);
-    * "gluon": Hopper, the Gluon forward's calls, configs.ROTARY_IN_KERNEL on and gluon_rotary_forward()
-      there: that forward, and for the gradients the composite's backward;
+    * "composite": CPU tensors without the interpreter: apply_rotary on q and k, then attention (torch's
+      CPU paths), autograd turning dQ and dK back through apply_rotary's backward;
+    * "turned": GPU calls the Gluon forward serves (Hopper, D 64 / 128, a positive scale; its kernels
+      read K from shared memory by TMA, where the tl kernels' in-register turn does not reach) unless
+      ROTARY_IN_KERNEL, and head dims past 256 (the split-key path): q and k turned by apply_rotary's
+      kernel and kept for the backward, the shipped kernels on them, dQ and dK turned back;
+    * "gluon": the Gluon forward's calls with configs.ROTARY_IN_KERNEL on and gluon_rotary_forward()
+      there: that forward (the backward turns q and k again);
     * "tl": the tl forward and backward with Q and K turned in the kernels (kernels_tl.rotary_turn):
       the interpreter and every other GPU."""
     if dispatch.backend_for(q.device) == "reference":
         return "composite"
     D, Dv = q.shape[-1], v.shape[-1]
     if dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0:
-        return "gluon" if configs.ROTARY_IN_KERNEL and gluon_rotary_forward() is not None else "composite"
+        return "gluon" if configs.ROTARY_IN_KERNEL and gluon_rotary_forward() is not None else "turned"
     if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
         return "tl"
-    return "composite"
+    return "turned"
