@@ -9,7 +9,8 @@
    both layouts; the tl kernels' in-kernel path at D96 (rotary_dim 64, GQA 4/2, N 300 Nk 700).
 2. Times (bf16, B16 H16 N4096, D128 then D64, causal and not; GPU time from CUDA graphs:
    triton.testing.do_bench_cudagraph medians, 'eager' where capture failed): attention without rotary,
-   with rotary, forward and forward + backward (autograd.grad of q, k, v), two rounds interleaved;
+   with rotary (the path plan.rotary_path picks), and the Python composite (apply_rotary on q and k, then
+   attention), forward and forward + backward (autograd.grad of q, k, v), two rounds interleaved;
    apply_rotary on q and k alone. The overhead is rotary / plain - 1 (issue 37's target: <= 3%).
    --tl: the tl kernels forced (their plans) with and without Q and K turned inside, B4 H16 N4096 full:
    the in-kernel path of GPUs other than Hopper, the H100 standing in.
@@ -36,7 +37,7 @@ import torch  # noqa: E402
 
 import tilecore  # noqa: E402
 from tilecore import accuracy  # noqa: E402
-from tilecore.ops.attention import configs, plan  # noqa: E402
+from tilecore.ops.attention import configs, op_rotary, plan  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
@@ -113,10 +114,10 @@ def gpu_time(fn):
     fn()
     torch.cuda.synchronize()
     try:
-        return do_bench_cudagraph(fn, rep=60, return_mode="median"), "graph"
+        return do_bench_cudagraph(fn, rep=40, return_mode="median"), "graph"
     except Exception as e:  # capture refused: eager, with its host time
         RESULTS["errors"].append(dict(case="graph", error=f"{type(e).__name__}: {str(e)[:200]}"))
-        return do_bench(fn, warmup=10, rep=60, return_mode="median"), "eager"
+        return do_bench(fn, warmup=10, rep=40, return_mode="median"), "eager"
 
 
 def timing(d, causal, b=16, h=16, n=4096):
@@ -126,14 +127,20 @@ def timing(d, causal, b=16, h=16, n=4096):
     cos, sin = tables(n, d // 2, dev)
     cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
 
+    def call(rot):
+        if rot == "composite":  # apply_rotary on q and k, then attention (autograd turns dQ, dK back)
+            qr, kr = op_rotary.turned_qk(q, k, cos, sin, False)
+            return tilecore.attention(qr, kr, v, causal=causal)
+        return tilecore.attention(q, k, v, causal=causal, rotary=rot)
+
     def fwd_nograd(rot):
         def f():
             with torch.no_grad():
-                tilecore.attention(q, k, v, causal=causal, rotary=rot)
+                call(rot)
         return f
 
     def fwdbwd(rot):
-        return lambda: torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
+        return lambda: torch.autograd.grad(call(rot), (q, k, v), g)
 
     def rotate_only():
         with torch.no_grad():
@@ -143,8 +150,8 @@ def timing(d, causal, b=16, h=16, n=4096):
     times = {}
     for rnd in range(2):
         for what, make in (("fwd", fwd_nograd), ("fwd+bwd", fwdbwd)):
-            for label, rot in (("plain", None), ("rotary", (cos, sin))):
-                ms, how = gpu_time(make(rot))
+            for label, rot in (("plain", None), ("rotary", (cos, sin)), ("composite", "composite")):
+                ms, how = gpu_time(make(rot))  # (rep 40 ms: the job's budget)
                 times.setdefault(f"{what} {label}", []).append(ms)
                 times[f"{what} {label} how"] = how
     ms, how = gpu_time(rotate_only)
@@ -152,10 +159,12 @@ def timing(d, causal, b=16, h=16, n=4096):
     row = dict(d=d, causal=causal, b=b, h=h, n=n, path=plan.rotary_path(q, k, v, 1.0), times=times)
     for what in ("fwd", "fwd+bwd"):
         plain, rot = min(times[f"{what} plain"]), min(times[f"{what} rotary"])
+        comp = min(times[f"{what} composite"])
         row[f"{what} overhead"] = rot / plain - 1
-        line = (f"D{d} {'causal' if causal else 'full  '} {what:8s} plain {plain:.3f} rotary {rot:.3f} ms "
-                f"({times[f'{what} rotary how']}): +{100 * (rot / plain - 1):.1f}%  rounds "
-                f"{'/'.join(f'{x:.3f}' for x in times[f'{what} plain'])} vs "
+        row[f"{what} composite overhead"] = comp / plain - 1
+        line = (f"D{d} {'causal' if causal else 'full  '} {what:8s} plain {plain:.3f} rotary {rot:.3f} "
+                f"(+{100 * (rot / plain - 1):.1f}%) py-composite {comp:.3f} (+{100 * (comp / plain - 1):.1f}%) ms "
+                f"[{times[f'{what} rotary how']}] rounds {'/'.join(f'{x:.3f}' for x in times[f'{what} plain'])} | "
                 f"{'/'.join(f'{x:.3f}' for x in times[f'{what} rotary'])}")
         ROWS.append(line)
         print("[time]", line, flush=True)
@@ -240,8 +249,8 @@ def main():
                         torch.bfloat16)
                 guarded(f"time D{d}", timing, d, causal)
                 write()
-            if d == dims[0] and args.tl and elapsed() < args.budget - 15:
-                guarded(f"time tl D{d}", timing_tl, d, False)
+        if args.tl and elapsed() < args.budget - 15:
+            guarded(f"time tl D{dims[0]}", timing_tl, dims[0], False)
         if elapsed() < args.budget - 8:
             for causal in (False, True):
                 guarded("check tl D96", check, "tl D96", 1, 4, 2, 300, 700, 96, 32, causal, not causal,
