@@ -16,8 +16,9 @@
    timed against tilecore.attention (its softcap: tanh.approx) and the napkin.
 
 The napkin's H100 is calibrated with this run's copy bandwidth and cuBLAS bf16 8192^3 rate.
-``--sweep``: the rownorm default only, then the causal softcap_approx(30) and softcap(30) at four block
-configurations (the default and three more), each checked.
+``--sweep``: the rownorm default only (BO 256 since run 1), then the causal softcap_approx(30) and softcap(30)
+at four block configurations (the default and three more), and session 35's tanh (2 sigmoid(2x) - 1, as a map
+expression) at the default beside the exact one-ex2 form, each checked.
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s36.json; prints a table last.
 """
@@ -47,7 +48,7 @@ OUT = Path(os.environ.get("OUT", "/tmp/out"))
 RES = {"device": gc.RESULTS["device"], "checks": [], "timings": [], "errors": []}
 NORM_CFGS = {"BO 128 (default)": None,
              "BO 256": dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)}
-ATT_CFGS = {"HEAD_GROUP 4 (default)": None,
+ATT_CFGS = {"HEAD_GROUP 4 (default; 0 since run 1 where not causal)": None,
             "HEAD_GROUP 0 (s35 order)": dict(BM=128, BN=64, num_warps=8, num_stages=3, HEAD_GROUP=0)}
 SWEEP = "--sweep" in sys.argv  # the causal softcaps' blocks (a second job): the default against three more
 SWEEP_CFGS = {"default": None, "BM 64 BN 64 w4 s3": dict(BM=64, BN=64, num_warps=4, num_stages=3),
@@ -106,9 +107,11 @@ def attention(gpu):
              ("softcap 30 (exact tanh)", (f"scale({D ** -0.5})", "softcap(30.0)"), False, dict(softcap=30.0),
               dict(list(ATT_CFGS.items())[:1])),
              ("plain softmax", (f"scale({D ** -0.5})",), False, {}, ATT_CFGS)]
-    if SWEEP:
+    if SWEEP:  # the blocks of the causal softcaps; the exact tanh against session 35's form (2 sigmoid(2x) - 1)
+        s35 = (f"scale({D ** -0.5})", "30.0 * (2.0 * sigmoid(a * (2.0 / 30.0)) - 1.0)")
         cases = [("softcap_approx 30 causal", cases[0][1], True, dict(softcap=30.0), SWEEP_CFGS),
-                 ("softcap 30 causal (exact tanh)", cases[1][1], True, dict(softcap=30.0), SWEEP_CFGS)]
+                 ("softcap 30 causal (exact tanh)", cases[1][1], True, dict(softcap=30.0), SWEEP_CFGS),
+                 ("softcap 30 causal (s35 sigmoid form)", s35, True, dict(softcap=30.0), {"default": None})]
     for label, mods, causal, kw, cfgs in cases:
         if time.time() - START > BUDGET_S:
             RES["errors"].append(f"{label}: skipped (time budget)")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tilecore.napkin import H100, Diagram, compose, models, rewrite
-from tilecore.napkin.compile import predicted_time
+from tilecore.napkin.compile import attention_issue_per_score, predicted_time
 
 RUNS = Path(__file__).resolve().parents[2] / "notes" / "napkin" / "runs"
 # session 26's run (the cases the model was revised against in session 27) and session 35's (predictions at
@@ -78,13 +78,53 @@ def test_every_compiled_case_of_the_h100_run_within_20_percent(path):
     assert seen == {k for k in CASES if "approx" not in k or path == RUN_35}
 
 
+RUN_36 = RUNS / "compile_s36a_run1_session36_h100_napkin_compile_s36.json"
+CASES_36 = {  # session 36 call 1's case names (their first words) -> the diagram
+    "RMSNorm+GEMM 8192x4096->4096 BO 256": lambda: _rownorm(8192, 4096, 4096),
+    "softcap_approx 30 causal": lambda: _attention((f"scale({128 ** -0.5})", "softcap_approx(30.0)"), causal=True),
+    "softcap 30 causal": lambda: _attention((f"scale({128 ** -0.5})", "softcap(30.0)"), causal=True),
+    "softcap 30 (exact": lambda: _attention((f"scale({128 ** -0.5})", "softcap(30.0)")),
+    "plain softmax": lambda: _attention((f"scale({128 ** -0.5})",)),
+}
+
+
+def test_session36_run_within_20_percent():
+    # every timed row but BO 128's (no longer launched: 1.18x BO 256's time, a tile the model does not
+    # rank), the napkin calibrated with that run's copy and cuBLAS figures. Its exact softcap ran the first
+    # one-ex2 form (885 SASS instructions a warp a key tile; 758 now): predicted by today's count
+    run = json.loads(RUN_36.read_text())
+    c = run["ceilings"]
+    gpu = H100.calibrated(copy_bytes_per_s=c["copy_bytes_per_s"], matmul_flops={"bf16": c["matmul_bf16_flops"]},
+                          label="this run")
+    seen = 0
+    for row in run["timings"]:
+        key = next((k for k in CASES_36 if row["case"].startswith(k)), None)
+        if key is None:
+            assert "BO 128" in row["case"], row["case"]
+            continue
+        p = predicted_time(CASES_36[key](), gpu)
+        assert row["compiled_us"] * 1e-6 / p.seconds == pytest.approx(1.0, abs=0.20), (row["case"], p.terms)
+        seen += 1
+    assert seen == 7
+
+
 def test_the_terms_say_what_the_emitted_code_does():
     soft = predicted_time(_attention(("scale(0.1)", "softcap(30.0)"), B=1, H=2, N=1024, D=64), H100)
     plain = predicted_time(_attention(("scale(0.1)",), B=1, H=2, N=1024, D=64), H100)
     assert soft.family == plain.family == "attention"
-    # tanh's one SFU instruction (compile._tanh) on top of the exponential, all of it exposed
+    # tanh's one SFU instruction (compile._softcap) on top of the exponential, all of it exposed; then the
+    # loop's instructions at the issue rate where they outlast the SFU work (softcap's Newton steps)
     assert soft.terms["of which SFU"] == pytest.approx(2 * plain.terms["of which SFU"], rel=0.01)
-    assert soft.seconds - plain.seconds == pytest.approx(plain.terms["of which SFU"], rel=0.05)
+    assert soft.terms["kernel"] - plain.terms["kernel"] == pytest.approx(plain.terms["of which SFU"], rel=0.05)
+    per = {g: attention_issue_per_score(_attention(m, B=1, H=2, N=1024, D=64)) for g, m in
+           (("plain", ("scale(0.1)",)), ("soft", ("scale(0.1)", "softcap(30.0)")),
+            ("approx", ("scale(0.1)", "softcap_approx(30.0)")))}
+    assert per == pytest.approx({"plain": 340 / 32, "soft": 758 / 32, "approx": 436 / 32})  # the SASS counts
+    sfu_clk = plain.terms["of which SFU"]  # one SFU instruction a score, 16 a clock an SM: 1/16 clock a score
+    assert plain.terms["issue beyond the SFU"] == pytest.approx(sfu_clk * (per["plain"] * 16 / 128 - 1), rel=1e-6)
+    assert soft.terms["issue beyond the SFU"] == pytest.approx(sfu_clk * (per["soft"] * 16 / 128 - 2), rel=1e-6)
+    approx = predicted_time(_attention(("scale(0.1)", "softcap_approx(30.0)"), B=1, H=2, N=1024, D=64), H100)
+    assert approx.terms["issue beyond the SFU"] == 0.0  # its two SFU instructions outlast its 13.6 others
     norm = predicted_time(_rownorm(1024, 512, 1024), H100)
     assert norm.family == "rownorm"
     assert {"GEMM (the row factor after the k-loop)", "row_factor pass", "prescale_weight pass"} <= set(norm.terms)

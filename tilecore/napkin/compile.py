@@ -101,19 +101,24 @@ TANH_ASM = tl.constexpr(not dispatch.interpreter_enabled())
 
 
 @triton.jit
-def _tanh(x):
-    # tanh(x) = sign(x) (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|) in (0, 1]: one exponential (MUFU.EX2);
-    # 1 / d for d = 1 + e in [1, 2] by the seed 24/17 - 8/17 d (relative error <= 1/17) and three Newton
-    # steps r += r (1 - d r) (1/17 -> 2^-8.2 -> 2^-16.3 -> 2^-32.7): FMAs, no MUFU.RCP
+def _softcap(x, k, c):
+    # c tanh(k x) for k > 0: tanh(y) = sign(y) (1 - e) / (1 + e), e = 2^(-2 log2(e) |y|) in (0, 1]: one
+    # exponential (MUFU.EX2); 1 / d for d = 1 + e in [1, 2] by the minimax quadratic 70/33 - 48/33 d +
+    # 32/99 d^2 (relative error <= 1/99) and two Newton steps r += r (1 - d r) (2^-6.6 -> 2^-13.3 ->
+    # 2^-26.5): FMAs, no MUFU.RCP; c folded into the numerator
     x = x.to(tl.float32)
-    e = tl.exp2(tl.abs(x) * -2.8853900817779268)
+    e = tl.exp2(tl.abs(x) * (k * -2.8853900817779268))
     d = 1.0 + e
-    r = 1.411764705882353 - 0.47058823529411764 * d
+    r = (0.32323232323232326 * d - 1.4545454545454546) * d + 2.121212121212121
     r = r + r * (1.0 - d * r)
     r = r + r * (1.0 - d * r)
-    r = r + r * (1.0 - d * r)
-    t = (1.0 - e) * r
+    t = (c - c * e) * r
     return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _tanh(x):
+    return _softcap(x, 1.0, 1.0)
 
 
 @triton.jit
@@ -298,6 +303,7 @@ def _attention(d: Diagram) -> Program:
         if m and float(m.group(1)) > 0:
             qk_scale *= float(m.group(1))
             emitted = mods[:-1]
+    mod_lines = _modifier_lines(emitted)
     s_in = _var(emitted[-1].output) if emitted else _var(S.output)
 
     def emit(tma: bool) -> list:
@@ -306,7 +312,7 @@ def _attention(d: Diagram) -> Program:
                "def attention_fwd" + ("_tma" if tma else "") + "(Q, K, V, O, H, NQ, NX, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, sve,",
                "                  sob, soh, som, soe, D: tl.constexpr, E: tl.constexpr, BM: tl.constexpr,",
                "                  BN: tl.constexpr, CAUSAL: tl.constexpr, EVEN_Q: tl.constexpr, EVEN_X: tl.constexpr,",
-               "                  HEAD_GROUP: tl.constexpr = 4):",
+               "                  HEAD_GROUP: tl.constexpr):",
                f"    # Q: [B, H, NQ, D], K: [B, H, NX, D], V: [B, H, NX, E] -> O: [B, H, NQ, E]; "
                f"{'softmax' if softmax else 'plain sum'} over the keys, streamed. EVEN_*: no bounds masks",
                "    # one program a query tile of a head, B * H * cdiv(NQ, BM) of them: HEAD_GROUP heads at a time",
@@ -354,7 +360,7 @@ def _attention(d: Diagram) -> Program:
           else:
               out += ["        k = tl.load(k_ptr)", "        v = tl.load(v_ptr)"]
           out.append(f"        {_var(S.output)} = tl.dot(q, tl.trans(k))  # [BM, BN] fp32")
-          out += [f"        {_var(op.output)} = {triton_expression(op.label, [_var(op.inputs[0])])}" for op in emitted]
+          out += [f"        {v} = {expr}" for v, expr in mod_lines]
           s = s_in if softmax else _var(chain[-1])
           conds = (["(rn[None, :] < NX)"] if masked else []) + (["(rn[None, :] <= rm[:, None])"] if causal_tile else [])
           fill = "float('-inf')" if softmax else "0.0"
@@ -405,6 +411,31 @@ def _attention(d: Diagram) -> Program:
 
 
 # ------------------------------------------------------------------------------------ rownorm
+def _modifier_lines(ops) -> list:
+    """(variable, Triton expression) for the score modifiers: each map by triton_expression, but a softcap
+    (C) by _softcap (C tanh(a / C): one ex2, the reciprocal by Newton steps) and a positive scale(c) just
+    before a softcap folded into its argument (C tanh(a c / C): one multiply, c / C made here)."""
+    out, i = [], 0
+    while i < len(ops):
+        op, src = ops[i], _var(ops[i].inputs[0])
+        k = 1.0
+        sc = re.fullmatch(r"scale\(\s*([0-9.eE+-]+)\s*\)", op.label.strip())
+        cap = re.fullmatch(r"softcap(_approx)?\(\s*([0-9.eE+-]+)\s*\)", ops[i + 1].label.strip()) if i + 1 < len(ops) else None
+        if sc and cap and float(sc.group(1)) > 0:
+            k, op = float(sc.group(1)), ops[i + 1]
+            i += 1
+        else:
+            cap = re.fullmatch(r"softcap(_approx)?\(\s*([0-9.eE+-]+)\s*\)", op.label.strip())
+        if cap:
+            c = float(cap.group(2))
+            out.append((_var(op.output), f"({c!r} * _tanh_approx({src} * {k / c!r}))" if cap.group(1)
+                        else f"_softcap({src}, {k / c!r}, {c!r})"))
+        else:
+            out.append((_var(op.output), triton_expression(op.label, [src])))
+        i += 1
+    return out
+
+
 def _rownorm(d: Diagram) -> Program:
     ops = d.ops
     if not ops or ops[-1].kind != "contract" or len(ops[-1].reduced) != 1:
@@ -598,6 +629,42 @@ def _rownorm(d: Diagram) -> Program:
 
 
 # ------------------------------------------------------------------------------------ predicted time
+# SASS instructions a thread issues a score in the emitted attention loop, counted on sm_90a at BM 128, BN 64,
+# D 128, 8 warps (a warp's loop body over its 32 scores a thread; test_compile's Hopper check asserts them):
+# the online-softmax loop (scale folded into exp2) 340 / 32, the plain-sum loop 152 / 32; what a modifier
+# adds: softcap(C) 418 / 32 (one EX2 and the Newton steps of compile._softcap, a scale before it folded in),
+# softcap_approx(C) 96 / 32, sigmoid 386 / 32 - 1 (sigmoid(a - 2.0): 12.06, less its subtract). Other
+# functions: an estimate (their SFU instruction, the conversions around it); each ALU operation one.
+ATTENTION_LOOP_ISSUE = {"softmax": 340 / 32, "sum": 152 / 32}
+MODIFIER_ISSUE = {"softcap": 418 / 32, "softcap_approx": 96 / 32}
+FUNCTION_ISSUE = {"sigmoid": 386 / 32 - 1, "tanh": 418 / 32 - 3, "tanh_approx": 96 / 32 - 2, "exp": 2.0,
+                  "log": 2.0, "sqrt": 2.0, "rsqrt": 2.0}
+ISSUE_PER_SM_PER_CLOCK = 4 * 32     # four schedulers, one warp instruction a clock each
+
+
+def attention_issue_per_score(d: Diagram) -> float:
+    """Thread instructions a score of the emitted attention loop (the tables above), for the diagram's
+    score modifiers; a scale just before the softmax or a softcap is folded (0)."""
+    from .rewrite import map_expression
+    mods = [op for op in d.ops if op.kind == "map"]
+    softmax = any(op.kind == "softmax_contract" for op in d.ops)
+    n = ATTENTION_LOOP_ISSUE["softmax" if softmax else "sum"]
+    for i, op in enumerate(mods):
+        label = op.label.strip()
+        cap = re.fullmatch(r"(softcap(?:_approx)?)\(\s*[0-9.eE+-]+\s*\)", label)
+        if cap:
+            n += MODIFIER_ISSUE[cap.group(1)]
+            continue
+        if re.fullmatch(r"scale\(\s*[0-9.eE+-]+\s*\)", label):
+            nxt = mods[i + 1].label.strip() if i + 1 < len(mods) else ""
+            n += 0.0 if (softmax and not nxt) or nxt.startswith("softcap") else 1.0
+            continue
+        tree = ast.parse(map_expression(label), mode="eval")
+        n += sum(isinstance(nd, (ast.BinOp, ast.UnaryOp)) for nd in ast.walk(tree))
+        n += sum(FUNCTION_ISSUE.get(nd.func.id, 1.0) for nd in ast.walk(tree) if isinstance(nd, ast.Call))
+    return n
+
+
 @dataclass
 class PredictedTime:
     seconds: float
@@ -633,6 +700,15 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
             r = derive(d, gpu, **kw)
             terms["kernel"] = r.time
             terms["of which SFU"] = r.times["sfu"]
+            # the loop's instructions, issued by the warps that issue the dots: where they take longer than
+            # the SFU work (exposed above), the difference is exposed too (scores from the SFU time)
+            from .rewrite import map_cost
+            sfu = (1.0 if any(op.kind == "softmax_contract" for op in d.ops) else 0.0) + sum(
+                map_cost(op.label)[1] for op in d.ops if op.kind == "map" and map_cost(op.label)[0] == "sfu")
+            if sfu and r.times["sfu"]:
+                per_sfu = gpu.rate("sfu", "fp32") / (gpu.sms * gpu.clock_hz)  # SFU results a clock an SM
+                issue = r.times["sfu"] * (attention_issue_per_score(d) / ISSUE_PER_SM_PER_CLOCK) / (sfu / per_sfu)
+                terms["issue beyond the SFU"] = max(0.0, issue - r.times["sfu"])
         except ValueError:
             terms["kernels"] = plan(d, gpu, **kw).time
     elif prog.family == "chain":
