@@ -792,14 +792,14 @@ def table() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# --set s30 (session 30, issue 33: Based and Mamba-2 toward 75% of the HBM bound): what binds, by timing
-# probes of each Gluon kernel (its PROBE bits leave one part of a chunk's work out; outputs wrong, timing
-# only), and the candidate variants (checked against float64 before they are timed). Kernel-only launches
-# on prepared arguments (no host time), the copy bound of the same bytes and the public op in the same run.
+# --set s30 (session 30, issue 33: Based and Mamba-2 toward 75% of the HBM bound): the candidate variants (checked
+# against float64 before they are timed; session 30 also timed the kernels' PROBE bits, each leaving one part of a
+# chunk's work out: removed with decisions 133 and 136). Kernel-only launches on prepared arguments (no host
+# time), the copy bound of the same bytes and the public op in the same run.
 
 S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
-# name -> the kernel's PROBE bits (gluon_based / gluon_forward PROBE_*), or a dict of launch_args's keywords (a
-# candidate variant: checked against float64 in S30_CHECKS); "default": the shipped kernel
+# name -> 0 (the shipped kernel) or a dict of launch_args's keywords (a candidate variant: checked against float64
+# in S30_CHECKS)
 # run 2 (session 30) timed every probe: the Based features 0.064 ms of 0.202, each MMA group ~0.03; Mamba-2's gate
 # and D 0.35 ms of 1.125, the decay exps 0.22, Q K^T + P V 0.26 (no_store was dead code: no final state, so
 # nothing is live without o). Run 3: the candidates, and Mamba-2's probes again on its new default (SILU_TANH)
@@ -864,18 +864,16 @@ S30_CHECKS = {
 }
 
 
-def s30_call(case: str, t: dict, probe):
-    """The case's Gluon kernel alone on prepared arguments with these PROBE bits, or a dict of launch_args's
-    keywords (a call that launches it)."""
+def s30_call(case: str, t: dict, variant):
+    """The case's Gluon kernel alone on prepared arguments: the shipped one (``variant`` 0) or with a dict of
+    launch_args's keywords over its flags (a call that launches it)."""
+    from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_based as gb
     from tilecore.ops.linear_attention import gluon_forward as gf
 
     o = torch.empty_like(t["v"])
-    extra = probe if isinstance(probe, dict) else {}
-    probe = 0 if isinstance(probe, dict) else probe
-    from tilecore.ops.linear_attention import configs
-
-    if case.startswith("based"):  # (the shipped kernel: Based has no probes or candidates left)
+    extra = variant if isinstance(variant, dict) else {}
+    if case.startswith("based"):  # (the shipped kernel: Based has no candidates left)
         grid, args, warps = gb.launch_args(t["q"], t["k"], t["v"], None, o, None, t["scale"],
                                            configs.GLUON_BASED_STAGES)
         return lambda: gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
@@ -885,7 +883,7 @@ def s30_call(case: str, t: dict, probe):
     flags.update(extra)  # a candidate's flags over them
     G, beta = gf.prepare_decay(t["g"].float(), t["beta"].float(), flags["g_stage"])
     grid, args, warps = gf.launch_args(t["q"], t["k"], t["v"], G, beta, t["d_skip"].float().contiguous(), t["z"],
-                                       None, o, None, 1.0, 2, z_stage=True, probe=probe, **flags)
+                                       None, o, None, 1.0, 2, z_stage=True, **flags)
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 

@@ -1,8 +1,7 @@
-"""The Gluon forward's SILU_TANH (Mamba-2's gate sigmoid by one tanh.approx: configs.GLUON_SILU_TANH, on) and its
-timing probes (PROBE), on the CPU: they reach the kernel only where asked (or turned on in configs) and where their
-work is (SILU_TANH with z through the stage), so other launches keep their arguments (and their compiled kernels);
-the probes' bits are distinct. The kernel runs on the GPU only: experiments/linear_attention/gpu_forward.py --set s30
-checks SILU_TANH against float64 there."""
+"""The Gluon forward's SILU_TANH (Mamba-2's gate sigmoid by one tanh.approx: configs.GLUON_SILU_TANH, on), on the
+CPU: it reaches the kernel only where asked (or turned on in configs) and where its work is (z through the stage),
+so other launches keep their arguments (and their compiled kernels). The kernel runs on the GPU only:
+experiments/linear_attention/gpu_forward.py --set s30 checks it against float64 there."""
 import inspect
 
 import torch
@@ -25,19 +24,12 @@ def mamba_args(**kw):
                                      z_stage=kw.pop("z_stage", True), g_stage=True, early_wv=True, **kw)[1]
 
 
-def test_the_launches_pass_them_only_where_asked():
-    assert not {"SILU_TANH", "PROBE"} & set(mamba_args())
+def test_the_launches_pass_it_only_where_asked():
+    assert "SILU_TANH" not in mamba_args()
     assert mamba_args(silu_tanh=True)["SILU_TANH"] is True
     assert "SILU_TANH" not in mamba_args(silu_tanh=True, z_stage=False)  # the gate's other form has no switch
-    assert mamba_args(probe=gluon_forward.PROBE_NO_EPILOGUE.value)["PROBE"] == 32
 
 
-def test_the_kernel_defaults_them_off():
+def test_the_kernel_defaults_it_off():
     params = inspect.signature(gluon_forward.la_fwd_gluon_kernel.fn).parameters
-    for name in ("SILU_TANH", "PROBE"):
-        assert params[name].default in (False, 0)
-
-
-def test_probe_bits_are_distinct():
-    bits = [getattr(gluon_forward, n).value for n in dir(gluon_forward) if n.startswith("PROBE_")]
-    assert len(bits) == len(set(bits)) and all(b & (b - 1) == 0 for b in bits)
+    assert params["SILU_TANH"].default is False

@@ -37,14 +37,6 @@ LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_forward.py --set s30): each bit leaves a
-# part of a chunk's work out, so the time it saves says what binds. Outputs are wrong; never in a real launch.
-PROBE_NO_INTRA = gl.constexpr(1)  # no Q K^T and no P V wgmma (P made from zeros)
-PROBE_NO_UPDATE = gl.constexpr(2)  # no state-update wgmma (S only decays)
-PROBE_NO_STORE = gl.constexpr(4)  # o made, not stored
-PROBE_NO_INTER = gl.constexpr(8)  # no Q S_old wgmma
-PROBE_NO_DECAY_FACTORS = gl.constexpr(16)  # no [BT, BT] decay factors on the scores (no exps)
-PROBE_NO_EPILOGUE = gl.constexpr(32)  # no Mamba-2 epilogue (D v, the gate z: z still loaded by the stage)
 
 
 @stage_struct
@@ -185,7 +177,6 @@ class LinearAttentionForward:
     G_STAGE: gl.constexpr  # G (head-major, log2 units) through the stage (TMA): no global load on the walk
     EARLY_WV: gl.constexpr  # the state update's weighted values stored with the old state (one barrier pair)
     SILU_TANH: gl.constexpr  # (Z_STAGE) the gate's sigmoid as 0.5 + 0.5 tanh(z / 2): one SFU op, not ex2 and rcp
-    PROBE: gl.constexpr  # timing probes only (wrong outputs; 0 in every real launch): PROBE_* bits leave work out
     LEAN: gl.constexpr  # (G_STAGE) one causal select on P (the exps take the unmasked difference: +inf above the
     # diagonal, selected away), and with beta the scale on beta V's rows, not on P; with EARLY_WV and beta, beta V in
     # bv_smem (no barrier between its stores and wv's)
@@ -348,11 +339,8 @@ class LinearAttentionForward:
         gl.thread_barrier()
 
         # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
-        if self.PROBE & PROBE_NO_INTRA:
-            s = gl.zeros([self.BT, self.BT], gl.float32, self.SL) + gl.expand_dims(w_rows, 1)
-        else:
-            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
-        if self.DECAY and (self.PROBE & PROBE_NO_DECAY_FACTORS) == 0:
+        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
+        if self.DECAY:
             if self.G_STAGE:
                 s = s * self.decay_factors(G_r, G_c, causal)
                 row_scale = row_scale * gl.exp2(G_r)
@@ -366,13 +354,8 @@ class LinearAttentionForward:
         p = gl.convert_layout(p_f.to(dtype), self.PL)
 
         # o = exp(G_i) scale (Q S_old) + P (beta V)
-        if self.PROBE & PROBE_NO_INTER:
-            o = gl.zeros([self.BT, self.BV], gl.float32, self.SL) + gl.expand_dims(row_scale, 1)
-        else:
-            o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-        if self.PROBE & PROBE_NO_INTRA:
-            o = o * gl.expand_dims(row_scale, 1) + p_f  # (P's elementwise work kept: BT == BV)
-        elif self.HAS_BETA:
+        o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+        if self.HAS_BETA:
             if self.EARLY_WV:
                 o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
             else:
@@ -386,17 +369,14 @@ class LinearAttentionForward:
             wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
-        if self.PROBE & PROBE_NO_UPDATE:
-            S = walk.S * S_decay
-        else:
-            S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
+        S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
 
         # Mamba-2's epilogue and the store (rows past N clipped by TMA)
         offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
-        if self.HAS_D and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
+        if self.HAS_D:
             d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
             o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
-        if self.HAS_Z and (self.PROBE & PROBE_NO_EPILOGUE) == 0:
+        if self.HAS_Z:
             if self.Z_STAGE:  # z came with the stage
                 if c == 0:
                     z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
@@ -413,11 +393,7 @@ class LinearAttentionForward:
                 o = gl.fdiv(o * z, 1.0 + gl.exp2(-z * 1.4426950408889634), ieee_rounding=False)
             else:
                 o = o * z / (1.0 + gl.exp(-z))
-        if self.PROBE & PROBE_NO_STORE:
-            if t0 < 0:  # never: o is made but not stored
-                store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
-        else:
-            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
         return Walk(S)
 
     @gluon.jit
@@ -438,14 +414,13 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
                         Z_STAGE: gl.constexpr = False, G_STAGE: gl.constexpr = False, EARLY_WV: gl.constexpr = False,
-                        SILU_TANH: gl.constexpr = False, PROBE: gl.constexpr = 0, LEAN: gl.constexpr = False):
+                        SILU_TANH: gl.constexpr = False, LEAN: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. Z_STAGE: z TMA-loaded with the stage (off the walk's
     serial path). G_STAGE: G (head-major, log2 units: chunk_cumulative_heads) TMA-loaded with the stage, and with
     beta (chunk_heads) beta too. EARLY_WV: the state update's weighted values stored beside the old state at the
     chunk's start (one barrier pair a chunk fewer). SILU_TANH (with Z_STAGE): the gate's sigmoid by one
-    tanh.approx.f32. LEAN (with G_STAGE): one causal select on P and, with beta, the scale on beta V. PROBE: timing
-    probes (wrong outputs)."""
+    tanh.approx.f32. LEAN (with G_STAGE): one causal select on P and, with beta, the scale on beta V."""
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -466,7 +441,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                 sgb, sgn, sgh, sbb, sbn, sbh, szb, szn, szh, sdh, s0b, s0h, s0f, s0v, stb, sth, stf,
                                 stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, BT, BK, BV, DECAY, HAS_BETA,
                                 HAS_D, HAS_Z, HAS_H0, STORE_HT, Z_STAGE, G_STAGE and DECAY, EARLY_WV,
-                                SILU_TANH and Z_STAGE, PROBE, LEAN_ON, SL, STL, PL)
+                                SILU_TANH and Z_STAGE, LEAN_ON, SL, STL, PL)
     if G_STAGE and DECAY and HAS_BETA and Z_STAGE and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -580,7 +555,7 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, z_stage: bool = False,
-                operand=None, g_stage: bool = False, early_wv: bool = False, silu_tanh: bool = False, probe: int = 0,
+                operand=None, g_stage: bool = False, early_wv: bool = False, silu_tanh: bool = False,
                 lean: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output;
     z_stage, g_stage, early_wv, silu_tanh, lean: the kernel's Z_STAGE (z must then be TMA-able: ``tma_ok``),
@@ -628,8 +603,6 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 G_STAGE=g_stage, EARLY_WV=early_wv)
     if silu_tanh and z_stage and z is not None:  # (absent otherwise: the launches' keys as before)
         args["SILU_TANH"] = True
-    if probe:  # (timing probes only: the kernel's PROBE)
-        args["PROBE"] = probe
     if lean:  # (absent where off; the kernel ignores it without G_STAGE)
         args["LEAN"] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
@@ -708,7 +681,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 
 
 def compile_report(case: str, stages: int = 2, z_stage: bool = False, g_stage: bool = False, early_wv: bool = False,
-                   compiled_out: list | None = None, probe: int = 0, silu_tanh: bool = False,
+                   compiled_out: list | None = None, silu_tanh: bool = False,
                    lean: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
@@ -722,7 +695,7 @@ def compile_report(case: str, stages: int = 2, z_stage: bool = False, g_stage: b
     grid, args, warps = launch_args(q, q, v, g, (f32(B, H, N) if g_stage else f32(B, N, H)) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
                                     torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages,
-                                    z_stage=z_stage, g_stage=g_stage, early_wv=early_wv, probe=probe,
+                                    z_stage=z_stage, g_stage=g_stage, early_wv=early_wv,
                                     silu_tanh=silu_tanh, lean=lean)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
