@@ -18,7 +18,8 @@
 The napkin's H100 is calibrated with this run's copy bandwidth and cuBLAS bf16 8192^3 rate.
 ``--sweep``: the rownorm default only (BO 256 since run 1), then the causal softcap_approx(30) and softcap(30)
 at four block configurations (the default and three more), and session 35's tanh (2 sigmoid(2x) - 1, as a map
-expression) at the default beside the exact one-ex2 form, each checked.
+expression) at the default beside the exact one-ex2 form, and plain softmax's order (HEAD_GROUP 0, the
+default where not causal since run 1, against 4) again, each checked.
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s36.json; prints a table last.
 """
@@ -111,7 +112,9 @@ def attention(gpu):
         s35 = (f"scale({D ** -0.5})", "30.0 * (2.0 * sigmoid(a * (2.0 / 30.0)) - 1.0)")
         cases = [("softcap_approx 30 causal", cases[0][1], True, dict(softcap=30.0), SWEEP_CFGS),
                  ("softcap 30 causal (exact tanh)", cases[1][1], True, dict(softcap=30.0), SWEEP_CFGS),
-                 ("softcap 30 causal (s35 sigmoid form)", s35, True, dict(softcap=30.0), {"default": None})]
+                 ("softcap 30 causal (s35 sigmoid form)", s35, True, dict(softcap=30.0), {"default": None}),
+                 ("plain softmax", cases[3][1], False, {}, {"default (HEAD_GROUP 0)": None, "HEAD_GROUP 4": dict(
+                     BM=128, BN=64, num_warps=8, num_stages=3, HEAD_GROUP=4)} if not SMOKE else {"default": None})]
     for label, mods, causal, kw, cfgs in cases:
         if time.time() - START > BUDGET_S:
             RES["errors"].append(f"{label}: skipped (time budget)")
