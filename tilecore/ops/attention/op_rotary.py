@@ -128,12 +128,10 @@ def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: 
                              sm_margin=sm_margin)
         return launch.rotary_gradients(plan, dout, q, k, v, cos, sin, interleaved, out, lse, dlse, causal, scale,
                                        window, softcap)
-    # the composite's backward: the shipped kernels on the turned q and k, dQ and dK turned back
+    # the turned path's backward on q and k turned again (the in-kernel forward kept no turned copy)
     qr, kr = _turn(q, k, cos, sin, interleaved)
-    plan = plan_backward(dout, qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
-    dqr, dkr, dv = launch.gradients(plan, dout, qr, kr, v, out, lse, dlse, causal, scale, window, softcap)
-    dq, dk = _turn(dqr, dkr, cos, sin, interleaved, conjugate=True)
-    return dq, dk, dv
+    return turned_backward_impl(dout, qr, kr, v, cos, sin, out, lse, dlse, causal, scale, interleaved, window,
+                                softcap, sm_margin)
 
 
 def turned_forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: bool, window, softcap: float,
