@@ -13,7 +13,7 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
    Q turned by the transform partition instead of each consumer; tables_input: cos and sin cast to q's dtype),
    checked and timed on the same inputs; regs200: consumers 200 registers, the transform 88; the probes
    no_turn (the transform hands each stage on unturned) and no_tables (turns by constant angles: no cos / sin
-   loads), timed only (wrong results);
+   loads), timed only (wrong results); ahead2 / ahead3: the transform with 2 / 3 chunks of angles in flight;
 --main runs the four cases (and the extras) under one of VARIANTS (k_pass: K turned by apply_rotary's pass,
 Q in the kernel). The extras: grouped heads with rotary_dim < D and fp32 cos/sin, interleaved pairs
 (causal, D128), N < Nk causal with rows past a tile, a window with a softcap, the carried pipeline (short rows).
@@ -46,6 +46,9 @@ VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLE
             "regs200": dict(CONSUMER_REGS=200, TURN_REGS=88),
             # K turned by apply_rotary's pass, Q in the kernel (each consumer, its block at once): no transform
             "k_pass": dict(K_IN_KERNEL=False), "in_kernel": dict(K_IN_KERNEL=True),
+            # the transform with 2 chunks of cos / sin rows in flight ahead of its turn (3: at 88 registers)
+            "ahead2": dict(K_IN_KERNEL=True, AHEAD=2), "ahead3": dict(K_IN_KERNEL=True, AHEAD=3, CONSUMER_REGS=200,
+                                                                        TURN_REGS=88),
             # timing probes (wrong results, not checked): the transform hands stages on unturned; turns by
             # constant angles (no cos / sin loads)
             "no_turn": dict(PROBE=1), "no_tables": dict(PROBE=2)}
@@ -132,6 +135,7 @@ def main():
     ap.add_argument("--extras", action="store_true")
     ap.add_argument("--shape", default="16,16,4096")
     ap.add_argument("--variants", default="no_tables,q_transform")
+    ap.add_argument("--variant-cases", default="", help="the cases the variants run on (default: --cases)")
     ap.add_argument("--main", default="", help="a variant of VARIANTS the four cases run as the rotary forward "
                     "(default: gluon_rotary's switches as they are); also the extras'")
     a = ap.parse_args()
@@ -196,7 +200,7 @@ def main():
                 row("error", name, repr(e)[:300])
     for variant in [x for x in a.variants.split(",") if x]:
         switch = VARIANTS[variant]
-        for case in [c for c in a.cases.split(",") if len(inputs.get(c, ())) == 7]:
+        for case in [c for c in (a.variant_cases or a.cases).split(",") if len(inputs.get(c, ())) == 7]:
             if time.time() - T0 > 48:
                 row("skip", variant, case, "time")
                 continue

@@ -50,11 +50,13 @@ def load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS
 
 @gluon.jit
 def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
-              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0):
+              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0,
+              AHEAD: gl.constexpr = 1):
     """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
     the pairs (i, i + R) (INTERLEAVED: (2i, 2i + 1)), i < R, by the angles of cos and sin's row of that
     position (load_angles). ROWS rows at a time, 16-byte vectors (8 features a thread: both halves'
-    (i, i + R), or 4 whole pairs), the next rows' cos and sin loaded before this rows' turn. PROBE (timing
+    (i, i + R), or 4 whole pairs), the angles of the AHEAD chunks after this one (1-3) in flight under its
+    turn. PROBE (timing
     only, wrong results): 1 turns nothing, 2 turns by constant angles (no cos / sin loads)."""
     if PROBE == 1:
         return
@@ -68,18 +70,26 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
     # interleaved: a thread's 8 features as 4 pairs, [rows, pairs, 2], split into a and b in registers
     pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [ROW_THREADS, COL_THREADS, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
     angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
+    CHUNKS: gl.constexpr = BLOCK_ROWS // ROWS
+    # the angles of chunks c .. c + AHEAD - 1 in flight (c0: this chunk's, c1, c2: the next ones')
     if PROBE == 2:
         cos = gl.full([ROWS, R], 0.8, gl.float32, angle_layout)
         sin = gl.full([ROWS, R], 0.6, gl.float32, angle_layout)
     else:
         cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
-    for c in gl.static_range(BLOCK_ROWS // ROWS):
+        if AHEAD >= 2 and CHUNKS > 1:
+            cos1, sin1 = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos + ROWS, ROWS, R,
+                                     angle_layout)
+        if AHEAD >= 3 and CHUNKS > 2:
+            cos2, sin2 = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos + 2 * ROWS, ROWS, R,
+                                     angle_layout)
+    for c in gl.static_range(CHUNKS):
         if PROBE == 2:
             next_cos = cos
             next_sin = sin
-        elif c + 1 < BLOCK_ROWS // ROWS:  # the next rows' angles, in flight under this turn
+        elif c + AHEAD < CHUNKS:  # chunk c + AHEAD's angles, in flight under this turn
             next_cos, next_sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
-                                             first_pos + (c + 1) * ROWS, ROWS, R, angle_layout)
+                                             first_pos + (c + AHEAD) * ROWS, ROWS, R, angle_layout)
         chunk = buf.slice(c * ROWS, ROWS, dim=0)
         cs = cos.to(gl.float32)
         sn = sin.to(gl.float32)
@@ -96,9 +106,29 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
             b = hi.load(layout).to(gl.float32)
             lo.store((a * cs - b * sn).to(buf.dtype))
             hi.store((b * cs + a * sn).to(buf.dtype))
-        if c + 1 < BLOCK_ROWS // ROWS:
-            cos = next_cos
-            sin = next_sin
+        if PROBE == 2:
+            pass
+        elif AHEAD == 1:
+            if c + 1 < CHUNKS:
+                cos = next_cos
+                sin = next_sin
+        elif AHEAD == 2:
+            if c + 1 < CHUNKS:
+                cos = cos1
+                sin = sin1
+            if c + 2 < CHUNKS:
+                cos1 = next_cos
+                sin1 = next_sin
+        else:
+            if c + 1 < CHUNKS:
+                cos = cos1
+                sin = sin1
+            if c + 2 < CHUNKS:
+                cos1 = cos2
+                sin1 = sin2
+            if c + 3 < CHUNKS:
+                cos2 = next_cos
+                sin2 = next_sin
 
 
 @struct
@@ -113,6 +143,7 @@ class RotaryAttention:
     n_max: object  # cos's and sin's rows
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
+    AHEAD: gl.constexpr  # chunks of angles in flight ahead of the K turn (turn_rows)
     Q_ROWS: gl.constexpr  # ... of Q (a consumer's block at once where its registers allow: one round trip for its angles)
     Q_BY_TRANSFORM: gl.constexpr  # Q turned by the transform partition (turn_tile), else by each consumer (start)
     INTERLEAVED: gl.constexpr  # pairs (2i, 2i + 1) (GPT-J), else (i, i + R)
@@ -166,7 +197,7 @@ class RotaryAttention:
             if a.WINDOW:
                 k_block += tile.first_block
             turn_rows(stage.k.reshape([a.BN, a.D]), k_block * a.BN, self.cos, self.sin, self.cos_stride,
-                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.INTERLEAVED, self.PROBE)
+                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.INTERLEAVED, self.PROBE, self.AHEAD)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
@@ -191,7 +222,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
                                 TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False,
                                 INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0,
-                                K_IN_KERNEL: gl.constexpr = True, CONSUMERS: gl.constexpr = 2):
+                                K_IN_KERNEL: gl.constexpr = True, CONSUMERS: gl.constexpr = 2,
+                                AHEAD: gl.constexpr = 1):
     """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
     turned in the kernel (the module docstring); K_IN_KERNEL False: K comes turned (a pass before), only
     Q is turned here (by each consumer), no transform partition (the shipped forward's registers)."""
@@ -210,8 +242,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
     # Q turned whole by a consumer at the shipped registers (232, no tile carried over), else TURN_ROWS at a time
     Q_ROWS: gl.constexpr = BM if not (K_IN_KERNEL or CARRY or CONSUMERS == 3) else TURN_ROWS
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, Q_ROWS, Q_BY_TRANSFORM,
-                         INTERLEAVED, PROBE)
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, AHEAD, Q_ROWS,
+                         Q_BY_TRANSFORM, INTERLEAVED, PROBE)
     gl.static_assert(K_IN_KERNEL or not Q_BY_TRANSFORM, "Q by the transform: K turned in the kernel")
     if K_IN_KERNEL:
         # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512
@@ -238,6 +270,7 @@ Q_BY_TRANSFORM = False  # Q turned by the transform partition as it arrives (els
 TABLES_DTYPE = None  # cos and sin as given (None), or cast to q's dtype ("input") before the launch
 PROBE = 0  # timing probes, wrong results (turn_rows): 1 no turn (the partition's hand-on only), 2 no cos / sin loads
 K_IN_KERNEL = True  # K turned by the transform partition; False: by apply_rotary's pass before the kernel (Q in it)
+AHEAD = 1  # the transform's chunks of cos / sin rows in flight ahead of the one it turns (1-3)
 
 
 def rotary_config(d: int, n: int, nk: int, causal: bool, k_in_kernel: bool = True) -> dict:
@@ -321,5 +354,6 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                       Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved),
                       INTERLEAVED=bool(interleaved),
                       CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM and k_in_kernel,
-                      PROBE=PROBE, K_IN_KERNEL=k_in_kernel, CONSUMERS=cfg.get("consumers", 2), num_warps=4))
+                      PROBE=PROBE, K_IN_KERNEL=k_in_kernel, CONSUMERS=cfg.get("consumers", 2), AHEAD=AHEAD,
+                      num_warps=4))
     return out, lse
