@@ -310,7 +310,7 @@ def based_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, H0, HT,
     stages = BasedChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES),
                         ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
-    # tensor: B1 with two units compiled to a CompilationError, H100 run 7)
+    # tensor: B1 with two units compiled to a CompilationError on the H100)
     num_tiles = gl.program_id(0) * 0 + num_tiles
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 

@@ -18,8 +18,11 @@ The template's parts:
       o      = (o + D v) * silu(z), TMA-stored (rows past N clipped)
 
 The cumulative decay G counts from the chunk's start as in kernels_tl.py (every exponent a difference
-<= 0, log decays clamped at -100); the host sums it (``chunk_cumulative``: a torch cumsum over
-(B, N, H) float32, 1/32 of q's bytes at Dk 128), so the consumers hold no [BT, BT] reductions.
+<= 0, log decays clamped at -100); the host sums it, so the consumers hold no [BT, BT] reductions: as shipped
+(G_STAGE) head-major in log2 units by one pass (``chunk_heads_prep``; beta likewise), TMA-loaded with the stage;
+without G_STAGE ``chunk_cumulative``'s (B, N, H) sums, loaded by pointers. With beta, configs turn on EARLY_WV (the
+update's weighted values stored with the old state: one barrier pair a chunk) and LEAN (one causal select on P, the
+scale on beta V's rows); with z, Z_STAGE (z through the stage) and SILU_TANH (the gate's sigmoid by one tanh).
 Rounding: P, S and exp(G_last - G_j) beta_j V_j go to the tensor cores in the input dtype, as in
 la_fwd_kernel; with beta (Mamba-2), beta_j V_j too (la_fwd_kernel keeps beta in float32 on P's columns:
 here that column factor spilled 1 KB of registers), as mamba_ssm rounds x dt.
@@ -461,7 +464,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     else:
         stages = Chunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES))
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
-    # tensor: B1 with two units compiled to a CompilationError, H100 run 7)
+    # tensor: B1 with two units compiled to a CompilationError on the H100)
     num_tiles = gl.program_id(0) * 0 + num_tiles
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 
