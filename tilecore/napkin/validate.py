@@ -520,7 +520,7 @@ def feature_backwards(path: Path = FEATURE_RUN) -> list:
 # issue 37's rotary: the standalone pass's timed rows (H100: B16 N4096 H32 D128 bf16), and the
 # in-kernel rotary forward's run (gpu_rotary_kernel.py's JSON) once one is committed (None: predictions only)
 ROTARY_RUN = ROOT / "notes" / "norm" / "runs" / "norm_rotary_gpu_check_session24_h100.json"
-FUSED_ROTARY_RUN = None
+FUSED_ROTARY_RUN = ROOT / "notes" / "rotary" / "runs" / "rotary_kernel1_run1_session36_h100_attention_rotary_kernel.json"
 
 
 def rotary_section() -> list:
@@ -546,10 +546,11 @@ def rotary_section() -> list:
                          f"{100 * r['copy_ms'] / t:.1f}% | {r['ms'] / t:.2f} |")
     measured = None
     if FUSED_ROTARY_RUN and Path(FUSED_ROTARY_RUN).exists():
-        measured = {r["case"]: r for r in json.loads(Path(FUSED_ROTARY_RUN).read_text())["timing"]}
+        measured = {r["case"]: r for r in json.loads(Path(FUSED_ROTARY_RUN).read_text())["timing"] if "variant" not in r}
     lines += ["", "### Rotary turned inside the attention forward (gluon_rotary.py), B16 H16 N4096 bf16, rotary_dim D: "
               "the predicted overhead over the forward without rotary (tilecore.napkin.rotary.fused_overhead; "
-              "target <= 3%)" + ("" if measured else "; no run committed yet"), "", fused_table(measured)]
+              "target <= 3%)" + (f"; measured: {Path(FUSED_ROTARY_RUN).relative_to(ROOT)}" if measured
+                                  else "; no run committed yet"), "", fused_table(measured)]
     return lines
 
 
