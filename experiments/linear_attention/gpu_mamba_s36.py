@@ -116,6 +116,49 @@ def based_checks():
     save()
 
 
+class Clocks:
+    """This GPU's SM clock, power and throttle reasons sampled by nvidia-smi from a thread (about every 0.1 s) while
+    the rounds run: is the kernel's later-round time (0.92 ms against a first round's 0.85-0.86 in sessions 34-36)
+    the clock's? Samples carry time.time(); each timed call its (start, end)."""
+
+    QUERY = "uuid,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+    def __init__(self):
+        import threading
+
+        self.samples: list = []
+        self.spans: list = []
+        self.uuid = str(torch.cuda.get_device_properties(0).uuid)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        import subprocess
+
+        while not self.stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=5).stdout
+            except Exception as err:  # noqa: BLE001 (no nvidia-smi: no samples)
+                self.samples.append((time.time(), f"error {err}"[:100]))
+                return
+            for line in out.splitlines():
+                f = [x.strip() for x in line.split(",")]
+                if len(f) == 5 and self.uuid.replace("GPU-", "") in f[0]:
+                    self.samples.append((time.time(), f[1], f[2], f[3], f[4]))
+            time.sleep(0.05)
+
+    def summary(self) -> dict:
+        self.stop.set()
+        out = {}
+        for name, t0, t1 in self.spans:
+            rows = [x for x in self.samples if len(x) == 5 and t0 <= x[0] <= t1]
+            out.setdefault(name, []).append([(r[1], r[2], r[3], r[4]) for r in rows][:4])
+        out["all_samples"] = len(self.samples)
+        return out
+
+
 def time_both(mamba_ok: bool, based_ok: bool, rounds: int = 5):
     gfw = gm.gfw
     fns = {}
@@ -135,11 +178,15 @@ def time_both(mamba_ok: bool, based_ok: bool, rounds: int = 5):
         fn()
     torch.cuda.synchronize()
     runs: dict = {n: [] for n in fns}
+    clocks = attempt("clocks", Clocks)
     for r in range(rounds):
         if r >= 2 and elapsed() > 55:
             break
         for n, fn in fns.items():
+            t0 = time.time()
             ms = attempt(f"time {n}", lambda: bench(fn))
+            if clocks:
+                clocks.spans.append((n, t0, time.time()))
             if ms:
                 runs[n].append(ms)
                 print(f"{n} round {r}: {ms:.4f} ms", flush=True)
@@ -147,6 +194,9 @@ def time_both(mamba_ok: bool, based_ok: bool, rounds: int = 5):
         RESULTS["mamba"]["runs"] = {"shipped": runs["mamba2"]}
     if "based" in runs:
         RESULTS["based"]["runs"] = runs["based"]
+    if clocks:
+        RESULTS["clocks"] = attempt("clocks summary", clocks.summary)
+        print("clocks (sm MHz, W, C, throttle) by round:", RESULTS["clocks"], flush=True)
     save()
 
 
@@ -164,6 +214,11 @@ def table() -> str:
     for r in RESULTS["check"]:
         L.append(f"  check {r.get('variant')} {r['case']}: out floor {r.get('out_floor')}, state rel "
                  f"{r.get('state_rel', '-')}, all written {r.get('all_written')}")
+    C = RESULTS.get("clocks") or {}
+    for n in ("mamba2", "based"):
+        if C.get(n):
+            L.append(f"  {n} SM MHz by round (first samples): " + " | ".join(
+                ",".join(x[0] for x in rnd) or "-" for rnd in C[n]))
     L += [f"ERROR {e[:200]}" for e in RESULTS["errors"][:6]]
     return "\n".join(L)
 
