@@ -48,7 +48,7 @@ TURN_OPS_PER_PAIR = 2 + 2 + 4 + 1 + 6 / 8
 SCHEDULERS_PER_SM = 4          # an SM issues one warp instruction a clock on each of its four schedulers
 SMEM_BYTES_PER_CLOCK = 128     # per SM (the preset's SMEM level)
 # one L2 round trip under the kernel's own traffic (the cos / sin rows serve every head of a batch, so they
-# stay in L2): fitted to one row, session 36 call 1's D128 (notes/rotary/runs/rotary_kernel1_run1_session36_h100.txt:
+# stay in L2): fitted to one row, the D128 row of notes/rotary/runs/rotary_kernel1_run1_session36_h100.txt (
 # +63.2% = 2,170 clocks a block over a 3,437-clock step, 8 chunks a block, one round trip each); the other
 # three rows are its check (notes/napkin/README.md)
 L2_LATENCY_S = 0.38e-6
