@@ -38,6 +38,13 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_m
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BKB_GLUON = 32  # key channels a consumer
 FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
+# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_gla_gluon_s36.py): each bit leaves a part of a
+# tile's work out, so the time it saves says what the chain spends there. Outputs are WRONG; never in a real launch.
+PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-row reductions: m = 0, G_last = g's last)
+PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
+PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
+PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
+PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed
 
 
 @stage_struct
@@ -68,6 +75,11 @@ def _add(a, b):
     return a + b
 
 
+@gluon.jit
+def _max_min_sum(a1, b1, c1, a2, b2, c2):
+    return gl.maximum(a1, a2), gl.minimum(b1, b2), c1 + c2
+
+
 @struct
 class GlaDqk:
     q_desc: object
@@ -92,6 +104,8 @@ class GlaDqk:
     BKB: gl.constexpr
     DV: gl.constexpr
     SPAN: gl.constexpr  # the widest span of G factored about its middle (kernels_tl._factor_span)
+    FORM: gl.constexpr  # 1: G's span and last row by ONE three-way reduction over tokens (one cross-warp pass)
+    PROBE: gl.constexpr  # PROBE_* bits (timing only; 0 in every real launch)
     L64: gl.constexpr  # [BT, BT] accumulators
     L32: gl.constexpr  # [BT, BKB] accumulators and the chain's tiles
     A32: gl.constexpr  # a [BT, BT] as the register A operand of a [BT, BKB] product
@@ -155,10 +169,20 @@ class GlaDqk:
         # G, its span, middle and last row (a scan over tokens in SCAN, a warp's rows in its threads)
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
         g = g_s.load(self.SCAN).to(gl.float32)
-        Gc = gl.convert_layout(gl.associative_scan(gl.where(g < FLOOR, FLOOR, g), 0, _add), L32)
-        hi = gl.max(Gc, axis=0)
-        lo = gl.min(Gc, axis=0)
-        G_last = gl.sum(gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0), axis=0)
+        if self.PROBE & PROBE_NO_SCAN:
+            Gc = g_s.load(L32).to(gl.float32)
+            hi = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
+            lo = hi
+            G_last = hi
+        else:
+            Gc = gl.convert_layout(gl.associative_scan(gl.where(g < FLOOR, FLOOR, g), 0, _add), L32)
+            last = gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0)
+            if self.FORM & 1:
+                hi, lo, G_last = gl.reduce((Gc, Gc, last), 0, _max_min_sum)
+            else:
+                hi = gl.max(Gc, axis=0)
+                lo = gl.min(Gc, axis=0)
+                G_last = gl.sum(last, axis=0)
         mid = 0.5 * (hi + lo)
         wide = gl.sum(gl.where(hi - lo <= self.SPAN, 0, 1), axis=0)  # NaN spans count as wide too
         flag_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -169,8 +193,11 @@ class GlaDqk:
         Ei = gl.exp(gl.expand_dims(mid, 0) - Gc)
         # <S_c, dS_c> per channel
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        sfx = gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1)
-        sfx = gl.convert_layout(sfx, gl.SliceLayout(0, L32))
+        if self.PROBE & PROBE_NO_SFX:
+            sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
+        else:
+            sfx = gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1)
+            sfx = gl.convert_layout(sfx, gl.SliceLayout(0, L32))
         # the B operands of the intra products: k Ei (this consumer's ctx.out) and q E
         kei_s = ctx.out
         qe_s = self.qe_smem.index(cid)
@@ -183,23 +210,32 @@ class GlaDqk:
         # the value sums do v^T, do S_c^T, v dS_c^T
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z32 = gl.zeros([BT, BKB], gl.float32, L32)
-        a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
+        if self.PROBE & PROBE_NO_VALUE_MMA:
+            a = z64 + 1.0
+            dqs = z32 + 1.0
+            dks = z32 + 1.0
+        else:
+            a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
+            dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+            dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+            a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
         c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
         # dq's intra product a (k Ei), and a^T = v do^T for dk's
-        dq_tok = warpgroup_mma(a_op, kei_s, z32, use_acc=False, is_async=True)
-        at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dq_in, at = warpgroup_mma_wait(0, deps=[dq_tok, at_tok])
-        at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
-                                  self.A32)
-        dk_tok = warpgroup_mma(at_op, qe_s, z32, use_acc=False, is_async=True)
-        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        if self.PROBE & PROBE_NO_INTRA_MMA:
+            dq_in = dqs
+            dk_in = dks
+        else:
+            dq_tok = warpgroup_mma(a_op, kei_s, z32, use_acc=False, is_async=True)
+            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+            dq_in, at = warpgroup_mma_wait(0, deps=[dq_tok, at_tok])
+            at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
+                                      self.A32)
+            dk_tok = warpgroup_mma(at_op, qe_s, z32, use_acc=False, is_async=True)
+            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
 
         half = gl.expand_dims(gl.exp(0.5 * mid), 0)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
@@ -216,8 +252,11 @@ class GlaDqk:
         gl.store(self.DQ + base + offs, (dq + r * kf).to(self.DQ.dtype.element_ty))
         gl.store(self.DK_OUT + base + offs, (dk + r * qf).to(self.DK_OUT.dtype.element_ty))
         later = gl.exp(G_last) * sfx + gl.sum(kf * dk_state, axis=0)
-        dGs = gl.convert_layout(gl.associative_scan(gl.convert_layout(qf * dq - kf * dk, self.SCAN), 0, _add,
-                                                    reverse=True), L32)
+        if self.PROBE & PROBE_NO_DG_SCAN:
+            dGs = qf * dq - kf * dk
+        else:
+            dGs = gl.convert_layout(gl.associative_scan(gl.convert_layout(qf * dq - kf * dk, self.SCAN), 0, _add,
+                                                        reverse=True), L32)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dGs + gl.expand_dims(later, 0)))
         return state
@@ -234,7 +273,8 @@ class GlaDqk:
 @gluon.jit
 def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG,
                          N, H, DKD, NT, KBLOCKS, scale, num_tiles, STAGES: gl.constexpr, SPAN: gl.constexpr,
-                         CONSUMER_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
+                         CONSUMER_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40,
+                         FORM: gl.constexpr = 0, PROBE: gl.constexpr = 0):
     """dq, dk, dg and the fallback's flags of every (batch * head, chunk, key block) (see the module docstring): a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -246,7 +286,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
     qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BKB], q_desc.layout)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem,
-                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, L64, L32, A32, SCAN)
+                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, PROBE, L64, L32, A32, SCAN)
     stages = DqkChunk(ring(v_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),
                       ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
                       ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
@@ -271,8 +311,10 @@ def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
     return None
 
 
-def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages: int = 2, span: float = 64.0):
-    """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous."""
+def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages: int = 2, span: float = 64.0,
+                form: int = 0, probe: int = 0):
+    """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous; form,
+    probe: the kernel's FORM and PROBE (absent where 0: the launch's keys as before)."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -290,10 +332,15 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
+    if form:
+        args["FORM"] = form
+    if probe:  # (timing probes only)
+        args["PROBE"] = probe
     return (persistent_programs(args["num_tiles"], v.device),), args, 4
 
 
-def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=torch.float32) -> dict:
+def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=torch.float32, form: int = 0,
+                   probe: int = 0) -> dict:
     """sm_90a resources of the kernel at B2 H4 N4096 Dk = Dv = D (compiled on the CPU, nothing run)."""
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
@@ -304,7 +351,7 @@ def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=
     hs = torch.empty(B, H, NT, D, D, dtype=dtype)
     dg = torch.empty(B, N, H, D, dtype=torch.float32)
     flag = torch.empty(B * H * NT * (D // BKB_GLUON), dtype=torch.int8)
-    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages)
+    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages, form=form, probe=probe)
     compiled = compile_kernel(gla_dqk_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     return dict(D=D, stages=stages, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared,
