@@ -10,10 +10,9 @@ import torch
 import triton.language as tl
 
 from tilecore.ops.norm import backward as bwd_kernels
-from tilecore.ops.norm import configs
 from tilecore.ops.norm import forward as fwd_kernels
 from tilecore.ops.norm.plan import Plan
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv
 
 _forward = CachedLaunch(fwd_kernels.norm_forward_kernel)
 _stats = CachedLaunch(fwd_kernels.norm_stats_kernel)
@@ -192,21 +191,13 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
 
 
-def finish_tile(n: int, groups: int) -> tuple[int, int]:
-    """(BLOCK_G, BLOCK_C) of norm_partials_kernel: columns split over about configs.FINISH_PROGRAMS programs (8 to
-    64 a program: 32-byte float32 runs at least), configs.FINISH_TILE_ELEMS values a step."""
-    block_c = min(64, max(8, next_power_of_2(n) // configs.FINISH_PROGRAMS))
-    block_g = min(max(1, configs.FINISH_TILE_ELEMS // block_c), next_power_of_2(groups))
-    return block_g, block_c
-
-
 def _finish(key, plan: Plan, dw_part, db_part, weight, bias, n: int, like):
     """dweight, dbias (in the parameters' dtypes; empty where there is none) from the partials, in one launch."""
     dw = output((n,), weight.dtype, like.device) if weight is not None else None
     db = output((n,), bias.dtype, like.device) if bias is not None else None
-    block_g, block_c = finish_tile(n, plan.groups)
-    _partials.run(key, (cdiv(n, block_c),), (dw_part, db_part, dw, db, plan.groups, n),
-                  dict(BLOCK_G=block_g, BLOCK_C=block_c, DW=weight is not None, DB=bias is not None, num_warps=4))
+    _partials.run(key, (cdiv(n, plan.finish_cols),), (dw_part, db_part, dw, db, plan.groups, n),
+                  dict(BLOCK_G=plan.finish_rows, BLOCK_C=plan.finish_cols, DW=weight is not None, DB=bias is not None,
+                       num_warps=4))
     return (dw if dw is not None else like.new_empty((0,))), (db if db is not None else like.new_empty((0,)))
 
 

@@ -32,6 +32,8 @@ class Plan:
     row_tiles: int = 1
     groups: int = 1  # the backward's row groups (rows of the dweight / dbias partials)
     finish: str = "torch"  # the partials' sums: "torch" or "kernel" (configs.BACKWARD_FINISH)
+    finish_rows: int = 1  # the finishing kernel's BLOCK_G (partial rows a step) and BLOCK_C (columns a program)
+    finish_cols: int = 8
 
 
 def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None = None, fused: bool = False) -> Plan:
@@ -74,6 +76,7 @@ def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, ti
     backward_tiles = max(1, cdiv(rows, backward_rows))
     groups_per_sm = groups_per_sm or configs.BACKWARD_GROUPS_PER_SM
     groups = min(backward_tiles, max(1, sms * groups_per_sm // column_blocks))
+    finish_rows, finish_cols = finish_tile(n, groups)
     return Plan("tl", whole_row=whole_row, rows_per_tile=rows_per_tile, backward_rows=backward_rows,
                 block_n=block_n,
                 num_warps=num_warps or configs.num_warps(rows_per_tile * block_n, configs.FORWARD_VALUES_PER_THREAD),
@@ -81,4 +84,13 @@ def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, ti
                                                                    configs.BACKWARD_VALUES_PER_THREAD),
                 column_blocks=column_blocks,
                 row_tiles=row_tiles, groups=groups,
-                finish=finish or configs.BACKWARD_FINISH)
+                finish=finish or configs.BACKWARD_FINISH, finish_rows=finish_rows, finish_cols=finish_cols)
+
+
+def finish_tile(n: int, groups: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_C) of the finishing kernel (backward.norm_partials_kernel): the columns split over about
+    configs.FINISH_PROGRAMS programs (8 to 64 a program: 32-byte float32 runs at least), configs.FINISH_TILE_ELEMS
+    partial values a step."""
+    block_c = min(64, max(8, next_power_of_2(n) // configs.FINISH_PROGRAMS))
+    block_g = min(max(1, configs.FINISH_TILE_ELEMS // block_c), next_power_of_2(groups))
+    return block_g, block_c

@@ -51,12 +51,9 @@ def norm_variants(shapes=SHAPES) -> list[tuple[str, object, dict, int, bool]]:
                 sums = dict(bwd_common, SUMS=f32)
                 out.append((f"row sums {name}", backward.norm_row_sums_kernel, sums, p.backward_warps, False))
         if p.finish == "kernel":
-            from tilecore.ops.norm.launch import finish_tile
-
-            block_g, block_c = finish_tile(n, p.groups)
             out.append((f"partials {rows}x{n}", backward.norm_partials_kernel,
-                        dict(DW_PART=f32, DB_PART=f32, DW_OUT=t, DB_OUT=t, groups=p.groups, N=n, BLOCK_G=block_g,
-                             BLOCK_C=block_c, DW=True, DB=True), 4, False))
+                        dict(DW_PART=f32, DB_PART=f32, DW_OUT=t, DB_OUT=t, groups=p.groups, N=n, BLOCK_G=p.finish_rows,
+                             BLOCK_C=p.finish_cols, DW=True, DB=True), 4, False))
     return out
 
 
