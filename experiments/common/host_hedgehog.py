@@ -17,7 +17,7 @@ op.KEYED_BACKWARD on, the lean host path of session 36):
 * torch.profiler over 3 calls: the CUDA runtime / driver calls by name and count a call.
 
 And the host time of one fwd+bwd at B1 H2 N 64 (GPU work negligible; not FLA's, which would autotune again): median
-us a call over rounds of back-to-back calls. First a float64 check of ``full_keyed`` (a key's second call) at B1 H2 N 200 (output and every gradient over the rounding floor), and
+us a call over rounds of back-to-back calls. First a float64 check of ``full_keyed`` (a key's second call) at B1 H2 N 192 (output and every gradient over the rounding floor), and
 ``full_keyed``'s output and gradients against ``full``'s bit for bit (B2 H4 N 512, calls 1..3).
 
     PYTHONPATH=/tmp/site:. python experiments/common/host_hedgehog.py [--rounds 3] [--deadline 55]
@@ -59,9 +59,9 @@ KEYED = dict(KEYED_HEDGEHOG=True, KEYED_BACKWARD=True)
 def switched(name: str):
     """The variant's switches for a with-block: both on for ``*_keyed``, both off for ``full`` and ``core`` (the
     session-35 path, whatever the defaults), as they are for the others."""
-    if name.endswith("_keyed"):
+    if name.endswith(("_keyed", "_keyed_fwd")):
         return patched(la_op, **KEYED)
-    if name in ("full", "core"):
+    if name in ("full", "core", "full_fwd"):
         return patched(la_op, **dict.fromkeys(KEYED, False))
     return contextlib.nullcontext()
 
@@ -81,9 +81,15 @@ def prepared(b, n, h, seed=0):
     return t
 
 
-def callables(t: dict) -> dict:
+SMALL_ONLY = ("full_fwd", "full_keyed_fwd")  # (host time only)
+
+
+def callables(t: dict, names=None) -> dict:
     def full():
         linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"]).backward(t["do"])
+
+    def full_fwd():  # (the forward recording a gradient, its graph dropped: the backward's share by difference)
+        linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"])
 
     def core():
         linear_attention(t["qf"], t["kf"], t["v"], scale=1.0).backward(t["do"])
@@ -96,8 +102,9 @@ def callables(t: dict) -> dict:
     def fla_call():
         out = peer()
         (out[0] if isinstance(out, tuple) else out).backward(t["do"])
-    every = {"full": full, "full_keyed": full, "core": core, "core_keyed": core, "map": fmap, "fla": fla_call}
-    return {n: every[n] for n in NAMES}
+    every = {"full": full, "full_keyed": full, "core": core, "core_keyed": core, "map": fmap, "fla": fla_call,
+             "full_fwd": full_fwd, "full_keyed_fwd": full_fwd}
+    return {n: every[n] for n in (NAMES if names is None else names)}
 
 
 def grads_of(t):
@@ -160,8 +167,25 @@ def runtime_calls(fn, calls=3) -> dict:
     return out
 
 
+def cpu_breakdown(fn, calls=20, top=14) -> list:
+    """torch.profiler's CPU events over ``calls`` calls (the autograd engine's thread included, which cProfile of
+    this thread misses): the ``top`` by self CPU time, [name, count a call, self us a call, total us a call]
+    (the profiler's own cost inflates each event: read them as shares)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return [[e.key[:60], round(e.count / calls, 1), round(e.self_cpu_time_total / calls, 1),
+             round(e.cpu_time_total / calls, 1)] for e in events]
+
+
 def check() -> dict:
-    t = prepared(1, 200, 2, seed=3)
+    t = prepared(1, 192, 2, seed=3)
     with switched("full_keyed"):  # (the key's second call: the lean path's own launches)
         for _ in range(2):
             for x in ("q", "k", "v", "W"):
@@ -195,9 +219,10 @@ def check() -> dict:
     return row
 
 
-def small_host_us(rounds: int, calls: int = 200) -> dict:
+def small_host_us(rounds: int, calls: int = 100) -> dict:
     t = prepared(1, 64, 2, seed=5)
     fns = {n: f for n, f in callables(t).items() if n != "fla"}  # (FLA would autotune again at this shape)
+    fns.update({n: f for n, f in callables(t, SMALL_ONLY).items()})
     per = collections.defaultdict(list)
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -212,6 +237,39 @@ def small_host_us(rounds: int, calls: int = 200) -> dict:
     return {n: {"median": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]} for n, v in per.items()}
 
 
+ROW_CALLS = 200  # calls a round of a host_rows row
+
+
+def host_rows_phase(rows: str, ab: str, deadline: float) -> None:
+    """host_rows.py's A/B of a switch over some rows (same bits on vs off, interleaved rounds) and those rows' host
+    time against torch's op (3 rounds of 200 calls), into RESULTS["rows"]; stops starting rows at ``deadline``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import host_rows  # noqa: E402 (experiments/common)
+    import host_time  # noqa: E402
+
+    table = {**host_time.cases(), **host_time.later_cases()}
+    out = RESULTS.setdefault("rows", {"ab": {}, "plain": {}})
+    if ab:
+        module, name, names = ab.split(":")
+        for row in names.split(","):
+            ours, peer = table[row]
+            out["ab"][row] = host_rows.ab_recipes(row, ours, peer, 3, ROW_CALLS, f"{module}:{name}")
+            print(f"A/B {name} {row}: {out['ab'][row]}", flush=True)
+            save()
+    for row in [r for r in rows.split(",") if r]:
+        if time.time() - START > deadline:
+            out["plain"][row] = "skipped: deadline"
+            continue
+        ours, peer = table[row]
+        ours()
+        t = [(host_time.per_call_us(ours, ROW_CALLS), host_time.per_call_us(peer, ROW_CALLS)) for _ in range(3)]
+        out["plain"][row] = {"rounds_us": [[round(x, 1), round(y, 1)] for x, y in t],
+                             "ours_us": round(statistics.median(x for x, _ in t), 1),
+                             "torch_us": round(statistics.median(y for _, y in t), 1)}
+        print(f"{row}: {out['plain'][row]}", flush=True)
+        save()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -219,14 +277,27 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="torch.profiler's runtime calls (CUPTI)")
     ap.add_argument("--names", default=",".join(NAMES), help="the variants (comma-separated)")
     ap.add_argument("--shape", default="16,4096,16", help="B,N,H of the timed calls")
+    ap.add_argument("--rows", default="", help="host_rows.py's rows timed first (comma-separated), 3 rounds")
+    ap.add_argument("--rows-ab", default="", help="MODULE:NAME:ROW,ROW: that switch on/off over those rows first")
+    ap.add_argument("--rows-deadline", type=float, default=20.0)
     a = ap.parse_args()
     NAMES[:] = [n for n in a.names.split(",") if n]
     RESULTS["device"] = torch.cuda.get_device_name()
+    if a.rows or a.rows_ab:
+        host_rows_phase(a.rows, a.rows_ab, a.rows_deadline)
     RESULTS["check"] = check()
     print("check (error / rounding floor)", RESULTS["check"], flush=True)
     save()
     RESULTS["small_us"] = small_host_us(a.rounds)
-    print("host us a fwd+bwd at B1 H2 N64:", {n: v["median"] for n, v in RESULTS["small_us"].items()}, flush=True)
+    print("host us a call at B1 H2 N64:", {n: v["median"] for n, v in RESULTS["small_us"].items()}, flush=True)
+    save()
+    small = prepared(1, 64, 2, seed=6)
+    RESULTS["breakdown"] = {}
+    for name, fn in callables(small, ("full", "full_keyed", "map")).items():
+        with switched(name):
+            RESULTS["breakdown"][name] = cpu_breakdown(fn)
+    print("CPU events a keyed fwd+bwd (name, count, self us, total us):", RESULTS["breakdown"]["full_keyed"][:8],
+          flush=True)
     save()
     t = prepared(*(int(x) for x in a.shape.split(",")))
     fns = callables(t)
@@ -282,6 +353,15 @@ def main() -> int:
             print(f"{name} sync: {RESULTS['big'][name]['sync_warnings']}")
         if "runtime_calls" in RESULTS["big"][name]:
             print(f"{name} runtime calls a fwd+bwd: {RESULTS['big'][name]['runtime_calls']}")
+    for row, r in RESULTS.get("rows", {}).get("ab", {}).items():
+        if "on_us" in r:
+            print(f"A/B {row}: on {r['on_us']} / off {r['off_us']} us (torch {r['torch_us']}), "
+                  f"{r['on_us'] / r['off_us']:.2f}x; same bits {r['same_bits_on_vs_off']}, calls 1..10 "
+                  f"{r['same_bits_calls_1_10_on']}")
+        else:
+            print(f"A/B {row}: {r}")
+    for row, r in RESULTS.get("rows", {}).get("plain", {}).items():
+        print(f"{row}: {r}" if isinstance(r, str) else f"{row}: ours {r['ours_us']} us, torch {r['torch_us']} us")
     print("errors:", RESULTS["errors"][:3], f"{time.time() - START:.0f} s")
     save()
     return 0
