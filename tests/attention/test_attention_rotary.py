@@ -160,6 +160,7 @@ def test_the_paths_by_device():
             m.setattr(configs, "ROTARY_IN_KERNEL", True)
             m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))
             assert plan.rotary_path(q, k, v, 0.1) == "gluon"
+            assert plan.rotary_path(q, k, v, 0.1, grad=True) == "turned"  # its turned q, k serve the backward
             m.setattr(plan, "gluon_rotary_forward", lambda: None)
             assert plan.rotary_path(q, k, v, 0.1) == "turned"
     with dispatch.pretend(dispatch.TARGETS["sm_80"]):

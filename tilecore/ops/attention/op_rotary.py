@@ -11,9 +11,9 @@ traces them), by plan.rotary_path:
 
 * "tl": ``tilecore::attention_rotary_forward`` / ``_backward`` run the tl kernels with Q and K turned
   as they are loaded, dQ and dK turned back before they are stored;
-* "gluon" (configs.ROTARY_IN_KERNEL): the same ops run the Hopper forward that turns Q and K inside the
-  Gluon kernel, and the backward turns q and k again (apply_rotary's kernel), runs the shipped
-  backward on them and turns dQ and dK back;
+* "gluon" (configs.ROTARY_IN_KERNEL, calls that record no gradient): the same ops run the Hopper
+  forward that turns Q and K inside the Gluon kernel (should a backward come after all, it turns q
+  and k again and runs the turned path's backward);
 * "turned" (CUDA tensors the Gluon forward serves, and head dims past 256):
   ``tilecore::attention_rotary_turned_forward`` turns q and k by apply_rotary's kernel into contiguous
   (B, H, N, D) tensors, runs the shipped forward on them and returns them beside O and lse (autograd

@@ -540,7 +540,7 @@ def gluon_rotary_forward():
     return getattr(module, "forward", None)
 
 
-def rotary_path(q, k, v, scale: float) -> str:
+def rotary_path(q, k, v, scale: float, grad: bool = False) -> str:
     """How attention(q, k, v, rotary=(cos, sin)) runs, from shapes, dtypes and the device alone (so
     torch.compile's fake tensors plan it as the real ones; op_rotary's module docstring has each):
 
@@ -550,15 +550,17 @@ def rotary_path(q, k, v, scale: float) -> str:
       read K from shared memory by TMA, where the tl kernels' in-register turn does not reach) unless
       ROTARY_IN_KERNEL, and head dims past 256 (the split-key path): q and k turned by apply_rotary's
       kernel and kept for the backward, the shipped kernels on them, dQ and dK turned back;
-    * "gluon": the Gluon forward's calls with configs.ROTARY_IN_KERNEL on and gluon_rotary_forward()
-      there: that forward (the backward turns q and k again);
+    * "gluon": the Gluon forward's calls with configs.ROTARY_IN_KERNEL on, gluon_rotary_forward() there
+      and no gradient to record (``grad`` False: inference): that forward. With a gradient the turned
+      path: its forward's turned q and k serve the backward, which after the in-kernel forward would
+      turn them again (the same pass: the in-kernel forward's cost over the shipped one is all added);
     * "tl": the tl forward and backward with Q and K turned in the kernels (kernels_tl.rotary_turn):
       the interpreter and every other GPU."""
     if dispatch.backend_for(q.device) == "reference":
         return "composite"
     D, Dv = q.shape[-1], v.shape[-1]
     if dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0:
-        return "gluon" if configs.ROTARY_IN_KERNEL and gluon_rotary_forward() is not None else "turned"
+        return "gluon" if configs.ROTARY_IN_KERNEL and not grad and gluon_rotary_forward() is not None else "turned"
     if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
         return "tl"
     return "turned"
