@@ -132,10 +132,9 @@ def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn
 
 # --------------------------------------------------------------------------------------------
 # Hedgehog's feature map in one pass: [softmax(x W_h), softmax(-x W_h)] for a block of tokens of one
-# head, read once in the input's dtype and written once in it. op.hedgehog_map makes it in torch (float32 einsum,
-# two softmaxes, a concatenation, a cast: ~6 passes over (.., Hqk, F) float32 tensors), which run 7 of
-# experiments/linear_attention/gpu_based_s32.py found to be most of Hedgehog's forward (2.72 ms against FLA's 1.61
-# on the same torch features in bf16). Off until a GPU run times it (configs.HEDGEHOG_FUSED_MAP)
+# head, read once in the input's dtype and written once in it, in place of torch's map (a float32 einsum, two
+# softmaxes, a concatenation, a cast: ~6 passes over (.., Hqk, F) float32 tensors, most of Hedgehog's forward there).
+# configs.HEDGEHOG_FUSED_MAP (on; its figures: notes/linear_attention, decisions 67 and 90)
 
 
 @triton.jit
