@@ -10,7 +10,8 @@
 2. Times (bf16, B16 H16 N4096, D128 then D64, causal and not; GPU time from CUDA graphs:
    triton.testing.do_bench_cudagraph medians, 'eager' where capture failed): attention without rotary,
    with rotary (the path plan.rotary_path picks), and the Python composite (apply_rotary on q and k, then
-   attention), forward and forward + backward (autograd.grad of q, k, v), two rounds interleaved;
+   attention), forward and forward + backward (autograd.grad of q, k, v), two rounds interleaved; with
+   --routed also the forward with ROTARY_IN_KERNEL on (gluon_rotary.forward's shipped variant);
    apply_rotary on q and k alone. The overhead is rotary / plain - 1 (issue 37's target: <= 3%).
    --tl: the tl kernels forced (their plans) with and without Q and K turned inside, B4 H16 N4096 full:
    the in-kernel path of GPUs other than Hopper, the H100 standing in.
@@ -42,6 +43,7 @@ from tilecore.ops.attention.reference import attention_reference, rotary_attenti
 from tilecore.tiles.switches import patched  # noqa: E402
 
 START = time.time()
+ROUTED = [False]
 RESULTS = {"check": [], "time": [], "errors": [], "device": None}
 ROWS = []
 
@@ -97,14 +99,24 @@ def check(name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype):
         row[label] = dict(out=floor_multiple(out, ro.detach()), lse=float((lse.double() - rl)[live].abs().max()),
                           **{f"d{t}": floor_multiple(a, r) for t, a, r in zip("qkv", grads, rg)})
         del out, lse, grads, ro, rl, rg, q64, k64, v64
+    with torch.no_grad():  # a call that records no gradient (with --routed: the in-kernel forward)
+        row["path_nograd"] = plan.rotary_path(q, k, v, 1.0, grad=False)
+        poison()
+        out = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
+        q64, k64, v64 = (t.double() for t in (q, k, v))
+        ro, _ = rotary_attention_reference(q64, k64, v64, cos, sin, interleaved=interleaved, causal=causal)
+        row["rotary"]["out_nograd"] = floor_multiple(out, ro)
+        del out, ro, q64, k64, v64
     r, p = row["rotary"], row["plain"]
     # rotary rounds the turned q and k to the dtype once more (as a separate apply_rotary pass does)
-    row["ok"] = bool(all(r[x] <= max(3.0, 1.6 * p[x]) for x in ("out", "dq", "dk", "dv")) and r["lse"] < 1e-2)
+    row["ok"] = bool(all(r[x] <= max(3.0, 1.6 * p[x]) for x in ("out", "dq", "dk", "dv")) and r["lse"] < 1e-2
+                     and r["out_nograd"] <= max(3.0, 1.6 * p["out"]))
     RESULTS["check"].append(row)
     print(f"[check] {name} {row['path']} causal={causal} inter={interleaved}: rotary out {r['out']:.2f} "
           f"dq {r['dq']:.2f} "
           f"dk {r['dk']:.2f} dv {r['dv']:.2f} lse {r['lse']:.1e} | plain out {p['out']:.2f} dq {p['dq']:.2f} "
-          f"dk {p['dk']:.2f} dv {p['dv']:.2f} x floor -> {'ok' if row['ok'] else 'FAIL'} ({elapsed():.0f} s)",
+          f"dk {p['dk']:.2f} dv {p['dv']:.2f} x floor; no grad ({row['path_nograd']}) out {r['out_nograd']:.2f} "
+          f"-> {'ok' if row['ok'] else 'FAIL'} ({elapsed():.0f} s)",
           flush=True)
 
 
@@ -131,6 +143,9 @@ def timing(d, causal, b=16, h=16, n=4096):
         if rot == "composite":  # apply_rotary on q and k, then attention (autograd turns dQ, dK back)
             qr, kr = op_rotary.turned_qk(q, k, cos, sin, False)
             return tilecore.attention(qr, kr, v, causal=causal)
+        if rot == "in-kernel":  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (calls without a gradient)
+            with patched(configs, ROTARY_IN_KERNEL=True):
+                return tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
         return tilecore.attention(q, k, v, causal=causal, rotary=rot)
 
     def fwd_nograd(rot):
@@ -150,7 +165,10 @@ def timing(d, causal, b=16, h=16, n=4096):
     times = {}
     for rnd in range(2):
         for what, make in (("fwd", fwd_nograd), ("fwd+bwd", fwdbwd)):
-            for label, rot in (("plain", None), ("rotary", (cos, sin)), ("composite", "composite")):
+            labels = [("plain", None), ("rotary", (cos, sin)), ("composite", "composite")]
+            if ROUTED[0] and what == "fwd":
+                labels.append(("in-kernel", "in-kernel"))
+            for label, rot in labels:
                 ms, how = gpu_time(make(rot))  # (rep 40 ms: the job's budget)
                 times.setdefault(f"{what} {label}", []).append(ms)
                 times[f"{what} {label} how"] = how
@@ -166,6 +184,10 @@ def timing(d, causal, b=16, h=16, n=4096):
                 f"(+{100 * (rot / plain - 1):.1f}%) py-composite {comp:.3f} (+{100 * (comp / plain - 1):.1f}%) ms "
                 f"[{times[f'{what} rotary how']}] rounds {'/'.join(f'{x:.3f}' for x in times[f'{what} plain'])} | "
                 f"{'/'.join(f'{x:.3f}' for x in times[f'{what} rotary'])}")
+        if f"{what} in-kernel" in times:
+            ink = min(times[f"{what} in-kernel"])
+            row[f"{what} in-kernel overhead"] = ink / plain - 1
+            line += f" | in-kernel {ink:.3f} (+{100 * (ink / plain - 1):.1f}%)"
         ROWS.append(line)
         print("[time]", line, flush=True)
     ROWS.append(f"D{d} {'causal' if causal else 'full  '} apply_rotary q+k alone {ms:.3f} ms")
@@ -236,7 +258,8 @@ def main():
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["routed"] = bool(args.routed)
     RESULTS["gluon_rotary_forward"] = plan.gluon_rotary_forward() is not None
-    with patched(configs, ROTARY_IN_KERNEL=bool(args.routed)):
+    ROUTED[0] = bool(args.routed)
+    with patched(configs, ROTARY_IN_KERNEL=bool(args.routed)):  # the checks' no-grad calls; timing patches its own
         for d in dims:
             if elapsed() > args.budget - 15:
                 RESULTS["errors"].append(dict(case=f"D{d}", error="skipped: budget"))
@@ -263,7 +286,8 @@ def main():
               f"inter={int(r['interleaved'])}: "
               f"rotary out/dq/dk/dv {r['rotary']['out']:.2f}/{r['rotary']['dq']:.2f}/{r['rotary']['dk']:.2f}/"
               f"{r['rotary']['dv']:.2f} plain {r['plain']['out']:.2f}/{r['plain']['dq']:.2f}/{r['plain']['dk']:.2f}/"
-              f"{r['plain']['dv']:.2f} x floor {'ok' if r['ok'] else 'FAIL'}")
+              f"{r['plain']['dv']:.2f} x floor; no grad ({r['path_nograd']}) {r['rotary']['out_nograd']:.2f} "
+              f"{'ok' if r['ok'] else 'FAIL'}")
     for line in ROWS:
         print(line)
     for e in RESULTS["errors"]:

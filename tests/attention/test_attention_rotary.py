@@ -169,7 +169,8 @@ def test_the_paths_by_device():
 
 def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
     """The "gluon" path calls gluon_rotary's forward with its keyword signature; a case it does not
-    take (NotImplementedError) runs the composite's forward; the backward is the composite's."""
+    take (NotImplementedError, or a ValueError of its own limits) runs the turned path's forward; the
+    backward is the turned path's on q and k turned again."""
     q, k, v = inputs(1, 2, 1, 16, 24, 32)
     cos, sin = tables(24, 16)
     calls = []
@@ -183,6 +184,10 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
     monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: entry)
     out = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
     assert calls == [dict(causal=True, scale=32**-0.5, interleaved=True, window=(-1, -1), softcap=0.0, sm_margin=0)]
+    def limited(*a, **kw):
+        raise ValueError("rotary_dim: a multiple of 32")
+    monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: limited)
+    assert torch.equal(tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True), out)
     dout = torch.randn(out.shape, dtype=F16)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref = reference(q, k, v, cos, sin, dout, interleaved=True, causal=True)

@@ -105,10 +105,13 @@ def forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: boo
         return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
     path = rotary_path(q, k, v, scale)
     if path == "gluon":
+        cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
         try:
             return gluon_rotary_forward()(q, k, v, cos, sin, causal=causal, scale=scale, interleaved=interleaved,
                                           window=window, softcap=softcap, sm_margin=sm_margin)
-        except NotImplementedError:  # a case the in-kernel forward does not take: the composite's forward
+        except (NotImplementedError, ValueError):
+            # a case the in-kernel forward does not take (attention checked the inputs already: its
+            # ValueErrors are its own limits, e.g. rotary_dim a multiple of 32): the turned path's math
             pass
     if path == "tl":
         plan = plan_forward(q, k, v, causal, scale, path="tl", window=window, softcap=softcap, sm_margin=sm_margin)
