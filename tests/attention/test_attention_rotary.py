@@ -316,3 +316,17 @@ def test_fp8_precision_turns_q_and_k_first():
     assert 0 < accuracy.rel_rms(out, exact) < 0.1  # e4m3 operands: a few percent
     with pytest.raises(RuntimeError, match="forward-only"):
         tilecore.attention(q.requires_grad_(), k, v, precision="fp8", rotary=(cos, sin))
+
+
+def test_compile_fullgraph_on_the_turned_ops(monkeypatch):
+    """The turned path (forced) traces as its two custom ops; the turned q and k outputs carry no gradient."""
+    monkeypatch.setattr(op_rotary, "rotary_path", lambda *a: "turned")
+    q, k, v = inputs(1, 2, 1, 12, 20, 32)
+    cos, sin = tables(20, 12)
+
+    def f(q, k, v, cos, sin):
+        o, lse = tilecore.attention(q, k, v, causal=True, return_lse=True, rotary=(cos, sin))
+        return (o.float() * 2).sum() + lse.sum()
+    got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, cos, sin), (q, k, v))
+    expect = torch.autograd.grad(f(q, k, v, cos, sin), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
