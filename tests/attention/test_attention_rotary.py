@@ -330,3 +330,13 @@ def test_compile_fullgraph_on_the_turned_ops(monkeypatch):
     got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, cos, sin), (q, k, v))
     expect = torch.autograd.grad(f(q, k, v, cos, sin), (q, k, v))
     assert all(torch.equal(a, b) for a, b in zip(got, expect))
+
+
+def test_sm_margin_passes_through():
+    """sm_margin is checked as attention's and changes no result (the tl kernels have no persistent grid)."""
+    q, k, v = (t.detach() for t in inputs(1, 2, 2, 16, 16, 32))
+    cos, sin = tables(16, 16)
+    base = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin))
+    assert torch.equal(tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), sm_margin=2), base)
+    with pytest.raises(ValueError, match="sm_margin"):
+        tilecore.attention(q, k, v, rotary=(cos, sin), sm_margin=4)  # the interpreter stands for 4 SMs
