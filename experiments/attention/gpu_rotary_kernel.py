@@ -13,7 +13,8 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
    Q turned by the transform partition instead of each consumer; tables_input: cos and sin cast to q's dtype),
    checked and timed on the same inputs; regs200: consumers 200 registers, the transform 88; the probes
    no_turn (the transform hands each stage on unturned) and no_tables (turns by constant angles: no cos / sin
-   loads), timed only (wrong results); ahead2 / ahead3: the transform with 2 / 3 chunks of angles in flight;
+   loads), timed only (wrong results); ahead2 / ahead3: the transform with 2 / 3 chunks of angles in flight
+   (ahead3_q: and Q turned by it too);
 --main runs the four cases (and the extras) under one of VARIANTS (k_pass: K turned by apply_rotary's pass,
 Q in the kernel). The extras: grouped heads with rotary_dim < D and fp32 cos/sin, interleaved pairs
 (causal, D128), N < Nk causal with rows past a tile, a window with a softcap, the carried pipeline (short rows).
@@ -49,6 +50,7 @@ VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLE
             # the transform with 2 chunks of cos / sin rows in flight ahead of its turn (3: at 88 registers)
             "ahead2": dict(K_IN_KERNEL=True, AHEAD=2), "ahead3": dict(K_IN_KERNEL=True, AHEAD=3, CONSUMER_REGS=200,
                                                                         TURN_REGS=88),
+            "ahead3_q": dict(K_IN_KERNEL=True, AHEAD=3, CONSUMER_REGS=200, TURN_REGS=88, Q_BY_TRANSFORM=True),
             # timing probes (wrong results, not checked): the transform hands stages on unturned; turns by
             # constant angles (no cos / sin loads)
             "no_turn": dict(PROBE=1), "no_tables": dict(PROBE=2)}
