@@ -24,7 +24,6 @@ Prints a table last; writes $OUT/attention_rotary_kernel.json.
 """
 import argparse
 import json
-import math
 import os
 import time
 import traceback
