@@ -22,6 +22,8 @@ stages, defined, not timed for the budget).
 3. FlashAttention-3's outlier test (N(0,1) + N(0,100) w.p. 0.001, B1 H16 N2048 D128; RMSE against float64, target
    <= 9.1e-3 rotated): q3 and qr.
 4. If time is left: D128 full (q3, qr, qr14), the outlier test, D64 causal, the D64 full tail, D64 full (graphs).
+--d64 (batch 3, call 3): the D64 full tail, D64 causal end to end (eager, graph, kernels alone), D64 full (graph), the
+outlier test, the D64 causal tail, D128 causal again (q3, qr).
 Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qreg_s36.json. --smoke: CPU, tiny shapes (the twin in
 place of the kernel: checks the script, not the kernel).
 """
@@ -47,6 +49,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget", type=float, default=56.0)
+    ap.add_argument("--d64", action="store_true", help="batch 3: q_reg at D64 (tails, causal and full), the outlier "
+                    "test, D128 causal again")
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     smoke = args.smoke
@@ -144,14 +148,14 @@ def main():
                 k8, ks = rotate_quantize(k, signs=signs, scales="block")
                 v8, vs = quantize_v_permuted(v, per="block")
                 with patched(configs, ROTATED=forms["qr14"]):
-                    cfg14 = launch.rotated_q_config(D, causal)
+                    cfg14 = launch.rotated_q_config(D, causal) if D == 128 else None
                 kern = {"kernel_q3": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype, q_reg=False)),
                         "kernel_qr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype, q_reg=True)),
-                        "kernel_qr14": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
-                                                                              D ** -0.5, q.dtype, config=cfg14,
-                                                                              q_reg=True))}
+                        **({"kernel_qr14": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
+                                                                                  D ** -0.5, q.dtype, config=cfg14,
+                                                                                  q_reg=True))} if cfg14 else {})}
                 row["parts_ms"] = kern
                 print("parts", json.dumps(kern), flush=True)
                 del k8, v8
@@ -240,13 +244,21 @@ def main():
         fn(*a, **kw)
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
-    when(0, "tail D128 causal qr", tail, 128, True, "qr")
-    e2e(B0, H0, N0, 128, True, ["q3", "qr", "qr14"], parts=True)
-    when(14, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["q3", "qr", "qr14"], eager=False)
-    when(12, "outlier", outlier)
-    when(10, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["q3", "qr"], eager=False)
-    when(10, "tail D64 full qr", tail, 64, False, "qr")
-    when(8, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "qr"], eager=False)
+    if args.d64:
+        when(0, "tail D64 full qr", tail, 64, False, "qr")
+        e2e(B0, H0, N0, 64, True, ["q3", "qr"], parts=True)
+        when(16, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "qr"], eager=False)
+        when(12, "outlier", outlier)
+        when(10, "tail D64 causal qr", tail, 64, True, "qr")
+        when(8, "e2e D128 causal", e2e, B0, H0, N0, 128, True, ["q3", "qr"])
+    else:  # the second batch (call 2)
+        when(0, "tail D128 causal qr", tail, 128, True, "qr")
+        when(0, "e2e D128 causal", e2e, B0, H0, N0, 128, True, ["q3", "qr", "qr14"], parts=True)
+        when(14, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["q3", "qr", "qr14"], eager=False)
+        when(12, "outlier", outlier)
+        when(10, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["q3", "qr"], eager=False)
+        when(10, "tail D64 full qr", tail, 64, False, "qr")
+        when(8, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "qr"], eager=False)
 
     print("\n| case | bf16 ms (graph) | form: graph ms (x bf16) [eager x bf16] | O / floor |")
     print("| --- | --- | --- | --- |")
