@@ -240,8 +240,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
-    # Q turned whole by a consumer at the shipped registers (232, no tile carried over), else TURN_ROWS at a time
-    Q_ROWS: gl.constexpr = BM if not (K_IN_KERNEL or CARRY or CONSUMERS == 3) else TURN_ROWS
+    # Q turned whole by a consumer at the shipped registers (no tile carried over), else TURN_ROWS at a time
+    Q_ROWS: gl.constexpr = BM if not (K_IN_KERNEL or CARRY) else TURN_ROWS
     op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, AHEAD, Q_ROWS,
                          Q_BY_TRANSFORM, INTERLEAVED, PROBE)
     gl.static_assert(K_IN_KERNEL or not Q_BY_TRANSFORM, "Q by the transform: K turned in the kernel")
