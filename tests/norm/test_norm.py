@@ -252,3 +252,20 @@ def test_backward_finish_kernel_gives_the_torch_sums(weight, bias):
     for got, want in zip(out[2:], ref[2:]):
         assert got.dtype == want.dtype and got.shape == want.shape
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
+
+
+def test_backward_tables_pick_tile_warps_and_groups(monkeypatch):
+    """configs.PLAIN_BACKWARD (rows without a residual stream) and FUSED_BACKWARD give the backward's (tile elements,
+    warps, groups an SM) at their BLOCK_N, each for its own kind of plan; the keywords still win; elsewhere the
+    defaults; and the op through such a plan matches float64."""
+    monkeypatch.setattr(configs, "PLAIN_BACKWARD", {512: (1024, 2, 3)})
+    monkeypatch.setattr(configs, "FUSED_BACKWARD", {512: (512, 4, 1)})
+    sms = 4
+    plain, fused = plan.tl_plan(1000, 300, sms), plan.tl_plan(1000, 300, sms, fused=True)
+    assert (plain.backward_rows, plain.backward_warps, plain.groups) == (2, 2, 3 * sms)
+    assert (fused.backward_rows, fused.backward_warps, fused.groups) == (1, 4, sms)
+    assert plan.tl_plan(1000, 300, sms, groups_per_sm=5).groups == 5 * sms
+    other = plan.tl_plan(1000, 100, sms)  # BLOCK_N 128: not in the table
+    assert (other.backward_rows, other.groups) == (configs.BACKWARD_TILE_ELEMS // 128, configs.BACKWARD_GROUPS_PER_SM * sms)
+    x, w, b, r = make_inputs(41, 300, torch.float16, residual=False)
+    run_and_check(x, w, b, r, prenorm=False)

@@ -31,6 +31,8 @@ BACKWARD_GROUPS_PER_SM = 8
 # 5 row passes against LayerNorm's 3) by BLOCK_N: (tile elements, warps, row groups an SM), in place of
 # the values above: at 4096 columns 8 warps held 167 registers, one program an SM; 4 warps, 8 groups is faster.
 FUSED_BACKWARD = {4096: (4096, 4, 8)}
+# The same for the backward without a residual stream (LayerNorm / RMSNorm alone: 3 row passes), by BLOCK_N.
+PLAIN_BACKWARD: dict = {}
 
 # How the backward's dweight / dbias partials become dweight / dbias: "kernel" (backward.norm_partials_kernel: both
 # sums and casts in one launch) or "torch" (a torch sum over the groups and a cast, each of dweight and dbias: up to

@@ -53,12 +53,13 @@ def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, ti
     """The "tl" plan for (rows, n) rows on a GPU of ``sms`` SMs (no device asked: report.py and the GPU
     check use it). The keywords override configs' WHOLE_ROW_MAX, TILE_ELEMS, WIDE_BLOCK,
     BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS, BACKWARD_FINISH and the warps (for sweeps);
-    ``fused`` takes the backward's from configs.FUSED_BACKWARD where it has the row's BLOCK_N (the keywords still
-    win)."""
+    The backward's tile, warps and groups an SM come from configs.FUSED_BACKWARD (``fused``) or PLAIN_BACKWARD
+    where the table has the row's BLOCK_N (the keywords still win)."""
     whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
     whole_row = n <= whole_row_max
-    if fused and whole_row and next_power_of_2(n) in configs.FUSED_BACKWARD:
-        tile, warps, groups = configs.FUSED_BACKWARD[next_power_of_2(n)]
+    table = configs.FUSED_BACKWARD if fused else configs.PLAIN_BACKWARD
+    if whole_row and next_power_of_2(n) in table:
+        tile, warps, groups = table[next_power_of_2(n)]
         backward_tile_elems = backward_tile_elems or tile
         backward_warps = backward_warps or warps
         groups_per_sm = groups_per_sm or groups
