@@ -56,16 +56,19 @@ def groups(k, finish=None):
     return (f"{k} groups/SM" + (f", {finish} finish" if finish else ""), kw, {})
 
 
+# the finishing kernel over 512 programs (8 columns each at 4096, 256 partial rows a step) instead of 128 (32 columns,
+# 64 rows a step: 17 dependent steps over 1056 partial rows): call 2's loss at 4096
+WIDE_FINISH = ("finish 512 programs", {}, dict(FINISH_PROGRAMS=512))
 # (variant, columns, [(label, tl_plan keywords, configs patched)]), most telling first (none added after STOP_S).
 # Call 2 (H200) found the row groups an SM worth most: as many as are resident (1024: 128 registers x 128 threads, 4
 # an SM; 4096: 8 warps, 2 an SM), one wave, and fewer partials to sum; call 3 puts them to the H100.
 CASES = [
     ("layer", 1024, [SHIPPED, groups(4), groups(4, "torch"), TORCH]),
     ("rms", 1024, [SHIPPED, groups(4), groups(4, "torch")]),
-    ("layer", 4096, [SHIPPED, groups(2), groups(2, "torch"), TORCH]),
+    ("layer", 4096, [SHIPPED, groups(2), groups(2, "torch"), TORCH, WIDE_FINISH]),
     ("rms", 4096, [SHIPPED, groups(2), groups(2, "torch")]),
     ("fused", 1024, [SHIPPED, groups(4), TORCH]),
-    ("fused", 4096, [SHIPPED, TORCH, groups(4)]),
+    ("fused", 4096, [SHIPPED, TORCH, groups(4), WIDE_FINISH]),
 ]
 # the op (forward + backward through autograd) with configs.PLAIN_BACKWARD patched to each, beside the shipped op
 OP_CANDIDATES = {1024: {1024: (2048, 4, 4)}}
