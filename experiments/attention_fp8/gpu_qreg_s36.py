@@ -22,8 +22,9 @@ stages, defined, not timed for the budget).
 3. FlashAttention-3's outlier test (N(0,1) + N(0,100) w.p. 0.001, B1 H16 N2048 D128; RMSE against float64, target
    <= 9.1e-3 rotated): q3 and qr.
 4. If time is left: D128 full (q3, qr, qr14), the outlier test, D64 causal, the D64 full tail, D64 full (graphs).
---d64 (batch 3, call 3): the D64 full tail, D64 causal end to end (eager, graph, kernels alone), D64 full (graph), the
-outlier test, the D64 causal tail, D128 causal again (q3, qr).
+--d64 (batch 3, call 3): "qs" (q_reg with rot_split: the rotation as two half products and a butterfly) against its
+twin on the D128 causal tail, D128 causal end to end q3 / qr / qs (eager, graph, kernels alone), the D64 full tail (qs),
+D64 causal, the outlier test, D128 full (qr, qs), D64 full (graphs).
 Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qreg_s36.json. --smoke: CPU, tiny shapes (the twin in
 place of the kernel: checks the script, not the kernel).
 """
@@ -72,7 +73,8 @@ def main():
     shipped = dict(configs.ROTATED)
     forms = {"q3": dict(shipped, q_reg=()), "qr": dict(shipped, q_reg=(64, 128)),
              "qr1": dict(shipped, q_reg=(64, 128), q_buffers={128: 1}),
-             "qr14": dict(shipped, q_reg=(64, 128), q_buffers={128: 1}, stages={128: 4})}
+             "qr14": dict(shipped, q_reg=(64, 128), q_buffers={128: 1}, stages={128: 4}),
+             "qs": dict(shipped, q_reg=(64, 128), rot_split=(64, 128))}
 
     def save():
         with open(path, "w") as f:
@@ -152,10 +154,13 @@ def main():
                 kern = {"kernel_q3": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
                                                                             q.dtype, q_reg=False)),
                         "kernel_qr": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
-                                                                            q.dtype, q_reg=True)),
+                                                                            q.dtype, q_reg=True, rot_split=False)),
+                        "kernel_qs": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
+                                                                            q.dtype, q_reg=True, rot_split=True)),
                         **({"kernel_qr14": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
                                                                                   D ** -0.5, q.dtype, config=cfg14,
-                                                                                  q_reg=True))} if cfg14 else {})}
+                                                                                  q_reg=True, rot_split=False))}
+                           if cfg14 and not args.d64 else {})}
                 row["parts_ms"] = kern
                 print("parts", json.dumps(kern), flush=True)
                 del k8, v8
@@ -228,7 +233,7 @@ def main():
             ref_o = torch.softmax((qf @ kf.transpose(-1, -2)) * Do ** -0.5, -1) @ vf
             rmse = lambda o: (o.double() - ref_o).pow(2).mean().sqrt().item()
             result["outlier"]["bf16"] = rmse(tilecore.attention(qo, ko, vo))
-            for name in ("q3", "qr"):
+            for name in ("q3", "qr", "qs"):
                 result["outlier"][f"{name} rotated"] = rmse(run_form(name, qo, ko, vo))
             print("outlier", json.dumps(result["outlier"]), flush=True)
         except Exception as e:  # noqa: BLE001
@@ -245,12 +250,13 @@ def main():
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
     if args.d64:
-        when(0, "tail D64 full qr", tail, 64, False, "qr")
-        e2e(B0, H0, N0, 64, True, ["q3", "qr"], parts=True)
-        when(16, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "qr"], eager=False)
+        when(0, "tail D128 causal qs", tail, 128, True, "qs")
+        e2e(B0, H0, N0, 128, True, ["q3", "qr", "qs"], parts=True)
+        when(26, "tail D64 full qs", tail, 64, False, "qs")
+        when(18, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["q3", "qr", "qs"], eager=False)
         when(12, "outlier", outlier)
-        when(10, "tail D64 causal qr", tail, 64, True, "qr")
-        when(8, "e2e D128 causal", e2e, B0, H0, N0, 128, True, ["q3", "qr"])
+        when(10, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["qr", "qs"], eager=False)
+        when(8, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "qr", "qs"], eager=False)
     else:  # the second batch (call 2)
         when(0, "tail D128 causal qr", tail, 128, True, "qr")
         when(0, "e2e D128 causal", e2e, B0, H0, N0, 128, True, ["q3", "qr", "qr14"], parts=True)

@@ -21,6 +21,8 @@ VARIANTS = {  # name -> (D, causal, q descales per row, k descales: "head", "blo
     "d128c_vblock": (128, True, True, "block", True), "d64c_vblock": (64, True, True, "block", True),
     # session 35: q rotated and quantized in the kernel (the convenience path's at D64 / D128; not in older trees)
     "d128c_qrot": (128, True, True, "block", True, True), "d64_qrot": (64, False, True, "block", True, True),
+    # session 36: q's codes in registers (Q_REG, the convenience path's at D128; not in trees before it)
+    "d128c_qreg": (128, True, True, "block", True, True, True), "d128_qreg": (128, False, True, "block", True, True, True),
 }
 
 
@@ -45,6 +47,7 @@ def main():
         D, causal, q_row, k_form, *rest = VARIANTS[name]
         v_block = bool(rest and rest[0])
         q_rotate = bool(len(rest) > 1 and rest[1])
+        q_reg = bool(len(rest) > 2 and rest[2])
         t0 = time.time()
         cfg = configs.gluon_config(D, causal)
         N = Nk = 1000
@@ -58,7 +61,7 @@ def main():
         k_n, k_rows = (-(-Nk // 128), 128) if k_form == "block" else (Nk, 1) if k_form == "row" else (1, 1)
         q_n, q_rows = (N, 1) if q_row else (1, 1)
         opts = launch.gluon_options(q, k, cfg, causal, q_row, k_per_row, k_n, k_rows, *([True] if v_block else []),
-                                    **({"q_rotate": True} if q_rotate else {}))
+                                    **({"q_rotate": True} if q_rotate else {}), **({"q_reg": True} if q_reg else {}))
         bm, bn = cfg["block_m"], cfg["block_n"]
         args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                     vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]),

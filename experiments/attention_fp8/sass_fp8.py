@@ -42,6 +42,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # memory whatever that config says. (P V in bfloat16 on v as given, session 36's "qrot_pv": removed, commit 7d57409c)
     "qreg": dict(_q_rotate=True, _v_block=True, _q_reg=True), "qreg_q1": dict(_q_rotate=True, _v_block=True,
                                                                                _q_reg=True, q_buffers=1),
+    "qreg_split": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True),  # two half products + butterfly
 }
 
 
@@ -114,6 +115,7 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     v_block = overrides.pop("_v_block", False)
     q_rotate = overrides.pop("_q_rotate", False)
     q_reg = overrides.pop("_q_reg", False)
+    rot_split = overrides.pop("_rot_split", False)
     cfg = dict(configs.gluon_config(D, causal), **overrides)
     f8 = torch.float8_e4m3fn
     q = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16 if q_rotate else f8)
@@ -125,7 +127,7 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     if q_rotate:  # the convenience path's descales: q per row (computed in the kernel), k per 128-key block
         e2e_forms, k_n, k_rows = True, 32, 128
     opts = launch.gluon_options(q, k, cfg, causal, e2e_forms, e2e_forms, k_n, k_rows, v_block, q_rotate=q_rotate,
-                                q_reg=q_reg)
+                                q_reg=q_reg, rot_split=rot_split)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,

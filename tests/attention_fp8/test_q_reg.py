@@ -46,10 +46,35 @@ def test_relabelled_rotation_is_the_rotation(D):
     assert torch.allclose(operand, x @ m, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("D", [64, 128])
+def test_halves_and_butterfly_are_the_rotation(D):
+    # rot_split: signed_hadamard_halves_t's [D, D/2] matrix (its index arithmetic, as the kernel writes it): rows
+    # 0..h-1 (diag(s_a) H_h)^T, rows h..D-1 (diag(s_b) H_h)^T, each half's rows permuted; the two products u, w of
+    # x's halves, [u + w, u - w] relabelled (column c read as operand index f(c)) is x diag(s) H_D
+    h = D // 2
+    g = torch.Generator().manual_seed(3 * D)
+    x = torch.randn(16, D, generator=g, dtype=torch.float64)
+    signs = rotation_signs(D, x.device).double()
+    n = permuted_row(torch.arange(D))[:, None]
+    kk = torch.arange(h)[None, :]
+    bits = (n % h) & kk
+    parity = torch.zeros_like(bits)
+    for b in range(8):
+        parity ^= (bits >> b) & 1
+    mat = (1 - 2 * parity).double() * signs[(n // h) * h + kk]  # [D, h]
+    u = x[:, :h] @ mat[:h].T
+    w = x[:, h:] @ mat[h:].T
+    acc = torch.cat([u + w, u - w], dim=1)
+    operand = torch.empty_like(acc)
+    operand[:, key_position(torch.arange(D))] = acc
+    assert torch.allclose(operand, x @ signed_hadamard(rotation_signs(D, x.device)).double(), rtol=0, atol=1e-12)
+
+
 def test_switch():
     # on at D128 since session 36's call 1 (notes/attention_fp8/runs/pvbf16_s36_run1_session36_h100.txt: the kernel
     # -3.9%, end to end 1.153x bf16 against 1.130x eager, O's error the same); D64 untimed then
     assert configs.ROTATED["q_reg"] == (128,)
+    assert configs.ROTATED["rot_split"] == ()  # session 36: timed in call 3
 
 
 def test_launch_binds_to_the_kernel(monkeypatch):
@@ -90,7 +115,7 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, N, q_reg in json.loads(sys.argv[1]):
+for D, causal, N, q_reg, split in json.loads(sys.argv[1]):
     cfg = launch.rotated_q_config(D, causal)
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, N, D, dtype=torch.bfloat16)
@@ -99,7 +124,8 @@ for D, causal, N, q_reg in json.loads(sys.argv[1]):
     o = torch.empty(2, 4, N, D, dtype=torch.bfloat16)
     f32 = torch.empty(8192)
     k_n = -(-N // 128)
-    opts = launch.gluon_options(q, k, cfg, causal, True, True, k_n, 128, True, q_rotate=True, q_reg=q_reg)
+    opts = launch.gluon_options(q, k, cfg, causal, True, True, k_n, 128, True, q_rotate=True, q_reg=q_reg,
+                                rot_split=split)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
@@ -109,9 +135,11 @@ for D, causal, N, q_reg in json.loads(sys.argv[1]):
     num_warps = opts.pop("num_warps")
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     ptx = c.asm["ptx"]
-    out.append(dict(D=D, causal=causal, q_reg=opts.get("Q_REG", False), **has_hopper_instructions(ptx),
+    out.append(dict(D=D, causal=causal, q_reg=opts.get("Q_REG", False), split=opts.get("ROT_SPLIT", False),
+                    **has_hopper_instructions(ptx),
                     **vars(resources(c)), fence=ptx.count("fence.proxy.async"),
                     bf16_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.bf16\.bf16", ptx)),
+                    half_wgmma=len(re.findall(r"m64n%dk16\.f32\.bf16\.bf16" % (D // 2), ptx)),
                     e4m3_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx))))
 print(json.dumps(out))
 """
@@ -120,7 +148,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    cases = [(128, True, 4096, True), (128, True, 4096, False), (64, False, 1000, True)]
+    cases = [(128, True, 4096, True, False), (128, True, 4096, False, False), (64, False, 1000, True, False),
+             (128, True, 4096, True, True), (64, False, 1000, True, True)]
     r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -128,7 +157,7 @@ def report():
 
 
 def test_kernel_compiles_with_q_in_registers(report):
-    reg128, smem128, reg64 = report
+    reg128, smem128, reg64 = report[:3]
     for r in (reg128, reg64):
         assert r["q_reg"] and r["wgmma"] and r["tma"] and not r["wgmma_serialized"], r
         assert r["bf16_wgmma"] == 2 * r["D"] // 16 and r["e4m3_wgmma"] > 0, r  # the rotation; S and P V in e4m3
@@ -153,3 +182,18 @@ def test_rotated_config_takes_stages_and_q_buffers():
     assert (cfg["stages"], cfg["q_buffers"]) == (4, 1)
     assert (cfg64["stages"], cfg64["q_buffers"]) == (configs.gluon_config(64, True)["stages"],
                                                      configs.gluon_config(64, True)["q_buffers"])
+
+
+def test_kernel_compiles_with_the_rotation_split(report):
+    # rot_split: two [64, D/2] x [D/2, D/2] products a consumer (D/2 / 16 instructions each: half the rotation's),
+    # the matrix half the shared memory; not serialized, spills bounded (D128 36 / 44 bytes, none in the steady step
+    # in sm_90a SASS: sass_fp8.py --variants qreg_split), D64 none
+    full = {r["D"]: r for r in report[:3] if r["q_reg"]}
+    for r in report[3:]:
+        assert r["split"] and r["q_reg"] and not r["wgmma_serialized"], r
+        assert r["bf16_wgmma"] == r["half_wgmma"] == 2 * 2 * (r["D"] // 2) // 16, r  # m64n(D/2)k16 only
+        assert full[r["D"]]["half_wgmma"] == 0, full  # the full product: m64nDk16
+        assert r["shared"] < full[r["D"]]["shared"], (r, full[r["D"]])
+    split128, split64 = report[3:]
+    assert split128["spill_stores"] <= 48 and split128["spill_loads"] <= 64, split128
+    assert split64["spill_stores"] == 0 and split64["spill_loads"] == 0, split64

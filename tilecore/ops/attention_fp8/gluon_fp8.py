@@ -28,9 +28,9 @@ FP8's differences from the bf16 forward:
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_start,
-                                  row_max, run, ring, split_n, stage_struct, store_block, store_rows, struct,
-                                  wgmma_layout, wgmma_lhs_layout)
+from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, join_n, mask_scores, needs_mask,
+                                  online_softmax_start, row_max, run, ring, split_n, stage_struct, store_block,
+                                  store_rows, struct, wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 
 
@@ -181,6 +181,27 @@ def signed_hadamard_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl
     return ((1 - 2 * (bits & 1)).to(gl.float32) * gl.expand_dims(s, 0)).to(dtype)
 
 
+@gluon.jit
+def signed_hadamard_halves_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl.constexpr,
+                             PERMUTED: gl.constexpr = False):
+    """ROT_SPLIT: [D, D / 2]: rows 0 .. D/2 - 1 are (diag(s_a) H_h)^T, rows D/2 .. D - 1 (diag(s_b) H_h)^T, h = D / 2,
+    s_a and s_b the two halves of the signs: Sylvester's H_D = [[H_h, H_h], [H_h, -H_h]], so x diag(s) H_D is
+    [u + w, u - w] with u = x_a diag(s_a) H_h and w = x_b diag(s_b) H_h (AttentionFp8.rotate_q_reg). PERMUTED: each
+    half's rows permuted as signed_hadamard_t's (f keeps the bit of D / 2)."""
+    H: gl.constexpr = D // 2
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    n = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, layout)), 1)
+    if PERMUTED:
+        n = (n >> 4 << 4) | (((n >> 1) & 3) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
+    kk = gl.expand_dims(gl.arange(0, H, layout=gl.SliceLayout(0, layout)), 0)
+    bits = (n % H) & kk
+    bits = bits ^ (bits >> 4)
+    bits = bits ^ (bits >> 2)
+    bits = bits ^ (bits >> 1)
+    s = gl.load(signs + (n // H) * H + kk)
+    return ((1 - 2 * (bits & 1)).to(gl.float32) * s).to(dtype)
+
+
 @struct
 class Running:
     """A consumer's online softmax: row max m (base 2), the output accumulator, the last P (float32 in the
@@ -237,6 +258,7 @@ class AttentionFp8:
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     Q_REG: gl.constexpr  # Q_ROTATE with the codes kept in registers as S's A operand (rotate_q_reg)
+    ROT_SPLIT: gl.constexpr  # Q_REG: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -335,9 +357,19 @@ class AttentionFp8:
         rotation's columns are permuted (signed_hadamard_t's PERMUTED) so that relabelling the accumulator as the
         e4m3 operand moves no data (fp8_operand_order, as P's for P V). Returns (the rows' descales, the codes)."""
         x = ctx.operand.reshape([self.BM, self.D])
-        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                            use_acc=False, is_async=True)
-        y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        if self.ROT_SPLIT:  # two [BM, D/2] x [D/2, D/2] products and one butterfly: half the tensor work
+            h: gl.constexpr = self.D // 2
+            rh: gl.constexpr = wgmma_layout(self.BM, h, gl.num_warps(), 16)
+            u_tok = warpgroup_mma(x.slice(0, h, 1), self.rotation.slice(0, h, 0).permute((1, 0)),
+                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
+            w_tok = warpgroup_mma(x.slice(h, h, 1), self.rotation.slice(h, h, 0).permute((1, 0)),
+                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
+            u, w = warpgroup_mma_wait(0, deps=(u_tok, w_tok))
+            y = join_n(u + w, u - w) * self.out_scale
+        else:
+            tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                                use_acc=False, is_async=True)
+            y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
         qa: gl.constexpr = wgmma_lhs_layout(self.BM, self.BN, gl.num_warps(), 8)
@@ -521,7 +553,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
-                             Q_REG: gl.constexpr = False):
+                             Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
@@ -542,8 +574,13 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                                      .to(gl.float8e4nv, bitcast=True))
     if Q_ROTATE:
         gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
-        rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
-            [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
+        if ROT_SPLIT:
+            gl.static_assert(Q_REG, "ROT_SPLIT: with Q_REG")
+            rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D // 2], gl.NVMMASharedLayout.get_default_for(
+                [D, D // 2], q_desc.dtype), signed_hadamard_halves_t(signs, D, q_desc.dtype, gl.num_warps(), True))
+        else:
+            rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
+                [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
         out_scale = D ** -0.5
     else:
         rotation = None
@@ -552,7 +589,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
+                      Q_ROTATE, Q_REG, ROT_SPLIT, ones, rotation, gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv),
                       out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
