@@ -49,8 +49,10 @@ def tl_config(d: int, interpret: bool) -> dict:
 # permuted so that its accumulator is the e4m3 operand as it lies; no stores, fence or barriers at a tile's start).
 # D128 since notes/attention_fp8/runs/pvbf16_s36_run1_session36_h100.txt (H100, B16 H16 N4096 causal, same run):
 # the kernel alone 1.412 ms against 1.469 (-3.9%), end to end 1.594 ms eager = 1.153x bf16 against 1.130x, from a
-# CUDA graph 1.694 = 1.198x against 1.189x; O vs float64 32.05x the bf16 floor, the same as q in shared memory
-# stages (by head dim): the ring's depth where not GLUON_FORWARD's (with q_reg and 1 Q buffer D128 fits 4: 230,248 B).
-# rot_split (with q_reg; session 36): the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's
+# CUDA graph 1.694 = 1.198x against 1.189x; O vs float64 32.05x the bf16 floor, the same as q in shared memory; on the
+# H200 (runs/qreg_s36_run3_session36_h200.txt): causal 1.152x against 1.125x eager, full 1.418x against 1.386x (graph)
+# stages (by head dim): the ring's depth where not GLUON_FORWARD's (with q_reg and 1 Q buffer D128 fits 4: 230,248 B;
+# that form timed no faster in the H200 run: not set).
+# rot_split (with q_reg): the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's
 # H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start. Off until an H100 run times it
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=())
