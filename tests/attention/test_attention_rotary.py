@@ -199,8 +199,7 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
 @pytest.mark.parametrize("case", [CASES[1], CASES[2]], ids=[IDS[1], IDS[2]])
 def test_the_turned_ops(case, monkeypatch):
     """The "turned" path (Hopper's today, forced here: its kernels are the interpreter's): q and k turned
-    into contiguous buffers kept for the backward, the shipped kernels on them, dQ and dK turned back;
-    opcheck of both ops."""
+    into contiguous buffers kept for the backward, the shipped kernels on them, dQ and dK turned back."""
     b, hq, hkv, n, nk, d, pairs, causal, window, softcap = case
     q, k, v = inputs(b, hq, hkv, n, nk, d)
     cos, sin = tables(nk, pairs)
@@ -214,12 +213,17 @@ def test_the_turned_ops(case, monkeypatch):
     assert_lse(lse, ref[1])
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
         assert_near(g, r, 3.0, name)
-    args = (q.detach(), k.detach(), v.detach(), cos, sin, causal, d**-0.5, True, *window, softcap, 0)
+
+
+def test_the_turned_ops_opcheck():
+    q, k, v = (t.detach() for t in inputs(1, 2, 1, 8, 12, 16))
+    cos, sin = tables(12, 4)
+    args = (q, k, v, cos, sin, True, 0.25, True, -1, -1, 0.0, 0)
     torch.library.opcheck(torch.ops.tilecore.attention_rotary_turned_forward.default, args)
     out, lse, qr, kr = op_rotary.turned_forward_op(*args)
     assert qr.is_contiguous() and kr.is_contiguous()
     torch.library.opcheck(torch.ops.tilecore.attention_rotary_turned_backward.default,
-                          (dout, qr, kr, *args[2:5], out, lse, None, *args[5:]))
+                          (torch.randn(out.shape, dtype=F16), qr, kr, v, cos, sin, out, lse, None, *args[5:]))
 
 
 def _bad(**change):
