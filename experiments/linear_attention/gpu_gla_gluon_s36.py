@@ -5,10 +5,13 @@ timed against the flat tl launch in one run (< 60 s on an H100).
 
 Call 1 (``--call1``; runs/gla_gluon36_run1_session36_h100.txt): configs' (then the flat launch) against CHUNKED
 dqk_gluon n (a ring of n stages) at d 128 and d 64, and d 32 configs' once: the Gluon kernel right, 1.04x at d 128
-(on since), slower at d 64. Call 2 (the default): configs' (Gluon at d 128) against the flat launch (dqk_gluon 0),
-dqk_gluon_form 1 (G's span and last row by one reduction) at d 128 and d 64, timing probes of the Gluon kernel at d
-128 (gluon_gla_bwd.PROBE_*: a part of the tile's work left out, gradients wrong; timed once, never checked), and the
-public op through autograd at d 128 with configs' defaults.
+(on since), slower at d 64. Call 2 (``--call2``; runs/gla_gluon36b_run3_session36_h200.txt, an H200): configs' (Gluon
+at d 128) against the flat launch (dqk_gluon 0), dqk_gluon_form 1 (G's span and last row by one reduction) at d 128
+and d 64, timing probes of the Gluon kernel at d 128 (gluon_gla_bwd.PROBE_*: a part of the tile's work left out,
+gradients wrong; timed once, never checked), and the public op through autograd at d 128 with configs' defaults: the
+scans over tokens (G's with its reductions, dG's) were 1.37 of its 2.28 ms. Call 3 (the default): dqk_gluon_form 2
+(every sum over tokens by bf16 dots with a 0/1 matrix: gluon_gla_bwd.chain_dots) at d 128 and d 64 against configs'
+and the flat launch.
 
 Each variant compiles and checks in a worker process of its own: bf16 B1 N1088 H16 (17 chunks) with an initial state
 and a final state's gradient, weak decays -U(0, 0.3) and strong ones -U(0, 6) with a reset (flagged blocks: the
@@ -39,11 +42,17 @@ TIME_DEADLINE = 56.0  # no timing starts past it
 # name: (Dk = Dv, CHUNKED overrides, timed)
 VARIANTS = {
     "d128 configs": (128, {}, True),
+    "d128 gluon form2": (128, dict(dqk_gluon_form=2), True),
     "d128 flat": (128, dict(dqk_gluon=0), True),
-    "d128 gluon form1": (128, dict(dqk_gluon_form=1), True),
     "d64 configs": (64, {}, True),
-    "d64 gluon st3 form1": (64, dict(dqk_gluon=3, dqk_gluon_form=1), True),
+    "d64 gluon form2 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=2), True),
+    "d64 gluon form2 st2": (64, dict(dqk_gluon=2, dqk_gluon_form=2), True),
 }
+CALL2 = "--call2" in sys.argv
+if CALL2:  # call 2's rows (runs/gla_gluon36b_run3_session36_h200.txt)
+    VARIANTS = {"d128 configs": (128, {}, True), "d128 flat": (128, dict(dqk_gluon=0), True),
+                "d128 gluon form1": (128, dict(dqk_gluon_form=1), True), "d64 configs": (64, {}, True),
+                "d64 gluon st3 form1": (64, dict(dqk_gluon=3, dqk_gluon_form=1), True)}
 if "--call1" in sys.argv:  # call 1's rows (runs/gla_gluon36_run1_session36_h100.txt)
     VARIANTS = {"d128 configs": (128, dict(dqk_gluon=0), True), "d128 gluon st2": (128, dict(dqk_gluon=2), True),
                 "d64 configs": (64, {}, True), "d64 gluon st2": (64, dict(dqk_gluon=2), True),
@@ -51,11 +60,11 @@ if "--call1" in sys.argv:  # call 1's rows (runs/gla_gluon36_run1_session36_h100
 # timing probes of the Gluon kernel at d 128 (gluon_gla_bwd.PROBE_*: a part of the tile's work left out; gradients
 # WRONG, never checked; the dqk launch timed once): what the chain spends where
 PROBES = {"no G scan": 1, "no <S, dS>": 2, "no value mma": 4, "no intra mma": 8, "no dG scan": 16}
-if "--call1" not in sys.argv:
+if CALL2:
     VARIANTS.update({f"d128 probe {p}": (128, dict(dqk_gluon_probe=p), "probe") for p in PROBES.values()})
 # the public op through autograd with configs' defaults (gpu_gla_op.check: o, dq, dk, dv, dg, dh0 against float64):
 # (B, N, H, D, strong decays + a reset); d 128 with N a multiple of 64: the Gluon dqk kernel
-OPS = [(1, 1024, 2, 128, True), (2, 1024, 3, 128, False)]
+OPS = [(1, 1024, 2, 128, True), (2, 1024, 3, 128, False)] if CALL2 else []
 if "--only" in sys.argv:
     keep = sys.argv[sys.argv.index("--only") + 1].split(",")
     VARIANTS = {k: v for k, v in VARIANTS.items() if k in keep}

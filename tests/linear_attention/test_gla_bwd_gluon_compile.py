@@ -46,6 +46,9 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
     # configs': on at d 128 (CHUNKED_FLAT_DIMS), the flat tl launch at d 64 (where it was faster)
     assert _dqk_step(128)[0] == "gla_dqk_gluon_kernel" and _dqk_step(128)[1]["STAGES"] == 2
     assert _dqk_step(64)[0] == "gla_dqk_flat_kernel"
+    # FORM 2 (the sums over tokens by bf16 dots) with bf16 inputs only
+    assert _dqk_step(128, dqk_gluon_form=2)[1]["FORM"] == 2
+    assert "FORM" not in _dqk_step(128, dtype=torch.float16, dqk_gluon_form=2)[1]
     for case in (dict(D=128, N=1000), dict(D=32), dict(D=128, dqk_flat=0)):
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
 

@@ -32,7 +32,7 @@ experiments/linear_attention/gpu_gla_gluon_s36.py checks it on the GPU against f
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import Layout, ring, run, stage_struct, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon import Layout, opaque_int, ring, run, stage_struct, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
@@ -104,7 +104,8 @@ class GlaDqk:
     BKB: gl.constexpr
     DV: gl.constexpr
     SPAN: gl.constexpr  # the widest span of G factored about its middle (kernels_tl._factor_span)
-    FORM: gl.constexpr  # 1: G's span and last row by ONE three-way reduction over tokens (one cross-warp pass)
+    FORM: gl.constexpr  # 1: G's span and last row by ONE three-way reduction over tokens (one cross-warp pass);
+    # 2: every sum over tokens by dots (chain_dots)
     PROBE: gl.constexpr  # PROBE_* bits (timing only; 0 in every real launch)
     L64: gl.constexpr  # [BT, BT] accumulators
     L32: gl.constexpr  # [BT, BKB] accumulators and the chain's tiles
@@ -144,6 +145,155 @@ class GlaDqk:
 
     @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
+        if self.FORM & 2:
+            self.chain_dots(ctx, stage, tile)
+        else:
+            self.chain_scan(ctx, stage, tile)
+        return state
+
+    @gluon.jit
+    def pieces(self, x, p0, p1, p2):
+        """float32 x [BT, BKB] into shared memory as three pieces in the operand dtype, hi / mid / lo (24 bits of its
+        mantissa in bf16: a sum over tokens by three dots with a 0/1 matrix is float32's to its rounding)."""
+        hi = x.to(gl.bfloat16)
+        r1 = x - hi.to(gl.float32)
+        mid = r1.to(gl.bfloat16)
+        p0.store(hi)
+        p1.store(mid)
+        p2.store((r1 - mid.to(gl.float32)).to(gl.bfloat16))
+
+    @gluon.jit
+    def triangle(self, LOWER: gl.constexpr):
+        """L (LOWER: ones on and below the diagonal) or J (all ones) [BT, BT] in the operand dtype as a register A
+        operand, made where it is used (its row index through opaque_int: hoisted out of the tile loop, the two
+        matrices held 32 registers a thread for the whole program and ptxas serialized the wgmma, C7512)."""
+        r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.A32)) + opaque_int(0)
+        c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.A32))
+        one = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
+        if LOWER:
+            x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0), one, 0.0)
+        else:
+            x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0) - self.BT, one, 0.0)
+        return x
+
+    @gluon.jit
+    def sum_dots(self, M, p0, p1, p2, acc, USE: gl.constexpr):
+        """acc (+)= M (p0 + p1 + p2): the smallest piece first."""
+        tok = warpgroup_mma(M, p2, acc, use_acc=USE, is_async=True)
+        tok = warpgroup_mma(M, p1, tok, is_async=True)
+        return warpgroup_mma(M, p0, tok, is_async=True)
+
+    @gluon.jit
+    def chain_dots(self, ctx, stage, tile):
+        """FORM 2: chain_scan's math with every sum over tokens on the tensor cores (no cross-warp pass): G = L g and
+        its last row broadcast to every row, J g (L the lower triangle of ones, J all ones: bf16 pieces of g as the B
+        operands), m = G_last / 2 (each factor within e^(+-SPAN / 2) where every |G - m| <= SPAN / 2: else the block is
+        flagged, by a store of 1 from any row that sees it, the flags starting at zero; a span past SPAN is always
+        flagged, so the dv kernel's fallback sees every chunk it needs), dG's reverse sum U dG = J dG - L dG + dG and
+        the later tokens' sum_t k (v dS_c^T) e^(G_last - G) by J with it."""
+        cid: gl.constexpr = ctx.index
+        BT: gl.constexpr = self.BT
+        BKB: gl.constexpr = self.BKB
+        L32: gl.constexpr = self.L32
+        L64: gl.constexpr = self.L64
+        dtype: gl.constexpr = self.q_desc.dtype
+        if cid == 0:
+            q_s = stage.q0
+            k_s = stage.k0
+            g_s = stage.g0
+            hs_s = stage.hs0
+            dhs_s = stage.dhs0
+        else:
+            q_s = stage.q1
+            k_s = stage.k1
+            g_s = stage.g1
+            hs_s = stage.hs1
+            dhs_s = stage.dhs1
+        p0 = ctx.out
+        p1 = self.qe_smem.index(2 * cid)
+        p2 = self.qe_smem.index(2 * cid + 1)
+        z64 = gl.zeros([BT, BT], gl.float32, L64)
+        z32 = gl.zeros([BT, BKB], gl.float32, L32)
+        r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
+        c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
+        # G = L g, G_last on every row = J g
+        g = g_s.load(L32).to(gl.float32)
+        gl.thread_barrier()  # the previous tile's products have read the pieces' buffers
+        self.pieces(gl.where(g < FLOOR, FLOOR, g), p0, p1, p2)
+        fence_async_shared()
+        gl.thread_barrier()
+        G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+        Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+        Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
+        m = 0.5 * Gl  # (exactly: G_last = 2 m below)
+        wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
+        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
+        flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
+        gl.store(self.FLAG + flag_at.to(gl.int64) + rows * 0, gl.full([BT], 1, gl.int8, gl.SliceLayout(1, L32)),
+                 mask=wide > 0)
+        E = gl.exp(Gc - m)
+        Ei = gl.exp(m - Gc)
+        # <S_c, dS_c> per channel
+        SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
+                                gl.SliceLayout(0, L32))
+        kf = k_s.load(L32).to(gl.float32)
+        qf = q_s.load(L32).to(gl.float32)
+        gl.thread_barrier()  # G's products have read the pieces
+        p0.store((kf * Ei).to(dtype))
+        p1.store((qf * E).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        # the value sums do v^T, do S_c^T, v dS_c^T
+        a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
+        r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
+        r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
+        a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
+        h = tile.bh % self.H
+        b = tile.bh // self.H
+        cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
+        base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
+        offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
+        # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T = v do^T and dk
+        dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
+        dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
+        half = gl.exp(0.5 * m)
+        dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
+        gl.store(self.DQ + base + offs, (dq + r * kf).to(self.DQ.dtype.element_ty))
+        dG = qf * dq
+        at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+        at = warpgroup_mma_wait(0, deps=[at_tok])
+        at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
+                                  self.A32)
+        dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
+        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        dk_state = dks * (Ei * gl.exp(m))  # (G_last - m = m)
+        dk = Ei * dk_in * self.scale + dk_state
+        gl.store(self.DK_OUT + base + offs, (dk + r * qf).to(self.DK_OUT.dtype.element_ty))
+        # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
+        # J (dG + k dk_state) - L dG + dG
+        dG = dG - kf * dk
+        gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
+        self.pieces(dG, p0, p1, p2)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+        lsum = warpgroup_mma_wait(0, deps=[s_tok])
+        gl.thread_barrier()
+        self.pieces(dG + kf * dk_state, p0, p1, p2)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+        jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        dg = (jsum - lsum) + dG + gl.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        clamped = g_s.load(L32).to(gl.float32) < FLOOR
+        gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
+
+    @gluon.jit
+    def chain_scan(self, ctx, stage, tile):
         """Consumer ctx.index's key block of the tile: every product and store (the stage is released after, so q,
         k and g are read from it again where that keeps registers free). Between a wgmma's issue and its wait
         nothing else runs (an instruction touching a running wgmma's accumulators makes ptxas serialize every
@@ -259,7 +409,6 @@ class GlaDqk:
                                                         reverse=True), L32)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dGs + gl.expand_dims(later, 0)))
-        return state
 
     @gluon.jit
     def wait(self, ctx, state):
@@ -284,7 +433,8 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     L32: gl.constexpr = wgmma_layout(BT, BKB, gl.num_warps())
     A32: gl.constexpr = wgmma_lhs_layout(BT, BKB, gl.num_warps())
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
-    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BKB], q_desc.layout)
+    # each consumer's q E (FORM 2: two of its three pieces' buffers; the third, and k Ei, its epilogue buffer)
+    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if FORM & 2 else 2, BT, BKB], q_desc.layout)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem,
                 N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, PROBE, L64, L32, A32, SCAN)
     stages = DqkChunk(ring(v_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),

@@ -1103,13 +1103,17 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
 
             if gluon_gla_bwd.fits(q, k, v, g, do, hs, dhs, N, BT, BKB) is None:
                 gluon_stages = cfg["dqk_gluon"]
+        # its FORM 2 (sums over tokens by bf16 dots) with bf16 inputs only; it sets the flags it raises, so they start
+        # at zero
+        gluon_form = cfg["dqk_gluon_form"] if q.dtype == torch.bfloat16 else cfg["dqk_gluon_form"] & ~2
+        if gluon_stages and gluon_form & 2 and group == 1:
+            flag.zero_()
         for part, wide in dqk:
             if gluon_stages and wide == 1:
                 grid, gargs, warps = gluon_gla_bwd.launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale,
                                                                stages=gluon_stages,
                                                                span=8.0 if mma == tl.float16 else 64.0,
-                                                               form=cfg["dqk_gluon_form"],
-                                                               probe=cfg["dqk_gluon_probe"])
+                                                               form=gluon_form, probe=cfg["dqk_gluon_probe"])
                 calls.append(("dqk0w", gluon_gla_bwd.gla_dqk_gluon_kernel, grid, (), dict(gargs, num_warps=warps)))
                 continue
             if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
