@@ -50,9 +50,9 @@ VARIANTS = {
 }
 CALL2 = "--call2" in sys.argv
 if CALL2:  # call 2's rows (runs/gla_gluon36b_run3_session36_h200.txt)
+    # (and FORM 1 at d 128 / d 64 st 3: noise-sized, removed after it; git keeps it)
     VARIANTS = {"d128 configs": (128, {}, True), "d128 flat": (128, dict(dqk_gluon=0), True),
-                "d128 gluon form1": (128, dict(dqk_gluon_form=1), True), "d64 configs": (64, {}, True),
-                "d64 gluon st3 form1": (64, dict(dqk_gluon=3, dqk_gluon_form=1), True)}
+                "d64 configs": (64, {}, True)}
 if "--call1" in sys.argv:  # call 1's rows (runs/gla_gluon36_run1_session36_h100.txt)
     VARIANTS = {"d128 configs": (128, dict(dqk_gluon=0), True), "d128 gluon st2": (128, dict(dqk_gluon=2), True),
                 "d64 configs": (64, {}, True), "d64 gluon st2": (64, dict(dqk_gluon=2), True),

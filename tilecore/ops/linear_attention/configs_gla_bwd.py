@@ -55,8 +55,8 @@ CHUNKED = dict(
     dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
     dqk_gluon=0,  # n > 0: where the flat launch runs, the Gluon kernel on the tiles template instead (gluon_gla_bwd: a
     # ring of n stages, the next tile's TMA loads under this tile's chain; CHUNKED_FLAT_DIMS sets it)
-    dqk_gluon_form=0,  # its FORM (1: G's span and last row by one reduction; 2: every sum over tokens by bf16 dots
-    # with a 0/1 matrix, bf16 inputs); off until an H100 run
+    dqk_gluon_form=0,  # its FORM (2: every sum over tokens by bf16 dots with a 0/1 matrix, bf16 inputs); off until an
+    # H100 run
     dqk_gluon_probe=0,  # its timing probes only (gradients WRONG): never on
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)

@@ -75,10 +75,6 @@ def _add(a, b):
     return a + b
 
 
-@gluon.jit
-def _max_min_sum(a1, b1, c1, a2, b2, c2):
-    return gl.maximum(a1, a2), gl.minimum(b1, b2), c1 + c2
-
 
 @struct
 class GlaDqk:
@@ -104,8 +100,7 @@ class GlaDqk:
     BKB: gl.constexpr
     DV: gl.constexpr
     SPAN: gl.constexpr  # the widest span of G factored about its middle (kernels_tl._factor_span)
-    FORM: gl.constexpr  # 1: G's span and last row by ONE three-way reduction over tokens (one cross-warp pass);
-    # 2: every sum over tokens by dots (chain_dots)
+    FORM: gl.constexpr  # 2: every sum over tokens by dots (chain_dots); 0: by scans (chain_scan)
     PROBE: gl.constexpr  # PROBE_* bits (timing only; 0 in every real launch)
     L64: gl.constexpr  # [BT, BT] accumulators
     L32: gl.constexpr  # [BT, BKB] accumulators and the chain's tiles
@@ -326,13 +321,9 @@ class GlaDqk:
             G_last = hi
         else:
             Gc = gl.convert_layout(gl.associative_scan(gl.where(g < FLOOR, FLOOR, g), 0, _add), L32)
-            last = gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0)
-            if self.FORM & 1:
-                hi, lo, G_last = gl.reduce((Gc, Gc, last), 0, _max_min_sum)
-            else:
-                hi = gl.max(Gc, axis=0)
-                lo = gl.min(Gc, axis=0)
-                G_last = gl.sum(last, axis=0)
+            hi = gl.max(Gc, axis=0)
+            lo = gl.min(Gc, axis=0)
+            G_last = gl.sum(gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0), axis=0)
         mid = 0.5 * (hi + lo)
         wide = gl.sum(gl.where(hi - lo <= self.SPAN, 0, 1), axis=0)  # NaN spans count as wide too
         flag_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
