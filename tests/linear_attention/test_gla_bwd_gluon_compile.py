@@ -69,19 +69,23 @@ def test_fits_says_why_not():
 CODE = """
 import json, sys
 from tilecore.ops.linear_attention.gluon_gla_bwd import compile_report
-print(json.dumps(compile_report(int(sys.argv[1]), int(sys.argv[2]))))
+print(json.dumps(compile_report(int(sys.argv[1]), int(sys.argv[2]), form=int(sys.argv[3]))))
 """
 
 # bytes ptxas spills (sm_90a, triton 3.6.0): a few loop-invariant scalars of the consumers (the op's sizes and bases),
 # stored once a program and reloaded a few times a tile; the chain's tiles stay in registers (their wgmma
 # accumulators are not serialized)
 SPILLS_ALLOWED = 160
+# FORM 2 (the sums over tokens by dots): the three bf16 pieces and the triangle operands push the consumers past their
+# 232 registers (d 128 392 B, d 64 400 B); not serialized
+SPILLS_ALLOWED_FORM2 = 512
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 3, 2)]
 
 
 @pytest.fixture(scope="module")
 def reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    cases = ((128, 2), (64, 3))
+    cases = CASES
     procs = {c: subprocess.Popen([sys.executable, "-c", CODE, *map(str, c)], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env) for c in cases}
     out = {}
@@ -92,11 +96,11 @@ def reports():
     return out
 
 
-@pytest.mark.parametrize("case", [(128, 2), (64, 3)])
+@pytest.mark.parametrize("case", CASES)
 def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
     r = reports[case]
     assert r["tma"] and r["wgmma"] and r["mbarrier"], r
     assert not r["wgmma_serialized"], r
     assert r["threads"] == 384, r  # two consumer warpgroups and the producer's warp
     assert r["shared"] <= 227 * 1024, r
-    assert r["spill_bytes"] <= SPILLS_ALLOWED, r
+    assert r["spill_bytes"] <= (SPILLS_ALLOWED_FORM2 if case[2] == 2 else SPILLS_ALLOWED), r
