@@ -232,11 +232,9 @@ class GlaDqk:
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                 gl.SliceLayout(0, L32))
-        kf = k_s.load(L32).to(gl.float32)
-        qf = q_s.load(L32).to(gl.float32)
         gl.thread_barrier()  # G's products have read the pieces
-        p0.store((kf * Ei).to(dtype))
-        p1.store((qf * E).to(dtype))
+        p0.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))  # (q and k read from the stage where used: fewer
+        p1.store((q_s.load(L32).to(gl.float32) * E).to(dtype))  # registers live through the products)
         fence_async_shared()
         gl.thread_barrier()
         # the value sums do v^T, do S_c^T, v dS_c^T
@@ -257,8 +255,8 @@ class GlaDqk:
         dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = gl.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
-        gl.store(self.DQ + base + offs, (dq + r * kf).to(self.DQ.dtype.element_ty))
-        dG = qf * dq
+        gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
+        dG = q_s.load(L32).to(gl.float32) * dq
         at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
         at = warpgroup_mma_wait(0, deps=[at_tok])
         at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
@@ -267,9 +265,10 @@ class GlaDqk:
         dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         dk_state = dks * (Ei * gl.exp(m))  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
-        gl.store(self.DK_OUT + base + offs, (dk + r * qf).to(self.DK_OUT.dtype.element_ty))
+        gl.store(self.DK_OUT + base + offs, (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
         # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
         # J (dG + k dk_state) - L dG + dG
+        kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
         self.pieces(dG, p0, p1, p2)
