@@ -25,6 +25,8 @@ stages, defined, not timed for the budget).
 --d64 (batch 3, call 3): "qs" (q_reg with rot_split: the rotation as two half products and a butterfly) against its
 twin on the D128 causal tail, D128 causal end to end q3 / qr / qs (eager, graph, kernels alone), the D64 full tail (qs),
 D64 causal, the outlier test, D128 full (qr, qs), D64 full (graphs).
+--final (batch 4, call 4): "ship" (configs.ROTATED as committed) against q3: the outlier test, D128 causal end to end
+(eager, graph), D128 full (graph), D64 causal (eager, graph), D64 full (graph).
 Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qreg_s36.json. --smoke: CPU, tiny shapes (the twin in
 place of the kernel: checks the script, not the kernel).
 """
@@ -50,6 +52,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget", type=float, default=56.0)
+    ap.add_argument("--final", action="store_true", help="batch 4: the shipped configs against q in shared memory: "
+                    "the outlier test, D128 causal / full and D64 causal / full end to end")
     ap.add_argument("--d64", action="store_true", help="batch 3: q_reg at D64 (tails, causal and full), the outlier "
                     "test, D128 causal again")
     args = ap.parse_args()
@@ -233,7 +237,7 @@ def main():
             ref_o = torch.softmax((qf @ kf.transpose(-1, -2)) * Do ** -0.5, -1) @ vf
             rmse = lambda o: (o.double() - ref_o).pow(2).mean().sqrt().item()
             result["outlier"]["bf16"] = rmse(tilecore.attention(qo, ko, vo))
-            for name in ("q3", "qr", "qs"):
+            for name in ("q3", "ship") if args.final else ("q3", "qr", "qs"):
                 result["outlier"][f"{name} rotated"] = rmse(run_form(name, qo, ko, vo))
             print("outlier", json.dumps(result["outlier"]), flush=True)
         except Exception as e:  # noqa: BLE001
@@ -249,7 +253,14 @@ def main():
         fn(*a, **kw)
 
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
-    if args.d64:
+    if args.final:  # "ship": configs.ROTATED as committed
+        forms["ship"] = shipped
+        when(0, "outlier", outlier)
+        e2e(B0, H0, N0, 128, True, ["q3", "ship"], parts=False)
+        when(20, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["q3", "ship"], eager=False)
+        when(14, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["q3", "ship"])
+        when(8, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "ship"], eager=False)
+    elif args.d64:
         when(0, "tail D128 causal qs", tail, 128, True, "qs")
         e2e(B0, H0, N0, 128, True, ["q3", "qr", "qs"], parts=True)
         when(26, "tail D64 full qs", tail, 64, False, "qs")
