@@ -11,13 +11,14 @@
    triton.testing.do_bench_cudagraph medians, 'eager' where capture failed): attention without rotary,
    with rotary (the path plan.rotary_path picks), and the Python composite (apply_rotary on q and k, then
    attention), forward and forward + backward (autograd.grad of q, k, v), two rounds interleaved; with
-   --routed also the forward with ROTARY_IN_KERNEL on (gluon_rotary.forward's shipped variant);
+   --routed also the forward with ROTARY_IN_KERNEL on (gluon_rotary.forward's shipped variant, and with
+   its K_IN_KERNEL off: K turned by a pass, Q in the kernel); --fwd-only: the forward alone;
    apply_rotary on q and k alone. The overhead is rotary / plain - 1 (issue 37's target: <= 3%).
-   --tl: the tl kernels forced (their plans) with and without Q and K turned inside, B4 H16 N4096 full:
-   the in-kernel path of GPUs other than Hopper, the H100 standing in.
+   --tl: the D96 checks first; last, the tl kernels forced (their plans) with and without Q and K turned
+   inside, B4 H16 N4096 full: the in-kernel path of GPUs other than Hopper, the H100 standing in.
 Prints rows as it goes and a table last; JSON to $OUT/gpu_rotary_api.json. Budget --budget (55 s).
 
-  PYTHONPATH=. python experiments/attention/gpu_rotary_api.py [--routed] [--tl] [--dims 128,64]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_api.py [--routed] [--tl] [--fwd-only] [--dims 128,64]
   PYTHONPATH=. python experiments/attention/gpu_rotary_api.py --smoke     # CPU interpreter, tiny, no timing
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ from tilecore.tiles.switches import patched  # noqa: E402
 
 START = time.time()
 ROUTED = [False]
+FWD_ONLY = [False]
 RESULTS = {"check": [], "time": [], "errors": [], "device": None}
 ROWS = []
 
@@ -83,7 +85,7 @@ def check(name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype):
     cos, sin = tables(nk + 5, pairs, dev)
     g = torch.randn(b, hq, n, d, device=dev, dtype=dtype)
     row = dict(case=name, causal=causal, interleaved=interleaved, d=d, pairs=pairs, n=n, nk=nk, hq=hq, hkv=hkv,
-               path=plan.rotary_path(q, k, v, 1.0))
+               path=plan.rotary_path(q, k, v, 1.0, grad=True))
     for label, rot in (("rotary", (cos, sin)), ("plain", None)):
         poison()
         out, lse = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved,
@@ -99,7 +101,8 @@ def check(name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype):
         row[label] = dict(out=floor_multiple(out, ro.detach()), lse=float((lse.double() - rl)[live].abs().max()),
                           **{f"d{t}": floor_multiple(a, r) for t, a, r in zip("qkv", grads, rg)})
         del out, lse, grads, ro, rl, rg, q64, k64, v64
-    with torch.no_grad():  # a call that records no gradient (with --routed: the in-kernel forward)
+    # a call that records no gradient (with --routed: the in-kernel forward)
+    with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=ROUTED[0]):
         row["path_nograd"] = plan.rotary_path(q, k, v, 1.0, grad=False)
         poison()
         out = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
@@ -146,6 +149,10 @@ def timing(d, causal, b=16, h=16, n=4096):
         if rot == "in-kernel":  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (calls without a gradient)
             with patched(configs, ROTARY_IN_KERNEL=True):
                 return tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
+        if rot == "in-kernel k_pass":  # ... with gluon_rotary's K turned by a pass, Q in the kernel
+            from tilecore.ops.attention import gluon_rotary
+            with patched(configs, ROTARY_IN_KERNEL=True), patched(gluon_rotary, K_IN_KERNEL=False):
+                return tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
         return tilecore.attention(q, k, v, causal=causal, rotary=rot)
 
     def fwd_nograd(rot):
@@ -164,10 +171,10 @@ def timing(d, causal, b=16, h=16, n=4096):
 
     times = {}
     for rnd in range(2):
-        for what, make in (("fwd", fwd_nograd), ("fwd+bwd", fwdbwd)):
+        for what, make in (("fwd", fwd_nograd), ("fwd+bwd", fwdbwd))[:1 if FWD_ONLY[0] else 2]:
             labels = [("plain", None), ("rotary", (cos, sin)), ("composite", "composite")]
             if ROUTED[0] and what == "fwd":
-                labels.append(("in-kernel", "in-kernel"))
+                labels += [("in-kernel", "in-kernel"), ("in-kernel k_pass", "in-kernel k_pass")]
             for label, rot in labels:
                 ms, how = gpu_time(make(rot))  # (rep 40 ms: the job's budget)
                 times.setdefault(f"{what} {label}", []).append(ms)
@@ -175,7 +182,7 @@ def timing(d, causal, b=16, h=16, n=4096):
     ms, how = gpu_time(rotate_only)
     times["apply_rotary q+k"] = [ms]
     row = dict(d=d, causal=causal, b=b, h=h, n=n, path=plan.rotary_path(q, k, v, 1.0), times=times)
-    for what in ("fwd", "fwd+bwd"):
+    for what in ("fwd", "fwd+bwd")[:1 if FWD_ONLY[0] else 2]:
         plain, rot = min(times[f"{what} plain"]), min(times[f"{what} rotary"])
         comp = min(times[f"{what} composite"])
         row[f"{what} overhead"] = rot / plain - 1
@@ -184,10 +191,11 @@ def timing(d, causal, b=16, h=16, n=4096):
                 f"(+{100 * (rot / plain - 1):.1f}%) py-composite {comp:.3f} (+{100 * (comp / plain - 1):.1f}%) ms "
                 f"[{times[f'{what} rotary how']}] rounds {'/'.join(f'{x:.3f}' for x in times[f'{what} plain'])} | "
                 f"{'/'.join(f'{x:.3f}' for x in times[f'{what} rotary'])}")
-        if f"{what} in-kernel" in times:
-            ink = min(times[f"{what} in-kernel"])
-            row[f"{what} in-kernel overhead"] = ink / plain - 1
-            line += f" | in-kernel {ink:.3f} (+{100 * (ink / plain - 1):.1f}%)"
+        for label in ("in-kernel", "in-kernel k_pass"):
+            if f"{what} {label}" in times:
+                ink = min(times[f"{what} {label}"])
+                row[f"{what} {label} overhead"] = ink / plain - 1
+                line += f" | {label} {ink:.3f} (+{100 * (ink / plain - 1):.1f}%)"
         ROWS.append(line)
         print("[time]", line, flush=True)
     ROWS.append(f"D{d} {'causal' if causal else 'full  '} apply_rotary q+k alone {ms:.3f} ms")
@@ -245,7 +253,9 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--routed", action="store_true", help="configs.ROTARY_IN_KERNEL on (gluon_rotary.forward)")
     ap.add_argument("--dims", default="128,64")
-    ap.add_argument("--tl", action="store_true", help="also time the tl kernels with and without rotary (forced)")
+    ap.add_argument("--tl", action="store_true", help="check the tl kernels with rotary at D96 first; time them "
+                    "with and without rotary (forced) last")
+    ap.add_argument("--fwd-only", action="store_true", help="time the forward only")
     ap.add_argument("--budget", type=float, default=55.0)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -258,26 +268,24 @@ def main():
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["routed"] = bool(args.routed)
     RESULTS["gluon_rotary_forward"] = plan.gluon_rotary_forward() is not None
-    ROUTED[0] = bool(args.routed)
-    with patched(configs, ROTARY_IN_KERNEL=bool(args.routed)):  # the checks' no-grad calls; timing patches its own
-        for d in dims:
+    ROUTED[0], FWD_ONLY[0] = bool(args.routed), bool(args.fwd_only)
+    if args.tl:  # the tl kernels with rotary on the GPU (compiled), first: never run there before call 4
+        for causal in (False, True):
+            guarded("check tl D96", check, "tl D96", 1, 4, 2, 300, 700, 96, 32, causal, not causal, torch.bfloat16)
+    for d in dims:
+        if elapsed() > args.budget - 15:
+            RESULTS["errors"].append(dict(case=f"D{d}", error="skipped: budget"))
+            break
+        for causal in (False, True):
             if elapsed() > args.budget - 15:
-                RESULTS["errors"].append(dict(case=f"D{d}", error="skipped: budget"))
+                RESULTS["errors"].append(dict(case=f"D{d} causal={causal}", error="skipped: budget"))
                 break
-            for causal in (False, True):
-                if elapsed() > args.budget - 15:
-                    RESULTS["errors"].append(dict(case=f"D{d} causal={causal}", error="skipped: budget"))
-                    break
-                guarded(f"check D{d}", check, f"D{d}", 1, 2, 2, 4096, 4096, d, d // 2, causal, causal,
-                        torch.bfloat16)
-                guarded(f"time D{d}", timing, d, causal)
-                write()
-        if args.tl and elapsed() < args.budget - 15:
-            guarded(f"time tl D{dims[0]}", timing_tl, dims[0], False)
-        if elapsed() < args.budget - 8:
-            for causal in (False, True):
-                guarded("check tl D96", check, "tl D96", 1, 4, 2, 300, 700, 96, 32, causal, not causal,
-                        torch.bfloat16)
+            guarded(f"check D{d}", check, f"D{d}", 1, 2, 2, 4096, 4096, d, d // 2, causal, causal,
+                    torch.bfloat16)
+            guarded(f"time D{d}", timing, d, causal)
+            write()
+    if args.tl and elapsed() < args.budget - 15:
+        guarded(f"time tl D{dims[0]}", timing_tl, dims[0], False)
     write()
     print(f"\n=== attention rotary ({RESULTS['device']}, routed={args.routed}, "
           f"gluon_rotary.forward there: {RESULTS['gluon_rotary_forward']}; {elapsed():.0f} s) ===")
