@@ -149,8 +149,8 @@ def test_the_paths_by_device():
     Gluon entry (on, where it exists); other head dims and other GPUs: the tl kernels; past 256: turned."""
     meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")
     q, k, v = meta(2, 4, 64, 128), meta(2, 4, 64, 128), meta(2, 4, 64, 128)
-    with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
-        assert not configs.ROTARY_IN_KERNEL
+    with dispatch.pretend(dispatch.TARGETS["sm_90a"]), pytest.MonkeyPatch.context() as off:
+        off.setattr(configs, "ROTARY_IN_KERNEL", False)
         assert plan.rotary_path(q, k, v, 0.1) == "turned"
         assert plan.rotary_path(meta(2, 4, 64, 96), meta(2, 4, 64, 96), meta(2, 4, 64, 96), 0.1) == "tl"
         assert plan.rotary_path(q, k, v, -0.1) == "tl"  # the Gluon forward takes a positive scale
