@@ -337,15 +337,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     ``rotary=(cos, sin)`` (issue 37): rotary position embedding applied to q and k first, as
     ``tilecore.apply_rotary(x, cos, sin, interleaved=rotary_interleaved)`` would (cos, sin:
-    (max_seqlen, rotary_dim / 2), any float dtype, q's device; rotary_dim <= D, the features past it
+    (max_seqlen, rotary_dim / 2), float16, bfloat16 or float32, q's device; rotary_dim <= D, the features past it
     pass through; pairs (i, i + rotary_dim / 2), or (2i, 2i + 1) with ``rotary_interleaved``), key j
     at position j and query i at i + Nk - N (the alignment causal uses), so cos and sin need Nk rows
     and N <= Nk. Every kv head turns the same. Gradients for q, k, v (cos and sin get none, as
     apply_rotary's). With every option above; with precision="fp8" q and k are turned first, then
     the FP8 path. Where it runs (plan.rotary_path): inside the tl kernels (Q and K turned as they are
     loaded, dQ and dK turned back before they are stored: the interpreter, GPUs other than Hopper); on
-    Hopper q and k turned by apply_rotary's kernel, then the Gluon kernels, dQ and dK turned back
-    (op_rotary's module docstring).
+    Hopper q and k turned by apply_rotary's kernel, then the Gluon kernels, dQ and dK turned back;
+    CPU tensors without the interpreter: apply_rotary, then the CPU path (op_rotary's docstring).
     """
     if rotary is not None:
         return _rotary(q, k, v, rotary, rotary_interleaved, causal, scale, return_lse, window_size, softcap,
