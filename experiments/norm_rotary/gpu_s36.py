@@ -6,7 +6,8 @@
 Call 1 (snapshot 17a61a21) timed the first candidates at 65536 x 1024 (the finishing kernel, the compiler-pipelined
 loop, the weight hoisted: notes/norm/README.md); configs.BACKWARD_FINISH "kernel" shipped from it. Call 2 (791b332e,
 H200) confirmed it at 1024 and on the fused 1024 backward, found it 1-4% slower at 4096, and the row groups an SM worth
-more (4 at 1024, 2 at 4096); this form (call 3) puts those to the H100 (CASES):
+more (4 at 1024, 2 at 4096); call 3 (e972e559, H100) put those on (configs.PLAIN_BACKWARD, FINISH_PROGRAMS 512); this
+form (call 4) confirms them against the configurations before (CASES):
 
 1. Norm backward (bf16; LayerNorm with weight and bias, RMSNorm with a weight, the fused variant with a residual,
    dropout 0.1 and the prenorm gradient), launch.backward on plans from plan.tl_plan: the shipped plan, the torch
@@ -56,22 +57,23 @@ def groups(k, finish=None):
     return (f"{k} groups/SM" + (f", {finish} finish" if finish else ""), kw, {})
 
 
-# the finishing kernel over 512 programs (8 columns each at 4096, 256 partial rows a step) instead of 128 (32 columns,
-# 64 rows a step: 17 dependent steps over 1056 partial rows): call 2's loss at 4096
-WIDE_FINISH = ("finish 512 programs", {}, dict(FINISH_PROGRAMS=512))
+# the configurations before this session's flips, timed beside the shipped ones (call 4: confirmation)
+S35 = ("session 35: 8/SM, torch finish", dict(groups_per_sm=8, finish="torch"), {})
+CALL1 = ("call 1: 8/SM, finish 128", dict(groups_per_sm=8), dict(FINISH_PROGRAMS=128))
+FINISH128 = ("finish 128 programs", {}, dict(FINISH_PROGRAMS=128))
 # (variant, columns, [(label, tl_plan keywords, configs patched)]), most telling first (none added after STOP_S).
-# Call 2 (H200) found the row groups an SM worth most: as many as are resident (1024: 128 registers x 128 threads, 4
-# an SM; 4096: 8 warps, 2 an SM), one wave, and fewer partials to sum; call 3 puts them to the H100.
+# Call 3 (H100) put configs.PLAIN_BACKWARD (4 groups an SM at 1024, 2 at 4096) and FINISH_PROGRAMS 512 on; call 4
+# confirms them against the configurations before (and the fused 4096 backward at 4 groups an SM, a candidate).
 CASES = [
-    ("layer", 1024, [SHIPPED, groups(4), groups(4, "torch"), TORCH]),
-    ("rms", 1024, [SHIPPED, groups(4), groups(4, "torch")]),
-    ("layer", 4096, [SHIPPED, groups(2), groups(2, "torch"), TORCH, WIDE_FINISH]),
-    ("rms", 4096, [SHIPPED, groups(2), groups(2, "torch")]),
-    ("fused", 1024, [SHIPPED, groups(4), TORCH]),
-    ("fused", 4096, [SHIPPED, TORCH, groups(4), WIDE_FINISH]),
+    ("layer", 1024, [SHIPPED, CALL1, S35]),
+    ("rms", 1024, [SHIPPED, CALL1, S35]),
+    ("layer", 4096, [SHIPPED, FINISH128, S35]),
+    ("rms", 4096, [SHIPPED, FINISH128, S35]),
+    ("fused", 1024, [SHIPPED, TORCH]),
+    ("fused", 4096, [SHIPPED, FINISH128, TORCH, groups(4)]),
 ]
 # the op (forward + backward through autograd) with configs.PLAIN_BACKWARD patched to each, beside the shipped op
-OP_CANDIDATES = {1024: {1024: (2048, 4, 4)}}
+OP_CANDIDATES: dict = {}
 STOP_S = 50  # no new candidate after this (the job's limit is 70 s, compiles included)
 P_FUSED = 0.1
 

@@ -31,16 +31,19 @@ BACKWARD_GROUPS_PER_SM = 8
 # 5 row passes against LayerNorm's 3) by BLOCK_N: (tile elements, warps, row groups an SM), in place of
 # the values above: at 4096 columns 8 warps held 167 registers, one program an SM; 4 warps, 8 groups is faster.
 FUSED_BACKWARD = {4096: (4096, 4, 8)}
-# The same for the backward without a residual stream (LayerNorm / RMSNorm alone: 3 row passes), by BLOCK_N.
-PLAIN_BACKWARD: dict = {}
+# The same for the backward without a residual stream (LayerNorm / RMSNorm alone: 3 row passes), by BLOCK_N: as many
+# groups an SM as programs are resident (1024: 128 registers x 128 threads, 4 an SM; 4096: 8 warps, 2 an SM), one
+# wave, and fewer partial rows to sum.
+PLAIN_BACKWARD = {1024: (2048, 4, 4), 4096: (4096, 8, 2)}
 
 # How the backward's dweight / dbias partials become dweight / dbias: "kernel" (backward.norm_partials_kernel: both
 # sums and casts in one launch) or "torch" (a torch sum over the groups and a cast, each of dweight and dbias: up to
 # four small launches after the kernel, 8-9% of the backward at 1024 columns).
 BACKWARD_FINISH = "kernel"
-# the finishing kernel's tile: FINISH_TILE_ELEMS partial values a step over columns of its FINISH_PROGRAMS programs
+# the finishing kernel's tile: FINISH_TILE_ELEMS partial values a step over columns of about FINISH_PROGRAMS programs
+# (8 to 64 columns each): many programs, few dependent steps each
 FINISH_TILE_ELEMS = 2048
-FINISH_PROGRAMS = 128
+FINISH_PROGRAMS = 512
 
 # SMs the interpreter pretends to have: a few groups, each running several row tiles
 INTERPRETER_SMS = 4
