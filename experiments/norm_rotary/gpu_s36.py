@@ -69,8 +69,8 @@ CASES = [
     ("rms", 1024, [SHIPPED, CALL1, S35]),
     ("layer", 4096, [SHIPPED, FINISH128, S35]),
     ("rms", 4096, [SHIPPED, FINISH128, S35]),
-    ("fused", 1024, [SHIPPED, TORCH]),
-    ("fused", 4096, [SHIPPED, FINISH128, TORCH, groups(4)]),
+    ("fused", 1024, [SHIPPED, TORCH, groups(3), groups(6)]),  # 168 registers x 128 threads: 3 resident an SM
+    ("fused", 4096, [SHIPPED, FINISH128, TORCH, groups(4), groups(2)]),
 ]
 # the op (forward + backward through autograd) with configs.PLAIN_BACKWARD patched to each, beside the shipped op
 OP_CANDIDATES: dict = {}
