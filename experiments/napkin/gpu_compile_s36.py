@@ -21,6 +21,8 @@ at four block configurations (the default and three more), and session 35's tanh
 expression) at the default beside the exact one-ex2 form, and plain softmax's order (HEAD_GROUP 0, the
 default where not causal since run 1, against 4) again, each checked.
 ``--ab``: plain softmax's order and the causal softcaps' BM 64 blocks, A and B in interleaved rounds.
+``--confirm``: causal attention's default blocks since call 3 (BM 64 BN 64, 4 warps) against the old, plain
+softmax and softcap_approx, the same way.
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s36.json; prints a table last.
 """
@@ -136,7 +138,8 @@ def attention(gpu):
             row(f"{label} B{B} H{H} N{N} D{D} {name}", us, pred, peer, "tilecore.attention", ok)
 
 
-AB = "--ab" in sys.argv  # a third job: the two undecided picks, A against B in interleaved rounds (medians)
+CONFIRM = "--confirm" in sys.argv  # a fourth job: causal attention's new default blocks against the old
+AB = "--ab" in sys.argv or CONFIRM  # a third job: the two undecided picks, A against B in interleaved rounds (medians)
 ROUNDS = 1 if SMOKE else 5
 
 
@@ -153,6 +156,12 @@ def ab(gpu):
               {"default": None, "BM 64 BN 64 w4 s3": small_blk}),
              ("softcap 30 causal (exact tanh)", (f"scale({D ** -0.5})", "softcap(30.0)"), True, dict(softcap=30.0),
               {"default": None, "BM 64 BN 64 w4 s3": small_blk})]
+    if CONFIRM:  # since call 3 causal attention defaults to BM 64 BN 64 4 warps: the old blocks beside it
+        old = dict(big, HEAD_GROUP=4) if not SMOKE else dict(BM=16, BN=16)
+        cases = [("plain softmax causal", (f"scale({D ** -0.5})",), True, {},
+                  {"default (BM 64 BN 64 w4 s3)": None, "BM 128 BN 64 w8 s3 (before)": old}),
+                 ("softcap_approx 30 causal", cases[1][1], True, dict(softcap=30.0),
+                  {"default (BM 64 BN 64 w4 s3)": None, "BM 128 BN 64 w8 s3 (before)": old})]
     for label, mods, causal, kw, cfgs in cases:
         if time.time() - START > BUDGET_S:
             RES["errors"].append(f"{label}: skipped (time budget)")

@@ -51,10 +51,19 @@ def _blocks(device: torch.device, family: str) -> dict:
         return {"chain": dict(BM=16, BN=32, BK=16, GROUP=4), "attention": dict(BM=16, BN=16),
                 "rownorm": dict(BM=16, BO=32, BK=32, GROUP=2)}[family]
     # the fastest of the timed blocks on the H100 (notes/napkin/compile.md): chain 1.20x, attention 1.21-1.31x
-    # the earlier defaults, rownorm's BO 256 1.18x BO 128
+    # the earlier defaults, rownorm's BO 256 1.18x BO 128; causal attention: attention_blocks
     return {"chain": dict(BM=128, BN=256, BK=64, GROUP=8, num_warps=8, num_stages=4),
             "attention": dict(BM=128, BN=64, num_warps=8, num_stages=3),
             "rownorm": dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)}[family]
+
+
+def _attention_blocks(device: torch.device, causal: bool) -> dict:
+    """Causal attention on a GPU: 64 x 64 tiles, 4 warps, 3 stages (two programs an SM, whose softmax and
+    MMAs interleave): softcap_approx causal 1.064x BM 128 BN 64 with 8 warps, the exact softcap 1.006x
+    (H100, five interleaved rounds; notes/napkin/compile.md)."""
+    if causal and device.type == "cuda":
+        return dict(BM=64, BN=64, num_warps=4, num_stages=3)
+    return _blocks(device, "attention")
 
 
 def _head_group(causal: bool) -> int:
@@ -161,7 +170,7 @@ class CompiledDiagram:
             *[s for w in ws for s in (w.stride(0), w.stride(1))], *e_strides, out.stride(0), out.stride(1), **blk)
 
     def _launch_attention(self, k, vals, device):
-        blk = dict(self.blocks or _blocks(device, "attention"))
+        blk = dict(self.blocks or _attention_blocks(device, k.info["causal"]))
         Q, K, V, O = (vals[n] for n in k.args)
         lead = len(k.info["lead"])
 
