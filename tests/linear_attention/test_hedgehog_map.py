@@ -167,50 +167,8 @@ def test_the_map_kernels_domain():
         assert torch.equal(hedgehog_map(x, w, fused=True), hedgehog_map(x, w, fused=False))
 
 
-COMPILE = """
-import json, torch
-from tilecore.ops.linear_attention import configs
-from tilecore.ops.linear_attention.kernels_forward import hedgehog_map_bwd_kernel, hedgehog_map_kernel
-from tilecore.ops.linear_attention.op import _map_bwd_block
-from tilecore.tiles.compile import compile_kernel, resources
-out = []
-prec = configs.HEDGEHOG_MAP_PRECISION
-for Dk, F in ((64, 32), (64, 64), (128, 64)):
-    R, H = 65536, 16
-    x = torch.empty(R, H, Dk, dtype=torch.bfloat16)
-    w = torch.empty(H, Dk, F)
-    feats = torch.empty(R, H, 2 * F, dtype=torch.bfloat16)
-    common = dict(X=x, W=w, R=R, sxr=H * Dk, sxh=Dk, sxd=1, swh=Dk * F, swd=F, swf=1, DK=Dk, F=F, BD=Dk, BF=F,
-                  PREC=prec)
-    fwd = compile_kernel(hedgehog_map_kernel, dict(common, OUT=feats, sor=H * 2 * F, soh=2 * F, sof=1, BR=64),
-                         num_warps=4)
-    rows, warps = _map_bwd_block(Dk, F)
-    bwd = compile_kernel(hedgehog_map_bwd_kernel, dict(common, DOUT=feats, DX=torch.empty_like(x),
-                         DWP=torch.empty(32, H, Dk, F), ROWS_PER=2048, sdr=H * 2 * F, sdh=2 * F, sdf=1, sgr=H * Dk,
-                         sgh=Dk, sgd=1, BR=rows), num_warps=warps)
-    out += [dict(vars(resources(c)), case=f"{name} {Dk}x{F} {rows}/{warps} {prec}")
-            for name, c in (("fwd", fwd), ("bwd", bwd))]
-print(json.dumps(out))
-"""
-
-
-def test_the_map_kernels_compile_for_sm90_without_spilling():
-    """hedgehog_map_kernel (64 rows / 4 warps) and hedgehog_map_bwd_kernel at op._map_bwd_block's blocks
-    (configs.HEDGEHOG_MAP_BWD_BLOCKS) with configs.HEDGEHOG_MAP_PRECISION's dot, Dk x F 64 x 32 (the benchmark's
-    Hedgehog), 64 x 64 and 128 x 64 (the fused path's largest), compiled for sm_90a on this GPU-less machine (a process
-    without TRITON_INTERPRET): 0 bytes spilled (session 34: tf32x3 bwd 231 / 228 / 255 registers)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(rows) == 6
-    for r in rows:
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["shared"] <= 227 * 1024, r
+# the map kernels' sm_90a compile (0 bytes spilled at the shipped precisions, 64 x 32 / 64 x 64 / 128 x 64):
+# test_hedgehog_map_tf32x2.py's test_tf32x2_compiles_for_sm90_without_spilling_and_with_fewer_products
 
 
 def test_the_precision_switch_reaches_both_map_kernels(monkeypatch):

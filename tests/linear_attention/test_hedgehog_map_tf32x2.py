@@ -73,12 +73,13 @@ def test_the_two_product_split_has_float32_accuracy_for_16_bit_x():
 
 COMPILE = """
 import json, torch
+from tilecore.ops.linear_attention import configs
 from tilecore.ops.linear_attention.kernels_forward import hedgehog_map_bwd_kernel, hedgehog_map_kernel
 from tilecore.ops.linear_attention.op import _map_bwd_block
 from tilecore.tiles.compile import compile_kernel, resources
 out = []
 for Dk, F in ((64, 32), (64, 64), (128, 64)):
-    for prec in ("tf32x3", "tf32x2"):
+    for prec in sorted({"tf32x3", "tf32x2", configs.HEDGEHOG_MAP_PRECISION}):
         R, H = 65536, 16
         x = torch.empty(R, H, Dk, dtype=torch.bfloat16)
         w = torch.empty(H, Dk, F)
@@ -100,9 +101,12 @@ print(json.dumps(out))
 
 
 def test_tf32x2_compiles_for_sm90_without_spilling_and_with_fewer_products():
-    """hedgehog_map_kernel and hedgehog_map_bwd_kernel with PREC "tf32x2" beside "tf32x3" at the fused path's
-    shapes (op._map_bwd_block's blocks), compiled for sm_90a in a process without TRITON_INTERPRET: 0 bytes spilled,
-    and fewer tensor-core instructions (d64 F32: map bwd 60 -> 44 wgmma, fwd 24 -> 16)."""
+    """hedgehog_map_kernel (64 rows / 4 warps) and hedgehog_map_bwd_kernel at op._map_bwd_block's blocks
+    (configs.HEDGEHOG_MAP_BWD_BLOCKS) with PREC "tf32x2" beside "tf32x3" (and configs.HEDGEHOG_MAP_PRECISION's, were
+    it another), Dk x F 64 x 32 (the benchmark's Hedgehog), 64 x 64 and 128 x 64 (the fused path's largest), compiled
+    for sm_90a in a process without TRITON_INTERPRET: 0 bytes spilled, within an SM's shared memory, and tf32x2 with
+    fewer tensor-core instructions (d64 F32: map bwd 60 -> 44 wgmma, fwd 24 -> 16). (The shipped kernels: the map's
+    tf32x3, tf32x2 where x is 16-bit.)"""
     import json
     import os
     import subprocess
@@ -112,7 +116,7 @@ def test_tf32x2_compiles_for_sm90_without_spilling_and_with_fewer_products():
     proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
-    assert len(rows) == 12
+    assert len(rows) == 6 * len({"tf32x3", "tf32x2", configs.HEDGEHOG_MAP_PRECISION})
     for case, r in rows.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["shared"] <= 227 * 1024, (case, r)
         if case[3] == "tf32x2":
