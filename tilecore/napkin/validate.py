@@ -520,13 +520,15 @@ def feature_backwards(path: Path = FEATURE_RUN) -> list:
 # issue 37's rotary: the standalone pass's timed rows (H100: B16 N4096 H32 D128 bf16), and the
 # in-kernel rotary forward's run (gpu_rotary_kernel.py's JSON) once one is committed (None: predictions only)
 ROTARY_RUN = ROOT / "notes" / "norm" / "runs" / "norm_rotary_gpu_check_session24_h100.json"
-FUSED_ROTARY_RUN = ROOT / "notes" / "rotary" / "runs" / "rotary_kernel1_run1_session36_h100_attention_rotary_kernel.json"
+FUSED_ROTARY_RUNS = [ROOT / "notes" / "rotary" / "runs" / f for f in (
+    "rotary_kernel1_run1_session36_h100_attention_rotary_kernel.json",      # AHEAD 1 (its own four cases)
+    "rotary_kernel3_run4_session36_h100_attention_rotary_kernel.json")]     # AHEAD 3, 2; K by a pass
 
 
 def rotary_section() -> list:
     """Markdown lines: apply_rotary's rows of ROTARY_RUN beside models.rotary's time on the H100 calibrated
     with that run's copy of the same bytes; the fused forward's predicted overhead (rotary.fused_table),
-    beside FUSED_ROTARY_RUN's measured one where it is set."""
+    beside FUSED_ROTARY_RUNS' measured ones."""
     from .rotary import fused_table, standalone_time
     lines = []
     if Path(ROTARY_RUN).exists():
@@ -544,13 +546,12 @@ def rotary_section() -> list:
             t = standalone_time(b, n, h, d, gpu=gpu) * 1e3
             lines.append(f"| {r['case']} | {r['ms']:.3f} | {r['pct_of_copy']:.1f}% | {t:.3f} | "
                          f"{100 * r['copy_ms'] / t:.1f}% | {r['ms'] / t:.2f} |")
-    measured = None
-    if FUSED_ROTARY_RUN and Path(FUSED_ROTARY_RUN).exists():
-        measured = {r["case"]: r for r in json.loads(Path(FUSED_ROTARY_RUN).read_text())["timing"] if "variant" not in r}
+    runs = [json.loads(Path(f).read_text()) for f in FUSED_ROTARY_RUNS if Path(f).exists()]
     lines += ["", "### Rotary turned inside the attention forward (gluon_rotary.py), B16 H16 N4096 bf16, rotary_dim D: "
               "the predicted overhead over the forward without rotary (tilecore.napkin.rotary.fused_overhead; "
-              "target <= 3%)" + (f"; measured: {Path(FUSED_ROTARY_RUN).relative_to(ROOT)}" if measured
-                                  else "; no run committed yet"), "", fused_table(measured)]
+              "target <= 3%); measured: " + (", ".join(str(Path(f).relative_to(ROOT)) for f in FUSED_ROTARY_RUNS
+                                                          if Path(f).exists()) or "no run committed yet"),
+              "", fused_table(runs)]
     return lines
 
 
