@@ -23,6 +23,7 @@ import triton.language as tl
 
 from tilecore.ops.linear_attention.kernels_tl import (_cumulative, _dot, _gate, _pair_decay, _rows, _state_block,
                                                       _store_rows, _store_state_block, _token_values)
+from tilecore.tiles.launch import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -207,8 +208,8 @@ def hedgehog_map_fused(x, weight, out_dtype=None, precision: str = "ieee", rows:
     R = x3.shape[0]
     if R == 0:
         return out
-    bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
-    grid, args = (triton.cdiv(R, rows), Hqk), (x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride())
+    bd, bf = max(16, next_power_of_2(Dk)), max(16, next_power_of_2(F))  # (host ints: not triton's, ~2 us a call)
+    grid, args = (cdiv(R, rows), Hqk), (x3, weight, o3, R, *x3.stride(), *weight.stride(), *o3.stride())
     options = dict(DK=Dk, F=F, BR=rows, BD=bd, BF=bf, PREC=map_precision(precision, x), num_warps=warps)
     if launch is None:
         hedgehog_map_kernel[grid](*args, **options)
@@ -290,12 +291,12 @@ def hedgehog_map_backward(x, weight, dout, programs: int | None = None, dx_dtype
     dx = torch.empty(*x.shape, dtype=dx_dtype or x.dtype, device=x.device)
     g3 = dx.view(-1, Hqk, Dk)
     BR = rows
-    bd, bf = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(F))
+    bd, bf = max(16, next_power_of_2(Dk)), max(16, next_power_of_2(F))
     if R == 0:
         return dx, torch.zeros(Hqk, Dk, F, dtype=torch.float32, device=x.device)
-    P = programs or max(1, min(triton.cdiv(R, BR), triton.cdiv(512, Hqk)))
-    rows_per = triton.cdiv(triton.cdiv(R, P), BR) * BR
-    P = triton.cdiv(R, rows_per)
+    P = programs or max(1, min(cdiv(R, BR), cdiv(512, Hqk)))
+    rows_per = cdiv(cdiv(R, P), BR) * BR
+    P = cdiv(R, rows_per)
     dwp = torch.empty(P, Hqk, bd, bf, dtype=torch.float32, device=x.device)
     args = (x3, weight, d3, g3, dwp, R, rows_per, *x3.stride(), *weight.stride(), *d3.stride(), *g3.stride())
     options = dict(DK=Dk, F=F, BR=BR, BD=bd, BF=bf, PREC=map_precision(precision, x), num_warps=warps)

@@ -396,7 +396,7 @@ def kernel_do(plan: Plan, do, v, g):
 def _cast_grads(grads, dtypes):
     """dq, dk, dv in the inputs' dtypes (a no-op where the kernels stored them so)."""
     dq, dk, dv, *rest = grads
-    return (dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2]), *rest)
+    return tuple(t if t.dtype == d else t.to(d) for t, d in zip((dq, dk, dv), dtypes)) + tuple(rest)
 
 
 def _buffer_dtypes(plan: Plan, q, v, g, beta, feature: int, out_dtypes) -> tuple:
