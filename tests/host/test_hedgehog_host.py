@@ -115,22 +115,25 @@ def test_keyed_hedgehog_still_checks_new_weights(keyed_cpu):
             linear_attention(q, k, v, feature_map="hedgehog", feature_weights=[w[0], None])
 
 
-@pytest.mark.parametrize("decay", [None, "scalar", "channel"])
-def test_keyed_backward_gives_the_shipped_bits(keyed_cpu, decay):
-    """KEYED_BACKWARD alone on plain linear attention (no decay, a scalar decay with an initial and a final state, a
-    per-channel decay): calls 1..2 of a key give the shipped path's gradients bit for bit, and the key's plans are
-    kept once."""
+@pytest.mark.parametrize("decay,feature_map,hqk", [(None, None, H), ("scalar", None, H), ("channel", None, H),
+                                                   ("scalar", "based", H), (None, None, 1)])
+def test_keyed_backward_gives_the_shipped_bits(keyed_cpu, decay, feature_map, hqk):
+    """KEYED_BACKWARD alone on linear attention (no decay, a scalar decay with an initial and a final state, a
+    per-channel decay, Based with a scalar decay, grouped q/k heads): calls 1..2 of a key give the shipped path's
+    gradients bit for bit, and the key's plans are kept once."""
     torch.manual_seed(4)
-    q, k = torch.randn(B, N, H, DK, dtype=torch.float16), torch.randn(B, N, H, DK, dtype=torch.float16)
+    dk = 4 if feature_map == "based" else DK
+    q, k = torch.randn(B, N, hqk, dk, dtype=torch.float16), torch.randn(B, N, hqk, dk, dtype=torch.float16)
     v = torch.randn(B, N, H, DV, dtype=torch.float16)
-    g = None if decay is None else -torch.rand(B, N, H, *((DK,) if decay == "channel" else ())) * 0.2
-    h0 = torch.randn(B, H, DK, DV) if decay == "scalar" else None
-    do, dht = torch.randn_like(v), torch.randn(B, H, DK, DV)
+    g = None if decay is None else -torch.rand(B, N, H, *((dk,) if decay == "channel" else ())) * 0.2
+    rows = 1 + dk + dk * dk if feature_map == "based" else dk
+    h0 = torch.randn(B, H, rows, DV) if decay == "scalar" else None
+    do, dht = torch.randn_like(v), torch.randn(B, H, rows, DV)
 
     def call():
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         extra = {n: t.clone().requires_grad_() for n, t in (("decay", g), ("initial_state", h0)) if t is not None}
-        out = linear_attention(*leaves, **extra, return_final_state=h0 is not None)
+        out = linear_attention(*leaves, **extra, return_final_state=h0 is not None, feature_map=feature_map)
         if h0 is not None:
             torch.autograd.backward(out, [do, dht])
         else:
