@@ -84,18 +84,31 @@ def prepared(b, n, h, seed=0):
 SMALL_ONLY = ("full_fwd", "full_keyed_fwd")  # (host time only)
 
 
+GRAD_API = [False]  # --grad-api: torch.autograd.grad (gradients returned, none accumulated: a graph replays the same
+# work as an eager call) in place of .backward
+
+
+def _backward(outs, leaves, grads):
+    if GRAD_API[0]:
+        torch.autograd.grad(outs, leaves, grads)
+    else:
+        torch.autograd.backward(outs, grads)
+
+
 def callables(t: dict, names=None) -> dict:
     def full():
-        linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"]).backward(t["do"])
+        _backward([linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"])],
+                  [t["q"], t["k"], t["v"], t["W"]], [t["do"]])
 
     def full_fwd():  # (the forward recording a gradient, its graph dropped: the backward's share by difference)
         linear_attention(t["q"], t["k"], t["v"], feature_map="hedgehog", feature_weights=t["W"])
 
     def core():
-        linear_attention(t["qf"], t["kf"], t["v"], scale=1.0).backward(t["do"])
+        _backward([linear_attention(t["qf"], t["kf"], t["v"], scale=1.0)], [t["qf"], t["kf"], t["v"]], [t["do"]])
 
     def fmap():
-        torch.autograd.backward([hedgehog_map(t["q"], t["W"]), hedgehog_map(t["k"], t["W"])], [t["dqf"], t["dkf"]])
+        _backward([hedgehog_map(t["q"], t["W"]), hedgehog_map(t["k"], t["W"])], [t["q"], t["k"], t["W"]],
+                  [t["dqf"], t["dkf"]])
 
     peer = fla("hedgehog", t) if "fla" in NAMES else None
 
@@ -280,7 +293,11 @@ def main() -> int:
     ap.add_argument("--rows", default="", help="host_rows.py's rows timed first (comma-separated), 3 rounds")
     ap.add_argument("--rows-ab", default="", help="MODULE:NAME:ROW,ROW: that switch on/off over those rows first")
     ap.add_argument("--rows-deadline", type=float, default=20.0)
+    ap.add_argument("--grad-api", action="store_true", help="torch.autograd.grad in place of .backward (GRAD_API)")
+    ap.add_argument("--no-breakdown", action="store_true")
     a = ap.parse_args()
+    GRAD_API[0] = a.grad_api
+    RESULTS["grad_api"] = a.grad_api
     NAMES[:] = [n for n in a.names.split(",") if n]
     RESULTS["device"] = torch.cuda.get_device_name()
     if a.rows or a.rows_ab:
@@ -293,11 +310,11 @@ def main() -> int:
     save()
     small = prepared(1, 64, 2, seed=6)
     RESULTS["breakdown"] = {}
-    for name, fn in callables(small, ("full", "full_keyed", "map")).items():
+    for name, fn in ({} if a.no_breakdown else callables(small, ("full", "full_keyed", "map"))).items():
         with switched(name):
             RESULTS["breakdown"][name] = cpu_breakdown(fn)
-    print("CPU events a keyed fwd+bwd (name, count, self us, total us):", RESULTS["breakdown"]["full_keyed"][:8],
-          flush=True)
+    print("CPU events a keyed fwd+bwd (name, count, self us, total us):",
+          RESULTS["breakdown"].get("full_keyed", [])[:8], flush=True)
     save()
     t = prepared(*(int(x) for x in a.shape.split(",")))
     fns = callables(t)
