@@ -11,6 +11,7 @@ from host_testing import cpu_signature
 from tilecore.ops.linear_attention import linear_attention
 from tilecore.ops.linear_attention import op as la_op
 from tilecore.tiles import eager
+from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.switches import patched
 
@@ -26,7 +27,7 @@ def keyed_cpu(monkeypatch):
     """CPU calls keyed as CUDA calls are (the op's and the backward key's signature), caches empty."""
     monkeypatch.setattr(la_op, "signature", _signature)
     monkeypatch.setattr(eager, "signature", _signature)
-    for cache in (la_op._CHECKED, la_op._PLANS, la_op._BACKWARD_PLANS, la_op._MAP_BWD_BLOCKS):
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._BACKWARD_PLANS, la_op._MAP_BWD_BLOCKS, la_op._MAP_RECIPES):
         cache.clear()
 
 
@@ -49,28 +50,33 @@ def _call(q, k, v, w, do, grad=True):
     return [o.detach(), q.grad, k.grad, v.grad, *(t.grad for t in w)]
 
 
-@pytest.mark.parametrize("pair", [False, True])
-def test_keyed_hedgehog_gives_the_shipped_bits(keyed_cpu, pair):
-    """Calls 1..3 of a key, recording a gradient and not, with both switches on: the output and every gradient
-    (q, k, v, the weights) bit for bit the shipped path's; the keyed calls filled the caches they say."""
+@pytest.mark.parametrize("pair,recipes", [(False, True), (True, True), (False, False)])
+def test_keyed_hedgehog_gives_the_shipped_bits(keyed_cpu, pair, recipes):
+    """Calls 1..3 of a key, recording a gradient and not, with both switches on (the maps' recipes on and off:
+    OP_RECIPES): the output and every gradient (q, k, v, the weights) bit for bit the shipped path's; the keyed
+    calls filled the caches they say."""
     args = _inputs(1, pair)
     with patched(la_op, KEYED_HEDGEHOG=False, KEYED_BACKWARD=False):
         shipped, shipped_plain = _call(*args), _call(*args, grad=False)
         assert len(la_op._CHECKED) == 0 and len(la_op._BACKWARD_PLANS) == 0
-    with patched(la_op, KEYED_HEDGEHOG=True, KEYED_BACKWARD=True):
+    with patched(la_op, KEYED_HEDGEHOG=True, KEYED_BACKWARD=True), patched(tiles_launch, OP_RECIPES=recipes):
         for _ in range(3):
             lean = _call(*args)
             assert all(torch.equal(a, b) for a, b in zip(shipped, lean, strict=True))
             assert torch.equal(_call(*args, grad=False)[0], shipped_plain[0])
     assert len(la_op._CHECKED) == 1  # (recording a gradient or not: one key, the checks' result the same)
     assert len(la_op._BACKWARD_PLANS) == 1 and len(la_op._MAP_BWD_BLOCKS) == 2  # (the q map's and the k map's)
+    # each map's forward and backward launch kept as a _MapLaunch (OP_RECIPES), which calls 2..3 went through
+    assert len(la_op._MAP_RECIPES) == (4 if recipes else 0)
+    assert all(entry[0] for entry in la_op._MAP_RECIPES._data.values())
 
 
 def test_keyed_hedgehog_later_calls_check_plan_and_launch_nothing_unkeyed(keyed_cpu, monkeypatch):
     """A key's second call (forward and backward): no argument checks, no plan, and each of its 8 launches (two
     maps, the forward, the dQ and two dK/dV kernels, the two maps' backward) through a CachedLaunch by a key; the
-    shipped path launches all 8 unkeyed (7 by kernel[grid], the forward by CachedLaunch without a key)."""
-    seen = {"checks": 0, "plans": 0, "keyed": 0, "plain": 0}
+    shipped path launches all 8 unkeyed (7 by kernel[grid], the forward by CachedLaunch without a key). The maps'
+    four launches go through their kept _MapLaunch."""
+    seen = {"checks": 0, "plans": 0, "keyed": 0, "plain": 0, "map recipes": 0}
     inside = []
     check_qkv, plan, run, jit_run = la_op._check_qkv, la_op.plan, CachedLaunch.run, InterpretedFunction.run
 
@@ -90,11 +96,15 @@ def test_keyed_hedgehog_later_calls_check_plan_and_launch_nothing_unkeyed(keyed_
     monkeypatch.setattr(la_op, "_check_qkv", lambda *a: seen.__setitem__("checks", seen["checks"] + 1) or
                         check_qkv(*a))
     monkeypatch.setattr(la_op, "plan", lambda *a: seen.__setitem__("plans", seen["plans"] + 1) or plan(*a))
+    for name in ("forward", "backward"):
+        kept = getattr(la_op._MapLaunch, name)
+        monkeypatch.setattr(la_op._MapLaunch, name, lambda self, *a, kept=kept: seen.__setitem__(
+            "map recipes", seen["map recipes"] + 1) or kept(self, *a))
     monkeypatch.setattr(CachedLaunch, "run", counting_run)
     monkeypatch.setattr(InterpretedFunction, "run", counting_jit)
     args = _inputs(2)
-    for on, expected in ((False, {"checks": 1, "plans": 2, "keyed": 0, "plain": 8}),
-                         (True, {"checks": 0, "plans": 0, "keyed": 8, "plain": 0})):
+    for on, expected in ((False, {"checks": 1, "plans": 2, "keyed": 0, "plain": 8, "map recipes": 0}),
+                         (True, {"checks": 0, "plans": 0, "keyed": 8, "plain": 0, "map recipes": 4})):
         with patched(la_op, KEYED_HEDGEHOG=on, KEYED_BACKWARD=on):
             _call(*args)  # (a key's first call: checks and plans)
             seen.update(dict.fromkeys(seen, 0))

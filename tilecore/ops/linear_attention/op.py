@@ -152,10 +152,66 @@ def _keyed(launcher: CachedLaunch, key):
 
 def _fused_map(x, weight, key=None):
     """The one-pass map's forward in x's dtype (float32 inside the interpreter: decision 7, its bf16 sums).
-    ``key``: the map's launch key (it fixes x's and weight's signatures and the map's precision), or None."""
+    ``key``: the map's launch key (it fixes x's and weight's signatures and the map's precision), or None; with
+    one (and OP_RECIPES) the key's _MapLaunch from its second call on."""
     wide = torch.float32 if dispatch.interpreted(x.device) else None
-    return _as(kernels_forward.hedgehog_map_fused(x, _as(weight, torch.float32), out_dtype=wide,
-                                                  precision=_map_precision(x.device), launch=_keyed(_MAP, key)), x.dtype)
+    w = _as(weight, torch.float32)
+    if key is not None and tiles_launch.OP_RECIPES:
+        recipe = _MAP_RECIPES.get(key)
+        if recipe:
+            return _as(recipe.forward(x, w, wide or x.dtype), x.dtype)
+        if recipe is None:
+            out, recipe = _MapLaunch.capture(_MAP, key, lambda hook: kernels_forward.hedgehog_map_fused(
+                x, w, out_dtype=wide, precision=_map_precision(x.device), launch=hook))
+            _MAP_RECIPES.put(key, recipe)
+            return _as(out, x.dtype)
+    return _as(kernels_forward.hedgehog_map_fused(x, w, out_dtype=wide, precision=_map_precision(x.device),
+                                                  launch=_keyed(_MAP, key)), x.dtype)
+
+
+class _MapLaunch:
+    """One map kernel's launch (hedgehog_map_fused's or hedgehog_map_backward's) for one launch key (issue 31's host
+    time): its KeyedLaunch and the arguments the key fixes (the rows R and every stride: x's, dout's and the fresh
+    outputs' row views, W's), from the key's first launch; a call makes the row views and the outputs as
+    kernels_forward's wrappers do and launches (no sizes, blocks, argument tuple, options or key lookup a call)."""
+
+    __slots__ = ("launch", "tail", "width", "parts")
+
+    @classmethod
+    def capture(cls, launcher: CachedLaunch, key, run):
+        """(``run(hook)``'s result, the key's _MapLaunch or False): ``run`` launches through ``hook`` (by ``key``)."""
+        seen = []
+
+        def hook(grid, args, options):
+            seen.append((grid, args, options))
+            launcher.run(key, grid, args, options)
+        out = run(hook)
+        if len(seen) != 1:  # (no rows: nothing launched)
+            return out, False
+        grid, args, options = seen[0]
+        self = cls()
+        tensors = 3 if launcher is _MAP else 5  # (the wrappers' tensor arguments first)
+        self.launch, self.tail = KeyedLaunch(launcher, key, grid, options), args[tensors:]
+        self.width = args[2].shape[-1]  # (the map's 2F: the output's last dimension, dout's in the backward)
+        self.parts = None if launcher is _MAP else tuple(args[4].shape)  # (dW's partial sums)
+        return out, self
+
+    def forward(self, x, weight, out_dtype):
+        heads, dk = x.shape[-2], x.shape[-1]
+        out = torch.empty(*x.shape[:-1], self.width, dtype=out_dtype, device=x.device)
+        self.launch((x.reshape(-1, heads, dk), weight, out.view(-1, heads, self.width), *self.tail))
+        return out
+
+    def backward(self, x, weight, dout, dx_dtype):
+        heads, dk, f = x.shape[-2], x.shape[-1], weight.shape[-1]
+        dx = torch.empty(*x.shape, dtype=dx_dtype, device=x.device)
+        dwp = torch.empty(self.parts, dtype=torch.float32, device=x.device)
+        self.launch((x.reshape(-1, heads, dk), weight, dout.reshape(-1, heads, self.width), dx.view(-1, heads, dk),
+                     dwp, *self.tail))
+        return dx, dwp.sum(0)[:, :dk, :f]
+
+
+_MAP_RECIPES = LRU(256)  # a map launch's key -> its _MapLaunch (False: the keyed general path each call)
 
 
 def _as(t: torch.Tensor, dtype) -> torch.Tensor:
@@ -180,13 +236,22 @@ class _HedgehogMap(torch.autograd.Function):
         wide = torch.float32 if dispatch.interpreted(x.device) else None
         key = ctx.map_key
         rows, warps, programs = _MAP_BWD_BLOCKS.memo(key, lambda: _map_bwd_launch(x, weight))
+        w = _as(weight, torch.float32)
         if key is not None:  # (dout: the core's fresh dq or dk, its layout in the key all the same)
             key = (key, dout.dtype, dout.stride(), dout.data_ptr() & 15 == 0)
-        dx, dw = kernels_forward.hedgehog_map_backward(x, _as(weight, torch.float32), dout, programs=programs,
-                                                       dx_dtype=wide,
-                                                       rows=rows, warps=warps,
-                                                       precision=_map_precision(x.device),
-                                                       launch=_keyed(_MAP_BWD, key))
+        recipe = _MAP_RECIPES.get(key) if key is not None and tiles_launch.OP_RECIPES else None
+        if recipe:
+            dx, dw = recipe.backward(x, w, dout, wide or x.dtype)
+        else:
+            def run(hook):
+                return kernels_forward.hedgehog_map_backward(x, w, dout, programs=programs, dx_dtype=wide, rows=rows,
+                                                             warps=warps, precision=_map_precision(x.device),
+                                                             launch=hook)
+            if recipe is None and key is not None and tiles_launch.OP_RECIPES:
+                (dx, dw), recipe = _MapLaunch.capture(_MAP_BWD, key, run)
+                _MAP_RECIPES.put(key, recipe)
+            else:
+                dx, dw = run(_keyed(_MAP_BWD, key))
         return (_as(dx, x.dtype) if ctx.needs_input_grad[0] else None,
                 _as(dw, weight.dtype) if ctx.needs_input_grad[1] else None, None)
 
