@@ -25,8 +25,8 @@ stages, defined, not timed for the budget).
 --d64 (batch 3, call 3): "qs" (q_reg with rot_split: the rotation as two half products and a butterfly) against its
 twin on the D128 causal tail, D128 causal end to end q3 / qr / qs (eager, graph, kernels alone), the D64 full tail (qs),
 D64 causal, the outlier test, D128 full (qr, qs), D64 full (graphs).
---final (batch 4, call 4): "ship" (configs.ROTATED as committed) against q3: the outlier test, D128 causal end to end
-(eager, graph), D128 full (graph), D64 causal (eager, graph), D64 full (graph).
+--final (batch 4, call 4): "ship" (configs.ROTATED as committed: q_reg at D128) against q3 and qs: D128 causal end to
+end (eager, graph, kernels alone), D128 full (graph), D64 full (graph), the outlier test if time is left.
 Prints rows as it goes, a table last; JSON to $OUT/attention_fp8_qreg_s36.json. --smoke: CPU, tiny shapes (the twin in
 place of the kernel: checks the script, not the kernel).
 """
@@ -164,7 +164,7 @@ def main():
                         **({"kernel_qr14": bench(lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, causal,
                                                                                   D ** -0.5, q.dtype, config=cfg14,
                                                                                   q_reg=True, rot_split=False))}
-                           if cfg14 and not args.d64 else {})}
+                           if cfg14 and not (args.d64 or args.final) else {})}
                 row["parts_ms"] = kern
                 print("parts", json.dumps(kern), flush=True)
                 del k8, v8
@@ -255,11 +255,10 @@ def main():
     B0, H0, N0 = (1, 2, 256) if smoke else (16, 16, 4096)
     if args.final:  # "ship": configs.ROTATED as committed
         forms["ship"] = shipped
-        when(0, "outlier", outlier)
-        e2e(B0, H0, N0, 128, True, ["q3", "ship"], parts=False)
-        when(20, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["q3", "ship"], eager=False)
-        when(14, "e2e D64 causal", e2e, B0, H0, N0, 64, True, ["q3", "ship"])
-        when(8, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "ship"], eager=False)
+        e2e(B0, H0, N0, 128, True, ["q3", "ship", "qs"], parts=True)
+        when(14, "e2e D128 full", e2e, B0, H0, N0, 128, False, ["q3", "ship", "qs"], eager=False)
+        when(10, "e2e D64 full", e2e, B0, H0, N0, 64, False, ["q3", "ship"], eager=False)
+        when(6, "outlier", outlier)
     elif args.d64:
         when(0, "tail D128 causal qs", tail, 128, True, "qs")
         e2e(B0, H0, N0, 128, True, ["q3", "qr", "qs"], parts=True)
