@@ -8,16 +8,10 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
 2. GPU time (triton.testing.do_bench_cudagraph medians; do_bench where a graph fails) of the rotary forward,
    of the shipped forward without rotary on the same q, k, v, and of the composite; the overhead % of each
    over the forward without rotary (the issue's target: <= 3% for the rotary forward).
-3. (--extras, first) a few small checks of the rotary forward as --main runs it (below);
-4. while the budget lasts, the variants of --variants (gluon_rotary's switches through switches.patched: q_transform:
-   Q turned by the transform partition instead of each consumer; tables_input: cos and sin cast to q's dtype),
-   checked and timed on the same inputs; regs200: consumers 200 registers, the transform 88; the probes
-   no_turn (the transform hands each stage on unturned) and no_tables (turns by constant angles: no cos / sin
-   loads), timed only (wrong results); ahead2 / ahead3: the transform with 2 / 3 chunks of angles in flight
-   (ahead3_q: and Q turned by it too);
---main runs the four cases (and the extras) under one of VARIANTS (k_pass: K turned by apply_rotary's pass,
-Q in the kernel). The extras: grouped heads with rotary_dim < D and fp32 cos/sin, interleaved pairs
-(causal, D128), N < Nk causal with rows past a tile, a window with a softcap, the carried pipeline (short rows).
+Then (--extras) a few small checks: interleaved pairs (causal, D128), N < Nk causal with rows past a tile, a
+window with a softcap, the carried pipeline (short rows), grouped heads with rotary_dim < D and fp32 tables.
+gluon_rotary.forward turns K by apply_rotary's pass and Q in the kernel (session 36's runs: K turned in shared
+memory by a transform partition lost; notes/rotary).
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_kernel.py [--cases d128,d128c,d64,d64c] [--extras]
 Prints a table last; writes $OUT/attention_rotary_kernel.json.
@@ -36,23 +30,11 @@ from tilecore.ops.attention import gluon_rotary, launch, plan
 from tilecore.ops.attention.reference import attention_reference
 from tilecore.ops.rotary import apply_rotary
 from tilecore.ops.rotary.reference import rotary_reference
-from tilecore.tiles.switches import patched
 
 T0 = time.time()
 ROWS = []
 RESULTS = {"check": [], "timing": [], "errors": []}
 CASES = {"d128": (128, False), "d128c": (128, True), "d64": (64, False), "d64c": (64, True)}
-VARIANTS = {"q_transform": dict(Q_BY_TRANSFORM=True), "tables_input": dict(TABLES_DTYPE="input"),
-            "regs200": dict(CONSUMER_REGS=200, TURN_REGS=88),
-            # K turned by apply_rotary's pass, Q in the kernel (each consumer, its block at once): no transform
-            "k_pass": dict(K_IN_KERNEL=False), "in_kernel": dict(K_IN_KERNEL=True),
-            # the transform with 2 chunks of cos / sin rows in flight ahead of its turn (3: at 88 registers)
-            "ahead2": dict(K_IN_KERNEL=True, AHEAD=2), "ahead3": dict(K_IN_KERNEL=True, AHEAD=3, CONSUMER_REGS=200,
-                                                                        TURN_REGS=88),
-            "ahead3_q": dict(K_IN_KERNEL=True, AHEAD=3, CONSUMER_REGS=200, TURN_REGS=88, Q_BY_TRANSFORM=True),
-            # timing probes (wrong results, not checked): the transform hands stages on unturned; turns by
-            # constant angles (no cos / sin loads)
-            "no_turn": dict(PROBE=1), "no_tables": dict(PROBE=2)}
 
 
 def row(*entry):
@@ -135,18 +117,11 @@ def main():
     ap.add_argument("--cases", default="d128,d128c,d64,d64c")
     ap.add_argument("--extras", action="store_true")
     ap.add_argument("--shape", default="16,16,4096")
-    ap.add_argument("--variants", default="no_tables,q_transform")
-    ap.add_argument("--variant-cases", default="", help="the cases the variants run on (default: --cases)")
-    ap.add_argument("--main", default="", help="a variant of VARIANTS the four cases run as the rotary forward "
-                    "(default: gluon_rotary's switches as they are); also the extras'")
     a = ap.parse_args()
     B, H, N = (int(x) for x in a.shape.split(","))
     torch.manual_seed(0)
     dev = "cuda"
     row("device", torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
-    inputs = {}
-    main_switch = VARIANTS[a.main] if a.main else {}
-    main_name = a.main or "rotary in kernel"
     for case in a.cases.split(","):
         D, causal = CASES[case]
         if time.time() - T0 > 45:  # the job's budget (~60 s with compiles): the table so far
@@ -156,23 +131,16 @@ def main():
             q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cos, sin = tables(N, D // 2, torch.bfloat16, dev)
             scale = D ** -0.5
-            inputs[case] = (q, k, v, cos, sin, scale)
-            with patched(gluon_rotary, **main_switch):
-                check(f"{case} {a.main} B{B} H{H} N{N}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
+            check(f"{case} B{B} H{H} N{N}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
             p = plan.plan_forward(q, k, v, causal, scale)
             base, how_b = bench(lambda: launch.outputs(p, q, k, v, causal, scale))
-            with patched(gluon_rotary, **main_switch):
-                ours, how_o = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
+            ours, how_o = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
             comp, how_c = bench(lambda: composite(q, k, v, cos, sin, causal, scale))
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
-            inputs[case] += (base,)
             RESULTS["timing"].append(dict(case=case, B=B, H=H, N=N, D=D, causal=causal, base_ms=base, rotary_ms=ours,
-                                          composite_ms=comp, timed=[how_b, how_o, how_c], variant=a.main,
-                                          rotary_cfg=gluon_rotary.rotary_config(
-                                              D, N, N, causal, main_switch.get("K_IN_KERNEL", True)),
-                                          base_cfg=p.config))
+                                          composite_ms=comp, timed=[how_b, how_o, how_c], base_cfg=p.config))
             row("time", case, f"no rotary {base:.3f} ms ({flops / base / 1e9:.0f} TF/s)",
-                f"{main_name} {ours:.3f} ms ({100 * (ours / base - 1):+.1f}%)",
+                f"rotary {ours:.3f} ms ({100 * (ours / base - 1):+.1f}%)",
                 f"composite {comp:.3f} ms ({100 * (comp / base - 1):+.1f}%)", f"[{how_b},{how_o},{how_c}]",
                 f"{time.time() - T0:.0f}s")
         except Exception as e:  # noqa: BLE001 (reported; the next case runs)
@@ -194,31 +162,11 @@ def main():
                 q = torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16)
                 k, v = (torch.randn(b, hkv, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
                 cos, sin = tables(nk + 5, r, cdt, dev)
-                with patched(gluon_rotary, **main_switch):
-                    check(f"{name} {a.main}", q, k, v, cos, sin, causal, d ** -0.5, (b - 1, slice(0, h)), window,
-                          softcap, interleaved="interleaved" in name)
+                check(name, q, k, v, cos, sin, causal, d ** -0.5, (b - 1, slice(0, h)), window, softcap,
+                      interleaved="interleaved" in name)
             except Exception as e:  # noqa: BLE001
                 RESULTS["errors"].append(dict(case=name, error=traceback.format_exc()[-2000:]))
                 row("error", name, repr(e)[:300])
-    for variant in [x for x in a.variants.split(",") if x]:
-        switch = VARIANTS[variant]
-        for case in [c for c in (a.variant_cases or a.cases).split(",") if len(inputs.get(c, ())) == 7]:
-            if time.time() - T0 > 48:
-                row("skip", variant, case, "time")
-                continue
-            q, k, v, cos, sin, scale, base = inputs[case]
-            D, causal = CASES[case]
-            try:
-                with patched(gluon_rotary, **switch):
-                    if "PROBE" not in switch:
-                        check(f"{case} {variant}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
-                    ours, how = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
-                RESULTS["timing"].append(dict(case=case, variant=variant, rotary_ms=ours, base_ms=base, timed=how))
-                row("time", case, variant, f"rotary in kernel {ours:.3f} ms ({100 * (ours / base - 1):+.1f}% over "
-                    f"{base:.3f})", how, f"{time.time() - T0:.0f}s")
-            except Exception as e:  # noqa: BLE001
-                RESULTS["errors"].append(dict(case=f"{case} {variant}", error=traceback.format_exc()[-2000:]))
-                row("error", case, variant, repr(e)[:300])
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "attention_rotary_kernel.json"), "w") as f:

@@ -1,8 +1,9 @@
-"""The attention forward with rotary turned in the Hopper kernel (gluon_rotary.py, issue 37).
+"""The attention forward with rotary for Hopper (gluon_rotary.py, issue 37): K by apply_rotary's pass, Q turned
+in the Gluon kernel.
 
-On this (GPU-less) machine: what forward takes and refuses, its configuration, and the kernel compiled for
-sm_90a: wgmma not serialized, registers split between the consumers, the transform and the producer,
-K and Q turned in 16-byte shared-memory vectors and fenced for wgmma, spills within their bound. On a GPU:
+On this (GPU-less) machine: what forward takes and refuses, and the kernel compiled for sm_90a at the shipped
+forward's configurations: wgmma not serialized, its registers, Q turned in 16-byte shared-memory vectors and
+fenced for wgmma, spills within their bound; the host path with the launch stubbed. On a GPU:
 O and lse against the float64 attention of the float64-turned q and k (experiments/attention/
 gpu_rotary_kernel.py times it)."""
 import json
@@ -32,8 +33,7 @@ for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
                 head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
                 tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
-                Q_REGS=cfg.get("q_regs", False), K_IN_KERNEL=cfg.get("k_in_kernel", True),
-                CONSUMERS=cfg.get("consumers", 2),
+                Q_REGS=cfg.get("q_regs", False), CONSUMERS=cfg.get("consumers", 2),
                 TURN_ROWS=rows_at_a_time(r, cfg.get("interleaved", False)))
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
@@ -46,25 +46,16 @@ for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
-# (D, causal, config, R, cos dtype): rotary_config's outcomes at N 4096 (D128: Q in shared memory; D64: two
-# consumers), D128 causal with interleaved pairs, and D64's carried pipeline of short causal rows (64-key blocks)
-# with rotary_dim 32 and float32 tables
-VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2), 64, "bfloat16"),
+# (D, causal, config, R, cos dtype): the shipped forward's configurations (gluon_forward_config) at N 4096 (D128
+# without a mask: Q in registers; D64: three consumers), D128 causal with interleaved pairs, and D64's carried
+# pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables
+VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16"),
             (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16"),
-            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2), 32, "bfloat16"),
-            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32"),
-            # K turned by a pass: the shipped forward's layout (D128 without a mask: Q in registers; D64 causal:
-            # three consumers), Q turned in the kernel
-            (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True, k_in_kernel=False), 64,
-             "bfloat16"),
-            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3, k_in_kernel=False), 32,
-             "bfloat16")]
-# spill bytes (stores, loads) ptxas reports, by (D, carried): scalars of the tile loop kept in local memory at
-# 216 / 56 registers a thread (none of a wgmma's operands)
-SPILL_BYTES_ALLOWED = {(128, False): 64, (64, False): 0, (64, True): 64}
-# with K turned by a pass: the shipped forward's registers; its three-consumer D64 causal variant spills 168 bytes
-# without rotary (test_attention_hopper_compile), 240 here
-SPILL_BYTES_ALLOWED_K_PASS = {2: 0, 3: 256}
+            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3), 32, "bfloat16"),
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32")]
+# spill bytes (stores, loads) ptxas reports; the three-consumer D64 causal forward spills 168 bytes without rotary
+# (test_attention_hopper_compile), 240 with
+SPILL_BYTES_ALLOWED = {2: 0, 3: 256}
 
 
 @pytest.fixture(scope="module")
@@ -76,32 +67,27 @@ def report():
     return json.loads(r.stdout)
 
 
-def test_compiles_unserialized_with_the_registers_split(report):
+def test_compiles_unserialized_with_the_shipped_registers(report):
     assert len(report) == len(VARIANTS)
     for row in report:
         assert row["wgmma"] > 0 and row["tma"] > 0 and not row["wgmma_serialized"], row
-        if not row["cfg"].get("k_in_kernel", True):  # the shipped forward's split, no transform
-            assert 56 not in row["setmaxnreg"] and ({232, 40} <= set(row["setmaxnreg"])
-                                                    or {160, 24} <= set(row["setmaxnreg"])), row
-            allowed = SPILL_BYTES_ALLOWED_K_PASS[row["cfg"].get("consumers", 2)]
-            assert row["spill_stores"] <= allowed and row["spill_loads"] <= allowed, row
-            continue
-        # two consumers at 216, the transform's warpgroup at 56, the producer at 24: 512 a warpgroup's thread
-        assert {216, 56, 24} <= set(row["setmaxnreg"]), row
-        allowed = SPILL_BYTES_ALLOWED[row["d"], row["cfg"].get("carry", False)]
+        consumers = row["cfg"].get("consumers", 2)
+        # the shipped forward's split: two consumers at 232 and the producer at 40, or three at 160 and 24
+        assert {232, 40} <= set(row["setmaxnreg"]) if consumers == 2 else {160, 24} <= set(row["setmaxnreg"]), row
+        allowed = SPILL_BYTES_ALLOWED[consumers]
         assert row["spill_stores"] <= allowed and row["spill_loads"] <= allowed, row
         assert row["shared"] <= 227 * 1024, row
 
 
 def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
     for row in report:
-        # K (the transform) and Q (each consumer) read and written back in 16-byte vectors, both halves
+        # Q (each consumer) read and written back in 16-byte vectors, both halves
         assert row["lds_v4"] > 0 and row["lds_v4"] == row["sts_v4"], row
         if row["cfg"].get("interleaved"):  # 4 pairs a thread: 4 angles, 8 bytes of bfloat16
             assert row["cos_v4"] + row["cos_v2"] > 0, row
         else:  # 8 angles a thread: 16 bytes of bfloat16 (two 16-byte loads of float32)
             assert row["cos_v4"] > 0, row
-        assert row["fences"] >= 2, row  # after the transform's writes and after each consumer's Q (2 or 3)
+        assert row["fences"] >= row["cfg"].get("consumers", 2), row  # after each consumer's Q
 
 
 def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
@@ -130,17 +116,7 @@ def test_takes_partial_rotary_dims_and_fewer_queries():
     gluon_rotary.check(q, k, v, torch.randn(100, 32), torch.randn(100, 32), False)  # rotary_dim 64 of 128
 
 
-@pytest.mark.parametrize("d, n, causal", [(64, 4096, False), (64, 4096, True), (128, 4096, False), (128, 512, True),
-                                          (128, 512, False), (64, 512, True)])
-def test_config_is_the_shipped_one_with_two_consumers_and_q_in_shared_memory(d, n, causal):
-    from tilecore.ops.attention import configs
-
-    cfg, shipped = gluon_rotary.rotary_config(d, n, n, causal), configs.gluon_forward_config(d, n, n, causal)
-    assert cfg["consumers"] == 2 and not cfg["q_regs"] and not (d == 128 and cfg.get("carry"))
-    assert (cfg["block_m"], cfg["block_n"], cfg["stages"]) == (shipped["block_m"], shipped["block_n"], shipped["stages"])
-
-
-def test_rows_at_a_time_cover_the_transform_warps_once():
+def test_rows_at_a_time_cover_a_warpgroup_once():
     # 4 warps x 32 threads, 8 features a thread: R / 8 threads a row in each half, 2R / 8 interleaved
     for r in (16, 32, 64):
         rows = gluon_rotary.rows_at_a_time(r)
@@ -175,13 +151,12 @@ def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r, interleav
     assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("k_in_kernel", [True, False])
-def test_host_path_launches_the_inputs_or_k_turned(monkeypatch, k_in_kernel):
-    """forward's launch on the CPU with the kernel stubbed: K as given (turned in the kernel) or turned by
-    apply_rotary's pass (float64 reference: within bf16's rounding); the tables, positions and options."""
+def test_host_path_launches_k_turned_by_the_pass(monkeypatch):
+    """forward's launch on the CPU with the kernel stubbed: K turned by apply_rotary's pass (float64 reference:
+    within bf16's rounding), the tables, sizes and options as the shipped forward's configuration."""
     from tilecore import dispatch
+    from tilecore.ops.attention import configs
     from tilecore.ops.rotary.reference import rotary_reference
-    from tilecore.tiles.switches import patched
 
     launches = []
 
@@ -194,16 +169,14 @@ def test_host_path_launches_the_inputs_or_k_turned(monkeypatch, k_in_kernel):
     torch.manual_seed(0)
     q, k, v = qkv(b=2, h=4, hkv=2, n=48, nk=80, d=64)
     cos, sin = torch.randn(90, 32).cos(), torch.randn(90, 32).sin()
-    with patched(gluon_rotary, K_IN_KERNEL=k_in_kernel):
-        out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.125)
+    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.125)
     (args, options), = launches
     assert out.shape == (2, 4, 48, 64) and lse.shape == (2, 4, 48) and lse.dtype == torch.float32
     assert args[5] is cos and args[6] is sin and args[9] == 90 and args[11:13] == (48, 80)
-    assert options["K_IN_KERNEL"] is k_in_kernel and options["R"] == 32 and options["CAUSAL"]
+    assert options["R"] == 32 and options["CAUSAL"] and not options["INTERLEAVED"]
+    shipped = configs.gluon_forward_config(64, 48, 80, True)
+    assert (options["STAGES"], options["CONSUMERS"]) == (shipped["stages"], shipped.get("consumers", 2))
     launched_k = args[1].base
-    if k_in_kernel:
-        assert launched_k is k
-    else:
-        ref = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
-        assert torch.allclose(launched_k.double(), ref, rtol=2 ** -7, atol=2 ** -7)
-        assert not torch.equal(launched_k, k)
+    ref = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    assert torch.allclose(launched_k.double(), ref, rtol=2 ** -7, atol=2 ** -7) and not torch.equal(launched_k, k)
+    assert args[0].base is q and args[2].base is v  # Q turned in the kernel, V as given

@@ -1,25 +1,24 @@
-"""Attention forward with rotary embeddings turned inside the Hopper kernel (issue 37).
+"""Attention forward with rotary embeddings for Hopper (issue 37): K turned by apply_rotary's pass, Q inside
+the Gluon forward.
 
-``forward(q, k, v, cos, sin, ...)`` is attention(rotary(q), rotary(k), v) without a pass of its own
-over Q or K. The attention forward of gluon_kernels.py runs on the tiles template with a transform
-partition (``pipeline.Transform``, a warpgroup of its own): each K block, once its TMA has arrived in
-a stage, is turned there in place by its keys' angles,
+``forward(q, k, v, cos, sin, ...)`` is attention(rotary(q), rotary(k), v). K is turned by
+``tilecore.apply_rotary`` (one read and write of K), then the shipped forward's op
+(``gluon_kernels.Attention``, its layout, registers and configuration) runs with each consumer turning its
+own Q block in shared memory once a tile, before the tile's first S:
 
-    a' = a cos - b sin,    b' = b cos + a sin       (pairs (i, i + R), fp32, rounded once)
+    a' = a cos - b sin,    b' = b cos + a sin       (fp32, rounded once, as apply_rotary)
 
-(ld.shared, cos and sin rows by global loads: L2-resident, st.shared, fenced for wgmma), and the
-consumers take the stage from it. Each consumer turns its Q block the same way once a tile, in its
-own buffer, before the tile's first S. Every thread holds both elements of its pairs, so turning in
-place is safe. The consumers give the transform its registers (CONSUMER_REGS 216 here, 232 without;
-Q stays in shared memory).
+(ld.shared.v4, the rows' cos and sin by 16-byte global loads, st.shared.v4 in place: every thread holds
+both elements of its pairs; then a fence for wgmma and the warpgroup meets). A separate pass over Q too
+(the composite) costs a second read and write; K turned in shared memory as each stage arrives (a
+transform partition of the template) was slower than a stage (notes/rotary, session 36).
 
 Conventions (as ``tilecore.apply_rotary``): q (B, H, N, D), k and v (B, Hkv, Nk, D); cos, sin
 (max_seqlen, rotary_dim / 2), any float dtype; key j is at position j, query i at i + Nk - N (so
 N <= Nk, max_seqlen >= Nk); the pairs are (i, i + R) (half-split, NeoX / Llama) or (2i, 2i + 1)
 (interleaved, GPT-J), R = rotary_dim / 2, features past 2R pass through. Taken: D 64 and 128,
 rotary_dim any multiple of 32 up to D; bf16 and fp16; grouped heads; causal, windows and softcaps as
-the shipped forward. Not taken (NotImplementedError): MLA's 192 / 128 and other head dims; per-token
-positions (position_ids); three consumer warpgroups (D64 runs two).
+the shipped forward. Not taken (NotImplementedError): MLA's 192 / 128 and other head dims.
 """
 
 import torch
@@ -30,9 +29,7 @@ from tilecore.ops.attention import configs
 from tilecore.ops.attention.gluon_kernels import Attention, KV
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl
-from tilecore.tiles.gluon.pipeline import Transform
 from tilecore.tiles.launch import CachedLaunch
-
 
 
 @gluon.jit
@@ -50,16 +47,11 @@ def load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS
 
 @gluon.jit
 def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
-              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0,
-              AHEAD: gl.constexpr = 1):
+              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False):
     """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
     the pairs (i, i + R) (INTERLEAVED: (2i, 2i + 1)), i < R, by the angles of cos and sin's row of that
     position (load_angles). ROWS rows at a time, 16-byte vectors (8 features a thread: both halves'
-    (i, i + R), or 4 whole pairs), the angles of the AHEAD chunks after this one (1-3) in flight under its
-    turn. PROBE (timing
-    only, wrong results): 1 turns nothing, 2 turns by constant angles (no cos / sin loads)."""
-    if PROBE == 1:
-        return
+    (i, i + R), or 4 whole pairs), the next rows' cos and sin loaded before this rows' turn."""
     BLOCK_ROWS: gl.constexpr = buf.shape[0]
     WIDTH: gl.constexpr = 2 * R if INTERLEAVED else R  # the features a thread row holds, 8 a thread
     COL_THREADS: gl.constexpr = WIDTH // 8 if WIDTH // 8 <= 32 else 32
@@ -71,25 +63,11 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
     pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [ROW_THREADS, COL_THREADS, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
     angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
     CHUNKS: gl.constexpr = BLOCK_ROWS // ROWS
-    # the angles of chunks c .. c + AHEAD - 1 in flight (c0: this chunk's, c1, c2: the next ones')
-    if PROBE == 2:
-        cos = gl.full([ROWS, R], 0.8, gl.float32, angle_layout)
-        sin = gl.full([ROWS, R], 0.6, gl.float32, angle_layout)
-    else:
-        cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
-        if AHEAD >= 2 and CHUNKS > 1:
-            cos1, sin1 = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos + ROWS, ROWS, R,
-                                     angle_layout)
-        if AHEAD >= 3 and CHUNKS > 2:
-            cos2, sin2 = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos + 2 * ROWS, ROWS, R,
-                                     angle_layout)
+    cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
     for c in gl.static_range(CHUNKS):
-        if PROBE == 2:
-            next_cos = cos
-            next_sin = sin
-        elif c + AHEAD < CHUNKS:  # chunk c + AHEAD's angles, in flight under this turn
+        if c + 1 < CHUNKS:  # the next rows' angles, in flight under this turn
             next_cos, next_sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
-                                             first_pos + (c + AHEAD) * ROWS, ROWS, R, angle_layout)
+                                             first_pos + (c + 1) * ROWS, ROWS, R, angle_layout)
         chunk = buf.slice(c * ROWS, ROWS, dim=0)
         cs = cos.to(gl.float32)
         sn = sin.to(gl.float32)
@@ -106,35 +84,15 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
             b = hi.load(layout).to(gl.float32)
             lo.store((a * cs - b * sn).to(buf.dtype))
             hi.store((b * cs + a * sn).to(buf.dtype))
-        if PROBE == 2:
-            pass
-        elif AHEAD == 1:
-            if c + 1 < CHUNKS:
-                cos = next_cos
-                sin = next_sin
-        elif AHEAD == 2:
-            if c + 1 < CHUNKS:
-                cos = cos1
-                sin = sin1
-            if c + 2 < CHUNKS:
-                cos1 = next_cos
-                sin1 = next_sin
-        else:
-            if c + 1 < CHUNKS:
-                cos = cos1
-                sin = sin1
-            if c + 2 < CHUNKS:
-                cos1 = cos2
-                sin1 = sin2
-            if c + 3 < CHUNKS:
-                cos2 = next_cos
-                sin2 = next_sin
+        if c + 1 < CHUNKS:
+            cos = next_cos
+            sin = next_sin
 
 
 @struct
 class RotaryAttention:
-    """The rotary forward's op: attention's (``attn``, whose callbacks it passes on) with Q and K
-    turned: ``start`` turns a consumer's Q rows, ``turn`` (the transform partition) a stage's K block."""
+    """The rotary forward's op: attention's (``attn``, whose callbacks it passes on), each consumer's Q
+    block turned at the start of its tile (K comes turned)."""
     attn: object
     cos: object
     sin: object
@@ -142,12 +100,8 @@ class RotaryAttention:
     sin_stride: object
     n_max: object  # cos's and sin's rows
     R: gl.constexpr  # pairs a row: rotary_dim / 2
-    TURN_ROWS: gl.constexpr  # rows a thread group turns at a time
-    AHEAD: gl.constexpr  # chunks of angles in flight ahead of the K turn (turn_rows)
-    Q_ROWS: gl.constexpr  # ... of Q (a consumer's block at once where its registers allow: one round trip for its angles)
-    Q_BY_TRANSFORM: gl.constexpr  # Q turned by the transform partition (turn_tile), else by each consumer (start)
+    ROWS: gl.constexpr  # Q rows turned at a time (a consumer's block where its registers allow)
     INTERLEAVED: gl.constexpr  # pairs (2i, 2i + 1) (GPT-J), else (i, i + R)
-    PROBE: gl.constexpr  # timing probes (turn_rows): 0 shipped
 
     @gluon.jit
     def setup(self, tile_id):
@@ -166,38 +120,16 @@ class RotaryAttention:
         return self.attn.initial(ctx)
 
     @gluon.jit
-    def turn_q(self, buf, tile, consumer):
-        """Consumer ``consumer``'s Q rows turned in its buffer (query i at position i + Nk - N)."""
-        a = self.attn
-        first = tile.first + consumer * a.BM
-        turn_rows(buf.reshape([a.BM, a.D]), first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride,
-                  self.sin_stride, self.n_max, self.R, self.Q_ROWS, self.INTERLEAVED, self.PROBE)
-
-    @gluon.jit
-    def turn_tile(self, ctx, buf, tile, consumer):
-        self.turn_q(buf, tile, consumer)
-
-    @gluon.jit
     def start(self, ctx, tile, prev):
-        """Attention's start, this consumer's Q turned first unless the transform turned it (then made
-        visible to wgmma: every thread fences its own writes, then the warpgroup meets)."""
-        if not self.Q_BY_TRANSFORM:
-            self.turn_q(ctx.operand, tile, ctx.index)
-            fence_async_shared()
-            gl.thread_barrier()
-        return self.attn.start(ctx, tile, prev)
-
-    @gluon.jit
-    def turn(self, ctx, stage, tile, step):
-        """The stage's K block turned (key j at position j); a stage whose K goes unused (a tile's last
-        P V step, the carried tail) is passed on as it is."""
+        """This consumer's Q rows turned in its buffer (query i at position i + Nk - N), made visible to
+        wgmma (every thread fences its own writes, then the warpgroup meets), then attention's start."""
         a = self.attn
-        if step < tile.n_blocks:
-            k_block = step
-            if a.WINDOW:
-                k_block += tile.first_block
-            turn_rows(stage.k.reshape([a.BN, a.D]), k_block * a.BN, self.cos, self.sin, self.cos_stride,
-                      self.sin_stride, self.n_max, self.R, self.TURN_ROWS, self.INTERLEAVED, self.PROBE, self.AHEAD)
+        first = tile.first + ctx.index * a.BM
+        turn_rows(ctx.operand.reshape([a.BM, a.D]), first + (a.Nk - a.N), self.cos, self.sin, self.cos_stride,
+                  self.sin_stride, self.n_max, self.R, self.ROWS, self.INTERLEAVED)
+        fence_async_shared()
+        gl.thread_barrier()
+        return a.start(ctx, tile, prev)
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
@@ -216,18 +148,14 @@ class RotaryAttention:
 def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr, sin_ptr, cos_stride, sin_stride,
                                 n_max, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, schedule, left, right,
                                 tanh_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
-                                Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
+                                CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
-                                TURN_WARPS: gl.constexpr = 4, CONSUMER_REGS: gl.constexpr = 216,
-                                TURN_REGS: gl.constexpr = 56, Q_BY_TRANSFORM: gl.constexpr = False,
-                                INTERLEAVED: gl.constexpr = False, PROBE: gl.constexpr = 0,
-                                K_IN_KERNEL: gl.constexpr = True, CONSUMERS: gl.constexpr = 2,
-                                AHEAD: gl.constexpr = 1):
-    """attention_fwd_kernel's O and lse (two consumers) of rotary(Q), rotary(K), V: Q and K as loaded,
-    turned in the kernel (the module docstring); K_IN_KERNEL False: K comes turned (a pass before), only
-    Q is turned here (by each consumer), no transform partition (the shipped forward's registers)."""
-    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not K_IN_KERNEL), "two consumers (three with K turned before)")
+                                INTERLEAVED: gl.constexpr = False):
+    """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
+    turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
+    its angles) but with a carried tile's state live: TURN_ROWS rows at a time."""
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
     BM: gl.constexpr = o_desc.block_type.shape[2]
@@ -240,22 +168,11 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      right, tanh_scale, CAUSAL, BM, BN, D, DV, CONSUMERS, CARRY, Q_REGS,
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
-    # Q turned whole by a consumer at the shipped registers (no tile carried over), else TURN_ROWS at a time
-    Q_ROWS: gl.constexpr = BM if not (K_IN_KERNEL or CARRY) else TURN_ROWS
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, TURN_ROWS, AHEAD, Q_ROWS,
-                         Q_BY_TRANSFORM, INTERLEAVED, PROBE)
-    gl.static_assert(K_IN_KERNEL or not Q_BY_TRANSFORM, "Q by the transform: K turned in the kernel")
-    if K_IN_KERNEL:
-        # registers a thread, in warpgroups of 128 threads: 2 consumers + the transform + the producer = 512
-        PRODUCER_REGS: gl.constexpr = 512 - 2 * CONSUMER_REGS - TURN_REGS
-        gl.static_assert(PRODUCER_REGS >= 24, "the producer keeps 24 registers")
-        layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                        LATE_RELEASE=0, CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS),
-                        schedule=schedule, transform=Transform(TURN_WARPS, TURN_REGS, TILE_OPERAND=Q_BY_TRANSFORM))
-    else:  # the shipped forward's layout
-        layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
-                        PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
-                        tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
+    ROWS: gl.constexpr = BM if not CARRY else TURN_ROWS
+    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED)
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
 
 
@@ -263,36 +180,12 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
 # the launch
 
 ROTARY_FWD = CachedLaunch(attention_rotary_fwd_kernel)
-# registers a thread: two consumers, the transform (the producer gets the rest of 512, at least 24)
-CONSUMER_REGS = 216
-TURN_REGS = 56
-Q_BY_TRANSFORM = False  # Q turned by the transform partition as it arrives (else by each consumer, a tile's start)
-TABLES_DTYPE = None  # cos and sin as given (None), or cast to q's dtype ("input") before the launch
-PROBE = 0  # timing probes, wrong results (turn_rows): 1 no turn (the partition's hand-on only), 2 no cos / sin loads
-K_IN_KERNEL = True  # K turned by the transform partition; False: by apply_rotary's pass before the kernel (Q in it)
-AHEAD = 1  # the transform's chunks of cos / sin rows in flight ahead of the one it turns (1-3)
-
-
-def rotary_config(d: int, n: int, nk: int, causal: bool, k_in_kernel: bool = True) -> dict:
-    """The shipped forward's configuration (configs.gluon_forward_config) with two consumers, Q in shared
-    memory and at D128 no carried pipeline: the transform takes the registers of a third consumer, of
-    Q's and of the carry's (at 216 a thread Q in registers spills ~860 bytes, D128's carry ~600)."""
-    cfg = configs.gluon_forward_config(d, n, nk, causal)
-    if not k_in_kernel:  # K turned by a pass: the shipped forward's registers, and its configuration
-        return cfg
-    if cfg.get("consumers", 2) != 2:
-        cfg.update(consumers=2, q_buffers=2)
-    cfg["q_regs"] = False
-    if d == 128:  # the carried pipeline at 216 registers spills ~600 bytes (232 without the transform: none)
-        cfg["carry"] = False
-    return cfg
 
 
 def rows_at_a_time(r: int, interleaved: bool = False) -> int:
     """Rows 4 warps turn at a time: as many as they cover with 8 features (16 bytes) a thread, of each
     half of the pairs (1024 / R rows) or of the 2R interleaved features (512 / R)."""
     return (512 if interleaved else 1024) // r
-
 
 def check(q, k, v, cos, sin, interleaved: bool) -> None:
     """What forward takes, or a clear error."""
@@ -323,19 +216,14 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     from tilecore.ops.attention.kernels_tl import mask_options, score_options
     from tilecore.ops.attention.launch import gluon_softcap, head_operand, run as run_plan
     from tilecore.ops.attention.plan import plan_forward
+    from tilecore.ops.rotary import apply_rotary
 
     check(q, k, v, cos, sin, interleaved)
-    if TABLES_DTYPE == "input":
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-    k_in_kernel = K_IN_KERNEL
-    if not k_in_kernel:  # K turned by a pass (its (B, Nk, Hkv, D) view, as apply_rotary takes it)
-        from tilecore.ops.rotary import apply_rotary
-
-        k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
+    k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)  # its (B, Nk, Hkv, D) view
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     windowed = tuple(window) != (-1, -1)
-    cfg = rotary_config(D, N, Nk, causal and not windowed, K_IN_KERNEL)
+    cfg = configs.gluon_forward_config(D, N, Nk, causal and not windowed)
     plan = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, window=window, softcap=softcap,
                         sm_margin=sm_margin)
     cfg = plan.config
@@ -350,10 +238,8 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                   head_operand(out, block_m), lse, cos, sin, cos.stride(0), sin.stride(0), cos.shape[0], H, N, Nk,
                   H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
                  dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
-                      Q_BUFFERS=cfg.get("q_buffers", 1), CARRY=cfg.get("carry", False),
-                      Q_REGS=cfg.get("q_regs", False), TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved),
-                      INTERLEAVED=bool(interleaved),
-                      CONSUMER_REGS=CONSUMER_REGS, TURN_REGS=TURN_REGS, Q_BY_TRANSFORM=Q_BY_TRANSFORM and k_in_kernel,
-                      PROBE=PROBE, K_IN_KERNEL=k_in_kernel, CONSUMERS=cfg.get("consumers", 2), AHEAD=AHEAD,
+                      CONSUMERS=cfg.get("consumers", 2), Q_BUFFERS=cfg.get("q_buffers", 1),
+                      CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
+                      TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
                       num_warps=4))
     return out, lse

@@ -25,11 +25,6 @@ per-tile operands and their buffers, a persistent grid walking tiles in the orde
   ``finish(ctx, state, tile)``         consumer: the epilogue (not with ``CARRY``)
   ``initial(ctx) -> state``            consumer, with ``CARRY``: the state before a program's first tile
   ``help(ctx, tile, step)``            the helper partition, with ``Layout.helper``: one step's work
-  ``turn(ctx, stage, tile, step)``     the transform partition, with ``Layout.transform``: rewrite the
-                                       arrived stage in place (ld.shared / st.shared), before any
-                                       consumer reads it
-  ``turn_tile(ctx, buf, tile, c)``     the transform, with ``Transform.TILE_OPERAND``: consumer c's
-                                       tile operand, likewise
   ==================================  =====================================================================
 
   ``ctx`` is the partition's ``Consumer``: its index (a constexpr), its epilogue buffer, this tile's
@@ -44,19 +39,10 @@ tile's work (the attention forward issues the next tile's first S with the last 
 finished tile under it), ``finish`` is not called, and after a program's last tile one more step,
 ``step = steps`` of that tile, is loaded and computed; ``load`` then also receives the previous tile
 (a program's first tile is its own previous).
-
-A stage that must change between its TMA's arrival and its consumers (the rotary forward turns each
-K block by its keys' angles) takes ``Layout.transform``: a partition that waits each stage's ready
-barrier, calls ``turn``, fences its shared-memory writes for the async proxy (wgmma, TMA) and arrives
-on the stage's second barrier, which the consumers then wait instead of ready (with CARRY, not the
-tail step: it is handed on as it arrived). With ``Transform.TILE_OPERAND`` each consumer's tile
-operand goes through ``turn_tile`` the same way at the start of its tile. Stages and operands are
-released by the consumers as before (the transform is done with them once they have them). Without
-a transform the template emits what it did before.
 """
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import aggregate, base_value, builtin, fence_async_shared, gl, mbarrier, tma
+from tilecore.tiles.gluon.compat import aggregate, base_value, builtin, gl, mbarrier, tma
 from tilecore.tiles.schedule import next_tile, program_tiles, scheduled_tile
 
 TILE_ID_SLOTS = gl.constexpr(4)  # drawn tiles: ids the producer may hand out ahead of the consumers
@@ -148,7 +134,7 @@ class Layout:
     they get to them (and leave it zero), or None. ``LOOKAHEAD`` (below ``STAGES``; 0: the ring's
     depth): after its first lap the producer loads a step only once the step ``LOOKAHEAD`` before it is
     released, so a deep ring fills at a program's start and runs ``LOOKAHEAD`` deep after.
-    ``helper``: a ``Helper`` partition, or None. ``transform``: a ``Transform`` partition, or None."""
+    ``helper``: a ``Helper`` partition, or None."""
     out: object
     STAGES: gl.constexpr
     CONSUMERS: gl.constexpr
@@ -161,12 +147,10 @@ class Layout:
     schedule: object
     tile_counter: object
     helper: object
-    transform: object
 
     @gluon.constexpr_function
     def __init__(self, out, STAGES, CONSUMERS=1, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=1,
-                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None,
-                 transform=None):
+                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None):
         self.out = out
         self.STAGES = gl.constexpr(STAGES)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
@@ -179,7 +163,6 @@ class Layout:
         self.schedule = field(schedule)
         self.tile_counter = field(tile_counter)
         self.helper = field(helper)
-        self.transform = field(transform)
 
 
 @aggregate
@@ -221,25 +204,6 @@ class Helper:
         self.REGS = gl.constexpr(REGS)
 
 
-@aggregate
-class Transform:
-    """A partition (``WARPS`` warps, ``REGS`` registers a thread) between the producer and the
-    consumers: every stage, once its TMA has arrived, goes through the op's ``turn(ctx, stage, tile,
-    step)`` (a rewrite in shared memory, in place) before the consumers see it; with ``TILE_OPERAND``
-    each consumer's tile operand too, through ``turn_tile(ctx, buf, tile, consumer)`` at the start of
-    each tile (a per-consumer operand). Its registers come out of the consumers' budget: CONSUMERS x
-    CONSUMER_REGS + REGS + PRODUCER_REGS within 512 (64K a SM in warpgroups of 128 threads)."""
-    WARPS: gl.constexpr
-    REGS: gl.constexpr
-    TILE_OPERAND: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, WARPS=4, REGS=88, TILE_OPERAND=False):
-        self.WARPS = gl.constexpr(WARPS)
-        self.REGS = gl.constexpr(REGS)
-        self.TILE_OPERAND = gl.constexpr(TILE_OPERAND)
-
-
 @gluon.jit
 def ring(desc, STAGES: gl.constexpr):
     """A ring of ``STAGES`` buffers of a TMA descriptor's block (one named buffer of a stage)."""
@@ -261,9 +225,8 @@ def stage_bytes(stage):
 
 @aggregate
 class _Pipeline:
-    """What every partition shares at run time: the ring and its barriers (``turned``: a stage's
-    transform done, or None), the tile operand's buffers and barriers, the drawn tiles' slots, the
-    tile count."""
+    """What every partition shares at run time: the ring and its barriers, the tile operand's
+    buffers and barriers, the drawn tiles' slots, the tile count."""
     stages: object
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
@@ -274,12 +237,9 @@ class _Pipeline:
     id_ready: object
     id_free: object
     num_tiles: gl.tensor
-    turned: object
-    tile_turned: object
 
     @gluon.constexpr_function
-    def __init__(self, stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles,
-                 turned=None, tile_turned=None):
+    def __init__(self, stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles):
         self.stages = stages
         self.ready = ready
         self.empty = empty
@@ -290,8 +250,6 @@ class _Pipeline:
         self.id_ready = field(id_ready)
         self.id_free = field(id_free)
         self.num_tiles = num_tiles
-        self.turned = field(turned)
-        self.tile_turned = field(tile_turned)
 
 
 @gluon.jit
@@ -439,10 +397,7 @@ def _consumer(op, layout, p, CID: gl.constexpr, out):
         if layout.CARRY:  # the tail step: step `steps` of the program's last tile, which finishes it
             if t > 0:
                 s = i % layout.STAGES
-                if layout.transform is None:
-                    mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
-                else:
-                    mbarrier.wait(p.turned.index(s), (i // layout.STAGES) & 1)
+                mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
                 ctx = _context(layout, p, CID, out, 0)
                 state = op.compute(ctx.at(i), state, p.stages.index(s), 0, last_steps)
                 state = op.wait(ctx, state)
@@ -470,20 +425,12 @@ def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, la
     operand = layout.tile_operand
     slot = _tile_slot(layout, CID, t) if operand is not None else 0
     if operand is not None:
-        if layout.transform is None:
-            mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
-        elif layout.transform.TILE_OPERAND:  # the operand as the transform left it
-            mbarrier.wait(p.tile_turned.index(slot), (t // operand.BUFFERS) & 1)
-        else:
-            mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
+        mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
     ctx = _context(layout, p, CID, out, slot)
     state = op.start(ctx, tile, prev)
     for kk in range(steps):
         s = i % layout.STAGES
-        if layout.transform is None:
-            mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
-        else:  # the stage as the transform left it
-            mbarrier.wait(p.turned.index(s), (i // layout.STAGES) & 1)
+        mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
         state = op.compute(ctx.at(i), state, p.stages.index(s), tile, kk)
         if layout.LATE_RELEASE == 0:
             state = op.wait(ctx, state)  # its wgmma must finish before the stage is refilled
@@ -543,51 +490,6 @@ def _help_tile(op, layout, p, tile_id, i, t):
 
 
 @gluon.jit
-def _transform(op, layout, p):
-    """The transform partition's loop: every step of the program's tiles, in the consumers' order,
-    through ``turn``, then handed to them on ``turned``; with CARRY the tail step (the last tile's step
-    ``steps``) is handed on as it arrived."""
-    i = 0
-    SCHEDULED: gl.constexpr = layout.schedule is not None
-    first, end, step = program_tiles(p.num_tiles, layout.schedule, SCHEDULED)
-    next_id = scheduled_tile(first, layout.schedule, SCHEDULED)
-    ctx = Consumer(layout.CONSUMERS, None, None)
-    t = 0
-    for n in range(first, end, step):
-        tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
-        tile, steps = op.setup(tile_id)
-        if layout.transform.TILE_OPERAND:  # each consumer's operand for this tile, as it arrives
-            for c in gl.static_range(layout.CONSUMERS):
-                slot = _tile_slot(layout, c, t)
-                mbarrier.wait(p.tile_ready.index(slot), (t // layout.tile_operand.BUFFERS) & 1)
-                op.turn_tile(ctx, p.tile_bufs.index(slot), tile, c)
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(p.tile_turned.index(slot))
-        t += 1
-        for kk in range(steps):
-            s = i % layout.STAGES
-            mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
-            op.turn(ctx.at(i), p.stages.index(s), tile, kk)
-            _hand_on(p, s)
-            i += 1
-    if layout.CARRY:
-        if first < end:
-            s = i % layout.STAGES
-            mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
-            _hand_on(p, s)
-
-
-@gluon.jit
-def _hand_on(p, s):
-    """Stage s to the consumers: the partition's shared-memory writes made visible to the async proxy
-    (wgmma, TMA: every thread fences its own, then the partition meets), then ``turned``."""
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(p.turned.index(s))
-
-
-@gluon.jit
 def run(op, layout, stages, num_tiles):
     """Run ``op`` on the template: ``stages`` is the op's stage ring (see the module docstring),
     ``num_tiles`` the tiles of the launch. Allocates the barriers, the tile operand's buffers and the
@@ -606,11 +508,6 @@ def run(op, layout, stages, num_tiles):
     gl.static_assert(not HELPER or (C == 2 and operand is not None and operand.SHARED and not operand.RESIDENT
                                     and not layout.CARRY),
                      "a helper partition comes with two consumers and a shared tile operand")
-    TRANSFORM: gl.constexpr = layout.transform is not None
-    gl.static_assert(not TRANSFORM or (C <= 2 and not HELPER and layout.tile_counter is None),
-                     "a transform partition comes with one or two consumers, no helper, no drawn tiles")
-    gl.static_assert(not TRANSFORM or not layout.transform.TILE_OPERAND
-                     or (operand is not None and not operand.SHARED), "a transformed tile operand is per consumer")
     READERS: gl.constexpr = C + 1 if HELPER else C  # the partitions that read a tile's operand and ids
     out_desc = layout.out
     outs = gl.allocate_shared_memory(out_desc.dtype, [C] + out_desc.block_type.shape, out_desc.layout)
@@ -647,34 +544,9 @@ def run(op, layout, stages, num_tiles):
         ids = None
         id_ready = None
         id_free = None
-    if TRANSFORM:  # a stage turned (an operand turned): the consumers wait this instead of ready (tile_ready)
-        turned = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(turned.index(s), count=1)
-        if layout.transform.TILE_OPERAND:
-            tile_turned = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
-            for c in gl.static_range(OPERAND_SLOTS):
-                mbarrier.init(tile_turned.index(c), count=1)
-        else:
-            tile_turned = None
-        p = _Pipeline(stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles,
-                      turned, tile_turned)
-    else:
-        p = _Pipeline(stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles)
+    p = _Pipeline(stages, ready, empty, tile_bufs, tile_ready, tile_empty, ids, id_ready, id_free, num_tiles)
     STAGE_BYTES: gl.constexpr = stage_bytes(stages)
-    if C == 1 and TRANSFORM:
-        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
-                            (_transform, (op, layout, p)),
-                            (_producer, (op, layout, p, STAGE_BYTES))],
-                           [layout.transform.WARPS, 1], [layout.transform.REGS, layout.PRODUCER_REGS])
-    elif C == 2 and TRANSFORM:  # the transform before the producer: a warpgroup of its own
-        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
-                            (_consumer, (op, layout, p, 1, outs.index(1))),
-                            (_transform, (op, layout, p)),
-                            (_producer, (op, layout, p, STAGE_BYTES))],
-                           [gl.num_warps(), layout.transform.WARPS, 1],
-                           [layout.CONSUMER_REGS, layout.transform.REGS, layout.PRODUCER_REGS])
-    elif C == 1:
+    if C == 1:
         gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
                             (_producer, (op, layout, p, STAGE_BYTES))],
                            [1], [layout.PRODUCER_REGS])
@@ -701,12 +573,6 @@ def run(op, layout, stages, num_tiles):
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
-    if TRANSFORM:
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(turned.index(s))
-        if layout.transform.TILE_OPERAND:
-            for c in gl.static_range(OPERAND_SLOTS):
-                mbarrier.invalidate(tile_turned.index(c))
     for c in gl.static_range(OPERAND_SLOTS):
         mbarrier.invalidate(tile_ready.index(c))
         mbarrier.invalidate(tile_empty.index(c))
