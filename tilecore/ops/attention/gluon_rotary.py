@@ -11,7 +11,7 @@ own Q block in shared memory once a tile, before the tile's first S:
 (ld.shared.v4, the rows' cos and sin by 16-byte global loads, st.shared.v4 in place: every thread holds
 both elements of its pairs; then a fence for wgmma and the warpgroup meets). A separate pass over Q too
 (the composite) costs a second read and write; K turned in shared memory as each stage arrives (a
-transform partition of the template) was slower than a stage (notes/rotary, session 36).
+transform partition of the template) was slower than a stage (notes/rotary).
 
 Conventions (as ``tilecore.apply_rotary``): q (B, H, N, D), k and v (B, Hkv, Nk, D); cos, sin
 (max_seqlen, rotary_dim / 2), any float dtype; key j is at position j, query i at i + Nk - N (so
