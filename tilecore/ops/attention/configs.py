@@ -175,3 +175,8 @@ DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a 
 # the backward then the composite's); False: the composite (apply_rotary on q and k, the shipped Gluon
 # forward and backward on the turned tensors, dQ and dK turned back by apply_rotary's backward)
 ROTARY_IN_KERNEL = False
+# The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
+# K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
+# 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past
+# sm_86's 99); one stage asks 48-64 KiB at D <= 128, which every GPU the plans serve has. Untimed.
+ROTARY_TL_STAGES = 1

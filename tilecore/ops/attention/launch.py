@@ -214,6 +214,15 @@ def rotary_arguments(rotary) -> dict:
                 ROTARY=True, ROTARY_INTERLEAVED=bool(interleaved))
 
 
+def rotary_stages(plan):
+    """A tl plan (and its dQ pass) with configs.ROTARY_TL_STAGES pipelining stages: the turned tiles' shared
+    memory (the partner columns, cos and sin rows beside K and V) fits every GPU with it."""
+    cfg = {**plan.config, "num_stages": configs.ROTARY_TL_STAGES}
+    dq = None if plan.dq is None else dataclasses.replace(plan.dq, config={**plan.dq.config,
+                                                                          "num_stages": configs.ROTARY_TL_STAGES})
+    return dataclasses.replace(plan, config=cfg, dq=dq)
+
+
 def rotary_buffer(shape, dtype, device) -> torch.Tensor:
     """An output of the rotary tl path, which its kernels write whole (tests fill it with NaN first)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -225,6 +234,7 @@ def rotary_outputs(plan, q, k, v, cos, sin, interleaved: bool, causal: bool, sca
     q, k, v with path "tl"): Q and K turned in the kernel."""
     if plan.path != "tl":
         raise ValueError(f"rotary in the kernel: the tl forward only; got a {plan.path!r} plan")
+    plan = rotary_stages(plan)
     out = rotary_buffer((*q.shape[:3], v.shape[-1]), q.dtype, q.device)
     lse = rotary_buffer(q.shape[:3], torch.float32, q.device)
     rotary = (cos, sin, interleaved)
@@ -437,6 +447,7 @@ def rotary_gradients(plan, dout, q, k, v, cos, sin, interleaved: bool, out, lse,
     with path "tl"), allocated here: Q and K turned in the kernels, dQ and dK turned back there."""
     if plan.path != "tl":
         raise ValueError(f"rotary in the kernel: the tl backward only; got a {plan.path!r} plan")
+    plan = rotary_stages(plan)
     lse = lse.contiguous()
     dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
     grads = [rotary_buffer(t.shape, t.dtype, t.device) for t in (q, k, v)]
