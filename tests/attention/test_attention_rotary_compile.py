@@ -1,5 +1,6 @@
 """The tl attention kernels with ROTARY on compile for sm_90a on this (GPU-less) machine: the forward
-at D64 without spilling; ROTARY off adds no kernel parameter (COS and SIN default to None, constexpr)
+at D64 without spilling, every rotary kernel within 64 KiB of shared memory at configs.ROTARY_TL_STAGES;
+ROTARY off adds no kernel parameter (COS and SIN default to None, constexpr)
 and its PTX is the PTX of the kernel given the off values explicitly. (Before / after identity of the
 non-rotary PTX, 24 variants: notes/rotary/README.md's decision log.)"""
 import json
@@ -31,13 +32,14 @@ def rotary(on, interleaved=False):
 fwd = dict(Q=q, K=q, V=q, O=q, LSE=lse, **strides("sq", "sk", "sv", "so"), **common, BLOCK_M=128, BLOCK_N=64)
 bwd = dict(Q=q, K=q, V=q, DO=q, LSE=lse, DELTA=lse, **strides("sq", "sk", "sv", "sd", "sg"), **common,
            scale=0.3, BLOCK_M=64, BLOCK_N=64)
+from tilecore.ops.attention.configs import ROTARY_TL_STAGES as S
 variants = [
     ("fwd", K.attn_fwd, fwd, 8, 3),
     ("fwd off", K.attn_fwd, dict(fwd, **rotary(False)), 8, 3),
-    ("fwd rotary", K.attn_fwd, dict(fwd, **rotary(True)), 8, 3),
-    ("fwd rotary interleaved", K.attn_fwd, dict(fwd, **rotary(True, True)), 8, 3),
-    ("dkdv rotary", K.attn_bwd_dkdv, dict(bwd, DK=q, DV_OUT=q, HKV=h, **strides("svg"), **rotary(True)), 4, 2),
-    ("dq rotary", K.attn_bwd_dq, dict(bwd, DQ=q, **rotary(True)), 4, 2),
+    ("fwd rotary", K.attn_fwd, dict(fwd, **rotary(True)), 8, S),
+    ("fwd rotary interleaved", K.attn_fwd, dict(fwd, **rotary(True, True)), 8, S),
+    ("dkdv rotary", K.attn_bwd_dkdv, dict(bwd, DK=q, DV_OUT=q, HKV=h, **strides("svg"), **rotary(True)), 4, S),
+    ("dq rotary", K.attn_bwd_dq, dict(bwd, DQ=q, **rotary(True)), 4, S),
 ]
 out = []
 for name, kernel, args, warps, stages in variants:
@@ -64,3 +66,7 @@ def test_rotary_compiles_and_off_is_free():
         assert rows[name]["spill_stores"] == 0 and rows[name]["stack"] == 0, rows[name]
     for name in ("dkdv rotary", "dq rotary"):  # compiled (tl.gather turns the fp32 accumulators back)
         assert rows[name]["registers"] > 0, rows[name]
+    for name in ("fwd rotary", "fwd rotary interleaved", "dkdv rotary", "dq rotary"):
+        # at configs.ROTARY_TL_STAGES: within 64 KiB a block, which every GPU the plans serve has (the
+        # table's stages pipeline the turned tiles' cos / sin rows too: 240 KiB at D128, past the H100's 227)
+        assert rows[name]["shared"] <= 64 * 1024, rows[name]
