@@ -74,7 +74,8 @@ def test_switch():
     # on at D128 since session 36's call 1 (notes/attention_fp8/runs/pvbf16_s36_run1_session36_h100.txt: the kernel
     # -3.9%, end to end 1.153x bf16 against 1.130x eager, O's error the same); D64 untimed then
     assert configs.ROTATED["q_reg"] == (128,)
-    assert configs.ROTATED["rot_split"] == ()  # session 36: timed in call 3
+    # on at D128 since session 36's call 4 (notes/attention_fp8/runs/final_s36_run5_session36_h100.txt)
+    assert configs.ROTATED["rot_split"] == (128,)
 
 
 def test_launch_binds_to_the_kernel(monkeypatch):

@@ -54,5 +54,9 @@ def tl_config(d: int, interpret: bool) -> dict:
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's (with q_reg and 1 Q buffer D128 fits 4: 230,248 B;
 # that form timed no faster in the H200 run: not set).
 # rot_split (with q_reg): the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's
-# H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start. Off until an H100 run times it
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=())
+# H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start. D128 since runs/final_s36_run5_session36_h100.txt
+# (H100, B16 H16 N4096, against q_reg alone in the same run): causal e2e 1.107x bf16 eager against 1.104x, 1.147x
+# from a CUDA graph against 1.140x, the kernel 1.340 ms against 1.370; full 1.404x against 1.384x (graph); the run
+# before (runs/qreg64_s36_run4_session36_h100.txt) causal graph 1.160x against 1.145x, eager 1.100x against 1.105x;
+# right (GQA tails against the twin, FA3's outlier test 7.73e-3)
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,))
