@@ -45,6 +45,7 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
         assert _dqk_step(D, dqk_gluon=0)[0] == "gla_dqk_flat_kernel"
     # configs': on at d 128 (CHUNKED_FLAT_DIMS), the flat tl launch at d 64 (where it was faster)
     assert _dqk_step(128)[0] == "gla_dqk_gluon_kernel" and _dqk_step(128)[1]["STAGES"] == 2
+    assert _dqk_step(128)[1]["FORM"] == 2 and "FORM" not in _dqk_step(128, dtype=torch.float16)[1]
     assert _dqk_step(64)[0] == "gla_dqk_flat_kernel"
     # FORM 2 (the sums over tokens by bf16 dots) with bf16 inputs only
     assert _dqk_step(128, dqk_gluon_form=2)[1]["FORM"] == 2

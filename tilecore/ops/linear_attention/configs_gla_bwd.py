@@ -69,8 +69,9 @@ CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # the (Dk, Dv) pairs where the flat dqk launch (chunks a program, loads by TMA) was checked and faster on the H100, with
 # its chunks a program and stages: at d 64 3 stages keep a chunk's copies in flight with 2 programs an SM (110.7 KB);
 # a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM; at d 128 the Gluon kernel instead where
-# Gluon runs (dqk_gluon: 1.04x the flat launch; at d 64 it lost to it)
-CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2),
+# Gluon runs (dqk_gluon: 1.04x the flat launch; at d 64 it lost to it), its sums over tokens by dots with bf16 inputs
+# (dqk_gluon_form 2: 1.04-1.09x its scans)
+CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=2),
                      (64, 64): dict(dqk_flat=3, dqk_flat_stages=3)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
