@@ -11,8 +11,8 @@
    triton.testing.do_bench_cudagraph medians, 'eager' where capture failed): attention without rotary,
    with rotary (the path plan.rotary_path picks), and the Python composite (apply_rotary on q and k, then
    attention), forward and forward + backward (autograd.grad of q, k, v), two rounds interleaved; with
-   --routed also the forward with ROTARY_IN_KERNEL on (gluon_rotary.forward's shipped variant, and with
-   its K_IN_KERNEL off: K turned by a pass, Q in the kernel); --fwd-only: the forward alone;
+   --routed also the forward with ROTARY_IN_KERNEL on (gluon_rotary.forward: K turned by apply_rotary's
+   pass, Q in the kernel); --fwd-only: the forward alone;
    apply_rotary on q and k alone. The overhead is rotary / plain - 1 (issue 37's target: <= 3%).
    --tl: the D96 checks first; last, the tl kernels forced (their plans) with and without Q and K turned
    inside, B4 H16 N4096 full: the in-kernel path of GPUs other than Hopper, the H100 standing in.
@@ -149,10 +149,6 @@ def timing(d, causal, b=16, h=16, n=4096):
         if rot == "in-kernel":  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (calls without a gradient)
             with patched(configs, ROTARY_IN_KERNEL=True):
                 return tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
-        if rot == "in-kernel k_pass":  # ... with gluon_rotary's K turned by a pass, Q in the kernel
-            from tilecore.ops.attention import gluon_rotary
-            with patched(configs, ROTARY_IN_KERNEL=True), patched(gluon_rotary, K_IN_KERNEL=False):
-                return tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
         return tilecore.attention(q, k, v, causal=causal, rotary=rot)
 
     def fwd_nograd(rot):
@@ -174,7 +170,7 @@ def timing(d, causal, b=16, h=16, n=4096):
         for what, make in (("fwd", fwd_nograd), ("fwd+bwd", fwdbwd))[:1 if FWD_ONLY[0] else 2]:
             labels = [("plain", None), ("rotary", (cos, sin)), ("composite", "composite")]
             if ROUTED[0] and what == "fwd":
-                labels += [("in-kernel", "in-kernel"), ("in-kernel k_pass", "in-kernel k_pass")]
+                labels += [("in-kernel", "in-kernel")]
             for label, rot in labels:
                 ms, how = gpu_time(make(rot))  # (rep 40 ms: the job's budget)
                 times.setdefault(f"{what} {label}", []).append(ms)
@@ -191,7 +187,7 @@ def timing(d, causal, b=16, h=16, n=4096):
                 f"(+{100 * (rot / plain - 1):.1f}%) py-composite {comp:.3f} (+{100 * (comp / plain - 1):.1f}%) ms "
                 f"[{times[f'{what} rotary how']}] rounds {'/'.join(f'{x:.3f}' for x in times[f'{what} plain'])} | "
                 f"{'/'.join(f'{x:.3f}' for x in times[f'{what} rotary'])}")
-        for label in ("in-kernel", "in-kernel k_pass"):
+        for label in ("in-kernel",):
             if f"{what} {label}" in times:
                 ink = min(times[f"{what} {label}"])
                 row[f"{what} {label} overhead"] = ink / plain - 1
