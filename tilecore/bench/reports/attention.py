@@ -51,7 +51,9 @@ def kernel_resources(d: int, causal: bool = True, dtype=torch.bfloat16, fwd_cfg:
         consts = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
         full = dict(args, CAUSAL=causal and not window, WINDOW=window, SOFTCAP=softcap, BLOCK_D=kernels_tl.block_d(d),
                     BLOCK_DV=kernels_tl.block_d(dv), **consts)
-        full = {p.name: full[p.name] for p in kernel.params}
+        # a parameter the report does not set (the rotary ones) takes its default: the kernel as it is compiled
+        # without that feature
+        full = {p.name: full[p.name] if p.name in full else p.default for p in kernel.params}
         r = resources(_compile(kernel, full, options))
         out.append(dict(kernel=name + suffix, D=d, Dv=dv, causal=causal, window=window, softcap=softcap, cfg=cfg,
                         registers=r.registers, spill_stores=r.spill_stores, spill_loads=r.spill_loads, stack=r.stack,
