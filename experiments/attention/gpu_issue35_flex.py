@@ -1,0 +1,231 @@
+"""Issue 35's FlexAttention targets that no run had measured: the packed batch's backward and the paged
+decode, each against torch's FlexAttention (compiled) in the same process.
+
+    PYTHONPATH=. python3 experiments/attention/gpu_issue35_flex.py            # H100, ~2 min (Flex compiles)
+    PYTHONPATH=. python3 experiments/attention/gpu_issue35_flex.py --only paged
+
+packed: 64K tokens, H16 D128 causal, lengths long-tailed (gpu_varlen.long_tailed_lengths, seed 0):
+    tilecore.attention_varlen forward and forward + backward (autograd, eager calls) against
+    flex_attention with the document mask (compiled), and the fixed-length tilecore.attention on
+    B16 x N4096 (same token count) for the per-token ratio. Targets: >= 1.3x Flex, >= 0.95x fixed.
+paged: decode, B32, 4096 keys a sequence, Hq 32 / Hkv 8, D128, page 128 (Flex's block size must equal
+    the page; 128 is Flex's default), pages in a random order: tilecore.attention_with_kvcache with a
+    block_table against torch's PagedAttention helper over flex_attention (its converted block mask on
+    the physical cache), both eager do_bench medians and tilecore also as a CUDA-graph replay.
+    Target: >= 1.3x Flex's paged attention.
+Checks (bf16): tilecore's and Flex's outputs against a float64 reference of one sequence each (the
+longest short one for packed, sequence 0 for paged), error as a multiple of the bf16 rounding floor;
+outputs poisoned with NaN before the call. Writes $OUT/issue35_flex.json and prints a table last.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+RESULTS = {"rows": [], "checks": [], "errors": []}
+
+
+def bench(fn):
+    import triton
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graph_bench(fn):
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench(graph.replay)
+
+
+def guarded(name, fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - report, go on to the next case
+        RESULTS["errors"].append({"case": name, "error": f"{type(e).__name__}: {e}"})
+        print(f"[error] {name}: {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc()
+
+
+def long_tailed_lengths(total, seed=0, longest=16384, shortest=16):
+    """As experiments/attention/gpu_varlen.py: log-normal lengths (median ~800) until `total` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < total:
+        n = int(math.exp(torch.randn(1, generator=g).item() * 1.2 + math.log(800)))
+        lengths.append(max(shortest, min(longest, n, total - sum(lengths))))
+    return lengths
+
+
+def reference(q, k, v, causal):
+    """float64 attention of one sequence: q (N, Hq, D), k / v (Nk, Hkv, D) -> (N, Hq, D)."""
+    hq, hkv = q.shape[1], k.shape[1]
+    qd, kd, vd = (t.double().transpose(0, 1) for t in (q, k, v))
+    kd, vd = (t.repeat_interleave(hq // hkv, 0) for t in (kd, vd))
+    s = qd @ kd.transpose(1, 2) * q.shape[-1] ** -0.5
+    if causal:
+        n, nk = s.shape[-2:]
+        mask = torch.ones(n, nk, dtype=torch.bool, device=s.device).tril(nk - n)
+        s = s.masked_fill(~mask, float("-inf"))
+    return (s.softmax(-1) @ vd).transpose(0, 1)
+
+
+def floor_multiple(out, ref):
+    """max |out - ref| over the bf16 rounding floor of ref (half an ulp at |ref|'s max)."""
+    err = (out.double() - ref).abs().max().item()
+    floor = ref.abs().max().item() * 2.0 ** -9
+    return err / floor
+
+
+def packed():
+    import tilecore
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    dev, h, d = "cuda", 16, 128
+    lengths = long_tailed_lengths(65536)
+    total = sum(lengths)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    q, k, v = (torch.randn(total, h, d, dtype=torch.bfloat16, device=dev, requires_grad=True) for _ in range(3))
+    do = torch.randn(total, h, d, dtype=torch.bfloat16, device=dev)
+    row = {"case": f"packed {len(lengths)} seqs {total} tokens longest {max(lengths)} H{h} D{d} causal"}
+    RESULTS["rows"].append(row)
+
+    def ours():
+        return tilecore.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+
+    def ours_fb():
+        o = ours()
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    # check one mid-length sequence against float64 (Flex below on the same)
+    with torch.no_grad():
+        o = ours()
+    i = sorted(range(len(lengths)), key=lambda j: lengths[j])[len(lengths) // 2]
+    a, b = cu[i].item(), cu[i + 1].item()
+    ref = reference(q[a:b].detach(), k[a:b].detach(), v[a:b].detach(), True)
+    RESULTS["checks"].append({"case": f"packed seq {i} (N {b - a}) tilecore O", "x_floor": floor_multiple(o[a:b], ref),
+                              "nan": bool(o.isnan().any())})
+    row["tilecore_fwd_ms"] = bench(lambda: ours())
+    row["tilecore_fwdbwd_ms"] = bench(ours_fb)
+
+    def fixed():
+        n, bb = 4096, total // 4096
+        qf, kf, vf = (torch.randn(bb, h, n, d, dtype=torch.bfloat16, device=dev, requires_grad=True)
+                      for _ in range(3))
+        dof = torch.randn(bb, h, n, d, dtype=torch.bfloat16, device=dev)
+        row["fixed_fwd_ms"] = bench(lambda: tilecore.attention(qf, kf, vf, causal=True))
+        row["fixed_fwdbwd_ms"] = bench(lambda: torch.autograd.grad(tilecore.attention(qf, kf, vf, causal=True),
+                                                                   (qf, kf, vf), dof))
+        row["fixed_tokens"] = bb * n
+    guarded("fixed", fixed)
+
+    def flex():
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device=dev), torch.tensor(lengths, device=dev))
+
+        def document_causal(b_, h_, qi, ki):
+            return (doc[qi] == doc[ki]) & (qi >= ki)
+        mask = create_block_mask(document_causal, None, None, total, total, device=dev)
+        compiled = torch.compile(flex_attention)
+        qx, kx, vx = (t.detach().transpose(0, 1).unsqueeze(0).requires_grad_() for t in (q, k, v))
+        dox = do.transpose(0, 1).unsqueeze(0)
+        with torch.no_grad():
+            ox = compiled(qx, kx, vx, block_mask=mask)
+        of = ox[0].transpose(0, 1)
+        RESULTS["checks"].append({"case": f"packed seq {i} Flex O", "x_floor": floor_multiple(of[a:b], ref)})
+        row["flex_fwd_ms"] = bench(lambda: compiled(qx, kx, vx, block_mask=mask))
+        row["flex_fwdbwd_ms"] = bench(lambda: torch.autograd.grad(compiled(qx, kx, vx, block_mask=mask),
+                                                                  (qx, kx, vx), dox))
+    guarded("flex packed", flex)
+    for part in ("fwd", "fwdbwd"):
+        if f"flex_{part}_ms" in row:
+            row[f"{part}_x_flex"] = row[f"flex_{part}_ms"] / row[f"tilecore_{part}_ms"]
+        if f"fixed_{part}_ms" in row:  # per-token throughput ratio, same token count
+            row[f"{part}_x_fixed"] = row[f"fixed_{part}_ms"] / row[f"tilecore_{part}_ms"] * total / row["fixed_tokens"]
+    print(row, flush=True)
+
+
+def paged(page=128, b=32, n=4096, hq=32, hkv=8, d=128):
+    import tilecore
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    dev = "cuda"
+    pages = b * n // page
+    row = {"case": f"paged decode B{b} keys {n} Hq{hq}/Hkv{hkv} D{d} page {page}"}
+    RESULTS["rows"].append(row)
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=dev)
+    kp = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device=dev)
+    vp = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16, device=dev)
+    table = torch.randperm(pages, device=dev).int().view(b, n // page)
+    seqlens = torch.full((b,), n, dtype=torch.int32, device=dev)
+    out = torch.full((b, 1, hq, d), float("nan"), dtype=torch.bfloat16, device=dev)
+    out.copy_(tilecore.attention_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table))
+    k0 = kp[table[0].long()].reshape(n, hkv, d)
+    v0 = vp[table[0].long()].reshape(n, hkv, d)
+    ref = reference(q[0], k0, v0, False)
+    RESULTS["checks"].append({"case": "paged seq 0 tilecore O", "x_floor": floor_multiple(out[0], ref),
+                              "nan": bool(out.isnan().any())})
+    row["tilecore_us"] = 1e3 * bench(lambda: tilecore.attention_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
+                                                                             block_table=table))
+    row["tilecore_graph_us"] = 1e3 * graph_bench(lambda: tilecore.attention_with_kvcache(
+        q, kp, vp, cache_seqlens=seqlens, block_table=table))
+
+    def flex():
+        pa = PagedAttention(pages, page, b, device=dev)
+        # the same physical pages as tilecore's table: logical block j of sequence i -> table[i, j]
+        pa.page_table[:, : n // page] = table.long()
+        pa.physical_to_logical[torch.arange(b, device=dev)[:, None], table.long()] = \
+            torch.arange(n // page, device=dev)[None, :]
+        pa.capacity[:] = n
+        kc = kp.reshape(1, pages * page, hkv, d).transpose(1, 2)  # (1, Hkv, pages*page, D) views
+        vc = vp.reshape(1, pages * page, hkv, d).transpose(1, 2)
+        qx = q.transpose(1, 2)  # (B, Hq, 1, D)
+
+        def everything(b_, h_, qi, ki):
+            return ki >= 0
+        logical = create_block_mask(everything, b, None, 1, n, device=dev, BLOCK_SIZE=page)
+        physical = pa.convert_logical_block_mask(logical)
+        compiled = torch.compile(flex_attention)
+        of = compiled(qx, kc, vc, block_mask=physical, enable_gqa=True)
+        RESULTS["checks"].append({"case": "paged seq 0 Flex O",
+                                  "x_floor": floor_multiple(of[0].transpose(0, 1), ref)})
+        row["flex_us"] = 1e3 * bench(lambda: compiled(qx, kc, vc, block_mask=physical, enable_gqa=True))
+        row["x_flex"] = row["flex_us"] / row["tilecore_us"]
+    guarded(f"flex paged {page}", flex)
+    print(row, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="packed,paged")
+    args = ap.parse_args()
+    from experiments.common.meta import meta
+    RESULTS["meta"] = meta()
+    print(RESULTS["meta"], flush=True)
+    if "paged" in args.only:
+        guarded("paged", paged)
+    if "packed" in args.only:
+        guarded("packed", packed)
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "issue35_flex.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    print("\n== checks (x the bf16 rounding floor)")
+    for c in RESULTS["checks"]:
+        print(f"{c['case']:<40} {c['x_floor']:.2f}" + (" NaN!" if c.get("nan") else ""))
+    print("== times")
+    for r in RESULTS["rows"]:
+        print(r["case"])
+        print("   " + ", ".join(f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)))
+    for e in RESULTS["errors"]:
+        print("error:", e["case"], e["error"][:200])
+
+
+if __name__ == "__main__":
+    main()
