@@ -6,9 +6,12 @@ attention at the edge (B4 H16 N4096 D128: full 0.78-0.82x, causal 0.78-0.80x, H1
 block configuration checked against float64 at B1 H16 N1024 (poisoned outputs), then timed with the
 hand-written tilecore.attention IN THE SAME interleaved rounds (config A, config B, ..., peer; ROUNDS
 rounds, medians), beside the napkin's prediction (its H100 calibrated with this run's copy bandwidth and
-cuBLAS rate). Configurations: the default (run._attention_blocks) and BM 64 BN 64 with 4 warps (two
-programs an SM: their softmax and MMAs interleave; 1.025x for plain causal in session 36's one round),
-at D64 also BM 128 BN 128 8 warps.
+cuBLAS rate). Configurations: the default (run._attention_blocks: BM 128 BN 64, 8 warps, 3 stages: 138
+registers and 128 KiB at D128, one program an SM) and BM 64 BN 64 with 4 warps (two programs an SM:
+their softmax and MMAs interleave; 1.025x for plain causal in session 36's one round, but each K/V tile
+is read by twice as many programs); at D128 also BM 128 with the registers capped at 128 (maxnreg) and
+2 stages (BN 64) or BN 32 (3 stages): two 8-warp programs an SM with the default's K/V reuse; at D64
+also BM 128 BN 128 8 warps.
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s37.json after every case; prints a table last.
 """
@@ -44,14 +47,17 @@ SMALL = dict(BM=64, BN=64, num_warps=4, num_stages=3)
 def plain_cases():
     """(label, D, causal, softcap, configs): the default first (plain attention: BM 128 BN 64, 8 warps, 3
     stages); the others take the default's HEAD_GROUP (4 causal, 0 full)."""
-    if SMOKE:
-        return [("plain causal", 32, True, 0.0, {"default": None, "BM 16 BN 32": dict(BM=16, BN=32)})]
+    if SMOKE:  # maxnreg is a GPU launch option (the interpreter ignores it)
+        return [("plain causal", 32, True, 0.0, {"default": None, "BM 16 BN 32": dict(BM=16, BN=32, maxnreg=128)})]
     cases = []
     for D in (128, 64):
         for causal in (True, False):
             hg = dict(HEAD_GROUP=4 if causal else 0)
             cfgs = {"default": None}
             cfgs["BM 64 BN 64 w4 s3"] = dict(SMALL, **hg)
+            if D == 128:  # 126 / 114 registers, 96 / 80 KiB (sm_90a, no spills): two programs an SM
+                cfgs["BM 128 BN 64 w8 s2 r128"] = dict(BM=128, BN=64, num_warps=8, num_stages=2, maxnreg=128, **hg)
+                cfgs["BM 128 BN 32 w8 s3 r128"] = dict(BM=128, BN=32, num_warps=8, num_stages=3, maxnreg=128, **hg)
             if D == 64:
                 cfgs["BM 128 BN 128 w8 s3"] = dict(BM=128, BN=128, num_warps=8, num_stages=3, **hg)
             cases.append((f"plain{' causal' if causal else ''} D{D}", D, causal, 0.0, cfgs))
