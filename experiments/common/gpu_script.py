@@ -222,7 +222,7 @@ def sync() -> None:
 def host_us(fn, calls: int = 300, warmup: int = 100) -> float:
     """Host time of one call, us: ``calls`` back-to-back calls (after ``warmup``), synchronized before and after, so
     where the GPU work is small the figure is the host's (issue 31's way of timing an eager call)."""
-    for _ in range(warmup):
+    for _ in range(min(warmup, calls)):
         fn()
     sync()
     t = time.perf_counter()

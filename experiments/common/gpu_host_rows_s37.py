@@ -1,0 +1,162 @@
+"""Issue 31's three host rows still over 40 us (session 36 call 4: fft_conv 86.2, attention N256 recording a gradient
+69.5, paged decode 48.2 us a call on the H100's host), timed beside the torch code each stands for and split into
+their parts on the same host (session 37, HG; experiments/common/gpu_script.py's scaffold).
+
+* rows: host us a call (back-to-back calls, synchronized around them, interleaved rounds, medians) of ours and
+  torch's, and each one's GPU time from a CUDA graph; the forward rows give the first call's bits on calls 1..10.
+  ``fft_conv (filter_spectrum)`` is fft_conv handed the filter's spectrum (made once by the caller): the call without
+  the rfft of k.
+* parts: what a row's call is made of, each alone on this host, us a call: an allocation (torch.empty as the
+  recipes make their outputs, and q.new_empty), dispatch.eager_mode, the call's signature memo, the paged decode's
+  recipe alone (its two launches and one allocation, outputs given), torch.fft.rfft of the filter, an
+  autograd.Function's apply saving five tensors (what recording a gradient adds), the current device's read.
+* a cProfile of each row (top functions by own time, us a call: shares, cProfile inflates them).
+
+    PYTHONPATH=/tmp/site:. python experiments/common/gpu_host_rows_s37.py [--rounds 3] [--calls 300]
+
+JSON to $OUT/host_rows_s37.json after each row; a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import host_time  # noqa: E402 (the rows' inputs and torch peers, as every earlier host run had them)
+from experiments.common.gpu_script import Run, graph_ms, host_rounds, host_us, same_bits  # noqa: E402
+
+ROWS = ("fft_conv", "fft_conv (filter_spectrum)", "attention N256 (grad recorded)", "attention N256", "paged decode")
+
+
+def table_of_rows():
+    import tilecore
+    from tilecore.ops.fft_conv.op import filter_spectrum
+
+    table = {**host_time.cases(), **host_time.later_cases()}
+    bf = dict(device=host_time.DEV[0], dtype=torch.bfloat16)
+    u = torch.randn(2, 64, 1024, **bf)
+    kf = torch.randn(64, 1024, device=host_time.DEV[0])
+    spectrum = filter_spectrum(kf, 1024)
+
+    def fft_torch():
+        return torch.fft.irfft(torch.fft.rfft(u.float(), 2048) * torch.fft.rfft(kf, 2048), 2048)[..., :1024].to(u.dtype)
+    table["fft_conv (filter_spectrum)"] = (lambda: tilecore.fft_conv(u, spectrum), fft_torch)
+    return table
+
+
+def parts(run: Run, calls: int) -> dict:
+    """Each part alone, us a call (interleaved rounds)."""
+    from tilecore import dispatch
+    from tilecore.ops.attention_kvcache import op as kvcache
+    from tilecore.ops.attention import op as attention_op
+    from tilecore.tiles import launch as tiles_launch
+    from tilecore.tiles.eager import apply as eager_apply
+
+    dev = host_time.DEV[0]
+    bf = dict(device=dev, dtype=torch.bfloat16)
+    q = torch.randn(4, 1, 32, 128, **bf)
+    qs, ks, vs = (torch.randn(1, 8, 256, 64, **bf).requires_grad_() for _ in range(3))
+    kf = torch.randn(64, 1024, device=dev)
+    device = q.device
+
+    class Save5(torch.autograd.Function):  # what recording a gradient adds: the node, five tensors saved, O wrapped
+        @staticmethod
+        def forward(ctx, a, b, c):
+            out = torch.empty_like(a)
+            lse = torch.empty(a.shape[:3], dtype=torch.float32, device=a.device)
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(a, b, c, out, lse)
+            ctx.options = (False, 0.125, (-1, -1), 0.0, 0)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            return dout, None, None
+
+    def empties2():
+        return torch.empty_like(qs), torch.empty(qs.shape[:3], dtype=torch.float32, device=device)
+
+    fns = {
+        "torch.empty bf16 (4,1,32,128)": lambda: torch.empty((4, 1, 32, 128), dtype=torch.bfloat16, device=device),
+        "q.new_empty (4,1,32,128)": lambda: q.new_empty((4, 1, 32, 128)),
+        "torch.empty f32 (70000,)": lambda: torch.empty(70000, dtype=torch.float32, device=device),
+        "eager_mode(q,k,v) no grad": lambda: dispatch.eager_mode(q, q, q),
+        "eager_mode(q,k,v) grad": lambda: dispatch.eager_mode(qs, ks, vs),
+        "current device read": tiles_launch._current_cuda_device,
+        "rfft of k (64,1024) n=2048": lambda: torch.fft.rfft(kf, n=2048),
+        "Function apply, 2 empties, 5 saved": lambda: eager_apply(Save5, qs, ks, vs),
+        "2 empties alone (out, lse)": empties2,
+    }
+    # the paged decode's recipe alone (outputs made here: its parts' allocation and two launches)
+    table = host_time.later_cases()
+    table["paged decode"][0]()
+    recipe = next(iter(kvcache._LAUNCHES._data.values()))[0] if len(kvcache._LAUNCHES) else None
+    if recipe:
+        qd = torch.randn(4, 1, 32, 128, **bf)
+        kc, vc = torch.randn(64, 64, 8, 128, **bf), torch.randn(64, 64, 8, 128, **bf)
+        tbl = torch.arange(64, dtype=torch.int32, device=dev).view(4, 16)
+        lens = torch.full((4,), 1000, dtype=torch.int32, device=dev)
+        out = torch.empty(4, 1, 32, 128, **bf)
+        fns["paged recipe: 1 alloc + 2 launches"] = lambda: recipe(qd, kc, vc, lens, tbl, out, None)
+        fns["paged signature memo"] = lambda: kvcache._CALL_KEY(qd, kc, vc, None, None, lens, tbl, False, None, -1, -1,
+                                                                 0.0)
+    fns["attention signature memo"] = lambda: attention_op._FORWARD_KEY("forward", qs, ks, vs, False, True, -1, -1,
+                                                                         False, 0)
+    res = host_rounds(fns, rounds=3, calls=calls)
+    for name in fns:
+        run.row(f"part: {name}", us=res[f"{name}_us"], rounds=res[f"{name}_us_rounds"])
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--profile", type=int, default=300)
+    ap.add_argument("--deadline", type=float, default=52.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
+    a = ap.parse_args()
+    if a.smoke:
+        host_time.DEV[0] = "cpu"
+        a.calls, a.rounds, a.profile, a.deadline = 3, 1, 3, 600.0
+    run = Run("host_rows_s37", deadline=a.deadline)
+    run.extra.update(calls=a.calls, rounds=a.rounds)
+    table = table_of_rows()
+    for name in ROWS:
+        if run.left() < 0:
+            run.row(name, skipped="deadline")
+            continue
+        ours, peer = table[name]
+
+        def one(name=name, ours=ours, peer=peer):
+            ours()
+            row = {}
+            if "grad" not in name:
+                outs = []
+                for _ in range(10):
+                    y = ours()
+                    outs.append([t.detach().clone() for t in (y if isinstance(y, (tuple, list)) else (y,))])
+                row["same_bits_1_10"] = all(same_bits(outs[0], o) for o in outs[1:])
+            res = host_rounds({"ours": ours, "torch": peer}, rounds=a.rounds, calls=a.calls)
+            row.update(ours_us=res["ours_us"], torch_us=res["torch_us"], rounds=[res["ours_us_rounds"],
+                                                                                 res["torch_us_rounds"]])
+            if not a.smoke:
+                row.update(ours_graph_us=round(1e3 * graph_ms(ours), 2), torch_graph_us=round(1e3 * graph_ms(peer), 2))
+            row["profile"] = host_time.profile_rows({name: (ours, peer)}, [name], a.profile, top=8)[name]
+            run.row(name, **row)
+        run.attempt(name, one)
+    run.attempt("parts", parts, run, a.calls)
+    for r in run.rows:
+        if isinstance(r.get("profile"), list):
+            print(f"  {r['name'][:30]:30s} own us: " + "; ".join(f"{fn.split(':')[-1][:28]} {own:.1f}"
+                                                               for own, _, _, fn in r["profile"][:4]))
+    run.finish(["name", "ours_us", "torch_us", "ours_graph_us", "torch_graph_us", "same_bits_1_10", "us"])
+
+
+if __name__ == "__main__":
+    main()
