@@ -19,6 +19,9 @@ hadamard_transform's "gluon" kron plan (configs.KRON_GLUON: the Gluon kernels' S
 --set s35 (session 35): PAIRS on the pow2 kernel at 8192 / 16384, 4-bit n = 128 with more programs an SM and TMA,
 E2M1_PAIRS at 28672, against the shipped plans; 4 float64 checks, bytes compared with the shipped plan's. --set s35b: the
 call-3 flips against the plans before them, TMA at 128 for fp8 / int8, E2M1_PAIRS at 18944, PAIRS at 512 (4-bit).
+--set s37 (session 37): the pow2 kernel's 4-bit rows on splits whose slices are 64 (nvfp4) or 64 / 128 (mxfp4) columns
+wide, so that under PERM one thread holds a whole group (its scale once, no shuffle), against the shipped plans; float64
+checks of the new splits (their sums run in another order: bytes not compared).
 """
 import argparse
 import json
@@ -410,8 +413,35 @@ def s35b_timed():
     return cases
 
 
+# session 37: (format, n) -> the split of the pow2 kernel's tile to time (with PERM for the group formats: a thread holds
+# N2 / 4 consecutive outputs of a tile row, so nvfp4's 16 at N2 = 64 and mxfp4's 32 at N2 = 128 are one thread's: the
+# group's scale once, no shuffle; int4's 128 a quad's); fp8 / int8 (per token): one slice of 64 columns, no butterfly
+S37_SPLITS = {("nvfp4", 1024): (1, 16, 64), ("nvfp4", 2048): (1, 32, 64), ("nvfp4", 4096): (1, 64, 64),
+              ("nvfp4", 8192): (1, 128, 64), ("mxfp4", 1024): (1, 16, 64), ("mxfp4", 2048): (1, 16, 128),
+              ("mxfp4", 4096): (1, 64, 64), ("mxfp4", 8192): (1, 128, 64), ("mxfp4", 16384): (1, 128, 128),
+              ("int4", 4096): (1, 64, 64), ("int4", 8192): (1, 128, 64), ("int4", 16384): (1, 128, 128),
+              ("fp8_e4m3", 4096): (1, 64, 64), ("fp8_e4m3", 8192): (1, 128, 64), ("int8", 8192): (1, 128, 64)}
+
+
+def s37_tuning(fmt, n):
+    return {"split": S37_SPLITS[(fmt, n)], **({"perm": True} if fmt in ("mxfp4", "nvfp4", "int4") else {})}
+
+
+def s37_timed():
+    """Session 37, batch 1: the pow2 kernel on S37_SPLITS (sm_90a loop SASS a value, shipped -> split: nvfp4 1024
+    26.1 -> 22.7, 2048 25.1 -> 21.2, 4096 26.0 -> 22.9, 8192 29.7 -> 23.3; mxfp4 1024 24.0 -> 21.3, 2048 23.0 -> 18.9,
+    4096 25.0 -> 22.5, 8192 27.0 -> 21.9, 16384 24.9 -> 20.3; int4 4096 19.7 -> 15.7, 8192 22.6 -> 16.1, 16384 16.5 ->
+    12.7; fp8 4096 15.0 -> 13.9, 8192 15.8 -> 13.3; int8 8192 17.1 -> 14.5), each beside the shipped plan."""
+    cases = []
+    for fmt, n in S37_SPLITS:
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "split", s37_tuning(fmt, n))]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
+    if SET == "s37":
+        return s37_timed()
     if SET == "s35b":
         return s35b_timed()
     if SET == "s35":
@@ -518,6 +548,8 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
+    if SET == "s37":  # the checks' kernels are the timed ones (the checks' 2049 rows ask for TMA as 2^28 elements get it)
+        cases = timed_cases(quick)
     if SET == "s35b":  # the checks' kernels are the timed ones; the tma_waves2 cases reuse the tma kernels; Gluon first
         cases = [c for c in timed_cases(quick) if c[3] != "tma_waves2"]
         cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
@@ -527,7 +559,7 @@ def phase_warm(result, deadline, quick):
         cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(14 if SET in ("s35", "s35b") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(14 if SET in ("s35", "s35b", "s37") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -542,6 +574,19 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
+    if SET == "s37":  # the new splits against float64 (TMA asked: 2049 rows are below TMA_MIN_ELEMENTS)
+        def sp(fmt, n):
+            return {**s37_tuning(fmt, n), "tma": "load"}
+        return [("nvfp4", 4096, {"scale": 0.002}, "bfloat16", sp("nvfp4", 4096)),
+                ("mxfp4", 16384, {}, "bfloat16", sp("mxfp4", 16384)),
+                ("int4", 8192, {}, "bfloat16", sp("int4", 8192)),
+                ("fp8_e4m3", 8192, {}, "bfloat16", sp("fp8_e4m3", 8192)),
+                ("nvfp4", 1024, {}, "bfloat16", sp("nvfp4", 1024)),
+                ("mxfp4", 2048, {}, "float16", sp("mxfp4", 2048)),
+                ("int8", 8192, {}, "float16", sp("int8", 8192)),
+                ("nvfp4", 8192, {"scale": 0.002}, "float16", sp("nvfp4", 8192)),
+                ("int4", 16384, {}, "bfloat16", sp("int4", 16384)),
+                ("mxfp4", 4096, {}, "bfloat16", sp("mxfp4", 4096))]
     if SET == "s35b":  # E2M1_PAIRS at 18944, the shipped 128 TMA plans, fp8 at 128 by TMA, PAIRS at 512
         ep = {"e2m1_pairs": True}
         return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", ep),
@@ -679,7 +724,8 @@ def phase_check(result, save, deadline, quick):
             group = quantize.FORMATS[fmt].default_group
             plan = quantize.plan_quantize(x, fmt, group, None, True, "scale" in kw, False, **tuning)
             case["path"] = plan.path
-            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") if k in plan.config}
+            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") + (("S", "N1", "N2") if SET == "s37" else ())
+                              if k in plan.config}
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=True)
             codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=0xA5)
             case["written"] = all(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -716,7 +762,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b", "s37") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
@@ -763,7 +809,7 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
-    if SET in ("s35", "s35b"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
+    if SET in ("s35", "s35b", "s37"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
         cases = []
     if SET == "s34c":  # the kron kernel's STREAM + PAIRS at 28 x 1024: odd rows, in place, H_m^T
         ks = {"stream": True, "clamp_lo": 2}
@@ -898,7 +944,7 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
@@ -970,7 +1016,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37"))
     a = ap.parse_args()
     global SET
     SET = a.set
@@ -990,7 +1036,7 @@ def main():
     phases = a.phases.split(",")
     try:
         if "warm" in phases:
-            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b") else 0.45) * a.budget, a.quick)
+            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b", "s37") else 0.45) * a.budget, a.quick)
             result["warm_s"] = round(time.time() - t0, 1)
             save()
         if "check" in phases:
