@@ -7,8 +7,8 @@ their parts on the same host (session 37, HG; experiments/common/gpu_script.py's
   ``fft_conv (filter_spectrum)`` is fft_conv handed the filter's spectrum (made once by the caller): the call without
   the rfft of k.
 * parts: what a row's call is made of, each alone on this host, us a call: an allocation (torch.empty as the
-  recipes make their outputs, and q.new_empty), dispatch.eager_mode, the call's signature memo, the paged decode's
-  recipe alone (its two launches and one allocation, outputs given), torch.fft.rfft of the filter, an
+  recipes make their outputs, and q.new_empty), dispatch.eager_mode, a signature memo of five tensors,
+  a kept launch of a tiny kernel (KeyedLaunch, as the recipes launch) and a JIT launch, torch.fft.rfft of the filter, an
   autograd.Function's apply saving five tensors (what recording a gradient adds), the current device's read.
 * a cProfile of each row (top functions by own time, us a call: shares, cProfile inflates them).
 
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,13 +51,17 @@ def table_of_rows():
     return table
 
 
+@triton.jit
+def _touch(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
 def parts(run: Run, calls: int) -> dict:
     """Each part alone, us a call (interleaved rounds)."""
     from tilecore import dispatch
-    from tilecore.ops.attention_kvcache import op as kvcache
-    from tilecore.ops.attention import op as attention_op
-    from tilecore.tiles import launch as tiles_launch
     from tilecore.tiles.eager import apply as eager_apply
+    from tilecore.tiles.launch import CachedLaunch, KeyedLaunch, SignatureMemo
 
     dev = host_time.DEV[0]
     bf = dict(device=dev, dtype=torch.bfloat16)
@@ -81,32 +87,29 @@ def parts(run: Run, calls: int) -> dict:
     def empties2():
         return torch.empty_like(qs), torch.empty(qs.shape[:3], dtype=torch.float32, device=device)
 
+    memo = SignatureMemo()  # (tiles.launch.signature's memo, as each op's call site keeps one)
+    kc = torch.randn(64, 64, 8, 128, **bf)
+    lens = torch.full((4,), 1000, dtype=torch.int32, device=dev)
+    tbl = torch.arange(64, dtype=torch.int32, device=dev).view(4, 16)
     fns = {
         "torch.empty bf16 (4,1,32,128)": lambda: torch.empty((4, 1, 32, 128), dtype=torch.bfloat16, device=device),
         "q.new_empty (4,1,32,128)": lambda: q.new_empty((4, 1, 32, 128)),
         "torch.empty f32 (70000,)": lambda: torch.empty(70000, dtype=torch.float32, device=device),
         "eager_mode(q,k,v) no grad": lambda: dispatch.eager_mode(q, q, q),
         "eager_mode(q,k,v) grad": lambda: dispatch.eager_mode(qs, ks, vs),
-        "current device read": tiles_launch._current_cuda_device,
+        "torch.cuda.current_device": torch.cuda.current_device if dev == "cuda" else lambda: None,
         "rfft of k (64,1024) n=2048": lambda: torch.fft.rfft(kf, n=2048),
         "Function apply, 2 empties, 5 saved": lambda: eager_apply(Save5, qs, ks, vs),
         "2 empties alone (out, lse)": empties2,
+        "signature memo, 5 tensors": lambda: memo(q, kc, kc, lens, tbl, False, None, -1, -1, 0.0),
     }
-    # the paged decode's recipe alone (outputs made here: its parts' allocation and two launches)
-    table = host_time.later_cases()
-    table["paged decode"][0]()
-    recipe = next(iter(kvcache._LAUNCHES._data.values()))[0] if len(kvcache._LAUNCHES) else None
-    if recipe:
-        qd = torch.randn(4, 1, 32, 128, **bf)
-        kc, vc = torch.randn(64, 64, 8, 128, **bf), torch.randn(64, 64, 8, 128, **bf)
-        tbl = torch.arange(64, dtype=torch.int32, device=dev).view(4, 16)
-        lens = torch.full((4,), 1000, dtype=torch.int32, device=dev)
-        out = torch.empty(4, 1, 32, 128, **bf)
-        fns["paged recipe: 1 alloc + 2 launches"] = lambda: recipe(qd, kc, vc, lens, tbl, out, None)
-        fns["paged signature memo"] = lambda: kvcache._CALL_KEY(qd, kc, vc, None, None, lens, tbl, False, None, -1, -1,
-                                                                 0.0)
-    fns["attention signature memo"] = lambda: attention_op._FORWARD_KEY("forward", qs, ks, vs, False, True, -1, -1,
-                                                                         False, 0)
+    if dev == "cuda":  # one kept launch of a tiny kernel (KeyedLaunch: what each recipe launch is)
+        x = torch.zeros(64, device=dev)
+        bound = KeyedLaunch(CachedLaunch(_touch), ("host_rows_s37", 1), (1,), dict(BLOCK=64))
+        for _ in range(3):
+            bound((x, 64))
+        fns["one kept launch (KeyedLaunch)"] = lambda: bound((x, 64))
+        fns["one JIT launch (kernel[grid])"] = lambda: _touch[(1,)](x, 64, BLOCK=64)
     res = host_rounds(fns, rounds=3, calls=calls)
     for name in fns:
         run.row(f"part: {name}", us=res[f"{name}_us"], rounds=res[f"{name}_us_rounds"])
@@ -119,6 +122,7 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--profile", type=int, default=300)
     ap.add_argument("--deadline", type=float, default=52.0)
+    ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names ('' none)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
     if a.smoke:
@@ -127,7 +131,7 @@ def main():
     run = Run("host_rows_s37", deadline=a.deadline)
     run.extra.update(calls=a.calls, rounds=a.rounds)
     table = table_of_rows()
-    for name in ROWS:
+    for name in [r for r in a.rows.split(",") if r]:
         if run.left() < 0:
             run.row(name, skipped="deadline")
             continue
