@@ -8,7 +8,8 @@ For each row (host_time.py's cases: the same small inputs and torch peers): the 
 same bits on calls 1..10 (host_time.same_bits_later, forward rows), then ``--rounds`` interleaved rounds of
 ``--calls`` back-to-back calls, ours then torch's (medians, us a call), then a cProfile over ``--profile`` calls (the
 top functions by own time, us a call: cProfile's overhead inflates them, read them as shares). Stops starting rows
-at ``--deadline`` seconds. Writes $OUT/host_rows.json after each row; prints a short table last.
+at ``--deadline`` seconds. Writes $OUT/host_rows.json after each row (gpu_script.Run: "rows" a list of rows, each
+with its name; "ab" the A/B rows; device, versions and date in "meta"); prints a short table last.
 
 --ab-rows NAME,NAME (first): those rows with tiles.launch.OP_RECIPES on and off (keep_op_recipes), ``--ab-rounds``
 interleaved rounds (the order alternating), medians; the outputs of the recipe's calls (on) against the general
@@ -23,12 +24,13 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import host_time  # noqa: E402 (the cases and the profiler: experiments/common/host_time.py)
+from experiments.common.gpu_script import Run, same_bits  # noqa: E402
 
 # session 34 call 1's rows over 40 us (us a call there: ours / torch's)
 ROWS = ("fft_conv", "hadamard_quantize fp8", "attention N256", "attention N256 (grad recorded)",
@@ -45,12 +47,6 @@ def _tensors(y):
         elif isinstance(t, torch.Tensor):
             out.append(t.detach().clone())
     return out
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(
-        x.view(torch.uint8) if x.element_size() == 1 else x, y.view(torch.uint8) if y.element_size() == 1 else y)
-        for x, y in zip(a, b))
 
 
 def switch_setter(spec: str):
@@ -91,8 +87,8 @@ def ab_recipes(name, ours, peer, rounds, calls, switch: str = "") -> dict:
         for _ in range(10):  # the key's first call with the switch on makes the recipe; the rest use it
             host_time.RESETS.get(name, lambda: None)()
             ons.append(_tensors(ours()))
-        row["same_bits_on_vs_off"] = _same(ons[-1], off)
-        row["same_bits_calls_1_10_on"] = all(_same(o, ons[0]) for o in ons[1:])
+        row["same_bits_on_vs_off"] = same_bits(ons[-1], off)
+        row["same_bits_calls_1_10_on"] = all(same_bits(o, ons[0]) for o in ons[1:])
         t = {"on": [], "off": [], "torch": []}
         for r in range(rounds):
             for setting in (("on", "off") if r % 2 == 0 else ("off", "on")):
@@ -121,35 +117,30 @@ def main():
     ap.add_argument("--ab-switch", default="", help="MODULE:NAME: the switch --ab-rows time on and off (OP_RECIPES)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
-    start = time.perf_counter()
     if a.smoke:
         host_time.DEV[0] = "cpu"
         a.calls, a.rounds, a.profile = 3, 1, 3
     table = {**host_time.cases(), **host_time.later_cases()}
     names = ROWS if a.rows == "all" else tuple(a.rows.split(","))
-    out_dir = os.environ.get("OUT", ".")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "host_rows.json")
-    result = dict(device=torch.cuda.get_device_name() if host_time.DEV[0] == "cuda" else "cpu",
-                  torch=torch.__version__, calls=a.calls, rounds=a.rounds, ab={}, rows={})
+    run = Run("host_rows", deadline=a.deadline)
+    run.extra.update(calls=a.calls, rounds=a.rounds, ab={})
     for name in [r for r in a.ab_rows.split(",") if r]:
         ours, peer = table[name]
-        result["ab"][name] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls, a.ab_switch)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"A/B {a.ab_switch or 'OP_RECIPES'} {name}: {json.dumps(result['ab'][name])}", flush=True)
+        run.extra["ab"][name] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls, a.ab_switch)
+        run.save()
+        run.say(f"A/B {a.ab_switch or 'OP_RECIPES'} {name}: {json.dumps(run.extra['ab'][name])}")
     for name in names:
-        if time.perf_counter() - start > a.deadline:
-            result["rows"][name] = "skipped: deadline"
+        if run.left() < 0:
+            run.row(name, skipped="deadline")
             continue
         ours, peer = table[name]
         row = {}
         try:
-            t0 = time.perf_counter()
+            t0 = run.elapsed()
             host_time.RESETS.get(name, lambda: None)()
             ours()
             host_time.sync()
-            row["first_call_s"] = round(time.perf_counter() - t0, 3)
+            row["first_call_s"] = round(run.elapsed() - t0, 3)
             if "grad" not in name:
                 row["same_bits_calls_1_10"] = host_time.same_bits_later({name: table[name]})[name]
             rounds = []
@@ -161,33 +152,20 @@ def main():
             row["profile"] = host_time.profile_rows({name: table[name]}, [name], a.profile, top=a.top)[name]
         except Exception as err:  # noqa: BLE001 (a row's failure is its result; the others go on)
             row["error"] = f"{type(err).__name__}: {err}"[:400]
-        result["rows"][name] = row
-        result["seconds"] = round(time.perf_counter() - start, 1)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"{name}: {json.dumps({k: v for k, v in row.items() if k != 'profile'})}", flush=True)
+        run.row(name, **row)
     # the profiles, three functions a row, then the table
-    for name, row in result["rows"].items():
-        if isinstance(row, dict) and isinstance(row.get("profile"), list):
+    for row in run.rows:
+        if isinstance(row.get("profile"), list):
             top = "; ".join(f"{fn.split(':')[-1]} {own:.1f}" for own, _, _, fn in row["profile"][:4])
-            print(f"  {name[:34]:34s} own us: {top}"[:160])
-    print(f"\n{'row':38s} {'ours us':>8s} {'torch us':>8s} {'first s':>8s}  same bits")
-    for name, row in result["rows"].items():
-        if not isinstance(row, dict):
-            print(f"{name:38s} {row}")
-        elif "error" in row:
-            print(f"{name:38s} ERROR {row['error'][:80]}")
-        else:
-            print(f"{name:38s} {row['ours_us']:8.1f} {row['torch_us']:8.1f} {row['first_call_s']:8.2f}  "
-                  f"{row.get('same_bits_calls_1_10', '-')}")
-    for name, row in result["ab"].items():
+            print(f"  {row['name'][:34]:34s} own us: {top}"[:160])
+    for name, row in run.extra["ab"].items():
         if "error" in row:
             print(f"A/B {name}: ERROR {row['error'][:100]}")
         else:
-            print(f"A/B {name}: {a.ab_switch or 'recipes'} on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch {row['torch_us']:.1f}), "
-                  f"{row['on_us'] / row['off_us']:.2f}x; same bits on vs off {row['same_bits_on_vs_off']}, "
-                  f"calls 1..10 {row['same_bits_calls_1_10_on']}")
-    print(f"{result.get('seconds', 0):.1f} s; {path}")
+            print(f"A/B {name}: {a.ab_switch or 'recipes'} on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch "
+                  f"{row['torch_us']:.1f}), {row['on_us'] / row['off_us']:.2f}x; same bits on vs off "
+                  f"{row['same_bits_on_vs_off']}, calls 1..10 {row['same_bits_calls_1_10_on']}")
+    run.finish(["name", "ours_us", "torch_us", "first_call_s", "same_bits_calls_1_10", "error", "skipped"])
 
 
 if __name__ == "__main__":

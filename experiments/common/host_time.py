@@ -28,10 +28,14 @@ cache), each against the torch code a user would otherwise write for it.
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_script import host_us  # noqa: E402 (experiments/common/gpu_script.py)
 
 
 def cases():
@@ -185,14 +189,7 @@ RESETS = {}  # later_cases' ops with a state: name -> put the state back as late
 
 
 def per_call_us(fn, calls):
-    for _ in range(min(100, calls)):
-        fn()
-    sync()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - t) / calls * 1e6
+    return host_us(fn, calls)
 
 
 def same_bits_each_call():

@@ -20,15 +20,13 @@ Run from the repository root on the GPU machine:
 ``--only=TEXT`` runs the cases whose label holds TEXT (``--only=float32`` the float32 n = 32768 one,
 which runs only when named: its compiles take minutes). ``--dry`` runs the same code on the CPU through Triton's interpreter at tiny sizes (float16: the
 interpreter's bf16 dot is not bf16's), timing with a host clock: a check of the script, not of the
-kernels. Writes $OUT/portability_gpu_check.json ($OUT defaults to /tmp/out) and prints a table last.
+kernels. Writes $OUT/portability_gpu_check.json ($OUT defaults to /tmp/out) after each case (experiments/common/
+gpu_script.py's Run: the cases are its rows, with the device, versions and date) and prints a table last.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +39,7 @@ if DRY:  # before tilecore: its kernels are made for the interpreter or a GPU at
 
 import torch  # noqa: E402
 
+from experiments.common.gpu_script import Run, eager_ms, poisoned  # noqa: E402
 from tilecore import accuracy, dispatch  # noqa: E402
 from tilecore.ops.attention import attention_reference  # noqa: E402
 from tilecore.ops.attention import launch as attention_launch  # noqa: E402
@@ -52,46 +51,31 @@ from tilecore.ops.hadamard import hadamard_reference  # noqa: E402
 from tilecore.ops.hadamard import launch as hadamard_launch  # noqa: E402
 from tilecore.ops.hadamard import plan as hadamard_plan  # noqa: E402
 
-START = time.time()
 BUDGET_S = 1800 if DRY else 220  # cases still to run after this are skipped (and said so)
 ONLY = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), "")  # cases whose label has it
 DEV = torch.device("cpu" if DRY else "cuda")
 BF16 = torch.float16 if DRY else torch.bfloat16
 T = dispatch.TARGETS
-RESULTS: dict = {"dispatch": {}, "cases": [], "errors": [], "skipped": []}
-
-
-def elapsed() -> float:
-    return time.time() - START
+RUN = Run("portability_gpu_check", deadline=BUDGET_S, out=os.environ.get("OUT", "/tmp/out"))
+RUN.extra.update(dispatch={}, skipped=[])
 
 
 def guarded(label: str, fn):
-    """Run one case; an exception is printed and recorded, and the run goes on."""
-    if elapsed() > BUDGET_S:
-        print(f"[skip] {label}: past the {BUDGET_S} s budget", flush=True)
-        RESULTS["skipped"].append(label)
+    """Run one case; an exception is printed and recorded (RUN.errors), and the run goes on."""
+    if RUN.left() < 0:
+        RUN.say(f"[skip] {label}: past the {BUDGET_S} s budget")
+        RUN.extra["skipped"].append(label)
         return None
-    print(f"[{elapsed():.0f} s] {label}", flush=True)
-    try:
-        return fn()
-    except Exception as err:  # noqa: BLE001
-        print(f"[error] {label}: {type(err).__name__}: {err}")
-        traceback.print_exc(limit=4)
-        RESULTS["errors"].append({"case": label, "error": f"{type(err).__name__}: {err}"})
-        if not DRY:
-            torch.cuda.synchronize()
-        return None
+    RUN.say(label)
+    result = RUN.attempt(label, fn)
+    if not DRY:
+        torch.cuda.synchronize()
+    return result
 
 
 def bench_ms(fn) -> float:
-    if DRY:
-        fn()
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    import triton
-
-    return triton.testing.do_bench(fn, warmup=25, rep=100)
+    """do_bench's median on the GPU; the host clock's (a few calls: the interpreter's) in a dry run."""
+    return eager_ms(fn, warmup=25, rep=100)
 
 
 def planned_for(name: str | None, plan_fn, *tensors, **kwargs):
@@ -104,13 +88,8 @@ def planned_for(name: str | None, plan_fn, *tensors, **kwargs):
         return plan_fn(*stand_ins, **kwargs)
 
 
-def nan_like(t, dtype=None):
-    return torch.full(t.shape, float("nan"), dtype=dtype or t.dtype, device=t.device)
-
-
 def record(**row):
-    RESULTS["cases"].append(row)
-    print("   ", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    RUN.row(f"{row['op']} {row['target']} {row['case']}", **row)
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,19 +98,19 @@ def record(**row):
 
 def check_dispatch():
     if DRY:
-        RESULTS["dispatch"] = {"device": "cpu (dry run)"}
+        RUN.extra["dispatch"] = {"device": "cpu (dry run)"}
         return
     p = torch.cuda.get_device_properties(0)
     from triton.runtime import driver
 
     reported = int(driver.active.utils.get_device_properties(0)["max_shared_mem"])
-    RESULTS["dispatch"] = dict(
+    RUN.extra["dispatch"] = dict(
         gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
         triton_max_shared_mem=reported, shared_memory_per_block=dispatch.shared_memory_per_block(DEV),
         table=dispatch.shared_memory_for(p.major, p.minor, rocm=torch.version.hip is not None),
         is_hopper=dispatch.is_hopper(DEV), is_rocm=dispatch.is_rocm(DEV), tma_ok=dispatch.tma_ok(DEV),
         fp8_ok=dispatch.fp8_ok(DEV), gluon_ok=dispatch.gluon_ok(DEV), gpu_problem=dispatch.gpu_problem(DEV))
-    print("dispatch:", RESULTS["dispatch"], flush=True)
+    RUN.say("dispatch:", RUN.extra["dispatch"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,7 +121,7 @@ def hadamard_case(target: str, n: int, dtype):
     elements = (1 << 14) if DRY else (1 << 26 if dtype == torch.float32 else 1 << 28)
     rows = max(2, elements // n)
     x = torch.randn(rows, n, dtype=dtype, device=DEV)
-    out = nan_like(x)
+    out = poisoned(x)
     scale = n**-0.5
     fitted = planned_for(target, hadamard_plan.plan, x, out)
     here = planned_for(None, hadamard_plan.plan, x, out)
@@ -176,7 +155,7 @@ def gemm_fp8_case(target: str, size: int):
 
     fitted = planned_for(target, plan_fn, a, b, sa, sb)
     here = planned_for(None, plan_fn, a, b, sa, sb)
-    out = nan_like(torch.empty(M, N, device=DEV), out_dtype)
+    out = poisoned(torch.empty(M, N, dtype=out_dtype, device=DEV))
     gemm_launch.launch(fitted, a, b, None, (sa, sb), out=out)
     written = bool(torch.isfinite(out).all())
     err = accuracy.error_over_floor(out, gemm_reference.gemm_fp8_f64(a, b, sa, sb))
@@ -213,7 +192,7 @@ def attention_case(target: str, d: int, kind: str):
 
     fitted = planned_for(target, plan_fn, q, k, v)
     here = attention_plan.plan_forward(q, k, v, causal, scale, path=path)
-    out, lse = nan_like(q), nan_like(torch.empty(b, hq, n, device=DEV))
+    out, lse = poisoned(q), poisoned(torch.empty(b, hq, n, device=DEV))
     attention_launch.forward(fitted, q, k, v, out, lse, causal, scale)
     written = bool(torch.isfinite(out).all() and torch.isfinite(lse).all())
     rows = slice(0, min(n, 256))  # the float64 reference on the first query rows
@@ -260,25 +239,16 @@ def main() -> int:
     for label, fn in cases + [case for case in slow if ONLY and ONLY in case[0]]:
         if ONLY in label:
             guarded(label, fn)
-    out_dir = Path(os.environ.get("OUT", "/tmp/out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    RESULTS["seconds"] = round(elapsed(), 1)
-    try:
-        from experiments.common.meta import meta
-
-        RESULTS["meta"] = meta() if not DRY else {"dry": True}
-    except Exception as err:  # noqa: BLE001
-        RESULTS["meta"] = {"error": str(err)}
-    (out_dir / "portability_gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    RUN.save()
     print()
     print(f"{'op':20s} {'as on':8s} {'case':34s} {'written':7s} {'error':>9s} {'ms':>8s} {'H100 plan / fit':>15s}  peer")
-    for r in RESULTS["cases"]:
+    for r in RUN.rows:
         peer = next((f"{k} {r[k]:.2f}" for k in ("copy_fraction", "scaled_mm_over_fit", "sdpa_over_fit") if k in r), "")
         print(f"{r['op']:20s} {r['target']:8s} {r['case']:34s} {str(r['written']):7s} {r['error']:9.3g} "
               f"{r['ms']:8.3f} {r['fit_over_here']:15.2f}  {peer}")
-    print(f"errors: {len(RESULTS['errors'])}, skipped: {RESULTS['skipped']}, {elapsed():.0f} s; "
-          f"dispatch: {RESULTS['dispatch']}")
-    return 1 if RESULTS["errors"] else 0
+    print(f"errors: {len(RUN.errors)}, skipped: {RUN.extra['skipped']}, {RUN.elapsed():.0f} s; "
+          f"dispatch: {RUN.extra['dispatch']}")
+    return 1 if RUN.errors else 0
 
 
 if __name__ == "__main__":
