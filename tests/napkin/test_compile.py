@@ -146,6 +146,53 @@ def test_attention_softcap_approx():
     assert map_cost("softcap_approx(30.0)") == ("sfu", 1.0) and map_cost("softcap(30.0)") == ("sfu", 1.0)
 
 
+@pytest.mark.parametrize("causal, q, x", [(True, 40, 56), (False, 32, 48)])
+def test_softmax_exponentials_in_part_by_an_fma_polynomial(causal, q, x):
+    # compile.EXP2_FMA_PACK / EXP2_FMA_POLY (a switch, off by default): in a softcap_approx loop, POLY of
+    # every PACK exponentials of an unmasked key tile by a polynomial on the FMA pipe, in one inline asm;
+    # the interpreter runs the polynomial's tl twin (_exp2_poly) for every element of those tiles (masked
+    # tiles keep tl.exp2): the attention against float64, and the polynomial against 2^x
+    import sys
+
+    import triton
+    import triton.language as tl
+
+    from tilecore.ops.napkin_compiled.run import _module
+    from tilecore.tiles.switches import patched
+    cm = sys.modules["tilecore.napkin.compile"]
+    assert "_exp2_fma" not in compile_diagram(softcap_attention(causal, q=q, x=x, cap="softcap_approx(5.0)")).source
+    with patched(cm, EXP2_FMA_PACK=8, EXP2_FMA_POLY=1):
+        f, _, _ = run_and_check(softcap_attention(causal, q=q, x=x, cap="softcap_approx(5.0)"), 4.0, BM=16, BN=16)
+        plain = compile_diagram(softcap_attention(causal, q=q, x=x, cap="softcap(5.0)")).source
+    assert "_exp2_fma(" not in plain  # the exact softcap's loop is issue-bound: not there
+    loop = f.source[f.source.index("def attention_fwd("):]
+    # the pointer and TMA kernels, each with two unmasked loops (causal before the diagonal, full with even
+    # key tiles) and two masked ones
+    assert loop.count("p = _exp2_fma(") == 4 and loop.count("p = tl.exp2(") == 4
+    asm = f.source[f.source.index("inline_asm_elementwise"):]
+    asm = asm[:asm.index("pack=8")]
+    assert asm.count("ex2.approx.ftz.f32") == 7 and asm.count("fma.rn.f32") == 4
+    with pytest.raises(ValueError, match="PACK a divisor of 32"):
+        cm.exp2_fma_source(6, 1)
+
+    global _EMITTED  # a module global: the kernel below reaches the emitted _exp2_poly through it
+    _EMITTED = _module(f.source)
+
+    @triton.jit
+    def exp2_kernel(X, Y, n, B: tl.constexpr):
+        i = tl.program_id(0) * B + tl.arange(0, B)
+        x = tl.load(X + i, mask=i < n)
+        tl.store(Y + i, _EMITTED._exp2_poly(x), mask=i < n)
+    x = torch.cat([torch.linspace(-124.9, 0.5, 20000), torch.rand(4000) * -1.0,
+                   torch.tensor([0.0, -0.0, -0.5, 0.5, -1e-30, float("nan"), float("-inf"), -200.0])]).float()
+    y = torch.empty_like(x)
+    exp2_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), B=1024)
+    ref = torch.exp2(x.double())
+    rel = ((y.double() - ref) / ref)[:-3].abs().max().item()
+    assert rel < 2 ** -18, rel  # the degree-4 minimax polynomial: 2^-18.5 in fp32
+    assert torch.isnan(y[-3]) and 0 < y[-2].item() <= 2 ** -124 and 0 < y[-1].item() <= 2 ** -124
+
+
 def test_sigmoid_attention_plain_streamed_sum():
     g = Diagram("sigmoid_attention", q=24, x=40, d=16, e=32)
     Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
