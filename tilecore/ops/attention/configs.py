@@ -175,6 +175,10 @@ DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a 
 # the backward then the composite's); False: the composite (apply_rotary on q and k, the shipped Gluon
 # forward and backward on the turned tensors, dQ and dK turned back by apply_rotary's backward)
 ROTARY_IN_KERNEL = False
+# The turned path's backward on Hopper (op_rotary.turned_backward_impl): True turns dK back inside the Gluon
+# backward's epilogue (gluon_backward.RotaryBackward, for the tables plan.rotary_dk_in_kernel takes), so no
+# pass over dK follows the kernel; False: apply_rotary's kernel turns dK back after it
+ROTARY_DK_IN_KERNEL = False
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

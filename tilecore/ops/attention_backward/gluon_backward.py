@@ -456,6 +456,101 @@ class AttentionBackward:
         store_out(ctx.out, st.dk, self.dk_desc, [b, hk, start_n, 0], self.scale)
 
 
+@gluon.jit
+def turn_back(x, cos_ptr, sin_ptr, stride_cos, first_row, rows, PAIRS: gl.constexpr, INTERLEAVED: gl.constexpr):
+    """x (a float32 [ROWS, D] tile of rows first_row.. of one head, in any layout) turned back by the rotary
+    embedding, R(-theta) of each row's position: for each pair (a, b) of features, (i, i + PAIRS) for
+    i < PAIRS (half-split) or (2i, 2i + 1) (interleaved), at the row's angles (cos, sin) =
+    (cos_ptr, sin_ptr)[row, i] (tables of any float dtype, rows ``stride_cos`` apart, columns contiguous),
+
+        a <- a cos + b sin,   b <- b cos - a sin,
+
+    the transpose of the turn a cos - b sin, b cos + a sin that made the operands; features past
+    2 PAIRS pass through, rows from ``rows`` on read no table (they turn by angle 0). The pairs are
+    split out in registers: x reshaped so a pair's two features are its last dimension, then gl.split
+    (each thread of a wgmma accumulator holds both: columns 8 apart or more, and adjacent ones, are the
+    same thread's registers); the turned halves joined back the same way. Returned in x's layout."""
+    ROWS: gl.constexpr = x.shape[0]
+    D: gl.constexpr = x.shape[1]
+    HALF: gl.constexpr = D // 2
+    if INTERLEAVED:
+        a, b = gl.split(gl.reshape(x, [ROWS, HALF, 2]))
+    else:  # [ROWS, G, 2, PAIRS]: group g's first and second halves; only group 0 turns (a partial rotary_dim)
+        G: gl.constexpr = D // (2 * PAIRS)
+        a, b = gl.split(gl.permute(gl.reshape(x, [ROWS, G, 2, PAIRS]), (0, 1, 3, 2)))
+        a = gl.reshape(a, [ROWS, HALF])
+        b = gl.reshape(b, [ROWS, HALF])
+    layout: gl.constexpr = a.type.layout
+    r = first_row + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    j = gl.arange(0, HALF, gl.SliceLayout(0, layout))
+    offsets = gl.expand_dims(r * stride_cos, 1) + gl.expand_dims(j, 0)
+    mask = gl.expand_dims(r < rows, 1) & gl.expand_dims(j < PAIRS, 0)
+    c = gl.load(cos_ptr + offsets, mask=mask, other=1.0).to(gl.float32)
+    s = gl.load(sin_ptr + offsets, mask=mask, other=0.0).to(gl.float32)
+    a_back = a * c + b * s
+    b_back = b * c - a * s
+    if INTERLEAVED:
+        y = gl.reshape(gl.join(a_back, b_back), [ROWS, D])
+    else:
+        y = gl.join(gl.reshape(a_back, [ROWS, G, PAIRS]), gl.reshape(b_back, [ROWS, G, PAIRS]))
+        y = gl.reshape(gl.permute(y, (0, 1, 3, 2)), [ROWS, D])
+    return gl.convert_layout(y, x.type.layout)
+
+
+@struct
+class RotaryBackward:
+    """AttentionBackward (``base``) run on q and k that the rotary embedding turned (attention(...,
+    rotary=(cos, sin))'s turned path, op_rotary.py), with dK turned back in the epilogue: each
+    consumer's whole dK tile is in registers once a tile, so its keys' cos / sin rows are read there
+    (turn_back) and the tile is stored turned back, R(-theta) of key j at position j: no pass over dK
+    after the kernel. Every other callback is the base's."""
+    base: object
+    cos: object
+    sin: object
+    stride_cos: object
+    PAIRS: gl.constexpr  # rotary_dim / 2
+    INTERLEAVED: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile_id):
+        return self.base.setup(tile_id)
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        self.base.load(stage, bar, tile, step)
+
+    @gluon.jit
+    def load_tile(self, kv_smem, bar, tile, consumer):
+        self.base.load_tile(kv_smem, bar, tile, consumer)
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        return self.base.start(ctx, tile, prev)
+
+    @gluon.jit
+    def compute(self, ctx, st, stage, tile, step):
+        return self.base.compute(ctx, st, stage, tile, step)
+
+    @gluon.jit
+    def help(self, ctx, tile, step):
+        self.base.help(ctx, tile, step)
+
+    @gluon.jit
+    def wait(self, ctx, st):
+        return self.base.wait(ctx, st)
+
+    @gluon.jit
+    def finish(self, ctx, st, tile):
+        """dV as the base's; dK turned back (its float32 accumulator, before the scale and the rounding),
+        then stored as the base's."""
+        op = self.base
+        b, hk = op.tile_kv_head(tile)
+        start_n = tile.start_n + ctx.index * op.BN
+        store_out(ctx.out, st.dv, op.dv_desc, [b, hk, start_n, 0])
+        dk = turn_back(st.dk, self.cos, self.sin, self.stride_cos, start_n, op.Nk, self.PAIRS, self.INTERLEAVED)
+        store_out(ctx.out, dk, op.dk_desc, [b, hk, start_n, 0], op.scale)
+
+
 @gluon.constexpr_function
 def ds_layout(dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2)
@@ -465,13 +560,17 @@ def ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
+                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, cos=None, sin=None,
+                         stride_cos=1, ROTARY_PAIRS: gl.constexpr = 0, ROTARY_INTERLEAVED: gl.constexpr = False):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table) or round-robin
     (None). ``WINDOW`` (not with CAUSAL, which the launcher folds into the window)
     and ``SOFTCAP`` as the forward's (gluon_kernels.py): left, right, and tanh_scale = scale / cap
-    with scale_log2e = cap log2(e)."""
+    with scale_log2e = cap log2(e). ``ROTARY_PAIRS`` > 0: q and k came turned by the rotary embedding
+    (tables ``cos``, ``sin``, rows ``stride_cos`` apart, ROTARY_PAIRS = rotary_dim / 2 columns,
+    ``ROTARY_INTERLEAVED`` pairs) and dK is stored turned back (RotaryBackward); 0 (the default: cos,
+    sin None and stride_cos 1 specialize away) compiles the kernel as without these parameters."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
@@ -500,7 +599,11 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
                     helper=Helper(4, 88) if DQ == 4 else None)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
-    run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
+    if ROTARY_PAIRS > 0:
+        run(RotaryBackward(op, cos, sin, stride_cos, ROTARY_PAIRS, ROTARY_INTERLEAVED), layout, stages,
+            gl.cdiv(Nk, 2 * BN) * num_bhk)
+    else:
+        run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))

@@ -1,0 +1,175 @@
+"""Issue 37 (session 37, helper HR): attention(..., rotary=(cos, sin))'s training path on Hopper with dK turned
+back inside the Gluon backward's dK/dV epilogue (configs.ROTARY_DK_IN_KERNEL; gluon_backward.RotaryBackward)
+against the turned path as shipped (dK turned back by apply_rotary's kernel after the backward).
+
+1. Checks (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an unwritten element
+   shows): O, dq, dk, dv of the in-kernel variant against the float64 reference
+   (reference.rotary_attention_reference) as multiples of the rounding floor, beside plain attention's on the
+   same inputs; B1 H2 N4096 (the timed shapes' kernels): full half-split, causal interleaved; --extra also
+   N 900 < Nk 1000 causal (the dQ kernel's branch, a partly filled last key block) with rotary_dim 32 of 128
+   (partial) and GQA 4/2.
+2. GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16 H16 N4096
+   bf16 tables: forward (no gradient) plain / rotary; forward + backward (autograd.grad of q, k, v) plain /
+   rotary with dK by the pass (shipped) / dK in the kernel. Overheads over plain (issue 37: <= 3%).
+   --launches: apply_rotary on q and k as two launches against one launch over a tensor of both's heads
+   (what one launch for q and k would save).
+
+  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--dims 128,64] [--extra] [--launches]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py --smoke   # CPU interpreter: imports and the checks' code
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import tilecore  # noqa: E402
+from experiments.common.gpu_script import Run, check, time_rounds  # noqa: E402
+from tilecore.ops.attention import configs, plan  # noqa: E402
+from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
+from tilecore.tiles.switches import patched  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+
+
+def poison():
+    """The allocator's free blocks filled with NaN (the next outputs likely land there)."""
+    if SMOKE:
+        return
+    free = torch.cuda.mem_get_info()[0]
+    try:
+        junk = torch.full((int(min(free * 0.5, 8 << 30)) // 2,), float("nan"), dtype=torch.bfloat16, device=DEV)
+        del junk
+    except RuntimeError:
+        pass
+
+
+def tables(rows, pairs, dtype=torch.float32):
+    angle = torch.rand(rows, pairs, device=DEV, dtype=torch.float64) * 2 * math.pi
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=torch.bfloat16):
+    q = torch.randn(b, hq, n, d, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, hkv, nk, d, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, hkv, nk, d, device=DEV, dtype=dtype, requires_grad=True)
+    cos, sin = tables(nk + 3, pairs)
+    g = torch.randn(b, hq, n, d, device=DEV, dtype=dtype)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    result = {}
+    for label, rot in (("rotary", (cos, sin)), ("plain", None)):
+        poison()
+        with patched(configs, ROTARY_DK_IN_KERNEL=True):
+            out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
+            grads = torch.autograd.grad(out, (q, k, v), g)
+        if rot is None:
+            ro, _ = attention_reference(q64, k64, v64, causal=causal)
+        else:
+            ro, _ = rotary_attention_reference(q64, k64, v64, cos, sin, interleaved=interleaved, causal=causal)
+        rg = torch.autograd.grad(ro, (q64, k64, v64), g.double())
+        for t, got, ref in zip(("o", "dq", "dk", "dv"), (out, *grads), (ro, *rg)):
+            c = check(got, ref, tol=3.0)
+            result[f"{label}_{t}"] = c.get("err_over_floor")
+            if label == "rotary":
+                result[f"{t}_pass"] = c["pass"]
+        del out, grads, ro, rg
+    ok = all(result[f"{t}_pass"] for t in ("o", "dq", "dk", "dv"))
+    ok = ok and all(result[f"rotary_{t}"] <= max(3.0, 1.8 * result[f"plain_{t}"]) for t in ("o", "dq", "dk", "dv"))
+    run.row(f"check {name}", kind="check", path=plan.rotary_path(q, k, v, 1.0, grad=True), causal=causal,
+            interleaved=interleaved, d=d, pairs=pairs, n=n, nk=nk, hq=hq, hkv=hkv, ok=bool(ok),
+            **{k_: v_ for k_, v_ in result.items() if not k_.endswith("_pass")})
+
+
+def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
+    q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+
+    def fwd(rot):
+        def f():
+            with torch.no_grad():
+                tilecore.attention(q, k, v, causal=causal, rotary=rot)
+        return f
+
+    def fwdbwd(rot, dk_in_kernel=False):
+        def f():
+            with patched(configs, ROTARY_DK_IN_KERNEL=dk_in_kernel):
+                torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
+        return f
+
+    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin)), "bwd_plain": fwdbwd(None),
+           "bwd_pass": fwdbwd((cos, sin)), "bwd_kernel": fwdbwd((cos, sin), True)}
+    for f in fns.values():  # compiled before the clock
+        f()
+    torch.cuda.synchronize()
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    ms = {name: t[f"{name}_graph_ms"] for name in fns}
+    over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
+    run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
+            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
+            fwd_over=over("fwd_rotary", "fwd_plain"), bwd_pass_over=over("bwd_pass", "bwd_plain"),
+            bwd_kernel_over=over("bwd_kernel", "bwd_plain"),
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
+def launches(run, d=128, b=16, h=16, n=4096):
+    """apply_rotary on q and k (two launches) against one launch over a (B, N, 2H, D) tensor holding both."""
+    from tilecore.ops.rotary.op import turn
+
+    qk = torch.randn(b, n, 2 * h, d, device=DEV, dtype=torch.bfloat16)
+    q, k = qk[:, :, :h], qk[:, :, h:]
+    out = torch.empty_like(qk)
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+    fns = {"two": lambda: (turn(q, cos, sin, out=out[:, :, :h]), turn(k, cos, sin, out=out[:, :, h:])),
+           "one": lambda: turn(qk, cos, sin, out=out)}
+    for f in fns.values():
+        f()
+    t = time_rounds(fns, rounds=3, graph=True, eager=False, deadline=run)
+    run.row(f"launches D{d}", kind="launches", d=d, two_ms=t["two_graph_ms"], one_ms=t["one_graph_ms"],
+            saved_us=round(1000 * (t["two_graph_ms"] - t["one_graph_ms"]), 2))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--dims", default="128")
+    ap.add_argument("--extra", action="store_true")
+    ap.add_argument("--launches", action="store_true")
+    ap.add_argument("--deadline", type=float, default=56.0)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    run = Run("gpu_rotary_dk", deadline=a.deadline)
+    if SMOKE:  # the checks' code on the CPU path (composite): no Gluon there
+        run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
+        run.finish(["name", "ok", "rotary_dq", "rotary_dk", "plain_dk"])
+        return
+    dims = [int(x) for x in a.dims.split(",")]
+    for d in dims:
+        run.attempt(f"check D{d} full", checks, run, f"D{d} full", 1, 2, 2, 4096, 4096, d, d // 2, False, False)
+        run.attempt(f"check D{d} causal", checks, run, f"D{d} causal inter", 1, 2, 2, 4096, 4096, d, d // 2,
+                    True, True)
+    if a.launches and run.left() > 8:
+        run.attempt("launches", launches, run, dims[0])
+    for d in dims:
+        for causal in (False, True):
+            if run.left() < 12:
+                run.errors.append(f"time D{d} causal={causal}: skipped (deadline)")
+                continue
+            run.attempt(f"time D{d} causal={causal}", timing, run, d, causal)
+    if a.extra and run.left() > 10:
+        run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
+    run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "fwd_over",
+                "bwd_pass_over", "bwd_kernel_over", "bwd_plain_ms", "saved_us"])
+
+
+if __name__ == "__main__":
+    main()
