@@ -12,6 +12,9 @@ their softmax and MMAs interleave; 1.025x for plain causal in session 36's one r
 is read by twice as many programs); at D128 also BM 128 with the registers capped at 128 (maxnreg) and
 2 stages (BN 64) or BN 32 (3 stages): two 8-warp programs an SM with the default's K/V reuse; at D64
 also BM 128 BN 128 8 warps.
+``--confirm``: the plain cases' defaults against session 36's blocks where they differ (after a flip).
+``--softcap``: softcap_approx(30) D128 causal and full with part of the softmax's exp2 on the FMA pipe
+(compile.EXP2_FMA_PACK / EXP2_FMA_POLY) against the default.
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s37.json after every case; prints a table last.
 """
@@ -60,6 +63,23 @@ def plain_cases():
                 cfgs["BM 128 BN 32 w8 s3 r128"] = dict(BM=128, BN=32, num_warps=8, num_stages=3, maxnreg=128, **hg)
             if D == 64:
                 cfgs["BM 128 BN 128 w8 s3"] = dict(BM=128, BN=128, num_warps=8, num_stages=3, **hg)
+            cases.append((f"plain{' causal' if causal else ''} D{D}", D, causal, 0.0, cfgs))
+    return cases
+
+
+def confirm_cases():
+    """--confirm: each plain case's default (run._attention_blocks) against session 36's blocks (BM 128 BN 64,
+    8 warps, 3 stages, the default's HEAD_GROUP) where the two differ, else the default alone (its ratio to
+    tilecore.attention in interleaved rounds)."""
+    from tilecore.ops.napkin_compiled import run
+    if SMOKE:
+        return [("plain causal", 32, True, 0.0, {"default": None, "before": dict(BM=16, BN=16)})]
+    cases = []
+    for D in (128, 64):
+        for causal in (True, False):
+            before = dict(BM=128, BN=64, num_warps=8, num_stages=3, HEAD_GROUP=4 if causal else 0)
+            now = dict(run._attention_blocks(torch.device("cuda"), causal, False), HEAD_GROUP=run._head_group(causal))
+            cfgs = {"default": None} if now == before else {"default": None, "before: BM 128 BN 64 w8 s3": before}
             cases.append((f"plain{' causal' if causal else ''} D{D}", D, causal, 0.0, cfgs))
     return cases
 
@@ -147,7 +167,8 @@ def main():
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         RES["errors"].append(f"ceilings: {type(e).__name__}: {e}")
-    cases = (plain_cases() if "--plain" in sys.argv else []) + (softcap_cases() if "--softcap" in sys.argv else [])
+    cases = ((plain_cases() if "--plain" in sys.argv else []) + (confirm_cases() if "--confirm" in sys.argv else [])
+             + (softcap_cases() if "--softcap" in sys.argv else []))
     for case in cases:
         if time.time() - START > BUDGET_S:
             RES["errors"].append(f"{case[0]}: skipped (time budget)")
