@@ -369,7 +369,7 @@ def warm(workers: int, cases):
     tasks += [("gluoncheck", i) for i in reversed(range(len(GLUON_CHECKS)))]
     # one task a variant (a case's compiles in parallel: one slow compile costs only its own row)
     tasks += [("extra", c, n) for c in cases for n in extra_calls(c, None, names_only=True)
-              if n not in ("torch_prep", "kernel_only")]  # (kernel_only: gluon_zstage's compile)
+              if n not in ("torch_prep", "kernel_only")]  # (kernel_only: gluon_direct's compile)
     tasks += [("fla", c, p) for c in cases for p in CASES[c]["peers"]
               if p != "chunk_simple_gla" and (c, p) not in LATE_PEERS]
     # a default the extras do not compile already (the Gluon cases' gluon_direct / gluon is their default)
@@ -436,8 +436,7 @@ def reference_floor(case: str, over: dict | None) -> float:
 
 
 def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, decay: bool, mamba: bool,
-                stages: int = 3, z_stage: bool = False, g_stage: bool = False, strength: str = "mild",
-                early_wv: bool = False, dtype: str = "bf16", silu_tanh: bool = False):
+                stages: int = 2, strength: str = "mild", dtype: str = "bf16"):
     """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) into NaN-filled o and final states, with
     initial states, against the float64 recurrence: o's error over the rounding floor, the states'
     relative error, every element written. strength (scalar decay): "mild" (log decays in [-0.3, 0] and a
@@ -466,22 +465,17 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
         g[:, N // 3] = float("-inf")  # a reset
     h0 = torch.randn(B, H, Dk, Dv, device=DEV)
     scale = 1.0 if mamba else Dk ** -0.5
-    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0), z_stage=z_stage, g_stage=g_stage, early_wv=early_wv,
-               silu_tanh=silu_tanh)
+    row = dict(case=name, N=N, fits=gf.fits(q, k, v, g, 0, beta, z))
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan"))
-    beta_k = beta
-    if g_stage:  # the forward's one-pass prep (kernels_forward.chunk_heads_kernel) against its torch forms
+    G = beta_h = None
+    if g is not None:  # the forward's one-pass prep (kernels_forward.chunk_heads_kernel) against its torch forms
         G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
         G_torch = gf.chunk_cumulative_heads(g, gf.BT_GLUON)
         row["prep_max_diff"] = float((G - G_torch).abs().max())
         if beta is not None:
             row["prep_beta_equal"] = bool(torch.equal(beta_h, gf.chunk_heads(beta, gf.BT_GLUON)))
-            beta_k = beta_h
-    else:
-        G = None if g is None else gf.chunk_cumulative(g, gf.BT_GLUON)
-    grid, args, warps = gf.launch_args(q, k, v, G, beta_k, d_skip, z, h0, o, ht, scale, stages, z_stage=z_stage,
-                                       g_stage=g_stage, early_wv=early_wv, silu_tanh=silu_tanh)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip, z, h0, o, ht, scale, stages)
     gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     torch.cuda.synchronize()
     row["all_written"] = not bool(torch.isnan(o).any() or torch.isnan(ht).any())
@@ -500,42 +494,24 @@ def check_gluon(name: str, B: int, N: int, Hqk: int, H: int, Dk: int, Dv: int, d
                                     keep_linear=False)
     row["tl_out_floor"] = round(accuracy.error_over_floor(o_tl, ref), 3)
     row["tl_state_rel"] = accuracy.rel_rms(ht_tl, ref_state)
-    if g_stage:  # gluon_forward.forward (its host side: chunk_cumulative_heads) gives the same o
-        o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages, z_stage=z_stage, g_stage=True,
-                           early_wv=early_wv, lean=False, silu_tanh=silu_tanh)
-        row["forward_matches"] = bool(torch.equal(o2, o))
+    o2, _ = gf.forward(q, k, v, g, beta, d_skip, z, h0, scale, False, stages)  # (its host side: the same o)
+    row["forward_matches"] = bool(torch.equal(o2, o))
     print("check gluon", row, flush=True)
     RESULTS["check"].append(row)
     return row
 
 
-# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, Z_STAGE, G_STAGE, strength, EARLY_WV, dtype]): the plain
-# kernel, G_STAGE (configs.GLUON_G_STAGE: G head-major through the TMA stage) and EARLY_WV (configs.GLUON_EARLY_WV:
-# the state update's weighted values stored with the old state)
-_GS = (2, False, True)  # stages, Z_STAGE, G_STAGE
-_GSZ = (2, True, True)  # with Z_STAGE (Mamba-2's default)
-# Run 7 of session 28 (snapshot 6db6b90): every scalar-decay check with EARLY_WV was wrong (324-578x the floor:
-# consumer 1 read past the two-buffer ring, fixed in 1d7ac6a), Mamba-2's (beta: a ring of four) right; G_STAGE
-# alone timed 0.375 ms (97% of the copy bound, 2.71x chunk_simple_gla) with o within 6.6e-5 of the default's.
-# So G_STAGE alone is checked here at every edge (reset, strong and tiny decays, one token, one tile, fp16) and
-# EARLY_WV again after its fix
+# (name, B, N, Hqk, H, Dk, Dv, decay, mamba[, stages, strength, dtype]): the shipped kernel at the edges (a reset,
+# strong and tiny decays, one token, one tile, fp16, partial chunks). Session 37 removed the kernel's switches and
+# their rows (Z_STAGE, G_STAGE, EARLY_WV off; notes/linear_attention decisions 143-147)
 GLUON_CHECKS = (("gluon linear d128 h0", 2, 1000, 4, 4, 128, 128, False, False),
                 ("gluon scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False),
-                ("gluon z_stage mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True, 2, True),
-                ("gluon g_stage scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False, *_GS),
-                ("gluon g_stage scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False, *_GS,
-                 "strong"),
-                ("gluon g_stage scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, *_GS, "tiny"),
-                ("gluon g_stage scalar decay d128 B1 H1 N 1 (one token, one tile)", 1, 1, 1, 1, 128, 128, True, False,
-                 *_GS),
-                ("gluon g_stage scalar decay d128 fp16 N 1000 h0", 2, 1000, 3, 3, 128, 128, True, False, *_GS, "mild",
-                 False, "fp16"),
-                ("gluon g_stage+early_wv scalar decay d128 h0, a reset, N 4097", 1, 4097, 2, 2, 128, 128, True, False,
-                 *_GS, "mild", True),
-                ("gluon g_stage+early_wv scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False,
-                 *_GS, "strong", True),
-                ("gluon g_stage+early_wv+z_stage mamba2 h0", 2, 1000, 1, 8, 128, 64, True, True, *_GSZ, "mild", True),
-                ("gluon g_stage+early_wv+z_stage mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True, *_GSZ, "mild", True))
+                ("gluon scalar decay d64 v128 strong decays N 77", 2, 77, 2, 2, 64, 128, True, False, 2, "strong"),
+                ("gluon scalar decay d128 tiny decays N 300", 2, 300, 2, 2, 128, 128, True, False, 2, "tiny"),
+                ("gluon scalar decay d128 B1 H1 N 1 (one token, one tile)", 1, 1, 1, 1, 128, 128, True, False),
+                ("gluon scalar decay d128 fp16 N 1000 h0", 2, 1000, 3, 3, 128, 128, True, False, 2, "mild", "fp16"),
+                ("gluon mamba2 p64 s128 g1 (beta, D, z) h0", 2, 1000, 1, 8, 128, 64, True, True),
+                ("gluon mamba2 N 33", 1, 33, 1, 4, 128, 64, True, True))
 
 
 def check_based(name: str, B: int, N: int, H: int, Dv: int, with_h0: bool, dtype: str = "bf16", stages: int = 3):
@@ -607,11 +583,11 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     elif c["decay"] == "channel":
         names = ["gla_diag2"]
     elif c.get("gluon_override"):
-        names = ["gluon", "gluon_gstage", "gluon_gstage_early"] if c["decay"] else []
+        names = ["gluon"] if c["decay"] else []
     elif c.get("mamba"):
-        names = ["kernel_only", "torch_prep", "gluon_zstage", "gluon_zstage_gstage_early"]
+        names = ["kernel_only", "torch_prep", "gluon_direct"]
     elif c["decay"]:
-        names = ["gluon_direct", "gluon_gstage", "gluon_gstage_early"]
+        names = ["gluon_direct"]
     else:
         names = []
     if names_only or not names:
@@ -625,14 +601,10 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
         if gb.fits(t["q"], t["k"], t["v"], None) is not None:
             raise ValueError(f"gluon_based does not take the case: {gb.fits(t['q'], t['k'], t['v'], None)}")
         return {"gluon_based": lambda: gb.forward(t["q"], t["k"], t["v"], None, t["scale"], False)[0]}
-    def direct(z_stage=False, g_stage=False, early_wv=False, stages=2):
+    def direct(stages=2):
         return lambda: gf.forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"], t["z"], None, t["scale"],
-                                  False, stages, z_stage=z_stage, g_stage=g_stage, early_wv=early_wv)[0]
-    variants = {"gluon_direct": direct(), "gluon_zstage": direct(True),
-                "gluon_gstage": direct(g_stage=True),
-                "gluon_gstage_early": direct(g_stage=True, early_wv=True),
-                "gluon_zstage_gstage": direct(True, True),
-                "gluon_zstage_gstage_early": direct(True, True, True)}
+                                  False, stages)[0]
+    variants = {"gluon_direct": direct()}  # (the switches' rows: removed with the switches in session 37)
     if c.get("gluon_override"):
         calls = {"gluon": lambda: run_forward(t, fwd_gluon=True, gluon_stages=2)}  # the default (GLUON_CHECKED)
         calls.update({n: variants[n] for n in names if n in variants})
@@ -647,10 +619,10 @@ def extra_calls(case: str, t: dict | None, names_only: bool = False) -> dict:
     def prep():
         dt = t["dt"].float()
         g = dt * t["A"].float()
-        return gf.chunk_cumulative(g, gf.BT_GLUON), dt, t["d_skip"].float().contiguous()
+        G, beta = gf.chunk_heads_prep(g, dt, gf.BT_GLUON)
+        return G, beta, t["d_skip"].float().contiguous()
     G, beta, d_skip = prep()
-    grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2,
-                                       z_stage=True)  # the default's kernel (Z_STAGE)
+    grid, args, warps = gf.launch_args(t["q"], t["k"], v, G, beta, d_skip, t["z"], None, o, None, 1.0, 2)
     return {"kernel_only": lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps), "torch_prep": prep,
             **{n: variants[n] for n in names if n in variants}}
 
@@ -808,7 +780,7 @@ S30_CASES = ("based d16 v64", "mamba2 2.7B shape")
 # (Based SEL_ASYNC 2 + CHAIN on), the session-start forms beside them, Mamba-2's ASYNC_UPDATE checked with
 # SILU_TANH, the public ops against float64
 S30_BASED = {"default": 0}  # (its session-30 candidates and probes: the selection-wgmma features, removed: decision 133)
-S30_MAMBA = {"default": 0, "session_start": dict(silu_tanh=False)}
+S30_MAMBA = {"default": 0}  # (session_start, SILU_TANH off: removed with the switch in session 37)
 S30_TABLES = {"based d16 v64": S30_BASED, "mamba2 2.7B shape": S30_MAMBA}
 def check_op_mamba2(N: int = 1000):
     """The public mamba2_chunk_scan (its keyed CUDA path, configs' kernel flags: SILU_TANH on since session 30)
@@ -878,12 +850,9 @@ def s30_call(case: str, t: dict, variant):
                                            configs.GLUON_BASED_STAGES)
         return lambda: gb.based_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
-    flags = gf.variant(t["g"], t["beta"], t["z"])  # the shipped flags (G_STAGE, EARLY_WV with beta)
-    flags["silu_tanh"] = configs.GLUON_SILU_TANH
-    flags.update(extra)  # a candidate's flags over them
-    G, beta = gf.prepare_decay(t["g"].float(), t["beta"].float(), flags["g_stage"])
+    G, beta = gf.prepare_decay(t["g"].float(), t["beta"].float())
     grid, args, warps = gf.launch_args(t["q"], t["k"], t["v"], G, beta, t["d_skip"].float().contiguous(), t["z"],
-                                       None, o, None, 1.0, 2, z_stage=True, **flags)
+                                       None, o, None, 1.0, 2, **extra)
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 

@@ -1,5 +1,5 @@
-"""Mamba-2's Gluon forward toward 75% of the napkin's bound (issue 33). The shipped kernel (configs: G_STAGE, EARLY_WV,
-Z_STAGE, SILU_TANH, LEAN) against its variants (VARIANTS: launch_args keywords over the shipped flags; the step
+"""Mamba-2's Gluon forward toward 75% of the napkin's bound (issue 33). The shipped kernel (G, beta and z through the
+stage, the gate by tanh.approx, LEAN's step: session 37 removed those switches' other sides) against its variants (VARIANTS: launch_args keywords over the shipped flags; the step
 variants session 32 timed here, D_EARLY, UPDATE_LATE, Q_REG and BETA_LOG, lost and were removed: notes decisions 64,
 91, 124), each checked against the float64 recurrence, then timed in interleaved rounds beside the shipped
 kernel (first and last), the copy of the same bytes, the public op, FLA's chunk_simple_gla (the same SSD math, in a
@@ -49,10 +49,10 @@ PEER_DEADLINE = 130.0
 READY_DEADLINE = 80.0  # the timing phase waits for the peer's compiles until then
 RESULTS: dict = {"check": [], "time": {}, "warm": [], "errors": [], "step": {}, "step_check": []}
 CASE = "mamba2 2.7B shape"
-# name -> gluon_forward.launch_args keywords over the shipped flags ("no lean": the kernel before LEAN)
+# name -> gluon_forward.launch_args keywords over the shipped kernel's ("no lean", the kernel before LEAN: removed with
+# the switch in session 37, notes decision 146)
 VARIANTS = {
     "shipped": {},
-    "no lean": dict(lean=False),
 }
 # (label, B, N, H, dtype, h0, A's range (lo, hi))
 CHECKS = [("bf16 h0 N 1000", 2, 1000, 8, "bf16", True, (-8.5, -0.5)),
@@ -81,28 +81,15 @@ def attempt(name, fn):
         return None
 
 
-def flags(name: str, beta_given: bool = True) -> dict:
-    """The shipped kernel's flags (configs: gluon_forward.variant's, SILU_TANH) with the variant's over them."""
-    from tilecore.ops.linear_attention import configs
-    from tilecore.ops.linear_attention import gluon_forward as gf
-
-    one = torch.empty(1, 1, 1)
-    f = dict(gf.variant(one, one if beta_given else None, None))
-    f["silu_tanh"] = configs.GLUON_SILU_TANH
-    f.update(VARIANTS[name])
-    return f
-
-
 def launch(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, name: str):
-    """The variant's kernel on prepared arguments (G and beta head-major: gluon_forward.prepare_decay)."""
+    """The variant's kernel on prepared arguments (G and beta head-major: gluon_forward.prepare_decay); the variant's
+    launch_args keywords (VARIANTS) over the shipped kernel's (none since session 37: the kernel has no switches)."""
     from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_forward as gf
 
-    f = dict(gf.variant(g, beta, z))
-    f.update(flags(name, beta is not None))
-    G, beta_h = gf.prepare_decay(g, beta, f["g_stage"])
+    G, beta_h = gf.prepare_decay(g, beta)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip, z, h0, o, ht, scale, configs.GLUON_STAGES,
-                                       z_stage=configs.GLUON_Z_STAGE, **f)
+                                       **VARIANTS[name])
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 
@@ -175,8 +162,7 @@ def _warm(name: str):
     try:
         for c in CHECKS:
             rows.append(check_mamba(name, *c))
-        if VARIANTS[name].get("lean", True):  # (LEAN's scale on beta V)
-            rows.append(check_scale(name))
+        rows.append(check_scale(name))  # (LEAN's scale on beta V)
         t = gfw.make(CASE, *gfw.shape())
         launch(t["q"], t["k"], t["v"], t["g"], t["beta"], t["d_skip"].float().contiguous(), t["z"], None,
                torch.empty_like(t["v"]), None, 1.0, name)()

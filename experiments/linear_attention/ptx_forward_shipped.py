@@ -9,6 +9,11 @@ experiments/tiles/ptx_compare.py:
     python experiments/linear_attention/ptx_forward_shipped.py --root /tmp/old --ptx /tmp/ptx_old
     python experiments/linear_attention/ptx_forward_shipped.py --ptx /tmp/ptx_new
     python experiments/tiles/ptx_compare.py /tmp/ptx_old /tmp/ptx_new
+    python experiments/linear_attention/ptx_forward_shipped.py --compare /tmp/ptx_old /tmp/ptx_new [--json OUT]
+
+``--compare`` is ptx_compare's comparison with the kernel's parameters left out (the ``.param`` declarations, the
+parameters' names in the PTX and their constant-bank offsets in the SASS): for an edit that removes parameters no
+shipped launch reads (session 37: G, BETA, Z and their strides), whose code is otherwise the same.
 """
 import argparse
 import inspect
@@ -32,6 +37,8 @@ CASES = {
 
 def shipped_kwargs(gf, configs, g, beta, z) -> dict:
     """launch_args's keywords as gluon_forward.forward gives them for these inputs (None or a tensor each)."""
+    if not hasattr(gf, "variant"):  # (session 37 on: the kernel has no switches; G and beta always head-major)
+        return dict(g_stage=g is not None)
     kw = dict(gf.variant(g, beta, z))
     kw["z_stage"] = configs.GLUON_Z_STAGE
     kw["silu_tanh"] = configs.GLUON_SILU_TANH
@@ -40,15 +47,58 @@ def shipped_kwargs(gf, configs, g, beta, z) -> dict:
         s32.pop("beta_log", None)  # (needs beta_nonneg: no shipped config names it)
         kw.update(s32)
     params = inspect.signature(gf.launch_args).parameters
-    return {k: v for k, v in kw.items() if k in params}
+    return {k: v for k, v in kw.items() if k in params or k == "g_stage"}
+
+
+def without_params(lines: list[str]) -> list[str]:
+    """PTX lines without the parameters' declarations and names."""
+    return [re.sub(r"\w+_param_\d+", "param", x) for x in lines if not x.strip().startswith(".param")]
+
+
+def compare(old: str, new: str, out: str | None) -> int:
+    """ptx_compare's rows for the files of both folders, the kernels' parameters left out (module docstring)."""
+    import json
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tiles"))
+    import ptx_compare as pc
+
+    bank = lambda code: [re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[0x0][P]", i) for i in code]  # noqa: E731
+    rows = []
+    for name in sorted(set(os.listdir(old)) | set(os.listdir(new))):
+        paths = [os.path.join(d, name) for d in (old, new)]
+        if not name.endswith(".ptx") or not all(os.path.exists(p) for p in paths):
+            rows.append(dict(variant=name, missing=[p for p in paths if not os.path.exists(p)]))
+            print(f"{name:28s} only in one folder", flush=True)
+            continue
+        ptx = [pc.ptx_code(p) for p in paths]
+        code = [pc.sass(p) for p in paths]
+        row = dict(variant=name[:-4], ptx_identical=ptx[0] == ptx[1],
+                   ptx_identical_but_params=without_params(ptx[0]) == without_params(ptx[1]),
+                   sass_instructions=[len(x) for x in code], sass_identical=code[0] == code[1],
+                   sass_identical_but_param_offsets=bank(code[0]) == bank(code[1]),
+                   sass_same_up_to_registers_and_offsets=pc.without_registers(bank(code[0]))
+                   == pc.without_registers(bank(code[1])))
+        rows.append(row)
+        print(f"{row['variant']:28s} PTX {'same' if row['ptx_identical'] else 'differs'}, but the parameters "
+              f"{'same' if row['ptx_identical_but_params'] else 'DIFFERENT'}; SASS {row['sass_instructions']} "
+              f"{'identical' if row['sass_identical'] else ''} but offsets "
+              f"{'same' if row['sass_identical_but_param_offsets'] else 'DIFFERENT'}", flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r.get("sass_same_up_to_registers_and_offsets") for r in rows if "missing" not in r) else 1
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default=os.getcwd())
-    ap.add_argument("--ptx", required=True)
+    ap.add_argument("--ptx")
     ap.add_argument("--only", default="")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
+    ap.add_argument("--json")
     a = ap.parse_args()
+    if a.compare:
+        sys.exit(compare(*a.compare, a.json))
     sys.path.insert(0, a.root)
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
@@ -69,8 +119,15 @@ def main():
         z = torch.empty_like(v) if has_z else None
         g_in = f32(B, N, H) if decay else None
         b_in = f32(B, N, H) if has_beta else None
+        if "beta" in inspect.signature(gf.fits).parameters:  # (session 37 on: the kernel turns some inputs away)
+            why = gf.fits(q, q, v, g_in, 0, b_in, z)
+            if why and "without" in why:  # (beta without a decay, z without beta: the tl kernels' since)
+                print(f"{name:22s} not the kernel's: {why}", flush=True)
+                continue
         kw = shipped_kwargs(gf, configs, g_in, b_in, z)
         g_stage = kw.get("g_stage", False)
+        if "g_stage" not in inspect.signature(gf.launch_args).parameters:
+            kw.pop("g_stage", None)
         g = (f32(B, H, N) if g_stage else g_in) if decay else None
         beta = (f32(B, H, N) if g_stage else b_in) if has_beta else None
         _, args, warps = gf.launch_args(q, q, v, g, beta, f32(H, Dv) if has_d else None, z,

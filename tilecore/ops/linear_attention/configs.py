@@ -42,16 +42,6 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
-# Z_STAGE on (z through the stage: Mamba-2 1.553 ms against 1.885)
-GLUON_Z_STAGE = True
-# G_STAGE by whether beta is given: on for both (scalar decay 97% of the copy, Mamba-2 3.46x FLA)
-GLUON_G_STAGE: tuple = (True, False)
-# EARLY_WV for Mamba-2 only (1.155 ms against 1.217; the scalar decay is at the copy bound without it)
-GLUON_EARLY_WV: tuple = (True,)
-# Mamba-2's gate sigmoid by one tanh.approx: checked at the default's floor, 0.928 ms against 1.125
-GLUON_SILU_TANH = True
-# LEAN by whether beta is given: Mamba-2's (1.061x, checked; decision 65)
-GLUON_LEAN: tuple = (True,)
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's

@@ -67,7 +67,7 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
             o_lin = o_lin.clone()
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
     gluon, based = _GLUON_FITS.memo(key and (key, keep_linear), lambda: (
-        bool(plan.config.get("fwd_gluon")) and not keep_linear and gluon_forward.fits(q, k, v, g, feature) is None,
+        bool(plan.config.get("fwd_gluon")) and not keep_linear and gluon_forward.fits(q, k, v, g, feature, beta, z) is None,
         bool(plan.config.get("fwd_gluon_based")) and not keep_linear
         and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None))
     if gluon:
@@ -153,7 +153,7 @@ def gluon_forward_keyed(key, q, k, v, g, beta, d_skip, z, h0, scale: float, fina
 
 class GluonForward:
     """linear_attention's Gluon forward without decay, beta, D or z for one launch key (issue 31's host
-    time): the kernel's KeyedLaunch with its 37 arguments in the kernel's order, made from the key's first launch as
+    time): the kernel's KeyedLaunch with its 25 arguments in the kernel's order, made from the key's first launch as
     gluon_forward.forward gave them: q's, k's, v's and o's descriptors (views fixed by the key: each made from the
     tensor at its position, encoded once per base address), sizes, strides and scale as they were, h0 and the final
     state where given. A call allocates o (and the final state) and launches: no flags, descriptors, argument dict
@@ -165,7 +165,7 @@ class GluonForward:
 
     _SOURCES = ("q", "k", "v", "o", "ht", "h0")  # what a call's arguments are made of, in __call__'s order
     # the placeholder positions and the flag saying the kernel reads nothing there
-    _UNREAD = {"G": "DECAY", "BETA": "HAS_BETA", "DSKIP": "HAS_D", "H0": "HAS_H0", "HT": "STORE_HT"}
+    _UNREAD = {"DSKIP": "HAS_D", "H0": "HAS_H0", "HT": "STORE_HT"}
 
     @classmethod
     def of(cls, key, grid, args: dict, warps, q, k, v, h0, o, ht):
