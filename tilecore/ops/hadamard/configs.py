@@ -73,6 +73,8 @@ QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp
                     ("int8", 32768): True, ("nvfp4", 32768): True,
                     **{(f, 16384): True for f in ("fp8_e4m3", "int8", "nvfp4", "int4")},
                     **{(f, 512): True for f in ("mxfp4", "nvfp4", "int4")}}
+# the pow2 quantize's PAIRS lo by one max (kernels._pairs_dot's CLAMP, bit-identical): untimed, off
+QUANT_POW2_CLAMP_LO = {}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%)
 QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2), ("nvfp4", 128): dict(tma="load"),

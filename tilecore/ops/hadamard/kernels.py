@@ -60,16 +60,26 @@ def _load_slice(x, rows, stride_x, tile, s, N: tl.constexpr, N1: tl.constexpr, N
         return tl.load(x + offs, mask=mask, other=0.0)
 
 
+LO_FLOOR: tl.constexpr = tl.constexpr(-2.0**120)  # _pairs_dot's CLAMP: below any finite lo (|x - h| < 2^119)
+
+
 @triton.jit
-def _pairs_dot(a, b):
+def _pairs_dot(a, b, CLAMP: tl.constexpr = False):
     """PIECES == -2 (PAIRS): a @ b with float32 ``a`` as two bf16 pieces, dot_split's, hi made a column
     pair at a time by one cvt.rn.bf16x2 and its float32 values by a shift and a mask of that word, in one asm block
     (Triton's a.to(bf16) then hi.to(float32) made ptxas split each pair's conversion into two F2F and a PRMT, then
-    unpack it by two IMAD.U32); lo as dot_split's remainder. The same pieces: bit-identical products."""
+    unpack it by two IMAD.U32); lo as dot_split's remainder. The same pieces: bit-identical products.
+    CLAMP (PIECES == -3): lo = max(a - h, -2^120), one max a value instead of a compare and a select: the same lo for
+    every finite a (a - h is exact, above -2^119, and +0 where h holds a whole); for a = +-inf, a - h is NaN and the
+    max returns -2^120, so the product stays the infinity hi makes it (as the select's lo 0 leaves it); NaN stays
+    NaN through hi (gluon_epilogue.pieces' CLAMP_LO, the same argument)."""
     hi, h = tl.inline_asm_elementwise(
         "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, -65536;", "=r,=r,=r,r,r", [a],
         dtype=(tl.bfloat16, tl.float32), is_pure=True, pack=2)
-    lo = tl.where(h == a, 0.0, a - h).to(tl.bfloat16)
+    if CLAMP:
+        lo = tl.maximum(a - h, LO_FLOOR).to(tl.bfloat16)  # max.f32: the non-NaN operand where one is NaN
+    else:
+        lo = tl.where(h == a, 0.0, a - h).to(tl.bfloat16)
     acc = tl.dot(hi, b, out_dtype=tl.float32)
     return tl.dot(lo, b, acc)
 
@@ -78,8 +88,9 @@ def _pairs_dot(a, b):
 def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     """tiles.hadamard.dot_split(a, b, ...): a @ b with the float32 operand cut into PIECES pieces of
     PIECE_DTYPE; in the interpreter the same pieces, each multiplied in float32 (see _INTERPRETED). PIECES == -2:
-    two bf16 pieces of ``a`` (SPLIT_A) by _pairs_dot on the GPU, as 2 in the interpreter."""
-    if PIECES == -2:
+    two bf16 pieces of ``a`` (SPLIT_A) by _pairs_dot on the GPU, as 2 in the interpreter; -3: the same with its
+    CLAMP (the same pieces: as 2 in the interpreter, whose max would not drop a NaN as the GPU's does)."""
+    if PIECES < 0:
         tl.static_assert(SPLIT_A, "PAIRS: the split operand is a")
     if _INTERPRETED:
         if SPLIT_A:
@@ -93,15 +104,15 @@ def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: t
             acc = tl.dot(piece, other, out_dtype=tl.float32)
         else:
             acc = tl.dot(other, piece, out_dtype=tl.float32)
-        for _ in tl.static_range((2 if PIECES == -2 else PIECES) - 1):
+        for _ in tl.static_range((2 if PIECES < 0 else PIECES) - 1):
             rest = tl.where(piece == rest, 0.0, rest - piece)  # 0 where the piece holds it all (+-inf)
             piece = rest.to(PIECE_DTYPE).to(tl.float32)
             if SPLIT_A:
                 acc = tl.dot(piece, other, acc)
             else:
                 acc = tl.dot(other, piece, acc)
-    elif PIECES == -2:
-        acc = _pairs_dot(a, b)
+    elif PIECES < 0:
+        acc = _pairs_dot(a, b, PIECES == -3)
     else:
         acc = dot_split(a, b, SPLIT_A, PIECES, PIECE_DTYPE)
     return acc

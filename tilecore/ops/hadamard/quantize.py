@@ -423,8 +423,9 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     f = FORMATS[fmt]
     return QuantizePlan("pow2", grid=(grid,), rscale=n**-0.5, config=dict(
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
-        # -2: two pieces, hi a column pair at a time (PAIRS: kernels._pairs_dot; configs.QUANT_POW2_PAIRS)
-        MID_PIECES=3 if fp32 else -2 if tuning.get("pairs", _by_format(configs.QUANT_POW2_PAIRS, fmt, n, False)) else 2,
+        # -2: two pieces, hi a column pair at a time (PAIRS: kernels._pairs_dot; configs.QUANT_POW2_PAIRS); -3: with
+        # lo by one max (its CLAMP; configs.QUANT_POW2_CLAMP_LO)
+        MID_PIECES=3 if fp32 else _pow2_pieces(fmt, n, tuning),
         MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
@@ -433,6 +434,13 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS)
         PERM=bool(tuning.get("perm", _by_format(configs.QUANT_PERM_COLUMNS, fmt, n))) and cfg["N1"] > 1 and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16,
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
+
+
+def _pow2_pieces(fmt, n, tuning) -> int:
+    """The pow2 kernel's MID_PIECES for 16-bit inputs: 2, -2 with PAIRS, -3 with PAIRS and the clamped lo."""
+    if not tuning.get("pairs", _by_format(configs.QUANT_POW2_PAIRS, fmt, n, False)):
+        return 2
+    return -3 if tuning.get("clamp_lo", _by_format(configs.QUANT_POW2_CLAMP_LO, fmt, n, False)) else -2
 
 
 def _kernel():

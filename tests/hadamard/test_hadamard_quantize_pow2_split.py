@@ -1,0 +1,132 @@
+"""The tl pow2 quantize kernel on splits whose slice holds a whole group on one thread, and PAIRS' lo by one max
+(session 37, issue 32).
+
+* Splits (plan tuning ``split`` with ``perm``; configs.QUANT_POW2_FORMAT_TUNING once the GPU shows them faster): under
+  PERM a thread holds N2 / 4 consecutive outputs of a tile row, so at N2 = 64 an nvfp4 group of 16 (at N2 = 128 an mxfp4
+  group of 32) is one thread's: its maximum without a shuffle and its scale computed once, not on two or four threads.
+  The sums run in another order than the shipped split's: checked against the float64 reference (codes >= 99.9% equal,
+  the rest one step apart, scales exact, every byte written) in the interpreter.
+* CLAMP_LO (MID_PIECES -3, plan tuning ``clamp_lo``, configs.QUANT_POW2_CLAMP_LO): kernels._pairs_dot's lo as
+  max(x - h, -2^120) instead of a compare and a select; the same pieces for every finite x and the same infinities
+  (torch emulation below); in the interpreter -3 runs as 2 pieces. An sm_90a compile in a fresh process shows both in
+  the loop's SASS."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.hadamard import quantize
+from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
+
+
+def _run(x, fmt, scale, poison=True, **tuning):
+    rows, n = x.shape
+    group = FORMATS[fmt].default_group
+    plan = quantize.kernel_plan(rows, n, x.dtype, fmt, group, None, True, scale is not None, False, 4, True, **tuning)
+    codes, scales, _ = quantize.run_plan(plan, x, fmt, group, None, True, scale, poison=poison)
+    return plan, codes, scales
+
+
+def _bytes(t):
+    return [s.contiguous().view(torch.uint8) for s in (t if isinstance(t, tuple) else (t,))]
+
+
+@pytest.mark.parametrize("fmt,n,split,dtype", [("nvfp4", 1024, (1, 16, 64), torch.float16),
+                                               ("mxfp4", 2048, (1, 16, 128), torch.float16),
+                                               ("int4", 1024, (1, 16, 64), torch.float16),
+                                               ("fp8_e4m3", 1024, (1, 16, 64), torch.float32)])
+def test_split_matches_the_float64_reference(fmt, n, split, dtype):
+    torch.manual_seed(11)
+    x = torch.randn(5, n, dtype=dtype)  # 5 rows: a partial tile (B = 8)
+    x[:, 3] *= 70  # an outlier channel
+    scale = torch.tensor([0.003]) if fmt == "nvfp4" else None
+    perm = fmt != "fp8_e4m3"
+    plan, codes, scales = _run(x, fmt, scale, split=split, **({"perm": True} if perm else {}))
+    cfg = plan.config
+    assert plan.path == "pow2" and (cfg["S"], cfg["N1"], cfg["N2"]) == split and cfg["PERM"] == perm
+    _, codes2, scales2 = _run(x, fmt, scale, poison=0xA5, split=split, **({"perm": True} if perm else {}))
+    assert all(torch.equal(a, b) for a, b in zip(_bytes(codes) + _bytes(scales), _bytes(codes2) + _bytes(scales2)))
+    ref, ref_scales = hadamard_quantize_reference(x, format=fmt, **({"scale": scale} if scale is not None else {}))
+    a, b = code_order(codes.reshape(ref.shape), fmt), code_order(ref, fmt)
+    assert (a == b).double().mean() >= 0.999 and int((a - b).abs().max()) <= 1
+    got = scales if isinstance(scales, tuple) else (scales,)
+    want = ref_scales if isinstance(ref_scales, tuple) else (ref_scales,)
+    for s, r in zip(got, want):
+        s = s.reshape(r.shape)
+        if r.dtype == torch.float32:  # per-token float32 scales: the amax of a float32 rotation
+            assert torch.allclose(s, r, rtol=2.0**-15, atol=0)
+        else:  # e8m0 / e4m3 bytes exactly
+            assert torch.equal(s.view(torch.uint8), r.view(torch.uint8))
+
+
+def test_clamp_lo_plan_and_interpreter_bytes():
+    torch.manual_seed(3)
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    x[1, 9] = float("inf")
+    p0, c0, s0 = _run(x, "mxfp4", None, pairs=True)
+    p1, c1, s1 = _run(x, "mxfp4", None, pairs=True, clamp_lo=True)
+    assert p0.config["MID_PIECES"] == -2 and p1.config["MID_PIECES"] == -3
+    assert all(torch.equal(a, b) for a, b in zip(_bytes(c0) + _bytes(s0), _bytes(c1) + _bytes(s1)))
+    # clamp_lo means nothing without PAIRS, and float32 keeps its three pieces
+    assert quantize.kernel_plan(4, 512, torch.bfloat16, "mxfp4", 32, None, True, False, False, 4, True,
+                                pairs=False, clamp_lo=True).config["MID_PIECES"] == 2
+    assert quantize.kernel_plan(4, 512, torch.float32, "mxfp4", 32, None, True, False, False, 4, True,
+                                pairs=True, clamp_lo=True).config["MID_PIECES"] == 3
+
+
+def test_clamp_lo_pieces_equal_the_selects():
+    """lo = max(x - h, -2^120) (the GPU's max.f32 returns the non-NaN operand: torch.fmax) against the shipped
+    where(h == x, 0, x - h): the same bf16 bits for every finite x; for +-inf the pieces' sum hi + lo stays +-inf."""
+    g = torch.Generator().manual_seed(5)
+    parts = [torch.randn(200000, generator=g) * 10.0 ** torch.randint(-30, 30, (200000,), generator=g).float(),
+             torch.randn(1000, generator=g).to(torch.bfloat16).float(),  # exact in bf16: lo 0
+             torch.tensor([0.0, -0.0, 1e-38, -1e-38, 1e-45, 3.0e38, -3.0e38, 2.0**-126, 2.0**119, -(2.0**119)])]
+    x = torch.cat(parts)
+    hi = x.to(torch.bfloat16)
+    h = hi.float()
+    lo_sel = torch.where(h == x, torch.zeros_like(x), x - h).to(torch.bfloat16)
+    lo_max = torch.fmax(x - h, torch.full_like(x, -2.0**120)).to(torch.bfloat16)
+    finite = torch.isfinite(h)  # (x past bf16's largest rounds hi to inf: both pieces' sums are non-finite there)
+    assert torch.equal(lo_sel[finite].view(torch.int16), lo_max[finite].view(torch.int16))
+    inf = torch.tensor([float("inf"), float("-inf")])
+    hi_i = inf.to(torch.bfloat16).float()
+    lo_i = torch.fmax(inf - hi_i, torch.full_like(inf, -2.0**120)).to(torch.bfloat16).float()
+    assert torch.equal(hi_i + lo_i, inf) and torch.equal(lo_i, torch.full_like(inf, -2.0**120))
+    nan = torch.tensor([float("nan")])
+    assert torch.isnan(nan.to(torch.bfloat16).float()).all()  # NaN goes through hi
+
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard import sass_quantize as sq
+from tilecore.tiles.compile import resources
+for name, kw in (("shipped", dict(pairs=True, clamp_lo=False)),
+                 ("split_clamp", dict(pairs=True, clamp_lo=True, split=(1, 64, 64), perm=True))):
+    plan, k = sq.compile_case("nvfp4", 4096, True, static=True, **kw)
+    body = sq.loop_body(sq.sass_lines(k.asm["cubin"]))
+    kinds = sq.kinds(body)
+    print(json.dumps(dict(name=name, loop=len(body), shfl=kinds["shuffle"], mufu=kinds["mufu"],
+                          spills=resources(k).spill_stores, clamp="0fFB800000" in k.asm["ptx"],
+                          n2=plan.config["N2"], pieces=plan.config["MID_PIECES"])))
+"""
+
+
+def test_split_and_clamp_compile_for_sm90_shorter():
+    """nvfp4 4096 (sm_90a): the shipped plan (PAIRS, (1, 128, 32)) against (1, 64, 64) + PERM + CLAMP_LO: a tenth fewer
+    loop instructions or more, half the shuffles and reciprocals (each group's scale once), the clamp's -2^120 in
+    the PTX, no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, new = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert base["pieces"] == -2 and new["pieces"] == -3 and new["n2"] == 64
+    assert new["loop"] < 0.9 * base["loop"], (base, new)
+    assert new["shfl"] < base["shfl"] and new["mufu"] < base["mufu"], (base, new)
+    assert new["clamp"] and not base["clamp"] and new["spills"] == 0
