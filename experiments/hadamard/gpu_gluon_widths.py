@@ -431,10 +431,12 @@ def s37_timed():
     """Session 37, batch 1: the pow2 kernel on S37_SPLITS (sm_90a loop SASS a value, shipped -> split: nvfp4 1024
     26.1 -> 22.7, 2048 25.1 -> 21.2, 4096 26.0 -> 22.9, 8192 29.7 -> 23.3; mxfp4 1024 24.0 -> 21.3, 2048 23.0 -> 18.9,
     4096 25.0 -> 22.5, 8192 27.0 -> 21.9, 16384 24.9 -> 20.3; int4 4096 19.7 -> 15.7, 8192 22.6 -> 16.1, 16384 16.5 ->
-    12.7; fp8 4096 15.0 -> 13.9, 8192 15.8 -> 13.3; int8 8192 17.1 -> 14.5), each beside the shipped plan."""
+    12.7; fp8 4096 15.0 -> 13.9, 8192 15.8 -> 13.3; int8 8192 17.1 -> 14.5), each beside the shipped plan, and the split
+    with PAIRS + CLAMP_LO ("split_clamp": one instruction a value fewer, its bytes compared with the split's)."""
     cases = []
     for fmt, n in S37_SPLITS:
-        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "split", s37_tuning(fmt, n))]
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "split", s37_tuning(fmt, n)),
+                  ("q", fmt, n, "split_clamp", {**s37_tuning(fmt, n), "pairs": True, "clamp_lo": True})]
     return cases
 
 
@@ -548,8 +550,8 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
-    if SET == "s37":  # the checks' kernels are the timed ones (the checks' 2049 rows ask for TMA as 2^28 elements get it)
-        cases = timed_cases(quick)
+    if SET == "s37":  # the timed kernels, then the checks' (GRID is a constexpr: 2049 rows compile their own)
+        cases = timed_cases(quick) + [("c", c) for c in check_cases(quick)]
     if SET == "s35b":  # the checks' kernels are the timed ones; the tma_waves2 cases reuse the tma kernels; Gluon first
         cases = [c for c in timed_cases(quick) if c[3] != "tma_waves2"]
         cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
@@ -577,16 +579,14 @@ def check_cases(quick=False):
     if SET == "s37":  # the new splits against float64 (TMA asked: 2049 rows are below TMA_MIN_ELEMENTS)
         def sp(fmt, n):
             return {**s37_tuning(fmt, n), "tma": "load"}
-        return [("nvfp4", 4096, {"scale": 0.002}, "bfloat16", sp("nvfp4", 4096)),
+        cl = {"pairs": True, "clamp_lo": True}
+        return [("nvfp4", 4096, {"scale": 0.002}, "bfloat16", {**sp("nvfp4", 4096), **cl}),
                 ("mxfp4", 16384, {}, "bfloat16", sp("mxfp4", 16384)),
-                ("int4", 8192, {}, "bfloat16", sp("int4", 8192)),
-                ("fp8_e4m3", 8192, {}, "bfloat16", sp("fp8_e4m3", 8192)),
+                ("int4", 8192, {}, "bfloat16", {**sp("int4", 8192), **cl}),
+                ("fp8_e4m3", 8192, {}, "bfloat16", {**sp("fp8_e4m3", 8192), **cl}),
                 ("nvfp4", 1024, {}, "bfloat16", sp("nvfp4", 1024)),
-                ("mxfp4", 2048, {}, "float16", sp("mxfp4", 2048)),
-                ("int8", 8192, {}, "float16", sp("int8", 8192)),
-                ("nvfp4", 8192, {"scale": 0.002}, "float16", sp("nvfp4", 8192)),
-                ("int4", 16384, {}, "bfloat16", sp("int4", 16384)),
-                ("mxfp4", 4096, {}, "bfloat16", sp("mxfp4", 4096))]
+                ("mxfp4", 2048, {}, "float16", {**sp("mxfp4", 2048), **cl}),
+                ("int8", 8192, {}, "float16", sp("int8", 8192))]
     if SET == "s35b":  # E2M1_PAIRS at 18944, the shipped 128 TMA plans, fp8 at 128 by TMA, PAIRS at 512
         ep = {"e2m1_pairs": True}
         return [("mxfp4", 18944, {}, "bfloat16", ep), ("nvfp4", 18944, {"scale": 0.002}, "bfloat16", ep),
@@ -948,7 +948,13 @@ def phase_time(result, save, deadline, quick):
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
-                if case[3] == "shipped":
+                if SET == "s37" and case[3] in ("split", "split_clamp"):  # split_clamp's bytes against the split's
+                    if case[3] == "split":
+                        shipped_out[key + ("split",)] = got
+                    elif key + ("split",) in shipped_out:
+                        row["identical"] = all(a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
+                                               for a, b in zip(got, shipped_out[key + ("split",)]))
+                elif case[3] == "shipped":
                     shipped_out[key] = got
                 elif key in shipped_out and case[3] in ("pairs", "pairs_perm", "perm", "perm_noonce", "noonce", "nopairs",
                                                                "balance", "balance_perm", "units_perm", "stream",
