@@ -40,11 +40,11 @@ BKB_GLUON = 32  # key channels a consumer
 FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
 # timing probes (the kernel's PROBE; experiments/linear_attention/gpu_gla_gluon_s36.py): each bit leaves a part of a
 # tile's work out, so the time it saves says what the chain spends there. Outputs are WRONG; never in a real launch.
-PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-row reductions: m = 0, G_last = g's last)
+PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-row reductions, FORM 2: no L g, J g)
 PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
 PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
 PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
-PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed
+PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 
 
 @stage_struct
@@ -61,6 +61,16 @@ class DqkChunk:
     hs1: object
     dhs0: object  # [BKB, Dv] dS_c's rows
     dhs1: object
+
+    @gluon.jit
+    def of(self, cid: gl.constexpr):
+        """Consumer cid's buffers of the stage (key block cid of the pair): q, k, g [BT, BKB], S_c's and dS_c's rows
+        [BKB, Dv]."""
+        if cid == 0:
+            blk = (self.q0, self.k0, self.g0, self.hs0, self.dhs0)
+        else:
+            blk = (self.q1, self.k1, self.g1, self.hs1, self.dhs1)
+        return blk
 
 
 @struct
@@ -192,18 +202,7 @@ class GlaDqk:
         L32: gl.constexpr = self.L32
         L64: gl.constexpr = self.L64
         dtype: gl.constexpr = self.q_desc.dtype
-        if cid == 0:
-            q_s = stage.q0
-            k_s = stage.k0
-            g_s = stage.g0
-            hs_s = stage.hs0
-            dhs_s = stage.dhs0
-        else:
-            q_s = stage.q1
-            k_s = stage.k1
-            g_s = stage.g1
-            hs_s = stage.hs1
-            dhs_s = stage.dhs1
+        q_s, k_s, g_s, hs_s, dhs_s = stage.of(cid)
         p0 = ctx.out
         p1 = self.qe_smem.index(2 * cid)
         p2 = self.qe_smem.index(2 * cid + 1)
@@ -217,9 +216,13 @@ class GlaDqk:
         self.pieces(gl.where(g < FLOOR, FLOOR, g), p0, p1, p2)
         fence_async_shared()
         gl.thread_barrier()
-        G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-        Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
-        Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
+        if self.PROBE & PROBE_NO_SCAN:
+            Gc = gl.where(g < FLOOR, FLOOR, g)
+            Gl = z32
+        else:
+            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+            Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
         m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
@@ -230,18 +233,26 @@ class GlaDqk:
         Ei = gl.exp(m - Gc)
         # <S_c, dS_c> per channel
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
-                                gl.SliceLayout(0, L32))
+        if self.PROBE & PROBE_NO_SFX:
+            sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
+        else:
+            sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
+                                    gl.SliceLayout(0, L32))
         gl.thread_barrier()  # G's products have read the pieces
         p0.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))  # (q and k read from the stage where used: fewer
         p1.store((q_s.load(L32).to(gl.float32) * E).to(dtype))  # registers live through the products)
         fence_async_shared()
         gl.thread_barrier()
         # the value sums do v^T, do S_c^T, v dS_c^T
-        a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
+        if self.PROBE & PROBE_NO_VALUE_MMA:
+            a = z64 + 1.0
+            dqs = z32 + 1.0
+            dks = z32 + 1.0
+        else:
+            a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
+            dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+            dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+            a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
@@ -251,18 +262,24 @@ class GlaDqk:
         base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
         offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T = v do^T and dk
-        dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
-        dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
+        if self.PROBE & PROBE_NO_INTRA_MMA:
+            dq_in = dqs
+        else:
+            dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
+            dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = gl.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
         gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
         dG = q_s.load(L32).to(gl.float32) * dq
-        at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
-        at = warpgroup_mma_wait(0, deps=[at_tok])
-        at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
-                                  self.A32)
-        dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
-        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        if self.PROBE & PROBE_NO_INTRA_MMA:
+            dk_in = dks
+        else:
+            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+            at = warpgroup_mma_wait(0, deps=[at_tok])
+            at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
+                                      self.A32)
+            dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
+            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         dk_state = dks * (Ei * gl.exp(m))  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
         gl.store(self.DK_OUT + base + offs, (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
@@ -270,18 +287,22 @@ class GlaDqk:
         # J (dG + k dk_state) - L dG + dG
         kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
-        gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
-        self.pieces(dG, p0, p1, p2)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-        lsum = warpgroup_mma_wait(0, deps=[s_tok])
-        gl.thread_barrier()
-        self.pieces(dG + kf * dk_state, p0, p1, p2)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
-        jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        if self.PROBE & PROBE_NO_DG_SCAN:
+            lsum = z32
+            jsum = kf * dk_state
+        else:
+            gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
+            self.pieces(dG, p0, p1, p2)
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+            lsum = warpgroup_mma_wait(0, deps=[s_tok])
+            gl.thread_barrier()
+            self.pieces(dG + kf * dk_state, p0, p1, p2)
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+            jsum = warpgroup_mma_wait(0, deps=[s_tok])
         dg = (jsum - lsum) + dG + gl.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
@@ -298,18 +319,7 @@ class GlaDqk:
         L32: gl.constexpr = self.L32
         L64: gl.constexpr = self.L64
         dtype: gl.constexpr = self.q_desc.dtype
-        if cid == 0:
-            q_s = stage.q0
-            k_s = stage.k0
-            g_s = stage.g0
-            hs_s = stage.hs0
-            dhs_s = stage.dhs0
-        else:
-            q_s = stage.q1
-            k_s = stage.k1
-            g_s = stage.g1
-            hs_s = stage.hs1
-            dhs_s = stage.dhs1
+        q_s, k_s, g_s, hs_s, dhs_s = stage.of(cid)
         # G, its span, middle and last row (a scan over tokens in SCAN, a warp's rows in its threads)
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
         g = g_s.load(self.SCAN).to(gl.float32)
