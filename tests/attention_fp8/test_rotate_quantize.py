@@ -126,3 +126,41 @@ def test_convenience_path_traces_under_torch_compile_fullgraph():
 
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
     assert torch.equal(got, f(q, k, v))
+
+
+@pytest.mark.parametrize("row_blocks", [1, 2])
+def test_k_and_v_in_one_launch_are_the_two_passes_bits(row_blocks):
+    """quantize_kv (kernels_tl.quantize_kv: k's programs, then v's) writes what rotate_quantize(k, scales="block") and
+    quantize_v_permuted(v, per="block") write, bit for bit: tails of the 128-key blocks, strided inputs (flash-attn's
+    layout), a NaN in k (whatever the interpreter's cast makes of it, the same as the pass's), k's programs of one
+    and of two blocks."""
+    from tilecore.ops.attention_fp8.quantize import quantize_kv, quantize_v_permuted
+
+    g = torch.Generator().manual_seed(7)
+    for B, H, Nk, D in ((1, 2, 300, 64), (2, 1, 45, 16)):
+        k = torch.randn(B, Nk, H, D, generator=g).to(torch.float16).transpose(1, 2)
+        v = (torch.randn(B, Nk, H, D, generator=g) * torch.logspace(-1, 1, Nk)[:, None, None]).to(
+            torch.float16).transpose(1, 2)
+        k[0, 0, 3, 1] = float("nan")
+        signs = rotation_signs(D, k.device)
+        got = quantize_kv(k, v, signs, config=dict(row_blocks=row_blocks))
+        want = (*rotate_quantize(k, signs=signs, scales="block"), *quantize_v_permuted(v, per="block"))
+        for x, y in zip(got, want, strict=True):
+            assert x.shape == y.shape and x.dtype == y.dtype
+            if x.dtype == torch.float8_e4m3fn:
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+            else:
+                assert torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())
+
+
+def test_convenience_path_with_k_and_v_in_one_launch_gives_the_same_output():
+    from tilecore.ops.attention_fp8 import configs
+    from tilecore.tiles.switches import patched
+
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 140, 32, generator=g).to(torch.float16) for _ in range(3))
+    with patched(configs, ROTATED=dict(configs.ROTATED, kv_one_launch=False)):
+        two = attention_fp8_rotated(q, k, v, causal=True, return_lse=True)
+    with patched(configs, ROTATED=dict(configs.ROTATED, kv_one_launch=True)):
+        one = attention_fp8_rotated(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
