@@ -78,7 +78,7 @@ def confirm_cases():
     for D in (128, 64):
         for causal in (True, False):
             before = dict(BM=128, BN=64, num_warps=8, num_stages=3, HEAD_GROUP=4 if causal else 0)
-            now = dict(run._attention_blocks(torch.device("cuda"), causal, False), HEAD_GROUP=run._head_group(causal))
+            now = run.attention_defaults(torch.device("cuda"), causal, False)
             cfgs = {"default": None} if now == before else {"default": None, "before: BM 128 BN 64 w8 s3": before}
             cases.append((f"plain{' causal' if causal else ''} D{D}", D, causal, 0.0, cfgs))
     return cases

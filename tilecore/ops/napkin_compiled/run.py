@@ -74,6 +74,12 @@ def _head_group(causal: bool) -> int:
     return 4 if causal else 0
 
 
+def attention_defaults(device: torch.device, causal: bool, modified: bool) -> dict:
+    """The blocks and program order an attention diagram launches with by default (modified: a score
+    modifier other than a scale)."""
+    return dict(_attention_blocks(device, causal, modified), HEAD_GROUP=_head_group(causal))
+
+
 def _tma_ok(device: torch.device, tensors) -> bool:
     """Host tensor descriptors: a GPU with TMA (or the interpreter, which emulates them), rows
     contiguous, row strides and base addresses 16-byte aligned."""
@@ -241,4 +247,4 @@ def compile_diagram(diagram: Diagram, blocks: dict | None = None) -> CompiledDia
     return CompiledDiagram(napkin_compile(diagram), blocks)
 
 
-__all__ = ["CompileError", "CompiledDiagram", "compile_diagram"]
+__all__ = ["CompileError", "CompiledDiagram", "attention_defaults", "compile_diagram"]
