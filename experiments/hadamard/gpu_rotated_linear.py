@@ -29,6 +29,34 @@ def activations(tokens, k, dev, seed):
     return x.to(torch.bfloat16)
 
 
+def _warm(job):
+    """One (k_in, k_out, tokens) forward in a fresh process, so that the kernels compile in parallel (Triton's disk
+    cache then holds them for the timed process)."""
+    k_in, k_out, tokens = job
+    try:
+        from tilecore.nn import RotatedLinear
+
+        lin = torch.nn.Linear(k_in, k_out, bias=False, device="cuda", dtype=torch.bfloat16)
+        x = activations(tokens, k_in, "cuda", 0)
+        for rotate in (True, False):
+            RotatedLinear.from_linear(lin, rotate=rotate)(x)
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:  # noqa: BLE001
+        return f"{job}: {type(err).__name__}: {str(err)[:200]}"
+
+
+def warm(shapes, tokens_list, run):
+    import multiprocessing as mp
+
+    jobs = [(k_in, k_out, t) for k_in, k_out in shapes for t in tokens_list]
+    with mp.get_context("spawn").Pool(min(12, len(jobs))) as pool:
+        for err in pool.imap_unordered(_warm, jobs):
+            if err:
+                run.errors.append("warm " + err)
+    run.say(f"warmed {len(jobs)} shapes")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
@@ -41,6 +69,8 @@ def main():
     from tilecore.nn import RotatedLinear
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cuda":
+        run.attempt("warm", warm, shapes, tokens_list, run)
     torch.manual_seed(0)
     for k_in, k_out in shapes:
         lin = torch.nn.Linear(k_in, k_out, bias=False, device=dev, dtype=torch.bfloat16)
