@@ -25,7 +25,7 @@ the engine's, or a measured one), the terms are
 - **L2**: K, V and the block's cos / sin rows read at the SM's even share of the L2 bandwidth: the excess
   over the step.
 
-With ``k_in_kernel=False`` (gluon_rotary.forward as shipped since session 36: K turned by apply_rotary's
+With ``k_in_kernel=False`` (gluon_rotary.forward as shipped: K turned by apply_rotary's
 pass before the kernel, Q still in it; the in-kernel K turn was removed, git keeps it at 73266153) the K terms give way to that pass (standalone_time on K's shape).
 
 Measured (notes/napkin/README.md): K turned by the pass as predicted (+5.9 / +11.4% at D128, causal: 1.00 /
