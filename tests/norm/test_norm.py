@@ -269,3 +269,27 @@ def test_backward_tables_pick_tile_warps_and_groups(monkeypatch):
     assert (other.backward_rows, other.groups) == (configs.BACKWARD_TILE_ELEMS // 128, configs.BACKWARD_GROUPS_PER_SM * sms)
     x, w, b, r = make_inputs(41, 300, torch.float16, residual=False)
     run_and_check(x, w, b, r, prenorm=False)
+
+
+def test_fused_backward_dh_ahead(monkeypatch):
+    """FUSED_BACKWARD's optional (dh_ahead, maxnreg): the prenorm gradient loaded a tile ahead (DH_AHEAD) gives dx and
+    dresidual bit for bit as loading it where it is added, over groups of several row tiles and a ragged last one
+    (dropout on: dresidual and dx differ); the op through such a plan matches float64; the cap is a plan field only
+    (nothing to cap in the interpreter)."""
+    monkeypatch.setattr(configs, "FUSED_BACKWARD", {512: (1024, 4, 1, True, 168)})
+    sms = configs.INTERPRETER_SMS
+    rows, n, dtype, p = 23, 300, torch.float16, 0.2
+    ahead = plan.tl_plan(rows, n, sms, fused=True)
+    assert (ahead.backward_rows, ahead.groups, ahead.dh_ahead, ahead.maxnreg) == (2, sms, True, 168)
+    base = plan.tl_plan(rows, n, sms, fused=True, dh_ahead=False)
+    assert not base.dh_ahead and not plan.tl_plan(rows, n, sms).dh_ahead  # the plain backward: no prenorm gradient
+    x, r, dy, dh = (torch.randn(rows, n).to(dtype) for _ in range(4))
+    w, b = (1 + 0.5 * torch.randn(n)).to(dtype), torch.randn(n).to(dtype)
+    seed = torch.tensor([12345])
+    _, h, mean, rstd = launch.forward(base, x, r, w, b, seed, p, 1e-5, False, True, dtype)
+    want = launch.backward(base, dy, None, None, h, w, b, mean, rstd, seed, dh, p, False, dtype, dtype, True)
+    got = launch.backward(ahead, dy, None, None, h, w, b, mean, rstd, seed, dh, p, False, dtype, dtype, True)
+    for g, ref in zip(got, want):
+        assert torch.isfinite(g).all() and torch.equal(g, ref)
+    x, w, b, r = make_inputs(rows, n, dtype, shift=1.0)
+    run_and_check(x, w, b, r, dropout_p=p)

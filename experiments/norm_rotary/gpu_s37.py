@@ -1,0 +1,256 @@
+"""Issue 37, session 37 (helper HF): the fused (prenorm) norm backward at 65536 x 1024 against 90% of copy, and
+fft_conv at 4096 (x torch.fft, % of copy), in one run (one H100 lane, <= 60 s).
+
+    PYTHONPATH=. python experiments/norm_rotary/gpu_s37.py [--peers] [--fft 4096] [--fft-variants NAME,...]
+    TRITON_INTERPRET=1 python experiments/norm_rotary/gpu_s37.py --smoke      (the CPU: small rows, host-clock times)
+
+1. The fused backward (bf16, LayerNorm with weight and bias, h stored by the forward, dropout 0.1, the prenorm
+   gradient dh; dx and dresidual written): launch.backward on plans from plan.tl_plan: the shipped plan and
+   candidates (row groups an SM, the tile, DH_AHEAD: the prenorm gradient loaded a tile ahead with dy and h, ptxas's
+   register cap). Each is checked first on fresh 4096-row inputs (outputs poisoned with NaN) against a float64
+   autograd reference with the kernels' own dropout mask (error / the rounding floor), then all are timed at 65536
+   rows from CUDA graphs in interleaved rounds (medians), against graph-timed copies of the same bytes: fused dy, h,
+   dh read, dx, dresidual written (5 x 128 MiB); % of copy also at the anchors' 2,997 GB/s (a copy's speed varies
+   with its size: the 4096 rows' copy of 2.7 GB ran ~20% slower a byte than 1024's in session 36).
+   The plain LayerNorm / RMSNorm backward at 1024 (shipped) as the same run's reference rows.
+2. --peers: forward + backward through autograd at 65536 x 1024 (LayerNorm), ours against Liger-Kernel's (where
+   importable) and torch.compile's, graph-timed.
+3. --fft N: fft_conv at B16 H768 bf16 (spectrum precomputed): the shipped op (and --fft-variants, plan variants of
+   experiments/fft_conv's table) against torch.fft (rfft, product, irfft in float32), do_bench medians in interleaved
+   rounds, the output on a B2 H64 slice against float64; % of copy = the op's bytes at 2,997 GB/s over the time.
+Writes norm_fft_gpu_s37.json to $OUT; prints rows as they land and a short table last.
+"""
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from experiments.common.gpu_script import Run, time_rounds  # noqa: E402
+from tilecore import accuracy  # noqa: E402
+from tilecore.ops.norm import launch as norm_launch  # noqa: E402
+from tilecore.ops.norm import layer_norm_reference  # noqa: E402
+from tilecore.ops.norm.plan import tl_plan  # noqa: E402
+
+SMOKE = "--smoke" in sys.argv
+DEV = torch.device("cpu" if SMOKE else "cuda")
+ROWS, SMALL_ROWS, P = (64, 32, 0.1) if SMOKE else (65536, 4096, 0.1)
+ANCHOR_GBS = 2997.0  # the H100's copy speed in shared/anchors.md
+BOUND = 1.3  # error / floor (the shipped backward: 1.00-1.01x)
+# (label, tl_plan keywords) of the fused backward at 1024 columns; the shipped plan first
+FUSED_1024 = [
+    ("shipped", {}),
+    ("3/SM", dict(groups_per_sm=3)),
+    ("3/SM ahead cap168", dict(groups_per_sm=3, dh_ahead=True, maxnreg=168)),
+    ("8/SM ahead cap168", dict(dh_ahead=True, maxnreg=168)),
+    ("2/SM ahead", dict(groups_per_sm=2, dh_ahead=True)),
+    ("tile1024 2w 6/SM", dict(backward_tile_elems=1024, backward_warps=2, groups_per_sm=6)),
+    ("tile1024 2w 6/SM ahead", dict(backward_tile_elems=1024, backward_warps=2, groups_per_sm=6, dh_ahead=True)),
+]
+run = Run("norm_fft_gpu_s37", deadline=600 if SMOKE else 55)
+COPY: dict = {}
+
+
+def gtime(fn) -> float:
+    """Median ms from a CUDA graph (the host clock in --smoke)."""
+    return time_rounds({"f": fn}, rounds=1, eager=SMOKE, graph=not SMOKE)["f_ms" if SMOKE else "f_graph_ms"]
+
+
+def grounds(fns: dict, rounds: int) -> dict:
+    """{name: (median ms, each round's)} from CUDA graphs in interleaved rounds (the host clock in --smoke)."""
+    t = time_rounds(fns, rounds=rounds, graph=not SMOKE, eager=SMOKE, deadline=run)
+    kind = "eager" if SMOKE else "graph"
+    return {n: (t[f"{n}_ms" if SMOKE else f"{n}_graph_ms"], t[f"{n}_rounds"][kind]) for n in fns
+            if f"{n}_rounds" in t and t[f"{n}_rounds"].get(kind)}
+
+
+def copy_ms(nbytes: int) -> float:
+    """A graph-timed copy moving ``nbytes`` (half read, half written)."""
+    if nbytes not in COPY:
+        src = torch.empty(nbytes // 4, dtype=torch.float16, device=DEV)
+        dst = torch.empty_like(src)
+        COPY[nbytes] = gtime(lambda: dst.copy_(src))
+        run.row(f"copy {nbytes / 2**20:.0f} MiB", ms=COPY[nbytes], gbs=nbytes / COPY[nbytes] / 1e6)
+    return COPY[nbytes]
+
+
+def poison():
+    block = torch.full((1 << (10 if SMOKE else 29),), float("nan"), dtype=torch.float16, device=DEV)
+    del block
+
+
+def fused_inputs(rows, n, g):
+    x = torch.randn(rows, n, device=DEV, generator=g).to(torch.bfloat16)
+    w = (1 + 0.5 * torch.randn(n, device=DEV, generator=g)).to(torch.bfloat16)
+    b = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
+    r = torch.randn(rows, n, device=DEV, generator=g).to(torch.bfloat16)
+    dy = torch.randn(rows, n, device=DEV, generator=g).to(torch.bfloat16)
+    dh = torch.randn(rows, n, device=DEV, generator=g).to(torch.bfloat16)
+    seed = torch.randint(0, 2**62, (1,), device=DEV, generator=g)
+    return x, w, b, r, dy, dh, seed
+
+
+def fused_state(inputs, sms):
+    x, w, b, r, dy, dh, seed = inputs
+    base = tl_plan(x.shape[0], x.shape[1], sms, fused=True)
+    _, h, mean, rstd = norm_launch.forward(base, x, r, w, b, seed, P, 1e-5, False, True, torch.bfloat16)
+    return base, h, mean, rstd
+
+
+def fused_backward(p, inputs, state):
+    x, w, b, r, dy, dh, seed = inputs
+    _, h, mean, rstd = state
+    return norm_launch.backward(p, dy, None, None, h, w, b, mean, rstd, seed, dh, P, False, torch.bfloat16,
+                                torch.bfloat16, True)
+
+
+def fused_reference(inputs, keep):
+    x, w, b, r, dy, dh, _ = inputs
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b, r)]
+    y, h = layer_norm_reference(*leaves[:3], residual=leaves[3], keep=keep, dropout_p=P, h_dtype=torch.bfloat16)
+    loss = (y * dy.double()).sum() + (h * dh.double()).sum()
+    return torch.autograd.grad(loss, leaves)  # dx, dweight, dbias, dresidual
+
+
+def fused_1024(sms, n=1024):
+    g = torch.Generator(device=DEV).manual_seed(37 + n)
+    small = fused_inputs(SMALL_ROWS, n, g)
+    small_state = fused_state(small, sms)
+    keep = norm_launch.dropout_mask(small[6], SMALL_ROWS, n, P, small_state[0])
+    refs = fused_reference(small, keep)
+    big = fused_inputs(ROWS, n, g)
+    big_state = fused_state(big, sms)
+    nbytes = 5 * ROWS * n * 2
+    c = copy_ms(nbytes)
+    fns, meta = {}, {}
+    for label, kw in FUSED_1024:
+        if run.left() < 25 or (SMOKE and label not in ("shipped", "3/SM ahead cap168", "tile1024 2w 6/SM ahead")):
+            run.say(f"skipped (time): fused {n} {label}")
+            continue
+
+        def one(label=label, kw=kw):
+            p = tl_plan(SMALL_ROWS, n, sms, fused=True, **kw)
+            poison()
+            dx, dres, dw, db = fused_backward(p, small, small_state)
+            errs = {name: (accuracy.error_over_floor(o, want) if torch.isfinite(o).all() else math.inf)
+                    for name, o, want in zip(("dx", "dw", "db", "dres"), (dx, dw, db, dres), refs)}
+            p = tl_plan(ROWS, n, sms, fused=True, **kw)
+            fused_backward(p, big, big_state)  # compiled before the timed rounds
+            fns[label] = lambda p=p: fused_backward(p, big, big_state)
+            meta[label] = dict(errs=errs, ok=all(e <= BOUND for e in errs.values()), groups=p.groups,
+                               rows=p.backward_rows, warps=p.backward_warps, dh_ahead=p.dh_ahead, maxnreg=p.maxnreg)
+
+        run.attempt(f"fused {n} {label}", one)
+    times = grounds(fns, 1 if SMOKE else 3)
+    shipped = times["shipped"][0] if "shipped" in times else None
+    for label, (ms, rounds) in times.items():
+        run.row(f"fused {n} {label}", ms=ms, pct_copy=100 * c / ms, pct_anchor=100 * nbytes / ms / 1e6 / ANCHOR_GBS,
+                vs_shipped=(shipped / ms) if shipped else None, err=max(meta[label]["errs"].values()), rounds=rounds,
+                **meta[label])
+
+
+def plain_1024(sms, rms, n=1024):
+    """The shipped plain backward (dy, x read, dx written), checked and graph-timed: this run's reference row."""
+    g = torch.Generator(device=DEV).manual_seed(7 + rms)
+    x = torch.randn(ROWS, n, device=DEV, generator=g).to(torch.bfloat16)
+    w = (1 + 0.5 * torch.randn(n, device=DEV, generator=g)).to(torch.bfloat16)
+    b = None if rms else torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
+    dy = torch.randn(ROWS, n, device=DEV, generator=g).to(torch.bfloat16)
+    p = tl_plan(ROWS, n, sms)
+    _, _, mean, rstd = norm_launch.forward(p, x, None, w, b, None, 0.0, 1e-5, rms, False, torch.bfloat16)
+    fn = lambda: norm_launch.backward(p, dy, x, None, None, w, b, mean, rstd, None, None, 0.0, rms,  # noqa: E731
+                                      torch.bfloat16, torch.bfloat16, False)
+    poison()
+    dx = fn()[0]
+    xs = x[:SMALL_ROWS].double().requires_grad_()
+    y, _ = layer_norm_reference(xs, w.double(), None if b is None else b.double(), rms=rms)
+    ref_dx = torch.autograd.grad((y * dy[:SMALL_ROWS].double()).sum(), xs)[0]
+    err = accuracy.error_over_floor(dx[:SMALL_ROWS], ref_dx)
+    nbytes = 3 * ROWS * n * 2
+    c = copy_ms(nbytes)
+    ms = gtime(fn)
+    run.row(f"{'rms' if rms else 'layer'} {n} shipped", ms=ms, pct_copy=100 * c / ms,
+            pct_anchor=100 * nbytes / ms / 1e6 / ANCHOR_GBS, err=err, ok=err <= BOUND)
+
+
+def peers(n=1024):
+    """LayerNorm forward + backward through autograd at 65536 x 1024, graph-timed: ours, Liger's, torch.compile's."""
+    from tilecore.ops.norm import layer_norm
+
+    g = torch.Generator(device=DEV).manual_seed(99)
+    x = torch.randn(ROWS, n, device=DEV, generator=g).to(torch.bfloat16).requires_grad_()
+    w = (1 + 0.5 * torch.randn(n, device=DEV, generator=g)).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(ROWS, n, device=DEV, generator=g).to(torch.bfloat16)
+    leaves = (x, w, b)
+    step = lambda f: (lambda: torch.autograd.grad(f(), leaves, dy))  # noqa: E731
+    fns = {"ours": step(lambda: layer_norm(x, w, b))}
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        fns["liger"] = step(lambda: LigerLayerNormFunction.apply(x, w, b, 1e-5))
+    except Exception as err:  # noqa: BLE001
+        run.say(f"liger not importable: {type(err).__name__}: {err}")
+    compiled = torch.compile(lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
+    fns["torch.compile"] = step(lambda: compiled(*leaves))
+    for f in fns.values():
+        f()
+    times = grounds(fns, 2)
+    nbytes = 5 * ROWS * n * 2
+    c = copy_ms(nbytes)
+    for name, (ms, rounds) in times.items():
+        run.row(f"layer {n} fwd+bwd {name}", ms=ms, pct_copy=100 * c / ms, vs_ours=ms / times["ours"][0], rounds=rounds)
+
+
+def fft(n: int, variants: list[str]):
+    from tilecore.ops.fft_conv import fft_conv, fft_conv_reference, filter_spectrum, model
+    from tilecore.ops.fft_conv.plan import plan as conv_plan
+
+    g = torch.Generator(device=DEV).manual_seed(n)
+    u = torch.randn(16, 768, n, device=DEV, generator=g).to(torch.bfloat16)
+    k = (torch.randn(768, n, generator=torch.Generator().manual_seed(n)) / math.sqrt(n)).to(torch.bfloat16)
+    spectrum = filter_spectrum(k, n).to(DEV)
+    ref = fft_conv_reference(u[:2, :64].double().cpu(), k[:64].double())
+    fns = {"shipped": lambda: fft_conv(u, spectrum),
+           "torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n]}
+    y = fns["shipped"]()
+    err = accuracy.error_over_floor(y[:2, :64].cpu(), ref)
+    run.row(f"fft {n} check shipped", path=conv_plan(n, u.device).path, err=err, finite=bool(torch.isfinite(y).all()))
+    if variants:
+        run.say(f"fft variants not built yet: {variants}")
+    times = time_rounds(fns, rounds=3, deadline=run)
+    bound = model.bound_ms("pair", 16, 768, n)
+    base = times["torch.fft_ms"]
+    for name in fns:
+        if name == "torch.fft":
+            continue
+        ms = times[f"{name}_ms"]
+        run.row(f"fft {n} {name}", ms=ms, torch_fft_ms=base, x_torch_fft=base / ms, pct_copy=100 * bound / ms,
+                five_x_ms=base / 5)
+
+
+def main() -> int:
+    sms = 4 if SMOKE else torch.cuda.get_device_properties(DEV).multi_processor_count
+    args = sys.argv[1:]
+    n = 64 if SMOKE else 1024
+    run.attempt(f"fused {n}", fused_1024, sms, n)
+    for rms in (False, True):
+        if run.left() > 15:
+            run.attempt(f"plain rms={rms}", plain_1024, sms, rms, n)
+    torch.cuda.empty_cache()
+    if "--fft" in args:
+        variants = args[args.index("--fft-variants") + 1].split(",") if "--fft-variants" in args else []
+        for n in [int(s) for s in args[args.index("--fft") + 1].split(",")]:
+            if run.left() > 8:
+                run.attempt(f"fft {n}", fft, n, variants)
+    torch.cuda.empty_cache()
+    if "--peers" in args and run.left() > 18:
+        run.attempt("peers", peers)
+    run.finish(["name", "ms", "pct_copy", "pct_anchor", "vs_shipped", "err", "ok", "groups", "x_torch_fft", "vs_ours"])
+    return 0 if not run.errors and all(r.get("ok", True) for r in run.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
