@@ -31,10 +31,10 @@ GLUON_ONEPASS: dict = {
 # columns a wgmma wait in 1a / 1'a[, warpgroups a pair]); checked and timed by experiments/fft_conv/gpu_order3.py and
 # gpu_s35.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388 (s34 calls 3, 4, 5)
+    8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388
     16384: (1, True, 1, 2, 2),  # two warpgroups a pair's T: 4.76-4.98 ms = 1.68-1.76x torch.fft, long 5.92-5.95
 }
-GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path (s34 calls 3-5)
+GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path
     8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
            (1, True, 2, 2, 2)],  # two warpgroups on each pair's T: 38% slower than the shipped two programs
     16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped; one warpgroup a SM 6.238 vs the long path's 5.947
@@ -43,7 +43,7 @@ GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slowe
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG (s33 calls 4-6)
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)

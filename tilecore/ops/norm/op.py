@@ -91,8 +91,7 @@ def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.
 
 
 def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h, key=None, lean=False):
-    # a recorded gradient: the key's kept launches (on: rms_norm recording a gradient 51.1 against 63.5 us on the
-    # H100, the same bits; notes/host/runs/host_later2_run7_session32_h100.txt)
+    # a recorded gradient: the key's kept launches (tiles_launch.OP_RECIPES; the figure: notes/norm's decision log)
     if key is not None and not lean and tiles_launch.OP_RECIPES:
         prepared = _FORWARDS.get(key)
         if prepared:
