@@ -80,7 +80,8 @@ SPILLS_ALLOWED = 160
 # FORM 2 (the sums over tokens by dots): 124 B at d 128, 112 at d 64 (392 / 400 with q and k held through the
 # products); not serialized
 SPILLS_ALLOWED_FORM2 = 160
-CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 3, 2)]
+# FORM 6: FORM 2 with EARLY_VALUE (the value sums issued behind G's sums): 132 B at d 128
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 3, 2), (128, 2, 6)]
 
 
 @pytest.fixture(scope="module")
@@ -104,4 +105,4 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
     assert not r["wgmma_serialized"], r
     assert r["threads"] == 384, r  # two consumer warpgroups and the producer's warp
     assert r["shared"] <= 227 * 1024, r
-    assert r["spill_bytes"] <= (SPILLS_ALLOWED_FORM2 if case[2] == 2 else SPILLS_ALLOWED), r
+    assert r["spill_bytes"] <= (SPILLS_ALLOWED_FORM2 if case[2] & 2 else SPILLS_ALLOWED), r

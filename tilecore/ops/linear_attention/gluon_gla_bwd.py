@@ -44,6 +44,10 @@ PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-ro
 PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
 PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
 PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
+# FORM bits beside 2 (chain_dots): where wgmma groups are issued (the same math, the same operands)
+EARLY_VALUE = gl.constexpr(4)  # do v^T, do S_c^T, v dS_c^T issued right behind G's sums, so their latency and
+# <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores overlap: one wait fewer a tile
+EARLY_AT = gl.constexpr(8)  # v do^T issued right behind a (k Ei), so dq's math and store run under it
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 
 
@@ -216,9 +220,21 @@ class GlaDqk:
         self.pieces(gl.where(g < FLOOR, FLOOR, g), p0, p1, p2)
         fence_async_shared()
         gl.thread_barrier()
+        SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         if self.PROBE & PROBE_NO_SCAN:
             Gc = gl.where(g < FLOOR, FLOOR, g)
             Gl = z32
+        elif self.FORM & EARLY_VALUE:
+            # the value sums do v^T, do S_c^T, v dS_c^T issued behind G's (they read only the stage), <S_c, dS_c> under
+            # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
+            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+            a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
+            dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+            dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+            sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
+                                    gl.SliceLayout(0, L32))
+            Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
         else:
             G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
             Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
@@ -232,9 +248,10 @@ class GlaDqk:
         E = gl.exp(Gc - m)
         Ei = gl.exp(m - Gc)
         # <S_c, dS_c> per channel
-        SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         if self.PROBE & PROBE_NO_SFX:
             sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
+        elif self.FORM & EARLY_VALUE and not self.PROBE & PROBE_NO_SCAN:
+            pass  # (made under the products)
         else:
             sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                     gl.SliceLayout(0, L32))
@@ -248,6 +265,8 @@ class GlaDqk:
             a = z64 + 1.0
             dqs = z32 + 1.0
             dks = z32 + 1.0
+        elif self.FORM & EARLY_VALUE and not self.PROBE & PROBE_NO_SCAN:
+            a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         else:
             a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
             dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
@@ -264,6 +283,10 @@ class GlaDqk:
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T = v do^T and dk
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dq_in = dqs
+        elif self.FORM & EARLY_AT:  # a^T = v do^T issued behind a (k Ei), made under dq's math and store
+            dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
+            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+            dq_in = warpgroup_mma_wait(1, deps=[dq_tok])
         else:
             dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
@@ -274,7 +297,8 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dk_in = dks
         else:
-            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+            if not self.FORM & EARLY_AT:
+                at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
             at = warpgroup_mma_wait(0, deps=[at_tok])
             at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
                                       self.A32)

@@ -1,0 +1,249 @@
+"""GLA backward, session 37 (HA, issue 33): the dq / dk kernel (the chunk-parallel form's common launch) at d 128 / 64,
+its variants against configs' in one run, each checked against float64 ON THE GPU first (a gated backward can be
+miscompiled on Hopper: FLA's issue 640), then timed (< 60 s on an H100).
+
+Sets (``--set NAME``; one per device call):
+
+* ``call1``: d 64: configs' (the flat tl launch, 3 chunks a program) against the Gluon kernel with FORM 2 (every sum
+  over tokens by bf16 dots) at 3 and 2 stages; d 128: configs' (Gluon, FORM 2) against the flat launch; and FORM 2's
+  timing probes at d 128 (gluon_gla_bwd.PROBE_*: a part of the tile's work left out, gradients wrong by design, timed
+  once, never checked): where FORM 2's chain goes; and the new FORM bits at d 128 (and 4 at d 64): 6 = 2 + EARLY_VALUE
+  (the value sums issued behind G's, so <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores run under them),
+  14 = 6 + EARLY_AT (v do^T issued behind a (k Ei)).
+
+Each variant checks in a worker process of its own (compiles in parallel): bf16 B2 N1024 H16 (the timed shape's
+specializations, so the main process finds every kernel compiled) with an initial state and a final state's
+gradient, weak decays -U(0, 0.3) and strong ones -U(0, 6) with a reset mid-chunk (flagged blocks: the fallback launch
+rewrites them), outputs NaN-poisoned; dq / dk / dv as multiples of the bf16 rounding floor, dg / dh0 relative. The
+main process then times the variants that passed at B16 H16 N4096, in two interleaved rounds: the dqk launch alone
+(against its HBM bound at this run's copy bandwidth) and, in the first round, the composed backward.
+
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s37.py --set call1
+JSON to $OUT/gla_s37_<set>.json; the table last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+START = time.time()
+SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "call1"
+WORKER_DEADLINE = 900.0 if "--smoke" in sys.argv else 34.0  # from the start: a worker still compiling then is killed (its row says so)
+TIME_DEADLINE = 55.0  # no timing starts past it
+
+# name: (Dk = Dv, CHUNKED overrides, timed: True / "probe")
+SETS = {
+    "call1": {
+        "d64 configs": (64, {}, True),
+        "d64 form2 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=2), True),
+        "d64 form2 st2": (64, dict(dqk_gluon=2, dqk_gluon_form=2), True),
+        "d64 form6 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=6), True),
+        "d128 configs": (128, {}, True),
+        "d128 flat": (128, dict(dqk_gluon=0), True),
+        "d128 form6": (128, dict(dqk_gluon_form=6), True),
+        "d128 form14": (128, dict(dqk_gluon_form=14), True),
+        **{f"d128 probe {p}": (128, dict(dqk_gluon_probe=p), "probe") for p in (1, 2, 4, 8, 16)},
+    },
+}
+VARIANTS = SETS[SET]
+if "--only" in sys.argv:  # (a subset: e.g. the CPU smoke run)
+    VARIANTS = {k: v for k, v in VARIANTS.items() if k in sys.argv[sys.argv.index("--only") + 1].split(",")}
+PROBES = {1: "no L g, J g", 2: "no <S, dS>", 4: "no value mma", 8: "no intra mma", 16: "no dG sums"}
+CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
+SMOKE = "--smoke" in sys.argv  # the checks on the CPU (the interpreter: the tl kernels), tiny shapes, no timing
+DEV = "cpu" if SMOKE else "cuda"
+CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
+TIME_SHAPE = (16, 4096, 16)
+
+
+def make(B, N, H, D, *, decay, reset, seed):
+    torch.manual_seed(seed)
+    t = {n: torch.randn(B, N, H, D, dtype=torch.bfloat16, device=DEV) for n in ("q", "k", "v", "do")}
+    g = -torch.rand(B, N, H, D, device=DEV) * decay
+    if reset:
+        g[:, N // 2 + 5, :, : D // 4] = float("-inf")
+    t.update(g=g, h0=torch.randn(B, H, D, D, device=DEV), dht=torch.randn(B, H, D, D, device=DEV))
+    return t
+
+
+def backward(t, ht, over, out=None, steps=None):
+    from tilecore.ops.linear_attention import kernels_backward_gla_chunked
+    from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
+
+    p = tl_plan(t["q"], t["v"], t["g"], IDENTITY, 64, diag=5)
+    return kernels_backward_gla_chunked.backward(p, t["do"], t["q"], t["k"], t["v"], t["g"], t["h0"], ht, t["dht"],
+                                                 t["q"].shape[-1] ** -0.5, out=out, steps=steps, **over)
+
+
+def dqk_kernel(t, ht, over) -> str:
+    steps = []
+    backward(t, ht, over, steps=steps)
+    k = next(s[1] for s in steps if s[0] == "dqk0w")
+    return getattr(k, "__name__", None) or getattr(k, "fn", k).__name__
+
+
+def check(name: str) -> dict:
+    """The variant against float64 on both cases (its own process); a probe is compiled and run once, not checked."""
+    from tilecore import accuracy
+    from tilecore.ops.linear_attention import linear_attention_reference
+
+    D, over, timed = VARIANTS[name]
+    B, N, H = CHECK_SHAPE
+    row = dict(variant=name)
+    if timed == "probe":
+        t = make(B, N, H, D, decay=0.3, reset=False, seed=1)
+        backward(t, t["h0"], over)
+        if not SMOKE:
+            torch.cuda.synchronize()
+        return dict(row, probe=True, dqk_kernel=dqk_kernel(t, t["h0"], over))
+    for case, kw in CASES.items():
+        t = make(B, N, H, D, **kw)
+        leaves = [t[n].detach().double().requires_grad_() for n in ("q", "k", "v", "g", "h0")]
+        o, st = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=D ** -0.5, initial_state=leaves[4])
+        ref = torch.autograd.grad((o * t["do"].double()).sum() + (st * t["dht"].double()).sum(), leaves)
+        nan = float("nan")
+        out = dict(dq=torch.full_like(t["q"], nan), dk=torch.full_like(t["k"], nan), dv=torch.full_like(t["v"], nan),
+                   dg=torch.full_like(t["g"], nan), dh0=torch.full_like(t["h0"], nan))
+        got = backward(t, st.float(), over, out=out)
+        if not SMOKE:
+            torch.cuda.synchronize()
+        got = [got[i] for i in (0, 1, 2, 3, 5)]
+        live = t["g"] >= -100
+        res = {}
+        for nm, x, r, inp in zip(("dq", "dk", "dv", "dg", "dh0"), got, ref, (t["q"], t["k"], t["v"], None, None)):
+            ok = bool(torch.isfinite(x).all())
+            if inp is not None:
+                res[nm] = round(accuracy.rel_rms(x, r) / accuracy.rounding_floor(r, inp.dtype), 3)
+            elif nm == "dg":
+                res[nm] = round(accuracy.rel_rms(x[live], r[live]), 5)
+            else:
+                res[nm] = round(accuracy.rel_rms(x, r), 6)
+            res[nm + "_ok"] = ok
+        res["pass"] = all(res[n + "_ok"] for n in ("dq", "dk", "dv", "dg", "dh0")) and all(
+            res[n] <= 2.5 for n in ("dq", "dk", "dv")) and res["dg"] < 0.05 and res["dh0"] < 0.01
+        row[case] = res
+        row["dqk_kernel"] = dqk_kernel(t, st.float(), over)
+    row["pass"] = all(row[c]["pass"] for c in CASES)
+    return row
+
+
+def bench(fn) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def dqk_bytes(B, N, H, Dk, Dv, BT=64, elt=2) -> int:
+    """The dqk kernel's compulsory HBM bytes: q, k, v, do (elt), g (float32), S_c, dS_c (elt) read once; dq, dk
+    (elt), dg (float32) written."""
+    NT = -(-N // BT)
+    tokens = B * N * H
+    states = 2 * B * H * NT * Dk * Dv * elt
+    return tokens * (2 * Dk * elt + Dk * 4 + 2 * Dv * elt) + states + tokens * Dk * (2 * elt + 4)
+
+
+def timing(rows: dict) -> dict:
+    """Each passing variant's dqk launch alone (two interleaved rounds) and composed backward (first round), ms; the
+    head dims in the set's order; probes once, after both rounds (their first call compiles them)."""
+    B, N, H = TIME_SHAPE
+    x = torch.empty(2 ** 29, dtype=torch.bfloat16, device=DEV)
+    y = torch.empty_like(x)
+    copy = 2 * x.numel() * 2 / bench(lambda: y.copy_(x)) / 1e6  # GB/s, read + write
+    del x, y
+    res = dict(copy_GBps=round(copy, 1))
+    dims = list(dict.fromkeys(d for d, _, _ in VARIANTS.values()))
+    for D in dims:
+        names = [n for n, (d, _, tm) in VARIANTS.items() if d == D and tm is True and rows.get(n, {}).get("pass")]
+        probes = [n for n, (d, _, tm) in VARIANTS.items() if d == D and tm == "probe" and rows.get(n, {}).get("probe")]
+        if not names or time.time() - START > TIME_DEADLINE:
+            continue
+        torch.cuda.empty_cache()
+        t = make(B, N, H, D, decay=0.3, reset=False, seed=0)
+        t["ht"] = torch.randn(B, H, D, D, device=DEV)
+        bound = dqk_bytes(B, N, H, D, D) / copy / 1e6
+        for rnd in range(3):  # two rounds of the checked variants, then the probes once (compiled here)
+            for name in (names if rnd < 2 else probes):
+                if time.time() - START > TIME_DEADLINE:
+                    break
+                over = VARIANTS[name][1]
+                steps = []
+                backward(t, t["ht"], over, steps=steps)
+                step = next(s for s in steps if s[0] == "dqk0w")
+                ms = bench(lambda: step[1][step[2]](*step[3], **step[4]))
+                first = rnd == 0
+                bwd = bench(lambda: backward(t, t["ht"], over)) if first else float("nan")
+                r = res.setdefault(name, dict(dqk_ms=[], bwd_ms=[], dqk_bound_ms=round(bound, 4)))
+                r["dqk_ms"].append(round(ms, 4))
+                if first:
+                    r["bwd_ms"].append(round(bwd, 4))
+                r["dqk_pct"] = round(100 * bound / min(r["dqk_ms"]), 1)
+                print(json.dumps(dict(variant=name, round=rnd, dqk_ms=round(ms, 4), bwd_ms=round(bwd, 4),
+                                      dqk_pct=round(100 * bound / ms, 1))), flush=True)
+        print(f"d{D} timed at {time.time() - START:.0f} s", flush=True)
+        del t
+    return res
+
+
+def main():
+    if "--one" in sys.argv:
+        print("ROW " + json.dumps(check(sys.argv[sys.argv.index("--one") + 1])), flush=True)
+        return
+    procs = {n: subprocess.Popen([sys.executable, __file__, "--set", SET, "--one", n] + ["--smoke"] * SMOKE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n, (_, _, tm) in VARIANTS.items() if tm is True}
+    rows = {}
+    for n, p in procs.items():
+        try:
+            out, err = p.communicate(timeout=max(1.0, WORKER_DEADLINE - (time.time() - START)))
+            got = [ln[4:] for ln in out.splitlines() if ln.startswith("ROW ")]
+            rows[n] = json.loads(got[0]) if got else dict(variant=n, error=(err.strip().splitlines() or ["?"])[-1][:160])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rows[n] = dict(variant=n, error=f"killed at {WORKER_DEADLINE:.0f} s (compiling)")
+        print(json.dumps(rows[n]), flush=True)
+    rows.update({n: dict(variant=n, probe=True) for n, (_, _, tm) in VARIANTS.items() if tm == "probe"})
+    print(f"checks done at {time.time() - START:.0f} s", flush=True)
+    times = {} if SMOKE else timing(rows)
+    result = dict(set=SET, device="cpu" if SMOKE else torch.cuda.get_device_name(), check_shape=CHECK_SHAPE, time_shape=TIME_SHAPE,
+                  rows=rows, times=times, wall_s=round(time.time() - START, 1))
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from experiments.common.meta import meta
+
+        result["meta"] = None if SMOKE else meta()
+    except Exception as e:  # (the figures matter more than the metadata)
+        result["meta"] = repr(e)
+    (Path(os.environ.get("OUT", ".")) / f"gla_s37_{SET}.json").write_text(json.dumps(result, indent=1))
+    B, N, H = CHECK_SHAPE
+    print(f"\nGLA backward s37 {SET} ({result['device']}; checks bf16 B{B} N{N} H{H}, times B16 H16 N4096; copy "
+          f"{times.get('copy_GBps', '-')} GB/s; {result['wall_s']} s)")
+    print(f"{'variant':16s} | {'weak dq/dk/dv (x floor), dg':27s} | {'strong+reset dq/dk/dv, dg':27s} | "
+          "dqk ms r1/r2 (% bound) | bwd ms | dqk kernel")
+    for n in VARIANTS:
+        r = rows[n]
+        tm = times.get(n, {})
+        dq = "/".join(str(x) for x in tm.get("dqk_ms", [])) + (f" ({tm['dqk_pct']}%)" if "dqk_pct" in tm else "")
+        if "error" in r:
+            print(f"{n:16s} | ERROR {r['error']}")
+            continue
+        if r.get("probe"):
+            p = VARIANTS[n][1]["dqk_gluon_probe"]
+            print(f"{n:16s} | probe: {PROBES.get(p, p)} (wrong by design) | {dq} | {r.get('dqk_kernel', '-')}")
+            continue
+        cells = []
+        for c in CASES:
+            x = r[c]
+            fin = "" if all(x[k + "_ok"] for k in ("dq", "dk", "dv", "dg", "dh0")) else " NONFINITE"
+            cells.append(f"{x['dq']}/{x['dk']}/{x['dv']}, {x['dg']}{fin}{'' if x['pass'] else ' FAIL'}")
+        bw = "/".join(str(x) for x in tm.get("bwd_ms", []))
+        print(f"{n:16s} | {cells[0]:27s} | {cells[1]:27s} | {dq} | {bw} | {r.get('dqk_kernel', '-')}")
+
+
+if __name__ == "__main__":
+    main()
