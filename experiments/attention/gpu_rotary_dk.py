@@ -12,9 +12,11 @@ against the turned path as shipped (dK turned back by apply_rotary's kernel afte
    bf16 tables: forward (no gradient) plain / rotary; forward + backward (autograd.grad of q, k, v) plain /
    rotary with dK by the pass (shipped) / dK in the kernel. Overheads over plain (issue 37: <= 3%).
    --launches: apply_rotary on q and k as two launches against one launch over a tensor of both's heads
-   (what one launch for q and k would save).
+   (what one launch for q and k would save). --routed: the checks also run a call without a gradient with
+   configs.ROTARY_IN_KERNEL on (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon forward), and the
+   timing its forward (the per-case choice of ROTARY_IN_KERNEL).
 
-  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--dims 128,64] [--extra] [--launches]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--dims 128,64] [--extra] [--launches] [--routed]
   PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py --smoke   # CPU interpreter: imports and the checks' code
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ from tilecore.ops.attention.reference import attention_reference, rotary_attenti
 from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
+ROUTED = [False]
 
 
 def poison():
@@ -82,7 +85,16 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
             if label == "rotary":
                 result[f"{t}_pass"] = c["pass"]
         del out, grads, ro, rg
-    ok = all(result[f"{t}_pass"] for t in ("o", "dq", "dk", "dv"))
+    if ROUTED[0]:  # a call without a gradient with ROTARY_IN_KERNEL on (gluon_rotary.forward on Hopper)
+        poison()
+        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
+            out = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
+        ro, _ = rotary_attention_reference(q64.detach(), k64.detach(), v64.detach(), cos, sin,
+                                           interleaved=interleaved, causal=causal)
+        c = check(out, ro, tol=3.0)
+        result["inkernel_o"], result["inkernel_pass"] = c.get("err_over_floor"), c["pass"]
+        del out, ro
+    ok = all(result[f"{t}_pass"] for t in ("o", "dq", "dk", "dv")) and result.get("inkernel_pass", True)
     ok = ok and all(result[f"rotary_{t}"] <= max(3.0, 1.8 * result[f"plain_{t}"]) for t in ("o", "dq", "dk", "dv"))
     run.row(f"check {name}", kind="check", path=plan.rotary_path(q, k, v, 1.0, grad=True), causal=causal,
             interleaved=interleaved, d=d, pairs=pairs, n=n, nk=nk, hq=hq, hkv=hkv, ok=bool(ok),
@@ -106,8 +118,14 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
                 torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
         return f
 
+    def fwd_in_kernel():  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (K by the pass, Q in the kernel)
+        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
+            tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
+
     fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin)), "bwd_plain": fwdbwd(None),
            "bwd_pass": fwdbwd((cos, sin)), "bwd_kernel": fwdbwd((cos, sin), True)}
+    if ROUTED[0]:
+        fns["fwd_inkernel"] = fwd_in_kernel
     for f in fns.values():  # compiled before the clock
         f()
     torch.cuda.synchronize()
@@ -118,6 +136,7 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
             fwd_over=over("fwd_rotary", "fwd_plain"), bwd_pass_over=over("bwd_pass", "bwd_plain"),
             bwd_kernel_over=over("bwd_kernel", "bwd_plain"),
+            **({"fwd_inkernel_over": over("fwd_inkernel", "fwd_plain")} if ROUTED[0] else {}),
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
@@ -144,10 +163,12 @@ def main():
     ap.add_argument("--dims", default="128")
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--launches", action="store_true")
+    ap.add_argument("--routed", action="store_true", help="also the forward with ROTARY_IN_KERNEL on (no gradient)")
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
     torch.manual_seed(0)
     run = Run("gpu_rotary_dk", deadline=a.deadline)
+    ROUTED[0] = a.routed
     if SMOKE:  # the checks' code on the CPU path (composite): no Gluon there
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
         run.finish(["name", "ok", "rotary_dq", "rotary_dk", "plain_dk"])
@@ -167,8 +188,9 @@ def main():
             run.attempt(f"time D{d} causal={causal}", timing, run, d, causal)
     if a.extra and run.left() > 10:
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
-    run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "fwd_over",
-                "bwd_pass_over", "bwd_kernel_over", "bwd_plain_ms", "saved_us"])
+    run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
+                "fwd_plain_ms", "fwd_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_pass_over", "bwd_kernel_over",
+                "saved_us"])
 
 
 if __name__ == "__main__":

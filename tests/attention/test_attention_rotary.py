@@ -163,6 +163,13 @@ def test_the_paths_by_device():
             assert plan.rotary_path(q, k, v, 0.1, grad=True) == "turned"  # its turned q, k serve the backward
             m.setattr(plan, "gluon_rotary_forward", lambda: None)
             assert plan.rotary_path(q, k, v, 0.1) == "turned"
+        with pytest.MonkeyPatch.context() as m:  # by case: (D, causal) in ROTARY_IN_KERNEL_CASES
+            m.setattr(configs, "ROTARY_IN_KERNEL_CASES", frozenset({(128, True)}))
+            m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))
+            assert plan.rotary_path(q, k, v, 0.1, False, True) == "gluon"
+            assert plan.rotary_path(q, k, v, 0.1, False, False) == "turned"
+            assert plan.rotary_path(q, k, v, 0.1, True, True) == "turned"
+            assert plan.rotary_path(q, k, v, 0.1) == "turned"  # causal unknown
     with dispatch.pretend(dispatch.TARGETS["sm_80"]):
         assert plan.rotary_path(q, k, v, 0.1) == "tl"
 

@@ -118,7 +118,8 @@ def test_the_turned_backward_with_dk_in_the_kernel(monkeypatch):
     turns it again; the public gradients against float64. The Gluon kernel is not interpreted: a stand-in runs
     the tl backward on the turned q and k and the epilogue's twin on dK (float32)."""
     b, hq, hkv, n, nk, d, pairs, interleaved = 1, 2, 1, 16, 32, 32, 8, False  # nk: the twin's tile, a power of two
-    q, k, v = (torch.randn(*s, dtype=F16, requires_grad=True) for s in ((b, hq, n, d), (b, hkv, nk, d), (b, hkv, nk, d)))
+    shapes = ((b, hq, n, d), (b, hkv, nk, d), (b, hkv, nk, d))
+    q, k, v = (torch.randn(*s, dtype=F16, requires_grad=True) for s in shapes)
     cos, sin = tables(nk + 2, 2 * pairs)
     cos, sin = cos[:, ::2], sin[:, ::2]  # tables with a row stride of their own: the launch makes them contiguous
     seen = []

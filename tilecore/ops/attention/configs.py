@@ -175,6 +175,9 @@ DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a 
 # the backward then the composite's); False: the composite (apply_rotary on q and k, the shipped Gluon
 # forward and backward on the turned tensors, dQ and dK turned back by apply_rotary's backward)
 ROTARY_IN_KERNEL = False
+# (head dim, causal) of the calls without a gradient that take gluon_rotary.forward with ROTARY_IN_KERNEL off:
+# the cases where it ran faster than the turned forward (per-case figures: notes/rotary's decision log)
+ROTARY_IN_KERNEL_CASES = frozenset()
 # The turned path's backward on Hopper (op_rotary.turned_backward_impl): True turns dK back inside the Gluon
 # backward's epilogue (gluon_backward.RotaryBackward, for the tables plan.rotary_dk_in_kernel takes), so no
 # pass over dK follows the kernel; False: apply_rotary's kernel turns dK back after it

@@ -392,7 +392,7 @@ def _rotary(q, k, v, rotary, interleaved, causal, scale, return_lse, window_size
     check(q, k, v, causal, scale, window_size, softcap, sm_margin)
     cos, sin = op_rotary.check_rotary(q, k, rotary, interleaved)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    path = op_rotary.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale), grad)
+    path = op_rotary.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale), grad, causal)
     if precision is not None or path == "composite":
         qr, kr = op_rotary.turned_qk(q, k, cos, sin, interleaved)
         return attention(qr, kr, v, causal=causal, scale=scale, return_lse=return_lse, window_size=window_size,

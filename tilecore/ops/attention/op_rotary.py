@@ -105,7 +105,7 @@ def forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: boo
     window = tuple(window)
     if q.numel() == 0 or v.shape[-1] == 0:
         return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
-    path = rotary_path(q, k, v, scale)
+    path = rotary_path(q, k, v, scale, False, causal)
     if path == "gluon":
         cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
         try:

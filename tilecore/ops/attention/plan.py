@@ -540,7 +540,7 @@ def gluon_rotary_forward():
     return getattr(module, "forward", None)
 
 
-def rotary_path(q, k, v, scale: float, grad: bool = False) -> str:
+def rotary_path(q, k, v, scale: float, grad: bool = False, causal: bool | None = None) -> str:
     """How attention(q, k, v, rotary=(cos, sin)) runs, from shapes, dtypes and the device alone (so
     torch.compile's fake tensors plan it as the real ones; op_rotary's module docstring has each):
 
@@ -550,8 +550,9 @@ def rotary_path(q, k, v, scale: float, grad: bool = False) -> str:
       read K from shared memory by TMA, where the tl kernels' in-register turn does not reach) unless
       ROTARY_IN_KERNEL, and head dims past 256 (the split-key path): q and k turned by apply_rotary's
       kernel and kept for the backward, the shipped kernels on them, dQ and dK turned back;
-    * "gluon": the Gluon forward's calls with configs.ROTARY_IN_KERNEL on, gluon_rotary_forward() there
-      and no gradient to record (``grad`` False: inference): that forward. With a gradient the turned
+    * "gluon": the Gluon forward's calls with configs.ROTARY_IN_KERNEL on (or their (D, ``causal``) in
+      configs.ROTARY_IN_KERNEL_CASES), gluon_rotary_forward() there and no gradient to record (``grad``
+      False: inference): that forward. With a gradient the turned
       path: its forward's turned q and k serve the backward, which after the in-kernel forward would
       turn them again (the same pass: the in-kernel forward's cost over the shipped one is all added);
     * "tl": the tl forward and backward with Q and K turned in the kernels (kernels_tl.rotary_turn):
@@ -560,7 +561,9 @@ def rotary_path(q, k, v, scale: float, grad: bool = False) -> str:
         return "composite"
     D, Dv = q.shape[-1], v.shape[-1]
     if dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0:
-        return "gluon" if configs.ROTARY_IN_KERNEL and not grad and gluon_rotary_forward() is not None else "turned"
+        in_kernel = configs.ROTARY_IN_KERNEL or (causal is not None and
+                                                 (D, bool(causal)) in configs.ROTARY_IN_KERNEL_CASES)
+        return "gluon" if in_kernel and not grad and gluon_rotary_forward() is not None else "turned"
     if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
         return "tl"
     return "turned"
