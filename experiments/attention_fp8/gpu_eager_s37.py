@@ -16,9 +16,11 @@ torch.profiler trace of 3 calls (each after a synchronize, so a host-bound gap w
 kernels a call launches, each one's GPU time, and the GPU's idle time between them inside the call.
 
 Forms: ``bf16`` (tilecore.attention), ``fp8`` (attention(..., precision="fp8"), the shipped path), and, where the
-library has it, ``kv1`` (k and v quantized in one launch: configs.ROTATED["kv_one_launch"]) against ``kv2``.
+library has them, ``kv2`` / ``kv1`` (k and v quantized in two launches / one: configs.ROTATED["kv_one_launch"]) and
+``rec`` (kv2 with the per-key recipe: quantize.ROTATED_RECIPES, a repeat call without checks or plans).
 O of each fp8 form against float64 attention of the bf16 inputs on the last (batch, head) (error as a multiple of the
-bf16 rounding floor; all written and finite).
+bf16 rounding floor; all written and finite), and a call after the timings (keyed launches, recipes) against the
+first call, bit for bit. Case ``s1k`` (B1 H16 N1024 D128 causal): a call whose GPU time is below its host time.
 
     PYTHONPATH=. python experiments/attention_fp8/gpu_eager_s37.py [--budget 55] [--smoke]
 
@@ -49,14 +51,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget", type=float, default=55.0)
-    ap.add_argument("--cases", default="d128c,d128,d64c", help="d128c (D128 causal), d128 (full), d64c, d64; "
-                    "n1024c (D128 causal N1024: a shorter call)")
+    ap.add_argument("--cases", default="d128c,s1k,d128,d64c", help="d128c (D128 causal), d128 (full), d64c, d64 "
+                    "(B16 H16 N4096); n1024c (D128 causal B16 N1024), s1k (D128 causal B1 H16 N1024: host-bound)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     smoke = args.smoke
     import tilecore
-    from tilecore.ops.attention_fp8 import configs
+    from tilecore.ops.attention_fp8 import configs, quantize
     from tilecore.tiles.switches import patched
 
     dev = "cpu" if smoke else "cuda"
@@ -67,9 +69,11 @@ def main():
     result = {"device": torch.cuda.get_device_name() if not smoke else "cpu (smoke)", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": [], "notes": []}
     shipped = dict(configs.ROTATED)
-    forms = {"fp8": shipped}
+    forms = {"fp8": (shipped, False)}  # name -> (configs.ROTATED, quantize.ROTATED_RECIPES)
     if "kv_one_launch" in shipped:  # the A/B of the one-launch k and v passes, both ways whatever the default
-        forms = {"kv2": dict(shipped, kv_one_launch=False), "kv1": dict(shipped, kv_one_launch=True)}
+        forms = {"kv2": (dict(shipped, kv_one_launch=False), False), "kv1": (dict(shipped, kv_one_launch=True), False)}
+    if hasattr(quantize, "ROTATED_RECIPES"):
+        forms["rec"] = (dict(shipped, kv_one_launch=False), True)
 
     def save():
         with open(path, "w") as f:
@@ -187,14 +191,15 @@ def main():
             ref = reference(q, k, v, causal, B - 1, H - 1)
             floor = rel_rms(ref.to(torch.bfloat16), ref)
             fns = {"bf16": lambda: tilecore.attention(q, k, v, causal=causal)}
-            for name, cfg in forms.items():
-                def fp8(cfg=cfg):
-                    with patched(configs, ROTATED=cfg):
+            firsts = {}
+            for name, (cfg, recipes) in forms.items():
+                def fp8(cfg=cfg, recipes=recipes):
+                    with patched(configs, ROTATED=cfg), patched(quantize, ROTATED_RECIPES=recipes):
                         return tilecore.attention(q, k, v, causal=causal, precision="fp8")
                 o = fp8()
                 row[f"err_over_floor_{name}"] = rel_rms(o[B - 1, H - 1], ref) / floor
                 row[f"written_{name}"] = bool(torch.isfinite(o).all().item())
-                del o
+                firsts[name] = o
                 fns[name] = fp8
             for r in range(args.rounds):  # interleaved rounds: each form timed once a round, the order turned
                 order = list(fns) if r % 2 == 0 else list(fns)[::-1]
@@ -209,6 +214,14 @@ def main():
                     f"{n} bench {row['bench'][n][-1]:.3f} loop {row['loop'][n][-1]:.3f} (host {row['host_ms'][n][-1]:.3f})"
                     f" graph {row['graph'][n][-1]:.3f}" for n in fns), flush=True)
                 save()
+            for name, o in firsts.items():  # a later call (keyed launches, the recipe) against the first, bit for bit
+                row[f"later_same_{name}"] = bool(torch.equal(fns[name](), o))
+            row["same_as_first_form"] = {n: bool(torch.equal(o, next(iter(firsts.values())))) for n, o in firsts.items()}
+            print(f"  checks: " + ", ".join(f"{n} O {row[f'err_over_floor_{n}']:.1f}x floor, written "
+                                            f"{row[f'written_{n}']}, later call same {row[f'later_same_{n}']}, same as "
+                                            f"{next(iter(firsts))} {row['same_as_first_form'][n]}" for n in firsts),
+                  flush=True)
+            del firsts
             if detail:
                 row["sync"] = {n: sync_warnings(fn) for n, fn in fns.items()}
                 row["trace_synced"] = {n: trace(fn) for n, fn in fns.items()}
@@ -225,17 +238,17 @@ def main():
         result["cases"].append(row)
         save()
 
-    shapes = {"d128c": (128, True, 4096), "d128": (128, False, 4096), "d64c": (64, True, 4096),
-              "d64": (64, False, 4096), "n1024c": (128, True, 1024)}
-    B0, H0 = (1, 2) if smoke else (16, 16)
+    shapes = {"d128c": (128, True, 4096, 16), "d128": (128, False, 4096, 16), "d64c": (64, True, 4096, 16),
+              "d64": (64, False, 4096, 16), "n1024c": (128, True, 1024, 16), "s1k": (128, True, 1024, 1)}
+    H0 = 2 if smoke else 16
     for i, name in enumerate(args.cases.split(",")):
-        D, causal, N = shapes[name]
-        N = 256 if smoke else N
+        D, causal, N, B0 = shapes[name]
+        N, B0 = (256, 1) if smoke else (N, B0)
         if i and left() < 12:
             result["notes"].append(f"{name}: skipped for the time budget")
             print(f"skipped for the time budget: {name}", flush=True)
             continue
-        case(B0, H0, N, D, causal, detail=i == 0)
+        case(B0, H0, N, D, causal, detail=name in ("d128c", "s1k"))
 
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")
     print("\n| case | form | bench ms (x bf16) | loop ms (x bf16) | host ms a call | graph ms (x bf16) | O / floor |")

@@ -238,35 +238,70 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
     Gluon path only (D 64 or 128 on Hopper). ``config``: the Gluon config (default rotated_q_config); ``q_reg`` (None:
     the head dims of configs.ROTATED["q_reg"]): q's codes kept in registers as S's operand (the kernel's Q_REG) instead
     of written over its bf16 buffer."""
+    if q.numel() == 0 or k.shape[2] == 0:
+        out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
+        return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    return q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal, softmax_scale, out_dtype, config, q_reg,
+                            rot_split)(q, k, v, k_scale, v_scale)
+
+
+def q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
+                     config: dict | None = None, q_reg: bool | None = None,
+                     rot_split: bool | None = None) -> "QRotatedLaunch":
+    """forward_q_rotated's launch for a call of these arguments (q and k non-empty): its key, layout, tiling and the
+    arguments the key fixes, made once; calling it with the call's tensors launches (the convenience path's recipe
+    keeps it for later calls of its key)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    out = torch.empty((B, H, N, D), dtype=out_dtype, device=q.device)
-    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    if q.numel() == 0 or Nk == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
     cfg = dict(config or rotated_q_config(D, causal))
     q_reg = D in configs.ROTATED.get("q_reg", ()) if q_reg is None else q_reg
     rot_split = q_reg and (D in configs.ROTATED.get("rot_split", ()) if rot_split is None else rot_split)
-    ks, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
-    vs = v_scale.to(torch.float32).contiguous()
+    _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
     v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
-    key = signature("attention_fp8_q_rotated", q, k, v, out, k_scale, v_scale, causal, tuple(sorted(cfg.items())),
-                    q_reg, rot_split)
+    # (O and lse: fresh contiguous tensors of q's shape, O in out_dtype: the key names out_dtype; the config's items
+    # flattened: signature keys scalars, and gives None, no key, for a tuple)
+    key = signature("attention_fp8_q_rotated", q, k, v, out_dtype, k_scale, v_scale, causal,
+                    *(x for item in sorted(cfg.items()) for x in item), q_reg, rot_split)
     layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, True, k_per_row, k_n, k_rows,
                                                            v_scale.dim() == 3, q_rotate=True, q_reg=q_reg,
                                                            rot_split=rot_split))
     q = q if layout.q_describable else q.contiguous()
     k = k if layout.k_describable else k.contiguous()
-    block_m, block_n = layout.block_m, layout.block_n
-    grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
+    tiling = _TILINGS.memo(key, lambda: _tiling(q, k, layout.block_m * layout.consumers, layout.block_n, causal))
     signs = signs.to(device=q.device, dtype=torch.float32).contiguous()
-    args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, D, block_n]),
-            TmaOperand(out, [1, 1, block_m, D]), lse, signs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, N, 1,
-            k_n, k_rows, B * H, head_group, schedule, v_n)
-    GLUON_FWD.run(key, grid, args, dict(layout.options, signs=signs))  # (signs: a keyword parameter of the kernel)
-    return out, lse
+    return QRotatedLaunch(key, layout, tiling, signs, (B, H, N, D), out_dtype, q.device,
+                          (H, N, Nk, H // Hkv, softmax_scale * LOG2E, N, 1, k_n, k_rows, B * H))
+
+
+class QRotatedLaunch:
+    """The Gluon kernel's launch with q rotated in it (forward_q_rotated) for one launch key: the key, the kernel's
+    options and grid, the rotation's signs and the launch's arguments the key fixes. ``launch(q, k, v, k_scale,
+    v_scale)`` allocates O and lse and launches by the key: what forward_q_rotated's call did after its checks."""
+
+    __slots__ = ("key", "layout", "grid", "tail", "signs", "options", "out_shape", "out_dtype", "device")
+
+    def __init__(self, key, layout, tiling, signs, out_shape, out_dtype, device, head):
+        grid, head_group, schedule = tiling
+        self.key, self.layout, self.grid, self.signs = key, layout, grid, signs
+        self.tail = (*head, head_group, schedule)
+        self.options = dict(layout.options, signs=signs)  # (signs: a keyword parameter of the kernel)
+        self.out_shape, self.out_dtype, self.device = out_shape, out_dtype, device
+
+    def __call__(self, q, k, v, k_scale, v_scale) -> tuple[torch.Tensor, torch.Tensor]:
+        B, H, N, D = self.out_shape
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        lse = torch.empty((B, H, N), dtype=torch.float32, device=self.device)
+        layout = self.layout
+        q = q if layout.q_describable else q.contiguous()
+        k = k if layout.k_describable else k.contiguous()
+        ks = k_scale.to(torch.float32).contiguous()
+        vs = v_scale.to(torch.float32).contiguous()
+        v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
+        block_m, block_n = layout.block_m, layout.block_n
+        args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, D, block_n]),
+                TmaOperand(out, [1, 1, block_m, D]), lse, self.signs, ks, vs, *self.tail, v_n)
+        GLUON_FWD.run(self.key, self.grid, args, self.options)
+        return out, lse
 
 
 def rotated_q_config(D: int, causal: bool) -> dict:

@@ -14,7 +14,8 @@ from tilecore.ops.attention_fp8.op import FORWARD_ONLY, LAYOUT, attention_fp8, q
 from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
-from tilecore.tiles.launch import CachedLaunch, next_power_of_2
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, CachedLaunch, SignatureMemo, next_power_of_2, signature
 
 E4M3_MAX = 448.0
 _QUANTIZE_V = CachedLaunch(kernels_tl.quantize_v_permuted)
@@ -30,14 +31,15 @@ def _descale(amax: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool = False,
-                        permute_in_registers: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        permute_in_registers: bool = False, key=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, descale) of v (B, H, Nk, D) per (batch, head) into the Hopper kernel's layout (as
     quantize_fp8(v, per="head", layout="keys_permuted")), by one read of v for its amax (torch's
     vector_norm; ``amax_kernel``: kernels_tl.head_amax, atomic maxima) and one tl kernel (read, quantize,
     write transposed and permuted; ``permute_in_registers``: the tile transposed and permuted in registers,
     stored with contiguous addresses) on kernel devices. ``per="block"``: a descale per block of 128
     keys, (B, H, ceil(Nk / 128)) as quantize_fp8(v, per="block", layout="keys_permuted"), computed by the same
-    kernel from the block it holds: one read of v, not two."""
+    kernel from the block it holds: one read of v, not two. ``key``: the per-block launch's key
+    (tiles.launch.CachedLaunch.launch_keyed's contract: the convenience path's recipe)."""
     if per not in ("head", "block"):
         raise ValueError(f"quantize_v_permuted: per must be 'head' or 'block'; got {per!r}")
     B, H, N, D = v.shape
@@ -50,11 +52,9 @@ def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool
         n_scales = -(-N // SCALE_BLOCK)
         descale = torch.empty((B, H, n_scales), dtype=torch.float32, device=v.device)
         with dispatch.on_device(v.device):
-            _QUANTIZE_V[(B * H, n_scales)](v, out, descale, *v.stride(), H, N, D, n_out,
-                                           EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=SCALE_BLOCK,
-                                           BLOCK_D=block_d,
-                                           PERMUTE_IN_REGISTERS=permute_in_registers, PER_BLOCK=True,
-                                           n_scales=n_scales)
+            _QUANTIZE_V.run(key, (B * H, n_scales), (v, out, descale, *v.stride(), H, N, D, n_out), dict(
+                EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=SCALE_BLOCK, BLOCK_D=block_d,
+                PERMUTE_IN_REGISTERS=permute_in_registers, PER_BLOCK=True, n_scales=n_scales))
         return out, descale
     if amax_kernel:
         amax = torch.zeros((B, H), dtype=torch.float32, device=v.device)
@@ -142,7 +142,7 @@ def signed_hadamard(signs: torch.Tensor) -> torch.Tensor:
 
 def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor | None = None,
                     scales: str = "token", descale: torch.Tensor | None = None,
-                    config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: dict | None = None, key=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, descale): x (B, H, N, D), bf16/fp16 (float32 on the CPU), rotated by y = H (s * x) / sqrt(D) (with
     ``rotate``; s = ``signs``, +-1, or 1) and quantized to e4m3 in one pass, as attention_fp8 takes it:
     codes (B, H, N, D) contiguous, descale = amax / 448 of y (1 where amax = 0) per row (``scales="token"``:
@@ -154,7 +154,8 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     tl kernel (kernels_tl.rotate_quantize: the rotation a tensor-core product on the 16-bit inputs, in float32,
     rounded once); else torch's ops (the same math in float32; D as tilecore.hadamard_transform takes it).
     ``config`` (probes): the kernel's ``row_blocks`` (blocks of 128 rows a program), ``num_warps`` and
-    ``num_stages``."""
+    ``num_stages``. ``key``: the kernel's launch key (CachedLaunch.launch_keyed's contract: the convenience path's
+    recipe)."""
     if scales not in ROW_SCALES:
         raise ValueError(f"rotate_quantize: scales must be one of {', '.join(ROW_SCALES)}; got {scales!r}")
     if (scales == "tensor") != (descale is not None):
@@ -173,11 +174,11 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         cfg = {**_rotate_quantize_shape(D, interp), **(config or {})}
         row_blocks = cfg["row_blocks"]
         with dispatch.on_device(x.device):
-            _ROTATE_QUANTIZE[(B * H, -(-N // (SCALE_BLOCK * row_blocks)))](
-                x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5,
+            _ROTATE_QUANTIZE.run(key, (B * H, -(-N // (SCALE_BLOCK * row_blocks))), (
+                x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5), dict(
                 ROTATE=rotate, SCALE=_SCALE_MODES[scales], UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D,
                 ROW_BLOCKS=row_blocks, num_warps=cfg["num_warps"],
-                **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
+                **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {})))
         return codes, (descale if scales == "tensor" else ds)
     y = x.to(torch.float32)
     if rotate:
@@ -201,12 +202,12 @@ def _rotate_quantize_shape(D: int, interp: bool) -> dict:
             **({"num_stages": 2} if D >= 128 and not interp else {})}
 
 
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor, config: dict | None = None):
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor, config: dict | None = None, key=None):
     """(k8, k_scale, v8, v_scale) of the convenience path's k and v (B, H, Nk, D, the same shape), as
     ``rotate_quantize(k, signs=signs, scales="block")`` and ``quantize_v_permuted(v, per="block")`` give them (the
     same bits), by one launch where both would run their tl kernels (kernels_tl.quantize_kv: k's programs, then
     v's), else by those two calls. ``config`` (tests, probes): rotate_quantize's ``row_blocks``, ``num_warps``,
-    ``num_stages`` for the launch."""
+    ``num_stages`` for the launch. ``key``: the launch's key (CachedLaunch.launch_keyed's contract)."""
     B, H, Nk, D = k.shape
     pow2 = 16 <= D <= 256 and D & (D - 1) == 0
     if not (dispatch.backend_for(k.device) == "kernel" and pow2 and Nk > 0 and k.dtype != torch.float64
@@ -224,11 +225,11 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor, config: d
     k_scale = torch.empty((B, H, n_scales), dtype=torch.float32, device=k.device)
     v_scale = torch.empty((B, H, n_scales), dtype=torch.float32, device=k.device)
     with dispatch.on_device(k.device):
-        _QUANTIZE_KV[(B * H * (k_groups + n_scales),)](
+        _QUANTIZE_KV.run(key, (B * H * (k_groups + n_scales),), (
             k, k8, k_scale, signs.to(torch.float32).contiguous(), *k.stride(), v, v8, v_scale, *v.stride(), H, Nk,
-            n_scales, D ** -0.5, n_out, k_groups, B * H * k_groups, UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D,
-            ROW_BLOCKS=cfg["row_blocks"], num_warps=cfg["num_warps"],
-            **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
+            n_scales, D ** -0.5, n_out, k_groups, B * H * k_groups), dict(
+            UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D, ROW_BLOCKS=cfg["row_blocks"], num_warps=cfg["num_warps"],
+            **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {})))
     return k8, k_scale, v8, v_scale
 
 
@@ -318,11 +319,18 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
         raise ValueError(f"attention_fp8_rotated: quantizer must be 'hadamard_quantize' or 'fused'; got {quantizer!r}")
     if k_scales == "block" and quantizer != "fused":
         raise ValueError("attention_fp8_rotated: k_scales='block' needs quantizer='fused'")
+    key = None
+    if ROTATED_RECIPES and tiles_launch.OP_RECIPES and dispatch.plain_eager(q, k, v):
+        key = _ROTATED_KEY(q, k, v, causal is True, causal is False, scale, rotate, return_lse, k_scales, quantizer,
+                           v_amax_kernel, v_scales)
+        recipe = _ROTATED_CALLS.get(key) if key is not None else None
+        if recipe and recipe.configs[0] is configs.ROTATED and recipe.configs[1] is configs.GLUON_FORWARD:
+            return recipe(q, k, v)
     v_scales = configs.ROTATED["v_scales"] if v_scales is None else v_scales
     if v_scales not in V_SCALES:
         raise ValueError(f"attention_fp8_rotated: v_scales must be 'head' or 'block'; got {v_scales!r}")
     if q_in_kernel(q, k, causal, rotate, k_scales, quantizer):
-        return _attend_q_in_kernel(q, k, v, causal, scale, return_lse, v_amax_kernel, v_scales)
+        return _attend_q_in_kernel(q, k, v, causal, scale, return_lse, v_amax_kernel, v_scales, key)
     if dispatch.plain_eager(q, k, v):
         q8, q_scale, k8, k_scale, v8, v_scale = quantize_inputs(q, k, v, rotate, k_scales, quantizer, v_amax_kernel,
                                                                 v_scales)
@@ -334,24 +342,68 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
                          check_scales=False)
 
 
-def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_kernel: bool, v_scales: str):
+def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_kernel: bool, v_scales: str,
+                        key=None):
     """attention_fp8_rotated with q rotated and quantized inside Hopper's kernel (launch.forward_q_rotated): k and v
     quantized as quantize_inputs does (k per block of 128 keys), attention_fp8's checks on stand-ins of q's codes and
-    descales (no memory), then one launch."""
+    descales (no memory), then one launch. ``key``: the call's signature (a plain eager CUDA call): the quantizers
+    launch by keys made from it, and with ROTATED_RECIPES the call's _QInKernelCall is kept for the key's later
+    calls."""
     from tilecore.ops.attention_fp8 import launch
     from tilecore.ops.attention_fp8.op import FP8, check
 
     signs = rotation_signs(q.shape[-1], q.device)
-    if v_scales == "block" and configs.ROTATED.get("kv_one_launch"):
-        k8, k_scale, v8, v_scale = quantize_kv(k, v, signs)
-    else:
-        k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block")
-        v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel)
+    keys = (None, None, None) if key is None else ((key, "kv"), (key, "k"), (key, "v"))
+    kv = v_scales == "block" and bool(configs.ROTATED.get("kv_one_launch"))
+    k8, k_scale, v8, v_scale = _quantize_k_v(k, v, signs, kv, v_scales, v_amax_kernel, keys)
     q_codes = torch.empty((), dtype=FP8, device=q.device).expand(q.shape)
     q_scale = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
     softmax_scale = check(q_codes, k8, v8, q_scale, k_scale, v_scale, causal, scale, q.dtype, "keys_permuted", False)
-    out, lse = launch.forward_q_rotated(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
+    if q.numel() == 0 or k.shape[2] == 0:
+        out, lse = launch.forward_q_rotated(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
+        return (out, lse) if return_lse else out
+    attend = launch.q_rotated_launch(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
+    out, lse = attend(q, k8, v8, k_scale, v_scale)
+    if key is not None and ROTATED_RECIPES:
+        _ROTATED_CALLS.put(key, _QInKernelCall(signs, kv, keys, v_scales, v_amax_kernel, attend, return_lse))
     return (out, lse) if return_lse else out
+
+
+def _quantize_k_v(k, v, signs, kv: bool, v_scales: str, v_amax_kernel: bool, keys):
+    """(k8, k_scale per 128-key block, v8 in the kernel's layout, v_scale) as the q-in-kernel path takes them: one
+    launch (quantize_kv, with ``kv``) or two; ``keys``: the launches' keys (kv's, k's, v's) or Nones."""
+    if kv:
+        return quantize_kv(k, v, signs, key=keys[0])
+    k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block", key=keys[1])
+    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel, key=keys[2])
+    return k8, k_scale, v8, v_scale
+
+
+class _QInKernelCall:
+    """The q-in-kernel convenience path for one call key (issue 31's host time), made by the key's first call: the
+    rotation's signs, the quantizers' launch keys and the attention's launch (launch.QRotatedLaunch) as that call made
+    them. A later call of the key quantizes k and v and launches the attention: no argument checks, plan, signature
+    or layout (the key fixes all of them); the same launches as the first call's."""
+
+    __slots__ = ("configs", "signs", "kv", "keys", "v_scales", "v_amax_kernel", "attend", "return_lse")
+
+    def __init__(self, signs, kv, keys, v_scales, v_amax_kernel, attend, return_lse):
+        self.configs = (configs.ROTATED, configs.GLUON_FORWARD)  # (a recipe of other configs is not used)
+        self.signs, self.kv, self.keys, self.v_scales, self.v_amax_kernel = signs, kv, keys, v_scales, v_amax_kernel
+        self.attend, self.return_lse = attend, return_lse
+
+    def __call__(self, q, k, v):
+        k8, k_scale, v8, v_scale = _quantize_k_v(k, v, self.signs, self.kv, self.v_scales, self.v_amax_kernel,
+                                                 self.keys)
+        out, lse = self.attend(q, k8, v8, k_scale, v_scale)
+        return (out, lse) if self.return_lse else out
+
+
+# attention_fp8_rotated's plain eager CUDA calls: the signature of (q, k, v, the options) -> the key's _QInKernelCall
+# (kept after its first call on the q-in-kernel path); ROTATED_RECIPES False: every call through the checks
+ROTATED_RECIPES = False
+_ROTATED_KEY = SignatureMemo(globals())
+_ROTATED_CALLS = LRU(256)
 
 
 def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax_kernel: bool,
