@@ -178,14 +178,14 @@ def main():
         run.attempt(f"check D{d} full", checks, run, f"D{d} full", 1, 2, 2, 4096, 4096, d, d // 2, False, False)
         run.attempt(f"check D{d} causal", checks, run, f"D{d} causal inter", 1, 2, 2, 4096, 4096, d, d // 2,
                     True, True)
-    if a.launches and run.left() > 8:
-        run.attempt("launches", launches, run, dims[0])
     for d in dims:
         for causal in (False, True):
             if run.left() < 12:
                 run.errors.append(f"time D{d} causal={causal}: skipped (deadline)")
                 continue
             run.attempt(f"time D{d} causal={causal}", timing, run, d, causal)
+    if a.launches and run.left() > 5:
+        run.attempt("launches", launches, run, dims[0])
     if a.extra and run.left() > 10:
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
     run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
