@@ -1,6 +1,7 @@
 """Per-key recipes for eager calls that record a gradient (issue 31's host time): fft_conv's filter form
 under autograd launches by the key's _GluonConv (fft_conv op.RECORDED_RECIPES) what its general path launches. The
 Gluon kernel cannot be interpreted: its launches are recorded, the plan stands in for the H100's."""
+import pytest
 import torch
 
 from host_testing import cpu_signature
@@ -80,3 +81,53 @@ def test_fft_conv_recorded_calls_launch_by_the_recipe_what_the_general_path_laun
             else:
                 assert a == b
     _clear()
+
+
+@pytest.mark.parametrize("k_dtype", [torch.float32, torch.bfloat16])
+def test_fft_conv_recipe_pads_by_cat_to_the_same_spectrum(monkeypatch, k_dtype):
+    """fft_conv's keyed Gluon call (op._GluonConv) with PAD_BY_CAT on hands its launch the spectrum rfft(k.float(),
+    n=2N) gives, bit for bit (k 16-bit or float32, a -0.0 among its taps), as the switch off does; a spectrum given by
+    the caller is read as it is (no zeros kept)."""
+    from tilecore import dispatch
+    from tilecore.ops.fft_conv import launch as conv_launch
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.fft_conv import plan as conv_plan
+
+    spectra = []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: the spectrum goes as a tensor)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            spectra.append(args[1])
+
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
+    monkeypatch.setattr(fft_op, "signature", _signature)
+
+    def clear():
+        for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
+            cache.clear()
+    clear()
+    torch.manual_seed(8)
+    u = torch.randn(2, 3, 1024).to(torch.bfloat16)
+    k = torch.randn(3, 300).to(k_dtype)
+    k[1, 7] = -0.0
+    for _ in range(2):  # the key's first call (general) keeps the recipe
+        fft_op.fft_conv(u, k)
+    recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+    assert recipe and recipe.zeros.shape == (3, 2048 - 300) and recipe.zeros.dtype == torch.float32
+    spectra.clear()
+    for on in (True, False):
+        with patched(fft_op, PAD_BY_CAT=on):
+            fft_op.fft_conv(u, k)
+    on, off = spectra
+    assert torch.equal(on.view(torch.int32), off.view(torch.int32))
+    assert torch.equal(torch.view_as_real(fft_op.filter_spectrum(k, 1024)).reshape(on.shape), on)
+    clear()
+    spectrum = fft_op.filter_spectrum(k, 1024)
+    for _ in range(2):
+        fft_op.fft_conv(u, spectrum)
+    assert next(iter(fft_op._GLUON_CONVS._data.values()))[0].zeros is None
+    clear()

@@ -295,7 +295,7 @@ class _GluonConv:
     view, which the caller checks) is read as it is: no rfft a call. ``of`` gives False for every other path (the
     general path serves them)."""
 
-    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float", "given")
+    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float", "given", "zeros")
 
     @classmethod
     def of(cls, key, u, k, y):
@@ -303,7 +303,7 @@ class _GluonConv:
         parts = launch._GLUON_LAUNCHES.get((key, False, False))  # (_conv_impl's launch key of a fresh spectrum)
         given = k.is_complex()
         if p is None or p.path != "gluon" or parts is None or u.numel() == 0 or (
-                given and (k.is_conj() or k.stride(-1) != 1 or not p.rfft)):
+                given and (k.is_conj() or k.stride(-1) != 1 or not p.rfft)) or p.rfft == 3:
             return False
         self = cls()
         kernel, grid, tables, options, tma = parts
@@ -322,6 +322,8 @@ class _GluonConv:
         self.launch = KeyedLaunch(kernel, (key, False, False), grid, options, derived=derived)
         self.shape, self.dtype, self.device = tuple(y.shape), y.dtype, y.device
         self.k_float = k.dtype == torch.float32  # (filter_spectrum's k.float(): k itself)
+        # the zero half of the padded filter, kept (read-only: never written, so no stream or graph can race on it)
+        self.zeros = None if given else torch.zeros((H, 2 * N - k.shape[-1]), dtype=torch.float32, device=k.device)
         return self
 
     def __call__(self, u, k) -> torch.Tensor:
@@ -330,6 +332,8 @@ class _GluonConv:
         n = self.shape[-1]
         if self.given:  # (a spectrum: its bins as they are)
             spectrum = k
+        elif PAD_BY_CAT:  # filter_spectrum's padded k (as float32) in one launch, then the same transform
+            spectrum = torch.fft.rfft(torch.cat((k, self.zeros), 1))
         else:
             spectrum = torch.fft.rfft(k if self.k_float else k.float(), n=2 * n)  # (filter_spectrum)
         if self.plan.rfft and self.launch.kept():  # the bins as float32 pairs: the fresh spectrum's own memory
@@ -342,3 +346,9 @@ class _GluonConv:
 
 
 _GLUON_CONVS = LRU(256)  # a plain eager call's signature -> its _GluonConv (False: the general path)
+
+# a keyed Gluon call pads the filter by one torch.cat with its recipe's kept zeros (k cast to float32 by the cat's
+# type promotion), then takes torch.fft.rfft of it: the input rfft(k.float(), n=2N) pads for itself (an allocation, a
+# fill and a copy launch, and k.float()'s where k is 16-bit) and the same transform, so the same bits with one or two
+# launches fewer a call (issue 31's host time). Read each call; False: rfft(k.float(), n=2N) as filter_spectrum does
+PAD_BY_CAT = True
