@@ -113,11 +113,18 @@ class FakeGluonPlan:
     path, dq, operand_dtype, launch_key = "gluon", None, None, None
 
 
-def test_the_turned_backward_with_dk_in_the_kernel(monkeypatch):
+class FakeGluonPlanWithDQKernel(FakeGluonPlan):
+    dq = "a dQ kernel's plan"
+
+
+@pytest.mark.parametrize("dq_kernel,interleaved", [(False, False), (True, True)],
+                         ids=["dq-summed-half", "dq-kernel-interleaved"])
+def test_the_turned_backward_with_dk_in_the_kernel(dq_kernel, interleaved, monkeypatch):
     """ROTARY_DK_IN_KERNEL on: the Gluon launch gets the tables (contiguous) and writes dK turned back, no pass
-    turns it again; the public gradients against float64. The Gluon kernel is not interpreted: a stand-in runs
-    the tl backward on the turned q and k and the epilogue's twin on dK (float32)."""
-    b, hq, hkv, n, nk, d, pairs, interleaved = 1, 2, 1, 16, 32, 32, 8, False  # nk: the twin's tile, a power of two
+    turns it again; the public gradients against float64; dQ added by the kernel into a float32 sum, or by a dQ
+    kernel of its own (launch_backward_gluon). The Gluon kernel is not interpreted: a stand-in runs the tl
+    backward on the turned q and k and the epilogue's twin on dK (float32)."""
+    b, hq, hkv, n, nk, d, pairs = 1, 2, 1, 16, 32, 32, 8  # nk: the twin's tile, a power of two; rotary_dim 16 of 32
     shapes = ((b, hq, n, d), (b, hkv, nk, d), (b, hkv, nk, d))
     q, k, v = (torch.randn(*s, dtype=F16, requires_grad=True) for s in shapes)
     cos, sin = tables(nk + 2, 2 * pairs)
@@ -140,9 +147,17 @@ def test_the_turned_backward_with_dk_in_the_kernel(monkeypatch):
             for h in range(dk.shape[1]):
                 dk[bb, h] = twin(dk_[bb, h].float().contiguous(), tcos, tsin, 0, nk, inter).to(dk.dtype)
 
+    def gluon_backward(plan_, dout, qr, kr, v_, out, lse, dlse, dq, dk, dv, causal, scale, window, softcap,
+                       rotary=None):
+        dq_sum = torch.zeros(qr.shape, dtype=torch.float32)
+        gluon_kernel(plan_, dout, qr, kr, v_, None, dq_sum, dk, dv, causal, scale, window, softcap, rotary)
+        dq.copy_(dq_sum)
+
     monkeypatch.setattr(op_rotary, "rotary_path", lambda *a: "turned")
-    monkeypatch.setattr(op_rotary, "plan_backward", lambda *a, **kw: FakeGluonPlan())
+    fake = FakeGluonPlanWithDQKernel() if dq_kernel else FakeGluonPlan()
+    monkeypatch.setattr(op_rotary, "plan_backward", lambda *a, **kw: fake)
     monkeypatch.setattr(launch, "launch_backward_gluon_kernel", gluon_kernel)
+    monkeypatch.setattr(launch, "launch_backward_gluon", gluon_backward)
     monkeypatch.setattr(configs, "ROTARY_DK_IN_KERNEL", True)
     out = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=interleaved)
     dout = torch.randn(out.shape, dtype=F16)
@@ -156,10 +171,13 @@ def test_the_turned_backward_with_dk_in_the_kernel(monkeypatch):
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
         assert torch.isfinite(g).all(), name
         assert accuracy.error_over_floor(g, r) <= 3.0, (name, accuracy.error_over_floor(g, r))
+    if dq_kernel:
+        return
     # the switch off: the same stand-in without tables, dK turned back by the pass: the same gradients' accuracy
     monkeypatch.setattr(configs, "ROTARY_DK_IN_KERNEL", False)
     seen.clear()
-    grads_off = torch.autograd.grad(tilecore.attention(q, k, v, causal=True, rotary=(cos, sin)), (q, k, v), dout)
+    out = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=interleaved)
+    grads_off = torch.autograd.grad(out, (q, k, v), dout)
     assert seen == [None]
     assert accuracy.error_over_floor(grads_off[1], ref[1]) <= 3.0
 
