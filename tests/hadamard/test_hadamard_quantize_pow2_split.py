@@ -6,6 +6,7 @@
   group of 32) is one thread's: its maximum without a shuffle and its scale computed once, not on two or four threads.
   The sums run in another order than the shipped split's: checked against the float64 reference (codes >= 99.9% equal,
   the rest one step apart, scales exact, every byte written) in the interpreter.
+  With one product a slice (N1 == 1: n = 128, 256 as (2, 1, 128)) PERM multiplies x by the column-permuted H_N2.
 * CLAMP_LO (MID_PIECES -3, plan tuning ``clamp_lo``, configs.QUANT_POW2_CLAMP_LO): kernels._pairs_dot's lo as
   max(x - h, -2^120) instead of a compare and a select; the same pieces for every finite x and the same infinities
   (torch emulation below); in the interpreter -3 runs as 2 pieces. An sm_90a compile in a fresh process shows both in
@@ -39,10 +40,14 @@ def _bytes(t):
 @pytest.mark.parametrize("fmt,n,split,dtype", [("nvfp4", 1024, (1, 16, 64), torch.float16),
                                                ("mxfp4", 2048, (1, 16, 128), torch.float16),
                                                ("int4", 1024, (1, 16, 64), torch.float16),
-                                               ("fp8_e4m3", 1024, (1, 16, 64), torch.float32)])
+                                               ("fp8_e4m3", 1024, (1, 16, 64), torch.float32),
+                                               # one product (N1 == 1): x by the column-permuted H_N2
+                                               ("nvfp4", 128, (1, 1, 128), torch.bfloat16),
+                                               ("mxfp4", 256, (2, 1, 128), torch.float16),
+                                               ("nvfp4", 256, (2, 1, 128), torch.float32)])
 def test_split_matches_the_float64_reference(fmt, n, split, dtype):
     torch.manual_seed(11)
-    x = torch.randn(5, n, dtype=dtype)  # 5 rows: a partial tile (B = 8)
+    x = torch.randn(5, n, dtype=dtype)  # 5 rows: a partial tile (B >= 8)
     x[:, 3] *= 70  # an outlier channel
     scale = torch.tensor([0.003]) if fmt == "nvfp4" else None
     perm = fmt != "fp8_e4m3"

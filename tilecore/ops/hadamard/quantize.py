@@ -430,10 +430,18 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        # the second product's columns permuted so that a thread holds 8 consecutive outputs (quantize_kernels.
-        # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS)
-        PERM=bool(tuning.get("perm", _by_format(configs.QUANT_PERM_COLUMNS, fmt, n))) and cfg["N1"] > 1 and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16,
+        # the last product's columns permuted so that a thread holds N2 / 4 consecutive outputs (quantize_kernels.
+        # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS: with one product, N1 == 1, only by (format, n))
+        PERM=_pow2_perm(fmt, n, cfg, tuning),
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
+
+
+def _pow2_perm(fmt, n, cfg, tuning) -> bool:
+    """The pow2 kernel's PERM: the tuning's "perm", else configs.QUANT_PERM_COLUMNS (by format where the tile has two
+    products, N1 > 1; by (format, n) alone where it has one); N2 a multiple of 8, >= 16."""
+    table = configs.QUANT_PERM_COLUMNS.get((fmt, n), False) if cfg["N1"] == 1 else \
+        _by_format(configs.QUANT_PERM_COLUMNS, fmt, n)
+    return bool(tuning.get("perm", table)) and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16
 
 
 def _pow2_pieces(fmt, n, tuning) -> int:

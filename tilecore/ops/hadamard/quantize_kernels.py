@@ -725,16 +725,25 @@ def _pow2_transformed(x, signs, rows, stride_x, tile, s, N: tl.constexpr, N1: tl
                       MID_PIECES: tl.constexpr, MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr,
                       PERM: tl.constexpr = False):
     """Slice s of ``tile``'s B rows, times the signs (exact: +-1), transformed: [B N1, N2] float32.
-    PERM (N1 > 1, N2 a multiple of 8): the second product by _sylvester_cols_permuted, then the columns
-    relabelled back to their order (reshape and permute: no data moves), so that each thread holds 8
-    consecutive outputs of a row (one 4-byte word of nibbles, 8 bytes of fp8) instead of 4 pairs 8 apart."""
+    PERM (N2 a multiple of 8): the last product by _sylvester_cols_permuted, then the columns relabelled back to
+    their order (reshape and permute: no data moves), so that each thread holds N2 / 4 consecutive outputs of a row
+    (at N2 = 32 one 4-byte word of nibbles, 8 bytes of fp8) instead of pairs 8 apart: at N2 = 64 an nvfp4 group of
+    16, at N2 = 128 an mxfp4 group of 32, is one thread's. N1 == 1: the one product x H_N2 so (exact 16-bit x)."""
     v = kernels._load_slice(x, rows, stride_x, tile, s, N, N1, N2, B, TMA)  # [B, N1, N2]
     if SIGNS:
         i = tl.arange(0, N1)
         j = tl.arange(0, N2)
         sg = tl.load(signs + s * N1 * N2 + i[:, None] * N2 + j[None, :], mask=j[None, :] < N, other=0.0)
         v = (v.to(tl.float32) * sg.to(tl.float32)[None, :, :]).to(v.dtype)
-    if PERM:
+    if PERM and N1 == 1:
+        x2 = tl.reshape(v, (B, N2))
+        if IN_PIECES == 1:
+            z = tl.dot(x2.to(MMA_DTYPE), _sylvester_cols_permuted(N2, MMA_DTYPE), out_dtype=tl.float32)
+        else:
+            z = kernels._split_dot(x2.to(tl.float32), _sylvester_cols_permuted(N2, PIECE_DTYPE), True, IN_PIECES,
+                                   PIECE_DTYPE)
+        z = tl.reshape(tl.permute(tl.reshape(z, (B, N2 // 8, 4, 2)), (0, 2, 1, 3)), (B, N2))
+    elif PERM:
         if IN_PIECES == 1:
             h1 = sylvester_tile(N1, N1, N1, MMA_DTYPE)
         else:
