@@ -11,6 +11,10 @@ their parts on the same host (session 37, HG; experiments/common/gpu_script.py's
   a kept launch of a tiny kernel (KeyedLaunch, as the recipes launch) and a JIT launch, torch.fft.rfft of the filter, an
   autograd.Function's apply saving five tensors (what recording a gradient adds), the current device's read.
 * a cProfile of each row (top functions by own time, us a call: shares, cProfile inflates them).
+* A/B of session 37's two host cuts, each switch on vs off in one process (host_rows.ab_recipes: interleaved rounds,
+  medians, the outputs on vs off bit for bit, calls 1..10 with it on): tiles.launch.KEEP_SIGNATURE_HASH (a memo hit's
+  signature keeps its hash: the LRU lookups stop rehashing it) on the three rows, fft_conv.op.PAD_BY_CAT (the keyed
+  Gluon call pads k by one cat with kept zeros before its rfft) on the fft_conv rows.
 
     PYTHONPATH=/tmp/site:. python experiments/common/gpu_host_rows_s37.py [--rounds 3] [--calls 300]
 
@@ -29,10 +33,13 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import host_rows  # noqa: E402 (ab_recipes: one switch on vs off)
 import host_time  # noqa: E402 (the rows' inputs and torch peers, as every earlier host run had them)
 from experiments.common.gpu_script import Run, graph_ms, host_rounds, host_us, same_bits  # noqa: E402
 
 ROWS = ("fft_conv", "fft_conv (filter_spectrum)", "attention N256 (grad recorded)", "attention N256", "paged decode")
+AB = (("tilecore.tiles.launch:KEEP_SIGNATURE_HASH", ("paged decode", "attention N256 (grad recorded)", "fft_conv")),
+      ("tilecore.ops.fft_conv.op:PAD_BY_CAT", ("fft_conv", "fft_conv (grad recorded)")))
 
 
 def table_of_rows():
@@ -154,12 +161,22 @@ def main():
             row["profile"] = host_time.profile_rows({name: (ours, peer)}, [name], a.profile, top=8)[name]
             run.row(name, **row)
         run.attempt(name, one)
+    for switch, names in AB:
+        for name in names:
+            if run.left() < 8:
+                run.row(f"A/B {switch.split(':')[1]} {name}", skipped="deadline")
+                continue
+            ours, peer = table[name]
+            ab = host_rows.ab_recipes(name, ours, peer, 1 if a.smoke else 5, a.calls, switch)
+            run.row(f"A/B {switch.split(':')[1]} {name}", **ab, on_over_off=round(ab["on_us"] / ab["off_us"], 3)
+                    if "on_us" in ab else None)
     run.attempt("parts", parts, run, a.calls)
     for r in run.rows:
         if isinstance(r.get("profile"), list):
             print(f"  {r['name'][:30]:30s} own us: " + "; ".join(f"{fn.split(':')[-1][:28]} {own:.1f}"
                                                                for own, _, _, fn in r["profile"][:4]))
-    run.finish(["name", "ours_us", "torch_us", "ours_graph_us", "torch_graph_us", "same_bits_1_10", "us"])
+    run.finish(["name", "ours_us", "torch_us", "ours_graph_us", "torch_graph_us", "same_bits_1_10", "us", "on_us",
+                "off_us", "on_over_off", "same_bits_on_vs_off", "error"])
 
 
 if __name__ == "__main__":
