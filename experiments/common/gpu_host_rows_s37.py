@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import host_rows  # noqa: E402 (ab_recipes: one switch on vs off)
 import host_time  # noqa: E402 (the rows' inputs and torch peers, as every earlier host run had them)
-from experiments.common.gpu_script import Run, graph_ms, host_rounds, host_us, same_bits  # noqa: E402
+from experiments.common.gpu_script import Run, graph_ms, host_rounds, same_bits  # noqa: E402
 
 ROWS = ("fft_conv", "fft_conv (filter_spectrum)", "attention N256 (grad recorded)", "attention N256", "paged decode")
 AB = (("tilecore.tiles.launch:KEEP_SIGNATURE_HASH", ("paged decode", "attention N256 (grad recorded)", "fft_conv")),

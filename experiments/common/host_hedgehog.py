@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
-import os
 import statistics
 import sys
 import time
@@ -43,16 +41,18 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.linear_attention.gpu_based_s32 import fla, inputs  # noqa: E402
+from experiments.common.gpu_script import Run  # noqa: E402
 from tilecore import accuracy  # noqa: E402
 from tilecore.ops.linear_attention import linear_attention, linear_attention_reference  # noqa: E402
 from tilecore.ops.linear_attention import op as la_op  # noqa: E402
 from tilecore.ops.linear_attention.op import hedgehog_map  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
-START = time.time()
+RUN = Run("host_hedgehog", deadline=55)  # (experiments/common/gpu_script.py: the JSON with meta, its errors)
+START = RUN.start
 NAMES = ["full", "full_keyed", "core", "core_keyed", "map", "fla"]  # (--names picks some)
-OUT = Path(os.environ.get("OUT", "."))
-RESULTS: dict = {"device": None, "check": {}, "big": {}, "small_us": {}, "errors": []}
+RESULTS: dict = RUN.extra  # the JSON's phases (its "errors" are RUN.errors)
+RESULTS.update({"device": None, "check": {}, "big": {}, "small_us": {}, "errors": RUN.errors})
 KEYED = dict(KEYED_HEDGEHOG=True, KEYED_BACKWARD=True)
 
 
@@ -67,8 +67,7 @@ def switched(name: str):
 
 
 def save():
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "host_hedgehog.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    RUN.save()
 
 
 def prepared(b, n, h, seed=0):
