@@ -690,8 +690,8 @@ class KeptSignature(tuple):
 
 
 # a SignatureMemo hit hands back a KeptSignature (its hash kept); False: the plain tuple signature() built (read at
-# each hit: host_time.py / gpu_host_rows_s37.py time both in one process)
-KEEP_SIGNATURE_HASH = True
+# each hit: experiments/common/gpu_host_rows_s37.py times both in one process). Off until the H100's A/B
+KEEP_SIGNATURE_HASH = False
 
 
 def memo_signatures(on: bool) -> None:

@@ -350,5 +350,6 @@ _GLUON_CONVS = LRU(256)  # a plain eager call's signature -> its _GluonConv (Fal
 # a keyed Gluon call pads the filter by one torch.cat with its recipe's kept zeros (k cast to float32 by the cat's
 # type promotion), then takes torch.fft.rfft of it: the input rfft(k.float(), n=2N) pads for itself (an allocation, a
 # fill and a copy launch, and k.float()'s where k is 16-bit) and the same transform, so the same bits with one or two
-# launches fewer a call (issue 31's host time). Read each call; False: rfft(k.float(), n=2N) as filter_spectrum does
-PAD_BY_CAT = True
+# launches fewer a call (issue 31's host time). Read each call; False: rfft(k.float(), n=2N) as filter_spectrum does.
+# Off until the H100's A/B (experiments/common/gpu_host_rows_s37.py)
+PAD_BY_CAT = False
