@@ -35,7 +35,7 @@ import torch
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
@@ -98,7 +98,7 @@ class Units:
 
 @struct
 class Walk:
-    S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator
+    S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator (TRANSPOSED: S^T [BV, BK])
 
 
 @struct
@@ -141,8 +141,10 @@ class LinearAttentionForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
-    STL: gl.constexpr  # [BK, BV] state
-    PL: gl.constexpr  # P as the register operand of P V
+    STL: gl.constexpr  # [BK, BV] state (TRANSPOSED: S^T [BV, BK])
+    PL: gl.constexpr  # P as the register operand of P V (TRANSPOSED: wV^T's, of the update)
+    TRANSPOSED: gl.constexpr  # (with beta) Mamba-2's step on S^T: ``compute_transposed``
+    SPL: gl.constexpr  # TRANSPOSED: S^T [BV, BK] as the register operand of S^T Q^T (else None)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -176,7 +178,10 @@ class LinearAttentionForward:
 
     @gluon.jit
     def start(self, ctx, tile, prev):
-        S = gl.zeros([self.BK, self.BV], gl.float32, self.STL)
+        if self.TRANSPOSED:
+            S = gl.zeros([self.BV, self.BK], gl.float32, self.STL)
+        else:
+            S = gl.zeros([self.BK, self.BV], gl.float32, self.STL)
         if self.HAS_H0:
             h, col = self.unit(tile, ctx.index)
             S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
@@ -184,10 +189,17 @@ class LinearAttentionForward:
 
     @gluon.jit
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
-        rows = gl.arange(0, self.BK, layout=gl.SliceLayout(1, self.STL))
-        cols = col + gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.STL))
-        return (base + b.to(gl.int64) * sb + h.to(gl.int64) * sh + gl.expand_dims(rows.to(gl.int64) * sf, 1)
-                + gl.expand_dims(cols.to(gl.int64) * sv, 0))
+        if self.TRANSPOSED:  # S^T: a row a value column, a column a feature
+            vals = col + gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.STL))
+            feats = gl.arange(0, self.BK, layout=gl.SliceLayout(0, self.STL))
+            ptrs = (base + b.to(gl.int64) * sb + h.to(gl.int64) * sh + gl.expand_dims(vals.to(gl.int64) * sv, 1)
+                    + gl.expand_dims(feats.to(gl.int64) * sf, 0))
+        else:
+            rows = gl.arange(0, self.BK, layout=gl.SliceLayout(1, self.STL))
+            cols = col + gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.STL))
+            ptrs = (base + b.to(gl.int64) * sb + h.to(gl.int64) * sh + gl.expand_dims(rows.to(gl.int64) * sf, 1)
+                    + gl.expand_dims(cols.to(gl.int64) * sv, 0))
+        return ptrs
 
     @gluon.jit
     def decay_factors(self, G_r, G_c, causal):
@@ -204,109 +216,197 @@ class LinearAttentionForward:
     @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
         """One chunk. Ordered so that few [BT, BT] / [BT, BV] tiles are live beside S: the state goes to
-        shared memory and is updated first (S's old value is then read there), the scores next, o last."""
+        shared memory and is updated first (S's old value is then read there), the scores next, o last.
+        (TRANSPOSED: ``compute_transposed``.)"""
+        if self.TRANSPOSED:
+            walk = self.compute_transposed(ctx, walk, stage, tile, step)
+        else:
+            c: gl.constexpr = ctx.index
+            h, col = self.unit(tile, c)
+            h64 = h.to(gl.int64)
+            q = stage.q.reshape([self.BT, self.BK])
+            k = stage.k.reshape([self.BT, self.BK])
+            if c == 0:
+                v = stage.va.reshape([self.BT, self.BV])
+            else:
+                v = stage.vb.reshape([self.BT, self.BV])
+            dtype: gl.constexpr = self.q_desc.dtype
+            t0 = step * self.BT
+            rows = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+            cols = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+            row_ok = rows < self.N
+
+            # per-token factors from the stage: G (the chunk's cumulative log decay in log2 units, by row and by
+            # column: the TMA brought it with q, k, v, nothing to wait for on the walk), beta
+            offs_c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+            w_rows = gl.where(row_ok, 1.0, 0.0)  # each token's weight in the state update
+            S_decay = 1.0
+            if self.DECAY:
+                if c == 0:
+                    g_smem = stage.ga.reshape([self.BT])
+                else:
+                    g_smem = stage.gb.reshape([self.BT])
+                G_r = g_smem.load(gl.SliceLayout(1, self.SL))
+                G_c = g_smem.load(gl.SliceLayout(0, self.SL))
+                # the chunk's last token's G from the column copy (the host pads G past N with the last token's, so
+                # row BT - 1 is it)
+                G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
+                if self.HAS_BETA:  # (0 past N: the host's pad)
+                    if c == 0:
+                        b_smem = stage.ba.reshape([self.BT])
+                    else:
+                        b_smem = stage.bb.reshape([self.BT])
+                    beta_r = b_smem.load(gl.SliceLayout(1, self.SL))
+                w_rows = w_rows * gl.exp2(G_last - G_r)
+                S_decay = gl.exp2(G_last)
+            if self.HAS_BETA:
+                w_rows = w_rows * beta_r
+
+            S_smem = self.state_smem.index(c)
+            causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
+            row_scale = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL)) + self.scale
+            # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
+            # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
+            # but the decay's, which spilled 1 KB at Mamba-2's shape), and the state update's weighted values stored
+            # here too, so one barrier pair a chunk serves every shared-memory operand
+            wv = self.wv_smem.index(c)
+            # with beta, P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
+            if self.HAS_BETA:
+                beta_pv = beta_r * self.scale
+            gl.thread_barrier()  # the previous step's wgmmas have read both buffers
+            S_smem.store(walk.S.to(dtype))
+            if self.HAS_BETA:
+                v_f = v.load(self.SL).to(gl.float32)
+                wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
+                bv = self.bv_smem.index(c)
+                bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+
+            # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
+            s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
+            if self.DECAY:
+                s = s * self.decay_factors(G_r, G_c, causal)
+                row_scale = row_scale * gl.exp2(G_r)
+            if self.HAS_BETA:  # (the scale is on beta V's rows)
+                p_f = gl.where(causal, s, 0.0)
+            else:
+                p_f = gl.where(causal, s * self.scale, 0.0)
+            p = gl.convert_layout(p_f.to(dtype), self.PL)
+
+            # o = exp(G_i) scale (Q S_old) + P (beta V)
+            o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
+            if self.HAS_BETA:
+                o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
+            else:
+                o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
+
+            # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
+            if not self.HAS_BETA:
+                gl.thread_barrier()  # (the warpgroup past P V before wv is rewritten)
+                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+            S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
+
+            # Mamba-2's epilogue and the store (rows past N clipped by TMA)
+            offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
+            if self.HAS_D:
+                d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
+                o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
+            if self.HAS_Z:  # z came with the stage; silu(z) = z sigmoid(z), sigmoid(z) = (1 + tanh(z / 2)) / 2: one
+                # tanh.approx (2^-11)
+                if c == 0:
+                    z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
+                else:
+                    z = stage.zb.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
+                z_half = 0.5 * z
+                o = o * (z_half + z_half * tanh_approx(z_half))
+            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+            walk = Walk(S)
+        return walk
+
+    @gluon.jit
+    def compute_transposed(self, ctx, walk, stage, tile, step):
+        """Mamba-2's chunk (beta, a decay) on the transposed state S^T [BV, BK] (configs.GLUON_MAMBA_TRANSPOSED):
+        everything a step computes, transposed,
+
+            P^T  = mask(K Q^T * 2^(G_i - G_j)) * beta_j scale           rows j (keys), columns i (queries)
+            o^T  = (S^T Q^T) * scale 2^(G_i) + V^T P^T                  S^T from registers, P^T from shared memory
+            S^T <- 2^(G_last) S^T + (V^T diag(2^(G_last - G_j) beta_j)) K   wV^T from registers
+
+        so the state never goes through shared memory (S^T is the register A operand of S^T Q^T, and the update's
+        accumulator; its wV^T a register operand too), and the ALU's work runs under the tensor cores': K Q^T and
+        S^T Q^T are issued together and the decay's exps run under them, then P V and the update, and the epilogue
+        (D v, the gate's tanh, the store) under the update. The register operands are made, and S^T Q^T's
+        accumulator scaled, with no wgmma running (ptxas serializes a kernel whose wgmma inputs are written while one
+        runs: C7513)."""
         c: gl.constexpr = ctx.index
         h, col = self.unit(tile, c)
-        h64 = h.to(gl.int64)
         q = stage.q.reshape([self.BT, self.BK])
         k = stage.k.reshape([self.BT, self.BK])
         if c == 0:
             v = stage.va.reshape([self.BT, self.BV])
+            g_smem = stage.ga.reshape([self.BT])
+            b_smem = stage.ba.reshape([self.BT])
         else:
             v = stage.vb.reshape([self.BT, self.BV])
+            g_smem = stage.gb.reshape([self.BT])
+            b_smem = stage.bb.reshape([self.BT])
         dtype: gl.constexpr = self.q_desc.dtype
         t0 = step * self.BT
-        rows = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
-        cols = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
-        row_ok = rows < self.N
-
-        # per-token factors from the stage: G (the chunk's cumulative log decay in log2 units, by row and by
-        # column: the TMA brought it with q, k, v, nothing to wait for on the walk), beta
-        offs_c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
-        w_rows = gl.where(row_ok, 1.0, 0.0)  # each token's weight in the state update
-        S_decay = 1.0
-        if self.DECAY:
-            if c == 0:
-                g_smem = stage.ga.reshape([self.BT])
-            else:
-                g_smem = stage.gb.reshape([self.BT])
-            G_r = g_smem.load(gl.SliceLayout(1, self.SL))
-            G_c = g_smem.load(gl.SliceLayout(0, self.SL))
-            # the chunk's last token's G from the column copy (the host pads G past N with the last token's, so
-            # row BT - 1 is it)
-            G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
-            if self.HAS_BETA:  # (0 past N: the host's pad)
-                if c == 0:
-                    b_smem = stage.ba.reshape([self.BT])
-                else:
-                    b_smem = stage.bb.reshape([self.BT])
-                beta_r = b_smem.load(gl.SliceLayout(1, self.SL))
-            w_rows = w_rows * gl.exp2(G_last - G_r)
-            S_decay = gl.exp2(G_last)
-        if self.HAS_BETA:
-            w_rows = w_rows * beta_r
-
-        S_smem = self.state_smem.index(c)
-        causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
-        row_scale = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL)) + self.scale
-        # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
-        # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
-        # but the decay's, which spilled 1 KB at Mamba-2's shape), and the state update's weighted values stored
-        # here too, so one barrier pair a chunk serves every shared-memory operand
-        wv = self.wv_smem.index(c)
-        # with beta, P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
-        if self.HAS_BETA:
-            beta_pv = beta_r * self.scale
-        gl.thread_barrier()  # the previous step's wgmmas have read both buffers
-        S_smem.store(walk.S.to(dtype))
-        if self.HAS_BETA:
-            v_f = v.load(self.SL).to(gl.float32)
-            wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
-            bv = self.bv_smem.index(c)
-            bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
+        offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))  # P^T's rows: keys
+        offs_i = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))  # P^T's and o^T's columns: tokens
+        G_j = g_smem.load(gl.SliceLayout(1, self.SL))
+        G_i = g_smem.load(gl.SliceLayout(0, self.SL))
+        G_last = gl.sum(gl.where(offs_i == self.BT - 1, G_i, 0.0), axis=0)  # (the host pads G past N with it)
+        beta_j = b_smem.load(gl.SliceLayout(1, self.SL))  # (0 past N: the host's pad)
+        beta_i = b_smem.load(gl.SliceLayout(0, self.SL))
+        # the update's weights by token (wV^T's columns), 0 past N (column vectors take 16 registers a thread:
+        # G's by column is loaded again where used)
+        w_i = gl.where(t0 + offs_i < self.N, gl.exp2(G_last - G_i), 0.0) * beta_i
+        # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
+        vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
+        wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
+        S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
+        S_acc = walk.S * gl.exp2(G_last)
+        qT = q.permute((1, 0))
+        s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False, is_async=True)
+        qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                               is_async=True)
+        # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are strong:
+        # one select takes them away)
+        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+        s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
+        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
+        pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+        p_smem = self.state_smem.index(c)  # (TRANSPOSED: [2, BT, BT], each consumer's P^T)
+        p_smem.store(pT.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
-
-        # intra-chunk scores P = mask(Q K^T exp(G_i - G_j)) scale
-        s = warpgroup_mma(q, k.permute((1, 0)), gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False)
-        if self.DECAY:
-            s = s * self.decay_factors(G_r, G_c, causal)
-            row_scale = row_scale * gl.exp2(G_r)
-        if self.HAS_BETA:  # (the scale is on beta V's rows)
-            p_f = gl.where(causal, s, 0.0)
-        else:
-            p_f = gl.where(causal, s * self.scale, 0.0)
-        p = gl.convert_layout(p_f.to(dtype), self.PL)
-
-        # o = exp(G_i) scale (Q S_old) + P (beta V)
-        o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-        if self.HAS_BETA:
-            o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
-        else:
-            o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
-
-        # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
-        if not self.HAS_BETA:
-            gl.thread_barrier()  # (the warpgroup past P V before wv is rewritten)
-            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-        S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
-
-        # Mamba-2's epilogue and the store (rows past N clipped by TMA)
-        offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
+        # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
+        o = o * gl.expand_dims(gl.exp2(g_smem.load(gl.SliceLayout(0, self.SL))) * self.scale, 0)
+        o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
+        S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
+        # the epilogue (D v, the gate's tanh, the store) under the update
+        o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.HAS_D:
-            d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
-            o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
-        if self.HAS_Z:  # z came with the stage; silu(z) = z sigmoid(z), sigmoid(z) = (1 + tanh(z / 2)) / 2: one
-            # tanh.approx (2^-11)
+            offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
+            d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
+            o = o + gl.expand_dims(d_col, 1) * v.permute((1, 0)).load(self.SL).to(gl.float32)
+        if self.HAS_Z:
             if c == 0:
-                z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
+                zT = stage.za.reshape([self.BT, self.BV]).permute((1, 0)).load(self.SL).to(gl.float32)
             else:
-                z = stage.zb.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
-            z_half = 0.5 * z
+                zT = stage.zb.reshape([self.BT, self.BV]).permute((1, 0)).load(self.SL).to(gl.float32)
+            z_half = 0.5 * zT
             o = o * (z_half + z_half * tanh_approx(z_half))
-        store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+        # o^T to the output's block through shared memory (a transposed view), one TMA store
+        tma.store_wait(0)
+        ctx.out.reshape([self.BT, self.BV]).permute((1, 0)).store(o.to(self.o_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
+        S = warpgroup_mma_wait(0, deps=(S_tok,))
         return Walk(S)
 
     @gluon.jit
@@ -324,10 +424,13 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                        TRANSPOSED: gl.constexpr = False):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
-    (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage."""
+    (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage. TRANSPOSED (with beta): Mamba-2's step on
+    the transposed state (``compute_transposed``)."""
+    gl.static_assert(HAS_BETA or not TRANSPOSED, "TRANSPOSED is Mamba-2's step (beta and a decay)")
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
     gl.static_assert(HAS_BETA or not HAS_Z, "z comes with beta (Mamba-2's gate)")
     BT: gl.constexpr = q_desc.block_type.shape[2]
@@ -338,14 +441,25 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     STL: gl.constexpr = wgmma_layout(BK, BV, gl.num_warps())
     PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
-    wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
-    bv_smem = wv_smem
-    if HAS_BETA:
-        bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
-    op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b, s0h,
-                                s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem, bv_smem, BT,
-                                BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL, PL)
+    if TRANSPOSED:  # S^T [BV, BK]; the only shared-memory operand each consumer writes is its P^T [BT, BT]
+        STL_T: gl.constexpr = wgmma_layout(BV, BK, gl.num_warps())
+        WVL: gl.constexpr = wgmma_lhs_layout(BV, BK, gl.num_warps())
+        SPL: gl.constexpr = wgmma_lhs_layout(BV, BT, gl.num_warps())
+        p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
+        op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
+                                    s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, p_smem, p_smem,
+                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL_T, WVL, True,
+                                    SPL)
+    else:
+        state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
+        wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
+        bv_smem = wv_smem
+        if HAS_BETA:
+            bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
+        op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
+                                    s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
+                                    bv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL, PL,
+                                    False, None)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -445,9 +559,11 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None,
+                transposed: bool = False):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
+    ``transposed`` (with beta): the kernel's TRANSPOSED (configs.GLUON_MAMBA_TRANSPOSED).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
     for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -483,6 +599,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
                 HAS_H0=h0 is not None, STORE_HT=ht is not None)
+    if transposed and beta is not None:  # (absent where off: the shipped launches' keys as before)
+        args["TRANSPOSED"] = True
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -500,11 +618,14 @@ def prepare_decay(g, beta):
 
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3, *, operand=None,
-            launch=None):
+            launch=None, transposed: bool | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. ``operand``: launch_args's (the descriptors' maker);
     ``launch(grid, args, num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a
-    CachedLaunch's)."""
+    CachedLaunch's); ``transposed``: launch_args's (None: configs.GLUON_MAMBA_TRANSPOSED)."""
+    from tilecore.ops.linear_attention import configs
+
+    transposed = configs.GLUON_MAMBA_TRANSPOSED if transposed is None else transposed
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
@@ -513,7 +634,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
         d_skip = d_skip.float().contiguous()
     if z is not None and not tma_ok(z):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, operand=operand)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, operand=operand,
+                                    transposed=transposed)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -531,10 +653,11 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
     "linear": (16, 16, 128, 128, False, False, False),
     "decay": (16, 16, 128, 128, True, False, True),
     "mamba2": (1, 80, 128, 64, True, True, False),
+    "mamba2_states": (1, 80, 128, 64, True, True, True),
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, transposed: bool = False) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -545,10 +668,11 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None)
     h0 = f32(B, H, Dk, Dv) if states else None
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages)
+                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages,
+                                    transposed=transposed)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)
-    return dict(case=case, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+    return dict(case=case, transposed=transposed, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
