@@ -8,6 +8,9 @@ Variants (``--variants``, comma-separated):
 * ``s36``: gluon_forward_s36.py (this folder), the file before the removals, launched with the flags configs shipped:
   its PTX is the shipped one's but for the parameter list (G, BETA, Z and their strides), whose constant-bank
   offsets move ptxas's schedule (SASS 2864 -> 2880 instructions for Mamba-2, 28 -> 20 B spilled): is any speed lost?
+* ``T`` (Mamba-2 only): the kernel's TRANSPOSED step (configs.GLUON_MAMBA_TRANSPOSED, off): S^T in registers (the
+  register operand of S^T Q^T and the update's accumulator, never through shared memory), P^T through shared memory,
+  K Q^T and S^T Q^T issued together with the decay's exps under them, the epilogue under the update.
 
 Cases: Mamba-2 2.7B (B16 H80 N4096, headdim 64, d_state 128, one group, D and z; bf16), the scalar decay and no decay
 at d 128 (B16 H16 N4096, bf16). Checks (a process a variant: its compiles beside the others'): NaN-poisoned o and
@@ -61,7 +64,7 @@ def launcher(variant: str, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float)
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON) if g is not None else (None, None)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
-    kw = {}
+    kw = dict(transposed=True) if variant == "T" else {}
     if variant == "s36":
         mamba = beta is not None
         kw = dict(z_stage=True, g_stage=g is not None, early_wv=mamba, silu_tanh=True, lean=mamba)
@@ -154,9 +157,10 @@ def warm(variant: str):
         rows.append(check_mamba(variant, "bf16 D z N 1000", 2, 1000, 8, torch.bfloat16, False))
         rows.append(check_mamba(variant, "bf16 strong decays h0 final N 300", 2, 300, 4, torch.bfloat16, True,
                                 (-80.0, -20.0)))
-        rows.append(check_linear(variant, True))
-        rows.append(check_linear(variant, False))
-        for case in CASES:
+        if variant != "T":  # (T is Mamba-2's step: without beta the shipped kernel runs)
+            rows.append(check_linear(variant, True))
+            rows.append(check_linear(variant, False))
+        for case in cases_of(variant):
             t = timed_inputs(case)
             o = poisoned(t["v"])
             timed_call(variant, case, t, o)()
@@ -165,6 +169,10 @@ def warm(variant: str):
         return variant, None, round(time.time() - t0, 1), rows, digests
     except Exception as err:  # noqa: BLE001
         return variant, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows, digests
+
+
+def cases_of(variant: str) -> list:
+    return ["mamba2"] if variant == "T" else list(CASES)
 
 
 def napkin_ms() -> float:
@@ -181,7 +189,7 @@ def main():
     import multiprocessing as mp
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="shipped,s36")
+    ap.add_argument("--variants", default="shipped,s36,T")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
@@ -212,25 +220,27 @@ def main():
         if run.left() < 6 or not ok:
             break
         t = timed_inputs(case)
-        fns = {n: timed_call(n, case, t, torch.empty_like(t["v"])) for n in ok}
+        fns = {n: timed_call(n, case, t, torch.empty_like(t["v"])) for n in ok if case in cases_of(n)}
         for fn in fns.values():
             fn()
         torch.cuda.synchronize()
         res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=run)
         if res:
-            row = dict(case=case, same_bits=len({digests[n].get(case) for n in ok}) == 1, **res)
+            # o's bits: the shipped kernel's and s36's must agree (the same math); T rounds differently
+            row = dict(case=case, same_bits=len({digests[n].get(case) for n in fns if n != "T"}) == 1, **res)
             nap = run.extra.get("napkin_mamba2_ms")
-            for n in ok:
+            base = res.get("shipped_graph_ms")
+            for n in fns:
                 ms = res.get(f"{n}_graph_ms")
-                if ms and n != ok[0] and res.get(f"{ok[0]}_graph_ms"):
-                    row[f"{n}_vs_{ok[0]}"] = round(res[f"{ok[0]}_graph_ms"] / ms, 4)
+                if ms and n != "shipped" and base:
+                    row[f"speedup_{n}"] = round(base / ms, 4)  # > 1: n faster than the shipped kernel
                 if ms and case == "mamba2" and nap:
                     row[f"{n}_napkin_pct"] = round(100 * nap / ms, 1)
             run.row(f"time {case}", **row)
             run.say("  " + ", ".join(f"{n} {res.get(f'{n}_graph_ms')} ms {res[f'{n}_rounds'].get('graph')}"
-                                     for n in ok))
+                                     for n in fns))
     cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits"] + [f"{n}_graph_ms" for n in variants] + [
-        f"{n}_vs_{variants[0]}" for n in variants[1:]] + [f"{n}_napkin_pct" for n in variants]
+        f"speedup_{n}" for n in variants if n != "shipped"] + [f"{n}_napkin_pct" for n in variants]
     run.finish(cols)
 
 
