@@ -57,12 +57,12 @@ def _blocks(device: torch.device, family: str) -> dict:
             "rownorm": dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)}[family]
 
 
-def _attention_blocks(device: torch.device, causal: bool, modified: bool) -> dict:
-    """Causal attention with a score modifier on a GPU: 64 x 64 tiles, 4 warps, 3 stages (two programs an
-    SM, whose softmax and MMAs interleave): softcap_approx causal 1.064x BM 128 BN 64 with 8 warps, the
-    exact softcap 1.006x (H100, five interleaved rounds; notes/napkin/compile.md). Plain causal attention
-    was not timed with them: it keeps the family's blocks."""
-    if causal and modified and device.type == "cuda":
+def _attention_blocks(device: torch.device, causal: bool) -> dict:
+    """Causal attention on a GPU: 64 x 64 tiles, 4 warps, 3 stages (two programs an SM, whose softmax and
+    MMAs interleave) against the family's BM 128 BN 64 with 8 warps: softcap_approx 1.064x, the exact softcap
+    1.006x, plain D128 1.044x, D64 1.011x (H100, interleaved rounds; notes/napkin/compile.md). Not causal:
+    the family's blocks (plain D64 with BM 64 tiles: 1.066x its time)."""
+    if causal and device.type == "cuda":
         return dict(BM=64, BN=64, num_warps=4, num_stages=3)
     return _blocks(device, "attention")
 
@@ -74,10 +74,9 @@ def _head_group(causal: bool) -> int:
     return 4 if causal else 0
 
 
-def attention_defaults(device: torch.device, causal: bool, modified: bool) -> dict:
-    """The blocks and program order an attention diagram launches with by default (modified: a score
-    modifier other than a scale)."""
-    return dict(_attention_blocks(device, causal, modified), HEAD_GROUP=_head_group(causal))
+def attention_defaults(device: torch.device, causal: bool) -> dict:
+    """The blocks and program order an attention diagram launches with by default."""
+    return dict(_attention_blocks(device, causal), HEAD_GROUP=_head_group(causal))
 
 
 def _tma_ok(device: torch.device, tensors) -> bool:
@@ -177,8 +176,7 @@ class CompiledDiagram:
             *[s for w in ws for s in (w.stride(0), w.stride(1))], *e_strides, out.stride(0), out.stride(1), **blk)
 
     def _launch_attention(self, k, vals, device):
-        modified = any(op.kind == "map" and not op.label.strip().startswith("scale(") for op in self.diagram.ops)
-        blk = dict(self.blocks or _attention_blocks(device, k.info["causal"], modified))
+        blk = dict(self.blocks or _attention_blocks(device, k.info["causal"]))
         Q, K, V, O = (vals[n] for n in k.args)
         lead = len(k.info["lead"])
 
