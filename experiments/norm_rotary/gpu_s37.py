@@ -15,9 +15,11 @@ fft_conv at 4096 (x torch.fft, % of copy), in one run (one H100 lane, <= 60 s).
    The plain LayerNorm / RMSNorm backward at 1024 (shipped) as the same run's reference rows.
 2. --peers: forward + backward through autograd at 65536 x 1024 (LayerNorm), ours against Liger-Kernel's (where
    importable) and torch.compile's, graph-timed.
-3. --fft N: fft_conv at B16 H768 bf16 (spectrum precomputed): the shipped op (and --fft-variants, plan variants of
-   experiments/fft_conv's table) against torch.fft (rfft, product, irfft in float32), do_bench medians in interleaved
-   rounds, the output on a B2 H64 slice against float64; % of copy = the op's bytes at 2,997 GB/s over the time.
+3. --fft N: fft_conv at B16 H768 bf16 (spectrum precomputed): the shipped op, its kernel alone and --fft-variants'
+   kernels (FFT_VARIANTS: the shipped GLUON_ONEPASS tuple with elements replaced; rfft3: the spectrum's bins in
+   float16), each on the spectrum as it reads it made once, and what making that spectrum a call costs, against
+   torch.fft (rfft, product, irfft in float32), do_bench medians in interleaved rounds; each output (poisoned first)
+   on a B2 H64 slice against float64; % of copy = the op's bytes at 2,997 GB/s over the time.
 Writes norm_fft_gpu_s37.json to $OUT; prints rows as they land and a short table last.
 """
 import math
@@ -204,8 +206,16 @@ def peers(n=1024):
         run.row(f"layer {n} fwd+bwd {name}", ms=ms, pct_copy=100 * c / ms, vs_ours=ms / times["ours"][0], rounds=rounds)
 
 
+# fft_conv candidates at 4096 (--fft-variants): name -> the configs.GLUON_ONEPASS tuple's elements replaced
+FFT_VARIANTS = {"rfft3": {6: 3}}  # RFFT 3: the spectrum's bins in float16, one 32-bit load a bin
+
+
 def fft(n: int, variants: list[str]):
-    from tilecore.ops.fft_conv import fft_conv, fft_conv_reference, filter_spectrum, model
+    """The shipped op, its kernel alone and the candidates' kernels (each on the spectrum as it reads it, made once: a
+    precomputed spectrum) against torch.fft; every output checked on a B2 H64 slice against float64, poisoned first."""
+    from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model
+    from tilecore.ops.fft_conv import launch as conv_launch
+    from tilecore.ops.fft_conv.plan import gluon_plan
     from tilecore.ops.fft_conv.plan import plan as conv_plan
 
     g = torch.Generator(device=DEV).manual_seed(n)
@@ -213,22 +223,44 @@ def fft(n: int, variants: list[str]):
     k = (torch.randn(768, n, generator=torch.Generator().manual_seed(n)) / math.sqrt(n)).to(torch.bfloat16)
     spectrum = filter_spectrum(k, n).to(DEV)
     ref = fft_conv_reference(u[:2, :64].double().cpu(), k[:64].double())
-    fns = {"shipped": lambda: fft_conv(u, spectrum),
+    shipped = configs.GLUON_ONEPASS.get(n)
+    fns = {"op": lambda: fft_conv(u, spectrum),
            "torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n]}
-    y = fns["shipped"]()
-    err = accuracy.error_over_floor(y[:2, :64].cpu(), ref)
-    run.row(f"fft {n} check shipped", path=conv_plan(n, u.device).path, err=err, finite=bool(torch.isfinite(y).all()))
-    if variants:
-        run.say(f"fft variants not built yet: {variants}")
+    y = fns["op"]()
+    run.row(f"fft {n} check op", path=conv_plan(n, u.device).path, err=accuracy.error_over_floor(y[:2, :64].cpu(), ref),
+            ok=bool(torch.isfinite(y).all()) and accuracy.error_over_floor(y[:2, :64].cpu(), ref) <= BOUND)
+    configs_by_name = {"kernel": shipped} if shipped else {}
+    for name in variants:
+        if shipped and name in FFT_VARIANTS:
+            c = list(shipped)
+            for i, v in FFT_VARIANTS[name].items():
+                c[i] = v
+            configs_by_name[name] = tuple(c)
+    for name, config in configs_by_name.items():
+        def one(name=name, config=config):
+            p = gluon_plan(*config)
+            ks = conv_launch.gluon_spectrum(p, spectrum, False)  # (made once: as a precomputed spectrum)
+            out = torch.full_like(u, float("nan"))
+            conv_launch.launch_gluon_kernel(p, u, ks, out)
+            err = accuracy.error_over_floor(out[:2, :64].cpu(), ref)
+            ok = bool(torch.isfinite(out).all()) and err <= BOUND
+            run.row(f"fft {n} check {name}", err=err, ok=ok, config=config)
+            if ok:
+                fns[name] = lambda: conv_launch.launch_gluon_kernel(p, u, ks, out)
+            if name != "kernel":  # what a call would spend making its spectrum so (no precomputed one)
+                fns[f"{name} spectrum"] = lambda: conv_launch.gluon_spectrum(p, spectrum, False)
+        run.attempt(f"fft {n} {name}", one)
     times = time_rounds(fns, rounds=3, deadline=run)
     bound = model.bound_ms("pair", 16, 768, n)
     base = times["torch.fft_ms"]
+    kernel_ms = times.get("kernel_ms")
     for name in fns:
         if name == "torch.fft":
             continue
         ms = times[f"{name}_ms"]
-        run.row(f"fft {n} {name}", ms=ms, torch_fft_ms=base, x_torch_fft=base / ms, pct_copy=100 * bound / ms,
-                five_x_ms=base / 5)
+        extra = {} if name.endswith("spectrum") else dict(x_torch_fft=base / ms, pct_copy=100 * bound / ms)
+        run.row(f"fft {n} {name}", ms=ms, torch_fft_ms=base, vs_shipped=(kernel_ms / ms) if kernel_ms else None,
+                five_x_ms=base / 5, rounds=times[f"{name}_rounds"]["eager"], **extra)
 
 
 def main() -> int:

@@ -121,6 +121,56 @@ def test_chunked_kernel_arithmetic_matches_float64(n, chunk, variants):
         assert accuracy.error_over_floor(y, ref) <= 1.2
 
 
+@pytest.mark.parametrize("dtype, conj, bound", [(torch.bfloat16, False, 1.2), (torch.bfloat16, True, 1.2),
+                                               (torch.float16, False, 3.5)])
+def test_half_spectrum_arithmetic_matches_float64(dtype, conj, bound):
+    """RFFT 3 (the spectrum's bins in float16, one 32-bit load a bin) at 4096 in chunks of 32: the emulation, its one
+    rounding of K more, against float64 (bf16 at the pair kernel's floor; fp16 at the float16 products' own), and the
+    bins it reads are those of RFFT 2 rounded to float16 (the gather, mirror and conjugation unchanged)."""
+    n, chunk = 4096, 32
+    a, b = 2 * n // 64, 64
+    g = torch.Generator().manual_seed(n + 3)
+    u = torch.randn(3, 1, n, generator=g).to(dtype)
+    k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9)).to(dtype) / math.sqrt(n)
+    spectrum = filter_spectrum(k, n)
+    tile3, tile2 = (gluon_emulate.kernel_spectrum(spectrum, a, b, conj, r) for r in (3, 2))
+    assert not torch.equal(tile3, tile2) and torch.equal(tile3, tile2.half().float())
+    y = gluon_emulate.emulate_chunked(u, spectrum, conj, a, b, chunk, 3, True)
+    ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
+    assert torch.isfinite(y).all()
+    assert accuracy.error_over_floor(y, ref) <= bound
+
+
+HALF_SPECTRUM = """
+import json
+from tilecore.ops.fft_conv import configs
+from tilecore.ops.fft_conv.report import gluon_options, gluon_variant
+from tilecore.tiles.compile import compile_kernel, resources
+out = []
+for rfft in (2, 3):
+    config = list(configs.GLUON_ONEPASS[4096])
+    config[6] = rfft
+    name, kernel, args, warps, _ = gluon_variant(*config[:2], 0, *config[3:])
+    compiled = compile_kernel(kernel, args, num_warps=warps, **gluon_options(tuple(config)))
+    ptx = compiled.asm["ptx"]
+    out.append(dict(name=name, b64=ptx.count("ld.global.b64"), b32=ptx.count("ld.global.b32"),
+                    **vars(resources(compiled))))
+print(json.dumps(out))
+"""
+
+
+def test_half_spectrum_compiles_on_the_shipped_4096_tuple():
+    """The shipped 4096 tuple with RFFT 3 in place of 2: no spill, within shared memory, and the spectrum's 64-bit
+    loads (RFFT 2: one a bin) become 32-bit ones."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", HALF_SPECTRUM], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two, three = json.loads(r.stdout)
+    for row in (two, three):
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["shared"] <= 227 * 1024, row
+    assert two["b64"] > 0 and three["b64"] == 0 and three["b32"] >= two["b32"] + two["b64"], (two, three)
+
+
 @pytest.mark.parametrize("n, chunk", [(4096, 32), (1024, 0), (2048, 0)])
 def test_prescale_arithmetic_matches_float64(n, chunk):
     """PRESCALE (session 32): each block's float16 scale from its spectrum (L x its largest |Re K|, |Im K| / 256, a

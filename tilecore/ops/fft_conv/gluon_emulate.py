@@ -41,6 +41,8 @@ def kernel_spectrum(spectrum, a: int, b: int, conj: bool, rfft: bool):
     mirrored = f > L // 2
     bins = torch.where(mirrored, L - f, f)
     kre, kim = spectrum.real[:, bins], spectrum.imag[:, bins]
+    if rfft == 3:  # the bins in float16
+        kre, kim = kre.half().float(), kim.half().float()
     kim = torch.where(mirrored != conj, -kim, kim)
     return torch.stack((kre, kim), 1).view(H, 2, b, a)
 

@@ -85,13 +85,16 @@ def _complex_mma(a1, b1, a2, b2, a3, b3, a4, b4, zeros, ASYNC: gl.constexpr, REG
 def _spectrum_at(spectrum, f, L: gl.constexpr, RFFT: gl.constexpr, CONJ: gl.constexpr):
     """The filter's spectrum at the bins f (float32 re, im). RFFT: ``spectrum`` is a channel's rfft bins
     as (re, im) pairs (torch.view_as_real), bins past L/2 the conjugates of L - f, all conjugated with
-    CONJ (RFFT 2: each bin read as one 64-bit load, not two 32-bit ones); else the host's layout
-    (launch.mono_spectrum: planes re, im of L, conjugated there)."""
+    CONJ (RFFT 2: each bin read as one 64-bit load, not two 32-bit ones; RFFT 3: the pairs in float16, a bin
+    one 32-bit load: half the bytes and registers); else the host's layout (launch.mono_spectrum: planes re, im
+    of L, conjugated there)."""
     if RFFT:
         mirrored = f > L // 2
         bin = gl.where(mirrored, L - f, f)
         if RFFT == 2:  # a bin's (re, im) as one 64-bit load (complex64 bins are 8-byte aligned)
             kre, kim = _unpack_bin(gl.load(spectrum.to(gl.pointer_type(gl.int64), bitcast=True) + bin))
+        elif RFFT == 3:  # a bin's float16 (re, im) as one 32-bit load
+            kre, kim = _unpack_half_bin(_half_bins(spectrum, f, L))
         else:
             kre = gl.load(spectrum + 2 * bin)
             kim = gl.load(spectrum + 2 * bin + 1)
@@ -107,6 +110,20 @@ def _unpack_bin(pair):
     """A complex64 bin read as one int64: (re, im) float32."""
     return (pair & 0xFFFFFFFF).to(gl.uint32).to(gl.float32, bitcast=True), (pair >> 32).to(gl.uint32).to(gl.float32,
                                                                                                        bitcast=True)
+
+
+@gluon.jit
+def _half_bins(spectrum, f, L: gl.constexpr):
+    """RFFT 3: the float16 (re, im) bins of f (past L/2: of L - f) as int32s, packed (_unpack_half_bin)."""
+    return gl.load(spectrum.to(gl.pointer_type(gl.int32), bitcast=True) + gl.where(f > L // 2, L - f, f))
+
+
+@gluon.jit
+def _unpack_half_bin(pair):
+    """A float16 (re, im) bin read as one int32: (re, im) float32."""
+    bits = pair.to(gl.uint32, bitcast=True)
+    return ((bits & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32),
+            (bits >> 16).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32))
 
 
 @gluon.jit
@@ -129,7 +146,11 @@ def _spectrum_issue(st, spectrum, f, fresh=True):
     where ``fresh`` (the pair's channel is not the previous pair's: CONTIG walks a channel's pairs in a
     row), else kbuf is kept; else nothing is read here."""
     if st.KPRE == 1:
-        kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
+        if st.RFFT == 3:  # the packed float16 bins held (one register a bin), unpacked at the product
+            kre = _half_bins(spectrum, f, st.L)
+            kim = kre
+        else:
+            kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
     elif st.KPRE >= 2:
         gl.static_assert(st.RFFT == 2, "KPRE 2, 3 gather a bin as one 64-bit copy: RFFT 2")
         if st.KPRE == 2 or fresh:
@@ -151,6 +172,9 @@ def _spectrum_take(st, spectrum, f, kpre):
     now."""
     if st.KPRE == 1:
         kre, kim = kpre
+        if st.RFFT == 3:
+            kre, kim = _unpack_half_bin(kre)
+            kim = _conjugated(kim, f > st.L // 2, st.CONJ)
     elif st.KPRE >= 2:
         async_copy.wait_group(0)
         kre, kim = _unpack_bin(st.kbuf.load(f.type.layout))

@@ -190,8 +190,11 @@ def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.
 
 def gluon_spectrum(plan: Plan, spectrum: torch.Tensor, conj: bool) -> torch.Tensor:
     """The spectrum (H, N + 1) as the Gluon kernel of ``plan`` reads it: with plan.rfft its bins as float32
-    (re, im) pairs (the kernel conjugates), else laid out as the tile (mono_spectrum, conjugated here)."""
+    (re, im) pairs (the kernel conjugates; rfft 3: float16 pairs, a conversion a call), else laid out as the tile
+    (mono_spectrum, conjugated here)."""
     spectrum = spectrum.resolve_conj()
+    if plan.rfft == 3:
+        return torch.view_as_real(spectrum).to(torch.float16)
     if plan.rfft:
         return torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     return mono_spectrum(spectrum, plan.n1, plan.n2, 1, False, conj)

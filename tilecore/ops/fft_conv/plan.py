@@ -94,6 +94,8 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
     if yalias and not (chunk and tma):
         raise ValueError("the Gluon one-pass kernel's YALIAS (y's box in u's ring) is the chunked kernel's, with TMA")
+    if rfft not in (0, 1, 2, 3):
+        raise ValueError(f"the Gluon one-pass kernel's rfft is 0..3 (3: float16 bins); got {rfft}")
     if kpre not in (0, 1, 2, 3) or (kpre >= 2 and rfft != 2) or (kpre == 3 and (chunk or not contig)):
         raise ValueError(f"the Gluon one-pass kernel's spectrum prefetch is 0..3 (2, 3 with rfft 2; 3 whole-tile on a "
                          f"contiguous walk); got {kpre} (rfft {rfft}, chunk {chunk}, contig {contig})")

@@ -67,7 +67,8 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
     t = torch.empty(64, dtype=torch.bfloat16)
     f16 = torch.empty(64, dtype=torch.float16)
     f32 = torch.empty(64, dtype=torch.float32)
-    args = dict(U=t, K=f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32, batch=16, heads=768,
+    args = dict(U=t, K=f16 if rfft == 3 else f32, Y=t, FARE=f16, FAIM=f16, FBRE=f16, FBIM=f16, TFRE=f32, TFIM=f32,
+                batch=16, heads=768,
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=4 * n, A=a, B=b,
                 ASYNC=async_mma, TMA=tma, RFFT=rfft, CONJ=False, TW_SFU=tw_sfu,
                 CONTIG=contig, KPRE=kpre, LEAN=lean)
@@ -77,7 +78,8 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
     extra = (", async" if async_mma else "") + (", TMA" if tma else "") + (", rfft" if rfft else "") + (
-        ", twiddles computed" if tw_sfu else "") + (", contiguous walk" if contig else "") + (
+        " float16" if rfft == 3 else "") + (", twiddles computed" if tw_sfu else "") + (
+        ", contiguous walk" if contig else "") + (
         f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "") + (
         f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "") + (
         ", spectrum prescale" if prescale else "")

@@ -183,7 +183,8 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
                    dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0),
                    dres.stride(0) if store_dres else 0, threshold16(p), scale),
                   dict(WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
-                       DW=weight is not None, DB=bias is not None, **flags, **_backward_options(plan, dh_out, dy.device)))
+                       DW=weight is not None, DB=bias is not None, **flags,
+                       **_backward_options(plan, dh_out, dy.device)))
     if plan.finish == "kernel" and (weight is not None or bias is not None):
         dw, db = _finish(key, plan, dw_part, db_part, weight, bias, n, dy)
         return dx, dres, dw, db
