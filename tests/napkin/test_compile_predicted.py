@@ -131,3 +131,23 @@ def test_the_terms_say_what_the_emitted_code_does():
     assert norm.family == "rownorm"
     assert {"GEMM (the row factor after the k-loop)", "row_factor pass", "prescale_weight pass"} <= set(norm.terms)
     assert norm.seconds == pytest.approx(sum(norm.terms.values()))
+
+
+RUN_37A = RUNS / "compile_s37a_run1_session37_h100_napkin_compile_s37.json"  # session 37 call 1: plain, D128 / D64
+
+
+def test_session37_plain_attention_within_20_percent():
+    # plain softmax attention causal and full at D128 and D64 (B4 H16 N4096), every timed config (the
+    # defaults and the blocks beside them), the napkin calibrated with that run's copy and cuBLAS figures;
+    # tiles the model does not rank (BN 32: twice the steps) at most 1.11, D64 full's default the farthest (0.82)
+    run = json.loads(RUN_37A.read_text())
+    c = run["ceilings"]
+    gpu = H100.calibrated(copy_bytes_per_s=c["copy_bytes_per_s"], matmul_flops={"bf16": c["matmul_bf16_flops"]},
+                          label="this run")
+    seen = set()
+    for row in run["timings"]:
+        causal, d = row["case"].startswith("plain causal"), int(row["case"].split(" D")[1].split()[0])
+        p = predicted_time(_attention((f"scale({d ** -0.5})",), causal=causal, D=d), gpu)
+        assert row["compiled_us"] * 1e-6 / p.seconds == pytest.approx(1.0, abs=0.20), (row["case"], p.terms)
+        seen.add((causal, d))
+    assert seen == {(True, 128), (False, 128), (True, 64), (False, 64)}
