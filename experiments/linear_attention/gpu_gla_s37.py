@@ -7,9 +7,10 @@ Sets (``--set NAME``; one per device call):
 * ``call1``: d 64: configs' (the flat tl launch, 3 chunks a program) against the Gluon kernel with FORM 2 (every sum
   over tokens by bf16 dots) at 3 and 2 stages; d 128: configs' (Gluon, FORM 2) against the flat launch; and FORM 2's
   timing probes at d 128 (gluon_gla_bwd.PROBE_*: a part of the tile's work left out, gradients wrong by design, timed
-  once, never checked): where FORM 2's chain goes; and the new FORM bits at d 128 (and 4 at d 64): 6 = 2 + EARLY_VALUE
+  once, never checked): where FORM 2's chain goes; and the new FORM bits (gluon_gla_bwd) at d 128: 6 = 2 + EARLY_VALUE
   (the value sums issued behind G's, so <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores run under them),
-  14 = 6 + EARLY_AT (v do^T issued behind a (k Ei)).
+  34 = 2 + EXP_FEW (e^m, e^G_last from e^(m / 2): 3 exp tiles a tile, not 5), 38 = both, 54 = 38 + TRI_SMEM (L an A
+  operand from shared memory, J a constant).
 
 Each variant checks in a worker process of its own (compiles in parallel): bf16 B2 N1024 H16 (the timed shape's
 specializations, so the main process finds every kernel compiled) with an initial state and a final state's
@@ -43,11 +44,12 @@ SETS = {
         "d64 configs": (64, {}, True),
         "d64 form2 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=2), True),
         "d64 form2 st2": (64, dict(dqk_gluon=2, dqk_gluon_form=2), True),
-        "d64 form6 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=6), True),
         "d128 configs": (128, {}, True),
         "d128 flat": (128, dict(dqk_gluon=0), True),
         "d128 form6": (128, dict(dqk_gluon_form=6), True),
-        "d128 form14": (128, dict(dqk_gluon_form=14), True),
+        "d128 form34": (128, dict(dqk_gluon_form=34), True),
+        "d128 form38": (128, dict(dqk_gluon_form=38), True),
+        "d128 form54": (128, dict(dqk_gluon_form=54), True),
         **{f"d128 probe {p}": (128, dict(dqk_gluon_probe=p), "probe") for p in (1, 2, 4, 8, 16)},
     },
 }

@@ -48,6 +48,9 @@ PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
 EARLY_VALUE = gl.constexpr(4)  # do v^T, do S_c^T, v dS_c^T issued right behind G's sums, so their latency and
 # <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores overlap: one wait fewer a tile
 EARLY_AT = gl.constexpr(8)  # v do^T issued right behind a (k Ei), so dq's math and store run under it
+TRI_SMEM = gl.constexpr(16)  # L from shared memory (written once a program), J a constant: no [BT, BT] mask made 4 times
+# a tile
+EXP_FEW = gl.constexpr(32)  # e^m and e^G_last = e^(2 m) as products of e^(m / 2) (3 exp tiles a tile, not 5)
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 
 
@@ -104,6 +107,7 @@ class GlaDqk:
     DG: object  # (B, N, H, Dk) float32
     FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
+    tri_smem: object  # FORM & TRI_SMEM: L [BT, BT] in the operand dtype (an A operand from shared memory)
     N: object
     H: object
     DKD: object  # Dk
@@ -176,13 +180,19 @@ class GlaDqk:
         """L (LOWER: ones on and below the diagonal) or J (all ones) [BT, BT] in the operand dtype as a register A
         operand, made where it is used (its row index through opaque_int: hoisted out of the tile loop, the two
         matrices held 32 registers a thread for the whole program and ptxas serialized the wgmma, C7512)."""
-        r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.A32)) + opaque_int(0)
-        c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.A32))
-        one = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
-        if LOWER:
-            x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0), one, 0.0)
+        if self.FORM & TRI_SMEM:
+            if LOWER:
+                x = self.tri_smem
+            else:
+                x = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
         else:
-            x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0) - self.BT, one, 0.0)
+            r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.A32)) + opaque_int(0)
+            c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.A32))
+            one = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
+            if LOWER:
+                x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0), one, 0.0)
+            else:
+                x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0) - self.BT, one, 0.0)
         return x
 
     @gluon.jit
@@ -304,7 +314,11 @@ class GlaDqk:
                                       self.A32)
             dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
             dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
-        dk_state = dks * (Ei * gl.exp(m))  # (G_last - m = m)
+        if self.FORM & EXP_FEW:
+            em = half * half
+            dk_state = dks * (Ei * em)  # (G_last - m = m)
+        else:
+            dk_state = dks * (Ei * gl.exp(m))  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
         gl.store(self.DK_OUT + base + offs, (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
         # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
@@ -327,7 +341,10 @@ class GlaDqk:
             gl.thread_barrier()
             s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
             jsum = warpgroup_mma_wait(0, deps=[s_tok])
-        dg = (jsum - lsum) + dG + gl.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        if self.FORM & EXP_FEW:
+            dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        else:
+            dg = (jsum - lsum) + dG + gl.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
 
@@ -459,7 +476,17 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
     # each consumer's q E (FORM 2: two of its three pieces' buffers; the third, and k Ei, its epilogue buffer)
     qe_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if FORM & 2 else 2, BT, BKB], q_desc.layout)
-    op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem,
+    if FORM & TRI_SMEM and FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
+        TL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        tr = gl.arange(0, BT, layout=gl.SliceLayout(1, TL))
+        tc = gl.arange(0, BT, layout=gl.SliceLayout(0, TL))
+        tri_smem = gl.allocate_shared_memory(q_desc.dtype, [BT, BT], v_desc.layout)
+        tri_smem.store(gl.where(gl.expand_dims(tr, 1) >= gl.expand_dims(tc, 0), 1.0, 0.0).to(q_desc.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+    else:
+        tri_smem = qe_smem  # (unused)
+    op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
                 N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, PROBE, L64, L32, A32, SCAN)
     stages = DqkChunk(ring(v_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),
                       ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
