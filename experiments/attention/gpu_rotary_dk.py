@@ -12,11 +12,13 @@ against the turned path as shipped (dK turned back by apply_rotary's kernel afte
    bf16 tables: forward (no gradient) plain / rotary; forward + backward (autograd.grad of q, k, v) plain /
    rotary with dK by the pass (shipped) / dK in the kernel. Overheads over plain (issue 37: <= 3%).
    --launches: apply_rotary on q and k as two launches against one launch over a tensor of both's heads
-   (what one launch for q and k would save). --routed: the checks also run a call without a gradient with
+   (what one launch for q and k would save). --kernel: the Gluon backward kernel alone with and without the
+   epilogue, beside apply_rotary's pass over dK (what the epilogue costs against what it removes). --routed: the checks also run a call without a gradient with
    configs.ROTARY_IN_KERNEL on (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon forward), and the
    timing its forward (the per-case choice of ROTARY_IN_KERNEL).
 
-  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--dims 128,64] [--extra] [--launches] [--routed]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--dims 128,64] [--checks 128:full,64:causal]
+      [--kernel 128,64] [--extra] [--launches] [--routed]
   PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py --smoke   # CPU interpreter: imports and the checks' code
 """
 from __future__ import annotations
@@ -140,6 +142,42 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
+def kernel_timing(run, d, causal, b=16, h=16, n=4096, rounds=4):
+    """The Gluon backward kernel alone (its plan's, dQ added into a float32 sum) without and with the rotary
+    epilogue (launch_backward_gluon_kernel's rotary), and apply_rotary's pass over dK (what the epilogue
+    replaces), on the same inputs: the epilogue's cost against the pass's."""
+    from tilecore.ops.attention import launch
+    from tilecore.ops.rotary.op import turn
+
+    q, k, v, dout = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16) for _ in range(4))
+    scale = d ** -0.5
+    with torch.no_grad():
+        out, lse = tilecore.attention(q, k, v, causal=causal, return_lse=True)
+    p = plan.plan_backward(dout, q, k, v, causal, scale)
+    if p.path != "gluon" or p.dq is not None:
+        raise RuntimeError(f"not the Gluon kernel adding dQ: path {p.path}, dq {p.dq}")
+    _, dq_sum, stats = launch.backward_preprocess(out, dout, lse.contiguous(), None, dq_sum=True, row_stats=True,
+                                                  plan=p)
+    dk, dv, dk2 = (torch.empty_like(q) for _ in range(3))
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+    fns = {"kernel_plain": lambda: launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv, causal,
+                                                                       scale),
+           "kernel_rotary": lambda: launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv,
+                                                                        causal, scale, rotary=(cos, sin, False)),
+           "dk_pass": lambda: turn(dk.transpose(1, 2), cos, sin, conjugate=True, out=dk2.transpose(1, 2))}
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    ms = {name: t[f"{name}_graph_ms"] for name in fns}
+    epilogue = ms["kernel_rotary"] - ms["kernel_plain"]
+    run.row(f"kernel D{d} {'causal' if causal else 'full'}", kind="kernel", d=d, causal=causal, b=b, h=h, n=n,
+            dq_from=p.config.get("dq_from"), **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
+            epilogue_us=round(1000 * epilogue, 1), pass_us=round(1000 * ms["dk_pass"], 1),
+            net_us=round(1000 * (epilogue - ms["dk_pass"]), 1),
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
 def launches(run, d=128, b=16, h=16, n=4096):
     """apply_rotary on q and k (two launches) against one launch over a (B, N, 2H, D) tensor holding both."""
     from tilecore.ops.rotary.op import turn
@@ -160,7 +198,11 @@ def launches(run, d=128, b=16, h=16, n=4096):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--dims", default="128")
+    ap.add_argument("--dims", default="128", help="end-to-end timing (forward, forward + backward) at these D")
+    ap.add_argument("--checks", default="128:full,128:causal", help="checks: D:full (half-split), D:causal "
+                    "(interleaved)")
+    ap.add_argument("--kernel", default="", help="the backward kernel alone with and without the epilogue, and "
+                    "the dK pass, at these D (full and causal)")
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--launches", action="store_true")
     ap.add_argument("--routed", action="store_true", help="also the forward with ROTARY_IN_KERNEL on (no gradient)")
@@ -173,11 +215,18 @@ def main():
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
         run.finish(["name", "ok", "rotary_dq", "rotary_dk", "plain_dk"])
         return
-    dims = [int(x) for x in a.dims.split(",")]
-    for d in dims:
-        run.attempt(f"check D{d} full", checks, run, f"D{d} full", 1, 2, 2, 4096, 4096, d, d // 2, False, False)
-        run.attempt(f"check D{d} causal", checks, run, f"D{d} causal inter", 1, 2, 2, 4096, 4096, d, d // 2,
-                    True, True)
+    dims = [int(x) for x in a.dims.split(",")] if a.dims else []
+    for case in filter(None, a.checks.split(",")):  # D:full (half-split) or D:causal (interleaved)
+        d, mask = case.split(":")
+        d, causal = int(d), mask == "causal"
+        run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''}", 1, 2, 2, 4096, 4096,
+                    d, d // 2, causal, causal)
+    for d in filter(None, a.kernel.split(",")):
+        for causal in (False, True):
+            if run.left() < 6:
+                run.errors.append(f"kernel D{d} causal={causal}: skipped (deadline)")
+                continue
+            run.attempt(f"kernel D{d} causal={causal}", kernel_timing, run, int(d), causal)
     for d in dims:
         for causal in (False, True):
             if run.left() < 12:
@@ -190,7 +239,7 @@ def main():
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
     run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
                 "fwd_plain_ms", "fwd_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_pass_over", "bwd_kernel_over",
-                "saved_us"])
+                "saved_us", "kernel_plain_ms", "epilogue_us", "pass_us", "net_us"])
 
 
 if __name__ == "__main__":

@@ -457,44 +457,62 @@ class AttentionBackward:
 
 
 @gluon.jit
-def turn_back(x, cos_ptr, sin_ptr, stride_cos, first_row, rows, PAIRS: gl.constexpr, INTERLEAVED: gl.constexpr):
-    """x (a float32 [ROWS, D] tile of rows first_row.. of one head, in any layout) turned back by the rotary
-    embedding, R(-theta) of each row's position: for each pair (a, b) of features, (i, i + PAIRS) for
-    i < PAIRS (half-split) or (2i, 2i + 1) (interleaved), at the row's angles (cos, sin) =
-    (cos_ptr, sin_ptr)[row, i] (tables of any float dtype, rows ``stride_cos`` apart, columns contiguous),
-
-        a <- a cos + b sin,   b <- b cos - a sin,
-
-    the transpose of the turn a cos - b sin, b cos + a sin that made the operands; features past
-    2 PAIRS pass through, rows from ``rows`` on read no table (they turn by angle 0). The pairs are
-    split out in registers: x reshaped so a pair's two features are its last dimension, then gl.split
-    (each thread of a wgmma accumulator holds both: columns 8 apart or more, and adjacent ones, are the
-    same thread's registers); the turned halves joined back the same way. Returned in x's layout."""
+def split_pairs(x, PAIRS: gl.constexpr, INTERLEAVED: gl.constexpr):
+    """The pairs of x (a [ROWS, D] tile in any layout) as two [ROWS, D / 2] tiles (a, b): feature i and i + PAIRS
+    of each group of 2 PAIRS features (half-split; group 0 the rotary dims), or 2i and 2i + 1 (interleaved); column
+    j of a and b is pair j. Split out in registers without moving data: x reshaped so that a pair's two features
+    are the last dimension, then gl.split (each thread of a wgmma accumulator holds both: columns 8 or more apart,
+    and adjacent ones, are the same thread's registers; 2 and 4 apart are not, and gl.split refuses them)."""
     ROWS: gl.constexpr = x.shape[0]
     D: gl.constexpr = x.shape[1]
-    HALF: gl.constexpr = D // 2
     if INTERLEAVED:
-        a, b = gl.split(gl.reshape(x, [ROWS, HALF, 2]))
-    else:  # [ROWS, G, 2, PAIRS]: group g's first and second halves; only group 0 turns (a partial rotary_dim)
+        a, b = gl.split(gl.reshape(x, [ROWS, D // 2, 2]))
+    else:  # [ROWS, G, 2, PAIRS]: group g's first and second halves
         G: gl.constexpr = D // (2 * PAIRS)
         a, b = gl.split(gl.permute(gl.reshape(x, [ROWS, G, 2, PAIRS]), (0, 1, 3, 2)))
-        a = gl.reshape(a, [ROWS, HALF])
-        b = gl.reshape(b, [ROWS, HALF])
-    layout: gl.constexpr = a.type.layout
-    r = first_row + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
-    j = gl.arange(0, HALF, gl.SliceLayout(0, layout))
+        a = gl.reshape(a, [ROWS, D // 2])
+        b = gl.reshape(b, [ROWS, D // 2])
+    return a, b
+
+
+@gluon.jit
+def join_pairs(a, b, like, PAIRS: gl.constexpr, INTERLEAVED: gl.constexpr):
+    """split_pairs' inverse: the [ROWS, D] tile whose pairs are (a, b), in the layout of ``like``."""
+    ROWS: gl.constexpr = a.shape[0]
+    D: gl.constexpr = 2 * a.shape[1]
+    if INTERLEAVED:
+        y = gl.reshape(gl.join(a, b), [ROWS, D])
+    else:
+        G: gl.constexpr = D // (2 * PAIRS)
+        y = gl.join(gl.reshape(a, [ROWS, G, PAIRS]), gl.reshape(b, [ROWS, G, PAIRS]))
+        y = gl.reshape(gl.permute(y, (0, 1, 3, 2)), [ROWS, D])
+    return gl.convert_layout(y, like.type.layout)
+
+
+@gluon.jit
+def pair_angles(like, cos_ptr, sin_ptr, stride_cos, first_row, rows, PAIRS: gl.constexpr):
+    """cos and sin of pair j (< PAIRS) of rows first_row.. (tiles of the shape and layout of ``like``, one of
+    split_pairs' halves: [ROWS, D / 2]):
+    (cos_ptr, sin_ptr)[row, j] (tables of any float dtype, rows ``stride_cos`` apart, columns contiguous), as
+    loaded (the caller converts them where it uses them); columns from PAIRS and rows from ``rows`` read
+    nothing and turn by angle 0 (cos 1, sin 0)."""
+    layout: gl.constexpr = like.type.layout
+    r = first_row + gl.arange(0, like.shape[0], gl.SliceLayout(1, layout))
+    j = gl.arange(0, like.shape[1], gl.SliceLayout(0, layout))
     offsets = gl.expand_dims(r * stride_cos, 1) + gl.expand_dims(j, 0)
     mask = gl.expand_dims(r < rows, 1) & gl.expand_dims(j < PAIRS, 0)
-    c = gl.load(cos_ptr + offsets, mask=mask, other=1.0).to(gl.float32)
-    s = gl.load(sin_ptr + offsets, mask=mask, other=0.0).to(gl.float32)
-    a_back = a * c + b * s
-    b_back = b * c - a * s
-    if INTERLEAVED:
-        y = gl.reshape(gl.join(a_back, b_back), [ROWS, D])
-    else:
-        y = gl.join(gl.reshape(a_back, [ROWS, G, PAIRS]), gl.reshape(b_back, [ROWS, G, PAIRS]))
-        y = gl.reshape(gl.permute(y, (0, 1, 3, 2)), [ROWS, D])
-    return gl.convert_layout(y, x.type.layout)
+    c = gl.load(cos_ptr + offsets, mask=mask, other=1.0)
+    s = gl.load(sin_ptr + offsets, mask=mask, other=0.0)
+    return c, s
+
+
+@gluon.jit
+def turn_back(a, b, c, s):
+    """The pairs (a, b) turned back by the angles (c, s) = (cos, sin): a cos + b sin, b cos - a sin (float32),
+    the transpose of the turn a cos - b sin, b cos + a sin that made the operands."""
+    c = c.to(gl.float32)
+    s = s.to(gl.float32)
+    return a * c + b * s, b * c - a * s
 
 
 @struct
@@ -502,7 +520,7 @@ class RotaryBackward:
     """AttentionBackward (``base``) run on q and k that the rotary embedding turned (attention(...,
     rotary=(cos, sin))'s turned path, op_rotary.py), with dK turned back in the epilogue: each
     consumer's whole dK tile is in registers once a tile, so its keys' cos / sin rows are read there
-    (turn_back) and the tile is stored turned back, R(-theta) of key j at position j: no pass over dK
+    (pair_angles, turn_back) and the tile is stored turned back, R(-theta) of key j at position j: no pass over dK
     after the kernel. Every other callback is the base's."""
     base: object
     cos: object
@@ -541,13 +559,17 @@ class RotaryBackward:
 
     @gluon.jit
     def finish(self, ctx, st, tile):
-        """dV as the base's; dK turned back (its float32 accumulator, before the scale and the rounding),
-        then stored as the base's."""
+        """dK's pairs split out (split_pairs) and their keys' angles loaded first, in flight while dV is stored
+        (as the base's); then dK turned back (its float32 accumulator, before the scale and the rounding),
+        joined and stored as the base's."""
         op = self.base
         b, hk = op.tile_kv_head(tile)
         start_n = tile.start_n + ctx.index * op.BN
+        dk_a, dk_b = split_pairs(st.dk, self.PAIRS, self.INTERLEAVED)
+        c, s = pair_angles(dk_a, self.cos, self.sin, self.stride_cos, start_n, op.Nk, self.PAIRS)
         store_out(ctx.out, st.dv, op.dv_desc, [b, hk, start_n, 0])
-        dk = turn_back(st.dk, self.cos, self.sin, self.stride_cos, start_n, op.Nk, self.PAIRS, self.INTERLEAVED)
+        dk_a, dk_b = turn_back(dk_a, dk_b, c, s)
+        dk = join_pairs(dk_a, dk_b, st.dk, self.PAIRS, self.INTERLEAVED)
         store_out(ctx.out, dk, op.dk_desc, [b, hk, start_n, 0], op.scale)
 
 
