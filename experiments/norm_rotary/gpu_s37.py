@@ -48,6 +48,7 @@ FUSED_1024 = [
     ("3/SM", dict(groups_per_sm=3)),
     ("3/SM ahead cap168", dict(groups_per_sm=3, dh_ahead=True, maxnreg=168)),
     ("8/SM ahead cap168", dict(dh_ahead=True, maxnreg=168)),
+    ("probe: 3/SM, no dropout draw", dict(groups_per_sm=3)),  # the same bytes without Philox: what the draw costs
     ("2/SM ahead", dict(groups_per_sm=2, dh_ahead=True)),
     ("tile1024 2w 6/SM", dict(backward_tile_elems=1024, backward_warps=2, groups_per_sm=6)),
     ("tile1024 2w 6/SM ahead", dict(backward_tile_elems=1024, backward_warps=2, groups_per_sm=6, dh_ahead=True)),
@@ -102,11 +103,13 @@ def fused_state(inputs, sms):
     return base, h, mean, rstd
 
 
-def fused_backward(p, inputs, state):
+def fused_backward(p, inputs, state, drop=True):
+    """dx, dres, dweight, dbias; ``drop`` False: the probe without the dropout draw (the same bytes: dx = dres = the
+    gradient of h, unmasked)."""
     x, w, b, r, dy, dh, seed = inputs
     _, h, mean, rstd = state
-    return norm_launch.backward(p, dy, None, None, h, w, b, mean, rstd, seed, dh, P, False, torch.bfloat16,
-                                torch.bfloat16, True)
+    return norm_launch.backward(p, dy, None, None, h, w, b, mean, rstd, seed if drop else None, dh, P if drop else 0.0,
+                                False, torch.bfloat16, torch.bfloat16, True)
 
 
 def fused_reference(inputs, keep):
@@ -129,19 +132,21 @@ def fused_1024(sms, n=1024):
     c = copy_ms(nbytes)
     fns, meta = {}, {}
     for label, kw in FUSED_1024:
-        if run.left() < 25 or (SMOKE and label not in ("shipped", "3/SM ahead cap168", "tile1024 2w 6/SM ahead")):
+        if run.left() < 25 or (SMOKE and label not in ("shipped", "3/SM ahead cap168", "probe: 3/SM, no dropout draw")):
             run.say(f"skipped (time): fused {n} {label}")
             continue
 
         def one(label=label, kw=kw):
+            drop = not label.startswith("probe")
             p = tl_plan(SMALL_ROWS, n, sms, fused=True, **kw)
             poison()
-            dx, dres, dw, db = fused_backward(p, small, small_state)
-            errs = {name: (accuracy.error_over_floor(o, want) if torch.isfinite(o).all() else math.inf)
-                    for name, o, want in zip(("dx", "dw", "db", "dres"), (dx, dw, db, dres), refs)}
+            dx, dres, dw, db = fused_backward(p, small, small_state, drop)
+            want = refs if drop else (refs[3], refs[1], refs[2], refs[3])  # (no mask: dx = dres = dh)
+            errs = {name: (accuracy.error_over_floor(o, ref) if torch.isfinite(o).all() else math.inf)
+                    for name, o, ref in zip(("dx", "dw", "db", "dres"), (dx, dw, db, dres), want)}
             p = tl_plan(ROWS, n, sms, fused=True, **kw)
-            fused_backward(p, big, big_state)  # compiled before the timed rounds
-            fns[label] = lambda p=p: fused_backward(p, big, big_state)
+            fused_backward(p, big, big_state, drop)  # compiled before the timed rounds
+            fns[label] = lambda p=p: fused_backward(p, big, big_state, drop)
             meta[label] = dict(errs=errs, ok=all(e <= BOUND for e in errs.values()), groups=p.groups,
                                rows=p.backward_rows, warps=p.backward_warps, dh_ahead=p.dh_ahead, maxnreg=p.maxnreg)
 
