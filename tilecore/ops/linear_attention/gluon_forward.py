@@ -143,7 +143,7 @@ class LinearAttentionForward:
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state (TRANSPOSED: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (TRANSPOSED: wV^T's, of the update)
-    TRANSPOSED: gl.constexpr  # (with beta) Mamba-2's step on S^T: ``compute_transposed``
+    TRANSPOSED: gl.constexpr  # (with beta, 1 or 2) Mamba-2's step on S^T: ``compute_transposed``; else 0
     SPL: gl.constexpr  # TRANSPOSED: S^T [BV, BK] as the register operand of S^T Q^T (else None)
 
     @gluon.jit
@@ -364,7 +364,14 @@ class LinearAttentionForward:
         beta_i = b_smem.load(gl.SliceLayout(0, self.SL))
         # the update's weights by token (wV^T's columns), 0 past N (column vectors take 16 registers a thread:
         # G's by column is loaded again where used)
-        w_i = gl.where(t0 + offs_i < self.N, gl.exp2(G_last - G_i), 0.0) * beta_i
+        if self.TRANSPOSED == 2:  # one exp a thread, then moved to the columns' layout (through shared memory)
+            L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+            G1 = g_smem.load(L1)
+            offs1 = gl.arange(0, self.BT, layout=L1)
+            w1 = gl.where(t0 + offs1 < self.N, gl.exp2(G_last - G1), 0.0) * b_smem.load(L1)
+            w_i = gl.convert_layout(w1, gl.SliceLayout(0, self.SL))
+        else:
+            w_i = gl.where(t0 + offs_i < self.N, gl.exp2(G_last - G_i), 0.0) * beta_i
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
         vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
         wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
@@ -385,7 +392,12 @@ class LinearAttentionForward:
         fence_async_shared()
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
-        o = o * gl.expand_dims(gl.exp2(g_smem.load(gl.SliceLayout(0, self.SL))) * self.scale, 0)
+        if self.TRANSPOSED == 2:
+            L1e: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+            e_i = gl.convert_layout(gl.exp2(g_smem.load(L1e)) * self.scale, gl.SliceLayout(0, self.SL))
+        else:
+            e_i = gl.exp2(g_smem.load(gl.SliceLayout(0, self.SL))) * self.scale
+        o = o * gl.expand_dims(e_i, 0)
         o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
         S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
@@ -425,11 +437,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
                         HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                        TRANSPOSED: gl.constexpr = False):
+                        TRANSPOSED: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
-    (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage. TRANSPOSED (with beta): Mamba-2's step on
-    the transposed state (``compute_transposed``)."""
+    (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage. TRANSPOSED (1 or 2, with beta): Mamba-2's
+    step on the transposed state (``compute_transposed``)."""
     gl.static_assert(HAS_BETA or not TRANSPOSED, "TRANSPOSED is Mamba-2's step (beta and a decay)")
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
     gl.static_assert(HAS_BETA or not HAS_Z, "z comes with beta (Mamba-2's gate)")
@@ -448,8 +460,8 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, p_smem, p_smem,
-                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL_T, WVL, True,
-                                    SPL)
+                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL_T, WVL,
+                                    TRANSPOSED, SPL)
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
@@ -459,7 +471,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
                                     bv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL, PL,
-                                    False, None)
+                                    0, None)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -560,10 +572,10 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
 
 
 def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None,
-                transposed: bool = False):
+                transposed: int = 0):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
-    ``transposed`` (with beta): the kernel's TRANSPOSED (configs.GLUON_MAMBA_TRANSPOSED).
+    ``transposed`` (0, 1, 2; with beta): the kernel's TRANSPOSED (configs.GLUON_MAMBA_TRANSPOSED).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
     for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -600,7 +612,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
                 HAS_H0=h0 is not None, STORE_HT=ht is not None)
     if transposed and beta is not None:  # (absent where off: the shipped launches' keys as before)
-        args["TRANSPOSED"] = True
+        args["TRANSPOSED"] = int(transposed)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -618,7 +630,7 @@ def prepare_decay(g, beta):
 
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3, *, operand=None,
-            launch=None, transposed: bool | None = None):
+            launch=None, transposed: int | None = None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. ``operand``: launch_args's (the descriptors' maker);
     ``launch(grid, args, num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a
@@ -657,7 +669,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, transposed: bool = False) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, transposed: int = 0) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
