@@ -10,7 +10,8 @@ Variants (``--variants``, comma-separated):
   offsets move ptxas's schedule (SASS 2864 -> 2880 instructions for Mamba-2, 28 -> 20 B spilled): is any speed lost?
 * ``T`` (Mamba-2 only): the kernel's TRANSPOSED step (configs.GLUON_MAMBA_TRANSPOSED, off): S^T in registers (the
   register operand of S^T Q^T and the update's accumulator, never through shared memory), P^T through shared memory,
-  K Q^T and S^T Q^T issued together with the decay's exps under them, the epilogue under the update.
+  K Q^T and S^T Q^T issued together with the decay's exps under them, the epilogue under the update. ``T2``: its
+  form 2 (the per-token column factors by one exp a thread, moved to the columns through shared memory).
 
 Cases: Mamba-2 2.7B (B16 H80 N4096, headdim 64, d_state 128, one group, D and z; bf16), the scalar decay and no decay
 at d 128 (B16 H16 N4096, bf16). Checks (a process a variant: its compiles beside the others'): NaN-poisoned o and
@@ -64,7 +65,7 @@ def launcher(variant: str, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float)
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON) if g is not None else (None, None)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
-    kw = dict(transposed=True) if variant == "T" else {}
+    kw = dict(transposed=int(variant[1:] or 1)) if variant.startswith("T") else {}
     if variant == "s36":
         mamba = beta is not None
         kw = dict(z_stage=True, g_stage=g is not None, early_wv=mamba, silu_tanh=True, lean=mamba)
@@ -157,7 +158,7 @@ def warm(variant: str):
         rows.append(check_mamba(variant, "bf16 D z N 1000", 2, 1000, 8, torch.bfloat16, False))
         rows.append(check_mamba(variant, "bf16 strong decays h0 final N 300", 2, 300, 4, torch.bfloat16, True,
                                 (-80.0, -20.0)))
-        if variant != "T":  # (T is Mamba-2's step: without beta the shipped kernel runs)
+        if not variant.startswith("T"):  # (T is Mamba-2's step: without beta the shipped kernel runs)
             rows.append(check_linear(variant, True))
             rows.append(check_linear(variant, False))
         for case in cases_of(variant):
@@ -172,7 +173,7 @@ def warm(variant: str):
 
 
 def cases_of(variant: str) -> list:
-    return ["mamba2"] if variant == "T" else list(CASES)
+    return ["mamba2"] if variant.startswith("T") else list(CASES)
 
 
 def napkin_ms() -> float:
@@ -234,7 +235,8 @@ def main():
         res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=run)
         if res:
             # o's bits: the shipped kernel's and s36's must agree (the same math); T rounds differently
-            row = dict(case=case, same_bits=len({digests[n].get(case) for n in fns if n != "T"}) == 1, **res)
+            row = dict(case=case, same_bits=len({digests[n].get(case) for n in fns if not n.startswith("T")}) == 1,
+                       **res)
             nap = run.extra.get("napkin_mamba2_ms")
             base = res.get("shipped_graph_ms")
             for n in fns:
