@@ -87,12 +87,12 @@ def _same_launch(a, b):
             assert x == y, i
 
 
-@pytest.mark.parametrize("kv_one_launch", [False, True])
-def test_later_calls_of_a_key_check_and_plan_nothing_and_launch_the_same(recorded, kv_one_launch):
+@pytest.mark.parametrize("v_scales", ["block", "head"])
+def test_later_calls_of_a_key_check_and_plan_nothing_and_launch_the_same(recorded, v_scales):
     q, k, v = _inputs()
-    with patched(quantize, ROTATED_RECIPES=True), \
-            patched(configs, ROTATED=dict(configs.ROTATED, kv_one_launch=kv_one_launch)):
-        outs = [quantize.attention_fp8_rotated(q, k, v, causal=True, return_lse=True) for _ in range(3)]
+    with patched(quantize, ROTATED_RECIPES=True):
+        outs = [quantize.attention_fp8_rotated(q, k, v, causal=True, return_lse=True, v_scales=v_scales)
+                for _ in range(3)]
     assert recorded["checks"] == 1 and recorded["prepared"] == 1 and len(quantize._ROTATED_CALLS) == 1
     first, *later = recorded["launches"]
     for launch_ in later:

@@ -42,7 +42,4 @@ def tl_config(d: int, interpret: bool) -> dict:
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's.
 # rot_split (with q_reg): the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's
 # H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start.
-# kv_one_launch (with v_scales "block" and k per block): k's and v's passes in one launch (quantize.quantize_kv, the
-# same bits): one kernel boundary fewer on the path.
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,),
-               kv_one_launch=False)
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,))

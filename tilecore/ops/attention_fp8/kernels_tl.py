@@ -166,37 +166,25 @@ def grid(heads: int, rows: int, block_m: int) -> tuple[int]:
 def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
                         EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                         PERMUTE_IN_REGISTERS: tl.constexpr = False, PER_BLOCK: tl.constexpr = False, n_scales=1):
-    """quantize_v_block for the program (batch * head, block of BLOCK_K keys)."""
-    quantize_v_block(None, None, V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
-                     EMULATE_CAST, BLOCK_K, BLOCK_D, PERMUTE_IN_REGISTERS, PER_BLOCK, n_scales)
-
-
-@triton.jit
-def quantize_v_block(bh, blk, V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
-                     EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                     PERMUTE_IN_REGISTERS: tl.constexpr, PER_BLOCK: tl.constexpr, n_scales):
     """v (B, H, Nk, D), any strides, quantized to e4m3 with its head's descale (v / DESCALE[bh], saturated
     at 448) into the Hopper kernel's layout (reference.keys_permuted): OUT (B, H, D, n_out) contiguous,
     key j of a head at column key_position(j); the padding keys (Nk .. n_out) are written as 0. One
-    head ``bh`` (of batch * heads), block ``blk`` of BLOCK_K keys (a multiple of 32). ``EMULATE_CAST``: the
+    program per (batch * head, block of BLOCK_K keys, a multiple of 32). ``EMULATE_CAST``: the
     interpreter (its e4m3 cast is wrong): rounded by round_to_e4m3 first.
     ``PER_BLOCK`` (BLOCK_K = 128): the descale is the block's own, amax / 448 of its keys (1 where 0),
-    computed here and stored at DESCALE[bh * n_scales + block]: one read of v, no pass before it for a head's amax.
-    ``bh`` and ``blk`` None: the program's ids 0 and 1 (read where the kernel always read them: the same code)."""
-    if bh is None:
-        bh = tl.program_id(0)
+    computed here and stored at DESCALE[bh * n_scales + block]: one read of v, no pass before it for a head's amax."""
+    bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    if blk is None:
-        blk = tl.program_id(1)
-    keys = blk * BLOCK_K + tl.arange(0, BLOCK_K)
+    keys = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (keys[:, None] < Nk) & (offs_d[None, :] < D)
     v = tl.load(block_ptrs(V + b * svb + h * svh, 0, keys, offs_d, svn, svd), mask=ok, other=0.0).to(tl.float32)
     if PER_BLOCK:
         amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
         descale = tl.where(amax > 0, amax / 448.0, 1.0)
-        tl.store(DESCALE + bh.to(tl.int64) * n_scales + blk, descale, mask=blk * BLOCK_K < Nk)
+        tl.store(DESCALE + bh.to(tl.int64) * n_scales + tl.program_id(1), descale,
+                 mask=tl.program_id(1) * BLOCK_K < Nk)
         # a NaN stays NaN (its code NaN): the clamps propagate it
         y = tl.minimum(tl.maximum(v / descale, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
     else:  # (a NaN in v: torch's amax, the head's descale, is NaN)
@@ -241,27 +229,16 @@ SCALE_GIVEN = tl.constexpr(2)  # one given descale for the tensor (DESCALE[0], o
 def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, out_scale,
                     ROTATE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr):
-    """rotate_quantize_rows for the program (batch * head, ROW_BLOCKS blocks of BLOCK_R rows)."""
-    rotate_quantize_rows(None, None, X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N,
-                         n_scales, out_scale, ROTATE, SCALE, UPCAST, BLOCK_R, BLOCK_D, ROW_BLOCKS)
-
-
-@triton.jit
-def rotate_quantize_rows(bh, group, X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, out_scale,
-                         ROTATE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr):
     """x (B, H, N, D = BLOCK_D, a power of two), any strides, bf16/fp16 (float32 in the interpreter) ->
     OUT (B, H, N, D) e4m3 contiguous: y = H (s * x) * out_scale (with ROTATE; else y = x), then codes =
     y / descale saturated at 448, with descale = amax / 448 (1 where amax = 0) per row (SCALE_ROW:
     DESCALE (B, H, N)), per block of BLOCK_R rows (SCALE_BLOCK_ROWS: DESCALE (B, H, n_scales)), or
     DESCALE[0] as given (SCALE_GIVEN). One read of x, one write of the codes: the rotation is a
     [BLOCK_R, D] x [D, D] tensor-core product on the exact 16-bit inputs (the +-1 matrix is exact in
-    them) in float32, rounded once, to e4m3. Head ``bh`` (of batch * heads), row blocks ``group`` *
-    ROW_BLOCKS on (ROW_BLOCKS of BLOCK_R rows): the matrix is made once a program. ``UPCAST``: the
-    interpreter (float32 dot, and its e4m3 cast is wrong: rounded by round_to_e4m3 first). ``bh`` and ``group``
-    None: the program's ids 0 and 1 (read where the kernel always read them: the same code)."""
-    if bh is None:
-        bh = tl.program_id(0)
+    them) in float32, rounded once, to e4m3. One program per (batch * head, ROW_BLOCKS blocks of
+    BLOCK_R rows): the matrix is made once a program. ``UPCAST``: the interpreter (float32 dot, and
+    its e4m3 cast is wrong: rounded by round_to_e4m3 first)."""
+    bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
@@ -272,7 +249,7 @@ def rotate_quantize_rows(bh, group, X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, 
     x_base = X + b * sxb + h * sxh
     out_base = OUT + bh.to(tl.int64) * N * BLOCK_D
     for i in range(ROW_BLOCKS):
-        block = (tl.program_id(1) if group is None else group) * ROW_BLOCKS + i
+        block = tl.program_id(1) * ROW_BLOCKS + i
         rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
         ok = rows[:, None] < N
         x = tl.load(block_ptrs(x_base, 0, rows, offs_d, sxn, sxd), mask=ok, other=0.0)  # [BLOCK_R, D]
@@ -299,26 +276,6 @@ def rotate_quantize_rows(bh, group, X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, 
         if UPCAST:  # (a NaN kept as it is: round_to_e4m3 reads exponent bits)
             codes = tl.where(codes != codes, codes, tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes)))
         tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)
-
-
-@triton.jit
-def quantize_kv(K, K8, KS, SIGNS, skb, skh, skn, skd, V, V8, VS, svb, svh, svn, svd, H, Nk, n_scales, out_scale,
-                n_out, k_groups, k_programs, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                ROW_BLOCKS: tl.constexpr):
-    """The convenience path's k and v passes in one launch (k and v (B, H, Nk, D = BLOCK_D), any strides): programs
-    0 .. k_programs - 1 rotate and quantize k as rotate_quantize does with one descale a block of BLOCK_R keys
-    (K8 (B, H, Nk, D) contiguous, KS (B, H, n_scales); k_groups programs a head, ROW_BLOCKS blocks each), the rest
-    quantize v as quantize_v_permuted does per block of BLOCK_R keys (V8 (B, H, D, n_out) in the Hopper kernel's
-    layout, VS (B, H, n_scales)): a program of each does what it does in its own kernel, so the codes and descales
-    are the same bits. ``UPCAST``: the interpreter."""
-    pid = tl.program_id(0)
-    if pid < k_programs:
-        rotate_quantize_rows(pid // k_groups, pid % k_groups, K, K8, KS, SIGNS, skb, skh, skn, skd, H, Nk, n_scales,
-                             out_scale, True, SCALE_BLOCK_ROWS, UPCAST, BLOCK_R, BLOCK_D, ROW_BLOCKS)
-    else:
-        j = pid - k_programs
-        quantize_v_block(j // n_scales, j % n_scales, V, V8, VS, svb, svh, svn, svd, H, Nk, BLOCK_D, n_out, UPCAST,
-                         BLOCK_R, BLOCK_D, False, True, n_scales)
 
 
 @triton.jit

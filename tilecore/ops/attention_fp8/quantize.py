@@ -21,7 +21,6 @@ E4M3_MAX = 448.0
 _QUANTIZE_V = CachedLaunch(kernels_tl.quantize_v_permuted)
 _ROTATE_QUANTIZE = CachedLaunch(kernels_tl.rotate_quantize)
 _HEAD_AMAX = CachedLaunch(kernels_tl.head_amax)
-_QUANTIZE_KV = CachedLaunch(kernels_tl.quantize_kv)
 GRANULARITIES = ("head", "block", "token")
 SIGN_SEED = 0x7C0FE8  # the rotation's signs: torch.Generator seeded with SIGN_SEED + head_dim (CPU), cached
 
@@ -171,7 +170,10 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         out_scale = {"token": (B, H, N), "block": (B, H, n_scales)}
         ds = descale.reshape(1).to(torch.float32) if scales == "tensor" else \
             torch.empty(out_scale[scales], dtype=torch.float32, device=x.device)
-        cfg = {**_rotate_quantize_shape(D, interp), **(config or {})}
+        # H100, B16 H16 N4096: D128 8 blocks, 4 warps, 2 stages 0.160 ms (2,510 GB/s, 85% of
+        # the copy) against 0.196 with 4, 8, 3; D64 4, 4, 3: 0.078 (2,566 GB/s, 89%), every shape but 8 x 8 alike
+        cfg = {"row_blocks": 1 if interp else 8 if D >= 128 else 4, "num_warps": 4,
+               **({"num_stages": 2} if D >= 128 and not interp else {}), **(config or {})}
         row_blocks = cfg["row_blocks"]
         with dispatch.on_device(x.device):
             _ROTATE_QUANTIZE.run(key, (B * H, -(-N // (SCALE_BLOCK * row_blocks))), (
@@ -192,45 +194,6 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         return (y / descale.reshape(1).to(torch.float32)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
     codes, ds = quantize_fp8(y, per="token" if scales == "token" else "block")
     return codes, ds
-
-
-def _rotate_quantize_shape(D: int, interp: bool) -> dict:
-    """rotate_quantize's launch shape at head dim D: blocks of 128 rows a program, warps, stages."""
-    # H100, B16 H16 N4096: D128 8 blocks, 4 warps, 2 stages 0.160 ms (2,510 GB/s, 85% of
-    # the copy) against 0.196 with 4, 8, 3; D64 4, 4, 3: 0.078 (2,566 GB/s, 89%), every shape but 8 x 8 alike
-    return {"row_blocks": 1 if interp else 8 if D >= 128 else 4, "num_warps": 4,
-            **({"num_stages": 2} if D >= 128 and not interp else {})}
-
-
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor, config: dict | None = None, key=None):
-    """(k8, k_scale, v8, v_scale) of the convenience path's k and v (B, H, Nk, D, the same shape), as
-    ``rotate_quantize(k, signs=signs, scales="block")`` and ``quantize_v_permuted(v, per="block")`` give them (the
-    same bits), by one launch where both would run their tl kernels (kernels_tl.quantize_kv: k's programs, then
-    v's), else by those two calls. ``config`` (tests, probes): rotate_quantize's ``row_blocks``, ``num_warps``,
-    ``num_stages`` for the launch. ``key``: the launch's key (CachedLaunch.launch_keyed's contract)."""
-    B, H, Nk, D = k.shape
-    pow2 = 16 <= D <= 256 and D & (D - 1) == 0
-    if not (dispatch.backend_for(k.device) == "kernel" and pow2 and Nk > 0 and k.dtype != torch.float64
-            and v.shape == k.shape and v.dtype == k.dtype and (dispatch.interpreted(k.device) or dispatch.fp8_ok(k.device))):
-        k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block")
-        v8, v_scale = quantize_v_permuted(v, per="block")
-        return k8, k_scale, v8, v_scale
-    interp = dispatch.interpreted(k.device)
-    cfg = {**_rotate_quantize_shape(D, interp), **(config or {})}
-    n_scales = -(-Nk // SCALE_BLOCK)
-    n_out = -(-Nk // KEY_CHUNK) * KEY_CHUNK
-    k_groups = -(-Nk // (SCALE_BLOCK * cfg["row_blocks"]))
-    k8 = torch.empty((B, H, Nk, D), dtype=torch.float8_e4m3fn, device=k.device)
-    v8 = torch.empty((B, H, D, n_out), dtype=torch.float8_e4m3fn, device=k.device)
-    k_scale = torch.empty((B, H, n_scales), dtype=torch.float32, device=k.device)
-    v_scale = torch.empty((B, H, n_scales), dtype=torch.float32, device=k.device)
-    with dispatch.on_device(k.device):
-        _QUANTIZE_KV.run(key, (B * H * (k_groups + n_scales),), (
-            k, k8, k_scale, signs.to(torch.float32).contiguous(), *k.stride(), v, v8, v_scale, *v.stride(), H, Nk,
-            n_scales, D ** -0.5, n_out, k_groups, B * H * k_groups), dict(
-            UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D, ROW_BLOCKS=cfg["row_blocks"], num_warps=cfg["num_warps"],
-            **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {})))
-    return k8, k_scale, v8, v_scale
 
 
 def rotate_quantize_rows(x: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -353,9 +316,8 @@ def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_k
     from tilecore.ops.attention_fp8.op import FP8, check
 
     signs = rotation_signs(q.shape[-1], q.device)
-    keys = (None, None, None) if key is None else ((key, "kv"), (key, "k"), (key, "v"))
-    kv = v_scales == "block" and bool(configs.ROTATED.get("kv_one_launch"))
-    k8, k_scale, v8, v_scale = _quantize_k_v(k, v, signs, kv, v_scales, v_amax_kernel, keys)
+    keys = (None, None) if key is None else ((key, "k"), (key, "v"))
+    k8, k_scale, v8, v_scale = _quantize_k_v(k, v, signs, v_scales, v_amax_kernel, keys)
     q_codes = torch.empty((), dtype=FP8, device=q.device).expand(q.shape)
     q_scale = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
     softmax_scale = check(q_codes, k8, v8, q_scale, k_scale, v_scale, causal, scale, q.dtype, "keys_permuted", False)
@@ -365,17 +327,15 @@ def _attend_q_in_kernel(q, k, v, causal: bool, scale, return_lse: bool, v_amax_k
     attend = launch.q_rotated_launch(q, signs, k8, v8, k_scale, v_scale, causal, softmax_scale, q.dtype)
     out, lse = attend(q, k8, v8, k_scale, v_scale)
     if key is not None and ROTATED_RECIPES:
-        _ROTATED_CALLS.put(key, _QInKernelCall(signs, kv, keys, v_scales, v_amax_kernel, attend, return_lse))
+        _ROTATED_CALLS.put(key, _QInKernelCall(signs, keys, v_scales, v_amax_kernel, attend, return_lse))
     return (out, lse) if return_lse else out
 
 
-def _quantize_k_v(k, v, signs, kv: bool, v_scales: str, v_amax_kernel: bool, keys):
-    """(k8, k_scale per 128-key block, v8 in the kernel's layout, v_scale) as the q-in-kernel path takes them: one
-    launch (quantize_kv, with ``kv``) or two; ``keys``: the launches' keys (kv's, k's, v's) or Nones."""
-    if kv:
-        return quantize_kv(k, v, signs, key=keys[0])
-    k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block", key=keys[1])
-    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel, key=keys[2])
+def _quantize_k_v(k, v, signs, v_scales: str, v_amax_kernel: bool, keys):
+    """(k8, k_scale per 128-key block, v8 in the kernel's layout, v_scale) as the q-in-kernel path takes them;
+    ``keys``: the two launches' keys (k's, v's) or Nones."""
+    k8, k_scale = rotate_quantize(k, rotate=True, signs=signs, scales="block", key=keys[0])
+    v8, v_scale = quantize_v_permuted(v, per=v_scales, amax_kernel=v_amax_kernel, key=keys[1])
     return k8, k_scale, v8, v_scale
 
 
@@ -385,16 +345,15 @@ class _QInKernelCall:
     them. A later call of the key quantizes k and v and launches the attention: no argument checks, plan, signature
     or layout (the key fixes all of them); the same launches as the first call's."""
 
-    __slots__ = ("configs", "signs", "kv", "keys", "v_scales", "v_amax_kernel", "attend", "return_lse")
+    __slots__ = ("configs", "signs", "keys", "v_scales", "v_amax_kernel", "attend", "return_lse")
 
-    def __init__(self, signs, kv, keys, v_scales, v_amax_kernel, attend, return_lse):
+    def __init__(self, signs, keys, v_scales, v_amax_kernel, attend, return_lse):
         self.configs = (configs.ROTATED, configs.GLUON_FORWARD)  # (a recipe of other configs is not used)
-        self.signs, self.kv, self.keys, self.v_scales, self.v_amax_kernel = signs, kv, keys, v_scales, v_amax_kernel
+        self.signs, self.keys, self.v_scales, self.v_amax_kernel = signs, keys, v_scales, v_amax_kernel
         self.attend, self.return_lse = attend, return_lse
 
     def __call__(self, q, k, v):
-        k8, k_scale, v8, v_scale = _quantize_k_v(k, v, self.signs, self.kv, self.v_scales, self.v_amax_kernel,
-                                                 self.keys)
+        k8, k_scale, v8, v_scale = _quantize_k_v(k, v, self.signs, self.v_scales, self.v_amax_kernel, self.keys)
         out, lse = self.attend(q, k8, v8, k_scale, v_scale)
         return (out, lse) if self.return_lse else out
 
@@ -416,9 +375,6 @@ def quantize_inputs(q, k, v, rotate: bool, k_scales: str, quantizer: str, v_amax
     signs = rotation_signs(q.shape[-1], q.device) if rotate else None
     if quantizer == "fused":
         q8, q_scale = rotate_quantize(q, rotate=rotate, signs=signs, scales="token")
-        if rotate and k_scales == "block" and v_scales == "block" and configs.ROTATED.get("kv_one_launch"):
-            k8, k_scale, v8, v_scale = quantize_kv(k, v, signs)
-            return q8, q_scale, k8, k_scale, v8, v_scale
         if k_scales == "tensor":
             bound = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).amax().reshape(1)
             k8, k_descale = rotate_quantize(k, rotate=rotate, signs=signs, scales="tensor", descale=_descale(bound))
