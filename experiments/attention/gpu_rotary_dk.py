@@ -44,6 +44,7 @@ from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 ROUTED = [False]
+FWD_ONLY = [False]
 
 
 def poison():
@@ -71,7 +72,7 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
     g = torch.randn(b, hq, n, d, device=DEV, dtype=dtype)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     result = {}
-    for label, rot in (("rotary", (cos, sin)), ("plain", None)):
+    for label, rot in (("rotary", (cos, sin)), ("plain", None)) if not FWD_ONLY[0] else ():
         poison()
         with patched(configs, ROTARY_DK_IN_KERNEL=True):
             out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
@@ -96,8 +97,9 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
         c = check(out, ro, tol=3.0)
         result["inkernel_o"], result["inkernel_pass"] = c.get("err_over_floor"), c["pass"]
         del out, ro
-    ok = all(result[f"{t}_pass"] for t in ("o", "dq", "dk", "dv")) and result.get("inkernel_pass", True)
-    ok = ok and all(result[f"rotary_{t}"] <= max(3.0, 1.8 * result[f"plain_{t}"]) for t in ("o", "dq", "dk", "dv"))
+    grads = () if FWD_ONLY[0] else ("o", "dq", "dk", "dv")
+    ok = all(result[f"{t}_pass"] for t in grads) and result.get("inkernel_pass", True)
+    ok = ok and all(result[f"rotary_{t}"] <= max(3.0, 1.8 * result[f"plain_{t}"]) for t in grads)
     run.row(f"check {name}", kind="check", path=plan.rotary_path(q, k, v, 1.0, grad=True), causal=causal,
             interleaved=interleaved, d=d, pairs=pairs, n=n, nk=nk, hq=hq, hkv=hkv, ok=bool(ok),
             **{k_: v_ for k_, v_ in result.items() if not k_.endswith("_pass")})
@@ -124,8 +126,9 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
         with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
             tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
-    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin)), "bwd_plain": fwdbwd(None),
-           "bwd_pass": fwdbwd((cos, sin)), "bwd_kernel": fwdbwd((cos, sin), True)}
+    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin))}
+    if not FWD_ONLY[0]:
+        fns.update(bwd_plain=fwdbwd(None), bwd_pass=fwdbwd((cos, sin)), bwd_kernel=fwdbwd((cos, sin), True))
     if ROUTED[0]:
         fns["fwd_inkernel"] = fwd_in_kernel
     for f in fns.values():  # compiled before the clock
@@ -136,8 +139,9 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
     over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
     run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
-            fwd_over=over("fwd_rotary", "fwd_plain"), bwd_pass_over=over("bwd_pass", "bwd_plain"),
-            bwd_kernel_over=over("bwd_kernel", "bwd_plain"),
+            fwd_over=over("fwd_rotary", "fwd_plain"),
+            **({} if FWD_ONLY[0] else dict(bwd_pass_over=over("bwd_pass", "bwd_plain"),
+                                           bwd_kernel_over=over("bwd_kernel", "bwd_plain"))),
             **({"fwd_inkernel_over": over("fwd_inkernel", "fwd_plain")} if ROUTED[0] else {}),
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
@@ -206,11 +210,14 @@ def main():
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--launches", action="store_true")
     ap.add_argument("--routed", action="store_true", help="also the forward with ROTARY_IN_KERNEL on (no gradient)")
+    ap.add_argument("--fwd-only", action="store_true", help="forward only: checks of the no-grad calls (with "
+                    "--routed), timing of the forwards")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
     torch.manual_seed(0)
     run = Run("gpu_rotary_dk", deadline=a.deadline)
-    ROUTED[0] = a.routed
+    ROUTED[0], FWD_ONLY[0] = a.routed, a.fwd_only
     if SMOKE:  # the checks' code on the CPU path (composite): no Gluon there
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
         run.finish(["name", "ok", "rotary_dq", "rotary_dk", "plain_dk"])
@@ -232,7 +239,7 @@ def main():
             if run.left() < 12:
                 run.errors.append(f"time D{d} causal={causal}: skipped (deadline)")
                 continue
-            run.attempt(f"time D{d} causal={causal}", timing, run, d, causal)
+            run.attempt(f"time D{d} causal={causal}", timing, run, d, causal, rounds=a.rounds)
     if a.launches and run.left() > 5:
         run.attempt("launches", launches, run, dims[0])
     if a.extra and run.left() > 10:
