@@ -248,8 +248,6 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     ``quantizer``: "fused" (default: ``rotate_quantize``, one tl kernel a tensor that rotates on the
     tensor cores and quantizes, no host sync; torch's ops where D is not a power of two 16..256) or
     "hadamard_quantize" (tilecore.hadamard_quantize for q and k; its static k scale costs a host sync).
-    H100, B16 H16 N4096 D128: end to end 0.90x the bf16 forward against 0.77x; with P's linear code and
-    v per block: causal 1.046x (notes/attention_fp8/runs/e2e34_confirm_run5_session34_h100.txt).
 
     Descales: q's per token (a per-row factor in the kernel, free); k's (``k_scales``): "block" (default;
     one per block of 128 keys, computed as k is quantized: one scalar a key block in the kernel;
@@ -263,9 +261,12 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     block of 128 keys, computed in the quantizing pass (v read once: the end-to-end gap's 268 MB at B16 H16 N4096
     D128), which the kernels fold into O's rescale once a key block. At the head dims of configs.ROTATED["q_in_kernel"]
     (64, 128) on Hopper, q's rotation and quantization run inside the FP8 kernel (no pass over q;
-    launch.forward_q_rotated): end to end 1.074x bf16 at causal D128 N4096 (1.264x full), 1.034x at causal D64
-    (notes/attention_fp8). There, at the head dims of configs.ROTATED["q_reg"], q's codes stay in registers as the
-    scores' operand (the kernel's Q_REG)."""
+    launch.forward_q_rotated). There, at the head dims of configs.ROTATED["q_reg"], q's codes stay in registers as
+    the scores' operand (the kernel's Q_REG). The measured speed of each choice against the others:
+    notes/attention_fp8/README.md.
+
+    With quantize.ROTATED_RECIPES, a plain eager CUDA call's first call on that path keeps what its checks and plans
+    gave under its signature (q, k, v and the options), and the key's later calls only quantize and launch."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention_fp8_rotated: {name} must be a 4-D tensor ({LAYOUT})")
