@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--cases", default="s1k,d128c,n1024c,d64c", help="d128c (D128 causal), d128 (full), d64c, d64 "
                     "(B16 H16 N4096); n1024c (D128 causal B16 N1024), s1k (D128 causal B1 H16 N1024: host-bound)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", action="store_true", help="after the cases: the attention kernel alone at D128 causal "
+                    "B16 H16 N4096 with q rotated in it against e4m3 q (rotate_quantize's codes), GPU time by the "
+                    "profiler and do_bench: what the rotation costs the kernel")
     args = ap.parse_args()
     left = lambda: args.budget - (time.time() - T0)
     smoke = args.smoke
@@ -239,6 +242,38 @@ def main():
         result["cases"].append(row)
         save()
 
+    def parts():
+        """The q-rotated kernel against the e4m3-q kernel on the same k and v codes (D128 causal B16 H16 N4096)."""
+        from tilecore.ops.attention_fp8 import launch
+        from tilecore.ops.attention_fp8.quantize import quantize_v_permuted, rotate_quantize, rotation_signs
+
+        out = {}
+        try:
+            B, H, N, D = 16, 16, 4096, 128
+            g = torch.Generator(device=dev).manual_seed(5)
+            q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+            signs = rotation_signs(D, q.device)
+            k8, ks = rotate_quantize(k, signs=signs, scales="block")
+            v8, vs = quantize_v_permuted(v, per="block")
+            q8, qs = rotate_quantize(q, signs=signs, scales="token")
+            fns = {"q_rotated": lambda: launch.forward_q_rotated(q, signs, k8, v8, ks, vs, True, D ** -0.5, q.dtype),
+                   "q_e4m3": lambda: tilecore.attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs,
+                                                            causal=True, out_dtype=q.dtype, v_layout="keys_permuted",
+                                                            check_scales=False)}
+            o_rot, o_e4 = fns["q_rotated"]()[0], fns["q_e4m3"]()
+            out["rel_diff_rotated_vs_e4m3"] = rel_rms(o_rot.float(), o_e4.float())
+            for r in range(2):
+                for name, fn in fns.items():
+                    out.setdefault(f"bench_{name}", []).append(bench(fn))
+                    t = trace(fn, calls=3)
+                    out.setdefault(f"gpu_us_{name}", []).extend(us for _, us in t["kernels"][-1:])
+            print("parts", json.dumps(out), flush=True)
+        except Exception as e:  # noqa: BLE001
+            out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            traceback.print_exc()
+        result["parts"] = out
+        save()
+
     shapes = {"d128c": (128, True, 4096, 16), "d128": (128, False, 4096, 16), "d64c": (64, True, 4096, 16),
               "d64": (64, False, 4096, 16), "n1024c": (128, True, 1024, 16), "s1k": (128, True, 1024, 1)}
     H0 = 2 if smoke else 16
@@ -251,6 +286,12 @@ def main():
             continue
         case(B0, H0, N, D, causal, detail=name in ("d128c", "s1k"))
 
+    if args.parts and not smoke:
+        if left() < 10:
+            result["notes"].append("parts: skipped for the time budget")
+            print("skipped for the time budget: parts", flush=True)
+        else:
+            parts()
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")
     print("\n| case | form | bench ms (x bf16) | loop ms (x bf16) | host ms a call | graph ms (x bf16) | O / floor |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
