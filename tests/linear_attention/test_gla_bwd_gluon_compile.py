@@ -80,8 +80,9 @@ SPILLS_ALLOWED = 160
 # FORM 2 (the sums over tokens by dots): 124 B at d 128, 112 at d 64 (392 / 400 with q and k held through the
 # products); not serialized
 SPILLS_ALLOWED_FORM2 = 160
-# FORM 6: FORM 2 with EARLY_VALUE (the value sums issued behind G's sums): 132 B at d 128
-CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 3, 2), (128, 2, 6)]
+# FORM 6: FORM 2 with EARLY_VALUE (the value sums issued behind G's sums): 132 B at d 128; FORM 98: FORM 2 with
+# EXP_FEW and DG_ONE (dG's sums in one round of products): 88 B
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 3, 2), (128, 2, 6), (128, 2, 98)]
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,8 @@ EARLY_AT = gl.constexpr(8)  # v do^T issued right behind a (k Ei), so dq's math 
 TRI_SMEM = gl.constexpr(16)  # L from shared memory (written once a program), J a constant: no [BT, BT] mask made 4 times
 # a tile
 EXP_FEW = gl.constexpr(32)  # e^m and e^G_last = e^(2 m) as products of e^(m / 2) (3 exp tiles a tile, not 5)
+DG_ONE = gl.constexpr(64)  # dG's sums L dG and J (dG + k dk_state) in one round of products, two bf16 pieces each (16
+# bits of the mantissa: 2^-17 relative a term, far below dg's error from its bf16 inputs) instead of two rounds of three
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 
 
@@ -176,11 +178,17 @@ class GlaDqk:
         p2.store((r1 - mid.to(gl.float32)).to(gl.bfloat16))
 
     @gluon.jit
-    def triangle(self, LOWER: gl.constexpr):
-        """L (LOWER: ones on and below the diagonal) or J (all ones) [BT, BT] in the operand dtype as a register A
-        operand, made where it is used (its row index through opaque_int: hoisted out of the tile loop, the two
-        matrices held 32 registers a thread for the whole program and ptxas serialized the wgmma, C7512)."""
-        if self.FORM & TRI_SMEM:
+    def triangle(self, LOWER: gl.constexpr, NEG: gl.constexpr = False):
+        """L (LOWER: ones on and below the diagonal; NEG: -L) or J (all ones) [BT, BT] in the operand dtype as a
+        register A operand (TRI_SMEM: L from shared memory, J a constant), made where it is used (its row index
+        through opaque_int: hoisted out of the tile loop, the two matrices held 32 registers a thread for the whole
+        program and ptxas serialized the wgmma, C7512)."""
+        if NEG:  # -L in registers
+            r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.A32)) + opaque_int(0)
+            c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.A32))
+            x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0),
+                         gl.full([self.BT, self.BT], -1.0, self.q_desc.dtype, self.A32), 0.0)
+        elif self.FORM & TRI_SMEM:
             if LOWER:
                 x = self.tri_smem
             else:
@@ -328,6 +336,27 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_DG_SCAN:
             lsum = z32
             jsum = kf * dk_state
+        elif self.FORM & DG_ONE:
+            # both sums in one round, two pieces each: L dG from p0, p1; J (dG + k dk_state) from p2 and this
+            # consumer's q buffer of the stage (read for the last time above)
+            gl.thread_barrier()  # dq's and dk's products have read p0, p1; dk's store has read q
+            hi = dG.to(dtype)
+            p0.store(hi)
+            p1.store((dG - hi.to(gl.float32)).to(dtype))
+            x = dG + kf * dk_state
+            hi = x.to(dtype)
+            p2.store(hi)
+            q_s.store((x - hi.to(gl.float32)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            M = self.triangle(True, NEG=True)  # one accumulator: J (dG + k dk_state) - L dG
+            tok = warpgroup_mma(M, p1, z32, use_acc=False, is_async=True)
+            tok = warpgroup_mma(M, p0, tok, is_async=True)
+            M = self.triangle(False)
+            tok = warpgroup_mma(M, q_s, tok, is_async=True)
+            tok = warpgroup_mma(M, p2, tok, is_async=True)
+            jsum = warpgroup_mma_wait(0, deps=[tok])
+            lsum = 0.0
         else:
             gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
             self.pieces(dG, p0, p1, p2)
