@@ -1,0 +1,145 @@
+"""What a keyed eager call of issue 31's three rows still over 40 us does on its host path, counted (session 37): the
+rows' floors are these allocations and launches (notes/host's rows table), and a change that adds one shows here.
+CPU tensors keyed through a stand-in signature (interpreter), launches by a counting stand-in of a kept KeyedLaunch,
+torch.empty counted.
+
+* paged decode (attention_with_kvcache with a block table, O alone): 2 allocations (O; the split parts, with the
+  merged lse in them), 2 launches (split keys, merge), no check, no layout.
+* attention's split-key decode recording a gradient (O alone): 3 allocations (O, lse, the split parts), 2 launches,
+  no plan, no check, one autograd node.
+* fft_conv by its Gluon recipe: 1 allocation (y), 1 launch, no plan, no check; the filter's rfft of a padded copy by
+  one cat with the recipe's zeros (PAD_BY_CAT) or of k with n = 2N (off).
+"""
+import pytest
+import torch
+
+from host_testing import cpu_signature
+from tilecore.ops.attention import op as attention_op
+from tilecore.ops.attention_decode import launch as decode_launch
+from tilecore.ops.attention_kvcache import op as kvcache
+from tilecore.tiles import launch
+from tilecore.tiles.switches import patched
+
+
+class _Kept:
+    """A kept KeyedLaunch's stand-in: counts launches (KeyedLaunch.all_kept reads its device)."""
+
+    def __init__(self, counts):
+        self.counts = counts
+
+    @property
+    def _hit(self):
+        return (launch._current_cuda_device(),)
+
+    def kept(self):
+        return True
+
+    def __call__(self, args):
+        self.counts["launch"] += 1
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    counts = {"empty": 0, "launch": 0, "check": 0, "plan": 0}
+    empty = torch.empty
+
+    def counted_empty(*args, **kwargs):
+        counts["empty"] += 1
+        return empty(*args, **kwargs)
+    monkeypatch.setattr(torch, "empty", counted_empty)
+    return counts
+
+
+def _counting(monkeypatch, module, name, counts, what):
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: counts.__setitem__(what, counts[what] + 1) or real(*a, **k))
+
+
+def test_paged_decode_keyed_call_allocates_twice_and_launches_twice(monkeypatch, counts):
+    monkeypatch.setattr(kvcache, "signature", cpu_signature)
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+    kc, vc = (torch.randn(3, 256, 1, 32, dtype=torch.float16) for _ in range(2))
+    table = torch.tensor([[2, 0, 1]], dtype=torch.int32)
+    lengths = torch.tensor([600], dtype=torch.int32)
+    q = torch.randn(1, 1, 4, 32, dtype=torch.float16)
+    for _ in range(2):  # the key's first (checked) call makes the recipe; the second finds the memo's entry
+        kvcache.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table)
+    recipe = next(iter(kvcache._LAUNCHES._data.values()))[0]
+    assert recipe.merge is not None  # (three key ranges and the merge)
+    recipe.split = recipe.merge = _Kept(counts)
+    _counting(monkeypatch, kvcache, "check", counts, "check")
+    _counting(monkeypatch, kvcache, "_DecodeLayout", counts, "plan")
+    counts.update(empty=0, launch=0)
+    out = kvcache.attention_with_kvcache(torch.randn(1, 1, 4, 32, dtype=torch.float16), kc, vc,
+                                         cache_seqlens=lengths, block_table=table)
+    assert out.shape == (1, 1, 4, 32)
+    assert counts == {"empty": 2, "launch": 2, "check": 0, "plan": 0}
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+
+
+def test_attention_decode_recording_a_gradient_allocates_three_times_and_launches_twice(monkeypatch, counts):
+    monkeypatch.setattr(attention_op, "signature", cpu_signature)
+    attention_op._PLANS.clear()
+    decode_launch._DECODE_LAUNCHES.clear()
+    q = torch.randn(1, 4, 2, 32, dtype=torch.float16)
+    k = torch.randn(1, 2, 300, 32, dtype=torch.float16)
+    attention_op.attention(q, k, k)  # the key's plan and recipe
+    recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
+    recipe.split = recipe.merge = _Kept(counts)
+    _counting(monkeypatch, attention_op, "plan_forward", counts, "plan")
+    _counting(monkeypatch, attention_op, "check", counts, "check")
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, k))
+    attention_op.attention(qg, kg, vg)  # (the grad-recording signature's own first lookups)
+    counts.update(empty=0, launch=0, plan=0, check=0)
+    o = attention_op.attention(qg, kg, vg)
+    assert o.grad_fn is not None and type(o.grad_fn).__name__.startswith("_AttentionOutFunction")
+    assert counts == {"empty": 3, "launch": 2, "check": 0, "plan": 0}
+    attention_op._PLANS.clear()
+    decode_launch._DECODE_LAUNCHES.clear()
+
+
+@pytest.mark.parametrize("pad_by_cat", [True, False])
+def test_fft_conv_recipe_allocates_once_and_launches_once(monkeypatch, counts, pad_by_cat):
+    from tilecore import dispatch
+    from tilecore.ops.fft_conv import launch as conv_launch
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.ops.fft_conv import plan as conv_plan
+
+    class Recorder:  # CachedLaunch's run and keyed, for the key's first calls
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            pass
+
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: counts.__setitem__("plan", counts["plan"] + 1) or gluon)
+    monkeypatch.setattr(fft_op, "signature", lambda *items: cpu_signature(*items, scalars=(bool, int, float, str)))
+    caches = (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES)
+    for cache in caches:
+        cache.clear()
+    u = torch.randn(2, 3, 1024).to(torch.bfloat16)
+    k = torch.randn(3, 300)
+    for _ in range(2):
+        fft_op.fft_conv(u, k)
+    recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+    recipe.launch = _Kept(counts)
+    _counting(monkeypatch, fft_op, "check", counts, "check")
+    ffts, cats = [], []
+    rfft, cat = torch.fft.rfft, torch.cat
+    monkeypatch.setattr(torch.fft, "rfft", lambda x, *a, **kw: ffts.append((x.shape, a, kw)) or rfft(x, *a, **kw))
+    monkeypatch.setattr(torch, "cat", lambda *a, **kw: cats.append(1) or cat(*a, **kw))
+    counts.update(empty=0, launch=0, plan=0, check=0)
+    with patched(fft_op, PAD_BY_CAT=pad_by_cat):
+        y = fft_op.fft_conv(u, k)
+    assert y.shape == u.shape and y.dtype == u.dtype
+    assert counts == {"empty": 1, "launch": 1, "check": 0, "plan": 0}
+    if pad_by_cat:
+        assert cats == [1] and ffts == [(torch.Size([3, 2048]), (), {})]
+    else:
+        assert cats == [] and ffts == [(torch.Size([3, 300]), (), {"n": 2048})]
+    for cache in caches:
+        cache.clear()
