@@ -49,8 +49,9 @@ def test_pairs_off_for_float32_and_by_default():
     assert quantize.kernel_plan(64, 4096, torch.float32, "mxfp4", 32, None, True, False, False, 132, False,
                                 pairs=True).config["MID_PIECES"] == 3
     plan = quantize.kernel_plan(64, 4096, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False)
-    assert plan.config["MID_PIECES"] == (-2 if quantize._by_format(quantize.configs.QUANT_POW2_PAIRS, "mxfp4", 4096)
-                                         else 2)
+    pairs = quantize._by_format(quantize.configs.QUANT_POW2_PAIRS, "mxfp4", 4096)
+    clamp = quantize._by_format(quantize.configs.QUANT_POW2_CLAMP_LO, "mxfp4", 4096)
+    assert plan.config["MID_PIECES"] == ((-3 if clamp else -2) if pairs else 2)
 
 
 _COMPILE = r"""

@@ -72,14 +72,18 @@ QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp
                        for n in (1024, 2048, 8192)}, ("int8", 4096): True, ("nvfp4", 4096): True, ("int4", 4096): True,
                     ("int8", 32768): True, ("nvfp4", 32768): True,
                     **{(f, 16384): True for f in ("fp8_e4m3", "int8", "nvfp4", "int4")},
-                    **{(f, 512): True for f in ("mxfp4", "nvfp4", "int4")}}
-# the pow2 quantize's PAIRS lo by one max (kernels._pairs_dot's CLAMP, bit-identical): untimed, off
-QUANT_POW2_CLAMP_LO = {}
+                    **{(f, 512): True for f in ("mxfp4", "nvfp4", "int4")}, ("mxfp4", 4096): True}
+# the pow2 quantize's PAIRS lo by one max (kernels._pairs_dot's CLAMP, bit-identical), on the splits below: 1.02-1.05x
+QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4096): True, ("int4", 4096): True}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
-# mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%)
+# mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
+# as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit)
 QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2), ("nvfp4", 128): dict(tma="load"),
                             ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
-                            ("int8", 128): dict(tma="load")}
+                            ("int8", 128): dict(tma="load"),
+                            ("nvfp4", 1024): dict(split=(1, 16, 64)), ("mxfp4", 1024): dict(split=(1, 16, 64), perm=True),
+                            ("nvfp4", 4096): dict(split=(1, 64, 64)), ("fp8_e4m3", 4096): dict(split=(1, 64, 64)),
+                            **{(f, 4096): dict(split=(1, 64, 64), perm=True) for f in ("mxfp4", "int4")}}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64
@@ -90,7 +94,8 @@ QUANT_KRON_TUNING = {14336: dict(num_warps=4)}  # the kron-tiled quantize at 143
 # the kron-tiled quantize's interleaved slices (2: one vector load a column): 2.2-3.7x where checked
 QUANT_INTERLEAVE = {("mxfp4", 14336): 2, ("mxfp4", 28672): 2, ("mxfp4", 18944): 2, ("nvfp4", 14336): 2,
                     ("int4", 14336): 2, ("nvfp4", 28672): 2, ("int4", 28672): 2, ("nvfp4", 18944): 2}
-# the pow2 quantize's permuted second-product columns: 1.03-1.26x where on; int4 1.00-1.02x, off
+# the pow2 quantize's permuted last-product columns: 1.03-1.26x where on; int4 1.00-1.02x at 32-column slices, off
+# (with the 64-column slices: QUANT_POW2_FORMAT_TUNING's perm)
 QUANT_PERM_COLUMNS = {"nvfp4": True, ("mxfp4", 2048): True, ("mxfp4", 32768): True}
 QUANT_INTERLEAVE_TMA = {("mxfp4", 14336): True}  # the interleaved vector load by TMA: 1.10x there
 # the tl "wide" quantize kernel for m > 64 (blocks of 64 sub-rows, K stopping at m): 1.16-1.66x the kron-tiled
