@@ -447,10 +447,53 @@ def s37_timed():
     return cases
 
 
+# session 37, batch 2: the plans before run 1's flips (configs.QUANT_POW2_FORMAT_TUNING's 1024 / 4096 splits, PERM,
+# PAIRS, CLAMP_LO there), and the next candidates, each (format, n) -> [(name, tuning)] beside the shipped plan
+S37B_BEFORE = {("nvfp4", 1024): dict(split=(1, 32, 32), clamp_lo=False),
+               ("nvfp4", 4096): dict(split=(1, 128, 32), clamp_lo=False),
+               ("mxfp4", 1024): dict(split=(1, 32, 32), perm=False),
+               ("mxfp4", 4096): dict(split=(1, 128, 32), perm=False, pairs=False),
+               ("int4", 4096): dict(split=(1, 128, 32), perm=False, clamp_lo=False),
+               ("fp8_e4m3", 4096): dict(split=(1, 128, 32))}
+CL = {"pairs": True, "clamp_lo": True}
+S37B_NEW = {
+    # one product a slice (N1 == 1) by the column-permuted H: 128 as shipped + PERM; 256 as (2, 1, 128) + PERM
+    ("nvfp4", 128): [("perm", {"perm": True})], ("mxfp4", 128): [("perm", {"perm": True})],
+    ("nvfp4", 256): [("split", {"split": (2, 1, 128), "perm": True})],
+    ("mxfp4", 256): [("split", {"split": (2, 1, 128), "perm": True})],
+    # 512 as (4, 1, 128), 64 rows a tile (loop SASS a value nvfp4 25.1 -> 18.5, mxfp4 23.0 -> 17.7, int4 18.7 -> 12.0)
+    **{(f, 512): [("split", {"split": (4, 1, 128), "tile_elems": 32768, "perm": True})] for f in ("nvfp4", "mxfp4", "int4")},
+    # 8192 as (2, 64, 64) on 4 warps (nvfp4 29.7 -> 23.5, int4 22.6 -> 16.2, fp8 15.8 -> 12.4)
+    **{(f, 8192): [("split", {"split": (2, 64, 64), "num_warps": 4, **({"perm": True} if f in ("mxfp4", "int4") else {}),
+                              **CL})] for f in ("nvfp4", "mxfp4", "int4", "fp8_e4m3", "int8")},
+    # 2048 as (2, 16, 64), 8 rows a tile, on 8 warps (as 1024's (1, 16, 64))
+    **{(f, 2048): [("split_w8", {"split": (2, 16, 64), "num_warps": 8, **({"perm": True} if f != "nvfp4" else {}), **CL})]
+       for f in ("nvfp4", "mxfp4", "int4")},
+    # the other formats at 1024 (fp8 15.6 -> 12.8 a value) and int8 4096 (15.2 -> 14.0)
+    ("int4", 1024): [("split", {"split": (1, 16, 64), "perm": True, **CL})],
+    ("fp8_e4m3", 1024): [("split", {"split": (1, 16, 64), **CL})], ("int8", 1024): [("split", {"split": (1, 16, 64), **CL})],
+    ("int8", 4096): [("split", {"split": (1, 64, 64), **CL})],
+    ("fp8_e5m2", 128): [("tma", {"tma": "load"})],  # e4m3's 1.20x by TMA, the same kernel but the conversion
+}
+
+
+def s37b_timed():
+    """Session 37, batch 2: run 1's flips against the plans before them (S37B_BEFORE), then S37B_NEW's candidates beside
+    the shipped plans."""
+    cases = []
+    for (fmt, n), before in S37B_BEFORE.items():
+        cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "before", before)]
+    for (fmt, n), variants in S37B_NEW.items():
+        cases += [("q", fmt, n, "shipped", {})] + [("q", fmt, n, name, t) for name, t in variants]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
     if SET == "s37":
         return s37_timed()
+    if SET == "s37b":
+        return s37b_timed()
     if SET == "s35b":
         return s35b_timed()
     if SET == "s35":
@@ -557,7 +600,7 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
-    if SET == "s37":  # the timed kernels, then the checks' (GRID is a constexpr: 2049 rows compile their own)
+    if SET in ("s37", "s37b"):  # the timed kernels, then the checks' (GRID is a constexpr: 2049 rows compile their own)
         cases = timed_cases(quick) + [("c", c) for c in check_cases(quick)]
     if SET == "s35b":  # the checks' kernels are the timed ones; the tma_waves2 cases reuse the tma kernels; Gluon first
         cases = [c for c in timed_cases(quick) if c[3] != "tma_waves2"]
@@ -568,7 +611,7 @@ def phase_warm(result, deadline, quick):
         cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(14 if SET in ("s35", "s35b", "s37") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(14 if SET in ("s35", "s35b", "s37", "s37b") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -583,6 +626,18 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
+    if SET == "s37b":  # run 1's flips as shipped (their format tuning applies at any size; TMA asked) and candidates
+        tma = {"tma": "load"}
+        return [("nvfp4", 1024, {"scale": 0.002}, "bfloat16", tma), ("mxfp4", 1024, {}, "float16", tma),
+                ("nvfp4", 4096, {}, "bfloat16", tma), ("mxfp4", 4096, {}, "bfloat16", tma),
+                ("int4", 4096, {}, "float16", tma), ("fp8_e4m3", 4096, {}, "bfloat16", tma),
+                ("nvfp4", 128, {"scale": 0.002}, "bfloat16", {"perm": True, **tma}),
+                ("mxfp4", 256, {}, "bfloat16", {"split": (2, 1, 128), "perm": True, **tma}),
+                ("nvfp4", 512, {"scale": 0.002}, "float16", {**S37B_NEW[("nvfp4", 512)][0][1], **tma}),
+                ("int4", 8192, {}, "bfloat16", {**S37B_NEW[("int4", 8192)][0][1], **tma}),
+                ("fp8_e4m3", 8192, {}, "float16", {**S37B_NEW[("fp8_e4m3", 8192)][0][1], **tma}),
+                ("mxfp4", 2048, {}, "bfloat16", {**S37B_NEW[("mxfp4", 2048)][0][1], **tma}),
+                ("int8", 1024, {}, "bfloat16", {**S37B_NEW[("int8", 1024)][0][1], **tma})]
     if SET == "s37":  # the new splits against float64 (TMA asked: 2049 rows are below TMA_MIN_ELEMENTS)
         def sp(fmt, n):
             return {**s37_tuning(fmt, n), "tma": "load"}
@@ -733,7 +788,7 @@ def phase_check(result, save, deadline, quick):
             group = quantize.FORMATS[fmt].default_group
             plan = quantize.plan_quantize(x, fmt, group, None, True, "scale" in kw, False, **tuning)
             case["path"] = plan.path
-            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") + (("S", "N1", "N2") if SET == "s37" else ())
+            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") + (("S", "N1", "N2") if SET in ("s37", "s37b") else ())
                               if k in plan.config}
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=True)
             codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=0xA5)
@@ -771,7 +826,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b", "s37") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b", "s37", "s37b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
@@ -818,7 +873,7 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
-    if SET in ("s35", "s35b", "s37"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
+    if SET in ("s35", "s35b", "s37", "s37b"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
         cases = []
     if SET == "s34c":  # the kron kernel's STREAM + PAIRS at 28 x 1024: odd rows, in place, H_m^T
         ks = {"stream": True, "clamp_lo": 2}
@@ -953,7 +1008,7 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37", "s37b"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
@@ -1031,7 +1086,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37", "s37b"))
     a = ap.parse_args()
     global SET
     SET = a.set
@@ -1051,7 +1106,7 @@ def main():
     phases = a.phases.split(",")
     try:
         if "warm" in phases:
-            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b", "s37") else 0.45) * a.budget, a.quick)
+            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b", "s37", "s37b") else 0.45) * a.budget, a.quick)
             result["warm_s"] = round(time.time() - t0, 1)
             save()
         if "check" in phases:
