@@ -130,7 +130,9 @@ class LinearAttentionForward:
     state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S)
     wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V)
     bv_smem: object  # with beta: [2, BT, BV], each consumer's beta V (P V's B operand) in an allocation of its own (the
-    # barrier analysis then puts no bar.sync between its stores and wv's); else wv_smem (unused)
+    # barrier analysis then puts no bar.sync between its stores and wv's); else wv_smem (unused). TRANSPOSED: state_smem
+    # is each consumer's P^T [2, BT, BT], wv_smem and bv_smem form 2's per-token factors (the update's weights, o's)
+    # [2 BT] float32
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -340,7 +342,9 @@ class LinearAttentionForward:
         S^T Q^T are issued together and the decay's exps run under them, then P V and the update, and the epilogue
         (D v, the gate's tanh, the store) under the update. The register operands are made, and S^T Q^T's
         accumulator scaled, with no wgmma running (ptxas serializes a kernel whose wgmma inputs are written while one
-        runs: C7513)."""
+        runs: C7513). The tokens are o^T's and P^T's columns, where a per-token factor costs 16 registers and 16 exps a
+        thread: form 1 (TRANSPOSED 1) pays that for the update's weights and o's factor, form 2 makes them one exp a
+        thread in a 1-D layout and reads them back in the columns' layout from shared memory (one bar.sync)."""
         c: gl.constexpr = ctx.index
         h, col = self.unit(tile, c)
         q = stage.q.reshape([self.BT, self.BK])
@@ -364,12 +368,17 @@ class LinearAttentionForward:
         beta_i = b_smem.load(gl.SliceLayout(0, self.SL))
         # the update's weights by token (wV^T's columns), 0 past N (column vectors take 16 registers a thread:
         # G's by column is loaded again where used)
-        if self.TRANSPOSED == 2:  # one exp a thread, then moved to the columns' layout (through shared memory)
+        if self.TRANSPOSED == 2:  # one exp a thread each, read back in the columns' layout (one bar.sync)
             L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
             G1 = g_smem.load(L1)
             offs1 = gl.arange(0, self.BT, layout=L1)
-            w1 = gl.where(t0 + offs1 < self.N, gl.exp2(G_last - G1), 0.0) * b_smem.load(L1)
-            w_i = gl.convert_layout(w1, gl.SliceLayout(0, self.SL))
+            # (TRANSPOSED: wv_smem and bv_smem [2 BT] float32, consumer c's w and o's factor at c BT)
+            w_smem = self.wv_smem.slice(c * self.BT, self.BT)
+            e_smem = self.bv_smem.slice(c * self.BT, self.BT)
+            w_smem.store(gl.where(t0 + offs1 < self.N, gl.exp2(G_last - G1), 0.0) * b_smem.load(L1))
+            e_smem.store(gl.exp2(G1) * self.scale)
+            gl.thread_barrier()
+            w_i = w_smem.load(gl.SliceLayout(0, self.SL))
         else:
             w_i = gl.where(t0 + offs_i < self.N, gl.exp2(G_last - G_i), 0.0) * beta_i
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
@@ -393,8 +402,7 @@ class LinearAttentionForward:
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         if self.TRANSPOSED == 2:
-            L1e: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-            e_i = gl.convert_layout(gl.exp2(g_smem.load(L1e)) * self.scale, gl.SliceLayout(0, self.SL))
+            e_i = self.bv_smem.slice(c * self.BT, self.BT).load(gl.SliceLayout(0, self.SL))
         else:
             e_i = gl.exp2(g_smem.load(gl.SliceLayout(0, self.SL))) * self.scale
         o = o * gl.expand_dims(e_i, 0)
@@ -458,8 +466,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         WVL: gl.constexpr = wgmma_lhs_layout(BV, BK, gl.num_warps())
         SPL: gl.constexpr = wgmma_lhs_layout(BV, BT, gl.num_warps())
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
+        # form 2's per-token factors (the update's weights, o's), each consumer's [2, BT] float32
+        w_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
-                                    s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, p_smem, p_smem,
+                                    s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
                                     BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL_T, WVL,
                                     TRANSPOSED, SPL)
     else:
