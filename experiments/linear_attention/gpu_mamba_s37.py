@@ -153,7 +153,30 @@ def timed_call(variant: str, case: str, t: dict, o):
                     t["scale"])
 
 
-def warm(variant: str, cases: list):
+def check_op(variant: str) -> dict:
+    """The public mamba2_chunk_scan with the variant's config (TRANSPOSED form by configs.GLUON_MAMBA_TRANSPOSED,
+    patched for this fresh process before its first call: a kept launch keeps what it was planned with) against the
+    float64 recurrence: D, z, an initial state and the final states, N 1000."""
+    import tilecore
+    from tilecore.ops.linear_attention import configs, mamba2_reference
+    from tilecore.tiles.switches import patched
+
+    form = int(variant[1:] or 1) if variant.startswith("T") else 0
+    x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, torch.bfloat16, seed=13)
+    h0 = torch.randn(2, 8, 64, 128, device="cuda")
+    with patched(configs, GLUON_MAMBA_TRANSPOSED=form):
+        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)  # (its keyed launch)
+    torch.cuda.synchronize()
+    ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
+                                      z=z.double(), initial_states=h0.double())
+    return dict(variant=variant, case=f"public mamba2_chunk_scan TRANSPOSED {form} D z h0 final N 1000", **check(y, ref),
+                state_written=bool(torch.isfinite(ht).all()),
+                state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
+                second_call_same=bool(torch.equal(y, y2)))
+
+
+def warm(variant: str, cases: list, op: bool = False):
     """In a process of its own: the variant's checks, then each timed case once (its compile) with o's digest (the
     scalar decay's and no decay's checks only where their cases are timed)."""
     t0 = time.time()
@@ -167,6 +190,8 @@ def warm(variant: str, cases: list):
                 rows.append(check_linear(variant, True))
             if "linear" in cases:
                 rows.append(check_linear(variant, False))
+        if op and variant != "s36":
+            rows.append(check_op(variant))
         for case in cases_of(variant):
             if case not in cases:
                 continue
@@ -201,13 +226,14 @@ def main():
     ap.add_argument("--variants", default="shipped,s36,T")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan with each config")
     a = ap.parse_args()
     variants = a.variants.split(",")
     cases = a.cases.split(",")
     run = Run("mamba_s37", deadline=56)
     run.extra["variants"] = variants
     pool = cf.ProcessPoolExecutor(max_workers=len(variants), mp_context=mp.get_context("spawn"))
-    futs = [pool.submit(warm, n, cases) for n in variants]
+    futs = [pool.submit(warm, n, cases, a.op) for n in variants]
     run.extra["napkin_mamba2_ms"] = run.attempt("napkin", napkin_ms)
     ok, digests = [], {}
 
