@@ -351,5 +351,6 @@ _GLUON_CONVS = LRU(256)  # a plain eager call's signature -> its _GluonConv (Fal
 # type promotion), then takes torch.fft.rfft of it: the input rfft(k.float(), n=2N) pads for itself (an allocation, a
 # fill and a copy launch, and k.float()'s where k is 16-bit) and the same transform, so the same bits with one or two
 # launches fewer a call (issue 31's host time). Read each call; False: rfft(k.float(), n=2N) as filter_spectrum does.
-# Off until the H100's A/B (experiments/common/gpu_host_rows_s37.py)
-PAD_BY_CAT = False
+# On: the same bits on the H100, host time 0.86x (plain call) and 0.67x (recording a gradient) of the switch off
+# (notes/host/runs/host_rows37_run2_session37_h100.txt, notes/host's decision log)
+PAD_BY_CAT = True
