@@ -135,3 +135,35 @@ def test_split_and_clamp_compile_for_sm90_shorter():
     assert new["loop"] < 0.9 * base["loop"], (base, new)
     assert new["shfl"] < base["shfl"] and new["mufu"] < base["mufu"], (base, new)
     assert new["clamp"] and not base["clamp"] and new["spills"] == 0
+
+
+@pytest.mark.parametrize("fmt,n,tuning", [("nvfp4", 1024, {"split": (1, 16, 64)}),
+                                          ("mxfp4", 2048, {"split": (1, 16, 128), "perm": True}),
+                                          ("nvfp4", 128, {"perm": True})])
+def test_e2m1_pairs_bytes_equal_the_codes_a_value(fmt, n, tuning):
+    """E2M1_PAIRS (plan tuning e2m1_pairs, configs.QUANT_POW2_E2M1_PAIRS): a column pair's byte by _e2m1_pair, the
+    groups not kept (a NaN or inf in the group: scale NaN / 255) zeroed once a byte: the same bytes as the codes made
+    a value at a time (interpreter), outliers, ties, saturation, NaN and inf rows, subnormal scales included."""
+    torch.manual_seed(5)
+    x = torch.randn(6, n, dtype=torch.bfloat16)
+    x[:, 3] *= 90
+    x[1, 7] = float("nan")
+    x[2, 9] = float("inf")
+    x[3] *= 1e-30  # tiny rows: scales at the bottom of e8m0 / e4m3's range
+    x[4, : n // 2] = 0.0
+    scale = torch.tensor([0.002]) if fmt == "nvfp4" else None
+    p0, c0, s0 = _run(x, fmt, scale, **tuning)
+    p1, c1, s1 = _run(x, fmt, scale, e2m1_pairs=True, **tuning)
+    assert "E2M1_PAIRS" not in p0.config and p1.config["E2M1_PAIRS"]
+    assert all(torch.equal(a, b) for a, b in zip(_bytes(c0) + _bytes(s0), _bytes(c1) + _bytes(s1)))
+
+
+def test_e2m1_pairs_plan_where_it_applies():
+    """E2M1_PAIRS only for mxfp4 / nvfp4 with FAST and groups inside a tile row (not int4's 128, not per token)."""
+    def cfg(fmt, n, group, **t):
+        return quantize.kernel_plan(64, n, torch.bfloat16, fmt, group, None, True, False, False, 4, True, **t).config
+    assert cfg("nvfp4", 4096, 16, e2m1_pairs=True).get("E2M1_PAIRS")
+    assert not cfg("nvfp4", 4096, 16, e2m1_pairs=True, fast=False).get("E2M1_PAIRS")
+    assert not cfg("int4", 4096, 128, e2m1_pairs=True).get("E2M1_PAIRS")
+    assert not cfg("fp8_e4m3", 4096, None, e2m1_pairs=True).get("E2M1_PAIRS")
+    assert not cfg("nvfp4", 4096, 16).get("E2M1_PAIRS") or quantize.configs.QUANT_POW2_E2M1_PAIRS

@@ -75,6 +75,8 @@ QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp
                     **{(f, 512): True for f in ("mxfp4", "nvfp4", "int4")}, ("mxfp4", 4096): True}
 # the pow2 quantize's PAIRS lo by one max (kernels._pairs_dot's CLAMP, bit-identical), on the splits below: 1.02-1.05x
 QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4096): True, ("int4", 4096): True}
+# the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes): untimed, off
+QUANT_POW2_E2M1_PAIRS = {}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit)

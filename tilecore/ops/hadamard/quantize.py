@@ -434,7 +434,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         # the last product's columns permuted so that a thread holds N2 / 4 consecutive outputs (quantize_kernels.
         # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS: with one product, N1 == 1, only by (format, n))
-        PERM=_pow2_perm(fmt, n, cfg, tuning),
+        PERM=_pow2_perm(fmt, n, cfg, tuning), **_pow2_e2m1_pairs(fmt, n, g, cfg, tuning),
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
 
 
@@ -444,6 +444,14 @@ def _pow2_perm(fmt, n, cfg, tuning) -> bool:
     table = configs.QUANT_PERM_COLUMNS.get((fmt, n), False) if cfg["N1"] == 1 else \
         _by_format(configs.QUANT_PERM_COLUMNS, fmt, n)
     return bool(tuning.get("perm", table)) and cfg["N2"] % 8 == 0 and cfg["N2"] >= 16
+
+
+def _pow2_e2m1_pairs(fmt, n, g, cfg, tuning) -> dict:
+    """The pow2 kernel's E2M1_PAIRS (a column pair's byte at once: quantize_kernels._e2m1_pair) where the tuning's
+    "e2m1_pairs" or configs.QUANT_POW2_E2M1_PAIRS asks: mxfp4 / nvfp4 with FAST, groups inside a tile row."""
+    on = tuning.get("e2m1_pairs", _by_format(configs.QUANT_POW2_E2M1_PAIRS, fmt, n, False))
+    fast = bool(tuning.get("fast", configs.QUANT_FAST))
+    return {"E2M1_PAIRS": True} if on and fast and fmt in ("mxfp4", "nvfp4") and g < cfg["N2"] else {}
 
 
 def _pow2_pieces(fmt, n, tuning) -> int:

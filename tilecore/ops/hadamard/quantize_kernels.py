@@ -612,6 +612,23 @@ def _e2m1_fast(v):
 
 
 @triton.jit
+def _e2m1_pair(q0, q1):
+    """The byte of two e2m1 nibbles, q0's low, in the low 8 bits of an int32 (the bits above are not zero: the byte
+    conversion drops them): _e2m1_fast's sum t = bits(|v| + M) holds the magnitude code in bits 0-2 and zeros in bits
+    3-21 (M's mantissa is 1.5's plus at most 7 units), so t0 + 16 t1 has both magnitudes in its low byte, and the signs
+    go to bits 3 and 7 by shifts of the float32 bits: no mask of each code, no separate pack (gluon_epilogue's
+    E2M1_PAIRS). q0, q1 not NaN (as _e2m1_fast)."""
+    a0 = tl.minimum(tl.abs(q0), 6.0)
+    a1 = tl.minimum(tl.abs(q1), 6.0)
+    e0 = tl.maximum(a0.to(tl.int32, bitcast=True) >> 23, 127)
+    e1 = tl.maximum(a1.to(tl.int32, bitcast=True) >> 23, 127)
+    t0 = (a0 + (e0 * 0x800002 + 0x0B3FFF02).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    t1 = (a1 + (e1 * 0x800002 + 0x0B3FFF02).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    s0 = (q0.to(tl.int32, bitcast=True) >> 28) & 8
+    return (t0 + (t1 << 4)) | s0 | ((q1.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
 def _fp8_fast(v, FORMAT: tl.constexpr):
     """The fp8 byte of float32 v, saturating (as _fp8_code). On the GPU one cvt.rn.satfinite converts two
     values (it saturates by itself; NaN gives the format's NaN); the interpreter's fp8 conversion does not
@@ -770,11 +787,16 @@ def _pow2_transformed(x, signs, rows, stride_x, tile, s, N: tl.constexpr, N1: tl
 
 @triton.jit
 def _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N: tl.constexpr, N1: tl.constexpr,
-                      N2: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr):
-    """A slice's codes ([B N1, N2] int32): bytes, or (PACKED) nibble pairs, element 2j low, at j / 2.
+                      N2: tl.constexpr, B: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr,
+                      PAIRED: tl.constexpr = False):
+    """A slice's codes ([B N1, N2] int32): bytes, or (PACKED) nibble pairs, element 2j low, at j / 2; PAIRED: ``code``
+    is those pairs already ([B N1, N2 / 2], the byte in the low 8 bits).
     TMA: ``codes`` is a descriptor over the codes as (rows, columns / W, W) bytes with [B, N1, W] boxes
     (W = N2, or N2 / 2 packed): registers -> shared memory -> one bulk copy, rows past the end clipped."""
-    if PACKED:
+    if PAIRED:
+        byte = code.to(tl.uint8)
+        W: tl.constexpr = N2 // 2
+    elif PACKED:
         lo, hi = tl.split(tl.reshape(code, (B * N1, N2 // 2, 2)))
         byte = (lo | (hi << 4)).to(tl.uint8)
         W: tl.constexpr = N2 // 2
@@ -797,10 +819,12 @@ def _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N: tl.constexpr,
 def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, s, y, row_div, row_stored,
                          row_recip, row_div_e, rscale, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
                          B: tl.constexpr, FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr,
-                         PACKED: tl.constexpr, QMAX: tl.constexpr, TMA_STORE: tl.constexpr, FAST: tl.constexpr):
+                         PACKED: tl.constexpr, QMAX: tl.constexpr, TMA_STORE: tl.constexpr, FAST: tl.constexpr,
+                         E2M1_PAIRS: tl.constexpr = False):
     """Scales (groups of G inside this slice; G == N: the row's, given as row_* [B N1]) and codes of
     slice s, y: [B N1, N2] float32 (FAST: not yet times rscale, which joins each group's amax and
-    reciprocal instead: RN(max |y| r) = max RN(|y| r), so the scales are the same)."""
+    reciprocal instead: RN(max |y| r) = max RN(|y| r), so the scales are the same). E2M1_PAIRS (mxfp4 / nvfp4, FAST,
+    groups inside a tile row): a column pair's byte by _e2m1_pair, the groups not kept zeroed once a byte."""
     R: tl.constexpr = B * N1
     if G == N:
         code = _codes_fast(y, row_div[:, None], row_stored[:, None], row_recip[:, None], row_div_e[:, None],
@@ -820,8 +844,17 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
         col = (s * N1 * N2 + (r % N1) * N2) // G
         tl.store(scales + row[:, None] * stride_scales + col[:, None] + k[None, :],
                  stored.to(scales.dtype.element_ty), mask=row[:, None] < rows)
-        code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None], div_e[:, :, None],
-                                      FORMAT, QMAX, STATIC, FAST), (R, N2))
+        if E2M1_PAIRS:
+            tl.static_assert(FAST and (FORMAT == MXFP4 or FORMAT == NVFP4), "E2M1_PAIRS: mxfp4 / nvfp4 with FAST")
+            q0, q1 = tl.split(tl.reshape(y3 * recip[:, :, None], (R, N2 // G, G // 2, 2)))
+            if FORMAT == MXFP4:
+                keep = stored != 255
+            else:
+                keep = div < float("inf")  # (NaN: false)
+            code = tl.reshape(tl.where(keep[:, :, None], _e2m1_pair(q0, q1), 0), (R, N2 // 2))
+        else:
+            code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None],
+                                          div_e[:, :, None], FORMAT, QMAX, STATIC, FAST), (R, N2))
     else:  # groups of SPAN consecutive tile rows (of one row: N1 % SPAN == 0)
         SPAN: tl.constexpr = G // N2
         if SPAN == 1:
@@ -845,7 +878,8 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
             div_e = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPAN, SPAN)), (R,))
         code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX, STATIC,
                            FAST)
-    _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED, TMA_STORE)
+    _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED, TMA_STORE,
+                      E2M1_PAIRS and G < N2)
 
 
 @triton.jit
@@ -890,7 +924,7 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
                          TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr,
                          G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
-                         FAST: tl.constexpr = False, PERM: tl.constexpr = False):
+                         FAST: tl.constexpr = False, PERM: tl.constexpr = False, E2M1_PAIRS: tl.constexpr = False):
     """codes, scales = quantize(rscale * H_N (signs * x)) for ``rows`` rows of N = S N1 N2 (a power of two);
     a persistent grid of GRID programs, B rows a tile. ``x`` is a pointer, or with TMA_LOAD a descriptor
     with [B, N1, N2] boxes (kernels._load_slice); ``codes`` with TMA_STORE one too (_pow2_store_codes). Groups of G elements (G == N: per token). FORMAT == AMAX:
@@ -948,17 +982,17 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                 row_div_e = row_div
             _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 0, o0, row_div,
                                  row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                 QMAX, TMA_STORE, FAST)
+                                 QMAX, TMA_STORE, FAST, E2M1_PAIRS)
             if S > 1:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 1, o1, row_div,
                                      row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                     QMAX, TMA_STORE, FAST)
+                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS)
             if S > 2:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 2, o2, row_div,
                                      row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                     QMAX, TMA_STORE, FAST)
+                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS)
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 3, o3, row_div,
                                      row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                     QMAX, TMA_STORE, FAST)
+                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _amax(run_max, 0))
