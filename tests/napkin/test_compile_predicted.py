@@ -121,7 +121,9 @@ def test_the_terms_say_what_the_emitted_code_does():
     per = {g: attention_issue_per_score(_attention(m, B=1, H=2, N=1024, D=64)) for g, m in
            (("plain", ("scale(0.1)",)), ("soft", ("scale(0.1)", "softcap(30.0)")),
             ("approx", ("scale(0.1)", "softcap_approx(30.0)")))}
-    assert per == pytest.approx({"plain": 340 / 32, "soft": 758 / 32, "approx": 436 / 32})  # the SASS counts
+    # the SASS counts; softcap_approx's full loop also takes 1 of 8 exponentials by the FMA polynomial
+    # (compile.EXP2_FMA_PACK: 37 instructions a warp a key tile more, 4 MUFU fewer)
+    assert per == pytest.approx({"plain": 340 / 32, "soft": 758 / 32, "approx": 436 / 32 + 37 / 32})
     sfu_clk = plain.terms["of which SFU"]  # one SFU instruction a score, 16 a clock an SM: 1/16 clock a score
     assert plain.terms["issue beyond the SFU"] == pytest.approx(sfu_clk * (per["plain"] * 16 / 128 - 1), rel=1e-6)
     assert soft.terms["issue beyond the SFU"] == pytest.approx(sfu_clk * (per["soft"] * 16 / 128 - 2), rel=1e-6)

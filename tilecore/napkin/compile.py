@@ -132,15 +132,17 @@ def _tanh_approx(x):
 '''
 
 
-# Part of the softmax's exponentials on the FMA pipe (a switch, 0: every one by MUFU.EX2). A loop whose
-# score modifier is softcap_approx is SFU-bound on Hopper (sm_90a, BM 64 BN 64 4 warps: a warp's key tile
-# 66 MUFU, 8 issue clocks each, against 436 instructions): with EXP2_FMA_PACK = n > 0, EXP2_FMA_POLY = k
-# of every n exponentials of an unmasked key tile are 2^x by a polynomial (about 9 SASS instructions each,
-# FMA and ALU pipes), the rest by ex2.approx, in one inline asm of n elements (elements a thread holds: no
-# data movement). Masked tiles keep tl.exp2 (-inf scores). The polynomial is _exp2_poly's (its tl twin,
-# which the interpreter runs for every element).
-EXP2_FMA_PACK = 0
+# Part of the softmax's exponentials on the FMA pipe (0: every one by MUFU.EX2). A loop whose score
+# modifier is softcap_approx is SFU-bound on Hopper (a warp's key tile: 66 MUFU, 8 issue clocks each,
+# against 435 instructions): EXP2_FMA_POLY of every EXP2_FMA_PACK exponentials of the full (not causal)
+# loop's even key tiles are 2^x by a polynomial (about 9 SASS instructions each, FMA and ALU pipes), the
+# rest by ex2.approx, in one inline asm over elements a thread holds (no data movement): 1 of 8, 1.038x at
+# D128 (one program an SM). Causal loops keep tl.exp2: their default blocks run two programs an SM, whose
+# SFU and issue slots the pair shares: 0.97x there. Masked tiles keep tl.exp2 (-inf scores). The
+# polynomial is _exp2_poly's (its tl twin, which the interpreter runs for every element).
+EXP2_FMA_PACK = 8
 EXP2_FMA_POLY = 1
+EXP2_POLY_ISSUE = 37 / 4  # SASS instructions a polynomial exponential adds to the loop (sm_90a: 435 -> 472 at 1 of 8)
 # 2^f on [-1/2, 1/2], degree 4, relative minimax (Lawson iterations): 2.7e-6 (2^-18.5) in fp32 Horner
 EXP2_POLY = (0.9999992847442627, 0.6931218504905701, 0.240247443318367, 0.055917806923389435, 0.009570068679749966)
 
@@ -425,7 +427,7 @@ def _attention(d: Diagram) -> Program:
                "    m_i = tl.full((BM,), float('-inf'), dtype=tl.float32)",
                "    l_i = tl.zeros((BM,), dtype=tl.float32)"]
 
-      def body(masked: bool, causal_tile: bool) -> list:
+      def body(masked: bool, causal_tile: bool, fma: bool = False) -> list:
           """One key tile: scores, modifiers, masks, the accumulator update (8 spaces in)."""
           out = ["        rn = n0 + tl.arange(0, BN)",
                  "        k_ptr = k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd",
@@ -452,7 +454,7 @@ def _attention(d: Diagram) -> Program:
               out += [f"        m_new = tl.maximum(m_i, tl.max(s, 1) * {qk_scale!r})  # the running max, log2 units",
                       "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
                       "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                      f"        p = {'_exp2_fma' if fma_every and not conds else 'tl.exp2'}(s * {qk_scale!r} - shift[:, None])",
+                      f"        p = {'_exp2_fma' if fma else 'tl.exp2'}(s * {qk_scale!r} - shift[:, None])",
                       "        alpha = tl.exp2(m_i - shift)",
                       "        l_i = l_i * alpha + tl.sum(p, 1)",
                       "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
@@ -472,7 +474,7 @@ def _attention(d: Diagram) -> Program:
       lines += ["    else:",
                 "        if EVEN_X:",
                 "            for n0 in range(0, NX, BN):"]
-      lines += ["        " + ln for ln in body(False, False)]
+      lines += ["        " + ln for ln in body(False, False, fma=bool(fma_every))]
       lines += ["        else:",
                 "            for n0 in range(0, NX, BN):"]
       lines += ["        " + ln for ln in body(True, False)]
@@ -723,13 +725,24 @@ FUNCTION_ISSUE = {"sigmoid": 386 / 32 - 1, "tanh": 418 / 32 - 3, "tanh_approx": 
 ISSUE_PER_SM_PER_CLOCK = 4 * 32     # four schedulers, one warp instruction a clock each
 
 
+def exp2_fma_share(d: Diagram) -> float:
+    """The share of the softmax's exponentials the emitted loop takes on the FMA pipe (EXP2_FMA_PACK /
+    EXP2_FMA_POLY): a full (not causal) softmax with a softcap_approx modifier, else 0."""
+    last = d.ops[-1] if d.ops else None
+    if (not EXP2_FMA_PACK or last is None or last.kind != "softmax_contract" or last.causal
+            or not any(op.kind == "map" and op.label.strip().startswith("softcap_approx(") for op in d.ops)):
+        return 0.0
+    return EXP2_FMA_POLY / EXP2_FMA_PACK
+
+
 def attention_issue_per_score(d: Diagram) -> float:
     """Thread instructions a score of the emitted attention loop (the tables above), for the diagram's
-    score modifiers; a scale just before the softmax or a softcap is folded (0)."""
+    score modifiers; a scale just before the softmax or a softcap is folded (0); the exponentials by the
+    FMA polynomial (exp2_fma_share) EXP2_POLY_ISSUE each."""
     from .rewrite import map_expression
     mods = [op for op in d.ops if op.kind == "map"]
     softmax = any(op.kind == "softmax_contract" for op in d.ops)
-    n = ATTENTION_LOOP_ISSUE["softmax" if softmax else "sum"]
+    n = ATTENTION_LOOP_ISSUE["softmax" if softmax else "sum"] + exp2_fma_share(d) * EXP2_POLY_ISSUE
     for i, op in enumerate(mods):
         label = op.label.strip()
         cap = re.fullmatch(r"(softcap(?:_approx)?)\(\s*[0-9.eE+-]+\s*\)", label)
@@ -779,17 +792,20 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
         kw = dict(time_model="exposed-sfu", exposed_sfu=1.0)
         try:
             r = derive(d, gpu, **kw)
-            terms["kernel"] = r.time
-            terms["of which SFU"] = r.times["sfu"]
-            # the loop's instructions, issued by the warps that issue the dots: where they take longer than
-            # the SFU work (exposed above), the difference is exposed too (scores from the SFU time)
             from .rewrite import map_cost
             sfu = (1.0 if any(op.kind == "softmax_contract" for op in d.ops) else 0.0) + sum(
                 map_cost(op.label)[1] for op in d.ops if op.kind == "map" and map_cost(op.label)[0] == "sfu")
+            # the exponentials the polynomial takes (exp2_fma_share) leave the SFU work, exposed in full
+            moved = r.times["sfu"] * exp2_fma_share(d) / sfu if sfu else 0.0
+            terms["kernel"] = r.time - moved
+            terms["of which SFU"] = r.times["sfu"] - moved
+            sfu -= exp2_fma_share(d)
+            # the loop's instructions, issued by the warps that issue the dots: where they take longer than
+            # the SFU work (exposed above), the difference is exposed too (scores from the SFU time)
             if sfu and r.times["sfu"]:
                 per_sfu = gpu.rate("sfu", "fp32") / (gpu.sms * gpu.clock_hz)  # SFU results a clock an SM
-                issue = r.times["sfu"] * (attention_issue_per_score(d) / ISSUE_PER_SM_PER_CLOCK) / (sfu / per_sfu)
-                terms["issue beyond the SFU"] = max(0.0, issue - r.times["sfu"])
+                issue = terms["of which SFU"] * (attention_issue_per_score(d) / ISSUE_PER_SM_PER_CLOCK) / (sfu / per_sfu)
+                terms["issue beyond the SFU"] = max(0.0, issue - terms["of which SFU"])
         except ValueError:
             terms["kernels"] = plan(d, gpu, **kw).time
     elif prog.family == "chain":

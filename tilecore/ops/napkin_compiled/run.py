@@ -57,13 +57,17 @@ def _blocks(device: torch.device, family: str) -> dict:
             "rownorm": dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)}[family]
 
 
-def _attention_blocks(device: torch.device, causal: bool) -> dict:
+def _attention_blocks(device: torch.device, causal: bool, plain_d128_tma: bool = False) -> dict:
     """Causal attention on a GPU: 64 x 64 tiles, 4 warps, 3 stages (two programs an SM, whose softmax and
     MMAs interleave) against the family's BM 128 BN 64 with 8 warps: softcap_approx 1.064x, the exact softcap
-    1.006x, plain D128 1.044x, D64 1.011x (H100, interleaved rounds; notes/napkin/compile.md). Not causal:
-    the family's blocks (plain D64 with BM 64 tiles: 1.066x its time)."""
+    1.006x, plain D128 1.044-1.045x, D64 1.011-1.012x (H100, interleaved rounds; notes/napkin/compile.md).
+    Not causal: the family's blocks (plain D64 with BM 64 tiles: 1.066x its time), but plain softmax at
+    D = E = 128 through TMA (plain_d128_tma) in 2 stages with the registers capped at 128 (126, no spills;
+    96 KiB): two 8-warp programs an SM, 1.019x / 1.026x (the pointer kernel would spill 20 B there)."""
     if causal and device.type == "cuda":
         return dict(BM=64, BN=64, num_warps=4, num_stages=3)
+    if plain_d128_tma and device.type == "cuda":
+        return dict(BM=128, BN=64, num_warps=8, num_stages=2, maxnreg=128)
     return _blocks(device, "attention")
 
 
@@ -74,9 +78,10 @@ def _head_group(causal: bool) -> int:
     return 4 if causal else 0
 
 
-def attention_defaults(device: torch.device, causal: bool) -> dict:
-    """The blocks and program order an attention diagram launches with by default."""
-    return dict(_attention_blocks(device, causal), HEAD_GROUP=_head_group(causal))
+def attention_defaults(device: torch.device, causal: bool, plain_d128_tma: bool = False) -> dict:
+    """The blocks and program order an attention diagram launches with by default (plain_d128_tma: softmax
+    with no score modifier but a scale, D = E = 128, loaded through TMA descriptors)."""
+    return dict(_attention_blocks(device, causal, plain_d128_tma), HEAD_GROUP=_head_group(causal))
 
 
 def _tma_ok(device: torch.device, tensors) -> bool:
@@ -176,7 +181,7 @@ class CompiledDiagram:
             *[s for w in ws for s in (w.stride(0), w.stride(1))], *e_strides, out.stride(0), out.stride(1), **blk)
 
     def _launch_attention(self, k, vals, device):
-        blk = dict(self.blocks or _attention_blocks(device, k.info["causal"]))
+        blk = dict(self.blocks or {})
         Q, K, V, O = (vals[n] for n in k.args)
         lead = len(k.info["lead"])
 
@@ -187,12 +192,16 @@ class CompiledDiagram:
         Q4, K4, V4, O4 = (four(t) for t in (Q, K, V, O))
         B, H, NQ, D = Q4.shape
         NX, E = K4.shape[2], V4.shape[3]
-        grid = (triton.cdiv(NQ, blk["BM"]) * B * H,)
-        blk.setdefault("HEAD_GROUP", _head_group(k.info["causal"]))
         use_tma = blk.pop("tma", None)
         flat = [t.reshape(B * H, t.shape[2], t.shape[3]) if _heads_flat(t) else None for t in (Q4, K4, V4)]
         if use_tma is None:
             use_tma = all(f is not None for f in flat) and _tma_ok(device, [f[0] for f in flat])
+        if not self.blocks:
+            plain = k.info["softmax"] and not any(op.kind == "map" and not op.label.strip().startswith("scale(")
+                                                  for op in self.diagram.ops)
+            blk = _attention_blocks(device, k.info["causal"], bool(use_tma and plain and D == E == 128))
+        grid = (triton.cdiv(NQ, blk["BM"]) * B * H,)
+        blk.setdefault("HEAD_GROUP", _head_group(k.info["causal"]))
         kernel, args = self.module.attention_fwd, (Q4, K4, V4)
         if use_tma:  # [B*H, N, D] descriptors: TMA zero-fills past N within each head
             kernel = self.module.attention_fwd_tma
