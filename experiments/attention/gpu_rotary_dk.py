@@ -3,13 +3,13 @@ back inside the Gluon backward's dK/dV epilogue (configs.ROTARY_DK_IN_KERNEL; gl
 against the turned path as shipped (dK turned back by apply_rotary's kernel after the backward).
 
 1. Checks (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an unwritten element
-   shows): O, dq, dk, dv of the in-kernel variant against the float64 reference
+   shows): O, dq, dk, dv of the in-kernel variant (and q, k turned by one launch: ROTARY_QK_ONE_LAUNCH) against the float64 reference
    (reference.rotary_attention_reference) as multiples of the rounding floor, beside plain attention's on the
    same inputs; B1 H2 N4096 (the timed shapes' kernels): full half-split, causal interleaved; --extra also
    N 900 < Nk 1000 causal (the dQ kernel's branch, a partly filled last key block) with rotary_dim 32 of 128
    (partial) and GQA 4/2.
 2. GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16 H16 N4096
-   bf16 tables: forward (no gradient) plain / rotary; forward + backward (autograd.grad of q, k, v) plain /
+   bf16 tables: forward (no gradient) plain / rotary / rotary with q and k turned by one launch; forward + backward (autograd.grad of q, k, v) plain /
    rotary with dK by the pass (shipped) / dK in the kernel. Overheads over plain (issue 37: <= 3%).
    --launches: apply_rotary on q and k as two launches against one launch over a tensor of both's heads
    (what one launch for q and k would save). --kernel: the Gluon backward kernel alone with and without the
@@ -74,7 +74,7 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
     result = {}
     for label, rot in (("rotary", (cos, sin)), ("plain", None)) if not FWD_ONLY[0] else ():
         poison()
-        with patched(configs, ROTARY_DK_IN_KERNEL=True):
+        with patched(configs, ROTARY_DK_IN_KERNEL=True, ROTARY_QK_ONE_LAUNCH=True):
             out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
             grads = torch.autograd.grad(out, (q, k, v), g)
         if rot is None:
@@ -122,11 +122,15 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
                 torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
         return f
 
+    def fwd_one_launch():  # configs.ROTARY_QK_ONE_LAUNCH on: q and k turned by one launch (rotary.op.turn_pair)
+        with torch.no_grad(), patched(configs, ROTARY_QK_ONE_LAUNCH=True):
+            tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
+
     def fwd_in_kernel():  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (K by the pass, Q in the kernel)
         with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
             tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
-    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin))}
+    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin)), "fwd_one": fwd_one_launch}
     if not FWD_ONLY[0]:
         fns.update(bwd_plain=fwdbwd(None), bwd_pass=fwdbwd((cos, sin)), bwd_kernel=fwdbwd((cos, sin), True))
     if ROUTED[0]:
@@ -139,7 +143,7 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
     over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
     run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
-            fwd_over=over("fwd_rotary", "fwd_plain"),
+            fwd_over=over("fwd_rotary", "fwd_plain"), fwd_one_over=over("fwd_one", "fwd_plain"),
             **({} if FWD_ONLY[0] else dict(bwd_pass_over=over("bwd_pass", "bwd_plain"),
                                            bwd_kernel_over=over("bwd_kernel", "bwd_plain"))),
             **({"fwd_inkernel_over": over("fwd_inkernel", "fwd_plain")} if ROUTED[0] else {}),
@@ -245,7 +249,7 @@ def main():
     if a.extra and run.left() > 10:
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
     run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
-                "fwd_plain_ms", "fwd_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_pass_over", "bwd_kernel_over",
+                "fwd_plain_ms", "fwd_over", "fwd_one_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_pass_over", "bwd_kernel_over",
                 "saved_us", "kernel_plain_ms", "epilogue_us", "pass_us", "net_us"])
 
 

@@ -182,6 +182,9 @@ ROTARY_IN_KERNEL_CASES = frozenset()
 # backward's epilogue (gluon_backward.RotaryBackward, for the tables plan.rotary_dk_in_kernel takes), so no
 # pass over dK follows the kernel; False: apply_rotary's kernel turns dK back after it
 ROTARY_DK_IN_KERNEL = False
+# The turned path's q and k: True turns both by one launch (rotary.op.turn_pair), False by one apply_rotary
+# launch each
+ROTARY_QK_ONE_LAUNCH = False
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past
