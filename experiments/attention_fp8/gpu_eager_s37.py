@@ -17,8 +17,9 @@ kernels a call launches, each one's GPU time, and the GPU's idle time between th
 
 Forms: ``bf16`` (tilecore.attention), ``fp8`` (attention(..., precision="fp8"), the shipped path), and, where the
 library has them, ``kv2`` / ``kv1`` (k and v quantized in two launches / one: configs.ROTATED["kv_one_launch"], call 1
-only: removed after it) and ``rec`` (the per-key recipe: quantize.ROTATED_RECIPES, a repeat call without checks or
-plans).
+only: removed after it), ``rec`` (the per-key recipe: quantize.ROTATED_RECIPES, a repeat call without checks or
+plans; on since call 2) and ``fill`` (rotate_quantize's blocks a program cut where its grid leaves SMs idle:
+quantize.FILL_SMS).
 O of each fp8 form against float64 attention of the bf16 inputs on the last (batch, head) (error as a multiple of the
 bf16 rounding floor; all written and finite), and a call after the timings (keyed launches, recipes) against the
 first call, bit for bit. Case ``s1k`` (B1 H16 N1024 D128 causal): a call whose GPU time is below its host time.
@@ -73,11 +74,15 @@ def main():
     result = {"device": torch.cuda.get_device_name() if not smoke else "cpu (smoke)", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": [], "notes": []}
     shipped = dict(configs.ROTATED)
-    forms = {"fp8": (shipped, False)}  # name -> (configs.ROTATED, quantize.ROTATED_RECIPES)
+    switches = {n: getattr(quantize, n) for n in ("ROTATED_RECIPES", "FILL_SMS") if hasattr(quantize, n)}
+    forms = {"fp8": (shipped, switches)}  # name -> (configs.ROTATED, quantize's switches)
     if "kv_one_launch" in shipped:  # the A/B of the one-launch k and v passes, both ways whatever the default
-        forms = {"kv2": (dict(shipped, kv_one_launch=False), False), "kv1": (dict(shipped, kv_one_launch=True), False)}
-    if hasattr(quantize, "ROTATED_RECIPES"):
-        forms["rec"] = (shipped, True)
+        forms = {"kv2": (dict(shipped, kv_one_launch=False), switches),
+                 "kv1": (dict(shipped, kv_one_launch=True), switches)}
+    if "ROTATED_RECIPES" in switches and not switches["ROTATED_RECIPES"]:
+        forms["rec"] = (shipped, dict(switches, ROTATED_RECIPES=True))
+    if "FILL_SMS" in switches and not switches["FILL_SMS"]:
+        forms["fill"] = (shipped, dict(switches, ROTATED_RECIPES=True, FILL_SMS=True))
 
     def save():
         with open(path, "w") as f:
@@ -196,9 +201,9 @@ def main():
             floor = rel_rms(ref.to(torch.bfloat16), ref)
             fns = {"bf16": lambda: tilecore.attention(q, k, v, causal=causal)}
             firsts = {}
-            for name, (cfg, recipes) in forms.items():
-                def fp8(cfg=cfg, recipes=recipes):
-                    with patched(configs, ROTATED=cfg), patched(quantize, ROTATED_RECIPES=recipes):
+            for name, (cfg, sw) in forms.items():
+                def fp8(cfg=cfg, sw=sw):
+                    with patched(configs, ROTATED=cfg), patched(quantize, **sw):
                         return tilecore.attention(q, k, v, causal=causal, precision="fp8")
                 o = fp8()
                 row[f"err_over_floor_{name}"] = rel_rms(o[B - 1, H - 1], ref) / floor

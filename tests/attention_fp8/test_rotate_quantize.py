@@ -126,3 +126,19 @@ def test_convenience_path_traces_under_torch_compile_fullgraph():
 
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
     assert torch.equal(got, f(q, k, v))
+
+
+
+def test_fewer_row_blocks_where_the_grid_would_leave_sms_idle(monkeypatch):
+    """quantize.FILL_SMS's launch shape: the configured blocks of 128 rows a program (8 at D128) where the grid gives
+    every SM two programs, fewer (1 at least) where it would not. (Any count gives the same bits:
+    test_programs_of_several_row_blocks_write_the_same.)"""
+    from tilecore import dispatch
+    from tilecore.ops.attention_fp8.quantize import filled_row_blocks
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert filled_row_blocks(8, 16 * 16 * 32, cpu) == 8  # B16 H16 N4096: 1,024 programs of 8
+    assert filled_row_blocks(8, 1 * 16 * 8, cpu) == 1  # B1 H16 N1024: 128 programs of 1, not 16 of 8
+    assert filled_row_blocks(8, 1 * 16 * 32, cpu) == 1 and filled_row_blocks(8, 16 * 32 * 4, cpu) == 7
+    assert filled_row_blocks(4, 4 * 16 * 32, cpu) == 4

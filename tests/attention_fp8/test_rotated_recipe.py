@@ -102,8 +102,9 @@ def test_later_calls_of_a_key_check_and_plan_nothing_and_launch_the_same(recorde
 
 def test_without_the_switch_or_with_other_configs_every_call_is_checked(recorded):
     q, k, v = _inputs(1)
-    for _ in range(2):
-        quantize.attention_fp8_rotated(q, k, v)  # ROTATED_RECIPES off (the default until a GPU run says otherwise)
+    with patched(quantize, ROTATED_RECIPES=False):
+        for _ in range(2):
+            quantize.attention_fp8_rotated(q, k, v)
     assert recorded["checks"] == 2 and len(quantize._ROTATED_CALLS) == 0
     with patched(quantize, ROTATED_RECIPES=True):
         quantize.attention_fp8_rotated(q, k, v)
