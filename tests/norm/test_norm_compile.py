@@ -41,8 +41,9 @@ args = dict(DY=t, X=None, RES=None, H=t, W=t, MEAN=f32, RSTD=f32, SUMS=None, SEE
             WHOLE_ROW=True, LOAD_H=True, HAS_RES=False, HAS_W=True, DROPOUT=True, RMS=False, HAS_DH_OUT=True,
             STORE_DRES=True, DW=True, DB=True, H_DTYPE=tl.bfloat16)
 out = {}
-for name, extra, options in (("shipped", {}, {}), ("ahead", dict(DH_AHEAD=True), dict(maxnreg=168))):
-    c = compile_kernel(backward.norm_backward_kernel, dict(args, **extra), num_warps=4, **options)
+for name, extra, options, warps in (("plain load", {}, {}, 4), ("ahead", dict(DH_AHEAD=True), dict(maxnreg=168), 4),
+                                    ("one row", dict(ROWS=1), {}, 2)):
+    c = compile_kernel(backward.norm_backward_kernel, dict(args, **extra), num_warps=warps, **options)
     r = resources(c)
     loop = c.asm["ptx"].split("bar.sync")[0]  # up to the first row sum's barrier
     out[name] = dict(registers=r.registers, spills=r.spill_stores + r.spill_loads,
@@ -52,14 +53,17 @@ print(json.dumps(out))
 
 
 def test_fused_backward_dh_ahead_at_1024():
-    """The fused backward (h stored, dropout, the prenorm gradient) at 1024 columns, 2 x 1024 tiles, 4 warps: with
-    DH_AHEAD and ptxas's cap at 168 registers, 3 programs an SM as without it (190 uncapped), no spill, and the prenorm
-    gradient's 16-byte loads (two a thread before the loop, two in it) issued before the first barrier of the row sums
-    with dy's and h's, where without it they come after the row sums."""
+    """The fused backward (h stored, dropout, the prenorm gradient) at 1024 columns: configs.FUSED_BACKWARD's one row
+    a program over 2 warps at <= 168 registers without spill (6 programs of 64 threads an SM); and at 2 x 1024 tiles, 4
+    warps: with DH_AHEAD and ptxas's cap at 168 registers, 3 programs an SM as without it (190 uncapped), no spill, and
+    the prenorm gradient's 16-byte loads (two a thread before the loop, two in it) issued before the first barrier of
+    the row sums with dy's and h's, where without it they come after the row sums."""
+    from tilecore.ops.norm import configs
+    assert configs.FUSED_BACKWARD[1024][:3] == (1024, 2, 6)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", FUSED_1024], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     for row in out.values():
         assert row["registers"] <= 168 and row["spills"] == 0, out
-    assert out["ahead"]["loads_128"] == out["shipped"]["loads_128"] + 4, out
+    assert out["ahead"]["loads_128"] == out["plain load"]["loads_128"] + 4, out
