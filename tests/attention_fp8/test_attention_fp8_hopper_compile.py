@@ -96,12 +96,12 @@ def test_v_descales_per_block_load_one_scalar_a_step(report):
 
 
 def test_p_cast_late_packs_four_bytes_a_register(report):
-    # P is rounded just before its wgmma, two cvt and one prmt a register (the shipped p_linear 1, session 33: the
-    # codes by cvt.rn.relu.f16x2.f32, the low byte of each float16; p_linear 0: two e4m3 cvt and a mov); no byte of it
-    # is unpacked and packed again between steps (P carried as e4m3: 192 prmt and 128 shr.s16 in the PTX at D 128,
-    # session 26)
+    # P is rounded just before its wgmma, two cvt and one prmt a register (the shipped p_linear 1: the codes by
+    # cvt.rn.relu.f16x2.f32, the low byte of each float16; p_linear 0: two e4m3 cvt and a mov); no byte of it is
+    # unpacked and packed again between steps (P carried as e4m3 had 192 prmt and 128 shr.s16 in the PTX at D 128:
+    # notes/attention_fp8, cast_late)
     for r in report:
-        assert r["p_linear"] == 1, r  # configs.GLUON_FORWARD (runs/fp8_plin_run2_session33_h100.txt)
+        assert r["p_linear"] == 1, r  # configs.GLUON_FORWARD (notes/attention_fp8's decision log: p_linear)
         assert r["relu_cvt"] > 0 and r["e4m3_cvt"] == 0 and r["prmt"] * 2 == r["relu_cvt"], r
         assert r["byte_moves"] == 0, r
 
@@ -131,6 +131,6 @@ def test_l_sums_p_on_the_tensor_cores(report):
 def test_ones_written_as_bytes(report):
     # the ones block is written as its bytes (0x38383838 a register), never converted from float16: ptxas 12.8 compiled
     # that conversion of a constant (cvt.rn.satfinite.e4m3x2.f16x2, mov.b32 {h, h}) to an F2FP ... MERGE_C whose high
-    # half came from another register, so half of the block's bytes were not ones (session 28 on the H100: l halved)
+    # half came from another register, so half of the block's bytes were not ones (l halved on the H100: the notes)
     for r in report:
         assert r["ones_bytes"] > 0 and r["f16_to_e4m3"] == 0, r
