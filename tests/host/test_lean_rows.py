@@ -1,7 +1,7 @@
 """What a keyed eager call of issue 31's three rows still over 40 us does on its host path, counted (session 37): the
 rows' floors are these allocations and launches (notes/host's rows table), and a change that adds one shows here.
 CPU tensors keyed through a stand-in signature (interpreter), launches by a counting stand-in of a kept KeyedLaunch,
-torch.empty counted.
+allocations (torch.empty, Tensor.new_empty) counted.
 
 * paged decode (attention_with_kvcache with a block table, O alone): 2 allocations (O; the split parts, with the
   merged lse in them), 2 launches (split keys, merge), no check, no layout.
@@ -41,12 +41,17 @@ class _Kept:
 @pytest.fixture
 def counts(monkeypatch):
     counts = {"empty": 0, "launch": 0, "check": 0, "plan": 0}
-    empty = torch.empty
+    empty, new_empty = torch.empty, torch.Tensor.new_empty
 
     def counted_empty(*args, **kwargs):
         counts["empty"] += 1
         return empty(*args, **kwargs)
+
+    def counted_new_empty(self, *args, **kwargs):
+        counts["empty"] += 1
+        return new_empty(self, *args, **kwargs)
     monkeypatch.setattr(torch, "empty", counted_empty)
+    monkeypatch.setattr(torch.Tensor, "new_empty", counted_new_empty)
     return counts
 
 

@@ -254,7 +254,7 @@ class _DecodeLaunch:
         """(O, lse) made and computed here (forward_kernels' shapes); without ``want_lse`` (a call returning O
         alone) the merge's lse goes into the split parts' allocation and None is returned for it."""
         bsz, nq, hq, _ = q.shape
-        out = torch.empty((bsz, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=self.device)
+        out = q.new_empty((bsz, nq, hq, v_cache.shape[3]))  # (q's dtype and device: ~0.7 us under torch.empty's)
         lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=self.device) \
             if want_lse or self.part_shapes is None else None
         self(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
