@@ -11,10 +11,12 @@ their parts on the same host (session 37, HG; experiments/common/gpu_script.py's
   a kept launch of a tiny kernel (KeyedLaunch, as the recipes launch) and a JIT launch, torch.fft.rfft of the filter, an
   autograd.Function's apply saving five tensors (what recording a gradient adds), the current device's read.
 * a cProfile of each row (top functions by own time, us a call: shares, cProfile inflates them).
-* A/B of session 37's two host cuts, each switch on vs off in one process (host_rows.ab_recipes: interleaved rounds,
-  medians, the outputs on vs off bit for bit, calls 1..10 with it on): tiles.launch.KEEP_SIGNATURE_HASH (a memo hit's
+* A/B of session 37's two host cuts, each switch on vs off in one process (host_rows.ab_recipes: ``--ab-rounds``
+  interleaved rounds of ``--ab-calls`` calls, medians, the outputs on vs off bit for bit, calls 1..10 with it on): tiles.launch.KEEP_SIGNATURE_HASH (a memo hit's
   signature keeps its hash: the LRU lookups stop rehashing it) on the three rows, fft_conv.op.PAD_BY_CAT (the keyed
-  Gluon call pads k by one cat with kept zeros before its rfft) on the fft_conv rows.
+  Gluon call pads k by one cat with kept zeros before its rfft; on since call 2) on the fft_conv rows. Batch 2 adds
+  parts: an LRU lookup by a plain signature against a KeptSignature, new_empty with a dtype, the cat and the rfft of
+  the padded filter alone.
 
     PYTHONPATH=/tmp/site:. python experiments/common/gpu_host_rows_s37.py [--rounds 3] [--calls 300]
 
@@ -38,7 +40,8 @@ import host_time  # noqa: E402 (the rows' inputs and torch peers, as every earli
 from experiments.common.gpu_script import Run, graph_ms, host_rounds, same_bits  # noqa: E402
 
 ROWS = ("fft_conv", "fft_conv (filter_spectrum)", "attention N256 (grad recorded)", "attention N256", "paged decode")
-AB = (("tilecore.tiles.launch:KEEP_SIGNATURE_HASH", ("paged decode", "attention N256 (grad recorded)", "fft_conv")),
+AB = (("tilecore.tiles.launch:KEEP_SIGNATURE_HASH", ("paged decode", "attention N256", "attention N256 (grad recorded)",
+                                                      "fft_conv")),
       ("tilecore.ops.fft_conv.op:PAD_BY_CAT", ("fft_conv", "fft_conv (grad recorded)")))
 
 
@@ -68,13 +71,15 @@ def parts(run: Run, calls: int) -> dict:
     """Each part alone, us a call (interleaved rounds)."""
     from tilecore import dispatch
     from tilecore.tiles.eager import apply as eager_apply
-    from tilecore.tiles.launch import CachedLaunch, KeyedLaunch, SignatureMemo
+    from tilecore.tiles.launch import LRU, CachedLaunch, KeptSignature, KeyedLaunch, SignatureMemo, signature
 
     dev = host_time.DEV[0]
     bf = dict(device=dev, dtype=torch.bfloat16)
     q = torch.randn(4, 1, 32, 128, **bf)
     qs, ks, vs = (torch.randn(1, 8, 256, 64, **bf).requires_grad_() for _ in range(3))
     kf = torch.randn(64, 1024, device=dev)
+    zeros = torch.zeros(64, 1024, device=dev)
+    padded = torch.cat((kf, zeros), 1)
     device = q.device
 
     class Save5(torch.autograd.Function):  # what recording a gradient adds: the node, five tensors saved, O wrapped
@@ -110,6 +115,18 @@ def parts(run: Run, calls: int) -> dict:
         "2 empties alone (out, lse)": empties2,
         "signature memo, 5 tensors": lambda: memo(q, kc, kc, lens, tbl, False, None, -1, -1, 0.0),
     }
+    # an LRU lookup of a call's signature, a plain tuple (rehashed each lookup) against a KeptSignature (its hash kept)
+    key5 = signature(q, kc, kc, lens, tbl, False, None, -1, -1, 0.0)
+    if key5 is not None:
+        kept5 = KeptSignature(key5)
+        table5 = LRU(8)
+        table5.put(key5, 1)
+        fns["LRU get, plain 5-tensor signature"] = lambda: table5.get(key5)
+        fns["LRU get, KeptSignature"] = lambda: table5.get(kept5)
+    fns["q.new_empty f32 (4,1,32,128) by dtype="] = lambda: q.new_empty((4, 1, 32, 128), dtype=torch.float32)
+    fns["torch.empty f32 (4,1,32,128)"] = lambda: torch.empty((4, 1, 32, 128), dtype=torch.float32, device=device)
+    fns["torch.cat (64,1024) f32 + kept zeros"] = lambda: torch.cat((kf, zeros), 1)
+    fns["rfft of the padded (64,2048)"] = lambda: torch.fft.rfft(padded)
     if dev == "cuda":  # one kept launch of a tiny kernel (KeyedLaunch: what each recipe launch is)
         x = torch.zeros(64, device=dev)
         bound = KeyedLaunch(CachedLaunch(_touch), ("host_rows_s37", 1), (1,), dict(BLOCK=64))
@@ -129,12 +146,14 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--profile", type=int, default=300)
     ap.add_argument("--deadline", type=float, default=52.0)
+    ap.add_argument("--ab-rounds", type=int, default=7)
+    ap.add_argument("--ab-calls", type=int, default=500)
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names ('' none)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
     if a.smoke:
         host_time.DEV[0] = "cpu"
-        a.calls, a.rounds, a.profile, a.deadline = 3, 1, 3, 600.0
+        a.calls, a.rounds, a.profile, a.deadline, a.ab_calls = 3, 1, 3, 600.0, 3
     run = Run("host_rows_s37", deadline=a.deadline)
     run.extra.update(calls=a.calls, rounds=a.rounds)
     table = table_of_rows()
@@ -167,7 +186,7 @@ def main():
                 run.row(f"A/B {switch.split(':')[1]} {name}", skipped="deadline")
                 continue
             ours, peer = table[name]
-            ab = host_rows.ab_recipes(name, ours, peer, 1 if a.smoke else 5, a.calls, switch)
+            ab = host_rows.ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.ab_calls, switch)
             run.row(f"A/B {switch.split(':')[1]} {name}", **ab, on_over_off=round(ab["on_us"] / ab["off_us"], 3)
                     if "on_us" in ab else None)
     run.attempt("parts", parts, run, a.calls)
