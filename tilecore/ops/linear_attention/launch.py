@@ -379,13 +379,10 @@ def backward_epilogue(plan: Plan, do, q, k, v, g, beta, h0, ht, dht, scale: floa
 
 
 def kernel_do(plan: Plan, do, v, g):
-    """do in the dtype the backward kernels read it in, as the H100 checked them
-    (notes/linear_attention/runs/linear_attention_backward_run2_session27_h100.txt): the
-    split path in v's dtype (bf16 do checked there, beta and grouped heads included); the unsplit path with a
-    decay in float32: its dQ kernel reading bf16 do directly was WRONG on the H100 (Mamba-2 with D and no
-    gate, Dk 128, Dv 64, 8 warps: dC 13.9x the rounding floor; with float32 do, the checked form,
-    1.4x) while the interpreter, which runs bf16 on a float32 upcast, cannot see it; without a decay bf16 as
-    it comes (checked: d128, Based)."""
+    """do in the dtype the backward kernels read it in, as the H100 checked them (notes/linear_attention, decision
+    30): the split path in v's dtype (bf16 do checked, beta and grouped heads included); the unsplit path with a
+    decay in float32 (its dQ kernel reading bf16 do directly was wrong on the H100 for Mamba-2 with D and no gate,
+    which the interpreter, running bf16 on a float32 upcast, cannot see); without a decay bf16 as it comes."""
     if plan.config.get("split"):
         return do.to(v.dtype) if do.dtype != v.dtype and v.dtype != torch.float32 else do
     if g is not None:
