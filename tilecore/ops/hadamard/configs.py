@@ -79,8 +79,10 @@ QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4
 QUANT_POW2_E2M1_PAIRS = {}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
-# as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit)
-QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2), ("nvfp4", 128): dict(tma="load"),
+# as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
+# PERM with one product a slice (x by the column-permuted H_128): nvfp4 128 1.34x, mxfp4 128 1.06x, nvfp4 256 1.61x
+QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True), ("nvfp4", 128): dict(tma="load", perm=True),
+                            ("nvfp4", 256): dict(split=(2, 1, 128), perm=True),
                             ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
                             ("int8", 128): dict(tma="load"),
                             ("nvfp4", 1024): dict(split=(1, 16, 64)), ("mxfp4", 1024): dict(split=(1, 16, 64), perm=True),
