@@ -2,7 +2,7 @@
 twin. Gluon does not run in the interpreter, so this replays the chain's arithmetic (bf16 operands of every product,
 float32 sums, the bf16 pieces of the sums over tokens, m = G_last / 2, the flag) and its FORM bits' algebra
 (EXP_FEW: e^m and e^G_last from e^(m / 2); DG_ONE: dG's two sums as one accumulator J (dG + k dk_state) - L dG of two
-bf16 pieces each), against the float64 gradients of one chunk (linear_attention_reference through autograd, an initial
+bf16 pieces each; G_TWO: G's sums from two pieces of g), against the float64 gradients of one chunk (linear_attention_reference through autograd, an initial
 state and a final state's gradient standing for S_c and dS_c). EARLY_VALUE and TRI_SMEM only move where products are
 issued or read from: the same arithmetic. The GPU run (experiments/linear_attention/gpu_gla_s37.py) checks the
 kernel itself against float64."""
@@ -14,7 +14,7 @@ from tilecore.ops.linear_attention import gluon_gla_bwd as gg
 from tilecore.ops.linear_attention import linear_attention_reference
 
 FLOOR = gg.FLOOR.value
-EXP_FEW, DG_ONE = gg.EXP_FEW.value, gg.DG_ONE.value
+EXP_FEW, DG_ONE, G_TWO = gg.EXP_FEW.value, gg.DG_ONE.value, gg.G_TWO.value
 BF16 = torch.bfloat16
 f32 = torch.float32
 
@@ -41,7 +41,7 @@ def chain_dots(q, k, g, v, do, hs, dhs, scale, form, span=64.0):
     L = torch.tril(torch.ones(BT, BT)).to(BF16)
     J = torch.ones(BT, BT).to(BF16)
     gc = torch.where(g < FLOOR, torch.full_like(g, FLOOR), g)
-    pg = pieces(gc, 3)
+    pg = pieces(gc, 2 if form & G_TWO else 3)
     G = sum(mm(L, p) for p in reversed(pg))
     Gl = sum(mm(J, p) for p in reversed(pg))
     m = 0.5 * Gl
@@ -94,7 +94,7 @@ def run(form, c, BKB=32):
     return [torch.cat([o[i] for o in outs], 1) for i in range(3)], [o[3] for o in outs]
 
 
-FORMS = [2, 2 | EXP_FEW, 2 | EXP_FEW | DG_ONE]
+FORMS = [2, 2 | EXP_FEW, 2 | EXP_FEW | DG_ONE, 2 | EXP_FEW | DG_ONE | G_TWO]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -111,7 +111,7 @@ def test_chain_dots_against_float64(form):
 
 
 def test_form_bits_are_the_same_arithmetic():
-    """EXP_FEW and DG_ONE move dq, dk, dg by float32's rounding only (not by bf16's)."""
+    """EXP_FEW, DG_ONE and G_TWO move dq, dk, dg by float32's rounding only (not by bf16's)."""
     c = case(0.3, seed=7)
     base, _ = run(2, c)
     for form in FORMS[1:]:

@@ -51,6 +51,9 @@ EARLY_AT = gl.constexpr(8)  # v do^T issued right behind a (k Ei), so dq's math 
 TRI_SMEM = gl.constexpr(16)  # L from shared memory (written once a program), J a constant: no [BT, BT] mask made 4 times
 # a tile
 EXP_FEW = gl.constexpr(32)  # e^m and e^G_last = e^(2 m) as products of e^(m / 2) (3 exp tiles a tile, not 5)
+EXP_FTZ = gl.constexpr(256)  # every e^x of the chain by ex2.approx.ftz (GlaDqk.exp)
+G_TWO = gl.constexpr(128)  # G = L g and J g from two bf16 pieces of g, not three (16 bits: G's error 2^-17 |G|, far below
+# the bf16 operands' of E and Ei)
 DG_ONE = gl.constexpr(64)  # dG's sums L dG and J (dG + k dk_state) in one round of products, two bf16 pieces each (16
 # bits of the mantissa: 2^-17 relative a term, far below dg's error from its bf16 inputs) instead of two rounds of three
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
@@ -178,6 +181,17 @@ class GlaDqk:
         p2.store((r1 - mid.to(gl.float32)).to(gl.bfloat16))
 
     @gluon.jit
+    def exp(self, x):
+        """e^x (EXP_FTZ: ex2.approx.ftz of x log2(e), two instructions an element; gl.exp's ex2 also scales
+        subnormal results, four more: here a result below 2^-126 is 0, as e^G is wherever G_t - m nears -87)."""
+        if self.FORM & EXP_FTZ:
+            y = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                          dtype=gl.float32, is_pure=True, pack=1)
+        else:
+            y = gl.exp(x)
+        return y
+
+    @gluon.jit
     def triangle(self, LOWER: gl.constexpr, NEG: gl.constexpr = False):
         """L (LOWER: ones on and below the diagonal; NEG: -L) or J (all ones) [BT, BT] in the operand dtype as a
         register A operand (TRI_SMEM: L from shared memory, J a constant), made where it is used (its row index
@@ -204,10 +218,13 @@ class GlaDqk:
         return x
 
     @gluon.jit
-    def sum_dots(self, M, p0, p1, p2, acc, USE: gl.constexpr):
-        """acc (+)= M (p0 + p1 + p2): the smallest piece first."""
-        tok = warpgroup_mma(M, p2, acc, use_acc=USE, is_async=True)
-        tok = warpgroup_mma(M, p1, tok, is_async=True)
+    def sum_dots(self, M, p0, p1, p2, acc, USE: gl.constexpr, TWO: gl.constexpr = False):
+        """acc (+)= M (p0 + p1 + p2) (TWO: M (p0 + p1)): the smallest piece first."""
+        if TWO:
+            tok = warpgroup_mma(M, p1, acc, use_acc=USE, is_async=True)
+        else:
+            tok = warpgroup_mma(M, p2, acc, use_acc=USE, is_async=True)
+            tok = warpgroup_mma(M, p1, tok, is_async=True)
         return warpgroup_mma(M, p0, tok, is_async=True)
 
     @gluon.jit
@@ -235,7 +252,13 @@ class GlaDqk:
         # G = L g, G_last on every row = J g
         g = g_s.load(L32).to(gl.float32)
         gl.thread_barrier()  # the previous tile's products have read the pieces' buffers
-        self.pieces(gl.where(g < FLOOR, FLOOR, g), p0, p1, p2)
+        if self.FORM & G_TWO:
+            gcl = gl.where(g < FLOOR, FLOOR, g)
+            hi = gcl.to(dtype)
+            p0.store(hi)
+            p1.store((gcl - hi.to(gl.float32)).to(dtype))
+        else:
+            self.pieces(gl.where(g < FLOOR, FLOOR, g), p0, p1, p2)
         fence_async_shared()
         gl.thread_barrier()
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -245,8 +268,8 @@ class GlaDqk:
         elif self.FORM & EARLY_VALUE:
             # the value sums do v^T, do S_c^T, v dS_c^T issued behind G's (they read only the stage), <S_c, dS_c> under
             # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
-            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
+            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
             a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
             dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
             dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
@@ -254,8 +277,8 @@ class GlaDqk:
                                     gl.SliceLayout(0, L32))
             Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
         else:
-            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
+            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
             Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
         m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
@@ -263,8 +286,8 @@ class GlaDqk:
         flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
         gl.store(self.FLAG + flag_at.to(gl.int64) + rows * 0, gl.full([BT], 1, gl.int8, gl.SliceLayout(1, L32)),
                  mask=wide > 0)
-        E = gl.exp(Gc - m)
-        Ei = gl.exp(m - Gc)
+        E = self.exp(Gc - m)
+        Ei = self.exp(m - Gc)
         # <S_c, dS_c> per channel
         if self.PROBE & PROBE_NO_SFX:
             sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
@@ -308,7 +331,7 @@ class GlaDqk:
         else:
             dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
-        half = gl.exp(0.5 * m)
+        half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
         gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
         dG = q_s.load(L32).to(gl.float32) * dq
@@ -326,7 +349,7 @@ class GlaDqk:
             em = half * half
             dk_state = dks * (Ei * em)  # (G_last - m = m)
         else:
-            dk_state = dks * (Ei * gl.exp(m))  # (G_last - m = m)
+            dk_state = dks * (Ei * self.exp(m))  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
         gl.store(self.DK_OUT + base + offs, (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
         # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
@@ -340,16 +363,23 @@ class GlaDqk:
             # both sums in one round, two pieces each: L dG from p0, p1; J (dG + k dk_state) from p2 and this
             # consumer's q buffer of the stage (read for the last time above)
             gl.thread_barrier()  # dq's and dk's products have read p0, p1; dk's store has read q
-            hi = dG.to(dtype)
+            if self.FORM & TRI_SMEM:  # (L from shared memory: the pieces of -dG)
+                nd = -dG
+            else:
+                nd = dG
+            hi = nd.to(dtype)
             p0.store(hi)
-            p1.store((dG - hi.to(gl.float32)).to(dtype))
+            p1.store((nd - hi.to(gl.float32)).to(dtype))
             x = dG + kf * dk_state
             hi = x.to(dtype)
             p2.store(hi)
             q_s.store((x - hi.to(gl.float32)).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
-            M = self.triangle(True, NEG=True)  # one accumulator: J (dG + k dk_state) - L dG
+            if self.FORM & TRI_SMEM:  # one accumulator: J (dG + k dk_state) - L dG
+                M = self.triangle(True)
+            else:
+                M = self.triangle(True, NEG=True)
             tok = warpgroup_mma(M, p1, z32, use_acc=False, is_async=True)
             tok = warpgroup_mma(M, p0, tok, is_async=True)
             M = self.triangle(False)
@@ -373,7 +403,7 @@ class GlaDqk:
         if self.FORM & EXP_FEW:
             dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         else:
-            dg = (jsum - lsum) + dG + gl.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+            dg = (jsum - lsum) + dG + self.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
 
