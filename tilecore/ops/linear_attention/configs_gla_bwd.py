@@ -58,6 +58,7 @@ CHUNKED = dict(
     dqk_gluon_form=0,  # its FORM (2: every sum over tokens by bf16 dots with a 0/1 matrix, bf16 inputs); off until an
     # H100 run
     dqk_gluon_probe=0,  # its timing probes only (gradients WRONG): never on
+    dqk_gluon_scan=True,  # the Gluon kernel also where FORM 2 does not apply (fp16 inputs: its scans over tokens)
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)
 )
@@ -68,11 +69,11 @@ CHUNKED_CHECKED_DIMS = ((128, 128), (64, 64), (32, 32))
 CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # the (Dk, Dv) pairs where the flat dqk launch (chunks a program, loads by TMA) was checked and faster on the H100, with
 # its chunks a program and stages: at d 64 3 stages keep a chunk's copies in flight with 2 programs an SM (110.7 KB);
-# a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM; at d 128 the Gluon kernel instead where
-# Gluon runs (dqk_gluon: 1.04x the flat launch; at d 64 it lost to it), its sums over tokens by dots with bf16 inputs
-# (dqk_gluon_form 2: 1.04-1.09x its scans)
+# a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM; where Gluon runs the Gluon kernel
+# instead (dqk_gluon: 1.04x the flat launch at d 128), its sums over tokens by dots with bf16 inputs (dqk_gluon_form 2:
+# 1.04-1.09x its scans at d 128; at d 64 1.07x the flat launch, 2 stages; its scans lost there: fp16 keeps the flat one)
 CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=2),
-                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3)}
+                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=2, dqk_gluon_scan=False)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
 COMBINE_KEY_BLOCK = 32

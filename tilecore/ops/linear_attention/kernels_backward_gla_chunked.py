@@ -1106,6 +1106,8 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         # its FORM 2 (sums over tokens by bf16 dots) with bf16 inputs only; it sets the flags it raises, so they start
         # at zero
         gluon_form = cfg["dqk_gluon_form"] if q.dtype == torch.bfloat16 else cfg["dqk_gluon_form"] & ~2
+        if not gluon_form & 2 and not cfg["dqk_gluon_scan"]:  # (the scans where they lost to the flat launch)
+            gluon_stages = 0
         if gluon_stages and gluon_form & 2 and group == 1:
             flag.zero_()
         for part, wide in dqk:
