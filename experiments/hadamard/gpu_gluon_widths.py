@@ -476,12 +476,19 @@ S37B_NEW = {
 }
 
 
+# E2M1_PAIRS (da22448: a column pair's e2m1 byte at once) where an nvfp4 group is one thread's (loop SASS -2%): bytes
+# compared with the shipped plan's
+S37B_EXTRA = {(f, n): [("e2m1_pairs", {"e2m1_pairs": True})] for f, n in (("nvfp4", 1024), ("nvfp4", 4096),
+                                                                          ("nvfp4", 128), ("nvfp4", 256))}
+
+
 def s37b_timed():
     """Session 37, batch 2: runs 1 and 2's flips against the plans before them (S37B_BEFORE), then S37B_NEW's candidates
     beside the shipped plans."""
     cases = []
     for (fmt, n), before in S37B_BEFORE.items():
         cases += [("q", fmt, n, "shipped", {}), ("q", fmt, n, "before", before)]
+        cases += [("q", fmt, n, name, t) for name, t in S37B_EXTRA.get((fmt, n), [])]
     for (fmt, n), variants in S37B_NEW.items():
         cases += [("q", fmt, n, "shipped", {})] + [("q", fmt, n, name, t) for name, t in variants]
     return cases
