@@ -18,6 +18,7 @@ takes BM 64 BN 64 4 warps since run 1), and full D128's registers capped at 128 
 (compile.EXP2_FMA_PACK / EXP2_FMA_POLY) against the default.
 ``--final``: every plain case and softcap_approx D128 (causal, full) at the defaults, beside the blocks or
 switch each flip replaced (call 3: the session's final figures).
+``--extra``: the full D128 softcaps (approx and exact) in two programs an SM (2 stages, maxnreg 128).
 ``--smoke``: the same code through the interpreter at tiny sizes (fp16, no timing).
 Writes $OUT/napkin_compile_s37.json after every case; prints a table last.
 """
@@ -45,7 +46,7 @@ START = time.time()
 BUDGET_S = 48  # no case starts after this (the job is killed at 70 s)
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 RES = {"device": gc.RESULTS["device"], "argv": sys.argv[1:], "checks": [], "timings": [], "errors": []}
-ROUNDS = 1 if SMOKE else (5 if "--final" in sys.argv else 4 if "--confirm" in sys.argv else 3)
+ROUNDS = 1 if SMOKE else (5 if "--final" in sys.argv or "--extra" in sys.argv else 4 if "--confirm" in sys.argv else 3)
 
 SMALL = dict(BM=64, BN=64, num_warps=4, num_stages=3)
 
@@ -113,6 +114,22 @@ def final_softcap_cases():
     return [("softcap_approx 30 causal D128", 128, True, 30.0, {"default": None}, mods),
             ("softcap_approx 30 D128", 128, False, 30.0, {"default": None, "exp2 all by MUFU (before)": {"_exp2": (0, 1)}},
              mods)]
+
+
+def extra_cases():
+    """--extra: the full D128 softcaps (one 8-warp program an SM by default) in two programs an SM as full
+    plain D128 ships (2 stages, registers capped at 128: 126 / 128 registers, no spills through TMA, sm_90a),
+    softcap_approx with and without its polynomial exponentials (they lost 3% where two programs share an SM)."""
+    r128 = dict(BM=128, BN=64, num_warps=8, num_stages=2, maxnreg=128, HEAD_GROUP=0)
+    if SMOKE:
+        return [("softcap_approx 30 D32", 32, False, 30.0, {"default": None, "r128": dict(BM=16, BN=16, maxnreg=128)},
+                 (f"scale({32 ** -0.5})", "softcap_approx(30.0)"))]
+    return [("softcap_approx 30 D128", 128, False, 30.0,
+             {"default": None, "BM 128 BN 64 w8 s2 r128": r128,
+              "BM 128 BN 64 w8 s2 r128, exp2 all by MUFU": dict(r128, _exp2=(0, 1))},
+             (f"scale({128 ** -0.5})", "softcap_approx(30.0)")),
+            ("softcap 30 (exact) D128", 128, False, 30.0, {"default": None, "BM 128 BN 64 w8 s2 r128": r128},
+             (f"scale({128 ** -0.5})", "softcap(30.0)"))]
 
 
 def compiled(g, cfg):
@@ -186,7 +203,8 @@ def main():
         RES["errors"].append(f"ceilings: {type(e).__name__}: {e}")
     cases = ((plain_cases() if "--plain" in sys.argv else []) + (confirm_cases() if "--confirm" in sys.argv else [])
              + (softcap_cases() if "--softcap" in sys.argv else [])
-             + (confirm_cases() + final_softcap_cases() if "--final" in sys.argv else []))
+             + (confirm_cases() + final_softcap_cases() if "--final" in sys.argv else [])
+             + (extra_cases() if "--extra" in sys.argv else []))
     for case in cases:
         if time.time() - START > BUDGET_S:
             RES["errors"].append(f"{case[0]}: skipped (time budget)")
