@@ -186,6 +186,32 @@ def kernel_timing(run, d, causal, b=16, h=16, n=4096, rounds=4):
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
+def pair(run, d, b=16, h=16, n=4096):
+    """q and k turned by one launch (rotary.op.turn_pair) against two (rotary.op.turn): bitwise on the GPU (the
+    timed shape, and GQA 8/2 with N 300 < Nk 700, interleaved, rotary_dim half of D), then GPU time."""
+    from tilecore.ops.rotary.op import turn, turn_pair
+
+    def one_case(b_, hq, hkv, n_, nk, pairs, interleaved):
+        q = torch.randn(b_, hq, n_, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(b_, hkv, nk, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        cos, sin = tables(nk, pairs, torch.bfloat16)
+        oq, ok = (torch.full(t.shape, float("nan"), device=DEV, dtype=t.dtype) for t in (q, k))
+        turn_pair(q, k, cos, sin, shift_x=nk - n_, out_x=oq, out_y=ok, interleaved=interleaved)
+        wq = turn(q, cos[nk - n_:], sin[nk - n_:], interleaved=interleaved)
+        wk = turn(k, cos, sin, interleaved=interleaved)
+        return bool(torch.equal(oq, wq) and torch.equal(ok, wk)), (q, k, cos, sin, oq, ok)
+
+    gqa_ok, _ = one_case(2, 8, 2, 300, 700, d // 4, True)
+    same, (q, k, cos, sin, oq, ok) = one_case(b, h, h, n, n, d // 2, False)
+    fns = {"two": lambda: (turn(q, cos, sin, out=oq), turn(k, cos, sin, out=ok)),
+           "one": lambda: turn_pair(q, k, cos, sin, shift_x=0, out_x=oq, out_y=ok)}
+    t = time_rounds(fns, rounds=4, graph=True, eager=False, deadline=run)
+    run.row(f"pair D{d}", kind="pair", d=d, ok=same and gqa_ok, bitwise=same, bitwise_gqa=gqa_ok,
+            two_ms=t["two_graph_ms"], one_ms=t["one_graph_ms"],
+            saved_us=round(1000 * (t["two_graph_ms"] - t["one_graph_ms"]), 2),
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
 def launches(run, d=128, b=16, h=16, n=4096):
     """apply_rotary on q and k (two launches) against one launch over a (B, N, 2H, D) tensor holding both."""
     from tilecore.ops.rotary.op import turn
@@ -209,6 +235,8 @@ def main():
     ap.add_argument("--dims", default="128", help="end-to-end timing (forward, forward + backward) at these D")
     ap.add_argument("--checks", default="128:full,128:causal", help="checks: D:full (half-split), D:causal "
                     "(interleaved)")
+    ap.add_argument("--pair", default="", help="q and k turned by one launch against two, at these D: bitwise, "
+                    "then timed")
     ap.add_argument("--kernel", default="", help="the backward kernel alone with and without the epilogue, and "
                     "the dK pass, at these D (full and causal)")
     ap.add_argument("--extra", action="store_true")
@@ -227,6 +255,8 @@ def main():
         run.finish(["name", "ok", "rotary_dq", "rotary_dk", "plain_dk"])
         return
     dims = [int(x) for x in a.dims.split(",")] if a.dims else []
+    for d in filter(None, a.pair.split(",")):
+        run.attempt(f"pair D{d}", pair, run, int(d))
     for case in filter(None, a.checks.split(",")):  # D:full (half-split) or D:causal (interleaved)
         d, mask = case.split(":")
         d, causal = int(d), mask == "causal"
@@ -250,7 +280,7 @@ def main():
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
     run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
                 "fwd_plain_ms", "fwd_over", "fwd_one_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_pass_over", "bwd_kernel_over",
-                "saved_us", "kernel_plain_ms", "epilogue_us", "pass_us", "net_us"])
+                "saved_us", "bitwise", "kernel_plain_ms", "epilogue_us", "pass_us", "net_us"])
 
 
 if __name__ == "__main__":
