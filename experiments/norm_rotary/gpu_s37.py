@@ -2,6 +2,7 @@
 fft_conv at 4096 (x torch.fft, % of copy), in one run (one H100 lane, <= 60 s).
 
     PYTHONPATH=. python experiments/norm_rotary/gpu_s37.py [--peers] [--fused-peers] [--fft 4096] [--fft-variants ...]
+                                                           [--copy-sizes] [--fused-4096]
     TRITON_INTERPRET=1 python experiments/norm_rotary/gpu_s37.py --smoke      (the CPU: small rows, host-clock times)
 
 1. The fused backward (bf16, LayerNorm with weight and bias, h stored by the forward, dropout 0.1, the prenorm
@@ -13,6 +14,8 @@ fft_conv at 4096 (x torch.fft, % of copy), in one run (one H100 lane, <= 60 s).
    dh read, dx, dresidual written (5 x 128 MiB); % of copy also at the anchors' 2,997 GB/s (a copy's speed varies
    with its size: the 4096 rows' copy of 2.7 GB ran ~20% slower a byte than 1024's in session 36).
    The plain LayerNorm / RMSNorm backward at 1024 (dy, x read, dx written): the shipped plans and PLAIN_1024's.
+   --copy-sizes: graph-timed copies of 640 MiB, 1.5 GiB and 2.5 GiB (a copy's speed against its size); --fused-4096: the
+   shipped fused backward at 65536 x 4096 (2.5 GiB), checked and timed as above.
 2. --peers: forward + backward through autograd at 65536 x 1024 (LayerNorm), ours against Liger-Kernel's (where
    importable) and torch.compile's, graph-timed; --fused-peers: the same for residual + dropout + LayerNorm storing
    h (prenorm), ours against torch.compile's.
@@ -124,7 +127,7 @@ def fused_reference(inputs, keep):
     return torch.autograd.grad(loss, leaves)  # dx, dweight, dbias, dresidual
 
 
-def fused_1024(sms, n=1024):
+def fused_1024(sms, n=1024, candidates=None):
     g = torch.Generator(device=DEV).manual_seed(37 + n)
     small = fused_inputs(SMALL_ROWS, n, g)
     small_state = fused_state(small, sms)
@@ -135,7 +138,7 @@ def fused_1024(sms, n=1024):
     nbytes = 5 * ROWS * n * 2
     c = copy_ms(nbytes)
     fns, meta = {}, {}
-    for label, kw in FUSED_1024:
+    for label, kw in (candidates or FUSED_1024):
         if run.left() < 25 or (SMOKE and label not in ("shipped", "7/SM cap136", "probe: no dropout draw")):
             run.say(f"skipped (time): fused {n} {label}")
             continue
@@ -161,6 +164,14 @@ def fused_1024(sms, n=1024):
         run.row(f"fused {n} {label}", ms=ms, pct_copy=100 * c / ms, pct_anchor=100 * nbytes / ms / 1e6 / ANCHOR_GBS,
                 vs_shipped=(shipped / ms) if shipped else None, err=max(meta[label]["errs"].values()), rounds=rounds,
                 **meta[label])
+
+
+def copy_sizes():
+    """Graph-timed copies of 640 MiB (the fused 1024 backward's bytes), 1.5 GiB (the plain 4096's) and 2.5 GiB (the
+    fused 4096's): does a copy's speed a byte fall with its size?"""
+    for nbytes in (5 * ROWS * 1024 * 2, 3 * ROWS * 4096 * 2, 5 * ROWS * 4096 * 2):
+        copy_ms(nbytes)
+        torch.cuda.empty_cache()
 
 
 def plain_1024(sms, rms, n=1024):
@@ -323,6 +334,11 @@ def main() -> int:
         if run.left() > 15:
             run.attempt(f"plain rms={rms}", plain_1024, sms, rms, n)
     torch.cuda.empty_cache()
+    if "--copy-sizes" in args and run.left() > 12:
+        run.attempt("copy sizes", copy_sizes)
+    if "--fused-4096" in args and run.left() > 15:
+        run.attempt("fused 4096", fused_1024, sms, 4096, [("shipped", {})])
+        torch.cuda.empty_cache()
     if "--fft" in args:
         variants = args[args.index("--fft-variants") + 1].split(",") if "--fft-variants" in args else []
         for n in [int(s) for s in args[args.index("--fft") + 1].split(",")]:
