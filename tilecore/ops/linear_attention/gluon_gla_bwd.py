@@ -47,7 +47,6 @@ PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
 # FORM bits beside 2 (chain_dots): where wgmma groups are issued (the same math, the same operands)
 EARLY_VALUE = gl.constexpr(4)  # do v^T, do S_c^T, v dS_c^T issued right behind G's sums, so their latency and
 # <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores overlap: one wait fewer a tile
-EARLY_AT = gl.constexpr(8)  # v do^T issued right behind a (k Ei), so dq's math and store run under it
 TRI_SMEM = gl.constexpr(16)  # L from shared memory (written once a program), J a constant: no [BT, BT] mask made 4 times
 # a tile
 EXP_FEW = gl.constexpr(32)  # e^m and e^G_last = e^(2 m) as products of e^(m / 2) (3 exp tiles a tile, not 5)
@@ -324,10 +323,6 @@ class GlaDqk:
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T = v do^T and dk
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dq_in = dqs
-        elif self.FORM & EARLY_AT:  # a^T = v do^T issued behind a (k Ei), made under dq's math and store
-            dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
-            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dq_in = warpgroup_mma_wait(1, deps=[dq_tok])
         else:
             dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
@@ -338,8 +333,7 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dk_in = dks
         else:
-            if not self.FORM & EARLY_AT:
-                at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
             at = warpgroup_mma_wait(0, deps=[at_tok])
             at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
                                       self.A32)
