@@ -138,7 +138,8 @@ def test_fewer_row_blocks_where_the_grid_would_leave_sms_idle(monkeypatch):
 
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
     cpu = torch.device("cpu")
-    assert filled_row_blocks(8, 16 * 16 * 32, cpu) == 8  # B16 H16 N4096: 1,024 programs of 8
-    assert filled_row_blocks(8, 1 * 16 * 8, cpu) == 1  # B1 H16 N1024: 128 programs of 1, not 16 of 8
-    assert filled_row_blocks(8, 1 * 16 * 32, cpu) == 1 and filled_row_blocks(8, 16 * 32 * 4, cpu) == 7
-    assert filled_row_blocks(4, 4 * 16 * 32, cpu) == 4
+    assert filled_row_blocks(8, 16 * 16, 32, cpu) == 8  # B16 H16 N4096: 1,024 programs of 8
+    assert filled_row_blocks(8, 1 * 16, 8, cpu) == 1  # B1 H16 N1024: 128 programs of 1, not 16 of 8
+    assert filled_row_blocks(8, 16 * 16, 8, cpu) == 4  # B16 H16 N1024: cut to 7, evened out: 2 programs of 4 a head
+    assert filled_row_blocks(8, 1 * 16, 32, cpu) == 1 and filled_row_blocks(4, 4 * 16, 32, cpu) == 4
+    assert filled_row_blocks(8, 2 * 16, 20, cpu) == 2  # 640 blocks: cut to 2, 10 programs of 2 a head

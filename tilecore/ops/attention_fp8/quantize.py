@@ -176,7 +176,7 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
                **({"num_stages": 2} if D >= 128 and not interp else {}), **(config or {})}
         row_blocks = cfg["row_blocks"]
         if FILL_SMS and not interp and "row_blocks" not in (config or {}):
-            row_blocks = filled_row_blocks(row_blocks, B * H * -(-N // SCALE_BLOCK), x.device)
+            row_blocks = filled_row_blocks(row_blocks, B * H, -(-N // SCALE_BLOCK), x.device)
         with dispatch.on_device(x.device):
             _ROTATE_QUANTIZE.run(key, (B * H, -(-N // (SCALE_BLOCK * row_blocks))), (
                 x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5), dict(
@@ -198,11 +198,13 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     return codes, ds
 
 
-def filled_row_blocks(row_blocks: int, blocks: int, device) -> int:
+def filled_row_blocks(row_blocks: int, heads: int, head_blocks: int, device) -> int:
     """rotate_quantize's blocks of 128 rows a program under FILL_SMS: ``row_blocks`` cut (to 1 at least) where a grid
-    over ``blocks`` blocks would give an SM of ``device`` fewer than two programs (B1 H16 N1024 at 8 blocks a
-    program: 16 programs, 23 us for 4 MB on the H100)."""
-    return max(1, min(row_blocks, blocks // (2 * dispatch.num_sms(device))))
+    over ``heads`` x ``head_blocks`` blocks would give an SM of ``device`` fewer than two programs (B1 H16 N1024 at 8
+    blocks a program: 16 programs, 23 us for 4 MB on the H100), then evened out over a head's programs (8 blocks a
+    head cut to 7 would make programs of 7 and 1: 4 and 4)."""
+    cut = max(1, min(row_blocks, heads * head_blocks // (2 * dispatch.num_sms(device))))
+    return -(-head_blocks // -(-head_blocks // cut))
 
 
 def rotate_quantize_rows(x: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
