@@ -4,14 +4,16 @@ miscompiled on Hopper: FLA's issue 640), then timed (< 60 s on an H100).
 
 Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, configs' is 2):
 
-* ``call1`` (session 37 device call 2, snapshot 62cdf46, runs/gla_s37a_run2_session37_h100.txt; its set then: d 64
-  configs' (the flat tl launch) against FORM 2 at 3 and 2 stages; d 128 configs', the flat launch, FORM 6 / 34 / 38 /
-  54, FORM 2's probes; each variant's worker compiled every kernel and made its own references: on that call's slow
-  host only d 64, d 128 flat and FORM 54 finished by 34 s): d 64 FORM 2 at 2 stages 1.07x the flat launch (on since);
-  d 128 FORM 54 1.855 ms = 67.5% of its bound (flat 52.4%).
-* ``call2``: configs' (FORM 2 at d 128 and, since, at d 64 with 2 stages) against the flat launch at d 64 and the
-  FORM bits: 6 (EARLY_VALUE), 38 (+ EXP_FEW), 54 (+ TRI_SMEM: call 1's), 482 (EXP_FEW + DG_ONE + G_TWO + EXP_FTZ: the
-  SASS instruction cuts, 5448 against FORM 2's 6488 at d 128), 486 (482 + EARLY_VALUE), 502 (486 + TRI_SMEM).
+* ``call1`` (session 37 device calls 2 and 3, runs/gla_s37a_run2_session37_h100.txt at 62cdf46 and
+  runs/gla_s37a_run3_session37_h100.txt at 9dd9a7c; its set then: d 64 configs' (the flat tl launch) against FORM 2 at
+  3 and 2 stages (call 3: FORM 98 at 3); d 128 configs' (FORM 2), the flat launch (call 2), FORM 6 / 34 / 38 / 54
+  (call 2) / 98 / 102 (call 3), FORM 2's probes; each variant's worker compiled every kernel and made its own
+  references: on call 2's slow host only d 64, d 128 flat and FORM 54 finished by 34 s): d 64 FORM 2 at 2 stages 1.07x
+  the flat launch (on since); d 128 FORM 54 1.855 ms = 67.5% (call 2), FORM 38 1.95-1.98 against FORM 2's 2.16-2.17
+  (call 3), DG_ONE slower (98, 102).
+* ``call2``: configs' (FORM 2 at d 128 and, since, at d 64 with 2 stages) against the flat launch at d 64 and FORM 38
+  (EARLY_VALUE + EXP_FEW), 54 (+ TRI_SMEM), 50 (TRI_SMEM + EXP_FEW), 182 (54 + G_TWO), 310 (54 + EXP_FTZ), 438 (54 +
+  G_TWO + EXP_FTZ) at d 128; 54 and 438 at d 64.
 
 The main process makes the float64 references once a head dim (bf16 B2 N1024 H16: the timed shape's specializations;
 an initial state and a final state's gradient, weak decays -U(0, 0.3) and strong ones -U(0, 6) with a reset
@@ -59,15 +61,15 @@ SETS = {
     "call2": {
         "d64 configs": (64, {}, True),
         "d64 flat": (64, dict(dqk_gluon=0), True),
-        "d64 form482": (64, dict(dqk_gluon_form=482), True),
-        "d64 form502": (64, dict(dqk_gluon_form=502), True),
+        "d64 form54": (64, dict(dqk_gluon_form=54), True),
+        "d64 form438": (64, dict(dqk_gluon_form=438), True),
         "d128 configs": (128, {}, True),
-        "d128 form6": (128, dict(dqk_gluon_form=6), True),
         "d128 form38": (128, dict(dqk_gluon_form=38), True),
         "d128 form54": (128, dict(dqk_gluon_form=54), True),
-        "d128 form482": (128, dict(dqk_gluon_form=482), True),
-        "d128 form486": (128, dict(dqk_gluon_form=486), True),
-        "d128 form502": (128, dict(dqk_gluon_form=502), True),
+        "d128 form50": (128, dict(dqk_gluon_form=50), True),
+        "d128 form182": (128, dict(dqk_gluon_form=182), True),
+        "d128 form310": (128, dict(dqk_gluon_form=310), True),
+        "d128 form438": (128, dict(dqk_gluon_form=438), True),
     },
 }
 VARIANTS = SETS[SET]
