@@ -107,7 +107,7 @@ def test_fft_conv_recipe_pads_by_cat_to_the_same_spectrum(monkeypatch, k_dtype):
     monkeypatch.setattr(fft_op, "signature", _signature)
 
     def clear():
-        for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
+        for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES, fft_op._ZEROS):
             cache.clear()
     clear()
     torch.manual_seed(8)
@@ -118,6 +118,11 @@ def test_fft_conv_recipe_pads_by_cat_to_the_same_spectrum(monkeypatch, k_dtype):
         fft_op.fft_conv(u, k)
     recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
     assert recipe and recipe.zeros.shape == (3, 2048 - 300) and recipe.zeros.dtype == torch.float32
+    assert not recipe.zeros.any()
+    fft_op.fft_conv(torch.randn(5, 3, 1024).to(torch.bfloat16), k)  # another batch: another key, the same zeros
+    fft_op.fft_conv(torch.randn(5, 3, 1024).to(torch.bfloat16), k)
+    assert len(fft_op._GLUON_CONVS) == 2 and all(
+        entry[0].zeros is recipe.zeros for entry in fft_op._GLUON_CONVS._data.values())
     spectra.clear()
     for on in (True, False):
         with patched(fft_op, PAD_BY_CAT=on):

@@ -322,8 +322,11 @@ class _GluonConv:
         self.launch = KeyedLaunch(kernel, (key, False, False), grid, options, derived=derived)
         self.shape, self.dtype, self.device = tuple(y.shape), y.dtype, y.device
         self.k_float = k.dtype == torch.float32  # (filter_spectrum's k.float(): k itself)
-        # the zero half of the padded filter, kept (read-only: never written, so no stream or graph can race on it)
-        self.zeros = None if given else torch.zeros((H, 2 * N - k.shape[-1]), dtype=torch.float32, device=k.device)
+        # the zeros padding the filter, kept (read-only: never written, so no stream or graph can race on them), one
+        # tensor per (device, channels, pad) shared by every recipe of that shape (a model's layers, batch sizes)
+        self.zeros = None if given else _ZEROS.memo(
+            (k.device, H, 2 * N - k.shape[-1]),
+            lambda: torch.zeros((H, 2 * N - k.shape[-1]), dtype=torch.float32, device=k.device))
         return self
 
     def __call__(self, u, k) -> torch.Tensor:
@@ -346,6 +349,7 @@ class _GluonConv:
 
 
 _GLUON_CONVS = LRU(256)  # a plain eager call's signature -> its _GluonConv (False: the general path)
+_ZEROS = LRU(8)  # (device, channels, pad) -> the float32 zeros the recipes of that shape pad their filter with
 
 # a keyed Gluon call pads the filter by one torch.cat with its recipe's kept zeros (k cast to float32 by the cat's
 # type promotion), then takes torch.fft.rfft of it: the input rfft(k.float(), n=2N) pads for itself (an allocation, a
