@@ -44,8 +44,8 @@ GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
 # Mamba-2's step on the transposed state (gluon_forward's TRANSPOSED: S^T in registers, the wgmmas that need no
 # scores issued together; 1: the per-token column factors by 16 exps a thread, 2: by one, read back through shared
-# memory): 0 (off): form 1 was slower than the shipped step (decision 148), form 2 untimed
-GLUON_MAMBA_TRANSPOSED = 0
+# memory): form 2, checked and 1.043x the former step (decision 149); form 1 was slower (decision 148)
+GLUON_MAMBA_TRANSPOSED = 2
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's
