@@ -1,24 +1,23 @@
-"""Issue 37 (session 37, helper HR): attention(..., rotary=(cos, sin))'s training path on Hopper with dK turned
-back inside the Gluon backward's dK/dV epilogue (configs.ROTARY_DK_IN_KERNEL; gluon_backward.RotaryBackward)
-against the turned path as shipped (dK turned back by apply_rotary's kernel after the backward).
+"""Issue 37 (session 37, helper HR): attention(..., rotary=(cos, sin)) on Hopper, the turned path's choices.
 
-1. Checks (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an unwritten element
-   shows): O, dq, dk, dv of the in-kernel variant (and q, k turned by one launch: ROTARY_QK_ONE_LAUNCH) against the float64 reference
-   (reference.rotary_attention_reference) as multiples of the rounding floor, beside plain attention's on the
-   same inputs; B1 H2 N4096 (the timed shapes' kernels): full half-split, causal interleaved; --extra also
-   N 900 < Nk 1000 causal (the dQ kernel's branch, a partly filled last key block) with rotary_dim 32 of 128
-   (partial) and GQA 4/2.
-2. GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16 H16 N4096
-   bf16 tables: forward (no gradient) plain / rotary / rotary with q and k turned by one launch; forward + backward (autograd.grad of q, k, v) plain /
-   rotary with dK by the pass (shipped) / dK in the kernel. Overheads over plain (issue 37: <= 3%).
-   --launches: apply_rotary on q and k as two launches against one launch over a tensor of both's heads
-   (what one launch for q and k would save). --kernel: the Gluon backward kernel alone with and without the
-   epilogue, beside apply_rotary's pass over dK (what the epilogue costs against what it removes). --routed: the checks also run a call without a gradient with
-   configs.ROTARY_IN_KERNEL on (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon forward), and the
-   timing its forward (the per-case choice of ROTARY_IN_KERNEL).
+1. --pair D,..: q and k turned by one launch (rotary.op.turn_pair) against two (rotary.op.turn): bitwise on the
+   GPU (B16 H16 N4096, and GQA 8/2 with N 300 < Nk 700 interleaved), then GPU time.
+2. --checks D:full,D:causal (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an
+   unwritten element shows): O, dq, dk, dv of the turned path with q and k turned by one launch
+   (configs.ROTARY_QK_ONE_LAUNCH) against the float64 reference (reference.rotary_attention_reference) as
+   multiples of the rounding floor, beside plain attention's on the same inputs; B1 H2 N4096 (the timed
+   shapes' kernels); full half-split, causal interleaved; --extra also N 900 < Nk 1000 causal with rotary_dim
+   32 of 128 and GQA 4/2. --routed: also a call without a gradient with configs.ROTARY_IN_KERNEL on
+   (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon forward); --fwd-only: that call alone.
+3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
+   H16 N4096, bf16 tables: forward (no gradient) plain / turned (two launches) / turned by one launch (/ with
+   --routed the in-kernel forward); forward + backward (autograd.grad of q, k, v) plain / rotary, unless
+   --fwd-only. Overheads over plain (issue 37: <= 3%). --launches: one launch over a tensor of both's heads
+   against two (the proxy of call 2).
+(Calls 1-3 of session 37 ran this script with the Gluon backward's dK epilogue, removed since: git 535eca7.)
 
-  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--dims 128,64] [--checks 128:full,64:causal]
-      [--kernel 128,64] [--extra] [--launches] [--routed]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--pair 128,64] [--checks 128:full,64:causal]
+      [--dims 128,64] [--fwd-only] [--routed] [--extra] [--launches]
   PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py --smoke   # CPU interpreter: imports and the checks' code
 """
 from __future__ import annotations
@@ -74,7 +73,7 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
     result = {}
     for label, rot in (("rotary", (cos, sin)), ("plain", None)) if not FWD_ONLY[0] else ():
         poison()
-        with patched(configs, ROTARY_DK_IN_KERNEL=True, ROTARY_QK_ONE_LAUNCH=True):
+        with patched(configs, ROTARY_QK_ONE_LAUNCH=True):
             out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
             grads = torch.autograd.grad(out, (q, k, v), g)
         if rot is None:
@@ -116,11 +115,8 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
                 tilecore.attention(q, k, v, causal=causal, rotary=rot)
         return f
 
-    def fwdbwd(rot, dk_in_kernel=False):
-        def f():
-            with patched(configs, ROTARY_DK_IN_KERNEL=dk_in_kernel):
-                torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
-        return f
+    def fwdbwd(rot):
+        return lambda: torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
 
     def fwd_one_launch():  # configs.ROTARY_QK_ONE_LAUNCH on: q and k turned by one launch (rotary.op.turn_pair)
         with torch.no_grad(), patched(configs, ROTARY_QK_ONE_LAUNCH=True):
@@ -132,7 +128,7 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
 
     fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin)), "fwd_one": fwd_one_launch}
     if not FWD_ONLY[0]:
-        fns.update(bwd_plain=fwdbwd(None), bwd_pass=fwdbwd((cos, sin)), bwd_kernel=fwdbwd((cos, sin), True))
+        fns.update(bwd_plain=fwdbwd(None), bwd_rotary=fwdbwd((cos, sin)))
     if ROUTED[0]:
         fns["fwd_inkernel"] = fwd_in_kernel
     for f in fns.values():  # compiled before the clock
@@ -144,71 +140,8 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
     run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
             fwd_over=over("fwd_rotary", "fwd_plain"), fwd_one_over=over("fwd_one", "fwd_plain"),
-            **({} if FWD_ONLY[0] else dict(bwd_pass_over=over("bwd_pass", "bwd_plain"),
-                                           bwd_kernel_over=over("bwd_kernel", "bwd_plain"))),
+            **({} if FWD_ONLY[0] else dict(bwd_over=over("bwd_rotary", "bwd_plain"))),
             **({"fwd_inkernel_over": over("fwd_inkernel", "fwd_plain")} if ROUTED[0] else {}),
-            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
-
-
-def kernel_timing(run, d, causal, b=16, h=16, n=4096, rounds=4):
-    """The Gluon backward kernel alone (its plan's, dQ added into a float32 sum) without and with the rotary
-    epilogue (launch_backward_gluon_kernel's rotary), and apply_rotary's pass over dK (what the epilogue
-    replaces), on the same inputs: the epilogue's cost against the pass's."""
-    from tilecore.ops.attention import launch
-    from tilecore.ops.rotary.op import turn
-
-    q, k, v, dout = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16) for _ in range(4))
-    scale = d ** -0.5
-    with torch.no_grad():
-        out, lse = tilecore.attention(q, k, v, causal=causal, return_lse=True)
-    p = plan.plan_backward(dout, q, k, v, causal, scale)
-    if p.path != "gluon" or p.dq is not None:
-        raise RuntimeError(f"not the Gluon kernel adding dQ: path {p.path}, dq {p.dq}")
-    _, dq_sum, stats = launch.backward_preprocess(out, dout, lse.contiguous(), None, dq_sum=True, row_stats=True,
-                                                  plan=p)
-    dk, dv, dk2 = (torch.empty_like(q) for _ in range(3))
-    cos, sin = tables(n, d // 2, torch.bfloat16)
-    fns = {"kernel_plain": lambda: launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv, causal,
-                                                                       scale),
-           "kernel_rotary": lambda: launch.launch_backward_gluon_kernel(p, dout, q, k, v, stats, dq_sum, dk, dv,
-                                                                        causal, scale, rotary=(cos, sin, False)),
-           "dk_pass": lambda: turn(dk.transpose(1, 2), cos, sin, conjugate=True, out=dk2.transpose(1, 2))}
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
-    ms = {name: t[f"{name}_graph_ms"] for name in fns}
-    epilogue = ms["kernel_rotary"] - ms["kernel_plain"]
-    run.row(f"kernel D{d} {'causal' if causal else 'full'}", kind="kernel", d=d, causal=causal, b=b, h=h, n=n,
-            dq_from=p.config.get("dq_from"), **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
-            epilogue_us=round(1000 * epilogue, 1), pass_us=round(1000 * ms["dk_pass"], 1),
-            net_us=round(1000 * (epilogue - ms["dk_pass"]), 1),
-            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
-
-
-def pair(run, d, b=16, h=16, n=4096):
-    """q and k turned by one launch (rotary.op.turn_pair) against two (rotary.op.turn): bitwise on the GPU (the
-    timed shape, and GQA 8/2 with N 300 < Nk 700, interleaved, rotary_dim half of D), then GPU time."""
-    from tilecore.ops.rotary.op import turn, turn_pair
-
-    def one_case(b_, hq, hkv, n_, nk, pairs, interleaved):
-        q = torch.randn(b_, hq, n_, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.randn(b_, hkv, nk, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
-        cos, sin = tables(nk, pairs, torch.bfloat16)
-        oq, ok = (torch.full(t.shape, float("nan"), device=DEV, dtype=t.dtype) for t in (q, k))
-        turn_pair(q, k, cos, sin, shift_x=nk - n_, out_x=oq, out_y=ok, interleaved=interleaved)
-        wq = turn(q, cos[nk - n_:], sin[nk - n_:], interleaved=interleaved)
-        wk = turn(k, cos, sin, interleaved=interleaved)
-        return bool(torch.equal(oq, wq) and torch.equal(ok, wk)), (q, k, cos, sin, oq, ok)
-
-    gqa_ok, _ = one_case(2, 8, 2, 300, 700, d // 4, True)
-    same, (q, k, cos, sin, oq, ok) = one_case(b, h, h, n, n, d // 2, False)
-    fns = {"two": lambda: (turn(q, cos, sin, out=oq), turn(k, cos, sin, out=ok)),
-           "one": lambda: turn_pair(q, k, cos, sin, shift_x=0, out_x=oq, out_y=ok)}
-    t = time_rounds(fns, rounds=4, graph=True, eager=False, deadline=run)
-    run.row(f"pair D{d}", kind="pair", d=d, ok=same and gqa_ok, bitwise=same, bitwise_gqa=gqa_ok,
-            two_ms=t["two_graph_ms"], one_ms=t["one_graph_ms"],
-            saved_us=round(1000 * (t["two_graph_ms"] - t["one_graph_ms"]), 2),
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
@@ -237,8 +170,6 @@ def main():
                     "(interleaved)")
     ap.add_argument("--pair", default="", help="q and k turned by one launch against two, at these D: bitwise, "
                     "then timed")
-    ap.add_argument("--kernel", default="", help="the backward kernel alone with and without the epilogue, and "
-                    "the dK pass, at these D (full and causal)")
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--launches", action="store_true")
     ap.add_argument("--routed", action="store_true", help="also the forward with ROTARY_IN_KERNEL on (no gradient)")
@@ -262,12 +193,6 @@ def main():
         d, causal = int(d), mask == "causal"
         run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''}", 1, 2, 2, 4096, 4096,
                     d, d // 2, causal, causal)
-    for d in filter(None, a.kernel.split(",")):
-        for causal in (False, True):
-            if run.left() < 6:
-                run.errors.append(f"kernel D{d} causal={causal}: skipped (deadline)")
-                continue
-            run.attempt(f"kernel D{d} causal={causal}", kernel_timing, run, int(d), causal)
     for d in dims:
         for causal in (False, True):
             if run.left() < 12:
@@ -279,8 +204,8 @@ def main():
     if a.extra and run.left() > 10:
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
     run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
-                "fwd_plain_ms", "fwd_over", "fwd_one_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_pass_over", "bwd_kernel_over",
-                "saved_us", "bitwise", "kernel_plain_ms", "epilogue_us", "pass_us", "net_us"])
+                "fwd_plain_ms", "fwd_over", "fwd_one_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_over",
+                "saved_us", "bitwise"])
 
 
 if __name__ == "__main__":

@@ -178,10 +178,6 @@ ROTARY_IN_KERNEL = False
 # (head dim, causal) of the calls without a gradient that take gluon_rotary.forward with ROTARY_IN_KERNEL off:
 # the cases where it ran faster than the turned forward (per-case figures: notes/rotary's decision log)
 ROTARY_IN_KERNEL_CASES = frozenset()
-# The turned path's backward on Hopper (op_rotary.turned_backward_impl): True turns dK back inside the Gluon
-# backward's epilogue (gluon_backward.RotaryBackward, for the tables plan.rotary_dk_in_kernel takes), so no
-# pass over dK follows the kernel; False: apply_rotary's kernel turns dK back after it
-ROTARY_DK_IN_KERNEL = False
 # The turned path's q and k: True turns both by one launch (rotary.op.turn_pair), False by one apply_rotary
 # launch each
 ROTARY_QK_ONE_LAUNCH = False

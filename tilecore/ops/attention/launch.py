@@ -338,13 +338,12 @@ def backward_preprocess(out, dout, lse, dlse, *, dq_sum: bool = False, row_stats
 
 
 def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,
-                          window=NO_WINDOW, softcap: float = 0.0, rotary=None) -> None:
+                          window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The preprocess, the Gluon backward kernel (dK, dV, and dQ where the plan has no dQ pass: its
-    float32 sum then copied to dq), then the plan's dQ pass if any; ``rotary`` as
-    launch_backward_gluon_kernel's (dK alone turned back)."""
+    float32 sum then copied to dq), then the plan's dQ pass if any."""
     added = plan.dq is None
     delta, dq_sum, stats = backward_preprocess(out, dout, lse, dlse, dq_sum=added, row_stats=True, plan=plan)
-    launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, window, softcap, rotary)
+    launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal, scale, window, softcap)
     if added:
         dq.copy_(dq_sum)
     else:
@@ -352,23 +351,11 @@ def launch_backward_gluon(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causa
 
 
 def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, causal: bool, scale: float,
-                                 window=NO_WINDOW, softcap: float = 0.0, rotary=None) -> None:
+                                 window=NO_WINDOW, softcap: float = 0.0) -> None:
     """The Gluon backward kernel alone (gluon_backward.py): dk, dv, and where the plan's dq_from adds
     it in the kernel scale * dS K added to the float32 ``dq_sum`` (B, H, N, D; a placeholder
     otherwise), from the rows' lse and delta in ``stats`` (backward_preprocess's). A window and a softcap as the
-    forward takes them (WINDOW, SOFTCAP; causal folded into a window). ``rotary``: (cos, sin, interleaved),
-    q and k turned by those tables (op_rotary's turned path; tables with contiguous rows of one stride):
-    dk stored turned back, key j by row j (RotaryBackward; plan.rotary_dk_in_kernel says which tables)."""
-    extra = {}
-    if rotary is not None:
-        cos, sin, interleaved = rotary
-        extra = dict(cos=cos, sin=sin, stride_cos=cos.stride(0), ROTARY_PAIRS=cos.shape[1],
-                     ROTARY_INTERLEAVED=bool(interleaved))
-        if plan.launch_key is not None:  # the tables' specialization: dtype, 16-byte alignment, row stride
-            stride = cos.stride(0)
-            plan = dataclasses.replace(plan, launch_key=plan.launch_key + (
-                "rotary", cos.shape[1], bool(interleaved), cos.dtype, cos.data_ptr() % 16, sin.data_ptr() % 16,
-                stride == 1, stride % 16))
+    forward takes them (WINDOW, SOFTCAP; causal folded into a window)."""
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = plan.config
@@ -376,8 +363,6 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
     masks, left, right = mask_options(causal, window, N, Nk)
     scores, scale_log2e, tanh_scale = score_options(scale, softcap)
     if cfg.get("qk_pieces", 1) != 1:  # MLA's 192 / 128: dK and dV by 64-column pieces (every box 64 wide)
-        if rotary is not None:
-            raise ValueError("launch_backward_gluon_kernel: rotary takes the D 64 / 128 kernel, not MLA's pieces")
         piece = lambda t, rows: TmaOperand(t, [1, 1, rows, 64])
         with dispatch.on_device(q.device):
             run(GLUON_BWD_MLA, plan, plan.grid,
@@ -394,7 +379,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), **extra, num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

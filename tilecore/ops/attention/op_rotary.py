@@ -19,8 +19,7 @@ traces them), by plan.rotary_path:
   (B, H, N, D) tensors, runs the shipped forward on them and returns them beside O and lse (autograd
   keeps them: the backward turns nothing again); ``_turned_backward`` runs the shipped backward and
   turns dQ and dK back, dQ as the conversion of the Gluon kernel's float32 dQ sum to q's dtype where
-  the kernel adds dQ (the pass that copy would be anyway), dK in the Gluon kernel's dK/dV epilogue
-  with configs.ROTARY_DK_IN_KERNEL (else by apply_rotary's kernel after it);
+  the kernel adds dQ (the pass that copy would be anyway);
 * "composite" (CPU tensors without the interpreter): op.py's apply_rotary then attention, in Python
   (torch's CPU kernels; autograd turns the gradients back through apply_rotary's backward).
 """
@@ -31,8 +30,7 @@ from typing import Optional
 import torch
 
 from tilecore.ops.attention import configs, launch
-from tilecore.ops.attention.plan import (gluon_rotary_forward, plan_backward, plan_forward, rotary_dk_in_kernel,
-                                         rotary_path)
+from tilecore.ops.attention.plan import gluon_rotary_forward, plan_backward, plan_forward, rotary_path
 from tilecore.ops.rotary.op import turn, turn_pair
 
 TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -158,40 +156,27 @@ def turned_forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleav
 
 def turned_backward_impl(dout, qr, kr, v, cos, sin, out, lse, dlse, causal: bool, scale: float, interleaved: bool,
                          window, softcap: float, sm_margin: int):
-    """(dq, dk, dv) from the turned q and k: the shipped backward on them, dQ and dK turned back (R(-theta)).
-    Hopper's Gluon backward: where it adds dQ into a float32 sum, dQ's turn back is that sum's conversion to
-    q's dtype; with configs.ROTARY_DK_IN_KERNEL (and tables plan.rotary_dk_in_kernel takes) the kernel
-    stores dK turned back (its dK/dV epilogue), else apply_rotary's kernel turns it back after."""
+    """(dq, dk, dv) from the turned q and k: the shipped backward on them, dQ and dK turned back (R(-theta));
+    where the Gluon kernel adds dQ into a float32 sum, the turn back is that sum's conversion to q's dtype."""
     window = tuple(window)
     dq, dk = torch.empty(qr.shape, dtype=qr.dtype, device=qr.device), torch.empty(kr.shape, dtype=kr.dtype,
                                                                                     device=kr.device)
     if qr.numel() == 0 or kr.numel() == 0:
         return dq.zero_(), dk.zero_(), torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     plan = plan_backward(dout, qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
-    dk_in_kernel = False
-    if plan.path == "gluon" and plan.operand_dtype is None:
-        dk_in_kernel = configs.ROTARY_DK_IN_KERNEL and rotary_dk_in_kernel(cos.shape[1], interleaved)
-        # the kernel reads the tables' rows at one stride, columns contiguous
-        rotary = (cos.contiguous(), sin.contiguous(), interleaved) if dk_in_kernel else None
-        dkr = dk if dk_in_kernel else torch.empty(kr.shape, dtype=kr.dtype, device=kr.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if plan.path == "gluon" and plan.dq is None and plan.operand_dtype is None:
+        dkr, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (kr, v))
         dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
-        if plan.dq is None:  # dQ added by the kernel into a float32 sum: turned back as it is converted
-            _, dqr, stats = launch.backward_preprocess(out, dout, lse.contiguous(), dlse, dq_sum=True,
-                                                       row_stats=True, plan=plan)
-            launch.launch_backward_gluon_kernel(plan, dout, qr, kr, v, stats, dqr, dkr, dv, causal, scale, window,
-                                                softcap, rotary)
-        else:  # dQ by a kernel of its own, in q's dtype
-            dqr = torch.empty(qr.shape, dtype=qr.dtype, device=qr.device)
-            launch.launch_backward_gluon(plan, dout, qr, kr, v, out, lse.contiguous(), dlse, dqr, dkr, dv, causal,
-                                         scale, window, softcap, rotary)
+        _, dqr, stats = launch.backward_preprocess(out, dout, lse.contiguous(), dlse, dq_sum=True, row_stats=True,
+                                                   plan=plan)
+        launch.launch_backward_gluon_kernel(plan, dout, qr, kr, v, stats, dqr, dkr, dv, causal, scale, window,
+                                            softcap)
     else:
         dqr, dkr, dv = launch.gradients(plan, dout, qr, kr, v, out, lse, dlse, causal, scale, window, softcap)
     n, nk = qr.shape[2], kr.shape[2]
     turn(dqr.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved, conjugate=True,
          out=dq.transpose(1, 2))
-    if not dk_in_kernel:
-        turn(dkr.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=True, out=dk.transpose(1, 2))
+    turn(dkr.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=True, out=dk.transpose(1, 2))
     return dq, dk, dv
 
 

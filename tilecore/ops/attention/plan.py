@@ -567,12 +567,3 @@ def rotary_path(q, k, v, scale: float, grad: bool = False, causal: bool | None =
     if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
         return "tl"
     return "turned"
-
-
-def rotary_dk_in_kernel(pairs: int, interleaved: bool) -> bool:
-    """Whether the Gluon backward can turn dK back in its epilogue (gluon_backward.split_pairs) for tables of
-    ``pairs`` = rotary_dim / 2 columns (2 pairs <= the head dim, checked by attention): interleaved pairs
-    always (a pair is two adjacent columns, one thread's registers in the wgmma accumulator); half-split
-    pairs (i, i + pairs) where pairs is 1 or a power of two from 8 (columns 8 or more apart are one thread's
-    registers; 2 and 4 apart are other lanes', which gl.split does not take)."""
-    return interleaved or pairs == 1 or (pairs >= 8 and pairs & (pairs - 1) == 0)

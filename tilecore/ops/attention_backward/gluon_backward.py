@@ -456,123 +456,6 @@ class AttentionBackward:
         store_out(ctx.out, st.dk, self.dk_desc, [b, hk, start_n, 0], self.scale)
 
 
-@gluon.jit
-def split_pairs(x, PAIRS: gl.constexpr, INTERLEAVED: gl.constexpr):
-    """The pairs of x (a [ROWS, D] tile in any layout) as two [ROWS, D / 2] tiles (a, b): feature i and i + PAIRS
-    of each group of 2 PAIRS features (half-split; group 0 the rotary dims), or 2i and 2i + 1 (interleaved); column
-    j of a and b is pair j. Split out in registers without moving data: x reshaped so that a pair's two features
-    are the last dimension, then gl.split (each thread of a wgmma accumulator holds both: columns 8 or more apart,
-    and adjacent ones, are the same thread's registers; 2 and 4 apart are not, and gl.split refuses them)."""
-    ROWS: gl.constexpr = x.shape[0]
-    D: gl.constexpr = x.shape[1]
-    if INTERLEAVED:
-        a, b = gl.split(gl.reshape(x, [ROWS, D // 2, 2]))
-    else:  # [ROWS, G, 2, PAIRS]: group g's first and second halves
-        G: gl.constexpr = D // (2 * PAIRS)
-        a, b = gl.split(gl.permute(gl.reshape(x, [ROWS, G, 2, PAIRS]), (0, 1, 3, 2)))
-        a = gl.reshape(a, [ROWS, D // 2])
-        b = gl.reshape(b, [ROWS, D // 2])
-    return a, b
-
-
-@gluon.jit
-def join_pairs(a, b, like, PAIRS: gl.constexpr, INTERLEAVED: gl.constexpr):
-    """split_pairs' inverse: the [ROWS, D] tile whose pairs are (a, b), in the layout of ``like``."""
-    ROWS: gl.constexpr = a.shape[0]
-    D: gl.constexpr = 2 * a.shape[1]
-    if INTERLEAVED:
-        y = gl.reshape(gl.join(a, b), [ROWS, D])
-    else:
-        G: gl.constexpr = D // (2 * PAIRS)
-        y = gl.join(gl.reshape(a, [ROWS, G, PAIRS]), gl.reshape(b, [ROWS, G, PAIRS]))
-        y = gl.reshape(gl.permute(y, (0, 1, 3, 2)), [ROWS, D])
-    return gl.convert_layout(y, like.type.layout)
-
-
-@gluon.jit
-def pair_angles(like, cos_ptr, sin_ptr, stride_cos, first_row, rows, PAIRS: gl.constexpr):
-    """cos and sin of pair j (< PAIRS) of rows first_row.. (tiles of the shape and layout of ``like``, one of
-    split_pairs' halves: [ROWS, D / 2]):
-    (cos_ptr, sin_ptr)[row, j] (tables of any float dtype, rows ``stride_cos`` apart, columns contiguous), as
-    loaded (the caller converts them where it uses them); columns from PAIRS and rows from ``rows`` read
-    nothing and turn by angle 0 (cos 1, sin 0)."""
-    layout: gl.constexpr = like.type.layout
-    r = first_row + gl.arange(0, like.shape[0], gl.SliceLayout(1, layout))
-    j = gl.arange(0, like.shape[1], gl.SliceLayout(0, layout))
-    offsets = gl.expand_dims(r * stride_cos, 1) + gl.expand_dims(j, 0)
-    mask = gl.expand_dims(r < rows, 1) & gl.expand_dims(j < PAIRS, 0)
-    c = gl.load(cos_ptr + offsets, mask=mask, other=1.0)
-    s = gl.load(sin_ptr + offsets, mask=mask, other=0.0)
-    return c, s
-
-
-@gluon.jit
-def turn_back(a, b, c, s):
-    """The pairs (a, b) turned back by the angles (c, s) = (cos, sin): a cos + b sin, b cos - a sin (float32),
-    the transpose of the turn a cos - b sin, b cos + a sin that made the operands."""
-    c = c.to(gl.float32)
-    s = s.to(gl.float32)
-    return a * c + b * s, b * c - a * s
-
-
-@struct
-class RotaryBackward:
-    """AttentionBackward (``base``) run on q and k that the rotary embedding turned (attention(...,
-    rotary=(cos, sin))'s turned path, op_rotary.py), with dK turned back in the epilogue: each
-    consumer's whole dK tile is in registers once a tile, so its keys' cos / sin rows are read there
-    (pair_angles, turn_back) and the tile is stored turned back, R(-theta) of key j at position j: no pass over dK
-    after the kernel. Every other callback is the base's."""
-    base: object
-    cos: object
-    sin: object
-    stride_cos: object
-    PAIRS: gl.constexpr  # rotary_dim / 2
-    INTERLEAVED: gl.constexpr
-
-    @gluon.jit
-    def setup(self, tile_id):
-        return self.base.setup(tile_id)
-
-    @gluon.jit
-    def load(self, stage, bar, tile, step):
-        self.base.load(stage, bar, tile, step)
-
-    @gluon.jit
-    def load_tile(self, kv_smem, bar, tile, consumer):
-        self.base.load_tile(kv_smem, bar, tile, consumer)
-
-    @gluon.jit
-    def start(self, ctx, tile, prev):
-        return self.base.start(ctx, tile, prev)
-
-    @gluon.jit
-    def compute(self, ctx, st, stage, tile, step):
-        return self.base.compute(ctx, st, stage, tile, step)
-
-    @gluon.jit
-    def help(self, ctx, tile, step):
-        self.base.help(ctx, tile, step)
-
-    @gluon.jit
-    def wait(self, ctx, st):
-        return self.base.wait(ctx, st)
-
-    @gluon.jit
-    def finish(self, ctx, st, tile):
-        """dK's pairs split out (split_pairs) and their keys' angles loaded first, in flight while dV is stored
-        (as the base's); then dK turned back (its float32 accumulator, before the scale and the rounding),
-        joined and stored as the base's."""
-        op = self.base
-        b, hk = op.tile_kv_head(tile)
-        start_n = tile.start_n + ctx.index * op.BN
-        dk_a, dk_b = split_pairs(st.dk, self.PAIRS, self.INTERLEAVED)
-        c, s = pair_angles(dk_a, self.cos, self.sin, self.stride_cos, start_n, op.Nk, self.PAIRS)
-        store_out(ctx.out, st.dv, op.dv_desc, [b, hk, start_n, 0])
-        dk_a, dk_b = turn_back(dk_a, dk_b, c, s)
-        dk = join_pairs(dk_a, dk_b, st.dk, self.PAIRS, self.INTERLEAVED)
-        store_out(ctx.out, dk, op.dk_desc, [b, hk, start_n, 0], op.scale)
-
-
 @gluon.constexpr_function
 def ds_layout(dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2)
@@ -582,17 +465,13 @@ def ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, cos=None, sin=None,
-                         stride_cos=1, ROTARY_PAIRS: gl.constexpr = 0, ROTARY_INTERLEAVED: gl.constexpr = False):
+                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table) or round-robin
     (None). ``WINDOW`` (not with CAUSAL, which the launcher folds into the window)
     and ``SOFTCAP`` as the forward's (gluon_kernels.py): left, right, and tanh_scale = scale / cap
-    with scale_log2e = cap log2(e). ``ROTARY_PAIRS`` > 0: q and k came turned by the rotary embedding
-    (tables ``cos``, ``sin``, rows ``stride_cos`` apart, ROTARY_PAIRS = rotary_dim / 2 columns,
-    ``ROTARY_INTERLEAVED`` pairs) and dK is stored turned back (RotaryBackward); 0 (the default: cos,
-    sin None and stride_cos 1 specialize away) compiles the kernel as without these parameters."""
+    with scale_log2e = cap log2(e)."""
     gl.static_assert(not (WINDOW and CAUSAL), "causal is folded into the window")
     BM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = dk_desc.block_type.shape[2]  # one consumer's keys; k_desc's block holds both
@@ -621,11 +500,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
                     helper=Helper(4, 88) if DQ == 4 else None)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
-    if ROTARY_PAIRS > 0:
-        run(RotaryBackward(op, cos, sin, stride_cos, ROTARY_PAIRS, ROTARY_INTERLEAVED), layout, stages,
-            gl.cdiv(Nk, 2 * BN) * num_bhk)
-    else:
-        run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
+    run(op, layout, stages, gl.cdiv(Nk, 2 * BN) * num_bhk)
     for j in gl.static_range(2):
         mbarrier.invalidate(ds_full.index(j))
         mbarrier.invalidate(ds_free.index(j))
