@@ -167,7 +167,7 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--dims", default="128", help="end-to-end timing (forward, forward + backward) at these D")
     ap.add_argument("--checks", default="128:full,128:causal", help="checks: D:full (half-split), D:causal "
-                    "(interleaved)")
+                    "(interleaved), D:causal:half")
     ap.add_argument("--pair", default="", help="q and k turned by one launch against two, at these D: bitwise, "
                     "then timed")
     ap.add_argument("--extra", action="store_true")
@@ -188,11 +188,12 @@ def main():
     dims = [int(x) for x in a.dims.split(",")] if a.dims else []
     for d in filter(None, a.pair.split(",")):
         run.attempt(f"pair D{d}", pair, run, int(d))
-    for case in filter(None, a.checks.split(",")):  # D:full (half-split) or D:causal (interleaved)
-        d, mask = case.split(":")
+    for case in filter(None, a.checks.split(",")):  # D:full (half-split), D:causal (interleaved), D:causal:half
+        d, mask, *layout = case.split(":")
         d, causal = int(d), mask == "causal"
-        run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''}", 1, 2, 2, 4096, 4096,
-                    d, d // 2, causal, causal)
+        interleaved = causal and layout != ["half"]
+        run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if interleaved else ''}", 1, 2, 2, 4096,
+                    4096, d, d // 2, causal, interleaved)
     for d in dims:
         for causal in (False, True):
             if run.left() < 12:
