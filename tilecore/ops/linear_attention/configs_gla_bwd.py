@@ -55,8 +55,8 @@ CHUNKED = dict(
     dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
     dqk_gluon=0,  # n > 0: where the flat launch runs, the Gluon kernel on the tiles template instead (gluon_gla_bwd: a
     # ring of n stages, the next tile's TMA loads under this tile's chain; CHUNKED_FLAT_DIMS sets it)
-    dqk_gluon_form=0,  # its FORM (2: every sum over tokens by bf16 dots with a 0/1 matrix, bf16 inputs); off until an
-    # H100 run
+    dqk_gluon_form=0,  # its FORM (2: every sum over tokens by bf16 dots with a 0/1 matrix, bf16 inputs; + gluon_gla_bwd's
+    # FORM bits); off until an H100 run
     dqk_gluon_probe=0,  # its timing probes only (gradients WRONG): never on
     dqk_gluon_scan=True,  # the Gluon kernel also where FORM 2 does not apply (fp16 inputs: its scans over tokens)
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
@@ -71,8 +71,9 @@ CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # its chunks a program and stages: at d 64 3 stages keep a chunk's copies in flight with 2 programs an SM (110.7 KB);
 # a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM; where Gluon runs the Gluon kernel
 # instead (dqk_gluon: 1.04x the flat launch at d 128), its sums over tokens by dots with bf16 inputs (dqk_gluon_form 2:
-# 1.04-1.09x its scans at d 128; at d 64 1.07x the flat launch, 2 stages; its scans lost there: fp16 keeps the flat one)
-CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=2),
+# 1.04-1.09x its scans at d 128; at d 64 1.07x the flat launch, 2 stages; its scans lost there: fp16 keeps the flat one);
+# at d 128 with EARLY_VALUE and EXP_FEW (FORM 38: 1.10x FORM 2)
+CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=38),
                      (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=2, dqk_gluon_scan=False)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)

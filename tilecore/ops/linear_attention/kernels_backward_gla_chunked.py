@@ -1103,9 +1103,9 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
 
             if gluon_gla_bwd.fits(q, k, v, g, do, hs, dhs, N, BT, BKB) is None:
                 gluon_stages = cfg["dqk_gluon"]
-        # its FORM 2 (sums over tokens by bf16 dots) with bf16 inputs only; it sets the flags it raises, so they start
-        # at zero
-        gluon_form = cfg["dqk_gluon_form"] if q.dtype == torch.bfloat16 else cfg["dqk_gluon_form"] & ~2
+        # its FORM 2 (sums over tokens by bf16 dots; every other FORM bit is FORM 2's) with bf16 inputs only; it sets the
+        # flags it raises, so they start at zero
+        gluon_form = cfg["dqk_gluon_form"] if q.dtype == torch.bfloat16 else 0
         if not gluon_form & 2 and not cfg["dqk_gluon_scan"]:  # (the scans where they lost to the flat launch)
             gluon_stages = 0
         if gluon_stages and gluon_form & 2 and group == 1:
