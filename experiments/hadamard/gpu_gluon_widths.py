@@ -494,12 +494,32 @@ def s37b_timed():
     return cases
 
 
+# session 37, batch 3: the shipped pow2 plans of every format at every n (the final table), the Gluon kernels' E2M1_PAIRS
+# at 11008 / 14336 (untimed since session 35), and batch 2's candidates again (S37C_VARIANTS, beside the shipped plan)
+S37C_POW2 = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+S37C_VARIANTS = {**{(f, n): [("e2m1_pairs", {"e2m1_pairs": True})] for f in ("mxfp4", "nvfp4") for n in (11008, 14336)}}
+
+
+def s37c_timed():
+    """Session 37, batch 3: S37C_VARIANTS beside their shipped plans first, then every format's shipped pow2 plan at
+    S37C_POW2 (% of copy for the notes' table and the README row)."""
+    cases = []
+    for (fmt, n), variants in S37C_VARIANTS.items():
+        cases += [("q", fmt, n, "shipped", {})] + [("q", fmt, n, name, t) for name, t in variants]
+    done = {(c[1], c[2]) for c in cases}
+    for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"):
+        cases += [("q", fmt, n, "shipped", {}) for n in S37C_POW2 if (fmt, n) not in done]
+    return cases
+
+
 def timed_cases(quick=False):
     """("q", fmt, n, name, tuning) and ("t", m, p, name, tuning), priority order."""
     if SET == "s37":
         return s37_timed()
     if SET == "s37b":
         return s37b_timed()
+    if SET == "s37c":
+        return s37c_timed()
     if SET == "s35b":
         return s35b_timed()
     if SET == "s35":
@@ -606,7 +626,7 @@ def phase_warm(result, deadline, quick):
     else:
         cases += [("c", c) for c in check_cases(quick) if c[3] != "bfloat16" or c[2] or (c[0], c[1], c[4].get("split"),
                   c[4].get("inside"), c[4].get("stages")) not in timed]  # the check-only kernels (fp16, e5m2, ...)
-    if SET in ("s37", "s37b"):  # the timed kernels, then the checks' (GRID is a constexpr: 2049 rows compile their own)
+    if SET in ("s37", "s37b", "s37c"):  # the timed kernels, then the checks' (GRID is a constexpr: 2049 rows compile their own)
         cases = timed_cases(quick) + [("c", c) for c in check_cases(quick)]
     if SET == "s35b":  # the checks' kernels are the timed ones; the tma_waves2 cases reuse the tma kernels; Gluon first
         cases = [c for c in timed_cases(quick) if c[3] != "tma_waves2"]
@@ -617,7 +637,7 @@ def phase_warm(result, deadline, quick):
         cases = [c for c in cases if c[2] in (18944, 28672)] + [c for c in cases if c[2] not in (18944, 28672)]
     ctx = mp.get_context("spawn")
     out = result.setdefault("warm", [])
-    with ctx.Pool(min(14 if SET in ("s35", "s35b", "s37", "s37b") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
+    with ctx.Pool(min(14 if SET in ("s35", "s35b", "s37", "s37b", "s37c") else 12 if SET in ("s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b") else 8, len(cases)), initializer=_set, initargs=(SET,)) as pool:
         pending = pool.imap_unordered(_warm_one, cases)
         for _ in cases:
             try:
@@ -632,6 +652,10 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
+    if SET == "s37c":  # E2M1_PAIRS on the Gluon kernels at 11008 / 14336 (the shipped pow2 plans: batches 1-2)
+        ep = {"e2m1_pairs": True}
+        return [("mxfp4", 11008, {}, "bfloat16", ep), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", ep),
+                ("nvfp4", 11008, {}, "float16", ep), ("mxfp4", 14336, {}, "float16", ep)]
     if SET == "s37b":  # run 1's flips as shipped (their format tuning applies at any size; TMA asked) and candidates
         tma = {"tma": "load"}
         return [("nvfp4", 1024, {"scale": 0.002}, "bfloat16", tma), ("mxfp4", 1024, {}, "float16", tma),
@@ -794,7 +818,7 @@ def phase_check(result, save, deadline, quick):
             group = quantize.FORMATS[fmt].default_group
             plan = quantize.plan_quantize(x, fmt, group, None, True, "scale" in kw, False, **tuning)
             case["path"] = plan.path
-            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") + (("S", "N1", "N2") if SET in ("s37", "s37b") else ())
+            case["config"] = {k: plan.config.get(k) for k in ("SPLIT", "INSIDE", "STAGES", "F") + (("S", "N1", "N2") if SET in ("s37", "s37b", "s37c") else ())
                               if k in plan.config}
             codes, scales, g = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=True)
             codes2, scales2, _ = quantize.run_plan(plan, x, fmt, group, None, True, kw.get("scale"), poison=0xA5)
@@ -832,7 +856,7 @@ def phase_check(result, save, deadline, quick):
             case["scales_differ"] = differ_n
             case["scales_ok"] = exact
             case["ok"] = case["match"] >= 0.999 and case["far_codes_tiny"] and exact and case["written"] \
-                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b", "s37", "s37b") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
+                and case["path"] in (("gluon_kron", "gluon_wide") + (("pow2",) if SET in ("s33e", "s33f", "s34b", "s35", "s35b", "s37", "s37b", "s37c") else ())) and (not tuning.get("scale_once") or "SCALE_ONCE" in plan.config)
             case["config"].update({k: True for k in ("SCALE_ONCE", "KTRIM", "FOLD", "UNITS") if plan.config.get(k)})
             if "units" in tuning and not plan.config.get("UNITS"):
                 case["ok"] = False
@@ -879,7 +903,7 @@ def check_transforms(out, save, deadline):
         cases = [((148, 128), 2049, "out", {}), ((148, 128), 3, "transpose", {"gluon": True}),
                  ((172, 64), 2049, "out", {}), ((172, 64), 2049, "inplace", {}), ((28, 512), 2049, "transpose", {}),
                  ((28, 1024), 2049, "out", {}), ((28, 1024), 2049, "out", {"inside": True, "clamp_lo": 2})]
-    if SET in ("s35", "s35b", "s37", "s37b"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
+    if SET in ("s35", "s35b", "s37", "s37b", "s37c"):  # no transform changed (28 x 1024's shipped plan is what s34c checked)
         cases = []
     if SET == "s34c":  # the kron kernel's STREAM + PAIRS at 28 x 1024: odd rows, in place, H_m^T
         ks = {"stream": True, "clamp_lo": 2}
@@ -1014,7 +1038,7 @@ def phase_time(result, save, deadline, quick):
             y = torch.empty_like(x) if case[0] == "t" else None
             run, plan, written = _runner(case, x, y)
             row["path"] = plan.path
-            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37", "s37b"):  # the bytes against the shipped plan's on the same rows (the values kept)
+            if SET in ("s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37", "s37b", "s37c"):  # the bytes against the shipped plan's on the same rows (the values kept)
                 got = run()
                 got = [y.clone()] if case[0] == "t" else [t.clone() for t in _tensors(got[:2])]
                 key = case[:3]
@@ -1066,6 +1090,14 @@ def table(result):
         key = tuple(r["case"])
         groups.setdefault(key[:3], []).append(r)
     lines.append("kind fmt/m n/p: reference ms (% copy); variant x reference (ms) ...  [reference: gluon, else shipped]")
+    if SET == "s37c":  # the shipped-only groups as one line a format: n:% of copy
+        alone = {g: rows for g, rows in groups.items() if len(rows) == 1 and rows[0]["case"][3] == "shipped"}
+        for fmt in FORMATS:
+            cells = [f"{g[2]}:{r[0].get('pct_copy', r[0].get('error', r[0].get('skipped', '?')))}"
+                     for g, r in alone.items() if g[1] == fmt]
+            if cells:
+                lines.append(f"shipped {fmt} % of copy: " + " ".join(str(c)[:24] for c in cells))
+        groups = {g: rows for g, rows in groups.items() if g not in alone}
     for g, rows in groups.items():
         ref = "gluon" if g + ("gluon",) in times else "shipped"  # (final: before / fold as x the shipped plan's speed)
         base = times.get(g + (ref,))
@@ -1092,7 +1124,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--phases", default="warm,check,time")
-    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37", "s37b"))
+    ap.add_argument("--set", default="final", choices=("r2", "r3", "final", "s32", "s33", "s33b", "s33c", "s33d", "s33e", "s33f", "s34", "s34b", "s34c", "s35", "s35b", "s37", "s37b", "s37c"))
     a = ap.parse_args()
     global SET
     SET = a.set
@@ -1112,7 +1144,7 @@ def main():
     phases = a.phases.split(",")
     try:
         if "warm" in phases:
-            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b", "s37", "s37b") else 0.45) * a.budget, a.quick)
+            phase_warm(result, t0 + (0.5 if SET in ("s35", "s35b", "s37", "s37b", "s37c") else 0.45) * a.budget, a.quick)
             result["warm_s"] = round(time.time() - t0, 1)
             save()
         if "check" in phases:
