@@ -11,9 +11,9 @@ Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, co
   references: on call 2's slow host only d 64, d 128 flat and FORM 54 finished by 34 s): d 64 FORM 2 at 2 stages 1.07x
   the flat launch (on since); d 128 FORM 54 1.855 ms = 67.5% (call 2), FORM 38 1.95-1.98 against FORM 2's 2.16-2.17
   (call 3), DG_ONE slower (98, 102).
-* ``call2``: configs' (FORM 2 at d 128 and, since, at d 64 with 2 stages) against the flat launch at d 64 and FORM 38
-  (EARLY_VALUE + EXP_FEW), 54 (+ TRI_SMEM), 50 (TRI_SMEM + EXP_FEW), 182 (54 + G_TWO), 310 (54 + EXP_FTZ), 438 (54 +
-  G_TWO + EXP_FTZ) at d 128; 54 and 438 at d 64.
+* ``call2``: configs' (since call 3: FORM 38 = 2 + EARLY_VALUE + EXP_FEW at d 128, FORM 2 at d 64 with 2 stages)
+  against FORM 2, 54 (38 + TRI_SMEM), 50 (TRI_SMEM + EXP_FEW), 182 (54 + G_TWO), 310 (54 + EXP_FTZ), 438 (54 + G_TWO +
+  EXP_FTZ) at d 128; the flat launch, 54 and 438 at d 64.
 
 The main process makes the float64 references once a head dim (bf16 B2 N1024 H16: the timed shape's specializations;
 an initial state and a final state's gradient, weak decays -U(0, 0.3) and strong ones -U(0, 6) with a reset
@@ -64,7 +64,7 @@ SETS = {
         "d64 form54": (64, dict(dqk_gluon_form=54), True),
         "d64 form438": (64, dict(dqk_gluon_form=438), True),
         "d128 configs": (128, {}, True),
-        "d128 form38": (128, dict(dqk_gluon_form=38), True),
+        "d128 form2": (128, dict(dqk_gluon_form=2), True),
         "d128 form54": (128, dict(dqk_gluon_form=54), True),
         "d128 form50": (128, dict(dqk_gluon_form=50), True),
         "d128 form182": (128, dict(dqk_gluon_form=182), True),
@@ -134,6 +134,13 @@ def check(name: str) -> dict:
     D, over, timed = VARIANTS[name]
     B, N, H = CHECK_SHAPE
     row = dict(variant=name)
+    if timed == "op":  # the public op through autograd with configs' defaults (gpu_gla_op.check against float64)
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("gpu_gla_op", Path(__file__).with_name("gpu_gla_op.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return dict(mod.check(*over["op"]), variant=name, op=True)
     if timed == "probe":
         t = make(B, N, H, D, decay=0.3, reset=False, seed=1)
         backward(t, t["h0"], over)
@@ -270,7 +277,8 @@ def main():
             except subprocess.TimeoutExpired:
                 pass  # (the variants compile what is left)
             print(f"d{D} warm at {time.time() - START:.0f} s", flush=True)
-            procs.update({n: spawn("--one", n) for n, (d, _, tm) in VARIANTS.items() if d == D and tm is True})
+            procs.update({n: spawn("--one", n) for n, (d, _, tm) in VARIANTS.items()
+                          if d == D and tm in (True, "op")})
     else:
         procs = {n: spawn("--one", n) for n, (_, _, tm) in VARIANTS.items() if tm is True}
     rows = {}
@@ -307,6 +315,10 @@ def main():
         dq = "/".join(str(x) for x in tm.get("dqk_ms", [])) + (f" ({tm['dqk_pct']}%)" if "dqk_pct" in tm else "")
         if "error" in r:
             print(f"{n:16s} | ERROR {r['error']}")
+            continue
+        if r.get("op"):
+            print(f"{n:16s} | {r['case']}: o {r['o']} dq/dk/dv {r['dq']}/{r['dk']}/{r['dv']} dg {r['dg']:.2e} "
+                  f"dh0 {r['dh0']:.2e} {'right' if r['pass'] else 'WRONG'}")
             continue
         if r.get("probe"):
             p = VARIANTS[n][1]["dqk_gluon_probe"]
