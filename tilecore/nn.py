@@ -95,7 +95,7 @@ class RotatedLinear(torch.nn.Module):
             if randomized:
                 gen = torch.Generator().manual_seed(seed) if seed is not None else None
                 signs = (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).to(torch.float32)
-                w = w * signs.to(torch.float64)
+                w = w * signs.to(device=w.device, dtype=torch.float64)
             # W R^T = W diag(s) H^T / sqrt(n): row o is R w_o, the float64 transform of each row (no n x n matrix)
             w = hadamard_reference(w, n**-0.5)
         codes, scales = quantize_rotated(w, "fp8_e4m3", None)  # per output channel, float32 scales

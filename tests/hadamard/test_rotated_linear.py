@@ -75,3 +75,16 @@ def test_rotation_of_non_power_of_two_sizes_is_orthogonal(path, n):
     y = rot(x)
     assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)
     assert torch.allclose(rot.inverse(y), x, atol=1e-5)
+
+
+def test_weights_off_the_cpu_stay_on_their_device():
+    """from_linear on a GPU layer failed on the H100 (session 37 call 3): H_m (built on the CPU) and the random
+    signs met CUDA rows. The meta device stands in for any non-CPU device: shapes flow, devices must agree."""
+    from tilecore.ops.hadamard.reference import hadamard_reference
+
+    for n in (28 * 16, 64):  # H_m (x) H_p, and Sylvester alone
+        y = hadamard_reference(torch.empty(3, n, device="meta"), n ** -0.5)
+        assert y.device.type == "meta" and y.shape == (3, n)
+    for randomized in (False, True):  # the random signs are drawn on the CPU
+        layer = RotatedLinear.from_linear(torch.nn.Linear(28 * 16, 8, device="meta"), randomized=randomized, seed=1)
+        assert all(b.device.type == "meta" for b in layer.buffers() if b is not None)

@@ -28,7 +28,7 @@ def hadamard_reference(x: torch.Tensor, scale: float = 1.0, *, out_dtype: torch.
     y = _sylvester(x.to(torch.float64).reshape(-1, n).clone(), p) if m == 1 else \
         _sylvester(x.to(torch.float64).reshape(-1, p), p).view(-1, m, p)
     if m > 1:
-        h = orders.hadamard_of_order(m)
+        h = orders.hadamard_of_order(m).to(y.device)  # H_m is built on the CPU; the rows may live anywhere
         y = torch.matmul(h.T if transpose else h, y)
     y = y.reshape(x.shape) * scale
     return y.to(out_dtype or x.dtype)
