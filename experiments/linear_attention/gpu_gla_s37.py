@@ -10,7 +10,7 @@ Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, co
   (call 2) / 98 / 102 (call 3), FORM 2's probes; each variant's worker compiled every kernel and made its own
   references: on call 2's slow host only d 64, d 128 flat and FORM 54 finished by 34 s): d 64 FORM 2 at 2 stages 1.07x
   the flat launch (on since); d 128 FORM 54 1.855 ms = 67.5% (call 2), FORM 38 1.95-1.98 against FORM 2's 2.16-2.17
-  (call 3), DG_ONE slower (98, 102).
+  (call 3), DG_ONE slower (98, 102: the bit removed since, so the set no longer lists them).
 * ``call2``: configs' (since call 3: FORM 38 = 2 + EARLY_VALUE + EXP_FEW at d 128, FORM 2 at d 64 with 2 stages)
   against FORM 2, 54 (38 + TRI_SMEM), 50 (TRI_SMEM + EXP_FEW), 182 (54 + G_TWO), 310 (54 + EXP_FTZ), 438 (54 + G_TWO +
   EXP_FTZ) at d 128; the flat launch, 54 and 438 at d 64.
@@ -49,13 +49,10 @@ SETS = {
     "call1": {
         "d64 configs": (64, {}, True),
         "d64 form2 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=2), True),
-        "d64 form98 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=98), True),
         "d128 configs": (128, {}, True),
         "d128 form6": (128, dict(dqk_gluon_form=6), True),
         "d128 form34": (128, dict(dqk_gluon_form=34), True),
         "d128 form38": (128, dict(dqk_gluon_form=38), True),
-        "d128 form98": (128, dict(dqk_gluon_form=98), True),
-        "d128 form102": (128, dict(dqk_gluon_form=102), True),
         **{f"d128 probe {p}": (128, dict(dqk_gluon_probe=p), "probe") for p in (1, 2, 4, 8, 16)},
     },
     "call2": {

@@ -53,8 +53,6 @@ EXP_FEW = gl.constexpr(32)  # e^m and e^G_last = e^(2 m) as products of e^(m / 2
 EXP_FTZ = gl.constexpr(256)  # every e^x of the chain by ex2.approx.ftz (GlaDqk.exp)
 G_TWO = gl.constexpr(128)  # G = L g and J g from two bf16 pieces of g, not three (16 bits: G's error 2^-17 |G|, far below
 # the bf16 operands' of E and Ei)
-DG_ONE = gl.constexpr(64)  # dG's sums L dG and J (dG + k dk_state) in one round of products, two bf16 pieces each (16
-# bits of the mantissa: 2^-17 relative a term, far below dg's error from its bf16 inputs) instead of two rounds of three
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 
 
@@ -191,17 +189,12 @@ class GlaDqk:
         return y
 
     @gluon.jit
-    def triangle(self, LOWER: gl.constexpr, NEG: gl.constexpr = False):
-        """L (LOWER: ones on and below the diagonal; NEG: -L) or J (all ones) [BT, BT] in the operand dtype as a
+    def triangle(self, LOWER: gl.constexpr):
+        """L (LOWER: ones on and below the diagonal) or J (all ones) [BT, BT] in the operand dtype as a
         register A operand (TRI_SMEM: L from shared memory, J a constant), made where it is used (its row index
         through opaque_int: hoisted out of the tile loop, the two matrices held 32 registers a thread for the whole
         program and ptxas serialized the wgmma, C7512)."""
-        if NEG:  # -L in registers
-            r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.A32)) + opaque_int(0)
-            c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.A32))
-            x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0),
-                         gl.full([self.BT, self.BT], -1.0, self.q_desc.dtype, self.A32), 0.0)
-        elif self.FORM & TRI_SMEM:
+        if self.FORM & TRI_SMEM:
             if LOWER:
                 x = self.tri_smem
             else:
@@ -353,34 +346,6 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_DG_SCAN:
             lsum = z32
             jsum = kf * dk_state
-        elif self.FORM & DG_ONE:
-            # both sums in one round, two pieces each: L dG from p0, p1; J (dG + k dk_state) from p2 and this
-            # consumer's q buffer of the stage (read for the last time above)
-            gl.thread_barrier()  # dq's and dk's products have read p0, p1; dk's store has read q
-            if self.FORM & TRI_SMEM:  # (L from shared memory: the pieces of -dG)
-                nd = -dG
-            else:
-                nd = dG
-            hi = nd.to(dtype)
-            p0.store(hi)
-            p1.store((nd - hi.to(gl.float32)).to(dtype))
-            x = dG + kf * dk_state
-            hi = x.to(dtype)
-            p2.store(hi)
-            q_s.store((x - hi.to(gl.float32)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            if self.FORM & TRI_SMEM:  # one accumulator: J (dG + k dk_state) - L dG
-                M = self.triangle(True)
-            else:
-                M = self.triangle(True, NEG=True)
-            tok = warpgroup_mma(M, p1, z32, use_acc=False, is_async=True)
-            tok = warpgroup_mma(M, p0, tok, is_async=True)
-            M = self.triangle(False)
-            tok = warpgroup_mma(M, q_s, tok, is_async=True)
-            tok = warpgroup_mma(M, p2, tok, is_async=True)
-            jsum = warpgroup_mma_wait(0, deps=[tok])
-            lsum = 0.0
         else:
             gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
             self.pieces(dG, p0, p1, p2)
