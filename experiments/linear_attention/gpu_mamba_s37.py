@@ -1,31 +1,31 @@
-"""Session 37 (HB; one job of <= 60 s): the linear-attention Gluon forward after issue 30's removals against the kernel
-before them, and Mamba-2's chunk-step variants, each checked against float64 and timed from CUDA graphs in
-interleaved rounds in the same process.
+"""Session 37 (HB; one job of <= 60 s): the linear-attention Gluon forward as shipped against the file before the
+session's changes (issue 30's removals; Mamba-2's step on the transposed state), each checked against float64 and
+timed from CUDA graphs in interleaved rounds in the same process.
 
 Variants (``--variants``, comma-separated):
 
-* ``shipped``: gluon_forward as the library launches it (G, beta and z through the stage; with beta Mamba-2's step).
-* ``s36``: gluon_forward_s36.py (this folder), the file before the removals, launched with the flags configs shipped:
-  its PTX is the shipped one's but for the parameter list (G, BETA, Z and their strides), whose constant-bank
-  offsets move ptxas's schedule (SASS 2864 -> 2880 instructions for Mamba-2, 28 -> 20 B spilled): is any speed lost?
-* ``T`` (Mamba-2 only): the kernel's TRANSPOSED step (configs.GLUON_MAMBA_TRANSPOSED, off): S^T in registers (the
-  register operand of S^T Q^T and the update's accumulator, never through shared memory), P^T through shared memory,
-  K Q^T and S^T Q^T issued together with the decay's exps under them, the epilogue under the update. ``T2``: its
-  form 2 (the per-token column factors by one exp a thread, read back in the columns' layout from shared memory).
-  Call 2 (session 37, runs/mamba_ab37_run2_session37_h100.txt): every variant right; T 0.950x the shipped kernel;
-  the shipped kernel 0.944 ms against s36's 0.921 in noisy rounds (0.910-1.009 / 0.909-0.962), the scalar decay and no
-  decay 0.996x: the next call times Mamba-2 alone in more rounds.
+* ``shipped``: gluon_forward as the library launches it (G, beta and z through the stage; with beta Mamba-2's step on
+  the transposed state: S^T in registers as the register operand of S^T Q^T and the update's accumulator, P^T
+  through shared memory, the ALU's work under the wgmmas).
+* ``s36``: gluon_forward_s36.py (this folder), the file before the session's changes, launched with the flags configs
+  then shipped (Z_STAGE, G_STAGE, SILU_TANH; EARLY_WV and LEAN with beta): without beta its PTX is the shipped one's
+  but for the parameter list (G, BETA, Z and their strides), whose constant-bank offsets move ptxas's schedule; with
+  beta it is the former Mamba-2 step.
 
 Cases: Mamba-2 2.7B (B16 H80 N4096, headdim 64, d_state 128, one group, D and z; bf16), the scalar decay and no decay
 at d 128 (B16 H16 N4096, bf16). Checks (a process a variant: its compiles beside the others'): NaN-poisoned o and
 final states, every element written, error over the rounding floor against the float64 recurrence (Mamba-2 bf16
-N 1000 with D and z, strong decays A in [-80, -20] N 300 with h0 and a final state; scalar
-decay with a reset, h0 and final state N 1000; no decay N 1000), and o's bits at the timed shape (a digest: the
-variants' o must be equal where their math is). Timing: the kernel alone on prepared arguments (G and beta
-head-major), CUDA-graph medians of interleaved rounds (order reversed every other round), the napkin's HBM bound for
-Mamba-2 beside.
+N 1000 with D and z, strong decays A in [-80, -20] N 300 with h0 and a final state; scalar decay with a reset, h0
+and final state N 1000; no decay N 1000), ``--op`` the public mamba2_chunk_scan (D, z, h0, final states), and o's
+bits at the timed shape (shipped and s36 must agree where their math is the same: without beta). Timing: the kernel
+alone on prepared arguments (G and beta head-major), CUDA-graph medians of interleaved rounds (order reversed every
+other round), the napkin's HBM bound for Mamba-2 beside.
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba_s37.py [--variants shipped,s36]
+Calls of session 37 (runs/mamba_ab37_run2_session37_h100.txt, runs/mamba_m37b_run3_session37_h100.txt): every variant
+right; the transposed step's form 1 0.950x / 0.943x, form 2 1.043x the former step (on since, the only form: notes
+decisions 148-150); without beta the kernel as s36 within the rounds' noise (0.996x, 1.004x).
+
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba_s37.py [--variants shipped,s36] [--op]
 
 JSON to $OUT/mamba_s37.json (rewritten each row); a short table last.
 """
@@ -68,7 +68,7 @@ def launcher(variant: str, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float)
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON) if g is not None else (None, None)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
-    kw = dict(transposed=int(variant[1:] or 1)) if variant.startswith("T") else {}
+    kw = {}
     if variant == "s36":
         mamba = beta is not None
         kw = dict(z_stage=True, g_stage=g is not None, early_wv=mamba, silu_tanh=True, lean=mamba)
@@ -154,23 +154,19 @@ def timed_call(variant: str, case: str, t: dict, o):
 
 
 def check_op(variant: str) -> dict:
-    """The public mamba2_chunk_scan with the variant's config (TRANSPOSED form by configs.GLUON_MAMBA_TRANSPOSED,
-    patched for this fresh process before its first call: a kept launch keeps what it was planned with) against the
-    float64 recurrence: D, z, an initial state and the final states, N 1000."""
+    """The public mamba2_chunk_scan (the shipped kernel through the op's keyed launch) against the float64
+    recurrence: D, z, an initial state and the final states, N 1000; a second call's y the same bits."""
     import tilecore
-    from tilecore.ops.linear_attention import configs, mamba2_reference
-    from tilecore.tiles.switches import patched
+    from tilecore.ops.linear_attention import mamba2_reference
 
-    form = int(variant[1:] or 1) if variant.startswith("T") else 0
     x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, torch.bfloat16, seed=13)
     h0 = torch.randn(2, 8, 64, 128, device="cuda")
-    with patched(configs, GLUON_MAMBA_TRANSPOSED=form):
-        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
-        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)  # (its keyed launch)
+    y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+    y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)  # (its keyed launch)
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
-    return dict(variant=variant, case=f"public mamba2_chunk_scan TRANSPOSED {form} D z h0 final N 1000", **check(y, ref),
+    return dict(variant=variant, case="public mamba2_chunk_scan D z h0 final N 1000", **check(y, ref),
                 state_written=bool(torch.isfinite(ht).all()),
                 state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
                 second_call_same=bool(torch.equal(y, y2)))
@@ -185,16 +181,13 @@ def warm(variant: str, cases: list, op: bool = False):
         rows.append(check_mamba(variant, "bf16 D z N 1000", 2, 1000, 8, torch.bfloat16, False))
         rows.append(check_mamba(variant, "bf16 strong decays h0 final N 300", 2, 300, 4, torch.bfloat16, True,
                                 (-80.0, -20.0)))
-        if not variant.startswith("T"):  # (T is Mamba-2's step: without beta the shipped kernel runs)
-            if "decay" in cases:
-                rows.append(check_linear(variant, True))
-            if "linear" in cases:
-                rows.append(check_linear(variant, False))
-        if op and variant != "s36":
+        if "decay" in cases:
+            rows.append(check_linear(variant, True))
+        if "linear" in cases:
+            rows.append(check_linear(variant, False))
+        if op and variant == "shipped":
             rows.append(check_op(variant))
-        for case in cases_of(variant):
-            if case not in cases:
-                continue
+        for case in cases:
             t = timed_inputs(case)
             o = poisoned(t["v"])
             timed_call(variant, case, t, o)()
@@ -203,10 +196,6 @@ def warm(variant: str, cases: list, op: bool = False):
         return variant, None, round(time.time() - t0, 1), rows, digests
     except Exception as err:  # noqa: BLE001
         return variant, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows, digests
-
-
-def cases_of(variant: str) -> list:
-    return ["mamba2"] if variant.startswith("T") else list(CASES)
 
 
 def napkin_ms() -> float:
@@ -223,10 +212,10 @@ def main():
     import multiprocessing as mp
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="shipped,s36,T")
+    ap.add_argument("--variants", default="shipped,s36")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan with each config")
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan (shipped)")
     a = ap.parse_args()
     variants = a.variants.split(",")
     cases = a.cases.split(",")
@@ -262,15 +251,15 @@ def main():
         if run.left() < 6 or not ok:
             break
         t = timed_inputs(case)
-        fns = {n: timed_call(n, case, t, torch.empty_like(t["v"])) for n in ok if case in cases_of(n)}
+        fns = {n: timed_call(n, case, t, torch.empty_like(t["v"])) for n in ok}
         for fn in fns.values():
             fn()
         torch.cuda.synchronize()
         res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=run)
         if res:
-            # o's bits: the shipped kernel's and s36's must agree (the same math); T rounds differently
-            row = dict(case=case, same_bits=len({digests[n].get(case) for n in fns if not n.startswith("T")}) == 1,
-                       **res)
+            # o's bits: the shipped kernel's and s36's agree without beta (the same math); Mamba-2's steps round
+            # differently
+            row = dict(case=case, same_bits=len({digests[n].get(case) for n in fns}) == 1, **res)
             nap = run.extra.get("napkin_mamba2_ms")
             base = res.get("shipped_graph_ms")
             for n in fns:

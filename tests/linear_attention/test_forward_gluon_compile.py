@@ -1,7 +1,7 @@
 """The Gluon forward (gluon_forward.la_fwd_gluon_kernel) compiles for sm_90a on this GPU-less machine as the shipped
 launches build it: TMA loads, wgmma, not serialized, within Hopper's 227 KiB of shared memory, spills bounded; G and
 beta through the stage, and Mamba-2's gate by tanh.approx. It cannot run in Triton's interpreter; its tl twins
-(kernels_tl.la_fwd_kernel, kernels_forward) are tested there, test_forward_lean.py checks its chunk-step's algebra
+(kernels_tl.la_fwd_kernel, kernels_forward) are tested there, test_forward_gluon_step.py checks its chunk-steps' algebra
 against float64, and experiments/linear_attention/gpu_forward.py / gpu_mamba_s37.py check it on the GPU."""
 import json
 import os
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 # bytes ptxas spills (sm_90a, triton 3.6.0): none without a decay; a scalar decay with initial and final states 96
-# (none in the chunk loop); Mamba-2 (beta, D, z) 28
-SPILLS_ALLOWED = {"linear": 0, "decay": 128, "mamba2": 64}
+# (none in the chunk loop); Mamba-2 (beta, D, z: the transposed step) 64, none in the chunk loop
+SPILLS_ALLOWED = {"linear": 0, "decay": 128, "mamba2": 128}
 CODE = ("import json, sys; from tilecore.ops.linear_attention.gluon_forward import compile_report; out = []; "
         "r = compile_report(sys.argv[1], compiled_out=out); ptx = out[0].asm['ptx']; "
         "r['tanh'] = 'tanh.approx.f32' in ptx; r['g_tma'] = ptx.count('cp.async.bulk.tensor.3d'); "

@@ -75,3 +75,4 @@ def test_fits_says_what_it_does_not_take():
     assert "per-channel" in gf.fits(q, q, v, torch.empty(1, 8, 2, 128), 0)
     assert "beta without a decay" in gf.fits(q, q, v, None, 0, g)
     assert "z without beta" in gf.fits(q, q, v, g, 0, None, torch.empty_like(v))
+    assert "D or a gate z without beta" in gf.fits(q, q, v, g, 0, None, None, torch.empty(2, 128))

@@ -42,10 +42,6 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
-# Mamba-2's step on the transposed state (gluon_forward's TRANSPOSED: S^T in registers, the wgmmas that need no
-# scores issued together; 1: the per-token column factors by 16 exps a thread, 2: by one, read back through shared
-# memory): form 2, checked and 1.043x the former step (decision 149); form 1 was slower (decision 148)
-GLUON_MAMBA_TRANSPOSED = 2
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's

@@ -8,25 +8,26 @@ The template's parts:
   ``setup`` gives its cdiv(N, BT) steps, one chunk of BT = 64 tokens each;
 * a stage is the chunk's q and k [BT, Dk] and each unit's v [BT, BV], TMA-loaded by the 1-warp producer
   through 4-D descriptors of (B, H, N, D) views (tokens past N arrive as zeros);
-* consumer c (a warpgroup) owns unit c: its state S [Dk, BV] float32 lives in registers as a wgmma
-  accumulator for the whole walk. Each step (chunk):
+* consumer c (a warpgroup) owns unit c: its state lives in registers as a wgmma accumulator for the whole walk.
+  Without beta (linear attention, a scalar decay: ``compute``) S [Dk, BV] float32, each step (chunk)
 
-      P      = mask(Q K^T * exp(G_i - G_j) * beta_j) * scale           wgmma, Q and K from shared memory
-      o      = P V + exp(G_i) scale (Q S)                              P from registers; S as bf16 in
+      P      = mask(Q K^T * 2^(G_i - G_j)) * scale                     wgmma, Q and K from shared memory
+      o      = P V + 2^(G_i) scale (Q S)                               P from registers; S as bf16 in
                                                                        shared memory (the B operand)
-      S     <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)      K^T from shared memory (transposed)
-      o      = (o + D v) * silu(z), TMA-stored (rows past N clipped)
+      S     <- 2^(G_last) S + K^T (2^(G_last - G_j) V_j)               K^T from shared memory (transposed)
+
+  With beta (Mamba-2: beta = dt, D, z; ``compute_transposed``) S^T [BV, Dk], each step transposed: P^T = mask(K Q^T
+  2^(G_i - G_j)) beta_j scale through shared memory, o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T with S^T the register
+  operand, S^T <- 2^(G_last) S^T + (V^T diag(2^(G_last - G_j) beta_j)) K, and o = (o + D v) * silu(z), TMA-stored
+  (rows past N clipped). The state never goes through shared memory, and the ALU's work runs under the wgmmas.
 
 The cumulative decay G counts from the chunk's start as in kernels_tl.py (every exponent a difference
 <= 0, log decays clamped at -100); the host sums it, so the consumers hold no [BT, BT] reductions: head-major in log2
 units by one pass (``chunk_heads_prep``; beta likewise), TMA-loaded with the stage, as z is (the gate's sigmoid by one
-tanh.approx). With beta (Mamba-2's dt; the kernel takes beta only with a decay) the step is Mamba-2's: the update's
-weighted values and beta V stored with the old state at the chunk's start (one barrier pair a chunk), one causal
-select on P (the exps take the unmasked difference: +inf above the diagonal, selected away) and the scale on beta V's
-rows; without beta the exps take the masked difference and the weighted values are stored after P V.
-Rounding: P, S and exp(G_last - G_j) beta_j V_j go to the tensor cores in the input dtype, as in
-la_fwd_kernel; with beta (Mamba-2), beta_j V_j too (la_fwd_kernel keeps beta in float32 on P's columns:
-here that column factor spilled 1 KB of registers), as mamba_ssm rounds x dt.
+tanh.approx). The kernel takes beta only with a decay, D and z only with beta (``fits``). Without beta the exps take
+the masked difference; with beta the unmasked one (+inf above the diagonal where decays are strong, taken away by one
+select). Rounding: P (P^T), S (S^T) and the update's weighted values go to the tensor cores in the input dtype, as in
+la_fwd_kernel; with beta, beta_j scale rides on P^T's rows (la_fwd_kernel keeps beta in float32 on P's columns).
 
 launch_args builds the descriptors and checks the fit (``fits``); the tl kernels (kernels_tl.py,
 kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
@@ -98,7 +99,7 @@ class Units:
 
 @struct
 class Walk:
-    S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator (TRANSPOSED: S^T [BV, BK])
+    S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator (with beta: S^T [BV, BK])
 
 
 @struct
@@ -127,12 +128,11 @@ class LinearAttentionForward:
     VB: object
     GROUP: object
     scale: object
-    state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S)
-    wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V)
-    bv_smem: object  # with beta: [2, BT, BV], each consumer's beta V (P V's B operand) in an allocation of its own (the
-    # barrier analysis then puts no bar.sync between its stores and wv's); else wv_smem (unused). TRANSPOSED: state_smem
-    # is each consumer's P^T [2, BT, BT], wv_smem and bv_smem form 2's per-token factors (the update's weights, o's)
-    # [2 BT] float32
+    state_smem: object  # [2, BK, BV]: each consumer's S in the input dtype (the B operand of Q S); with beta its P^T
+    # [2, BT, BT] (the B operand of V^T P^T)
+    wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V); with beta [2 BT] float32,
+    # each consumer's update weights by token
+    ev_smem: object  # with beta: [2 BT] float32, each consumer's factors of o by token (else wv_smem, unused)
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -143,10 +143,9 @@ class LinearAttentionForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
-    STL: gl.constexpr  # [BK, BV] state (TRANSPOSED: S^T [BV, BK])
-    PL: gl.constexpr  # P as the register operand of P V (TRANSPOSED: wV^T's, of the update)
-    TRANSPOSED: gl.constexpr  # (with beta, 1 or 2) Mamba-2's step on S^T: ``compute_transposed``; else 0
-    SPL: gl.constexpr  # TRANSPOSED: S^T [BV, BK] as the register operand of S^T Q^T (else None)
+    STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
+    PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
+    SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -180,7 +179,7 @@ class LinearAttentionForward:
 
     @gluon.jit
     def start(self, ctx, tile, prev):
-        if self.TRANSPOSED:
+        if self.HAS_BETA:
             S = gl.zeros([self.BV, self.BK], gl.float32, self.STL)
         else:
             S = gl.zeros([self.BK, self.BV], gl.float32, self.STL)
@@ -191,7 +190,7 @@ class LinearAttentionForward:
 
     @gluon.jit
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
-        if self.TRANSPOSED:  # S^T: a row a value column, a column a feature
+        if self.HAS_BETA:  # S^T: a row a value column, a column a feature
             vals = col + gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.STL))
             feats = gl.arange(0, self.BK, layout=gl.SliceLayout(0, self.STL))
             ptrs = (base + b.to(gl.int64) * sb + h.to(gl.int64) * sh + gl.expand_dims(vals.to(gl.int64) * sv, 1)
@@ -205,27 +204,21 @@ class LinearAttentionForward:
 
     @gluon.jit
     def decay_factors(self, G_r, G_c, causal):
-        """[BT, BT] 2^(G_i - G_j) on and below the diagonal (G in log2 units; above it anything finite or
-        not: the caller masks P there). With beta (Mamba-2's step): the unmasked difference (+inf above the diagonal
-        where decays are strong, taken away by the caller's one select); else the exps of the masked difference (0
-        above)."""
-        if self.HAS_BETA:  # (the caller's select takes the entries above the diagonal: +inf there is never used)
-            f = gl.exp2(gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0))
-        else:
-            f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
+        """[BT, BT] 2^(G_i - G_j) on and below the diagonal, 0 above (G in log2 units): the exps of the masked
+        difference."""
+        f = gl.exp2(gl.where(causal, gl.expand_dims(G_r, 1) - gl.expand_dims(G_c, 0), float("-inf")))
         return f
 
     @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
-        """One chunk. Ordered so that few [BT, BT] / [BT, BV] tiles are live beside S: the state goes to
-        shared memory and is updated first (S's old value is then read there), the scores next, o last.
-        (TRANSPOSED: ``compute_transposed``.)"""
-        if self.TRANSPOSED:
+        """One chunk; with beta Mamba-2's (``compute_transposed``). Ordered so that few [BT, BT] / [BT, BV] tiles are
+        live beside S: the state goes to shared memory and is updated first (S's old value is then read there), the
+        scores next, o last."""
+        if self.HAS_BETA:
             walk = self.compute_transposed(ctx, walk, stage, tile, step)
         else:
             c: gl.constexpr = ctx.index
             h, col = self.unit(tile, c)
-            h64 = h.to(gl.int64)
             q = stage.q.reshape([self.BT, self.BK])
             k = stage.k.reshape([self.BT, self.BK])
             if c == 0:
@@ -238,8 +231,8 @@ class LinearAttentionForward:
             cols = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
             row_ok = rows < self.N
 
-            # per-token factors from the stage: G (the chunk's cumulative log decay in log2 units, by row and by
-            # column: the TMA brought it with q, k, v, nothing to wait for on the walk), beta
+            # G (the chunk's cumulative log decay in log2 units, by row and by column) from the stage: the TMA
+            # brought it with q, k, v, nothing to wait for on the walk
             offs_c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
             w_rows = gl.where(row_ok, 1.0, 0.0)  # each token's weight in the state update
             S_decay = 1.0
@@ -253,35 +246,16 @@ class LinearAttentionForward:
                 # the chunk's last token's G from the column copy (the host pads G past N with the last token's, so
                 # row BT - 1 is it)
                 G_last = gl.sum(gl.where(offs_c == self.BT - 1, G_c, 0.0), axis=0)
-                if self.HAS_BETA:  # (0 past N: the host's pad)
-                    if c == 0:
-                        b_smem = stage.ba.reshape([self.BT])
-                    else:
-                        b_smem = stage.bb.reshape([self.BT])
-                    beta_r = b_smem.load(gl.SliceLayout(1, self.SL))
                 w_rows = w_rows * gl.exp2(G_last - G_r)
                 S_decay = gl.exp2(G_last)
-            if self.HAS_BETA:
-                w_rows = w_rows * beta_r
 
             S_smem = self.state_smem.index(c)
             causal = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
             row_scale = gl.zeros([self.BT], gl.float32, gl.SliceLayout(1, self.SL)) + self.scale
-            # the old state to shared memory (the B operand of Q S); with beta, beta_j V_j as P V's B operand
-            # (beta on V's rows, not P's columns: one [BT, BV] product, and the scores keep no column factor
-            # but the decay's, which spilled 1 KB at Mamba-2's shape), and the state update's weighted values stored
-            # here too, so one barrier pair a chunk serves every shared-memory operand
+            # the old state to shared memory (the B operand of Q S)
             wv = self.wv_smem.index(c)
-            # with beta, P V's beta V carries the scale (P none): a factor on BT rows, not BT x BT entries
-            if self.HAS_BETA:
-                beta_pv = beta_r * self.scale
             gl.thread_barrier()  # the previous step's wgmmas have read both buffers
             S_smem.store(walk.S.to(dtype))
-            if self.HAS_BETA:
-                v_f = v.load(self.SL).to(gl.float32)
-                wv.store((v_f * gl.expand_dims(w_rows, 1)).to(dtype))
-                bv = self.bv_smem.index(c)
-                bv.store((v_f * gl.expand_dims(beta_pv, 1)).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
 
@@ -290,47 +264,26 @@ class LinearAttentionForward:
             if self.DECAY:
                 s = s * self.decay_factors(G_r, G_c, causal)
                 row_scale = row_scale * gl.exp2(G_r)
-            if self.HAS_BETA:  # (the scale is on beta V's rows)
-                p_f = gl.where(causal, s, 0.0)
-            else:
-                p_f = gl.where(causal, s * self.scale, 0.0)
+            p_f = gl.where(causal, s * self.scale, 0.0)
             p = gl.convert_layout(p_f.to(dtype), self.PL)
 
-            # o = exp(G_i) scale (Q S_old) + P (beta V)
+            # o = exp(G_i) scale (Q S_old) + P V
             o = warpgroup_mma(q, S_smem, gl.zeros([self.BT, self.BV], gl.float32, self.SL), use_acc=False)
-            if self.HAS_BETA:
-                o = warpgroup_mma(p, bv, o * gl.expand_dims(row_scale, 1))
-            else:
-                o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
+            o = warpgroup_mma(p, v, o * gl.expand_dims(row_scale, 1))
 
-            # S <- exp(G_last) S + K^T (exp(G_last - G_j) beta_j V_j)
-            if not self.HAS_BETA:
-                gl.thread_barrier()  # (the warpgroup past P V before wv is rewritten)
-                wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
+            # S <- exp(G_last) S + K^T (exp(G_last - G_j) V_j)
+            gl.thread_barrier()  # (the warpgroup past P V before wv is rewritten)
+            wv.store((v.load(self.SL).to(gl.float32) * gl.expand_dims(w_rows, 1)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
             S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
-
-            # Mamba-2's epilogue and the store (rows past N clipped by TMA)
-            offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(0, self.SL))
-            if self.HAS_D:
-                d_row = gl.load(self.DSKIP + (h64 * self.sdh + col) + offs_v)
-                o = o + gl.expand_dims(d_row, 0) * v.load(self.SL).to(gl.float32)
-            if self.HAS_Z:  # z came with the stage; silu(z) = z sigmoid(z), sigmoid(z) = (1 + tanh(z / 2)) / 2: one
-                # tanh.approx (2^-11)
-                if c == 0:
-                    z = stage.za.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
-                else:
-                    z = stage.zb.reshape([self.BT, self.BV]).load(self.SL).to(gl.float32)
-                z_half = 0.5 * z
-                o = o * (z_half + z_half * tanh_approx(z_half))
-            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])
+            store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])  # (rows past N clipped by TMA)
             walk = Walk(S)
         return walk
 
     @gluon.jit
     def compute_transposed(self, ctx, walk, stage, tile, step):
-        """Mamba-2's chunk (beta, a decay) on the transposed state S^T [BV, BK] (configs.GLUON_MAMBA_TRANSPOSED):
+        """Mamba-2's chunk (beta, a decay, D and z) on the transposed state S^T [BV, BK]:
         everything a step computes, transposed,
 
             P^T  = mask(K Q^T * 2^(G_i - G_j)) * beta_j scale           rows j (keys), columns i (queries)
@@ -342,9 +295,9 @@ class LinearAttentionForward:
         S^T Q^T are issued together and the decay's exps run under them, then P V and the update, and the epilogue
         (D v, the gate's tanh, the store) under the update. The register operands are made, and S^T Q^T's
         accumulator scaled, with no wgmma running (ptxas serializes a kernel whose wgmma inputs are written while one
-        runs: C7513). The tokens are o^T's and P^T's columns, where a per-token factor costs 16 registers and 16 exps a
-        thread: form 1 (TRANSPOSED 1) pays that for the update's weights and o's factor, form 2 makes them one exp a
-        thread in a 1-D layout and reads them back in the columns' layout from shared memory (one bar.sync)."""
+        runs: C7513). The tokens are o^T's and P^T's columns, where a per-token factor would cost 16 registers and 16
+        exps a thread: the update's weights and o's factor are made one exp a thread in a 1-D layout and read back in
+        the columns' layout from shared memory (one bar.sync)."""
         c: gl.constexpr = ctx.index
         h, col = self.unit(tile, c)
         q = stage.q.reshape([self.BT, self.BK])
@@ -365,22 +318,17 @@ class LinearAttentionForward:
         G_i = g_smem.load(gl.SliceLayout(0, self.SL))
         G_last = gl.sum(gl.where(offs_i == self.BT - 1, G_i, 0.0), axis=0)  # (the host pads G past N with it)
         beta_j = b_smem.load(gl.SliceLayout(1, self.SL))  # (0 past N: the host's pad)
-        beta_i = b_smem.load(gl.SliceLayout(0, self.SL))
-        # the update's weights by token (wV^T's columns), 0 past N (column vectors take 16 registers a thread:
-        # G's by column is loaded again where used)
-        if self.TRANSPOSED == 2:  # one exp a thread each, read back in the columns' layout (one bar.sync)
-            L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-            G1 = g_smem.load(L1)
-            offs1 = gl.arange(0, self.BT, layout=L1)
-            # (TRANSPOSED: wv_smem and bv_smem [2 BT] float32, consumer c's w and o's factor at c BT)
-            w_smem = self.wv_smem.slice(c * self.BT, self.BT)
-            e_smem = self.bv_smem.slice(c * self.BT, self.BT)
-            w_smem.store(gl.where(t0 + offs1 < self.N, gl.exp2(G_last - G1), 0.0) * b_smem.load(L1))
-            e_smem.store(gl.exp2(G1) * self.scale)
-            gl.thread_barrier()
-            w_i = w_smem.load(gl.SliceLayout(0, self.SL))
-        else:
-            w_i = gl.where(t0 + offs_i < self.N, gl.exp2(G_last - G_i), 0.0) * beta_i
+        # the update's weights by token (wV^T's columns, 0 past N) and o's factors: one exp a thread each, read back
+        # in the columns' layout (a column vector takes 16 registers a thread: G's by column is loaded where used)
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        G1 = g_smem.load(L1)
+        offs1 = gl.arange(0, self.BT, layout=L1)
+        w_smem = self.wv_smem.slice(c * self.BT, self.BT)
+        e_smem = self.ev_smem.slice(c * self.BT, self.BT)
+        w_smem.store(gl.where(t0 + offs1 < self.N, gl.exp2(G_last - G1), 0.0) * b_smem.load(L1))
+        e_smem.store(gl.exp2(G1) * self.scale)
+        gl.thread_barrier()
+        w_i = w_smem.load(gl.SliceLayout(0, self.SL))
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
         vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
         wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
@@ -396,16 +344,12 @@ class LinearAttentionForward:
         s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
         pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
-        p_smem = self.state_smem.index(c)  # (TRANSPOSED: [2, BT, BT], each consumer's P^T)
+        p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
         p_smem.store(pT.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
-        if self.TRANSPOSED == 2:
-            e_i = self.bv_smem.slice(c * self.BT, self.BT).load(gl.SliceLayout(0, self.SL))
-        else:
-            e_i = gl.exp2(g_smem.load(gl.SliceLayout(0, self.SL))) * self.scale
-        o = o * gl.expand_dims(e_i, 0)
+        o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
         o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
         S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
@@ -444,45 +388,36 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                        TRANSPOSED: gl.constexpr = 0):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
-    (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage. TRANSPOSED (1 or 2, with beta): Mamba-2's
-    step on the transposed state (``compute_transposed``)."""
-    gl.static_assert(HAS_BETA or not TRANSPOSED, "TRANSPOSED is Mamba-2's step (beta and a decay)")
+    (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
+    state (``compute_transposed``)."""
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
-    gl.static_assert(HAS_BETA or not HAS_Z, "z comes with beta (Mamba-2's gate)")
+    gl.static_assert(HAS_BETA or not (HAS_Z or HAS_D), "D and z come with beta (Mamba-2's)")
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
     gl.static_assert(BT == BV, "the scores' and the outputs' layouts are one: BT == BV")
     SL: gl.constexpr = wgmma_layout(BT, BV, gl.num_warps())
-    STL: gl.constexpr = wgmma_layout(BK, BV, gl.num_warps())
-    PL: gl.constexpr = wgmma_lhs_layout(BT, BV, gl.num_warps())
     operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    if TRANSPOSED:  # S^T [BV, BK]; the only shared-memory operand each consumer writes is its P^T [BT, BT]
-        STL_T: gl.constexpr = wgmma_layout(BV, BK, gl.num_warps())
-        WVL: gl.constexpr = wgmma_lhs_layout(BV, BK, gl.num_warps())
-        SPL: gl.constexpr = wgmma_lhs_layout(BV, BT, gl.num_warps())
+    if HAS_BETA:  # S^T [BV, BK]; each consumer's P^T [BT, BT] and its factors by token (the update's, o's)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
-        # form 2's per-token factors (the update's weights, o's), each consumer's [2, BT] float32
         w_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
-                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL_T, WVL,
-                                    TRANSPOSED, SPL)
+                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
+                                    wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
-        bv_smem = wv_smem
-        if HAS_BETA:
-            bv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
-                                    bv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL, STL, PL,
-                                    0, None)
+                                    wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
+                                    wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
+                                    None)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -518,7 +453,7 @@ def _head_major(t: torch.Tensor):
     return [B, H, N, D], [t.stride(0), t.stride(2), t.stride(1), t.stride(3)]
 
 
-def fits(q, k, v, g, feature: int, beta=None, z=None) -> str | None:
+def fits(q, k, v, g, feature: int, beta=None, z=None, d_skip=None) -> str | None:
     """None where this kernel takes these inputs, else why not (the tl kernels run them)."""
     if feature != 0:
         return "a feature map"
@@ -526,8 +461,8 @@ def fits(q, k, v, g, feature: int, beta=None, z=None) -> str | None:
         return "a per-channel decay"
     if beta is not None and g is None:
         return "beta without a decay (the kernel's beta is Mamba-2's dt, with its decay)"
-    if z is not None and beta is None:
-        return "a gate z without beta (the kernel's z is Mamba-2's, with its dt)"
+    if (z is not None or d_skip is not None) and beta is None:
+        return "D or a gate z without beta (the kernel's are Mamba-2's, with its dt)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return "not bf16/fp16"
     Dk, Dv = q.shape[-1], v.shape[-1]
@@ -582,11 +517,9 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None,
-                transposed: int = 0):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
-    ``transposed`` (0, 1, 2; with beta): the kernel's TRANSPOSED (configs.GLUON_MAMBA_TRANSPOSED).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
     for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
@@ -622,8 +555,6 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
                 HAS_H0=h0 is not None, STORE_HT=ht is not None)
-    if transposed and beta is not None:  # (absent where off: the shipped launches' keys as before)
-        args["TRANSPOSED"] = int(transposed)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -641,14 +572,11 @@ def prepare_decay(g, beta):
 
 
 def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, stages: int = 3, *, operand=None,
-            launch=None, transposed: int | None = None):
+            launch=None):
     """(o, final state or None) by the Gluon kernel (``fits`` must have said None). z and D's value
     columns must be contiguous (stride 1), as Mamba-2's are. ``operand``: launch_args's (the descriptors' maker);
     ``launch(grid, args, num_warps)``: the launch (default: the kernel's own; the op's keyed path passes a
-    CachedLaunch's); ``transposed``: launch_args's (None: configs.GLUON_MAMBA_TRANSPOSED)."""
-    from tilecore.ops.linear_attention import configs
-
-    transposed = configs.GLUON_MAMBA_TRANSPOSED if transposed is None else transposed
+    CachedLaunch's)."""
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
@@ -657,8 +585,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
         d_skip = d_skip.float().contiguous()
     if z is not None and not tma_ok(z):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, operand=operand,
-                                    transposed=transposed)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, operand=operand)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -680,7 +607,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, transposed: int = 0) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -691,11 +618,10 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None,
     h0 = f32(B, H, Dk, Dv) if states else None
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages,
-                                    transposed=transposed)
+                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)
-    return dict(case=case, transposed=transposed, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
+    return dict(case=case, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared, threads=r.threads,
                 wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))

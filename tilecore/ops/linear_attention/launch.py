@@ -67,7 +67,7 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
             o_lin = o_lin.clone()
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
     gluon, based = _GLUON_FITS.memo(key and (key, keep_linear), lambda: (
-        bool(plan.config.get("fwd_gluon")) and not keep_linear and gluon_forward.fits(q, k, v, g, feature, beta, z) is None,
+        bool(plan.config.get("fwd_gluon")) and not keep_linear and gluon_forward.fits(q, k, v, g, feature, beta, z, d_skip) is None,
         bool(plan.config.get("fwd_gluon_based")) and not keep_linear
         and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None))
     if gluon:

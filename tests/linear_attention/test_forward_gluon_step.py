@@ -1,13 +1,14 @@
-"""The Gluon forward's TRANSPOSED Mamba-2 step (gluon_forward.LinearAttentionForward.compute_transposed; configs.
-GLUON_MAMBA_TRANSPOSED, off until a GPU run times it): S^T in registers, P^T through shared memory.
+"""The Gluon forward's chunk-steps (gluon_forward.LinearAttentionForward) where the CPU can test them: float32 twins of
+each step with the kernel's order and bf16 roundings against the float64 recurrences, and the Mamba-2 kernel's sm_90a
+facts. The kernel runs on the GPU only: experiments/linear_attention/gpu_mamba_s37.py checks it against float64 there
+(its tl twins, kernels_tl.la_fwd_kernel and kernels_forward.la_fwd_transposed_kernel with the state transposed, run
+in the interpreter: test_linear_attention.py, test_forward_transposed.py).
 
-On the CPU: a float32 twin of its chunk-step with the kernel's roundings (S^T, wV^T and P^T in bf16, the operands the
-tensor cores take) against the float64 recurrence (D, z, an initial state, strong decays whose unmasked exps overflow,
-a partial last chunk), as a multiple of the rounding floor beside the shipped step's twin (test_forward_lean); the
-kernel compiled for sm_90a (not serialized, the update one 64 x 128 wgmma chain, no state through shared memory,
-spills bounded); the launches pass TRANSPOSED only where asked and beta is given. The kernel runs on the GPU only:
-experiments/linear_attention/gpu_mamba_s37.py checks it against float64 there (its tl twin with the state
-transposed, kernels_forward.la_fwd_transposed_kernel, is tested in the interpreter: test_forward_transposed.py)."""
+* ``compute`` (no beta: linear attention, a scalar decay): the exps of the masked difference, the scale on P.
+* ``compute_transposed`` (Mamba-2: beta, D, z): S^T in registers, P^T (beta_j scale on its rows) through shared
+  memory, the unmasked exps (+inf above the diagonal where decays are strong) and one select; strong decays, D, z,
+  an initial state, a dt of 0, a partial last chunk.
+"""
 import json
 import os
 import subprocess
@@ -57,6 +58,46 @@ def twin_transposed(x, dt, A, Bm, Cm, D, z, h0, BT=64):
     return y, states
 
 
+def twin_plain(q, k, v, g, h0, scale, BT=64):
+    """o and the final state by ``compute``'s step in float32 with its roundings (P, S, the weighted values in bf16):
+    G head-major in log2 units, the exps of the masked difference, the scale on P."""
+    B, N, H, Dk = q.shape
+    Dv = v.shape[3]
+    G = gluon_forward.chunk_cumulative_heads(g, BT)
+    o = torch.empty(B, N, H, Dv)
+    S_out = torch.empty(B, H, Dk, Dv)
+    for b in range(B):
+        for h in range(H):
+            S = h0[b, h].float().clone()
+            for c0 in range(0, N, BT):
+                n = min(BT, N - c0)
+                qq, kk, vv = q[b, c0:c0 + n, h].float(), k[b, c0:c0 + n, h].float(), v[b, c0:c0 + n, h].float()
+                Gr, G_last = G[b, h, c0:c0 + n], G[b, h, c0 + BT - 1]
+                causal = torch.ones(n, n, dtype=torch.bool).tril()
+                f = torch.exp2(torch.where(causal, Gr[:, None] - Gr[None, :], -float("inf")))
+                p = bf(torch.where(causal, (qq @ kk.T) * f * scale, 0.0))
+                o[b, c0:c0 + n, h] = (qq @ bf(S)) * (scale * torch.exp2(Gr))[:, None] + p @ vv
+                S = torch.exp2(G_last) * S + kk.T @ bf(vv * torch.exp2(G_last - Gr)[:, None])
+            S_out[b, h] = S
+    return o, S_out
+
+
+def test_the_plain_step_is_the_recurrence():
+    from tilecore.ops.linear_attention import linear_attention_reference
+
+    torch.manual_seed(4)
+    B, N, H, Dk, Dv = 1, 130, 2, 16, 8
+    q, k, v = (torch.randn(B, N, H, d).to(BF) for d in (Dk, Dk, Dv))
+    g = -torch.rand(B, N, H) * 0.3
+    g[:, 70] = -float("inf")  # a reset
+    h0 = torch.randn(B, H, Dk, Dv)
+    o, ht = twin_plain(q, k, v, g, h0, 0.5)
+    ref, ref_state = linear_attention_reference(q.double(), k.double(), v.double(), decay=g.double(), scale=0.5,
+                                                initial_state=h0.double())
+    assert accuracy.error_over_floor(o.to(BF), ref) < 3.0
+    assert accuracy.rel_rms(ht, ref_state) < 2e-2
+
+
 @pytest.mark.parametrize("a_range,N", [((-8.5, -0.5), 150), ((-80.0, -20.0), 100)])
 def test_the_transposed_step_is_the_recurrence(a_range, N):
     torch.manual_seed(11)
@@ -79,27 +120,12 @@ def test_the_transposed_step_is_the_recurrence(a_range, N):
     assert accuracy.rel_rms(st, ref_state) < 2e-2
 
 
-def test_the_launches_pass_it_only_where_asked():
-    B, N, H, Dk, Dv = 1, 128, 4, 128, 64
-    q = torch.empty(B, N, 1, Dk, dtype=BF)
-    v = torch.empty(B, N, H, Dv, dtype=BF)
-    G = torch.zeros(B, H, N)
-
-    def args(beta, **kw):
-        return gluon_forward.launch_args(q, q, v, G, beta, None, None, None, torch.empty_like(v), None, 1.0, 2,
-                                         **kw)[1]
-
-    assert "TRANSPOSED" not in args(G) and args(G, transposed=1)["TRANSPOSED"] == 1
-    assert args(G, transposed=2)["TRANSPOSED"] == 2
-    assert "TRANSPOSED" not in args(None, transposed=1)  # (the scalar decay's step has no transposed form)
-
-
 CODE = """
 import json, os, re, subprocess, sys, tempfile
 from tilecore.ops.linear_attention.gluon_forward import compile_report
 from triton.backends.nvidia.compiler import get_ptxas
 out = []
-r = compile_report(sys.argv[1], stages=2, compiled_out=out, transposed=int(sys.argv[2]))
+r = compile_report(sys.argv[1], stages=2, compiled_out=out)
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "k.cubin")
     open(path, "wb").write(out[0].asm["cubin"])
@@ -111,20 +137,27 @@ print(json.dumps(r))
 """
 
 
-@pytest.mark.parametrize("case,form", [("mamba2", 1), ("mamba2", 2), ("mamba2_states", 2)])
-def test_transposed_compiles(case, form):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", CODE, case, str(form)], capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["transposed"] and r["tma"] and r["wgmma"] and not r["wgmma_serialized"], r
+@pytest.fixture(scope="module")
+def mamba_reports():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    procs = {case: subprocess.Popen([sys.executable, "-c", CODE, case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env) for case in ("mamba2", "mamba2_states")}
+    out = {}
+    for case, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[case] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("case", ["mamba2", "mamba2_states"])
+def test_mamba2_kernel_compiles_to_the_transposed_step(mamba_reports, case):
+    r = mamba_reports[case]
+    assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], r
     assert r["threads"] == 384 and r["shared"] <= 170 * 1024, r  # no state, wV or beta V buffers: P^T's only
     # a step of each consumer's code (two partitions): K Q^T 8, S^T Q^T 8, P V 4 (64 x 64 x 16) and the update as
     # one chain of 4 (64 x 128 x 16)
     assert r["hgmma_64x128"] == 2 * 4 and r["hgmma"] == 2 * 24, r
-    # (with initial and final states ~2.1 KB, all in the tile's start and finish, where the state's 64 pointers a
-    # thread are live beside it: none in the chunk loop, as the SASS shows; without states 60 B, form 2 64 B, none
-    # in the loop)
+    # (with initial and final states ~2.2 KB, all in the tile's start and finish, where the state's 64 pointers a
+    # thread are live beside it; without states 64 B: none in the chunk loop, as the SASS shows)
     assert r["spill_bytes"] <= (128 if case == "mamba2" else 4096), r
-    assert r["transposed"] == form, r
