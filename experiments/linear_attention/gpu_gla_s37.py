@@ -68,6 +68,15 @@ SETS = {
         "d128 form310": (128, dict(dqk_gluon_form=310), True),
         "d128 form438": (128, dict(dqk_gluon_form=438), True),
     },
+    "call3": {  # the confirmation: configs' against the session's start (and call 3's flip), the public op
+        "d64 configs": (64, {}, True),
+        "d64 flat": (64, dict(dqk_gluon=0), True),
+        "d64 op": (64, dict(op=(2, 1024, 3, 64, False)), "op"),
+        "d128 configs": (128, {}, True),
+        "d128 form2": (128, dict(dqk_gluon_form=2), True),
+        "d128 form38": (128, dict(dqk_gluon_form=38), True),
+        "d128 op": (128, dict(op=(1, 1024, 2, 128, True)), "op"),
+    },
 }
 VARIANTS = SETS[SET]
 if "--only" in sys.argv:  # (a subset: e.g. the CPU smoke run)
