@@ -145,6 +145,32 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
+def pair(run, d, b=16, h=16, n=4096):
+    """q and k turned by one launch (rotary.op.turn_pair) against two (rotary.op.turn): bitwise on the GPU (the
+    timed shape, and GQA 8/2 with N 300 < Nk 700, interleaved, rotary_dim half of D), then GPU time."""
+    from tilecore.ops.rotary.op import turn, turn_pair
+
+    def one_case(b_, hq, hkv, n_, nk, pairs, interleaved):
+        q = torch.randn(b_, hq, n_, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(b_, hkv, nk, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        cos, sin = tables(nk, pairs, torch.bfloat16)
+        oq, ok = (torch.full(t.shape, float("nan"), device=DEV, dtype=t.dtype) for t in (q, k))
+        turn_pair(q, k, cos, sin, shift_x=nk - n_, out_x=oq, out_y=ok, interleaved=interleaved)
+        wq = turn(q, cos[nk - n_:], sin[nk - n_:], interleaved=interleaved)
+        wk = turn(k, cos, sin, interleaved=interleaved)
+        return bool(torch.equal(oq, wq) and torch.equal(ok, wk)), (q, k, cos, sin, oq, ok)
+
+    gqa_ok, _ = one_case(2, 8, 2, 300, 700, d // 4, True)
+    same, (q, k, cos, sin, oq, ok) = one_case(b, h, h, n, n, d // 2, False)
+    fns = {"two": lambda: (turn(q, cos, sin, out=oq), turn(k, cos, sin, out=ok)),
+           "one": lambda: turn_pair(q, k, cos, sin, shift_x=0, out_x=oq, out_y=ok)}
+    t = time_rounds(fns, rounds=4, graph=True, eager=False, deadline=run)
+    run.row(f"pair D{d}", kind="pair", d=d, ok=same and gqa_ok, bitwise=same, bitwise_gqa=gqa_ok,
+            two_ms=t["two_graph_ms"], one_ms=t["one_graph_ms"],
+            saved_us=round(1000 * (t["two_graph_ms"] - t["one_graph_ms"]), 2),
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
 def launches(run, d=128, b=16, h=16, n=4096):
     """apply_rotary on q and k (two launches) against one launch over a (B, N, 2H, D) tensor holding both."""
     from tilecore.ops.rotary.op import turn
