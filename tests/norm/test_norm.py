@@ -271,25 +271,14 @@ def test_backward_tables_pick_tile_warps_and_groups(monkeypatch):
     run_and_check(x, w, b, r, prenorm=False)
 
 
-def test_fused_backward_dh_ahead(monkeypatch):
-    """FUSED_BACKWARD's optional (dh_ahead, maxnreg): the prenorm gradient loaded a tile ahead (DH_AHEAD) gives dx and
-    dresidual bit for bit as loading it where it is added, over groups of several row tiles and a ragged last one
-    (dropout on: dresidual and dx differ); the op through such a plan matches float64; the cap is a plan field only
-    (nothing to cap in the interpreter)."""
-    monkeypatch.setattr(configs, "FUSED_BACKWARD", {512: (1024, 4, 1, True, 168)})
-    sms = configs.INTERPRETER_SMS
-    rows, n, dtype, p = 23, 300, torch.float16, 0.2
-    ahead = plan.tl_plan(rows, n, sms, fused=True)
-    assert (ahead.backward_rows, ahead.groups, ahead.dh_ahead, ahead.maxnreg) == (2, sms, True, 168)
-    base = plan.tl_plan(rows, n, sms, fused=True, dh_ahead=False)
-    assert not base.dh_ahead and not plan.tl_plan(rows, n, sms).dh_ahead  # the plain backward: no prenorm gradient
-    x, r, dy, dh = (torch.randn(rows, n).to(dtype) for _ in range(4))
-    w, b = (1 + 0.5 * torch.randn(n)).to(dtype), torch.randn(n).to(dtype)
-    seed = torch.tensor([12345])
-    _, h, mean, rstd = launch.forward(base, x, r, w, b, seed, p, 1e-5, False, True, dtype)
-    want = launch.backward(base, dy, None, None, h, w, b, mean, rstd, seed, dh, p, False, dtype, dtype, True)
-    got = launch.backward(ahead, dy, None, None, h, w, b, mean, rstd, seed, dh, p, False, dtype, dtype, True)
-    for g, ref in zip(got, want):
-        assert torch.isfinite(g).all() and torch.equal(g, ref)
-    x, w, b, r = make_inputs(rows, n, dtype, shift=1.0)
-    run_and_check(x, w, b, r, dropout_p=p)
+def test_fused_backward_at_1024_columns_one_row_a_program():
+    """configs.FUSED_BACKWARD[1024]: the fused backward (a residual stream) at BLOCK_N 1024 runs one row a program over
+    2 warps, 6 groups an SM (the plain backward keeps PLAIN_BACKWARD's 2-row tiles); through the op, with dropout and the
+    prenorm gradient, groups that run several rows and a ragged count of them match float64."""
+    fused, plain = plan.tl_plan(65536, 1024, 132, fused=True), plan.tl_plan(65536, 1024, 132)
+    assert (fused.backward_rows, fused.backward_warps, fused.groups) == (1, 2, 6 * 132)
+    assert (plain.backward_rows, plain.groups) == (2, 4 * 132)
+    rows, sms = 37, configs.INTERPRETER_SMS
+    assert plan.tl_plan(rows, 1000, sms, fused=True).groups == 6 * sms < rows  # several rows a group, not all alike
+    x, w, b, r = make_inputs(rows, 1000, torch.float16, shift=1.0)
+    run_and_check(x, w, b, r, dropout_p=0.2)

@@ -31,39 +31,29 @@ FUSED_1024 = """
 import json
 import torch
 import triton.language as tl
-from tilecore.ops.norm import backward
+from tilecore.ops.norm import backward, configs
 from tilecore.tiles.compile import compile_kernel, resources
 t, f32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
 n = 1024
+tile, warps, groups = configs.FUSED_BACKWARD[n]
 args = dict(DY=t, X=None, RES=None, H=t, W=t, MEAN=f32, RSTD=f32, SUMS=None, SEED=torch.empty(1, dtype=torch.int64),
             DH_OUT=t, DX=t, DRES=t, DW_PART=f32, DB_PART=f32, rows=65536, N=n, stride_dy=n, stride_x=0, stride_res=0,
-            stride_h=n, stride_dh_out=n, stride_dx=n, stride_dres=n, p16=6554, scale=1 / 0.9, ROWS=2, BLOCK_N=n,
+            stride_h=n, stride_dh_out=n, stride_dx=n, stride_dres=n, p16=6554, scale=1 / 0.9, ROWS=tile // n, BLOCK_N=n,
             WHOLE_ROW=True, LOAD_H=True, HAS_RES=False, HAS_W=True, DROPOUT=True, RMS=False, HAS_DH_OUT=True,
             STORE_DRES=True, DW=True, DB=True, H_DTYPE=tl.bfloat16)
-out = {}
-for name, extra, options, warps in (("plain load", {}, {}, 4), ("ahead", dict(DH_AHEAD=True), dict(maxnreg=168), 4),
-                                    ("one row", dict(ROWS=1), {}, 2)):
-    c = compile_kernel(backward.norm_backward_kernel, dict(args, **extra), num_warps=warps, **options)
-    r = resources(c)
-    loop = c.asm["ptx"].split("bar.sync")[0]  # up to the first row sum's barrier
-    out[name] = dict(registers=r.registers, spills=r.spill_stores + r.spill_loads,
-                     loads_128=loop.count("ld.global.v4.b32"))
-print(json.dumps(out))
+r = resources(compile_kernel(backward.norm_backward_kernel, args, num_warps=warps))
+print(json.dumps(dict(groups=groups, warps=warps, **vars(r))))
 """
 
 
-def test_fused_backward_dh_ahead_at_1024():
-    """The fused backward (h stored, dropout, the prenorm gradient) at 1024 columns: configs.FUSED_BACKWARD's one row
-    a program over 2 warps at <= 168 registers without spill (6 programs of 64 threads an SM); and at 2 x 1024 tiles, 4
-    warps: with DH_AHEAD and ptxas's cap at 168 registers, 3 programs an SM as without it (190 uncapped), no spill, and
-    the prenorm gradient's 16-byte loads (two a thread before the loop, two in it) issued before the first barrier of
-    the row sums with dy's and h's, where without it they come after the row sums."""
-    from tilecore.ops.norm import configs
-    assert configs.FUSED_BACKWARD[1024][:3] == (1024, 2, 6)
+def test_fused_backward_at_1024_keeps_its_programs_resident():
+    """The fused backward (h stored, dropout, the prenorm gradient) at configs.FUSED_BACKWARD[1024]'s tile and warps:
+    no spill, and as many programs resident an SM (registers x threads within 64 K registers) as the entry's groups
+    an SM, so the groups run as one wave."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", FUSED_1024], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout)
-    for row in out.values():
-        assert row["registers"] <= 168 and row["spills"] == 0, out
-    assert out["ahead"]["loads_128"] == out["plain load"]["loads_128"] + 4, out
+    row = json.loads(r.stdout)
+    assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+    per_warp = -(-row["registers"] * 32 // 256) * 256  # (registers are allocated a warp at a time, 256 at once)
+    assert row["groups"] * row["warps"] * per_warp <= 65536, row

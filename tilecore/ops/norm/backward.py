@@ -86,12 +86,10 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
                          LOAD_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
                          DROPOUT: tl.constexpr, RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr,
                          STORE_DRES: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
-                         H_DTYPE: tl.constexpr, DH_AHEAD: tl.constexpr = False):
+                         H_DTYPE: tl.constexpr):
     """dx (and dres) for row tiles g, g + groups, ... (g = program_id(0), groups = num_programs(0)) over
     column block program_id(1); this program's dweight / dbias partials in row g of DW_PART / DB_PART
-    ((groups, N) float32). SUMS: (rows, 2) float32 mean(g xhat), mean(g) when not WHOLE_ROW. DH_AHEAD: the
-    gradient reaching h (DH_OUT) loaded one tile ahead with the other operands, not where it is added (after
-    the row sums' barriers, which the load cannot cross: its latency on every tile)."""
+    ((groups, N) float32). SUMS: (rows, 2) float32 mean(g xhat), mean(g) when not WHOLE_ROW."""
     group = tl.program_id(0)
     groups = tl.num_programs(0)
     c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -105,17 +103,12 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
     r, r64, mask = tile_rows(group, rows, c, cmask, ROWS)
     ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r, r64, c, mask, stride_dy, stride_x, stride_res, stride_h,
                           LOAD_H, HAS_RES, RMS)
-    if HAS_DH_OUT and DH_AHEAD:
-        dh_ahead = tl.load(DH_OUT + r64[:, None] * stride_dh_out + c[None, :], mask=mask, other=0.0)
     for tile in range(group, tl.cdiv(rows, ROWS), groups):
         dy, a, b, rstd, mean = ahead
         r, r64, mask = tile_rows(tile, rows, c, cmask, ROWS)
         r_next, r64_next, mask_next = tile_rows(tile + groups, rows, c, cmask, ROWS)
         ahead = load_operands(DY, X, RES, H, MEAN, RSTD, r_next, r64_next, c, mask_next, stride_dy, stride_x,
                               stride_res, stride_h, LOAD_H, HAS_RES, RMS)
-        if HAS_DH_OUT and DH_AHEAD:
-            dh_in = dh_ahead
-            dh_ahead = tl.load(DH_OUT + r64_next[:, None] * stride_dh_out + c[None, :], mask=mask_next, other=0.0)
         drop = 1.0
         if DROPOUT:  # drawn once: for the recomputed h and for dx
             drop = dropout_multiplier(SEED, r64, tl.program_id(1) * BLOCK_N, N, p16, scale, ROWS, BLOCK_N)
@@ -136,10 +129,7 @@ def norm_backward_kernel(DY, X, RES, H, W, MEAN, RSTD, SUMS, SEED, DH_OUT, DX, D
             dh = dh - mean_g[:, None]
         dh = dh * rstd[:, None]
         if HAS_DH_OUT:
-            if DH_AHEAD:
-                dh += dh_in.to(tl.float32)
-            else:
-                dh += load_tile(DH_OUT, r64, c, stride_dh_out, mask)
+            dh += load_tile(DH_OUT, r64, c, stride_dh_out, mask)
         if STORE_DRES:
             tl.store(DRES + r64[:, None] * stride_dres + c[None, :], dh.to(DRES.dtype.element_ty), mask=mask)
         if DROPOUT:

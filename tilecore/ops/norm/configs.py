@@ -31,8 +31,6 @@ BACKWARD_GROUPS_PER_SM = 8
 # 5 row passes against LayerNorm's 3) by BLOCK_N: (tile elements, warps, row groups an SM), in place of
 # the values above: at 4096 columns 8 warps held 167 registers, one program an SM; 4 warps, 8 groups is faster.
 # At 1024 one row a program over 2 warps (147 registers x 64 threads: 6 resident an SM, a row's sums over two warps).
-# An entry may add (..., dh_ahead, maxnreg): the prenorm gradient loaded a tile ahead (norm_backward_kernel's DH_AHEAD)
-# and ptxas's register cap (a launch option, only where set: 168 keeps 3 programs of 128 threads an SM).
 FUSED_BACKWARD = {1024: (1024, 2, 6), 4096: (4096, 4, 8)}
 # The same for the backward without a residual stream (LayerNorm / RMSNorm alone: 3 row passes), by BLOCK_N: as many
 # groups an SM as programs are resident (1024: 128 registers x 128 threads, 4 an SM; 4096: 8 warps, 2 an SM), one

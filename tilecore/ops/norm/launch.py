@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from tilecore import dispatch
 from tilecore.ops.norm import backward as bwd_kernels
 from tilecore.ops.norm import forward as fwd_kernels
 from tilecore.ops.norm.plan import Plan
@@ -183,25 +182,13 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
                    dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0),
                    dres.stride(0) if store_dres else 0, threshold16(p), scale),
                   dict(WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
-                       DW=weight is not None, DB=bias is not None, **flags,
-                       **_backward_options(plan, dh_out, dy.device)))
+                       DW=weight is not None, DB=bias is not None, **flags))
     if plan.finish == "kernel" and (weight is not None or bias is not None):
         dw, db = _finish(key, plan, dw_part, db_part, weight, bias, n, dy)
         return dx, dres, dw, db
     dw = None if dw_part is None else dw_part.sum(0)  # the small sum over the groups' partials
     db = None if db_part is None else db_part.sum(0)
     return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
-
-
-def _backward_options(plan: Plan, dh_out, device: torch.device) -> dict:
-    """The backward kernel's DH_AHEAD and register cap, only where the plan sets them (elsewhere the launch, and
-    so the compiled kernel, is as without them)."""
-    options = {}
-    if plan.dh_ahead and dh_out is not None:
-        options["DH_AHEAD"] = True
-    if plan.maxnreg and not dispatch.interpreted(device):  # (a compile option: nothing to cap in the interpreter)
-        options["maxnreg"] = plan.maxnreg
-    return options
 
 
 def _finish(key, plan: Plan, dw_part, db_part, weight, bias, n: int, like):

@@ -34,8 +34,6 @@ class Plan:
     finish: str = "torch"  # the partials' sums: "torch" or "kernel" (configs.BACKWARD_FINISH)
     finish_rows: int = 1  # the finishing kernel's BLOCK_G (partial rows a step) and BLOCK_C (columns a program)
     finish_cols: int = 8
-    dh_ahead: bool = False  # the backward's DH_AHEAD: the prenorm gradient loaded a tile ahead
-    maxnreg: int = 0  # the backward kernel's register cap (0: none)
 
 
 def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None = None, fused: bool = False) -> Plan:
@@ -51,20 +49,17 @@ def plan(rows: int, n: int, device: torch.device, *, whole_row_max: int | None =
 def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, tile_elems: int | None = None,
             wide_block: int | None = None, groups_per_sm: int | None = None, num_warps: int | None = None,
             backward_tile_elems: int | None = None, backward_warps: int | None = None, fused: bool = False,
-            finish: str | None = None, dh_ahead: bool | None = None, maxnreg: int | None = None) -> Plan:
+            finish: str | None = None) -> Plan:
     """The "tl" plan for (rows, n) rows on a GPU of ``sms`` SMs (no device asked: report.py and the GPU
     check use it). The keywords override configs' WHOLE_ROW_MAX, TILE_ELEMS, WIDE_BLOCK,
     BACKWARD_GROUPS_PER_SM, BACKWARD_TILE_ELEMS, BACKWARD_FINISH and the warps (for sweeps);
     The backward's tile, warps and groups an SM come from configs.FUSED_BACKWARD (``fused``) or PLAIN_BACKWARD
-    where the table has the row's BLOCK_N (the keywords still win), with FUSED_BACKWARD's optional dh_ahead and
-    maxnreg (``dh_ahead``, ``maxnreg``)."""
+    where the table has the row's BLOCK_N (the keywords still win)."""
     whole_row_max = whole_row_max or configs.WHOLE_ROW_MAX
     whole_row = n <= whole_row_max
     table = configs.FUSED_BACKWARD if fused else configs.PLAIN_BACKWARD
     if whole_row and next_power_of_2(n) in table:
-        tile, warps, groups, *extra = table[next_power_of_2(n)]
-        dh_ahead = dh_ahead if dh_ahead is not None else (bool(extra[0]) if extra else False)
-        maxnreg = maxnreg if maxnreg is not None else (extra[1] if len(extra) > 1 else 0)
+        tile, warps, groups = table[next_power_of_2(n)]
         backward_tile_elems = backward_tile_elems or tile
         backward_warps = backward_warps or warps
         groups_per_sm = groups_per_sm or groups
@@ -90,8 +85,7 @@ def tl_plan(rows: int, n: int, sms: int, *, whole_row_max: int | None = None, ti
                                                                    configs.BACKWARD_VALUES_PER_THREAD),
                 column_blocks=column_blocks,
                 row_tiles=row_tiles, groups=groups,
-                finish=finish or configs.BACKWARD_FINISH, finish_rows=finish_rows, finish_cols=finish_cols,
-                dh_ahead=bool(dh_ahead), maxnreg=maxnreg or 0)
+                finish=finish or configs.BACKWARD_FINISH, finish_rows=finish_rows, finish_cols=finish_cols)
 
 
 def finish_tile(n: int, groups: int) -> tuple[int, int]:
