@@ -36,7 +36,7 @@ def _dqk_step(D, N=256, dtype=torch.bfloat16, **over):
 def test_gluon_dqk_where_switched_on_and_it_fits():
     """dqk_gluon n: the Gluon kernel at d 128 and d 64 (a ring of n stages, the flat launch's places) in bf16 and
     fp16 (the factor span 64 / 8, the tl kernels' rule); elsewhere the tl launches: off, N not a multiple of the
-    chunk, d 32 (one key block: no pair), the flat launch off. configs': on at d 128 (FORM 38) and d 64 (FORM 2) with bf16 inputs;
+    chunk, d 32 (one key block: no pair), the flat launch off. configs': on at d 128 (FORM 182) and d 64 (FORM 438) with bf16 inputs;
     fp16 at d 64 keeps the flat launch (dqk_gluon_scan off: the scans lost to it there)."""
     for D in (128, 64):
         name, kw = _dqk_step(D, dqk_gluon=2)
@@ -46,9 +46,9 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
         assert _dqk_step(D, dqk_gluon=0)[0] == "gla_dqk_flat_kernel"
     # configs': on at d 128 and d 64 (CHUNKED_FLAT_DIMS); at d 64 fp16 (the scans) keeps the flat tl launch
     assert _dqk_step(128)[0] == "gla_dqk_gluon_kernel" and _dqk_step(128)[1]["STAGES"] == 2
-    assert _dqk_step(128)[1]["FORM"] == 38 and "FORM" not in _dqk_step(128, dtype=torch.float16)[1]
+    assert _dqk_step(128)[1]["FORM"] == 182 and "FORM" not in _dqk_step(128, dtype=torch.float16)[1]
     assert _dqk_step(64)[0] == "gla_dqk_gluon_kernel" and _dqk_step(64)[1]["STAGES"] == 2
-    assert _dqk_step(64)[1]["FORM"] == 2
+    assert _dqk_step(64)[1]["FORM"] == 438
     assert _dqk_step(64, dtype=torch.float16)[0] == "gla_dqk_flat_kernel"
     assert _dqk_step(64, dtype=torch.float16, dqk_gluon_scan=True)[0] == "gla_dqk_gluon_kernel"
     # FORM 2 (the sums over tokens by bf16 dots) with bf16 inputs only
@@ -85,9 +85,9 @@ SPILLS_ALLOWED = 160
 # FORM 2 (the sums over tokens by dots): 124 B at d 128, 112 at d 64 (392 / 400 with q and k held through the
 # products); not serialized
 SPILLS_ALLOWED_FORM2 = 160
-# FORM 38 (configs' at d 128): FORM 2 with EARLY_VALUE (the value sums issued behind G's sums) and EXP_FEW: 100 B;
-# FORM 54 (+ TRI_SMEM: L from shared memory) 132 B, 229.9 KB
-CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 2), (128, 2, 38), (128, 2, 54)]
+# configs': FORM 182 at d 128 (FORM 2 with EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO): 120 B, 229.9 KB; FORM 438 at d 64
+# (and EXP_FTZ): 120 B
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 2), (128, 2, 182), (64, 2, 438)]
 
 
 @pytest.fixture(scope="module")
