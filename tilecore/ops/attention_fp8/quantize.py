@@ -373,7 +373,7 @@ class _QInKernelCall:
 
 # rotate_quantize: blocks of 128 rows a program cut (to 1 at least) where the grid would leave SMs idle; False: the
 # configured count at every size
-FILL_SMS = False
+FILL_SMS = True
 
 # attention_fp8_rotated's plain eager CUDA calls: the signature of (q, k, v, the options) -> the key's _QInKernelCall
 # (kept after its first call on the q-in-kernel path); ROTATED_RECIPES False: every call through the checks
