@@ -11,7 +11,12 @@ Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, co
   references: on call 2's slow host only d 64, d 128 flat and FORM 54 finished by 34 s): d 64 FORM 2 at 2 stages 1.07x
   the flat launch (on since); d 128 FORM 54 1.855 ms = 67.5% (call 2), FORM 38 1.95-1.98 against FORM 2's 2.16-2.17
   (call 3), DG_ONE slower (98, 102: the bit removed since, so the set no longer lists them).
-* ``call2``: configs' (since call 3: FORM 38 = 2 + EARLY_VALUE + EXP_FEW at d 128, FORM 2 at d 64 with 2 stages)
+* ``call3``: the confirmation of configs' (since call 4: FORM 182 at d 128, 438 at d 64) against FORM 2 (the session's
+  start at d 128, call 2's flip at d 64), FORM 38 (call 3's flip) and 310 (call 4's tie) at d 128, the flat launch at
+  d 64, and the public op through autograd (gpu_gla_op.check: B1 N1024 H2 d 128 strong + a reset, B2 N1024 H3 d 64).
+* ``call2`` (device call 4, runs/gla_s37b_run4_session37_h100.txt): d 128 FORM 182 1.78 ms = 70.5%, 310 70.4%, 54
+  67.1%, 438 63.3%, configs' 38 64.4%, FORM 2 58.2%; d 64 FORM 438 0.826 ms = 65.1%, 54 57.8%, FORM 2 55.0%, flat 55.3%.
+  Its set: configs' (since call 3: FORM 38 = 2 + EARLY_VALUE + EXP_FEW at d 128, FORM 2 at d 64 with 2 stages)
   against FORM 2, 54 (38 + TRI_SMEM), 50 (TRI_SMEM + EXP_FEW), 182 (54 + G_TWO), 310 (54 + EXP_FTZ), 438 (54 + G_TWO +
   EXP_FTZ) at d 128; the flat launch, 54 and 438 at d 64.
 
@@ -23,7 +28,7 @@ outputs NaN-poisoned; dq / dk / dv as multiples of the bf16 rounding floor, dg /
 times the variants that passed at B16 H16 N4096, in two interleaved rounds: the dqk launch alone (against its HBM
 bound at this run's copy bandwidth) and, in the first round, the composed backward.
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s37.py --set call2
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s37.py --set call3
 JSON to $OUT/gla_s37_<set>.json; the table last.
 """
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pathlib import Path
 import torch
 
 START = time.time()
-SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "call2"
+SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "call3"
 WARM_DEADLINE = 30.0  # the shared kernels' compile: the variants start then at the latest
 WORKER_DEADLINE = 900.0 if "--smoke" in sys.argv else 44.0  # from the start: a worker still compiling then is killed (its row says so)
 TIME_DEADLINE = 53.0  # no timing starts past it (the probes, last, run only if the rest left time)
@@ -68,13 +73,15 @@ SETS = {
         "d128 form310": (128, dict(dqk_gluon_form=310), True),
         "d128 form438": (128, dict(dqk_gluon_form=438), True),
     },
-    "call3": {  # the confirmation: configs' against the session's start (and call 3's flip), the public op
+    "call3": {  # the confirmation: configs' (182 at d 128, 438 at d 64) against the session's start and flips, the op
         "d64 configs": (64, {}, True),
+        "d64 form2": (64, dict(dqk_gluon_form=2), True),
         "d64 flat": (64, dict(dqk_gluon=0), True),
         "d64 op": (64, dict(op=(2, 1024, 3, 64, False)), "op"),
         "d128 configs": (128, {}, True),
         "d128 form2": (128, dict(dqk_gluon_form=2), True),
         "d128 form38": (128, dict(dqk_gluon_form=38), True),
+        "d128 form310": (128, dict(dqk_gluon_form=310), True),
         "d128 op": (128, dict(op=(1, 1024, 2, 128, True)), "op"),
     },
 }
@@ -270,6 +277,8 @@ def main():
     os.environ["HA_REFS"] = tempfile.mkdtemp()  # (the workers inherit it)
     if not SMOKE:  # each head dim's shared kernels compiled once (then the variants compile only their dqk kernel)
         warm = {D: spawn("--warm", str(D)) for D in dims}
+        # the public op's rows from the start (their own shapes and the forward: nothing shared with the rest)
+        procs.update({n: spawn("--one", n) for n, (_, _, tm) in VARIANTS.items() if tm == "op"})
         for D in dims:  # the references, meanwhile (written once, read by every variant of the head dim)
             for case in CASES:
                 reference(D, case, ref_path(D, case).with_suffix(".tmp"))
@@ -283,8 +292,7 @@ def main():
             except subprocess.TimeoutExpired:
                 pass  # (the variants compile what is left)
             print(f"d{D} warm at {time.time() - START:.0f} s", flush=True)
-            procs.update({n: spawn("--one", n) for n, (d, _, tm) in VARIANTS.items()
-                          if d == D and tm in (True, "op")})
+            procs.update({n: spawn("--one", n) for n, (d, _, tm) in VARIANTS.items() if d == D and tm is True})
     else:
         procs = {n: spawn("--one", n) for n, (_, _, tm) in VARIANTS.items() if tm is True}
     rows = {}
