@@ -101,8 +101,6 @@ def test_attention_decode_recording_a_gradient_allocates_three_times_and_launche
     o = attention_op.attention(qg, kg, vg)
     assert o.grad_fn is not None and type(o.grad_fn).__name__.startswith("_AttentionOutFunction")
     assert counts == {"empty": 3, "launch": 2, "check": 0, "plan": 0}
-    # the plans keep their launch key with its hash (the recipe's and every keyed launch's lookup by it)
-    assert all(type(entry[0].launch_key) is launch.KeptSignature for entry in attention_op._PLANS._data.values())
     attention_op._PLANS.clear()
     decode_launch._DECODE_LAUNCHES.clear()
 

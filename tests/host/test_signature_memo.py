@@ -214,7 +214,7 @@ def test_a_tensor_given_twice_is_checked_once_and_must_repeat(memo):
     assert memo._last is not None
     before = CALLS[0]
     k2 = torch.randn(1, 2, 64, 16)
-    assert memo("forward", torch.randn(1, 4, 1, 16), k2, k2, True) is _kept(memo)
+    assert memo("forward", torch.randn(1, 4, 1, 16), k2, k2, True) is memo._last[5]
     assert CALLS[0] == before  # a hit
     v = torch.randn(1, 2, 64, 16)  # the same metadata, not aliased: a miss, the signature's answer
     assert memo("forward", q, k, v, True) == _any_device_signature("forward", q, k, v, True)
@@ -261,7 +261,7 @@ def test_fft_conv_and_hadamard_quantize_sites_hit_repeats_and_miss_each_change(w
     for _ in range(3):  # fresh tensors of the same metadata: hits
         items = items_of(torch.randn(2, 64, dtype=torch.float16))
         got = site(*items)
-        assert CALLS[0] == before and got is _kept(site)
+        assert CALLS[0] == before and got is site._last[5]
         assert got == _any_device_signature(*items)
         before = CALLS[0]
     wide = torch.randn(2, 80, dtype=torch.float16)
@@ -315,35 +315,3 @@ def test_fft_conv_and_hadamard_quantize_give_the_same_results_with_the_memo_on_a
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(on_outs, off_outs))
     assert off_built == len(fft_calls) + len(quantize_calls)
     assert on_built <= off_built - 3  # the repeats (calls 3 of each run of one signature) hit
-
-
-def _kept(memo):
-    """The signature object a hit hands back: the entry's KeptSignature, or its plain tuple with KEEP_SIGNATURE_HASH
-    off."""
-    return memo._last[8] if launch.KEEP_SIGNATURE_HASH else memo._last[5]
-
-
-def test_a_hit_hands_back_the_signature_with_its_hash_kept(memo):
-    """KeptSignature (session 37): a hit's signature equals the plain one and hashes as it, so the plan and recipe
-    LRUs filled under either find it; it is the same object every hit (its hash computed once); with
-    KEEP_SIGNATURE_HASH off a hit hands back the plain tuple."""
-    from tilecore.tiles.switches import patched
-
-    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 64, 16)
-    plain = _any_device_signature("forward", q, k, k, True, 0.5, None)
-    for _ in range(3):
-        memo("forward", q, k, k, True, 0.5, None)
-    with patched(launch, KEEP_SIGNATURE_HASH=True):
-        hits = [memo("forward", torch.randn(1, 4, 1, 16), k, k, True, 0.5, None) for _ in range(2)]
-    assert type(hits[0]) is launch.KeptSignature and hits[0] is hits[1]
-    assert hits[0] == plain and plain == hits[0] and hash(hits[0]) == hash(plain) == hash(tuple(hits[0]))
-    table = launch.LRU(4)
-    table.put(plain, "plan")
-    assert table.get(hits[0]) == "plan" and {hits[0]: 1}[plain] == 1
-    assert table.get((hits[0], False)) is None and {(plain, False): 2}[(hits[0], False)] == 2  # (nested: the same)
-    import copy
-    import pickle
-    assert type(copy.copy(hits[0])) is tuple and pickle.loads(pickle.dumps(hits[0])) == plain
-    with patched(launch, KEEP_SIGNATURE_HASH=False):
-        again = memo("forward", torch.randn(1, 4, 1, 16), k, k, True, 0.5, None)
-        assert type(again) is tuple and again == plain

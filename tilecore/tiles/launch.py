@@ -671,29 +671,6 @@ except ImportError:  # a torch without it: SignatureMemo is signature()
 MEMO_SIGNATURES = _TensorGuards is not None
 
 
-class KeptSignature(tuple):
-    """A signature as :class:`SignatureMemo` hands it back on a hit: the same tuple (equal to it, the same hash), its
-    hash computed once. A tuple computes its hash at every lookup, through every entry (~1 us for attention's three
-    tensors on this machine's CPU, ~1.4 for the KV cache's five), and a keyed call looks its signature up in one to
-    three LRUs (plans, recipes, checks); a kept signature's lookup in a dict holding it finds it by identity too."""
-
-    def __new__(cls, items):
-        self = tuple.__new__(cls, items)
-        self.hash = tuple.__hash__(self)
-        return self
-
-    def __hash__(self):
-        return self.hash
-
-    def __reduce__(self):  # (a copy or pickle is the plain tuple)
-        return tuple, (tuple(self),)
-
-
-# a SignatureMemo hit hands back a KeptSignature (its hash kept); False: the plain tuple signature() built (read at
-# each hit: experiments/common/gpu_host_rows_s37.py times both in one process). Off until the H100's A/B
-KEEP_SIGNATURE_HASH = False
-
-
 def memo_signatures(on: bool) -> None:
     """Turn SignatureMemo's check of the last call's signature on or off, from the next call on."""
     global MEMO_SIGNATURES
@@ -742,7 +719,7 @@ class SignatureMemo:
 
     def __init__(self, namespace: dict | None = None):
         # (types, tensors picker, scalars picker, the scalars, TensorGuards of the tensors, the signature, the
-        # function that built it, the aliased positions, the signature as a KeptSignature) or None
+        # function that built it, the aliased positions) or None
         self._last = None
         self._missed = None  # the last signature built on a miss
         self._refused = None  # the last signature no entry could be made for (not tried again while it repeats)
@@ -752,7 +729,7 @@ class SignatureMemo:
         build = signature if self._namespace is None else self._namespace["signature"]
         last = self._last
         if last is not None and MEMO_SIGNATURES and last[6] is build:
-            types, tensors_at, scalars_at, scalars, guards, key, _, aliases, _ = last
+            types, tensors_at, scalars_at, scalars, guards, key, _, aliases = last
             if tuple(map(type, items)) == types and scalars_at(items) == scalars:
                 tensors = tensors_at(items)
                 if guards.check(*tensors):
@@ -764,7 +741,7 @@ class SignatureMemo:
                             if t.data_ptr() & 15:
                                 break
                         else:
-                            return last[8] if KEEP_SIGNATURE_HASH else key
+                            return key
         key = build(*items)
         if key is not None and MEMO_SIGNATURES:
             if key == self._missed:
@@ -807,7 +784,7 @@ class SignatureMemo:
         if not guards.check(*tensors):  # (a check that its own tensors fail would never hit)
             return None
         return (tuple(map(type, items)), tensors_at, scalars_at, scalars_at(items), guards, key, build,
-                tuple(aliases), KeptSignature(key))
+                tuple(aliases))
 
 
 def fast_path_problem(compiled, ordered: list) -> str | None:

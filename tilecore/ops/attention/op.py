@@ -16,7 +16,7 @@ from tilecore.ops.attention import launch, op_rotary
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
 from tilecore.ops.attention_decode.launch import prepared as decode_prepared
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
-from tilecore.tiles.launch import LRU, KeptSignature, SignatureMemo, signature
+from tilecore.tiles.launch import LRU, SignatureMemo, signature
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
 CPU_DTYPES = DTYPES + (torch.float32,)  # CPU tensors (torch's CPU kernels, or the tl kernels interpreted)
@@ -192,7 +192,6 @@ def _cached(key: tuple | None, make):
     plan = _PLANS.get(key)
     if plan is None:
         plan = make()
-        key = KeptSignature(key)  # (the same key, its hash computed once: its launches look it up every call)
         plan = replace(plan, launch_key=key, dq=None if plan.dq is None else replace(plan.dq, launch_key=key))
         _PLANS.put(key, plan)
     return plan
