@@ -11,12 +11,11 @@ their parts on the same host (session 37, HG; experiments/common/gpu_script.py's
   a kept launch of a tiny kernel (KeyedLaunch, as the recipes launch) and a JIT launch, torch.fft.rfft of the filter, an
   autograd.Function's apply saving five tensors (what recording a gradient adds), the current device's read.
 * a cProfile of each row (top functions by own time, us a call: shares, cProfile inflates them).
-* A/B of session 37's two host cuts, each switch on vs off in one process (host_rows.ab_recipes: ``--ab-rounds``
-  interleaved rounds of ``--ab-calls`` calls, medians, the outputs on vs off bit for bit, calls 1..10 with it on): tiles.launch.KEEP_SIGNATURE_HASH (a memo hit's
-  signature keeps its hash: the LRU lookups stop rehashing it) on the three rows, fft_conv.op.PAD_BY_CAT (the keyed
-  Gluon call pads k by one cat with kept zeros before its rfft; on since call 2) on the fft_conv rows. Batch 2 adds
-  parts: an LRU lookup by a plain signature against a KeptSignature, new_empty with a dtype, the cat and the rfft of
-  the padded filter alone.
+* A/B of fft_conv.op.PAD_BY_CAT (the keyed Gluon call pads k by one cat with kept zeros before its rfft; on since
+  call 2) on the fft_conv rows, on vs off in one process (host_rows.ab_recipes: ``--ab-rounds`` interleaved rounds of
+  ``--ab-calls`` calls, medians, the outputs on vs off bit for bit, calls 1..10 with it on). Calls 2 and 4 also timed
+  tiles.launch.KEEP_SIGNATURE_HASH (a memo hit's signature keeping its hash), removed after call 4 (0.92-1.01x, an
+  LRU lookup 0.69 against 0.51 us: notes/host's decision log).
 
     PYTHONPATH=/tmp/site:. python experiments/common/gpu_host_rows_s37.py [--rounds 3] [--calls 300]
 
@@ -40,9 +39,7 @@ import host_time  # noqa: E402 (the rows' inputs and torch peers, as every earli
 from experiments.common.gpu_script import Run, graph_ms, host_rounds, same_bits  # noqa: E402
 
 ROWS = ("fft_conv", "fft_conv (filter_spectrum)", "attention N256 (grad recorded)", "attention N256", "paged decode")
-AB = (("tilecore.tiles.launch:KEEP_SIGNATURE_HASH", ("paged decode", "attention N256", "attention N256 (grad recorded)",
-                                                      "fft_conv")),
-      ("tilecore.ops.fft_conv.op:PAD_BY_CAT", ("fft_conv", "fft_conv (grad recorded)")))
+AB = (("tilecore.ops.fft_conv.op:PAD_BY_CAT", ("fft_conv", "fft_conv (grad recorded)")),)
 
 
 def table_of_rows():
@@ -71,7 +68,7 @@ def parts(run: Run, calls: int) -> dict:
     """Each part alone, us a call (interleaved rounds)."""
     from tilecore import dispatch
     from tilecore.tiles.eager import apply as eager_apply
-    from tilecore.tiles.launch import LRU, CachedLaunch, KeptSignature, KeyedLaunch, SignatureMemo, signature
+    from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, signature
 
     dev = host_time.DEV[0]
     bf = dict(device=dev, dtype=torch.bfloat16)
@@ -115,14 +112,12 @@ def parts(run: Run, calls: int) -> dict:
         "2 empties alone (out, lse)": empties2,
         "signature memo, 5 tensors": lambda: memo(q, kc, kc, lens, tbl, False, None, -1, -1, 0.0),
     }
-    # an LRU lookup of a call's signature, a plain tuple (rehashed each lookup) against a KeptSignature (its hash kept)
+    # an LRU lookup of a call's signature (a plan's or recipe's)
     key5 = signature(q, kc, kc, lens, tbl, False, None, -1, -1, 0.0)
     if key5 is not None:
-        kept5 = KeptSignature(key5)
         table5 = LRU(8)
         table5.put(key5, 1)
-        fns["LRU get, plain 5-tensor signature"] = lambda: table5.get(key5)
-        fns["LRU get, KeptSignature"] = lambda: table5.get(kept5)
+        fns["LRU get, 5-tensor signature"] = lambda: table5.get(key5)
     fns["q.new_empty f32 (4,1,32,128) by dtype="] = lambda: q.new_empty((4, 1, 32, 128), dtype=torch.float32)
     fns["torch.empty f32 (4,1,32,128)"] = lambda: torch.empty((4, 1, 32, 128), dtype=torch.float32, device=device)
     fns["torch.cat (64,1024) f32 + kept zeros"] = lambda: torch.cat((kf, zeros), 1)
@@ -142,7 +137,7 @@ def parts(run: Run, calls: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--profile", type=int, default=300)
     ap.add_argument("--deadline", type=float, default=52.0)
