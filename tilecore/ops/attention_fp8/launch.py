@@ -257,7 +257,6 @@ def q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sca
     q_reg = D in configs.ROTATED.get("q_reg", ()) if q_reg is None else q_reg
     rot_split = q_reg and (D in configs.ROTATED.get("rot_split", ()) if rot_split is None else rot_split)
     _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
-    v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
     # (O and lse: fresh contiguous tensors of q's shape, O in out_dtype: the key names out_dtype; the config's items
     # flattened: signature keys scalars, and gives None, no key, for a tuple)
     key = signature("attention_fp8_q_rotated", q, k, v, out_dtype, k_scale, v_scale, causal,
@@ -275,8 +274,8 @@ def q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sca
 
 class QRotatedLaunch:
     """The Gluon kernel's launch with q rotated in it (forward_q_rotated) for one launch key: the key, the kernel's
-    options and grid, the rotation's signs and the launch's arguments the key fixes. ``launch(q, k, v, k_scale,
-    v_scale)`` allocates O and lse and launches by the key: what forward_q_rotated's call did after its checks."""
+    options and grid, the rotation's signs and the launch's arguments the key fixes. Called with a call's (q, k, v,
+    k_scale, v_scale) it allocates O and lse and launches by the key: (O, lse)."""
 
     __slots__ = ("key", "layout", "grid", "tail", "signs", "options", "out_shape", "out_dtype", "device")
 

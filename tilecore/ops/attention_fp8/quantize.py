@@ -15,7 +15,8 @@ from tilecore import dispatch
 from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, CachedLaunch, SignatureMemo, next_power_of_2, signature
+from tilecore.tiles.launch import LRU, CachedLaunch, SignatureMemo, next_power_of_2
+from tilecore.tiles.launch import signature  # noqa: F401 (_ROTATED_KEY's misses: SignatureMemo reads it from globals)
 
 E4M3_MAX = 448.0
 _QUANTIZE_V = CachedLaunch(kernels_tl.quantize_v_permuted)
