@@ -26,9 +26,16 @@ The template's parts:
 With two stages the producer loads tile t + 1 while the consumers compute tile t, and the two consumers are two
 chains an SM (the tl kernel's two programs an SM, without its waits on loads). Conditions (``fits``, and the flat
 launch's: Hopper, every view TMA-aligned): N a multiple of BT, Dv = 64 or 128, Dk a multiple of 2 BKB; the launcher
-falls back to the tl kernels elsewhere. Gluon does not run in the interpreter:
+falls back to the tl kernels elsewhere.
+
+FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
+makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
+bits beside 2 change how that chain runs, not its math: EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO, EXP_FTZ (below).
+configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
+schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
-experiments/linear_attention/gpu_gla_gluon_s36.py checks it on the GPU against float64."""
+tests/linear_attention/test_gla_bwd_gluon_twin.py replays chain_dots' arithmetic in torch against float64, and
+experiments/linear_attention/gpu_gla_s37.py checks the kernel on the GPU against float64."""
 import torch
 from triton.experimental import gluon
 
@@ -38,7 +45,7 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_m
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BKB_GLUON = 32  # key channels a consumer
 FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
-# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_gla_gluon_s36.py): each bit leaves a part of a
+# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_gla_s37.py): each bit leaves a part of a
 # tile's work out, so the time it saves says what the chain spends there. Outputs are WRONG; never in a real launch.
 PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-row reductions, FORM 2: no L g, J g)
 PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
