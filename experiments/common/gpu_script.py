@@ -266,3 +266,37 @@ def same_bits(a, b) -> bool:
         if not torch.equal(x, y):
             return False
     return True
+
+
+def sync_warnings(fn) -> dict:
+    """torch's own synchronizing operations in one call of ``fn`` (torch.cuda.set_sync_debug_mode("warn")): {message:
+    count}; an eager call that should never wait for the GPU gives {}. Empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    import collections
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    return dict(collections.Counter(str(w.message)[:120] for w in caught if "synchroniz" in str(w.message).lower()))
+
+
+def allocator_counts(fn, calls: int = 20) -> dict:
+    """The caching allocator's cudaMalloc / cudaFree (and retries, all-stream syncs) over ``calls`` calls of ``fn``:
+    after warm-up an eager loop should make none. Empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    before = torch.cuda.memory_stats()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    return {k: after.get(k, 0) - before.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                                                             "num_sync_all_streams")}

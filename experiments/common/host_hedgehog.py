@@ -32,7 +32,6 @@ import contextlib
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -41,7 +40,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.linear_attention.gpu_based_s32 import fla, inputs  # noqa: E402
-from experiments.common.gpu_script import Run  # noqa: E402
+from experiments.common.gpu_script import Run, allocator_counts, sync_warnings  # noqa: E402
 from tilecore import accuracy  # noqa: E402
 from tilecore.ops.linear_attention import linear_attention, linear_attention_reference  # noqa: E402
 from tilecore.ops.linear_attention import op as la_op  # noqa: E402
@@ -134,27 +133,7 @@ def return_ms(fn, calls=20) -> float:
     return statistics.median(times) * 1e3
 
 
-def allocator(fn, calls=20) -> dict:
-    before = torch.cuda.memory_stats()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    after = torch.cuda.memory_stats()
-    return {k: after.get(k, 0) - before.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries",
-                                                             "num_sync_all_streams")}
-
-
-def sync_warnings(fn) -> dict:
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode(1)
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    return dict(collections.Counter(str(w.message)[:120] for w in caught if "synchroniz" in str(w.message).lower()))
+allocator = allocator_counts  # (experiments/common/gpu_script.py's; sync_warnings too)
 
 
 def runtime_calls(fn, calls=3) -> dict:

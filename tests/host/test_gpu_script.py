@@ -76,3 +76,11 @@ def test_same_bits():
     assert not gs.same_bits(x, torch.tensor([-0.0, 1.5, float("nan")]))
     assert not gs.same_bits(x, x.half()) and not gs.same_bits([x], [x, x])
     assert gs.same_bits(torch.arange(3), torch.arange(3))
+
+
+def test_sync_and_allocator_probes_answer_empty_without_cuda():
+    if torch.cuda.is_available():  # (the GPU machine: a plain add neither syncs nor, after warm-up, allocates anew)
+        x = torch.ones(4, device="cuda")
+        assert gs.sync_warnings(lambda: x + 1) == {}
+        return
+    assert gs.sync_warnings(lambda: None) == {} and gs.allocator_counts(lambda: None) == {}
