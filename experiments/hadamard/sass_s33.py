@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.getcwd())
 os.environ.pop("TRITON_INTERPRET", None)
 ELEMS = 1 << 28
+ROWS = 64  # the rows the compiled kernels are given (1: a one-row call's constant)
 SMS = 132
 FORMATS = ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
 WIDTHS = (11008, 14336, 18944, 28672)
@@ -39,7 +40,7 @@ def _compile(plan, fmt, n, store=False, stages=None):
         if plan.path == "gluon_wide":
             cfg["STAGES"] = stages or 1
     group = 0 if store else quantize.FORMATS[fmt].default_group
-    rows = 64
+    rows = ROWS
     x = torch.empty(rows, n, dtype=torch.bfloat16)
     out = x if store else torch.empty(rows, n // 2 if packed else n, dtype=torch.uint8)
     scales = torch.empty(rows, n // (group or n), dtype=torch.uint8 if fmt in ("mxfp4", "nvfp4") else torch.float32)

@@ -369,6 +369,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
     2, W] boxes (its shape and layout only: a consumer's staging buffer); h_desc: gluon_operand's three [64, 64]
     blocks. ``row_counter``: an int32, zero at launch and left so, from which programs draw tiles."""
+    rows = gl.to_tensor(rows)  # a one-row call: Triton passes rows == 1 as a constant; the tile count is a tensor
     if SPLIT == 2:
         xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())

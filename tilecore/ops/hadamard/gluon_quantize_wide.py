@@ -553,6 +553,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
     are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
     zero at launch and left so, from which programs draw row pairs."""
+    rows = gl.to_tensor(rows)  # a one-row call: Triton passes rows == 1 as a constant; the tile count is a tensor
     if HALVES == 2:  # the per-token amax exchange between the consumers sharing a row
         xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
