@@ -74,9 +74,12 @@ QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp
                     **{(f, 16384): True for f in ("fp8_e4m3", "int8", "nvfp4", "int4")},
                     **{(f, 512): True for f in ("mxfp4", "nvfp4", "int4")}, ("mxfp4", 4096): True}
 # the pow2 quantize's PAIRS lo by one max (kernels._pairs_dot's CLAMP, bit-identical), on the splits below: 1.02-1.05x
-QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4096): True, ("int4", 4096): True}
-# the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes): untimed, off
-QUANT_POW2_E2M1_PAIRS = {}
+QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4096): True, ("int4", 4096): True,
+                       ("int4", 1024): True, ("fp8_e4m3", 1024): True, ("int8", 1024): True, ("int8", 4096): True,
+                       **{(f, 8192): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")}}
+# the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes), where an nvfp4
+# group is one thread's: 1.03-1.05x (4096 1.01x, 256 0.75x: off there)
+QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
@@ -85,9 +88,15 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             ("nvfp4", 256): dict(split=(2, 1, 128), perm=True),
                             ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
                             ("int8", 128): dict(tma="load"),
+                            ("fp8_e5m2", 128): dict(tma="load"),
                             ("nvfp4", 1024): dict(split=(1, 16, 64)), ("mxfp4", 1024): dict(split=(1, 16, 64), perm=True),
-                            ("nvfp4", 4096): dict(split=(1, 64, 64)), ("fp8_e4m3", 4096): dict(split=(1, 64, 64)),
-                            **{(f, 4096): dict(split=(1, 64, 64), perm=True) for f in ("mxfp4", "int4")}}
+                            ("int4", 1024): dict(split=(1, 16, 64), perm=True),
+                            **{(f, 1024): dict(split=(1, 16, 64)) for f in ("fp8_e4m3", "int8")},
+                            **{(f, 4096): dict(split=(1, 64, 64)) for f in ("nvfp4", "fp8_e4m3", "int8")},
+                            **{(f, 4096): dict(split=(1, 64, 64), perm=True) for f in ("mxfp4", "int4")},
+                            # 8192 as two 64 x 64 slices on 4 warps: 1.10-1.30x
+                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4) for f in ("nvfp4", "fp8_e4m3", "int8")},
+                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4, perm=True) for f in ("mxfp4", "int4")}}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64

@@ -403,8 +403,8 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     fp32 = dtype == torch.float32
     # the measured tuning by (format, n) (the caller's first), its TMA only where the input is large enough for it
     measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), {})
-    if fp32:  # (measured on 16-bit inputs: float32's three pieces keep TUNING's split, pointers and columns)
-        measured = {k: v for k, v in measured.items() if k not in ("tma", "split", "perm")}
+    if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, pointers and columns)
+        measured = {k: v for k, v in measured.items() if k not in ("tma", "split", "perm", "num_warps")}
     elif rows * n < configs.TMA_MIN_ELEMENTS:
         measured = {k: v for k, v in measured.items() if k != "tma"}
     tuning = {**measured, **tuning}
