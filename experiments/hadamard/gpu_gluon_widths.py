@@ -496,7 +496,7 @@ def s37b_timed():
 
 # session 37, batch 3: the shipped pow2 plans of every format at every n (the final table), the Gluon kernels' E2M1_PAIRS
 # at 11008 / 14336 (untimed since session 35), and batch 2's candidates again (S37C_VARIANTS, beside the shipped plan)
-S37C_POW2 = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+S37C_POW2 = (128, 256, 1024, 4096, 8192)  # the n whose plans changed this session
 S37C_VARIANTS = {**{(f, n): [("e2m1_pairs", {"e2m1_pairs": True})] for f in ("mxfp4", "nvfp4") for n in (11008, 14336)}}
 
 
@@ -652,10 +652,8 @@ def check_cases(quick=False):
     """(fmt, n, kwargs, dtype name, tuning) of the check phase."""
     if SET == "s34c":  # run 4 checked STREAM at 28672 (every group format): the transform checks only
         return []
-    if SET == "s37c":  # E2M1_PAIRS on the Gluon kernels at 11008 / 14336 (the shipped pow2 plans: batches 1-2)
-        ep = {"e2m1_pairs": True}
-        return [("mxfp4", 11008, {}, "bfloat16", ep), ("nvfp4", 14336, {"scale": 0.002}, "bfloat16", ep),
-                ("nvfp4", 11008, {}, "float16", ep), ("mxfp4", 14336, {}, "float16", ep)]
+    if SET == "s37c":  # none: E2M1_PAIRS' bytes are compared with the shipped plan's (the pow2 plans: batches 1-2)
+        return []
     if SET == "s37b":  # run 1's flips as shipped (their format tuning applies at any size; TMA asked) and candidates
         tma = {"tma": "load"}
         return [("nvfp4", 1024, {"scale": 0.002}, "bfloat16", tma), ("mxfp4", 1024, {}, "float16", tma),
