@@ -1,8 +1,7 @@
 """hadamard_quantize's Gluon kernels (the kron kernel at 28 x 512 / 28 x 1024, the wide kernel at 172 x 64 / 148 x 128)
 for a call of one row (one token: RotatedLinear at decode): Triton passes an integer argument equal to 1 as a constant,
 and the tiles template counts tiles in a tensor; the kernels take ``rows`` as a tensor (gl.to_tensor). Compiled for
-sm_90a in a fresh process at the plan a one-row call gets (the H100 raised "Expected tensor for attribute 'num_tiles',
-got int" for RotatedLinear(14336 -> 4096) at 1 token before)."""
+sm_90a in a fresh process at the plan a one-row call gets."""
 import json
 import os
 import subprocess

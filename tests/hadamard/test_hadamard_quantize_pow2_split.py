@@ -1,5 +1,5 @@
 """The tl pow2 quantize kernel on splits whose slice holds a whole group on one thread, and PAIRS' lo by one max
-(session 37, issue 32).
+(issue 32).
 
 * Splits (plan tuning ``split`` with ``perm``; configs.QUANT_POW2_FORMAT_TUNING once the GPU shows them faster): under
   PERM a thread holds N2 / 4 consecutive outputs of a tile row, so at N2 = 64 an nvfp4 group of 16 (at N2 = 128 an mxfp4
@@ -123,7 +123,7 @@ for name, kw in (("before", dict(pairs=True, clamp_lo=False, split=(1, 128, 32))
 
 
 def test_split_and_clamp_compile_for_sm90_shorter():
-    """nvfp4 4096 (sm_90a): the plan before session 37 (PAIRS, (1, 128, 32)) against (1, 64, 64) + PERM + CLAMP_LO: a tenth fewer
+    """nvfp4 4096 (sm_90a): a (1, 128, 32) tile with PAIRS against (1, 64, 64) + PERM + CLAMP_LO: a tenth fewer
     loop instructions or more, half the shuffles and reciprocals (each group's scale once), the clamp's -2^120 in
     the PTX, no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
