@@ -1,23 +1,23 @@
 """Issue 37 (session 37, helper HR): attention(..., rotary=(cos, sin)) on Hopper, the turned path's choices.
 
-1. --pair D,..: q and k turned by one launch (rotary.op.turn_pair) against two (rotary.op.turn): bitwise on the
-   GPU (B16 H16 N4096, and GQA 8/2 with N 300 < Nk 700 interleaved), then GPU time.
-2. --checks D:full,D:causal (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an
-   unwritten element shows): O, dq, dk, dv of the turned path with q and k turned by one launch
-   (configs.ROTARY_QK_ONE_LAUNCH) against the float64 reference (reference.rotary_attention_reference) as
-   multiples of the rounding floor, beside plain attention's on the same inputs; B1 H2 N4096 (the timed
-   shapes' kernels); full half-split, causal interleaved; --extra also N 900 < Nk 1000 causal with rotary_dim
-   32 of 128 and GQA 4/2. --routed: also a call without a gradient with configs.ROTARY_IN_KERNEL on
-   (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon forward); --fwd-only: that call alone.
-3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
-   H16 N4096, bf16 tables: forward (no gradient) plain / turned (two launches) / turned by one launch (/ with
-   --routed the in-kernel forward); forward + backward (autograd.grad of q, k, v) plain / rotary, unless
-   --fwd-only. Overheads over plain (issue 37: <= 3%). --launches: one launch over a tensor of both's heads
-   against two (the proxy of call 2).
-(Calls 1-3 of session 37 ran this script with the Gluon backward's dK epilogue, removed since: git 535eca7.)
+1. --checks D:full,D:causal,D:causal:half (bf16, fresh random inputs, the allocator's free memory filled with NaN
+   first so an unwritten element shows): O, dq, dk, dv of the turned path against the float64 reference
+   (reference.rotary_attention_reference) as multiples of the rounding floor, beside plain attention's on the
+   same inputs; B1 H2 N4096 (the timed shapes' kernels); full half-split, causal interleaved (or half-split);
+   --extra also N 900 < Nk 1000 causal with rotary_dim 32 of 128 and GQA 4/2. --routed: also a call without a
+   gradient with configs.ROTARY_IN_KERNEL on (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon
+   forward); --fwd-only: that call alone.
+2. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
+   H16 N4096, bf16 tables: forward (no gradient) plain / rotary as routed (/ with --routed the turned forward
+   and the in-kernel one, whatever configs.ROTARY_IN_KERNEL_CASES routes);
+   forward + backward (autograd.grad of q, k, v) plain / rotary, unless --fwd-only. Overheads over plain
+   (issue 37: <= 3%). --launches: apply_rotary on q and k by one launch over a tensor of both's heads against
+   two.
+(Session 37's calls 1-5 ran this script also with the Gluon backward's dK epilogue and with q and k turned by
+one launch (turn_pair), both removed since: git 535eca7 has them.)
 
-  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--pair 128,64] [--checks 128:full,64:causal]
-      [--dims 128,64] [--fwd-only] [--routed] [--extra] [--launches]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py [--checks 128:full,64:causal] [--dims 128,64]
+      [--fwd-only] [--routed] [--extra] [--launches]
   PYTHONPATH=. python experiments/attention/gpu_rotary_dk.py --smoke   # CPU interpreter: imports and the checks' code
 """
 from __future__ import annotations
@@ -73,9 +73,8 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
     result = {}
     for label, rot in (("rotary", (cos, sin)), ("plain", None)) if not FWD_ONLY[0] else ():
         poison()
-        with patched(configs, ROTARY_QK_ONE_LAUNCH=True):
-            out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
-            grads = torch.autograd.grad(out, (q, k, v), g)
+        out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
+        grads = torch.autograd.grad(out, (q, k, v), g)
         if rot is None:
             ro, _ = attention_reference(q64, k64, v64, causal=causal)
         else:
@@ -118,18 +117,19 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
     def fwdbwd(rot):
         return lambda: torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
 
-    def fwd_one_launch():  # configs.ROTARY_QK_ONE_LAUNCH on: q and k turned by one launch (rotary.op.turn_pair)
-        with torch.no_grad(), patched(configs, ROTARY_QK_ONE_LAUNCH=True):
+    def fwd_turned():  # the turned forward whatever configs.ROTARY_IN_KERNEL_CASES routes
+        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL_CASES=frozenset()):
             tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
     def fwd_in_kernel():  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (K by the pass, Q in the kernel)
         with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
             tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
-    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin)), "fwd_one": fwd_one_launch}
+    fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin))}
     if not FWD_ONLY[0]:
         fns.update(bwd_plain=fwdbwd(None), bwd_rotary=fwdbwd((cos, sin)))
     if ROUTED[0]:
+        fns["fwd_turned"] = fwd_turned
         fns["fwd_inkernel"] = fwd_in_kernel
     for f in fns.values():  # compiled before the clock
         f()
@@ -139,35 +139,10 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
     over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
     run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
-            fwd_over=over("fwd_rotary", "fwd_plain"), fwd_one_over=over("fwd_one", "fwd_plain"),
+            fwd_over=over("fwd_rotary", "fwd_plain"),
             **({} if FWD_ONLY[0] else dict(bwd_over=over("bwd_rotary", "bwd_plain"))),
-            **({"fwd_inkernel_over": over("fwd_inkernel", "fwd_plain")} if ROUTED[0] else {}),
-            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
-
-
-def pair(run, d, b=16, h=16, n=4096):
-    """q and k turned by one launch (rotary.op.turn_pair) against two (rotary.op.turn): bitwise on the GPU (the
-    timed shape, and GQA 8/2 with N 300 < Nk 700, interleaved, rotary_dim half of D), then GPU time."""
-    from tilecore.ops.rotary.op import turn, turn_pair
-
-    def one_case(b_, hq, hkv, n_, nk, pairs, interleaved):
-        q = torch.randn(b_, hq, n_, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.randn(b_, hkv, nk, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
-        cos, sin = tables(nk, pairs, torch.bfloat16)
-        oq, ok = (torch.full(t.shape, float("nan"), device=DEV, dtype=t.dtype) for t in (q, k))
-        turn_pair(q, k, cos, sin, shift_x=nk - n_, out_x=oq, out_y=ok, interleaved=interleaved)
-        wq = turn(q, cos[nk - n_:], sin[nk - n_:], interleaved=interleaved)
-        wk = turn(k, cos, sin, interleaved=interleaved)
-        return bool(torch.equal(oq, wq) and torch.equal(ok, wk)), (q, k, cos, sin, oq, ok)
-
-    gqa_ok, _ = one_case(2, 8, 2, 300, 700, d // 4, True)
-    same, (q, k, cos, sin, oq, ok) = one_case(b, h, h, n, n, d // 2, False)
-    fns = {"two": lambda: (turn(q, cos, sin, out=oq), turn(k, cos, sin, out=ok)),
-           "one": lambda: turn_pair(q, k, cos, sin, shift_x=0, out_x=oq, out_y=ok)}
-    t = time_rounds(fns, rounds=4, graph=True, eager=False, deadline=run)
-    run.row(f"pair D{d}", kind="pair", d=d, ok=same and gqa_ok, bitwise=same, bitwise_gqa=gqa_ok,
-            two_ms=t["two_graph_ms"], one_ms=t["one_graph_ms"],
-            saved_us=round(1000 * (t["two_graph_ms"] - t["one_graph_ms"]), 2),
+            **({"fwd_turned_over": over("fwd_turned", "fwd_plain"),
+                "fwd_inkernel_over": over("fwd_inkernel", "fwd_plain")} if ROUTED[0] else {}),
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
@@ -194,8 +169,6 @@ def main():
     ap.add_argument("--dims", default="128", help="end-to-end timing (forward, forward + backward) at these D")
     ap.add_argument("--checks", default="128:full,128:causal", help="checks: D:full (half-split), D:causal "
                     "(interleaved), D:causal:half")
-    ap.add_argument("--pair", default="", help="q and k turned by one launch against two, at these D: bitwise, "
-                    "then timed")
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--launches", action="store_true")
     ap.add_argument("--routed", action="store_true", help="also the forward with ROTARY_IN_KERNEL on (no gradient)")
@@ -212,8 +185,6 @@ def main():
         run.finish(["name", "ok", "rotary_dq", "rotary_dk", "plain_dk"])
         return
     dims = [int(x) for x in a.dims.split(",")] if a.dims else []
-    for d in filter(None, a.pair.split(",")):
-        run.attempt(f"pair D{d}", pair, run, int(d))
     for case in filter(None, a.checks.split(",")):  # D:full (half-split), D:causal (interleaved), D:causal:half
         d, mask, *layout = case.split(":")
         d, causal = int(d), mask == "causal"
@@ -231,8 +202,8 @@ def main():
     if a.extra and run.left() > 10:
         run.attempt("check extra", checks, run, "N900<Nk1000 r32 gqa", 1, 4, 2, 900, 1000, 128, 16, True, False)
     run.finish(["name", "ok", "rotary_o", "rotary_dq", "rotary_dk", "rotary_dv", "plain_dk", "inkernel_o",
-                "fwd_plain_ms", "fwd_over", "fwd_one_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_over",
-                "saved_us", "bitwise"])
+                "fwd_plain_ms", "fwd_over", "fwd_turned_over", "fwd_inkernel_over", "bwd_plain_ms", "bwd_over",
+                "saved_us"])
 
 
 if __name__ == "__main__":

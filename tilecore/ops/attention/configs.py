@@ -177,10 +177,7 @@ DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a 
 ROTARY_IN_KERNEL = False
 # (head dim, causal) of the calls without a gradient that take gluon_rotary.forward with ROTARY_IN_KERNEL off:
 # the cases where it ran faster than the turned forward (per-case figures: notes/rotary's decision log)
-ROTARY_IN_KERNEL_CASES = frozenset()
-# The turned path's q and k: True turns both by one launch (rotary.op.turn_pair), False by one apply_rotary
-# launch each
-ROTARY_QK_ONE_LAUNCH = False
+ROTARY_IN_KERNEL_CASES = frozenset({(128, False), (128, True)})
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

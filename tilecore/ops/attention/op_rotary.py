@@ -29,9 +29,9 @@ from typing import Optional
 
 import torch
 
-from tilecore.ops.attention import configs, launch
+from tilecore.ops.attention import launch
 from tilecore.ops.attention.plan import gluon_rotary_forward, plan_backward, plan_forward, rotary_path
-from tilecore.ops.rotary.op import turn, turn_pair
+from tilecore.ops.rotary.op import turn
 
 TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -88,10 +88,6 @@ def _turn(q, k, cos, sin, interleaved: bool, conjugate: bool = False):
     contiguous (B, H, N, D) tensors."""
     n, nk = q.shape[2], k.shape[2]
     qr, kr = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if configs.ROTARY_QK_ONE_LAUNCH:  # both by one launch (rotary.op.turn_pair)
-        turn_pair(q.transpose(1, 2), k.transpose(1, 2), cos, sin, shift_x=nk - n, interleaved=interleaved,
-                  conjugate=conjugate, out_x=qr.transpose(1, 2), out_y=kr.transpose(1, 2))
-        return qr, kr
     turn(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved, conjugate=conjugate,
          out=qr.transpose(1, 2))
     turn(k.transpose(1, 2), cos, sin, interleaved=interleaved, conjugate=conjugate, out=kr.transpose(1, 2))

@@ -5,10 +5,9 @@ import torch
 
 from tilecore.ops.rotary import kernels
 from tilecore.ops.rotary.plan import Plan
-from tilecore.tiles.launch import CachedLaunch, cdiv
+from tilecore.tiles.launch import CachedLaunch
 
 _rotary = CachedLaunch(kernels.rotary_kernel)
-_rotary_pair = CachedLaunch(kernels.rotary_pair_kernel)
 
 
 def output(shape, dtype, device) -> torch.Tensor:
@@ -36,23 +35,6 @@ def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjug
                    BLOCK_PASS=plan.block_pass, INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POS=pos is not None,
                    num_warps=plan.num_warps)
     _rotary.run(key, plan.grid, args, options)
-
-
-def launch_pair(plan: Plan, x, y, cos, sin, out_x, out_y, shift_x: int, interleaved: bool, conjugate: bool) -> None:
-    """x turned into out_x (token n by row n + shift_x of cos and sin) and y into out_y (by row n) in one launch
-    of kernels.rotary_pair_kernel; ``plan``: a "tl" plan for the larger head count (its grid not used). x, y,
-    out_x, out_y: (B, N, H, D) with unit stride along D, one dtype, one D (N and H may differ); out_x and
-    out_y not x or y; cos, sin: (N_max, R) with unit stride along R."""
-    Bx, Nx, Hx, D = x.shape
-    By, Ny, Hy, _ = y.shape
-    R = cos.shape[1]
-    args = (x, y, cos, sin, out_x, out_y, Bx * Nx, Nx, Ny, Hx, Hy, shift_x, cos.shape[0], x.stride(0), x.stride(1),
-            x.stride(2), out_x.stride(0), out_x.stride(1), out_x.stride(2), y.stride(0), y.stride(1), y.stride(2),
-            out_y.stride(0), out_y.stride(1), out_y.stride(2), cos.stride(0), sin.stride(0))
-    options = dict(R=R, BLOCK_R=plan.block_r, BLOCK_H=plan.block_h, PASS=D - 2 * R, BLOCK_PASS=plan.block_pass,
-                   INTERLEAVED=interleaved, CONJUGATE=conjugate, num_warps=plan.num_warps)
-    grid = (Bx * Nx + By * Ny, cdiv(max(Hx, Hy), plan.block_h))
-    _rotary_pair.run(None, grid, args, options)
 
 
 # the CPU path's float32 temporaries: tokens a chunk so that one (B, tokens, H, 2R) float32 chunk holds about this many

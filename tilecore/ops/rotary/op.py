@@ -186,21 +186,3 @@ def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: 
         return _rotary_impl(x, cos, sin, None, bool(interleaved), bool(conjugate))
     _rotate_into(_unit_stride(x), cos, sin, None, out, bool(interleaved), bool(conjugate))
     return out
-
-
-def turn_pair(x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, shift_x: int,
-              out_x: torch.Tensor, out_y: torch.Tensor, interleaved: bool = False, conjugate: bool = False) -> None:
-    """turn(x, cos[shift_x:], sin[shift_x:], out=out_x) and turn(y, cos, sin, out=out_y) in one launch
-    (kernels.rotary_pair_kernel; on the CPU path, the two turns): attention's q (its query i at position
-    i + Nk - N: shift_x = Nk - N) and k. x and y of one dtype and head dim (batch, seqlen and heads may
-    differ), out_x and out_y as turn's ``out``; no checks (cos and sin hold the positions)."""
-    x, y, cos, sin = _unit_stride(x), _unit_stride(y), _unit_stride(cos), _unit_stride(sin)
-    B, N, H, D = x.shape
-    p = plan(B, max(N, y.shape[1]), max(H, y.shape[2]), D, cos.shape[1], x.device)
-    if p.path != "tl" or x.dtype != y.dtype or out_x.dtype != out_y.dtype:
-        turn(x, cos[shift_x:], sin[shift_x:], interleaved=interleaved, conjugate=conjugate, out=out_x)
-        turn(y, cos, sin, interleaved=interleaved, conjugate=conjugate, out=out_y)
-        return
-    if x.numel() == 0 and y.numel() == 0:
-        return
-    launch.launch_pair(p, x, y, cos, sin, out_x, out_y, shift_x, bool(interleaved), bool(conjugate))
