@@ -1,8 +1,8 @@
-"""A copy of tilecore/ops/linear_attention/gluon_forward.py as it stood before session 37's removals (commit 22cfa535),
-kept only for gpu_mamba_s37.py's same-run A/B (issue 30's "no speed lost": the shipped launches' PTX is the same but
-the kernel's parameter list, whose constant-bank offsets move ptxas's schedule). Launched with the flags configs
-shipped (Z_STAGE, G_STAGE, SILU_TANH; EARLY_WV and LEAN with beta) through ``launch_args``; its ``variant`` and
-``forward`` read configs' removed switches and are not called. Delete once the A/B has run (git keeps it).
+"""A copy of tilecore/ops/linear_attention/gluon_forward.py as it stood before session 37 (commit 22cfa535): the
+baseline of gpu_mamba_s37.py's same-run A/B (issue 30's "no speed lost" without beta: the same PTX but the parameter
+list; with beta the former Mamba-2 step, S through shared memory, that the transposed step replaced: notes
+decisions 143-150). Launched with the flags configs then shipped (Z_STAGE, G_STAGE, SILU_TANH; EARLY_WV and LEAN with
+beta) through ``launch_args``; its ``variant`` and ``forward`` read configs' removed switches and are not called.
 
 The chunked linear-attention forward for Hopper on the tiles template (tilecore/tiles/gluon/pipeline.py):
 phi(x) = x with no decay or a scalar log decay, Mamba-2's beta (dt), D and z, grouped q/k heads.
