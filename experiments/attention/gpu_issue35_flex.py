@@ -11,7 +11,7 @@ packed: 64K tokens, H16 D128 causal, lengths long-tailed (gpu_varlen.long_tailed
 paged: decode, B32, 4096 keys a sequence, Hq 32 / Hkv 8, D128, page 128 (Flex's block size must equal
     the page; 128 is Flex's default), pages in a random order: tilecore.attention_with_kvcache with a
     block_table against torch's PagedAttention helper over flex_attention (its converted block mask on
-    the physical cache), both eager do_bench medians and tilecore also as a CUDA-graph replay.
+    the physical cache), both eager do_bench medians and tilecore also from a CUDA graph (do_bench_cudagraph).
     Target: >= 1.3x Flex's paged attention.
 Checks (bf16): tilecore's and Flex's outputs against a float64 reference of one sequence each (the
 longest short one for packed, sequence 0 for paged), error as a multiple of the bf16 rounding floor;
@@ -19,7 +19,6 @@ outputs poisoned with NaN before the call. Writes $OUT/issue35_flex.json and pri
 """
 import argparse
 import json
-import math
 import os
 import sys
 import traceback
@@ -27,22 +26,14 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.attention.gpu_varlen import long_tailed_lengths  # noqa: E402 (the batch gpu_varlen times)
+from experiments.common.gpu_script import eager_ms, graph_ms  # noqa: E402
 
 RESULTS = {"rows": [], "checks": [], "errors": []}
 
 
 def bench(fn):
-    import triton
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def graph_bench(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return bench(graph.replay)
+    return eager_ms(fn, warmup=25, rep=100)
 
 
 def guarded(name, fn):
@@ -52,16 +43,6 @@ def guarded(name, fn):
         RESULTS["errors"].append({"case": name, "error": f"{type(e).__name__}: {e}"})
         print(f"[error] {name}: {type(e).__name__}: {e}", flush=True)
         traceback.print_exc()
-
-
-def long_tailed_lengths(total, seed=0, longest=16384, shortest=16):
-    """As experiments/attention/gpu_varlen.py: log-normal lengths (median ~800) until `total` tokens."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = []
-    while sum(lengths) < total:
-        n = int(math.exp(torch.randn(1, generator=g).item() * 1.2 + math.log(800)))
-        lengths.append(max(shortest, min(longest, n, total - sum(lengths))))
-    return lengths
 
 
 def reference(q, k, v, causal):
@@ -174,7 +155,7 @@ def paged(page=128, b=32, n=4096, hq=32, hkv=8, d=128):
                               "nan": bool(out.isnan().any())})
     row["tilecore_us"] = 1e3 * bench(lambda: tilecore.attention_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
                                                                              block_table=table))
-    row["tilecore_graph_us"] = 1e3 * graph_bench(lambda: tilecore.attention_with_kvcache(
+    row["tilecore_graph_us"] = 1e3 * graph_ms(lambda: tilecore.attention_with_kvcache(
         q, kp, vp, cache_seqlens=seqlens, block_table=table))
 
     def flex():
