@@ -169,6 +169,13 @@ TILE_OVERHEAD_STEPS = 2  # a tile's fixed cost in steps, for the balanced schedu
 DEVICE_TABLES_MAX = 64  # causal schedules kept on the device (the last used; a few KB to 33 KB each)
 
 
+# An eager call recording a gradient on inputs the split-key path serves (decode_fits: few queries): True plans
+# the one-launch Gluon forward there instead (O and lse from one kernel: one launch and one allocation fewer
+# on the host, issue 31's "attention N256 recording a gradient" row; another kernel, so other bits than the
+# call without a gradient). Off until the H100's host and GPU times say (notes/host).
+ONE_LAUNCH_WHEN_RECORDING = False
+
+
 # --------------------------------------------------------------------------------------------
 # attention(..., rotary=(cos, sin)) on Hopper (plan.rotary_path): True routes the calls the Gluon forward
 # serves to the forward that turns Q and K inside the Gluon kernel (gluon_rotary.forward, where it exists;

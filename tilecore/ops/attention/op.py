@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import launch, op_rotary
+from tilecore.ops.attention import configs, launch, op_rotary
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
 from tilecore.ops.attention_decode.launch import prepared as decode_prepared
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
@@ -130,7 +130,7 @@ def check(q, k, v, causal, scale, window_size=NO_WINDOW, softcap=0.0, sm_margin=
 
 def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0,
                   key: tuple | None = None, sm_margin: int = 0, plan=None,
-                  want_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                  want_lse: bool = True, recording: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``key``: the call's signature (tiles.launch.signature, sm_margin in it), for the plan cache; ``plan``: the
     plan cached for it, where the caller looked it up already (a plan is cached only for inputs with elements).
     Without ``want_lse`` lse may come back None (a keyed decode call's recipe then keeps it in its buffer)."""
@@ -148,7 +148,7 @@ def _forward_impl(q, k, v, causal: bool, scale: float, window=NO_WINDOW, softcap
     if q.numel() == 0 or v.shape[-1] == 0:
         return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
     plan = _cached(key, lambda: plan_forward(q, k, v, causal, scale, window=window, softcap=softcap,
-                                             sm_margin=sm_margin))
+                                             sm_margin=sm_margin, recording=recording))
     return launch.outputs(plan, q, k, v, causal, scale, window, softcap)
 
 
@@ -256,7 +256,7 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin, plan=None):
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan, recording=True)
         ctx.set_materialize_grads(False)  # an unused output's gradient None, not zeros (no dlse pass)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, scale, window, softcap, sm_margin)  # (one attribute: issue 31's host time)
@@ -284,7 +284,7 @@ class _AttentionOutFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin, plan=None):
-        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
+        out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan, recording=True)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, scale, window, softcap, sm_margin)
@@ -366,7 +366,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         scale = scale if type(scale) is float and math.isfinite(scale) else scale_value(scale)
         positive = scale > 0
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
-    key = None if mode == "op" else _FORWARD_KEY("forward", q, k, v, causal, positive, *window, softcap > 0, sm_margin)
+    # (with configs.ONE_LAUNCH_WHEN_RECORDING a call recording a gradient is planned apart: another plan may serve it)
+    tag = "forward_recorded" if mode == "autograd" and configs.ONE_LAUNCH_WHEN_RECORDING else "forward"
+    key = None if mode == "op" else _FORWARD_KEY(tag, q, k, v, causal, positive, *window, softcap > 0, sm_margin)
     plan = None if key is None else _PLANS.get(key)
     if plan is None:
         check(q, k, v, causal, scale, window, softcap, sm_margin)

@@ -91,22 +91,26 @@ def features(q, v, causal: bool, window=(-1, -1), softcap: float = 0.0) -> set[s
 
 
 def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None, config: dict | None = None,
-                 splits: int | None = None, window=(-1, -1), softcap: float = 0.0, sm_margin: int = 0) -> Plan:
+                 splits: int | None = None, window=(-1, -1), softcap: float = 0.0, sm_margin: int = 0,
+                 recording: bool = False) -> Plan:
     """The forward's plan. ``path`` forces a path (no fit check: tests, probes and reports),
     ``config`` replaces its configuration, ``splits`` (decode) the number of key ranges; ``window``
     and ``softcap`` as attention's window_size and softcap; ``sm_margin``: SMs the persistent grid
-    leaves free (sm_margin_value)."""
+    leaves free (sm_margin_value); ``recording``: an eager call recording a gradient
+    (configs.ONE_LAUNCH_WHEN_RECORDING)."""
     sm_margin = sm_margin_value(sm_margin, q.device)
     B, H, N, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     interpret = dispatch.interpreted(q.device)
     used = features(q, v, causal, window, softcap)
     if path is None:
+        gluon_fits = (used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv) and scale > 0
+                      and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
+                      and tma_describable(v))
+        one_launch = recording and configs.ONE_LAUNCH_WHEN_RECORDING and gluon_fits
         path = (cpu_plan.torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
-                "decode" if decode_plan.decode_fits(q, k) or "large_d" in used else
-                "gluon" if (used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv) and scale > 0
-                            and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
-                            and tma_describable(v)) else
+                "decode" if (decode_plan.decode_fits(q, k) and not one_launch) or "large_d" in used else
+                "gluon" if gluon_fits else
                 "tl")
     if path in ("sdpa", "reference"):
         return Plan(path, sizes=dict(max_scores=cpu_plan.REFERENCE_MAX_SCORES))
