@@ -146,51 +146,26 @@ def test_attention_softcap_approx():
     assert map_cost("softcap_approx(30.0)") == ("sfu", 1.0) and map_cost("softcap(30.0)") == ("sfu", 1.0)
 
 
-@pytest.mark.parametrize("causal, q, x", [(True, 40, 56), (False, 32, 48)])
-def test_softmax_exponentials_in_part_by_an_fma_polynomial(causal, q, x):
-    # compile.EXP2_FMA_PACK / EXP2_FMA_POLY (1 of 8 by default): in a softcap_approx softmax, POLY of every
-    # PACK exponentials of the full loop's even key tiles by a polynomial on the FMA pipe, in one inline asm;
-    # the interpreter runs the polynomial's tl twin (_exp2_poly) for every element of those tiles (causal
-    # loops and masked tiles keep tl.exp2): the attention against float64, and the polynomial against 2^x
-    import sys
-
-    import triton
-    import triton.language as tl
-
-    from tilecore.ops.napkin_compiled.run import _module
-    from tilecore.tiles.switches import patched
-    cm = sys.modules["tilecore.napkin.compile"]
-    with patched(cm, EXP2_FMA_PACK=0):
-        assert "_exp2_fma" not in compile_diagram(softcap_attention(causal, q=q, x=x, cap="softcap_approx(5.0)")).source
-    f, _, _ = run_and_check(softcap_attention(causal, q=q, x=x, cap="softcap_approx(5.0)"), 4.0, BM=16, BN=16)
-    plain = compile_diagram(softcap_attention(causal, q=q, x=x, cap="softcap(5.0)")).source
-    assert "_exp2_fma(" not in plain  # the exact softcap's loop is issue-bound: not there
-    loop = f.source[f.source.index("def attention_fwd("):]
-    # the pointer and TMA kernels: each has the full loop over even key tiles by _exp2_fma, and three by
-    # tl.exp2 (causal before the diagonal, its diagonal tiles, full with a ragged last tile)
-    assert loop.count("p = _exp2_fma(") == 2 and loop.count("p = tl.exp2(") == 6
-    asm = f.source[f.source.index("inline_asm_elementwise"):]
-    asm = asm[:asm.index("pack=8")]
-    assert asm.count("ex2.approx.ftz.f32") == 7 and asm.count("fma.rn.f32") == 4
-    with pytest.raises(ValueError, match="PACK a divisor of 32"):
-        cm.exp2_fma_source(6, 1)
-
-    global _EMITTED  # a module global: the kernel below reaches the emitted _exp2_poly through it
-    _EMITTED = _module(f.source)
-
-    @triton.jit
-    def exp2_kernel(X, Y, n, B: tl.constexpr):
-        i = tl.program_id(0) * B + tl.arange(0, B)
-        x = tl.load(X + i, mask=i < n)
-        tl.store(Y + i, _EMITTED._exp2_poly(x), mask=i < n)
-    x = torch.cat([torch.linspace(-124.9, 0.5, 20000), torch.rand(4000) * -1.0,
-                   torch.tensor([0.0, -0.0, -0.5, 0.5, -1e-30, float("nan"), float("-inf"), -200.0])]).float()
-    y = torch.empty_like(x)
-    exp2_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), B=1024)
-    ref = torch.exp2(x.double())
-    rel = ((y.double() - ref) / ref)[:-3].abs().max().item()
-    assert rel < 2 ** -18, rel  # the degree-4 minimax polynomial: 2^-18.5 in fp32
-    assert torch.isnan(y[-3]) and 0 < y[-2].item() <= 2 ** -124 and 0 < y[-1].item() <= 2 ** -124
+def test_attention_defaults_two_programs_an_sm_where_timed():
+    # run._attention_blocks on a GPU (no launch: the device's type decides): causal 64 x 64 tiles, 4 warps;
+    # full D = E = 128 through TMA two 8-warp programs an SM (2 stages, registers capped at 128) for plain
+    # softmax and softcap_approx (the timed wins), the family's blocks for the exact softcap and sigmoid
+    # attention (no softmax); the interpreter keeps its small tiles
+    from tilecore.ops.napkin_compiled import run
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    two = dict(BM=128, BN=64, num_warps=8, num_stages=2, maxnreg=128, HEAD_GROUP=0)
+    assert run.attention_defaults(cuda, False, d128_tma=True) == two
+    assert run.attention_defaults(cuda, False) == dict(BM=128, BN=64, num_warps=8, num_stages=3, HEAD_GROUP=0)
+    assert run.attention_defaults(cuda, True, d128_tma=True) == dict(BM=64, BN=64, num_warps=4, num_stages=3,
+                                                                     HEAD_GROUP=4)
+    assert run.attention_defaults(cpu, False, d128_tma=True) == dict(BM=16, BN=16, HEAD_GROUP=0)
+    assert run.d128_tma_modifiers(softcap_attention(False, cap="softcap_approx(30.0)"))
+    assert run.d128_tma_modifiers(softcap_attention(False, cap="scale(2.0)"))
+    assert not run.d128_tma_modifiers(softcap_attention(False, cap="softcap(30.0)"))
+    g = Diagram("sigmoid_attention", q=24, x=40, d=16, e=32)
+    Q, K, V = g.input("Q", "q d", "fp16"), g.input("K", "x d", "fp16"), g.input("V", "x e", "fp16")
+    S = g.map("sigmoid(a - 2.0)", g.contract(Q, K, out="q x", name="S", dtype="fp32"), name="P", dtype="fp16")
+    assert not run.d128_tma_modifiers(g.output(g.contract(S, V, out="q e", name="O", dtype="fp16")))
 
 
 def test_sigmoid_attention_plain_streamed_sum():
@@ -394,13 +369,11 @@ def test_compiled_kernels_compile_for_hopper_with_wgmma_and_tma():
     order = 1
     assert mufu["none"] == [32 + 2, 3 + order, 0, 0]
     assert mufu["softcap(30.0)"] == [64 + 2, 3 + order, 0, 0]  # tanh: one EX2, its reciprocal by Newton steps
-    # softcap_approx: 1 of every 8 of the softmax's exponentials by compile._exp2_poly's FMA polynomial
-    # (EXP2_FMA_PACK / EXP2_FMA_POLY: the full loop), so 28 EX2 a key tile
-    assert mufu["softcap_approx(30.0)"] == [28 + 2, 3 + order, 32, 0]
+    assert mufu["softcap_approx(30.0)"] == [32 + 2, 3 + order, 32, 0]
     assert mufu["sigmoid"] == [32, 32 + 1 + order, 0, 0]
     # the exact softcap's loop issues fewer instructions than session 35's sigmoid form (compile._softcap:
     # one EX2, Newton steps for the reciprocal, the scale folded into tanh's argument): 758 against 822
-    # SASS instructions a warp a key tile (plain 340, softcap_approx 473: 436 and 37 of its polynomial exponentials)
+    # SASS instructions a warp a key tile (plain 340, softcap_approx 436)
     plain, exact, s35, approx = next([int(v) for v in ln.split()[1:]] for ln in r.stdout.splitlines()
                                      if ln.startswith("softcap_loop"))
     assert approx < exact < s35 and (exact - plain) / 32 <= 13.5, (plain, exact, s35, approx)

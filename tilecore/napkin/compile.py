@@ -132,87 +132,6 @@ def _tanh_approx(x):
 '''
 
 
-# Part of the softmax's exponentials on the FMA pipe (0: every one by MUFU.EX2). A loop whose score
-# modifier is softcap_approx is SFU-bound on Hopper (a warp's key tile: 66 MUFU, 8 issue clocks each,
-# against 435 instructions): EXP2_FMA_POLY of every EXP2_FMA_PACK exponentials of the full (not causal)
-# loop's even key tiles are 2^x by a polynomial (about 9 SASS instructions each, FMA and ALU pipes), the
-# rest by ex2.approx, in one inline asm over elements a thread holds (no data movement): 1 of 8, 1.038x at
-# D128 (one program an SM). Causal loops keep tl.exp2: their default blocks run two programs an SM, whose
-# SFU and issue slots the pair shares: 0.97x there. Masked tiles keep tl.exp2 (-inf scores). The
-# polynomial is _exp2_poly's (its tl twin, which the interpreter runs for every element).
-EXP2_FMA_PACK = 8
-EXP2_FMA_POLY = 1
-EXP2_POLY_ISSUE = 37 / 4  # SASS instructions a polynomial exponential adds to the loop (sm_90a: 435 -> 472 at 1 of 8)
-# 2^f on [-1/2, 1/2], degree 4, relative minimax (Lawson iterations): 2.7e-6 (2^-18.5) in fp32 Horner
-EXP2_POLY = (0.9999992847442627, 0.6931218504905701, 0.240247443318367, 0.055917806923389435, 0.009570068679749966)
-
-
-def _f32_hex(x: float) -> str:
-    import struct
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def exp2_fma_source(n: int, k: int) -> str:
-    """The emitted helpers _exp2_poly (2^x by EXP2_POLY: x = j + f, j = round(x) by the 1.5 2^23 trick, the
-    polynomial of f, j added to its exponent bits; x clamped to -125, NaN kept; x <= 127, +inf gives NaN:
-    the softmax's x = s - max <= 0) and _exp2_fma (k of every n elements, spread, by that polynomial in
-    PTX, the others by ex2.approx; the interpreter, where inline asm does not run, takes _exp2_poly for
-    every element)."""
-    if not 0 < k < n or 32 % n:
-        raise ValueError(f"EXP2_FMA_PACK {n}, EXP2_FMA_POLY {k}: 0 < POLY < PACK, PACK a divisor of 32")
-    c = EXP2_POLY
-    poly = {round((i + 0.5) * n / k - 0.5) for i in range(k)}  # spread over the pack
-    body = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 ti, pi;", ".reg .pred isnan;"]
-    body += [f"ex2.approx.ftz.f32 ${i}, ${n + i};" for i in range(n) if i not in poly]
-    for i in sorted(poly):
-        body += _exp2_poly_ptx(f"${n + i}", f"${i}")
-    body.append("}")
-    asm = " ".join(body)
-    cons = ",".join(["=f"] * n + ["f"] * n)
-    return _EXP2_FMA_TL.format(c=c, asm=asm, cons=cons, n=n, k=k)
-
-
-def _exp2_poly_ptx(src: str, dst: str) -> list:
-    """_exp2_poly in PTX, src to dst (the registers x, t, j, f, p, ti, pi, isnan declared by the caller)."""
-    c = EXP2_POLY
-    body = [f"max.f32 x, {src}, {_f32_hex(-125.0)};",
-            f"add.rn.f32 t, x, {_f32_hex(12582912.0)};",
-            f"sub.rn.f32 j, t, {_f32_hex(12582912.0)};",
-            "sub.rn.f32 f, x, j;",
-            f"fma.rn.f32 p, f, {_f32_hex(c[4])}, {_f32_hex(c[3])};"]
-    body += [f"fma.rn.f32 p, p, f, {_f32_hex(c[i])};" for i in (2, 1, 0)]
-    body += ["mov.b32 ti, t;", "shl.b32 ti, ti, 23;", "mov.b32 pi, p;", "add.s32 pi, pi, ti;",
-             f"setp.nan.f32 isnan, {src}, {src};", "mov.b32 p, pi;", f"selp.f32 {dst}, {src}, p, isnan;"]
-    return body
-
-
-_EXP2_FMA_TL = '''
-
-@triton.jit
-def _exp2_poly(x):
-    # 2^x on the FMA pipe: x = j + f, j = round(x) (x + 1.5 2^23 puts j in the low mantissa bits), 2^f by a
-    # degree-4 polynomial on [-1/2, 1/2], j added to its exponent field; x >= -125 (2^-125 at most where the
-    # exact value is smaller), NaN kept
-    x = x.to(tl.float32)
-    y = tl.maximum(x, -125.0)
-    t = y + 12582912.0
-    f = y - (t - 12582912.0)
-    p = (((({c[4]!r} * f + {c[3]!r}) * f + {c[2]!r}) * f + {c[1]!r}) * f + {c[0]!r})
-    r = (p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, r)
-
-
-@triton.jit
-def _exp2_fma(x):
-    # 2^x, {k} elements of every {n} by _exp2_poly's polynomial (PTX), the others by ex2.approx
-    if TANH_ASM:
-        return tl.inline_asm_elementwise("{asm}", "{cons}", [x.to(tl.float32)], dtype=tl.float32, is_pure=True,
-                                         pack={n})
-    else:
-        return _exp2_poly(x)
-'''
-
-
 def _var(name: str) -> str:
     return "v_" + re.sub(r"\W", "_", name)
 
@@ -326,7 +245,7 @@ def _chain_kernel(d, kname, params, A, ws, cons, maps, extras, name, dtype, t, k
         ax = d.arrays[x].axes
         off = " + ".join(([f"rm[:, None] * stride_e{j}m"] if t in ax else []) +
                          ([f"rn[None, :] * stride_e{j}n"] if f in ax else []))
-        msk = " & ".join(([f"(rm[:, None] < M)"] if t in ax else []) + ([f"(rn[None, :] < N)"] if f in ax else []))
+        msk = " & ".join((["(rm[:, None] < M)"] if t in ax else []) + (["(rn[None, :] < N)"] if f in ax else []))
         L.append(f"    {_var(x)} = tl.load(E{j} + {off}, mask={msk}, other=0.0).to(tl.float32)")
     for fn, ins, out in maps:
         L.append(f"    {_var(out)} = {triton_expression(fn, [_var(x) for x in ins])}")
@@ -386,7 +305,6 @@ def _attention(d: Diagram) -> Program:
             emitted = mods[:-1]
     mod_lines = _modifier_lines(emitted)
     s_in = _var(emitted[-1].output) if emitted else _var(S.output)
-    fma_every = EXP2_FMA_PACK if softmax and any(op.label.strip().startswith("softcap_approx(") for op in mods) else 0
 
     def emit(tma: bool) -> list:
       lines = ["", "",
@@ -427,7 +345,7 @@ def _attention(d: Diagram) -> Program:
                "    m_i = tl.full((BM,), float('-inf'), dtype=tl.float32)",
                "    l_i = tl.zeros((BM,), dtype=tl.float32)"]
 
-      def body(masked: bool, causal_tile: bool, fma: bool = False) -> list:
+      def body(masked: bool, causal_tile: bool) -> list:
           """One key tile: scores, modifiers, masks, the accumulator update (8 spaces in)."""
           out = ["        rn = n0 + tl.arange(0, BN)",
                  "        k_ptr = k_base + rn[:, None].to(tl.int64) * skn + rd[None, :] * skd",
@@ -454,7 +372,7 @@ def _attention(d: Diagram) -> Program:
               out += [f"        m_new = tl.maximum(m_i, tl.max(s, 1) * {qk_scale!r})  # the running max, log2 units",
                       "        # a row with no key yet keeps m = -inf: shift by 0 there, not by -inf (no NaN)",
                       "        shift = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                      f"        p = {'_exp2_fma' if fma else 'tl.exp2'}(s * {qk_scale!r} - shift[:, None])",
+                      f"        p = tl.exp2(s * {qk_scale!r} - shift[:, None])",
                       "        alpha = tl.exp2(m_i - shift)",
                       "        l_i = l_i * alpha + tl.sum(p, 1)",
                       "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
@@ -474,7 +392,7 @@ def _attention(d: Diagram) -> Program:
       lines += ["    else:",
                 "        if EVEN_X:",
                 "            for n0 in range(0, NX, BN):"]
-      lines += ["        " + ln for ln in body(False, False, fma=bool(fma_every))]
+      lines += ["        " + ln for ln in body(False, False)]
       lines += ["        else:",
                 "            for n0 in range(0, NX, BN):"]
       lines += ["        " + ln for ln in body(True, False)]
@@ -486,8 +404,7 @@ def _attention(d: Diagram) -> Program:
                 "        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=rm[:, None] < NQ)"]
       return lines
 
-    lines = [HEADER.format(name=d.name, family="attention")] + ([exp2_fma_source(fma_every, EXP2_FMA_POLY)] if fma_every else [])
-    lines += emit(False) + emit(True)
+    lines = [HEADER.format(name=d.name, family="attention")] + emit(False) + emit(True)
     spec = KernelSpec("attention_fwd", "attention", [Q, K, V, last.output],
                       {"lead": lead, "q": q, "x": x, "d": dd, "e": e, "causal": causal, "softmax": softmax})
     return Program(d, "attention", "\n".join(lines) + "\n", [spec], [])
@@ -725,24 +642,13 @@ FUNCTION_ISSUE = {"sigmoid": 386 / 32 - 1, "tanh": 418 / 32 - 3, "tanh_approx": 
 ISSUE_PER_SM_PER_CLOCK = 4 * 32     # four schedulers, one warp instruction a clock each
 
 
-def exp2_fma_share(d: Diagram) -> float:
-    """The share of the softmax's exponentials the emitted loop takes on the FMA pipe (EXP2_FMA_PACK /
-    EXP2_FMA_POLY): a full (not causal) softmax with a softcap_approx modifier, else 0."""
-    last = d.ops[-1] if d.ops else None
-    if (not EXP2_FMA_PACK or last is None or last.kind != "softmax_contract" or last.causal
-            or not any(op.kind == "map" and op.label.strip().startswith("softcap_approx(") for op in d.ops)):
-        return 0.0
-    return EXP2_FMA_POLY / EXP2_FMA_PACK
-
-
 def attention_issue_per_score(d: Diagram) -> float:
     """Thread instructions a score of the emitted attention loop (the tables above), for the diagram's
-    score modifiers; a scale just before the softmax or a softcap is folded (0); the exponentials by the
-    FMA polynomial (exp2_fma_share) EXP2_POLY_ISSUE each."""
+    score modifiers; a scale just before the softmax or a softcap is folded (0)."""
     from .rewrite import map_expression
     mods = [op for op in d.ops if op.kind == "map"]
     softmax = any(op.kind == "softmax_contract" for op in d.ops)
-    n = ATTENTION_LOOP_ISSUE["softmax" if softmax else "sum"] + exp2_fma_share(d) * EXP2_POLY_ISSUE
+    n = ATTENTION_LOOP_ISSUE["softmax" if softmax else "sum"]
     for i, op in enumerate(mods):
         label = op.label.strip()
         cap = re.fullmatch(r"(softcap(?:_approx)?)\(\s*[0-9.eE+-]+\s*\)", label)
@@ -792,20 +698,17 @@ def predicted_time(diagram: Diagram, gpu="h100") -> PredictedTime:
         kw = dict(time_model="exposed-sfu", exposed_sfu=1.0)
         try:
             r = derive(d, gpu, **kw)
+            terms["kernel"] = r.time
+            terms["of which SFU"] = r.times["sfu"]
+            # the loop's instructions, issued by the warps that issue the dots: where they take longer than
+            # the SFU work (exposed above), the difference is exposed too (scores from the SFU time)
             from .rewrite import map_cost
             sfu = (1.0 if any(op.kind == "softmax_contract" for op in d.ops) else 0.0) + sum(
                 map_cost(op.label)[1] for op in d.ops if op.kind == "map" and map_cost(op.label)[0] == "sfu")
-            # the exponentials the polynomial takes (exp2_fma_share) leave the SFU work, exposed in full
-            moved = r.times["sfu"] * exp2_fma_share(d) / sfu if sfu else 0.0
-            terms["kernel"] = r.time - moved
-            terms["of which SFU"] = r.times["sfu"] - moved
-            sfu -= exp2_fma_share(d)
-            # the loop's instructions, issued by the warps that issue the dots: where they take longer than
-            # the SFU work (exposed above), the difference is exposed too (scores from the SFU time)
             if sfu and r.times["sfu"]:
                 per_sfu = gpu.rate("sfu", "fp32") / (gpu.sms * gpu.clock_hz)  # SFU results a clock an SM
-                issue = terms["of which SFU"] * (attention_issue_per_score(d) / ISSUE_PER_SM_PER_CLOCK) / (sfu / per_sfu)
-                terms["issue beyond the SFU"] = max(0.0, issue - terms["of which SFU"])
+                issue = r.times["sfu"] * (attention_issue_per_score(d) / ISSUE_PER_SM_PER_CLOCK) / (sfu / per_sfu)
+                terms["issue beyond the SFU"] = max(0.0, issue - r.times["sfu"])
         except ValueError:
             terms["kernels"] = plan(d, gpu, **kw).time
     elif prog.family == "chain":

@@ -57,16 +57,18 @@ def _blocks(device: torch.device, family: str) -> dict:
             "rownorm": dict(BM=128, BO=256, BK=64, GROUP=8, num_warps=8, num_stages=3)}[family]
 
 
-def _attention_blocks(device: torch.device, causal: bool, plain_d128_tma: bool = False) -> dict:
+def _attention_blocks(device: torch.device, causal: bool, d128_tma: bool = False) -> dict:
     """Causal attention on a GPU: 64 x 64 tiles, 4 warps, 3 stages (two programs an SM, whose softmax and
     MMAs interleave) against the family's BM 128 BN 64 with 8 warps: softcap_approx 1.064x, the exact softcap
     1.006x, plain D128 1.044-1.045x, D64 1.011-1.012x (H100, interleaved rounds; notes/napkin/compile.md).
-    Not causal: the family's blocks (plain D64 with BM 64 tiles: 1.066x its time), but plain softmax at
-    D = E = 128 through TMA (plain_d128_tma) in 2 stages with the registers capped at 128 (126, no spills;
-    96 KiB): two 8-warp programs an SM, 1.019x / 1.026x (the pointer kernel would spill 20 B there)."""
+    Not causal: the family's blocks (plain D64 with BM 64 tiles: 1.066x its time), but a softmax at D = E =
+    128 through TMA with no score modifier other than scale(c) and softcap_approx(C) (d128_tma: see
+    d128_tma_modifiers) in 2 stages with the registers capped at 128 (126, no spills; 96 KiB): two 8-warp
+    programs an SM, plain 1.019x / 1.026x, softcap_approx 1.049x (the pointer kernel would spill 20 B there;
+    the exact softcap: 1.003x, not taken)."""
     if causal and device.type == "cuda":
         return dict(BM=64, BN=64, num_warps=4, num_stages=3)
-    if plain_d128_tma and device.type == "cuda":
+    if d128_tma and device.type == "cuda":
         return dict(BM=128, BN=64, num_warps=8, num_stages=2, maxnreg=128)
     return _blocks(device, "attention")
 
@@ -78,10 +80,17 @@ def _head_group(causal: bool) -> int:
     return 4 if causal else 0
 
 
-def attention_defaults(device: torch.device, causal: bool, plain_d128_tma: bool = False) -> dict:
-    """The blocks and program order an attention diagram launches with by default (plain_d128_tma: softmax
-    with no score modifier but a scale, D = E = 128, loaded through TMA descriptors)."""
-    return dict(_attention_blocks(device, causal, plain_d128_tma), HEAD_GROUP=_head_group(causal))
+def d128_tma_modifiers(d: Diagram) -> bool:
+    """Whether an attention diagram's full loop may take _attention_blocks' two programs an SM at D = E = 128
+    through TMA: a softmax whose score modifiers are only scale(c) and softcap_approx(C) (the timed cases)."""
+    return any(op.kind == "softmax_contract" for op in d.ops) and all(
+        op.label.strip().startswith(("scale(", "softcap_approx(")) for op in d.ops if op.kind == "map")
+
+
+def attention_defaults(device: torch.device, causal: bool, d128_tma: bool = False) -> dict:
+    """The blocks and program order an attention diagram launches with by default (d128_tma: a softmax whose
+    score modifiers are only scale(c) and softcap_approx(C), D = E = 128, loaded through TMA descriptors)."""
+    return dict(_attention_blocks(device, causal, d128_tma), HEAD_GROUP=_head_group(causal))
 
 
 def _tma_ok(device: torch.device, tensors) -> bool:
@@ -197,9 +206,8 @@ class CompiledDiagram:
         if use_tma is None:
             use_tma = all(f is not None for f in flat) and _tma_ok(device, [f[0] for f in flat])
         if not self.blocks:
-            plain = k.info["softmax"] and not any(op.kind == "map" and not op.label.strip().startswith("scale(")
-                                                  for op in self.diagram.ops)
-            blk = _attention_blocks(device, k.info["causal"], bool(use_tma and plain and D == E == 128))
+            blk = _attention_blocks(device, k.info["causal"], bool(use_tma and D == E == 128 and d128_tma_modifiers(
+                self.diagram)))
         grid = (triton.cdiv(NQ, blk["BM"]) * B * H,)
         blk.setdefault("HEAD_GROUP", _head_group(k.info["causal"]))
         kernel, args = self.module.attention_fwd, (Q4, K4, V4)
