@@ -86,8 +86,10 @@ SPILLS_ALLOWED = 160
 # products); not serialized
 SPILLS_ALLOWED_FORM2 = 160
 # configs': FORM 182 at d 128 (FORM 2 with EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO): 120 B, 229.9 KB; FORM 438 at d 64
-# (and EXP_FTZ): 120 B
-CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 2), (128, 2, 182), (64, 2, 438)]
+# (and EXP_FTZ): 120 B. With the stores by TMA (STORE_TMA 512 + DG_TMA 1024): 20 B / 4 B, no extra shared memory
+SPILLS_SHIPPED = 120
+TMA_FORMS = (182 | 512 | 1024, 438 | 512 | 1024)
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 182), (64, 2, 438), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1])]
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +114,9 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
     assert r["threads"] == 384, r  # two consumer warpgroups and the producer's warp
     assert r["shared"] <= 227 * 1024, r
     assert r["spill_bytes"] <= (SPILLS_ALLOWED_FORM2 if case[2] & 2 else SPILLS_ALLOWED), r
+    if case[2] in TMA_FORMS:  # dq, dk, dg by cp.async.bulk.tensor from shared memory, each consumer; spills <= the
+        # shipped forms', the shared memory theirs (the stage's and the epilogue's buffers reused)
+        assert r["form"] == case[2] and r["tma_stores"] == 6 and r["spill_bytes"] <= SPILLS_SHIPPED, r
+        assert r["shared"] == reports[(case[0], 2, 182 if case[0] == 128 else 438)]["shared"], r
+    else:
+        assert r["tma_stores"] == 0, r

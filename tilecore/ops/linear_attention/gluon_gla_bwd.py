@@ -61,6 +61,11 @@ EXP_FTZ = gl.constexpr(256)  # every e^x of the chain by ex2.approx.ftz (GlaDqk.
 G_TWO = gl.constexpr(128)  # G = L g and J g from two bf16 pieces of g, not three (16 bits: G's error 2^-17 |G|, far below
 # the bf16 operands' of E and Ei)
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
+# FORM bits beside 2 (chain_dots): the stores by TMA from shared memory (DQ, DK_OUT, DG then descriptors of the 2-D views
+# (B N, H Dk)): no per-element 64-bit addresses on the chain; launch_args drops a bit where its buffers do not allow it
+STORE_TMA = gl.constexpr(512)  # dq through the consumer's epilogue buffer (k Ei read), dk through the stage's q buffer
+DG_TMA = gl.constexpr(1024)  # dg through the stage's g buffer (float32 g only); with either bit the stage is released
+# only once the stores have read it (tma.store_wait at the chain's end)
 
 
 @stage_struct
@@ -315,11 +320,16 @@ class GlaDqk:
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
-        h = tile.bh % self.H
-        b = tile.bh // self.H
-        cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
-        base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
-        offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
+        TMA_ANY: gl.constexpr = (self.FORM & (STORE_TMA | DG_TMA)) != 0
+        if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
+            row = (tile.bh // self.H) * self.N + tile.c * BT
+            col = (tile.bh % self.H) * self.DKD + (tile.kb + cid) * BKB
+        if not (self.FORM & STORE_TMA and self.FORM & DG_TMA):
+            h = tile.bh % self.H
+            b = tile.bh // self.H
+            cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
+            base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
+            offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T = v do^T and dk
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dq_in = dqs
@@ -328,7 +338,14 @@ class GlaDqk:
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
-        gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
+        if self.FORM & STORE_TMA:  # through p0 (k Ei, read by dq's product): the store runs under dk's products
+            gl.thread_barrier()  # every warp's product has read k Ei
+            p0.store((dq + r * k_s.load(L32).to(gl.float32)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DQ, [row, col], p0)
+        else:
+            gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
         dG = q_s.load(L32).to(gl.float32) * dq
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dk_in = dks
@@ -345,7 +362,15 @@ class GlaDqk:
         else:
             dk_state = dks * (Ei * self.exp(m))  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
-        gl.store(self.DK_OUT + base + offs, (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
+        if self.FORM & STORE_TMA:  # through q's stage buffer (each thread writes the elements it read: no barrier
+            # before), stored under dg's sums
+            q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
+        else:
+            gl.store(self.DK_OUT + base + offs,
+                     (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
         # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
         # J (dG + k dk_state) - L dG + dG
         kf = k_s.load(L32).to(gl.float32)
@@ -354,6 +379,8 @@ class GlaDqk:
             lsum = z32
             jsum = kf * dk_state
         else:
+            if self.FORM & STORE_TMA:
+                tma.store_wait(1)  # dq's store has read p0 (dk's may still run)
             gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
             self.pieces(dG, p0, p1, p2)
             fence_async_shared()
@@ -371,7 +398,16 @@ class GlaDqk:
         else:
             dg = (jsum - lsum) + dG + self.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
-        gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
+        if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
+            g_s.store(gl.where(clamped, 0.0, dg))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
+        else:
+            gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
+        if TMA_ANY:  # the stores have read the stage's buffers and p0 before the stage is released (every thread
+            tma.store_wait(0)  # waits for the one that issued them)
+            gl.thread_barrier()
 
     @gluon.jit
     def chain_scan(self, ctx, stage, tile):
@@ -558,6 +594,16 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
+    if form & (STORE_TMA.value | DG_TMA.value):  # the stores by TMA where their buffers allow it
+        aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
+        if not (form & 2 and aligned and dq.dtype == q.dtype and dk.dtype == q.dtype):
+            form &= ~(STORE_TMA.value | DG_TMA.value)
+        elif g.dtype != torch.float32:  # (dg goes through g's stage buffer: float32 [BT, BKB])
+            form &= ~DG_TMA.value
+        if form & STORE_TMA.value:
+            args.update(DQ=flat(dq, [BT, BKB]), DK_OUT=flat(dk, [BT, BKB]))
+        if form & DG_TMA.value:
+            args.update(DG=flat(dg, [BT, BKB]))
     if form:
         args["FORM"] = form
     if probe:  # (timing probes only)
@@ -580,5 +626,7 @@ def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=
     grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages, form=form, probe=probe)
     compiled = compile_kernel(gla_dqk_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
+    ptx = compiled.asm["ptx"]
     return dict(D=D, stages=stages, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared,
-                threads=r.threads, wgmma_serialized=r.wgmma_serialized, **has_hopper_instructions(compiled.asm["ptx"]))
+                threads=r.threads, wgmma_serialized=r.wgmma_serialized, form=args.get("FORM", 0),
+                tma_stores=ptx.count("cp.async.bulk.tensor.2d.global.shared"), **has_hopper_instructions(ptx))
