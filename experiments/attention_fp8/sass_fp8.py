@@ -43,6 +43,9 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qreg": dict(_q_rotate=True, _v_block=True, _q_reg=True), "qreg_q1": dict(_q_rotate=True, _v_block=True,
                                                                                _q_reg=True, q_buffers=1),
     "qreg_split": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True),  # two half products + butterfly
+    # session 38: causal, the tile's first key offset through opaque_int (the bf16 forward's first_key)
+    "hide": dict(hide_first_key=True),
+    "qreg_split_hide": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True),
 }
 
 
