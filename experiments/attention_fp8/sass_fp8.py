@@ -44,7 +44,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
                                                                                _q_reg=True, q_buffers=1),
     "qreg_split": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True),  # two half products + butterfly
     # session 38: causal, the tile's first key offset through opaque_int (the bf16 forward's first_key)
-    "hide": dict(hide_first_key=True),
+    "hide": dict(hide_first_key=True), "qrot_hide": dict(_q_rotate=True, _v_block=True, hide_first_key=True),
     "qreg_split_hide": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True),
 }
 

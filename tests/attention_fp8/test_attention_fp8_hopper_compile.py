@@ -2,10 +2,11 @@
 compiles for sm_90a on this (GPU-less) machine: e4m3 wgmma, TMA, wgmma not serialized, spills within the measured
 bounds, P's conversion to wgmma's register operand kept in its threads and rounded late (no byte unpacked), l summed
 on the tensor cores against a block of ones written as bytes, shared memory within Hopper's 227 KiB.
-Two specializations (a compile takes ~5-10 s here): D 128 non-causal with per-head descales at the headline's
+Specializations (a compile takes ~5-10 s here): D 128 non-causal with per-head descales at the headline's
 N 4096, and D 64 causal with q's descales per row and k's per block of 128 keys (a scalar a step: the convenience
 path's) at N = Nk = 1000 (masks and tails), and the same with v's descales per block of 128 keys (session 34: the
-convenience path's v_scales="block", folded into O's rescale)."""
+convenience path's v_scales="block", folded into O's rescale), and that last one with configs' hide_first_key (session 38:
+a causal tile's first key offset through opaque_int, so that LLVM does not hoist step 0's mask to every tile's start)."""
 import json
 import os
 import subprocess
@@ -13,9 +14,10 @@ import sys
 
 import pytest
 
-# (head dim, causal, N, q descales per row, k descales per 128-key block, v descales per 128-key block)
-VARIANTS = [(128, False, 4096, False, False, False), (64, True, 1000, True, True, False),
-            (64, True, 1000, True, True, True)]
+# (head dim, causal, N, q descales per row, k descales per 128-key block, v descales per 128-key block,
+# hide_first_key)
+VARIANTS = [(128, False, 4096, False, False, False, False), (64, True, 1000, True, True, False, False),
+            (64, True, 1000, True, True, True, False), (64, True, 1000, True, True, True, True)]
 
 SCRIPT = r"""
 import json, re, sys, torch
@@ -24,8 +26,8 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, N, q_row, k_block, v_block in json.loads(sys.argv[1]):
-    cfg = configs.gluon_config(D, causal)
+for D, causal, N, q_row, k_block, v_block, hide in json.loads(sys.argv[1]):
+    cfg = dict(configs.gluon_config(D, causal), hide_first_key=hide)
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, N, D, dtype=f8)
     k = torch.empty(2, 2, N, D, dtype=f8)
@@ -58,7 +60,9 @@ for D, causal, N, q_row, k_block, v_block in json.loads(sys.argv[1]):
                     e4m3x4=ptx.count("{lo, hi}"), prmt=ptx.count("prmt"), byte_moves=ptx.count("shr.s16"),
                     p_linear=opts["P_LINEAR"], relu_cvt=ptx.count("cvt.rn.relu.f16x2.f32"),
                     e4m3_cvt=ptx.count("cvt.rn.satfinite.e4m3x2.f32"),
-                    named_bar=len(re.findall(r"bar\.(?:sync|arrive)\s+\$?\d+, 256;", ptx))))
+                    named_bar=len(re.findall(r"bar\.(?:sync|arrive)\s+\$?\d+, 256;", ptx)),
+                    hide=opts.get("HIDE_FIRST_KEY", False), and_pred=len(re.findall(r"\band\.pred", ptx)),
+                    setp=len(re.findall(r"\bsetp\.", ptx))))
 print(json.dumps(out))
 """
 
@@ -84,7 +88,7 @@ def test_e4m3_wgmma_tma_and_bounded_spills(report):
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed, r
         assert r["shared"] <= 227 * 1024, r
     assert report[1]["k_per_block"], report[1]  # the convenience path's k descales: one scalar a step
-    assert [r["v_per_block"] for r in report] == [False, False, True], report
+    assert [r["v_per_block"] for r in report] == [False, False, True, True], report
 
 
 def test_v_descales_per_block_load_one_scalar_a_step(report):
@@ -134,3 +138,15 @@ def test_ones_written_as_bytes(report):
     # half came from another register, so half of the block's bytes were not ones (l halved on the H100: the notes)
     for r in report:
         assert r["ones_bytes"] > 0 and r["f16_to_e4m3"] == 0, r
+
+
+def test_hidden_first_key_keeps_the_causal_mask_in_its_branch(report):
+    # hide_first_key (causal): step 0's key offset through opaque_int (one asm mov a consumer). With the constant 0,
+    # LLVM hoisted step 0's causal comparisons to the tile's start and combined them as predicates (sm_90a SASS at
+    # D128 causal: 62 ISETP, 192 LOP3, 48 SEL before a tile's first S; here D64 causal: 134 and.pred in the PTX against
+    # 6, setp 566 against 444); the same kernel otherwise (spills: test above)
+    plain, hidden = report[2], report[3]
+    assert not plain["hide"] and hidden["hide"], (plain, hidden)
+    assert hidden["and_pred"] * 4 < plain["and_pred"], (plain, hidden)
+    assert hidden["setp"] < plain["setp"] - 64, (plain, hidden)
+    assert hidden["wgmma_n8"] == plain["wgmma_n8"] and hidden["relu_cvt"] == plain["relu_cvt"], (plain, hidden)
