@@ -38,6 +38,9 @@ def test_mamba2_and_step_without_the_interpreter(monkeypatch):
     y, hT = mamba2_chunk_scan(x, dt, A, B, C, D=D, z=z, dt_softplus=True, return_final_states=True)
     ry, rh = mamba2_reference(x, dt, A, B, C, D=D, z=z, dt_softplus=True)
     assert accuracy.rel_rms(y, ry) < 1e-5 and accuracy.rel_rms(hT, rh) < 1e-5
+    # with beta the op's final state is laid out (b, h, p, s) (gluon_forward.empty_state): the (b, h, p, s) states
+    # come out contiguous as its transposed view
+    assert hT.is_contiguous()
     q, k, v, g, s0 = make(1, 1, 1, 2, 16, 16, dtype=F32, decay="channel", h0=True)
     ref, ref_state = reference(q, k, v, g, s0)
     o = linear_attention_step(q[:, 0], k[:, 0], v[:, 0], s0, decay=g[:, 0])
@@ -49,6 +52,11 @@ def test_custom_ops_opcheck_and_compile_fullgraph():
     beta = torch.rand(1, 20, 2)
     torch.library.opcheck(torch.ops.tilecore.linear_attention_forward.default,
                           (q, k, v, g, beta, None, None, s0, 0.25, 0, 16, True, False))
+    # (opcheck compares the fake's strides with the implementation's: with beta the final state (B, H, F, Dv) is the
+    # transposed view of a (B, H, Dv, F) buffer on every path)
+    ht = torch.ops.tilecore.linear_attention_forward.default(q, k, v, g, beta, None, None, s0, 0.25, 0, 16, True,
+                                                             False)[1]
+    assert ht.shape == (1, 2, 16, 16) and ht.stride()[2:] == (1, 16)
     inputs = [t.requires_grad_() for t in (q, k, v, g, s0)]
 
     def f(q, k, v, g, s0):

@@ -133,6 +133,19 @@ with tempfile.TemporaryDirectory() as tmp:
                           capture_output=True, text=True, check=True).stdout
 r["hgmma_64x128"] = len(re.findall(r"HGMMA\\.64x128x16", sass))
 r["hgmma"] = len(re.findall(r"HGMMA\\.", sass))
+# the chunk loops: the innermost backward branches around wgmmas; the spill instructions inside them
+code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+loops = []
+for addr, text in code:
+    m = re.search(r"BRA (0x[0-9a-f]+)", text)
+    if m and int(m.group(1), 16) < addr:
+        lo = int(m.group(1), 16)
+        if any("HGMMA" in t for a, t in code if lo <= a <= addr):
+            loops.append((lo, addr))
+inner = [(lo, hi) for lo, hi in loops if not any(lo < a and b < hi for a, b in loops if (a, b) != (lo, hi)
+                                                  and any("HGMMA" in t for x, t in code if a <= x <= b))]
+r["chunk_loops"] = len(inner)
+r["loop_spill_ins"] = sum(1 for a, t in code for lo, hi in inner if lo <= a <= hi and re.search(r"\b(STL|LDL)\b", t))
 print(json.dumps(r))
 """
 
@@ -158,6 +171,8 @@ def test_mamba2_kernel_compiles_to_the_transposed_step(mamba_reports, case):
     # a step of each consumer's code (two partitions): K Q^T 8, S^T Q^T 8, P V 4 (64 x 64 x 16) and the update as
     # one chain of 4 (64 x 128 x 16)
     assert r["hgmma_64x128"] == 2 * 4 and r["hgmma"] == 2 * 24, r
-    # (with initial and final states ~2.2 KB, all in the tile's start and finish, where the state's 64 pointers a
-    # thread are live beside it; without states 64 B: none in the chunk loop, as the SASS shows)
-    assert r["spill_bytes"] <= (128 if case == "mamba2" else 4096), r
+    # loop-invariant scalars spilled in the program's start and reloaded in a tile's (64 B without states, 152 with
+    # h0 and ht in Mamba-2's (b, h, p, s) layout, empty_state's: the feature stride 1, its offsets immediates), none
+    # in either consumer's chunk loop
+    assert r["spill_bytes"] <= (128 if case == "mamba2" else 256), r
+    assert r["chunk_loops"] >= 2 and r["loop_spill_ins"] == 0, r  # (>= 2: a wait's out-of-line branch back counts)

@@ -558,6 +558,18 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
+def empty_state(B: int, H: int, F: int, Dv: int, device, mamba: bool) -> torch.Tensor:
+    """A (B, H, F, Dv) float32 final state as every forward path returns it (the custom op's fake too): contiguous,
+    but with beta (Mamba-2) laid out (B, H, Dv, F), mamba_ssm's (b, h, p, s), as the transposed view. There the
+    transposed step stores S^T's rows with the feature stride 1 (a constant: its offsets are immediates); with a
+    stride read at run time the 64 feature offsets a thread of each state are loop-invariant, hoisted out of the
+    persistent tile loop and spilled (2.2 KB a thread with h0 and ht, notes decision 166). mamba2_chunk_scan's
+    (b, h, p, s) final states are then its transposed view, with no copy."""
+    if mamba:
+        return torch.empty(B, H, Dv, F, dtype=torch.float32, device=device).transpose(-1, -2)
+    return torch.empty(B, H, F, Dv, dtype=torch.float32, device=device)
+
+
 def tma_ok(t: torch.Tensor) -> bool:
     """Whether TMA takes t's strides and alignment (unit last stride, 16-byte aligned base and strides)."""
     return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
@@ -579,7 +591,7 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     CachedLaunch's)."""
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
-    ht = torch.empty(B, H, q.shape[-1], Dv, dtype=torch.float32, device=v.device) if final_state else None
+    ht = empty_state(B, H, q.shape[-1], Dv, v.device, beta is not None) if final_state else None
     g, beta = prepare_decay(g, beta)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
@@ -615,10 +627,12 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None)
     q = torch.empty(B, N, Hqk, Dk, dtype=bf)
     v = torch.empty(B, N, H, Dv, dtype=bf)
     f32 = lambda *shape: torch.empty(*shape, dtype=torch.float32)  # noqa: E731
-    h0 = f32(B, H, Dk, Dv) if states else None
+    # the states as the op passes them: with beta in Mamba-2's (b, h, p, s) layout (empty_state)
+    h0, ht = ((empty_state(B, H, Dk, Dv, "cpu", mamba), empty_state(B, H, Dk, Dv, "cpu", mamba)) if states
+              else (None, None))
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), f32(B, H, Dk, Dv) if states else None, 1.0, stages)
+                                    torch.empty_like(v), ht, 1.0, stages)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)

@@ -62,6 +62,8 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
     Fdim = feature_rows(feature, q.shape[-1])
     if plan.path == "cpu":
         o_lin, ht = chunked.chunked_forward(q, k, v, g, beta, h0, scale, feature, plan.chunk)
+        if final_state and beta is not None:  # (the op's layout of a final state with beta: empty_state's)
+            ht = gluon_forward.empty_state(B, H, Fdim, Dv, v.device, True).copy_(ht)
         o = _gate(o_lin, v, d_skip, z).to(v.dtype)
         if keep_linear and o.data_ptr() == o_lin.data_ptr():  # float32 without D and z: o is o_lin
             o_lin = o_lin.clone()
@@ -91,7 +93,7 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     o_lin = torch.empty(B, N, H, Dv, dtype=torch.float32, device=v.device) if keep_linear else None
-    ht = torch.empty(B, H, Fdim, Dv, dtype=torch.float32, device=v.device) if final_state else None
+    ht = gluon_forward.empty_state(B, H, Fdim, Dv, v.device, beta is not None) if final_state else None
     if B * H > 0:
         recipe = _TL_FORWARDS.get(key) if key is not None and tiles_launch.OP_RECIPES else None
         if recipe:  # the key's kept launch (its second call on): no argument tuple or options rebuilt

@@ -20,7 +20,7 @@ from tilecore.ops.linear_attention import configs, kernels_backward_gla, kernels
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2, signature
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
@@ -327,7 +327,8 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[t
 def _(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_state, keep_linear):
     B, N, H, Dv = v.shape
     rows = launch.feature_rows(feature, q.shape[-1])
-    ht = v.new_empty((B, H, rows, Dv), dtype=torch.float32) if final_state else v.new_empty(0, dtype=torch.float32)
+    ht = (launch.gluon_forward.empty_state(B, H, rows, Dv, v.device, beta is not None) if final_state
+          else v.new_empty(0, dtype=torch.float32))
     o_lin = v.new_empty((B, N, H, Dv), dtype=torch.float32) if keep_linear else v.new_empty(0, dtype=torch.float32)
     return v.new_empty((B, N, H, Dv)), ht, o_lin
 
@@ -726,7 +727,7 @@ def mamba2_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: tor
     h0 = None if initial_states is None else initial_states.transpose(-1, -2)  # (b, h, dstate, headdim): a view
     y, ht = _run(C, B, x, g, dt_eff, d_skip, z, h0, 1.0, IDENTITY, chunk, bool(return_final_states))
     if return_final_states:
-        return y, ht.transpose(-1, -2).contiguous()
+        return y, ht.transpose(-1, -2).contiguous()  # (with beta ht is laid out (b, h, p, s): no copy)
     return y
 
 
