@@ -203,6 +203,63 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
         assert_near(g, r, 3.0, name)
 
 
+def test_the_training_forward_by_case():
+    """plan.rotary_train_in_kernel: the Gluon forward's calls whose (D, causal) ROTARY_TRAIN_IN_KERNEL_CASES names,
+    where gluon_rotary's forward exists; no other GPU, head dim or scale."""
+    meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")
+    q = meta(2, 4, 64, 128)
+    with dispatch.pretend(dispatch.TARGETS["sm_90a"]), pytest.MonkeyPatch.context() as m:
+        m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))
+        m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(128, True)}))
+        assert plan.rotary_train_in_kernel(q, q, q, 0.1, True)
+        assert not plan.rotary_train_in_kernel(q, q, q, 0.1, False)
+        assert not plan.rotary_train_in_kernel(q, q, q, -0.1, True)  # the Gluon forward takes a positive scale
+        m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(96, True)}))
+        d96 = meta(2, 4, 64, 96)
+        assert not plan.rotary_train_in_kernel(d96, d96, d96, 0.1, True)  # no Gluon forward at D96
+        m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(128, True)}))
+        m.setattr(plan, "gluon_rotary_forward", lambda: None)
+        assert not plan.rotary_train_in_kernel(q, q, q, 0.1, True)
+    with dispatch.pretend(dispatch.TARGETS["sm_80"]), pytest.MonkeyPatch.context() as m:
+        m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(128, True)}))
+        assert not plan.rotary_train_in_kernel(q, q, q, 0.1, True)
+
+
+def test_the_training_forward_keeps_what_the_entry_turned(monkeypatch):
+    """On the turned path with rotary_train_in_kernel, the turned forward is gluon_rotary's with keep_turned: its
+    (O, lse, turned q, turned k) go to the shipped backward (the entry here gives the turned path's own, marked,
+    so the gradients show which q and k the backward used); a case it does not take (ValueError of its limits,
+    NotImplementedError) runs the turned path's math, bit for bit."""
+    q, k, v = inputs(1, 2, 1, 16, 24, 32)
+    cos, sin = tables(24, 16)
+    calls = []
+
+    def entry(q_, k_, v_, cos_, sin_, *, causal, scale, interleaved, window, softcap, sm_margin, keep_turned):
+        calls.append(dict(causal=causal, interleaved=interleaved, window=window, keep_turned=keep_turned))
+        return op_rotary.turned_forward_impl(q_, k_, v_, cos_, sin_, causal, scale, interleaved, window, softcap,
+                                             sm_margin)
+
+    monkeypatch.setattr(op_rotary, "rotary_path", lambda *a: "turned")
+    monkeypatch.setattr(op_rotary, "rotary_train_in_kernel", lambda *a: not calls)  # the entry's own call: turned
+    monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: entry)
+    out = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
+    assert calls == [dict(causal=True, interleaved=True, window=(-1, -1), keep_turned=True)]
+    dout = torch.randn(out.shape, dtype=F16)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = reference(q, k, v, cos, sin, dout, interleaved=True, causal=True)
+    assert_near(out, ref[0], 2.5, "O")
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
+        assert_near(g, r, 3.0, name)
+
+    def limited(*a, **kw):
+        raise ValueError("rotary_dim: a multiple of 32")
+    monkeypatch.setattr(op_rotary, "rotary_train_in_kernel", lambda *a: True)
+    monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: limited)
+    again = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
+    assert torch.equal(again, out)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(again, (q, k, v), dout), grads))
+
+
 @pytest.mark.parametrize("case", [CASES[1], CASES[2]], ids=[IDS[1], IDS[2]])
 def test_the_turned_ops(case, monkeypatch):
     """The "turned" path (Hopper's today, forced here: its kernels are the interpreter's): q and k turned

@@ -23,7 +23,7 @@ from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, row
 from tilecore.tiles.compile import compile_kernel, resources
 from tilecore.tiles.launch import gluon_descriptor as desc
 out = []
-for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
+for d, causal, cfg, r, cos_dtype, store in json.loads(sys.argv[1]):
     t = torch.empty(2, 4, 256, d, dtype=torch.bfloat16)
     head = lambda rows: desc(t, [1, 1, rows, d])
     cs = torch.empty(256, r, dtype=getattr(torch, cos_dtype))
@@ -31,14 +31,17 @@ for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
                 o_desc=head(cfg["block_m"]), lse_ptr=torch.empty(8, dtype=torch.float32), cos_ptr=cs, sin_ptr=cs,
                 cos_stride=r, sin_stride=r, n_max=4096, H=4, N=256, Nk=256, GROUP=1, scale_log2e=0.1, num_bh=8,
                 head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
-                tanh_scale=0.0, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
+                tanh_scale=0.0, qr_desc=desc(t.view(1, 8, 256, d), [1, 1, cfg["block_m"], d]) if store else None,
+                CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
                 Q_REGS=cfg.get("q_regs", False), CONSUMERS=cfg.get("consumers", 2),
                 TURN_ROWS=rows_at_a_time(r, cfg.get("interleaved", False)))
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
-    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, **vars(resources(k)),
+    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, store=store, **vars(resources(k)),
                     wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)), tma=ptx.count("cp.async.bulk.tensor"),
+                    tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.\\dd\\.global\\.shared", ptx)),
+                    store_waits=len(re.findall(r"cp\\.async\\.bulk\\.wait_group", ptx)),
                     setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)}),
                     lds_v4=len(re.findall(r"ld\\.shared\\.v4", ptx)), sts_v4=len(re.findall(r"st\\.shared\\.v4", ptx)),
                     fences=ptx.count("fence.proxy.async"), cos_v4=len(re.findall(r"ld\\.global(\\.\\w+)*\\.v4", ptx)),
@@ -46,13 +49,17 @@ for d, causal, cfg, r, cos_dtype in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
-# (D, causal, config, R, cos dtype): the shipped forward's configurations (gluon_forward_config) at N 4096 (D128
-# without a mask: Q in registers; D64: three consumers), D128 causal with interleaved pairs, and D64's carried
-# pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables
-VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16"),
-            (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16"),
-            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3), 32, "bfloat16"),
-            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32")]
+# (D, causal, config, R, cos dtype, turned Q stored): the shipped forward's configurations (gluon_forward_config)
+# at N 4096 (D128 without a mask: Q in registers; D64: three consumers), D128 causal with interleaved pairs, and
+# D64's carried pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables; the training
+# forward (turned Q stored for the backward) restarting at D128 full and carried (its two ways of waiting for the
+# store). D64's three consumers with the store (not compiled here, for time): spills 188 / 244 B against 188 / 240
+VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", False),
+            (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16", False),
+            (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3), 32, "bfloat16", False),
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", False),
+            (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", True),
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", True)]
 # spill bytes (stores, loads) ptxas reports; the three-consumer D64 causal forward spills 168 bytes without rotary
 # (test_attention_hopper_compile), 240 with
 SPILL_BYTES_ALLOWED = {2: 0, 3: 256}
@@ -88,6 +95,26 @@ def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
         else:  # 8 angles a thread: 16 bytes of bfloat16 (two 16-byte loads of float32)
             assert row["cos_v4"] > 0, row
         assert row["fences"] >= row["cfg"].get("consumers", 2), row  # after each consumer's Q
+
+
+def test_the_training_forward_stores_the_turned_q(report):
+    """With a qr descriptor each consumer stores its turned Q block by one TMA store (one more a consumer than
+    the same configuration without: O's), waited for before the buffer is handed back; registers as without,
+    no spill with two consumers (with three, 160 registers and spilling already: 4 bytes more reloaded)."""
+    plain = {(r["d"], r["causal"], json.dumps(r["cfg"], sort_keys=True)): r for r in report if not r["store"]}
+    stored = [r for r in report if r["store"]]
+    assert len(stored) == 2
+    for row in stored:
+        base = plain[row["d"], row["causal"], json.dumps(row["cfg"], sort_keys=True)]
+        consumers = row["cfg"].get("consumers", 2)
+        assert row["tma_stores"] == base["tma_stores"] + consumers, (row, base)
+        assert row["store_waits"] > base["store_waits"], (row, base)
+        if consumers == 2:
+            assert row["spill_stores"] == row["spill_loads"] == 0, row
+        else:
+            assert row["spill_stores"] <= base["spill_stores"] + 8 and row["spill_loads"] <= base["spill_loads"] + 8, \
+                (row, base)
+        assert row["registers"] == base["registers"], (row, base)
 
 
 def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
@@ -180,3 +207,58 @@ def test_host_path_launches_k_turned_by_the_pass(monkeypatch):
     ref = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
     assert torch.allclose(launched_k.double(), ref, rtol=2 ** -7, atol=2 ** -7) and not torch.equal(launched_k, k)
     assert args[0].base is q and args[2].base is v  # Q turned in the kernel, V as given
+    assert args[-1] is None  # no turned Q stored
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on Hopper")
+@pytest.mark.parametrize("d, causal, n, nk, interleaved", [(128, False, 300, 300, False), (64, True, 200, 333, True)])
+def test_keeps_the_turned_paths_bits_on_the_gpu(d, causal, n, nk, interleaved):
+    """keep_turned: the stored Q and the turned K are apply_rotary's bits (the turned path's), every element
+    written; O and lse those of the forward without keep_turned."""
+    from tilecore import dispatch
+    from tilecore.ops.rotary.op import turn
+
+    if not dispatch.gluon_ok(torch.device("cuda")):
+        pytest.skip("Hopper with Gluon only")
+    torch.manual_seed(1)
+    q, k, v = (t.cuda() for t in qkv(b=2, h=4, hkv=2, n=n, nk=nk, d=d))
+    cos, sin = torch.randn(nk, d // 2, device="cuda").cos(), torch.randn(nk, d // 2, device="cuda").sin()
+    out, lse, qr, kr = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5,
+                                            interleaved=interleaved, keep_turned=True)
+    ref_q = turn(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved).transpose(1, 2)
+    ref_k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
+    assert torch.equal(qr.view(torch.int16), ref_q.contiguous().view(torch.int16))
+    assert torch.equal(kr.view(torch.int16), ref_k.contiguous().view(torch.int16))
+    o2, lse2 = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5, interleaved=interleaved)
+    assert torch.equal(out, o2) and torch.equal(lse, lse2)
+
+
+def test_host_path_keeps_the_turned_q_and_k(monkeypatch):
+    """keep_turned (the training forward): K turned into a contiguous buffer (the turned path's layout), a
+    contiguous buffer for the turned Q given to the kernel as a (1, B * H, N, D) descriptor of Q's boxes (the
+    kernel writes it: not checkable here), both returned; a launch key apart from the no-grad launch's."""
+    from tilecore import dispatch
+    from tilecore.ops.rotary.reference import rotary_reference
+
+    launches = []
+
+    class Stub:
+        def run(self, key, grid, args, options):
+            launches.append((key, args, options))
+
+    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    torch.manual_seed(0)
+    q, k, v = qkv(b=2, h=4, hkv=2, n=48, nk=80, d=128)
+    cos, sin = torch.randn(90, 64).cos(), torch.randn(90, 64).sin()
+    out, lse, qr, kr = gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True,
+                                            keep_turned=True)
+    gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True)
+    (key, args, options), (plain_key, plain_args, _) = launches
+    assert qr.shape == q.shape and qr.is_contiguous() and kr.shape == k.shape and kr.is_contiguous()
+    assert args[1].base is kr and args[-1].base.data_ptr() == qr.data_ptr()
+    assert tuple(args[-1].base.shape) == (1, 8, 48, 128) and args[-1].block_shape == args[0].block_shape
+    ref = rotary_reference(k.transpose(1, 2), cos, sin, interleaved=True).transpose(1, 2)
+    assert torch.allclose(kr.double(), ref, rtol=2 ** -7, atol=2 ** -7)
+    assert torch.equal(kr, plain_args[1].base.contiguous())  # the pass's bits
+    assert options["INTERLEAVED"] and (key is None or key != plain_key)

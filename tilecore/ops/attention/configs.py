@@ -185,6 +185,10 @@ ROTARY_IN_KERNEL = False
 # (head dim, causal) of the calls without a gradient that take gluon_rotary.forward with ROTARY_IN_KERNEL off:
 # the cases where it ran faster than the turned forward (per-case figures: notes/rotary's decision log)
 ROTARY_IN_KERNEL_CASES = frozenset({(128, False), (128, True), (64, True)})
+# (head dim, causal) of the calls recording a gradient whose turned forward is gluon_rotary's (K by apply_rotary's
+# pass, Q turned in the Gluon forward and stored from there for the backward: no pass over Q); else q and k by
+# apply_rotary's passes, then the shipped forward
+ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset()
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

@@ -28,7 +28,7 @@ from tilecore import dispatch
 from tilecore.ops.attention import configs
 from tilecore.ops.attention.gluon_kernels import Attention, KV
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
 from tilecore.tiles.launch import CachedLaunch
 
 
@@ -92,8 +92,10 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
 @struct
 class RotaryAttention:
     """The rotary forward's op: attention's (``attn``, whose callbacks it passes on), each consumer's Q
-    block turned at the start of its tile (K comes turned)."""
+    block turned at the start of its tile (K comes turned); with ``q_out`` (a descriptor of Q's shape,
+    or None) the turned block also stored there (for the backward, which needs turned q)."""
     attn: object
+    q_out: object
     cos: object
     sin: object
     cos_stride: object
@@ -129,6 +131,8 @@ class RotaryAttention:
                   self.sin_stride, self.n_max, self.R, self.ROWS, self.INTERLEAVED)
         fence_async_shared()
         gl.thread_barrier()
+        if self.q_out is not None:  # the turned rows by one TMA store (q_out: (1, B * H, N, D); past N clipped)
+            tma.async_copy_shared_to_global(self.q_out, [0, tile.bh, first, 0], ctx.operand)
         return a.start(ctx, tile, prev)
 
     @gluon.jit
@@ -137,7 +141,17 @@ class RotaryAttention:
 
     @gluon.jit
     def wait(self, ctx, st):
-        return self.attn.wait(ctx, st)
+        """attention's wait; with ``q_out`` also the Q store's read of the tile's buffer (the template
+        hands the buffer to a later tile's load after the tile's last wait). Restarting, every wait
+        (the store was issued before the first step: done by then); carried, the previous tile's
+        epilogue at the first step waited for it (store_block), so only a program's first tile waits."""
+        st = self.attn.wait(ctx, st)
+        if self.q_out is not None:
+            if not self.attn.CARRY:
+                tma.store_wait(0)
+            elif st.pending.n_blocks == 0:
+                tma.store_wait(0)
+        return st
 
     @gluon.jit
     def finish(self, ctx, st, tile):
@@ -147,14 +161,15 @@ class RotaryAttention:
 @gluon.jit
 def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr, sin_ptr, cos_stride, sin_stride,
                                 n_max, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, schedule, left, right,
-                                tanh_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
+                                tanh_scale, qr_desc, CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
                                 CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 INTERLEAVED: gl.constexpr = False):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
-    its angles) but with a carried tile's state live: TURN_ROWS rows at a time."""
+    its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
+    None): the turned Q written there too."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
@@ -169,7 +184,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
     ROWS: gl.constexpr = BM if not CARRY else TURN_ROWS
-    op = RotaryAttention(attn, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED)
+    op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
@@ -209,17 +224,27 @@ def check(q, k, v, cos, sin, interleaved: bool) -> None:
 
 
 def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool = False, window=(-1, -1),
-            softcap: float = 0.0, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+            softcap: float = 0.0, sm_margin: int = 0, keep_turned: bool = False):
     """(out, lse) of attention(rotary(q), rotary(k), v): out (B, H, N, D) contiguous in q's dtype, lse
     (B, H, N) float32, as the shipped forward's launch (launch.outputs) gives them. Hopper with Gluon
-    only (the caller routes other devices to apply_rotary and the shipped forward)."""
+    only (the caller routes other devices to apply_rotary and the shipped forward). ``keep_turned``:
+    (out, lse, turned q, turned k), both contiguous (B, H, N, D) as the turned path's (op_rotary._turn)
+    for the backward: K turned into its buffer by apply_rotary's kernel, Q written by the Gluon kernel
+    from the buffer it turned (a TMA store a consumer's tile)."""
     from tilecore.ops.attention.kernels_tl import mask_options, score_options
-    from tilecore.ops.attention.launch import gluon_softcap, head_operand, run as run_plan
+    from tilecore.ops.attention.launch import gluon_softcap, head_operand
     from tilecore.ops.attention.plan import plan_forward
     from tilecore.ops.rotary import apply_rotary
+    from tilecore.ops.rotary.op import turn
 
     check(q, k, v, cos, sin, interleaved)
-    k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)  # its (B, Nk, Hkv, D) view
+    qr = None
+    if keep_turned:
+        qr = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved,
+                 out=torch.empty(k.shape, dtype=k.dtype, device=k.device).transpose(1, 2)).transpose(1, 2)
+    else:
+        k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)  # (B, Nk, Hkv, D)'s view
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     windowed = tuple(window) != (-1, -1)
@@ -232,14 +257,17 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     masks, left, right = mask_options(causal, window, N, Nk)
     _, scale_log2e, tanh_scale = score_options(scale, softcap)
+    # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too
+    key = plan.launch_key if qr is None or plan.launch_key is None else (plan.launch_key, "q_out")
     with dispatch.on_device(q.device):
-        run_plan(ROTARY_FWD, plan, plan.grid,
-                 (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
-                  head_operand(out, block_m), lse, cos, sin, cos.stride(0), sin.stride(0), cos.shape[0], H, N, Nk,
-                  H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
-                 dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
-                      CONSUMERS=cfg.get("consumers", 2), Q_BUFFERS=cfg.get("q_buffers", 1),
-                      CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
-                      TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
-                      num_warps=4))
-    return out, lse
+        ROTARY_FWD.run(key, plan.grid,
+                       (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
+                        head_operand(out, block_m), lse, cos, sin, cos.stride(0), sin.stride(0), cos.shape[0], H, N, Nk,
+                        H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale,
+                        None if qr is None else head_operand(qr.view(1, B * H, N, D), block_m)),
+                       dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
+                            CONSUMERS=cfg.get("consumers", 2), Q_BUFFERS=cfg.get("q_buffers", 1),
+                            CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
+                            TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
+                            num_warps=4))
+    return (out, lse) if qr is None else (out, lse, qr, k)

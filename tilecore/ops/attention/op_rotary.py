@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 
 from tilecore.ops.attention import launch
-from tilecore.ops.attention.plan import gluon_rotary_forward, plan_backward, plan_forward, rotary_path
+from tilecore.ops.attention.plan import (gluon_rotary_forward, plan_backward, plan_forward, rotary_path,
+                                         rotary_train_in_kernel)
 from tilecore.ops.rotary.op import turn
 
 TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -139,8 +140,17 @@ def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: 
 
 def turned_forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: bool, window, softcap: float,
                         sm_margin: int):
-    """(O, lse, turned q, turned k): q and k turned (contiguous (B, H, N, D)), then the shipped forward."""
+    """(O, lse, turned q, turned k): q and k turned (contiguous (B, H, N, D)), then the shipped forward; or, where
+    plan.rotary_train_in_kernel says, gluon_rotary's forward (K by a pass, Q turned in the kernel and stored from
+    there: the same bits), the turned path's math for a case it does not take."""
     window = tuple(window)
+    if q.numel() and v.shape[-1] and rotary_train_in_kernel(q, k, v, scale, causal):
+        cos_, sin_ = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
+        try:
+            return gluon_rotary_forward()(q, k, v, cos_, sin_, causal=causal, scale=scale, interleaved=interleaved,
+                                          window=window, softcap=softcap, sm_margin=sm_margin, keep_turned=True)
+        except (NotImplementedError, ValueError):
+            pass
     qr, kr = _turn(q, k, cos, sin, interleaved)
     if q.numel() == 0 or v.shape[-1] == 0:
         out, lse = q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)

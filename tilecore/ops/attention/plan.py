@@ -544,6 +544,16 @@ def gluon_rotary_forward():
     return getattr(module, "forward", None)
 
 
+def rotary_train_in_kernel(q, k, v, scale: float, causal: bool) -> bool:
+    """Whether a call recording a gradient on the "turned" path gets its turned forward (O, lse, turned q and k)
+    from gluon_rotary's forward (Q turned in the Gluon kernel and stored from there): the Gluon forward's calls
+    whose (D, ``causal``) configs.ROTARY_TRAIN_IN_KERNEL_CASES names, where that forward exists."""
+    D, Dv = q.shape[-1], v.shape[-1]
+    return ((D, bool(causal)) in configs.ROTARY_TRAIN_IN_KERNEL_CASES and dispatch.backend_for(q.device) != "reference"
+            and dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0
+            and gluon_rotary_forward() is not None)
+
+
 def rotary_path(q, k, v, scale: float, grad: bool = False, causal: bool | None = None) -> str:
     """How attention(q, k, v, rotary=(cos, sin)) runs, from shapes, dtypes and the device alone (so
     torch.compile's fake tensors plan it as the real ones; op_rotary's module docstring has each):

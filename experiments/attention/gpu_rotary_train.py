@@ -1,0 +1,195 @@
+"""Issue 37 (session 38, helper HR): attention(..., rotary=(cos, sin)) on Hopper, the training forward by
+gluon_rotary (K by apply_rotary's pass, Q turned in the Gluon forward and stored from there for the backward:
+configs.ROTARY_TRAIN_IN_KERNEL_CASES) against the turned path's (q and k by apply_rotary's passes, then the
+shipped forward), and apply_rotary's K pass against a copy of K.
+
+1. --checks D:full,D:causal (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an
+   unwritten element shows; B1 H2 N4096, the timed shapes' kernels; full half-split, causal interleaved): O, dq,
+   dk, dv of the new training path against the float64 reference (reference.rotary_attention_reference) as
+   multiples of the rounding floor, beside plain attention's on the same inputs; the turned q and k it keeps
+   and O, dq, dk, dv: the same bits as the turned path's (``same``).
+2. --kpass: B16 H16 N4096 D128 bf16: apply_rotary's K pass (rotary.op.turn into a contiguous buffer, as the
+   paths do) against a copy of K (Tensor.copy_, same bytes), GPU time from CUDA graphs, interleaved rounds.
+3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
+   H16 N4096, bf16 tables, full and causal: forward without a gradient (plain / rotary as routed); forward
+   recording a gradient (plain / turned / new); forward + backward (autograd.grad of q, k, v: plain / turned
+   / new). Overheads over plain in the same run (issue 37: <= 3%).
+
+  PYTHONPATH=. python experiments/attention/gpu_rotary_train.py [--checks 128:full,128:causal] [--kpass]
+      [--dims 128,64] [--rounds 2]
+  PYTHONPATH=. python experiments/attention/gpu_rotary_train.py --smoke   # CPU: imports and the checks' code
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import tilecore  # noqa: E402
+from experiments.attention.gpu_rotary_dk import poison, tables  # noqa: E402
+from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
+from tilecore.ops.attention import configs, op_rotary  # noqa: E402
+from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
+from tilecore.tiles.switches import patched  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+ALL_CASES = frozenset({(64, False), (64, True), (128, False), (128, True)})
+
+
+def new_path(on: bool):
+    """The training forward by gluon_rotary in every case (on) or in none (off: the turned path's)."""
+    return patched(configs, ROTARY_TRAIN_IN_KERNEL_CASES=ALL_CASES if on else frozenset())
+
+
+def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=torch.bfloat16):
+    q = torch.randn(b, hq, n, d, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, hkv, nk, d, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, hkv, nk, d, device=DEV, dtype=dtype, requires_grad=True)
+    cos, sin = tables(nk + 3, pairs)
+    g = torch.randn(b, hq, n, d, device=DEV, dtype=dtype)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    result, got = {}, {}
+    for label, rot, on in (("new", (cos, sin), True), ("turned", (cos, sin), False), ("plain", None, False)):
+        poison()
+        with new_path(on):
+            out = tilecore.attention(q, k, v, causal=causal, rotary=rot, rotary_interleaved=interleaved)
+            grads = torch.autograd.grad(out, (q, k, v), g)
+        got[label] = (out.detach(), *grads)
+        if label == "turned":
+            continue
+        if rot is None:
+            ro, _ = attention_reference(q64, k64, v64, causal=causal)
+        else:
+            ro, _ = rotary_attention_reference(q64, k64, v64, cos, sin, interleaved=interleaved, causal=causal)
+        rg = torch.autograd.grad(ro, (q64, k64, v64), g.double())
+        for t, x, ref in zip(("o", "dq", "dk", "dv"), got[label], (ro, *rg)):
+            c = check(x, ref, tol=3.0)
+            result[f"{label}_{t}"] = c.get("err_over_floor")
+            if label == "new":
+                result[f"{t}_pass"] = c["pass"]
+        del ro, rg
+    # the turned q and k the new forward keeps, against the turned path's, straight from the ops
+    with torch.no_grad():
+        args = (q.detach(), k.detach(), v.detach(), cos, sin, causal, d ** -0.5, interleaved, -1, -1, 0.0, 0)
+        poison()
+        with new_path(True):
+            new = op_rotary.turned_forward_op(*args)
+        with new_path(False):
+            old = op_rotary.turned_forward_op(*args)
+    result["same_qk"] = same_bits(new[2:], old[2:])
+    result["same"] = same_bits(got["new"], got["turned"])
+    ok = all(result[f"{t}_pass"] for t in ("o", "dq", "dk", "dv")) and result["same_qk"]
+    ok = ok and all(result[f"new_{t}"] <= max(3.0, 1.8 * result[f"plain_{t}"]) for t in ("o", "dq", "dk", "dv"))
+    run.row(f"check {name}", kind="check", causal=causal, interleaved=interleaved, d=d, pairs=pairs, n=n, nk=nk,
+            hq=hq, hkv=hkv, ok=bool(ok), **{k_: v_ for k_, v_ in result.items() if not k_.endswith("_pass")})
+
+
+def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
+    """apply_rotary's K pass (into a contiguous buffer, as gluon_rotary's training forward and the turned path
+    do) against Tensor.copy_ of K: the same bytes read and written."""
+    from tilecore.ops.rotary.op import turn
+
+    k = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
+    out = torch.empty_like(k)
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+    fns = {"pass": lambda: turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2)),
+           "copy": lambda: out.copy_(k)}
+    for f in fns.values():
+        f()
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    gb = 2 * k.numel() * k.element_size() / 1e9
+    run.row(f"K pass D{d}", kind="kpass", d=d, pass_ms=t["pass_graph_ms"], copy_ms=t["copy_graph_ms"],
+            pass_of_copy=round(t["copy_graph_ms"] / t["pass_graph_ms"], 4),
+            pass_tbs=round(gb / t["pass_graph_ms"], 3), copy_tbs=round(gb / t["copy_graph_ms"], 3),
+            rounds={n_: t[f"{n_}_rounds"]["graph"] for n_ in fns})
+
+
+def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False):
+    q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+
+    def nograd(rot):
+        def f():
+            with torch.no_grad():
+                tilecore.attention(q, k, v, causal=causal, rotary=rot)
+        return f
+
+    def train_fwd(rot, on=False):  # recording a gradient, no backward
+        def f():
+            with new_path(on):
+                tilecore.attention(q, k, v, causal=causal, rotary=rot)
+        return f
+
+    def fwdbwd(rot, on=False):
+        def f():
+            with new_path(on):
+                torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
+        return f
+
+    rot = (cos, sin)
+    fns = {"fwd_plain": nograd(None), "fwd_rotary": nograd(rot), "tfwd_plain": train_fwd(None),
+           "tfwd_turned": train_fwd(rot), "tfwd_new": train_fwd(rot, True)}
+    if not fwd_only:
+        fns.update(bwd_plain=fwdbwd(None), bwd_turned=fwdbwd(rot), bwd_new=fwdbwd(rot, True))
+    for f in fns.values():  # compiled before the clock
+        f()
+    torch.cuda.synchronize()
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    ms = {name: t[f"{name}_graph_ms"] for name in fns}
+    over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
+    extra = {} if fwd_only else dict(bwd_turned_over=over("bwd_turned", "bwd_plain"),
+                                     bwd_new_over=over("bwd_new", "bwd_plain"))
+    run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
+            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
+            fwd_over=over("fwd_rotary", "fwd_plain"), tfwd_turned_over=over("tfwd_turned", "tfwd_plain"),
+            tfwd_new_over=over("tfwd_new", "tfwd_plain"), **extra,
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--dims", default="", help="timing (forward, training forward, forward + backward) at these D")
+    ap.add_argument("--masks", default="full,causal")
+    ap.add_argument("--checks", default="", help="checks: D:full (half-split), D:causal (interleaved)")
+    ap.add_argument("--kpass", action="store_true")
+    ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--deadline", type=float, default=56.0)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    run = Run("gpu_rotary_train", deadline=a.deadline)
+    if SMOKE:  # the checks' code on the CPU path (composite; the switch has no effect there)
+        run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
+        run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
+        return
+    for case in filter(None, a.checks.split(",")):
+        d, mask = case.split(":")
+        d, causal = int(d), mask == "causal"
+        run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''}", 1, 2, 2, 4096, 4096,
+                    d, d // 2, causal, causal)
+    if a.kpass:
+        run.attempt("kpass", kpass, run)
+    for d in [int(x) for x in a.dims.split(",") if x]:
+        for mask in a.masks.split(","):
+            if run.left() < 12:
+                run.errors.append(f"time D{d} {mask}: skipped (deadline)")
+                continue
+            run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
+                        fwd_only=a.fwd_only)
+    run.finish(["name", "ok", "same", "same_qk", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk", "pass_of_copy",
+                "pass_ms", "copy_ms", "fwd_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms",
+                "bwd_turned_over", "bwd_new_over"])
+
+
+if __name__ == "__main__":
+    main()
