@@ -144,6 +144,15 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
 # {}: back to the non-causal config's lagged.
 # Not with a softcap yet (plan_backward; sm_90a fused + window + softcap spills 652 B): gpu_window_bwd.py checks it
 GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
+# a sliding window's backward tiles dealt by a balanced schedule (plan.window_table) instead of round-robin (equal
+# tiles in rounds leave the last round to a few programs; the last keys' tiles are shorter): window 4096 over
+# N 32768 on 132 SMs, the model's longest program 1.020x -> 1.005x the mean. Off until an H100 run times it
+GLUON_BACKWARD_WINDOW_BALANCED = False
+# (head dim, dq_from) whose backward under a softcap runs the capped softmax under dP's wgmma (launch.backward_softcap,
+# the kernel's SOFTCAP 3; a config's softcap_under_dp overrides). sm_90a spills (stores / loads, B) against SOFTCAP 2:
+# D128 fused 304/316 vs 312/320, dq kernel after 144/140 vs 140/144; lagged 476/548 vs 324/364 and D64 236/204 vs
+# 68/68 (not candidates). Empty (S and dP waited together) until an H100 run times it
+GLUON_BACKWARD_SOFTCAP_UNDER_DP: frozenset = frozenset()
 
 
 def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:

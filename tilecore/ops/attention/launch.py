@@ -58,6 +58,17 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
     return 2 if cfg.get("tanh_approx", True) else 1
 
 
+def backward_softcap(softcap: float, cfg: dict, d: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """The Gluon backward's SOFTCAP at head dim ``d`` on ``dtype`` inputs: gluon_softcap's, or 3 (tanh.approx.f32,
+    the capped softmax under dP's wgmma: gluon_backward.AttentionBackward.compute) where the config's
+    ``softcap_under_dp`` says so, by default where configs.GLUON_BACKWARD_SOFTCAP_UNDER_DP holds (d, the config's
+    dq_from); bfloat16 only (SOFTCAP 3 rounds P^T (1 - tanh^2) to float16: at fp16 that is dS's own precision,
+    +12% on dQ's error in a float64 emulation, tests/attention/test_backward_window_softcap_s38.py)."""
+    mode = gluon_softcap(softcap, cfg)
+    under = cfg.get("softcap_under_dp", (d, cfg.get("dq_from")) in configs.GLUON_BACKWARD_SOFTCAP_UNDER_DP)
+    return 3 if mode == 2 and under and dtype == torch.bfloat16 else mode
+
+
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
     """One launch of ``kernel`` for ``plan``: looked up by the plan's launch_key where it has one
     (the signature of the call it was planned for, which determines every argument's specialization
@@ -379,7 +390,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=backward_softcap(softcap, cfg, D, q.dtype), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

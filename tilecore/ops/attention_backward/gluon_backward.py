@@ -271,7 +271,7 @@ class AttentionBackward:
         (``tile``: the varlen kernel's masks read its sequence's lengths there.)"""
         st_layout: gl.constexpr = s_t.type.layout
         if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
-            if self.SOFTCAP == 2:
+            if self.SOFTCAP >= 2:
                 s_t = tanh_approx(s_t * self.tanh_scale)
             else:
                 s_t = tanh_from_exp2(s_t * self.tanh_scale)
@@ -283,7 +283,9 @@ class AttentionBackward:
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
+        if self.SOFTCAP == 3:  # float32: compute folds it into P^T at once
+            dtanh = 1.0 - gl.minimum(s_t * s_t, 1.0)
+        elif self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
             # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
             # trip, unmeasured)
             dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
@@ -364,7 +366,17 @@ class AttentionBackward:
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP:
+        if self.SOFTCAP == 3:
+            # the capped softmax under dP's wgmma, as without a cap: across the wait P^T in the operands' dtype
+            # and P^T (1 - tanh^2) in float16, 16 registers a thread each (P^T alone in float32 without a cap: 32)
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+            pd_t = (p_t * dtanh).to(gl.float16)
+            p_t = p_t.to(stage.q.dtype)
+            delta_cols = stat_columns(stage.stats, 1, st_layout)
+            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_t = pd_t.to(gl.float32) * (dp_t - gl.expand_dims(delta_cols, 0))
+        elif self.SOFTCAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
             # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
