@@ -1,0 +1,204 @@
+"""Issue 35's open backward targets (session 38, helper HD): softcap and sliding window, old against new in one run.
+
+softcap: the causal backward with softcap 30 at 0.82-0.85x of no softcap (target 0.9). The shipped kernel waits for
+    S and dP together before the capped softmax (SOFTCAP 2); the candidate (config softcap_under_dp, SOFTCAP 3)
+    runs it under dP's wgmma as the plain kernel does, carrying P^T and P^T (1 - tanh^2) (float16) across the wait.
+window: window (4096, 0) over N 32768 at 1.275x FlexAttention (target 1.3). The shipped launch deals the equal
+    66-step tiles round-robin; the candidate (config balanced, plan.window_table) by the balanced schedule.
+
+Phases (each against float64 into NaN-poisoned dq / dk / dv; then GPU time from CUDA graphs, interleaved rounds):
+  softcap times: B8 H16 N4096 D128 causal backward (preprocess + kernel + dq copy), no softcap / SOFTCAP 2 / 3;
+          checks: softcap 30 causal (fused dQ forced, N 4048: a partial last block) bf16 and fp16, both modes
+  window times:  B2 H16 N32768 D128 window (4096, 0): round-robin / balanced; FlexAttention (same mask, eager
+          do_bench beside ours) where time is left; checks: (1008, 0) causal N 4048 and (304, 208) N 4048
+  last, where time is left: window + softcap GQA 16/4 (both new switches)
+Writes $OUT/issue35_bwd.json; the table last.
+
+    PYTHONPATH=. python experiments/attention/gpu_issue35_bwd.py [--phases checks,softcap,window,flex] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from experiments.common.gpu_script import Run, check, eager_ms, poisoned, time_rounds  # noqa: E402
+from tilecore.ops.attention import launch, plan  # noqa: E402
+from tilecore.ops.attention.reference import attention_reference, effective_window  # noqa: E402
+
+CAP = 30.0
+
+
+def folded(causal, window):
+    """(causal, window) as the Gluon kernels take them: causal folded into a set window."""
+    left, right = effective_window(causal, window)
+    if (left, right) in ((-1, -1), (-1, 0)):
+        return causal, (-1, -1)
+    return False, (left, right)
+
+
+def inputs(b, hq, hkv, n, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, hq, n, d, dtype=dtype, device="cuda", generator=g)
+    k, v = (torch.randn(b, hkv, n, d, dtype=dtype, device="cuda", generator=g) for _ in range(2))
+    dout = torch.randn(b, hq, n, d, dtype=dtype, device="cuda", generator=g)
+    return q, k, v, dout
+
+
+def forward(q, k, v, causal, window, softcap):
+    scale = q.shape[-1] ** -0.5
+    out, lse = poisoned(q), torch.full(q.shape[:3], float("nan"), device=q.device)
+    launch.forward(plan.plan_forward(q, k, v, causal, scale, window=window, softcap=softcap), q, k, v, out, lse,
+                   causal, scale, window, softcap)
+    return out, lse
+
+
+def backward_fn(q, k, v, dout, out, lse, causal, window, softcap, **overrides):
+    """A callable running the forced Gluon backward with the shipped config updated by ``overrides``, and its
+    NaN-poisoned gradients."""
+    c, w = folded(causal, window)
+    scale = q.shape[-1] ** -0.5
+    base = plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, softcap=softcap)
+    p = plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, softcap=softcap,
+                           config=dict(base.config, **overrides))
+    grads = [poisoned(t) for t in (q, k, v)]
+
+    def run():
+        launch.backward(p, dout, q, k, v, out, lse, None, *grads, c, scale, w, softcap)
+    return run, grads, p
+
+
+def reference_grads(q, k, v, dout, causal, window, softcap):
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
+    return torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+
+
+def check_case(run, name, b, hq, hkv, n, causal, window, softcap, dtype, variants):
+    q, k, v, dout = inputs(b, hq, hkv, n, 128, dtype, seed=hash(name) % 1000)
+    ref = reference_grads(q, k, v, dout, causal, window, softcap)
+    out, lse = forward(q, k, v, causal, window, softcap)
+    for label, overrides in variants.items():
+        fn, grads, p = backward_fn(q, k, v, dout, out, lse, causal, window, softcap, **overrides)
+        fn()
+        torch.cuda.synchronize()
+        row = {"schedule": p.schedule is not None}
+        ok = True
+        for g_name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+            c = check(g, r, tol=2.5)
+            row[f"{g_name}_x"] = c.get("err_over_floor")
+            ok &= bool(c["pass"])
+        run.row(f"check {name} {str(dtype)[6:]} {label}", kind="check", pass_=ok, **row)
+
+
+def checks_softcap(run):
+    for dtype in (torch.bfloat16, torch.float16):  # fp16: launch.backward_softcap keeps SOFTCAP 2 (sc3 = sc2 there)
+        check_case(run, "softcap30 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
+                   {"sc2": dict(dq_from="fused"), "sc3": dict(dq_from="fused", softcap_under_dp=True)})
+
+
+def checks_window(run):
+    check_case(run, "window (1008,0) causal N4048", 1, 16, 16, 4048, True, (1008, 0), 0.0, torch.bfloat16,
+               {"rr": dict(balanced=False), "bal": dict(balanced=True)})
+    check_case(run, "window (304,208) N4048", 1, 16, 16, 4048, False, (304, 208), 0.0, torch.bfloat16,
+               {"bal": dict(balanced=True)})
+
+
+def checks_both(run):
+    check_case(run, "window (1008,0)+softcap GQA 16/4 N4048", 1, 16, 4, 4048, True, (1008, 0), CAP, torch.bfloat16,
+               {"sc2 rr": dict(balanced=False), "sc3 bal": dict(balanced=True, softcap_under_dp=True)})
+
+
+def bwd_flops(b, h, n, d, keys_seen):
+    return 2.5 * 4 * keys_seen * d * h * b
+
+
+def phase_softcap(run, rounds):
+    b, h, n, d = 8, 16, 4096, 128
+    q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=1)
+    fns = {}
+    out0, lse0 = forward(q, k, v, True, (-1, -1), 0.0)
+    fns["nocap"] = backward_fn(q, k, v, dout, out0, lse0, True, (-1, -1), 0.0)[0]
+    out1, lse1 = forward(q, k, v, True, (-1, -1), CAP)
+    fns["sc2"] = backward_fn(q, k, v, dout, out1, lse1, True, (-1, -1), CAP)[0]
+    fns["sc3"] = backward_fn(q, k, v, dout, out1, lse1, True, (-1, -1), CAP, softcap_under_dp=True)[0]
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    run.say("softcap compiled")
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    row = {k_: v_ for k_, v_ in t.items() if not k_.endswith("_rounds")}
+    row["rounds"] = {k_: v_ for k_, v_ in t.items() if k_.endswith("_rounds")}
+    g = {name: t.get(f"{name}_graph_ms") for name in fns}
+    if all(g.values()):
+        row.update(sc2_of_nocap=g["nocap"] / g["sc2"], sc3_of_nocap=g["nocap"] / g["sc3"], sc3_over_sc2=g["sc2"] / g["sc3"])
+    run.row(f"softcap{CAP:g} causal B{b} H{h} N{n} D{d} bwd", kind="time", **row)
+
+
+def phase_window(run, rounds, flex):
+    b, h, n, left, d = 2, 16, 32768, 4096, 128
+    q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=2)
+    window = (left, 0)
+    out, lse = forward(q, k, v, True, window, 0.0)
+    fns = {"rr": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=False)[0],
+           "bal": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=True)[0]}
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    run.say("window compiled")
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    row = {k_: v_ for k_, v_ in t.items() if not k_.endswith("_rounds")}
+    row["rounds"] = {k_: v_ for k_, v_ in t.items() if k_.endswith("_rounds")}
+    keys = sum(min(i, left) + 1 for i in range(n))
+    for name in fns:
+        if t.get(f"{name}_graph_ms"):
+            row[f"{name}_tflops"] = bwd_flops(b, h, n, d, keys) / t[f"{name}_graph_ms"] / 1e9
+    if t.get("rr_graph_ms") and t.get("bal_graph_ms"):
+        row["bal_over_rr"] = t["rr_graph_ms"] / t["bal_graph_ms"]
+    if flex and run.left() > 30:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def sliding(bb, hh, qi, ki):
+            return (qi >= ki) & (qi - ki <= left)
+        mask = create_block_mask(sliding, None, None, n, n, device=q.device)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        o = compiled(qg, kg, vg, block_mask=mask)
+        flex_bwd = lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)  # noqa: E731
+        flex_bwd()
+        row["flex_ms"] = eager_ms(flex_bwd, warmup=10, rep=60)
+        for name in fns:  # eager, as Flex's
+            row[f"{name}_ms"] = eager_ms(fns[name], warmup=10, rep=60)
+            row[f"{name}_x_flex"] = row["flex_ms"] / row[f"{name}_ms"]
+    run.row(f"window ({left},0) causal B{b} H{h} N{n} D{d} bwd", kind="time", **row)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phases", default="checks,softcap,window,flex")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    run = Run("issue35_bwd", deadline=55)
+    phases = args.phases.split(",")
+    # each phase's checks right after its times: they reuse its compiled kernels (same specializations)
+    if "softcap" in phases:
+        run.attempt("softcap", phase_softcap, run, args.rounds)
+    if "checks" in phases and run.left() > 5:
+        run.attempt("softcap checks", checks_softcap, run)
+    if "window" in phases:
+        run.attempt("window", phase_window, run, args.rounds, "flex" in phases)
+    if "checks" in phases and run.left() > 5:
+        run.attempt("window checks", checks_window, run)
+    if "checks" in phases and run.left() > 12:
+        run.attempt("window + softcap check", checks_both, run)
+    run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "schedule", "nocap_graph_ms", "sc2_graph_ms", "sc3_graph_ms",
+                "sc2_of_nocap", "sc3_of_nocap", "rr_graph_ms", "bal_graph_ms", "bal_over_rr", "flex_ms", "rr_x_flex",
+                "bal_x_flex"])
+
+
+if __name__ == "__main__":
+    main()
