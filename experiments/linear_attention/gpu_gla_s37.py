@@ -2,7 +2,10 @@
 its variants against configs' in one run, each checked against float64 ON THE GPU first (a gated backward can be
 miscompiled on Hopper: FLA's issue 640), then timed (< 60 s on an H100).
 
-Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, configs' is 2):
+Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, configs' is 2). Since session 38 the
+bits 4 / 16 / 32 / 128 (EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO) are always on with 2 and no longer read (removed,
+issue 30): a FORM n here builds n's other bits only (182 as 2, 438 and 310 as 258), so the forms without them (6,
+34, 38, 50, 54) are no longer built.
 
 * ``call1`` (session 37 device calls 2 and 3, runs/gla_s37a_run2_session37_h100.txt at 62cdf46 and
   runs/gla_s37a_run3_session37_h100.txt at 9dd9a7c; its set then: d 64 configs' (the flat tl launch) against FORM 2 at
@@ -221,7 +224,7 @@ def timing(rows: dict) -> dict:
     x = torch.empty(2 ** 29, dtype=torch.bfloat16, device=DEV)
     y = torch.empty_like(x)
     copy = 2 * x.numel() * 2 / bench(lambda: y.copy_(x)) / 1e6  # GB/s, read + write
-    del x, y
+    x = y = None  # (freed)
     res = dict(copy_GBps=round(copy, 1))
     dims = list(dict.fromkeys(d for d, _, _ in VARIANTS.values()))
     for D in dims:
@@ -252,7 +255,7 @@ def timing(rows: dict) -> dict:
                 print(json.dumps(dict(variant=name, round=rnd, dqk_ms=round(ms, 4), bwd_ms=round(bwd, 4),
                                       dqk_pct=round(100 * bound / ms, 1))), flush=True)
         print(f"d{D} timed at {time.time() - START:.0f} s", flush=True)
-        del t
+        t = None  # (freed before the next head dim's inputs)
     return res
 
 

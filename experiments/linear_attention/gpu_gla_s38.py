@@ -1,6 +1,6 @@
 """GLA backward, session 38 (HA, issue 33): the Gluon dq / dk kernel's stores by TMA from shared memory
 (gluon_gla_bwd's FORM bits STORE_TMA 512: dq through the consumer's epilogue buffer, dk through the stage's q buffer;
-DG_TMA 1024: dg through the stage's g buffer) against configs' forms (FORM 182 at d 128, 438 at d 64) in one run. Each
+DG_TMA 1024: dg through the stage's g buffer) against configs' forms (FORM 2 at d 128, 258 at d 64) in one run. Each
 variant is checked against float64 ON THE GPU first (a gated backward can be miscompiled on Hopper: FLA's issue 640),
 then timed (< 60 s on an H100).
 
@@ -42,15 +42,16 @@ CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
 TIME_SHAPE = (16, 4096, 16)
 CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
 
-# name: (Dk = Dv, CHUNKED overrides); configs' forms: 182 at d 128, 438 at d 64; + 512 STORE_TMA, + 1024 DG_TMA
+# name: (Dk = Dv, CHUNKED overrides); configs' forms: 2 at d 128, 258 (2 + EXP_FTZ) at d 64; + 512 STORE_TMA,
+# + 1024 DG_TMA
 VARIANTS = {
     "d128 configs": (128, {}),
-    "d128 182+tma": (128, dict(dqk_gluon_form=182 | 512)),
-    "d128 182+tma+dg": (128, dict(dqk_gluon_form=182 | 512 | 1024)),
-    "d128 310+tma+dg": (128, dict(dqk_gluon_form=310 | 512 | 1024)),
+    "d128 tma": (128, dict(dqk_gluon_form=2 | 512)),
+    "d128 tma+dg": (128, dict(dqk_gluon_form=2 | 512 | 1024)),
+    "d128 ftz+tma+dg": (128, dict(dqk_gluon_form=258 | 512 | 1024)),
     "d64 configs": (64, {}),
-    "d64 438+tma": (64, dict(dqk_gluon_form=438 | 512)),
-    "d64 438+tma+dg": (64, dict(dqk_gluon_form=438 | 512 | 1024)),
+    "d64 tma": (64, dict(dqk_gluon_form=258 | 512)),
+    "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
 }
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")

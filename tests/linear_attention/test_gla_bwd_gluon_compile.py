@@ -36,7 +36,7 @@ def _dqk_step(D, N=256, dtype=torch.bfloat16, **over):
 def test_gluon_dqk_where_switched_on_and_it_fits():
     """dqk_gluon n: the Gluon kernel at d 128 and d 64 (a ring of n stages, the flat launch's places) in bf16 and
     fp16 (the factor span 64 / 8, the tl kernels' rule); elsewhere the tl launches: off, N not a multiple of the
-    chunk, d 32 (one key block: no pair), the flat launch off. configs': on at d 128 (FORM 182) and d 64 (FORM 438) with bf16 inputs;
+    chunk, d 32 (one key block: no pair), the flat launch off. configs': on at d 128 (FORM 2) and d 64 (FORM 258) with bf16 inputs;
     fp16 at d 64 keeps the flat launch (dqk_gluon_scan off: the scans lost to it there)."""
     for D in (128, 64):
         name, kw = _dqk_step(D, dqk_gluon=2)
@@ -46,9 +46,9 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
         assert _dqk_step(D, dqk_gluon=0)[0] == "gla_dqk_flat_kernel"
     # configs': on at d 128 and d 64 (CHUNKED_FLAT_DIMS); at d 64 fp16 (the scans) keeps the flat tl launch
     assert _dqk_step(128)[0] == "gla_dqk_gluon_kernel" and _dqk_step(128)[1]["STAGES"] == 2
-    assert _dqk_step(128)[1]["FORM"] == 182 and "FORM" not in _dqk_step(128, dtype=torch.float16)[1]
+    assert _dqk_step(128)[1]["FORM"] == 2 and "FORM" not in _dqk_step(128, dtype=torch.float16)[1]
     assert _dqk_step(64)[0] == "gla_dqk_gluon_kernel" and _dqk_step(64)[1]["STAGES"] == 2
-    assert _dqk_step(64)[1]["FORM"] == 438
+    assert _dqk_step(64)[1]["FORM"] == 258
     assert _dqk_step(64, dtype=torch.float16)[0] == "gla_dqk_flat_kernel"
     assert _dqk_step(64, dtype=torch.float16, dqk_gluon_scan=True)[0] == "gla_dqk_gluon_kernel"
     # FORM 2 (the sums over tokens by bf16 dots) with bf16 inputs only
@@ -85,11 +85,11 @@ SPILLS_ALLOWED = 160
 # FORM 2 (the sums over tokens by dots): 124 B at d 128, 112 at d 64 (392 / 400 with q and k held through the
 # products); not serialized
 SPILLS_ALLOWED_FORM2 = 160
-# configs': FORM 182 at d 128 (FORM 2 with EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO): 120 B, 229.9 KB; FORM 438 at d 64
-# (and EXP_FTZ): 120 B. With the stores by TMA (STORE_TMA 512 + DG_TMA 1024): 20 B / 4 B, no extra shared memory
+# configs': FORM 2 at d 128: 120 B, 229.9 KB; FORM 258 at d 64 (2 + EXP_FTZ): 120 B. With the stores by TMA (STORE_TMA
+# 512 + DG_TMA 1024): 20 B / 4 B, no extra shared memory
 SPILLS_SHIPPED = 120
-TMA_FORMS = (182 | 512 | 1024, 438 | 512 | 1024)
-CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 182), (64, 2, 438), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1])]
+TMA_FORMS = (2 | 512 | 1024, 258 | 512 | 1024)
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 258), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1])]
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,6 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
     if case[2] in TMA_FORMS:  # dq, dk, dg by cp.async.bulk.tensor from shared memory, each consumer; spills <= the
         # shipped forms', the shared memory theirs (the stage's and the epilogue's buffers reused)
         assert r["form"] == case[2] and r["tma_stores"] == 6 and r["spill_bytes"] <= SPILLS_SHIPPED, r
-        assert r["shared"] == reports[(case[0], 2, 182 if case[0] == 128 else 438)]["shared"], r
+        assert r["shared"] == reports[(case[0], 2, 2 if case[0] == 128 else 258)]["shared"], r
     else:
         assert r["tma_stores"] == 0, r

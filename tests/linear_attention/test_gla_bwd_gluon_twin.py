@@ -1,11 +1,10 @@
 """The Gluon dq / dk kernel's FORM 2 chain (gluon_gla_bwd.GlaDqk.chain_dots) step by step in torch on the CPU: its
 twin. Gluon does not run in the interpreter, so this replays the chain's arithmetic (bf16 operands of every product,
-float32 sums, the bf16 pieces of the sums over tokens, m = G_last / 2, the flag) and its FORM bits' algebra
-(EXP_FEW: e^m and e^G_last from e^(m / 2); G_TWO: G's sums from two bf16 pieces of g), against the float64 gradients of one chunk (linear_attention_reference through autograd, an initial
-state and a final state's gradient standing for S_c and dS_c). EARLY_VALUE, TRI_SMEM (L from shared memory) and EXP_FTZ
-(ex2.approx.ftz: subnormal results 0) only move where products are issued or read from, or flush results below 2^-126:
-the same arithmetic. The GPU run (experiments/linear_attention/gpu_gla_s37.py) checks the
-kernel itself against float64."""
+float32 sums, G's sums from two bf16 pieces of g and dG's from three, m = G_last / 2, e^m and e^G_last as products of
+e^(m / 2), the flag) against the float64 gradients of one chunk (linear_attention_reference through autograd, an
+initial state and a final state's gradient standing for S_c and dS_c). The FORM bits beside 2 (EXP_FTZ: subnormal
+results of e^x 0; STORE_TMA, DG_TMA: the stores by TMA) leave that arithmetic as it is. The GPU run
+(experiments/linear_attention/gpu_gla_s38.py) checks the kernel itself against float64."""
 import pytest
 import torch
 
@@ -14,7 +13,6 @@ from tilecore.ops.linear_attention import gluon_gla_bwd as gg
 from tilecore.ops.linear_attention import linear_attention_reference
 
 FLOOR = gg.FLOOR.value
-EXP_FEW, G_TWO = gg.EXP_FEW.value, gg.G_TWO.value
 BF16 = torch.bfloat16
 f32 = torch.float32
 
@@ -34,14 +32,14 @@ def pieces(x, n):
     return out
 
 
-def chain_dots(q, k, g, v, do, hs, dhs, scale, form, span=64.0):
+def chain_dots(q, k, g, v, do, hs, dhs, scale, span=64.0):
     """One key block of one chunk as chain_dots computes it: q, k [BT, BKB] bf16, g float32, v, do [BT, Dv] bf16,
     hs, dhs [BKB, Dv] bf16 (S_c's and dS_c's rows). Returns dq, dk (bf16), dg (float32), the flag."""
     BT = q.shape[0]
     L = torch.tril(torch.ones(BT, BT)).to(BF16)
     J = torch.ones(BT, BT).to(BF16)
     gc = torch.where(g < FLOOR, torch.full_like(g, FLOOR), g)
-    pg = pieces(gc, 2 if form & G_TWO else 3)
+    pg = pieces(gc, 2)
     G = sum(mm(L, p) for p in reversed(pg))
     Gl = sum(mm(J, p) for p in reversed(pg))
     m = 0.5 * Gl
@@ -57,14 +55,14 @@ def chain_dots(q, k, g, v, do, hs, dhs, scale, form, span=64.0):
     dq_out = (dq + r * k.to(f32)).to(BF16)
     dG = q.to(f32) * dq
     at_op = torch.triu(mm(v, do.T), 1).to(BF16)
-    em = half * half if form & EXP_FEW else torch.exp(m)
+    em = half * half
     dk_state = dks * (Ei * em)
     dk = Ei * mm(at_op, qe) * scale + dk_state
     dk_out = (dk + r * q.to(f32)).to(BF16)
     dG = dG - k.to(f32) * dk
     x = dG + k.to(f32) * dk_state
     acc = sum(mm(J, p) for p in reversed(pieces(x, 3))) - sum(mm(L, p) for p in reversed(pieces(dG, 3)))
-    e2m = em * em if form & EXP_FEW else torch.exp(2.0 * m)
+    e2m = em * em
     dg = acc + dG + e2m * sfx[None, :]
     return dq_out, dk_out, torch.where(g < FLOOR, torch.zeros_like(dg), dg), flag
 
@@ -84,22 +82,19 @@ def case(decay, seed, D=64, BT=64, BKB=32):
             [r[0, :, 0] for r in ref])
 
 
-def run(form, c, BKB=32):
+def run(c, BKB=32):
     q, k, g, v, do, h0, dht, scale, _ = c
-    outs = [chain_dots(q[:, s:s + BKB], k[:, s:s + BKB], g[:, s:s + BKB], v, do, h0[s:s + BKB], dht[s:s + BKB], scale,
-                       form) for s in range(0, q.shape[1], BKB)]
+    outs = [chain_dots(q[:, s:s + BKB], k[:, s:s + BKB], g[:, s:s + BKB], v, do, h0[s:s + BKB], dht[s:s + BKB], scale)
+            for s in range(0, q.shape[1], BKB)]
     return [torch.cat([o[i] for o in outs], 1) for i in range(3)], [o[3] for o in outs]
 
 
-FORMS = [2, 2 | EXP_FEW, 2 | EXP_FEW | G_TWO]
-
-
-@pytest.mark.parametrize("form", FORMS)
-def test_chain_dots_against_float64(form):
+@pytest.mark.parametrize("seed", [2, 7])
+def test_chain_dots_against_float64(seed):
     """Weak decays (no block flagged): dq, dk within 2x the bf16 rounding floor, dg within 2% (one chunk here: 1.55 /
     1.3x and 0.5%)."""
-    c = case(0.3, seed=form)
-    (dq, dk, dg), flags = run(form, c)
+    c = case(0.3, seed=seed)
+    (dq, dk, dg), flags = run(c)
     rq, rk, _, rg = c[-1]
     assert not any(flags)
     assert accuracy.error_over_floor(dq, rq) < 2.0, accuracy.error_over_floor(dq, rq)
@@ -107,22 +102,11 @@ def test_chain_dots_against_float64(form):
     assert accuracy.rel_rms(dg.double(), rg) < 0.02, accuracy.rel_rms(dg.double(), rg)
 
 
-def test_form_bits_are_the_same_arithmetic():
-    """EXP_FEW and G_TWO move dq, dk, dg by float32's rounding only (not by bf16's)."""
-    c = case(0.3, seed=7)
-    base, _ = run(2, c)
-    for form in FORMS[1:]:
-        got, _ = run(form, c)
-        for x, y in zip(got[:2], base[:2]):  # bf16 outputs: a few differ by one rounding step
-            assert (x.float() - y.float()).abs().max() <= 2 ** -7 * y.float().abs().max(), form
-        assert accuracy.rel_rms(got[2].double(), base[2].double()) < 1e-4, form
-
-
 def test_wide_span_flags_the_block():
     """Strong decays: a block whose G spans past SPAN about m = G_last / 2 is flagged (the fallback launch writes it
     again); the clamped tokens' dg is 0."""
     q, k, g, v, do, h0, dht, scale, _ = case(6.0, seed=3)
     g[10, :3] = float("-inf")
-    (_, _, dg), flags = run(FORMS[-1], (q, k, g, v, do, h0, dht, scale, None))
+    (_, _, dg), flags = run((q, k, g, v, do, h0, dht, scale, None))
     assert all(flags)
     assert (dg[10, :3] == 0).all()

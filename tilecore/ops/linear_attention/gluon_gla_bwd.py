@@ -30,16 +30,16 @@ falls back to the tl kernels elsewhere.
 
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
-bits beside 2 change how that chain runs, not its math: EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO, EXP_FTZ (below).
+bits beside 2 change how that chain runs, not its math: EXP_FTZ, STORE_TMA, DG_TMA (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
 tests/linear_attention/test_gla_bwd_gluon_twin.py replays chain_dots' arithmetic in torch against float64, and
-experiments/linear_attention/gpu_gla_s37.py checks the kernel on the GPU against float64."""
+experiments/linear_attention/gpu_gla_s38.py checks the kernel on the GPU against float64."""
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import Layout, opaque_int, ring, run, stage_struct, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon import Layout, ring, run, stage_struct, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
@@ -51,15 +51,8 @@ PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-ro
 PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
 PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
 PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
-# FORM bits beside 2 (chain_dots): where wgmma groups are issued (the same math, the same operands)
-EARLY_VALUE = gl.constexpr(4)  # do v^T, do S_c^T, v dS_c^T issued right behind G's sums, so their latency and
-# <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores overlap: one wait fewer a tile
-TRI_SMEM = gl.constexpr(16)  # L from shared memory (written once a program), J a constant: no [BT, BT] mask made 4 times
-# a tile
-EXP_FEW = gl.constexpr(32)  # e^m and e^G_last = e^(2 m) as products of e^(m / 2) (3 exp tiles a tile, not 5)
+# FORM bits beside 2 (chain_dots): the same math, the same operands
 EXP_FTZ = gl.constexpr(256)  # every e^x of the chain by ex2.approx.ftz (GlaDqk.exp)
-G_TWO = gl.constexpr(128)  # G = L g and J g from two bf16 pieces of g, not three (16 bits: G's error 2^-17 |G|, far below
-# the bf16 operands' of E and Ei)
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 # FORM bits beside 2 (chain_dots): the stores by TMA from shared memory (DQ, DK_OUT, DG then descriptors of the 2-D views
 # (B N, H Dk)): no per-element 64-bit addresses on the chain; launch_args drops a bit where its buffers do not allow it
@@ -121,7 +114,7 @@ class GlaDqk:
     DG: object  # (B, N, H, Dk) float32
     FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
-    tri_smem: object  # FORM & TRI_SMEM: L [BT, BT] in the operand dtype (an A operand from shared memory)
+    tri_smem: object  # FORM 2: L [BT, BT] in the operand dtype (an A operand from shared memory)
     N: object
     H: object
     DKD: object  # Dk
@@ -202,23 +195,13 @@ class GlaDqk:
 
     @gluon.jit
     def triangle(self, LOWER: gl.constexpr):
-        """L (LOWER: ones on and below the diagonal) or J (all ones) [BT, BT] in the operand dtype as a
-        register A operand (TRI_SMEM: L from shared memory, J a constant), made where it is used (its row index
-        through opaque_int: hoisted out of the tile loop, the two matrices held 32 registers a thread for the whole
-        program and ptxas serialized the wgmma, C7512)."""
-        if self.FORM & TRI_SMEM:
-            if LOWER:
-                x = self.tri_smem
-            else:
-                x = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
+        """The A operand of a sum over tokens: L (LOWER: ones on and below the diagonal) [BT, BT] from shared memory
+        (written once a program), else J (all ones) a constant register tile (a mask made where used cost ~600
+        instructions a tile)."""
+        if LOWER:
+            x = self.tri_smem
         else:
-            r = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.A32)) + opaque_int(0)
-            c = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.A32))
-            one = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
-            if LOWER:
-                x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0), one, 0.0)
-            else:
-                x = gl.where(gl.expand_dims(r, 1) >= gl.expand_dims(c, 0) - self.BT, one, 0.0)
+            x = gl.full([self.BT, self.BT], 1.0, self.q_desc.dtype, self.A32)
         return x
 
     @gluon.jit
@@ -234,11 +217,13 @@ class GlaDqk:
     @gluon.jit
     def chain_dots(self, ctx, stage, tile):
         """FORM 2: chain_scan's math with every sum over tokens on the tensor cores (no cross-warp pass): G = L g and
-        its last row broadcast to every row, J g (L the lower triangle of ones, J all ones: bf16 pieces of g as the B
-        operands), m = G_last / 2 (each factor within e^(+-SPAN / 2) where every |G - m| <= SPAN / 2: else the block is
+        its last row broadcast to every row, J g (L the lower triangle of ones, J all ones: two bf16 pieces of g as
+        the B operands: 16 bits, G's error 2^-17 |G|, far below the bf16 operands' of E and Ei), m = G_last / 2 (each factor within e^(+-SPAN / 2) where every |G - m| <= SPAN / 2: else the block is
         flagged, by a store of 1 from any row that sees it, the flags starting at zero; a span past SPAN is always
         flagged, so the dv kernel's fallback sees every chunk it needs), dG's reverse sum U dG = J dG - L dG + dG and
-        the later tokens' sum_t k (v dS_c^T) e^(G_last - G) by J with it."""
+        the later tokens' sum_t k (v dS_c^T) e^(G_last - G) by J with it (dG's pieces three). The value sums do v^T,
+        do S_c^T, v dS_c^T are issued right behind G's, so <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores run
+        under them; e^m and e^G_last = e^(2 m) are products of e^(m / 2) (three exp tiles a tile)."""
         cid: gl.constexpr = ctx.index
         BT: gl.constexpr = self.BT
         BKB: gl.constexpr = self.BKB
@@ -256,34 +241,27 @@ class GlaDqk:
         # G = L g, G_last on every row = J g
         g = g_s.load(L32).to(gl.float32)
         gl.thread_barrier()  # the previous tile's products have read the pieces' buffers
-        if self.FORM & G_TWO:
-            gcl = gl.where(g < FLOOR, FLOOR, g)
-            hi = gcl.to(dtype)
-            p0.store(hi)
-            p1.store((gcl - hi.to(gl.float32)).to(dtype))
-        else:
-            self.pieces(gl.where(g < FLOOR, FLOOR, g), p0, p1, p2)
+        gcl = gl.where(g < FLOOR, FLOOR, g)
+        hi = gcl.to(dtype)
+        p0.store(hi)
+        p1.store((gcl - hi.to(gl.float32)).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         if self.PROBE & PROBE_NO_SCAN:
             Gc = gl.where(g < FLOOR, FLOOR, g)
             Gl = z32
-        elif self.FORM & EARLY_VALUE:
+        else:
             # the value sums do v^T, do S_c^T, v dS_c^T issued behind G's (they read only the stage), <S_c, dS_c> under
             # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
-            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
-            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
+            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
+            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
             a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
             dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
             dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
             sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                     gl.SliceLayout(0, L32))
             Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
-        else:
-            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
-            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, (self.FORM & G_TWO) != 0)
-            Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
         m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
@@ -295,7 +273,7 @@ class GlaDqk:
         # <S_c, dS_c> per channel
         if self.PROBE & PROBE_NO_SFX:
             sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
-        elif self.FORM & EARLY_VALUE and not self.PROBE & PROBE_NO_SCAN:
+        elif not self.PROBE & PROBE_NO_SCAN:
             pass  # (made under the products)
         else:
             sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
@@ -310,7 +288,7 @@ class GlaDqk:
             a = z64 + 1.0
             dqs = z32 + 1.0
             dks = z32 + 1.0
-        elif self.FORM & EARLY_VALUE and not self.PROBE & PROBE_NO_SCAN:
+        elif not self.PROBE & PROBE_NO_SCAN:
             a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         else:
             a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
@@ -356,11 +334,8 @@ class GlaDqk:
                                       self.A32)
             dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
             dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
-        if self.FORM & EXP_FEW:
-            em = half * half
-            dk_state = dks * (Ei * em)  # (G_last - m = m)
-        else:
-            dk_state = dks * (Ei * self.exp(m))  # (G_last - m = m)
+        em = half * half
+        dk_state = dks * (Ei * em)  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
         if self.FORM & STORE_TMA:  # through q's stage buffer (each thread writes the elements it read: no barrier
             # before), stored under dg's sums
@@ -393,10 +368,7 @@ class GlaDqk:
             gl.thread_barrier()
             s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
             jsum = warpgroup_mma_wait(0, deps=[s_tok])
-        if self.FORM & EXP_FEW:
-            dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
-        else:
-            dg = (jsum - lsum) + dG + self.exp(2.0 * m) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
             g_s.store(gl.where(clamped, 0.0, dg))
@@ -537,7 +509,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
     # each consumer's q E (FORM 2: two of its three pieces' buffers; the third, and k Ei, its epilogue buffer)
     qe_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if FORM & 2 else 2, BT, BKB], q_desc.layout)
-    if FORM & TRI_SMEM and FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
+    if FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
         TL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         tr = gl.arange(0, BT, layout=gl.SliceLayout(1, TL))
         tc = gl.arange(0, BT, layout=gl.SliceLayout(0, TL))
