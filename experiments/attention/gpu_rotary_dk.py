@@ -5,7 +5,8 @@
    (reference.rotary_attention_reference) as multiples of the rounding floor, beside plain attention's on the
    same inputs; B1 H2 N4096 (the timed shapes' kernels); full half-split, causal interleaved (or half-split);
    --extra also N 900 < Nk 1000 causal with rotary_dim 32 of 128 and GQA 4/2. --routed: also a call without a
-   gradient with configs.ROTARY_IN_KERNEL on (gluon_rotary.forward: K by apply_rotary's pass, Q in the Gluon
+   gradient routed to gluon_rotary.forward in every case (configs.ROTARY_IN_KERNEL_CASES: K by apply_rotary's
+   pass, Q in the Gluon
    forward); --fwd-only: that call alone.
 2. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
    H16 N4096, bf16 tables: forward (no gradient) plain / rotary as routed (/ with --routed the turned forward
@@ -42,6 +43,8 @@ from tilecore.ops.attention.reference import attention_reference, rotary_attenti
 from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
+# configs.ROTARY_IN_KERNEL_CASES (and ROTARY_TRAIN_IN_KERNEL_CASES) routing every case
+ALL_CASES = frozenset({(64, False), (64, True), (128, False), (128, True)})
 ROUTED = [False]
 FWD_ONLY = [False]
 
@@ -86,9 +89,9 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
             if label == "rotary":
                 result[f"{t}_pass"] = c["pass"]
         del out, grads, ro, rg
-    if ROUTED[0]:  # a call without a gradient with ROTARY_IN_KERNEL on (gluon_rotary.forward on Hopper)
+    if ROUTED[0]:  # a call without a gradient routed to gluon_rotary.forward (on Hopper)
         poison()
-        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
+        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES):
             out = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
         ro, _ = rotary_attention_reference(q64.detach(), k64.detach(), v64.detach(), cos, sin,
                                            interleaved=interleaved, causal=causal)
@@ -121,8 +124,8 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2):
         with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL_CASES=frozenset()):
             tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
-    def fwd_in_kernel():  # configs.ROTARY_IN_KERNEL on: gluon_rotary.forward (K by the pass, Q in the kernel)
-        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL=True):
+    def fwd_in_kernel():  # gluon_rotary.forward in every case (K by the pass, Q in the kernel)
+        with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES):
             tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
     fns = {"fwd_plain": fwd(None), "fwd_rotary": fwd((cos, sin))}
@@ -171,7 +174,7 @@ def main():
                     "(interleaved), D:causal:half")
     ap.add_argument("--extra", action="store_true")
     ap.add_argument("--launches", action="store_true")
-    ap.add_argument("--routed", action="store_true", help="also the forward with ROTARY_IN_KERNEL on (no gradient)")
+    ap.add_argument("--routed", action="store_true", help="also the forward by gluon_rotary (no gradient)")
     ap.add_argument("--fwd-only", action="store_true", help="forward only: checks of the no-grad calls (with "
                     "--routed), timing of the forwards")
     ap.add_argument("--rounds", type=int, default=2)

@@ -34,14 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import tilecore  # noqa: E402
-from experiments.attention.gpu_rotary_dk import poison, tables  # noqa: E402
+from experiments.attention.gpu_rotary_dk import ALL_CASES, poison, tables  # noqa: E402
 from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
 from tilecore.ops.attention import configs, op_rotary  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-ALL_CASES = frozenset({(64, False), (64, True), (128, False), (128, True)})
 
 
 def new_path(on: bool):
