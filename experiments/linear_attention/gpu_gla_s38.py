@@ -52,6 +52,7 @@ VARIANTS = {
     "d64 configs": (64, {}),
     "d64 tma": (64, dict(dqk_gluon_form=258 | 512)),
     "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
+    "d64 st3": (64, dict(dqk_gluon=3)),  # (3 stages: 229.9 KB, still one CTA an SM as 2 stages' 164 KB)
 }
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")
