@@ -21,7 +21,10 @@ Phases (each only where the budget allows; rows printed as they come, the table 
 * tail: B2 Hq8 Hkv2 N1008 Nk1104 D128 causal (GQA, tails): old and new bit for bit, against float64 (every head).
 * outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
   RMSE against float64, old and new.
-* d64c: B16 H16 N4096 D64 causal, as d128c (graph and GPU time).
+* d64c: B16 H16 N4096 D64 causal, as d128c; d128, d64: the same without the mask (hide_first_key changes nothing
+  there: the end-to-end figures).
+* sweep: rotate_quantize's launch shapes (row blocks x warps x stages) and quantize_v_permuted's tile permuted in
+  registers, each checked bit for bit against the shipped launch, by GPU time beside the cast.
 
 JSON: $OUT/attention_fp8_s38.json (experiments/common/gpu_script.Run).
 """
@@ -175,6 +178,34 @@ def main():
         row["rounds"] = gpu
         run.row("passes vs copy", **row)
 
+    def sweep():
+        """The k pass's launch shapes (rotate_quantize's config: blocks of 128 rows a program, warps, stages) and the v
+        pass with its tile permuted in registers, against the shipped ones and the cast, by GPU time."""
+        B, H, N, D = (1, 2, 256, 128) if smoke else (16, 16, 4096, 128)
+        g = torch.Generator(device=dev).manual_seed(9)
+        k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(2))
+        signs = quantize.rotation_signs(D, k.device)
+        ref_k = quantize.rotate_quantize(k, signs=signs, scales="block")
+        ref_v = quantize.quantize_v_permuted(v, per="block")
+        fns = {"cast_e4m3": lambda: k.to(torch.float8_e4m3fn)}
+        for rb, nw, ns in ((8, 4, 2), (4, 4, 2), (8, 8, 2), (8, 4, 3), (16, 4, 2)):
+            cfg = dict(row_blocks=rb, num_warps=nw, num_stages=ns)
+            f = (lambda cfg=cfg: quantize.rotate_quantize(k, signs=signs, scales="block", config=cfg))
+            if not same_bits(f(), ref_k):
+                run.errors.append(f"sweep k {cfg}: not the shipped bits")
+                continue
+            fns[f"k_{rb}x{nw}x{ns}"] = f
+        fv = (lambda: quantize.quantize_v_permuted(v, per="block", permute_in_registers=True))
+        if same_bits(fv(), ref_v):
+            fns["v_permute_in_registers"] = fv
+        fns["v_shipped"] = lambda: quantize.quantize_v_permuted(v, per="block")
+        gpu = {n: [] for n in fns}
+        for r in range(3):
+            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                gpu[n].append(gpu_us(fns[n], calls=3)["total_us"])
+        row = {f"{n}_us": (statistics.median(x) if not smoke else None) for n, x in gpu.items()}
+        run.row("passes sweep", **row)
+
     def tail():
         B, Hq, Hkv, N, Nk, D = (1, 4, 2, 40, 56, 128) if smoke else (2, 8, 2, 1008, 1104, 128)
         g = torch.Generator(device=dev).manual_seed(11)
@@ -206,8 +237,8 @@ def main():
         row["pass"] = max(row["old_rmse"], row["new_rmse"]) <= 9.1e-3
         run.row("outlier causal rotated", **row)
 
-    shapes = {"d128c": (128, True), "d64c": (64, True)}
-    need = {"d128c": 0, "passes": 8, "tail": 12, "outlier": 10, "d64c": 25}
+    shapes = {"d128c": (128, True), "d64c": (64, True), "d128": (128, False), "d64": (64, False)}
+    need = {"d128c": 0, "passes": 8, "sweep": 15, "tail": 12, "outlier": 10, "d64c": 25, "d128": 25, "d64": 25}
     for c in cases:
         if run.left() < need.get(c, 10):
             run.errors.append(f"{c}: skipped for the time budget ({run.elapsed():.0f} s)")
@@ -218,7 +249,7 @@ def main():
             B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
             run.attempt(c, attention_case, c, B, H, N, D, causal)
         else:
-            run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
+            run.attempt(c, {"passes": passes, "sweep": sweep, "tail": tail, "outlier": outlier}[c])
     run.finish(["name", "pass", "err_over_floor", "old_x_bf16_graph", "new_x_bf16_graph", "old_x_bf16_gpu",
                 "new_x_bf16_gpu", "old_x_bf16_eager", "new_x_bf16_eager", "k_pass_x_cast", "v_pass_x_cast"])
 
