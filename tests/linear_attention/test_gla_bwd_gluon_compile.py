@@ -86,9 +86,9 @@ SPILLS_ALLOWED = 160
 # products); not serialized
 SPILLS_ALLOWED_FORM2 = 160
 # configs': FORM 2 at d 128: 120 B, 229.9 KB; FORM 258 at d 64 (2 + EXP_FTZ): 120 B. With the stores by TMA (STORE_TMA
-# 512 + DG_TMA 1024): 20 B / 4 B, no extra shared memory
+# 512 and DG_TMA 1024 or DG_LATE 2048): 20 B at d 128, 4 B at d 64, no extra shared memory
 SPILLS_SHIPPED = 120
-TMA_FORMS = (2 | 512 | 1024, 258 | 512 | 1024)
+TMA_FORMS = (2 | 512 | 1024, 258 | 512 | 2048)
 CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 258), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1])]
 
 
@@ -120,3 +120,28 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
         assert r["shared"] == reports[(case[0], 2, 2 if case[0] == 128 else 258)]["shared"], r
     else:
         assert r["tma_stores"] == 0, r
+
+
+def test_launch_args_keeps_the_tma_stores_only_where_the_buffers_allow():
+    """STORE_TMA / DG_TMA / DG_LATE: DQ, DK_OUT, DG become descriptors; DG_TMA needs float32 g (dg goes through g's
+    stage buffer), DG_LATE does not; a misaligned output or an fp16 form (no FORM 2) drops them all."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    x = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16)
+    s = torch.empty(1, 2, 2, 128, 128, dtype=torch.bfloat16)
+    g32, g16 = torch.empty(1, 128, 2, 128), torch.empty(1, 128, 2, 128, dtype=torch.bfloat16)
+    dg = torch.empty(1, 128, 2, 128)
+    flag = torch.empty(16, dtype=torch.int8)
+
+    def form(g, f, dq=x):
+        _, args, _ = gluon_gla_bwd.launch_args(x, x, x, g, x, s, s, dq, x, dg, flag, 0.1, form=f)
+        kinds = tuple(isinstance(args[n], TensorDescriptor) for n in ("DQ", "DK_OUT", "DG"))
+        return args.get("FORM", 0), kinds
+
+    assert form(g32, 2 | 512 | 1024) == (2 | 512 | 1024, (True, True, True))
+    assert form(g16, 2 | 512 | 1024) == (2 | 512, (True, True, False))
+    assert form(g16, 2 | 512 | 2048) == (2 | 512 | 2048, (True, True, True))
+    assert form(g32, 2) == (2, (False, False, False))
+    odd = torch.empty(x.numel() + 1, dtype=torch.bfloat16)[1:].view(x.shape)  # 2 bytes past a 16-byte boundary
+    assert form(g32, 2 | 512 | 2048, dq=odd) == (2, (False, False, False))
+    assert form(g32, 512 | 1024) == (0, (False, False, False))

@@ -30,7 +30,7 @@ falls back to the tl kernels elsewhere.
 
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
-bits beside 2 change how that chain runs, not its math: EXP_FTZ, STORE_TMA, DG_TMA (below).
+bits beside 2 change how that chain runs, not its math: EXP_FTZ, STORE_TMA, DG_TMA, DG_LATE (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -59,6 +59,8 @@ PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (d
 STORE_TMA = gl.constexpr(512)  # dq through the consumer's epilogue buffer (k Ei read), dk through the stage's q buffer
 DG_TMA = gl.constexpr(1024)  # dg through the stage's g buffer (float32 g only); with either bit the stage is released
 # only once the stores have read it (tma.store_wait at the chain's end)
+DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffers p1, p2 (a float32 view of their 8 KB),
+# its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
 
 
 @stage_struct
@@ -240,6 +242,8 @@ class GlaDqk:
         c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
         # G = L g, G_last on every row = J g
         g = g_s.load(L32).to(gl.float32)
+        if self.FORM & DG_LATE:
+            tma.store_wait(0)  # the previous tile's dg store has read p1, p2
         gl.thread_barrier()  # the previous tile's products have read the pieces' buffers
         gcl = gl.where(g < FLOOR, FLOOR, g)
         hi = gcl.to(dtype)
@@ -298,11 +302,13 @@ class GlaDqk:
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
-        TMA_ANY: gl.constexpr = (self.FORM & (STORE_TMA | DG_TMA)) != 0
+        DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE)) != 0
+        gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
+        TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
             row = (tile.bh // self.H) * self.N + tile.c * BT
             col = (tile.bh % self.H) * self.DKD + (tile.kb + cid) * BKB
-        if not (self.FORM & STORE_TMA and self.FORM & DG_TMA):
+        if not (self.FORM & STORE_TMA and DG_BY_TMA):
             h = tile.bh % self.H
             b = tile.bh // self.H
             cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
@@ -375,9 +381,20 @@ class GlaDqk:
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
+        elif self.FORM & DG_LATE:  # through p1, p2 as one float32 [BT, BKB] (the sums have read them)
+            dg_s = self.qe_smem._reinterpret(gl.float32, [2, BT, BKB], self.DG.layout).index(cid)
+            gl.thread_barrier()
+            dg_s.store(gl.where(clamped, 0.0, dg))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DG, [row, col], dg_s)
         else:
             gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
-        if TMA_ANY:  # the stores have read the stage's buffers and p0 before the stage is released (every thread
+        if self.FORM & DG_LATE:
+            if self.FORM & STORE_TMA:  # dk's store has read the stage's q buffer before the stage is released (dg's
+                tma.store_wait(1)  # may go on)
+                gl.thread_barrier()
+        elif TMA_ANY:  # the stores have read the stage's buffers and p0 before the stage is released (every thread
             tma.store_wait(0)  # waits for the one that issued them)
             gl.thread_barrier()
 
@@ -566,15 +583,16 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
-    if form & (STORE_TMA.value | DG_TMA.value):  # the stores by TMA where their buffers allow it
+    tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
+    if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
         if not (form & 2 and aligned and dq.dtype == q.dtype and dk.dtype == q.dtype):
-            form &= ~(STORE_TMA.value | DG_TMA.value)
-        elif g.dtype != torch.float32:  # (dg goes through g's stage buffer: float32 [BT, BKB])
+            form &= ~tma_bits
+        elif g.dtype != torch.float32:  # (DG_TMA: dg goes through g's stage buffer, float32 [BT, BKB])
             form &= ~DG_TMA.value
         if form & STORE_TMA.value:
             args.update(DQ=flat(dq, [BT, BKB]), DK_OUT=flat(dk, [BT, BKB]))
-        if form & DG_TMA.value:
+        if form & (DG_TMA.value | DG_LATE.value):
             args.update(DG=flat(dg, [BT, BKB]))
     if form:
         args["FORM"] = form
