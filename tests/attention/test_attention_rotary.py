@@ -145,24 +145,25 @@ def test_cpu_path_without_the_interpreter(interleaved, monkeypatch):
 
 
 def test_the_paths_by_device():
-    """Hopper's Gluon forward dims: q and k turned by apply_rotary's kernel (ROTARY_IN_KERNEL off) or the
-    Gluon entry (on, where it exists); other head dims and other GPUs: the tl kernels; past 256: turned."""
+    """Hopper's Gluon forward dims: q and k turned by apply_rotary's kernel (no case in ROTARY_IN_KERNEL_CASES)
+    or the Gluon entry (the call's case, where it exists); other head dims and other GPUs: the tl kernels; past
+    256: turned."""
     meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")
     q, k, v = meta(2, 4, 64, 128), meta(2, 4, 64, 128), meta(2, 4, 64, 128)
     with dispatch.pretend(dispatch.TARGETS["sm_90a"]), pytest.MonkeyPatch.context() as off:
-        off.setattr(configs, "ROTARY_IN_KERNEL", False)
-        assert plan.rotary_path(q, k, v, 0.1) == "turned"
+        off.setattr(configs, "ROTARY_IN_KERNEL_CASES", frozenset())
+        assert plan.rotary_path(q, k, v, 0.1, False, False) == "turned"
         assert plan.rotary_path(meta(2, 4, 64, 96), meta(2, 4, 64, 96), meta(2, 4, 64, 96), 0.1) == "tl"
         assert plan.rotary_path(q, k, v, -0.1) == "tl"  # the Gluon forward takes a positive scale
         big = meta(2, 4, 8, 320)
         assert plan.rotary_path(big, big, big, 0.1) == "turned"
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(configs, "ROTARY_IN_KERNEL", True)
+            m.setattr(configs, "ROTARY_IN_KERNEL_CASES", frozenset({(128, False), (128, True)}))
             m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))
-            assert plan.rotary_path(q, k, v, 0.1) == "gluon"
-            assert plan.rotary_path(q, k, v, 0.1, grad=True) == "turned"  # its turned q, k serve the backward
+            assert plan.rotary_path(q, k, v, 0.1, False, False) == "gluon"
+            assert plan.rotary_path(q, k, v, 0.1, True, False) == "turned"  # its turned q, k serve the backward
             m.setattr(plan, "gluon_rotary_forward", lambda: None)
-            assert plan.rotary_path(q, k, v, 0.1) == "turned"
+            assert plan.rotary_path(q, k, v, 0.1, False, False) == "turned"
         with pytest.MonkeyPatch.context() as m:  # by case: (D, causal) in ROTARY_IN_KERNEL_CASES
             m.setattr(configs, "ROTARY_IN_KERNEL_CASES", frozenset({(128, True)}))
             m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))

@@ -186,13 +186,10 @@ ONE_LAUNCH_WHEN_RECORDING = False
 
 
 # --------------------------------------------------------------------------------------------
-# attention(..., rotary=(cos, sin)) on Hopper (plan.rotary_path): True routes the calls the Gluon forward
-# serves to the forward that turns Q and K inside the Gluon kernel (gluon_rotary.forward, where it exists;
-# the backward then the composite's); False: the composite (apply_rotary on q and k, the shipped Gluon
-# forward and backward on the turned tensors, dQ and dK turned back by apply_rotary's backward)
-ROTARY_IN_KERNEL = False
-# (head dim, causal) of the calls without a gradient that take gluon_rotary.forward with ROTARY_IN_KERNEL off:
-# the cases where it ran faster than the turned forward (per-case figures: notes/rotary's decision log)
+# attention(..., rotary=(cos, sin)) on Hopper (plan.rotary_path): (head dim, causal) of the Gluon forward's
+# calls without a gradient that take gluon_rotary.forward (K by apply_rotary's pass, Q turned in the Gluon
+# kernel), the others the turned forward (q and k by apply_rotary's passes, then the shipped forward): the
+# cases where it ran faster (per-case figures: notes/rotary's decision log)
 ROTARY_IN_KERNEL_CASES = frozenset({(128, False), (128, True), (64, True)})
 # (head dim, causal) of the calls recording a gradient whose turned forward is gluon_rotary's (K by apply_rotary's
 # pass, Q turned in the Gluon forward and stored from there for the backward: no pass over Q); else q and k by

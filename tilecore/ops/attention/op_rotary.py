@@ -11,13 +11,15 @@ traces them), by plan.rotary_path:
 
 * "tl": ``tilecore::attention_rotary_forward`` / ``_backward`` run the tl kernels with Q and K turned
   as they are loaded, dQ and dK turned back before they are stored;
-* "gluon" (configs.ROTARY_IN_KERNEL, calls that record no gradient): the same ops run the Hopper
-  forward that turns Q and K inside the Gluon kernel (should a backward come after all, it turns q
-  and k again and runs the turned path's backward);
+* "gluon" (configs.ROTARY_IN_KERNEL_CASES, calls that record no gradient): the same ops run
+  gluon_rotary's forward (K by apply_rotary's pass, Q turned inside the Gluon kernel; should a backward
+  come after all, it turns q and k again and runs the turned path's backward);
 * "turned" (CUDA tensors the Gluon forward serves, and head dims past 256):
   ``tilecore::attention_rotary_turned_forward`` turns q and k by apply_rotary's kernel into contiguous
   (B, H, N, D) tensors, runs the shipped forward on them and returns them beside O and lse (autograd
-  keeps them: the backward turns nothing again); ``_turned_backward`` runs the shipped backward and
+  keeps them: the backward turns nothing again), or, in the cases configs.ROTARY_TRAIN_IN_KERNEL_CASES
+  names, gets all four from gluon_rotary's forward (K by the pass, Q turned in the kernel and stored
+  from there: the same bits); ``_turned_backward`` runs the shipped backward and
   turns dQ and dK back, dQ as the conversion of the Gluon kernel's float32 dQ sum to q's dtype where
   the kernel adds dQ (the pass that copy would be anyway);
 * "composite" (CPU tensors without the interpreter): op.py's apply_rotary then attention, in Python

@@ -590,22 +590,20 @@ def rotary_path(q, k, v, scale: float, grad: bool = False, causal: bool | None =
     * "composite": CPU tensors without the interpreter: apply_rotary on q and k, then attention (torch's
       CPU paths), autograd turning dQ and dK back through apply_rotary's backward;
     * "turned": GPU calls the Gluon forward serves (Hopper, D 64 / 128, a positive scale; its kernels
-      read K from shared memory by TMA, where the tl kernels' in-register turn does not reach) unless
-      ROTARY_IN_KERNEL, and head dims past 256 (the split-key path): q and k turned by apply_rotary's
-      kernel and kept for the backward, the shipped kernels on them, dQ and dK turned back;
-    * "gluon": the Gluon forward's calls with configs.ROTARY_IN_KERNEL on (or their (D, ``causal``) in
-      configs.ROTARY_IN_KERNEL_CASES), gluon_rotary_forward() there and no gradient to record (``grad``
-      False: inference): that forward. With a gradient the turned
-      path: its forward's turned q and k serve the backward, which after the in-kernel forward would
-      turn them again (the same pass: the in-kernel forward's cost over the shipped one is all added);
+      read K from shared memory by TMA, where the tl kernels' in-register turn does not reach) but the
+      "gluon" ones, and head dims past 256 (the split-key path): turned q and k kept for the backward
+      (by apply_rotary's kernel, or where rotary_train_in_kernel says from gluon_rotary's forward), the
+      shipped kernels on them, dQ and dK turned back;
+    * "gluon": the Gluon forward's calls whose (D, ``causal``) configs.ROTARY_IN_KERNEL_CASES names,
+      gluon_rotary_forward() there and no gradient to record (``grad`` False: inference): that forward
+      (a call recording a gradient needs the turned q and k kept: "turned");
     * "tl": the tl forward and backward with Q and K turned in the kernels (kernels_tl.rotary_turn):
       the interpreter and every other GPU."""
     if dispatch.backend_for(q.device) == "reference":
         return "composite"
     D, Dv = q.shape[-1], v.shape[-1]
     if dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0:
-        in_kernel = configs.ROTARY_IN_KERNEL or (causal is not None and
-                                                 (D, bool(causal)) in configs.ROTARY_IN_KERNEL_CASES)
+        in_kernel = causal is not None and (D, bool(causal)) in configs.ROTARY_IN_KERNEL_CASES
         return "gluon" if in_kernel and not grad and gluon_rotary_forward() is not None else "turned"
     if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
         return "tl"
