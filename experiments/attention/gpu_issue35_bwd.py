@@ -4,14 +4,17 @@ softcap: the causal backward with softcap 30 at 0.82-0.85x of no softcap (target
     S and dP together before the capped softmax (SOFTCAP 2); the candidate (config softcap_under_dp, SOFTCAP 3)
     runs it under dP's wgmma as the plain kernel does, carrying P^T and P^T (1 - tanh^2) (float16) across the wait.
 window: window (4096, 0) over N 32768 at 1.275x FlexAttention (target 1.3). The shipped launch deals the equal
-    66-step tiles round-robin; the candidate (config balanced, plan.window_table) by the balanced schedule.
+    66-step tiles round-robin; candidates: the balanced schedule (config balanced, plan.window_table), and with it
+    each consumer skipping the steps whose rows miss its keys (config window_skip, the kernel's WINDOW 2).
 
 Phases (each against float64 into NaN-poisoned dq / dk / dv; then GPU time from CUDA graphs, interleaved rounds):
   softcap times: B8 H16 N4096 D128 causal backward (preprocess + kernel + dq copy), no softcap / SOFTCAP 2 / 3;
           checks: softcap 30 causal (fused dQ forced, N 4048: a partial last block) bf16 and fp16, both modes
-  window times:  B2 H16 N32768 D128 window (4096, 0): round-robin / balanced; FlexAttention (same mask, eager
+  window times:  B2 H16 N32768 D128 window (4096, 0): round-robin / balanced / balanced + skip; Flex (same mask, eager
           do_bench beside ours) where time is left; checks: (1008, 0) causal N 4048 and (304, 208) N 4048
   last, where time is left: window + softcap GQA 16/4 (both new switches)
+  packed (diagnostic, --phases packed): the varlen backward with dQ split (shipped) and fused, on the long tail's
+          sequences >= 4096 as a batch and on the whole 64K long tail
 Writes $OUT/issue35_bwd.json; the table last.
 
     PYTHONPATH=. python experiments/attention/gpu_issue35_bwd.py [--phases checks,softcap,window,flex] [--rounds 3]
@@ -103,9 +106,10 @@ def checks_softcap(run):
 
 def checks_window(run):
     check_case(run, "window (1008,0) causal N4048", 1, 16, 16, 4048, True, (1008, 0), 0.0, torch.bfloat16,
-               {"rr": dict(balanced=False), "bal": dict(balanced=True)})
+               {"rr": dict(balanced=False, window_skip=False), "bal": dict(balanced=True, window_skip=False),
+                "balskip": dict(balanced=True, window_skip=True)})
     check_case(run, "window (304,208) N4048", 1, 16, 16, 4048, False, (304, 208), 0.0, torch.bfloat16,
-               {"bal": dict(balanced=True)})
+               {"bal": dict(balanced=True, window_skip=False), "balskip": dict(balanced=True, window_skip=True)})
 
 
 def checks_both(run):
@@ -144,8 +148,9 @@ def phase_window(run, rounds, flex):
     q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=2)
     window = (left, 0)
     out, lse = forward(q, k, v, True, window, 0.0)
-    fns = {"rr": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=False)[0],
-           "bal": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=True)[0]}
+    fns = {"rr": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=False, window_skip=False)[0],
+           "bal": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=True, window_skip=False)[0],
+           "balskip": backward_fn(q, k, v, dout, out, lse, True, window, 0.0, balanced=True, window_skip=True)[0]}
     for f in fns.values():
         f()
     torch.cuda.synchronize()
@@ -157,8 +162,9 @@ def phase_window(run, rounds, flex):
     for name in fns:
         if t.get(f"{name}_graph_ms"):
             row[f"{name}_tflops"] = bwd_flops(b, h, n, d, keys) / t[f"{name}_graph_ms"] / 1e9
-    if t.get("rr_graph_ms") and t.get("bal_graph_ms"):
-        row["bal_over_rr"] = t["rr_graph_ms"] / t["bal_graph_ms"]
+    for name in ("bal", "balskip"):
+        if t.get("rr_graph_ms") and t.get(f"{name}_graph_ms"):
+            row[f"{name}_over_rr"] = t["rr_graph_ms"] / t[f"{name}_graph_ms"]
     if flex and run.left() > 30:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -175,6 +181,44 @@ def phase_window(run, rounds, flex):
             row[f"{name}_ms"] = eager_ms(fns[name], warmup=10, rep=60)
             row[f"{name}_x_flex"] = row["flex_ms"] / row[f"{name}_ms"]
     run.row(f"window ({left},0) causal B{b} H{h} N{n} D{d} bwd", kind="time", **row)
+
+
+def phase_packed(run, rounds):
+    """Issue 35's packed backward (0.93x FLOP-matched): where it loses is the long sequences, which the fixed path
+    runs with dQ fused (~9% over a split there) and the varlen path splits. Does the varlen kernel with dQ fused
+    beat its split on the long sequences alone (a batch of the >= 4096 ones) and on the whole long tail?"""
+    from experiments.attention.gpu_varlen import long_tailed_lengths
+    from tilecore.ops.attention_varlen import configs as varlen_configs, op as varlen
+
+    h, d = 16, 128
+    lengths = long_tailed_lengths(65536)
+    scale = d ** -0.5
+    batches = {"long": [n for n in lengths if n >= 4096], "all": lengths}
+    row = {}
+    for label, lens in batches.items():
+        total = sum(lens)
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(3)
+        q, k, v, dout = (torch.randn(total, h, d, dtype=torch.bfloat16, device="cuda", generator=g) for _ in range(4))
+        out, lse = varlen.forward_gluon(q, k, v, cu, cu, True, scale, 0.0)
+        fns = {}
+        for mode in ("gluon", "fused"):
+            cfg = dict(varlen_configs.varlen_gluon_backward_config(d, True), dq_from=mode)
+            grads = tuple(torch.empty_like(t) for t in (q, k, v))
+            fns[f"{label}_{'split' if mode == 'gluon' else 'fused'}"] = (
+                lambda cfg=cfg, grads=grads: varlen.backward_gluon(dout, q, k, v, out, lse, None, cu, cu, True, scale,
+                                                                   -1, -1, 0.0, grads=grads, config=cfg))
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+        row.update({k_: v_ for k_, v_ in t.items() if not k_.endswith("_rounds")})
+        if t.get(f"{label}_split_graph_ms") and t.get(f"{label}_fused_graph_ms"):
+            row[f"{label}_fused_over_split"] = t[f"{label}_split_graph_ms"] / t[f"{label}_fused_graph_ms"]
+        row[f"{label}_lengths"] = lens if label == "long" else len(lens)
+        if run.left() < 10:
+            break
+    run.row("packed 64K long tail H16 D128 causal: varlen bwd split vs fused", kind="time", **row)
 
 
 def main():
@@ -195,9 +239,12 @@ def main():
         run.attempt("window checks", checks_window, run)
     if "checks" in phases and run.left() > 12:
         run.attempt("window + softcap check", checks_both, run)
+    if "packed" in phases and run.left() > 15:
+        run.attempt("packed", phase_packed, run, args.rounds)
     run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "schedule", "nocap_graph_ms", "sc2_graph_ms", "sc3_graph_ms",
-                "sc2_of_nocap", "sc3_of_nocap", "rr_graph_ms", "bal_graph_ms", "bal_over_rr", "flex_ms", "rr_x_flex",
-                "bal_x_flex"])
+                "sc2_of_nocap", "sc3_of_nocap", "rr_graph_ms", "bal_graph_ms", "balskip_graph_ms", "bal_over_rr",
+                "balskip_over_rr",
+                "flex_ms", "rr_x_flex", "bal_x_flex", "balskip_x_flex", "long_fused_over_split", "all_fused_over_split"])
 
 
 if __name__ == "__main__":

@@ -148,6 +148,10 @@ GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
 # tiles in rounds leave the last round to a few programs; the last keys' tiles are shorter): window 4096 over
 # N 32768 on 132 SMs, the model's longest program 1.020x -> 1.005x the mean. Off until an H100 run times it
 GLUON_BACKWARD_WINDOW_BALANCED = False
+# a sliding window's backward with dQ fused: a consumer skips the steps whose rows see none of its keys (the kernel's
+# WINDOW 2: its half of dS written as zeros, no S, dP, dV, dK products; window 4096: 1 step of a tile's 66 for each
+# consumer). sm_90a D128 spills 272/304 B against 220/232. Off until an H100 run times it
+GLUON_BACKWARD_WINDOW_SKIP = False
 # (head dim, dq_from) whose backward under a softcap runs the capped softmax under dP's wgmma (launch.backward_softcap,
 # the kernel's SOFTCAP 3; a config's softcap_under_dp overrides). sm_90a spills (stores / loads, B) against SOFTCAP 2:
 # D128 fused 304/316 vs 312/320, dq kernel after 144/140 vs 140/144; lagged 476/548 vs 324/364 and D64 236/204 vs
