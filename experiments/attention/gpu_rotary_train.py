@@ -3,8 +3,9 @@ gluon_rotary (K by apply_rotary's pass, Q turned in the Gluon forward and stored
 configs.ROTARY_TRAIN_IN_KERNEL_CASES) against the turned path's (q and k by apply_rotary's passes, then the
 shipped forward), and apply_rotary's K pass against a copy of K.
 
-1. --checks D:full,D:causal (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an
-   unwritten element shows; B1 H2 N4096, the timed shapes' kernels; full half-split, causal interleaved): O, dq,
+1. --checks D:full,D:causal[:N] (bf16, fresh random inputs, the allocator's free memory filled with NaN first so an
+   unwritten element shows; B1 H2 N4096, the timed shapes' kernels, or N: short, the carried kernel; full
+   half-split, causal interleaved): O, dq,
    dk, dv of the new training path against the float64 reference (reference.rotary_attention_reference) as
    multiples of the rounding floor, beside plain attention's on the same inputs; the turned q and k it keeps
    and O, dq, dk, dv: the same bits as the turned path's (``same``).
@@ -171,10 +172,10 @@ def main():
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
-    for case in filter(None, a.checks.split(",")):
-        d, mask = case.split(":")
-        d, causal = int(d), mask == "causal"
-        run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''}", 1, 2, 2, 4096, 4096,
+    for case in filter(None, a.checks.split(",")):  # D:mask[:N] (N 4096 by default; short N: the carried kernel)
+        d, mask, *n = case.split(":")
+        d, causal, n = int(d), mask == "causal", int(n[0]) if n else 4096
+        run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''} N{n}", 1, 2, 2, n, n,
                     d, d // 2, causal, causal)
     if a.kpass:
         run.attempt("kpass", kpass, run)
