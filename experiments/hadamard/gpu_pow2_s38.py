@@ -10,12 +10,14 @@ program. (4, 64, 64) on 4 warps with 2 or 3 stages: 218 registers, 78 / 111 KB, 
 and the same loop instructions a value (12.4 against 12.6). 2048's shipped (2, 32, 32) with 8 rows a tile batches H_32
 as a 3-D product (64 HMMA, mma.sync) and broadcasts each row's scale through shared memory (127 memory instructions a
 tile); one row a tile as (1, 64, 32) is a 2-D wgmma pair with the row's scale a scalar (60 registers, 25-29 KB: up to 8
-programs an SM), 17.0 instructions a value against 13.1.
+programs an SM), 17.0 instructions a value against 13.1; (2, 16, 64) is 1024's shipped tile (97% of copy there) twice
+with the butterfly: 12.2 a value, 138-141 registers, 45 KB (4 rows on 4 warps) / 82 KB (8 rows on 8 warps).
 
 Each (format, n): every plan checked against float64 (fresh bf16 rows of 2^28 elements with an outlier channel, a NaN
 row and an inf row among the checked rows; the first and last 64 rows against quantize_reference: codes equal on
->= 99.9%, none more than one code apart, scales exact (float32 per-token scales within 2^-15), every element written:
-two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
+>= 99.9%, any more than one code apart only on values within 2^-13 of their row's largest (fp8's subnormal steps are
+finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales exact (float32 per-token scales within
+2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
     PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a] [--deadline 58] [--smoke]
@@ -46,7 +48,10 @@ SETS = {
                             ("4x64_s3", dict(TWO_A_SM, num_stages=3, **CL))]
            for f in ("fp8_e4m3", "int8")},
         **{(f, 2048): [("row_w8", dict(ROW_A_TILE, waves=8)), ("row_w4s4", dict(ROW_A_TILE, waves=4, num_stages=4)),
-                       ("b4", dict(split=(2, 32, 32), tile_elems=8192))]
+                       ("b4", dict(split=(2, 32, 32), tile_elems=8192)),
+                       # 1024's shipped tile twice ((1, 16, 64), 8 rows on 8 warps: 97% there) with the butterfly
+                       ("16x64_w8", dict(split=(2, 16, 64), tile_elems=16384, num_warps=8)),
+                       ("16x64_b4", dict(split=(2, 16, 64), tile_elems=8192))]
            for f in ("fp8_e4m3", "int8")},
         **{(f, 16384): [("4x64_s2", dict(TWO_A_SM, num_stages=2, perm=True))] for f in ("nvfp4", "mxfp4")},
     },
@@ -112,7 +117,8 @@ def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
     import torch
 
     from experiments.common.gpu_script import same_bits
-    from tilecore.ops.hadamard.quantize_reference import code_order, hadamard_quantize_reference, shape_outputs
+    from tilecore.ops.hadamard.quantize_reference import (code_order, dequantize, hadamard_quantize_reference,
+                                                          shape_outputs)
 
     plan, run = runner(x, fmt, tuning)
     codes, scales, g = run(True)
@@ -124,7 +130,16 @@ def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
     ref_codes, ref_scales = hadamard_quantize_reference(x[picked].cpu(), format=fmt, scale=scale)
     a, b = code_order(codes[picked].cpu(), fmt), code_order(ref_codes, fmt)
     match = float((a == b).double().mean())
-    far = int(((a - b).abs() > 1).sum())
+    far_at = (a - b).abs() > 1
+    far = int(far_at.sum())
+    far_tiny = True
+    if far:  # codes finer than the rotation's own rounding (fp8's subnormals): their values within 2^-13 of the row's max
+        picked_scales = tuple(t if t.numel() == 1 else t[picked].cpu() for t in scales) if isinstance(scales, tuple) \
+            else (scales if scales.numel() == 1 else scales[picked]).cpu()
+        got = dequantize(codes[picked].cpu(), picked_scales, format=fmt).double()
+        want = dequantize(ref_codes, ref_scales, format=fmt).double()
+        bound = 2.0**-13 * want.abs().nan_to_num(0.0, 0.0, 0.0).amax(dim=-1, keepdim=True)
+        far_tiny = bool(((got - want).abs() <= bound)[far_at.reshape(got.shape)].all())
     ours = scales[0] if isinstance(scales, tuple) else scales
     ref = ref_scales[0] if isinstance(ref_scales, tuple) else ref_scales
     ours = ours[picked].cpu()
@@ -134,8 +149,9 @@ def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
         scales_differ = int((~close).sum())
     else:
         scales_differ = int((ours.view(torch.uint8) != ref.view(torch.uint8)).sum())
-    ok = match >= 0.999 and far == 0 and scales_differ == 0 and written and plan.path == "pow2"
-    return {"match": round(match, 6), "far": far, "scales_differ": scales_differ, "written": written, "ok": ok}
+    ok = match >= 0.999 and far_tiny and scales_differ == 0 and written and plan.path == "pow2"
+    return {"match": round(match, 6), "far": far, "far_tiny": far_tiny, "scales_differ": scales_differ,
+            "written": written, "ok": ok}
 
 
 def fresh_rows(n: int, rows: int, seed: int):
