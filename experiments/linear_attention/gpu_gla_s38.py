@@ -1,7 +1,8 @@
 """GLA backward, session 38 (HA, issue 33): the Gluon dq / dk kernel's stores by TMA from shared memory
 (gluon_gla_bwd's FORM bits STORE_TMA 512: dq through the consumer's epilogue buffer, dk through the stage's q buffer;
 DG_TMA 1024: dg through the stage's g buffer, waited for before the stage's release; DG_LATE 2048: dg through the
-pieces' buffers, waited for at the next tile's start) against configs' forms (FORM 2 at d 128, 258 at d 64) in one run. Each
+pieces' buffers, waited for at the next tile's start), at d 64 AT_REG 4096 (a^T from a's registers, not a second
+product) and 3 stages, against configs' forms (FORM 2 at d 128, 258 at d 64) in one run. Each
 variant is checked against float64 ON THE GPU first (a gated backward can be miscompiled on Hopper: FLA's issue 640),
 then timed (< 60 s on an H100).
 
@@ -49,13 +50,13 @@ VARIANTS = {
     "d128 configs": (128, {}),
     "d128 tma": (128, dict(dqk_gluon_form=2 | 512)),
     "d128 tma+dg": (128, dict(dqk_gluon_form=2 | 512 | 1024)),
-    "d128 ftz+tma+dg": (128, dict(dqk_gluon_form=258 | 512 | 1024)),
     "d128 tma+dglate": (128, dict(dqk_gluon_form=2 | 512 | 2048)),  # DG_LATE 2048: dg through p1, p2, waited next tile
     "d64 configs": (64, {}),
-    "d64 tma": (64, dict(dqk_gluon_form=258 | 512)),
     "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
     "d64 tma+dglate": (64, dict(dqk_gluon_form=258 | 512 | 2048)),
     "d64 st3": (64, dict(dqk_gluon=3)),  # (3 stages: 229.9 KB, still one CTA an SM as 2 stages' 164 KB)
+    "d64 atreg": (64, dict(dqk_gluon_form=258 | 4096)),  # AT_REG 4096: a^T from a's registers, no v do^T product
+    "d64 atreg+tma+dglate": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 2048)),
 }
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")

@@ -89,7 +89,9 @@ SPILLS_ALLOWED_FORM2 = 160
 # 512 and DG_TMA 1024 or DG_LATE 2048): 20 B at d 128, 4 B at d 64, no extra shared memory
 SPILLS_SHIPPED = 120
 TMA_FORMS = (2 | 512 | 1024, 258 | 512 | 2048)
-CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 258), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1])]
+AT_REG = 258 | 4096  # d 64: a^T from a's registers (8 KB of conversion scratch a consumer), no v do^T product: 4 B
+CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 258), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1]),
+         (64, 2, AT_REG)]
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,9 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
         assert r["shared"] == reports[(case[0], 2, 2 if case[0] == 128 else 258)]["shared"], r
     else:
         assert r["tma_stores"] == 0, r
+    if case[2] == AT_REG:  # v do^T's product gone (fewer wgmma instructions), its [64, 64] accumulator too
+        assert r["form"] == AT_REG and r["spill_bytes"] <= SPILLS_SHIPPED, r
+        assert r["wgmma_count"] < reports[(64, 2, 258)]["wgmma_count"], (r, reports[(64, 2, 258)])
 
 
 def test_launch_args_keeps_the_tma_stores_only_where_the_buffers_allow():
@@ -145,3 +150,4 @@ def test_launch_args_keeps_the_tma_stores_only_where_the_buffers_allow():
     odd = torch.empty(x.numel() + 1, dtype=torch.bfloat16)[1:].view(x.shape)  # 2 bytes past a 16-byte boundary
     assert form(g32, 2 | 512 | 2048, dq=odd) == (2, (False, False, False))
     assert form(g32, 512 | 1024) == (0, (False, False, False))
+    assert form(g32, 2 | 4096) == (2, (False, False, False))  # AT_REG: d 64 at 2 stages only (its scratch)

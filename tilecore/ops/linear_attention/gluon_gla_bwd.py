@@ -61,6 +61,8 @@ DG_TMA = gl.constexpr(1024)  # dg through the stage's g buffer (float32 g only);
 # only once the stores have read it (tma.store_wait at the chain's end)
 DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffers p1, p2 (a float32 view of their 8 KB),
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
+AT_REG = gl.constexpr(4096)  # a^T, dk's A operand, as a's registers transposed (a layout conversion through 8 KB of
+# scratch shared memory a consumer: d 64 only), not by a second product v do^T
 
 
 @stage_struct
@@ -301,7 +303,8 @@ class GlaDqk:
             a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
-        a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
+        am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
+        a_op = gl.convert_layout(am, self.A32)
         DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE)) != 0
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
@@ -334,10 +337,13 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dk_in = dks
         else:
-            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
-            at = warpgroup_mma_wait(0, deps=[at_tok])
-            at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
-                                      self.A32)
+            if self.FORM & AT_REG:
+                at_op = gl.convert_layout(gl.permute(am, (1, 0)), self.A32)
+            else:
+                at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
+                at = warpgroup_mma_wait(0, deps=[at_tok])
+                at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
+                                          self.A32)
             dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
             dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
@@ -583,6 +589,8 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
+    if form & AT_REG.value and not (Dv == 64 and stages == 2):  # (its scratch fits beside d 64's two stages only)
+        form &= ~AT_REG.value
     tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
     if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
@@ -619,4 +627,5 @@ def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=
     ptx = compiled.asm["ptx"]
     return dict(D=D, stages=stages, spill_bytes=r.spill_stores, registers=r.registers, shared=r.shared,
                 threads=r.threads, wgmma_serialized=r.wgmma_serialized, form=args.get("FORM", 0),
-                tma_stores=ptx.count("cp.async.bulk.tensor.2d.global.shared"), **has_hopper_instructions(ptx))
+                tma_stores=ptx.count("cp.async.bulk.tensor.2d.global.shared"), wgmma_count=ptx.count("wgmma.mma_async"),
+                **has_hopper_instructions(ptx))
