@@ -262,3 +262,10 @@ def test_host_path_keeps_the_turned_q_and_k(monkeypatch):
     assert torch.allclose(kr.double(), ref, rtol=2 ** -7, atol=2 ** -7)
     assert torch.equal(kr, plain_args[1].base.contiguous())  # the pass's bits
     assert options["INTERLEAVED"] and (key is None or key != plain_key)
+    with pytest.MonkeyPatch.context() as m:  # the no-grad forward with K by head: the same K in the training layout
+        from tilecore.ops.attention import configs
+
+        m.setattr(configs, "ROTARY_K_BY_HEAD", True)
+        assert len(gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True)) == 2
+    _, head_args, _ = launches[-1]
+    assert head_args[1].base.is_contiguous() and torch.equal(head_args[1].base, kr) and head_args[-1] is None

@@ -238,9 +238,8 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     from tilecore.ops.rotary.op import turn
 
     check(q, k, v, cos, sin, interleaved)
-    qr = None
-    if keep_turned:
-        qr = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    qr = torch.empty(q.shape, dtype=q.dtype, device=q.device) if keep_turned else None
+    if keep_turned or configs.ROTARY_K_BY_HEAD:  # into a (B, Hkv, Nk, D) buffer
         k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved,
                  out=torch.empty(k.shape, dtype=k.dtype, device=k.device).transpose(1, 2)).transpose(1, 2)
     else:
