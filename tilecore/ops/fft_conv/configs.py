@@ -20,7 +20,7 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower than the shipped 
 }
 
 # The one-pass kernel in Gluon (gluon_onepass.py; Hopper): N -> plan.gluon_plan's arguments in order (A, B, programs
-# a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg, PRESCALE),
+# a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg, PRESCALE, KMID),
 # 2N = A B, B = 64; the plan takes it on a Hopper under a checked triton
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft
@@ -28,7 +28,7 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
-# columns a wgmma wait in 1a / 1'a[, warpgroups a pair]); checked and timed by experiments/fft_conv/gpu_order3.py and
+# columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID]]]); checked and timed by experiments/fft_conv/gpu_order3.py and
 # gpu_s35.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388
@@ -40,11 +40,24 @@ GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slowe
     16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped; one warpgroup a SM 6.238 vs the long path's 5.947
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
+GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chunk's bins loaded under its stage 3
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
     4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG
            (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk
+}
+# A float16 spectrum (filter_spectrum(k, n, torch.float16): (H, N + 1, 2) float16 bins the caller keeps): N -> the tuple
+# that reads its bins as they are (RFFT 3: one 32-bit load a bin, half the L2 bytes); every other plan reads complex64
+# bins, so the op widens a float16 spectrum for it (a conversion a call). GLUON_ORDER3_HALF goes first where N has both
+GLUON_ONEPASS_HALF: dict = {}  # off until a run of this session times it through the op
+GLUON_ORDER3_HALF: dict = {}
+GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py
+    4096: [(128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # the shipped tuple at RFFT 3 (KMID: 8 B spill)
+}
+GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples
+    8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True)],
+    16384: [(1, True, 1, 2, 2, 3), (1, True, 1, 2, 2, 3, True)],
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {

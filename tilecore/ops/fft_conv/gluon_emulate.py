@@ -32,8 +32,11 @@ def _prescaled_columns(u, half: int, b: int):
 
 def kernel_spectrum(spectrum, a: int, b: int, conj: bool, rfft: bool):
     """The spectrum (H, 2, b, a) as the kernel reads it at f = k_a + a k_b: with ``rfft`` its own gather
-    (gluon_onepass._spectrum_at: bins past L/2 the conjugates of L - f, then CONJ), else the host's layout."""
+    (gluon_onepass._spectrum_at: bins past L/2 the conjugates of L - f, then CONJ; rfft 3: the bins in float16, as a
+    float16 spectrum (H, N + 1, 2) holds them or a complex64 one rounded), else the host's layout."""
     H = spectrum.shape[0]
+    if spectrum.dtype == torch.float16:  # (filter_spectrum(..., torch.float16)'s pairs)
+        spectrum = torch.view_as_complex(spectrum.float().contiguous())
     if not rfft:
         return mono_spectrum(spectrum, a, b, 1, False, conj).view(H, 2, b, a)
     L = a * b
@@ -187,21 +190,22 @@ def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):
     return torch.where(bad[:, None], float("nan"), dk)
 
 
-def emulate_order3(u, spectrum, conj: bool, a: int, b: int, kg: int = 1):
+def emulate_order3(u, spectrum, conj: bool, a: int, b: int, kg: int = 1, rfft: int = 2):
     """gluon_order3.fft_conv_gluon_order3_kernel's arithmetic, step for step (RFFT 2, the twiddles computed): A = 16 A2,
     a = A2 a1 + a2, k_a = k1 + 16 k2; 1a (x_a2 @ F_16, the twiddle W_A^(a2 k1), float16 into T), per chunk k1 the
     chunked kernel's stages on T[k1]^T with F_A2 in F_A's place (forward_stages / inverse_stages, each chunk at its
     own scale; T'[k1] float16), then 1'a (T' x s_k1 / s x conj(W_A^(a2 k1)), float16, @ conj(F_16)[:, :8]) and the
     epilogue (s / L x the sequence's scale). u (B, H, N), 2N = a b; spectrum: the rfft (H, N + 1); ``kg``: the kernel's
     KG (k1 values a chunk: its columns A2 l + k2 at k_a = k1 + l + 16 k2, stage 1b with kg copies of F_A2 on the
-    diagonal, one scale a chunk)."""
+    diagonal, one scale a chunk); ``rfft`` 3: the bins read in float16 (KMID, which loads them under stage 3's wgmmas,
+    changes no value)."""
     from tilecore.ops.fft_conv.launch import order3_operands
 
     Bt, H, N = u.shape
     half, L, a2n = a // 2, a * b, a // 16
     ops = {name: t.float() for name, t in order3_operands(a, b, u.device, kg).items()}
     tf_re, tf_im = computed_twiddles(a, b)
-    tile = kernel_spectrum(spectrum, a, b, conj, True)
+    tile = kernel_spectrum(spectrum, a, b, conj, rfft)
     f16re, f16im, f2re, f2im = ops["F16RE"], ops["F16IM"], ops["F2RE"], ops["F2IM"]
     t1re, t1im = ops["T1RE"], ops["T1IM"]  # (A2, 16): W_A^(a2 k1)
     y = torch.empty(Bt, H, N, dtype=u.dtype)

@@ -193,6 +193,8 @@ class Order3Shared:
     CONTIG: gl.constexpr
     KG: gl.constexpr
     G1: gl.constexpr
+    RFFT: gl.constexpr  # 2: K's bins complex64 (one 64-bit load a bin); 3: float16 (one 32-bit load)
+    KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
 
 
 @struct
@@ -267,7 +269,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
-                                 WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240):
+                                 WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
+                                 RFFT: gl.constexpr = 2, KMID: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -281,7 +284,11 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     (two: eight wgmmas in flight, half the waits; the same arithmetic). WARPGROUPS 2: two warpgroups (4 + 4
     warps, gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
-    scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor)."""
+    scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
+    RFFT 3: K is the spectrum's bins as float16 (re, im) pairs (filter_spectrum(..., torch.float16): one 32-bit load a
+    bin, half the bytes from L2); KMID: a chunk's bins loaded between its stage-3 wgmmas' issue and their wait (their
+    L2 latency off the chain; the same values)."""
+    gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     A2: gl.constexpr = A // 16
@@ -309,7 +316,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1, RFFT, KMID)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -380,7 +387,8 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, 2, g.CONJ, True, 0, True, None, 0, 1, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, g.RFFT, g.CONJ, True, 0, True, None, 0, 1, False,
+                g.KMID)
 
     # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
     # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after

@@ -128,7 +128,8 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path == "order3":
-        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key, plan.loop, plan.g1, plan.warpgroups)
+        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key, plan.loop, plan.g1, plan.warpgroups,
+                      plan.rfft, plan.kmid)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -191,13 +192,22 @@ def _launch_gluon(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.
 def gluon_spectrum(plan: Plan, spectrum: torch.Tensor, conj: bool) -> torch.Tensor:
     """The spectrum (H, N + 1) as the Gluon kernel of ``plan`` reads it: with plan.rfft its bins as float32
     (re, im) pairs (the kernel conjugates; rfft 3: float16 pairs, a conversion a call), else laid out as the tile
-    (mono_spectrum, conjugated here)."""
-    spectrum = spectrum.resolve_conj()
+    (mono_spectrum, conjugated here); a float16 spectrum ((H, N + 1, 2): filter_spectrum(..., torch.float16)) with
+    rfft 3 as it is (its rows contiguous)."""
     if plan.rfft == 3:
-        return torch.view_as_real(spectrum).to(torch.float16)
+        return half_bins(spectrum)
+    spectrum = spectrum.resolve_conj()
     if plan.rfft:
         return torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     return mono_spectrum(spectrum, plan.n1, plan.n2, 1, False, conj)
+
+
+def half_bins(spectrum: torch.Tensor) -> torch.Tensor:
+    """The spectrum's bins as float16 (re, im) pairs, (H, N + 1, 2) with contiguous rows (what RFFT 3 reads, a bin one
+    32-bit load): a float16 spectrum as it is (made contiguous where it is not), a complex64 one converted."""
+    if spectrum.dtype == torch.float16:
+        return spectrum if spectrum.stride(-1) == 1 and spectrum.stride(-2) == 2 else spectrum.contiguous()
+    return torch.view_as_real(spectrum.resolve_conj()).to(torch.float16)
 
 
 # A keyed call's launch, all but its tensors (the grid, the DFT tables, the constexprs): a function of the
@@ -220,7 +230,7 @@ def _gluon_launch_parts(plan: Plan, u: torch.Tensor, y: torch.Tensor, conj: bool
     if plan.chunk:  # (WORKER_REGS 248: 4096's two warpgroups without spill)
         kernel = CONV_GLUON_CHUNKED
         options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=248, num_warps=4,
-                       YALIAS=plan.yalias and tma)
+                       YALIAS=plan.yalias and tma, KMID=plan.kmid)
     else:
         kernel = CONV_GLUON
         options.update(ASYNC=plan.async_mma, num_warps=plan.num_warps)
@@ -357,23 +367,29 @@ CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
 
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
-                  contig: bool = True, key=None, kg: int = 1, g1: int = 1, warpgroups: int = 1) -> None:
+                  contig: bool = True, key=None, kg: int = 1, g1: int = 1, warpgroups: int = 1, rfft: int = 2,
+                  kmid: bool = False) -> None:
     """gluon_order3's kernel (N = 8192 on Hopper): y = the causal convolution of u (B, H, N; unit stride along N) with
     the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
     correlation); ``per_sm`` persistent programs a multiprocessor; ``kg`` values of k1 a chunk (the kernel's KG); ``g1``
-    columns a2 a wgmma wait in stages 1a and 1'a (its G1); ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS)."""
+    columns a2 a wgmma wait in stages 1a and 1'a (its G1); ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS);
+    ``rfft`` 3: the bins read as float16 pairs (half_bins: a float16 spectrum as it is); ``kmid``: a chunk's bins loaded
+    under its stage-3 wgmmas (its KMID)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
     a, b = 2 * N // 64, 64
     ops = order3_operands(a, b, u.device, kg)
-    spectrum = spectrum.resolve_conj()
-    k = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+    if rfft == 3:
+        k = half_bins(spectrum)
+    else:
+        spectrum = spectrum.resolve_conj()
+        k = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     pairs = H * -(-B // 2)
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
+    options = dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, WARPGROUPS=warpgroups,
+                   WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS, RFFT=rfft,
+                   KMID=bool(kmid), num_warps=4)
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
-                                      B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)),
-                          dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, WARPGROUPS=warpgroups,
-                               WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS,
-                               num_warps=4))
+                                      B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)), options)

@@ -18,11 +18,16 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def filter_spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
+SPECTRUM_DTYPES = (torch.complex64, torch.float16)
+
+
+def filter_spectrum(k: torch.Tensor, n: int, dtype: torch.dtype = torch.complex64) -> torch.Tensor:
     """The spectrum of a filter, for ``fft_conv(u, spectrum)`` in place of ``fft_conv(u, k)``.
 
     k: (channels, filter_len), float16, bfloat16 or float32, 1 <= filter_len <= n; n: the sequence length
-    of the u it will convolve. Returns ``torch.fft.rfft(k.float(), n=2 * n)``: complex64 (channels, n + 1).
+    of the u it will convolve. Returns ``torch.fft.rfft(k.float(), n=2 * n)``: complex64 (channels, n + 1);
+    with ``dtype=torch.float16`` its bins as float16 (re, im) pairs, (channels, n + 1, 2)
+    (``torch.view_as_real(spectrum).half()``): see below.
     fft_conv computes this spectrum every call it is given the filter (a real FFT of channels x 2n: ~20 us at
     H 768, n 1024 on an H100); computed once and passed instead, that work and its launches leave the call,
     as FlashFFTConv's users keep k's FFT. The same result as passing k, bit for bit.
@@ -34,6 +39,14 @@ def filter_spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
         spectrum = tilecore.filter_spectrum(k, seqlen)   # once, per filter (per step while training k)
         y1 = tilecore.fft_conv(u1, spectrum)             # every call: the kernel only
         y2 = tilecore.fft_conv(u2, spectrum)
+
+    A float16 spectrum is half the bytes the kernels gather each call; on Hopper the Gluon kernels that read it as it
+    is (configs.GLUON_ONEPASS_HALF / GLUON_ORDER3_HALF) take it where they have n, and every other path widens it
+    to complex64 a call (a conversion: keep complex64 there). Its bins are rounded to float16 (2^-11 relative: bf16
+    outputs ~1.05x their rounding floor against float64 where complex64 gives ~1.04x; fp16 outputs a little above
+    complex64's ~2.5x), and float16 holds |bin| <= 65504: a channel whose taps' absolute sum exceeds that may
+    overflow (an inf bin: that channel's outputs NaN, never a finite wrong value). Its gradient (a trained filter) is
+    float16 too: train with complex64, keep float16 for inference.
     """
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"filter_spectrum: k must be a tensor (channels, filter_len); got {type(k).__name__}")
@@ -44,7 +57,15 @@ def filter_spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
     if k.dim() != 2 or not 1 <= k.shape[1] <= n:
         raise ValueError(f"filter_spectrum: k must be (channels, filter_len) with 1 <= filter_len <= n = {n}; got "
                          f"shape {tuple(k.shape)}")
-    return _spectrum(k, n)
+    if dtype not in SPECTRUM_DTYPES:
+        raise TypeError(f"filter_spectrum: dtype is torch.complex64 or torch.float16 (float16 (re, im) bins); got {dtype}")
+    spectrum = _spectrum(k, n)
+    return spectrum if dtype == torch.complex64 else torch.view_as_real(spectrum).to(torch.float16)
+
+
+def _is_spectrum(k: torch.Tensor) -> bool:
+    """k is a spectrum (filter_spectrum's: complex64 (H, N + 1), or float16 (H, N + 1, 2)), not a filter."""
+    return k.is_complex() or k.dim() == 3
 
 
 def _spectrum(k: torch.Tensor, n: int) -> torch.Tensor:
@@ -66,10 +87,12 @@ def check(u, k) -> None:
         raise TypeError(f"fft_conv: k must be a tensor (the filter or its spectrum); got {type(k).__name__}")
     if k.device != u.device:
         raise ValueError(f"fft_conv: k is on {k.device} and u on {u.device}")
-    if k.is_complex():
-        if k.dtype != torch.complex64 or k.shape != (H, N + 1):
+    if _is_spectrum(k):
+        if not ((k.dtype == torch.complex64 and k.shape == (H, N + 1))
+                or (k.dtype == torch.float16 and k.shape == (H, N + 1, 2))):
             raise ValueError(f"fft_conv: a spectrum k must be complex64 of shape (channels, seqlen + 1) = ({H}, "
-                             f"{N + 1}), as filter_spectrum(filter, {N}) gives; got {_name(k.dtype)} "
+                             f"{N + 1}), as filter_spectrum(filter, {N}) gives, or float16 ({H}, {N + 1}, 2), as "
+                             f"filter_spectrum(filter, {N}, torch.float16) gives; got {_name(k.dtype)} "
                              f"{tuple(k.shape)}")
         return
     if k.dtype not in DTYPES:
@@ -90,8 +113,12 @@ def _conv_impl(u, spectrum, conj: bool, key=None):
     a fresh, aligned copy: another specialization than the keyed tensor's own)."""
     y = launch.output(u.shape, u.dtype, u.device)
     launch_key = None if key is None else (key, conj, spectrum.is_conj())
-    launch.launch(_PLANS.memo(key, lambda: plan(u.shape[-1], u.device, u.dtype)), _rows(u), spectrum, y, conj,
-                  key=launch_key)
+    half = spectrum.dtype == torch.float16  # (H, N + 1, 2) float16 bins: read as they are where the plan's rfft is 3
+    p = _PLANS.memo(key, lambda: plan(u.shape[-1], u.device, u.dtype, half_spectrum=True) if half
+                    else plan(u.shape[-1], u.device, u.dtype))
+    if half and p.rfft != 3:  # (every other plan reads complex64 bins)
+        spectrum = torch.view_as_complex(spectrum.float().contiguous())
+    launch.launch(p, _rows(u), spectrum, y, conj, key=launch_key)
     return y
 
 
@@ -144,6 +171,8 @@ def _spectrum_backward(ctx, dy):
         du = eager.backward_call(_spectrum_op, _conv_impl, dy, spectrum, not ctx.conj)
     if ctx.needs_input_grad[1]:
         dk = spectrum_grad(u, dy, ctx.conj)
+        if spectrum.dtype == torch.float16:  # (a float16 spectrum's gradient: its (re, im) pairs)
+            dk = torch.view_as_real(dk).to(torch.float16)
     return du, dk, None
 
 
@@ -247,7 +276,8 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
     u: (batch, channels, seqlen), float16, bfloat16 or float32 (y has its dtype and shape). k: the
     filter (channels, filter_len), filter_len <= seqlen (zero past its end), or its spectrum
-    ``filter_spectrum(k, seqlen)`` (complex64 (channels, seqlen + 1)), precomputed once for many calls.
+    ``filter_spectrum(k, seqlen)`` (complex64 (channels, seqlen + 1); or float16 (channels, seqlen + 1, 2) with
+    ``dtype=torch.float16``: filter_spectrum says where that pays), precomputed once for many calls.
     Computed through a DFT of length 2 seqlen. bf16 / fp16 u at seqlen 1024, 2048, 4096 on Hopper: one
     Gluon kernel (every DFT stage a wgmma, u and y by TMA); at seqlen 256..4096 elsewhere: one Triton kernel
     for two sequences of a channel at a time (as the real and imaginary parts of one complex sequence),
@@ -271,7 +301,7 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     _CHECKED.memo(key, lambda: check(u, k) or True)
     # eager: the implementation, or its autograd Function where a gradient is recorded; torch.compile,
     # fake tensors, modes: the ops
-    if k.is_complex():
+    if _is_spectrum(k):
         if mode == "direct":
             y = _conv_impl(u, k, False, key=key)
             if key is not None and tiles_launch.BIND_KEYED_LAUNCHES and key not in _GLUON_CONVS:
@@ -301,9 +331,11 @@ class _GluonConv:
     def of(cls, key, u, k, y):
         p = _PLANS.get(key)
         parts = launch._GLUON_LAUNCHES.get((key, False, False))  # (_conv_impl's launch key of a fresh spectrum)
-        given = k.is_complex()
+        given = _is_spectrum(k)
+        half = k.dtype == torch.float16 and given  # (float16 bins: only a plan of rfft 3 reads them as they are)
         if p is None or p.path != "gluon" or parts is None or u.numel() == 0 or (
-                given and (k.is_conj() or k.stride(-1) != 1 or not p.rfft)) or p.rfft == 3:
+                given and (k.is_conj() or k.stride(-1) != 1 or not p.rfft)) or (p.rfft == 3) != half or (
+                half and k.stride(-2) != 2):
             return False
         self = cls()
         kernel, grid, tables, options, tma = parts

@@ -63,12 +63,13 @@ class Plan:
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
     prescale: bool = False  # "gluon": the spectrum product's scale from the block's spectrum (no reduction of Y)
     g1: int = 1  # "order3": columns a2 a wgmma wait in stages 1a / 1'a (its loop: k1 values a chunk; per_sm, contig)
+    kmid: bool = False  # "gluon" chunked, "order3": a block's spectrum bins loaded under its stage-3 wgmmas (KPRE 0)
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
                rfft: bool = False, warpgroups: int = 1, warps: int = 4, tw_sfu: bool = False,
                contig: bool = False, kpre: int = 0, yalias: bool = False, lean: int = 0, maxnreg: int = 0,
-               prescale: bool = False) -> Plan:
+               prescale: bool = False, kmid: bool = False) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
@@ -88,7 +89,9 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
     of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain).
     ``contig`` 2 (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it
-    (both on one channel's pairs at once). (CSCALE, TWEARLY and LAG were measured no faster or slower and
+    (both on one channel's pairs at once). ``rfft`` 3: the bins as float16 pairs (a float16 spectrum,
+    filter_spectrum(..., torch.float16), read as it is: one 32-bit load a bin). ``kmid`` (a 17th element; chunked,
+    kpre 0, no prescale): a chunk's bins loaded while its stage-3 wgmmas run. (CSCALE, TWEARLY and LAG were measured no faster or slower and
     removed: notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
@@ -103,6 +106,9 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
+    if kmid and not (chunk and kpre == 0 and not prescale):
+        raise ValueError(f"the Gluon one-pass kernel's kmid (the bins loaded under stage 3's wgmmas) is the chunked "
+                         f"kernel's, with kpre 0 and no prescale; got chunk {chunk}, kpre {kpre}, prescale {prescale}")
     if contig not in (False, True, 2) or (contig == 2 and (not chunk or warpgroups != 2)):
         raise ValueError(f"the Gluon one-pass kernel's contig is False, True or 2 (the chunked kernel's two walkers "
                          f"interleaved on their program's block); got {contig} (chunk {chunk}, warpgroups {warpgroups})")
@@ -115,7 +121,7 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                          f"chunked one to 4096); got {a} x {b}")
     return Plan("gluon", n1=a, n2=b, n3=1, num_warps=warps, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
                 tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups, tw_sfu=tw_sfu, contig=contig, kpre=kpre,
-                yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale))
+                yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale), kmid=bool(kmid))
 
 
 # the order-3 kernel's fits by N (sm_90a): programs a multiprocessor (shared memory, registers) and k1 values a chunk
@@ -123,21 +129,25 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), (1,))}
 
 
-def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, warpgroups: int = 1) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, warpgroups: int = 1,
+                rfft: int = 2, kmid: bool = False) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
     8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
     KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
     ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
-    KiB). (KPRE, XT and VIEWS were measured slower and removed: notes/fft_conv.)"""
+    KiB); ``rfft`` 3: the spectrum's bins as float16 pairs (a float16 spectrum read as it is), else 2 (complex64);
+    ``kmid``: a chunk's bins loaded while its stage-3 wgmmas run. (KPRE, XT and VIEWS were measured slower and
+    removed: notes/fft_conv.)"""
     fits = ORDER3_FITS.get(n)
     if (fits is None or per_sm not in fits[0] or kg not in fits[1] or contig not in (False, True) or g1 not in (1, 2)
-            or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)):
+            or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1) or rfft not in (2, 3)):
         raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
                          f"{ORDER3_FITS} (N: (per_sm, kg)), g1 1 or 2, warpgroups 1 or 2 (2: one program a "
                          f"multiprocessor); got N = {n}, per_sm {per_sm}, contig {contig}, kg {kg}, g1 {g1}, "
-                         f"warpgroups {warpgroups}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, warpgroups=warpgroups)
+                         f"warpgroups {warpgroups}, rfft {rfft} (2 or 3)")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, warpgroups=warpgroups,
+                rfft=rfft, kmid=bool(kmid))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
@@ -164,13 +174,21 @@ def plan_of_config(config: tuple) -> Plan:
     return long_plan(*config)
 
 
-def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Plan:
+def plan(n: int, device: torch.device, dtype: torch.dtype = torch.bfloat16, half_spectrum: bool = False) -> Plan:
+    """The path of a convolution of ``dtype`` sequences of length ``n`` on ``device``; ``half_spectrum``: the filter's
+    spectrum is float16 (filter_spectrum(..., torch.float16)): the Gluon tuples that read it as it is
+    (configs.GLUON_ORDER3_HALF, GLUON_ONEPASS_HALF) where they have n; every other plan reads complex64 bins (the op
+    widens a float16 spectrum for it)."""
     if dispatch.backend_for(device) == "reference":
         return Plan("torch")
     gluon = (str(dtype).removeprefix("torch.") in configs.PAIR_DTYPES and device.type != "cpu"
              and not dispatch.interpreter_enabled() and dispatch.gluon_ok(device))
     # (Gluon cannot run under TRITON_INTERPRET, which interprets every kernel); the order-3 kernel first where an N
     # has both
+    if gluon and half_spectrum and n in configs.GLUON_ORDER3_HALF:
+        return order3_plan(n, *configs.GLUON_ORDER3_HALF[n])
+    if gluon and half_spectrum and n in configs.GLUON_ONEPASS_HALF:
+        return gluon_plan(*configs.GLUON_ONEPASS_HALF[n])
     if gluon and n in configs.GLUON_ORDER3:
         return order3_plan(n, *configs.GLUON_ORDER3[n])
     if gluon and n in configs.GLUON_ONEPASS:

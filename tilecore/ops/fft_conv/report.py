@@ -54,7 +54,7 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                   chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
                   warps: int = 4, tw_sfu: bool = False, contig: bool = False,
                   kpre: int = 0, yalias: bool = False, lean: int = 0,
-                  maxnreg: int = 0, prescale: bool = False) -> tuple[str, object, dict, int, bool]:
+                  maxnreg: int = 0, prescale: bool = False, kmid: bool = False) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile; ``maxnreg`` is a compile option, which this tuple cannot carry:
     named only, the callers that compile pass it, gluon_options)."""
@@ -82,7 +82,9 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         ", contiguous walk" if contig else "") + (
         f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "") + (
         f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "") + (
-        ", spectrum prescale" if prescale else "")
+        ", spectrum prescale" if prescale else "") + (", bins under stage 3" if kmid else "")
+    if kmid:
+        args["KMID"] = True
     if chunk:
         del args["ASYNC"]
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
@@ -139,7 +141,7 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
 
 
 def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1,
-                   warpgroups: int = 1) -> tuple[str, object, dict, int, bool]:
+                   warpgroups: int = 1, rfft: int = 2, kmid: bool = False) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel) at a configs.GLUON_ORDER3
     tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair)."""
     import torch
@@ -157,6 +159,9 @@ def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1
     if warpgroups != 1:  # (the shipped tuples' arguments as before: their PTX compared across trees)
         args.update(WARPGROUPS=warpgroups, WORKER_REGS=gluon_order3.WORKER_REGS)
         extra += ", two warpgroups a pair"
+    if rfft == 3 or kmid:  # (only where set, as above)
+        args.update(K=f16 if rfft == 3 else f32, RFFT=rfft, KMID=bool(kmid))
+        extra += (", float16 bins" if rfft == 3 else "") + (", bins under stage 3" if kmid else "")
     return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, {4 * warpgroups} warps)",
             gluon_order3.fft_conv_gluon_order3_kernel, args, 4, True)
 

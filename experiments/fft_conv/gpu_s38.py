@@ -1,0 +1,138 @@
+"""Issue 37, session 38 (helper HF): the float16 filter spectrum (filter_spectrum(k, n, torch.float16), kept by the
+caller) through the op, and KMID (a chunk's spectrum bins loaded while its stage-3 wgmmas run) in the order-3 kernel,
+each checked against float64 and timed against the shipped path and torch.fft in the same run.
+
+    PYTHONPATH=. python experiments/fft_conv/gpu_s38.py [--sizes 4096,8192] [--rounds 3] [--kmid64]
+
+Per size (B16 H768 bf16; the filter's spectrum precomputed once, complex64 ``c64`` and float16 ``f16``):
+* rows "check": every variant's output (y poisoned with NaN first, so an element never written shows) on a B2 H64
+  slice against float64 (the error as a multiple of bf16's rounding floor; every element of y written), the
+  convolution and the correlation (the backward's du: the kernel with CONJ); the op with the float16 spectrum under
+  the HALF table patched in (tilecore.tiles.switches.patched): its path, the same bits as the candidate's launch;
+* rows "time": interleaved rounds (do_bench medians after warm-up; and from CUDA graphs, as the GPU is shared by
+  other lanes): torch.fft (rfft, product, irfft in float32), the shipped op on c64, the op on f16 with the shipped
+  tables (the spectrum widened to complex64 a call), the op on f16 with the HALF candidate patched in, the shipped
+  plan's launch alone, and every candidate's launch; x torch.fft and % of copy (the op's bytes, u + the spectrum +
+  y, at the anchors' 2,997 GB/s) printed.
+Candidates: configs.GLUON_ONEPASS_HALF_CANDIDATES, GLUON_ORDER3_HALF_CANDIDATES (and with --kmid64 the complex64
+KMID tuple of GLUON_ORDER3_CANDIDATES[8192]); the shipped plan's correlation is not rebuilt (a compile each). Writes $OUT/fft_conv_gpu_s38.json (after every row); prints a short table last.
+"""
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.common.gpu_script import Run, check, poisoned, same_bits, time_rounds  # noqa: E402
+from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
+from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
+from tilecore.ops.fft_conv.plan import gluon_plan, order3_plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
+from tilecore.tiles.switches import patched  # noqa: E402
+
+TOL = 1.3  # bf16: order 2 at ~1.04x the floor, order 3 ~1.07x; one rounding of K more (float16 bins) ~+0.01
+
+
+def correlation(u64, k64):
+    n = u64.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj(), n=2 * n)[..., :n]
+
+
+def candidates(n, kmid64=False):
+    """(label, plan, spectrum kind) of each variant at n: the shipped plan on complex64 bins first (``kmid64``: also
+    the order-3 KMID tuple on complex64 bins)."""
+    out = [("shipped launch", conv_plan(n, torch.device("cuda"), torch.bfloat16), "c64")]
+    for c in configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n, []):
+        out.append(("half " + ("kmid " if len(c) > 16 and c[16] else "") + "rfft3", gluon_plan(*c), "f16"))
+    for c in configs.GLUON_ORDER3_HALF_CANDIDATES.get(n, []):
+        out.append(("half rfft3" + (" kmid" if len(c) > 6 and c[6] else ""), order3_plan(n, *c), "f16"))
+    for c in configs.GLUON_ORDER3_CANDIDATES.get(n, []) if kmid64 else []:
+        if len(c) > 6 and c[6]:  # (KMID on complex64 bins)
+            out.append(("c64 kmid", order3_plan(n, *c), "c64"))
+    return out
+
+
+def half_switch(n, plan_tuple):
+    if n in configs.GLUON_ORDER3:
+        return patched(configs, GLUON_ORDER3_HALF={**configs.GLUON_ORDER3_HALF, n: tuple(plan_tuple)})
+    return patched(configs, GLUON_ONEPASS_HALF={**configs.GLUON_ONEPASS_HALF, n: tuple(plan_tuple)})
+
+
+def size(run, n, rounds, kmid64=False):
+    B, H = 16, 768
+    g = torch.Generator().manual_seed(n + 38)
+    u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+    k = (torch.randn(H, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(torch.bfloat16)
+    ref = fft_conv_reference(u[:2, :64].double(), k[:64].double())
+    ref_c = correlation(u[:2, :64].double(), k[:64].double())
+    ud, kd = u.cuda(), k.cuda()
+    spectra = {"c64": filter_spectrum(kd, n), "f16": filter_spectrum(kd, n, torch.float16)}
+    # the widened op's spectrum: a float16 view with padded rows (another signature than f16's: its own op plan)
+    wide = torch.zeros(H, n + 2, 2, dtype=torch.float16, device="cuda")
+    wide[:, :n + 1] = spectra["f16"]
+    strided = wide[:, :n + 1]
+    variants = candidates(n, kmid64)
+    outs = {}
+    for label, p, kind in variants:
+        for conj in ((False,) if label == "shipped launch" else (False, True)):  # (each conj build: a compile)
+            y = poisoned(ud)
+            conv_launch.launch(p, ud, spectra[kind], y, conj)
+            written = bool(torch.isfinite(y).all())
+            r = check(y[:2, :64].cpu(), ref_c if conj else ref, TOL)
+            run.row(f"check {n} {label}{' conj' if conj else ''}", path=p.path, all_written=written,
+                    **{**r, "pass": r["pass"] and written})
+            if not conj:
+                outs[label] = y
+    # the op on the float16 spectrum with the first HALF candidate patched in: its first call makes the key's plan
+    half_tuple = (configs.GLUON_ORDER3_HALF_CANDIDATES.get(n) or configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n) or [None])[0]
+    fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
+           "op c64": lambda: fft_conv(ud, spectra["c64"]),
+           "op f16 widened": lambda: fft_conv(ud, strided)}
+    if half_tuple is not None:
+        with half_switch(n, half_tuple):
+            y_op = fft_conv(ud, spectra["f16"])
+            picked = conv_plan(n, ud.device, ud.dtype, True)
+        cand = next(lab for lab, p, kind in variants if p == picked)
+        same = same_bits(y_op, outs[cand])
+        r = check(y_op[:2, :64].cpu(), ref, TOL)
+        run.row(f"check {n} op f16 half", path=picked.path, rfft=picked.rfft, same_bits_as_launch=same,
+                **{**r, "pass": r["pass"] and same and picked.rfft == 3})
+        fns["op f16 half"] = lambda: fft_conv(ud, spectra["f16"])
+    y_w = fft_conv(ud, strided)
+    run.row(f"check {n} op f16 widened", **check(y_w[:2, :64].cpu(), ref, TOL))
+    ys = {label: torch.empty_like(ud) for label, _, _ in variants}
+    for label, p, kind in variants:
+        fns[label] = (lambda p=p, kind=kind, y=ys[label]: conv_launch.launch(p, ud, spectra[kind], y, False))
+    copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6  # (u and y bf16, the spectrum complex64: the issue's bytes)
+
+    def rows(t, kind):
+        key = "_graph_ms" if kind == "graph" else "_ms"
+        base, shipped = t["torch.fft" + key], t["op c64" + key]
+        for name in fns:
+            ms = t[name + key]
+            run.row(f"time {n} {name}" + (" (graph)" if kind == "graph" else ""), ms=ms, x_torch_fft=round(base / ms, 3),
+                    vs_op=round(shipped / ms, 4), pct_copy=round(100 * copy_ms / ms, 1), rounds=t[f"{name}_rounds"])
+
+    rows(time_rounds(fns, rounds=rounds, deadline=run), "eager")
+    if run.left() > 8:  # (CUDA graphs: GPU time without the host's launches; other lanes' compiles disturb eager times)
+        run.attempt(f"graph {n}", lambda: rows(time_rounds(fns, rounds=2, graph=True, eager=False, deadline=run), "graph"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4096,8192")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kmid64", action="store_true", help="also KMID on complex64 bins (order 3)")
+    a = ap.parse_args()
+    run = Run("fft_conv_gpu_s38", deadline=55)
+    for n in [int(s) for s in a.sizes.split(",")]:
+        if run.left() > 15:
+            run.attempt(f"size {n}", size, run, n, a.rounds, a.kmid64)
+    run.finish(["name", "pass", "err_over_floor", "same_bits_as_launch", "ms", "x_torch_fft", "vs_op", "pct_copy"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The float16 filter spectrum (session 38): filter_spectrum(k, n, torch.float16) gives the bins as float16 (re, im)
+pairs, fft_conv takes them (the Gluon tuples of configs.GLUON_ONEPASS_HALF / GLUON_ORDER3_HALF read them as they are on
+Hopper; every other path widens them to complex64), at the floor against float64, differentiable; and KMID (the order-3
+kernel's bins loaded under its stage-3 wgmmas) with float16 bins compiles for sm_90a without spill."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore import accuracy, dispatch
+from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, gluon_emulate, gluon_order3
+from tilecore.ops.fft_conv import plan as conv_plan
+
+
+def _correlation(u64, k64):
+    n = u64.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj(), n=2 * n)[..., :n]
+
+
+def test_filter_spectrum_float16_is_the_rounded_bins():
+    g = torch.Generator().manual_seed(38)
+    k = torch.randn(3, 50, generator=g)
+    half = filter_spectrum(k, 64, torch.float16)
+    full = filter_spectrum(k, 64)
+    assert half.dtype == torch.float16 and half.shape == (3, 65, 2) and half.is_contiguous()
+    assert torch.equal(half, torch.view_as_real(full).half())
+    assert filter_spectrum(k, 64, torch.complex64).dtype == torch.complex64
+    with pytest.raises(TypeError, match="complex64 or torch.float16"):
+        filter_spectrum(k, 64, torch.bfloat16)
+
+
+@pytest.mark.parametrize("n, dtype, grows", [(256, torch.bfloat16, 0.05), (100, torch.bfloat16, 0.05),
+                                             (256, torch.float16, 0.6), (100, torch.float16, 0.6)])
+def test_fft_conv_takes_a_float16_spectrum_at_the_floor(n, dtype, grows):
+    """On the CPU (the interpreter's pair kernel at 256, torch.fft at 100) the float16 bins are widened to complex64:
+    the same bits as passing that widened spectrum; against float64 of the filter itself the error (a multiple of the
+    rounding floor) is the complex64 spectrum's plus the bins' float16 rounding (2^-11 relative): under bf16's floor
+    (measured +0.01), near fp16's (+0.26 at 256, 1.0 -> 1.46 on torch.fft at 100)."""
+    g = torch.Generator().manual_seed(n)
+    u = torch.randn(3, 2, n, generator=g).to(dtype)
+    k = (torch.randn(2, n, generator=g) / math.sqrt(n)).to(dtype)
+    half = filter_spectrum(k, n, torch.float16)
+    y = fft_conv(u, half)
+    assert y.dtype == dtype and y.shape == u.shape
+    assert torch.equal(y, fft_conv(u, torch.view_as_complex(half.float())))
+    ref = fft_conv_reference(u.double(), k.double())
+    err, err64 = (accuracy.error_over_floor(out, ref) for out in (y, fft_conv(u, filter_spectrum(k, n))))
+    assert err <= err64 + grows, (err, err64)
+
+
+def test_fft_conv_rejects_a_float16_spectrum_of_the_wrong_shape_or_dtype():
+    u = torch.randn(2, 3, 16)
+    k = torch.randn(3, 16)
+    half = filter_spectrum(k, 16, torch.float16)
+    for bad in (half[..., :1], half.float(), half[:, :16], half[:2], torch.zeros(3, 17, 2, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match=r"float16 \(3, 17, 2\)"):
+            fft_conv(u, bad)
+
+
+def test_float16_spectrum_gradients_are_the_complex64_ones_rounded():
+    """A float16 spectrum's gradient is the complex64 spectrum's (as pairs) in float16, du the same bits, and through
+    filter_spectrum(..., torch.float16) the filter's gradient matches the complex64 route's to float16 rounding."""
+    n = 40
+    g = torch.Generator().manual_seed(7)
+    u = torch.randn(3, 2, n, generator=g)
+    k = torch.randn(2, n, generator=g) / math.sqrt(n)
+    dy = torch.randn(3, 2, n, generator=g)
+    half = filter_spectrum(k, n, torch.float16).requires_grad_()
+    wide = torch.view_as_complex(half.detach().float()).requires_grad_()
+    grads = []
+    for s in (half, wide):
+        uu = u.clone().requires_grad_()
+        fft_conv(uu, s).backward(dy)
+        grads.append((uu.grad, s.grad))
+    (du16, ds16), (du64, ds64) = grads
+    assert ds16.dtype == torch.float16 and ds16.shape == half.shape
+    assert torch.equal(ds16, torch.view_as_real(ds64).half()) and torch.equal(du16, du64)
+    k16 = k.clone().requires_grad_()
+    k64 = k.clone().requires_grad_()
+    fft_conv(u, filter_spectrum(k16, n, torch.float16)).backward(dy)
+    fft_conv(u, filter_spectrum(k64, n)).backward(dy)
+    assert k16.grad.dtype == torch.float32
+    assert torch.allclose(k16.grad, k64.grad, rtol=0, atol=2e-3 * k64.grad.abs().max())
+
+
+def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
+    meta = torch.device("meta")
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)  # (as on the GPU)
+    with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
+        for table, n in ((configs.GLUON_ONEPASS_HALF, 4096), (configs.GLUON_ORDER3_HALF, 8192)):
+            monkeypatch.delitem(table, n, raising=False)
+            shipped = conv_plan.plan(n, meta, torch.bfloat16)
+            assert conv_plan.plan(n, meta, torch.bfloat16, True) == shipped  # off: the shipped plan (widened bins)
+        monkeypatch.setitem(configs.GLUON_ONEPASS_HALF, 4096, configs.GLUON_ONEPASS_HALF_CANDIDATES[4096][0])
+        got = conv_plan.plan(4096, meta, torch.bfloat16, True)
+        assert got.path == "gluon" and got.rfft == 3
+        assert conv_plan.plan(4096, meta, torch.bfloat16).rfft == 2  # a complex64 spectrum keeps the shipped tuple
+        monkeypatch.setitem(configs.GLUON_ORDER3_HALF, 8192, (2, True, 2, 2, 1, 3, True))
+        got = conv_plan.plan(8192, meta, torch.bfloat16, True)
+        assert got.path == "order3" and got.rfft == 3 and got.kmid
+        assert conv_plan.plan(8192, meta, torch.float32, True).path not in ("order3", "gluon")  # 16-bit u only
+    for n, cands in configs.GLUON_ORDER3_HALF_CANDIDATES.items():
+        assert all(conv_plan.order3_plan(n, *c).rfft == 3 for c in cands)
+    for n, cands in configs.GLUON_ONEPASS_HALF_CANDIDATES.items():
+        assert all(conv_plan.gluon_plan(*c).rfft == 3 for c in cands)
+    with pytest.raises(ValueError, match="rfft"):
+        conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 1)
+    with pytest.raises(ValueError, match="kmid"):  # (KMID: the chunked kernel's, with KPRE 0)
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1, 0, False, True)
+
+
+@pytest.mark.parametrize("dtype, conj, bound", [(torch.bfloat16, False, 1.2), (torch.bfloat16, True, 1.2),
+                                               (torch.float16, False, 3.5)])
+def test_order3_float16_bins_arithmetic_matches_float64(dtype, conj, bound):
+    """The order-3 kernel at 8192 with RFFT 3 (KG 2, the shipped chunking): its arithmetic (emulate_order3) with the
+    bins in float16 against float64; a float16 spectrum's bins are its complex64 one's rounded there."""
+    n = 8192
+    a, b, _ = gluon_order3.factors(n)
+    g = torch.Generator().manual_seed(38 + conj)
+    u = torch.randn(3, 1, n, generator=g).to(dtype)
+    k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(dtype)
+    half = filter_spectrum(k, n, torch.float16)
+    tile = gluon_emulate.kernel_spectrum(half, a, b, conj, 3)
+    assert torch.equal(tile, gluon_emulate.kernel_spectrum(filter_spectrum(k, n), a, b, conj, 3))
+    y = gluon_emulate.emulate_order3(u, half, conj, a, b, 2, 3)
+    ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
+    assert torch.isfinite(y).all()
+    assert accuracy.error_over_floor(y, ref) <= bound
+
+
+KMID = """
+import json, re, sys
+from tilecore.ops.fft_conv.report import order3_variant
+from tilecore.tiles.compile import compile_kernel, resources
+name, kernel, args, warps, _ = order3_variant(8192, 2, True, 2, 2, 1, 3, True)
+ptx = (compiled := compile_kernel(kernel, args, num_warps=warps)).asm["ptx"]
+# the spectrum's 32-bit loads between a wgmma issue and the next wait (KMID), against those elsewhere
+inside = outside = 0
+pending = False
+for line in ptx.splitlines():
+    if "wgmma.mma_async" in line:
+        pending = True
+    elif "wgmma.wait_group" in line:
+        pending = False
+    elif "ld.global" in line and ".b32" in line:
+        inside, outside = (inside + 1, outside) if pending else (inside, outside + 1)
+print(json.dumps(dict(inside=inside, outside=outside, b64=len(re.findall(r"ld\\.global[.\\w]*\\.b64", ptx)),
+                      **vars(resources(compiled)))))
+"""
+
+
+def test_order3_kmid_with_float16_bins_compiles_without_spill():
+    """The new candidate at 8192 (the shipped tuple, RFFT 3, KMID): no spill, two programs a multiprocessor still fit,
+    no 64-bit spectrum loads, and the bins' 32-bit loads issued while stage 3's wgmmas run."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", KMID], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+    assert 2 * row["shared"] <= 227 * 1024 and 2 * row["registers"] * 128 <= 65536, row
+    assert row["b64"] == 0 and row["inside"] >= 32, row
