@@ -2,7 +2,7 @@
 (gluon_gla_bwd's FORM bits STORE_TMA 512: dq through the consumer's epilogue buffer, dk through the stage's q buffer;
 DG_TMA 1024: dg through the stage's g buffer, waited for before the stage's release; DG_LATE 2048: dg through the
 pieces' buffers, waited for at the next tile's start), at d 64 AT_REG 4096 (a^T from a's registers, not a second
-product) and 3 stages, against configs' forms (FORM 2 at d 128, 258 at d 64) in one run. Each
+product) and 3 stages, at d 128 AT_SMEM 8192 (a^T read transposed from shared memory, not a second product), against configs' forms (FORM 2 at d 128, 258 at d 64) in one run. Each
 variant is checked against float64 ON THE GPU first (a gated backward can be miscompiled on Hopper: FLA's issue 640),
 then timed (< 60 s on an H100).
 
@@ -51,6 +51,8 @@ VARIANTS = {
     "d128 tma": (128, dict(dqk_gluon_form=2 | 512)),
     "d128 tma+dg": (128, dict(dqk_gluon_form=2 | 512 | 1024)),
     "d128 tma+dglate": (128, dict(dqk_gluon_form=2 | 512 | 2048)),  # DG_LATE 2048: dg through p1, p2, waited next tile
+    "d128 atsmem": (128, dict(dqk_gluon_form=2 | 8192)),  # AT_SMEM 8192: a^T read transposed from shared memory
+    "d128 atsmem+dglate": (128, dict(dqk_gluon_form=2 | 8192 | 2048)),
     "d64 configs": (64, {}),
     "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
     "d64 tma+dglate": (64, dict(dqk_gluon_form=258 | 512 | 2048)),

@@ -90,8 +90,9 @@ SPILLS_ALLOWED_FORM2 = 160
 SPILLS_SHIPPED = 120
 TMA_FORMS = (2 | 512 | 1024, 258 | 512 | 2048)
 AT_REG = 258 | 4096  # d 64: a^T from a's registers (8 KB of conversion scratch a consumer), no v do^T product: 4 B
+AT_SMEM = 2 | 8192  # d 128: a^T read transposed from the pieces' buffers (shared memory), no v do^T product: 36 B
 CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (64, 2, 258), (128, 2, TMA_FORMS[0]), (64, 2, TMA_FORMS[1]),
-         (64, 2, AT_REG)]
+         (64, 2, AT_REG), (128, 2, AT_SMEM)]
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +126,10 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
     if case[2] == AT_REG:  # v do^T's product gone (fewer wgmma instructions), its [64, 64] accumulator too
         assert r["form"] == AT_REG and r["spill_bytes"] <= SPILLS_SHIPPED, r
         assert r["wgmma_count"] < reports[(64, 2, 258)]["wgmma_count"], (r, reports[(64, 2, 258)])
+    if case[2] == AT_SMEM:  # the same, with no new shared memory (a's tile in the pieces' 8 KB)
+        assert r["form"] == AT_SMEM and r["spill_bytes"] <= SPILLS_SHIPPED, r
+        assert r["wgmma_count"] < reports[(128, 2, 2)]["wgmma_count"], (r, reports[(128, 2, 2)])
+        assert r["shared"] == reports[(128, 2, 2)]["shared"], r
 
 
 def test_launch_args_keeps_the_tma_stores_only_where_the_buffers_allow():

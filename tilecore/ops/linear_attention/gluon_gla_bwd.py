@@ -61,6 +61,9 @@ DG_TMA = gl.constexpr(1024)  # dg through the stage's g buffer (float32 g only);
 # only once the stores have read it (tma.store_wait at the chain's end)
 DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffers p1, p2 (a float32 view of their 8 KB),
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
+AT_SMEM = gl.constexpr(8192)  # a^T as a's strictly-lower bf16 tile stored to the pieces' buffers p1, p2 (one [BT, BT]
+# view of their 8 KB) and read transposed as dk's A operand from shared memory (k Ei in p1 and q E in p0, swapped), not a
+# second product v do^T: d 128's way (no room there for AT_REG's scratch)
 AT_REG = gl.constexpr(4096)  # a^T, dk's A operand, as a's registers transposed (a layout conversion through 8 KB of
 # scratch shared memory a consumer: d 64 only), not by a second product v do^T
 
@@ -285,8 +288,12 @@ class GlaDqk:
             sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                     gl.SliceLayout(0, L32))
         gl.thread_barrier()  # G's products have read the pieces
-        p0.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))  # (q and k read from the stage where used: fewer
-        p1.store((q_s.load(L32).to(gl.float32) * E).to(dtype))  # registers live through the products)
+        if self.FORM & AT_SMEM:  # (k Ei in p1, q E in p0: p1, p2 take a once dq's product has read k Ei)
+            p1.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))
+            p0.store((q_s.load(L32).to(gl.float32) * E).to(dtype))
+        else:
+            p0.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))  # (q and k read from the stage where used: fewer
+            p1.store((q_s.load(L32).to(gl.float32) * E).to(dtype))  # registers live through the products)
         fence_async_shared()
         gl.thread_barrier()
         # the value sums do v^T, do S_c^T, v dS_c^T
@@ -306,6 +313,8 @@ class GlaDqk:
         am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
         a_op = gl.convert_layout(am, self.A32)
         DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE)) != 0
+        gl.static_assert(not (self.FORM & AT_SMEM and self.FORM & (STORE_TMA | AT_REG)),
+                         "AT_SMEM keeps q E in p0 (STORE_TMA's dq buffer) and is not AT_REG")
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
@@ -321,7 +330,10 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dq_in = dqs
         else:
-            dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
+            if self.FORM & AT_SMEM:
+                dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
+            else:
+                dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
@@ -337,14 +349,25 @@ class GlaDqk:
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dk_in = dks
         else:
-            if self.FORM & AT_REG:
+            if self.FORM & AT_SMEM:
+                at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+                at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
+                gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
+                at_s.store(am)
+                fence_async_shared()
+                gl.thread_barrier()
+                at_op = at_s.permute((1, 0))
+            elif self.FORM & AT_REG:
                 at_op = gl.convert_layout(gl.permute(am, (1, 0)), self.A32)
             else:
                 at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
                 at = warpgroup_mma_wait(0, deps=[at_tok])
                 at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
                                           self.A32)
-            dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
+            if self.FORM & AT_SMEM:
+                dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
+            else:
+                dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
             dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
