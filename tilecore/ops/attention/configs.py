@@ -152,11 +152,11 @@ GLUON_BACKWARD_WINDOW_BALANCED = False
 # WINDOW 2: its half of dS written as zeros, no S, dP, dV, dK products; window 4096: 1 step of a tile's 66 for each
 # consumer). sm_90a D128 spills 272/304 B against 220/232. Off until an H100 run times it
 GLUON_BACKWARD_WINDOW_SKIP = False
-# (head dim, dq_from) whose backward under a softcap runs the capped softmax under dP's wgmma (launch.backward_softcap,
-# the kernel's SOFTCAP 3; a config's softcap_under_dp overrides). sm_90a spills (stores / loads, B) against SOFTCAP 2:
-# D128 fused 304/316 vs 312/320, dq kernel after 144/140 vs 140/144; lagged 476/548 vs 324/364 and D64 236/204 vs
-# 68/68 (not candidates). Empty (S and dP waited together) until an H100 run times it
-GLUON_BACKWARD_SOFTCAP_UNDER_DP: frozenset = frozenset()
+# (head dim, dq_from) whose backward under a softcap keeps the cap's derivative 1 - tanh^2 in float32 (launch.
+# backward_softcap, the kernel's SOFTCAP 3; a config's softcap_derivative_f32 overrides): no float16 round trip (96
+# instructions fewer in sm_90a D128 causal fused SASS), spills (stores / loads, B) fused 304/316 against 312/320, dq
+# kernel after 108/104 against 140/144, lagged 344/376 against 324/364. Empty until an H100 run times it
+GLUON_BACKWARD_SOFTCAP_F32: frozenset = frozenset()
 
 
 def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:

@@ -58,15 +58,13 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
     return 2 if cfg.get("tanh_approx", True) else 1
 
 
-def backward_softcap(softcap: float, cfg: dict, d: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """The Gluon backward's SOFTCAP at head dim ``d`` on ``dtype`` inputs: gluon_softcap's, or 3 (tanh.approx.f32,
-    the capped softmax under dP's wgmma: gluon_backward.AttentionBackward.compute) where the config's
-    ``softcap_under_dp`` says so, by default where configs.GLUON_BACKWARD_SOFTCAP_UNDER_DP holds (d, the config's
-    dq_from); bfloat16 only (SOFTCAP 3 rounds P^T (1 - tanh^2) to float16: at fp16 that is dS's own precision,
-    +12% on dQ's error in a float64 emulation, tests/attention/test_backward_window_softcap_s38.py)."""
+def backward_softcap(softcap: float, cfg: dict, d: int) -> int:
+    """The Gluon backward's SOFTCAP at head dim ``d``: gluon_softcap's, or 3 (tanh.approx.f32 and the cap's derivative
+    kept in float32, gluon_backward.AttentionBackward.probabilities) where the config's ``softcap_derivative_f32``
+    says so, by default where configs.GLUON_BACKWARD_SOFTCAP_F32 holds (d, the config's dq_from)."""
     mode = gluon_softcap(softcap, cfg)
-    under = cfg.get("softcap_under_dp", (d, cfg.get("dq_from")) in configs.GLUON_BACKWARD_SOFTCAP_UNDER_DP)
-    return 3 if mode == 2 and under and dtype == torch.bfloat16 else mode
+    f32 = cfg.get("softcap_derivative_f32", (d, cfg.get("dq_from")) in configs.GLUON_BACKWARD_SOFTCAP_F32)
+    return 3 if mode == 2 and f32 else mode
 
 
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
@@ -393,7 +391,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=backward_softcap(softcap, cfg, D, q.dtype), num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=backward_softcap(softcap, cfg, D), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

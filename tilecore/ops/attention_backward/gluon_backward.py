@@ -139,7 +139,7 @@ class AttentionBackward:
     DQ: gl.constexpr  # where dQ comes from: see compute
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr  # 1: a sliding window; 2: the same, a consumer skipping steps that miss its keys (fused dQ)
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2, the derivative kept in float32
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -283,12 +283,10 @@ class AttentionBackward:
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP == 3:  # float32: compute folds it into P^T at once
+        if self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
             dtanh = 1.0 - gl.minimum(s_t * s_t, 1.0)
-        elif self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
-            # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
-            # trip, unmeasured)
-            dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
+            if self.SOFTCAP != 3:  # SOFTCAP 3 keeps it in float32 (no float16 round trip, 16 more registers)
+                dtanh = dtanh.to(gl.float16)
         return p_t, dtanh
 
     @gluon.jit
@@ -369,17 +367,7 @@ class AttentionBackward:
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP == 3:
-            # the capped softmax under dP's wgmma, as without a cap: across the wait P^T in the operands' dtype
-            # and P^T (1 - tanh^2) in float16, 16 registers a thread each (P^T alone in float32 without a cap: 32)
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            pd_t = (p_t * dtanh).to(gl.float16)
-            p_t = p_t.to(stage.q.dtype)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_t = pd_t.to(gl.float32) * (dp_t - gl.expand_dims(delta_cols, 0))
-        elif self.SOFTCAP:
+        if self.SOFTCAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
             # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
