@@ -52,13 +52,13 @@ VARIANTS = {
     "d128 tma+dg": (128, dict(dqk_gluon_form=2 | 512 | 1024)),
     "d128 tma+dglate": (128, dict(dqk_gluon_form=2 | 512 | 2048)),  # DG_LATE 2048: dg through p1, p2, waited next tile
     "d128 atsmem": (128, dict(dqk_gluon_form=2 | 8192)),  # AT_SMEM 8192: a^T read transposed from shared memory
-    "d128 atsmem+dglate": (128, dict(dqk_gluon_form=2 | 8192 | 2048)),
+    "d128 atsmem+tma+dglate": (128, dict(dqk_gluon_form=2 | 8192 | 512 | 2048)),  # (dq through k's stage buffer)
     "d64 configs": (64, {}),
-    "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
     "d64 tma+dglate": (64, dict(dqk_gluon_form=258 | 512 | 2048)),
     "d64 st3": (64, dict(dqk_gluon=3)),  # (3 stages: 229.9 KB, still one CTA an SM as 2 stages' 164 KB)
     "d64 atreg": (64, dict(dqk_gluon_form=258 | 4096)),  # AT_REG 4096: a^T from a's registers, no v do^T product
     "d64 atreg+tma+dglate": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 2048)),
+    "d64 atsmem+tma+dglate": (64, dict(dqk_gluon_form=258 | 8192 | 512 | 2048)),
 }
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")

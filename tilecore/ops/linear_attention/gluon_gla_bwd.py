@@ -63,7 +63,8 @@ DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffer
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
 AT_SMEM = gl.constexpr(8192)  # a^T as a's strictly-lower bf16 tile stored to the pieces' buffers p1, p2 (one [BT, BT]
 # view of their 8 KB) and read transposed as dk's A operand from shared memory (k Ei in p1 and q E in p0, swapped), not a
-# second product v do^T: d 128's way (no room there for AT_REG's scratch)
+# second product v do^T: d 128's way (no room there for AT_REG's scratch); with STORE_TMA dq goes through the stage's k
+# buffer (q E holds p0 through dk's product), k kept in registers
 AT_REG = gl.constexpr(4096)  # a^T, dk's A operand, as a's registers transposed (a layout conversion through 8 KB of
 # scratch shared memory a consumer: d 64 only), not by a second product v do^T
 
@@ -313,8 +314,7 @@ class GlaDqk:
         am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
         a_op = gl.convert_layout(am, self.A32)
         DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE)) != 0
-        gl.static_assert(not (self.FORM & AT_SMEM and self.FORM & (STORE_TMA | AT_REG)),
-                         "AT_SMEM keeps q E in p0 (STORE_TMA's dq buffer) and is not AT_REG")
+        gl.static_assert(not (self.FORM & AT_SMEM and self.FORM & AT_REG), "AT_SMEM or AT_REG")
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
@@ -337,7 +337,13 @@ class GlaDqk:
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
-        if self.FORM & STORE_TMA:  # through p0 (k Ei, read by dq's product): the store runs under dk's products
+        if self.FORM & STORE_TMA and self.FORM & AT_SMEM:  # (q E holds p0 through dk's product): dq through k's
+            kf = k_s.load(L32).to(gl.float32)  # stage buffer, k kept in registers (each thread writes what it read)
+            k_s.store((dq + r * kf).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
+        elif self.FORM & STORE_TMA:  # through p0 (k Ei, read by dq's product): the store runs under dk's products
             gl.thread_barrier()  # every warp's product has read k Ei
             p0.store((dq + r * k_s.load(L32).to(gl.float32)).to(dtype))
             fence_async_shared()
@@ -383,7 +389,8 @@ class GlaDqk:
                      (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
         # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
         # J (dG + k dk_state) - L dG + dG
-        kf = k_s.load(L32).to(gl.float32)
+        if not (self.FORM & STORE_TMA and self.FORM & AT_SMEM):
+            kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
         if self.PROBE & PROBE_NO_DG_SCAN:
             lsum = z32
