@@ -142,7 +142,6 @@ class LinearAttentionForward:
     HAS_Z: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
-    O_IN_P: gl.constexpr  # with beta: o^T staged for its TMA store in the consumer's P^T buffer (else ctx.out)
     SL: gl.constexpr  # [BT, BT] scores and [BT, BV] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
@@ -346,8 +345,6 @@ class LinearAttentionForward:
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
         pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
-        if self.O_IN_P:
-            tma.store_wait(0)  # the previous chunk's o^T, staged in this buffer, has been read by its TMA store
         p_smem.store(pT.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
@@ -368,16 +365,11 @@ class LinearAttentionForward:
                 zT = stage.zb.reshape([self.BT, self.BV]).permute((1, 0)).load(self.SL).to(gl.float32)
             z_half = 0.5 * zT
             o = o * (z_half + z_half * tanh_approx(z_half))
-        # o^T to the output's block through shared memory (a transposed view), one TMA store; with O_IN_P from P^T's
-        # buffer (P V has read it: waited above), which frees the epilogue buffers' 16 KB for a third stage
-        if self.O_IN_P:
-            o_smem = p_smem.reshape([1, 1, self.BT, self.BV])
-        else:
-            tma.store_wait(0)
-            o_smem = ctx.out
-        o_smem.reshape([self.BT, self.BV]).permute((1, 0)).store(o.to(self.o_desc.dtype))
+        # o^T to the output's block through shared memory (a transposed view), one TMA store
+        tma.store_wait(0)
+        ctx.out.reshape([self.BT, self.BV]).permute((1, 0)).store(o.to(self.o_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], o_smem)
+        tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
         S = warpgroup_mma_wait(0, deps=(S_tok,))
         return Walk(S)
 
@@ -396,7 +388,7 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, O_IN_P: gl.constexpr = False):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
@@ -415,7 +407,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
-                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, O_IN_P, SL,
+                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
                                     wgmma_lhs_layout(BV, BT, gl.num_warps()))
     else:
@@ -423,7 +415,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
-                                    wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, O_IN_P, SL,
+                                    wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
                                     None)
     if HAS_BETA and HAS_Z:
@@ -441,11 +433,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
     # tensor: B1 with two units compiled to a CompilationError on the H100)
     num_tiles = gl.program_id(0) * 0 + num_tiles
-    gl.static_assert(HAS_BETA or not O_IN_P, "o staged in P^T's buffer: Mamba-2's step")
-    if O_IN_P:  # (the template's epilogue buffers unused: the smallest box's, G's [1, 1, BT] float32)
-        run(op, Layout(g_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
-    else:
-        run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+    run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 
 
 @gluon.jit
@@ -529,8 +517,7 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None,
-                o_in_p: bool = False):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
@@ -567,7 +554,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None, O_IN_P=o_in_p and beta is not None)
+                HAS_H0=h0 is not None, STORE_HT=ht is not None)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -632,7 +619,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, o_in_p: bool = False) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -645,7 +632,7 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None,
               else (None, None))
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), ht, 1.0, stages, o_in_p=o_in_p)
+                                    torch.empty_like(v), ht, 1.0, stages)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
