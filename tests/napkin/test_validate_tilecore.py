@@ -45,3 +45,22 @@ def test_graph_timing_drops_the_host_launch(tmp_path):
     _suite(tmp_path, "attention-decode", rows, timing="eager")
     eager = validate.predict_all(tmp_path)[0].predicted_s
     assert eager > graph
+
+
+def test_hadamard_latency_by_gpu_time_is_never_named_host_time():
+    # session 38's hadamard-latency suite replayed from CUDA graphs (the bench's JSON, as the bench writes it):
+    # read as graph-timed (no host floor, the graph launch), every row predicted and every miss named, none of
+    # them "host time" (the eager file's 12 tilecore misses were the host path of 2026-11-23); its GPU times
+    # grow with the rows (the eager file's were bimodal: 8.4 / 51.3 / 9.2 / 31.5 us over 1 / 2 / 16 / 64 rows)
+    from pathlib import Path
+    path = (Path(__file__).resolve().parents[2] / "notes" / "napkin" / "runs"
+            / "compile_s38a_run1_session38_h100_hadamard-latency.json")
+    data = json.loads(path.read_text())
+    preds = validate.predict_file(path, data, validate.lab_gpu(), validate.gemm_configs(), validate.host_times())
+    assert len(preds) == 36 and all(p.graph and p.bound != "host" for p in preds)
+    for p in preds:
+        cause = validate.name_cause(p) if p.miss > validate.TOLERANCE else ""
+        assert "host" not in cause and cause != "unexplained", (p.params, p.series, cause)
+    for n in (4096, 16384):
+        t = [p.measured_s for p in preds if p.series == "tilecore" and p.params["n"] == n]
+        assert t == sorted(t) and len(t) == 9

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                 + ". Or a Python file defining `diagram` (a napkin.Diagram) or `make(**sizes)`.")
     p.add_argument("model", nargs="?", help="one of: " + ", ".join(MODELS) + "; or a .py file")
     p.add_argument("sizes", nargs="*", help="size=value pairs, e.g. seq=4096 d=128 (causal=1); "
-                   f"integers 1..2^31-1 (2^k and 1e6 forms accepted)")
+                   "integers 1..2^31-1 (2^k and 1e6 forms accepted)")
     p.add_argument("--gpu", default="h100", help="comma-separated: a100, h100, h200 (default h100)")
     p.add_argument("--dtype", default="bf16", help="comma-separated: fp32, tf32, bf16, fp16, fp8 (default bf16)")
     p.add_argument("--time-model", default="overlap", choices=list(TIME_MODELS),

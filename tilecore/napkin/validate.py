@@ -60,6 +60,7 @@ class Prediction:
     bound: str
     cause: str = ""      # named where |predicted / measured - 1| > TOLERANCE
     headline: bool = False
+    graph: bool = False  # the file's calls were replayed from a CUDA graph (GPU time: no host path)
 
     @property
     def ratio(self) -> float:
@@ -379,6 +380,7 @@ def predict_file(path: Path, data: dict, lab, cfg: dict, host: dict) -> list:
         p = _predict_row(path, data, row, gpu, cfg, host)
         if p is None:
             raise ValueError(f"{path}: no prediction for a row of suite {data.get('suite')!r}: {row}")
+        p.graph = (data.get("meta") or {}).get("timing") == "graph"
         out.append(p)
     return out
 
@@ -422,6 +424,13 @@ def _is_headline(p: Prediction) -> bool:
 def name_cause(p: Prediction) -> str:
     """Why a row misses by more than 15%: the regime it is in, in the terms the model has or lacks."""
     q, fast = p.params, p.ratio > 1
+    if p.graph and p.op == "hadamard":
+        return ("latency at small sizes (GPU time, calls replayed from a CUDA graph): a few rows on an idle GPU, each "
+                "tile's load, transform stages and store in series (one row of 16384: 6.1 us against 1.75 for a copy "
+                "of its bytes, notes/napkin/runs/compile_s38a_run1_session38_h100.txt), not modelled beyond one fill")
+    if p.graph and p.op == "copy":
+        return ("latency at small sizes (GPU time, calls replayed from a CUDA graph): graph_launch_s (2.5 us) is the "
+                "decode kernels' graph-replayed figure; a small copy replays in 1.7-2.5 us (the same run)")
     if p.bound == "host" or (p.series.startswith("tilecore") and p.measured_s < 100e-6 and fast and
                              (p.op in ("gemm", "gemm_fp8", "hadamard"))):
         return ("host time: an eager call on the host path the bench ran with (before issue 31's host work); "
