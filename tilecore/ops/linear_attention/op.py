@@ -20,7 +20,8 @@ from tilecore.ops.linear_attention import configs, kernels_backward_gla, kernels
 from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2
+# (signature: read by name from this module's namespace by SignatureMemo)
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2, signature  # noqa: F401
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
