@@ -111,6 +111,22 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
         conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 1)
     with pytest.raises(ValueError, match="kmid"):  # (KMID: the chunked kernel's, with KPRE 0)
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1, 0, False, True)
+    with pytest.raises(ValueError, match="prefetch"):  # (the chunked kernel's KPRE 2 gathers complex64 bins)
+        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 3, 2, 4, True, False, 2, True, 1)
+    assert conv_plan.gluon_plan(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168).kpre == 3
+
+
+@pytest.mark.parametrize("n, conj", [(1024, False), (2048, True)])
+def test_whole_tile_float16_bins_arithmetic_matches_float64(n, conj):
+    """The whole-tile kernel (1024, 2048) reading float16 bins (RFFT 3; with KPRE 2 or 3 they come by 32-bit cp.async,
+    the same values): its arithmetic against float64 at the bf16 floor."""
+    a, b = 2 * n // 64, 64
+    g = torch.Generator().manual_seed(n + 38)
+    u = torch.randn(3, 1, n, generator=g).to(torch.bfloat16)
+    k = (torch.randn(1, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
+    y = gluon_emulate.emulate(u, filter_spectrum(k, n, torch.float16), conj, a, b, 3, 0, True)
+    ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
+    assert torch.isfinite(y).all() and accuracy.error_over_floor(y, ref) <= 1.2
 
 
 @pytest.mark.parametrize("dtype, conj, bound", [(torch.bfloat16, False, 1.2), (torch.bfloat16, True, 1.2),
@@ -163,3 +179,28 @@ def test_order3_kmid_with_float16_bins_compiles_without_spill():
     assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
     assert 2 * row["shared"] <= 227 * 1024 and 2 * row["registers"] * 128 <= 65536, row
     assert row["b64"] == 0 and row["inside"] >= 32, row
+
+
+KPRE_TILE = """
+import json, re
+from tilecore.ops.fft_conv import configs
+from tilecore.ops.fft_conv.report import gluon_options, gluon_variant
+from tilecore.tiles.compile import compile_kernel, resources
+c = configs.GLUON_ONEPASS_HALF_CANDIDATES[1024][0]
+name, kernel, args, warps, _ = gluon_variant(*c[:2], 0, *c[3:])
+ptx = (compiled := compile_kernel(kernel, args, num_warps=warps, **gluon_options(c))).asm["ptx"]
+sizes = re.findall(r"cp\\.async\\.ca\\.shared\\.global [^;]*, (0x[0-9a-f]+);", ptx)
+print(json.dumps(dict(sizes=sorted(set(sizes)), **vars(resources(compiled)))))
+"""
+
+
+def test_kpre_tile_of_float16_bins_compiles_at_three_programs_a_multiprocessor():
+    """1024's shipped tuple (KPRE 3: the channel's bins gathered once by cp.async into shared memory) at RFFT 3: the
+    copies 4 bytes a bin (8 with complex64), no spill at maxnreg 168, three programs a multiprocessor still fit (the
+    tile 8 KiB smaller)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", KPRE_TILE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    assert row["sizes"] == ["0x4"] and row["spill_stores"] == 0 and row["registers"] <= 168, row
+    assert 3 * row["shared"] <= 227 * 1024, row

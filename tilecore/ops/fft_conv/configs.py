@@ -52,7 +52,10 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
 # bins, so the op widens a float16 spectrum for it (a conversion a call). GLUON_ORDER3_HALF goes first where N has both
 GLUON_ONEPASS_HALF: dict = {}  # off until a run of this session times it through the op
 GLUON_ORDER3_HALF: dict = {}
-GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py
+GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
+    1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
+    2048: [(64, 64, 2, True, True, 0, 3, 1, 4, True, False, 2, False, 3),  # + KPRE 2 (int32 tile: two a SM fit)
+           (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3)],  # + KPRE 3 on a CONTIG walk (as 1024)
     4096: [(128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # the shipped tuple at RFFT 3 (KMID: 8 B spill)
 }
 GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples

@@ -140,7 +140,7 @@ def _conjugated(kim, mirrored, CONJ: gl.constexpr):
 @gluon.jit
 def _spectrum_issue(st, spectrum, f, fresh=True):
     """KPRE: start reading the bins f of the spectrum (``spectrum``: the channel's row) before the block's
-    stage 1. KPRE 1: loaded into registers now, returned (kre, kim) (_spectrum_at); KPRE 2 (RFFT 2): each bin's
+    stage 1. KPRE 1: loaded into registers now, returned (kre, kim) (_spectrum_at); KPRE 2 (RFFT 2; RFFT 3: 32-bit): each bin's
     (re, im) gathered as one 64-bit cp.async into st.kbuf (f's layout, so a thread reads back what it
     copied), returns (0, 0); KPRE 3 (the whole-tile kernel: st.kbuf holds the channel's whole tile): as 2
     where ``fresh`` (the pair's channel is not the previous pair's: CONTIG walks a channel's pairs in a
@@ -152,10 +152,11 @@ def _spectrum_issue(st, spectrum, f, fresh=True):
         else:
             kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
     elif st.KPRE >= 2:
-        gl.static_assert(st.RFFT == 2, "KPRE 2, 3 gather a bin as one 64-bit copy: RFFT 2")
+        gl.static_assert(st.RFFT == 2 or st.RFFT == 3, "KPRE 2, 3 gather a bin as one copy: RFFT 2 (64-bit), 3 (32-bit)")
         if st.KPRE == 2 or fresh:
             bin = gl.where(f > st.L // 2, st.L - f, f)
-            async_copy.async_copy_global_to_shared(st.kbuf, spectrum.to(gl.pointer_type(gl.int64), bitcast=True) + bin)
+            word: gl.constexpr = gl.int64 if st.RFFT == 2 else gl.int32  # (a bin: complex64, or float16 pairs)
+            async_copy.async_copy_global_to_shared(st.kbuf, spectrum.to(gl.pointer_type(word), bitcast=True) + bin)
             async_copy.commit_group()
         kre = 0.0
         kim = 0.0
@@ -177,7 +178,10 @@ def _spectrum_take(st, spectrum, f, kpre):
             kim = _conjugated(kim, f > st.L // 2, st.CONJ)
     elif st.KPRE >= 2:
         async_copy.wait_group(0)
-        kre, kim = _unpack_bin(st.kbuf.load(f.type.layout))
+        if st.RFFT == 3:
+            kre, kim = _unpack_half_bin(st.kbuf.load(f.type.layout))
+        else:
+            kre, kim = _unpack_bin(st.kbuf.load(f.type.layout))
         kim = _conjugated(kim, f > st.L // 2, st.CONJ)
     else:
         kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
@@ -260,7 +264,7 @@ class Stages:
     ASYNC: gl.constexpr
     PROBE: gl.constexpr
     TW_SFU: gl.constexpr
-    kbuf: object  # [B, C] int64 in shared memory (KPRE 2), else None
+    kbuf: object  # [B, C] int64 (int32: RFFT 3) in shared memory (KPRE 2, 3), else None
     KPRE: gl.constexpr
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
     PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
@@ -579,10 +583,13 @@ def _last_y(io):
 
 
 @gluon.jit
-def _spectrum_buffer(B: gl.constexpr, C: gl.constexpr, KPRE: gl.constexpr):
-    """KPRE 2 and 3's [B, C] int64 shared tile of a block's spectrum bins (rows XOR-swizzled by 16-byte vectors:
-    the accumulator layout's threads read 8 rows at once), else None."""
-    if KPRE >= 2:
+def _spectrum_buffer(B: gl.constexpr, C: gl.constexpr, KPRE: gl.constexpr, RFFT: gl.constexpr = 2):
+    """KPRE 2 and 3's [B, C] shared tile of a block's spectrum bins, int64 (RFFT 2: complex64 bins) or int32 (RFFT 3:
+    float16 pairs), rows XOR-swizzled by 16-byte vectors (the accumulator layout's threads read 8 rows at once), else
+    None."""
+    if KPRE >= 2 and RFFT == 3:
+        kbuf = gl.allocate_shared_memory(gl.int32, [B, C], gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
+    elif KPRE >= 2:
         layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, order=[1, 0])
         kbuf = gl.allocate_shared_memory(gl.int64, [B, C], layout)
     else:
@@ -677,7 +684,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, A], gl.float16)
     tile_re = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)  # R, then Y: square products' B
     tile_im = gl.allocate_shared_memory(gl.float16, [B, A], stage_layout)
-    kbuf = _spectrum_buffer(B, A, KPRE)
+    kbuf = _spectrum_buffer(B, A, KPRE, RFFT)
     if TMA:
         u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
         y_smem = gl.allocate_shared_memory(y_desc.dtype, y_desc.block_type.shape, y_desc.layout)
@@ -854,6 +861,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     gl.static_assert(not KMID or (KPRE == 0 and not PRESCALE), "KMID reads the bins under stage 3: KPRE 0, no PRESCALE")
+    gl.static_assert(KPRE < 2 or RFFT == 2, "the chunked kernel's KPRE 2 gathers complex64 bins (RFFT 2)")
     HALF: gl.constexpr = A // 2
     CHUNKS: gl.constexpr = A // CHUNK
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])

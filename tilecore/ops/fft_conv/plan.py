@@ -99,9 +99,11 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         raise ValueError("the Gluon one-pass kernel's YALIAS (y's box in u's ring) is the chunked kernel's, with TMA")
     if rfft not in (0, 1, 2, 3):
         raise ValueError(f"the Gluon one-pass kernel's rfft is 0..3 (3: float16 bins); got {rfft}")
-    if kpre not in (0, 1, 2, 3) or (kpre >= 2 and rfft != 2) or (kpre == 3 and (chunk or not contig)):
-        raise ValueError(f"the Gluon one-pass kernel's spectrum prefetch is 0..3 (2, 3 with rfft 2; 3 whole-tile on a "
-                         f"contiguous walk); got {kpre} (rfft {rfft}, chunk {chunk}, contig {contig})")
+    if kpre not in (0, 1, 2, 3) or (kpre >= 2 and rfft not in (2, 3)) or (kpre >= 2 and rfft == 3 and chunk) or (
+            kpre == 3 and (chunk or not contig)):
+        raise ValueError(f"the Gluon one-pass kernel's spectrum prefetch is 0..3 (2, 3 with rfft 2, or rfft 3 in the "
+                         f"whole-tile kernel; 3 whole-tile on a contiguous walk); got {kpre} (rfft {rfft}, chunk {chunk}, "
+                         f"contig {contig})")
     if chunk:
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
