@@ -3,6 +3,7 @@ caller) through the op, and KMID (a chunk's spectrum bins loaded while its stage
 each checked against float64 and timed against the shipped path and torch.fft in the same run.
 
     PYTHONPATH=. python experiments/fft_conv/gpu_s38.py [--sizes 4096,8192] [--rounds 3] [--kmid64]
+    (sizes: any of 1024, 2048, 4096, 8192, 16384: each has float16-bin candidates)
 
 Per size (B16 H768 bf16; the filter's spectrum precomputed once, complex64 ``c64`` and float16 ``f16``):
 * rows "check": every variant's output (y poisoned with NaN first, so an element never written shows) on a B2 H64
@@ -45,7 +46,7 @@ def candidates(n, kmid64=False):
     the order-3 KMID tuple on complex64 bins)."""
     out = [("shipped launch", conv_plan(n, torch.device("cuda"), torch.bfloat16), "c64")]
     for c in configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n, []):
-        out.append(("half " + ("kmid " if len(c) > 16 and c[16] else "") + "rfft3", gluon_plan(*c), "f16"))
+        out.append((f"half rfft3 kpre{c[11]}" + (" kmid" if len(c) > 16 and c[16] else ""), gluon_plan(*c), "f16"))
     for c in configs.GLUON_ORDER3_HALF_CANDIDATES.get(n, []):
         out.append(("half rfft3" + (" kmid" if len(c) > 6 and c[6] else ""), order3_plan(n, *c), "f16"))
     for c in configs.GLUON_ORDER3_CANDIDATES.get(n, []) if kmid64 else []:
