@@ -17,10 +17,12 @@ Phases (each only where the budget allows; rows printed as they come, the table 
   sum of its kernels, and each kernel's).
 * passes: the k pass (quantize.rotate_quantize, per 128-key blocks) and the v pass (quantize_v_permuted per block) of
   that shape against torch's bf16 -> e4m3 cast of the same tensor (the same bytes read and written: the copy-speed
-  reference) and a bf16 copy; GPU time by the profiler, GB/s.
+  reference) and a bf16 copy; each a single kernel, timed from CUDA graphs (interleaved rounds), GB/s.
 * tail: B2 Hq8 Hkv2 N1008 Nk1104 D128 causal (GQA, tails): old and new bit for bit, against float64 (every head).
 * outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
   RMSE against float64, old and new.
+* plain128c, plain64c: attention_fp8 on e4m3 inputs with per-head descales (the kernel alone), old and new: O
+  against float64 and bit for bit, graph times and TFLOP/s.
 * d64c: B16 H16 N4096 D64 causal, as d128c; d128, d64: the same without the mask (hide_first_key changes nothing
   there: the end-to-end figures).
 * sweep: rotate_quantize's launch shapes (row blocks x warps x stages) and quantize_v_permuted's tile permuted in
@@ -81,6 +83,16 @@ def gpu_us(fn, calls: int = 3) -> dict:
     totals = [sum(e.time_range.end - e.time_range.start for e in ks[c * per:(c + 1) * per]) for c in range(calls)]
     return {"total_us": round(statistics.median(totals), 1),
             "kernels": [(e.name[:40], round(e.time_range.end - e.time_range.start, 1)) for e in ks[-per:]]}
+
+
+def med(xs):
+    """The median of the figures that are there (None where none is)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a, b):
+    return round(a / b, 4) if a and b else None
 
 
 def main():
@@ -147,9 +159,27 @@ def main():
         grow = {f"{n}_gpu_us": gpu[n] for n in fns}
         if not smoke:
             for n in ("old", "new"):
-                grow[f"{n}_x_bf16_gpu"] = round(statistics.median(gpu["bf16"]) / statistics.median(gpu[n]), 4)
+                grow[f"{n}_x_bf16_gpu"] = ratio(med(gpu["bf16"]), med(gpu[n]))
         grow["kernels"] = kernels
         run.row(f"{label} gpu time", **grow)
+
+    def pass_times(fns: dict, moved: dict, label: str):
+        """Single-kernel calls timed from CUDA graphs (do_bench_cudagraph: replays back to back) in interleaved
+        rounds, beside the cast (the same bytes): us, GB/s (bytes ``moved``) and the fraction of the cast's rate."""
+        t = time_rounds(fns, rounds=3, graph=True, eager=False, deadline=run)
+        row = {}
+        for n in fns:
+            ms = t.get(f"{n}_graph_ms")
+            row[f"{n}_us"] = round(ms * 1e3, 2) if ms else None
+            if ms and n in moved:
+                row[f"{n}_GBps"] = round(moved[n] / (ms * 1e-3) / 1e9, 1)
+        cast = row.get("cast_e4m3_us")
+        for n in fns:
+            if n != "cast_e4m3" and n in moved and moved[n] == moved.get("cast_e4m3"):
+                row[f"{n}_of_cast"] = ratio(cast, row[f"{n}_us"])
+        row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
+        run.row(label, **row)
+        return row
 
     def passes():
         B, H, N, D = (1, 2, 256, 128) if smoke else (16, 16, 4096, 128)
@@ -163,20 +193,7 @@ def main():
                "copy_bf16": lambda: dst.copy_(k)}
         moved = {"k_pass": 3 * k.numel(), "v_pass": 3 * k.numel(), "cast_e4m3": 3 * k.numel(),
                  "copy_bf16": 4 * k.numel()}  # bytes read + written (the descales: < 0.1%)
-        gpu = {n: [] for n in fns}
-        for r in range(3):
-            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                gpu[n].append(gpu_us(fn=fns[n], calls=3)["total_us"])
-        row = {}
-        for n in fns:
-            us = statistics.median(gpu[n]) if not smoke else None
-            row[f"{n}_us"] = us
-            row[f"{n}_GBps"] = round(moved[n] / us / 1e3, 1) if us else None
-        if not smoke:
-            row["k_pass_x_cast"] = round(row["cast_e4m3_us"] / row["k_pass_us"], 3)
-            row["v_pass_x_cast"] = round(row["cast_e4m3_us"] / row["v_pass_us"], 3)
-        row["rounds"] = gpu
-        run.row("passes vs copy", **row)
+        pass_times(fns, moved, "passes vs copy")
 
     def sweep():
         """The k pass's launch shapes (rotate_quantize's config: blocks of 128 rows a program, warps, stages) and the v
@@ -199,12 +216,39 @@ def main():
         if same_bits(fv(), ref_v):
             fns["v_permute_in_registers"] = fv
         fns["v_shipped"] = lambda: quantize.quantize_v_permuted(v, per="block")
-        gpu = {n: [] for n in fns}
-        for r in range(3):
-            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                gpu[n].append(gpu_us(fns[n], calls=3)["total_us"])
-        row = {f"{n}_us": (statistics.median(x) if not smoke else None) for n, x in gpu.items()}
-        run.row("passes sweep", **row)
+        pass_times(fns, {n: 3 * k.numel() for n in fns}, "passes sweep")
+
+    def plain(label, B, H, N, D, causal):
+        """attention_fp8 on e4m3 q, k, v with per-head descales (the kernel alone), hide_first_key off / on."""
+        from tilecore.ops.attention_fp8.quantize import quantize_fp8
+
+        g = torch.Generator(device=dev).manual_seed(N + D + 1)
+        q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+        ref = reference(q[-1:, -1:], k[-1:, -1:], v[-1:, -1:], causal)[0, 0]
+        q8, qs = quantize_fp8(q, per="head")
+        k8, ks = quantize_fp8(k, per="head")
+        v8, vs = quantize_fp8(v, per="head", layout="keys_permuted")
+        fns, outs = {}, {}
+        for name, hide in (("old", False), ("new", True)):
+            cfg = {d: dict(c, hide_first_key=hide) for d, c in configs.GLUON_FORWARD.items()}
+
+            def f(cfg=cfg):
+                with patched(configs, GLUON_FORWARD=cfg):
+                    return tilecore.attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, causal=causal,
+                                                  out_dtype=dt, v_layout="keys_permuted", check_scales=False)
+            poison_allocator(q)
+            outs[name] = f()
+            fns[name] = f
+            run.row(f"{label} check {name}", **check(outs[name][-1, -1], ref, tol=40.0))
+        run.row(f"{label} old == new bits", **{"pass": same_bits(outs["old"], outs["new"])})
+        del outs
+        t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        row = {f"{n}_graph_ms": t.get(f"{n}_graph_ms") for n in fns}
+        row.update({f"{n}_tflops": round(flops / (t[f"{n}_graph_ms"] * 1e9), 1) for n in fns if t.get(f"{n}_graph_ms")})
+        row["new_x_old_graph"] = ratio(t.get("old_graph_ms"), t.get("new_graph_ms"))
+        row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
+        run.row(f"{label} time", **row)
 
     def tail():
         B, Hq, Hkv, N, Nk, D = (1, 4, 2, 40, 56, 128) if smoke else (2, 8, 2, 1008, 1104, 128)
@@ -238,7 +282,9 @@ def main():
         run.row("outlier causal rotated", **row)
 
     shapes = {"d128c": (128, True), "d64c": (64, True), "d128": (128, False), "d64": (64, False)}
-    need = {"d128c": 0, "passes": 8, "sweep": 15, "tail": 12, "outlier": 10, "d64c": 25, "d128": 25, "d64": 25}
+    plains = {"plain128c": (128, True), "plain64c": (64, True)}
+    need = {"d128c": 0, "passes": 8, "sweep": 15, "tail": 12, "outlier": 10, "d64c": 25, "d128": 25, "d64": 25,
+            "plain128c": 15, "plain64c": 15}
     for c in cases:
         if run.left() < need.get(c, 10):
             run.errors.append(f"{c}: skipped for the time budget ({run.elapsed():.0f} s)")
@@ -248,10 +294,14 @@ def main():
             D, causal = shapes[c]
             B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
             run.attempt(c, attention_case, c, B, H, N, D, causal)
+        elif c in plains:
+            D, causal = plains[c]
+            B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
+            run.attempt(c, plain, c, B, H, N, D, causal)
         else:
             run.attempt(c, {"passes": passes, "sweep": sweep, "tail": tail, "outlier": outlier}[c])
     run.finish(["name", "pass", "err_over_floor", "old_x_bf16_graph", "new_x_bf16_graph", "old_x_bf16_gpu",
-                "new_x_bf16_gpu", "old_x_bf16_eager", "new_x_bf16_eager", "k_pass_x_cast", "v_pass_x_cast"])
+                "new_x_bf16_gpu", "new_x_old_graph", "k_pass_of_cast", "v_pass_of_cast", "cast_e4m3_GBps"])
 
 
 if __name__ == "__main__":

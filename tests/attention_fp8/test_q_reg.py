@@ -162,9 +162,10 @@ def test_kernel_compiles_with_q_in_registers(report):
         assert r["bf16_wgmma"] == 2 * r["D"] // 16 and r["e4m3_wgmma"] > 0, r  # the rotation; S and P V in e4m3
         assert r["fence"] < smem128["fence"], (r, smem128)  # no fence for the codes: they are not stored
         assert r["shared"] <= smem128["shared"], r
-    # D128 causal N4096: 32 / 32 bytes of spills (rotate_q's 48 / 76; sm_90a SASS: none in the steady step,
+    # D128 causal N4096 (GQA 4 / 2 here): 72 / 76 bytes of spills with hide_first_key (D128's default; 32 / 32 without
+    # it; sm_90a SASS: stored once a program, reloaded in a tile's start and finish, none in the steady step,
     # experiments/attention_fp8/sass_fp8.py --variants qreg), D64 none
-    assert reg128["spill_stores"] <= 48 and reg128["spill_loads"] <= 64, reg128
+    assert reg128["spill_stores"] <= 80 and reg128["spill_loads"] <= 96, reg128
     assert reg64["spill_stores"] == 0 and reg64["spill_loads"] == 0, reg64
 
 
@@ -185,8 +186,9 @@ def test_rotated_config_takes_stages_and_q_buffers():
 
 def test_kernel_compiles_with_the_rotation_split(report):
     # rot_split: two [64, D/2] x [D/2, D/2] products a consumer (D/2 / 16 instructions each: half the rotation's),
-    # the matrix half the shared memory; not serialized, spills bounded (D128 36 / 44 bytes, none in the steady step
-    # in sm_90a SASS: sass_fp8.py --variants qreg_split), D64 none
+    # the matrix half the shared memory; not serialized, spills bounded (D128 76 / 84 bytes with hide_first_key, 36 / 44
+    # without: stored once a program, reloaded in a tile's start and finish, none in the steady step in sm_90a SASS:
+    # sass_fp8.py --variants qreg_split), D64 none
     full = {r["D"]: r for r in report[:3] if r["q_reg"]}
     for r in report[3:]:
         assert r["split"] and r["q_reg"] and not r["wgmma_serialized"], r
@@ -194,5 +196,5 @@ def test_kernel_compiles_with_the_rotation_split(report):
         assert full[r["D"]]["half_wgmma"] == 0, full  # the full product: m64nDk16
         assert r["shared"] < full[r["D"]]["shared"], (r, full[r["D"]])
     split128, split64 = report[3:]
-    assert split128["spill_stores"] <= 48 and split128["spill_loads"] <= 64, split128
+    assert split128["spill_stores"] <= 80 and split128["spill_loads"] <= 96, split128
     assert split64["spill_stores"] == 0 and split64["spill_loads"] == 0, split64

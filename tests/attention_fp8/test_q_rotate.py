@@ -146,8 +146,9 @@ def test_kernel_compiles_with_the_rotation_on_the_tensor_cores(report):
         assert r["shared"] <= 227 * 1024, r
     d128, d64 = report
     # D128 at the shipped 3 stages and 2 Q buffers a consumer: 230,272 bytes (the e4m3 codes over the bf16 buffer, no
-    # buffer of their own); 48 / 76 bytes of spills at causal N 4096, none in the steady step (sm_90a SASS: in the
-    # tile's setup and epilogue; the shipped kernel with the same descales 0, non-causal 20 / 44); D64 none
+    # buffer of their own); 40 / 48 bytes of spills at causal N 4096 (48 / 76 without hide_first_key), none in the
+    # steady step (sm_90a SASS: in the tile's setup and epilogue; the shipped kernel with the same descales 0,
+    # non-causal 20 / 44); D64 none
     assert (d128["stages"], d128["q_buffers"]) == (3, 2), d128
     assert d128["spill_stores"] <= 64 and d128["spill_loads"] <= 96, d128
     assert d64["spill_stores"] == 0 and d64["spill_loads"] == 0, d64

@@ -14,7 +14,8 @@ from tilecore import dispatch
 from tilecore.ops.attention_fp8 import launch
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles.launch import LRU, SignatureMemo
+from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY's misses: SignatureMemo reads it from globals)
 
 # the keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
 _CALL_KEY = SignatureMemo(globals())
