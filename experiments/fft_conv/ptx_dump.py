@@ -10,7 +10,8 @@ refactor that leaves the PTX identical changed nothing the GPU runs).
 ``--root`` imports tilecore from that tree (default: this one); ``--shipped`` only the shipped tuples. Also the
 filter-gradient kernel (fft_conv_gluon_dk_kernel) at configs.DK_GLUON's tuples and (without ``--shipped``) its
 candidates, where the tree has it (session 33); the order-3 kernel (gluon_order3.py) at configs.GLUON_ORDER3 and its
-candidates (session 34).
+candidates (session 34); the float16-spectrum tables GLUON_ONEPASS_HALF / GLUON_ORDER3_HALF with the shipped ones
+(session 38).
 """
 import argparse
 import os
@@ -35,6 +36,7 @@ def main() -> int:
     from tilecore.tiles.compile import compile_kernel
 
     tuples = list(configs.GLUON_ONEPASS.values())
+    tuples += [c for c in getattr(configs, "GLUON_ONEPASS_HALF", {}).values() if c not in tuples]  # (session 38)
     # and each shipped tuple without TMA (the pointer loads of u and y a call takes where u or y is not
     # describable)
     tuples += [c[:4] + (False,) + c[5:] for c in configs.GLUON_ONEPASS.values() if c[4]]
@@ -82,6 +84,7 @@ def main() -> int:
     except ImportError:
         return 0
     order3 = [(n, c) for n, c in configs.GLUON_ORDER3.items()]
+    order3 += [(n, c) for n, c in getattr(configs, "GLUON_ORDER3_HALF", {}).items()]  # (float16 bins: session 38)
     if not a.shipped:
         order3 += [(n, c) for n, cs in configs.GLUON_ORDER3_CANDIDATES.items() for c in cs if (n, c) not in order3]
     for n, config in order3:

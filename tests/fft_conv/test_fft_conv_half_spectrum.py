@@ -107,6 +107,10 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
         assert all(conv_plan.order3_plan(n, *c).rfft == 3 for c in cands)
     for n, cands in configs.GLUON_ONEPASS_HALF_CANDIDATES.items():
         assert all(conv_plan.gluon_plan(*c).rfft == 3 for c in cands)
+    # what ships reads float16 bins (rfft 3) and factors 2N
+    assert all(conv_plan.order3_plan(n, *c).rfft == 3 for n, c in configs.GLUON_ORDER3_HALF.items())
+    for n, c in configs.GLUON_ONEPASS_HALF.items():
+        assert conv_plan.gluon_plan(*c).rfft == 3 and c[0] * c[1] == 2 * n
     with pytest.raises(ValueError, match="rfft"):
         conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 1)
     with pytest.raises(ValueError, match="kmid"):  # (KMID: the chunked kernel's, with KPRE 0)

@@ -50,8 +50,12 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
 # A float16 spectrum (filter_spectrum(k, n, torch.float16): (H, N + 1, 2) float16 bins the caller keeps): N -> the tuple
 # that reads its bins as they are (RFFT 3: one 32-bit load a bin, half the L2 bytes); every other plan reads complex64
 # bins, so the op widens a float16 spectrum for it (a conversion a call). GLUON_ORDER3_HALF goes first where N has both
-GLUON_ONEPASS_HALF: dict = {}  # off until a run of this session times it through the op
-GLUON_ORDER3_HALF: dict = {}
+GLUON_ONEPASS_HALF: dict = {
+    4096: (128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1),  # the op 1.031x (graphs 1.019x) the complex64 op
+}
+GLUON_ORDER3_HALF: dict = {
+    8192: (2, True, 2, 2, 1, 3, True),  # RFFT 3 + KMID: 1.131x the complex64 op (RFFT 3 alone 1.125x)
+}
 GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
     2048: [(64, 64, 2, True, True, 0, 3, 1, 4, True, False, 2, False, 3),  # + KPRE 2 (int32 tile: two a SM fit)
