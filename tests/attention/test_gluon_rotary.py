@@ -42,6 +42,7 @@ for d, causal, cfg, r, cos_dtype, store in json.loads(sys.argv[1]):
                     wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)), tma=ptx.count("cp.async.bulk.tensor"),
                     tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.\\dd\\.global\\.shared", ptx)),
                     store_waits=len(re.findall(r"cp\\.async\\.bulk\\.wait_group", ptx)),
+                    mul_rn=ptx.count("mul.rn.f32"),
                     setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)}),
                     lds_v4=len(re.findall(r"ld\\.shared\\.v4", ptx)), sts_v4=len(re.findall(r"st\\.shared\\.v4", ptx)),
                     fences=ptx.count("fence.proxy.async"), cos_v4=len(re.findall(r"ld\\.global(\\.\\w+)*\\.v4", ptx)),
@@ -95,6 +96,58 @@ def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
         else:  # 8 angles a thread: 16 bytes of bfloat16 (two 16-byte loads of float32)
             assert row["cos_v4"] > 0, row
         assert row["fences"] >= row["cfg"].get("consumers", 2), row  # after each consumer's Q
+        assert row["mul_rn"] > 0, row  # turn_pair's products by sin, rounded in written-out PTX
+
+
+TL_CODE = """
+import json, re, sys
+import torch
+from tilecore.ops.rotary import kernels
+from tilecore.ops.rotary.plan import tl_plan
+from tilecore.tiles.compile import compile_kernel
+t = torch.empty(64, dtype=torch.bfloat16)
+cs = torch.empty(64, dtype=torch.float32)
+out = []
+for interleaved in (False, True):
+    p = tl_plan(2, 64, 16, 128, 64)
+    args = dict(X=t, COS=cs, SIN=cs, POS=None, OUT=t, seqlen=64, heads=16, n_max=64, stride_xb=64 * 16 * 128,
+                stride_xn=128, stride_xh=64 * 128, stride_ob=64 * 16 * 128, stride_on=128, stride_oh=64 * 128,
+                stride_cos=64, stride_sin=64, stride_pb=0, stride_pn=0, R=64, BLOCK_R=p.block_r, BLOCK_H=p.block_h,
+                PASS=0, BLOCK_PASS=p.block_pass, INTERLEAVED=interleaved, CONJUGATE=False, HAS_POS=False)
+    ptx = compile_kernel(kernels.rotary_kernel, args, num_warps=p.num_warps).asm["ptx"]
+    out.append([l.split("//")[0].strip() for l in ptx.splitlines()])
+print(json.dumps(out))
+"""
+
+
+def test_the_tl_kernel_fuses_the_cos_products():
+    """turn_pair writes out the contraction apply_rotary's kernel compiles to (so that the training forward's
+    stored Q is the turned path's, bit for bit): in its sm_90a PTX, for both layouts, every fma multiplies a value
+    by a table value that no mul reads (cos), and adds a mul (or its negation) of a table value that no fma
+    multiplies (sin). Should a Triton upgrade contract the other product, this fails: change turn_pair to match."""
+    import re
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", TL_CODE], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    for lines in json.loads(r.stdout):
+        made = {}  # register -> (opcode, operands)
+        for line in lines:
+            m = re.match(r"(mul\.f32|neg\.f32|fma\.rn\.f32)\s+(%r\d+),\s*(.*);", line)
+            if m:
+                made[m.group(2)] = (m.group(1), [x.strip() for x in m.group(3).split(",")])
+        fmas = [ops for op, ops in made.values() if op == "fma.rn.f32"]
+        muls = [ops for op, ops in made.values() if op == "mul.f32"]
+        assert fmas and len(fmas) == len(muls), (len(fmas), len(muls))
+        fused = {x for ops in fmas for x in ops[:2]}
+        rounded = {x for ops in muls for x in ops}
+        for ops in fmas:
+            assert len({x for x in ops[:2] if x not in rounded}) == 1, ops  # one cos factor
+            op, addend = made[ops[2]]
+            if op == "neg.f32":
+                op, addend = made[addend[0]]
+            assert op == "mul.f32" and len({x for x in addend if x not in fused}) == 1, (ops, op, addend)  # sin
 
 
 def test_the_training_forward_stores_the_turned_q(report):

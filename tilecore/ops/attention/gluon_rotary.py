@@ -6,7 +6,7 @@ the Gluon forward.
 (``gluon_kernels.Attention``, its layout, registers and configuration) runs with each consumer turning its
 own Q block in shared memory once a tile, before the tile's first S:
 
-    a' = a cos - b sin,    b' = b cos + a sin       (fp32, rounded once, as apply_rotary)
+    a' = a cos - b sin,    b' = b cos + a sin       (fp32, rounded as apply_rotary rounds: turn_pair)
 
 (ld.shared.v4, the rows' cos and sin by 16-byte global loads, st.shared.v4 in place: every thread holds
 both elements of its pairs; then a fence for wgmma and the warpgroup meets). A separate pass over Q too
@@ -46,6 +46,19 @@ def load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS
 
 
 @gluon.jit
+def turn_pair(a, b, cs, sn):
+    """(a cos - b sin, b cos + a sin) in float32, rounded as apply_rotary's kernel rounds them: each product by
+    cos fused into its sum, each product by sin rounded first (the contraction that kernel compiles to: a
+    test pins it), written out in PTX so that the compiler cannot fuse the other product (it did, in the half-split
+    turn: other bits where the tables are float32)."""
+    lo = gl.inline_asm_elementwise("{ .reg .f32 t; mul.rn.f32 t, $3, $4; neg.f32 t, t; fma.rn.f32 $0, $1, $2, t; }",
+                                   "=f,f,f,f,f", [a, cs, b, sn], dtype=gl.float32, is_pure=True, pack=1)
+    hi = gl.inline_asm_elementwise("{ .reg .f32 t; mul.rn.f32 t, $3, $4; fma.rn.f32 $0, $1, $2, t; }",
+                                   "=f,f,f,f,f", [b, cs, a, sn], dtype=gl.float32, is_pure=True, pack=1)
+    return lo, hi
+
+
+@gluon.jit
 def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
               ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False):
     """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
@@ -75,15 +88,15 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
             rows = chunk.slice(0, 2 * R, dim=1)
             x = gl.convert_layout(rows.load(layout).to(gl.float32).reshape([ROWS, R, 2]), pairs)
             a, b = gl.split(x)
-            turned = gl.join(a * cs - b * sn, b * cs + a * sn).reshape([ROWS, 2 * R])
+            a2, b2 = turn_pair(a, b, cs, sn)
+            turned = gl.join(a2, b2).reshape([ROWS, 2 * R])
             rows.store(gl.convert_layout(turned, layout).to(buf.dtype))
         else:
             lo = chunk.slice(0, R, dim=1)
             hi = chunk.slice(R, R, dim=1)
-            a = lo.load(layout).to(gl.float32)
-            b = hi.load(layout).to(gl.float32)
-            lo.store((a * cs - b * sn).to(buf.dtype))
-            hi.store((b * cs + a * sn).to(buf.dtype))
+            a2, b2 = turn_pair(lo.load(layout).to(gl.float32), hi.load(layout).to(gl.float32), cs, sn)
+            lo.store(a2.to(buf.dtype))
+            hi.store(b2.to(buf.dtype))
         if c + 1 < CHUNKS:
             cos = next_cos
             sin = next_sin
