@@ -130,13 +130,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="4096,8192")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kmid64", action="store_true", help="also KMID on complex64 bins (order 3)")
-    ap.add_argument("--only", help="candidate labels to run (comma-separated; the shipped launch always)")
+    ap.add_argument("--only", help="candidate labels to run (comma-separated, _ for a space; the shipped launch always)")
     ap.add_argument("--conj", help="candidate labels whose correlation to check (default: every candidate's)")
     ap.add_argument("--min-left", type=float, default=30, help="seconds left before the deadline to start a later size")
     a = ap.parse_args()
     run = Run("fft_conv_gpu_s38", deadline=55)
-    only = set(a.only.split(",")) if a.only else None
-    conj_of = set(a.conj.split(",")) if a.conj is not None else None
+    # (labels with "_" for their spaces: half_rfft3_kmid)
+    only = {x.replace("_", " ") for x in a.only.split(",")} if a.only else None
+    conj_of = {x.replace("_", " ") for x in a.conj.split(",") if x} if a.conj is not None else None
     for i, n in enumerate(int(s) for s in a.sizes.split(",")):
         if run.left() > (15 if i == 0 else a.min_left):  # (a later size's compiles must fit before the job's limit)
             run.attempt(f"size {n}", size, run, n, a.rounds, a.kmid64, only, conj_of)
