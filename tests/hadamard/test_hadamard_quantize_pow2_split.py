@@ -44,13 +44,17 @@ def _bytes(t):
                                                # one product (N1 == 1): x by the column-permuted H_N2
                                                ("nvfp4", 128, (1, 1, 128), torch.bfloat16),
                                                ("mxfp4", 256, (2, 1, 128), torch.float16),
-                                               ("nvfp4", 256, (2, 1, 128), torch.float32)])
+                                               ("nvfp4", 256, (2, 1, 128), torch.float32),
+                                               # four 64 x 64 slices (16384, two programs an SM), one row as
+                                               # (1, 64, 32) at 2048
+                                               ("int8", 16384, (4, 64, 64), torch.bfloat16),
+                                               ("int8", 2048, (1, 64, 32), torch.float16)])
 def test_split_matches_the_float64_reference(fmt, n, split, dtype):
     torch.manual_seed(11)
     x = torch.randn(5, n, dtype=dtype)  # 5 rows: a partial tile (B >= 8)
     x[:, 3] *= 70  # an outlier channel
     scale = torch.tensor([0.003]) if fmt == "nvfp4" else None
-    perm = fmt != "fp8_e4m3"
+    perm = fmt not in ("fp8_e4m3", "int8")
     plan, codes, scales = _run(x, fmt, scale, split=split, **({"perm": True} if perm else {}))
     cfg = plan.config
     assert plan.path == "pow2" and (cfg["S"], cfg["N1"], cfg["N2"]) == split and cfg["PERM"] == perm
@@ -167,3 +171,51 @@ def test_e2m1_pairs_plan_where_it_applies():
     assert not cfg("int4", 4096, 128, e2m1_pairs=True).get("E2M1_PAIRS")
     assert not cfg("fp8_e4m3", 4096, None, e2m1_pairs=True).get("E2M1_PAIRS")
     assert not cfg("nvfp4", 4096, 16).get("E2M1_PAIRS") or quantize.configs.QUANT_POW2_E2M1_PAIRS
+
+
+_TWO_A_SM = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard import sass_quantize as sq
+from tilecore.tiles.compile import resources
+for fmt in ("int8", "nvfp4"):  # the most shared memory (3 stages) and registers (255) of the four
+    plan, k = sq.compile_case(fmt, 16384, True, static=fmt == "nvfp4")
+    r = resources(k)
+    print(json.dumps(dict(fmt=fmt, split=[plan.config[c] for c in ("S", "N1", "N2")], warps=plan.config["num_warps"],
+                          grid=plan.grid[0], registers=r.registers, spills=r.spill_stores, shared=r.shared)))
+"""
+
+
+def test_16384_plans_fit_two_programs_an_sm():
+    """The shipped 16384 plans (configs.QUANT_POW2_FORMAT_TUNING: four 64 x 64 slices on 4 warps, 2 programs an SM, the
+    GPU's 1.03-1.26x over one program of 8 warps) of int8 (3 stages: the most shared memory) and nvfp4 (the most
+    registers): compiled for sm_90a, two programs fit an SM's registers (64K) and shared memory (228 KiB, 1 KiB reserved
+    a block), with no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _TWO_A_SM], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    for row in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")):
+        assert row["split"] == [4, 64, 64] and row["warps"] == 4 and row["grid"] == 2 * 132, row
+        regs = -(-row["registers"] // 8) * 8  # allocated in units of 8 a thread
+        assert row["spills"] == 0 and 2 * regs * 32 * row["warps"] <= 65536, row
+        assert 2 * (row["shared"] + 1024) <= 228 * 1024, row
+
+
+def test_one_row_tile_at_2048_keeps_the_pow2_kernel_on_tensor_memory():
+    """int8 2048's measured plan is one row a tile ((1, 64, 32)); a GPU with tensor memory sends one-row per-token tiles
+    to the kron-tiled kernel (configs.QUANT_TMEM_TILES' note), which LLVM aborts on at 2048 for sm_100a: there the
+    split's several rows a tile instead (the plan before session 38), on Hopper the measured one."""
+    from tilecore import dispatch
+
+    x = torch.empty(64, 2048, dtype=torch.bfloat16, device=torch.device("meta"))
+
+    def planned(name):
+        with dispatch.pretend(dispatch.TARGETS[name]):
+            return quantize.plan_quantize(x, "int8", None, None, True, False, False)
+
+    hopper, blackwell = planned("sm_90a"), planned("sm_100a")
+    assert hopper.path == blackwell.path == "pow2"
+    assert (hopper.config["N1"], hopper.config["N2"], hopper.config["B"]) == (64, 32, 1)
+    assert (blackwell.config["S"], blackwell.config["N1"], blackwell.config["N2"]) == quantize.configs.SPLITS[2048]
+    assert blackwell.config["B"] > 1

@@ -76,10 +76,14 @@ QUANT_POW2_PAIRS = {**{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp
 # the pow2 quantize's PAIRS lo by one max (kernels._pairs_dot's CLAMP, bit-identical), on the splits below: 1.02-1.05x
 QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4096): True, ("int4", 4096): True,
                        ("int4", 1024): True, ("fp8_e4m3", 1024): True, ("int8", 1024): True, ("int8", 4096): True,
-                       **{(f, 8192): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")}}
+                       **{(f, 8192): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
+                       ("fp8_e4m3", 16384): True, ("int8", 16384): True}
 # the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes), where an nvfp4
 # group is one thread's: 1.03-1.05x (4096 1.01x, 256 0.75x: off there)
 QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True}
+# the pow2 quantize's int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23) (quantize_kernels._int_bits: one FFMA
+# a value for FMUL + cvt.rni's F2I): untimed, off
+QUANT_POW2_INT_BITS = {}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
@@ -96,7 +100,15 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             **{(f, 4096): dict(split=(1, 64, 64), perm=True) for f in ("mxfp4", "int4")},
                             # 8192 as two 64 x 64 slices on 4 warps: 1.10-1.30x
                             **{(f, 8192): dict(split=(2, 64, 64), num_warps=4) for f in ("nvfp4", "fp8_e4m3", "int8")},
-                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4, perm=True) for f in ("mxfp4", "int4")}}
+                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4, perm=True) for f in ("mxfp4", "int4")},
+                            # 16384 as four 64 x 64 slices on 4 warps, two programs an SM: 1.03-1.26x
+                            ("fp8_e4m3", 16384): dict(split=(4, 64, 64), num_warps=4, num_stages=2, waves=2),
+                            ("int8", 16384): dict(split=(4, 64, 64), num_warps=4, num_stages=3, waves=2),
+                            **{(f, 16384): dict(split=(4, 64, 64), num_warps=4, num_stages=2, waves=2, perm=True)
+                               for f in ("nvfp4", "mxfp4")},
+                            # 2048: 4 rows a tile (fp8 1.03x), one row a tile as (1, 64, 32) (int8 1.11x)
+                            ("fp8_e4m3", 2048): dict(tile_elems=8192),
+                            ("int8", 2048): dict(split=(1, 64, 32), tile_elems=2048, waves=8)}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64

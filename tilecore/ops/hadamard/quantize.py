@@ -73,10 +73,9 @@ def _qslices(p: int, group: int | None):
     qs = kron.slices(p)
     if qs is None:
         return None
-    q, s = qs
+    q = qs[0]
     if group is not None and q < min(group, p):
         q = min(group, p)
-        s = p // q
     return max(q, 16), max(1, p // max(q, 16))
 
 
@@ -121,6 +120,10 @@ def _fitted_pow2(plan: QuantizePlan, device, rows, n, dtype, fmt, group, block, 
     cap = (dispatch.shared_memory_fit(device, configs.QUANT_SHARED_FITS, "hadamard_quantize") or {}).get(cfg["N"])
     if dispatch.tensor_memory(device):
         if cfg["B"] == 1 and cfg["G"] == cfg["N"] and not cfg["STATIC"]:
+            if cfg["N"] < 4096 and "split" not in tuning:  # a one-row tile of the measured table (int8 2048): the
+                # split's several rows a tile (LLVM aborts on the kron-tiled kernel's 2048 for sm_100a)
+                return kernel_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, False,
+                                   **{**tuning, "split": configs.SPLITS[n], "tile_elems": configs.TUNING[n][0]})
             return kernel_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, False,
                                **{**tuning, "legacy": True})
         if cap is None and not cfg["TMA_LOAD"]:
@@ -403,8 +406,10 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     fp32 = dtype == torch.float32
     # the measured tuning by (format, n) (the caller's first), its TMA only where the input is large enough for it
     measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), {})
-    if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, pointers and columns)
-        measured = {k: v for k, v in measured.items() if k not in ("tma", "split", "perm", "num_warps")}
+    if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, stages, tile, pointers and
+        # columns)
+        measured = {k: v for k, v in measured.items()
+                    if k not in ("tma", "split", "perm", "num_warps", "num_stages", "tile_elems")}
     elif rows * n < configs.TMA_MIN_ELEMENTS:
         measured = {k: v for k, v in measured.items() if k != "tma"}
     tuning = {**measured, **tuning}
@@ -435,6 +440,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         # the last product's columns permuted so that a thread holds N2 / 4 consecutive outputs (quantize_kernels.
         # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS: with one product, N1 == 1, only by (format, n))
         PERM=_pow2_perm(fmt, n, cfg, tuning), **_pow2_e2m1_pairs(fmt, n, g, cfg, tuning),
+        **_pow2_int_bits(fmt, n, tuning),
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
 
 
@@ -452,6 +458,14 @@ def _pow2_e2m1_pairs(fmt, n, g, cfg, tuning) -> dict:
     on = tuning.get("e2m1_pairs", _by_format(configs.QUANT_POW2_E2M1_PAIRS, fmt, n, False))
     fast = bool(tuning.get("fast", configs.QUANT_FAST))
     return {"E2M1_PAIRS": True} if on and fast and fmt in ("mxfp4", "nvfp4") and g < cfg["N2"] else {}
+
+
+def _pow2_int_bits(fmt, n, tuning) -> dict:
+    """The pow2 kernel's INT_BITS (int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23), not cvt.rni:
+    quantize_kernels._int_bits) where the tuning's "int_bits" or configs.QUANT_POW2_INT_BITS asks, with FAST."""
+    on = tuning.get("int_bits", _by_format(configs.QUANT_POW2_INT_BITS, fmt, n, False))
+    fast = bool(tuning.get("fast", configs.QUANT_FAST))
+    return {"INT_BITS": True} if on and fast and fmt in ("int8", "int4") else {}
 
 
 def _pow2_pieces(fmt, n, tuning) -> int:

@@ -678,15 +678,35 @@ def _quotient(y, div, recip, div_e, STATIC: tl.constexpr):
 
 
 @triton.jit
+def _int_bits(y, recip, div):
+    """int8 / int4 codes of y / s without a conversion instruction (FAST: recip = RN(1 / s), |y recip| <= qmax (1 +
+    2^-22)): M = 1.5 x 2^23 added to y recip in one FMA rounds the product half to even onto an integer left in M's
+    low mantissa bits, so the low byte of the result's bits is the two's-complement byte of the code (the byte store
+    and int4's nibble mask keep only those bits). One FFMA a value for FAST's FMUL and cvt.rni's F2I (the conversion
+    pipe, an eighth of the FMA pipe's rate on sm_90); the product rounded once, not first to float32: a code can differ
+    from cvt.rni(RN(y recip))'s only where that rounding made a tie (the interpreter's fma rounds twice: there the
+    same codes as cvt.rni's). A group whose scale is not finite (amax NaN or inf: y / s is 0 or NaN there, cvt.rni's
+    NaN -> 0) gets codes 0, by a select on its divisor."""
+    return tl.where(div < float("inf"), tl.fma(y, recip, 12582912.0).to(tl.int32, bitcast=True), 0)
+
+
+@triton.jit
 def _codes_fast(y, div, stored, recip, div_e, FORMAT: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
-                FAST: tl.constexpr = False):
+                FAST: tl.constexpr = False, INT_BITS: tl.constexpr = False):
     """_codes with fewer instructions a value (the same codes but for fp8 NaN's sign bit:
     tests/hadamard/test_hadamard_quantize.py; the GPU check experiments/hadamard/gpu_quantize_probe.py).
     FAST: y times the group's reciprocal, one multiply a value (no Markstein correction), the same on the GPU
     and in the interpreter; recip may carry the rotation's 1 / sqrt(n) (_pow2 kernel's fold). Two roundings
     (of 1 / s, then of y r) instead of one: a quotient within ~1 ulp of a rounding boundary of the format
-    can land on the other side, so a code can move by one step there (<= 1e-4 of codes measured: tests)."""
+    can land on the other side, so a code can move by one step there (<= 1e-4 of codes measured: tests).
+    INT_BITS (int8 / int4 with FAST): the integer codes by _int_bits (y recip rounded once)."""
     if FAST:
+        if INT_BITS:
+            tl.static_assert(FORMAT == INT8 or FORMAT == INT4, "INT_BITS: int8 / int4")
+            code = _int_bits(y, recip, div)
+            if FORMAT == INT4:
+                code = code & 0xF
+            return code
         q = y * recip  # recip = 0 where s = inf: y x 0 = y / inf (0, NaN for inf); NaN where s is NaN
         if FORMAT == MXFP4:
             code = tl.where(stored == 255, 0, _e2m1_fast(q))
@@ -820,7 +840,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
                          row_recip, row_div_e, rscale, N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
                          B: tl.constexpr, FORMAT: tl.constexpr, G: tl.constexpr, STATIC: tl.constexpr,
                          PACKED: tl.constexpr, QMAX: tl.constexpr, TMA_STORE: tl.constexpr, FAST: tl.constexpr,
-                         E2M1_PAIRS: tl.constexpr = False):
+                         E2M1_PAIRS: tl.constexpr = False, INT_BITS: tl.constexpr = False):
     """Scales (groups of G inside this slice; G == N: the row's, given as row_* [B N1]) and codes of
     slice s, y: [B N1, N2] float32 (FAST: not yet times rscale, which joins each group's amax and
     reciprocal instead: RN(max |y| r) = max RN(|y| r), so the scales are the same). E2M1_PAIRS (mxfp4 / nvfp4, FAST,
@@ -828,7 +848,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
     R: tl.constexpr = B * N1
     if G == N:
         code = _codes_fast(y, row_div[:, None], row_stored[:, None], row_recip[:, None], row_div_e[:, None],
-                           FORMAT, QMAX, STATIC, FAST)
+                           FORMAT, QMAX, STATIC, FAST, INT_BITS)
     elif G < N2:  # groups inside a tile row: [R, N2 / G, G]
         y3 = tl.reshape(y, (R, N2 // G, G))
         ga = _amax(y3, 2)  # [R, N2 / G]
@@ -854,7 +874,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
             code = tl.reshape(tl.where(keep[:, :, None], _e2m1_pair(q0, q1), 0), (R, N2 // 2))
         else:
             code = tl.reshape(_codes_fast(y3, div[:, :, None], stored[:, :, None], recip[:, :, None],
-                                          div_e[:, :, None], FORMAT, QMAX, STATIC, FAST), (R, N2))
+                                          div_e[:, :, None], FORMAT, QMAX, STATIC, FAST, INT_BITS), (R, N2))
     else:  # groups of SPAN consecutive tile rows (of one row: N1 % SPAN == 0)
         SPAN: tl.constexpr = G // N2
         if SPAN == 1:
@@ -877,7 +897,7 @@ def _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scale
             recip = tl.reshape(tl.broadcast_to(recip[:, None], (R // SPAN, SPAN)), (R,))
             div_e = tl.reshape(tl.broadcast_to(div_e[:, None], (R // SPAN, SPAN)), (R,))
         code = _codes_fast(y, div[:, None], stored[:, None], recip[:, None], div_e[:, None], FORMAT, QMAX, STATIC,
-                           FAST)
+                           FAST, INT_BITS)
     _pow2_store_codes(codes, rows, stride_codes, tile, s, code, N, N1, N2, B, PACKED, TMA_STORE,
                       E2M1_PAIRS and G < N2)
 
@@ -924,7 +944,8 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                          MMA_DTYPE: tl.constexpr, PIECE_DTYPE: tl.constexpr, GRID: tl.constexpr,
                          TMA_LOAD: tl.constexpr, TMA_STORE: tl.constexpr, SIGNS: tl.constexpr, FORMAT: tl.constexpr,
                          G: tl.constexpr, STATIC: tl.constexpr, PACKED: tl.constexpr, QMAX: tl.constexpr,
-                         FAST: tl.constexpr = False, PERM: tl.constexpr = False, E2M1_PAIRS: tl.constexpr = False):
+                         FAST: tl.constexpr = False, PERM: tl.constexpr = False, E2M1_PAIRS: tl.constexpr = False,
+                         INT_BITS: tl.constexpr = False):
     """codes, scales = quantize(rscale * H_N (signs * x)) for ``rows`` rows of N = S N1 N2 (a power of two);
     a persistent grid of GRID programs, B rows a tile. ``x`` is a pointer, or with TMA_LOAD a descriptor
     with [B, N1, N2] boxes (kernels._load_slice); ``codes`` with TMA_STORE one too (_pow2_store_codes). Groups of G elements (G == N: per token). FORMAT == AMAX:
@@ -982,17 +1003,17 @@ def pow2_quantize_kernel(x, codes, scales, signs, gscale, amax_out, rows, stride
                 row_div_e = row_div
             _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 0, o0, row_div,
                                  row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                 QMAX, TMA_STORE, FAST, E2M1_PAIRS)
+                                 QMAX, TMA_STORE, FAST, E2M1_PAIRS, INT_BITS)
             if S > 1:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 1, o1, row_div,
                                      row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS)
+                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS, INT_BITS)
             if S > 2:
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 2, o2, row_div,
                                      row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS)
+                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS, INT_BITS)
                 _pow2_quantize_slice(codes, scales, gscale, rows, stride_codes, stride_scales, tile, 3, o3, row_div,
                                      row_stored, row_recip, row_div_e, rscale, N, N1, N2, B, FORMAT, G, STATIC, PACKED,
-                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS)
+                                     QMAX, TMA_STORE, FAST, E2M1_PAIRS, INT_BITS)
     if FORMAT == AMAX:
         tl.store(amax_out + tl.program_id(0), _amax(run_max, 0))

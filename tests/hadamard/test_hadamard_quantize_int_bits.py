@@ -1,0 +1,95 @@
+"""INT_BITS on the pow2 quantize kernel (issue 32): int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23)
+(quantize_kernels._int_bits) instead of FAST's multiply and cvt.rni (plan tuning ``int_bits``,
+configs.QUANT_POW2_INT_BITS).
+
+* The bit trick: for |q| <= 2^22, q + 1.5 x 2^23 rounded to float32 is 1.5 x 2^23 + round_half_even(q), so the low byte
+  of its bits is round(q)'s two's-complement byte (torch, every tie and both ends of int8 / int4).
+* The interpreter (whose fma rounds twice, so the same codes as the shipped path's): the same bytes as the plan without
+  INT_BITS, NaN / inf rows (codes 0) and int4 groups included.
+* sm_90a: no F2I in the loop (the conversion pipe's cvt.rni), no spills."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.hadamard import quantize
+from tilecore.ops.hadamard.quantize_reference import FORMATS
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
+
+M = 12582912.0  # 1.5 x 2^23
+
+
+def test_low_byte_of_the_sum_is_the_rounded_code():
+    k = torch.arange(-130, 131, dtype=torch.float64)
+    q = torch.cat([k, k + 0.5, k - 0.5, k + 0.25, k + 0.75, k + 0.5 - 2.0**-16, k + 0.5 + 2.0**-16,
+                   torch.tensor([-0.0, 2.0**-30, -(2.0**-30)], dtype=torch.float64)]).to(torch.float32)
+    bits = (q + torch.tensor(M, dtype=torch.float32)).view(torch.int32)
+    want = torch.round(q.double()).to(torch.int64)  # torch.round: half to even
+    assert torch.equal((bits & 0xFF).to(torch.int64), want & 0xFF)  # the int8 byte
+    assert torch.equal((bits & 0xF).to(torch.int64), want & 0xF)  # int4's nibble
+    assert torch.equal(bits.to(torch.int64) - 0x4B400000, want)  # the whole code in the low mantissa bits
+
+
+def _run(x, fmt, poison=True, **tuning):
+    rows, n = x.shape
+    group = FORMATS[fmt].default_group
+    plan = quantize.kernel_plan(rows, n, x.dtype, fmt, group, None, True, False, False, 4, True, **tuning)
+    codes, scales, _ = quantize.run_plan(plan, x, fmt, group, None, True, None, poison=poison)
+    return plan, [t.contiguous().view(torch.uint8) for t in (codes, scales)]
+
+
+@pytest.mark.parametrize("fmt,n,tuning", [("int8", 2048, {}), ("int8", 256, {}),
+                                          ("int4", 1024, {"split": (1, 16, 64), "perm": True}), ("int4", 512, {})])
+def test_interpreter_bytes_equal_the_conversion(fmt, n, tuning):
+    torch.manual_seed(7)
+    x = torch.randn(6, n, dtype=torch.bfloat16)
+    x[:, 3] *= 90  # an outlier channel
+    x[1, 7] = float("nan")  # a NaN row (int4: its group)
+    x[2, 9] = float("inf")  # an inf row
+    x[3] *= 1e-30  # a tiny row
+    x[4] = 0.0  # a zero row (scale 1)
+    p0, b0 = _run(x, fmt, **tuning)
+    p1, b1 = _run(x, fmt, int_bits=True, **tuning)
+    _, b2 = _run(x, fmt, poison=0xA5, int_bits=True, **tuning)
+    assert "INT_BITS" not in p0.config and p1.config["INT_BITS"]
+    assert all(torch.equal(a, b) for a, b in zip(b0, b1)) and all(torch.equal(a, b) for a, b in zip(b1, b2))
+
+
+def test_int_bits_plan_only_for_integer_formats_with_fast():
+    def cfg(fmt, **t):
+        return quantize.kernel_plan(64, 1024, torch.bfloat16, fmt, FORMATS[fmt].default_group, None, True, False,
+                                    False, 4, True, int_bits=True, **t).config
+    assert cfg("int8").get("INT_BITS") and cfg("int4").get("INT_BITS")
+    assert not cfg("int8", fast=False).get("INT_BITS")
+    assert not any(cfg(f).get("INT_BITS") for f in ("fp8_e4m3", "mxfp4", "nvfp4"))
+
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard import sass_quantize as sq
+from tilecore.tiles.compile import resources
+for fmt, n in (("int8", 8192), ("int4", 4096)):
+    for on in (False, True):
+        plan, k = sq.compile_case(fmt, n, True, int_bits=on)
+        body = sq.loop_body(sq.sass_lines(k.asm["cubin"]))
+        print(json.dumps(dict(fmt=fmt, on=on, loop=len(body), f2i=sum(i.split()[0].startswith("F2I") for i in body),
+                              spills=resources(k).spill_stores, flag=bool(plan.config.get("INT_BITS")))))
+"""
+
+
+def test_int_bits_compiles_for_sm90_without_conversions():
+    """int8 8192 and int4 4096 (their shipped splits, sm_90a): the loop's F2I (one a value) gone, no more loop
+    instructions than before, no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    for off, on in zip(rows[::2], rows[1::2]):
+        assert not off["flag"] and on["flag"] and off["f2i"] > 0 and on["f2i"] == 0, (off, on)
+        assert on["loop"] <= off["loop"] + 4 and on["spills"] == 0, (off, on)
