@@ -15,8 +15,9 @@ tl kernels into the cache). Timing at B16 H16 N4096 in the main process: the dqk
 do_bench medians; a 1.8 ms kernel, so the other lanes' host work does not enter) against its HBM bound at this run's
 copy bandwidth, and the composed backward once.
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s38.py [--variants "d128 configs,d128 tma"] [--smoke]
-JSON to $OUT/gla_s38.json (rewritten after each row); the table last. ``--smoke``: the checks on the CPU (the
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s38.py [--batch b] [--variants "d128 configs,d128 atsmem"]
+        [--smoke]
+JSON to $OUT/gla_s38<batch>.json (rewritten after each row); the table last. ``--smoke``: the checks on the CPU (the
 interpreter runs the tl kernels: the Gluon forms are not taken there), tiny shapes, no timing.
 """
 from __future__ import annotations
@@ -44,22 +45,41 @@ CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
 TIME_SHAPE = (16, 4096, 16)
 CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
 
-# name: (Dk = Dv, CHUNKED overrides); configs' forms: 2 at d 128, 258 (2 + EXP_FTZ) at d 64; + 512 STORE_TMA,
-# + 1024 DG_TMA
-VARIANTS = {
-    "d128 configs": (128, {}),
-    "d128 tma": (128, dict(dqk_gluon_form=2 | 512)),
-    "d128 tma+dg": (128, dict(dqk_gluon_form=2 | 512 | 1024)),
-    "d128 tma+dglate": (128, dict(dqk_gluon_form=2 | 512 | 2048)),  # DG_LATE 2048: dg through p1, p2, waited next tile
-    "d128 atsmem": (128, dict(dqk_gluon_form=2 | 8192)),  # AT_SMEM 8192: a^T read transposed from shared memory
-    "d128 atsmem+tma+dglate": (128, dict(dqk_gluon_form=2 | 8192 | 512 | 2048)),  # (dq through k's stage buffer)
-    "d64 configs": (64, {}),
-    "d64 tma+dglate": (64, dict(dqk_gluon_form=258 | 512 | 2048)),
-    "d64 st3": (64, dict(dqk_gluon=3)),  # (3 stages: 229.9 KB, still one CTA an SM as 2 stages' 164 KB)
-    "d64 atreg": (64, dict(dqk_gluon_form=258 | 4096)),  # AT_REG 4096: a^T from a's registers, no v do^T product
-    "d64 atreg+tma+dglate": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 2048)),
-    "d64 atsmem+tma+dglate": (64, dict(dqk_gluon_form=258 | 8192 | 512 | 2048)),
+# name: (Dk = Dv, CHUNKED overrides), a set a device call (--batch NAME). FORM bits: 2 the chain by dots, 256 EXP_FTZ,
+# 512 STORE_TMA, 1024 DG_TMA, 2048 DG_LATE, 4096 AT_REG (d 64), 8192 AT_SMEM
+BATCHES = {
+    # call 1 (runs/gla_s38a_run1_session38_h100.txt, at c174fb7; configs' then FORM 2 at d 128, 258 at d 64): d 64
+    # 258 + STORE_TMA + DG_TMA 1.10x (on since: configs' d 64 FORM 1794), d 128 + EXP_FTZ + both 1.01x, d 128 STORE_TMA
+    # alone 0.85x (116 B spilled)
+    "a": {
+        "d128 configs": (128, {}),
+        "d128 tma": (128, dict(dqk_gluon_form=2 | 512)),
+        "d128 tma+dg": (128, dict(dqk_gluon_form=2 | 512 | 1024)),
+        "d128 ftz+tma+dg": (128, dict(dqk_gluon_form=258 | 512 | 1024)),
+        "d64 configs 258": (64, dict(dqk_gluon_form=258)),
+        "d64 tma": (64, dict(dqk_gluon_form=258 | 512)),
+        "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
+        "d64 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=258)),  # (3 stages: 229.9 KB, one CTA an SM as at 2)
+    },
+    # call 2: configs' (d 64 now 1794) against a^T without v do^T (AT_SMEM, AT_REG) with the TMA stores, DG_LATE
+    "b": {
+        "d128 configs": (128, {}),
+        "d128 ftz+tma+dg": (128, dict(dqk_gluon_form=258 | 512 | 1024)),
+        "d128 ftz+tma+dglate": (128, dict(dqk_gluon_form=258 | 512 | 2048)),
+        "d128 atsmem": (128, dict(dqk_gluon_form=2 | 8192)),
+        "d128 atsmem+tma+dg": (128, dict(dqk_gluon_form=2 | 8192 | 512 | 1024)),
+        "d128 atsmem+tma+dglate": (128, dict(dqk_gluon_form=2 | 8192 | 512 | 2048)),
+        "d128 ftz+atsmem+tma+dg": (128, dict(dqk_gluon_form=258 | 8192 | 512 | 1024)),
+        "d64 configs": (64, {}),
+        "d64 former 258": (64, dict(dqk_gluon_form=258)),
+        "d64 tma+dglate": (64, dict(dqk_gluon_form=258 | 512 | 2048)),
+        "d64 atreg+tma+dg": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 1024)),
+        "d64 atreg+tma+dglate": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 2048)),
+        "d64 atsmem+tma+dg": (64, dict(dqk_gluon_form=258 | 8192 | 512 | 1024)),
+    },
 }
+BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "b"
+VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")
     VARIANTS = {k: v for k, v in VARIANTS.items() if k in keep}
@@ -172,13 +192,13 @@ def main():
         backward(t, t["h0"], {})
         torch.cuda.synchronize()
         return
-    run = Run("gla_s38", deadline=TIME_DEADLINE)
+    run = Run(f"gla_s38{BATCH}", deadline=TIME_DEADLINE)
     run.extra.update(check_shape=CHECK_SHAPE, time_shape=TIME_SHAPE, variants={k: v[1] for k, v in VARIANTS.items()})
     os.environ["HA_REFS"] = tempfile.mkdtemp()  # (the workers inherit it)
 
     def spawn(*args):
         return subprocess.Popen([sys.executable, __file__, *args] + ["--smoke"] * SMOKE
-                                + (["--variants", ",".join(VARIANTS)]), stdout=subprocess.PIPE,
+                                + ["--batch", BATCH, "--variants", ",".join(VARIANTS)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
     dims = list(dict.fromkeys(d for d, _ in VARIANTS.values()))
