@@ -20,7 +20,11 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b] [--deadline 58] [--smoke]
+
+--set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
+fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
+beside the shipped plans of int8 2048-32768 and int4 1024 / 4096, and run 1's flips against the plans before them.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -55,6 +59,29 @@ SETS = {
            for f in ("fp8_e4m3", "int8")},
         **{(f, 16384): [("4x64_s2", dict(TWO_A_SM, num_stages=2, perm=True))] for f in ("nvfp4", "mxfp4")},
     },
+}
+# the plans before run 1's flips (configs.QUANT_POW2_FORMAT_TUNING at 16384 and 2048), timed beside them ("before":
+# float64-checked in earlier sessions as shipped plans; here their bytes compared with the new plan's)
+BEFORE = {("fp8_e4m3", 16384): dict(split=(2, 128, 64), num_warps=8, num_stages=4, waves=1, clamp_lo=False),
+          ("int8", 16384): dict(split=(2, 128, 64), num_warps=8, num_stages=4, waves=1, clamp_lo=False),
+          ("fp8_e4m3", 2048): dict(tile_elems=16384),
+          ("int8", 2048): dict(split=(2, 32, 32), tile_elems=16384, waves=64),
+          ("nvfp4", 16384): dict(split=(2, 128, 64), num_warps=8, num_stages=4, waves=1),
+          ("mxfp4", 16384): dict(split=(2, 128, 64), num_warps=8, num_stages=4, waves=1, perm=False)}
+INT_BITS = ("int_bits", dict(int_bits=True))  # int8 / int4 codes from fma(y, 1 / s, 1.5 x 2^23)'s bits, no cvt.rni
+SIXTEEN_BY_64 = dict(split=(2, 16, 64), tile_elems=16384, num_warps=8, waves=64)  # set a's, not run there (snapshot before it)
+SETS["b"] = {  # session 38, batch 2 (priority order): INT_BITS beside the shipped plans; run 1's flips against the plans
+    # before them
+    ("int8", 16384): [INT_BITS, ("before", BEFORE[("int8", 16384)])],
+    ("int8", 2048): [INT_BITS, ("before", BEFORE[("int8", 2048)]), ("16x64_w8", SIXTEEN_BY_64)],
+    ("fp8_e4m3", 16384): [("before", BEFORE[("fp8_e4m3", 16384)])],
+    ("fp8_e4m3", 2048): [("before", BEFORE[("fp8_e4m3", 2048)]), ("16x64_w8", SIXTEEN_BY_64)],
+    ("int8", 8192): [INT_BITS, ("s3", dict(num_stages=3))],  # 3 stages: ~62 KB, three programs an SM
+    ("int8", 32768): [INT_BITS],
+    ("int4", 4096): [INT_BITS],
+    ("int4", 1024): [INT_BITS],
+    ("mxfp4", 16384): [("before", BEFORE[("mxfp4", 16384)])],
+    ("nvfp4", 16384): [("before", BEFORE[("nvfp4", 16384)])],
 }
 
 
@@ -204,13 +231,23 @@ def main():
             x, x_n = None, None
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
             x, x_n = fresh_rows(n, rows_for(n, args.smoke), seed), n
-        fns, rows = {}, {}
+        fns, rows, shipped_out = {}, {}, None
         for name, tuning in variants:
-            res = run.attempt(f"{fmt} {n} {name} check", check_codes, x, fmt, tuning, 16 if args.smoke else 64)
+            if name.startswith("before"):
+                res = {"ok": "before"}
+            else:
+                res = run.attempt(f"{fmt} {n} {name} check", check_codes, x, fmt, tuning, 16 if args.smoke else 64)
             plan, fn = runner(x, fmt, tuning)
             codes, scales, _ = fn()
             written = codes.numel() * codes.element_size() + (scales.numel() * scales.element_size()
                                                               if scales.numel() > 1 else 0)
+            got = [t.contiguous().view(torch.uint8) for t in (codes, scales)]
+            if name == "shipped":
+                shipped_out = [t.clone() for t in got]
+            elif shipped_out is not None:  # the codes' bytes equal to the shipped plan's (a fraction), scales equal
+                res = {**(res or {"ok": False}), "same_codes": round(float((got[0] == shipped_out[0]).double().mean()), 7),
+                       "same_scales": bool(torch.equal(got[1], shipped_out[1]))}
+            del got
             rows[name] = {"config": config_of(plan), **(res or {"ok": False}),
                           "bytes": x.numel() * x.element_size() + written}
             fns[name] = fn
@@ -234,7 +271,7 @@ def main():
             run.row(f"{fmt} {n} {name}", fmt=fmt, n=n, variant=name, ms=ms, copy_ms=copy_ms,
                     pct_copy=round(100 * copy_ms / ms, 1) if ms else None,
                     x_shipped=round(base / ms, 3) if ms and base else None, rounds=t.get(f"{name}_rounds"), **r)
-    run.finish(["name", "config", "ok", "match", "ms", "pct_copy", "x_shipped"])
+    run.finish(["name", "config", "ok", "match", "same_codes", "ms", "pct_copy", "x_shipped"])
 
 
 if __name__ == "__main__":
