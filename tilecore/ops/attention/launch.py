@@ -380,9 +380,6 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
                  scale_log2e, B * Hkv, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale),
                 dict(**masks, STAGES=cfg["stages"], SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
         return
-    if masks["WINDOW"] and configs.DQ_MODES[cfg["dq_from"]] == 1 and cfg.get("window_skip",
-                                                                          configs.GLUON_BACKWARD_WINDOW_SKIP):
-        masks = dict(masks, WINDOW=2)  # a consumer skips the steps whose rows miss its keys (gluon_backward)
     with dispatch.on_device(q.device):
         run(GLUON_BWD, plan, plan.grid,
             (head_operand(q, block_m), head_operand(k, 2 * block_n), head_operand(v, 2 * block_n),

@@ -341,7 +341,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     # blocks together, so they share a few blocks of the group's rows at a time
     head_group = heads_in_l2(2 * N * D * q.element_size())
     schedule = None
-    if "window" in used and cfg.get("balanced", configs.GLUON_BACKWARD_WINDOW_BALANCED):
+    if "window" in used and cfg.get("balanced", (D, dq_from) in configs.GLUON_BACKWARD_WINDOW_BALANCED):
         _, left, right = mask_options(causal_in, window, N, Nk)  # the kernel's bounds
         schedule = causal_schedule(q.device, N, Nk, left, right, block_m, 2 * block_n, B * Hkv, head_group,
                                    H // Hkv, grid[0], build=window_table)

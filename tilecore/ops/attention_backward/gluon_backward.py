@@ -138,7 +138,7 @@ class AttentionBackward:
     D: gl.constexpr
     DQ: gl.constexpr  # where dQ comes from: see compute
     KV_REGS: gl.constexpr
-    WINDOW: gl.constexpr  # 1: a sliding window; 2: the same, a consumer skipping steps that miss its keys (fused dQ)
+    WINDOW: gl.constexpr
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2, the derivative kept in float32
 
     @gluon.jit
@@ -360,9 +360,6 @@ class AttentionBackward:
             k_c = ctx.operand.index(0).reshape([2 * BN, D]).slice(c * BN, BN)
             v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
-        if self.WINDOW == 2:  # fused dQ: this consumer's keys seen by none of the step's rows (a tile's edge step)
-            if window_misses(start_m, start_n, BM, BN, self.N, self.Nk, self.left, self.right):
-                return self.skip_step(ctx, st, tile, step)
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -425,26 +422,6 @@ class AttentionBackward:
         return st.replace(dk=dk, dv=dv)
 
     @gluon.jit
-    def skip_step(self, ctx, st, tile, step):
-        """WINDOW 2 with dQ fused (1): a step none of whose rows sees this consumer's keys: P^T = dS^T = 0, so no
-        S^T, dP^T, dV or dK product; the consumer writes its half of dS^T as zeros and computes and adds its half of
-        dQ's columns (the other consumer's dS^T may not be zero), keeping the dS buffers' protocol."""
-        gl.static_assert(self.DQ == 1, "WINDOW 2 (skipped steps) takes dQ fused")
-        BM: gl.constexpr = self.BM
-        BN: gl.constexpr = self.BN
-        i = ctx.ring_step
-        mbarrier.wait(self.ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both read this buffer two steps ago
-        zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        self.ds_smem.index(i % 2).slice(ctx.index * BN, BN).store(gl.zeros([BN, BM], self.ds_smem.dtype, zero_layout))
-        fence_async_shared()
-        mbarrier.arrive(self.ds_full.index(i % 2))
-        dq_tok = self.issue_dq(ctx, i)
-        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-        mbarrier.arrive(self.ds_free.index(i % 2))
-        self.add_dq(ctx, tile, step, dq)
-        return st
-
-    @gluon.jit
     def help(self, ctx, tile, step):
         """DQ mode 4, the helper warpgroup's step: once both consumers wrote the step's dS, dQ = dS K
         in column pieces of dq_desc's box width, each product staged in a buffer of its own and added
@@ -477,17 +454,6 @@ class AttentionBackward:
         start_n = tile.start_n + ctx.index * self.BN
         store_out(ctx.out, st.dv, self.dv_desc, [b, hk, start_n, 0])
         store_out(ctx.out, st.dk, self.dk_desc, [b, hk, start_n, 0], self.scale)
-
-
-@gluon.jit
-def window_misses(first_query, first_key, BM: gl.constexpr, BN: gl.constexpr, N, Nk, left, right):
-    """Whether no query of a block (BM from first_query, those below N) sees any of BN keys from first_key: the
-    keys all past the last query's right edge (or past Nk), or all before the first query's left edge."""
-    shift = Nk - N
-    last_query = gl.minimum(first_query + BM, N) - 1
-    past_right = first_key > gl.minimum(last_query + shift + right, Nk - 1)
-    before_left = first_key + BN - 1 < first_query + shift - left
-    return past_right | before_left | (first_query >= N)
 
 
 @gluon.constexpr_function
