@@ -77,6 +77,15 @@ BATCHES = {
         "d64 atreg+tma+dglate": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 2048)),
         "d64 atsmem+tma+dg": (64, dict(dqk_gluon_form=258 | 8192 | 512 | 1024)),
     },
+    # call 3 (the confirmation): configs' against the session's start, and the public op through autograd
+    "c": {
+        "d128 configs": (128, {}),
+        "d128 start 2": (128, dict(dqk_gluon_form=2)),
+        "d64 configs": (64, {}),
+        "d64 start 258": (64, dict(dqk_gluon_form=258)),
+        "d128 op": (128, dict(op=(1, 1024, 2, 128, True))),
+        "d64 op": (64, dict(op=(2, 1024, 3, 64, False))),
+    },
 }
 BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "b"
 VARIANTS = BATCHES[BATCH]
@@ -106,6 +115,13 @@ def check_variant(name: str) -> dict:
 
     D, over = VARIANTS[name]
     row = dict(variant=name)
+    if "op" in over:  # the public op through autograd with configs' defaults (gpu_gla_op.check against float64)
+        from experiments.linear_attention.gpu_gla_op import check as op_check
+
+        r = op_check(*((1, 128, 1) + over["op"][3:] if SMOKE else over["op"]))  # (B, N, H, D, strong)
+        cell = f"op o {r['o']} {r['dq']}/{r['dk']}/{r['dv']} {r['dg']:.2g}" + ("" if r["pass"] else " FAIL")
+        return dict(row, **{"strong+reset" if over["op"][-1] else "weak": dict(text=cell, pass_=r["pass"])},
+                    op=r, dqk_kernel="(public op)", **{"pass": r["pass"]})
     for case, kw in CASES.items():
         t = make(*CHECK_SHAPE, D, **kw)
         if SMOKE:
@@ -146,7 +162,7 @@ def timing(run: Run, rows: dict) -> None:
     x = y = None  # (freed)
     run.extra["copy_GBps"] = round(copy, 1)
     for D in dict.fromkeys(d for d, _ in VARIANTS.values()):
-        names = [n for n, (d, _) in VARIANTS.items() if d == D and rows.get(n, {}).get("pass")]
+        names = [n for n, (d, o) in VARIANTS.items() if d == D and "op" not in o and rows.get(n, {}).get("pass")]
         if not names or run.elapsed() > TIME_DEADLINE:
             continue
         torch.cuda.empty_cache()
@@ -239,7 +255,8 @@ def main():
         run.attempt("timing", timing, run, rows)
     for n in VARIANTS:
         r = rows[n]
-        cells = {c: (f"{r[c]['dq']}/{r[c]['dk']}/{r[c]['dv']} {r[c]['dg']}" + ("" if r[c]["pass"] else " FAIL"))
+        cells = {c: r[c]["text"] if "text" in r[c] else
+                 (f"{r[c]['dq']}/{r[c]['dk']}/{r[c]['dv']} {r[c]['dg']}" + ("" if r[c]["pass"] else " FAIL"))
                  for c in CASES if c in r}
         run.row(n, pass_=r.get("pass"), weak=cells.get("weak"), strong=cells.get("strong+reset"),
                 dqk_ms=r.get("dqk_ms"), rounds="/".join(f"{x:.4f}" for x in r.get("dqk_rounds", [])) or None,
