@@ -12,7 +12,8 @@ shipped forward), and apply_rotary's K pass against a copy of K.
    dk, dv equal the turned path's bits / those the turned path repeats (dQ's float32 sum is added by TMA
    reductions, in any order).
 2. --kpass: B16 H16 N4096 D128 bf16: apply_rotary's K pass (rotary.op.turn into a contiguous buffer, as the
-   paths do) against a copy of K (Tensor.copy_, same bytes), GPU time from CUDA graphs, interleaved rounds.
+   paths do; token-major tiles, and head-major ones: rotary.configs.HEAD_MAJOR_TILES, its bits checked) against
+   a copy of K (Tensor.copy_, same bytes), GPU time from CUDA graphs, interleaved rounds.
 3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
    H16 N4096, bf16 tables, full and causal: forward without a gradient (plain / rotary as routed); forward
    recording a gradient (plain / turned / new); forward + backward (autograd.grad of q, k, v: plain / turned
@@ -42,6 +43,7 @@ from experiments.attention.gpu_rotary_dk import ALL_CASES, poison, tables  # noq
 from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
 from tilecore.ops.attention import configs, op_rotary  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
+from tilecore.ops.rotary import configs as rotary_configs  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
@@ -118,14 +120,23 @@ def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
     k = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(k)
     cos, sin = tables(n, d // 2, torch.bfloat16)
-    fns = {"pass": lambda: turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2)),
+    def head_major():  # rotary.configs.HEAD_MAJOR_TILES: tiles of 32 tokens of one head
+        with patched(rotary_configs, HEAD_MAJOR_TILES=True):
+            turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2))
+
+    fns = {"pass": lambda: turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2)), "pass_hm": head_major,
            "copy": lambda: out.copy_(k)}
     for f in fns.values():
         f()
     t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
     gb = 2 * k.numel() * k.element_size() / 1e9
+    ref = turn(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    out.fill_(float("nan"))
+    head_major()
     run.row(f"K pass D{d}", kind="kpass", d=d, pass_ms=t["pass_graph_ms"], copy_ms=t["copy_graph_ms"],
+            pass_hm_ms=t["pass_hm_graph_ms"], hm_same=same_bits(out, ref.contiguous()),
             pass_of_copy=round(t["copy_graph_ms"] / t["pass_graph_ms"], 4),
+            hm_of_copy=round(t["copy_graph_ms"] / t["pass_hm_graph_ms"], 4),
             pass_tbs=round(gb / t["pass_graph_ms"], 3), copy_tbs=round(gb / t["copy_graph_ms"], 3),
             rounds={n_: t[f"{n_}_rounds"]["graph"] for n_ in fns})
 
@@ -214,7 +225,7 @@ def main():
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
                         fwd_only=a.fwd_only, k_by_head=a.k_by_head)
     run.finish(["name", "ok", "same", "same_qk", "same_khead", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk",
-                "pass_of_copy",
+                "pass_of_copy", "hm_of_copy", "hm_same",
                 "pass_ms", "copy_ms", "fwd_over", "fwd_khead_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms",
                 "bwd_turned_over", "bwd_new_over"])
 

@@ -10,5 +10,10 @@ TILE_ELEMS = 4096
 WARPS = ((1024, 2), (2048, 4), (1 << 62, 8))
 
 
+# x and out both head-major in memory (each head's tokens side by side: attention's (B, H, N, D) q and k, as
+# (B, N, H, D) views): True tiles them BLOCK_T tokens of one head (kernels.py), False as token-major x
+HEAD_MAJOR_TILES = False
+
+
 def num_warps(tile_elems: int) -> int:
     return next(w for limit, w in WARPS if tile_elems <= limit)

@@ -34,6 +34,8 @@ def launch(plan: Plan, x, cos, sin, position_ids, out, interleaved: bool, conjug
     options = dict(R=R, BLOCK_R=plan.block_r, BLOCK_H=plan.block_h, PASS=0 if in_place else D - 2 * R,
                    BLOCK_PASS=plan.block_pass, INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POS=pos is not None,
                    num_warps=plan.num_warps)
+    if plan.block_t > 1:  # (the token-major launch passes no BLOCK_T: its keyed launches' constexprs as before)
+        options["BLOCK_T"] = plan.block_t
     _rotary.run(key, plan.grid, args, options)
 
 

@@ -77,10 +77,16 @@ _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed (the checks 
 _PLANS = LRU(256)  # a CUDA call's launch key -> its plan
 
 
+def head_major(t: torch.Tensor) -> bool:
+    """Whether a (B, N, H, D) tensor holds each head's tokens side by side (a (B, H, N, D) tensor's transposed view)."""
+    return t.shape[2] > 1 and t.shape[1] > 1 and t.stride(2) > t.stride(1)
+
+
 def _rotate_into(x, cos, sin, pos, out, interleaved: bool, conjugate: bool, key=None) -> None:
     B, N, H, D = x.shape
     cos, sin = _unit_stride(cos), _unit_stride(sin)
-    p = _PLANS.memo(key, lambda: plan(B, N, H, D, cos.shape[1], x.device))
+    # (a key names x's strides, and out is x or a fresh contiguous tensor: it fixes head_major too)
+    p = _PLANS.memo(key, lambda: plan(B, N, H, D, cos.shape[1], x.device, head_major(x) and head_major(out)))
     launch.launch(p, x, cos, sin, pos, out, interleaved, conjugate, key=key)
 
 
