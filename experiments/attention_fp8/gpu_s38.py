@@ -44,16 +44,10 @@ from experiments.common.gpu_script import Run, check, same_bits, sync, time_roun
 
 
 def reference(q, k, v, causal):
-    """float64 attention (B, Hq, N, D) of (B, Hkv, Nk, D) keys (GQA by repeat), causal bottom right."""
-    qd, kd, vd = (t.double() for t in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
-    s = qd @ kd.transpose(-1, -2) * q.shape[-1] ** -0.5
-    if causal:
-        n, nk = s.shape[-2:]
-        allowed = torch.ones(n, nk, dtype=torch.bool, device=s.device).tril(nk - n)
-        s = s.masked_fill(~allowed, float("-inf"))
-    return s.softmax(-1) @ vd
+    """float64 attention (B, Hq, N, D) of (B, Hkv, Nk, D) keys (GQA), causal bottom right: the library's reference."""
+    from tilecore.ops.attention.reference import attention_reference
+
+    return attention_reference(q, k, v, causal=causal)[0]
 
 
 def poison_allocator(like: torch.Tensor):
