@@ -98,6 +98,9 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
                 out_head = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
             result["same_khead"] = same_bits(out_default, out_head)
     result["same_qk"] = same_bits(new[2:], old[2:])
+    if not result["same_qk"]:  # where the kept q and k differ, and which is nearer the float64 turn
+        result.update(differences(q.detach(), new[2], old[2], cos[nk - n:], sin[nk - n:], interleaved, "q"))
+        result.update(differences(k.detach(), new[3], old[3], cos, sin, interleaved, "k"))
     result["same_olse"] = same_bits(new[:2], old[:2])
     # the outputs equal to the turned path's bits, and those the turned path itself repeats (dQ's float32 sum is
     # added by TMA reductions in any order: not repeatable)
@@ -112,6 +115,24 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
             hq=hq, hkv=hkv, ok=bool(ok), **{k_: v_ for k_, v_ in result.items() if not k_.endswith("_pass")})
 
 
+def differences(x, a, b, cos, sin, interleaved, name):
+    """Where two turns a, b (B, H, N, D) of x differ: how many elements, over how many 64-row blocks and columns,
+    by how many bf16 ulps at most, and how many of those a or b rounds nearer the float64 turn."""
+    from tilecore.ops.rotary import rotary_reference
+
+    diff = a != b
+    if not diff.any():
+        return {f"{name}_diff": 0}
+    ref = rotary_reference(x.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
+    ea, eb = (a.double() - ref).abs()[diff], (b.double() - ref).abs()[diff]
+    where = diff.nonzero()
+    ulps = ((a.view(torch.int16).int() - b.view(torch.int16).int()).abs()[diff]).max().item()
+    return {f"{name}_diff": int(diff.sum()), f"{name}_of": diff.numel(),
+            f"{name}_blocks": len(set((where[:, 2] // 64).tolist())),
+            f"{name}_cols": sorted(set(where[:, 3].tolist()))[:8], f"{name}_ulps": ulps,
+            f"{name}_new_nearer": int((ea < eb).sum()), f"{name}_old_nearer": int((eb < ea).sum())}
+
+
 def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
     """apply_rotary's K pass (into a contiguous buffer, as gluon_rotary's training forward and the turned path
     do) against Tensor.copy_ of K: the same bytes read and written."""
@@ -120,21 +141,28 @@ def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
     k = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(k)
     cos, sin = tables(n, d // 2, torch.bfloat16)
-    def head_major():  # rotary.configs.HEAD_MAJOR_TILES: tiles of 32 tokens of one head
-        with patched(rotary_configs, HEAD_MAJOR_TILES=True):
-            turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2))
+    def head_major(tile=rotary_configs.TILE_ELEMS):  # rotary.configs.HEAD_MAJOR_TILES: tile / 2R tokens a tile
+        def f():
+            with patched(rotary_configs, HEAD_MAJOR_TILES=True, TILE_ELEMS=tile):
+                turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2))
+        return f
 
-    fns = {"pass": lambda: turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2)), "pass_hm": head_major,
-           "copy": lambda: out.copy_(k)}
+    fns = {"pass": lambda: turn(k.transpose(1, 2), cos, sin, out=out.transpose(1, 2)), "pass_hm": head_major(),
+           "pass_hm2k": head_major(2048), "pass_hm8k": head_major(8192), "copy": lambda: out.copy_(k)}
     for f in fns.values():
         f()
     t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
     gb = 2 * k.numel() * k.element_size() / 1e9
     ref = turn(k.transpose(1, 2), cos, sin).transpose(1, 2)
-    out.fill_(float("nan"))
-    head_major()
+    same = []
+    for tile in (2048, 4096, 8192):
+        out.fill_(float("nan"))
+        head_major(tile)()
+        same.append(same_bits(out, ref.contiguous()))
     run.row(f"K pass D{d}", kind="kpass", d=d, pass_ms=t["pass_graph_ms"], copy_ms=t["copy_graph_ms"],
-            pass_hm_ms=t["pass_hm_graph_ms"], hm_same=same_bits(out, ref.contiguous()),
+            pass_hm_ms=t["pass_hm_graph_ms"], hm_same=all(same),
+            **{f"{n_}_of_copy": round(t["copy_graph_ms"] / t[f"{n_}_graph_ms"], 4)
+               for n_ in ("pass_hm2k", "pass_hm8k")},
             pass_of_copy=round(t["copy_graph_ms"] / t["pass_graph_ms"], 4),
             hm_of_copy=round(t["copy_graph_ms"] / t["pass_hm_graph_ms"], 4),
             pass_tbs=round(gb / t["pass_graph_ms"], 3), copy_tbs=round(gb / t["copy_graph_ms"], 3),
