@@ -47,7 +47,7 @@ def candidates(n, kmid64=False):
     the order-3 KMID tuple on complex64 bins)."""
     out = [("shipped launch", conv_plan(n, torch.device("cuda"), torch.bfloat16), "c64")]
     for c in configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n, []):
-        out.append((f"half rfft3 kpre{c[11]}" + (" kmid" if len(c) > 16 and c[16] else ""), gluon_plan(*c), "f16"))
+        out.append((f"half rfft3 kpre{c[11]}", gluon_plan(*c), "f16"))
     for c in configs.GLUON_ORDER3_HALF_CANDIDATES.get(n, []):
         out.append(("half rfft3" + (" kmid" if len(c) > 6 and c[6] else ""), order3_plan(n, *c), "f16"))
     for c in configs.GLUON_ORDER3_CANDIDATES.get(n, []) if kmid64 else []:

@@ -113,8 +113,6 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
         assert conv_plan.gluon_plan(*c).rfft == 3 and c[0] * c[1] == 2 * n
     with pytest.raises(ValueError, match="rfft"):
         conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 1)
-    with pytest.raises(ValueError, match="kmid"):  # (KMID: the chunked kernel's, with KPRE 0)
-        conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1, 0, False, True)
     with pytest.raises(ValueError, match="prefetch"):  # (the chunked kernel's KPRE 2 gathers complex64 bins)
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 3, 2, 4, True, False, 2, True, 1)
     assert conv_plan.gluon_plan(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168).kpre == 3

@@ -20,7 +20,7 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower than the shipped 
 }
 
 # The one-pass kernel in Gluon (gluon_onepass.py; Hopper): N -> plan.gluon_plan's arguments in order (A, B, programs
-# a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg, PRESCALE, KMID),
+# a SM, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, maxnreg),
 # 2N = A B, B = 64; the plan takes it on a Hopper under a checked triton
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft
@@ -60,7 +60,7 @@ GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shippe
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
     2048: [(64, 64, 2, True, True, 0, 3, 1, 4, True, False, 2, False, 3),  # + KPRE 2 (int32 tile: two a SM fit)
            (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3)],  # + KPRE 3 on a CONTIG walk (as 1024)
-    4096: [(128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # the shipped tuple at RFFT 3 (KMID: 8 B spill)
+    4096: [(128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # the shipped tuple at RFFT 3
 }
 GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples
     8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True)],

@@ -61,21 +61,17 @@ def computed_twiddles(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     return angle.cos(), angle.sin()
 
 
-def forward_stages(x_re, x_im, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im, k_re, k_im, prescale: bool = False):
+def forward_stages(x_re, x_im, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im, k_re, k_im):
     """gluon_onepass._forward_stages on a block of columns: x (float16 values, [B, HALF]) @ F_A[:HALF, cols],
     the twiddles, R cast to float16, F_B @ R, the spectrum product. Returns (Y re, Y im, its largest |Y|:
-    1 where Y is 0; ``prescale``: PRESCALE's L x the block's largest |Re K|, |Im K| / 256 instead)."""
+    1 where Y is 0)."""
     rre = x_re @ fa_re + x_im @ (-fa_im)
     rim = x_re @ fa_im + x_im @ fa_re
     rre, rim = _h16(rre * tw_re - rim * tw_im), _h16(rre * tw_im + rim * tw_re)
     sre = fb_re @ rre + (-fb_im) @ rim
     sim = fb_re @ rim + fb_im @ rre
     yre, yim = sre * k_re - sim * k_im, sre * k_im + sim * k_re
-    if prescale:
-        L = 2 * fa_re.shape[0] * fb_re.shape[0]  # (F_A[:HALF, cols]: A = 2 HALF; F_B: B x B)
-        scale = torch.maximum(k_re.abs().max(), k_im.abs().max()) * (L / 256)
-    else:
-        scale = torch.maximum(yre.abs().max(), yim.abs().max())
+    scale = torch.maximum(yre.abs().max(), yim.abs().max())
     return yre, yim, torch.where(scale > 0, scale, 1.0)
 
 
@@ -98,15 +94,13 @@ def inverse_stages(yre, yim, scale, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im, or
     return ore * alpha + dre @ fa_re + dim @ fa_im, oim * alpha + dim @ fa_re + (-dre) @ fa_im, grown
 
 
-def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: int = 0, tw_sfu: bool = False,
-            prescale: bool = False):
+def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: int = 0, tw_sfu: bool = False):
     """A Gluon one-pass kernel's arithmetic, step for step (the same tables, float16 roundings where the
     kernel casts, float32 sums): fft_conv_gluon_onepass_kernel, or with ``chunk`` > 0
     fft_conv_gluon_chunked_kernel (the tile's k_a columns ``chunk`` at a time, each block's spectrum
     product at its own scale, the output accumulated at a running scale). u (B, H, N) with 2N = a b;
     spectrum: the rfft (H, N + 1); ``rfft``: the kernel's RFFT (it reads the bins itself); ``tw_sfu``: its
-    TW_SFU (the twiddles computed, not read from the table); ``prescale``: its PRESCALE (each block's scale from its
-    spectrum: L x its largest |Re K|, |Im K| / 256)."""
+    TW_SFU (the twiddles computed, not read from the table)."""
     Bt, H, N = u.shape
     half, L = a // 2, a * b
     ops = {name: t.float() for name, t in mono_operands(a, b, 1, u.device).items()}
@@ -128,7 +122,7 @@ def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: 
                 fa_re, fa_im = ops["FARE"][:half, cols], ops["FAIM"][:half, cols]
                 tw_re, tw_im = ops["TFRE"][:, cols], ops["TFIM"][:, cols]
                 yre, yim, block_scale = forward_stages(x_re, x_im, fa_re, fa_im, tw_re, tw_im, fb_re, fb_im,
-                                                       tile[h, 0][:, cols], tile[h, 1][:, cols], prescale)
+                                                       tile[h, 0][:, cols], tile[h, 1][:, cols])
                 # F_A[cols, :HALF] = F_A[:HALF, cols]^T (F_A is symmetric)
                 ore, oim, running = inverse_stages(yre, yim, block_scale, fa_re.T, fa_im.T, tw_re, tw_im, fb_re,
                                                    fb_im, ore, oim, running)
@@ -141,10 +135,9 @@ def emulate(u, spectrum, conj: bool, a: int, b: int, rfft: bool = False, chunk: 
     return y
 
 
-def emulate_chunked(u, spectrum, conj: bool, a: int, b: int, chunk: int, rfft: bool = False, tw_sfu: bool = False,
-                    prescale: bool = False):
+def emulate_chunked(u, spectrum, conj: bool, a: int, b: int, chunk: int, rfft: bool = False, tw_sfu: bool = False):
     """fft_conv_gluon_chunked_kernel's arithmetic: emulate(..., chunk=chunk)."""
-    return emulate(u, spectrum, conj, a, b, rfft, chunk, tw_sfu, prescale)
+    return emulate(u, spectrum, conj, a, b, rfft, chunk, tw_sfu)
 
 
 def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):

@@ -248,9 +248,9 @@ class Stages:
     computed (_twiddles) instead of read from the table. KPRE: the spectrum's bins of a block
     requested before its stage 1 (_spectrum_issue), so their L2 latency runs under stages 1-3: 1 loaded
     into registers there and held, 2 gathered by cp.async into ``kbuf`` ([B, C] int64: a bin's (re, im),
-    RFFT 2) and read from shared memory at the product (no registers held). KMID (with KPRE 0): the bins loaded
-    while stage 3's wgmmas run (issued, the loads, then the wait): their latency off the chain, no registers held
-    across stages 1-2 (KPRE 1 holds them from before stage 1)."""
+    RFFT 2) and read from shared memory at the product (no registers held). KMID (with KPRE 0; the order-3 kernel's):
+    the bins loaded while stage 3's wgmmas run (issued, the loads, then the wait): their latency off the chain, no
+    registers held across stages 1-2 (KPRE 1 holds them from before stage 1)."""
     fbre: object
     fbim: object
     fbnim: object
@@ -267,8 +267,7 @@ class Stages:
     kbuf: object  # [B, C] int64 (int32: RFFT 3) in shared memory (KPRE 2, 3), else None
     KPRE: gl.constexpr
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
-    PRESCALE: gl.constexpr  # the spectrum product's scale from the block's spectrum, reduced under stage 3's wgmmas
-    KMID: gl.constexpr  # (KPRE 0) the block's bins loaded between stage 3's wgmmas' issue and their wait
+    KMID: gl.constexpr  # (KPRE 0) the block's bins loaded between stage 3's wgmmas' issue and their wait (order 3)
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -357,25 +356,13 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     st.tile_im.store(rim.to(gl.float16))
     fence_async_shared()
     gl.thread_barrier()
-    if st.PRESCALE and not (st.PROBE & 5):
-        # the block's largest |Re K|, |Im K| reduced while stage 3's wgmmas run: |Y| <= L of it (|x| <= 1
-        # a sequence, |R| <= HALF sqrt 2, |S| <= B HALF sqrt 2, |K| <= sqrt 2 of it), so Y / (L of it / 256) is at
-        # most 256 and D = conj(F_B) @ that at most 64 x 256 (float16's range), with no reduction of Y on the chain
-        p = warpgroup_mma(st.fbre, st.tile_re, zeros, use_acc=False, is_async=True)
-        p = warpgroup_mma(st.fbnim, st.tile_im, p, is_async=True)
-        q = warpgroup_mma(st.fbre, st.tile_im, zeros, use_acc=False, is_async=True)
-        q = warpgroup_mma(st.fbim, st.tile_re, q, is_async=True)
-        kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
-        largest = gl.max(gl.max(gl.maximum(gl.abs(kre), gl.abs(kim)), axis=1), axis=0)
-        sre, sim = warpgroup_mma_wait(0, deps=(p, q))
-    elif st.KMID and not (st.PROBE & 5):  # the bins' loads under stage 3's wgmmas (the same values)
+    if st.KMID and not (st.PROBE & 5):  # the bins' loads under stage 3's wgmmas (the same values)
         p = warpgroup_mma(st.fbre, st.tile_re, zeros, use_acc=False, is_async=True)
         p = warpgroup_mma(st.fbnim, st.tile_im, p, is_async=True)
         q = warpgroup_mma(st.fbre, st.tile_im, zeros, use_acc=False, is_async=True)
         q = warpgroup_mma(st.fbim, st.tile_re, q, is_async=True)
         kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
         sre, sim = warpgroup_mma_wait(0, deps=(p, q))
-        largest = 0.0
     else:
         if st.PROBE & 1:
             sre = rre
@@ -388,14 +375,10 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
             kim = twim
         else:
             kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
-        largest = 0.0
     yre = sre * kre - sim * kim
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
         scale = 1.0
-    elif st.PRESCALE:
-        scale = largest * (st.L / 256.0)
-        scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
     elif st.LEAN & 1:  # (the same largest value: one reduction, not two)
         scale = gl.max(gl.max(gl.maximum(gl.abs(yre), gl.abs(yim)), axis=1), axis=0)
         scale = gl.where(scale > 0, scale, 1.0)
@@ -642,8 +625,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   A: gl.constexpr, B: gl.constexpr, ASYNC: gl.constexpr = False,
                                   u_desc=None, y_desc=None, TMA: gl.constexpr = False, RFFT: gl.constexpr = False,
                                   CONJ: gl.constexpr = False, PROBE: gl.constexpr = 0, TW_SFU: gl.constexpr = False,
-                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0,
-                                  PRESCALE: gl.constexpr = False):
+                                  CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0, LEAN: gl.constexpr = 0):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every
     channel h; work item w = h * groups + g, program p runs w = p, p + programs, ...
 
@@ -701,7 +683,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
-                PRESCALE, False)
+                False)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -786,8 +768,6 @@ class ChunkedGlobals:
     KPRE: gl.constexpr
     YALIAS: gl.constexpr
     LEAN: gl.constexpr
-    PRESCALE: gl.constexpr
-    KMID: gl.constexpr
 
 
 @struct
@@ -839,8 +819,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   CONJ: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
                                   WORKER_REGS: gl.constexpr = 240, PROBE: gl.constexpr = 0,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
-                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0, PRESCALE: gl.constexpr = False,
-                                  KMID: gl.constexpr = False):
+                                  YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
     tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
     F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
@@ -856,11 +835,9 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
     the second one's registers. YALIAS (TMA): y's box is the ring slot its pair's u came in (16 KiB a
     walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
-    memory and the previous y store has read that slot. KMID (KPRE 0): a chunk's spectrum bins loaded while its stage-3
-    wgmmas run (Stages)."""
+    memory and the previous y store has read that slot."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
-    gl.static_assert(not KMID or (KPRE == 0 and not PRESCALE), "KMID reads the bins under stage 3: KPRE 0, no PRESCALE")
     gl.static_assert(KPRE < 2 or RFFT == 2, "the chunked kernel's KPRE 2 gathers complex64 bins (RFFT 2)")
     HALF: gl.constexpr = A // 2
     CHUNKS: gl.constexpr = A // CHUNK
@@ -879,7 +856,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     fbnim = _resident(FBIM, B, B, B, 0, True, table)
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
-                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN, PRESCALE, KMID)
+                       PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
     first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
@@ -941,7 +918,7 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
     seq, tab, zeros = _tile_offsets(B, HALF, A, CHUNK, io, acc)  # (chunk c's offsets: tab + c CHUNK)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN, g.PRESCALE, g.KMID)
+                g.KPRE, g.LEAN, False)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -1038,8 +1015,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False,
-                False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False)
 
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     if XSMEM:

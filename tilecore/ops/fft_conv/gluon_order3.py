@@ -387,8 +387,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, g.RFFT, g.CONJ, True, 0, True, None, 0, 1, False,
-                g.KMID)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, g.RFFT, g.CONJ, True, 0, True, None, 0, 1, g.KMID)
 
     # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
     # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after

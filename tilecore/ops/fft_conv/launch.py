@@ -224,13 +224,13 @@ def _gluon_launch_parts(plan: Plan, u: torch.Tensor, y: torch.Tensor, conj: bool
     tables = tuple(ops[name] for name in ("FARE", "FAIM", "FBRE", "FBIM", "TFRE", "TFIM"))
     tma = plan.tma and tma_describable(u) and tma_describable(y)
     options = dict(A=a, B=b, TMA=tma, RFFT=plan.rfft, CONJ=bool(conj and plan.rfft), PROBE=plan.probe, TW_SFU=plan.tw_sfu,
-                   CONTIG=plan.contig, KPRE=plan.kpre, LEAN=plan.lean, PRESCALE=plan.prescale)
+                   CONTIG=plan.contig, KPRE=plan.kpre, LEAN=plan.lean)
     if plan.maxnreg:  # (a launch option: only where set, so the other plans' launches are as before)
         options["maxnreg"] = plan.maxnreg
     if plan.chunk:  # (WORKER_REGS 248: 4096's two warpgroups without spill)
         kernel = CONV_GLUON_CHUNKED
         options.update(CHUNK=plan.chunk, WARPGROUPS=plan.warpgroups, WORKER_REGS=248, num_warps=4,
-                       YALIAS=plan.yalias and tma, KMID=plan.kmid)
+                       YALIAS=plan.yalias and tma)
     else:
         kernel = CONV_GLUON
         options.update(ASYNC=plan.async_mma, num_warps=plan.num_warps)

@@ -61,15 +61,13 @@ class Plan:
     yalias: bool = False  # "gluon", chunked with TMA: y's box is the ring slot its pair's u came in
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
-    prescale: bool = False  # "gluon": the spectrum product's scale from the block's spectrum (no reduction of Y)
     g1: int = 1  # "order3": columns a2 a wgmma wait in stages 1a / 1'a (its loop: k1 values a chunk; per_sm, contig)
-    kmid: bool = False  # "gluon" chunked, "order3": a block's spectrum bins loaded under its stage-3 wgmmas (KPRE 0)
+    kmid: bool = False  # "order3": a chunk's spectrum bins loaded under its stage-3 wgmmas
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
                rfft: bool = False, warpgroups: int = 1, warps: int = 4, tw_sfu: bool = False,
-               contig: bool = False, kpre: int = 0, yalias: bool = False, lean: int = 0, maxnreg: int = 0,
-               prescale: bool = False, kmid: bool = False) -> Plan:
+               contig: bool = False, kpre: int = 0, yalias: bool = False, lean: int = 0, maxnreg: int = 0) -> Plan:
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
@@ -85,14 +83,11 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     y's box is the ring slot its pair's u came in (16 KiB a walker less: KPRE 2 at chunks of 32 fits); ``lean``: 1
     u's four scale / flag reductions as one and the spectrum product's scale as one (the same values), 2 (the
     whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout; ``maxnreg``: ptxas's register
-    cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill); ``prescale`` (a
-    16th element): the spectrum product's float16 scale is L x the block's largest |Re K|, |Im K| / 256 (a bound
-    of |Y| / 256), reduced while stage 3's wgmmas run, instead of the largest |Y| reduced after them (on the chain).
-    ``contig`` 2 (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it
-    (both on one channel's pairs at once). ``rfft`` 3: the bins as float16 pairs (a float16 spectrum,
-    filter_spectrum(..., torch.float16), read as it is: one 32-bit load a bin). ``kmid`` (a 17th element; chunked,
-    kpre 0, no prescale): a chunk's bins loaded while its stage-3 wgmmas run. (CSCALE, TWEARLY and LAG were measured no faster or slower and
-    removed: notes/fft_conv.)"""
+    cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill). ``contig`` 2
+    (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it (both on one channel's
+    pairs at once). ``rfft`` 3: the bins as float16 pairs (a float16 spectrum, filter_spectrum(..., torch.float16),
+    read as it is: one 32-bit load a bin; with kpre 2, 3 (whole tile) 32-bit copies). (CSCALE, TWEARLY, LAG and
+    PRESCALE were measured no faster or slower and removed: notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
     if yalias and not (chunk and tma):
@@ -108,9 +103,6 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
             raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
                              f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
-    if kmid and not (chunk and kpre == 0 and not prescale):
-        raise ValueError(f"the Gluon one-pass kernel's kmid (the bins loaded under stage 3's wgmmas) is the chunked "
-                         f"kernel's, with kpre 0 and no prescale; got chunk {chunk}, kpre {kpre}, prescale {prescale}")
     if contig not in (False, True, 2) or (contig == 2 and (not chunk or warpgroups != 2)):
         raise ValueError(f"the Gluon one-pass kernel's contig is False, True or 2 (the chunked kernel's two walkers "
                          f"interleaved on their program's block); got {contig} (chunk {chunk}, warpgroups {warpgroups})")
@@ -123,7 +115,7 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                          f"chunked one to 4096); got {a} x {b}")
     return Plan("gluon", n1=a, n2=b, n3=1, num_warps=warps, per_sm=per_sm, kfull=True, async_mma=async_mma or chunk > 0,
                 tma=tma, chunk=chunk, rfft=rfft, warpgroups=warpgroups, tw_sfu=tw_sfu, contig=contig, kpre=kpre,
-                yalias=yalias, lean=lean, maxnreg=maxnreg, prescale=bool(prescale), kmid=bool(kmid))
+                yalias=yalias, lean=lean, maxnreg=maxnreg)
 
 
 # the order-3 kernel's fits by N (sm_90a): programs a multiprocessor (shared memory, registers) and k1 values a chunk

@@ -54,7 +54,7 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                   chunk: int = 0, rfft: bool = False, warpgroups: int = 1,
                   warps: int = 4, tw_sfu: bool = False, contig: bool = False,
                   kpre: int = 0, yalias: bool = False, lean: int = 0,
-                  maxnreg: int = 0, prescale: bool = False, kmid: bool = False) -> tuple[str, object, dict, int, bool]:
+                  maxnreg: int = 0) -> tuple[str, object, dict, int, bool]:
     """The one-pass kernel in Gluon (gluon_onepass.fft_conv_gluon_onepass_kernel) at one configuration
     (per_sm: the grid only, not the compile; ``maxnreg`` is a compile option, which this tuple cannot carry:
     named only, the callers that compile pass it, gluon_options)."""
@@ -72,8 +72,6 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
                 stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=4 * n, A=a, B=b,
                 ASYNC=async_mma, TMA=tma, RFFT=rfft, CONJ=False, TW_SFU=tw_sfu,
                 CONTIG=contig, KPRE=kpre, LEAN=lean)
-    if prescale:
-        args["PRESCALE"] = True
     if tma:
         rows = torch.empty(2, 1, n, dtype=torch.bfloat16)  # (the descriptors' type is what compiles)
         args["u_desc"], args["y_desc"] = gluon_descriptors(rows, rows, a, b)
@@ -81,10 +79,7 @@ def gluon_variant(a: int, b: int, per_sm: int = 0, async_mma: bool = False, tma:
         " float16" if rfft == 3 else "") + (", twiddles computed" if tw_sfu else "") + (
         ", contiguous walk" if contig else "") + (
         f", spectrum prefetch {kpre}" if kpre else "") + (", y in u's ring" if yalias else "") + (
-        f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "") + (
-        ", spectrum prescale" if prescale else "") + (", bins under stage 3" if kmid else "")
-    if kmid:
-        args["KMID"] = True
+        f", lean {lean}" if lean else "") + (f", maxnreg {maxnreg}" if maxnreg else "")
     if chunk:
         del args["ASYNC"]
         args.update(CHUNK=chunk, WARPGROUPS=warpgroups, WORKER_REGS=248, YALIAS=yalias)
