@@ -51,6 +51,8 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
 # that reads its bins as they are (RFFT 3: one 32-bit load a bin, half the L2 bytes); every other plan reads complex64
 # bins, so the op widens a float16 spectrum for it (a conversion a call). GLUON_ORDER3_HALF goes first where N has both
 GLUON_ONEPASS_HALF: dict = {
+    1024: (32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168),  # the op 1.057x (graphs) the complex64 op
+    2048: (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3),  # + KPRE 3 (CONTIG): 1.079x the complex64 op
     4096: (128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1),  # the op 1.031x (graphs 1.019x) the complex64 op
 }
 GLUON_ORDER3_HALF: dict = {
@@ -64,7 +66,7 @@ GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shippe
 }
 GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples
     8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True)],
-    16384: [(1, True, 1, 2, 2, 3), (1, True, 1, 2, 2, 3, True)],
+    16384: [(1, True, 1, 2, 2, 3, True), (1, True, 1, 2, 2, 3)],  # (sm_90a: both 0 spill, 213 KiB)
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {
