@@ -206,3 +206,52 @@ def test_kpre_tile_of_float16_bins_compiles_at_three_programs_a_multiprocessor()
     row = json.loads(r.stdout)
     assert row["sizes"] == ["0x4"] and row["spill_stores"] == 0 and row["registers"] <= 168, row
     assert 3 * row["shared"] <= 227 * 1024, row
+
+
+def test_keyed_gluon_call_reads_a_float16_spectrum_as_the_general_path(monkeypatch):
+    """A plain eager call's kept Gluon launch (op._GluonConv) with a float16 spectrum under an RFFT 3 plan (1024's
+    HALF tuple standing in for the H100's plan; the Gluon launches recorded, not run): its calls hand the kernel the
+    float16 rows themselves, as the key's first (general) call does, with the same row stride; a float16 spectrum
+    under a complex64 plan keeps no such recipe (it is widened every call on the general path)."""
+    from host_testing import cpu_signature
+    from tilecore.ops.fft_conv import launch as conv_launch
+    from tilecore.ops.fft_conv import op as fft_op
+    from tilecore.tiles import launch
+
+    calls = []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, args, kwargs))
+
+    def clear():
+        for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
+            cache.clear()
+
+    half_plan = conv_plan.gluon_plan(*configs.GLUON_ONEPASS_HALF_CANDIDATES[1024][0])
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    monkeypatch.setattr(fft_op, "signature", lambda *items: cpu_signature(*items, scalars=(bool, int, float, str)))
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype, half_spectrum=False: half_plan)
+    clear()
+    g = torch.Generator().manual_seed(38)
+    u = torch.randn(4, 2, 1024, generator=g).to(torch.bfloat16)
+    half = filter_spectrum(torch.randn(2, 1024, generator=g), 1024, torch.float16)
+    for _ in range(3):
+        fft_op.fft_conv(u, half)
+    assert len(fft_op._GLUON_CONVS) == 1 and next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+    assert len(calls) == 3
+    for key, args, kwargs in calls:
+        assert key is not None and args[0] is u and args[1] is half and args[-1] == half.stride(0) == 2 * 1025
+        assert kwargs["RFFT"] == 3 and kwargs["KPRE"] == 3
+    clear()
+    calls.clear()
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype, half_spectrum=False: conv_plan.gluon_plan(
+        *configs.GLUON_ONEPASS[1024]))
+    for _ in range(2):
+        fft_op.fft_conv(u, half)
+    assert not next(iter(fft_op._GLUON_CONVS._data.values()))[0]  # (False: the general path serves the key)
+    assert all(args[1].dtype == torch.float32 and kwargs["RFFT"] == 2 for _, args, kwargs in calls)
+    clear()
