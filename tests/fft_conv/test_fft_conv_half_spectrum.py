@@ -255,3 +255,20 @@ def test_keyed_gluon_call_reads_a_float16_spectrum_as_the_general_path(monkeypat
     assert not next(iter(fft_op._GLUON_CONVS._data.values()))[0]  # (False: the general path serves the key)
     assert all(args[1].dtype == torch.float32 and kwargs["RFFT"] == 2 for _, args, kwargs in calls)
     clear()
+
+
+def test_float16_spectrum_under_torch_compile():
+    """filter_spectrum(..., torch.float16) and fft_conv(u, it) in one fullgraph trace: forward and the gradients in u
+    and k (through the float16 spectrum) as eager."""
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(2, 3, 256, generator=g).requires_grad_()
+    k = (torch.randn(3, 100, generator=g) / 10).requires_grad_()
+
+    def f(u, k):
+        return fft_conv(u, filter_spectrum(k, u.shape[-1], torch.float16)) * 2
+
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(u, k)
+    want = f(u, k)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), (u, k)), torch.autograd.grad(want.sum(), (u, k))):
+        torch.testing.assert_close(a, b)
