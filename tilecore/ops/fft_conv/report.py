@@ -182,7 +182,15 @@ def pair_variants(shipped_only: bool = False) -> list:
         out.append(gluon_variant(*config))
     for n, config in configs.GLUON_ORDER3.items():
         out.append(order3_variant(n, *config))
+    for n, config in configs.GLUON_ONEPASS_HALF.items():  # (a float16 spectrum's tuples: RFFT 3)
+        out.append(gluon_variant(*config))
+    for n, config in configs.GLUON_ORDER3_HALF.items():
+        out.append(order3_variant(n, *config))
     if not shipped_only:
+        for n, candidates in configs.GLUON_ORDER3_HALF_CANDIDATES.items():
+            out += [order3_variant(n, *c) for c in candidates if c != configs.GLUON_ORDER3_HALF.get(n)]
+        for n, candidates in configs.GLUON_ONEPASS_HALF_CANDIDATES.items():
+            out += [gluon_variant(*c) for c in candidates if c != configs.GLUON_ONEPASS_HALF.get(n)]
         for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
             out += [order3_variant(n, *c) for c in candidates if c != configs.GLUON_ORDER3.get(n)]
         for candidates in configs.GLUON_ONEPASS_CANDIDATES.values():
