@@ -22,7 +22,8 @@ last chunks), the states' relative error (~1.6e-3: the update's bf16 operands). 
 arguments, CUDA-graph medians of interleaved rounds (order reversed every other round).
 
 Session 38: call 1 (runs/mamba_s38b_run1_session38_h100.txt, the script then also held the former step (s36) and
-3-stage variants, since removed: notes decisions 170-172).
+3-stage variants, since removed: notes decisions 170-172); call 3 (runs/mamba_s38c_run3_session38_h100.txt: the
+states 0.873 ms, stateless 0.878; a (B, H, F, Dv) h0 0.954, h0copy 0.971: no copy).
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba_s38.py [--variants shipped,h0copy] [--op]
 
