@@ -144,16 +144,6 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
 # {}: back to the non-causal config's lagged.
 # Not with a softcap yet (plan_backward; sm_90a fused + window + softcap spills 652 B): gpu_window_bwd.py checks it
 GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
-# (head dim, dq_from) whose sliding-window backward deals its tiles by a balanced schedule (plan.window_table)
-# instead of round-robin (equal tiles in rounds leave the last round to a few programs; the last keys' tiles are
-# shorter): window 4096 over N 32768 on 132 SMs, the model's longest program 1.020x -> 1.005x the mean; H100
-# 1.003-1.031x, checked against float64 (D128 fused dQ, the window's shipped config). A config's balanced overrides
-GLUON_BACKWARD_WINDOW_BALANCED: frozenset = frozenset({(128, "fused")})
-# (head dim, dq_from) whose backward under a softcap keeps the cap's derivative 1 - tanh^2 in float32 (launch.
-# backward_softcap, the kernel's SOFTCAP 3; a config's softcap_derivative_f32 overrides): no float16 round trip (96
-# instructions fewer in sm_90a D128 causal fused SASS), spills (stores / loads, B) fused 304/316 against 312/320, dq
-# kernel after 108/104 against 140/144, lagged 344/376 against 324/364. Empty until an H100 run times it
-GLUON_BACKWARD_SOFTCAP_F32: frozenset = frozenset()
 
 
 def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:

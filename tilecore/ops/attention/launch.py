@@ -58,15 +58,6 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
     return 2 if cfg.get("tanh_approx", True) else 1
 
 
-def backward_softcap(softcap: float, cfg: dict, d: int) -> int:
-    """The Gluon backward's SOFTCAP at head dim ``d``: gluon_softcap's, or 3 (tanh.approx.f32 and the cap's derivative
-    kept in float32, gluon_backward.AttentionBackward.probabilities) where the config's ``softcap_derivative_f32``
-    says so, by default where configs.GLUON_BACKWARD_SOFTCAP_F32 holds (d, the config's dq_from)."""
-    mode = gluon_softcap(softcap, cfg)
-    f32 = cfg.get("softcap_derivative_f32", (d, cfg.get("dq_from")) in configs.GLUON_BACKWARD_SOFTCAP_F32)
-    return 3 if mode == 2 and f32 else mode
-
-
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
     """One launch of ``kernel`` for ``plan``: looked up by the plan's launch_key where it has one
     (the signature of the call it was planned for, which determines every argument's specialization
@@ -388,7 +379,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=backward_softcap(softcap, cfg, D), num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

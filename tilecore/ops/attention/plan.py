@@ -44,7 +44,7 @@ import triton
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs
-from tilecore.ops.attention.kernels_tl import mask_options, row_block_grid
+from tilecore.ops.attention.kernels_tl import row_block_grid
 from tilecore.ops.attention.reference import effective_window
 from tilecore.ops.attention_cpu import plan as cpu_plan
 from tilecore.ops.attention_decode import configs as decode_configs, plan as decode_plan
@@ -312,7 +312,6 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     if used - {"window", "softcap", "dv"} or ("dv" in used and (D, Dv) not in configs.GLUON_BACKWARD_DV):
         raise ValueError(f"the Gluon backward takes head dims 64 and 128 with v's as q's, or (q's, v's) in "
                          f"{sorted(configs.GLUON_BACKWARD_DV)}; got {D} and {Dv}")
-    causal_in = causal
     if "window" in used:  # the kernels fold causal into the window: no causal schedule or config
         causal = False
     # a window's own dQ mode (GLUON_BACKWARD_WINDOW_DQ) without a softcap until a GPU run checks the two together
@@ -341,11 +340,7 @@ def plan_backward(dout, q, k, v, causal: bool, scale: float, *, path: str | None
     # blocks together, so they share a few blocks of the group's rows at a time
     head_group = heads_in_l2(2 * N * D * q.element_size())
     schedule = None
-    if "window" in used and cfg.get("balanced", (D, dq_from) in configs.GLUON_BACKWARD_WINDOW_BALANCED):
-        _, left, right = mask_options(causal_in, window, N, Nk)  # the kernel's bounds
-        schedule = causal_schedule(q.device, N, Nk, left, right, block_m, 2 * block_n, B * Hkv, head_group,
-                                   H // Hkv, grid[0], build=window_table)
-    elif causal and cfg.get("balanced", True):
+    if causal and cfg.get("balanced", True):
         if H == Hkv:
             schedule = causal_schedule(q.device, "backward", N, Nk, block_m, 2 * block_n, B * Hkv, head_group, 1,
                                        grid[0])
@@ -474,30 +469,6 @@ def balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_b
         kb = head_grouped_tiles(n_blocks * num_bh, n_blocks, num_bh, head_group)[1]
         first_mb = torch.clamp(kb * block_n - (Nk - N), min=0) // block_m
         steps = torch.clamp(triton.cdiv(N, block_m) - first_mb, min=0) * steps_per_block
-    return balanced_schedule(steps + configs.TILE_OVERHEAD_STEPS, programs)
-
-
-def window_tile_steps(N: int, Nk: int, left: int, right: int, block_m: int, block_n: int, num_bhk: int,
-                      head_group: int, group: int) -> torch.Tensor:
-    """A sliding window's Gluon backward tiles' steps, by tile id (head_grouped_tile's order): tiles of ``block_n``
-    keys, a step per ``block_m`` query rows from the first that sees the tile's first key to the last that sees its
-    last (gluon_backward.AttentionBackward.setup), ``group`` times (the q heads of a kv head); ``left`` and
-    ``right`` the kernel's (kernels_tl.mask_options)."""
-    n_blocks = triton.cdiv(Nk, block_n)
-    start_n = head_grouped_tiles(n_blocks * num_bhk, n_blocks, num_bhk, head_group)[1] * block_n
-    first_mb = torch.clamp(start_n - (Nk - N) - right, min=0) // block_m
-    last_row = torch.clamp(torch.clamp(start_n + block_n, max=Nk) - 1 - (Nk - N) + left, max=N - 1)
-    return torch.clamp(triton.cdiv(torch.clamp(last_row + 1, min=0), block_m) - first_mb, min=0) * group
-
-
-@functools.lru_cache(maxsize=64)
-def window_table(N: int, Nk: int, left: int, right: int, block_m: int, block_n: int, num_bhk: int, head_group: int,
-                 group: int, programs: int) -> torch.Tensor | None:
-    """The balanced schedule of a sliding window's Gluon backward (cost: window_tile_steps + TILE_OVERHEAD_STEPS).
-    Round-robin deals its equal tiles in rounds, so the last round's few tiles fall to a few programs (window 4096
-    over N 32768 on 132 SMs: the longest program 1.020x the mean, balanced 1.005x). None where round-robin is as
-    even."""
-    steps = window_tile_steps(N, Nk, left, right, block_m, block_n, num_bhk, head_group, group)
     return balanced_schedule(steps + configs.TILE_OVERHEAD_STEPS, programs)
 
 
