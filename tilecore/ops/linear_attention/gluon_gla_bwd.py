@@ -63,10 +63,8 @@ DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffer
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
 AT_SMEM = gl.constexpr(8192)  # a^T as a's strictly-lower bf16 tile stored to the pieces' buffers p1, p2 (one [BT, BT]
 # view of their 8 KB) and read transposed as dk's A operand from shared memory (k Ei in p1 and q E in p0, swapped), not a
-# second product v do^T: d 128's way (no room there for AT_REG's scratch); with STORE_TMA dq goes through the stage's k
-# buffer (q E holds p0 through dk's product), k kept in registers
-AT_REG = gl.constexpr(4096)  # a^T, dk's A operand, as a's registers transposed (a layout conversion through 8 KB of
-# scratch shared memory a consumer: d 64 only), not by a second product v do^T
+# second product v do^T; with STORE_TMA dq goes through the stage's k buffer (q E holds p0 through dk's product), k kept
+# in registers
 
 
 @stage_struct
@@ -314,7 +312,6 @@ class GlaDqk:
         am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
         a_op = gl.convert_layout(am, self.A32)
         DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE)) != 0
-        gl.static_assert(not (self.FORM & AT_SMEM and self.FORM & AT_REG), "AT_SMEM or AT_REG")
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
@@ -363,8 +360,6 @@ class GlaDqk:
                 fence_async_shared()
                 gl.thread_barrier()
                 at_op = at_s.permute((1, 0))
-            elif self.FORM & AT_REG:
-                at_op = gl.convert_layout(gl.permute(am, (1, 0)), self.A32)
             else:
                 at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
                 at = warpgroup_mma_wait(0, deps=[at_tok])
@@ -619,15 +614,13 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
-    if form & AT_REG.value and not (Dv == 64 and stages == 2):  # (its scratch fits beside d 64's two stages only)
-        form &= ~AT_REG.value
     tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
     if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
         if not (form & 2 and aligned and dq.dtype == q.dtype and dk.dtype == q.dtype):
             form &= ~tma_bits
-        elif g.dtype != torch.float32:  # (DG_TMA: dg goes through g's stage buffer, float32 [BT, BKB])
-            form &= ~DG_TMA.value
+        elif g.dtype != torch.float32 and form & DG_TMA.value:  # (DG_TMA: dg through g's stage buffer, float32
+            form = (form & ~DG_TMA.value) | DG_LATE.value  # [BT, BKB]: else through the pieces' buffers)
         if form & STORE_TMA.value:
             args.update(DQ=flat(dq, [BT, BKB]), DK_OUT=flat(dk, [BT, BKB]))
         if form & (DG_TMA.value | DG_LATE.value):
