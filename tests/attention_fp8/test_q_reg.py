@@ -176,12 +176,30 @@ def test_rotated_config_takes_stages_and_q_buffers():
     from tilecore.tiles.switches import patched
 
     with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={}, stages={})):
-        assert launch.rotated_q_config(128, True) == configs.gluon_config(128, True)
+        cfg = launch.rotated_q_config(128, True)
+        assert {k: v for k, v in cfg.items() if k != "hide_first_key"} == configs.gluon_config(128, True)
     with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={128: 1}, stages={128: 4})):
         cfg, cfg64 = launch.rotated_q_config(128, True), launch.rotated_q_config(64, True)
     assert (cfg["stages"], cfg["q_buffers"]) == (4, 1)
     assert (cfg64["stages"], cfg64["q_buffers"]) == (configs.gluon_config(64, True)["stages"],
                                                      configs.gluon_config(64, True)["q_buffers"])
+
+
+def test_rotated_config_hides_the_first_key_where_rotated_says():
+    # configs.ROTATED["hide_first_key"]: the head dims at which the rotated kernel's config takes hide_first_key (the
+    # plain kernel's configs.GLUON_FORWARD does not); a GLUON_FORWARD that names it is kept (A/B runs patch it there)
+    from tilecore.ops.attention_fp8 import launch
+    from tilecore.tiles.switches import patched
+
+    with patched(configs, ROTATED=dict(configs.ROTATED, hide_first_key=(128,))):
+        assert launch.rotated_q_config(128, True)["hide_first_key"] is True
+        assert launch.rotated_q_config(64, True)["hide_first_key"] is False
+        off = {d: dict(c, hide_first_key=False) for d, c in configs.GLUON_FORWARD.items()}
+        with patched(configs, GLUON_FORWARD=off):
+            assert launch.rotated_q_config(128, True)["hide_first_key"] is False
+    with patched(configs, ROTATED=dict(configs.ROTATED, hide_first_key=())):
+        assert launch.rotated_q_config(128, True)["hide_first_key"] is False
+    assert "hide_first_key" not in configs.gluon_config(128, True)  # the plain kernel: off (notes/attention_fp8)
 
 
 def test_kernel_compiles_with_the_rotation_split(report):

@@ -12,10 +12,10 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # k_block_scalar (default True): k's per-block descales read as one scalar a step. p_linear 1: P's e4m3 code by one
 # FFMA instead of exp2 (1.19-1.30x, O's error 1.29x; 0: exp2, FlashAttention-3's rounding, the accurate form).
 # hide_first_key (causal): a tile's first key offset through opaque_int, as the bf16 forward's, so that LLVM does not
-# hoist step 0's causal mask to every tile's start (the same bits; where it was measured faster: the notes)
+# hoist step 0's causal mask to every tile's start (the same bits); off here (the kernel on e4m3 q was not faster with
+# it), on for the convenience path's kernel by ROTATED["hide_first_key"]
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
-                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1,
-                           hide_first_key=True)}
+                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
                         "p_linear", "hide_first_key"})
 
@@ -45,4 +45,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's.
 # rot_split (with q_reg): the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's
 # H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start.
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,))
+# hide_first_key: the head dims at which the kernel with q rotated in it takes GLUON_FORWARD's hide_first_key (causal:
+# step 0's mask kept in its branch, not hoisted by LLVM to the tile's start, where the rotation is) unless
+# GLUON_FORWARD names it.
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,),
+               hide_first_key=(64, 128))
