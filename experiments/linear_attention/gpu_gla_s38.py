@@ -61,7 +61,9 @@ BATCHES = {
         "d64 tma+dg": (64, dict(dqk_gluon_form=258 | 512 | 1024)),
         "d64 st3": (64, dict(dqk_gluon=3, dqk_gluon_form=258)),  # (3 stages: 229.9 KB, one CTA an SM as at 2)
     },
-    # call 2: configs' (d 64 now 1794) against a^T without v do^T (AT_SMEM, AT_REG) with the TMA stores, DG_LATE
+    # call 2 (runs/gla_s38b_run3_session38_h100.txt, at 58fc730): d 128 258 + AT_SMEM + STORE_TMA + DG_TMA (9986) 1.533 ms
+    # = 81.7% against FORM 2's 1.782 (1.16x), d 64 9986 0.7096 = 75.6% against 1794's 0.7508: 9986 on at both since;
+    # AT_REG 0.714 at d 64 (removed since, so its rows here no longer build it)
     "b": {
         "d128 configs": (128, {}),
         "d128 ftz+tma+dg": (128, dict(dqk_gluon_form=258 | 512 | 1024)),
@@ -77,17 +79,21 @@ BATCHES = {
         "d64 atreg+tma+dglate": (64, dict(dqk_gluon_form=258 | 4096 | 512 | 2048)),
         "d64 atsmem+tma+dg": (64, dict(dqk_gluon_form=258 | 8192 | 512 | 1024)),
     },
-    # call 3 (the confirmation): configs' against the session's start, and the public op through autograd
+    # call 3 (the confirmation): configs' (9986 at both) against the session's start, with bf16 g (DG_LATE for DG_TMA:
+    # 11010), and the public op through autograd
     "c": {
         "d128 configs": (128, {}),
         "d128 start 2": (128, dict(dqk_gluon_form=2)),
+        "d128 bf16 g": (128, dict(g_dtype="bf16")),
+        "d128 bf16 g start": (128, dict(g_dtype="bf16", dqk_gluon_form=2)),
         "d64 configs": (64, {}),
         "d64 start 258": (64, dict(dqk_gluon_form=258)),
+        "d64 bf16 g": (64, dict(g_dtype="bf16")),
         "d128 op": (128, dict(op=(1, 1024, 2, 128, True))),
         "d64 op": (64, dict(op=(2, 1024, 3, 64, False))),
     },
 }
-BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "b"
+BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "c"
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")
@@ -98,11 +104,22 @@ def ref_path(D: int, case: str) -> Path:
     return Path(os.environ.get("HA_REFS", "/tmp")) / f"gla_s38_ref_d{D}_{case.replace('+', '_')}.pt"
 
 
-def reference(D: int, case: str):
+def knobs(over: dict):
+    """A variant's (CHUNKED overrides, g's dtype: None for make's float32)."""
+    over = dict(over)
+    return over, {"bf16": torch.bfloat16}.get(over.pop("g_dtype", None))
+
+
+def with_g(t: dict, g_dtype) -> dict:
+    """The inputs with g in g_dtype (rounded once: the reference takes the rounded g too)."""
+    return t if g_dtype is None else dict(t, g=t["g"].to(g_dtype))
+
+
+def reference(D: int, case: str, g_dtype=None):
     """The float64 gradients (dq, dk, dv, dg, dh0) and the final state of (D, case) at CHECK_SHAPE."""
     from tilecore.ops.linear_attention import linear_attention_reference
 
-    t = make(*CHECK_SHAPE, D, **CASES[case])
+    t = with_g(make(*CHECK_SHAPE, D, **CASES[case]), g_dtype)
     leaves = [t[n].detach().double().requires_grad_() for n in ("q", "k", "v", "g", "h0")]
     o, st = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=D ** -0.5, initial_state=leaves[4])
     ref = torch.autograd.grad((o * t["do"].double()).sum() + (st * t["dht"].double()).sum(), leaves)
@@ -122,10 +139,11 @@ def check_variant(name: str) -> dict:
         cell = f"op o {r['o']} {r['dq']}/{r['dk']}/{r['dv']} {r['dg']:.2g}" + ("" if r["pass"] else " FAIL")
         return dict(row, **{"strong+reset" if over["op"][-1] else "weak": dict(text=cell, pass_=r["pass"])},
                     op=r, dqk_kernel="(public op)", **{"pass": r["pass"]})
+    over, g_dtype = knobs(over)
     for case, kw in CASES.items():
-        t = make(*CHECK_SHAPE, D, **kw)
-        if SMOKE:
-            ref, st = reference(D, case)
+        t = with_g(make(*CHECK_SHAPE, D, **kw), g_dtype)
+        if SMOKE or g_dtype is not None:  # (another g: its own reference)
+            ref, st = reference(D, case, g_dtype)
         else:
             backward(t, t["h0"], over)  # (compiled while the main process makes the references)
             torch.cuda.synchronize()
@@ -133,7 +151,7 @@ def check_variant(name: str) -> dict:
                 time.sleep(0.2)
             saved = torch.load(ref_path(D, case))
             ref, st = [r.to(DEV) for r in saved["ref"]], saved["st"].to(DEV)
-        out = dict(dq=poisoned(t["q"]), dk=poisoned(t["k"]), dv=poisoned(t["v"]), dg=poisoned(t["g"]),
+        out = dict(dq=poisoned(t["q"]), dk=poisoned(t["k"]), dv=poisoned(t["v"]), dg=poisoned(t["g"].float()),
                    dh0=poisoned(t["h0"]))
         got = backward(t, st, over, out=out)
         if not SMOKE:
@@ -168,24 +186,28 @@ def timing(run: Run, rows: dict) -> None:
         torch.cuda.empty_cache()
         t = make(B, N, H, D, decay=0.3, reset=False, seed=0)
         ht = torch.randn(B, H, D, D, device=DEV)
-        bound = dqk_bytes(B, N, H, D, D) / copy / 1e6
-        fns = {}
+        fns, bounds, ins = {}, {}, {}
         for name in names:
+            over, g_dtype = knobs(VARIANTS[name][1])
+            ins[name] = (with_g(t, g_dtype), over)
+            g_less = 0 if g_dtype is None else B * N * H * D * (4 - g_dtype.itemsize)  # (g read in its own dtype)
+            bounds[name] = (dqk_bytes(B, N, H, D, D) - g_less) / copy / 1e6
             steps = []
-            backward(t, ht, VARIANTS[name][1], steps=steps)
+            backward(ins[name][0], ht, over, steps=steps)
             step = next(s for s in steps if s[0] == "dqk0w")
             fns[name] = (lambda s=step: s[1][s[2]](*s[3], **s[4]))
             fns[name]()  # (compiled at this shape's specialization, if it differs)
         torch.cuda.synchronize()
         times = time_rounds(fns, rounds=3, deadline=_Deadline(run))
         for name in names:
-            ms = times[f"{name}_ms"]
-            bwd = eager_ms(lambda: backward(t, ht, VARIANTS[name][1])) if run.elapsed() < TIME_DEADLINE + 3 else None
+            ms, bound = times[f"{name}_ms"], bounds[name]
+            tt, over = ins[name]
+            bwd = eager_ms(lambda: backward(tt, ht, over)) if run.elapsed() < TIME_DEADLINE + 3 else None
             rows[name].update(dqk_ms=ms, dqk_rounds=times[f"{name}_rounds"]["eager"], dqk_bound_ms=round(bound, 4),
                               dqk_pct=round(100 * bound / ms, 1), bwd_ms=None if bwd is None else round(bwd, 4))
             run.say(json.dumps(dict(variant=name, dqk_ms=ms, rounds=rows[name]["dqk_rounds"],
                                     pct=rows[name]["dqk_pct"], bwd_ms=rows[name]["bwd_ms"])))
-        t = ht = None  # (freed before the next head dim's inputs)
+        t = ht = ins = None  # (freed before the next head dim's inputs)
 
 
 class _Deadline:
