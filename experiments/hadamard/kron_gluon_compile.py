@@ -23,7 +23,8 @@ def sass_count(k):
 
 
 def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_once=False, fold=False, nozero=False,
-                clamp_lo=False, perm=False, stream=False):
+                clamp_lo=False, perm=False, stream=False, extra=None):
+    """``extra``: further constexprs of the kernel (e.g. {"INT_BITS": True})."""
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_kron as g
@@ -43,12 +44,12 @@ def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_on
         stride_scales=scales.stride(0), rscale=0.01, row_counter=torch.zeros(1, dtype=torch.int32), M=m, F=p // 64,
         SPLIT=split, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, STAGES=stages, INSIDE=inside, SCALE_ONCE=scale_once, FOLD=fold,
         **({"NOZERO": True} if nozero else {}), **({"CLAMP_LO": clamp_lo} if clamp_lo else {}),
-        **({"PERM": True} if perm else {}), **({"STREAM": True} if stream else {})), num_warps=4)
+        **({"PERM": True} if perm else {}), **({"STREAM": True} if stream else {}), **(extra or {})), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
     return dict(vars(r), **sass_count(k), m=m, p=p, split=split, format=fmt, stages=stages, inside=inside,
                 scale_once=scale_once, fold=fold, nozero=nozero, clamp_lo=clamp_lo, perm=perm, wgmma=ptx.count("wgmma.mma_async"),
-                tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared)
+                tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared, cvt_rni=ptx.count("cvt.rni.s32.f32"))
 
 
 def main():

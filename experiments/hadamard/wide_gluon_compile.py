@@ -36,7 +36,8 @@ def sass_count(k):
 
 
 def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False, fold=False, units=False,
-                nozero=False, clamp_lo=False, store2=False, perm=False, slots=None, stream=False):
+                nozero=False, clamp_lo=False, store2=False, perm=False, slots=None, stream=False, extra=None):
+    """``extra``: further constexprs of the kernel (e.g. {"INT_BITS": True})."""
     import torch
 
     from tilecore.ops.hadamard import gluon_quantize_wide as g
@@ -57,11 +58,12 @@ def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False
         G=G, STATIC=False, QMAX=qmax, STAGES=stages, HALVES=halves, SCALE_ONCE=scale_once, KTRIM=ktrim, FOLD=fold,
         **({"UNITS": True} if units else {}), **({"NOZERO": True} if nozero else {}),
         **({"CLAMP_LO": clamp_lo} if clamp_lo else {}), **({"STORE2": True} if store2 else {}),
-        **({"PERM": True} if perm else {}), **({"STREAM": True} if stream else {})), num_warps=4)
+        **({"PERM": True} if perm else {}), **({"STREAM": True} if stream else {}), **(extra or {})), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
     return dict(vars(r), **sass_count(k), m=m, p=p, format=fmt, stages=stages, scale_once=scale_once, ktrim=ktrim, fold=fold, units=units, store2=store2, wgmma=ptx.count("wgmma.mma_async"),
-                tma="cp.async.bulk.tensor" in ptx, satfinite="cvt.rn.satfinite" in ptx, shared_meta=k.metadata.shared)
+                tma="cp.async.bulk.tensor" in ptx, satfinite="cvt.rn.satfinite" in ptx, shared_meta=k.metadata.shared,
+                cvt_rni=ptx.count("cvt.rni.s32.f32"))
 
 
 def main():

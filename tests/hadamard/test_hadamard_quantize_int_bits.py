@@ -52,7 +52,7 @@ def test_interpreter_bytes_equal_the_conversion(fmt, n, tuning):
     x[2, 9] = float("inf")  # an inf row
     x[3] *= 1e-30  # a tiny row
     x[4] = 0.0  # a zero row (scale 1)
-    p0, b0 = _run(x, fmt, **tuning)
+    p0, b0 = _run(x, fmt, int_bits=False, **tuning)
     p1, b1 = _run(x, fmt, int_bits=True, **tuning)
     _, b2 = _run(x, fmt, poison=0xA5, int_bits=True, **tuning)
     assert "INT_BITS" not in p0.config and p1.config["INT_BITS"]
@@ -60,12 +60,15 @@ def test_interpreter_bytes_equal_the_conversion(fmt, n, tuning):
 
 
 def test_int_bits_plan_only_for_integer_formats_with_fast():
+    """The tuning reaches int8 / int4 plans with FAST only; configs.QUANT_POW2_INT_BITS where it measured faster."""
     def cfg(fmt, **t):
         return quantize.kernel_plan(64, 1024, torch.bfloat16, fmt, FORMATS[fmt].default_group, None, True, False,
                                     False, 4, True, int_bits=True, **t).config
     assert cfg("int8").get("INT_BITS") and cfg("int4").get("INT_BITS")
     assert not cfg("int8", fast=False).get("INT_BITS")
     assert not any(cfg(f).get("INT_BITS") for f in ("fp8_e4m3", "mxfp4", "nvfp4"))
+    shipped = quantize.kernel_plan(64, 1024, torch.bfloat16, "int4", 128, None, True, False, False, 4, True).config
+    assert shipped.get("INT_BITS") == bool(quantize.configs.QUANT_POW2_INT_BITS.get(("int4", 1024)))
 
 
 _COMPILE = r"""
@@ -93,3 +96,51 @@ def test_int_bits_compiles_for_sm90_without_conversions():
     for off, on in zip(rows[::2], rows[1::2]):
         assert not off["flag"] and on["flag"] and off["f2i"] > 0 and on["f2i"] == 0, (off, on)
         assert on["loop"] <= off["loop"] + 4 and on["spills"] == 0, (off, on)
+
+
+def test_gluon_token_max_zeroes_nan_and_keeps_codes():
+    """The Gluon kernels' int8 per-token INT_BITS (gluon_epilogue.token_codes): max(q + M, M - 256) (max.f32 returns
+    the other operand for NaN: torch.fmax) has low byte 0 for NaN q (a NaN row, or inf x 0 in an inf row: cvt.rni's 0)
+    and leaves every finite |q| <= 127 (1 + 2^-22) alone."""
+    q = torch.cat([torch.linspace(-127.00002, 127.00002, 100001), torch.tensor([float("nan"), 0.0, -0.0])])
+    m = torch.tensor(M, dtype=torch.float32)
+    t = torch.fmax(q + m, m - 256).view(torch.int32)
+    want = torch.where(torch.isnan(q), torch.zeros_like(q), torch.round(q.double()).float()).to(torch.int64)
+    assert torch.equal((t & 0xFF).to(torch.int64), want & 0xFF)
+
+
+def test_gluon_plan_switch():
+    """The tuning "int_bits" reaches both Gluon kernels' plans (11008 / 18944 wide, 14336 / 28672 kron) for int8 and
+    int4 only; off in the shipped table (configs.QUANT_GLUON_INT_BITS) until a GPU run times it."""
+    for n in (11008, 14336, 18944, 28672):
+        for fmt in ("int8", "int4"):
+            plan = quantize.kernel_plan(1 << 14, n, torch.bfloat16, fmt, FORMATS[fmt].default_group, None, True, False,
+                                        False, 132, False, _gluon_ok=True, int_bits=True)
+            assert plan.path in ("gluon_wide", "gluon_kron") and plan.config.get("INT_BITS"), (fmt, n, plan.path)
+        for fmt in ("fp8_e4m3", "mxfp4"):
+            plan = quantize.kernel_plan(1 << 14, n, torch.bfloat16, fmt, FORMATS[fmt].default_group, None, True, False,
+                                        False, 132, False, _gluon_ok=True, int_bits=True)
+            assert not plan.config.get("INT_BITS"), (fmt, n)
+
+
+_GLUON = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard import kron_gluon_compile as K, wide_gluon_compile as W
+for name, r in (("kron int4 14336", K.compile_one(28, 512, 2, "int4", fold=True, nozero=True, clamp_lo=2,
+                                                  extra={"INT_BITS": True})),
+                ("wide int8 11008", W.compile_one(172, 64, "int8", ktrim=True, fold=True, clamp_lo=2,
+                                                  extra={"INT_BITS": True}))):
+    print(json.dumps(dict(name=name, cvt_rni=r["cvt_rni"], spills=r["spill_stores"])))
+"""
+
+
+def test_gluon_int_bits_compiles_without_cvt_rni():
+    """Both Gluon kernels with INT_BITS (sm_90a): no cvt.rni in the PTX (128 / 192 without it), no spills
+    (as without it)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _GLUON], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    for row in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")):
+        assert row["cvt_rni"] == 0 and row["spills"] == 0, row

@@ -45,6 +45,15 @@ def _rni(q):
 
 
 @gluon.jit
+def _int_bits(q):
+    """INT_BITS: the integer code of q (|q| <= qmax (1 + 2^-22)) in the low bits of q + 1.5 x 2^23 (the sum rounds q
+    half to even onto an integer left in its low mantissa bits: its low byte is the code's two's-complement byte, its
+    low nibble int4's), with no conversion instruction (cvt.rni's F2I): quantize_kernels._int_bits. NaN q gives bits
+    that are no code: callers zero them (the group's keep mask, or token_codes' max)."""
+    return (q + 12582912.0).to(gl.int32, bitcast=True)
+
+
+@gluon.jit
 def _e2m1_fast(v):
     """The e2m1 nibble of float32 v, saturating at +-6, ties to even (quantize_kernels._e2m1_fast: M = 1.5 x 2^23
     times the binade's step, built from the exponent bits, added to |v| leaves the code in the low bits)."""
@@ -220,10 +229,15 @@ def token_recip(op, a, row, STORE_SCALE: gl.constexpr):
 
 
 @gluon.jit
-def token_codes(q, FORMAT: gl.constexpr):
-    """Codes of q = y / s (one scale a row) as int32."""
+def token_codes(q, FORMAT: gl.constexpr, INT_BITS: gl.constexpr = False):
+    """Codes of q = y / s (one scale a row) as int32. INT_BITS (int8): by _int_bits, q + 1.5 x 2^23 held at or above
+    1.5 x 2^23 - 256 (max.f32 returns the other operand for NaN, whose code is then 0 as cvt.rni's; finite sums are
+    within 128 of 1.5 x 2^23 and unchanged)."""
     if FORMAT == INT8:
-        code = _rni(q)
+        if INT_BITS:
+            code = gl.maximum(q + 12582912.0, 12582656.0).to(gl.int32, bitcast=True)
+        else:
+            code = _rni(q)
     else:
         code = _fp8(q, FORMAT)
     return code
@@ -258,7 +272,7 @@ def group_codes(op, y, row, K0: gl.constexpr, K1: gl.constexpr):
             packed = gl.convert_layout(gl.reshape(gl.where(k3, b3, 0), [BLOCK, BLOCK // 2]), PL)
         else:
             if op.FORMAT == INT4:
-                code = _rni(q)
+                code = _int_bits(q) if op.INT_BITS else _rni(q)
             else:
                 code = _e2m1_fast(q)
             code = gl.where(gl.expand_dims(keep, 2), code, 0)
@@ -273,7 +287,7 @@ def group_codes(op, y, row, K0: gl.constexpr, K1: gl.constexpr):
         gl.store(op.scales + row.to(gl.int64) * op.stride_scales + offs + last, stored.to(op.scales.dtype.element_ty),
                  mask=mask)
         q = y3 * gl.expand_dims(gl.expand_dims(recip, 1), 2)
-        code = _rni(q)
+        code = _int_bits(q) if op.INT_BITS else _rni(q)
         code = gl.where(gl.expand_dims(gl.expand_dims(keep, 1), 2), code, 0)
         packed = _pack(gl.convert_layout(gl.reshape(code, [BLOCK, BLOCK]), L), BLOCK, BLOCK)
     return packed

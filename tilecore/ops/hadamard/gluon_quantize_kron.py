@@ -25,7 +25,8 @@ then the per-token amax is the maximum of both consumers', exchanged through sha
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, MXFP4, NVFP4, STORE, exchange, folded, group_codes, pieces,
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, INT4, INT8, MXFP4, NVFP4, STORE, exchange, folded, group_codes,
+                                                  pieces,
                                                   relabel, row_amax, token_codes, token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, run, stage_struct, struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -96,6 +97,7 @@ class KronQuantize:
     STREAM: gl.constexpr  # STORE, four blocks a consumer: the butterfly's top level by the mixing's signs, the blocks
     # rotated and stored from compute two at a time (_compute_stream)
     E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
+    INT_BITS: gl.constexpr  # int8 / int4: codes from the bits of q + 1.5 x 2^23, no cvt.rni (epilogue._int_bits)
 
     @gluon.jit
     def setup(self, tile):
@@ -308,7 +310,7 @@ class KronQuantize:
                 a = exchange(self, ctx, a, state.t)
             recip = token_recip(self, a, row, ctx.index == 0 or self.SPLIT == 1)
             for v in gl.static_range(NBLK):
-                self._stage(ctx, v, token_codes(ys[v] * recip, self.FORMAT))
+                self._stage(ctx, v, token_codes(ys[v] * recip, self.FORMAT, self.INT_BITS))
             self._store(ctx, row, NBLK)
         else:
             for v in gl.static_range(NBLK):
@@ -363,7 +365,7 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                STAGES: gl.constexpr, INSIDE: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
                                FOLD: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, PERM: gl.constexpr = False, STREAM: gl.constexpr = False,
-                               E2M1_PAIRS: gl.constexpr = False):
+                               E2M1_PAIRS: gl.constexpr = False, INT_BITS: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_(64 F)) x) for ``rows`` rows of 64 M F elements (module
     docstring). x_desc: (rows, M, F, 64) with [1, 32, 2, 64] boxes; codes_desc: (rows, M, F, W) bytes (W = 64, or
     32 packed; STORE: x's dtype, W = 64) with [1, 32, 2, W] boxes; staging_desc: the same with [F / (2 SPLIT), 32,
@@ -383,7 +385,8 @@ def gluon_kron_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     op = KronQuantize(x_desc, codes_desc, h_desc, scales, gscale, amax_out, rows, stride_scales, rscale, xchg, xbar,
                       M, F, SPLIT, FORMAT, G, STATIC, QMAX, INSIDE, SCALE_ONCE, FOLD and FORMAT != STORE,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO, PERM,
-                      STREAM, E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4))
+                      STREAM, E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4),
+                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
     NBS: gl.constexpr = (3 - SPLIT) * (F // 2)  # boxes a stage

@@ -27,7 +27,8 @@ three [64, 64] float32 accumulators a consumer (96 registers a thread), shared m
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, MXFP4, NVFP4, STORE, _amax, _group_scale, _max_nan, _pack, _rni,
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, INT4, INT8, MXFP4, NVFP4, STORE, _amax, _group_scale, _int_bits,
+                                                  _max_nan, _pack, _rni,
                                                   exchange, folded, group_codes, pieces, relabel, row_amax, token_codes,
                                                   token_recip)
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
@@ -101,6 +102,7 @@ class WideQuantize:
     # HALVES 2 with UNITS for groups of <= 64 (the codes made in _unit from relabelled blocks)
     STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
     E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
+    INT_BITS: gl.constexpr  # int8 / int4: codes from the bits of q + 1.5 x 2^23, no cvt.rni (epilogue._int_bits)
 
     @gluon.jit
     def setup(self, tile):
@@ -304,6 +306,9 @@ class WideQuantize:
         gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
                  mask=(i < self.M) & (row < self.rows))
         keep = gl.expand_dims(keep, 1)
+        if self.INT_BITS:
+            return (_pack(gl.where(keep, _int_bits(y0 * recip), 0), BLOCK, BLOCK),
+                    _pack(gl.where(keep, _int_bits(y1 * recip), 0), BLOCK, BLOCK))
         return (_pack(gl.where(keep, _rni(y0 * recip), 0), BLOCK, BLOCK),
                 _pack(gl.where(keep, _rni(y1 * recip), 0), BLOCK, BLOCK))
 
@@ -367,7 +372,7 @@ class WideQuantize:
             a = exchange(self, ctx, folded(self, row_amax(ys, NU)), state.t)
             recip = token_recip(self, a, row, ctx.index == 0)
             for j in gl.static_range(NU):
-                self._stage(ctx, j, token_codes(ys[j] * recip, self.FORMAT))
+                self._stage(ctx, j, token_codes(ys[j] * recip, self.FORMAT, self.INT_BITS))
             self._store_units(ctx, row, NU)
         else:  # group formats: the codes made in compute (_unit), held packed
             for j in gl.static_range(NU):
@@ -425,9 +430,9 @@ class WideQuantize:
             if self.HALVES == 2:
                 a = exchange(self, ctx, a, state.t)
             recip = token_recip(self, a, row, self.HALVES == 1 or ctx.index == 0)
-            self._stage(ctx, 0, token_codes(y0 * recip, self.FORMAT))
-            self._stage(ctx, 1, token_codes(y1 * recip, self.FORMAT))
-            self._stage(ctx, 2, token_codes(y2 * recip, self.FORMAT))
+            self._stage(ctx, 0, token_codes(y0 * recip, self.FORMAT, self.INT_BITS))
+            self._stage(ctx, 1, token_codes(y1 * recip, self.FORMAT, self.INT_BITS))
+            self._stage(ctx, 2, token_codes(y2 * recip, self.FORMAT, self.INT_BITS))
             self._store(ctx, row)
         elif self.HALVES == 2 and self.G == 2 * BLOCK:  # int4's groups of 128: a sub-row, both consumers' halves
             g0, g1, g2 = self._exchange_rows(ctx, folded(self, _amax(y0, 1)), folded(self, _amax(y1, 1)),
@@ -474,7 +479,8 @@ class WideQuantize:
         if ctx.index == 0:
             gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
                      mask=(i < self.M) & (row < self.rows))
-        code = _rni(y * gl.expand_dims(recip, 1))
+        q = y * gl.expand_dims(recip, 1)
+        code = _int_bits(q) if self.INT_BITS else _rni(q)
         code = gl.where(gl.expand_dims(keep, 1), code, 0)
         return _pack(code, BLOCK, BLOCK)
 
@@ -547,7 +553,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
                                PERM: gl.constexpr = False, STREAM: gl.constexpr = False,
-                               E2M1_PAIRS: gl.constexpr = False):
+                               E2M1_PAIRS: gl.constexpr = False, INT_BITS: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -579,7 +585,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       FOLD and FORMAT != STORE, UNITS,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
                       STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM,
-                      E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4))
+                      E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4),
+                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),

@@ -120,10 +120,6 @@ def _fitted_pow2(plan: QuantizePlan, device, rows, n, dtype, fmt, group, block, 
     cap = (dispatch.shared_memory_fit(device, configs.QUANT_SHARED_FITS, "hadamard_quantize") or {}).get(cfg["N"])
     if dispatch.tensor_memory(device):
         if cfg["B"] == 1 and cfg["G"] == cfg["N"] and not cfg["STATIC"]:
-            if cfg["N"] < 4096 and "split" not in tuning:  # a one-row tile of the measured table (int8 2048): the
-                # split's several rows a tile (LLVM aborts on the kron-tiled kernel's 2048 for sm_100a)
-                return kernel_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, False,
-                                   **{**tuning, "split": configs.SPLITS[n], "tile_elems": configs.TUNING[n][0]})
             return kernel_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, False,
                                **{**tuning, "legacy": True})
         if cap is None and not cfg["TMA_LOAD"]:
@@ -241,7 +237,7 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
         **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
         **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
-        **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning),
+        **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1; HALVES 2 with UNITS
@@ -271,6 +267,13 @@ def _e2m1_pairs(fmt, n, tuning) -> dict:
     format."""
     on = fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs", _by_format(configs.QUANT_GLUON_E2M1_PAIRS, fmt, n, False))
     return {"E2M1_PAIRS": True} if on else {}
+
+
+def _gluon_int_bits(fmt, n, tuning) -> dict:
+    """The Gluon kernels' INT_BITS (int8 / int4 codes from the bits of q + 1.5 x 2^23, no cvt.rni: gluon_epilogue.
+    _int_bits): tuning "int_bits", else configs.QUANT_GLUON_INT_BITS by (format, n) or format."""
+    on = fmt in ("int8", "int4") and tuning.get("int_bits", _by_format(configs.QUANT_GLUON_INT_BITS, fmt, n, False))
+    return {"INT_BITS": True} if on else {}
 
 
 def _fold(fmt, n, tuning) -> dict:
@@ -309,7 +312,7 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
-        **_e2m1_pairs(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
+        **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
         **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
 
 
