@@ -1,9 +1,11 @@
 """The Gluon dq / dk kernel's FORM 2 chain (gluon_gla_bwd.GlaDqk.chain_dots) step by step in torch on the CPU: its
 twin. Gluon does not run in the interpreter, so this replays the chain's arithmetic (bf16 operands of every product,
 float32 sums, G's sums from two bf16 pieces of g and dG's from three, m = G_last / 2, e^m and e^G_last as products of
-e^(m / 2), the flag) against the float64 gradients of one chunk (linear_attention_reference through autograd, an
-initial state and a final state's gradient standing for S_c and dS_c). The FORM bits beside 2 (EXP_FTZ: subnormal
-results of e^x 0; STORE_TMA, DG_TMA: the stores by TMA) leave that arithmetic as it is. The GPU run
+e^(m / 2), a^T as a's bf16 tile transposed, the flag) against the float64 gradients of one chunk
+(linear_attention_reference through autograd, an initial state and a final state's gradient standing for S_c and
+dS_c). The kernel's e^x (ex2.approx.ftz) flushes results below 2^-126 to 0, which float32 torch keeps as subnormals:
+terms of that size are nothing next to the others; the FORM bits beside 2 (STORE_TMA, DG_TMA, DG_LATE: where the
+results are stored) leave the arithmetic as it is. The GPU run
 (experiments/linear_attention/gpu_gla_s38.py) checks the kernel itself against float64."""
 import pytest
 import torch
@@ -54,7 +56,7 @@ def chain_dots(q, k, g, v, do, hs, dhs, scale, span=64.0):
     dq = (E * mm(a_op, kei) + dqs * ((E * half) * half)) * scale
     dq_out = (dq + r * k.to(f32)).to(BF16)
     dG = q.to(f32) * dq
-    at_op = torch.triu(mm(v, do.T), 1).to(BF16)
+    at_op = a_op.T  # (a's strictly-lower bf16 tile read transposed: no second product v do^T)
     em = half * half
     dk_state = dks * (Ei * em)
     dk = Ei * mm(at_op, qe) * scale + dk_state

@@ -72,10 +72,10 @@ CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # a d 128 chunk is 64 KB, so 2 stages (the copies after the chain) keep 2 an SM; where Gluon runs the Gluon kernel
 # instead (dqk_gluon: 1.04x the flat launch at d 128), its sums over tokens by dots with bf16 inputs (dqk_gluon_form 2:
 # 1.04-1.09x its scans at d 128; at d 64 2 stages; its scans lost there: fp16 keeps the flat one), with gluon_gla_bwd's
-# FORM bits: 9986 at d 128 and d 64 (2 + EXP_FTZ + STORE_TMA + DG_TMA + AT_SMEM: the stores by TMA, a^T read
-# transposed from shared memory; 1.16x / 1.15x FORM 2 / 258; with g not float32 the launch takes DG_LATE for DG_TMA)
-CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=9986),
-                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=9986, dqk_gluon_scan=False)}
+# FORM bits: 1538 at d 128 and d 64 (2 + STORE_TMA + DG_TMA: the stores by TMA; 1.16x / 1.15x the chain's pointer
+# stores with v do^T's product and gl.exp; with g not float32 the launch takes DG_LATE for DG_TMA)
+CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=1538),
+                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538, dqk_gluon_scan=False)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
 COMBINE_KEY_BLOCK = 32

@@ -19,9 +19,10 @@ The template's parts:
 * a stage is the chunk's v, do [BT, Dv] and, for each key block of the pair, q, k, g [BT, BKB] and S_c, dS_c
   [BKB, Dv], TMA-loaded by the 1-warp producer from 2-D views (q, k, v, g, do (B, N, H, D) as (B N, H D); the
   states (B, H, NT, Dk, Dv) as (B H NT Dk, Dv));
-* consumer c (a warpgroup) takes key block c of the pair: do v^T, v do^T, do S_c^T and v dS_c^T by four async
-  wgmma from the stage while it scans G (its layout's token axis: the accumulator's rows), then k Ei and q E go to
-  shared memory as the B operands of a (k Ei) and a^T (q E), whose A operands are a and a^T from registers.
+* consumer c (a warpgroup) takes key block c of the pair: do v^T, do S_c^T and v dS_c^T by async wgmma from the
+  stage while it sums G over tokens (FORM 2: by products with 0/1 matrices; FORM 0, fp16: by scans, with a fourth
+  product v do^T for a^T), then k Ei and q E go to shared memory as the B operands of a (k Ei) and a^T (q E); a's A
+  operand comes from registers, a^T's (FORM 2) from a's bf16 tile in shared memory read transposed.
 
 With two stages the producer loads tile t + 1 while the consumers compute tile t, and the two consumers are two
 chains an SM (the tl kernel's two programs an SM, without its waits on loads). Conditions (``fits``, and the flat
@@ -30,7 +31,7 @@ falls back to the tl kernels elsewhere.
 
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
-bits beside 2 change how that chain runs, not its math: EXP_FTZ, STORE_TMA, DG_TMA, DG_LATE (below).
+bits beside 2 say where its results are stored: STORE_TMA, DG_TMA, DG_LATE (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -51,20 +52,14 @@ PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-ro
 PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
 PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
 PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
-# FORM bits beside 2 (chain_dots): the same math, the same operands
-EXP_FTZ = gl.constexpr(256)  # every e^x of the chain by ex2.approx.ftz (GlaDqk.exp)
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 # FORM bits beside 2 (chain_dots): the stores by TMA from shared memory (DQ, DK_OUT, DG then descriptors of the 2-D views
 # (B N, H Dk)): no per-element 64-bit addresses on the chain; launch_args drops a bit where its buffers do not allow it
-STORE_TMA = gl.constexpr(512)  # dq through the consumer's epilogue buffer (k Ei read), dk through the stage's q buffer
+STORE_TMA = gl.constexpr(512)  # dq through the stage's k buffer (k kept in registers), dk through its q buffer
 DG_TMA = gl.constexpr(1024)  # dg through the stage's g buffer (float32 g only); with either bit the stage is released
 # only once the stores have read it (tma.store_wait at the chain's end)
 DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffers p1, p2 (a float32 view of their 8 KB),
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
-AT_SMEM = gl.constexpr(8192)  # a^T as a's strictly-lower bf16 tile stored to the pieces' buffers p1, p2 (one [BT, BT]
-# view of their 8 KB) and read transposed as dk's A operand from shared memory (k Ei in p1 and q E in p0, swapped), not a
-# second product v do^T; with STORE_TMA dq goes through the stage's k buffer (q E holds p0 through dk's product), k kept
-# in registers
 
 
 @stage_struct
@@ -190,14 +185,10 @@ class GlaDqk:
 
     @gluon.jit
     def exp(self, x):
-        """e^x (EXP_FTZ: ex2.approx.ftz of x log2(e), two instructions an element; gl.exp's ex2 also scales
-        subnormal results, four more: here a result below 2^-126 is 0, as e^G is wherever G_t - m nears -87)."""
-        if self.FORM & EXP_FTZ:
-            y = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
-                                          dtype=gl.float32, is_pure=True, pack=1)
-        else:
-            y = gl.exp(x)
-        return y
+        """e^x by ex2.approx.ftz of x log2(e), two instructions an element (gl.exp's ex2 also scales subnormal
+        results, four more): here a result below 2^-126 is 0, as e^G is wherever G_t - m nears -87."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                         dtype=gl.float32, is_pure=True, pack=1)
 
     @gluon.jit
     def triangle(self, LOWER: gl.constexpr):
@@ -224,12 +215,14 @@ class GlaDqk:
     def chain_dots(self, ctx, stage, tile):
         """FORM 2: chain_scan's math with every sum over tokens on the tensor cores (no cross-warp pass): G = L g and
         its last row broadcast to every row, J g (L the lower triangle of ones, J all ones: two bf16 pieces of g as
-        the B operands: 16 bits, G's error 2^-17 |G|, far below the bf16 operands' of E and Ei), m = G_last / 2 (each factor within e^(+-SPAN / 2) where every |G - m| <= SPAN / 2: else the block is
+        the B operands: 16 bits, G's error 2^-17 |G|, far below the bf16 operands' of E and Ei), m = G_last / 2
+        (each factor within e^(+-SPAN / 2) where every |G - m| <= SPAN / 2: else the block is
         flagged, by a store of 1 from any row that sees it, the flags starting at zero; a span past SPAN is always
         flagged, so the dv kernel's fallback sees every chunk it needs), dG's reverse sum U dG = J dG - L dG + dG and
         the later tokens' sum_t k (v dS_c^T) e^(G_last - G) by J with it (dG's pieces three). The value sums do v^T,
         do S_c^T, v dS_c^T are issued right behind G's, so <S_c, dS_c>, the flag, E, Ei and the k Ei / q E stores run
-        under them; e^m and e^G_last = e^(2 m) are products of e^(m / 2) (three exp tiles a tile)."""
+        under them; e^m and e^G_last = e^(2 m) are products of e^(m / 2) (three exp tiles a tile, ex2.approx.ftz);
+        a^T is a's strictly-lower bf16 tile stored once to shared memory and read transposed (no product v do^T)."""
         cid: gl.constexpr = ctx.index
         BT: gl.constexpr = self.BT
         BKB: gl.constexpr = self.BKB
@@ -287,12 +280,10 @@ class GlaDqk:
             sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                     gl.SliceLayout(0, L32))
         gl.thread_barrier()  # G's products have read the pieces
-        if self.FORM & AT_SMEM:  # (k Ei in p1, q E in p0: p1, p2 take a once dq's product has read k Ei)
-            p1.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))
-            p0.store((q_s.load(L32).to(gl.float32) * E).to(dtype))
-        else:
-            p0.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))  # (q and k read from the stage where used: fewer
-            p1.store((q_s.load(L32).to(gl.float32) * E).to(dtype))  # registers live through the products)
+        # k Ei in p1, q E in p0 (p1, p2 take a once dq's product has read k Ei; q and k read from the stage where used:
+        # fewer registers live through the products)
+        p1.store((k_s.load(L32).to(gl.float32) * Ei).to(dtype))
+        p0.store((q_s.load(L32).to(gl.float32) * E).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         # the value sums do v^T, do S_c^T, v dS_c^T
@@ -323,52 +314,36 @@ class GlaDqk:
             cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
             base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
             offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
-        # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T = v do^T and dk
+        # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T and dk
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dq_in = dqs
         else:
-            if self.FORM & AT_SMEM:
-                dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
-            else:
-                dq_tok = warpgroup_mma(a_op, p0, z32, use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
-        if self.FORM & STORE_TMA and self.FORM & AT_SMEM:  # (q E holds p0 through dk's product): dq through k's
-            kf = k_s.load(L32).to(gl.float32)  # stage buffer, k kept in registers (each thread writes what it read)
+        if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
+            kf = k_s.load(L32).to(gl.float32)  # (each thread writes the elements it read)
             k_s.store((dq + r * kf).to(dtype))
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
-        elif self.FORM & STORE_TMA:  # through p0 (k Ei, read by dq's product): the store runs under dk's products
-            gl.thread_barrier()  # every warp's product has read k Ei
-            p0.store((dq + r * k_s.load(L32).to(gl.float32)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(self.DQ, [row, col], p0)
         else:
             gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
         dG = q_s.load(L32).to(gl.float32) * dq
         if self.PROBE & PROBE_NO_INTRA_MMA:
             dk_in = dks
         else:
-            if self.FORM & AT_SMEM:
-                at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-                at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
-                gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
-                at_s.store(am)
-                fence_async_shared()
-                gl.thread_barrier()
-                at_op = at_s.permute((1, 0))
-            else:
-                at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
-                at = warpgroup_mma_wait(0, deps=[at_tok])
-                at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
-                                          self.A32)
-            if self.FORM & AT_SMEM:
-                dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
-            else:
-                dk_tok = warpgroup_mma(at_op, p1, z32, use_acc=False, is_async=True)
+            # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
+            # operand from shared memory (no second product v do^T)
+            at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
+            gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
+            at_s.store(am)
+            fence_async_shared()
+            gl.thread_barrier()
+            at_op = at_s.permute((1, 0))
+            dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
             dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
@@ -384,7 +359,7 @@ class GlaDqk:
                      (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
         # dg = U dG + J (k dk_state) + e^G_last <S_c, dS_c> with dG = q dq - k dk and U = J - L + I:
         # J (dG + k dk_state) - L dG + dG
-        if not (self.FORM & STORE_TMA and self.FORM & AT_SMEM):
+        if not self.FORM & STORE_TMA:
             kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
         if self.PROBE & PROBE_NO_DG_SCAN:
@@ -392,7 +367,7 @@ class GlaDqk:
             jsum = kf * dk_state
         else:
             if self.FORM & STORE_TMA:
-                tma.store_wait(1)  # dq's store has read p0 (dk's may still run)
+                tma.store_wait(1)  # dq's store is done (it reads k's buffer, not these: the measured build keeps it)
             gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
             self.pieces(dG, p0, p1, p2)
             fence_async_shared()
