@@ -5,7 +5,8 @@ miscompiled on Hopper: FLA's issue 640), then timed (< 60 s on an H100).
 Sets (``--set NAME``; one per device call; FORM n: gluon_gla_bwd's FORM bits, configs' is 2). Since session 38 the
 bits 4 / 16 / 32 / 128 (EARLY_VALUE, TRI_SMEM, EXP_FEW, G_TWO) are always on with 2 and no longer read (removed,
 issue 30): a FORM n here builds n's other bits only (182 as 2, 438 and 310 as 258), so the forms without them (6,
-34, 38, 50, 54) are no longer built.
+34, 38, 50, 54) are no longer built; since decision 185 EXP_FTZ 256 and AT_SMEM too: every FORM here builds FORM 2
+(ex2.approx.ftz, a^T from a's tile), with the pointer stores.
 
 * ``call1`` (session 37 device calls 2 and 3, runs/gla_s37a_run2_session37_h100.txt at 62cdf46 and
   runs/gla_s37a_run3_session37_h100.txt at 9dd9a7c; its set then: d 64 configs' (the flat tl launch) against FORM 2 at
