@@ -608,7 +608,8 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
 # --------------------------------------------------------------------------------------------
 # compile report (no GPU): compile_report(CASE, stages) compiles the kernel as the shipped launches build it for
 # sm_90a and returns its resources and Hopper instructions; CASE: linear, decay (scalar decay, initial and final
-# states), mamba2 (beta, D, z, 80 heads on one q/k head); stages: configs.GLUON_STAGES's 2. TRITON_INTERPRET must be
+# states), mamba2 (beta, D, z, 80 heads on one q/k head), mamba2_states (with h0 and ht in the op's (b, h, p, s)
+# layout, empty_state's); stages: configs.GLUON_STAGES's 2. TRITON_INTERPRET must be
 # unset (tests/linear_attention/test_forward_gluon_compile.py runs it in a fresh process).
 
 COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
