@@ -260,16 +260,21 @@ def timing(rows: dict) -> dict:
     return res
 
 
+def warm(D: int) -> None:
+    """configs' backward once at the check shape: the shared tl kernels into the cache (a worker of its own)."""
+    t = make(*CHECK_SHAPE, D, **CASES["weak"])
+    backward(t, t["h0"], {})
+    if not SMOKE:
+        torch.cuda.synchronize()
+    print("WARM", D, flush=True)
+
+
 def main():
     if "--one" in sys.argv:
         print("ROW " + json.dumps(check(sys.argv[sys.argv.index("--one") + 1])), flush=True)
         return
-    if "--warm" in sys.argv:  # configs' backward once at the check shape: the shared tl kernels into the cache
-        D = int(sys.argv[sys.argv.index("--warm") + 1])
-        t = make(*CHECK_SHAPE, D, **CASES["weak"])
-        backward(t, t["h0"], {})
-        torch.cuda.synchronize()
-        print("WARM", D, flush=True)
+    if "--warm" in sys.argv:
+        warm(int(sys.argv[sys.argv.index("--warm") + 1]))
         return
 
     def spawn(*args):
@@ -280,7 +285,7 @@ def main():
     procs = {}
     os.environ["HA_REFS"] = tempfile.mkdtemp()  # (the workers inherit it)
     if not SMOKE:  # each head dim's shared kernels compiled once (then the variants compile only their dqk kernel)
-        warm = {D: spawn("--warm", str(D)) for D in dims}
+        warmers = {D: spawn("--warm", str(D)) for D in dims}
         # the public op's rows from the start (their own shapes and the forward: nothing shared with the rest)
         procs.update({n: spawn("--one", n) for n, (_, _, tm) in VARIANTS.items() if tm == "op"})
         for D in dims:  # the references, meanwhile (written once, read by every variant of the head dim)
@@ -292,7 +297,7 @@ def main():
             print(f"d{D} references at {time.time() - START:.0f} s", flush=True)
         for D in dims:
             try:
-                warm[D].communicate(timeout=max(1.0, WARM_DEADLINE - (time.time() - START)))
+                warmers[D].communicate(timeout=max(1.0, WARM_DEADLINE - (time.time() - START)))
             except subprocess.TimeoutExpired:
                 pass  # (the variants compile what is left)
             print(f"d{D} warm at {time.time() - START:.0f} s", flush=True)

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.common.gpu_script import Run, check, eager_ms, poisoned, time_rounds  # noqa: E402
-from experiments.linear_attention.gpu_gla_s37 import backward, dqk_bytes, dqk_kernel, make  # noqa: E402
+from experiments.linear_attention.gpu_gla_s37 import backward, dqk_bytes, dqk_kernel, make, warm  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
@@ -225,11 +225,8 @@ def main():
     if "--one" in sys.argv:
         print("ROW " + json.dumps(check_variant(sys.argv[sys.argv.index("--one") + 1])), flush=True)
         return
-    if "--warm" in sys.argv:  # configs' backward once at the check shape: the shared tl kernels into the cache
-        D = int(sys.argv[sys.argv.index("--warm") + 1])
-        t = make(*CHECK_SHAPE, D, **CASES["weak"])
-        backward(t, t["h0"], {})
-        torch.cuda.synchronize()
+    if "--warm" in sys.argv:  # (gpu_gla_s37's: the same check shape and weak case)
+        warm(int(sys.argv[sys.argv.index("--warm") + 1]))
         return
     run = Run(f"gla_s38{BATCH}", deadline=TIME_DEADLINE)
     run.extra.update(check_shape=CHECK_SHAPE, time_shape=TIME_SHAPE, variants={k: v[1] for k, v in VARIANTS.items()})
@@ -245,7 +242,7 @@ def main():
     if SMOKE:
         procs = {n: spawn("--one", n) for n in VARIANTS}
     else:
-        warm = {D: spawn("--warm", str(D)) for D in dims}
+        warmers = {D: spawn("--warm", str(D)) for D in dims}
         for D in dims:  # the references meanwhile (written once, read by every variant of the head dim)
             for case in CASES:
                 ref, st = reference(D, case)
@@ -257,7 +254,7 @@ def main():
             run.say(f"d{D} references")
         for D in dims:
             try:
-                warm[D].communicate(timeout=max(1.0, WARM_DEADLINE - run.elapsed()))
+                warmers[D].communicate(timeout=max(1.0, WARM_DEADLINE - run.elapsed()))
             except subprocess.TimeoutExpired:
                 pass  # (the variants compile what is left)
             run.say(f"d{D} warm")
