@@ -57,6 +57,7 @@ GLUON_ONEPASS_HALF: dict = {
 }
 GLUON_ORDER3_HALF: dict = {
     8192: (2, True, 2, 2, 1, 3, True),  # RFFT 3 + KMID: 1.131x the complex64 op (RFFT 3 alone 1.125x)
+    16384: (1, True, 1, 2, 2, 3, True),  # two warpgroups a pair, RFFT 3 + KMID: 1.109x the complex64 op
 }
 GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
