@@ -18,7 +18,8 @@ Per size (B16 H768 bf16; the filter's spectrum precomputed once, complex64 ``c64
   plan's launch alone, and every candidate's launch; x torch.fft and % of copy (the op's bytes, u + the spectrum +
   y, at the anchors' 2,997 GB/s) printed.
 Candidates: configs.GLUON_ONEPASS_HALF_CANDIDATES, GLUON_ORDER3_HALF_CANDIDATES (and with --kmid64 the complex64
-KMID tuple of GLUON_ORDER3_CANDIDATES[8192]); the shipped plan's correlation is not rebuilt (a compile each). Writes $OUT/fft_conv_gpu_s38.json (after every row); prints a short table last.
+KMID tuple of GLUON_ORDER3_CANDIDATES[8192]); the shipped plan's correlation is not rebuilt (a compile each).
+Writes $OUT/fft_conv_gpu_s38.json (after every row); prints a short table last.
 """
 import argparse
 import math

@@ -28,7 +28,8 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
-# columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID]]]); checked and timed by experiments/fft_conv/gpu_order3.py and
+# columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID]]]); checked and
+# timed by experiments/fft_conv/gpu_order3.py and
 # gpu_s35.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388

@@ -43,10 +43,10 @@ def filter_spectrum(k: torch.Tensor, n: int, dtype: torch.dtype = torch.complex6
     A float16 spectrum is half the bytes the kernels gather each call; on Hopper the Gluon kernels that read it as it
     is (configs.GLUON_ONEPASS_HALF / GLUON_ORDER3_HALF: n = 1024 .. 16384, 1.02-1.13x the complex64 spectrum's call on
     the H100 in bf16) take it where they have n, and every other path widens it to complex64 a call (a conversion:
-    keep complex64 there). Its bins are rounded to float16 (2^-11 relative: bf16
-    outputs ~0.01 of their rounding floor more against float64, 1.05x where complex64 gives 1.04x at 1024-4096 and
-    1.075x / 1.07x at 8192-16384; fp16 ~0.2 more, ~2.6-3.1x), and float16 holds |bin| <= 65504: a channel whose taps' absolute sum exceeds that may
-    overflow (an inf bin: that channel's outputs NaN, never a finite wrong value). Its gradient (a trained filter) is
+    keep complex64 there). Its bins are rounded to float16 (2^-11 relative: bf16 outputs ~0.01 of their rounding
+    floor more against float64, 1.05x where complex64 gives 1.04x at 1024-4096 and 1.075x / 1.07x at 8192-16384;
+    fp16 ~0.2 more, ~2.6-3.1x), and float16 holds |bin| <= 65504: a channel whose taps' absolute sum exceeds that
+    may overflow (an inf bin: that channel's outputs NaN, never a finite wrong value). Its gradient (a trained filter) is
     float16 too: train with complex64, keep float16 for inference.
     """
     if not isinstance(k, torch.Tensor):
