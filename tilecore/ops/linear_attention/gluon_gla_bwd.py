@@ -51,7 +51,7 @@ FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
 PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-row reductions, FORM 2: no L g, J g)
 PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
 PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
-PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no v do^T, a (k Ei), a^T (q E) (zeros)
+PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no a (k Ei), a^T (q E) (chain_scan: nor v do^T) (zeros)
 PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 # FORM bits beside 2 (chain_dots): the stores by TMA from shared memory (DQ, DK_OUT, DG then descriptors of the 2-D views
 # (B N, H Dk)): no per-element 64-bit addresses on the chain; launch_args drops a bit where its buffers do not allow it
@@ -367,7 +367,7 @@ class GlaDqk:
             jsum = kf * dk_state
         else:
             if self.FORM & STORE_TMA:
-                tma.store_wait(1)  # dq's store is done (it reads k's buffer, not these: the measured build keeps it)
+                tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
             gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
             self.pieces(dG, p0, p1, p2)
             fence_async_shared()
