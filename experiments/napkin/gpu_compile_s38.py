@@ -3,6 +3,7 @@ bench's hadamard-latency rows by GPU time (CUDA graphs); one job of < 60 s on an
 
     PYTHONPATH=. python3 experiments/napkin/gpu_compile_s38.py            # the GPU job
     PYTHONPATH=. python3 experiments/napkin/gpu_compile_s38.py --only=others   # one part: softcap, hadamard, others
+    PYTHONPATH=. python3 experiments/napkin/gpu_compile_s38.py --only=hadamard --eager-too   # + the eager suite
     TRITON_INTERPRET=1 python experiments/napkin/gpu_compile_s38.py --smoke   # the same code, tiny, on the CPU
 
 1. softcap_approx(30) full attention D128 (B4 H16 N4096 bf16, scale D^-0.5): the compiled diagram at its default
@@ -124,16 +125,17 @@ def attention_case(run, gpu, label, d, causal, modifiers, configs, rounds):
                 peer_check=checks["tilecore.attention"], config=configs[name] or "default")
 
 
-def hadamard_latency(run):
-    """The bench's hadamard-latency suite with its calls replayed from CUDA graphs, written as the bench writes it;
-    each row's time over the napkin's (validate.predict_file: as docs/napkin.md would predict this file)."""
+def hadamard_latency(run, timing="graph"):
+    """The bench's hadamard-latency suite, its calls replayed from CUDA graphs (timing "graph") or eager as the bench
+    runs it today ("eager"), written as the bench writes it; each row's time over the napkin's (validate.predict_file:
+    as docs/napkin.md would predict this file)."""
     from tilecore.bench import harness
     from tilecore.bench.suites.hadamard import LATENCY
     from tilecore.napkin import validate
 
-    result = harness.run_suite(dataclasses.replace(LATENCY, timing="graph"))
+    result = harness.run_suite(dataclasses.replace(LATENCY, timing=timing))
     data = result.to_json()
-    path = Path(os.environ.get("OUT", ".")) / "hadamard-latency.json"
+    path = Path(os.environ.get("OUT", ".")) / f"hadamard-latency{'' if timing == 'graph' else '-' + timing}.json"
     path.write_text(json.dumps(data, indent=1))
     preds = validate.predict_file(path, data, validate.lab_gpu(), validate.gemm_configs(), validate.host_times())
     rows = {}
@@ -142,8 +144,8 @@ def hadamard_latency(run):
             row["ms"] * 1e3, p.measured_s / p.predicted_s, p.bound)
     for (n, r), s in sorted(rows.items()):
         tc, cp = s.get("tilecore", (None,) * 3), s.get("torch copy_", (None,) * 3)
-        run.row(f"hadamard n{n} rows {r}", us=tc[0], c_pred=tc[1], bound=tc[2], copy_us=cp[0], copy_c_pred=cp[1],
-                dao_us=s["dao"][0] if "dao" in s else None)
+        run.row(f"hadamard {timing} n{n} rows {r}", us=tc[0], c_pred=tc[1], bound=tc[2], copy_us=cp[0],
+                copy_c_pred=cp[1], dao_us=s["dao"][0] if "dao" in s else None)
 
 
 def main():
@@ -159,6 +161,8 @@ def main():
                     (scale, "softcap_approx(30.0)"), {"default": None, "before: one program an SM": before}, 5)
     if not SMOKE and ONLY in (None, "hadamard"):
         run.attempt("hadamard-latency", hadamard_latency, run)
+    if not SMOKE and ONLY == "hadamard" and "--eager-too" in sys.argv:  # today's eager calls beside, same process
+        run.attempt("hadamard-latency eager", hadamard_latency, run, "eager")
     others = [(f"plain causal D{d}", d, True, (scale,)), (f"softcap_approx 30 causal D{d}", d, True,
                                                           (scale, "softcap_approx(30.0)"))]
     if not SMOKE:
