@@ -17,8 +17,8 @@ shipped forward), and apply_rotary's K pass against a copy of K.
 3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
    H16 N4096, bf16 tables, full and causal: forward without a gradient (plain / rotary as routed); forward
    recording a gradient (plain / turned / new); forward + backward (autograd.grad of q, k, v: plain / turned
-   / new); --k-by-head: also the no-grad forward with configs.ROTARY_K_BY_HEAD. Overheads over plain in the
-   same run (issue 37: <= 3%).
+   / new). Overheads over plain in the same run (issue 37: <= 3%). (Session 38's runs 1-4 also timed the no-grad
+   forward with K turned into a (B, H, Nk, D) buffer, configs.ROTARY_K_BY_HEAD, removed since: git 1ecd5bd.)
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py [--checks 128:full,128:causal] [--kpass]
       [--dims 128,64] [--rounds 2]
@@ -47,7 +47,6 @@ from tilecore.ops.rotary import configs as rotary_configs  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-K_BY_HEAD = [False]
 
 
 def new_path(on: bool):
@@ -91,12 +90,6 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
             new = op_rotary.turned_forward_op(*args)
         with new_path(False):
             old = op_rotary.turned_forward_op(*args)
-        if K_BY_HEAD[0]:  # the no-grad forward (gluon_rotary where routed) with K turned by head: the same O
-            out_default = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
-            poison()
-            with patched(configs, ROTARY_K_BY_HEAD=True):
-                out_head = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
-            result["same_khead"] = same_bits(out_default, out_head)
     result["same_qk"] = same_bits(new[2:], old[2:])
     if not result["same_qk"]:  # where the kept q and k differ, and which is nearer the float64 turn
         result.update(differences(q.detach(), new[2], old[2], cos[nk - n:], sin[nk - n:], interleaved, "q"))
@@ -109,7 +102,6 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=to
     result["repeat"] = "".join(t[-1] if same_bits(x, y) else "-" for t, x, y in zip(names, got["again"], got["turned"]))
     ok = all(result[f"{t}_pass"] for t in ("o", "dq", "dk", "dv")) and result["same_qk"] and result["same_olse"]
     ok = ok and all(a == "-" or a == b for a, b in zip(result["repeat"], result["same"]))  # all repeatable alike
-    ok = ok and result.get("same_khead", True)
     ok = ok and all(result[f"new_{t}"] <= max(3.0, 1.8 * result[f"plain_{t}"]) for t in ("o", "dq", "dk", "dv"))
     run.row(f"check {name}", kind="check", causal=causal, interleaved=interleaved, d=d, pairs=pairs, n=n, nk=nk,
             hq=hq, hkv=hkv, ok=bool(ok), **{k_: v_ for k_, v_ in result.items() if not k_.endswith("_pass")})
@@ -169,7 +161,7 @@ def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
             rounds={n_: t[f"{n_}_rounds"]["graph"] for n_ in fns})
 
 
-def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, k_by_head=False):
+def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False):
     q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
     cos, sin = tables(n, d // 2, torch.bfloat16)
@@ -179,10 +171,6 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, k_by_he
             with torch.no_grad():
                 tilecore.attention(q, k, v, causal=causal, rotary=rot)
         return f
-
-    def nograd_k_by_head():  # configs.ROTARY_K_BY_HEAD: the routed no-grad forward with K turned into (B, H, Nk, D)
-        with torch.no_grad(), patched(configs, ROTARY_K_BY_HEAD=True):
-            tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
 
     def train_fwd(rot, on=False):  # recording a gradient, no backward
         def f():
@@ -199,8 +187,6 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, k_by_he
     rot = (cos, sin)
     fns = {"fwd_plain": nograd(None), "fwd_rotary": nograd(rot), "tfwd_plain": train_fwd(None),
            "tfwd_turned": train_fwd(rot), "tfwd_new": train_fwd(rot, True)}
-    if k_by_head:
-        fns["fwd_khead"] = nograd_k_by_head
     if not fwd_only:
         fns.update(bwd_plain=fwdbwd(None), bwd_turned=fwdbwd(rot), bwd_new=fwdbwd(rot, True))
     for f in fns.values():  # compiled before the clock
@@ -215,7 +201,6 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, k_by_he
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
             fwd_over=over("fwd_rotary", "fwd_plain"), tfwd_turned_over=over("tfwd_turned", "tfwd_plain"),
             tfwd_new_over=over("tfwd_new", "tfwd_plain"), **extra,
-            **({"fwd_khead_over": over("fwd_khead", "fwd_plain")} if k_by_head else {}),
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
@@ -227,13 +212,11 @@ def main():
     ap.add_argument("--checks", default="", help="checks: D:full (half-split), D:causal (interleaved)")
     ap.add_argument("--kpass", action="store_true")
     ap.add_argument("--fwd-only", action="store_true")
-    ap.add_argument("--k-by-head", action="store_true", help="also the no-grad forward with configs.ROTARY_K_BY_HEAD")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
     torch.manual_seed(0)
     run = Run("gpu_rotary_train", deadline=a.deadline)
-    K_BY_HEAD[0] = a.k_by_head
     if SMOKE:  # the checks' code on the CPU path (composite; the switch has no effect there)
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
@@ -251,10 +234,10 @@ def main():
                 run.errors.append(f"time D{d} {mask}: skipped (deadline)")
                 continue
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
-                        fwd_only=a.fwd_only, k_by_head=a.k_by_head)
-    run.finish(["name", "ok", "same", "same_qk", "same_khead", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk",
+                        fwd_only=a.fwd_only)
+    run.finish(["name", "ok", "same", "same_qk", "same_olse", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk",
                 "pass_of_copy", "hm_of_copy", "hm_same",
-                "pass_ms", "copy_ms", "fwd_over", "fwd_khead_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms",
+                "pass_ms", "copy_ms", "fwd_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms",
                 "bwd_turned_over", "bwd_new_over"])
 
 

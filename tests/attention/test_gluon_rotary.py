@@ -108,23 +108,26 @@ from tilecore.tiles.compile import compile_kernel
 t = torch.empty(64, dtype=torch.bfloat16)
 cs = torch.empty(64, dtype=torch.float32)
 out = []
-for interleaved in (False, True):
-    p = tl_plan(2, 64, 16, 128, 64)
-    args = dict(X=t, COS=cs, SIN=cs, POS=None, OUT=t, seqlen=64, heads=16, n_max=64, stride_xb=64 * 16 * 128,
-                stride_xn=128, stride_xh=64 * 128, stride_ob=64 * 16 * 128, stride_on=128, stride_oh=64 * 128,
-                stride_cos=64, stride_sin=64, stride_pb=0, stride_pn=0, R=64, BLOCK_R=p.block_r, BLOCK_H=p.block_h,
-                PASS=0, BLOCK_PASS=p.block_pass, INTERLEAVED=interleaved, CONJUGATE=False, HAS_POS=False)
-    ptx = compile_kernel(kernels.rotary_kernel, args, num_warps=p.num_warps).asm["ptx"]
-    out.append([l.split("//")[0].strip() for l in ptx.splitlines()])
+for heads in (16, 2):
+    for interleaved in (False, True):
+        p = tl_plan(2, 64, heads, 128, 64)
+        args = dict(X=t, COS=cs, SIN=cs, POS=None, OUT=t, seqlen=64, heads=heads, n_max=64,
+                    stride_xb=64 * heads * 128, stride_xn=128, stride_xh=64 * 128, stride_ob=64 * heads * 128,
+                    stride_on=128, stride_oh=64 * 128, stride_cos=64, stride_sin=64, stride_pb=0, stride_pn=0, R=64,
+                    BLOCK_R=p.block_r, BLOCK_H=p.block_h, PASS=0, BLOCK_PASS=p.block_pass, INTERLEAVED=interleaved,
+                    CONJUGATE=False, HAS_POS=False)
+        ptx = compile_kernel(kernels.rotary_kernel, args, num_warps=p.num_warps).asm["ptx"]
+        out.append([l.split("//")[0].strip() for l in ptx.splitlines()])
 print(json.dumps(out))
 """
 
 
-def test_the_tl_kernel_fuses_the_cos_products():
+def test_the_tl_kernel_fuses_the_first_elements_products():
     """turn_pair writes out the contraction apply_rotary's kernel compiles to (so that the training forward's
-    stored Q is the turned path's, bit for bit): in its sm_90a PTX, for both layouts, every fma multiplies a value
-    by a table value that no mul reads (cos), and adds a mul (or its negation) of a table value that no fma
-    multiplies (sin). Should a Triton upgrade contract the other product, this fails: change turn_pair to match."""
+    stored Q is the turned path's, bit for bit): in its sm_90a PTX, for both layouts, at Llama's 16 heads and the
+    GPU checks' 2, every fma multiplies a value that no mul reads (a pair's first element a) by a table value, and
+    adds a mul (or its negation) of a value that no fma multiplies (the partner b): fma(a, cos, -(b sin)),
+    fma(a, sin, b cos). Should a Triton upgrade contract otherwise, this fails: change turn_pair to match."""
     import re
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -143,11 +146,11 @@ def test_the_tl_kernel_fuses_the_cos_products():
         fused = {x for ops in fmas for x in ops[:2]}
         rounded = {x for ops in muls for x in ops}
         for ops in fmas:
-            assert len({x for x in ops[:2] if x not in rounded}) == 1, ops  # one cos factor
+            assert len({x for x in ops[:2] if x not in rounded}) == 1, ops  # a
             op, addend = made[ops[2]]
             if op == "neg.f32":
                 op, addend = made[addend[0]]
-            assert op == "mul.f32" and len({x for x in addend if x not in fused}) == 1, (ops, op, addend)  # sin
+            assert op == "mul.f32" and len({x for x in addend if x not in fused}) == 1, (ops, op, addend)  # b
 
 
 def test_the_training_forward_stores_the_turned_q(report):
@@ -315,10 +318,3 @@ def test_host_path_keeps_the_turned_q_and_k(monkeypatch):
     assert torch.allclose(kr.double(), ref, rtol=2 ** -7, atol=2 ** -7)
     assert torch.equal(kr, plain_args[1].base.contiguous())  # the pass's bits
     assert options["INTERLEAVED"] and (key is None or key != plain_key)
-    with pytest.MonkeyPatch.context() as m:  # the no-grad forward with K by head: the same K in the training layout
-        from tilecore.ops.attention import configs
-
-        m.setattr(configs, "ROTARY_K_BY_HEAD", True)
-        assert len(gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True)) == 2
-    _, head_args, _ = launches[-1]
-    assert head_args[1].base.is_contiguous() and torch.equal(head_args[1].base, kr) and head_args[-1] is None

@@ -184,11 +184,8 @@ ONE_LAUNCH_WHEN_RECORDING = True
 ROTARY_IN_KERNEL_CASES = frozenset({(128, False), (128, True), (64, True)})
 # (head dim, causal) of the calls recording a gradient whose turned forward is gluon_rotary's (K by apply_rotary's
 # pass, Q turned in the Gluon forward and stored from there for the backward: no pass over Q); else q and k by
-# apply_rotary's passes, then the shipped forward
-ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset()
-# gluon_rotary's forward without a gradient: K turned into a (B, Hkv, Nk, D) buffer (each head's keys contiguous,
-# as the training forward's) instead of apply_rotary's (B, Nk, Hkv, D) output (the TMA boxes' rows H D apart)
-ROTARY_K_BY_HEAD = False
+# apply_rotary's passes, then the shipped forward. D128: its training forward 2.8-3.1% faster (notes/rotary)
+ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset({(128, False), (128, True)})
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

@@ -47,14 +47,15 @@ def load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS
 
 @gluon.jit
 def turn_pair(a, b, cs, sn):
-    """(a cos - b sin, b cos + a sin) in float32, rounded as apply_rotary's kernel rounds them: each product by
-    cos fused into its sum, each product by sin rounded first (the contraction that kernel compiles to: a
-    test pins it), written out in PTX so that the compiler cannot fuse the other product (it did, in the half-split
-    turn: other bits where the tables are float32)."""
+    """(a cos - b sin, b cos + a sin) in float32, rounded as apply_rotary's kernel rounds them: a's products
+    fused into the sums, the partner b's rounded first (fma(a, cos, -(b sin)), fma(a, sin, b cos): the
+    contraction that kernel compiles to, which a test pins), written out in PTX so that the compiler cannot
+    fuse the other product (left to it, it did in a few elements of the half-split turn: 15 of 2^20 other bf16
+    bits with float32 tables)."""
     lo = gl.inline_asm_elementwise("{ .reg .f32 t; mul.rn.f32 t, $3, $4; neg.f32 t, t; fma.rn.f32 $0, $1, $2, t; }",
                                    "=f,f,f,f,f", [a, cs, b, sn], dtype=gl.float32, is_pure=True, pack=1)
     hi = gl.inline_asm_elementwise("{ .reg .f32 t; mul.rn.f32 t, $3, $4; fma.rn.f32 $0, $1, $2, t; }",
-                                   "=f,f,f,f,f", [b, cs, a, sn], dtype=gl.float32, is_pure=True, pack=1)
+                                   "=f,f,f,f,f", [a, sn, b, cs], dtype=gl.float32, is_pure=True, pack=1)
     return lo, hi
 
 
@@ -252,7 +253,7 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
 
     check(q, k, v, cos, sin, interleaved)
     qr = torch.empty(q.shape, dtype=q.dtype, device=q.device) if keep_turned else None
-    if keep_turned or configs.ROTARY_K_BY_HEAD:  # into a (B, Hkv, Nk, D) buffer
+    if keep_turned:  # into a (B, Hkv, Nk, D) buffer
         k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved,
                  out=torch.empty(k.shape, dtype=k.dtype, device=k.device).transpose(1, 2)).transpose(1, 2)
     else:
