@@ -17,7 +17,8 @@ shipped forward), and apply_rotary's K pass against a copy of K.
 3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
    H16 N4096, bf16 tables, full and causal: forward without a gradient (plain / rotary as routed); forward
    recording a gradient (plain / turned / new); forward + backward (autograd.grad of q, k, v: plain / turned
-   / new). Overheads over plain in the same run (issue 37: <= 3%). (Session 38's runs 1-4 also timed the no-grad
+   / new); --shipped: the shipped routes alone (no-grad forward and forward + backward, plain / rotary).
+   Overheads over plain in the same run (issue 37: <= 3%). (Session 38's runs 1-4 also timed the no-grad
    forward with K turned into a (B, H, Nk, D) buffer, configs.ROTARY_K_BY_HEAD, removed since: git 1ecd5bd.)
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py [--checks 128:full,128:causal] [--kpass]
@@ -27,6 +28,7 @@ shipped forward), and apply_rotary's K pass against a copy of K.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -161,7 +163,7 @@ def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
             rounds={n_: t[f"{n_}_rounds"]["graph"] for n_ in fns})
 
 
-def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False):
+def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped=False):
     q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
     cos, sin = tables(n, d // 2, torch.bfloat16)
@@ -172,35 +174,41 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False):
                 tilecore.attention(q, k, v, causal=causal, rotary=rot)
         return f
 
-    def train_fwd(rot, on=False):  # recording a gradient, no backward
+    def train_fwd(rot, on=None):  # recording a gradient, no backward; on: None as shipped, else new_path(on)
         def f():
-            with new_path(on):
+            with contextlib.nullcontext() if on is None else new_path(on):
                 tilecore.attention(q, k, v, causal=causal, rotary=rot)
         return f
 
-    def fwdbwd(rot, on=False):
+    def fwdbwd(rot, on=None):
         def f():
-            with new_path(on):
+            with contextlib.nullcontext() if on is None else new_path(on):
                 torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
         return f
 
     rot = (cos, sin)
-    fns = {"fwd_plain": nograd(None), "fwd_rotary": nograd(rot), "tfwd_plain": train_fwd(None),
-           "tfwd_turned": train_fwd(rot), "tfwd_new": train_fwd(rot, True)}
-    if not fwd_only:
-        fns.update(bwd_plain=fwdbwd(None), bwd_turned=fwdbwd(rot), bwd_new=fwdbwd(rot, True))
+    if shipped:  # the shipped routes alone: plain and rotary, without and with a gradient
+        fns = {"fwd_plain": nograd(None), "fwd_rotary": nograd(rot), "bwd_plain": fwdbwd(None),
+               "bwd_rotary": fwdbwd(rot)}
+    else:
+        fns = {"fwd_plain": nograd(None), "fwd_rotary": nograd(rot), "tfwd_plain": train_fwd(None),
+               "tfwd_turned": train_fwd(rot, False), "tfwd_new": train_fwd(rot, True)}
+        if not fwd_only:
+            fns.update(bwd_plain=fwdbwd(None), bwd_turned=fwdbwd(rot, False), bwd_new=fwdbwd(rot, True))
     for f in fns.values():  # compiled before the clock
         f()
     torch.cuda.synchronize()
     t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
     ms = {name: t[f"{name}_graph_ms"] for name in fns}
     over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
-    extra = {} if fwd_only else dict(bwd_turned_over=over("bwd_turned", "bwd_plain"),
-                                     bwd_new_over=over("bwd_new", "bwd_plain"))
+    if shipped:
+        extra = dict(bwd_over=over("bwd_rotary", "bwd_plain"))
+    else:
+        extra = dict(tfwd_turned_over=over("tfwd_turned", "tfwd_plain"), tfwd_new_over=over("tfwd_new", "tfwd_plain"))
+        if not fwd_only:
+            extra.update(bwd_turned_over=over("bwd_turned", "bwd_plain"), bwd_new_over=over("bwd_new", "bwd_plain"))
     run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
-            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
-            fwd_over=over("fwd_rotary", "fwd_plain"), tfwd_turned_over=over("tfwd_turned", "tfwd_plain"),
-            tfwd_new_over=over("tfwd_new", "tfwd_plain"), **extra,
+            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()}, fwd_over=over("fwd_rotary", "fwd_plain"), **extra,
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
@@ -212,6 +220,7 @@ def main():
     ap.add_argument("--checks", default="", help="checks: D:full (half-split), D:causal (interleaved)")
     ap.add_argument("--kpass", action="store_true")
     ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument("--shipped", action="store_true", help="timing of the shipped routes alone (final figures)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
@@ -234,11 +243,11 @@ def main():
                 run.errors.append(f"time D{d} {mask}: skipped (deadline)")
                 continue
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
-                        fwd_only=a.fwd_only)
+                        fwd_only=a.fwd_only, shipped=a.shipped)
     run.finish(["name", "ok", "same", "same_qk", "same_olse", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk",
                 "pass_of_copy", "hm_of_copy", "hm_same",
                 "pass_ms", "copy_ms", "fwd_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms",
-                "bwd_turned_over", "bwd_new_over"])
+                "bwd_over", "bwd_turned_over", "bwd_new_over"])
 
 
 if __name__ == "__main__":
