@@ -17,7 +17,9 @@ shipped forward), and apply_rotary's K pass against a copy of K.
 3. --dims D,..: GPU time from CUDA graphs (triton.testing.do_bench_cudagraph medians, interleaved rounds), B16
    H16 N4096, bf16 tables, full and causal: forward without a gradient (plain / rotary as routed); forward
    recording a gradient (plain / turned / new); forward + backward (autograd.grad of q, k, v: plain / turned
-   / new); --shipped: the shipped routes alone (no-grad forward and forward + backward, plain / rotary).
+   / new); --shipped: the shipped routes alone (no-grad forward and forward + backward, plain / rotary);
+   --routed: the no-grad forward by gluon_rotary in every case against the turned forward (the choice
+   configs.ROTARY_IN_KERNEL_CASES makes per case; gpu_rotary_dk.py's --routed until session 38, removed).
    Overheads over plain in the same run (issue 37: <= 3%). (Session 38's runs 1-4 also timed the no-grad
    forward with K turned into a (B, H, Nk, D) buffer, configs.ROTARY_K_BY_HEAD, removed since: git 1ecd5bd.)
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -41,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import tilecore  # noqa: E402
-from experiments.attention.gpu_rotary_dk import ALL_CASES, poison, tables  # noqa: E402
 from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
 from tilecore.ops.attention import configs, op_rotary  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
@@ -49,6 +51,25 @@ from tilecore.ops.rotary import configs as rotary_configs  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
+# configs.ROTARY_IN_KERNEL_CASES (and ROTARY_TRAIN_IN_KERNEL_CASES) routing every case
+ALL_CASES = frozenset({(64, False), (64, True), (128, False), (128, True)})
+
+
+def poison():
+    """The allocator's free blocks filled with NaN (the next outputs likely land there)."""
+    if SMOKE:
+        return
+    free = torch.cuda.mem_get_info()[0]
+    try:
+        junk = torch.full((int(min(free * 0.5, 8 << 30)) // 2,), float("nan"), dtype=torch.bfloat16, device=DEV)
+        del junk
+    except RuntimeError:
+        pass
+
+
+def tables(rows, pairs, dtype=torch.float32):
+    angle = torch.rand(rows, pairs, device=DEV, dtype=torch.float64) * 2 * math.pi
+    return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
 def new_path(on: bool):
@@ -163,7 +184,7 @@ def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
             rounds={n_: t[f"{n_}_rounds"]["graph"] for n_ in fns})
 
 
-def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped=False):
+def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped=False, routed=False):
     q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
     cos, sin = tables(n, d // 2, torch.bfloat16)
@@ -186,8 +207,17 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped
                 torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
         return f
 
+    def nograd_routed(cases):  # the no-grad forward with ROTARY_IN_KERNEL_CASES = cases
+        def f():
+            with torch.no_grad(), patched(configs, ROTARY_IN_KERNEL_CASES=cases):
+                tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin))
+        return f
+
     rot = (cos, sin)
-    if shipped:  # the shipped routes alone: plain and rotary, without and with a gradient
+    if routed:  # the no-grad forward by gluon_rotary (K by the pass, Q in the kernel) against the turned forward
+        fns = {"fwd_plain": nograd(None), "fwd_inkernel": nograd_routed(ALL_CASES),
+               "fwd_turned": nograd_routed(frozenset())}
+    elif shipped:  # the shipped routes alone: plain and rotary, without and with a gradient
         fns = {"fwd_plain": nograd(None), "fwd_rotary": nograd(rot), "bwd_plain": fwdbwd(None),
                "bwd_rotary": fwdbwd(rot)}
     else:
@@ -201,14 +231,18 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped
     t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
     ms = {name: t[f"{name}_graph_ms"] for name in fns}
     over = lambda a, base: round(100 * (ms[a] / ms[base] - 1), 2)
-    if shipped:
+    if routed:
+        extra = dict(fwd_inkernel_over=over("fwd_inkernel", "fwd_plain"),
+                     fwd_turned_over=over("fwd_turned", "fwd_plain"))
+    elif shipped:
         extra = dict(bwd_over=over("bwd_rotary", "bwd_plain"))
     else:
         extra = dict(tfwd_turned_over=over("tfwd_turned", "tfwd_plain"), tfwd_new_over=over("tfwd_new", "tfwd_plain"))
         if not fwd_only:
             extra.update(bwd_turned_over=over("bwd_turned", "bwd_plain"), bwd_new_over=over("bwd_new", "bwd_plain"))
     run.row(f"time D{d} {'causal' if causal else 'full'}", kind="time", d=d, causal=causal, b=b, h=h, n=n,
-            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()}, fwd_over=over("fwd_rotary", "fwd_plain"), **extra,
+            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
+            **({} if routed else {"fwd_over": over("fwd_rotary", "fwd_plain")}), **extra,
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
@@ -221,6 +255,8 @@ def main():
     ap.add_argument("--kpass", action="store_true")
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument("--shipped", action="store_true", help="timing of the shipped routes alone (final figures)")
+    ap.add_argument("--routed", action="store_true", help="timing of the no-grad forward by gluon_rotary against the "
+                    "turned forward (configs.ROTARY_IN_KERNEL_CASES per case)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
@@ -243,11 +279,11 @@ def main():
                 run.errors.append(f"time D{d} {mask}: skipped (deadline)")
                 continue
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
-                        fwd_only=a.fwd_only, shipped=a.shipped)
+                        fwd_only=a.fwd_only, shipped=a.shipped, routed=a.routed)
     run.finish(["name", "ok", "same", "same_qk", "same_olse", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk",
-                "pass_of_copy", "hm_of_copy", "hm_same",
-                "pass_ms", "copy_ms", "fwd_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms",
-                "bwd_over", "bwd_turned_over", "bwd_new_over"])
+                "pass_of_copy", "hm_of_copy", "hm_same", "pass_ms", "copy_ms", "fwd_over", "fwd_inkernel_over",
+                "fwd_turned_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms", "bwd_over", "bwd_turned_over",
+                "bwd_new_over"])
 
 
 if __name__ == "__main__":

@@ -45,6 +45,18 @@ def assert_near(got, ref, bound, what):
     assert err <= bound, f"{what}: {err:.2f} x the rounding floor"
 
 
+def assert_right(q, k, v, cos, sin, out, **options):
+    """out and its gradients (for a fresh random dout) against the float64 reference: O <= 2.5x the rounding floor,
+    dq, dk, dv <= 3x. Returns (dout, (dq, dk, dv))."""
+    dout = torch.randn(out.shape, dtype=out.dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = reference(q, k, v, cos, sin, dout, **options)
+    assert_near(out, ref[0], 2.5, "O")
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
+        assert_near(g, r, 3.0, name)
+    return dout, grads
+
+
 def assert_lse(lse, ref):
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref))
     live = torch.isfinite(ref)
@@ -196,12 +208,7 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
         raise ValueError("rotary_dim: a multiple of 32")
     monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: limited)
     assert torch.equal(tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True), out)
-    dout = torch.randn(out.shape, dtype=F16)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref = reference(q, k, v, cos, sin, dout, interleaved=True, causal=True)
-    assert_near(out, ref[0], 2.5, "O")
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
-        assert_near(g, r, 3.0, name)
+    assert_right(q, k, v, cos, sin, out, interleaved=True, causal=True)
 
 
 def test_the_training_forward_by_case():
@@ -245,12 +252,7 @@ def test_the_training_forward_keeps_what_the_entry_turned(monkeypatch):
     monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: entry)
     out = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
     assert calls == [dict(causal=True, interleaved=True, window=(-1, -1), keep_turned=True)]
-    dout = torch.randn(out.shape, dtype=F16)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref = reference(q, k, v, cos, sin, dout, interleaved=True, causal=True)
-    assert_near(out, ref[0], 2.5, "O")
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
-        assert_near(g, r, 3.0, name)
+    dout, grads = assert_right(q, k, v, cos, sin, out, interleaved=True, causal=True)
 
     def limited(*a, **kw):
         raise ValueError("rotary_dim: a multiple of 32")
