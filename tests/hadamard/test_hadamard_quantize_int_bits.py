@@ -144,3 +144,21 @@ def test_gluon_int_bits_compiles_without_cvt_rni():
     assert r.returncode == 0, r.stderr[-3000:]
     for row in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")):
         assert row["cvt_rni"] == 0 and row["spills"] == 0, row
+
+
+def test_gluon_int4_keeps_only_finite_groups():
+    """Run 4 (notes/hadamard/runs/pow2_s38c_run4_session38_h100.txt) showed the Gluon int4 codes with INT_BITS wrong on
+    an inf row: its groups' amax is inf, the reciprocal 0, and inf x 0 = NaN, which cvt.rni makes 0 but whose bits end
+    in 0xF; gluon_epilogue._group_scale's keep (amax not NaN) let it through. With INT_BITS the keep is amax < inf:
+    the group's codes 0, as the reference's (torch emulation of the group path: keep, then the nibble)."""
+    y = torch.tensor([[1.5, float("inf"), -2.0, 0.25], [1.0, -3.0, 0.5, 7.0], [float("nan"), 1.0, 2.0, 3.0]])
+    ga = y.abs().amax(1, keepdim=True)
+    div = torch.where(ga == 0, torch.ones_like(ga), ga / 7.0)
+    q = y * (1.0 / div)
+    t = q + torch.tensor(M, dtype=torch.float32)
+    # the GPU's arithmetic makes NaN as 0x7FFFFFFF (the CPU's 0x7FC00000 ends in 0): the bits _int_bits reads there
+    bits = torch.where(torch.isnan(t), torch.tensor(0x7FFFFFFF, dtype=torch.int32), t.view(torch.int32)) & 0xF
+    old_keep, new_keep = ga == ga, ga < float("inf")
+    want = torch.tensor([[0, 0, 0, 0], [1, -3 & 0xF, 0, 7], [0, 0, 0, 0]], dtype=torch.int32)
+    assert torch.equal(torch.where(new_keep, bits, 0), want)
+    assert not torch.equal(torch.where(old_keep, bits, 0), want)  # the inf row's NaN codes: 0xF

@@ -82,8 +82,9 @@ QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4
 # group is one thread's: 1.03-1.05x (4096 1.01x, 256 0.75x: off there)
 QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True}
 # the pow2 quantize's int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23) (quantize_kernels._int_bits: one FFMA
-# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024 1.03x, int8 16384 1.03x; int8 32768 0.97x, int4 4096 1.00x)
-QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 16384): True}
+# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x; int8 8192 0.99x, 32768 0.97x,
+# int4 4096 1.00x)
+QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 16384): True}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
@@ -184,9 +185,9 @@ QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mx
 # mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): mxfp4 1.02-1.06x at the four widths;
 # nvfp4 0.96-1.02x, off
 QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True}
-# the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): untimed,
-# off
-QUANT_GLUON_INT_BITS = {}
+# the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): int8
+# 28672 1.08x, 18944 1.07x
+QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True}
 # PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.13x where on; elsewhere 0.73-1.02x
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}

@@ -99,9 +99,11 @@ def _div_by(y, d, r):
 
 
 @gluon.jit
-def _group_scale(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
+def _group_scale(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr, INT_BITS: gl.constexpr = False):
     """(the reciprocal codes multiply by, the byte or float stored, the codes' keep mask) from a group's
-    amax ``ga`` (quantize_kernels._scale and _group_divisor, FAST)."""
+    amax ``ga`` (quantize_kernels._scale and _group_divisor, FAST). int4 keeps a group whose amax is not NaN; with
+    INT_BITS (_int_bits) one whose amax is finite (an inf group's codes are 0 either way: y x 0, and inf x 0 = NaN,
+    which cvt.rni makes 0 but _int_bits does not)."""
     if FORMAT == MXFP4:
         e = gl.minimum(gl.maximum(((ga.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 2, -127), 127)
         finite = (ga == ga) & (ga < float("inf"))
@@ -123,7 +125,7 @@ def _group_scale(ga, gscale, FORMAT: gl.constexpr, QMAX: gl.constexpr):
         div = gl.where(ga == 0, 1.0, gl.div_rn(ga, gl.full_like(ga, QMAX)))
         recip = gl.div_rn(gl.full_like(div, 1.0), div)
         stored = div
-        keep = ga == ga
+        keep = ga < float("inf") if INT_BITS else ga == ga
     return recip, stored, keep
 
 
@@ -257,7 +259,7 @@ def group_codes(op, y, row, K0: gl.constexpr, K1: gl.constexpr):
             recip, keep, stored = _scales_once(ga, op.gscale, op.FORMAT, op.QMAX)
             SL: gl.constexpr = stored.type.layout  # the scales' stores from the compact layout: once a group
         else:
-            recip, stored, keep = _group_scale(ga, op.gscale, op.FORMAT, op.QMAX)
+            recip, stored, keep = _group_scale(ga, op.gscale, op.FORMAT, op.QMAX, op.INT_BITS)
             SL: gl.constexpr = recip.type.layout
         offs, mask = op._group_slots(SL, GR, row, K0, K1)
         gl.store(op.scales + row.to(gl.int64) * op.stride_scales + offs, stored.to(op.scales.dtype.element_ty),
@@ -280,7 +282,8 @@ def group_codes(op, y, row, K0: gl.constexpr, K1: gl.constexpr):
     else:  # groups of SPG sub-rows (int4's 128: a sub-row pair)
         SPG: gl.constexpr = op.G // BLOCK
         y3 = gl.reshape(y, [BLOCK // SPG, SPG, BLOCK])
-        recip, stored, keep = _group_scale(folded(op, _amax(_amax(y3, 2), 1)), op.gscale, op.FORMAT, op.QMAX)
+        recip, stored, keep = _group_scale(folded(op, _amax(_amax(y3, 2), 1)), op.gscale, op.FORMAT, op.QMAX,
+                                           op.INT_BITS)
         recip = folded(op, recip)
         SL: gl.constexpr = recip.type.layout
         offs, last, mask = op._pair_slots(SL, row, K0, K1)  # (the kron kernel's pair index added last, as it was)

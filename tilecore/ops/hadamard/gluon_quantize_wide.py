@@ -300,7 +300,7 @@ class WideQuantize:
         """UNITS, groups of 128 (int4): block J's sub-row scales from both halves' maxima (stored), and the two
         halves' codes (packed bytes as int32)."""
         ga = folded(self, _max_nan(_amax(y0, 1), _amax(y1, 1)))
-        recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
+        recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX, self.INT_BITS)  # [64]
         recip = gl.expand_dims(folded(self, recip), 1)
         i = gl.arange(0, BLOCK, layout=stored.type.layout) + J * BLOCK
         gl.store(self.scales + row.to(gl.int64) * self.stride_scales + i, stored.to(self.scales.dtype.element_ty),
@@ -472,7 +472,7 @@ class WideQuantize:
         """HALVES 2, groups of 128: block J's codes (packed bytes as int32) from its sub-rows' maxima ``ga`` (both
         halves'); the scales (one a sub-row) stored by consumer 0."""
         L: gl.constexpr = y.type.layout
-        recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX)  # [64]
+        recip, stored, keep = _group_scale(ga, self.gscale, self.FORMAT, self.QMAX, self.INT_BITS)  # [64]
         recip = folded(self, recip)
         SL: gl.constexpr = recip.type.layout
         i = gl.arange(0, BLOCK, layout=SL) + J * BLOCK
