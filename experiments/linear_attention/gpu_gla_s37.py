@@ -142,6 +142,14 @@ def ref_path(D: int, case: str) -> Path:
     return Path(os.environ.get("HA_REFS", "/tmp")) / f"gla_s37_ref_d{D}_{case.replace('+', '_')}.pt"
 
 
+def load_reference(D: int, case: str):
+    """The main process's float64 gradients and final state of (D, case), once its file is written (waited for)."""
+    while not ref_path(D, case).with_suffix(".done").exists():
+        time.sleep(0.2)
+    saved = torch.load(ref_path(D, case))
+    return [r.to(DEV) for r in saved["ref"]], saved["st"].to(DEV)
+
+
 def check(name: str) -> dict:
     """The variant against float64 on both cases (its own process, the references from the main process's files,
     waited for); a probe is compiled and run once, not checked."""
@@ -173,10 +181,7 @@ def check(name: str) -> dict:
         else:
             backward(t, t["h0"], over)  # (compiled while the main process makes the references)
             torch.cuda.synchronize()
-            while not ref_path(D, case).with_suffix(".done").exists():
-                time.sleep(0.2)
-            saved = torch.load(ref_path(D, case))
-            ref, st = [r.to(DEV) for r in saved["ref"]], saved["st"].to(DEV)
+            ref, st = load_reference(D, case)
         nan = float("nan")
         out = dict(dq=torch.full_like(t["q"], nan), dk=torch.full_like(t["k"], nan), dv=torch.full_like(t["v"], nan),
                    dg=torch.full_like(t["g"], nan), dh0=torch.full_like(t["h0"], nan))

@@ -27,14 +27,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.common.gpu_script import Run, check, eager_ms, poisoned, time_rounds  # noqa: E402
-from experiments.linear_attention.gpu_gla_s37 import backward, dqk_bytes, dqk_kernel, make, warm  # noqa: E402
+from experiments.linear_attention.gpu_gla_s37 import (backward, dqk_bytes, dqk_kernel, load_reference, make,  # noqa: E402
+                                                      ref_path, warm)
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
@@ -109,10 +109,6 @@ if "--variants" in sys.argv:
     VARIANTS = {k: v for k, v in VARIANTS.items() if k in keep}
 
 
-def ref_path(D: int, case: str) -> Path:
-    return Path(os.environ.get("HA_REFS", "/tmp")) / f"gla_s38_ref_d{D}_{case.replace('+', '_')}.pt"
-
-
 def knobs(over: dict):
     """A variant's (CHUNKED overrides, g's dtype: None for make's float32)."""
     over = dict(over)
@@ -156,10 +152,7 @@ def check_variant(name: str) -> dict:
         else:
             backward(t, t["h0"], over)  # (compiled while the main process makes the references)
             torch.cuda.synchronize()
-            while not ref_path(D, case).with_suffix(".done").exists():
-                time.sleep(0.2)
-            saved = torch.load(ref_path(D, case))
-            ref, st = [r.to(DEV) for r in saved["ref"]], saved["st"].to(DEV)
+            ref, st = load_reference(D, case)  # (the files gpu_gla_s37.ref_path names, in this run's HA_REFS)
         out = dict(dq=poisoned(t["q"]), dk=poisoned(t["k"]), dv=poisoned(t["v"]), dg=poisoned(t["g"].float()),
                    dh0=poisoned(t["h0"]))
         got = backward(t, st, over, out=out)
