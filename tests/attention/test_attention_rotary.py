@@ -218,9 +218,14 @@ def test_the_training_forward_by_case():
     q = meta(2, 4, 64, 128)
     with dispatch.pretend(dispatch.TARGETS["sm_90a"]), pytest.MonkeyPatch.context() as m:
         m.setattr(plan, "gluon_rotary_forward", lambda: (lambda *a, **kw: None))
+        m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(128, True), (128, False)}))
+        long = meta(2, 4, 4096, 128)
+        assert plan.rotary_train_in_kernel(q, q, q, 0.1, True)
+        assert plan.rotary_train_in_kernel(long, long, long, 0.1, False)
+        assert not plan.rotary_train_in_kernel(q, q, q, 0.1, False)  # 64 rows: the carried kernel
         m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(128, True)}))
         assert plan.rotary_train_in_kernel(q, q, q, 0.1, True)
-        assert not plan.rotary_train_in_kernel(q, q, q, 0.1, False)
+        assert not plan.rotary_train_in_kernel(long, long, long, 0.1, False)
         assert not plan.rotary_train_in_kernel(q, q, q, -0.1, True)  # the Gluon forward takes a positive scale
         m.setattr(configs, "ROTARY_TRAIN_IN_KERNEL_CASES", frozenset({(96, True)}))
         d96 = meta(2, 4, 64, 96)

@@ -547,10 +547,13 @@ def gluon_rotary_forward():
 def rotary_train_in_kernel(q, k, v, scale: float, causal: bool) -> bool:
     """Whether a call recording a gradient on the "turned" path gets its turned forward (O, lse, turned q and k)
     from gluon_rotary's forward (Q turned in the Gluon kernel and stored from there): the Gluon forward's calls
-    whose (D, ``causal``) configs.ROTARY_TRAIN_IN_KERNEL_CASES names, where that forward exists."""
+    whose (D, ``causal``) configs.ROTARY_TRAIN_IN_KERNEL_CASES names, where that forward exists, but where the
+    forward's configuration carries the pipeline across tiles (short rows: untimed there, and that kernel's O
+    other bits than the turned path's, right)."""
     D, Dv = q.shape[-1], v.shape[-1]
     return ((D, bool(causal)) in configs.ROTARY_TRAIN_IN_KERNEL_CASES and dispatch.backend_for(q.device) != "reference"
             and dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0
+            and not configs.gluon_forward_config(D, q.shape[2], k.shape[2], bool(causal)).get("carry")
             and gluon_rotary_forward() is not None)
 
 
