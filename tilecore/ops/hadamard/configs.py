@@ -186,8 +186,9 @@ QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mx
 # nvfp4 0.96-1.02x, off
 QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True}
 # the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): int8
-# 28672 1.08x, 18944 1.07x
-QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True}
+# 1.07-1.08x, int4 1.06-1.11x where on; int8 11008 1.00x, off
+QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True, ("int8", 14336): True,
+                        **{("int4", n): True for n in (11008, 14336, 18944, 28672)}}
 # PERM (a thread's 16 values consecutive outputs, bit-identical): 1.03-1.13x where on; elsewhere 0.73-1.02x
 QUANT_GLUON_PERM = {("mxfp4", 11008): True, ("nvfp4", 11008): True, ("fp8_e4m3", 14336): True, ("mxfp4", 14336): True,
                     ("nvfp4", 14336): True, ("nvfp4", 28672): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True}
