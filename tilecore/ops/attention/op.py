@@ -366,8 +366,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         scale = scale if type(scale) is float and math.isfinite(scale) else scale_value(scale)
         positive = scale > 0
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
-    # (with configs.ONE_LAUNCH_WHEN_RECORDING a call recording a gradient is planned apart: another plan may serve it)
-    tag = "forward_recorded" if mode == "autograd" and configs.ONE_LAUNCH_WHEN_RECORDING else "forward"
+    # (with configs.ONE_LAUNCH_WHEN_RECORDING a call recording a gradient is planned apart where the Gluon forward
+    # runs: another plan may serve it; elsewhere it shares the plain call's plan and kept launches)
+    tag = ("forward_recorded" if mode == "autograd" and configs.ONE_LAUNCH_WHEN_RECORDING and dispatch.gluon_ok(q.device)
+           else "forward")
     key = None if mode == "op" else _FORWARD_KEY(tag, q, k, v, causal, positive, *window, softcap > 0, sm_margin)
     plan = None if key is None else _PLANS.get(key)
     if plan is None:
