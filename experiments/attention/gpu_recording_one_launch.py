@@ -19,26 +19,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import tilecore  # noqa: E402
 from experiments.common.gpu_script import Run, check, host_rounds, time_rounds  # noqa: E402
-from tilecore.ops.attention import configs  # noqa: E402
+from tilecore.ops.attention import attention_reference, configs  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 CASES = [  # (B, Hq, Hkv, N, D, causal): inputs the split-key path serves (decode_fits)
     (1, 8, 8, 256, 64, False), (1, 8, 8, 256, 64, True), (1, 8, 8, 256, 128, False),
     (1, 8, 8, 256, 128, True), (2, 8, 2, 128, 64, True), (1, 4, 4, 200, 64, True),
 ]
-
-
-def reference(q, k, v, causal):
-    """float64 softmax(q k^T / sqrt(D)) v with kv heads repeated; causal aligned bottom right (N == Nk here)."""
-    q, k, v = (t.double() for t in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-    if causal:
-        n, nk = s.shape[-2:]
-        mask = torch.ones(n, nk, dtype=torch.bool, device=s.device).tril(nk - n)
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.softmax(s, -1) @ v
 
 
 def inputs(b, hq, hkv, n, d, seed=0):
@@ -55,7 +42,7 @@ def checked(run, case, on):
         out = tilecore.attention(qg, kg, vg, causal=causal)
         out.backward(dout)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    ref = reference(q64, k64, v64, causal)
+    ref, _ = attention_reference(q64, k64, v64, causal=causal)
     ref.backward(dout.double())
     res = {f"{name}_x": check(got, want, tol=3.0) for name, got, want in
            (("o", out, ref), ("dq", qg.grad, q64.grad), ("dk", kg.grad, k64.grad), ("dv", vg.grad, v64.grad))}

@@ -32,14 +32,14 @@ script's plumbing only).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import time
 import traceback
-import warnings
 
 import torch
+
+from experiments.common import gpu_script
 
 T0 = time.time()
 
@@ -135,18 +135,7 @@ def main():
         return start.elapsed_time(end) / calls, host
 
     def sync_warnings(fn) -> dict:
-        if smoke:
-            return {}
-        sync()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        sync()
-        return dict(collections.Counter(str(w.message)[:120] for w in caught if "synchroniz" in str(w.message).lower()))
+        return {} if smoke else gpu_script.sync_warnings(fn)
 
     def trace(fn, calls=3, synced=True) -> dict:
         """The kernels of each call (name, us) and the GPU's idle us between them inside a call; host us a call."""

@@ -104,11 +104,13 @@ def plan_forward(q, k, v, causal: bool, scale: float, *, path: str | None = None
     interpret = dispatch.interpreted(q.device)
     used = features(q, v, causal, window, softcap)
     if path is None:
-        gluon_fits = (used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv) and scale > 0
-                      and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
+        # (CPU calls are planned every call, uncached: the kernels' fit checks stay off their path)
+        reference = dispatch.backend_for(q.device) == "reference"
+        gluon_fits = (not reference and used - {"dv"} <= configs.GLUON_FORWARD_FEATURES and gluon_forward_dims(D, Dv)
+                      and scale > 0 and dispatch.gluon_ok(q.device) and tma_describable(q) and tma_describable(k)
                       and tma_describable(v))
         one_launch = recording and configs.ONE_LAUNCH_WHEN_RECORDING and gluon_fits
-        path = (cpu_plan.torch_path(q, k, scale, v, used) if dispatch.backend_for(q.device) == "reference" else
+        path = (cpu_plan.torch_path(q, k, scale, v, used) if reference else
                 "decode" if (decode_plan.decode_fits(q, k) and not one_launch) or "large_d" in used else
                 "gluon" if gluon_fits else
                 "tl")
