@@ -1,0 +1,166 @@
+"""Small kernels by GPU time (issue 36, session 39): the figures the napkin's two small-kernel terms are
+derived from and checked on.
+
+Each case is the bench's own builder (tilecore/bench/suites: inputs rotated past L2, a CUDA graph of back-to-back
+calls, do_bench's median over its replays / calls: harness.graph_replay), so the figures are the same quantity as
+benchmarks/results/h100-80gb-hbm3/hadamard-latency.json's and attention-decode.json's rows, and each kernel of a
+call is timed on its own by the profiler (CUPTI kernel durations of eager calls: the kernel's run without the gap
+before it). Cases:
+
+- ``empty``: an empty Triton kernel from a graph (the launch floor), and a copy of 2 KiB-8 MiB (torch copy_);
+- ``hadamard``: tilecore.hadamard_transform of 1 row for n = 256 ... 32768, and of 132 / 264 rows at n 4096 and
+  16384 (one tile a program, then two), each checked against a float64 fast Walsh-Hadamard transform;
+- ``decode``: tilecore.attention at B 1, one query, Nk 1024 / 4096 / 16384 (Hq 32, Hkv 8, D 128: the bench's),
+  its split-key kernel and merge by the profiler, checked against a float64 softmax.
+
+    python experiments/napkin/gpu_small_kernels.py [--smoke]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from experiments.common.gpu_script import Run, check, poisoned  # noqa: E402
+
+
+@triton.jit
+def empty_kernel(out_ptr):
+    pass
+
+
+def graph_us(fn) -> float | None:
+    """One call's GPU time (us), as the bench times a graph-timed suite (harness.graph_replay, median_ms)."""
+    if not torch.cuda.is_available():
+        return None
+    from tilecore.bench.harness import graph_replay, median_ms
+
+    replay, calls = graph_replay(fn)
+    return median_ms(replay, warmup_ms=10, rep_ms=40) / calls * 1e3
+
+
+def kernel_us(fn, calls: int = 20) -> dict:
+    """{kernel name: median device us a call} of ``fn``'s eager calls, by the profiler (CUPTI)."""
+    if not torch.cuda.is_available():
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per: dict = {}
+    for e in prof.events():
+        t = e.time_range.elapsed_us()
+        if t and str(getattr(e, "device_type", "")).endswith("CUDA"):
+            per.setdefault(e.name[:40], []).append(t)
+    return {k: round(sorted(v)[len(v) // 2], 3) for k, v in per.items() if len(v) >= calls // 2}
+
+
+def fwht64(x: torch.Tensor) -> torch.Tensor:
+    """H_n x along the last axis in float64 (Sylvester order), by log2(n) butterfly passes."""
+    y = x.double().clone()
+    n = y.shape[-1]
+    h = 1
+    while h < n:
+        y = y.view(*y.shape[:-1], n // (2 * h), 2, h)
+        a, b = y[..., 0, :], y[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).reshape(*x.shape[:-1], n)
+        h *= 2
+    return y
+
+
+def empty_cases(run: Run) -> None:
+    from tilecore.bench.suites.copy import torch_copy
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.zeros(1, device=dev)
+    if dev == "cuda":
+        run.row("empty kernel", graph_us=graph_us(lambda: empty_kernel[(1,)](out)))
+    for nbytes in (2 << 10, 8 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20):
+        if run.left() < 40 or dev != "cuda":
+            break
+        fn = torch_copy(nbytes // 2, torch.bfloat16)()
+        run.row(f"copy {nbytes >> 10} KiB", graph_us=graph_us(fn), kernels=kernel_us(fn))
+
+
+def hadamard_cases(run: Run, smoke: bool) -> None:
+    from tilecore import hadamard_transform
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = [(1, n) for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)] + [(132, 4096), (264, 4096),
+                                                                                     (132, 16384), (264, 16384)]
+    if smoke:
+        sizes = [(1, 256), (3, 64)]
+    for rows, n in sizes:
+        if run.left() < 22 and not smoke:
+            break
+        x = torch.randn(rows, n, device=dev, dtype=torch.bfloat16)
+        scale = n ** -0.5
+        ref = fwht64(x) * scale
+        y = hadamard_transform(x, scale)
+        ok = check(y, ref)
+        if dev != "cuda":
+            run.row(f"hadamard rows {rows} n {n}", **ok)
+            continue
+        sets = [torch.randn(rows, n, device=dev, dtype=torch.bfloat16) for _ in range(max(1, min(64, (200 << 20) // (4 * rows * n))))]
+        it = iter(range(1 << 30))
+        fn = lambda: hadamard_transform(sets[next(it) % len(sets)], scale)  # noqa: E731
+        run.row(f"hadamard rows {rows} n {n}", **ok, graph_us=graph_us(fn), kernels=kernel_us(fn))
+
+
+def decode_cases(run: Run, smoke: bool) -> None:
+    import tilecore
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for nk in ((64,) if smoke else (1024, 4096, 16384)):
+        if run.left() < 8 and not smoke:
+            break
+        g = torch.Generator(device=dev).manual_seed(nk)
+        q = torch.randn(1, 32, 1, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, 8, nk, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        v = torch.randn(1, 8, nk, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        kk, vv = k.double().repeat_interleave(4, dim=1), v.double().repeat_interleave(4, dim=1)
+        s = q.double() @ kk.transpose(-1, -2) / 128 ** 0.5
+        ref = torch.softmax(s, dim=-1) @ vv
+        out = poisoned(q)
+        out.copy_(tilecore.attention(q, k, v))
+        ok = check(out, ref)
+        if dev != "cuda":
+            run.row(f"decode B1 Nk{nk}", **ok)
+            continue
+        nsets = max(1, min(64, (200 << 20) // (2 * 2 * 8 * nk * 128 * 2)))
+        sets = [(q, k.clone().normal_(), v.clone().normal_()) for _ in range(nsets)]
+        it = iter(range(1 << 30))
+
+        def fn():
+            a, b, c = sets[next(it) % len(sets)]
+            return tilecore.attention(a, b, c)
+        run.row(f"decode B1 Nk{nk}", **ok, graph_us=graph_us(fn), kernels=kernel_us(fn))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="CPU / interpreter: the checks on tiny shapes, no timing")
+    ap.add_argument("--deadline", type=float, default=55.0)
+    args = ap.parse_args(argv)
+    run = Run("napkin_small_kernels", deadline=args.deadline)
+    run.say("device", run.meta.get("gpu"))
+    run.attempt("empty and copies", empty_cases, run)
+    run.attempt("hadamard", hadamard_cases, run, args.smoke)
+    run.attempt("decode", decode_cases, run, args.smoke)
+    for r in run.rows:  # the table's kernel column: each kernel's device us, short names
+        r["kern"] = " ".join(f"{k[:14]}={v}" for k, v in (r.get("kernels") or {}).items())[:70]
+    run.finish(["name", "pass", "err_over_floor", "graph_us", "kern"])
+    return 1 if run.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
