@@ -20,14 +20,15 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
 beside the shipped plans of int8 2048-32768 and int4 1024 / 4096, and run 1's flips against the plans before them.
 --set c (batch 3): run 2-3's flips at 2048 / 8192 against the plans before and with INT_BITS; INT_BITS on the Gluon kernels
 (gluon_epilogue._int_bits) at the model widths, int8 / int4. --set d (batch 4): the Gluon int4 INT_BITS after run 4's
-inf-row fix, int8 INT_BITS at 14336 / 11008.
+inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 4-bit formats at 2048 on (2, 16, 64) with
+4 rows a tile, at 8192 on 3 stages, int4 INT_BITS at 2048 / 8192.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -99,6 +100,22 @@ SETS["d"] = {  # session 38, batch 4: the Gluon int4 INT_BITS again after run 4'
     # run 4's int4 checks failed on the inf row only, 1.06-1.10x), int8 at the widths run 4 did not reach
     **{(f, n): [INT_BITS] for f, n in (("int4", 14336), ("int4", 28672), ("int4", 18944), ("int8", 14336),
                                        ("int8", 11008), ("int4", 11008))},
+}
+
+# session 39, batch 1 (helper HE): the 4-bit formats on the tiles that took fp8 / int8 past 90% (plan tunings, no new
+# kernel code). 2048: (2, 16, 64) with 4 rows a tile (1024's tile twice) in place of (2, 32, 32) with 8 rows: sm_90a
+# 255 -> 136-139 registers a thread, 102 -> 42 KB, loop SASS a value mxfp4 22.96 -> 21.75, nvfp4 25.13 -> 23.2, int4
+# 18.97 -> 15.67 (15.25 with INT_BITS; its 12 B of spills gone); 8192 on 3 stages (58 KB: three programs an SM, as int8
+# 8192's 1.16x); int4 8192 INT_BITS (F2I 64 -> 0 a tile); int4 256 (the table's 54.8% is session 26's) with 4 warps.
+B4_16x64 = dict(split=(2, 16, 64), tile_elems=8192)
+SETS["e"] = {
+    ("mxfp4", 2048): [("16x64_b4", B4_16x64)],
+    ("int4", 2048): [("16x64_b4", dict(B4_16x64, perm=True)), ("16x64_b4_ib", dict(B4_16x64, perm=True, int_bits=True))],
+    ("nvfp4", 2048): [("16x64_b4", B4_16x64), ("16x64_b4_pairs", dict(B4_16x64, e2m1_pairs=True))],
+    ("int4", 8192): [INT_BITS, ("s3_ib", dict(num_stages=3, int_bits=True))],
+    ("mxfp4", 8192): [("s3", dict(num_stages=3))],
+    ("nvfp4", 8192): [("s3", dict(num_stages=3))],
+    ("int4", 256): [("w4", dict(num_warps=4))],
 }
 
 
