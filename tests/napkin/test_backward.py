@@ -228,3 +228,19 @@ def test_each_kernel_of_the_run5_backwards():
             assert main == pytest.approx(1.0, abs=0.12), r
         within += abs(r["ms"] * 1e-3 / t.time - 1) <= validate.TOLERANCE
     assert within >= 23   # the two misses: cuDNN D128 and tilecore D64, causal N 512
+
+
+def test_softcap_keeps_the_order_and_pays_its_instructions():
+    # session 38 (notes/attention, HD): the capped softmax under dP's wgmma measured 1.001x the order that waits
+    # for S and dP together, so the cap is not charged for its order: the exponentials stay exposed at the
+    # paper's share; what it costs is its tanh (one SFU instruction) and its instructions on the dS link
+    # (backward.SOFTCAP_LINK_OPS, from the SASS count)
+    assert backward.kernel_for("tilecore", 128, 4096, True, softcap=True) == backward.kernel_for("tilecore", 128, 4096, True)
+    assert backward.SOFTCAP_LINK_OPS == pytest.approx(2 * 360 / 64)
+    gpu = validate.lab_gpu()
+    plain = backward.attention_backward_time(16, 16, 16, 4096, 128, True, gpu, "tilecore")
+    capped = backward.attention_backward_time(16, 16, 16, 4096, 128, True, gpu, "tilecore", softcap=True)
+    assert capped.terms["exp exposed"] == pytest.approx(2 * plain.terms["exp exposed"])  # exp and tanh, same share
+    assert capped.terms["dS link (ALU)"] == pytest.approx(plain.terms["dS link (ALU)"] * (4 + backward.SOFTCAP_LINK_OPS) / 4)
+    # the measured cost of the cap, 1.167-1.186x (session 26's features run; session 38's calls 0.843-0.857x)
+    assert 1.12 < capped.time / plain.time < 1.22

@@ -85,3 +85,17 @@ def test_fused_table_without_runs_uses_the_engine():
     text = rotary.fused_table()
     rows = [ln for ln in text.splitlines() if ln.startswith("| d")]
     assert len(rows) == 4 and all("(engine)" in ln for ln in rows)
+
+
+def test_d64_has_a_tiling_and_an_overhead():
+    # at D64 a cos / sin row is 32 pairs (64 bytes): it coalesces only with two positions a tile, a batch-like
+    # axis the search once kept at one (CapacityError, notes/rotary session 38); the search now tries those
+    # axes' tiles when none fits without them
+    t64 = rotary.standalone_time(16, 4096, 16, 64)
+    t128 = rotary.standalone_time(16, 4096, 16, 128)
+    x_bytes = 2 * 16 * 4096 * 16 * 64 * 2          # x read and written
+    hbm = H100.levels[0].bandwidth
+    assert x_bytes / hbm < t64 < 1.1 * x_bytes / hbm + H100.launch_s
+    assert t128 / t64 == pytest.approx(2.0, rel=0.1)  # twice the bytes
+    p = rotary.fused_overhead(16, 16, 4096, 64, False)
+    assert 0 < p.fraction < 0.1 and p.terms["Q: turned once a tile"] > 0

@@ -58,6 +58,16 @@ from .errors import CapacityError
 from .hardware import get_gpu
 
 DQ_MODES = ("staged", "atomic", "warpgroup", "kernel")
+
+# A softcap's cost on the dS link, in the ALU rate's operations a (query, key) point: its instructions beside
+# the MUFU.TANH, counted in the sm_90a SASS of tilecore's D128 causal fused backward (notes/attention, session 38,
+# HD): +192 FMUL, +64 FADD, +64 HADD2 and the F2FP / FMNMX of the float16 derivative, 3088 -> 3512 instructions
+# in all over 64 points a thread (a consumer's 32 a step, in both copies of the step): 6.6 a point, 5.6 of them
+# on the FP32 and half pipes. The ALU rate counts an FMA as two operations and these are single-lane operations
+# (FMUL, FADD, a conversion), so each is two of the rate's: 11.2. Measured cost of the cap: 1.167-1.186x the
+# plain causal backward (features run, session 26; HD's calls, session 38), where the softmax's order (under dP
+# or after it) made no difference (1.001x: notes/attention/runs/issue35_bwd1_run1_session38_h100.txt)
+SOFTCAP_LINK_OPS = 2 * (3512 - 3088 - 64) / 64
 SCHEDULES = ("lockstep", "serial")
 
 
@@ -155,10 +165,9 @@ def kernel_for(impl: str, d: int, seq: int, causal: bool, softcap: bool = False)
     """The implementation named by a bench row's series: tilecore, cudnn, flash, flex."""
     impl = impl.lower()
     if impl == "tilecore":
-        k = tilecore_kernel(d, seq, causal)
-        # with a softcap the Gluon backward waits for S and dP together, then runs the softmax
-        # (its tanh by tanh.approx.f32: one SFU instruction)
-        return dataclasses.replace(k, softmax_under_dp=False) if softcap else k
+        # a softcap keeps the step's order (the softmax under dP: the order measured the same, 1.001x:
+        # SOFTCAP_LINK_OPS's source); its tanh by tanh.approx.f32, one SFU instruction
+        return tilecore_kernel(d, seq, causal)
     if impl in ("cudnn", "wgmma", "fa3"):
         return CUDNN
     if impl in ("flash", "fa2"):
@@ -394,7 +403,7 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
     t_mma = r.times["tensor"] * density - (0.0 if fused_dq else t_dq_mma)   # without dQ: four MMAs here
     t_exp = r.times["sfu"] * sfu_a_point * density
     # dS: 2 ops; P and dS converted: 1 op each; a cap's derivative 3
-    t_ds = points * (4 + (3 if softcap else 0)) / alu * density
+    t_ds = points * (4 + (SOFTCAP_LINK_OPS if softcap else 0)) / alu * density
     # dS goes through SMEM for the dQ MMA (without dQ in the kernel it stays in registers); FA2's P too
     staged = len(kernel.smem_operands) if fused_dq else len([o for o in kernel.smem_operands if o != "dS"])
     t_stage = points * 2 * staged / smem_bw * density
@@ -449,7 +458,7 @@ def attention_backward_time(batch, heads, kv_heads, seq, d, causal, gpu="h100", 
         rq = _relabel(dq_diagram(batch, heads, kv_heads, seq, d, causal), gpu, dparts, dq_kernel)
         q_points = rq.work[("sfu", "fp32")]
         q_busy = q_points / gpu.rate("sfu", "fp32") / rq.times["sfu"]
-        q_alu = q_points * (4 + (3 if softcap else 0)) / (gpu.rate("alu", "fp32") * q_busy)
+        q_alu = q_points * (4 + (SOFTCAP_LINK_OPS if softcap else 0)) / (gpu.rate("alu", "fp32") * q_busy)
         q_sfu = rq.times["sfu"] * sfu_a_point
         if kernel.schedule == "serial":   # the same launch's dQ programs (FlexAttention): units add
             q_compute = rq.times["tensor"] + q_sfu + q_alu

@@ -545,9 +545,9 @@ def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sf
              and a not in diagram.reduced_axes()]
     inner_batch = batch[-1:]  # the others stay group(1)
     search_axes = [a for a in axes if a not in batch]
-    for a in batch:
-        if a not in inner_batch:
-            cands[a] = [group(1)]
+    outer = {a: cands[a] for a in batch if a not in inner_batch}
+    for a in outer:
+        cands[a] = [group(1)]
 
     def try_all(fixed: dict, free: list):
         nonlocal best, first_error
@@ -578,6 +578,9 @@ def derive(diagram: Diagram, gpu="h100", time_model: str = "overlap", exposed_sf
         try_all({**fixed, **default}, search_axes)
     if best is None and inner_batch:  # none of the three sample tiles fits: try every one
         try_all(fixed, search_axes + inner_batch)
+    if best is None and outer:  # nor with the outer batch axes at one: their tiles too (rotary at D64: a 64-byte
+        cands.update(outer)       # cos row coalesces only with two positions a tile)
+        try_all({}, search_axes + batch)
     if best is not None and inner_batch:
         fixed = {a: p for a, p in best.parts.items() if a not in inner_batch}
         try_all(fixed, inner_batch)
