@@ -136,3 +136,81 @@ def test_fft_conv_recipe_pads_by_cat_to_the_same_spectrum(monkeypatch, k_dtype):
         fft_op.fft_conv(u, spectrum)
     assert next(iter(fft_op._GLUON_CONVS._data.values()))[0].zeros is None
     clear()
+
+
+# ---- layer_norm's recorded recipe (norm op.RECORDED_RECIPES: _RecordedFunction over the key's NormForward; tl
+# kernels, so under Triton's interpreter bit for bit against the general path's Function)
+
+NORM_CASES = {  # name: (x's shape, rms, weight, bias, residual dtype or None, dropout_p, prenorm, loss uses h)
+    "ln": ((6, 32), False, True, True, None, 0.0, False, False),
+    "rms": ((6, 32), True, True, False, None, 0.0, False, False),
+    "rms 3-D no weight": ((2, 3, 32), True, False, False, None, 0.0, False, False),
+    "prenorm residual, h used": ((2, 3, 32), True, True, False, torch.float16, 0.0, True, True),
+    "prenorm residual, h unused": ((6, 32), False, True, True, torch.float16, 0.0, True, False),
+    "prenorm without residual": ((2, 3, 32), True, True, False, None, 0.0, True, True),
+    "float32 residual": ((6, 32), True, True, False, torch.float32, 0.0, False, False),
+    "dropout, prenorm": ((2, 3, 32), False, True, True, torch.float16, 0.25, True, True),
+    "create_graph": ((6, 32), True, True, False, torch.float16, 0.0, True, True),
+}
+
+
+def _norm_caches():
+    from tilecore.ops.norm import launch as norm_launch, op as norm_op
+    return (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS)
+
+
+@pytest.mark.parametrize("case", list(NORM_CASES))
+def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case):
+    """Four recorded-gradient calls of one key with the recipe on (the first general, keeping the NormForward; the rest
+    through _RecordedFunction) against the same calls with it off (the general path's Function over NormForward.outputs)
+    and unkeyed: y, h and every gradient the same bits, the same dtypes and shapes; the recipe's outputs' grad_fn is
+    its own; the backward's launch keys are those eager.backward_key gives (kept while dy's layout repeats)."""
+    from tilecore.ops.norm import op as norm_op
+    from tilecore.tiles import eager
+
+    shape, rms, has_w, has_b, res_dtype, p, prenorm, use_h = NORM_CASES[case]
+    n = shape[-1]
+    torch.manual_seed(11)
+    xs = [torch.randn(shape, dtype=torch.float16) for _ in range(4)]
+    w = torch.randn(n, dtype=torch.float16) if has_w else None
+    b = torch.randn(n, dtype=torch.float16) if has_b else None
+    res = torch.randn(shape, dtype=res_dtype) if res_dtype is not None else None
+    gy, gh = torch.randn(shape, dtype=torch.float16), torch.randn(shape, dtype=res_dtype or torch.float16)
+    served, backward_keys = [], []
+    forward, backward_key = norm_op._Recorded.backward_key, eager.backward_key
+    monkeypatch.setattr(norm_op._Recorded, "backward_key",
+                        lambda self, dy, dh: backward_keys.append((forward(self, dy, dh), backward_key(self, dy, dh)))
+                        or backward_keys[-1][0])
+    monkeypatch.setattr(eager, "signature", _signature)
+
+    def calls(on: bool, sig):
+        monkeypatch.setattr(norm_op, "signature", sig)
+        for cache in _norm_caches():
+            cache.clear()
+        outs = []
+        with patched(norm_op, RECORDED_RECIPES=on):
+            for i, x in enumerate(xs):
+                leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b, res)]
+                torch.manual_seed(100 + i)  # (the dropout seed: the same draw every way)
+                out = norm_op.layer_norm(leaves[0], leaves[1], leaves[2], residual=leaves[3], rms=rms, dropout_p=p,
+                                         prenorm=prenorm)
+                y, h = out if prenorm else (out, None)
+                if type(y.grad_fn).__name__ == "_RecordedFunctionBackward":
+                    served.append(i)
+                loss = (y.float() * gy).sum() + ((h.float() * gh).sum() if use_h else 0)
+                loss.backward(create_graph=case == "create_graph")
+                outs += [y.detach(), None if h is None else h.detach()]
+                outs += [None if t is None else t.grad.detach() for t in leaves]
+        return outs
+
+    recipe = calls(True, _signature)
+    assert served == list(range(1, len(xs)))  # (every call after the key's first)
+    assert len(backward_keys) == len(xs) - 1 and all(kept == fresh and kept is not None for kept, fresh in backward_keys)
+    for other in (calls(False, _signature), calls(True, lambda *items: None)):
+        assert served == list(range(1, len(xs)))  # (neither the switch off nor an unkeyed call reaches the recipe)
+        for a, c in zip(recipe, other):
+            assert (a is None) == (c is None)
+            if a is not None:
+                assert a.shape == c.shape and a.dtype == c.dtype and torch.equal(a, c)
+    for cache in _norm_caches():
+        cache.clear()

@@ -97,7 +97,7 @@ class NormForward:
     (the CPU path, no rows, a copy)."""
 
     __slots__ = ("stats", "forward", "shape", "rows", "dtype", "h_dtype", "device", "rms", "store_h", "stats_tail",
-                 "forward_tail")
+                 "forward_tail", "recorded")
 
     @classmethod
     def of(cls, plan: Plan, x, x2, residual, res2, weight, bias, seed, p: float, eps: float, rms: bool,
@@ -117,32 +117,27 @@ class NormForward:
         self.stats_tail = (rows, n, x2.stride(0), _stride(res2), eps, threshold, scale)
         # (y's and h's row strides: n, as the general path's (rows, n) outputs have them)
         self.forward_tail = (rows, n, x2.stride(0), _stride(res2), n, n if store_h else 0, eps, threshold, scale)
+        self.recorded = None  # (op.py's recipe of this key's calls recording a gradient, made at the first such call)
         return self
 
     def __call__(self, x, weight, bias, residual, seed):
         """(y, h or None) in x's shape."""
-        device = self.device
-        y = torch.empty(self.shape, dtype=self.dtype, device=device)
-        h = torch.empty(self.shape, dtype=self.h_dtype, device=device) if self.store_h else None
-        mean = None if self.rms else torch.empty(self.rows, dtype=torch.float32, device=device)
-        rstd = torch.empty(self.rows, dtype=torch.float32, device=device)
+        y, h, _, _ = self.outputs(x, weight, bias, residual, seed)
+        return y, h
+
+    def outputs(self, x, weight, bias, residual, seed):
+        """forward(...)'s (y, h, mean, rstd) for x and the residual as the caller gave them or as the (rows, n)
+        matrices op._rows made of them (the same memory): y and h in x's shape; None for h where it is not stored and
+        for RMSNorm's mean, where forward makes them empty (two allocations fewer, and two outputs fewer for autograd
+        to wrap: issue 31's host time). Allocated by ``new_empty`` (x's device: ~1 us under torch.empty's with
+        device= on the H100's host)."""
+        y = x.new_empty(x.shape)
+        h = x.new_empty(x.shape, dtype=self.h_dtype) if self.store_h else None
+        mean = None if self.rms else x.new_empty(self.rows, dtype=torch.float32)
+        rstd = x.new_empty(self.rows, dtype=torch.float32)
         if self.stats is not None:
             self.stats((x, residual, mean, rstd, seed, *self.stats_tail))
         self.forward((x, residual, weight, bias, y, h, mean, rstd, seed, *self.forward_tail))
-        return y, h
-
-    def outputs(self, x2, weight, bias, res2, seed):
-        """forward(...)'s (y, h, mean, rstd) for the (rows, n) matrices op._rows made (the recorded-gradient path,
-        which saves them): y and h (rows, n); None for h where it is not stored and for RMSNorm's mean, where forward
-        makes them empty (two allocations fewer, and two outputs fewer for autograd to wrap: issue 31's host time)."""
-        device, rows = self.device, self.rows
-        y = torch.empty(x2.shape, dtype=self.dtype, device=device)
-        h = torch.empty(x2.shape, dtype=self.h_dtype, device=device) if self.store_h else None
-        mean = None if self.rms else torch.empty(rows, dtype=torch.float32, device=device)
-        rstd = torch.empty(rows, dtype=torch.float32, device=device)
-        if self.stats is not None:
-            self.stats((x2, res2, mean, rstd, seed, *self.stats_tail))
-        self.forward((x2, res2, weight, bias, y, h, mean, rstd, seed, *self.forward_tail))
         return y, h, mean, rstd
 
 

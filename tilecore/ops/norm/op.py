@@ -183,6 +183,98 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
 _LayerNormFunction = eager.eager_autograd("_LayerNormFunction", _forward_impl, _setup_context, _backward)
 
 
+class _Recorded:
+    """A key's eager call recording a gradient, after the key's first call (issue 31's host time): what the general
+    path's Function (_LayerNormFunction over _forward_impl, _setup_context and _backward) reads from its arguments and
+    ctx, fixed by the key and kept: the key's NormForward (its launches), the flags, x's shape and its (rows, n) form,
+    and the backward's launch key for the gradient layout the backward saw last. _RecordedFunction takes x, weight,
+    bias, residual and the seed as the caller gave them (no (rows, n) views: a recipe exists only where op._rows gave
+    views of the same memory) and returns y (and h where it is stored) in x's shape: the same launches, so the same
+    bits, as the general path."""
+
+    __slots__ = ("forward", "key", "shape", "matrix", "dropout_p", "rms", "store_h", "has_residual", "x_dtype",
+                 "h_dtype", "store_dres", "dy_layout")
+
+    def __init__(self, forward: launch.NormForward, key, dropout_p: float, rms: bool, has_residual: bool):
+        self.forward, self.key, self.dropout_p, self.rms = forward, key, dropout_p, rms
+        self.store_h, self.has_residual, self.x_dtype, self.h_dtype = forward.store_h, has_residual, forward.dtype, \
+            forward.h_dtype
+        self.shape, self.matrix = forward.shape, (forward.rows, forward.shape[-1])
+        # (as _backward: dresidual written apart where dropout or the residual's own dtype makes it differ from dx)
+        self.store_dres = has_residual and (dropout_p > 0 or forward.h_dtype != forward.dtype)
+        self.dy_layout = None  # (dy's (rows, n) strides, its backward launch key): the last aligned one
+
+    def backward_key(self, dy, dh_out):
+        """eager.backward_key(ctx, dy, dh_out) of the general path's ctx (launch key: this key): kept for dy's last
+        strides where no dh_out comes (autograd hands dy in y's shape, dtype and device: the strides and the base's
+        alignment are what the backward's signature can still vary in)."""
+        if dh_out is None and type(dy) is torch.Tensor and not dy.data_ptr() & 15:
+            kept = self.dy_layout
+            strides = dy.stride()
+            if kept is not None and kept[0] == strides:
+                return kept[1]
+            key = eager.backward_key(self, dy, None)
+            if key is not None:
+                self.dy_layout = (strides, key)
+            return key
+        return eager.backward_key(self, dy, dh_out)
+
+    @property
+    def launch_key(self):  # (eager.backward_key reads it from a ctx)
+        return self.key
+
+
+class _RecordedFunction(torch.autograd.Function):
+    """_LayerNormFunction for a key with a _Recorded recipe: 6 arguments where the general Function takes 10 (and
+    one more, the key), y (and a stored h) its only outputs where the general one wraps four, the statistics saved
+    as what they are."""
+
+    @staticmethod
+    def forward(ctx, recorded: _Recorded, x, weight, bias, residual, seed):
+        ctx.set_materialize_grads(False)
+        y, h, mean, rstd = recorded.forward.outputs(x, weight, bias, residual, seed)
+        store_h = recorded.store_h
+        # (as _setup_context: h stored (prenorm), the backward reads it and needs neither x nor the residual)
+        ctx.save_for_backward(None if store_h else x, weight, bias, None if store_h else residual, seed, h, mean, rstd)
+        ctx.recorded = recorded
+        return (y, h) if store_h else y
+
+    @staticmethod
+    def backward(ctx, dy, dh_out=None):
+        recorded = ctx.recorded
+        x, weight, bias, residual, seed, h, mean, rstd = ctx.saved_tensors
+        rows, n = recorded.matrix
+        if dy is None:  # only the residual stream was used
+            dy = torch.zeros(recorded.matrix, dtype=recorded.x_dtype, device=rstd.device)
+        dy = _rows(dy, n)
+        dh_out = None if dh_out is None else _rows(dh_out, n)
+        # (the general path's (rows, n) views of the saved tensors: the same memory)
+        x, residual, h = _rows(x, n), _rows(residual, n), _rows(h, n)
+        store_dres = recorded.store_dres
+        dx, dres, dw, db = eager.backward_call(
+            _backward_op, _backward_impl, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out,
+            recorded.dropout_p, recorded.rms, recorded.x_dtype, recorded.h_dtype, store_dres,
+            key=recorded.backward_key(dy, dh_out))
+        shape = recorded.shape
+        if len(shape) != 2:
+            dx = dx.view(shape)
+            dres = dres.view(shape) if store_dres else dres
+        dresidual = (dres if store_dres else dx) if recorded.has_residual else None
+        return None, dx, dw if weight is not None else None, db if bias is not None else None, dresidual, None
+
+
+def _recorded(prepared: launch.NormForward, key, dropout_p: float, rms: bool, has_residual: bool) -> _Recorded:
+    recorded = prepared.recorded
+    if recorded is None:
+        recorded = prepared.recorded = _Recorded(prepared, key, dropout_p, rms, has_residual)
+    return recorded
+
+# an eager call recording a gradient whose key keeps a NormForward goes through _RecordedFunction (issue 31's host
+# time: the general path's checks, (rows, n) views, 10-argument Function and 4 wrapped outputs each call otherwise);
+# the same launches and bits. Read each call (under OP_RECIPES); False: _LayerNormFunction as before
+RECORDED_RECIPES = False
+
+
 # --------------------------------------------------------------------------------------------
 # public functions
 
@@ -225,6 +317,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
             if mode == "direct":
                 y, h = prepared(x, weight, bias, residual, draw_seed(None, x.device) if dropout_p > 0 else None)
                 return (y, h if h is not None else x) if prenorm else y
+            if mode == "autograd" and RECORDED_RECIPES:
+                recorded = prepared.recorded or _recorded(prepared, key, float(dropout_p), bool(rms),
+                                                          residual is not None)
+                out = eager.apply(_RecordedFunction, recorded, x, weight, bias, residual,
+                                  draw_seed(None, x.device) if dropout_p > 0 else None)
+                if not prenorm:
+                    return out
+                return out if recorded.store_h else (out, x)
     dropout_p, eps = _CHECKED.memo(key, lambda: check(x, weight, bias, residual, dropout_p, eps, generator))
     n = x.shape[-1]
     x2, res2 = _rows(x, n), _rows(residual, n)
