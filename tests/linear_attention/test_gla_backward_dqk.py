@@ -436,3 +436,39 @@ def test_dqk_flat_where_configs_and_the_descriptors_allow():
     for case in (dict(D=128, N=1000), dict(D=64, N=200), dict(D=32), dict(D=96), dict(D=128, fused=True),
                  dict(D=128, dqk_flat=0)):
         assert first(**case)[0] == "gla_dqk_kernel", case
+
+
+@pytest.mark.parametrize("N, H, flat, dtype", [(80, 2, 2, F16), (80, 1, 3, F32), (48, 1, 1, F16)])
+def test_dv_flat_by_descriptors(N, H, flat, dtype):
+    """dv_flat (session 39): the dv kernel's common launch by gla_dv_flat_kernel (``flat`` chunks a program, the loads
+    and dv's store by tensor descriptors, P^T made directly), chunks of 16, key blocks of 16 (two a chunk), value
+    blocks of 16 (two), Dk = Dv = 32, N 80 / 48 (groups of 2 / 3 with a partial last one; one chunk a program), 1-2
+    heads. fp16 weak decays with an
+    initial state and a final state's gradient: dv within 2.5x the rounding floor; float32 strong decays with a reset
+    and a -1e30 channel (chunks flagged: the fallback's launch writes their dv again): float32 noise. Every output
+    equals the pointer launch's (dv_flat 0) to rounding."""
+    blocks = dict(BT=16, BKB=16, dqk_VB=16, KD=16, BV=16, dv_BV=16, dv_flat=flat)
+    torch.manual_seed(N + flat)
+    if dtype == F16:
+        q, k, v, g, s0 = make(1, N, H, H, 32, 32, dtype=F16, decay="channel", h0=True)
+        do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
+        _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
+        args, tol = (q, k, v, g, s0, do, dht, st.float()), 2e-3
+        got = run_chunked(*args, **blocks)
+        assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5, accuracy.error_over_floor(got[2], ref[2])
+    else:
+        q, k, v, g, _ = make(1, N, H, H, 32, 32, dtype=F32, decay="channel", strong=True)
+        g[:, N // 2, :, :4] = float("-inf")
+        g[:, 3, :, 5] = -1e30
+        do, dht = torch.randn(v.shape), torch.randn(1, H, 32, 32)
+        _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+        args, tol = (q, k, v, g, None, do, dht, None), 1e-6
+        got = run_chunked(*args, **blocks)
+        assert accuracy.rel_rms(got[2], ref[2]) < 2e-5, accuracy.rel_rms(got[2], ref[2])
+    steps = []
+    kernels_backward_gla_chunked.backward(tl_plan(q, v, g, IDENTITY, 64), do, q, k, v, g, args[4], args[7], dht,
+                                          0.1, steps=steps, **blocks)
+    assert next(s for s in steps if s[0] == "dvw")[1].fn.__name__ == "gla_dv_flat_kernel"
+    base = run_chunked(*args, **dict(blocks, dv_flat=0))
+    for name, x, y in zip(("dq", "dk", "dv", "dg"), got, base):
+        assert accuracy.rel_rms(x, y) < tol, (name, accuracy.rel_rms(x, y))

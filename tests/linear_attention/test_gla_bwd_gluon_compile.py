@@ -58,6 +58,10 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
     assert "FORM" not in _dqk_step(128, dtype=torch.float16, dqk_gluon_form=38)[1]
     for case in (dict(D=128, N=1000), dict(D=32), dict(D=128, dqk_flat=0)):
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
+    # d 32 by a pair of key blocks of 16 (BKB_NARROW: a chunk's 32 channels a tile) where the blocks say so
+    name, kw = _dqk_step(32, BKB=16, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)
+    assert name == "gla_dqk_gluon_kernel" and kw["q_desc"].block_shape == [64, 16], kw
+    assert kw["num_tiles"] == 2 * (256 // 64) and kw["FORM"] == 1538, kw
 
 
 def test_fits_says_why_not():
@@ -67,6 +71,7 @@ def test_fits_says_why_not():
     assert gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 64, 32) is None
     assert "multiple of the chunk" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 100, 64, 32)
     assert "chunk 32" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 32, 32)
+    assert "key block 8" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 64, 8)
     x96 = torch.empty(1, 128, 2, 96, dtype=torch.bfloat16, device=META)
     assert "head dims" in gluon_gla_bwd.fits(x96, x96, x96, g, x96, s, s, 128, 64, 32)
     x32 = x.float()

@@ -59,6 +59,9 @@ CHUNKED = dict(
     # FORM bits); off until an H100 run
     dqk_gluon_probe=0,  # its timing probes only (gradients WRONG): never on
     dqk_gluon_scan=True,  # the Gluon kernel also where FORM 2 does not apply (fp16 inputs: its scans over tokens)
+    dv_flat=0,  # n > 0: the dv kernel's common launch by n chunks a program, loads and store by TMA, P^T made directly
+    # (gla_dv_flat_kernel); off until an H100 run
+    dv_flat_stages=None,  # its num_stages (None: stages)
     dqk_dyn=True,  # the dqk value loop bounded by Dv at run time: a one-block loop is never folded into straight-line
     # code (that build is miscompiled on the H100 at d 64)
 )

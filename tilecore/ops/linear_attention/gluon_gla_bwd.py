@@ -2,7 +2,8 @@
 (tilecore/tiles/gluon/pipeline.py): the loads of the next tile run under the current tile's chain.
 
 The math is kernels_backward_gla_chunked.gla_dqk_flat_kernel's (its ``tl`` twin, tested in the interpreter against
-float64): per (batch * head, chunk c of BT = 64 tokens, key block of BKB = 32 channels), from the states walks' S_c
+float64): per (batch * head, chunk c of BT = 64 tokens, key block of BKB = 32 channels; 16 where Dk is 32, so that a
+tile still holds a pair), from the states walks' S_c
 and dS_c, with G the chunk's cumulative log decay (clamped at -100 a token), m the middle of its span per channel,
 E = e^(G - m), Ei = e^(m - G):
 
@@ -26,7 +27,7 @@ The template's parts:
 
 With two stages the producer loads tile t + 1 while the consumers compute tile t, and the two consumers are two
 chains an SM (the tl kernel's two programs an SM, without its waits on loads). Conditions (``fits``, and the flat
-launch's: Hopper, every view TMA-aligned): N a multiple of BT, Dv = 64 or 128, Dk a multiple of 2 BKB; the launcher
+launch's: Hopper, every view TMA-aligned): N a multiple of BT, Dv = 32, 64 or 128, Dk a multiple of 2 BKB; the launcher
 falls back to the tl kernels elsewhere.
 
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
@@ -45,6 +46,7 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_m
 
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BKB_GLUON = 32  # key channels a consumer
+BKB_NARROW = 16  # ... where Dk is 32: a pair of key blocks of 16 (one chunk's channels a tile)
 FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
 # timing probes (the kernel's PROBE; experiments/linear_attention/gpu_gla_s37.py): each bit leaves a part of a
 # tile's work out, so the time it saves says what the chain spends there. Outputs are WRONG; never in a real launch.
@@ -230,9 +232,10 @@ class GlaDqk:
         L64: gl.constexpr = self.L64
         dtype: gl.constexpr = self.q_desc.dtype
         q_s, k_s, g_s, hs_s, dhs_s = stage.of(cid)
+        NB: gl.constexpr = BT // BKB  # qe_smem's [BT, BKB] buffers a consumer (its [BT, BT] bf16 view of a^T)
         p0 = ctx.out
-        p1 = self.qe_smem.index(2 * cid)
-        p2 = self.qe_smem.index(2 * cid + 1)
+        p1 = self.qe_smem.index(NB * cid)
+        p2 = self.qe_smem.index(NB * cid + 1)
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z32 = gl.zeros([BT, BKB], gl.float32, L32)
         r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
@@ -388,7 +391,7 @@ class GlaDqk:
             gl.thread_barrier()
             tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
         elif self.FORM & DG_LATE:  # through p1, p2 as one float32 [BT, BKB] (the sums have read them)
-            dg_s = self.qe_smem._reinterpret(gl.float32, [2, BT, BKB], self.DG.layout).index(cid)
+            dg_s = self.qe_smem._reinterpret(gl.float32, [NB, BT, BKB], self.DG.layout).index(cid * NB // 2)
             gl.thread_barrier()
             dg_s.store(gl.where(clamped, 0.0, dg))
             fence_async_shared()
@@ -530,8 +533,9 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     L32: gl.constexpr = wgmma_layout(BT, BKB, gl.num_warps())
     A32: gl.constexpr = wgmma_lhs_layout(BT, BKB, gl.num_warps())
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
-    # each consumer's q E (FORM 2: two of its three pieces' buffers; the third, and k Ei, its epilogue buffer)
-    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [4 if FORM & 2 else 2, BT, BKB], q_desc.layout)
+    # each consumer's q E (FORM 2: BT / BKB buffers a consumer, its [BT, BT] view of a^T; the first two its pieces p1,
+    # p2; the third piece, and k Ei, its epilogue buffer)
+    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BT // BKB if FORM & 2 else 2, BT, BKB], q_desc.layout)
     if FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
         TL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         tr = gl.arange(0, BT, layout=gl.SliceLayout(1, TL))
@@ -556,12 +560,12 @@ def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
     """None where the Gluon dq / dk kernel takes these tensors, else why not (the caller has checked that TMA can read
     every view: kernels_backward_gla_chunked._tma_views)."""
     Dk, Dv = q.shape[3], v.shape[3]
-    if BT != BT_GLUON or BKB != BKB_GLUON:
-        return f"chunk {BT} / key block {BKB} (it takes {BT_GLUON} / {BKB_GLUON})"
+    if BT != BT_GLUON or BKB not in (BKB_GLUON, BKB_NARROW):
+        return f"chunk {BT} / key block {BKB} (it takes {BT_GLUON} / {BKB_GLUON} or {BKB_NARROW})"
     if N % BT:
         return f"N {N} not a multiple of the chunk {BT}"
-    if Dv not in (64, 128) or Dk % (2 * BKB):
-        return f"head dims ({Dk}, {Dv}): Dv 64 or 128, Dk a multiple of {2 * BKB}"
+    if Dv not in (32, 64, 128) or Dk % (2 * BKB):
+        return f"head dims ({Dk}, {Dv}): Dv 32, 64 or 128, Dk a multiple of {2 * BKB}"
     if q.dtype not in (torch.bfloat16, torch.float16) or hs.dtype != q.dtype or k.dtype != q.dtype \
             or v.dtype != q.dtype or do.dtype != q.dtype:
         return "q, k, v, do and the states in one 16-bit dtype"
@@ -569,15 +573,15 @@ def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
 
 
 def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages: int = 2, span: float = 64.0,
-                form: int = 0, probe: int = 0):
+                form: int = 0, probe: int = 0, bkb: int = BKB_GLUON):
     """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous; form,
-    probe: the kernel's FORM and PROBE (absent where 0: the launch's keys as before)."""
+    probe: the kernel's FORM and PROBE (absent where 0: the launch's keys as before); bkb: a consumer's key block."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
     B, N, H, Dv = v.shape
     Dk = q.shape[3]
-    BT, BKB = BT_GLUON, BKB_GLUON
+    BT, BKB = BT_GLUON, bkb
     NT = N // BT
     kblocks = Dk // BKB
 
@@ -618,8 +622,10 @@ def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=
     g = torch.empty(B, N, H, D, dtype=g_dtype)
     hs = torch.empty(B, H, NT, D, D, dtype=dtype)
     dg = torch.empty(B, N, H, D, dtype=torch.float32)
-    flag = torch.empty(B * H * NT * (D // BKB_GLUON), dtype=torch.int8)
-    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages, form=form, probe=probe)
+    bkb = BKB_NARROW if D == 32 else BKB_GLUON
+    flag = torch.empty(B * H * NT * (D // bkb), dtype=torch.int8)
+    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages, form=form, probe=probe,
+                                    bkb=bkb)
     compiled = compile_kernel(gla_dqk_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     ptx = compiled.asm["ptx"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tilecore import dispatch
 from tilecore.ops.linear_attention import configs_gla_bwd
@@ -912,6 +913,46 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
 
 
 @triton.jit
+def gla_dv_flat_kernel(Q, K, G, DO, DHS, DV_OUT, N, H, DK, DV, NT, scale, VBLOCKS, GROUPS,
+                       BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, CPP: tl.constexpr,
+                       MMA: tl.constexpr, IEEE: tl.constexpr):
+    """The dv kernel's common launch (gla_dv_kernel WIDE 1 with DVFORM 5's math: every chunk by the factored scores,
+    a flagged chunk's dv written again by the WIDE 2 launch after) with CPP consecutive chunks a program through one
+    loop, every load and dv's store by a tensor descriptor (TMA on the GPU: no pointer tiles, no per-element 64-bit
+    addresses): Q, K, G on their (B N, H Dk) views with blocks [BT, KD], DO and DV_OUT on (B N, H Dv) with [BT, BV],
+    DHS on (B H NT Dk, Dv) with [KD, BV] (the launcher's conditions: Dk = BK a multiple of KD, BV divides Dv, N a
+    multiple of BT). The scores are made transposed, P^T = (k e^(m - G)) (q e^(G - m))^T summed over the key blocks
+    (j <= i kept), so the last product P^T do takes them as its register A operand with no transposition of the
+    [BT, BT] tile. Program (batch * head, group of CPP chunks, value block); grid (B H GROUPS VBLOCKS,), value blocks
+    fastest; the trip count a run-time value."""
+    pid = tl.program_id(0)
+    vblock = pid % VBLOCKS
+    grp = (pid // VBLOCKS) % GROUPS
+    bh = pid // (VBLOCKS * GROUPS)
+    h = bh % H
+    offs_t = tl.arange(0, BT)
+    vcol = h * DV + vblock * BV
+    c_first = grp * CPP
+    for c in range(c_first, tl.minimum(NT, c_first + CPP)):
+        row = (bh // H) * N + c * BT
+        srow = (bh * NT + c) * DK
+        pt = tl.zeros([BT, BT], dtype=tl.float32)
+        dv = tl.zeros([BT, BV], dtype=tl.float32)
+        for c0 in tl.static_range(0, BK, KD):
+            g = G.load([row, h * DK + c0]).to(tl.float32)  # [BT, KD]
+            Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
+            mid = 0.5 * (hi + lo)
+            ks = K.load([row, h * DK + c0]).to(tl.float32) * tl.exp(mid[None, :] - Gc)
+            qs = Q.load([row, h * DK + c0]).to(tl.float32) * tl.exp(Gc - mid[None, :])
+            pt += _dot(ks.to(MMA), tl.trans(qs.to(MMA)), IEEE)
+            dhs = DHS.load([srow + c0, vblock * BV])  # [KD, BV]
+            dv += _dot((ks * tl.exp(G_last - mid)[None, :]).to(MMA), dhs, IEEE)  # (e^(G_last - G) = e^(m - G) e^(G_last - m))
+        pt = tl.where(offs_t[:, None] <= offs_t[None, :], pt * scale, 0.0)
+        dv += _dot(pt.to(MMA), DO.load([row, vcol]).to(MMA), IEEE)
+        DV_OUT.store([row, vcol], dv.to(DV_OUT.dtype))
+
+
+@triton.jit
 def gla_dg_kernel(G, DG, TOT, HT, DHT, sgb, sgn, sgh, sgd, sub, suh, suf, suv, stb, sth, stf, stv, N, H, DK, DV, NT,
                   BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, HAS_HT: tl.constexpr):
     """Program (batch * head, key block): dg = DG (each chunk's own reverse sum) + the later chunks' totals, from
@@ -1115,12 +1156,10 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 grid, gargs, warps = gluon_gla_bwd.launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale,
                                                                stages=gluon_stages,
                                                                span=8.0 if mma == tl.float16 else 64.0,
-                                                               form=gluon_form, probe=cfg["dqk_gluon_probe"])
+                                                               form=gluon_form, probe=cfg["dqk_gluon_probe"], bkb=BKB)
                 calls.append(("dqk0w", gluon_gla_bwd.gla_dqk_gluon_kernel, grid, (), dict(gargs, num_warps=warps)))
                 continue
             if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
-                from triton.tools.tensor_descriptor import TensorDescriptor
-
                 def desc(t, rows, cols):
                     t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
                     return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
@@ -1150,8 +1189,26 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}),
                      **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}))))
+        # dv_flat: the dv kernel's common launch (every chunk by the factored scores, dv_form 5) by chunks a program,
+        # its loads and store by descriptors, where the views allow it (as dqk_flat's, and Dk = BK a multiple of KD)
+        dv_flat = cfg["dv_flat"] if (cfg["wide_apart"] and cfg["dv_wide_apart"] and cfg["dv_form"] & 5 == 5
+                                     and not g_pre and Dv == BVF and Dv % dv_BV == 0 and Dk == BK and Dk % KD == 0
+                                     and N % BT == 0 and (dispatch.is_hopper(dev) or dispatch.interpreted(dev))
+                                     and _tma_views((q, k, g, do, dhs, dv))) else 0
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
+            if dv_flat and wide == 1:
+                def vdesc(t, rows, cols):
+                    t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
+                    return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
+
+                groups = -(-NT // dv_flat)
+                calls.append(("dvw", gla_dv_flat_kernel, (B * H * groups * dv_blocks,), (
+                    vdesc(q, BT, KD), vdesc(k, BT, KD), vdesc(g, BT, KD), vdesc(do, BT, dv_BV), vdesc(dhs, KD, dv_BV),
+                    vdesc(dv, BT, dv_BV), N, H, Dk, Dv, NT, scale, dv_blocks, groups),
+                    dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, CPP=dv_flat, MMA=mma, IEEE=ieee, num_warps=cfg["dv_warps"],
+                         num_stages=cfg["dv_flat_stages"] or cfg["stages"])))
+                continue
             calls.append((f"dv{'w' * wide}", gla_dv_kernel, (B * H * NT * dv_blocks,), (
                 q, k, g, do, dhs, dv, *q.stride(), *k.stride(), *g_strides, *do.stride(), N, H, Dk, Dv, NT, scale,
                 dv_blocks), dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, MMA=mma, IEEE=ieee, WIDE=wide, FLAG=flag,

@@ -1,0 +1,230 @@
+"""GLA backward, session 39 (HA, issue 33): the dv kernel by descriptors (CHUNKED dv_flat: gla_dv_flat_kernel, chunks
+a program, every load and dv's store by TMA, P^T made directly so P^T do takes it as its register operand) against
+configs' dv kernel (pointer loads, P transposed) at d 128 / 64 / 32, and d 32's dq / dk kernel: configs' common tl
+launch (46% of its bound in session 37) against the Gluon kernel with a pair of key blocks of 16 (gluon_gla_bwd
+BKB_NARROW: one chunk's 32 channels a tile) and the flat tl launch. Each variant is checked against float64 ON THE GPU
+first (a gated backward can be miscompiled on Hopper: FLA's issue 640), then its kernel timed alone (< 60 s on an H100).
+
+Checks (gpu_gla_s38's): bf16 B2 N1024 H16, an initial state and a final state's gradient, weak decays -U(0, 0.3) and
+strong ones -U(0, 6) with a reset mid-chunk (flagged blocks the fallback launches rewrite); outputs NaN-poisoned; dq /
+dk / dv as multiples of the bf16 rounding floor (<= 2.5), dg / dh0 relative (< 0.05 / 0.01). The float64 references
+are made once a head dim by the main process while one worker a variant compiles and checks its backward. Timing at
+B16 H16 N4096 in the main process: the variant's kernel (the dv common launch "dvw" or the dq / dk one "dqk0w") in
+three interleaved rounds, do_bench medians and CUDA-graph medians (GPU time: other lanes' host work does not enter),
+against its HBM bound at this run's copy bandwidth (the kernel's compulsory bytes: gpu_gla_s37.dqk_bytes, dv_bytes).
+
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s39.py [--batch a] [--variants "d128 dv configs,..."]
+        [--smoke]
+JSON to $OUT/gla_s39<batch>.json (rewritten after each row); the table last. ``--smoke``: the checks on the CPU (the
+interpreter runs the tl kernels, the dv_flat one included; the Gluon forms are not taken there), tiny shapes, no timing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from experiments.common.gpu_script import Run, check, eager_ms, poisoned, time_rounds  # noqa: E402
+from experiments.linear_attention.gpu_gla_s37 import (backward, dqk_bytes, load_reference, make, ref_path,  # noqa: E402
+                                                      warm)
+
+SMOKE = "--smoke" in sys.argv
+DEV = "cpu" if SMOKE else "cuda"
+BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "a"
+WARM_DEADLINE = 20.0  # the shared kernels' compile: the variants start then at the latest
+WORKER_DEADLINE = 900.0 if SMOKE else 40.0  # a worker still compiling then is killed (its row says so)
+TIME_DEADLINE = 56.0  # no timing round starts past it
+CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
+TIME_SHAPE = (16, 4096, 16)
+CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
+D32_GLUON = dict(BKB=16, dqk_flat=2, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538)  # (the Gluon kernel's route)
+
+# name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one)
+BATCHES = {
+    "a": {
+        "d128 dv configs": (128, {}, "dvw"),
+        "d128 dv flat1 st1": (128, dict(dv_flat=1, dv_flat_stages=1), "dvw"),
+        "d128 dv flat2 st2": (128, dict(dv_flat=2, dv_flat_stages=2), "dvw"),
+        "d64 dv configs": (64, {}, "dvw"),
+        "d64 dv flat1 st1": (64, dict(dv_flat=1, dv_flat_stages=1), "dvw"),
+        "d64 dv flat4 st3": (64, dict(dv_flat=4, dv_flat_stages=3), "dvw"),
+        "d32 dqk configs": (32, {}, "dqk0w"),
+        "d32 dqk gluon16": (32, D32_GLUON, "dqk0w"),
+        "d32 dqk gluon16 st3": (32, dict(D32_GLUON, dqk_gluon=3), "dqk0w"),
+        "d32 dqk flat2": (32, dict(dqk_flat=2, dqk_flat_stages=3), "dqk0w"),
+        "d32 dv configs": (32, {}, "dvw"),
+        "d32 dv flat4 st3": (32, dict(dv_flat=4, dv_flat_stages=3), "dvw"),
+    },
+}
+VARIANTS = BATCHES[BATCH]
+if "--variants" in sys.argv:
+    keep = sys.argv[sys.argv.index("--variants") + 1].split(",")
+    VARIANTS = {k: v for k, v in VARIANTS.items() if k in keep}
+
+
+def dv_bytes(B, N, H, Dk, Dv, BT=64, elt=2) -> int:
+    """The dv kernel's compulsory HBM bytes: q, k (elt), g (float32), do (elt), dS_c (elt) read once; dv (elt)
+    written."""
+    NT = -(-N // BT)
+    return B * N * H * (2 * Dk * elt + Dk * 4 + 2 * Dv * elt) + B * H * NT * Dk * Dv * elt
+
+
+def step_of(t, ht, over, name: str):
+    """The launch ``name`` of the variant's backward: (kernel's name, a callable running it alone)."""
+    steps = []
+    backward(t, ht, over, steps=steps)
+    s = next(s for s in steps if s[0] == name)
+    kernel = getattr(s[1], "__name__", None) or s[1].fn.__name__
+    return kernel, (lambda: s[1][s[2]](*s[3], **s[4]))
+
+
+def check_variant(name: str) -> dict:
+    """The variant's backward against float64 on both cases (its own process)."""
+    from tilecore import accuracy
+    from tilecore.ops.linear_attention import linear_attention_reference
+
+    D, over, which = VARIANTS[name]
+    row = dict(variant=name)
+    for case, kw in CASES.items():
+        t = make(*CHECK_SHAPE, D, **kw)
+        if SMOKE:
+            leaves = [t[n].detach().double().requires_grad_() for n in ("q", "k", "v", "g", "h0")]
+            o, st = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=D ** -0.5, initial_state=leaves[4])
+            ref = torch.autograd.grad((o * t["do"].double()).sum() + (st * t["dht"].double()).sum(), leaves)
+            st = st.detach().float()
+        else:
+            backward(t, t["h0"], over)  # (compiled while the main process makes the references)
+            torch.cuda.synchronize()
+            ref, st = load_reference(D, case)
+        out = dict(dq=poisoned(t["q"]), dk=poisoned(t["k"]), dv=poisoned(t["v"]), dg=poisoned(t["g"].float()),
+                   dh0=poisoned(t["h0"]))
+        got = backward(t, st, over, out=out)
+        if not SMOKE:
+            torch.cuda.synchronize()
+        got = [got[i] for i in (0, 1, 2, 3, 5)]
+        live = t["g"] >= -100  # (dg where the floor clamped g is 0 by definition)
+        res = {nm: check(x, r) for nm, x, r in zip(("dq", "dk", "dv"), got[:3], ref[:3])}
+        cell = {nm: res[nm]["err_over_floor"] for nm in res}
+        cell["dg"] = round(accuracy.rel_rms(got[3][live], ref[3][live]), 5)
+        cell["dh0"] = round(accuracy.rel_rms(got[4], ref[4]), 6)
+        finite = bool(torch.isfinite(got[3]).all() and torch.isfinite(got[4]).all())
+        cell["pass"] = all(r["pass"] for r in res.values()) and finite and cell["dg"] < 0.05 and cell["dh0"] < 0.01
+        row[case] = cell
+    row["kernel"] = step_of(t, st, over, which)[0]
+    row["pass"] = all(row[c]["pass"] for c in CASES)
+    return row
+
+
+def timing(run: Run, rows: dict) -> None:
+    """Each passing variant's kernel alone (interleaved rounds, eager and graph medians), a head dim at a time; the
+    composed backward once (eager, disturbed by the other lanes: a guide only)."""
+    B, N, H = TIME_SHAPE
+    x = torch.empty(2 ** 29, dtype=torch.bfloat16, device=DEV)
+    y = torch.empty_like(x)
+    copy = 2 * x.numel() * 2 / eager_ms(lambda: y.copy_(x)) / 1e6  # GB/s, read + write
+    x = y = None  # (freed)
+    run.extra["copy_GBps"] = round(copy, 1)
+    for D in dict.fromkeys(d for d, _, _ in VARIANTS.values()):
+        names = [n for n, (d, _, _) in VARIANTS.items() if d == D and rows.get(n, {}).get("pass")]
+        if not names or run.left() <= 0:
+            continue
+        torch.cuda.empty_cache()
+        t = make(B, N, H, D, decay=0.3, reset=False, seed=0)
+        ht = torch.randn(B, H, D, D, device=DEV)
+        fns = {}
+        for name in names:
+            _, over, which = VARIANTS[name]
+            rows[name]["bound_ms"] = round((dv_bytes if which == "dvw" else dqk_bytes)(B, N, H, D, D) / copy / 1e6, 4)
+            fns[name] = step_of(t, ht, over, which)[1]
+            fns[name]()  # (compiled at this shape's specialization, if it differs)
+        torch.cuda.synchronize()
+        times = time_rounds(fns, rounds=3, graph=True, deadline=run)
+        for name in names:
+            r = rows[name]
+            r.update(ms=times.get(f"{name}_ms"), graph_ms=times.get(f"{name}_graph_ms"),
+                     rounds=times.get(f"{name}_rounds"))
+            best = r["graph_ms"] or r["ms"]
+            r["pct"] = round(100 * r["bound_ms"] / best, 1) if best else None
+            over = VARIANTS[name][1]
+            r["bwd_ms"] = round(eager_ms(lambda: backward(t, ht, over), warmup=3, rep=20), 4) if run.left() > 4 else None
+            run.say(json.dumps(dict(variant=name, ms=r["ms"], graph_ms=r["graph_ms"], pct=r["pct"], bwd_ms=r["bwd_ms"])))
+        t = ht = None  # (freed before the next head dim's inputs)
+
+
+def main():
+    if "--one" in sys.argv:
+        print("ROW " + json.dumps(check_variant(sys.argv[sys.argv.index("--one") + 1])), flush=True)
+        return
+    if "--warm" in sys.argv:  # (gpu_gla_s37's: configs' backward at the check shape)
+        warm(int(sys.argv[sys.argv.index("--warm") + 1]))
+        return
+    run = Run(f"gla_s39{BATCH}", deadline=TIME_DEADLINE)
+    run.extra.update(check_shape=CHECK_SHAPE, time_shape=TIME_SHAPE, variants={k: v[1:] for k, v in VARIANTS.items()})
+    os.environ["HA_REFS"] = tempfile.mkdtemp()  # (the workers inherit it)
+
+    def spawn(*args):
+        return subprocess.Popen([sys.executable, __file__, *args] + ["--smoke"] * SMOKE
+                                + ["--batch", BATCH, "--variants", ",".join(VARIANTS)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    dims = list(dict.fromkeys(d for d, _, _ in VARIANTS.values()))
+    procs = {}
+    if SMOKE:
+        procs = {n: spawn("--one", n) for n in VARIANTS}
+    else:
+        warmers = {D: spawn("--warm", str(D)) for D in dims}
+        # the variants whose blocks differ from configs' (nothing of the warm-up's to wait for) from the start
+        apart = [n for n, (_, o, _) in VARIANTS.items() if "BKB" in o]
+        procs.update({n: spawn("--one", n) for n in apart})
+        for D in dims:  # the references meanwhile (written once, read by every variant of the head dim)
+            for case in CASES:
+                from experiments.linear_attention.gpu_gla_s37 import reference as make_reference
+
+                make_reference(D, case, ref_path(D, case).with_suffix(".tmp"))
+                ref_path(D, case).with_suffix(".tmp").rename(ref_path(D, case))
+                ref_path(D, case).with_suffix(".done").touch()
+            torch.cuda.empty_cache()
+            run.say(f"d{D} references")
+        for D in dims:
+            try:
+                warmers[D].communicate(timeout=max(1.0, WARM_DEADLINE - run.elapsed()))
+            except subprocess.TimeoutExpired:
+                pass  # (the variants compile what is left)
+            run.say(f"d{D} warm")
+            procs.update({n: spawn("--one", n) for n, (d, _, _) in VARIANTS.items() if d == D and n not in apart})
+    rows = {}
+    for n, p in procs.items():
+        try:
+            out, err = p.communicate(timeout=max(1.0, WORKER_DEADLINE - run.elapsed()))
+            got = [ln[4:] for ln in out.splitlines() if ln.startswith("ROW ")]
+            rows[n] = json.loads(got[0]) if got else dict(variant=n, error=(err.strip().splitlines() or ["?"])[-1][:200])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rows[n] = dict(variant=n, error=f"killed at {WORKER_DEADLINE:.0f} s (compiling)")
+        if "error" in rows[n]:
+            run.errors.append(f"{n}: {rows[n]['error']}")
+        run.say(json.dumps(rows[n])[:400])
+    if not SMOKE:
+        run.attempt("timing", timing, run, rows)
+    for n in VARIANTS:
+        r = rows[n]
+        cells = {c: f"{r[c]['dq']}/{r[c]['dk']}/{r[c]['dv']} {r[c]['dg']}" + ("" if r[c]["pass"] else " FAIL")
+                 for c in CASES if c in r}
+        rnd = (r.get("rounds") or {}).get("graph") or (r.get("rounds") or {}).get("eager") or []
+        run.row(n, pass_=r.get("pass"), weak=cells.get("weak"), strong=cells.get("strong+reset"), ms=r.get("ms"),
+                graph_ms=r.get("graph_ms"), rounds="/".join(f"{x:.4f}" for x in rnd) or None, bound_ms=r.get("bound_ms"),
+                pct=r.get("pct"), bwd_ms=r.get("bwd_ms"), kernel=r.get("kernel"), error=r.get("error"))
+    print(f"\nGLA backward s39 ({run.meta.get('gpu')}; checks bf16 B{CHECK_SHAPE[0]} N{CHECK_SHAPE[1]} H{CHECK_SHAPE[2]}"
+          f" dq/dk/dv x floor, dg rel; times B16 H16 N4096 (graph rounds), copy {run.extra.get('copy_GBps', '-')} GB/s;"
+          " pct of the bound by the graph median)")
+    run.finish(["name", "pass_", "weak", "strong", "ms", "graph_ms", "rounds", "pct", "bwd_ms"])
+
+
+if __name__ == "__main__":
+    main()
