@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -28,7 +28,8 @@ beside the shipped plans of int8 2048-32768 and int4 1024 / 4096, and run 1's fl
 --set c (batch 3): run 2-3's flips at 2048 / 8192 against the plans before and with INT_BITS; INT_BITS on the Gluon kernels
 (gluon_epilogue._int_bits) at the model widths, int8 / int4. --set d (batch 4): the Gluon int4 INT_BITS after run 4's
 inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 4-bit formats at 2048 on (2, 16, 64) with
-4 rows a tile, at 8192 on 3 stages, int4 INT_BITS at 2048 / 8192.
+4 rows a tile, at 8192 on 3 stages, int4 INT_BITS at 2048 / 8192. --set f (batch 2):
+TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -117,6 +118,15 @@ SETS["e"] = {
     ("nvfp4", 8192): [("s3", dict(num_stages=3))],
     ("int4", 256): [("w4", dict(num_warps=4))],
 }
+
+# session 39, batch 2: TRUNC_HI (the second product's hi piece truncated by one prmt a pair, not rounded by cvt.rn.bf16x2:
+# kernels._pairs_dot's TRUNC, MID_PIECES -4, with PAIRS and CLAMP_LO): one conversion a pair instead of two, the loop as
+# long (sm_90a: fp8 16384 convert 192 -> 128 a tile, mxfp4 4096 32 -> 16; INT_BITS' 1.03-1.08x came from the
+# conversion pipe too), beside the shipped plans of the rows under 90%
+TRUNC = ("trunc", dict(trunc_hi=True))
+SETS["f"] = {(f, n): [TRUNC] for f, n in (
+    ("fp8_e4m3", 16384), ("fp8_e4m3", 32768), ("int8", 32768), ("mxfp4", 16384), ("nvfp4", 16384), ("int4", 16384),
+    ("mxfp4", 4096), ("nvfp4", 8192), ("int4", 4096), ("mxfp4", 32768))}
 
 
 def cases(name: str):

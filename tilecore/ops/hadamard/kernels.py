@@ -64,7 +64,7 @@ LO_FLOOR: tl.constexpr = tl.constexpr(-2.0**120)  # _pairs_dot's CLAMP: below an
 
 
 @triton.jit
-def _pairs_dot(a, b, CLAMP: tl.constexpr = False):
+def _pairs_dot(a, b, CLAMP: tl.constexpr = False, TRUNC: tl.constexpr = False):
     """PIECES == -2 (PAIRS): a @ b with float32 ``a`` as two bf16 pieces, dot_split's, hi made a column
     pair at a time by one cvt.rn.bf16x2 and its float32 values by a shift and a mask of that word, in one asm block
     (Triton's a.to(bf16) then hi.to(float32) made ptxas split each pair's conversion into two F2F and a PRMT, then
@@ -72,11 +72,21 @@ def _pairs_dot(a, b, CLAMP: tl.constexpr = False):
     CLAMP (PIECES == -3): lo = max(a - h, -2^120), one max a value instead of a compare and a select: the same lo for
     every finite a (a - h is exact, above -2^119, and +0 where h holds a whole); for a = +-inf, a - h is NaN and the
     max returns -2^120, so the product stays the infinity hi makes it (as the select's lo 0 leaves it); NaN stays
-    NaN through hi (gluon_epilogue.pieces' CLAMP_LO, the same argument)."""
-    hi, h = tl.inline_asm_elementwise(
-        "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, -65536;", "=r,=r,=r,r,r", [a],
-        dtype=(tl.bfloat16, tl.float32), is_pure=True, pack=2)
-    if CLAMP:
+    NaN through hi (gluon_epilogue.pieces' CLAMP_LO, the same argument).
+    TRUNC (PIECES == -4, with CLAMP): hi is a truncated, not rounded: the pair's upper halves by one prmt and h by a
+    mask, no conversion (lo's cvt.rn.bf16x2 is the pair's only one, against two: the conversion pipe runs at an
+    eighth of the FMA pipe's rate). |a - h| < 2^-7 |a| and lo rounds that to 8 bits: hi + lo within 2^-15 |a| (the
+    rounded hi's 2^-17); inf truncates to inf (lo -2^120 by CLAMP), the GPU's NaNs (canonical, high mantissa bits
+    set) to NaN."""
+    if TRUNC:
+        hi, h = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $3, $4, 0x7632; and.b32 $1, $3, -65536; and.b32 $2, $4, -65536;", "=r,=r,=r,r,r", [a],
+            dtype=(tl.bfloat16, tl.float32), is_pure=True, pack=2)
+    else:
+        hi, h = tl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, -65536;", "=r,=r,=r,r,r", [a],
+            dtype=(tl.bfloat16, tl.float32), is_pure=True, pack=2)
+    if CLAMP or TRUNC:
         lo = tl.maximum(a - h, LO_FLOOR).to(tl.bfloat16)  # max.f32: the non-NaN operand where one is NaN
     else:
         lo = tl.where(h == a, 0.0, a - h).to(tl.bfloat16)
@@ -85,14 +95,34 @@ def _pairs_dot(a, b, CLAMP: tl.constexpr = False):
 
 
 @triton.jit
+def _trunc_pieces(a):
+    """_pairs_dot's TRUNC pieces as float32 values, by their bits (the interpreter's bf16 conversion truncates): hi =
+    a with its low 16 bits cleared, lo = a - hi rounded to bf16, half to even (its bits + 0x7FFF + the kept lowest bit,
+    cleared below: a - hi is a finite float32 below 2^120 in magnitude, so no carry reaches the exponent's top); lo
+    0 where a is not finite (hi holds the infinity or NaN: CLAMP's -2^120 times +-1 sums below any infinity)."""
+    bits = a.to(tl.int32, bitcast=True)
+    hi = (bits & -65536).to(tl.float32, bitcast=True)
+    r = tl.where(hi == a, 0.0, a - hi)
+    r = tl.where(r == r, r, 0.0)
+    rb = r.to(tl.int32, bitcast=True)
+    lo = ((rb + 0x7FFF + ((rb >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return hi, lo
+
+
+@triton.jit
 def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: tl.constexpr):
     """tiles.hadamard.dot_split(a, b, ...): a @ b with the float32 operand cut into PIECES pieces of
     PIECE_DTYPE; in the interpreter the same pieces, each multiplied in float32 (see _INTERPRETED). PIECES == -2:
     two bf16 pieces of ``a`` (SPLIT_A) by _pairs_dot on the GPU, as 2 in the interpreter; -3: the same with its
-    CLAMP (the same pieces: as 2 in the interpreter, whose max would not drop a NaN as the GPU's does)."""
+    CLAMP (the same pieces: as 2 in the interpreter, whose max would not drop a NaN as the GPU's does); -4: its TRUNC
+    (hi truncated, lo rounded to nearest even: in the interpreter both by their bits, _trunc_pieces)."""
     if PIECES < 0:
         tl.static_assert(SPLIT_A, "PAIRS: the split operand is a")
-    if _INTERPRETED:
+    if _INTERPRETED and PIECES == -4:
+        hi, lo = _trunc_pieces(a)
+        other = b.to(tl.float32)
+        acc = tl.dot(lo, other, tl.dot(hi, other, out_dtype=tl.float32))
+    elif _INTERPRETED:
         if SPLIT_A:
             rest = a
             other = b.to(tl.float32)
@@ -112,7 +142,7 @@ def _split_dot(a, b, SPLIT_A: tl.constexpr, PIECES: tl.constexpr, PIECE_DTYPE: t
             else:
                 acc = tl.dot(other, piece, acc)
     elif PIECES < 0:
-        acc = _pairs_dot(a, b, PIECES == -3)
+        acc = _pairs_dot(a, b, PIECES <= -3, PIECES == -4)
     else:
         acc = dot_split(a, b, SPLIT_A, PIECES, PIECE_DTYPE)
     return acc

@@ -434,7 +434,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     return QuantizePlan("pow2", grid=(grid,), rscale=n**-0.5, config=dict(
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
         # -2: two pieces, hi a column pair at a time (PAIRS: kernels._pairs_dot; configs.QUANT_POW2_PAIRS); -3: with
-        # lo by one max (its CLAMP; configs.QUANT_POW2_CLAMP_LO)
+        # lo by one max (its CLAMP; configs.QUANT_POW2_CLAMP_LO); -4: hi truncated (its TRUNC; QUANT_POW2_TRUNC_HI)
         MID_PIECES=3 if fp32 else _pow2_pieces(fmt, n, tuning),
         MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
@@ -472,7 +472,10 @@ def _pow2_int_bits(fmt, n, tuning) -> dict:
 
 
 def _pow2_pieces(fmt, n, tuning) -> int:
-    """The pow2 kernel's MID_PIECES for 16-bit inputs: 2, -2 with PAIRS, -3 with PAIRS and the clamped lo."""
+    """The pow2 kernel's MID_PIECES for 16-bit inputs: 2, -2 with PAIRS, -3 with PAIRS and the clamped lo, -4 with
+    those and hi truncated (TRUNC_HI: tuning "trunc_hi" or configs.QUANT_POW2_TRUNC_HI; kernels._pairs_dot)."""
+    if tuning.get("trunc_hi", _by_format(configs.QUANT_POW2_TRUNC_HI, fmt, n, False)):
+        return -4
     if not tuning.get("pairs", _by_format(configs.QUANT_POW2_PAIRS, fmt, n, False)):
         return 2
     return -3 if tuning.get("clamp_lo", _by_format(configs.QUANT_POW2_CLAMP_LO, fmt, n, False)) else -2
