@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from tilecore import accuracy
-from tilecore.ops.linear_attention import gluon_forward, mamba2_reference
+from tilecore.ops.linear_attention import configs, gluon_forward, mamba2_reference
 
 BF = torch.bfloat16
+SHIPPED = configs.GLUON_MAMBA_FORM
+ACC_LATE = int(gluon_forward.ACC_LATE)
 
 
 def bf(x):
@@ -120,19 +122,19 @@ def test_the_transposed_step_is_the_recurrence(a_range, N):
     assert accuracy.rel_rms(st, ref_state) < 2e-2
 
 
-CODE = """
+CODE = r"""
 import json, os, re, subprocess, sys, tempfile
 from tilecore.ops.linear_attention.gluon_forward import compile_report
 from triton.backends.nvidia.compiler import get_ptxas
 out = []
-r = compile_report(sys.argv[1], stages=2, compiled_out=out)
+r = compile_report(sys.argv[1], stages=2, compiled_out=out, form=int(sys.argv[2]))
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "k.cubin")
     open(path, "wb").write(out[0].asm["cubin"])
     sass = subprocess.run([os.path.join(os.path.dirname(get_ptxas(90).path), "cuobjdump"), "-sass", path],
                           capture_output=True, text=True, check=True).stdout
-r["hgmma_64x128"] = len(re.findall(r"HGMMA\\.64x128x16", sass))
-r["hgmma"] = len(re.findall(r"HGMMA\\.", sass))
+r["hgmma_64x128"] = len(re.findall(r"HGMMA\.64x128x16", sass))
+r["hgmma"] = len(re.findall(r"HGMMA\.", sass))
 # the chunk loops: the innermost backward branches around wgmmas; the spill instructions inside them
 code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
 loops = []
@@ -145,7 +147,20 @@ for addr, text in code:
 inner = [(lo, hi) for lo, hi in loops if not any(lo < a and b < hi for a, b in loops if (a, b) != (lo, hi)
                                                   and any("HGMMA" in t for x, t in code if a <= x <= b))]
 r["chunk_loops"] = len(inner)
-r["loop_spill_ins"] = sum(1 for a, t in code for lo, hi in inner if lo <= a <= hi and re.search(r"\b(STL|LDL)\b", t))
+# each consumer's chunk loop: of the inner loops around the same wgmmas, the shortest (a wait's out-of-line branch back
+# makes another, from after the wait on into the tile's tail); per step: instructions, spill loads and stores, and
+# register moves (MOV, IMAD.MOV: the state moved between the update's accumulator and its registers)
+by_mma = {}
+for lo, hi in inner:
+    key = tuple(a for a, t in code if lo <= a <= hi and "HGMMA" in t)
+    if key not in by_mma or hi - lo < by_mma[key][1] - by_mma[key][0]:
+        by_mma[key] = (lo, hi)
+steps = sorted(by_mma.values())
+loop = lambda pat: [sum(1 for a, t in code if lo <= a <= hi and re.search(pat, t)) for lo, hi in steps]
+r["loop_ins"] = loop(r".")
+r["loop_ldl"] = loop(r"\bLDL\b")
+r["loop_stl"] = loop(r"\bSTL\b")
+r["loop_moves"] = loop(r"^\s*(MOV|IMAD\.MOV)\b")
 print(json.dumps(r))
 """
 
@@ -153,19 +168,20 @@ print(json.dumps(r))
 @pytest.fixture(scope="module")
 def mamba_reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    procs = {case: subprocess.Popen([sys.executable, "-c", CODE, case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=env) for case in ("mamba2", "mamba2_states")}
+    runs = {(case, SHIPPED) for case in ("mamba2", "mamba2_states")} | {("mamba2", f) for f in (0, ACC_LATE)}
+    procs = {run: subprocess.Popen([sys.executable, "-c", CODE, run[0], str(run[1])], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env) for run in runs}
     out = {}
-    for case, proc in procs.items():
+    for run, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
-        out[case] = json.loads(stdout.strip().splitlines()[-1])
+        out[run] = json.loads(stdout.strip().splitlines()[-1])
     return out
 
 
 @pytest.mark.parametrize("case", ["mamba2", "mamba2_states"])
 def test_mamba2_kernel_compiles_to_the_transposed_step(mamba_reports, case):
-    r = mamba_reports[case]
+    r = mamba_reports[case, SHIPPED]
     assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], r
     assert r["threads"] == 384 and r["shared"] <= 170 * 1024, r  # no state, wV or beta V buffers: P^T's only
     # a step of each consumer's code (two partitions): K Q^T 8, S^T Q^T 8, P V 4 (64 x 64 x 16) and the update as
@@ -175,4 +191,27 @@ def test_mamba2_kernel_compiles_to_the_transposed_step(mamba_reports, case):
     # h0 and ht in Mamba-2's (b, h, p, s) layout, empty_state's: the feature stride 1, its offsets immediates), none
     # in either consumer's chunk loop
     assert r["spill_bytes"] <= (128 if case == "mamba2" else 256), r
-    assert r["chunk_loops"] >= 2 and r["loop_spill_ins"] == 0, r  # (>= 2: a wait's out-of-line branch back counts)
+    # each consumer's chunk loop: no spill store, at most one reload a step (a loop-invariant scalar)
+    assert len(r["loop_ins"]) == 2 and r["loop_stl"] == [0, 0] and max(r["loop_ldl"]) <= 1, r
+
+
+def test_acc_late_keeps_the_state_in_place(mamba_reports):
+    """ACC_LATE (the update's accumulator 2^(G_last) S^T made after the scores' wait): FORM 0's step moves S^T between
+    registers every chunk (the scores' accumulator takes S^T's registers: ~48 moves a step), ACC_LATE's not; the
+    same spills, fewer instructions a step."""
+    r0, r2 = mamba_reports["mamba2", 0], mamba_reports["mamba2", ACC_LATE]
+    assert not r2["wgmma_serialized"] and r2["spill_bytes"] <= 128 and r2["hgmma"] == r0["hgmma"], r2
+    assert r2["loop_stl"] == [0, 0] and max(r2["loop_ldl"]) <= 1, r2
+    assert min(r0["loop_moves"]) >= 40 and max(r2["loop_moves"]) <= 8, (r0["loop_moves"], r2["loop_moves"])
+    assert all(b < a - 30 for a, b in zip(r0["loop_ins"], r2["loop_ins"])), (r0["loop_ins"], r2["loop_ins"])
+
+
+def test_launch_args_take_the_form_with_beta_only():
+    q, v = torch.empty(1, 128, 1, 128, dtype=BF), torch.empty(1, 128, 2, 64, dtype=BF)
+    G = torch.empty(1, 2, 128)
+    args = gluon_forward.launch_args(q, q, v, G, G, None, None, None, torch.empty_like(v), None, 1.0)[1]
+    assert args["FORM"] == configs.GLUON_MAMBA_FORM
+    assert gluon_forward.launch_args(q, q, v, G, G, None, None, None, torch.empty_like(v), None, 1.0,
+                                     form=ACC_LATE)[1]["FORM"] == ACC_LATE
+    assert gluon_forward.launch_args(q, q, v, G, None, None, None, None, torch.empty_like(v), None, 1.0,
+                                     form=ACC_LATE)[1]["FORM"] == 0  # no beta: the plain step, no forms

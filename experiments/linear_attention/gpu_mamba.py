@@ -1,0 +1,301 @@
+"""Mamba-2's Gluon chunk step on the H100 (gluon_forward.la_fwd_gluon_kernel with beta: the transposed step), one job
+of <= 60 s: float64 checks and CUDA-graph timings on the 2.7B shape (B16 H80 N4096, headdim 64, d_state 128, one
+group, D and z; bf16) without states and with an initial state and the final states, the napkin's HBM bound beside;
+optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
+steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
+
+Variants: the step's FORM bits (gluon_forward: V_ONCE 1, ACC_LATE 2; ``--forms 0,1,2,3``), each launched by
+launch_args's ``form``; the shipped form is configs.GLUON_MAMBA_FORM. Every form is the same arithmetic in another
+order, so its outputs must be form 0's bits: each check's y and final states are hashed and compared.
+
+Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16 rounding
+floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the op's
+(b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
+``--op`` the public mamba2_chunk_scan with that form (tilecore.tiles.switches.patched on configs.GLUON_MAMBA_FORM).
+Timing: the kernel alone on prepared arguments, CUDA-graph medians of interleaved rounds (the order reversed every
+other round), and each form's median of per-round ratios to form 0 (rounds drift by a few % on a shared host).
+
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,2] [--op] [--step]
+
+JSON to $OUT/mamba.json (rewritten each row); a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from experiments.common.gpu_script import Run, check, graph_ms, poisoned, time_rounds  # noqa: E402
+
+SHAPE = (16, 4096, 80)  # B, N, H (headdim 64, d_state 128, one group)
+CASES = ("stateless", "states")
+
+
+def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
+    """The kernel at ``form`` on these inputs (g and beta (B, N, H): prepared here as the library does)."""
+    from tilecore.ops.linear_attention import configs
+    from tilecore.ops.linear_attention import gluon_forward as gf
+
+    G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
+    grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip.float().contiguous(), z, h0, o, ht, scale,
+                                       configs.GLUON_STAGES, form=form)
+    return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+
+
+def mamba_inputs(B, N, H, dtype=torch.bfloat16, a_range=(-8.5, -0.5), seed=5):
+    torch.manual_seed(seed)
+    P, S = 64, 128
+    x = torch.randn(B, N, H, P, device="cuda").to(dtype)
+    dt = torch.nn.functional.softplus(torch.randn(B, N, H, device="cuda") - 2)
+    lo, hi = a_range
+    A = torch.rand(H, device="cuda") * (hi - lo) + lo
+    Bm = (torch.randn(B, N, 1, S, device="cuda") * S ** -0.5).to(dtype)
+    Cm = (torch.randn(B, N, 1, S, device="cuda") * S ** -0.5).to(dtype)
+    D = torch.randn(H, device="cuda")
+    z = torch.randn(B, N, H, P, device="cuda").to(dtype)
+    return x, dt, A, Bm, Cm, D, z
+
+
+def mamba_states(B, H, S, P, fill=None):
+    """A (B, H, S, P) float32 state (the kernel's (F, Dv)) laid out as the op passes it: the transposed view of a
+    contiguous (B, H, P, S) (gluon_forward.empty_state's with beta; notes decision 170)."""
+    t = torch.empty(B, H, P, S, device="cuda").transpose(-1, -2)
+    if fill == "randn":
+        t.copy_(torch.randn(B, H, S, P, device="cuda"))
+    elif fill == "nan":
+        t.fill_(float("nan"))
+    return t
+
+
+def digest(*tensors) -> str:
+    h = hashlib.sha1()
+    for t in tensors:
+        if t is not None:
+            h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
+    from tilecore.ops.linear_attention import mamba2_reference
+
+    x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H, a_range=a_range)
+    P, S = x.shape[-1], Bm.shape[-1]
+    h0 = mamba_states(B, H, S, P, "randn") if states else None
+    ht = mamba_states(B, H, S, P, "nan") if states else None
+    o = poisoned(x)
+    launcher(form, Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
+    torch.cuda.synchronize()
+    ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
+                                      z=z.double(), initial_states=None if h0 is None else h0.transpose(-1, -2).double())
+    row = dict(form=form, case=label, **check(o, ref), bits=digest(o, ht))
+    if states:
+        ref_t = ref_state.transpose(-1, -2)
+        row.update(state_written=bool(torch.isfinite(ht).all()),
+                   state_rel=float((ht.double() - ref_t).norm() / ref_t.norm()))
+    return row
+
+
+def check_op(form: int) -> dict:
+    """The public mamba2_chunk_scan with configs.GLUON_MAMBA_FORM = form (the kernel through the op's keyed launch)
+    against the float64 recurrence: D, z, an initial state and the final states ((b, h, p, s), contiguous), N 1000;
+    a second call's y the same bits."""
+    import tilecore
+    from tilecore.ops.linear_attention import configs, mamba2_reference
+    from tilecore.tiles.switches import patched
+
+    x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, seed=13)
+    h0 = torch.randn(2, 8, 64, 128, device="cuda")
+    with patched(configs, GLUON_MAMBA_FORM=form):
+        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
+    torch.cuda.synchronize()
+    ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
+                                      z=z.double(), initial_states=h0.double())
+    return dict(form=form, case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
+                state_written=bool(torch.isfinite(ht).all()) and ht.is_contiguous(),
+                state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
+                second_call_same=bool(torch.equal(y, y2)))
+
+
+def timed_args(case: str):
+    B, N, H = SHAPE
+    x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H)
+    P, S = x.shape[-1], Bm.shape[-1]
+    h0 = ht = None
+    if case == "states":
+        h0 = mamba_states(B, H, S, P, "randn").mul_(0.1)
+        ht = mamba_states(B, H, S, P)
+    return (Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, torch.empty_like(x), ht, 1.0)
+
+
+def napkin_ms(with_states: bool) -> float:
+    """The napkin's HBM bound of the 2.7B shape (with the initial state read and the final states written, float32:
+    84 MB more)."""
+    from tilecore.napkin import models
+    from tilecore.napkin.engine import derive
+
+    B, N, H = SHAPE
+    r = derive(models.mamba2_ssd(batch=B, heads=H, seq=N, headdim=64, state=128, chunk=64, groups=1, gate=True,
+                                 skip=True), "h100")
+    return 1e3 * (r.compulsory_bytes + with_states * 2 * B * H * 64 * 128 * 4) / r.gpu.levels[0].bandwidth
+
+
+def warm(form: int, op: bool):
+    """In a process of its own: the form's checks, then each timed case's compile."""
+    t0 = time.time()
+    rows = []
+    try:
+        rows.append(check_mamba(form, "D z N 1008", 2, 1008, 8))
+        rows.append(check_mamba(form, "strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
+        if op:
+            rows.append(check_op(form))
+        for case in CASES:
+            launcher(form, *timed_args(case))()
+        torch.cuda.synchronize()
+        return form, None, round(time.time() - t0, 1), rows
+    except Exception as err:  # noqa: BLE001
+        return form, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+
+
+# --------------------------------------------------------------------------------------------
+# the decode step (issue 33's >= 90% of the copy over the state read and written; decision 93): the step kernel at its
+# shipped blocks by CUDA graphs beside a graph-timed copy of the state, checked against the float64 step
+
+
+def step_inputs(seed: int = 1):
+    torch.manual_seed(seed)
+    B, H, P, S, bf = 16, 80, 64, 128, torch.bfloat16
+    dt = torch.nn.functional.softplus(torch.randn(B, H, device="cuda") - 2)
+    A = -torch.rand(H, device="cuda") * 8 - 0.5
+    return dict(C=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf),
+                B=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf), x=torch.randn(B, H, P, device="cuda",
+                                                                                         dtype=bf),
+                dt=dt, A=A, D=torch.randn(H, device="cuda"), z=torch.randn(B, H, P, device="cuda", dtype=bf),
+                state=torch.randn(B, H, P, S, device="cuda"))
+
+
+def step_phase(run: Run):
+    """mamba2_step (the public op, in place on its (b, h, p, s) state) against the float64 step, then timed from a CUDA
+    graph beside a copy of the state's bytes."""
+    from tilecore.ops.linear_attention import mamba2_step
+
+    t = step_inputs()
+    S0 = t["state"].double()
+    g = (t["dt"] * t["A"]).double()
+    dt, x = t["dt"].double(), t["x"].double()
+    S1 = S0 * g.exp()[..., None, None] + (dt[..., None] * x)[..., :, None] * t["B"].double()[:, :1, None, :]
+    y_ref = torch.einsum("bs,bhps->bhp", t["C"].double()[:, 0], S1) + t["D"].double()[None, :, None] * x
+    zz = t["z"].double()
+    y_ref = y_ref * zz * torch.sigmoid(zz)
+    state = t["state"].clone()
+    with torch.no_grad():
+        y = mamba2_step(state, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"])
+    torch.cuda.synchronize()
+    row = dict(**check(y, y_ref), state_rel=float((state.double() - S1).norm() / S1.norm()))
+    src = torch.empty_like(t["state"])
+    dst = torch.empty_like(src)
+    row["copy_graph_ms"] = graph_ms(lambda: dst.copy_(src))
+    with torch.no_grad():
+        row["step_graph_ms"] = graph_ms(lambda: mamba2_step(state, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"],
+                                                            z=t["z"]))
+    if row["copy_graph_ms"] and row["step_graph_ms"]:
+        row["copy_pct"] = round(100 * row["copy_graph_ms"] / row["step_graph_ms"], 1)
+    run.row("decode step mamba2 B16 H80", **row)
+
+
+class CaseDeadline:
+    """time_rounds's deadline for one case: no round starts past ``end``."""
+
+    def __init__(self, end: float):
+        self.end = end
+
+    def left(self) -> float:
+        return self.end - time.time()
+
+
+def main():
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from tilecore.ops.linear_attention import configs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--forms", default="0,1,2,3")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan at each form")
+    ap.add_argument("--step", action="store_true", help="also check and time the decode step")
+    a = ap.parse_args()
+    forms = sorted({0, *(int(f) for f in a.forms.split(","))})
+    cases = a.cases.split(",")
+    run = Run("mamba", deadline=57)
+    run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)
+    pool = cf.ProcessPoolExecutor(max_workers=len(forms), mp_context=mp.get_context("spawn"))
+    futs = [pool.submit(warm, f, a.op) for f in forms]
+    bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
+    run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
+    got = {}
+
+    def collect():
+        for fut in cf.as_completed(futs, timeout=max(1.0, 40 - run.elapsed())):
+            res = run.attempt("warm (a worker died)", fut.result)
+            if res is not None:
+                got[res[0]] = res
+    run.attempt("warm (not every form done by 40 s)", collect)
+    pool.shutdown(wait=False, cancel_futures=True)
+    base_bits = {r["case"]: r["bits"] for r in got.get(0, (0, None, 0, []))[3]}
+    ok = []
+    for f in forms:
+        if f not in got:
+            continue
+        _, err, secs, rows = got[f]
+        for r in rows:
+            r["same_bits_as_form0"] = base_bits.get(r["case"]) == r["bits"]
+            run.row(f"check form {f} {r['case']}", **r)
+        if err:
+            run.errors.append(f"warm form {f}: {err}")
+        if not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
+                           and r.get("second_call_same", True) and r["same_bits_as_form0"] for r in rows):
+            ok.append(f)
+        run.say(f"warm form {f}: {secs} s, error {err}")
+    run.say(f"passed: {ok}")
+    if a.step:
+        run.attempt("decode step", step_phase, run)
+    names = {f: f"f{f}" for f in ok}
+    for i, case in enumerate(cases):
+        if run.left() < 5 or not ok:
+            break
+        share = CaseDeadline(time.time() + run.left() / (len(cases) - i))  # (each case its share of what is left)
+        args = timed_args(case)
+        fns = {names[f]: launcher(f, *args) for f in ok}
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=share)
+        if res:
+            row = dict(case=case, **res)
+            base, bound = res.get("f0_graph_ms"), bounds[case == "states"]
+            for f, n in names.items():
+                ms = res.get(f"{n}_graph_ms")
+                if ms and base and f:
+                    row[f"{n}_over_f0"] = round(base / ms, 4)  # > 1: faster than form 0
+                    pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
+                    row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
+                if ms and bound:
+                    row[f"{n}_napkin_pct"] = round(100 * bound / ms, 1)
+            run.row(f"time {case}", **row)
+    cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits_as_form0"] + [
+        f"{n}_graph_ms" for n in names.values()] + [f"{n}_round_ratio" for f, n in names.items() if f] + [
+        f"{n}_napkin_pct" for n in names.values()] + ["copy_pct"]
+    run.finish(cols)
+
+
+if __name__ == "__main__":
+    main()
