@@ -43,7 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
-from experiments.attention_fp8.gpu_s38 import gpu_us, med, poison_allocator, ratio, reference  # noqa: E402
+from experiments.attention_fp8.gpu_s38 import (gpu_us, med, outlier_inputs, poison_allocator, ratio,  # noqa: E402
+                                               reference)
 
 
 def forms(names):
@@ -189,14 +190,7 @@ def main():
 
     def outlier():
         B, H, N, D = (1, 2, 64, 128) if smoke else (1, 16, 2048, 128)
-        g = torch.Generator(device=dev).manual_seed(1)
-
-        def outliers():
-            x = torch.randn(B, H, N, D, device=dev, generator=g)
-            big = torch.rand(B, H, N, D, device=dev, generator=g) < 0.001
-            return (x + big * torch.randn(B, H, N, D, device=dev, generator=g) * 10.0).to(dt)
-
-        q, k, v = outliers(), outliers(), outliers()
+        q, k, v = outlier_inputs(B, H, N, D, dev, dt)
         ref = reference(q, k, v, True)
         row = {}
         for name, f in fp8_forms(True, D).items():
