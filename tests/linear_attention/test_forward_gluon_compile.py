@@ -2,7 +2,7 @@
 launches build it: TMA loads, wgmma, not serialized, within Hopper's 227 KiB of shared memory, spills bounded; G and
 beta through the stage, and Mamba-2's gate by tanh.approx. It cannot run in Triton's interpreter; its tl twins
 (kernels_tl.la_fwd_kernel, kernels_forward) are tested there, test_forward_gluon_step.py checks its chunk-steps' algebra
-against float64, and experiments/linear_attention/gpu_forward.py / gpu_mamba_s38.py check it on the GPU."""
+against float64, and experiments/linear_attention/gpu_forward.py / gpu_mamba.py check it on the GPU."""
 import json
 import os
 import subprocess

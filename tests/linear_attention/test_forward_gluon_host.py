@@ -2,7 +2,7 @@
 units, padded to whole chunks) by the one-pass prep kernel (kernels_forward.chunk_heads_kernel, interpreted) against
 its torch reference and the plain definition (the floor, NaN kept, a partial last chunk), the descriptors' checks
 (launch_args) and which inputs it takes (``fits``). The kernel itself runs only on the GPU:
-experiments/linear_attention/gpu_forward.py and gpu_mamba_s38.py check it there against the float64 recurrence."""
+experiments/linear_attention/gpu_forward.py and gpu_mamba.py check it there against the float64 recurrence."""
 import pytest
 import torch
 

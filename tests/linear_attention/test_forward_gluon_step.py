@@ -1,6 +1,6 @@
 """The Gluon forward's chunk-steps (gluon_forward.LinearAttentionForward) where the CPU can test them: float32 twins of
 each step with the kernel's order and bf16 roundings against the float64 recurrences, and the Mamba-2 kernel's sm_90a
-facts. The kernel runs on the GPU only: experiments/linear_attention/gpu_mamba_s38.py checks it against float64 there
+facts. The kernel runs on the GPU only: experiments/linear_attention/gpu_mamba.py checks it against float64 there
 (its tl twins, kernels_tl.la_fwd_kernel and kernels_forward.la_fwd_transposed_kernel with the state transposed, run
 in the interpreter: test_linear_attention.py, test_forward_transposed.py).
 
