@@ -48,7 +48,8 @@ def _bytes(t):
                                                # four 64 x 64 slices (16384, two programs an SM); 2048 as
                                                # 1024's slice twice
                                                ("int8", 16384, (4, 64, 64), torch.bfloat16),
-                                               ("int8", 2048, (2, 16, 64), torch.float16)])
+                                               ("int8", 2048, (2, 16, 64), torch.float16),
+                                               ("int4", 2048, (2, 16, 64), torch.bfloat16)])
 def test_split_matches_the_float64_reference(fmt, n, split, dtype):
     torch.manual_seed(11)
     x = torch.randn(5, n, dtype=dtype)  # 5 rows: a partial tile (B >= 8)

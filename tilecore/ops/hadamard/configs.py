@@ -82,12 +82,12 @@ QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4
 # untimed, off
 QUANT_POW2_TRUNC_HI = {}
 # the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes), where an nvfp4
-# group is one thread's: 1.03-1.05x (4096 1.01x, 256 0.75x: off there)
-QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True}
+# group is one thread's: 1.03-1.05x (2048 on (2, 16, 64) 1.03x; 4096 1.01x, 256 0.75x: off there)
+QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True, ("nvfp4", 2048): True}
 # the pow2 quantize's int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23) (quantize_kernels._int_bits: one FFMA
-# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x; int8 8192 0.99x, 32768 0.97x,
-# int4 4096 1.00x)
-QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 16384): True}
+# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x, int4 8192 1.10x; int8 8192
+# 0.99x, 32768 0.97x, int4 4096 1.00x, int4 2048 0.92x)
+QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 16384): True, ("int4", 8192): True}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
@@ -103,8 +103,11 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             **{(f, 4096): dict(split=(1, 64, 64)) for f in ("nvfp4", "fp8_e4m3", "int8")},
                             **{(f, 4096): dict(split=(1, 64, 64), perm=True) for f in ("mxfp4", "int4")},
                             # 8192 as two 64 x 64 slices on 4 warps: 1.10-1.30x
-                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4) for f in ("nvfp4", "fp8_e4m3", "int8")},
-                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4, perm=True) for f in ("mxfp4", "int4")},
+                            ("fp8_e4m3", 8192): dict(split=(2, 64, 64), num_warps=4),
+                            # (4-bit: on 3 stages, three programs an SM: 1.10-1.19x)
+                            ("nvfp4", 8192): dict(split=(2, 64, 64), num_warps=4, num_stages=3),
+                            **{(f, 8192): dict(split=(2, 64, 64), num_warps=4, num_stages=3, perm=True)
+                               for f in ("mxfp4", "int4")},
                             # 16384 as four 64 x 64 slices on 4 warps, two programs an SM: 1.03-1.26x
                             ("fp8_e4m3", 16384): dict(split=(4, 64, 64), num_warps=4, num_stages=2, waves=2),
                             ("int8", 16384): dict(split=(4, 64, 64), num_warps=4, num_stages=3, waves=2),
@@ -112,8 +115,13 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                                for f in ("nvfp4", "mxfp4")},
                             # 8192 int8 with 3 stages (three programs an SM): 1.16x
                             ("int8", 8192): dict(split=(2, 64, 64), num_warps=4, num_stages=3),
-                            # 2048 as (2, 16, 64) with 4 rows a tile (1024's slice twice): fp8 1.11x, int8 1.19x
-                            **{(f, 2048): dict(split=(2, 16, 64), tile_elems=8192) for f in ("fp8_e4m3", "int8")}}
+                            # 2048 as (2, 16, 64) with 4 rows a tile (1024's slice twice): fp8 1.11x, int8 1.19x, mxfp4
+                            # 1.25x, nvfp4 1.24x, int4 1.58x
+                            **{(f, 2048): dict(split=(2, 16, 64), tile_elems=8192)
+                               for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4")},
+                            ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True),
+                            # int4 256 on 4 warps: 1.74x
+                            ("int4", 256): dict(num_warps=4)}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64
