@@ -189,8 +189,8 @@ def test_the_paths_by_device():
 
 def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
     """The "gluon" path calls gluon_rotary's forward with its keyword signature; a case it does not
-    take (NotImplementedError, or a ValueError of its own limits) runs the turned path's forward; the
-    backward is the turned path's on q and k turned again."""
+    take (plan.RotaryNotTaken) runs the turned path's forward; the backward is the turned path's on q and k
+    turned again. Any other error of that forward propagates (a ValueError, a NotImplementedError of its own)."""
     q, k, v = inputs(1, 2, 1, 16, 24, 32)
     cos, sin = tables(24, 16)
     calls = []
@@ -198,17 +198,19 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
     def entry(q_, k_, v_, cos_, sin_, *, causal, scale, interleaved, window, softcap, sm_margin):
         calls.append(dict(causal=causal, scale=scale, interleaved=interleaved, window=window, softcap=softcap,
                           sm_margin=sm_margin))
-        raise NotImplementedError("not this case")
+        raise plan.RotaryNotTaken("not this case")
 
     monkeypatch.setattr(op_rotary, "rotary_path", lambda *a: "gluon")
     monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: entry)
     out = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
     assert calls == [dict(causal=True, scale=32**-0.5, interleaved=True, window=(-1, -1), softcap=0.0, sm_margin=0)]
-    def limited(*a, **kw):
-        raise ValueError("rotary_dim: a multiple of 32")
-    monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: limited)
-    assert torch.equal(tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True), out)
     assert_right(q, k, v, cos, sin, out, interleaved=True, causal=True)
+    for error in (ValueError("a real error"), NotImplementedError("not the limits' type")):
+        def failing(*a, **kw):
+            raise error
+        monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: failing)
+        with pytest.raises(type(error), match=str(error)):
+            tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
 
 
 def test_the_training_forward_by_case():
@@ -241,8 +243,8 @@ def test_the_training_forward_by_case():
 def test_the_training_forward_keeps_what_the_entry_turned(monkeypatch):
     """On the turned path with rotary_train_in_kernel, the turned forward is gluon_rotary's with keep_turned: its
     (O, lse, turned q, turned k) go to the shipped backward (the entry here gives the turned path's own, marked,
-    so the gradients show which q and k the backward used); a case it does not take (ValueError of its limits,
-    NotImplementedError) runs the turned path's math, bit for bit."""
+    so the gradients show which q and k the backward used); a case it does not take (plan.RotaryNotTaken) runs the
+    turned path's math, bit for bit; another error propagates."""
     q, k, v = inputs(1, 2, 1, 16, 24, 32)
     cos, sin = tables(24, 16)
     calls = []
@@ -260,12 +262,18 @@ def test_the_training_forward_keeps_what_the_entry_turned(monkeypatch):
     dout, grads = assert_right(q, k, v, cos, sin, out, interleaved=True, causal=True)
 
     def limited(*a, **kw):
-        raise ValueError("rotary_dim: a multiple of 32")
+        raise plan.RotaryNotTaken("rotary_dim 96")
     monkeypatch.setattr(op_rotary, "rotary_train_in_kernel", lambda *a: True)
     monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: limited)
     again = tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
     assert torch.equal(again, out)
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(again, (q, k, v), dout), grads))
+
+    def failing(*a, **kw):
+        raise ValueError("a real error")
+    monkeypatch.setattr(op_rotary, "gluon_rotary_forward", lambda: failing)
+    with pytest.raises(ValueError, match="a real error"):
+        tilecore.attention(q, k, v, causal=True, rotary=(cos, sin), rotary_interleaved=True)
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[2]], ids=[IDS[1], IDS[2]])

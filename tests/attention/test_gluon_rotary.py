@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tilecore.ops.attention import gluon_rotary
+from tilecore.ops.attention.plan import RotaryNotTaken
 
 CODE = """
 import json, re, sys
@@ -183,8 +184,9 @@ def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("what, change, error", [
-    ("head dim 96", dict(d=96), NotImplementedError),
-    ("rotary_dim 48", dict(r=24), ValueError),
+    ("head dim 96", dict(d=96), RotaryNotTaken),
+    ("rotary_dim 48", dict(r=24), RotaryNotTaken),
+    ("rotary_dim 96 of 128", dict(d=128, r=48), RotaryNotTaken),  # R wide tiles: a power of two
     ("rotary_dim past D", dict(r=64), ValueError),
     ("N past Nk", dict(n=80), ValueError),
     ("cos short of the keys", dict(rows=63), ValueError),
@@ -194,8 +196,10 @@ def test_refuses_what_it_does_not_take(what, change, error):
     q, k, v = qkv(n=change.get("n", 64), d=d)
     r = change.get("r", d // 2)
     cos, sin = torch.randn(change.get("rows", 64), r), torch.randn(change.get("sin_rows", change.get("rows", 64)), r)
-    with pytest.raises(error):
+    with pytest.raises(error) as raised:
         gluon_rotary.check(q, k, v, cos, sin, change.get("interleaved", False))
+    # the limits are RotaryNotTaken alone (attention's fallback catches it and nothing else), bad input ValueError
+    assert isinstance(raised.value, RotaryNotTaken) == (error is RotaryNotTaken)
 
 
 def test_takes_partial_rotary_dims_and_fewer_queries():

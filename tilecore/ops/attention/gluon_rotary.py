@@ -17,8 +17,9 @@ Conventions (as ``tilecore.apply_rotary``): q (B, H, N, D), k and v (B, Hkv, Nk,
 (max_seqlen, rotary_dim / 2), any float dtype; key j is at position j, query i at i + Nk - N (so
 N <= Nk, max_seqlen >= Nk); the pairs are (i, i + R) (half-split, NeoX / Llama) or (2i, 2i + 1)
 (interleaved, GPT-J), R = rotary_dim / 2, features past 2R pass through. Taken: D 64 and 128,
-rotary_dim any multiple of 32 up to D; bf16 and fp16; grouped heads; causal, windows and softcaps as
-the shipped forward. Not taken (NotImplementedError): MLA's 192 / 128 and other head dims.
+rotary_dim 32, 64 or 128 up to D; bf16 and fp16; grouped heads; causal, windows and softcaps as the shipped
+forward. Not taken (plan.RotaryNotTaken, a NotImplementedError): MLA's 192 / 128 and other head dims, other
+rotary_dims (the turn's tiles are R wide, a power of two).
 """
 
 import torch
@@ -27,6 +28,7 @@ from triton.experimental import gluon
 from tilecore import dispatch
 from tilecore.ops.attention import configs
 from tilecore.ops.attention.gluon_kernels import Attention, KV, head_of
+from tilecore.ops.attention.plan import RotaryNotTaken
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
 from tilecore.tiles.launch import CachedLaunch
@@ -382,18 +384,22 @@ def chunk_row_set(r: int, d: int, interleaved: bool, vec: int) -> int:
 
 
 def check(q, k, v, cos, sin, interleaved: bool) -> None:
-    """What forward takes, or a clear error."""
+    """What forward takes, or a clear error: plan.RotaryNotTaken (a NotImplementedError) for a head dim or rotary_dim
+    it does not take (attention runs the turned path's math then), ValueError for inputs attention would refuse."""
     B, H, N, D = q.shape
     Nk = k.shape[2]
     if D not in (64, 128) or k.shape[3] != D or v.shape[3] != D:
-        raise NotImplementedError(f"the in-kernel rotary forward takes q, k and v of head dim 64 or 128; got "
-                                  f"{D}, {k.shape[3]}, {v.shape[3]}")
+        raise RotaryNotTaken(f"the in-kernel rotary forward takes q, k and v of head dim 64 or 128; got "
+                             f"{D}, {k.shape[3]}, {v.shape[3]}")
     if cos.dim() != 2 or cos.shape != sin.shape:
         raise ValueError(f"cos and sin: (max_seqlen, rotary_dim / 2) each; got {tuple(cos.shape)} and "
                          f"{tuple(sin.shape)}")
     R = cos.shape[1]
-    if 2 * R > D or R % 16:
-        raise ValueError(f"rotary_dim (2 x cos.shape[1] = {2 * R}): a multiple of 32 up to the head dim {D}")
+    if 2 * R > D:
+        raise ValueError(f"rotary_dim (2 x cos.shape[1] = {2 * R}) exceeds the head dim {D}")
+    if R not in (16, 32, 64):  # the turn's tiles are R wide (a power of two), 16-byte vectors of 8 features
+        raise RotaryNotTaken(f"the in-kernel rotary forward takes rotary_dim (2 x cos.shape[1]) 32, 64 or 128; got "
+                             f"{2 * R}")
     if N > Nk:
         raise ValueError(f"rotary in the kernel puts query i at position i + Nk - N: N ({N}) must not exceed Nk ({Nk})")
     if cos.shape[0] < Nk:

@@ -12,7 +12,8 @@ traces them), by plan.rotary_path:
 * "tl": ``tilecore::attention_rotary_forward`` / ``_backward`` run the tl kernels with Q and K turned
   as they are loaded, dQ and dK turned back before they are stored;
 * "gluon" (configs.ROTARY_IN_KERNEL_CASES, calls that record no gradient): the same ops run
-  gluon_rotary's forward (K by apply_rotary's pass, Q turned inside the Gluon kernel; should a backward
+  gluon_rotary's forward (K by apply_rotary's pass, Q turned inside the Gluon kernel; a case it does not take,
+  plan.RotaryNotTaken, runs the turned path's math; should a backward
   come after all, it turns q and k again and runs the turned path's backward);
 * "turned" (CUDA tensors the Gluon forward serves, and head dims past 256):
   ``tilecore::attention_rotary_turned_forward`` turns q and k by apply_rotary's kernel into contiguous
@@ -32,8 +33,8 @@ from typing import Optional
 import torch
 
 from tilecore.ops.attention import launch
-from tilecore.ops.attention.plan import (gluon_rotary_forward, plan_backward, plan_forward, rotary_path,
-                                         rotary_train_in_kernel)
+from tilecore.ops.attention.plan import (RotaryNotTaken, gluon_rotary_forward, plan_backward, plan_forward,
+                                         rotary_path, rotary_train_in_kernel)
 from tilecore.ops.rotary.op import turn
 
 TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -112,10 +113,8 @@ def forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: boo
         try:
             return gluon_rotary_forward()(q, k, v, cos, sin, causal=causal, scale=scale, interleaved=interleaved,
                                           window=window, softcap=softcap, sm_margin=sm_margin)
-        except (NotImplementedError, ValueError):
-            # a case the in-kernel forward does not take (attention checked the inputs already: its
-            # ValueErrors are its own limits, e.g. rotary_dim a multiple of 32): the turned path's math
-            pass
+        except RotaryNotTaken:  # a head dim or rotary_dim it does not take: the turned path's math (any other error
+            pass  # propagates)
     if path == "tl":
         plan = plan_forward(q, k, v, causal, scale, path="tl", window=window, softcap=softcap, sm_margin=sm_margin)
         return launch.rotary_outputs(plan, q, k, v, cos, sin, interleaved, causal, scale, window, softcap)
@@ -151,7 +150,7 @@ def turned_forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleav
         try:
             return gluon_rotary_forward()(q, k, v, cos_, sin_, causal=causal, scale=scale, interleaved=interleaved,
                                           window=window, softcap=softcap, sm_margin=sm_margin, keep_turned=True)
-        except (NotImplementedError, ValueError):
+        except RotaryNotTaken:  # as forward_impl's
             pass
     qr, kr = _turn(q, k, cos, sin, interleaved)
     if q.numel() == 0 or v.shape[-1] == 0:

@@ -535,6 +535,12 @@ def causal_schedule(device: torch.device, *key, build=balanced_table) -> torch.T
 GLUON_ROTARY_MODULE = "tilecore.ops.attention.gluon_rotary"
 
 
+class RotaryNotTaken(NotImplementedError):
+    """gluon_rotary's forward does not take this case (a head dim or rotary_dim outside its limits): op_rotary runs
+    the turned path's math instead. Raised by gluon_rotary.check alone, so that any other error of that forward (a
+    ValueError of bad input that attention's checks should have caught, a launch's) propagates."""
+
+
 def gluon_rotary_forward():
     """The Hopper forward that turns Q and K inside the Gluon kernel, ``forward(q, k, v, cos, sin, *,
     causal, scale, interleaved, window, softcap, sm_margin) -> (o, lse)``, or None where its module or
