@@ -16,6 +16,13 @@ interleaved rounds (the order alternating), medians; the outputs of the recipe's
 path's (off), bit for bit, and calls 1..10 with it on. Session 35: hadamard_quantize's per-key recipe.
 --ab-switch MODULE:NAME: that module switch in place of OP_RECIPES (tilecore.tiles.switches.patched), e.g.
 tilecore.ops.fft_conv.op:RECORDED_RECIPES (session 36).
+--ab "ROW@MODULE:NAME" (repeatable, session 39): that row A/B'd by that switch, each with its own (e.g. the norm's
+recorded recipe, tilecore.ops.norm.op:RECORDED_RECIPES, on "rms_norm (grad recorded)" and on the fwd+bwd row).
+--split: fft_conv's plain eager call taken apart on this host (split_fft_conv: the whole call, the call given the
+spectrum, the padding cat, the rfft, the memo, the mode, a plan-cache lookup, the allocation), each part alone.
+
+Rows beyond host_time.py's (EXTRA): "rms_norm fwd+bwd (grad recorded)", the forward recording a gradient then
+torch.autograd.grad of x and the weight (ours returns y and both gradients, so the A/B's same-bits check reads them).
 """
 import argparse
 import contextlib
@@ -36,6 +43,70 @@ from experiments.common.gpu_script import Run, same_bits  # noqa: E402
 ROWS = ("fft_conv", "hadamard_quantize fp8", "attention N256", "attention N256 (grad recorded)",
         "rms_norm (grad recorded)", "linear_attention (grad recorded)", "fft_conv (grad recorded)",
         "attention_varlen 3 seqs", "paged decode")
+
+
+def extra_cases() -> dict:
+    """Rows host_time.py has not: name -> (ours, torch's), host_time's shapes and device."""
+    import torch.nn.functional as F
+
+    import tilecore
+    bf = dict(device=host_time.DEV[0], dtype=torch.bfloat16)
+    gen = torch.Generator(device=host_time.DEV[0]).manual_seed(39)
+    x = torch.randn(64, 4096, generator=gen, **bf).requires_grad_()
+    w = torch.randn(4096, generator=gen, **bf).requires_grad_()
+    gy = torch.randn(64, 4096, generator=gen, **bf)
+
+    def ours():
+        y = tilecore.layer_norm(x, w, rms=True)
+        return (y, *torch.autograd.grad(y, (x, w), gy))
+
+    def peer():
+        y = F.rms_norm(x, (4096,), w)
+        return (y, *torch.autograd.grad(y, (x, w), gy))
+    return {"rms_norm fwd+bwd (grad recorded)": (ours, peer)}
+
+
+def split_fft_conv(calls: int) -> dict:
+    """fft_conv's plain eager row (host_time's u (2, 64, 1024) bf16, k (64, 1024) float32) taken apart, us a call, each
+    part alone over ``calls`` back-to-back calls (synchronized before and after): the call; the call given the
+    spectrum (no rfft of k); torch.cat of k with zeros (the recipe's padding), torch.fft.rfft of the padded filter and
+    both; torch._fft_r2c of it (what rfft calls: the same bits?); a SignatureMemo hit of (u, k); dispatch.eager_mode;
+    an LRU lookup of the signature; u.new_empty. Public entry points only."""
+    import tilecore
+    from tilecore import dispatch
+    from tilecore.tiles.launch import LRU, SignatureMemo, signature
+    dev = host_time.DEV[0]
+    gen = torch.Generator(device=dev).manual_seed(7)
+    u = torch.randn(2, 64, 1024, generator=gen, device=dev).to(torch.bfloat16)
+    k = torch.randn(64, 1024, generator=gen, device=dev)
+    zeros = torch.zeros(64, 1024, device=dev)
+    padded = torch.cat((k, zeros), 1)
+    spectrum = tilecore.filter_spectrum(k, 1024)
+    memo, lru = SignatureMemo(), LRU(256)
+    key = memo(u, k)
+    key = memo(u, k)  # (a signature seen twice: the entry kept)
+    lru.put(signature(u, k), 1)
+    parts = {
+        "call": lambda: tilecore.fft_conv(u, k),
+        "call given the spectrum": lambda: tilecore.fft_conv(u, spectrum),
+        "cat (padding)": lambda: torch.cat((k, zeros), 1),
+        "rfft of the padded": lambda: torch.fft.rfft(padded),
+        "cat + rfft": lambda: torch.fft.rfft(torch.cat((k, zeros), 1)),
+        "_fft_r2c of the padded": lambda: torch._fft_r2c(padded, [1], 0, True),
+        "memo hit (u, k)": lambda: memo(u, k),
+        "eager_mode": lambda: dispatch.eager_mode(u, k),
+        "LRU lookup": lambda: lru.get(key),
+        "new_empty": lambda: u.new_empty(u.shape),
+    }
+    row = {"r2c_same_bits": same_bits(torch.fft.rfft(padded), torch._fft_r2c(padded, [1], 0, True)),
+           "filter_spectrum_same_bits": same_bits(torch.fft.rfft(padded), spectrum)}
+    times = {name: [] for name in parts}
+    for r in range(3):
+        for name in (list(parts) if r % 2 == 0 else list(parts)[::-1]):
+            times[name].append(round(host_time.per_call_us(parts[name], calls), 2))
+    row.update({f"{name}_us": statistics.median(v) for name, v in times.items()})
+    row["rounds_us"] = times
+    return row
 
 
 def _tensors(y):
@@ -115,20 +186,33 @@ def main():
     ap.add_argument("--ab-rows", default="", help="rows timed with OP_RECIPES on and off first (comma-separated)")
     ap.add_argument("--ab-rounds", type=int, default=5)
     ap.add_argument("--ab-switch", default="", help="MODULE:NAME: the switch --ab-rows time on and off (OP_RECIPES)")
+    ap.add_argument("--ab", action="append", default=[], help="ROW@MODULE:NAME: that row A/B'd by that switch")
+    ap.add_argument("--split", action="store_true", help="fft_conv's plain eager call taken apart (split_fft_conv)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
     if a.smoke:
         host_time.DEV[0] = "cpu"
         a.calls, a.rounds, a.profile = 3, 1, 3
-    table = {**host_time.cases(), **host_time.later_cases()}
+    table = {**host_time.cases(), **host_time.later_cases(), **extra_cases()}
     names = ROWS if a.rows == "all" else tuple(a.rows.split(","))
     run = Run("host_rows", deadline=a.deadline)
     run.extra.update(calls=a.calls, rounds=a.rounds, ab={})
-    for name in [r for r in a.ab_rows.split(",") if r]:
+    abs_ = [(r, a.ab_switch) for r in a.ab_rows.split(",") if r] + [tuple(spec.split("@")) for spec in a.ab]
+    for name, switch in abs_:
         ours, peer = table[name]
-        run.extra["ab"][name] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls, a.ab_switch)
+        label = f"{name} [{switch.split(':')[-1]}]" if switch else name
+        run.extra["ab"][label] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls, switch)
         run.save()
-        run.say(f"A/B {a.ab_switch or 'OP_RECIPES'} {name}: {json.dumps(run.extra['ab'][name])}")
+        run.say(f"A/B {switch or 'OP_RECIPES'} {name}: {json.dumps(run.extra['ab'][label])}")
+    if a.split:
+        try:
+            run.extra["split_fft_conv"] = split_fft_conv(a.calls)
+        except Exception as err:  # noqa: BLE001
+            run.extra["split_fft_conv"] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        run.save()
+        run.say("fft_conv split, us a call: " + ", ".join(
+            f"{k[:-3]} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in run.extra["split_fft_conv"].items() if k != "rounds_us"))
     for name in names:
         if run.left() < 0:
             run.row(name, skipped="deadline")
@@ -162,7 +246,7 @@ def main():
         if "error" in row:
             print(f"A/B {name}: ERROR {row['error'][:100]}")
         else:
-            print(f"A/B {name}: {a.ab_switch or 'recipes'} on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch "
+            print(f"A/B {name}: on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch "
                   f"{row['torch_us']:.1f}), {row['on_us'] / row['off_us']:.2f}x; same bits on vs off "
                   f"{row['same_bits_on_vs_off']}, calls 1..10 {row['same_bits_calls_1_10_on']}")
     run.finish(["name", "ours_us", "torch_us", "first_call_s", "same_bits_calls_1_10", "error", "skipped"])

@@ -9,6 +9,9 @@ allocations (torch.empty, Tensor.new_empty) counted.
   no plan, no check, one autograd node.
 * fft_conv by its Gluon recipe: 1 allocation (y), 1 launch, no plan, no check; the filter's rfft of a padded copy by
   one cat with the recipe's zeros (PAD_BY_CAT) or of k with n = 2N (off).
+* rms_norm recording a gradient (session 39): 2 allocations (y, rstd), 1 launch, no check, no plan, one autograd node
+  (the recorded recipe's, y its only output, where norm op.RECORDED_RECIPES is on).
+* attention's recording tag: dispatch.gluon_ok asked once a CUDA device (session 39).
 """
 import pytest
 import torch
@@ -148,3 +151,60 @@ def test_fft_conv_recipe_allocates_once_and_launches_once(monkeypatch, counts, p
         assert cats == [] and ffts == [(torch.Size([3, 300]), (), {"n": 2048})]
     for cache in caches:
         cache.clear()
+
+
+@pytest.mark.parametrize("recorded_recipes", [True, False])
+def test_rms_norm_recording_a_gradient_allocates_twice_and_launches_once(monkeypatch, counts, recorded_recipes):
+    """rms_norm recording a gradient by its key's recorded recipe (norm op.RECORDED_RECIPES): y and rstd allocated,
+    one launch, no check or plan, one autograd node whose only output is y; off, the general path's Function (the
+    same allocations and launch, its 4 outputs)."""
+    from tilecore.ops.norm import launch as norm_launch
+    from tilecore.ops.norm import op as norm_op
+
+    monkeypatch.setattr(norm_op, "signature", cpu_signature)
+    caches = (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS)
+    for cache in caches:
+        cache.clear()
+    x = torch.randn(4, 32, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.float16, requires_grad=True)
+    norm_op.layer_norm(x, w, rms=True)  # the key's first (checked) call keeps its NormForward
+    recipe = next(iter(norm_op._FORWARDS._data.values()))[0]
+    assert recipe.stats is None  # (whole rows: the forward kernel alone)
+    recipe.forward = _Kept(counts)
+    _counting(monkeypatch, norm_op, "check", counts, "check")
+    _counting(monkeypatch, norm_op, "plan", counts, "plan")
+    counts.update(empty=0, launch=0)
+    with patched(norm_op, RECORDED_RECIPES=recorded_recipes):
+        y = norm_op.layer_norm(x, w, rms=True)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert counts == {"empty": 2, "launch": 1, "check": 0, "plan": 0}
+    name = "_RecordedFunctionBackward" if recorded_recipes else "_LayerNormFunctionBackward"
+    assert type(y.grad_fn).__name__ == name and y.grad_fn.next_functions[0][0] is not None
+    for cache in caches:
+        cache.clear()
+
+
+def test_attention_asks_gluon_ok_once_a_cuda_device(monkeypatch):
+    """attention's recording tag asks dispatch.gluon_ok once for each CUDA device index (kept), each call for CPU and
+    meta tensors (dispatch.pretend may describe another GPU)."""
+    asked = []
+    monkeypatch.setattr(attention_op.dispatch, "gluon_ok", lambda device: asked.append(device) or True)
+    monkeypatch.setattr(attention_op, "_GLUON_OK", {})
+
+    class OnCuda:  # (a CUDA tensor's get_device and device, on a machine without one)
+        def __init__(self, index):
+            self.index = index
+
+        def get_device(self):
+            return self.index
+
+        @property
+        def device(self):
+            return torch.device("cuda", self.index)
+    for q in (OnCuda(0), OnCuda(0), OnCuda(1), OnCuda(0), OnCuda(1)):
+        assert attention_op._gluon_ok(q)
+    assert asked == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    for q in (torch.empty(1), torch.empty(1, device="meta")):
+        asked.clear()
+        assert attention_op._gluon_ok(q) and attention_op._gluon_ok(q)
+        assert asked == [q.device, q.device]

@@ -186,6 +186,22 @@ def backward_adding_dq(dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scal
 _PLANS = LRU(256)
 
 
+def _gluon_ok(q) -> bool:
+    """dispatch.gluon_ok(q.device), kept per CUDA device index (its answer is the device's capability and the
+    installed triton's: fixed in a process; ~1 us of host time a call asked); asked each call for CPU and meta
+    tensors (meta: the GPU that dispatch.pretend describes, which may change)."""
+    index = q.get_device()
+    if index < 0:
+        return dispatch.gluon_ok(q.device)
+    ok = _GLUON_OK.get(index)
+    if ok is None:
+        ok = _GLUON_OK[index] = dispatch.gluon_ok(q.device)
+    return ok
+
+
+_GLUON_OK: dict = {}  # a CUDA device's index -> dispatch.gluon_ok of it
+
+
 def _cached(key: tuple | None, make):
     if key is None:
         return make()
@@ -368,7 +384,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
     # (with configs.ONE_LAUNCH_WHEN_RECORDING a call recording a gradient is planned apart where the Gluon forward
     # runs: another plan may serve it; elsewhere it shares the plain call's plan and kept launches)
-    tag = ("forward_recorded" if mode == "autograd" and configs.ONE_LAUNCH_WHEN_RECORDING and dispatch.gluon_ok(q.device)
+    tag = ("forward_recorded" if mode == "autograd" and configs.ONE_LAUNCH_WHEN_RECORDING and _gluon_ok(q)
            else "forward")
     key = None if mode == "op" else _FORWARD_KEY(tag, q, k, v, causal, positive, *window, softcap > 0, sm_margin)
     plan = None if key is None else _PLANS.get(key)
