@@ -410,8 +410,16 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     hbm = gpu.levels[0]
     times["HBM"] = H["HBM"] / hbm.bandwidth
     if not abstract:
-        times["L2"] = H["L2"] / gpu.level("L2").bandwidth
-        times["SMEM"] = H["SMEM"] / gpu.level("SMEM").bandwidth / wave_eff
+        # an SM's shared memory and its port to the L2 are its own: thread blocks on one SM share them and a lone
+        # block has all of them, so shared memory's busy share is the SMs' (averaged over the waves), not the
+        # thread-block slots' (a lone block of a small kernel is not a 1/16 slot of its SM). An SM draws at most
+        # its share of the measured L2 bandwidth (~60 B/clk), so a few busy SMs cannot draw the whole L2 or HBM
+        # bandwidth (backward.tile_clocks's rule for a lone tile, here for every kernel)
+        sm_share = ctas / (gpu.sms * math.ceil(ctas / gpu.sms))
+        ports = gpu.level("L2").bandwidth * min(ctas, gpu.sms) / gpu.sms   # the busy SMs' ports to the L2
+        times["L2"] = H["L2"] / ports
+        times["HBM"] = H["HBM"] / min(hbm.bandwidth, ports)
+        times["SMEM"] = H["SMEM"] / gpu.level("SMEM").bandwidth / sm_share
     mma_scale = gpu.mma_sync_fraction if mma == "mma.sync" else 1.0
 
     def rate(unit, dt):
@@ -446,9 +454,12 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     busy_sms = min(gpu.sms, ctas) if not abstract else 1
     resident = min(ctas_per_sm, math.ceil(ctas / max(1, busy_sms))) if not abstract else 1
     fill = 0.0 if abstract else step_bytes * resident / (hbm.bandwidth / busy_sms) + waves * gpu.tile_latency_s
+    # a transfer-bound kernel's bytes flow after its first loads' round trip (a copy of 2 MiB replayed from a
+    # graph: 3.28 us, its bytes 1.40 at the copy rate: notes/napkin/runs/compile_s38a_run1_session38_h100.txt)
+    first_trip = 0.0 if abstract else gpu.tile_latency_s
     # one buffer (stages = 1): a step's loads and its MMAs cannot overlap, they alternate
     # The first step's loads precede any compute (fill); a transfer-bound kernel's time already holds them
-    overlapped = max(transfer_time, compute_time + fill) if stages > 1 or abstract else \
+    overlapped = max(transfer_time + first_trip, compute_time + fill) if stages > 1 or abstract else \
         transfer_time + compute_time + fill
     time = overlapped + (0.0 if abstract else gpu.launch_s)
     contenders = {k: v for k, v in times.items()}

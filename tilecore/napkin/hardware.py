@@ -171,7 +171,11 @@ def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_k
         mma_sync_fraction=mma_sync_fraction, constants_source=tuple(constants_source))
 
 
-LAUNCH_S_H100 = 4.6e-6
+# a kernel's fixed time (launch, the stores' completion, the tail: what a small copy takes beyond the engine's own
+# time for it, its first loads' round trip and bytes), eager and replayed from a CUDA graph: both derived the same
+# way from measured small copies (constants_source; validate.launch_from_copy; tests/napkin/test_validate_tilecore.py)
+LAUNCH_S_H100 = 4.15e-6
+GRAPH_LAUNCH_S_H100 = 0.89e-6
 
 A100 = _gpu(
     "a100", "A100-SXM4-80GB", sms=108, clock_hz=1.41e9,
@@ -184,7 +188,7 @@ A100 = _gpu(
     alu={"fp32": 19.5e12, "fp16": 78e12, "bf16": 39e12},
     alu_src="A100 datasheet/whitepaper: FP32 19.5, FP16 78, BF16 39 TFLOP/s (non-tensor)",
     tc_tile=(64, 8, 32),  # mma.sync m16n8k16 per warp; 4 warps stacked -> 64 rows per consumer unit
-    launch_s=4.6e-6,
+    launch_s=LAUNCH_S_H100,
     constants_source=("launch_s: not measured on an A100 here; the H100's figure (same launch path)",),
 )
 
@@ -202,15 +206,18 @@ H100 = _gpu(
     alu={"fp32": 66.9e12, "fp16": 133.8e12, "bf16": 133.8e12},
     alu_src="NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s; FP16/BF16 non-tensor 2x FP32 (whitepaper)",
     tc_tile=(64, 8, 32),  # wgmma m64nNk16 (fp16) / k32 (fp8): 32 bytes of k per instruction
-    launch_s=LAUNCH_S_H100, graph_launch_s=2.5e-6, tile_latency_s=0.7e-6, mma_sync_fraction=2 / 3,
+    launch_s=LAUNCH_S_H100, graph_launch_s=GRAPH_LAUNCH_S_H100, tile_latency_s=0.7e-6, mma_sync_fraction=2 / 3,
     constants_source=(
-        "launch_s 4.6 us: benchmarks/results/h100-80gb-hbm3/copy.json, the 64 KiB-1 MiB copies "
-        "(torch copy_ and a Triton copy, eager do_bench medians) take 4.6-5.4 us where the bytes take "
-        "<= 0.7 us; experiments/napkin/gpu_constants.py measures it again (empty kernel, eager and graph)",
-        "graph_launch_s 2.5 us: an estimate (a graph kernel node's start, its first loads, the tail); an "
-        "empty kernel replayed from a graph takes 0.55 us on the lent H200 (napkin_gpu_constants_session25_h200"
-        ".json), a lower bound: a real kernel's first loads and tail come on top (gpu_constants.py now also "
-        "times a 64 KiB copy replayed from a graph, the same quantity as launch_s)",
+        "launch_s 4.15 us: benchmarks/results/h100-80gb-hbm3/copy.json's 64 KiB-1 MiB copies (torch copy_ and a "
+        "Triton copy, eager do_bench medians, 4.61-5.89 us) less the engine's own time for each (their first "
+        "loads' round trip and bytes: 1.00-1.40 us): 3.61-4.49 us, median 4.15 (was 4.6, the copies' time taken "
+        "whole). An empty kernel measured 4.18 us eager on the lent H100 (notes/napkin/runs/"
+        "napkin_gpu_constants_session26_h100.json)",
+        "graph_launch_s 0.89 us: the same derivation for a kernel replayed from a CUDA graph: the graph-timed 8 KiB "
+        "copy of benchmarks/results/h100-80gb-hbm3/hadamard-latency.json (1.74 us, inputs rotated past L2; notes/"
+        "napkin/runs/compile_s38a_run1_session38_h100.txt) less the engine's 0.85 us for it. An empty kernel "
+        "measured 0.81 us from a graph on the lent H100 (session 26's run). Was an estimate, 2.5 us, that the "
+        "decode rows had carried (their merge kernel was costed without its loads' round trip)",
         "tile_latency_s 0.7 us: an estimate of a DRAM round trip under load; unloaded, a pointer chase "
         "over 64 MiB takes 0.34 us a step on the lent H200 (napkin_gpu_constants_session25_h200.json), a "
         "lower bound (queueing behind a full wave's loads comes on top)",

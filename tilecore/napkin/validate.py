@@ -221,28 +221,99 @@ def copy_time(nbytes, gpu):
     return r.time, r.bound
 
 
+HADAMARD_CONFIGS = ROOT / "tilecore" / "ops" / "hadamard" / "configs.py"
+
+
+def hadamard_configs(path: Path = HADAMARD_CONFIGS):
+    """tilecore's Hadamard tables (SPLITS, TUNING, TMA_TUNING, GLUON_SIZES, TMA_MIN_ELEMENTS), read from the op's
+    configs.py (a plain module) as gemm_configs reads the GEMM's."""
+    spec = importlib.util.spec_from_file_location("_tilecore_hadamard_configs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The tl Hadamard kernel's chain (tilecore/ops/hadamard/kernels.hadamard_kernel): two constants fitted to the two
+# one-row rows of the graph-timed hadamard-latency run (notes/napkin/runs/compile_s38a_run1_session38_h100.txt, the
+# bench's benchmarks/results/h100-80gb-hbm3/hadamard-latency.json): n 4096 (one slice a row) 4.11 us and n 16384
+# (four slices) 6.09 us, less the graph launch and the engine's fill (0.89 + 0.70 us; tests/napkin/
+# test_validate_tilecore.py re-derives both). A slice waits on three wgmma groups in turn (its sm_90a PTX: H_N1 X
+# as 8 m64n32k16, then X H_N2 for each of the first product's two bf16 pieces, 2 each, a wgmma.wait_group after
+# each): 1.98 us for three slices more, less their MMAs at one SM's share of the run's tensor rate, is 0.126 us a
+# wait. What a one-slice row takes beyond that, 1.86 us, is once a program: its prologue builds H_N1 and H_N2 in
+# shared memory (the PTX's 64-68 st.shared before the tile loop), its epilogue converts the layout for the stores.
+WGMMA_WAIT_S = 0.126e-6
+HADAMARD_PROLOGUE_S = 1.86e-6
+
+
+def launch_from_copy(measured_s: float, nbytes: int, gpu) -> float:
+    """A kernel's fixed time as the H100 preset's launch_s and graph_launch_s are derived: a small copy's
+    measured time (``nbytes`` read and as many written) less the engine's own time for it without a launch."""
+    return measured_s - copy_time(nbytes, dataclasses.replace(gpu, launch_s=0.0, key=gpu.key + "-nolaunch"))[0]
+
+
+def hadamard_chain_s(rows: int, n: int, gpu, cfg=None) -> float:
+    """Seconds one program of tilecore's tl Hadamard kernel spends in series on its own (its prologue, then
+    each tile's slices: their MMAs at one SM's tensor rate and the wgmma groups' waits), for ``rows`` rows of
+    ``n`` as its plan launches them (hadamard/plan.py: the split, rows a tile, programs an SM, TMA_TUNING from
+    TMA_MIN_ELEMENTS); 0 for the Gluon kernel (n in GLUON_SIZES from TMA_MIN_ELEMENTS elements: a warp-specialized
+    pipeline, not this chain) and the register butterfly (n < 16)."""
+    cfg = cfg or hadamard_configs()
+    if n < 16 or n not in cfg.SPLITS or (n in cfg.GLUON_SIZES and rows * n >= cfg.TMA_MIN_ELEMENTS):
+        return 0.0
+    tuned = dict(zip(("tile_elems", "num_warps", "num_stages", "waves"), cfg.TUNING[n]))
+    split = cfg.SPLITS[n]
+    if rows * n >= cfg.TMA_MIN_ELEMENTS and n in cfg.TMA_TUNING:
+        over = dict(cfg.TMA_TUNING[n][1])
+        split = over.pop("split", split)
+        tuned.update(over)
+    S, N1, N2 = split
+    B = 1 if N1 >= 64 else max(16 if N1 == 1 else 1, tuned["tile_elems"] // (S * N1 * N2))
+    tiles = math.ceil(rows / B)
+    programs = min(tiles, gpu.sms * tuned["waves"])
+    per_program = math.ceil(tiles / programs)
+    flops = B * n * (2 * N2 if N1 == 1 else 2 * N1 + 4 * N2)       # configs.py: tensor-core FLOP an element
+    waits = S * (1 if N1 == 1 else 3)                               # H_N1 X, then X H_N2 a piece (two)
+    tile = flops / (gpu.rate("tensor", "bf16") / gpu.sms) + waits * WGMMA_WAIT_S
+    return HADAMARD_PROLOGUE_S + per_program * tile
+
+
 @_memo
 def hadamard_time(rows, n, dtype, gpu):
+    """The engine's Hadamard (H16 stages over a group of rows), or, where tilecore's tl kernel runs few tiles a
+    program, its chain (hadamard_chain_s) after the first loads (the engine's fill) and the launch: a few rows on
+    an idle GPU wait on their prologue and their MMA groups in turn, not on a bandwidth."""
     if n == 1:  # a scale: one read and one write
         return copy_time(rows * 2, gpu)
     r = relabel(models.hadamard(rows=rows, n=n, dtype=dtype, radix=16), gpu,
                 {"r": group(min(rows, max(1, 2048 // n)))}, warpgroups=2)
-    return r.time, r.bound
+    chain = r.fill_time + hadamard_chain_s(rows, n, gpu) + r.launch_time
+    return (chain, "latency") if chain > r.time else (r.time, r.bound)
+
+
+# The split-key kernel's own chain beyond a copy of its bytes (tilecore's attn_fwd_split_keys, one query of 32 q
+# heads against 8 kv heads, D 128: notes/napkin/runs/small_kernels_run1_session39_h100.txt, device time by the
+# profiler): at Nk 1024 (64 programs, one 128-key step each) the kernel takes 5.19 us, its 4 MiB of K and V 1.40 us
+# at the copy rate and a small copy's kernel 0.99 us (the same run): 2.79 us more, a step's Q K^T, softmax and P V
+# and the partials' epilogue in series after the loads. Checked on the same run's Nk 4096 (two steps, 128
+# programs) and 16384 (eight): 9.15 and 25.95 us measured, 9.38 and 26.16 by this sum (0.98, 0.99).
+DECODE_SPLIT_CHAIN_S = 2.79e-6
 
 
 @_memo
 def decode_time(batch, heads, kv_heads, kv_seq, d, gpu):
     """Split keys (flash-decoding): ranges of >= 128 keys so that one wave fills the SMs, the queries of
-    a kv head packed into one tile; the merge of the partials is a second, small kernel."""
+    a kv head packed into one tile, plus the split kernel's chain beyond its bytes (DECODE_SPLIT_CHAIN_S); the
+    merge of the partials is a second, small kernel."""
     ranges = max(1, min(64, kv_seq // 128, math.ceil(gpu.sms / (batch * kv_heads))))
     keys = math.ceil(kv_seq / ranges)
     # the key axis split in two: ranges (a new axis K and V have, Q is broadcast along) x keys a range
     diag = models.decode(batch=batch, heads=heads, kv_heads=kv_heads, kv_seq=keys, d=d).weave("s", ranges, ["K", "V"])
     r = derive(diag, gpu, mma="mma.sync")
-    t = r.time
-    if ranges > 1:  # partials: fp32 O and lse per (range, row), read once by the merge
-        partial = batch * heads * ranges * (d + 1) * 4
-        t += gpu.launch_s + 2 * partial / gpu.levels[0].bandwidth  # the merge kernel
+    t = r.time + DECODE_SPLIT_CHAIN_S
+    if ranges > 1:  # partials: fp32 O and lse per (range, row), read once by the merge: a small kernel whose
+        partial = batch * heads * ranges * (d + 1) * 4  # loads wait a round trip, costed as a copy of their bytes
+        t += copy_time(partial, gpu)[0]  # the merge kernel
     return t, r.bound
 
 
@@ -424,13 +495,17 @@ def _is_headline(p: Prediction) -> bool:
 def name_cause(p: Prediction) -> str:
     """Why a row misses by more than 15%: the regime it is in, in the terms the model has or lacks."""
     q, fast = p.params, p.ratio > 1
+    if p.graph and p.op == "hadamard" and fast and p.params.get("n") == 4096 and p.params.get("rows", 0) > 132:
+        return ("two programs an SM (GPU time, from a CUDA graph): n 4096's tl plan runs up to 16 programs an SM, so "
+                "256 rows put two on most SMs, and the second's chain ran after the first's (264 rows 6.94 us against "
+                "4.77 at 132: notes/napkin/runs/small_kernels_run1_session39_h100.txt); hadamard_chain_s is one "
+                "program's, since at 2^28 elements the same kernel's resident programs overlap their chains")
     if p.graph and p.op == "hadamard":
-        return ("latency at small sizes (GPU time, calls replayed from a CUDA graph): a few rows on an idle GPU, each "
-                "tile's load, transform stages and store in series (one row of 16384: 6.1 us against 1.75 for a copy "
-                "of its bytes, notes/napkin/runs/compile_s38a_run1_session38_h100.txt), not modelled beyond one fill")
+        return ("latency at small sizes (GPU time, from a CUDA graph): the tl kernel's chain (hadamard_chain_s: its "
+                "prologue and its slices' wgmma waits, two constants from the run's one-row rows) does not hold here")
     if p.graph and p.op == "copy":
-        return ("latency at small sizes (GPU time, calls replayed from a CUDA graph): graph_launch_s (2.5 us) is the "
-                "decode kernels' graph-replayed figure; a small copy replays in 1.7-2.5 us (the same run)")
+        return ("latency at small sizes (GPU time, from a CUDA graph): the graph launch (0.89 us, from the run's "
+                "8 KiB copy) and the first loads' round trip; a real copy's ramp differs by size")
     if p.bound == "host" or (p.series.startswith("tilecore") and p.measured_s < 100e-6 and fast and
                              (p.op in ("gemm", "gemm_fp8", "hadamard"))):
         return ("host time: an eager call on the host path the bench ran with (before issue 31's host work); "
@@ -468,8 +543,13 @@ def name_cause(p: Prediction) -> str:
                 "layout copy: separate eager kernels, each with its launch and tail), costed as their bytes only")
     if p.op.startswith("attention") and q.get("N", 1 << 30) <= 1024 and fast:
         return "short rows: prologue/epilogue per tile and the causal tail (latency), not modelled per tile"
+    if p.op == "decode" and p.series.startswith("flash") and fast:
+        return ("peer's kernels (FlashAttention-2's split-KV decode through SDPA): its chain is not tilecore's "
+                "(DECODE_SPLIT_CHAIN_S is tilecore's split kernel's, measured): 3-8 us more at B1 than tilecore's "
+                "(notes/napkin/README.md, FA2's decode), not modelled")
     if p.op == "decode":
-        return "latency at small sizes: a decode step's two kernels and their DRAM round trips (launch_s is eager copy's)"
+        return ("latency at small sizes: a decode step's split kernel (its chain: DECODE_SPLIT_CHAIN_S, tilecore's) "
+                "and merge; the peer's kernels differ")
     if p.op in ("gemm", "gemm_fp8") and q.get("K", 1 << 30) <= 512:
         return "skinny K: prologue/epilogue per tile (C store not hidden under few K steps)"
     if p.op in ("gemm", "gemm_fp8") and "GROUP_M=1" in p.series:
@@ -612,7 +692,8 @@ def table(root: Path = RESULTS) -> str:
               "benchmarks/results/; tests/napkin/test_validation_table.py checks that this section is current. "
               "GPU: the H100 preset; HBM = the copy ceiling of the same run (else copy.json's 1 GiB copy, "
               "3,002 GB/s); tensor cores = the same run's cuBLAS bf16 8192^3 ceiling (else the mean of the "
-              "committed ceilings), fp8 x 1230/680 (shared/anchors.md); launch 4.6 us a kernel (copy.json); "
+              "committed ceilings), fp8 x 1230/680 (shared/anchors.md); a kernel's launch 4.15 us eager, 0.89 us from a "
+              "CUDA graph (each a small copy's measured time less the engine's own: copy.json, hadamard-latency.json); "
               "tilecore's eager host floor from notes/host/runs/host_time_session24_h100.json. The attention "
               "backward: tilecore.napkin.backward (each implementation's step chain, dQ, the passes around "
               "it, a one-tile thread block's prologue and epilogue, FlashAttention-2's per-warp operand reads "
