@@ -10,10 +10,11 @@ before it). Cases:
 - ``empty``: an empty Triton kernel from a graph (the launch floor), and a copy of 2 KiB-8 MiB (torch copy_);
 - ``hadamard``: tilecore.hadamard_transform of 1 row for n = 256 ... 32768, and of 132 / 264 rows at n 4096 and
   16384 (one tile a program, then two), each checked against a float64 fast Walsh-Hadamard transform;
+- ``programs``: n 4096 through the tl plan with its table's programs an SM and with one or two (132-396 rows);
 - ``decode``: tilecore.attention at B 1, one query, Nk 1024 / 4096 / 16384 (Hq 32, Hkv 8, D 128: the bench's),
   its split-key kernel and merge by the profiler, checked against a float64 softmax.
 
-    python experiments/napkin/gpu_small_kernels.py [--smoke]
+    python experiments/napkin/gpu_small_kernels.py [--smoke] [--phases empty,hadamard,decode,programs]
 """
 from __future__ import annotations
 
@@ -116,6 +117,39 @@ def hadamard_cases(run: Run, smoke: bool) -> None:
         run.row(f"hadamard rows {rows} n {n}", **ok, graph_us=graph_us(fn), kernels=kernel_us(fn))
 
 
+def programs_cases(run: Run, smoke: bool) -> None:
+    """n 4096 by the tl plan with its programs an SM (TUNING: 16) and with one or two (plan's ``waves``): do two
+    programs on one SM run their chains one after the other (the hadamard-latency row of 256 rows, 1.40x the
+    one-program chain)? Each checked against float64."""
+    from tilecore.ops.hadamard import launch, plan
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    n = 256 if smoke else 4096
+    for rows in ((3,) if smoke else (132, 264, 396)):
+        for waves in (None, 1, 2):
+            if run.left() < 6 and not smoke:
+                return
+            x = torch.randn(rows, n, device=dev, dtype=torch.bfloat16)
+            scale = n ** -0.5
+            kw = {} if waves is None else {"waves": waves}
+            out = poisoned(x)
+            p = plan.plan(x, out, **kw)
+            launch.launch(p, x, out, scale)
+            ok = check(out, fwht64(x) * scale)
+            name = f"programs rows {rows} n {n} waves {waves or 'table'} grid {p.grid[0]}"
+            if dev != "cuda":
+                run.row(name, **ok)
+                continue
+            sets = [(t, torch.empty_like(t)) for t in
+                    (torch.randn(rows, n, device=dev, dtype=torch.bfloat16) for _ in range(max(1, min(64, (200 << 20) // (4 * rows * n)))))]
+            it = iter(range(1 << 30))
+
+            def fn():
+                a, b = sets[next(it) % len(sets)]
+                launch.launch(p, a, b, scale)
+            run.row(name, **ok, graph_us=graph_us(fn), kernels=kernel_us(fn))
+
+
 def decode_cases(run: Run, smoke: bool) -> None:
     import tilecore
 
@@ -150,12 +184,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="CPU / interpreter: the checks on tiny shapes, no timing")
     ap.add_argument("--deadline", type=float, default=55.0)
+    ap.add_argument("--phases", default="empty,hadamard,decode", help="of: empty, hadamard, decode, programs")
     args = ap.parse_args(argv)
+    phases = set(args.phases.split(","))
     run = Run("napkin_small_kernels", deadline=args.deadline)
     run.say("device", run.meta.get("gpu"))
-    run.attempt("empty and copies", empty_cases, run)
-    run.attempt("hadamard", hadamard_cases, run, args.smoke)
-    run.attempt("decode", decode_cases, run, args.smoke)
+    if "empty" in phases:
+        run.attempt("empty and copies", empty_cases, run)
+    if "hadamard" in phases:
+        run.attempt("hadamard", hadamard_cases, run, args.smoke)
+    if "programs" in phases:
+        run.attempt("programs", programs_cases, run, args.smoke)
+    if "decode" in phases:
+        run.attempt("decode", decode_cases, run, args.smoke)
     for r in run.rows:  # the table's kernel column: each kernel's device us, short names
         r["kern"] = " ".join(f"{k[:14]}={v}" for k, v in (r.get("kernels") or {}).items())[:70]
     run.finish(["name", "pass", "err_over_floor", "graph_us", "kern"])
