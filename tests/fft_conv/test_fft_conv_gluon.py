@@ -84,6 +84,35 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     assert shared_block["threads"] == 256 and shared_block["registers"] <= 255, shared_block
 
 
+TRANSPOSED = """
+import json, re
+from tilecore.ops.fft_conv.report import gluon_variant
+from tilecore.tiles.compile import compile_kernel, resources
+name, kernel, args, warps, _ = gluon_variant(128, 64, 0, True, True, 64, 3, 2, 4, True, 2, 0, True, 5)
+compiled = compile_kernel(kernel, args, num_warps=warps)
+ptx = compiled.asm["ptx"]
+print(json.dumps(dict(name=name, mmas=len(re.findall(r"wgmma\\.mma_async", ptx)),
+                      register_a=len(re.findall(r"wgmma\\.mma_async[^;]*\\}, \\{", ptx)),
+                      stores=len(re.findall(r"st\\.shared", ptx)), **vars(resources(compiled)))))
+"""
+
+
+def test_transposed_chunks_compile_with_register_operands():
+    """LEAN 4 (the chunked kernel at 4096 in chunks of 64, each chunk's tile transposed, rows k_a): stages 3 and 3'
+    take R and Y as the wgmma's register A operand (half of the walk's products: no staging tile between stage 1 and
+    3, 3 and 3'), within shared memory with two walkers, and the spill a few scalars (56 B at 248 worker registers)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", TRANSPOSED], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    # per walk: stage 1 (16, shared-memory operands), 3 and 3' (16 each, register A), the two last products (16)
+    assert row["mmas"] == 128 and row["register_a"] == 64, row
+    assert row["shared"] <= 227 * 1024 and row["threads"] == 256 and row["registers"] <= 255, row
+    assert row["spill_stores"] <= 64 and row["spill_loads"] <= 64, row
+    # x^T, D^T and the epilogue's y box only (the shipped chunks of 32 store 218 times: R and Y staged each chunk)
+    assert row["stores"] <= 64, row
+
+
 def _correlation(u64, k64):
     n = u64.shape[-1]
     spectrum = torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj()
@@ -107,7 +136,8 @@ def test_kernel_arithmetic_matches_float64(n, dtype, conj, rfft):
 
 
 @pytest.mark.parametrize("n, chunk, variants", [(4096, 32, ((False, True), (True, True))), (2048, 16, ((True, False),)),
-                                               (4096, 16, ((False, True, True),))])
+                                               (4096, 16, ((False, True, True),)),
+                                               (4096, 64, ((False, 2, True), (True, 3, True)))])  # (LEAN 4's)
 def test_chunked_kernel_arithmetic_matches_float64(n, chunk, variants):
     a, b = 2 * n // 64, 64
     g = torch.Generator().manual_seed(n)

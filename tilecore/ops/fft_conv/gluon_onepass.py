@@ -480,12 +480,12 @@ def _first_u(io, start, stop):
 
 
 @gluon.jit
-def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr):
+def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr, ROWS_A: gl.constexpr = False):
     """Pair w's two sequences x[m, a] = u[B a + m] as [B, HALF] float32 tiles in ``layout``, each over its largest
     |u| (non-finite elements zeroed): (x_re, its scale, whether it had a non-finite element, the same of x_im).
     TMA: the next pair's u requested into the other slot first, this one's read from its slot (each sequence's
-    [HALF, B] box rows transposed); else pointer loads at ``seq`` (b_re: the pair's first batch row, past the
-    batch masked)."""
+    [HALF, B] box rows transposed; ROWS_A: as they are, x^T [HALF, B]); else pointer loads at ``seq`` (b_re: the
+    pair's first batch row, past the batch masked)."""
     if io.TMA:
         i = (w - start) // step  # this walker's pair count: the slot and its phase
         after = w + step
@@ -494,7 +494,10 @@ def _pair_u(io, w, start, step, stop, h, b_re, seq, layout: gl.constexpr):
                 _request_u(io, after, (i + 1) % 2)
         mbarrier.wait(io.u_ready.index(i % 2), (i // 2) & 1)
         pair = io.u_smem.index(i % 2).reshape([2 * io.HALF, io.B])
-        if io.LEAN & 1:
+        if ROWS_A:  # (x^T: the box's rows a as they are; one reduction for both, LEAN 1's)
+            xre, scale_re, bad_re, xim, scale_im, bad_im = _scaled_both(
+                pair.slice(0, io.HALF).load(layout), pair.slice(io.HALF, io.HALF).load(layout))
+        elif io.LEAN & 1:
             xre, scale_re, bad_re, xim, scale_im, bad_im = _scaled_both(
                 pair.slice(0, io.HALF).permute((1, 0)).load(layout), pair.slice(io.HALF, io.HALF).permute((1, 0)).load(layout))
         else:
@@ -528,11 +531,11 @@ def _next_u(io, w, start, step, stop):
 
 
 @gluon.jit
-def _pair_y(io, ore, oim, w, start, step, h, b_re, seq, layout: gl.constexpr):
+def _pair_y(io, ore, oim, w, start, step, h, b_re, seq, layout: gl.constexpr, ROWS_A: gl.constexpr = False):
     """Pair (b_re, b_re + 1) of channel h's outputs (finished [B, HALF] float32 tiles: scaled, NaN where the
     sequence was not finite) as y's dtype: TMA: transposed into y's box (YALIAS: the slot pair w's u came in) once
-    the previous pair's store has read it, one TMA store; else pointer stores at ``seq`` in ``layout`` (past the
-    batch masked)."""
+    the previous pair's store has read it, one TMA store (ROWS_A: the tiles are out^T [HALF, B], stored as they
+    are); else pointer stores at ``seq`` in ``layout`` (past the batch masked)."""
     ty: gl.constexpr = io.Y.dtype.element_ty
     if io.TMA:  # [B, HALF] tiles into the pair's [2, 1, HALF, B] box, transposed, then one TMA store
         if io.YALIAS:
@@ -542,8 +545,12 @@ def _pair_y(io, ore, oim, w, start, step, h, b_re, seq, layout: gl.constexpr):
         tma.store_wait(0)  # the previous pair's store has read y_smem
         gl.thread_barrier()
         out = box.reshape([2 * io.HALF, io.B])
-        out.slice(0, io.HALF).permute((1, 0)).store(ore.to(ty))
-        out.slice(io.HALF, io.HALF).permute((1, 0)).store(oim.to(ty))
+        if ROWS_A:
+            out.slice(0, io.HALF).store(ore.to(ty))
+            out.slice(io.HALF, io.HALF).store(oim.to(ty))
+        else:
+            out.slice(0, io.HALF).permute((1, 0)).store(ore.to(ty))
+            out.slice(io.HALF, io.HALF).permute((1, 0)).store(oim.to(ty))
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(io.y_desc, [b_re, h.to(gl.int32), 0, 0], box)
@@ -774,7 +781,7 @@ class ChunkedGlobals:
 class ChunkedBuffers:
     """One warpgroup's shared memory: the pair's x (stage 1's A operand), the staged chunk (R, then Y),
     and with TMA u's two-buffer ring, its barriers and y's box."""
-    x_re: object  # [B, HALF] float16
+    x_re: object  # [B, HALF] float16 (LEAN 4: [2, HALF, B], x^T in [1], tile_re its [0])
     x_im: object
     tile_re: object  # [B, CHUNK] float16
     tile_im: object
@@ -786,13 +793,21 @@ class ChunkedBuffers:
 
 @gluon.jit
 def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK: gl.constexpr, TMA: gl.constexpr,
-                     KPRE: gl.constexpr, YALIAS: gl.constexpr):
+                     KPRE: gl.constexpr, YALIAS: gl.constexpr, TRANSPOSED: gl.constexpr = False):
+    """(TRANSPOSED, LEAN 4's walk at B = HALF = CHUNK: x and the tile one [2, HALF, B] buffer a plane, x^T in [1] and
+    the tile [0], so that chunk j's D^T goes to [j] by a loop's index)"""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
     stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
-    x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
-    x_im = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
-    tile_re = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
-    tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+    if TRANSPOSED:
+        x_re = gl.allocate_shared_memory(gl.float16, [2, HALF, B], x_layout)
+        x_im = gl.allocate_shared_memory(gl.float16, [2, HALF, B], x_layout)
+        tile_re = x_re.index(0)
+        tile_im = x_im.index(0)
+    else:
+        x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
+        x_im = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
+        tile_re = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+        tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
     if TMA:
         u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
         if YALIAS:  # (y's box is u's slot: the same box, dtype and layout)
@@ -857,18 +872,25 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
                        PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
-    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
+    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS, LEAN & 4)
     if WARPGROUPS == 1:
         fence_async_shared()
         gl.thread_barrier()
-        _chunked_walk(g, first, 0, 1)
+        if LEAN & 4:
+            _transposed_walk(g, first, 0, 1)
+        else:
+            _chunked_walk(g, first, 0, 1)
     else:
         gl.static_assert(WARPGROUPS == 2, "WARPGROUPS is 1 or 2")
-        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS)
+        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS, LEAN & 4)
         fence_async_shared()
         gl.thread_barrier()
-        gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
-                           [WORKER_REGS])
+        if LEAN & 4:
+            gl.warp_specialize([(_transposed_walk, (g, first, 0, 2)), (_transposed_walk, (g, second, 1, 2))], [4],
+                               [WORKER_REGS])
+        else:
+            gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
+                               [WORKER_REGS])
 
 
 @gluon.jit
@@ -959,6 +981,150 @@ def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
         _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
     _last_y(pio)
 
+
+@gluon.jit
+def _transposed_chunk(st, spectrum, rows, cols, j, x_re, x_im, d_re, d_im, fare, faim, fanim, before, zeros,
+                      lhs: gl.constexpr):
+    """LEAN 4: chunk j's stages 1-2' on the transposed tile (rows k_a; _transposed_walk), D^T [CHUNK, B] stored as
+    float16 into (d_re, d_im) at the chunk's scale s over max(``before``, s) (<= 1: ``before`` the earlier chunks'
+    largest scale, 0 for none); returns s (its largest |Y|). ``rows`` (k_a of chunk 0) and ``cols`` (m, or k_b, times
+    A): the tile's offsets, added here (held as one [CHUNK, B] tile across the pairs they cost registers)."""
+    CHUNK: gl.constexpr = d_re.shape[0]
+    f = gl.expand_dims(rows + j * CHUNK, 1) + gl.expand_dims(cols, 0)  # m A + k_a (twiddles), k_a + A k_b (bins)
+    kpre = _spectrum_issue(st, spectrum, f)  # (KPRE 1: under stages 1-3)
+    fat = fare.index(j).permute((1, 0))  # F_A[chunk, :HALF] (F_A symmetric)
+    # 1. R^T = F_A[chunk, :HALF] @ x^T
+    rre, rim = _complex_mma(fat, x_re, fanim.index(j).permute((1, 0)), x_im, fat, x_im, faim.index(j).permute((1, 0)),
+                            x_re, zeros, True, False)
+    twre, twim = _twiddles(st, f, 0)
+    rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
+    rre = gl.convert_layout(rre.to(gl.float16), lhs)
+    rim = gl.convert_layout(rim.to(gl.float16), lhs)
+    # 3. S^T = R^T @ F_B (R^T the register A operand), Y^T = S^T K over its largest |Y|; KPRE 0: the bins loaded while
+    # the wgmmas run (KMID's place)
+    if st.KPRE == 0:
+        p = warpgroup_mma(rre, st.fbre, zeros, use_acc=False, is_async=True)
+        p = warpgroup_mma(rim, st.fbnim, p, is_async=True)
+        q = warpgroup_mma(rre, st.fbim, zeros, use_acc=False, is_async=True)
+        q = warpgroup_mma(rim, st.fbre, q, is_async=True)
+        kre, kim = _spectrum_take(st, spectrum, f, kpre)
+        sre, sim, rre, rim = warpgroup_mma_wait(0, deps=(p, q, rre, rim))
+    else:
+        sre, sim = _complex_mma(rre, st.fbre, rim, st.fbnim, rre, st.fbim, rim, st.fbre, zeros, True, True)
+        kre, kim = _spectrum_take(st, spectrum, f, kpre)
+    yre = sre * kre - sim * kim
+    yim = sre * kim + sim * kre
+    scale = gl.max(gl.max(gl.maximum(gl.abs(yre), gl.abs(yim)), axis=1), axis=0)
+    scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
+    inv = 1.0 / scale
+    yre = gl.convert_layout((yre * inv).to(gl.float16), lhs)
+    yim = gl.convert_layout((yim * inv).to(gl.float16), lhs)
+    # 3'. D^T = Y^T @ conj(F_B) (Y^T the register A operand); 2'. the conjugate twiddles
+    dre, dim = _complex_mma(yre, st.fbre, yim, st.fbim, yim, st.fbre, yre, st.fbnim, zeros, True, True)
+    twre, twim = _twiddles(st, f, 0)
+    ratio = scale / gl.maximum(before, scale)
+    dre, dim = (dre * twre + dim * twim) * ratio, (dim * twre - dre * twim) * ratio
+    gl.thread_barrier()  # every warp's stage-1 wgmmas have read x^T (chunk 1's D^T goes over it)
+    d_re.store(dre.to(gl.float16))
+    d_im.store(dim.to(gl.float16))
+    return scale
+
+
+@gluon.jit
+def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
+    """LEAN 4: _chunked_walk's pairs (the same walk, scales and roundings) with each chunk's tile transposed, rows k_a,
+    so that a stage's output is the next stage's register A operand (a wgmma's accumulator is the next one's A operand
+    without shared memory), and the two chunks' last products after both (CHUNK = HALF = B = 64, N = 4096):
+
+        1.  R^T = F_A[chunk, :HALF] @ x^T          both from shared memory (F_A symmetric: the resident block read
+                                                   transposed); x^T [HALF, B] = u's box rows, scaled, float16
+        2.  R^T *= W_L^(m k_a)
+        3.  S^T = R^T @ F_B                        R^T float16 in registers (F_B symmetric); Y^T = S^T K at f = k_a + A
+                                                   k_b, over its largest |Y|: the chunk's scale s_j
+        3'. D^T = Y^T @ conj(F_B)                  Y^T float16 in registers
+        2'. D^T *= conj(W_L^(m k_a)), float16 into shared memory: chunk 0's into the staging tile at s_0, chunk 1's
+            into x^T's (read by now) at s_1 / max(s_0, s_1)
+        1'. out^T = conj(F_A)[:HALF, chunk 0] @ D_0^T, times s_0 / max; += conj(F_A)[:HALF, chunk 1] @ D_1^T
+
+    (the running scale's roundings: chunk 0's D at its own scale, chunk 1's at s_1 over the larger, the sum rescaled
+    where chunk 1's is larger), so no output accumulator is live across the chunks. out^T [HALF, B] goes to y's box as
+    it is (rows a). gluon_emulate's emulate(..., chunk=64) is its arithmetic (the float32 sums in the wgmmas' own
+    order). Needs TMA with YALIAS (two walkers' buffers beside the resident matrices fit only with y's box in u's
+    ring) and LEAN 1."""
+    K = g.K
+    A: gl.constexpr = g.A
+    B: gl.constexpr = g.B
+    CHUNK: gl.constexpr = g.CHUNK
+    HALF: gl.constexpr = A // 2
+    L: gl.constexpr = A * B
+    gl.static_assert(CHUNK == 64, "LEAN 4: two chunks of 64 rows k_a (N 4096)")
+    gl.static_assert(HALF == 64, "LEAN 4: out^T's 64 rows a (N 4096)")
+    gl.static_assert(g.TMA, "LEAN 4: u and y by TMA")
+    gl.static_assert(g.YALIAS, "LEAN 4: y's box in u's ring (YALIAS)")
+    gl.static_assert(g.KPRE < 2, "LEAN 4: KPRE 0 or 1")
+    fare = g.fare
+    faim = g.faim
+    fanim = g.fanim
+    d_re = bufs.x_re  # [2, CHUNK, B]: chunk j's D^T in [j]; x^T [HALF, B] in [1] until chunk 1's stage 1 has read it
+    d_im = bufs.x_im
+    x_re = d_re.index(1)
+    x_im = d_im.index(1)
+    acc: gl.constexpr = wgmma_layout(CHUNK, B, 4)  # [k_a, m] and [k_a, k_b]
+    acc_out: gl.constexpr = wgmma_layout(HALF, B, 4)  # [a, m]
+    lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    t_k = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, acc))
+    t_m = gl.arange(0, B, layout=gl.SliceLayout(0, acc)) * A
+    zeros = gl.zeros([CHUNK, B], gl.float32, acc)
+    zeros_out = gl.zeros([HALF, B], gl.float32, acc_out)
+    st = Stages(g.fbre, g.fbim, g.fbnim, d_re.index(0), d_im.index(0), g.TFRE, g.TFIM, L, g.RFFT, g.CONJ, True, g.PROBE, g.TW_SFU,
+                None, g.KPRE, g.LEAN, False)
+
+    groups = gl.cdiv(g.batch, 2)
+    total = g.heads * groups
+    pio = PairIO(g.U, g.Y, g.u_desc, g.y_desc, bufs.u_smem, bufs.y_smem, bufs.u_ready, g.batch, g.stride_ub, g.stride_uh,
+                 g.stride_yb, g.stride_yh, groups, HALF, B, g.TMA, g.YALIAS, g.LEAN)
+    if g.CONTIG == 2:
+        start, stop, step = _walk_shared(gl.program_id(0), gl.num_programs(0), total, part, PARTS)
+    else:
+        start, stop, step = _walk(gl.program_id(0) * PARTS + part, gl.num_programs(0) * PARTS, total, g.CONTIG)
+    _first_u(pio, start, stop)
+    for w in range(start, stop, step):
+        h = (w // groups).to(gl.int64)
+        b_re = 2 * (w % groups)
+        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, 0, acc_out, True)
+        gl.thread_barrier()  # the previous pair's last products have read x^T's buffer and the tile
+        x_re.store(xre.to(gl.float16))
+        x_im.store(xim.to(gl.float16))
+        spectrum = K + h * g.stride_kh
+        fence_async_shared()
+        gl.thread_barrier()
+        _next_u(pio, w, start, step, stop)  # (YALIAS: the next pair's u, now that this one's is read)
+        running = scale_re * 0.0  # the chunks' largest scale so far (0: none)
+        first_scale = running
+        for j in range(2):  # (a loop, not unrolled: unrolled, both chunks' bin offsets were hoisted out of the pair loop)
+            s = _transposed_chunk(st, spectrum, t_k, t_m, j, x_re, x_im, d_re.index(j), d_im.index(j), fare, faim, fanim,
+                                  running, zeros, lhs)
+            first_scale = gl.where(j == 0, s, first_scale)
+            running = gl.maximum(running, s)
+        fence_async_shared()
+        gl.thread_barrier()
+        # 1'. out^T = conj(F_A)[:HALF, chunk 0] @ D_0^T at s_0 / max, += conj(F_A)[:HALF, chunk 1] @ D_1^T (a loop:
+        # unrolled, the products' shared-memory descriptors were hoisted out of the pair loop and spilled)
+        ore = zeros_out
+        oim = zeros_out
+        for c in range(2):
+            p = warpgroup_mma(fare.index(c), d_re.index(c), ore, is_async=True)
+            p = warpgroup_mma(faim.index(c), d_im.index(c), p, is_async=True)
+            q = warpgroup_mma(fare.index(c), d_im.index(c), oim, is_async=True)
+            q = warpgroup_mma(fanim.index(c), d_re.index(c), q, is_async=True)
+            ore, oim = warpgroup_mma_wait(0, deps=(p, q))
+            rescale = gl.where(c == 0, first_scale / running, 1.0)
+            ore = ore * rescale
+            oim = oim * rescale
+        ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
+        oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
+        _pair_y(pio, ore, oim, w, start, step, h, b_re, 0, acc_out, True)
+    _last_y(pio)
 
 
 @gluon.jit

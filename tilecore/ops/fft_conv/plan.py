@@ -82,14 +82,21 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     kept for a channel's next pairs (the whole-tile kernel on a ``contig`` walk); ``yalias`` (chunked, with TMA):
     y's box is the ring slot its pair's u came in (16 KiB a walker less: KPRE 2 at chunks of 32 fits); ``lean``: 1
     u's four scale / flag reductions as one and the spectrum product's scale as one (the same values), 2 (the
-    whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout; ``maxnreg``: ptxas's register
+    whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout, 4 (with 1; the chunked kernel at 4096,
+    chunks of 64, TMA, YALIAS) each chunk's tile transposed (rows k_a), so stages 3 and 3' take R and Y as register
+    operands and a chunk stages one tile in shared memory, not three (gluon_onepass._transposed_walk); ``maxnreg``: ptxas's register
     cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill). ``contig`` 2
     (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it (both on one channel's
     pairs at once). ``rfft`` 3: the bins as float16 pairs (a float16 spectrum, filter_spectrum(..., torch.float16),
     read as it is: one 32-bit load a bin; with kpre 2, 3 (whole tile) 32-bit copies). (CSCALE, TWEARLY, LAG and
     PRESCALE were measured no faster or slower and removed: notes/fft_conv.)"""
-    if lean not in (0, 1, 2, 3) or maxnreg not in (0, 128, 168, 255):
-        raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 and maxnreg 0, 128, 168 or 255; got {lean}, {maxnreg}")
+    if lean not in (0, 1, 2, 3, 5) or maxnreg not in (0, 128, 168, 255):
+        raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 or 5 and maxnreg 0, 128, 168 or 255; got {lean}, "
+                         f"{maxnreg}")
+    if lean & 4 and not (a == 128 and chunk == 64 and tma and yalias and warpgroups == 2 and kpre < 2):
+        raise ValueError(f"the Gluon one-pass kernel's lean 4 (the chunk transposed) is the chunked kernel's at N = 4096 "
+                         f"in chunks of 64, two warpgroups, TMA with YALIAS, kpre 0 or 1; got a {a}, chunk {chunk}, "
+                         f"warpgroups {warpgroups}, tma {tma}, yalias {yalias}, kpre {kpre}")
     if yalias and not (chunk and tma):
         raise ValueError("the Gluon one-pass kernel's YALIAS (y's box in u's ring) is the chunked kernel's, with TMA")
     if rfft not in (0, 1, 2, 3):

@@ -1,0 +1,107 @@
+"""Issue 37, session 39 (helper HF): LEAN 4 at N = 4096, the chunked kernel's chunk transposed (rows k_a: stage 1's
+and stage 3's outputs are the next wgmma's register A operands, a chunk stages one tile in shared memory, not three;
+gluon_onepass._transposed_walk), checked against float64 and timed against the shipped kernel, the op and torch.fft
+in the same run.
+
+    PYTHONPATH=. python experiments/fft_conv/gpu_s39.py [--variants c64_k1,f16_k0] [--conj LABELS] [--rounds 3]
+        [--no-half]
+
+B16 H768 bf16 at 4096; the filter's spectrum precomputed once, complex64 (``c64``) and float16 (``f16``:
+filter_spectrum(k, n, torch.float16)). Variants (label: the LEAN 4 tuple's spectrum and KPRE): c64_k0, c64_k1 (RFFT 2,
+complex64 bins), f16_k0, f16_k1 (RFFT 3, float16 bins).
+* rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
+  against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
+  (the backward's du: CONJ) of the labels named (a compile each); the shipped launch's output too.
+* rows "time": interleaved rounds (do_bench medians after warm-up, and from CUDA graphs: other lanes' compiles disturb
+  eager times): torch.fft (rfft, product, irfft in float32), the op on c64 (shipped), the op on f16 (shipped
+  GLUON_ONEPASS_HALF; --no-half leaves it out: one compile less), the shipped launch, each variant's launch; x
+  torch.fft, the ratio to the op on the same spectrum, and % of copy (the op's bytes, u + the complex64 spectrum + y,
+  at the anchors' 2,997 GB/s).
+Writes $OUT/fft_conv_gpu_s39.json after every row; prints a short table last.
+"""
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.common.gpu_script import Run, check, poisoned, time_rounds  # noqa: E402
+from tilecore.ops.fft_conv import fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
+from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
+from tilecore.ops.fft_conv.plan import gluon_plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
+
+TOL = 1.3  # bf16: order 2 at ~1.04x the floor; float16 bins ~+0.01
+N = 4096
+# the LEAN 4 tuples: (A, B, per_sm, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
+VARIANTS = {f"{kind}_k{kpre}": (128, 64, 1, True, True, 64, 2 if kind == "c64" else 3, 2, 4, True, 2, kpre, True, 5)
+            for kind in ("c64", "f16") for kpre in (0, 1)}
+
+
+def correlation(u64, k64):
+    n = u64.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj(), n=2 * n)[..., :n]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="c64_k1,f16_k0")
+    ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-half", action="store_true", help="leave the op on the float16 spectrum out")
+    a = ap.parse_args()
+    run = Run("fft_conv_gpu_s39", deadline=55)
+    B, H, n = 16, 768, N
+    g = torch.Generator().manual_seed(39)
+    u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
+    # a filter whose spectrum peaks away from chunk 0's bins: the running scale grows across the chunks
+    k = (torch.randn(H, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(torch.bfloat16)
+    ref = fft_conv_reference(u[:2, :64].double(), k[:64].double())
+    ref_c = correlation(u[:2, :64].double(), k[:64].double())
+    ud, kd = u.cuda(), k.cuda()
+    spectra = {"c64": filter_spectrum(kd, n), "f16": filter_spectrum(kd, n, torch.float16)}
+    shipped = conv_plan(n, ud.device, ud.dtype)
+    variants = [("shipped launch", shipped, "c64")]
+    variants += [(label, gluon_plan(*VARIANTS[label]), label[:3]) for label in a.variants.split(",") if label]
+    conj_of = {x for x in a.conj.split(",") if x}
+    run.extra.update(n=n, shipped=str(shipped), variants={lab: VARIANTS[lab] for lab, _, _ in variants[1:]})
+    for label, p, kind in variants:
+        for conj in (False, True) if label in conj_of else (False,):
+            def one(label=label, p=p, kind=kind, conj=conj):
+                y = poisoned(ud)
+                conv_launch.launch(p, ud, spectra[kind], y, conj)
+                written = bool(torch.isfinite(y).all())
+                r = check(y[:2, :64].cpu(), ref_c if conj else ref, TOL)
+                run.row(f"check {label}{' conj' if conj else ''}", all_written=written, **{**r, "pass": r["pass"] and written})
+            run.attempt(f"check {label}", one)
+    fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
+           "op c64": lambda: fft_conv(ud, spectra["c64"])}
+    if not a.no_half:
+        fns["op f16"] = lambda: fft_conv(ud, spectra["f16"])
+    ys = {label: torch.empty_like(ud) for label, _, _ in variants}
+    for label, p, kind in variants:
+        fns[label] = (lambda p=p, kind=kind, y=ys[label]: conv_launch.launch(p, ud, spectra[kind], y, False))
+    copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
+    kinds = {"op f16": "f16", **{label: kind for label, _, kind in variants}}
+
+    def rows(t, graph):
+        key = "_graph_ms" if graph else "_ms"
+        base = t["torch.fft" + key]
+        for name in fns:
+            ms = t[name + key]
+            op = t[("op f16" if kinds.get(name) == "f16" and "op f16" + key in t else "op c64") + key]
+            run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
+                    vs_op=round(op / ms, 4), pct_copy=round(100 * copy_ms / ms, 1),
+                    rounds=t[f"{name}_rounds"])
+
+    run.attempt("time eager", lambda: rows(time_rounds(fns, rounds=a.rounds, deadline=run), False))
+    if run.left() > 6:
+        run.attempt("time graph", lambda: rows(time_rounds(fns, rounds=2, graph=True, eager=False, deadline=run), True))
+    run.finish(["name", "pass", "err_over_floor", "ms", "x_torch_fft", "vs_op", "pct_copy"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
