@@ -58,10 +58,17 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
     assert "FORM" not in _dqk_step(128, dtype=torch.float16, dqk_gluon_form=38)[1]
     for case in (dict(D=128, N=1000), dict(D=32), dict(D=128, dqk_flat=0)):
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
-    # d 32 by a pair of key blocks of 16 (BKB_NARROW: a chunk's 32 channels a tile) where the blocks say so
+    # d 32 (one key block of 32 a chunk) by a pair of chunks a tile (CHUNKS 2: consumer c the tile's chunk c), or by a
+    # pair of key blocks of 16 (BKB_NARROW: a chunk's 32 channels a tile) where the blocks say so; fp16 (no FORM 2)
+    # keeps the tl launches
+    name, kw = _dqk_step(32, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)
+    assert name == "gla_dqk_gluon_kernel" and kw["q_desc"].block_shape == [64, 32] and kw["CHUNKS"] == 2, kw
+    assert kw["num_tiles"] == 2 * (256 // 64) // 2 and kw["FORM"] == 1538, kw
     name, kw = _dqk_step(32, BKB=16, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)
     assert name == "gla_dqk_gluon_kernel" and kw["q_desc"].block_shape == [64, 16], kw
-    assert kw["num_tiles"] == 2 * (256 // 64) and kw["FORM"] == 1538, kw
+    assert kw["num_tiles"] == 2 * (256 // 64) and kw["FORM"] == 1538 and "CHUNKS" not in kw, kw
+    assert _dqk_step(32, dtype=torch.float16, dqk_flat=2, dqk_gluon=2, dqk_gluon_scan=True)[0] != "gla_dqk_gluon_kernel"
+    assert _dqk_step(32, N=192, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)[0] != "gla_dqk_gluon_kernel"
 
 
 def test_fits_says_why_not():
@@ -72,6 +79,11 @@ def test_fits_says_why_not():
     assert "multiple of the chunk" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 100, 64, 32)
     assert "chunk 32" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 32, 32)
     assert "key block 8" in gluon_gla_bwd.fits(x, x, x, g, x, s, s, 128, 64, 8)
+    x32, g32 = x[..., :32], g[..., :32]  # (one key block a chunk: a pair of chunks a tile, bf16 only)
+    assert gluon_gla_bwd.fits(x32, x32, x32, g32, x32, s, s, 128, 64, 32) is None
+    assert "pair of chunks" in gluon_gla_bwd.fits(x32, x32, x32, g32, x32, s, s, 192, 64, 32)
+    h32 = x32.half()
+    assert "pair of chunks" in gluon_gla_bwd.fits(h32, h32, h32, g32, h32, s.half(), s.half(), 128, 64, 32)
     x96 = torch.empty(1, 128, 2, 96, dtype=torch.bfloat16, device=META)
     assert "head dims" in gluon_gla_bwd.fits(x96, x96, x96, g, x96, s, s, 128, 64, 32)
     x32 = x.float()

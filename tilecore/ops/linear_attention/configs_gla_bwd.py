@@ -46,7 +46,6 @@ CHUNKED = dict(
     dv_maxnreg=None,  # caps: no gain
     dqk_lean=True,  # r from do v^T's diagonal (no product and row sum a value block)
     dqk_dotscan=True,  # dG's reverse sum as three bf16 dots (fewer shuffles than tl.cumsum)
-    dqk_probe=0,  # timing probes only (gradients WRONG): never on
     dv_loop=False,  # the dv kernel's key blocks by a pipelined loop: slower
     dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch (11 / 27: within noise, more error)
     dv_form=5,  # one reduction a key block, two exp tiles, no branch on the flags
@@ -57,7 +56,6 @@ CHUNKED = dict(
     # ring of n stages, the next tile's TMA loads under this tile's chain; CHUNKED_FLAT_DIMS sets it)
     dqk_gluon_form=0,  # its FORM (2: every sum over tokens by bf16 dots with a 0/1 matrix, bf16 inputs; + gluon_gla_bwd's
     # FORM bits); off until an H100 run
-    dqk_gluon_probe=0,  # its timing probes only (gradients WRONG): never on
     dqk_gluon_scan=True,  # the Gluon kernel also where FORM 2 does not apply (fp16 inputs: its scans over tokens)
     dv_flat=0,  # n > 0: the dv kernel's common launch by n chunks a program, loads and store by TMA, P^T made directly
     # (gla_dv_flat_kernel); off until an H100 run

@@ -48,13 +48,6 @@ BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BKB_GLUON = 32  # key channels a consumer
 BKB_NARROW = 16  # ... where Dk is 32: a pair of key blocks of 16 (one chunk's channels a tile)
 FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
-# timing probes (the kernel's PROBE; experiments/linear_attention/gpu_gla_s37.py): each bit leaves a part of a
-# tile's work out, so the time it saves says what the chain spends there. Outputs are WRONG; never in a real launch.
-PROBE_NO_SCAN = gl.constexpr(1)  # G = g (no scan over tokens, no span / last-row reductions, FORM 2: no L g, J g)
-PROBE_NO_SFX = gl.constexpr(2)  # no <S_c, dS_c>
-PROBE_NO_VALUE_MMA = gl.constexpr(4)  # no do v^T, do S_c^T, v dS_c^T (zeros)
-PROBE_NO_INTRA_MMA = gl.constexpr(8)  # no a (k Ei), a^T (q E) (chain_scan: nor v do^T) (zeros)
-PROBE_NO_DG_SCAN = gl.constexpr(16)  # dG stored unsummed (FORM 2: no L dG, J (dG + k dk_state))
 # FORM bits beside 2 (chain_dots): the stores by TMA from shared memory (DQ, DK_OUT, DG then descriptors of the 2-D views
 # (B N, H Dk)): no per-element 64-bit addresses on the chain; launch_args drops a bit where its buffers do not allow it
 STORE_TMA = gl.constexpr(512)  # dq through the stage's k buffer (k kept in registers), dk through its q buffer
@@ -82,11 +75,39 @@ class DqkChunk:
     @gluon.jit
     def of(self, cid: gl.constexpr):
         """Consumer cid's buffers of the stage (key block cid of the pair): q, k, g [BT, BKB], S_c's and dS_c's rows
-        [BKB, Dv]."""
+        [BKB, Dv], the chunk's v and do [BT, Dv]."""
         if cid == 0:
-            blk = (self.q0, self.k0, self.g0, self.hs0, self.dhs0)
+            blk = (self.q0, self.k0, self.g0, self.hs0, self.dhs0, self.v, self.do)
         else:
-            blk = (self.q1, self.k1, self.g1, self.hs1, self.dhs1)
+            blk = (self.q1, self.k1, self.g1, self.hs1, self.dhs1, self.v, self.do)
+        return blk
+
+
+@stage_struct
+class DqkTwoChunks:
+    """A stage of two chunks (CHUNKS 2, Dk = BKB: one key block a chunk), consumer c taking chunk c of the pair."""
+    v0: object  # [BT, Dv]
+    v1: object
+    do0: object  # [BT, Dv]
+    do1: object
+    q0: object  # [BT, BKB]
+    q1: object
+    k0: object
+    k1: object
+    g0: object  # [BT, BKB]
+    g1: object
+    hs0: object  # [BKB, Dv]
+    hs1: object
+    dhs0: object  # [BKB, Dv]
+    dhs1: object
+
+    @gluon.jit
+    def of(self, cid: gl.constexpr):
+        """Consumer cid's buffers (chunk cid of the pair), as DqkChunk.of's."""
+        if cid == 0:
+            blk = (self.q0, self.k0, self.g0, self.hs0, self.dhs0, self.v0, self.do0)
+        else:
+            blk = (self.q1, self.k1, self.g1, self.hs1, self.dhs1, self.v1, self.do1)
         return blk
 
 
@@ -94,7 +115,7 @@ class DqkChunk:
 class DqkTile:
     bh: object  # batch * H + head
     c: object  # chunk
-    kb: object  # the pair's first key block
+    kb: object  # the pair's first key block (CHUNKS 2: 0, c the pair's first chunk)
 
 
 @gluon.jit
@@ -129,7 +150,7 @@ class GlaDqk:
     DV: gl.constexpr
     SPAN: gl.constexpr  # the widest span of G factored about its middle (kernels_tl._factor_span)
     FORM: gl.constexpr  # 2: every sum over tokens by dots (chain_dots); 0: by scans (chain_scan)
-    PROBE: gl.constexpr  # PROBE_* bits (timing only; 0 in every real launch)
+    CHUNKS: gl.constexpr  # 1: a tile is a pair of key blocks of one chunk; 2 (Dk = BKB, FORM 2): a pair of chunks
     L64: gl.constexpr  # [BT, BT] accumulators
     L32: gl.constexpr  # [BT, BKB] accumulators and the chain's tiles
     A32: gl.constexpr  # a [BT, BT] as the register A operand of a [BT, BKB] product
@@ -138,29 +159,59 @@ class GlaDqk:
 
     @gluon.jit
     def setup(self, tile_id):
-        pairs = self.KBLOCKS // 2
-        kp = tile_id % pairs
-        c = (tile_id // pairs) % self.NT
-        return DqkTile(tile_id // (pairs * self.NT), c, kp * 2), 1
+        if self.CHUNKS == 2:  # (chunks 2 t and 2 t + 1 of a head)
+            halves = self.NT // 2
+            tile = DqkTile(tile_id // halves, (tile_id % halves) * 2, 0)
+        else:
+            pairs = self.KBLOCKS // 2
+            kp = tile_id % pairs
+            c = (tile_id // pairs) % self.NT
+            tile = DqkTile(tile_id // (pairs * self.NT), c, kp * 2)
+        return tile, 1
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
+        if self.CHUNKS == 2:
+            self.load_chunks(stage, bar, tile)
+        else:
+            h = tile.bh % self.H
+            row = (tile.bh // self.H) * self.N + tile.c * self.BT
+            col = h * self.DKD + tile.kb * self.BKB
+            srow = (tile.bh * self.NT + tile.c) * self.DKD + tile.kb * self.BKB
+            tma.async_copy_global_to_shared(self.v_desc, [row, h * self.DV], bar, stage.v)
+            tma.async_copy_global_to_shared(self.do_desc, [row, h * self.DV], bar, stage.do)
+            tma.async_copy_global_to_shared(self.hs_desc, [srow, 0], bar, stage.hs0)
+            tma.async_copy_global_to_shared(self.dhs_desc, [srow, 0], bar, stage.dhs0)
+            tma.async_copy_global_to_shared(self.hs_desc, [srow + self.BKB, 0], bar, stage.hs1)
+            tma.async_copy_global_to_shared(self.dhs_desc, [srow + self.BKB, 0], bar, stage.dhs1)
+            tma.async_copy_global_to_shared(self.g_desc, [row, col], bar, stage.g0)
+            tma.async_copy_global_to_shared(self.g_desc, [row, col + self.BKB], bar, stage.g1)
+            tma.async_copy_global_to_shared(self.q_desc, [row, col], bar, stage.q0)
+            tma.async_copy_global_to_shared(self.q_desc, [row, col + self.BKB], bar, stage.q1)
+            tma.async_copy_global_to_shared(self.k_desc, [row, col], bar, stage.k0)
+            tma.async_copy_global_to_shared(self.k_desc, [row, col + self.BKB], bar, stage.k1)
+
+    @gluon.jit
+    def load_chunks(self, stage, bar, tile):
+        """CHUNKS 2: chunks c and c + 1 (rows BT apart; their states DKD rows apart) of the tile's head."""
         h = tile.bh % self.H
         row = (tile.bh // self.H) * self.N + tile.c * self.BT
-        col = h * self.DKD + tile.kb * self.BKB
-        srow = (tile.bh * self.NT + tile.c) * self.DKD + tile.kb * self.BKB
-        tma.async_copy_global_to_shared(self.v_desc, [row, h * self.DV], bar, stage.v)
-        tma.async_copy_global_to_shared(self.do_desc, [row, h * self.DV], bar, stage.do)
+        col = h * self.DKD
+        srow = (tile.bh * self.NT + tile.c) * self.DKD
+        tma.async_copy_global_to_shared(self.v_desc, [row, h * self.DV], bar, stage.v0)
+        tma.async_copy_global_to_shared(self.do_desc, [row, h * self.DV], bar, stage.do0)
         tma.async_copy_global_to_shared(self.hs_desc, [srow, 0], bar, stage.hs0)
         tma.async_copy_global_to_shared(self.dhs_desc, [srow, 0], bar, stage.dhs0)
-        tma.async_copy_global_to_shared(self.hs_desc, [srow + self.BKB, 0], bar, stage.hs1)
-        tma.async_copy_global_to_shared(self.dhs_desc, [srow + self.BKB, 0], bar, stage.dhs1)
         tma.async_copy_global_to_shared(self.g_desc, [row, col], bar, stage.g0)
-        tma.async_copy_global_to_shared(self.g_desc, [row, col + self.BKB], bar, stage.g1)
         tma.async_copy_global_to_shared(self.q_desc, [row, col], bar, stage.q0)
-        tma.async_copy_global_to_shared(self.q_desc, [row, col + self.BKB], bar, stage.q1)
         tma.async_copy_global_to_shared(self.k_desc, [row, col], bar, stage.k0)
-        tma.async_copy_global_to_shared(self.k_desc, [row, col + self.BKB], bar, stage.k1)
+        tma.async_copy_global_to_shared(self.v_desc, [row + self.BT, h * self.DV], bar, stage.v1)
+        tma.async_copy_global_to_shared(self.do_desc, [row + self.BT, h * self.DV], bar, stage.do1)
+        tma.async_copy_global_to_shared(self.hs_desc, [srow + self.DKD, 0], bar, stage.hs1)
+        tma.async_copy_global_to_shared(self.dhs_desc, [srow + self.DKD, 0], bar, stage.dhs1)
+        tma.async_copy_global_to_shared(self.g_desc, [row + self.BT, col], bar, stage.g1)
+        tma.async_copy_global_to_shared(self.q_desc, [row + self.BT, col], bar, stage.q1)
+        tma.async_copy_global_to_shared(self.k_desc, [row + self.BT, col], bar, stage.k1)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -231,7 +282,7 @@ class GlaDqk:
         L32: gl.constexpr = self.L32
         L64: gl.constexpr = self.L64
         dtype: gl.constexpr = self.q_desc.dtype
-        q_s, k_s, g_s, hs_s, dhs_s = stage.of(cid)
+        q_s, k_s, g_s, hs_s, dhs_s, v_s, do_s = stage.of(cid)
         NB: gl.constexpr = BT // BKB  # qe_smem's [BT, BKB] buffers a consumer (its [BT, BT] bf16 view of a^T)
         p0 = ctx.out
         p1 = self.qe_smem.index(NB * cid)
@@ -252,36 +303,27 @@ class GlaDqk:
         fence_async_shared()
         gl.thread_barrier()
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        if self.PROBE & PROBE_NO_SCAN:
-            Gc = gl.where(g < FLOOR, FLOOR, g)
-            Gl = z32
-        else:
-            # the value sums do v^T, do S_c^T, v dS_c^T issued behind G's (they read only the stage), <S_c, dS_c> under
-            # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
-            G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
-            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
-            a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
-                                    gl.SliceLayout(0, L32))
-            Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
+        # the value sums do v^T, do S_c^T, v dS_c^T issued behind G's (they read only the stage), <S_c, dS_c> under
+        # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
+        G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
+        Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
+        a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
+                                gl.SliceLayout(0, L32))
+        Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
         m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
-        flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
+        if self.CHUNKS == 2:  # (consumer cid: chunk c + cid, the head's one key block)
+            flag_at = (tile.bh * self.NT + tile.c + cid) * self.KBLOCKS + tile.kb
+        else:
+            flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
         gl.store(self.FLAG + flag_at.to(gl.int64) + rows * 0, gl.full([BT], 1, gl.int8, gl.SliceLayout(1, L32)),
                  mask=wide > 0)
         E = self.exp(Gc - m)
         Ei = self.exp(m - Gc)
-        # <S_c, dS_c> per channel
-        if self.PROBE & PROBE_NO_SFX:
-            sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
-        elif not self.PROBE & PROBE_NO_SCAN:
-            pass  # (made under the products)
-        else:
-            sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
-                                    gl.SliceLayout(0, L32))
         gl.thread_barrier()  # G's products have read the pieces
         # k Ei in p1, q E in p0 (p1, p2 take a once dq's product has read k Ei; q and k read from the stage where used:
         # fewer registers live through the products)
@@ -290,17 +332,7 @@ class GlaDqk:
         fence_async_shared()
         gl.thread_barrier()
         # the value sums do v^T, do S_c^T, v dS_c^T
-        if self.PROBE & PROBE_NO_VALUE_MMA:
-            a = z64 + 1.0
-            dqs = z32 + 1.0
-            dks = z32 + 1.0
-        elif not self.PROBE & PROBE_NO_SCAN:
-            a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
-        else:
-            a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
+        a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
@@ -309,20 +341,24 @@ class GlaDqk:
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
-            row = (tile.bh // self.H) * self.N + tile.c * BT
-            col = (tile.bh % self.H) * self.DKD + (tile.kb + cid) * BKB
+            if self.CHUNKS == 2:
+                row = (tile.bh // self.H) * self.N + (tile.c + cid) * BT
+                col = (tile.bh % self.H) * self.DKD + tile.kb * BKB
+            else:
+                row = (tile.bh // self.H) * self.N + tile.c * BT
+                col = (tile.bh % self.H) * self.DKD + (tile.kb + cid) * BKB
         if not (self.FORM & STORE_TMA and DG_BY_TMA):
             h = tile.bh % self.H
             b = tile.bh // self.H
             cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
-            base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
+            if self.CHUNKS == 2:
+                base = ((b.to(gl.int64) * self.N + (tile.c + cid) * BT) * self.H + h) * self.DKD + tile.kb * BKB
+            else:
+                base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
             offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T and dk
-        if self.PROBE & PROBE_NO_INTRA_MMA:
-            dq_in = dqs
-        else:
-            dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
-            dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
+        dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
+        dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
@@ -334,20 +370,17 @@ class GlaDqk:
         else:
             gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
         dG = q_s.load(L32).to(gl.float32) * dq
-        if self.PROBE & PROBE_NO_INTRA_MMA:
-            dk_in = dks
-        else:
-            # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
-            # operand from shared memory (no second product v do^T)
-            at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-            at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
-            gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
-            at_s.store(am)
-            fence_async_shared()
-            gl.thread_barrier()
-            at_op = at_s.permute((1, 0))
-            dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
-            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
+        # operand from shared memory (no second product v do^T)
+        at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
+        gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
+        at_s.store(am)
+        fence_async_shared()
+        gl.thread_barrier()
+        at_op = at_s.permute((1, 0))
+        dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
+        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
@@ -365,24 +398,20 @@ class GlaDqk:
         if not self.FORM & STORE_TMA:
             kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
-        if self.PROBE & PROBE_NO_DG_SCAN:
-            lsum = z32
-            jsum = kf * dk_state
-        else:
-            if self.FORM & STORE_TMA:
-                tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
-            gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
-            self.pieces(dG, p0, p1, p2)
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-            lsum = warpgroup_mma_wait(0, deps=[s_tok])
-            gl.thread_barrier()
-            self.pieces(dG + kf * dk_state, p0, p1, p2)
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
-            jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        if self.FORM & STORE_TMA:
+            tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
+        gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
+        self.pieces(dG, p0, p1, p2)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+        lsum = warpgroup_mma_wait(0, deps=[s_tok])
+        gl.thread_barrier()
+        self.pieces(dG + kf * dk_state, p0, p1, p2)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+        jsum = warpgroup_mma_wait(0, deps=[s_tok])
         dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
@@ -419,20 +448,15 @@ class GlaDqk:
         L32: gl.constexpr = self.L32
         L64: gl.constexpr = self.L64
         dtype: gl.constexpr = self.q_desc.dtype
-        q_s, k_s, g_s, hs_s, dhs_s = stage.of(cid)
+        q_s, k_s, g_s, hs_s, dhs_s, v_s, do_s = stage.of(cid)
+        gl.static_assert(self.CHUNKS == 1, "chain_scan: a pair of key blocks")
         # G, its span, middle and last row (a scan over tokens in SCAN, a warp's rows in its threads)
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
         g = g_s.load(self.SCAN).to(gl.float32)
-        if self.PROBE & PROBE_NO_SCAN:
-            Gc = g_s.load(L32).to(gl.float32)
-            hi = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
-            lo = hi
-            G_last = hi
-        else:
-            Gc = gl.convert_layout(gl.associative_scan(gl.where(g < FLOOR, FLOOR, g), 0, _add), L32)
-            hi = gl.max(Gc, axis=0)
-            lo = gl.min(Gc, axis=0)
-            G_last = gl.sum(gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0), axis=0)
+        Gc = gl.convert_layout(gl.associative_scan(gl.where(g < FLOOR, FLOOR, g), 0, _add), L32)
+        hi = gl.max(Gc, axis=0)
+        lo = gl.min(Gc, axis=0)
+        G_last = gl.sum(gl.where(gl.expand_dims(rows == BT - 1, 1), Gc, 0.0), axis=0)
         mid = 0.5 * (hi + lo)
         wide = gl.sum(gl.where(hi - lo <= self.SPAN, 0, 1), axis=0)  # NaN spans count as wide too
         flag_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -443,11 +467,8 @@ class GlaDqk:
         Ei = gl.exp(gl.expand_dims(mid, 0) - Gc)
         # <S_c, dS_c> per channel
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        if self.PROBE & PROBE_NO_SFX:
-            sfx = gl.zeros([BKB], gl.float32, gl.SliceLayout(0, L32))
-        else:
-            sfx = gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1)
-            sfx = gl.convert_layout(sfx, gl.SliceLayout(0, L32))
+        sfx = gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1)
+        sfx = gl.convert_layout(sfx, gl.SliceLayout(0, L32))
         # the B operands of the intra products: k Ei (this consumer's ctx.out) and q E
         kei_s = ctx.out
         qe_s = self.qe_smem.index(cid)
@@ -460,32 +481,23 @@ class GlaDqk:
         # the value sums do v^T, do S_c^T, v dS_c^T
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z32 = gl.zeros([BT, BKB], gl.float32, L32)
-        if self.PROBE & PROBE_NO_VALUE_MMA:
-            a = z64 + 1.0
-            dqs = z32 + 1.0
-            dks = z32 + 1.0
-        else:
-            a_tok = warpgroup_mma(stage.do, stage.v.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dqs_tok = warpgroup_mma(stage.do, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            dks_tok = warpgroup_mma(stage.v, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
+        a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
         c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         a_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype), self.A32)
         # dq's intra product a (k Ei), and a^T = v do^T for dk's
-        if self.PROBE & PROBE_NO_INTRA_MMA:
-            dq_in = dqs
-            dk_in = dks
-        else:
-            dq_tok = warpgroup_mma(a_op, kei_s, z32, use_acc=False, is_async=True)
-            at_tok = warpgroup_mma(stage.v, stage.do.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dq_in, at = warpgroup_mma_wait(0, deps=[dq_tok, at_tok])
-            at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
-                                      self.A32)
-            dk_tok = warpgroup_mma(at_op, qe_s, z32, use_acc=False, is_async=True)
-            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        dq_tok = warpgroup_mma(a_op, kei_s, z32, use_acc=False, is_async=True)
+        at_tok = warpgroup_mma(v_s, do_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dq_in, at = warpgroup_mma_wait(0, deps=[dq_tok, at_tok])
+        at_op = gl.convert_layout(gl.where(gl.expand_dims(r64, 1) < gl.expand_dims(c64, 0), at, 0.0).to(dtype),
+                                  self.A32)
+        dk_tok = warpgroup_mma(at_op, qe_s, z32, use_acc=False, is_async=True)
+        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
 
         half = gl.expand_dims(gl.exp(0.5 * mid), 0)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
@@ -502,11 +514,8 @@ class GlaDqk:
         gl.store(self.DQ + base + offs, (dq + r * kf).to(self.DQ.dtype.element_ty))
         gl.store(self.DK_OUT + base + offs, (dk + r * qf).to(self.DK_OUT.dtype.element_ty))
         later = gl.exp(G_last) * sfx + gl.sum(kf * dk_state, axis=0)
-        if self.PROBE & PROBE_NO_DG_SCAN:
-            dGs = qf * dq - kf * dk
-        else:
-            dGs = gl.convert_layout(gl.associative_scan(gl.convert_layout(qf * dq - kf * dk, self.SCAN), 0, _add,
-                                                        reverse=True), L32)
+        dGs = gl.convert_layout(gl.associative_scan(gl.convert_layout(qf * dq - kf * dk, self.SCAN), 0, _add,
+                                                    reverse=True), L32)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dGs + gl.expand_dims(later, 0)))
 
@@ -523,7 +532,7 @@ class GlaDqk:
 def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG,
                          N, H, DKD, NT, KBLOCKS, scale, num_tiles, STAGES: gl.constexpr, SPAN: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40,
-                         FORM: gl.constexpr = 0, PROBE: gl.constexpr = 0):
+                         FORM: gl.constexpr = 0, CHUNKS: gl.constexpr = 1):
     """dq, dk, dg and the fallback's flags of every (batch * head, chunk, key block) (see the module docstring): a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -547,10 +556,16 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     else:
         tri_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
-                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, PROBE, L64, L32, A32, SCAN)
-    stages = DqkChunk(ring(v_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),
-                      ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
-                      ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
+                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
+    if CHUNKS == 2:
+        stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
+                              ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
+                              ring(g_desc, STAGES), ring(g_desc, STAGES), ring(hs_desc, STAGES), ring(hs_desc, STAGES),
+                              ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
+    else:
+        stages = DqkChunk(ring(v_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),
+                          ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
+                          ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
     num_tiles = gl.program_id(0) * 0 + num_tiles  # a tensor even where the launch specialized it to 1
     run(op, Layout(q_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
                    LATE_RELEASE=0), stages, num_tiles)
@@ -564,18 +579,20 @@ def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
         return f"chunk {BT} / key block {BKB} (it takes {BT_GLUON} / {BKB_GLUON} or {BKB_NARROW})"
     if N % BT:
         return f"N {N} not a multiple of the chunk {BT}"
-    if Dv not in (32, 64, 128) or Dk % (2 * BKB):
-        return f"head dims ({Dk}, {Dv}): Dv 32, 64 or 128, Dk a multiple of {2 * BKB}"
+    if Dv not in (32, 64, 128) or (Dk % (2 * BKB) and Dk != BKB):
+        return f"head dims ({Dk}, {Dv}): Dv 32, 64 or 128, Dk {BKB} or a multiple of {2 * BKB}"
     if q.dtype not in (torch.bfloat16, torch.float16) or hs.dtype != q.dtype or k.dtype != q.dtype \
             or v.dtype != q.dtype or do.dtype != q.dtype:
         return "q, k, v, do and the states in one 16-bit dtype"
+    if Dk == BKB and (N % (2 * BT) or q.dtype != torch.bfloat16):  # (a tile of two chunks, by chain_dots)
+        return f"one key block a chunk: bf16 and N a multiple of {2 * BT} (a pair of chunks a tile)"
     return None
 
 
 def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages: int = 2, span: float = 64.0,
-                form: int = 0, probe: int = 0, bkb: int = BKB_GLUON):
-    """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous; form,
-    probe: the kernel's FORM and PROBE (absent where 0: the launch's keys as before); bkb: a consumer's key block."""
+                form: int = 0, bkb: int = BKB_GLUON):
+    """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous; form:
+    the kernel's FORM (absent where 0); bkb: a consumer's key block (Dk = bkb: a tile of two chunks, CHUNKS 2)."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -593,6 +610,11 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 g_desc=flat(g, [BT, BKB]), do_desc=flat(do, [BT, Dv]), hs_desc=flat(hs, [BKB, Dv]),
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
+    if kblocks == 1:  # a pair of chunks a tile (chain_dots' FORM 2 only)
+        if not form & 2 or NT % 2:
+            raise ValueError(f"gla dqk gluon: Dk {Dk} = one key block needs FORM 2 and an even chunk count, got "
+                             f"FORM {form}, {NT} chunks")
+        args.update(CHUNKS=2, num_tiles=B * H * NT // 2)
     tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
     if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
@@ -606,14 +628,13 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
             args.update(DG=flat(dg, [BT, BKB]))
     if form:
         args["FORM"] = form
-    if probe:  # (timing probes only)
-        args["PROBE"] = probe
     return (persistent_programs(args["num_tiles"], v.device),), args, 4
 
 
 def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=torch.float32, form: int = 0,
-                   probe: int = 0) -> dict:
-    """sm_90a resources of the kernel at B2 H4 N4096 Dk = Dv = D (compiled on the CPU, nothing run)."""
+                   bkb: int = BKB_GLUON) -> dict:
+    """sm_90a resources of the kernel at B2 H4 N4096 Dk = Dv = D, key blocks of bkb (compiled on the CPU, nothing
+    run)."""
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     B, N, H = 2, 4096, 4
@@ -622,10 +643,8 @@ def compile_report(D: int = 128, stages: int = 2, dtype=torch.bfloat16, g_dtype=
     g = torch.empty(B, N, H, D, dtype=g_dtype)
     hs = torch.empty(B, H, NT, D, D, dtype=dtype)
     dg = torch.empty(B, N, H, D, dtype=torch.float32)
-    bkb = BKB_NARROW if D == 32 else BKB_GLUON
     flag = torch.empty(B * H * NT * (D // bkb), dtype=torch.int8)
-    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages, form=form, probe=probe,
-                                    bkb=bkb)
+    grid, args, warps = launch_args(x, x, x, g, x, hs, hs, x, x, dg, flag, 0.1, stages=stages, form=form, bkb=bkb)
     compiled = compile_kernel(gla_dqk_gluon_kernel, args, num_warps=warps)
     r = resources(compiled)
     ptx = compiled.asm["ptx"]

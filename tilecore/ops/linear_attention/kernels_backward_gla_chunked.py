@@ -359,7 +359,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
-                   DOTSCAN: tl.constexpr = 0, PROBE: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0,
+                   DOTSCAN: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0,
                    DYN: tl.constexpr = False):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
@@ -396,8 +396,6 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     interpreter): dG's reverse sum within the chunk as a dot with a triangle of ones (_scan_dot), not tl.cumsum's
     shuffles (sm_90a: the kernel's two scans were ~700 of its ~3400
     instructions, 288 of its 368 shuffles; G's forward sum as such a dot made ptxas serialize every wgmma, C7514).
-    PROBE (timing only, outputs WRONG; with VB and not EARLY): 1 leaves the value loop out (its sums zero:
-    what the rest costs), 2 the intra-chunk dots (dq's and dk's a-terms zero).
     FORM (WIDE 1 with VB, SUFFIX 3, LEAN and DOTSCAN): _dqk_s33_program's bits.
     DYN (with VB): the value loop bounded by Dv at run time (_dqk_value_loop's), in both launches."""
     pid = tl.program_id(0)
@@ -407,7 +405,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                 _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                              svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale,
                              KBLOCKS, pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                             EARLY, LEAN, DOTSCAN, PROBE, DYN)
+                             EARLY, LEAN, DOTSCAN, DYN)
         else:
             for i in range(0, GROUP):
                 p = pid * GROUP + i
@@ -415,7 +413,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                     _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh,
                                  skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT,
                                  scale, KBLOCKS, p, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, 2, AT, VB, SUFFIX,
-                                 EARLY, LEAN, DOTSCAN, PROBE, DYN)
+                                 EARLY, LEAN, DOTSCAN, DYN)
     elif FORM != 0:  # WIDE 1, VB, SUFFIX 3, LEAN
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
@@ -424,7 +422,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, PART, WIDE, AT, VB, SUFFIX, EARLY,
-                     LEAN, DOTSCAN, PROBE, DYN)
+                     LEAN, DOTSCAN, DYN)
 
 
 @triton.jit
@@ -434,7 +432,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                  IEEE: tl.constexpr, SPLIT: tl.constexpr, PART: tl.constexpr, INTRA: tl.constexpr,
                  AT: tl.constexpr = False, VB: tl.constexpr = 0, SUFFIX: tl.constexpr = 0,
                  EARLY: tl.constexpr = False, LEAN: tl.constexpr = False, DOTSCAN: tl.constexpr = 0,
-                 PROBE: tl.constexpr = 0, DYN: tl.constexpr = False):
+                 DYN: tl.constexpr = False):
     """gla_dqk_kernel's program ``pid`` with the intra-chunk terms by INTRA (_dq_intra's; 1 also writes FLAG and
     computes only where the span allows); VB and SUFFIX gla_dqk_kernel's (SUFFIX: TOT is the final state)."""
     kblock = pid % KBLOCKS
@@ -491,13 +489,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             v = None
             do = None
         else:  # hs, dhs: the state terms do S_c^T, v dS_c^T themselves
-            if PROBE == 1:  # timing only (outputs wrong): no value loop, its sums zeros
-                a = tl.zeros([BT, BT], dtype=tl.float32)
-                r = tl.zeros([BT], dtype=tl.float32)
-                hs = tl.zeros([BT, BKB], dtype=tl.float32)
-                dhs = tl.zeros([BT, BKB], dtype=tl.float32)
-                sfx = tl.zeros([BKB], dtype=tl.float32)
-            elif LEAN:
+            if LEAN:
                 a, r, hs, dhs, sfx = _dqk_value_loop(
                     V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
                     DV, NT, BT, BKB, BVF, VB, MMA, IEEE, PART, TOT, SUFFIX, 0, None, None, None, None, None, True,
@@ -520,8 +512,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
             if VB == 0:
                 hs = tl.load(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
                              other=0.0)
-            dq_in = tl.zeros([BT, BKB], dtype=tl.float32) if PROBE == 2 else _dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA)
-            dq = (dq_in + _state_term(do, hs, MMA, IEEE, VB)
+            dq = (_dq_intra(a, k, Gc, MMA, IEEE, SPLIT, INTRA) + _state_term(do, hs, MMA, IEEE, VB)
                   * tl.exp(Gc)) * scale
             _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
             dG = qf * dq  # rows past N: 0 (q, k, do, v loaded as 0)
@@ -538,8 +529,7 @@ def _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sq
                 mid = 0.5 * (tl.max(Gc, 0) + tl.min(Gc, 0))
                 dk_intra = tl.exp(mid[None, :] - Gc) * _split_dot(at, qf * tl.exp(Gc - mid[None, :]), MMA, IEEE, SPLIT)
             else:
-                dk_intra = (tl.zeros([BT, BKB], dtype=tl.float32) if PROBE == 2 else
-                            _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA))
+                dk_intra = _dk_intra(a, q, Gc, MMA, IEEE, SPLIT, INTRA)
             dk_state = _state_term(v, dhs, MMA, IEEE, VB) * tl.exp(G_last[None, :] - Gc)
             dk = dk_intra * scale + dk_state
             if SUFFIX == 3:  # sum_v S_(c+1) dS_c = e^G_last <S_c, dS_c> + sum_t k e^(G_last - G) (v dS_c^T)
@@ -1082,7 +1072,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         dotscan = bool(cfg["dqk_dotscan"] and suffix)
         early = bool(cfg["dqk_early"] and suffix == 3)
         # dqk_form's common launch where it applies (the value loop with lean, dg_local, the fallback apart)
-        form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early and not cfg["dqk_probe"]
+        form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early
                                    and not cfg["dqk_apart"]) else 0
         # g_pre: the states walk stores span middles, G_last, the dqk flags (g_pre 1: and G), where it applies
         # (the dqk and dv forms that read them, separate walks whose key block is a multiple of the dqk kernel's)
@@ -1156,7 +1146,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 grid, gargs, warps = gluon_gla_bwd.launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale,
                                                                stages=gluon_stages,
                                                                span=8.0 if mma == tl.float16 else 64.0,
-                                                               form=gluon_form, probe=cfg["dqk_gluon_probe"], bkb=BKB)
+                                                               form=gluon_form, bkb=BKB)
                 calls.append(("dqk0w", gluon_gla_bwd.gla_dqk_gluon_kernel, grid, (), dict(gargs, num_warps=warps)))
                 continue
             if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
@@ -1183,7 +1173,6 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if early else {}),
                      **({"LEAN": True} if lean else {}),
                      **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if dotscan else {}),
-                     **({"PROBE": cfg["dqk_probe"]} if cfg["dqk_probe"] and wide != 2 else {}),
                      **({"FORM": form | (4 if g_pre else 0) | (32 if g_pre == 1 else 0)} if form and wide == 1
                         else {}),
                      **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
