@@ -4,7 +4,7 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Variants: the step's FORM bits (gluon_forward: V_ONCE 1, ACC_LATE 2; ``--forms 0,1,2,3``), each launched by
+Variants: the step's FORM bits (gluon_forward: V_ONCE 1, ACC_LATE 2, D_TILE 4; ``--forms 0,2,4,6``), each launched by
 launch_args's ``form``; the shipped form is configs.GLUON_MAMBA_FORM. Every form is the same arithmetic in another
 order, so its outputs must be form 0's bits: each check's y and final states are hashed and compared.
 
@@ -16,6 +16,8 @@ Timing: the kernel alone on prepared arguments, CUDA-graph medians of interleave
 other round), and each form's median of per-round ratios to form 0 (rounds drift by a few % on a shared host).
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,2] [--op] [--step]
+
+Session 39: call 2 (job hb_m39a, --forms 0,1,2,3: notes/linear_attention/runs/mamba_s39a_run2_session39_h100.txt).
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """

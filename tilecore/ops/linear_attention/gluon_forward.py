@@ -49,6 +49,8 @@ V_ONCE = gl.constexpr(1)  # v^T loaded from the stage once a step: wV^T's regist
 ACC_LATE = gl.constexpr(2)  # the update's accumulator 2^(G_last) S^T made after the scores' wait, not before the
 # scores' wgmmas: ptxas then keeps S^T where the update writes it (FORM 0: 48 register moves a step, the scores'
 # accumulator taking S^T's registers)
+D_TILE = gl.constexpr(4)  # D's value columns loaded once a tile and carried (FORM 0: two global loads a step, issued
+# before P V and waited after it)
 
 
 @stage_struct
@@ -107,6 +109,7 @@ class Units:
 @struct
 class Walk:
     S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator (with beta: S^T [BV, BK])
+    d: object  # with FORM D_TILE and D: the unit's D by value column, loaded once a tile (else None)
 
 
 @struct
@@ -153,7 +156,7 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
-    FORM: gl.constexpr  # with beta: the step's form bits (V_ONCE, ACC_LATE; configs.GLUON_MAMBA_FORM), else 0
+    FORM: gl.constexpr  # with beta: the step's form bits (V_ONCE, ACC_LATE, D_TILE; configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -194,7 +197,12 @@ class LinearAttentionForward:
         if self.HAS_H0:
             h, col = self.unit(tile, ctx.index)
             S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
-        return Walk(S)
+        d = None
+        if self.HAS_D and (self.FORM & D_TILE):
+            h, col = self.unit(tile, ctx.index)
+            d = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col)
+                        + gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL)))
+        return Walk(S, d)
 
     @gluon.jit
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
@@ -286,7 +294,7 @@ class LinearAttentionForward:
             gl.thread_barrier()
             S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
             store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])  # (rows past N clipped by TMA)
-            walk = Walk(S)
+            walk = Walk(S, walk.d)
         return walk
 
     @gluon.jit
@@ -366,8 +374,11 @@ class LinearAttentionForward:
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.HAS_D:
-            offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
-            d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
+            if self.FORM & D_TILE:
+                d_col = walk.d
+            else:
+                offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
+                d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
             if self.FORM & V_ONCE:
                 o = o + gl.expand_dims(d_col, 1) * vT16.to(gl.float32)
             else:
@@ -385,7 +396,7 @@ class LinearAttentionForward:
         fence_async_shared()
         tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
         S = warpgroup_mma_wait(0, deps=(S_tok,))
-        return Walk(S)
+        return Walk(S, walk.d)
 
     @gluon.jit
     def wait(self, ctx, walk):
