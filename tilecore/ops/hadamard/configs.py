@@ -196,6 +196,8 @@ QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mx
 # mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): mxfp4 1.02-1.06x at the four widths;
 # nvfp4 0.96-1.02x, off
 QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True}
+# the Gluon kernels' hi piece truncated (gluon_epilogue.pieces' CLAMP 3, TRUNC: a prmt, not a conversion): untimed, off
+QUANT_GLUON_TRUNC_HI = {}
 # the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): int8
 # 1.07-1.08x, int4 1.06-1.11x where on; int8 11008 1.00x, off
 QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True, ("int8", 14336): True,
