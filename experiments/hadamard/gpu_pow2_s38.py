@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -29,7 +29,8 @@ beside the shipped plans of int8 2048-32768 and int4 1024 / 4096, and run 1's fl
 (gluon_epilogue._int_bits) at the model widths, int8 / int4. --set d (batch 4): the Gluon int4 INT_BITS after run 4's
 inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 4-bit formats at 2048 on (2, 16, 64) with
 4 rows a tile, at 8192 on 3 stages, int4 INT_BITS at 2048 / 8192. --set f (batch 2):
-TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%.
+TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%. --set g (batch 3):
+TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -127,6 +128,14 @@ TRUNC = ("trunc", dict(trunc_hi=True))
 SETS["f"] = {(f, n): [TRUNC] for f, n in (
     ("fp8_e4m3", 16384), ("fp8_e4m3", 32768), ("int8", 32768), ("mxfp4", 16384), ("nvfp4", 16384), ("int4", 16384),
     ("mxfp4", 4096), ("nvfp4", 8192), ("int4", 4096), ("mxfp4", 32768))}
+
+# session 39, batch 3: TRUNC_HI on the Gluon kernels (gluon_epilogue.pieces' CLAMP 3: sm_90a kron fp8 14336 convert 192 ->
+# 128, wide int8 11008 384 -> 288, the same instruction count) at the model widths for the formats whose scales are
+# float32 (fp8 / int8 per token, int4 per group: run 2's mxfp4 4096 moved an e8m0 scale at its boundary); run 2's
+# near-threshold pow2 rows again (int8 32768 1.027x, int4 16384 1.024x)
+SETS["g"] = {(f, n): [TRUNC] for f, n in (
+    ("fp8_e4m3", 28672), ("fp8_e4m3", 18944), ("fp8_e4m3", 14336), ("fp8_e4m3", 11008), ("int8", 28672),
+    ("int8", 18944), ("int8", 11008), ("int4", 28672), ("int8", 32768), ("int4", 16384))}
 
 
 def cases(name: str):
