@@ -214,3 +214,61 @@ def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case):
                 assert a.shape == c.shape and a.dtype == c.dtype and torch.equal(a, c)
     for cache in _norm_caches():
         cache.clear()
+
+
+@pytest.mark.parametrize("needs", ["both", "u", "k"])
+def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_path(monkeypatch, needs):
+    """fft_conv's RECORDED_FUNCTION: a keyed filter-form call recording a gradient whose key keeps a _GluonConv
+    applies _RecordedConv from fft_conv: the recipe's launch (the kernel, grid, options and arguments the general
+    path's Function launches), one autograd node, and a backward that hands the general Function's backward the same
+    saved u and k, dy and needs_input_grad as that Function does, its (du, dk) reaching the leaves. Off: the general
+    Function."""
+    calls, backwards = [], []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((grid, args, kwargs))
+
+    def filter_backward(ctx, dy):  # (the general Function's backward: the key's entry, then du and dk)
+        u, k = ctx.saved_tensors
+        backwards.append((u, k, dy, tuple(ctx.needs_input_grad)))
+        return (None, torch.full_like(u, 2.0) if ctx.needs_input_grad[1] else None,
+                torch.full_like(k, 3.0) if ctx.needs_input_grad[2] else None)
+
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: gluon)
+    monkeypatch.setattr(fft_op, "signature", _signature)
+    monkeypatch.setattr(fft_op._FilterFunction, "backward", staticmethod(filter_backward))
+    torch.manual_seed(7)
+    u0, k0 = torch.randn(2, 3, 1024).to(torch.bfloat16), torch.randn(3, 200)
+    dy = torch.randn(2, 3, 1024).to(torch.bfloat16)
+    runs = {}
+    for on in (True, False):
+        _clear()
+        calls.clear()
+        backwards.clear()
+        with patched(fft_op, RECORDED_FUNCTION=on):
+            names, grads = [], []
+            for _ in range(3):  # (the key's first call: the general path, keeping the recipe)
+                u = u0.clone().requires_grad_(needs in ("both", "u"))
+                k = k0.clone().requires_grad_(needs in ("both", "k"))
+                y = fft_op.fft_conv(u, k)
+                names.append(type(y.grad_fn).__name__)
+                y.backward(dy)
+                grads.append((u.grad, k.grad))
+                assert backwards[-1][0] is u and backwards[-1][1] is k and torch.equal(backwards[-1][2], dy)
+        def plain(a):  # (a descriptor by what it describes)
+            return (a.shape, a.strides, a.block_shape, a.layout) if isinstance(a, launch.TmaOperand) else a
+        runs[on] = ([(tuple(g), [a for a in args if not isinstance(a, torch.Tensor)],
+                      {name: plain(a) for name, a in kw.items()}) for g, args, kw in calls],
+                    [b[3] for b in backwards], grads)
+        assert names[1:] == (["_RecordedConvBackward"] * 2 if on else ["_FftConvFunctionBackward"] * 2)
+    assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
+    for (du1, dk1), (du0, dk0) in zip(runs[True][2], runs[False][2]):
+        assert (du1 is None) == (du0 is None) and (dk1 is None) == (dk0 is None)
+        assert (du1 is None or torch.equal(du1, du0)) and (dk1 is None or torch.equal(dk1, dk0))
+    _clear()

@@ -272,6 +272,30 @@ _SpectrumFunction = eager.eager_autograd("_FftConvSpectrumFunction", _conv_impl,
 _FilterFunction = eager.eager_autograd("_FftConvFunction", _filter_impl, _filter_setup, _filter_backward)
 
 
+class _RecordedConv(torch.autograd.Function):
+    """_FilterFunction for a key whose _GluonConv is kept, applied by fft_conv itself (RECORDED_FUNCTION): the
+    recipe, u and k its arguments; the forward the recipe's call (what _filter_impl calls for the key), the backward
+    _FilterFunction's (_filter_backward over the same saved u and k: the first argument's entry None). No checks lookup, eager.run, launch key or second recipe lookup."""
+
+    @staticmethod
+    def forward(ctx, prepared, u, k):
+        ctx.set_materialize_grads(False)
+        y = prepared(u, k)
+        ctx.save_for_backward(u, k)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _FilterFunction.backward(ctx, dy)  # (None for the recipe, then _filter_backward's du and dk)
+
+
+# a keyed filter-form call recording a gradient whose key keeps a _GluonConv applies _RecordedConv straight from
+# fft_conv (issue 31's host time: the general path's checks lookup, _is_spectrum, eager.run, the Function's key and
+# setup frames and a second lookup of the recipe each call otherwise); the same launches, so the same bits. Read each
+# call (with RECORDED_RECIPES); False: _FilterFunction as before
+RECORDED_FUNCTION = False
+
+
 def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Causal long convolution along the sequence, y[b, h, n] = sum_{m <= n} u[b, h, m] k[h, n - m].
 
@@ -297,8 +321,11 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     mode = dispatch.eager_mode(u, k)  # (one look at the modes a call: issue 31's host time)
     if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
         prepared = _GLUON_CONVS.get(key)
-        if prepared and mode == "direct" and not (prepared.given and k.is_conj()):
-            return prepared(u, k)
+        if prepared and not (prepared.given and k.is_conj()):
+            if mode == "direct":
+                return prepared(u, k)
+            if mode == "autograd" and RECORDED_FUNCTION and RECORDED_RECIPES and not prepared.given:
+                return eager.apply(_RecordedConv, prepared, u, k)
     _CHECKED.memo(key, lambda: check(u, k) or True)
     # eager: the implementation, or its autograd Function where a gradient is recorded; torch.compile,
     # fake tensors, modes: the ops
