@@ -79,6 +79,7 @@ class Derivation:
     launch_time: float = 0.0     # the fixed time of one kernel (GPU.launch_s)
     mma: str = "wgmma"
     acc_dtype: str = "fp32"
+    cluster: dict = field(default_factory=dict)   # axis -> blocks a cluster (TMA multicast of the others' tiles)
 
     @property
     def tflops(self) -> float:
@@ -170,9 +171,14 @@ TIME_MODELS = ("overlap", "ideal", "serial", "exposed-sfu")
 MMAS = ("wgmma", "mma.sync")
 
 
+# a thread-block cluster's most blocks (Hopper: 8 portable, 16 with the non-portable attribute)
+MAX_CLUSTER = 16
+
+
 def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int | None = None,
             time_model: str = "overlap", exposed_sfu: float | None = None, split_axis: str | None = None,
-            check_alignment: bool = True, acc_dtype: str | None = None, mma: str = "wgmma") -> Derivation:
+            check_alignment: bool = True, acc_dtype: str | None = None, mma: str = "wgmma",
+            cluster: dict | None = None) -> Derivation:
     """Cost one relabelling. `parts`: axis -> Part at the thread-block level (missing axes: group(1)
     for axes every HBM array has, else none). Raises CapacityError when a level overflows.
 
@@ -183,7 +189,11 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     specialization); "exposed-sfu": all SFU work exposed by `exposed_sfu`.
     acc_dtype: the register dtype of accumulated outputs (default fp32; the paper keeps O in fp16).
     mma: "wgmma" (Hopper's warpgroup MMA) or "mma.sync" (the warp-level MMA of Ampere kernels, at the
-    GPU's `mma_sync_fraction` of the tensor rate)."""
+    GPU's `mma_sync_fraction` of the tensor rate).
+    cluster: {axis: c}, thread-block clusters (Hopper): c neighbouring blocks along a grouped axis run at once
+    on one GPC and a tile of an array that lacks the axis is loaded once for them, multicast by TMA from L2
+    into each block's shared memory, so its L2 -> SM bytes divide by c (HBM's do not: L2 already shares them
+    between blocks that run together). c a power of two, at most MAX_CLUSTER blocks in all."""
     if time_model not in TIME_MODELS:
         raise ValueError(f"time_model {time_model!r}; accepted: {', '.join(TIME_MODELS)}")
     if mma not in MMAS:
@@ -222,6 +232,14 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                 raise ValueError(f"axis {a!r} can only be grouped (split) where its reduction writes "
                                  f"an output: partial results are combined in HBM")
     stream_axis = streams[0] if streams else None
+    cluster = dict(cluster or {})
+    for a, c in cluster.items():
+        if a not in n or P[a].kind != "group":
+            raise ValueError(f"cluster: axis {a!r} must be a grouped axis of the relabelling")
+        if c < 1 or c & (c - 1):
+            raise ValueError(f"cluster: {a!r} x {c}: a power of two blocks")
+    if math.prod(cluster.values() or [1]) > MAX_CLUSTER:
+        raise ValueError(f"cluster: {math.prod(cluster.values())} blocks, at most {MAX_CLUSTER}")
 
     # extents at the SMEM (thread-block) level
     T_s = {a: (p.size if p.kind == "group" else n[a]) for a, p in P.items()}
@@ -397,7 +415,8 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     if abstract:
         H = {"HBM": transfer(T_s)}
     else:
-        H["L2"] = transfer(T_s)
+        # a cluster loads a tile of an array that lacks its axis once for its c blocks (TMA multicast)
+        H["L2"] = transfer({a: min(n[a], T_s[a] * cluster.get(a, 1)) for a in T_s}) if cluster else transfer(T_s)
         tensor_ops = [op for op in d.ops if any(w.unit == "tensor" for w in op.works)]
         H["SMEM"] = transfer(T_r, use_step_for_inputs=bool(tensor_ops), step=S_r) + sum(
             2 * math.prod(n[a] for a in d.arrays[r].axes) * dtype_bytes(d.arrays[r].dtype) for r in roundtrip)
@@ -486,7 +505,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         ctas_per_sm=ctas_per_sm, waves=waves, causal_density=density, supertile=supertile,
         time_model=time_model, notes=notes, thread_clocks=thread_clocks, compute_time=compute_time,
         transfer_time=transfer_time, fill_time=fill, launch_time=0.0 if abstract else gpu.launch_s,
-        mma=mma, acc_dtype=acc_dtype or "fp32")
+        mma=mma, acc_dtype=acc_dtype or "fp32", cluster=cluster)
 
 
 # ------------------------------------------------------------------------------------------ search
