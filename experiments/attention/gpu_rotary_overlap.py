@@ -1,7 +1,8 @@
 """Issue 37 (session 39, helper HR): the no-grad attention(..., rotary=(cos, sin)) forward with K turned inside the
-Gluon kernel by its producer warp (gluon_rotary.KTurn: chunks of K drawn from a global counter between the TMA
-issues, each tile's kv head waited for before its first K load) against the shipped route (K by apply_rotary's
-pass first, then gluon_rotary's forward with Q turned in the kernel), both over attention without rotary.
+Gluon kernel (gluon_rotary.KTurn: chunks of K drawn from a global counter by a side partition of the template,
+each tile's kv head waited for by the producer before its first K load; run 2's first form turned them in the
+producer warp between its TMA issues: +28-36%) against the shipped route (K by apply_rotary's pass first, then
+gluon_rotary's forward with Q turned in the kernel), both over attention without rotary.
 
 1. checks (bf16, fresh random inputs, the allocator's free memory filled with NaN before each call so an unwritten
    element shows): O of the in-kernel K turn against the float64 reference (reference.rotary_attention_reference)

@@ -24,7 +24,8 @@ from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, row
 from tilecore.tiles.compile import compile_kernel, resources
 from tilecore.tiles.launch import gluon_descriptor as desc
 out = []
-for d, causal, cfg, r, cos_dtype, store in json.loads(sys.argv[1]):
+for d, causal, cfg, r, cos_dtype, store, *chunk in json.loads(sys.argv[1]):
+    chunk = chunk[0] if chunk else 0  # KTurn's rows a chunk (0: K comes turned)
     t = torch.empty(2, 4, 256, d, dtype=torch.bfloat16)
     head = lambda rows: desc(t, [1, 1, rows, d])
     cs = torch.empty(256, r, dtype=getattr(torch, cos_dtype))
@@ -33,14 +34,22 @@ for d, causal, cfg, r, cos_dtype, store in json.loads(sys.argv[1]):
                 cos_stride=r, sin_stride=r, n_max=4096, H=4, N=256, Nk=256, GROUP=1, scale_log2e=0.1, num_bh=8,
                 head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
                 tanh_scale=0.0, qr_desc=desc(t.view(1, 8, 256, d), [1, 1, cfg["block_m"], d]) if store else None,
-                k_src=None, k_sb=None, k_sh=None, k_sn=None, k_dst=None, counters=None, per_head=None, total=None,
+                k_src=t if chunk else None, k_sb=4 * 256 * d if chunk else None, k_sh=d if chunk else None,
+                k_sn=4 * d if chunk else None, k_dst=t if chunk else None,
+                counters=torch.empty(9, dtype=torch.int32) if chunk else None, per_head=256 // max(chunk, 1),
+                total=8 * 256 // max(chunk, 1), CHUNK_ROWS=chunk, CHUNK_VEC=8, SIDE_WARPS=2,
                 CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
                 Q_REGS=cfg.get("q_regs", False), CONSUMERS=cfg.get("consumers", 2),
                 TURN_ROWS=rows_at_a_time(r, cfg.get("interleaved", False)))
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
-    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, store=store, **vars(resources(k)),
+    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, store=store, chunk=chunk, **vars(resources(k)),
+                    acquire=len(re.findall(r"ld\\.global\\.gpu\\.acquire", ptx)),
+                    release_add=len(re.findall(r"atom\\.global\\.gpu\\.release\\.add", ptx)),
+                    relaxed_add=len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.add", ptx)),
+                    proxy_global=ptx.count("fence.proxy.async.global"),
+                    ldg_v4=len(re.findall(r"ld\\.global\\.v4", ptx)), stg_v4=len(re.findall(r"st\\.global\\.v4", ptx)),
                     wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)), tma=ptx.count("cp.async.bulk.tensor"),
                     tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.\\dd\\.global\\.shared", ptx)),
                     store_waits=len(re.findall(r"cp\\.async\\.bulk\\.wait_group", ptx)),
@@ -56,13 +65,14 @@ print(json.dumps(out))
 # at N 4096 (D128 without a mask: Q in registers; D64: three consumers), D128 causal with interleaved pairs, and
 # D64's carried pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables; the training
 # forward (turned Q stored for the backward) restarting at D128 full and carried (its two ways of waiting for the
-# store). D64's three consumers with the store (not compiled here, for time): spills 188 / 244 B against 188 / 240
+# store); D128 full with K turned in the kernel (KTurn, 8 rows a chunk). D64's three consumers with the store (not compiled here, for time): spills 188 / 244 B against 188 / 240
 VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", False),
             (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16", False),
             (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3), 32, "bfloat16", False),
             (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", False),
             (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", True),
-            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", True)]
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", True),
+            (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", False, 8)]
 # spill bytes (stores, loads) ptxas reports; the three-consumer D64 causal forward spills 168 bytes without rotary
 # (test_attention_hopper_compile), 240 with
 SPILL_BYTES_ALLOWED = {2: 0, 3: 256}
@@ -87,6 +97,21 @@ def test_compiles_unserialized_with_the_shipped_registers(report):
         allowed = SPILL_BYTES_ALLOWED[consumers]
         assert row["spill_stores"] <= allowed and row["spill_loads"] <= allowed, row
         assert row["shared"] <= 227 * 1024, row
+
+
+def test_k_turned_in_the_kernel_by_a_side_partition(report):
+    """KTurn (D128 full, 8 rows a chunk): the side partition's draws (relaxed atomic adds on the chunk counter) and
+    counts (release adds on the head's), the producer's wait (ld.acquire.gpu) and the proxy fences on both sides
+    (after the chunk's stores, before the TMA loads of the head's K); K read and written in 16-byte vectors; the
+    consumers' and producer's registers as shipped (the side partition's warps in the producer's warpgroup: no
+    thread more), no spill, wgmma not serialized. Without KTurn none of it."""
+    rows = {r["chunk"] > 0: r for r in report if r["d"] == 128 and not r["causal"] and not r["store"]}
+    turned, plain = rows[True], rows[False]
+    assert turned["relaxed_add"] >= 2 and turned["release_add"] >= 1 and turned["acquire"] >= 1, turned
+    assert turned["proxy_global"] >= 2 and turned["ldg_v4"] > plain["ldg_v4"] and turned["stg_v4"] > 0, turned
+    assert turned["spill_stores"] == turned["spill_loads"] == 0 and not turned["wgmma_serialized"], turned
+    assert turned["threads"] == plain["threads"] and {232, 40} <= set(turned["setmaxnreg"]), (turned, plain)
+    assert plain["relaxed_add"] == plain["release_add"] == plain["acquire"] == plain["proxy_global"] == 0, plain
 
 
 def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
@@ -159,7 +184,8 @@ def test_the_training_forward_stores_the_turned_q(report):
     """With a qr descriptor each consumer stores its turned Q block by one TMA store (one more a consumer than
     the same configuration without: O's), waited for before the buffer is handed back; registers as without,
     no spill with two consumers (with three, 160 registers and spilling already: 4 bytes more reloaded)."""
-    plain = {(r["d"], r["causal"], json.dumps(r["cfg"], sort_keys=True)): r for r in report if not r["store"]}
+    plain = {(r["d"], r["causal"], json.dumps(r["cfg"], sort_keys=True)): r for r in report
+             if not r["store"] and not r["chunk"]}
     stored = [r for r in report if r["store"]]
     assert len(stored) == 2
     for row in stored:

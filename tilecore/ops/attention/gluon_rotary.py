@@ -31,6 +31,7 @@ from tilecore.ops.attention.gluon_kernels import Attention, KV, head_of
 from tilecore.ops.attention.plan import RotaryNotTaken
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
+from tilecore.tiles.gluon.pipeline import Side
 from tilecore.tiles.launch import CachedLaunch
 
 
@@ -162,22 +163,22 @@ def turn_chunk_rows(src, src_row, dst, pos, cos_ptr, sin_ptr, cos_stride, sin_st
 
 @struct
 class KTurn:
-    """K turned inside the no-grad forward (``OVERLAP``), under its tensor-core time, by the producer warp between
-    its TMA issues, into a (B, Hkv, Nk, D) buffer the K descriptor reads. The pass is cut into chunks of
-    CHUNK_ROWS rows of one kv head, numbered head by head in the order the grid reaches the heads (head-grouped
-    tiles walk the flat b * H + h, so b * Hkv + h // GROUP never decreases). ``counters`` (int32, zero at
-    launch): [0] the chunks drawn, [1 + u] the chunks of kv head u finished.
+    """K turned inside the no-grad forward (CHUNK_ROWS > 0) under its tensor-core time, by a side partition of the
+    template (``Side``: warps of the producer's warpgroup, no registers of the consumers'), into a (B, Hkv, Nk, D)
+    buffer the K descriptor reads. The pass is cut into chunks of CHUNK_ROWS rows of one kv head, numbered head
+    by head in the order the grid reaches the heads (head-grouped tiles walk the flat b * H + h, so
+    b * Hkv + h // GROUP never decreases). ``counters`` (int32, zero at launch): [0] the chunks drawn, [1 + u]
+    the chunks of kv head u finished.
 
-    * A producer draws the next chunk (a relaxed atomic add on [0]) after each step's loads, turns it (loads,
-      fp32 turn, stores: nothing it waits on), fences its stores for the async proxy, meets its warp and
-      counts the chunk finished on its head (a release add).
-    * Before its tile's first K load the producer waits until its head's chunks are all finished (acquire),
-      drawing and turning chunks itself while it waits, then fences for the async proxy (its TMA loads).
+    * The side partition draws chunks (a relaxed atomic add on [0], the next drawn before this one is turned),
+      turns each (loads, fp32 turn, stores: nothing it waits on), fences its stores for the async proxy, meets
+      its warps and counts the chunk finished on its head (a release add); it ends when no chunk is left.
+    * The producer waits before each tile's first K load until its kv head's chunks are all finished (acquire),
+      then fences for the async proxy (its TMA loads).
 
     No deadlock, resident or not: a drawn chunk is finished by the program that drew it without waiting on
-    anything, and a program draws only while it runs; a waiting program draws while chunks are left, so the
-    draws pass its head's last chunk after finitely many, and from then on its head's chunks are all in the
-    hands of running programs."""
+    anything, and every running program draws until no chunk is left, so a waiting producer's head is finished
+    by running programs (a program not yet resident has drawn nothing)."""
     src: object  # k's storage (unit stride along D)
     src_b: object
     src_h: object
@@ -185,35 +186,42 @@ class KTurn:
     dst: object  # the turned K buffer, contiguous (B, Hkv, Nk, D)
     counters: object
     Hkv: object
-    per_head: object  # chunks a kv head: cdiv(Nk, CHUNK_ROWS)
+    per_head: object  # chunks a kv head: Nk / CHUNK_ROWS
     total: object  # chunks in all: B * Hkv * per_head
     CHUNK_ROWS: gl.constexpr
     VEC: gl.constexpr  # features a thread of each half of the pairs (turn_chunk_rows)
 
     @gluon.jit
-    def draw(self, rot):
-        """Draw a chunk; turn it and count it finished if one was left."""
-        c = gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
-        if c < self.total:
-            u = c // self.per_head
-            first = (c - u * self.per_head) * self.CHUNK_ROWS
-            b = u // self.Hkv
-            h = u - b * self.Hkv
-            src = self.src + b.to(gl.int64) * self.src_b + h.to(gl.int64) * self.src_h + first.to(gl.int64) * self.src_n
-            dst = self.dst + (u.to(gl.int64) * rot.attn.Nk + first) * rot.attn.D
-            turn_chunk_rows(src, self.src_n, dst, first, rot.cos, rot.sin, rot.cos_stride, rot.sin_stride, rot.attn.D,
-                            rot.R, self.CHUNK_ROWS, rot.INTERLEAVED, self.VEC)
-            fence_proxy_async_global(c)
-            gl.thread_barrier()  # the warp's stores before the count
-            gl.atomic_add(self.counters + 1 + u, 1, sem="release", scope="gpu")
+    def turn(self, c, rot):
+        """Turn chunk c and count it finished on its head."""
+        u = c // self.per_head
+        first = (c - u * self.per_head) * self.CHUNK_ROWS
+        b = u // self.Hkv
+        h = u - b * self.Hkv
+        src = self.src + b.to(gl.int64) * self.src_b + h.to(gl.int64) * self.src_h + first.to(gl.int64) * self.src_n
+        dst = self.dst + (u.to(gl.int64) * rot.attn.Nk + first) * rot.attn.D
+        turn_chunk_rows(src, self.src_n, dst, first, rot.cos, rot.sin, rot.cos_stride, rot.sin_stride, rot.attn.D,
+                        rot.R, self.CHUNK_ROWS, rot.INTERLEAVED, self.VEC)
+        fence_proxy_async_global(c)
+        gl.thread_barrier()  # the partition's stores before the count
+        gl.atomic_add(self.counters + 1 + u, 1, sem="release", scope="gpu")
 
     @gluon.jit
-    def wait_head(self, u, rot):
-        """Until kv head u's chunks are all finished (drawing and turning chunks meanwhile); then a proxy fence
-        before the TMA loads of its K."""
+    def run(self, rot):
+        """The side partition: chunks drawn and turned until none is left (the next drawn before this one's turn,
+        so the draw's round trip runs under it)."""
+        c = gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
+        while c < self.total:
+            following = gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
+            self.turn(c, rot)
+            c = following
+
+    @gluon.jit
+    def wait_head(self, u):
+        """The producer: until kv head u's chunks are all finished; then a proxy fence before the TMA loads of its
+        K."""
         done = gl.atomic_add(self.counters + 1 + u, 0, sem="acquire", scope="gpu")
         while done < self.per_head:
-            self.draw(rot)
             done = gl.atomic_add(self.counters + 1 + u, 0, sem="acquire", scope="gpu")
         fence_proxy_async_global(done)
 
@@ -241,15 +249,17 @@ class RotaryAttention:
 
     @gluon.jit
     def load(self, stage, bar, tile, step, prev=None):
-        """attention's loads; with ``kturn``, the tile's kv head turned before its first (KTurn.wait_head), and a
-        chunk of the pass drawn and turned after every step's."""
+        """attention's loads; with ``kturn``, the tile's kv head waited for before its first (KTurn.wait_head)."""
         if self.kturn is not None:
             if step == 0:
                 b, h, hk = head_of(tile.bh, self.attn.H, self.attn.GROUP)
-                self.kturn.wait_head(b * self.kturn.Hkv + hk, self)
+                self.kturn.wait_head(b * self.kturn.Hkv + hk)
         self.attn.load(stage, bar, tile, step, prev)
-        if self.kturn is not None:
-            self.kturn.draw(self)
+
+    @gluon.jit
+    def side(self):
+        """The side partition (with ``kturn``): K's chunks turned (KTurn.run)."""
+        self.kturn.run(self)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
@@ -305,14 +315,15 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 INTERLEAVED: gl.constexpr = False, CHUNK_ROWS: gl.constexpr = 0,
-                                CHUNK_VEC: gl.constexpr = 4, PRODUCER_REGS: gl.constexpr = 0):
+                                CHUNK_VEC: gl.constexpr = 4, PRODUCER_REGS: gl.constexpr = 0,
+                                SIDE_WARPS: gl.constexpr = 2):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
     None): the turned Q written there too. CHUNK_ROWS > 0: K is turned in the kernel from k_src (strides
     k_sb, k_sh, k_sn; unit along D) into k_dst, k_desc's (B, Hkv, Nk, D) buffer, CHUNK_ROWS rows a chunk (KTurn;
-    ``counters`` zero at launch, ``per_head`` chunks a kv head, ``total`` in all); PRODUCER_REGS (0: the
-    shipped split) the producer warp's registers."""
+    ``counters`` zero at launch, ``per_head`` chunks a kv head, ``total`` in all) by a side partition of
+    SIDE_WARPS warps; PRODUCER_REGS (0: the shipped split) the producer's (and the side partition's) registers."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
@@ -335,7 +346,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
     PRODUCER: gl.constexpr = PRODUCER_REGS if PRODUCER_REGS > 0 else (24 if CONSUMERS == 3 else 40)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=PRODUCER, LATE_RELEASE=0, CARRY=CARRY,
-                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule,
+                    side=None if kturn is None else Side(SIDE_WARPS, PRODUCER))
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
 
 
@@ -352,26 +364,28 @@ def rows_at_a_time(r: int, interleaved: bool = False) -> int:
 
 def k_turn_rows(q, k, cos, causal: bool, interleaved: bool, window, keep_turned: bool, k_in_kernel: bool | None) -> int:
     """Rows a chunk of K turned inside the kernel (KTurn), or 0: K by apply_rotary's pass first. ``k_in_kernel``
-    None: where configs.ROTARY_K_IN_KERNEL_CASES names (D, causal). Only without keep_turned (the training
-    forward keeps K's pass), on a pipeline that restarts at each tile (not carried), with Nk whole chunks, K's
-    features contiguous and a chunk's offsets within int32."""
+    None: where configs.ROTARY_K_IN_KERNEL_CASES names (D, causal). configs.ROTARY_K_CHUNK_ROWS, or the rows the
+    side partition turns at once where more; only without keep_turned (the training forward keeps K's pass), on
+    a pipeline that restarts at each tile (not carried), with Nk whole chunks, K's features contiguous and a
+    chunk's offsets within int32."""
     B, H, N, D = q.shape
     Nk = k.shape[2]
-    rows = configs.ROTARY_K_CHUNK_ROWS
     if k_in_kernel is None:
         k_in_kernel = (D, bool(causal)) in configs.ROTARY_K_IN_KERNEL_CASES
     windowed = tuple(window) != (-1, -1)
-    if (not k_in_kernel or keep_turned or configs.gluon_forward_config(D, N, Nk, causal and not windowed).get("carry")
+    row_set = chunk_row_set(cos.shape[1], D, interleaved, configs.ROTARY_K_CHUNK_VEC, configs.ROTARY_K_SIDE_WARPS)
+    rows = max(configs.ROTARY_K_CHUNK_ROWS, row_set)
+    if (not k_in_kernel or keep_turned or not row_set or rows % row_set
+            or configs.gluon_forward_config(D, N, Nk, causal and not windowed).get("carry")
             or Nk % rows or k.stride(3) != 1 or rows * k.stride(2) >= 2 ** 31):
         return 0
-    row_set = chunk_row_set(cos.shape[1], D, interleaved, configs.ROTARY_K_CHUNK_VEC)
-    return rows if row_set and rows % row_set == 0 else 0
+    return rows
 
 
-def chunk_row_set(r: int, d: int, interleaved: bool, vec: int) -> int:
-    """Rows one warp turns at a time in turn_chunk_rows (a chunk is whole sets of them): vec features a thread of
-    each half (or of the 2R interleaved features), and of the copied features past 2R; 0 where R is no power of
-    two (its tiles' widths)."""
+def chunk_row_set(r: int, d: int, interleaved: bool, vec: int, warps: int) -> int:
+    """Rows ``warps`` warps turn at a time in turn_chunk_rows (a chunk is whole sets of them): vec features a
+    thread of each half (or of the 2R interleaved features), and of the copied features past 2R; 0 where R is no
+    power of two (its tiles' widths)."""
     if r & (r - 1):
         return 0
     width = 2 * r if interleaved else r
@@ -380,7 +394,7 @@ def chunk_row_set(r: int, d: int, interleaved: bool, vec: int) -> int:
     if rest:
         rest_w = 32 if rest <= 32 else (64 if rest <= 64 else 128)
         rows = max(rows, 32 // (rest_w // vec))
-    return rows
+    return rows * warps
 
 
 def check(q, k, v, cos, sin, interleaved: bool) -> None:
@@ -463,5 +477,6 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                             CONSUMERS=cfg.get("consumers", 2), Q_BUFFERS=cfg.get("q_buffers", 1),
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
-                            CHUNK_ROWS=chunk_rows, CHUNK_VEC=configs.ROTARY_K_CHUNK_VEC, num_warps=4))
+                            CHUNK_ROWS=chunk_rows, CHUNK_VEC=configs.ROTARY_K_CHUNK_VEC,
+                            SIDE_WARPS=configs.ROTARY_K_SIDE_WARPS, num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)
