@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -30,7 +30,8 @@ beside the shipped plans of int8 2048-32768 and int4 1024 / 4096, and run 1's fl
 inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 4-bit formats at 2048 on (2, 16, 64) with
 4 rows a tile, at 8192 on 3 stages, int4 INT_BITS at 2048 / 8192. --set f (batch 2):
 TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%. --set g (batch 3):
-TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again.
+TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again. --set h (batch 4): fp8_e5m2
+on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -137,6 +138,18 @@ SETS["g"] = {(f, n): [TRUNC] for f, n in (
     ("fp8_e4m3", 28672), ("fp8_e4m3", 18944), ("fp8_e4m3", 14336), ("fp8_e4m3", 11008), ("int8", 28672),
     ("int8", 18944), ("int8", 11008), ("int4", 28672), ("int8", 32768), ("int4", 16384))}
 
+# session 39, batch 4: fp8_e5m2 on fp8_e4m3's measured plans (plan tuning tables_of, configs.QUANT_POW2_TABLES_OF: its
+# tables have e5m2 at 128 only, so at 1024-32768 it runs the plans e4m3 left 1.07-1.20x behind; the same kernel but the
+# conversion), and the 4-bit formats on 4 warps where they run
+# 8 (run 1's int4 256: 1.738x): sm_90a loop SASS a value 256 nvfp4 17.8 -> 16.4; 512 mxfp4 23.0 -> 21.7; 1024 mxfp4 21.3
+# -> 19.9, nvfp4 21.2 -> 19.6 (161-255 registers, no spills)
+W4 = ("w4", dict(num_warps=4))
+
+
+SETS["h"] = {
+    **{("fp8_e5m2", n): [("e4m3_plan", dict(tables_of="fp8_e4m3"))] for n in (16384, 32768, 2048, 8192, 4096, 1024)},
+    **{(f, n): [W4] for f, n in (("nvfp4", 256), ("mxfp4", 512), ("mxfp4", 1024), ("nvfp4", 1024))},
+}
 
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""

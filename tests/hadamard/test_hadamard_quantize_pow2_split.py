@@ -202,3 +202,25 @@ def test_16384_plans_fit_two_programs_an_sm():
         assert row["spills"] == 0 and 2 * regs * 32 * row["warps"] <= 65536, row
         assert 2 * (row["shared"] + 1024) <= 228 * 1024, row
 
+
+
+def test_e5m2_reads_e4m3_tables():
+    """tables_of (configs.QUANT_POW2_TABLES_OF): fp8_e5m2's pow2 plan is fp8_e4m3's measured one but the format (the same
+    kernel, another conversion), its own entries first (n = 128); in the interpreter its codes match the float64
+    reference."""
+    big = {n: (1 << 28) // n for n in (128, 1024, 8192, 16384)}
+    for n, rows in big.items():
+        a = quantize.kernel_plan(rows, n, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, False).config
+        b = quantize.kernel_plan(rows, n, torch.bfloat16, "fp8_e5m2", None, None, True, False, False, 132, False,
+                                 tables_of="fp8_e4m3").config
+        assert {k for k in a if a[k] != b.get(k)} == {"FORMAT", "QMAX"}, n
+    torch.manual_seed(5)
+    x = torch.randn(5, 1024, dtype=torch.bfloat16)
+    x[:, 3] *= 70
+    x[2, 9] = float("inf")
+    plan, codes, scales = _run(x, "fp8_e5m2", None, tables_of="fp8_e4m3")
+    assert plan.path == "pow2" and (plan.config["N1"], plan.config["N2"]) == (16, 64)
+    ref, ref_scales = hadamard_quantize_reference(x, format="fp8_e5m2")
+    a, b = code_order(codes.reshape(ref.shape), "fp8_e5m2"), code_order(ref, "fp8_e5m2")
+    assert (a == b).double().mean() >= 0.999 and int((a - b).abs().max()) <= 1
+    assert torch.allclose(scales.reshape(ref_scales.shape), ref_scales, rtol=2.0**-15, atol=0, equal_nan=True)

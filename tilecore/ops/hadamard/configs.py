@@ -123,6 +123,9 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True),
                             # int4 256 on 4 warps: 1.74x
                             ("int4", 256): dict(num_warps=4)}
+# format -> the format whose pow2 tables (FORMAT_TUNING, PAIRS, CLAMP_LO, TRUNC_HI, PERM) it reads under its own
+# entries: fp8_e5m2 on fp8_e4m3's plans (the same kernel but the conversion): untimed, off
+QUANT_POW2_TABLES_OF = {}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64

@@ -410,7 +410,10 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     g = n if group is None or static_fp8 else group
     fp32 = dtype == torch.float32
     # the measured tuning by (format, n) (the caller's first), its TMA only where the input is large enough for it
-    measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), {})
+    # the measured tables by (format, n): fp8_e5m2 reads fp8_e4m3's where configs.QUANT_POW2_TABLES_OF says so (the same
+    # kernel but the conversion), its own entries first
+    tf = tuning.get("tables_of", configs.QUANT_POW2_TABLES_OF.get(fmt)) or fmt
+    measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), configs.QUANT_POW2_FORMAT_TUNING.get((tf, n), {}))
     if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, stages, tile, pointers and
         # columns)
         measured = {k: v for k, v in measured.items()
@@ -437,14 +440,14 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
         N=n, S=cfg["S"], N1=cfg["N1"], N2=cfg["N2"], B=cfg["B"], IN_PIECES=3 if fp32 else 1,
         # -2: two pieces, hi a column pair at a time (PAIRS: kernels._pairs_dot; configs.QUANT_POW2_PAIRS); -3: with
         # lo by one max (its CLAMP; configs.QUANT_POW2_CLAMP_LO); -4: hi truncated (its TRUNC; QUANT_POW2_TRUNC_HI)
-        MID_PIECES=3 if fp32 else _pow2_pieces(fmt, n, tuning),
+        MID_PIECES=3 if fp32 else _pow2_pieces(tf, n, tuning),
         MMA_DTYPE=mma, PIECE_DTYPE=tl.bfloat16, GRID=grid, TMA_LOAD=bool(load),
         TMA_STORE=bool(load) and tuning.get("tma_store", f.packed or n <= 256) and (cfg["N2"] // (2 if f.packed else 1)) >= 16,
         SIGNS=signs, FORMAT=f.kernel_id, G=g, STATIC=static_fp8, PACKED=f.packed, QMAX=f.qmax,
         FAST=bool(tuning.get("fast", configs.QUANT_FAST)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         # the last product's columns permuted so that a thread holds N2 / 4 consecutive outputs (quantize_kernels.
         # _sylvester_cols_permuted; configs.QUANT_PERM_COLUMNS: with one product, N1 == 1, only by (format, n))
-        PERM=_pow2_perm(fmt, n, cfg, tuning), **_pow2_e2m1_pairs(fmt, n, g, cfg, tuning),
+        PERM=_pow2_perm(tf, n, cfg, tuning), **_pow2_e2m1_pairs(fmt, n, g, cfg, tuning),
         **_pow2_int_bits(fmt, n, tuning),
         **_maxnreg(tuning, configs.QUANT_POW2_TUNING.get(n, {}) if load else {})))
 
