@@ -54,9 +54,16 @@ def forms(names):
 
     prefetch = {d: dict(c, prefetch=True, num_stages=1) for d, c in configs.ROTATE_QUANTIZE.items()}
     c3 = {d: dict(c, consumers=3) if d == 64 else c for d, c in configs.GLUON_FORWARD.items()}
+    rot = configs.ROTATED
+    qreg64 = dict(rot, q_reg=tuple(sorted({64, *rot["q_reg"]})))
+    st4 = dict(rot, stages={**rot["stages"], 64: 4})
     table = {"old": ({}, (64, 128)), "new": ({configs: dict(ROTATE_QUANTIZE=prefetch)}, (64, 128)),
              "c3": ({configs: dict(GLUON_FORWARD=c3)}, (64,)),
-             "c3new": ({configs: dict(GLUON_FORWARD=c3, ROTATE_QUANTIZE=prefetch)}, (64,))}
+             "c3new": ({configs: dict(GLUON_FORWARD=c3, ROTATE_QUANTIZE=prefetch)}, (64,)),
+             # the convenience path's D64 kernel: q's codes in registers (ROTATED q_reg, equal in session 36, before
+             # hide_first_key), 4 stages (ROTATED stages), three consumers with 4 stages
+             "qreg64": ({configs: dict(ROTATED=qreg64)}, (64,)), "st4": ({configs: dict(ROTATED=st4)}, (64,)),
+             "c3st4": ({configs: dict(GLUON_FORWARD=c3, ROTATED=st4)}, (64,))}
     return {n: table[n] for n in names}
 
 
@@ -77,7 +84,7 @@ def main():
     ap.add_argument("--budget", type=float, default=55.0)
     ap.add_argument("--cases", default="d64c,passes,d128c,tail,outlier")
     ap.add_argument("--forms", default="old,new,c3", help="old (shipped), new (the k pass with prefetch), c3 (three "
-                    "consumer warpgroups at D64), c3new (both)")
+                    "consumer warpgroups at D64), c3new (both), qreg64, st4, c3st4 (forms())")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpu-rounds", type=int, default=2, help="profiler rounds (each form's calls after a sync)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: the script's plumbing only")
