@@ -100,7 +100,8 @@ print(json.dumps(dict(name=name, mmas=len(re.findall(r"wgmma\\.mma_async", ptx))
 def test_transposed_chunks_compile_with_register_operands():
     """LEAN 4 (the chunked kernel at 4096 in chunks of 64, each chunk's tile transposed, rows k_a): stages 3 and 3'
     take R and Y as the wgmma's register A operand (half of the walk's products: no staging tile between stage 1 and
-    3, 3 and 3'), within shared memory with two walkers, and the spill a few scalars (56 B at 248 worker registers)."""
+    3, 3 and 3'), within shared memory with two walkers, and the spill a few scalars (44 B at 248 worker registers:
+    ~8 local accesses a pair)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", TRANSPOSED], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -108,9 +109,9 @@ def test_transposed_chunks_compile_with_register_operands():
     # per walk: stage 1 (16, shared-memory operands), 3 and 3' (16 each, register A), the two last products (16)
     assert row["mmas"] == 128 and row["register_a"] == 64, row
     assert row["shared"] <= 227 * 1024 and row["threads"] == 256 and row["registers"] <= 255, row
-    assert row["spill_stores"] <= 64 and row["spill_loads"] <= 64, row
-    # x^T, D^T and the epilogue's y box only (the shipped chunks of 32 store 218 times: R and Y staged each chunk)
-    assert row["stores"] <= 64, row
+    assert row["spill_stores"] <= 48 and row["spill_loads"] <= 48, row
+    # x^T, D^T and the epilogue's y box only (the chunks of 32 store 218 times: R and Y staged each chunk)
+    assert row["stores"] <= 80, row
 
 
 def _correlation(u64, k64):

@@ -1072,6 +1072,7 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     acc: gl.constexpr = wgmma_layout(CHUNK, B, 4)  # [k_a, m] and [k_a, k_b]
     acc_out: gl.constexpr = wgmma_layout(HALF, B, 4)  # [a, m]
     lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    rows_io: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # x^T read from u's box: 16 B a thread
     t_k = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, acc))
     t_m = gl.arange(0, B, layout=gl.SliceLayout(0, acc)) * A
     zeros = gl.zeros([CHUNK, B], gl.float32, acc)
@@ -1091,7 +1092,7 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
-        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, 0, acc_out, True)
+        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, 0, rows_io, True)
         gl.thread_barrier()  # the previous pair's last products have read x^T's buffer and the tile
         x_re.store(xre.to(gl.float16))
         x_im.store(xim.to(gl.float16))
