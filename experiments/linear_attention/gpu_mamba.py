@@ -4,28 +4,20 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Variants: the step's FORM bits (gluon_forward: V_ONCE 1, ACC_LATE 2, D_TILE 4; ``--forms 0,2,4,6``), each launched by
-launch_args's ``form``; the shipped form is configs.GLUON_MAMBA_FORM. Every form is the same arithmetic in another
-order, so its outputs must be form 0's bits: each check's y and final states are hashed and compared.
+Checks (in a process of its own, NaN-poisoned y and final states, every element written): the error over the bf16
+rounding floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the
+op's (b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
+``--op`` the public mamba2_chunk_scan (a second call the same bits). Timing: the kernel alone on prepared arguments,
+CUDA-graph medians of rounds (they drift by a few % on a shared host: session 39's variants were timed in
+interleaved rounds beside it, notes decisions 190-191).
 
-Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16 rounding
-floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the op's
-(b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
-``--op`` the public mamba2_chunk_scan with that form (tilecore.tiles.switches.patched on configs.GLUON_MAMBA_FORM).
-Timing: the kernel alone on prepared arguments, CUDA-graph medians of interleaved rounds (the order reversed every
-other round), and each form's median of per-round ratios to form 0 (rounds drift by a few % on a shared host).
-
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,2] [--op] [--step]
-
-Session 39: call 2 (job hb_m39a, --forms 0,1,2,3: notes/linear_attention/runs/mamba_s39a_run2_session39_h100.txt).
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step]
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,20 +26,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.common.gpu_script import Run, check, graph_ms, poisoned, time_rounds  # noqa: E402
+from experiments.common.gpu_script import Run, check, graph_ms, poisoned, same_bits, time_rounds  # noqa: E402
 
 SHAPE = (16, 4096, 80)  # B, N, H (headdim 64, d_state 128, one group)
 CASES = ("stateless", "states")
 
 
-def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
-    """The kernel at ``form`` on these inputs (g and beta (B, N, H): prepared here as the library does)."""
+def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
+    """The kernel as the op launches it on these inputs (g and beta (B, N, H): prepared here as the library does)."""
     from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_forward as gf
 
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip.float().contiguous(), z, h0, o, ht, scale,
-                                       configs.GLUON_STAGES, form=form)
+                                       configs.GLUON_STAGES)
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 
@@ -76,15 +68,7 @@ def mamba_states(B, H, S, P, fill=None):
     return t
 
 
-def digest(*tensors) -> str:
-    h = hashlib.sha1()
-    for t in tensors:
-        if t is not None:
-            h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
+def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H, a_range=a_range)
@@ -92,11 +76,11 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     h0 = mamba_states(B, H, S, P, "randn") if states else None
     ht = mamba_states(B, H, S, P, "nan") if states else None
     o = poisoned(x)
-    launcher(form, Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
+    launcher(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=None if h0 is None else h0.transpose(-1, -2).double())
-    row = dict(form=form, case=label, **check(o, ref), bits=digest(o, ht))
+    row = dict(case=label, **check(o, ref))
     if states:
         ref_t = ref_state.transpose(-1, -2)
         row.update(state_written=bool(torch.isfinite(ht).all()),
@@ -104,26 +88,23 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     return row
 
 
-def check_op(form: int) -> dict:
-    """The public mamba2_chunk_scan with configs.GLUON_MAMBA_FORM = form (the kernel through the op's keyed launch)
-    against the float64 recurrence: D, z, an initial state and the final states ((b, h, p, s), contiguous), N 1000;
-    a second call's y the same bits."""
+def check_op() -> dict:
+    """The public mamba2_chunk_scan (the kernel through the op's keyed launch) against the float64 recurrence: D, z, an
+    initial state and the final states ((b, h, p, s), contiguous), N 1000; a second call's y the same bits."""
     import tilecore
-    from tilecore.ops.linear_attention import configs, mamba2_reference
-    from tilecore.tiles.switches import patched
+    from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, seed=13)
     h0 = torch.randn(2, 8, 64, 128, device="cuda")
-    with patched(configs, GLUON_MAMBA_FORM=form):
-        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
-        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
+    y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+    y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
-    return dict(form=form, case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
+    return dict(case="public op D z h0 final N 1000", **check(y, ref),
                 state_written=bool(torch.isfinite(ht).all()) and ht.is_contiguous(),
                 state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
-                second_call_same=bool(torch.equal(y, y2)))
+                second_call_same=same_bits(y, y2))
 
 
 def timed_args(case: str):
@@ -149,26 +130,26 @@ def napkin_ms(with_states: bool) -> float:
     return 1e3 * (r.compulsory_bytes + with_states * 2 * B * H * 64 * 128 * 4) / r.gpu.levels[0].bandwidth
 
 
-def warm(form: int, op: bool):
-    """In a process of its own: the form's checks, then each timed case's compile."""
+def warm(op: bool):
+    """In a process of its own (a fault there is a row, not the end): the checks, then each timed case's compile."""
     t0 = time.time()
     rows = []
     try:
-        rows.append(check_mamba(form, "D z N 1008", 2, 1008, 8))
-        rows.append(check_mamba(form, "strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
+        rows.append(check_mamba("D z N 1008", 2, 1008, 8))
+        rows.append(check_mamba("strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
         if op:
-            rows.append(check_op(form))
+            rows.append(check_op())
         for case in CASES:
-            launcher(form, *timed_args(case))()
+            launcher(*timed_args(case))()
         torch.cuda.synchronize()
-        return form, None, round(time.time() - t0, 1), rows
+        return None, round(time.time() - t0, 1), rows
     except Exception as err:  # noqa: BLE001
-        return form, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+        return f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
 
 
 # --------------------------------------------------------------------------------------------
-# the decode step (issue 33's >= 90% of the copy over the state read and written; decision 93): the step kernel at its
-# shipped blocks by CUDA graphs beside a graph-timed copy of the state, checked against the float64 step
+# the decode step (issue 33's >= 90% of the copy over the state read and written; decision 93): the public mamba2_step
+# from a CUDA graph beside a graph-timed copy of the state, checked against the float64 step
 
 
 def step_inputs(seed: int = 1):
@@ -176,10 +157,10 @@ def step_inputs(seed: int = 1):
     B, H, P, S, bf = 16, 80, 64, 128, torch.bfloat16
     dt = torch.nn.functional.softplus(torch.randn(B, H, device="cuda") - 2)
     A = -torch.rand(H, device="cuda") * 8 - 0.5
-    return dict(C=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf),
-                B=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf), x=torch.randn(B, H, P, device="cuda",
-                                                                                         dtype=bf),
-                dt=dt, A=A, D=torch.randn(H, device="cuda"), z=torch.randn(B, H, P, device="cuda", dtype=bf),
+    C = (torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf)
+    Bm = (torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf)
+    x, z = (torch.randn(B, H, P, device="cuda").to(bf) for _ in range(2))
+    return dict(C=C, B=Bm, x=x, dt=dt, A=A, D=torch.randn(H, device="cuda"), z=z,
                 state=torch.randn(B, H, P, S, device="cuda"))
 
 
@@ -226,77 +207,50 @@ def main():
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    from tilecore.ops.linear_attention import configs
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--forms", default="0,1,2,3")
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan at each form")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan")
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
     a = ap.parse_args()
-    forms = sorted({0, *(int(f) for f in a.forms.split(","))})
     cases = a.cases.split(",")
     run = Run("mamba", deadline=57)
-    run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)
-    pool = cf.ProcessPoolExecutor(max_workers=len(forms), mp_context=mp.get_context("spawn"))
-    futs = [pool.submit(warm, f, a.op) for f in forms]
+    pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+    fut = pool.submit(warm, a.op)
     bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
     run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
-    got = {}
-
-    def collect():
-        for fut in cf.as_completed(futs, timeout=max(1.0, 40 - run.elapsed())):
-            res = run.attempt("warm (a worker died)", fut.result)
-            if res is not None:
-                got[res[0]] = res
-    run.attempt("warm (not every form done by 40 s)", collect)
+    got = run.attempt("warm (a worker died or took past 40 s)", fut.result, timeout=max(1.0, 40 - run.elapsed()))
     pool.shutdown(wait=False, cancel_futures=True)
-    base_bits = {r["case"]: r["bits"] for r in got.get(0, (0, None, 0, []))[3]}
-    ok = []
-    for f in forms:
-        if f not in got:
-            continue
-        _, err, secs, rows = got[f]
+    ok = False
+    if got is not None:
+        err, secs, rows = got
         for r in rows:
-            r["same_bits_as_form0"] = base_bits.get(r["case"]) == r["bits"]
-            run.row(f"check form {f} {r['case']}", **r)
+            run.row(f"check {r['case']}", **r)
         if err:
-            run.errors.append(f"warm form {f}: {err}")
-        if not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
-                           and r.get("second_call_same", True) and r["same_bits_as_form0"] for r in rows):
-            ok.append(f)
-        run.say(f"warm form {f}: {secs} s, error {err}")
-    run.say(f"passed: {ok}")
+            run.errors.append(f"warm: {err}")
+        ok = not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
+                             and r.get("second_call_same", True) for r in rows)
+        run.say(f"warm: {secs} s, error {err}, passed {ok}")
     if a.step:
         run.attempt("decode step", step_phase, run)
-    names = {f: f"f{f}" for f in ok}
     for i, case in enumerate(cases):
         if run.left() < 5 or not ok:
             break
         share = CaseDeadline(time.time() + run.left() / (len(cases) - i))  # (each case its share of what is left)
-        args = timed_args(case)
-        fns = {names[f]: launcher(f, *args) for f in ok}
-        for fn in fns.values():
-            fn()
+        fn = launcher(*timed_args(case))
+        fn()
         torch.cuda.synchronize()
-        res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=share)
+        res = run.attempt(f"time {case}", time_rounds, {"shipped": fn}, rounds=a.rounds, graph=True, eager=False,
+                          deadline=share)
         if res:
             row = dict(case=case, **res)
-            base, bound = res.get("f0_graph_ms"), bounds[case == "states"]
-            for f, n in names.items():
-                ms = res.get(f"{n}_graph_ms")
-                if ms and base and f:
-                    row[f"{n}_over_f0"] = round(base / ms, 4)  # > 1: faster than form 0
-                    pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
-                    row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
-                if ms and bound:
-                    row[f"{n}_napkin_pct"] = round(100 * bound / ms, 1)
+            ms, bound = res.get("shipped_graph_ms"), bounds[case == "states"]
+            if ms and bound:
+                row["napkin_pct"] = round(100 * bound / ms, 1)
+                row["best_round_pct"] = round(100 * bound / min(res["shipped_rounds"]["graph"]), 1)
             run.row(f"time {case}", **row)
-    cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits_as_form0"] + [
-        f"{n}_graph_ms" for n in names.values()] + [f"{n}_round_ratio" for f, n in names.items() if f] + [
-        f"{n}_napkin_pct" for n in names.values()] + ["copy_pct"]
-    run.finish(cols)
+    run.finish(["name", "pass", "err_over_floor", "state_rel", "shipped_graph_ms", "napkin_pct", "best_round_pct",
+                "copy_pct"])
 
 
 if __name__ == "__main__":

@@ -42,15 +42,6 @@ LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``). The same
-# arithmetic in another order, so the same bits as FORM 0:
-V_ONCE = gl.constexpr(1)  # v^T loaded from the stage once a step: wV^T's registers also give D v (8 KB of shared
-# reads a consumer a step fewer)
-ACC_LATE = gl.constexpr(2)  # the update's accumulator 2^(G_last) S^T made after the scores' wait, not before the
-# scores' wgmmas: ptxas then keeps S^T where the update writes it (FORM 0: 48 register moves a step, the scores'
-# accumulator taking S^T's registers)
-D_TILE = gl.constexpr(4)  # D's value columns loaded once a tile and carried (FORM 0: two global loads a step, issued
-# before P V and waited after it)
 
 
 @stage_struct
@@ -109,7 +100,6 @@ class Units:
 @struct
 class Walk:
     S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator (with beta: S^T [BV, BK])
-    d: object  # with FORM D_TILE and D: the unit's D by value column, loaded once a tile (else None)
 
 
 @struct
@@ -156,7 +146,6 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
-    FORM: gl.constexpr  # with beta: the step's form bits (V_ONCE, ACC_LATE, D_TILE; configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -197,12 +186,7 @@ class LinearAttentionForward:
         if self.HAS_H0:
             h, col = self.unit(tile, ctx.index)
             S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
-        d = None
-        if self.HAS_D and (self.FORM & D_TILE):
-            h, col = self.unit(tile, ctx.index)
-            d = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col)
-                        + gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL)))
-        return Walk(S, d)
+        return Walk(S)
 
     @gluon.jit
     def state_ptrs(self, base, b, h, col, sb, sh, sf, sv):
@@ -294,7 +278,7 @@ class LinearAttentionForward:
             gl.thread_barrier()
             S = warpgroup_mma(k.permute((1, 0)), wv, walk.S * S_decay)
             store_block(o, self.o_desc, ctx.out, [tile.b, h, t0, col])  # (rows past N clipped by TMA)
-            walk = Walk(S, walk.d)
+            walk = Walk(S)
         return walk
 
     @gluon.jit
@@ -346,11 +330,10 @@ class LinearAttentionForward:
         gl.thread_barrier()
         w_i = w_smem.load(gl.SliceLayout(0, self.SL))
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
-        vT16 = v.permute((1, 0)).load(self.SL)  # (with V_ONCE also D v's: no second load of v^T)
-        wvT = gl.convert_layout((vT16.to(gl.float32) * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
+        vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
+        wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
         S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
-        if (self.FORM & ACC_LATE) == 0:
-            S_acc = walk.S * gl.exp2(G_last)
+        S_acc = walk.S * gl.exp2(G_last)
         qT = q.permute((1, 0))
         s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False, is_async=True)
         qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
@@ -367,22 +350,14 @@ class LinearAttentionForward:
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
-        if self.FORM & ACC_LATE:  # the update's accumulator once the scores' registers are free: S^T's in place
-            S_acc = walk.S * gl.exp2(G_last)
         o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
         S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.HAS_D:
-            if self.FORM & D_TILE:
-                d_col = walk.d
-            else:
-                offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
-                d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
-            if self.FORM & V_ONCE:
-                o = o + gl.expand_dims(d_col, 1) * vT16.to(gl.float32)
-            else:
-                o = o + gl.expand_dims(d_col, 1) * v.permute((1, 0)).load(self.SL).to(gl.float32)
+            offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
+            d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
+            o = o + gl.expand_dims(d_col, 1) * v.permute((1, 0)).load(self.SL).to(gl.float32)
         if self.HAS_Z:
             if c == 0:
                 zT = stage.za.reshape([self.BT, self.BV]).permute((1, 0)).load(self.SL).to(gl.float32)
@@ -396,7 +371,7 @@ class LinearAttentionForward:
         fence_async_shared()
         tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
         S = warpgroup_mma_wait(0, deps=(S_tok,))
-        return Walk(S, walk.d)
+        return Walk(S)
 
     @gluon.jit
     def wait(self, ctx, walk):
@@ -413,7 +388,7 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
@@ -434,7 +409,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
                                     BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
-                                    wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
@@ -442,7 +417,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
                                     wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
-                                    None, FORM)
+                                    None)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -542,12 +517,11 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, form=None):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
-    for a CachedLaunch). ``form``: Mamba-2's step form (with beta; None: configs.GLUON_MAMBA_FORM; without beta 0)."""
-    from tilecore.ops.linear_attention import configs
+    for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -580,8 +554,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None,
-                FORM=0 if beta is None else (configs.GLUON_MAMBA_FORM if form is None else form))
+                HAS_H0=h0 is not None, STORE_HT=ht is not None)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -647,7 +620,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, form: int | None = None) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -660,7 +633,7 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None,
               else (None, None))
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), ht, 1.0, stages, form=form)
+                                    torch.empty_like(v), ht, 1.0, stages)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
