@@ -47,6 +47,8 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # d 32 by the Gluon kernel: a pair of chunks a tile (CHUNKS 2, key blocks of 32), or a pair of key blocks of 16
 D32_TWO = dict(dqk_flat=2, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538)
 D32_GLUON = dict(D32_TWO, BKB=16)
+D32_START = dict(dqk_flat=0, dqk_gluon=0, dv_flat=0)  # (d 32 as the session began: the common tl launches)
+D32_NEW = dict(D32_TWO, dqk_gluon_scan=False, dv_flat=4, dv_flat_stages=3)  # (configs' CHUNKED_FLAT_DIMS (32, 32) since)
 
 # name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one)
 BATCHES = {
@@ -64,6 +66,20 @@ BATCHES = {
         "d32 dv configs": (32, {}, "dvw"),
         "d32 dv flat4 st3": (32, dict(dv_flat=4, dv_flat_stages=3), "dvw"),
     },
+    # call 2 (after call 1 of this session, runs/gla_s39a2_run3_session39_h100.txt: d 32 two chunks 0.357 ms = 68.9%
+    # against 0.528, dv flat4 st3 0.1815 against 0.1996; on since): the new d 32 against the session's start (checked
+    # in bf16 and fp16; the public op through autograd with configs' defaults), and the d 128 dv kernel's forms
+    "b": {
+        "d32 new dqk": (32, D32_NEW, "dqk0w"),
+        "d32 start dqk": (32, D32_START, "dqk0w"),
+        "d32 new dv": (32, D32_NEW, "dvw"),
+        "d32 start dv": (32, D32_START, "dvw"),
+        "d32 fp16 new": (32, dict(D32_NEW, dtype="fp16"), "dqk0w"),
+        "d32 op": (32, dict(op=(2, 1024, 3, 32, True)), None),
+        "d128 dv configs": (128, {}, "dvw"),
+        "d128 dv flat2 st2 bv64": (128, dict(dv_flat=2, dv_flat_stages=2, dv_BV=64), "dvw"),
+        "d128 dv bv64": (128, dict(dv_BV=64), "dvw"),
+    },
 }
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
@@ -76,6 +92,17 @@ def dv_bytes(B, N, H, Dk, Dv, BT=64, elt=2) -> int:
     written."""
     NT = -(-N // BT)
     return B * N * H * (2 * Dk * elt + Dk * 4 + 2 * Dv * elt) + B * H * NT * Dk * Dv * elt
+
+
+def knobs(over: dict):
+    """A variant's (CHUNKED overrides, the inputs' dtype: None for make's bf16)."""
+    over = dict(over)
+    return over, {"fp16": torch.float16}.get(over.pop("dtype", None))
+
+
+def with_dtype(t: dict, dtype) -> dict:
+    """The inputs with q, k, v, do in dtype (rounded once: the reference takes the rounded ones)."""
+    return t if dtype is None else dict(t, **{n: t[n].to(dtype) for n in ("q", "k", "v", "do")})
 
 
 def step_of(t, ht, over, name: str):
@@ -94,9 +121,17 @@ def check_variant(name: str) -> dict:
 
     D, over, which = VARIANTS[name]
     row = dict(variant=name)
+    if "op" in over:  # the public op through autograd with configs' defaults (gpu_gla_op.check against float64)
+        from experiments.linear_attention.gpu_gla_op import check as op_check
+
+        r = op_check(*((1, 128, 1) + over["op"][3:] if SMOKE else over["op"]))  # (B, N, H, D, strong)
+        cell = dict(dq=r["dq"], dk=r["dk"], dv=r["dv"], dg=round(r["dg"], 5), dh0=r["dh0"], o=r["o"], **{"pass": r["pass"]})
+        return dict(row, **{"strong+reset" if over["op"][-1] else "weak": cell}, kernel="(public op)",
+                    **{"pass": r["pass"]})
+    over, dtype = knobs(over)
     for case, kw in CASES.items():
-        t = make(*CHECK_SHAPE, D, **kw)
-        if SMOKE:
+        t = with_dtype(make(*CHECK_SHAPE, D, **kw), dtype)
+        if SMOKE or dtype is not None:  # (other inputs: their own reference)
             leaves = [t[n].detach().double().requires_grad_() for n in ("q", "k", "v", "g", "h0")]
             o, st = linear_attention_reference(*leaves[:3], decay=leaves[3], scale=D ** -0.5, initial_state=leaves[4])
             ref = torch.autograd.grad((o * t["do"].double()).sum() + (st * t["dht"].double()).sum(), leaves)
@@ -119,7 +154,7 @@ def check_variant(name: str) -> dict:
         finite = bool(torch.isfinite(got[3]).all() and torch.isfinite(got[4]).all())
         cell["pass"] = all(r["pass"] for r in res.values()) and finite and cell["dg"] < 0.05 and cell["dh0"] < 0.01
         row[case] = cell
-    row["kernel"] = step_of(t, st, over, which)[0]
+    row["kernel"] = step_of(t, st, over, which)[0] if which else None
     row["pass"] = all(row[c]["pass"] for c in CASES)
     return row
 
@@ -134,7 +169,7 @@ def timing(run: Run, rows: dict) -> None:
     x = y = None  # (freed)
     run.extra["copy_GBps"] = round(copy, 1)
     for D in dict.fromkeys(d for d, _, _ in VARIANTS.values()):
-        names = [n for n, (d, _, _) in VARIANTS.items() if d == D and rows.get(n, {}).get("pass")]
+        names = [n for n, (d, o, w) in VARIANTS.items() if d == D and w and "dtype" not in o and rows.get(n, {}).get("pass")]
         if not names or run.left() <= 0:
             continue
         torch.cuda.empty_cache()
@@ -183,7 +218,7 @@ def main():
     else:
         warmers = {D: spawn("--warm", str(D)) for D in dims}
         # the variants whose blocks differ from configs' (nothing of the warm-up's to wait for) from the start
-        apart = [n for n, (_, o, _) in VARIANTS.items() if "BKB" in o]
+        apart = [n for n, (_, o, _) in VARIANTS.items() if "BKB" in o or "op" in o or "dtype" in o]
         procs.update({n: spawn("--one", n) for n in apart})
         for D in dims:  # the references meanwhile (written once, read by every variant of the head dim)
             for case in CASES:
