@@ -18,7 +18,8 @@ complex64 bins), f16_k0, f16_k1 (RFFT 3, float16 bins).
   its du (autograd through the op's backward: the CONJ build) against float64 on a B2 H64 slice; "op c64" / "op f16"
   are then the op on those tuples (the shipped op before them: the shipped launch's row, within 1% of it in call 1).
 * with --odd: an odd batch (B3, the last pair's half past the batch) with a NaN in one sequence, each label's launch
-  against float64 (the NaN's sequence NaN, its pair's partner finite).
+  against float64 (the NaN's sequence NaN, its pair's partner finite); and the same u with rows N + 1 apart (not
+  TMA-describable: u and y by pointers).
 * rows "time": interleaved rounds (do_bench medians after warm-up, and from CUDA graphs: other lanes' compiles disturb
   eager times): torch.fft (rfft, product, irfft in float32), the op on c64 (shipped), the op on f16 (shipped
   GLUON_ONEPASS_HALF; --no-half leaves it out: one compile less), the shipped launch, each variant's launch; x
@@ -64,9 +65,18 @@ def odd_batch(run, label, p, kind, kd, n):
     spectrum = filter_spectrum(k, n) if kind == "c64" else filter_spectrum(k, n, torch.float16)
     y = poisoned(u.cuda())
     conv_launch.launch(p, u.cuda(), spectrum, y, False)
-    r = check(y.cpu(), fft_conv_reference(u.double(), k.cpu().double()), TOL)
+    ref = fft_conv_reference(u.double(), k.cpu().double())
+    r = check(y.cpu(), ref, TOL)
     partner = bool(torch.isfinite(y[0, 2]).all())
     run.row(f"check odd+nan {label}", partner_finite=partner, **{**r, "pass": r["pass"] and partner})
+    # u's rows 2 (N + 1) bytes apart: not TMA-describable, so the launch takes u and y by pointers (the same kernel's
+    # pointer path)
+    wide = torch.zeros(3, 4, n + 1, dtype=torch.bfloat16, device="cuda")
+    wide[..., 1:] = u.cuda()
+    y = poisoned(wide[..., 1:])
+    conv_launch.launch(p, wide[..., 1:], spectrum, y, False)
+    r = check(y.cpu(), ref, TOL)
+    run.row(f"check pointers {label}", **r)
 
 
 def op_checks(run, labels, ud, kd, spectra):

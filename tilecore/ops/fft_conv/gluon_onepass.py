@@ -1049,8 +1049,8 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     (the running scale's roundings: chunk 0's D at its own scale, chunk 1's at s_1 over the larger, the sum rescaled
     where chunk 1's is larger), so no output accumulator is live across the chunks. out^T [HALF, B] goes to y's box as
     it is (rows a). gluon_emulate's emulate(..., chunk=64) is its arithmetic (the float32 sums in the wgmmas' own
-    order). Needs TMA with YALIAS (two walkers' buffers beside the resident matrices fit only with y's box in u's
-    ring) and LEAN 1."""
+    order). With TMA, YALIAS (two walkers' buffers beside the resident matrices fit only with y's box in u's ring);
+    without (u or y not describable: the launch's choice a call), u and y by pointers at x^T's offsets B a + m."""
     K = g.K
     A: gl.constexpr = g.A
     B: gl.constexpr = g.B
@@ -1059,8 +1059,7 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     L: gl.constexpr = A * B
     gl.static_assert(CHUNK == 64, "LEAN 4: two chunks of 64 rows k_a (N 4096)")
     gl.static_assert(HALF == 64, "LEAN 4: out^T's 64 rows a (N 4096)")
-    gl.static_assert(g.TMA, "LEAN 4: u and y by TMA")
-    gl.static_assert(g.YALIAS, "LEAN 4: y's box in u's ring (YALIAS)")
+    gl.static_assert(g.YALIAS or not g.TMA, "LEAN 4 with TMA: y's box in u's ring (YALIAS; else over shared memory)")
     gl.static_assert(g.KPRE < 2, "LEAN 4: KPRE 0 or 1")
     fare = g.fare
     faim = g.faim
@@ -1073,6 +1072,9 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     acc_out: gl.constexpr = wgmma_layout(HALF, B, 4)  # [a, m]
     lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     rows_io: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # x^T read from u's box: 16 B a thread
+    io_a = gl.arange(0, HALF, layout=gl.SliceLayout(1, rows_io))
+    io_m = gl.arange(0, B, layout=gl.SliceLayout(0, rows_io))
+    seq = gl.expand_dims(io_a, 1) * B + gl.expand_dims(io_m, 0)  # B a + m of x^T [a, m] (u and y by pointers)
     t_k = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, acc))
     t_m = gl.arange(0, B, layout=gl.SliceLayout(0, acc)) * A
     zeros = gl.zeros([CHUNK, B], gl.float32, acc)
@@ -1092,7 +1094,7 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
-        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, 0, rows_io, True)
+        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, rows_io, True)
         gl.thread_barrier()  # the previous pair's last products have read x^T's buffer and the tile
         x_re.store(xre.to(gl.float16))
         x_im.store(xim.to(gl.float16))
@@ -1124,7 +1126,7 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
             oim = oim * rescale
         ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
         oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
-        _pair_y(pio, ore, oim, w, start, step, h, b_re, 0, acc_out, True)
+        _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, rows_io, True)
     _last_y(pio)
 
 
