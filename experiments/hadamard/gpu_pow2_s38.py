@@ -146,9 +146,10 @@ SETS["g"] = {(f, n): [TRUNC] for f, n in (
 W4 = ("w4", dict(num_warps=4))
 
 
-SETS["h"] = {
+SETS["h"] = {  # (priority order: the deadline skips the last)
     **{("fp8_e5m2", n): [("e4m3_plan", dict(tables_of="fp8_e4m3"))] for n in (16384, 32768, 2048, 8192, 4096, 1024)},
-    **{(f, n): [W4] for f, n in (("nvfp4", 256), ("mxfp4", 512), ("mxfp4", 1024), ("nvfp4", 1024))},
+    ("fp8_e4m3", 32768): [("no_trunc", dict(trunc_hi=False))],  # run 2's TRUNC_HI flip (1.059x) against the plan before
+    **{(f, n): [W4] for f, n in (("nvfp4", 256), ("mxfp4", 1024), ("nvfp4", 1024), ("mxfp4", 512))},
 }
 
 def cases(name: str):

@@ -8,13 +8,9 @@ configs.QUANT_POW2_TRUNC_HI), lo = a - hi rounded to bf16 as before: one convers
   lo 0.
 * The interpreter's codes against the float64 reference (>= 99.9% equal, none two apart, scales exact, every byte
   written), NaN / inf / tiny rows included, per-token and group formats.
-* sm_90a: the prmt in the PTX, half the loop's conversions, no spills, the loop no longer.
-* The Gluon kernels' twin (gluon_epilogue.pieces' CLAMP 3, plan tuning ``trunc_hi``, configs.QUANT_GLUON_TRUNC_HI): the
-  plan switch, and an sm_90a compile whose PTX pairs each prmt's words with their masks and subtractions, one
-  cvt.rn.bf16x2 (lo's) a prmt, nothing spilled."""
+* sm_90a: the prmt in the PTX, half the loop's conversions, no spills, the loop no longer."""
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -131,45 +127,3 @@ def test_trunc_hi_compiles_for_sm90_with_half_the_conversions():
         # the pieces' hi conversions gone: one a value pair fewer (fp8: 1.5 -> 1 a value; mxfp4: 1 -> 0.5)
         assert trunc["convert"] <= base["convert"] - base["convert"] // 3, (base, trunc)
 
-
-def _gluon_plan(fmt, n, **tuning):
-    group = quantize.FORMATS[fmt].default_group
-    return quantize.kernel_plan(1 << 14, n, torch.bfloat16, fmt, group, None, True, False, False, 132, False,
-                                _gluon_ok=True, **tuning)
-
-
-def test_gluon_plan_switch_carries_trunc():
-    assert _gluon_plan("fp8_e4m3", 14336, trunc_hi=True).config["CLAMP_LO"] == 3
-    assert _gluon_plan("int8", 11008, trunc_hi=True).config["CLAMP_LO"] == 3
-    assert _gluon_plan("fp8_e4m3", 14336, trunc_hi=False).config.get("CLAMP_LO") != 3
-
-
-_GLUON_COMPILE = r"""
-import json, os, sys
-sys.path.insert(0, os.getcwd())
-from experiments.hadamard import kron_gluon_compile as kc
-import tilecore.tiles.compile as C
-orig = C.compile_kernel
-seen = []
-def grab(*a, **k):
-    seen.append(orig(*a, **k))
-    return seen[-1]
-C.compile_kernel = grab
-r = kc.compile_one(28, 512, 2, "fp8_e4m3", clamp_lo=3, perm=True)
-print(json.dumps(dict(spills=r["spill_stores"], ptx=seen[-1].asm["ptx"])))
-"""
-
-
-def test_gluon_trunc_compiles_for_sm90_one_conversion_a_pair():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _GLUON_COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    d = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
-    ptx = d["ptx"]
-    asm = re.findall(r"prmt\.b32 (%r\d+), (%r\d+), (%r\d+), 0x7632; and\.b32 (%r\d+), \2, -65536; "
-                     r"and\.b32 (%r\d+), \3, -65536;", ptx)
-    assert len(asm) >= 32, len(asm)
-    for _, x0, x1, h0, h1 in asm:  # lo = x - h of the same element (then its max and lo's conversion)
-        assert re.search(rf"sub\.f32 \t*%r\d+, {x0}, {h0};", ptx) and re.search(rf"sub\.f32 \t*%r\d+, {x1}, {h1};", ptx)
-    assert ptx.count("cvt.rn.bf16x2.f32") == len(asm) and d["spills"] == 0

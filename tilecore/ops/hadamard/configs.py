@@ -79,7 +79,7 @@ QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4
                        **{(f, 8192): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                        ("fp8_e4m3", 16384): True, ("int8", 16384): True}
 # the pow2 quantize's hi piece truncated (kernels._pairs_dot's TRUNC: a prmt, not a conversion; pieces within 2^-15):
-# fp8 32768 1.06x; int8 32768 1.03x, int4 16384 1.02x (to confirm); fp8 16384, mxfp4 4096 1.00x; not where scales are
+# fp8 32768 1.06x; int8 32768 0.99-1.03x, int4 16384 1.01-1.02x, fp8 16384, mxfp4 4096 1.00x: off; not where scales are
 # discrete (e8m0 / e4m3: a rotation 4x less exact moves more of them at their rounding boundaries)
 QUANT_POW2_TRUNC_HI = {("fp8_e4m3", 32768): True}
 # the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes), where an nvfp4
@@ -123,8 +123,8 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True),
                             # int4 256 on 4 warps: 1.74x
                             ("int4", 256): dict(num_warps=4)}
-# format -> the format whose pow2 tables (FORMAT_TUNING, PAIRS, CLAMP_LO, TRUNC_HI, PERM) it reads under its own
-# entries: fp8_e5m2 on fp8_e4m3's plans (the same kernel but the conversion): untimed, off
+# (format, n) or format -> the format whose pow2 tables (FORMAT_TUNING, PAIRS, CLAMP_LO, TRUNC_HI, PERM) it reads under
+# its own entries: fp8_e5m2 on fp8_e4m3's plans (the same kernel but the conversion): untimed, off
 QUANT_POW2_TABLES_OF = {}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
@@ -200,8 +200,6 @@ QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mx
 # mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): mxfp4 1.02-1.06x at the four widths;
 # nvfp4 0.96-1.02x, off
 QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True}
-# the Gluon kernels' hi piece truncated (gluon_epilogue.pieces' CLAMP 3, TRUNC: a prmt, not a conversion): untimed, off
-QUANT_GLUON_TRUNC_HI = {}
 # the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): int8
 # 1.07-1.08x, int4 1.06-1.11x where on; int8 11008 1.00x, off
 QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True, ("int8", 14336): True,

@@ -169,16 +169,8 @@ def pieces(x, CLAMP: gl.constexpr):
     tiles.hadamard.bf16_pieces (lo 0 where hi holds x whole: a compare and a select a value). CLAMP:
     lo = max(x - h, -2^120), one max a value: the same lo for every finite x (x - h is exact and above -2^119); for an
     infinite x, x - h is NaN and max returns -2^120, finite, so the product stays the infinity hi makes it (64 terms of
-    2^120 are far from float32's overflow). CLAMP == 2: the same pieces, hi's pairs converted once (below). CLAMP == 3
-    (TRUNC): hi truncated, not rounded: a pair's upper halves by one prmt and its float32 values by masks, no conversion
-    (lo's cvt.rn.bf16x2 the pair's only one, against two); hi + lo within 2^-15 |x| (2^-17 rounded: kernels._pairs_dot's
-    TRUNC, the same argument); inf truncates to inf, the GPU's canonical NaN to NaN."""
-    if CLAMP == 3:
-        hi, h = gl.inline_asm_elementwise(
-            "prmt.b32 $0, $3, $4, 0x7632; and.b32 $1, $3, -65536; and.b32 $2, $4, -65536;", "=r,=r,=r,r,r", [x],
-            dtype=(gl.bfloat16, gl.float32), is_pure=True, pack=2)
-        lo = gl.maximum(x - h, LO_FLOOR).to(gl.bfloat16)
-    elif CLAMP == 2:  # PAIRS: a column pair's hi by one cvt.rn.bf16x2 and its float32 values by a shift and a
+    2^120 are far from float32's overflow). CLAMP == 2: the same pieces, hi's pairs converted once (below)."""
+    if CLAMP == 2:  # PAIRS: a column pair's hi by one cvt.rn.bf16x2 and its float32 values by a shift and a
         # mask of that word, in one asm block: Triton's x.to(bf16) then hi.to(float32) made ptxas split the conversion
         # into two F2F and a PRMT, then unpack it by two IMAD.U32 (5 instructions a pair against 3). Bit-identical.
         hi, h = gl.inline_asm_elementwise(

@@ -249,16 +249,14 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 def _epilogue_switches(fmt, n, tuning) -> dict:
     """The epilogue switches of both Gluon kernels: NOZERO (sub-rows past m left unzeroed: the group formats, whose
     padded sub-rows' scales and codes are never stored; the kernel ignores it for per-token formats and AMAX) and
-    CLAMP_LO (the lo piece by one max; 2: and hi's column pairs converted by one instruction, PAIRS; 3: hi truncated,
-    TRUNC_HI): tunings "nozero", "clamp_lo", "trunc_hi", else configs.QUANT_GLUON_NOZERO / QUANT_GLUON_CLAMP_LO /
-    QUANT_GLUON_TRUNC_HI by (format, n) or format."""
+    CLAMP_LO (the lo piece by one max; 2: and hi's column pairs converted by one instruction, PAIRS):
+    tunings "nozero", "clamp_lo", else configs.QUANT_GLUON_NOZERO /
+    QUANT_GLUON_CLAMP_LO by (format, n) or format."""
     out = {}
     if tuning.get("nozero", _by_format(configs.QUANT_GLUON_NOZERO, fmt, n, False)):
         out["NOZERO"] = True
     clamp = tuning.get("clamp_lo", _by_format(configs.QUANT_GLUON_CLAMP_LO, fmt, n, False))
-    if tuning.get("trunc_hi", _by_format(configs.QUANT_GLUON_TRUNC_HI, fmt, n, False)):
-        out["CLAMP_LO"] = 3  # TRUNC: hi truncated (gluon_epilogue.pieces)
-    elif clamp:
+    if clamp:
         out["CLAMP_LO"] = 2 if clamp == 2 and clamp is not True else True  # 2: PAIRS (gluon_epilogue.pieces)
     return out
 
@@ -412,7 +410,7 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     # the measured tuning by (format, n) (the caller's first), its TMA only where the input is large enough for it
     # the measured tables by (format, n): fp8_e5m2 reads fp8_e4m3's where configs.QUANT_POW2_TABLES_OF says so (the same
     # kernel but the conversion), its own entries first
-    tf = tuning.get("tables_of", configs.QUANT_POW2_TABLES_OF.get(fmt)) or fmt
+    tf = tuning.get("tables_of", _by_format(configs.QUANT_POW2_TABLES_OF, fmt, n, None)) or fmt
     measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), configs.QUANT_POW2_FORMAT_TUNING.get((tf, n), {}))
     if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, stages, tile, pointers and
         # columns)
