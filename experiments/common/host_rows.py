@@ -21,8 +21,9 @@ recorded recipe, tilecore.ops.norm.op:RECORDED_RECIPES, on "rms_norm (grad recor
 --split: fft_conv's plain eager call taken apart on this host (split_fft_conv: the whole call, the call given the
 spectrum, the padding cat, the rfft, the memo, the mode, a plan-cache lookup, the allocation), each part alone.
 
-Rows beyond host_time.py's (EXTRA): "rms_norm fwd+bwd (grad recorded)", the forward recording a gradient then
-torch.autograd.grad of x and the weight (ours returns y and both gradients, so the A/B's same-bits check reads them).
+Rows beyond host_time.py's (extra_cases): "rms_norm fwd+bwd (grad recorded)" and "fft_conv fwd+bwd (grad recorded)",
+the forward recording a gradient then torch.autograd.grad of both inputs (ours returns y and both gradients, so the
+A/B's same-bits check reads them).
 """
 import argparse
 import contextlib
@@ -63,7 +64,21 @@ def extra_cases() -> dict:
     def peer():
         y = F.rms_norm(x, (4096,), w)
         return (y, *torch.autograd.grad(y, (x, w), gy))
-    return {"rms_norm fwd+bwd (grad recorded)": (ours, peer)}
+
+    # fft_conv's row shapes (host_time: u (2, 64, 1024) bf16, k (64, 1024) float32), u and k recording a gradient
+    u = torch.randn(2, 64, 1024, generator=gen, **bf).requires_grad_()
+    k = torch.randn(64, 1024, generator=gen, device=host_time.DEV[0]).requires_grad_()
+    du = torch.randn(2, 64, 1024, generator=gen, **bf)
+
+    def conv():
+        y = tilecore.fft_conv(u, k)
+        return (y, *torch.autograd.grad(y, (u, k), du))
+
+    def conv_peer():
+        n = 2 * u.shape[-1]
+        y = torch.fft.irfft(torch.fft.rfft(u.float(), n) * torch.fft.rfft(k, n), n)[..., :u.shape[-1]].to(u.dtype)
+        return (y, *torch.autograd.grad(y, (u, k), du))
+    return {"rms_norm fwd+bwd (grad recorded)": (ours, peer), "fft_conv fwd+bwd (grad recorded)": (conv, conv_peer)}
 
 
 def split_fft_conv(calls: int) -> dict:
