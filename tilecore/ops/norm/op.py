@@ -271,8 +271,8 @@ def _recorded(prepared: launch.NormForward, key, dropout_p: float, rms: bool, ha
 
 # an eager call recording a gradient whose key keeps a NormForward goes through _RecordedFunction (issue 31's host
 # time: the general path's checks, (rows, n) views, 10-argument Function and 4 wrapped outputs each call otherwise);
-# the same launches and bits. Read each call (under OP_RECIPES); False: _LayerNormFunction. On: the same bits (y, dx,
-# dw) and 0.74x the general path's host time on the H100 (forward; 0.91x forward + backward; notes/host's log)
+# the same launches and bits. Read each call (under OP_RECIPES); False: _LayerNormFunction. On since the H100's A/B
+# (notes/norm's decision log)
 RECORDED_RECIPES = True
 
 
