@@ -11,12 +11,13 @@ gluon_rotary's forward with Q turned in the kernel), both over attention without
    D128 full half-split, D128 causal interleaved GQA 8/2 with N < Nk, D128 rotary_dim 64, D64 causal.
 2. timing (--dims): B16 H16 N4096 bf16, bf16 tables, full and causal, GPU time from CUDA graphs
    (do_bench_cudagraph medians) in interleaved rounds: plain / shipped route / in-kernel K turn at each
-   configs.ROTARY_K_CHUNK_ROWS of --chunks; overheads over plain (issue 37: <= 3%).
+   variant of --chunks (rows a chunk, "p": the first programs' kv heads by the pass first); overheads over plain
+   (issue 37: <= 3%).
 
 A watchdog ends the process (the table so far printed, the JSON saved) should a launch hang past --deadline + 6 s.
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_overlap.py [--checks 128full,128causal] [--dims 128]
-      [--masks full,causal] [--chunks 8,16] [--rounds 3]
+      [--masks full,causal] [--chunks 8,8p] [--rounds 3]
   PYTHONPATH=. python experiments/attention/gpu_rotary_overlap.py --smoke   # CPU: imports, argument handling
 """
 from __future__ import annotations
@@ -38,8 +39,8 @@ from tilecore.ops.attention import configs, gluon_rotary  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
-COLUMNS = ["name", "ok", "same_o", "chunk_rows", "o", "plain_o", "plain_ms", "shipped_over", "k8_over", "k16_over",
-           "k32_over", "shipped_ms", "k8_ms"]
+COLUMNS = ["name", "ok", "same_o", "chunk_rows", "o", "plain_o", "plain_ms", "shipped_over", "k8_over", "k8p_over",
+           "k16_over", "k16p_over", "shipped_ms", "k8_ms", "k8p_ms"]
 
 
 def poison():
@@ -57,22 +58,24 @@ def tables(rows, pairs, dtype=torch.float32):
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
-def in_kernel(d, causal, rows=None):
-    """The no-grad forward's K turned in the kernel for (d, causal), rows a chunk (None: the config's)."""
+def in_kernel(d, causal, variant=None):
+    """The no-grad forward's K turned in the kernel for (d, causal); ``variant`` "8" (rows a chunk), "8p" (and the
+    first programs' kv heads by apply_rotary's pass before the launch: configs.ROTARY_K_FIRST_BY_PASS); None: the
+    configs' own."""
     values = dict(ROTARY_K_IN_KERNEL_CASES=frozenset({(d, bool(causal))}))
-    if rows is not None:
-        values["ROTARY_K_CHUNK_ROWS"] = rows
+    if variant is not None:
+        values.update(ROTARY_K_CHUNK_ROWS=int(variant.rstrip("p")), ROTARY_K_FIRST_BY_PASS=variant.endswith("p"))
     return patched(configs, **values)
 
 
-def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, table_dtype=torch.float32):
+def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, table_dtype=torch.float32, variant=None):
     q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(b, hkv, nk, d, device="cuda", dtype=torch.bfloat16)
     cos, sin = tables(nk + 5, pairs, table_dtype)
     with torch.no_grad():
         poison()
-        with in_kernel(d, causal):
+        with in_kernel(d, causal, variant):
             got = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
         torch.cuda.synchronize()
         poison()
@@ -82,13 +85,13 @@ def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, table_dt
         ref, _ = rotary_attention_reference(q.double(), k.double(), v.double(), cos, sin, interleaved=interleaved,
                                             causal=causal)
         plain_ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=causal)
-    with in_kernel(d, causal):  # the in-kernel K turn taken (its chunk rows), not the pass
+    with in_kernel(d, causal, variant):  # the in-kernel K turn taken (its chunk rows), not the pass
         rows = gluon_rotary.k_turn_rows(q, k, cos, causal, interleaved, (-1, -1), False, None)
     c = check(got, ref, tol=3.0)
     p = check(plain, plain_ref, tol=3.0)
     same = same_bits(got, shipped)
     ok = c["pass"] and c["err_over_floor"] <= max(3.0, 1.8 * p["err_over_floor"]) and rows > 0
-    run.row(f"check {name}", kind="check", ok=bool(ok), same_o=same, chunk_rows=rows, o=c["err_over_floor"], written=c["written"],
+    run.row(f"check {name}{' ' + variant if variant else ''}", kind="check", ok=bool(ok), same_o=same, chunk_rows=rows, o=c["err_over_floor"], written=c["written"],
             plain_o=p["err_over_floor"], d=d, causal=causal, interleaved=interleaved, pairs=pairs, b=b, hq=hq,
             hkv=hkv, n=n, nk=nk)
 
@@ -97,18 +100,18 @@ def timing(run, d, causal, chunks, rounds, b=16, h=16, n=4096):
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cos, sin = tables(n, d // 2, torch.bfloat16)
 
-    def fwd(rot, rows=0):
+    def fwd(rot, variant=None):
         def f():
             with torch.no_grad():
-                if rows:
-                    with in_kernel(d, causal, rows):
+                if variant:
+                    with in_kernel(d, causal, variant):
                         tilecore.attention(q, k, v, causal=causal, rotary=rot)
                 else:
                     tilecore.attention(q, k, v, causal=causal, rotary=rot)
         return f
 
     fns = {"plain": fwd(None), "shipped": fwd((cos, sin))}
-    fns.update({f"k{rows}": fwd((cos, sin), rows) for rows in chunks})
+    fns.update({f"k{variant}": fwd((cos, sin), variant) for variant in chunks})
     for name, f in fns.items():  # compiled (and any hang met) before the clock
         run.say(f"first call: D{d} {'causal' if causal else 'full'} {name}")
         f()
@@ -137,14 +140,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--checks", default="128full,128causal", help="of 128full, 128causal, 128rot64, 64causal")
+    ap.add_argument("--check-variant", default=None, help="a --chunks variant for the checks (default: the configs')")
     ap.add_argument("--dims", default="128")
     ap.add_argument("--masks", default="full,causal")
-    ap.add_argument("--chunks", default="8", help="configs.ROTARY_K_CHUNK_ROWS values timed")
+    ap.add_argument("--chunks", default="8", help="variants timed: rows a chunk (configs.ROTARY_K_CHUNK_ROWS), "
+                    "with p: the first programs' kv heads by the pass first (ROTARY_K_FIRST_BY_PASS)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=54.0)
     a = ap.parse_args()
     run = Run("gpu_rotary_overlap", deadline=a.deadline)
-    chunks = [int(x) for x in a.chunks.split(",") if x]
+    chunks = [x for x in a.chunks.split(",") if x]
     if a.smoke or not torch.cuda.is_available():  # nothing to launch: the arguments and the table
         run.row("smoke", kind="smoke", ok=True, chunks=chunks)
         run.finish(COLUMNS)
@@ -156,7 +161,7 @@ def main():
              "128rot64": ("D128 full rot64", 1, 4, 4, 2048, 2048, 128, 32, False, False),
              "64causal": ("D64 causal", 2, 8, 8, 2048, 2048, 64, 32, True, False)}
     for case in filter(None, a.checks.split(",")):
-        run.attempt(f"check {case}", checks, run, *cases[case])
+        run.attempt(f"check {case}", checks, run, *cases[case], variant=a.check_variant)
     for d in [int(x) for x in a.dims.split(",") if x]:
         for mask in a.masks.split(","):
             if run.left() < 14:

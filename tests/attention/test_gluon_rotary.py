@@ -37,7 +37,8 @@ for d, causal, cfg, r, cos_dtype, store, *chunk in json.loads(sys.argv[1]):
                 k_src=t if chunk else None, k_sb=4 * 256 * d if chunk else None, k_sh=d if chunk else None,
                 k_sn=4 * d if chunk else None, k_dst=t if chunk else None,
                 counters=torch.empty(9, dtype=torch.int32) if chunk else None, per_head=256 // max(chunk, 1),
-                total=8 * 256 // max(chunk, 1), CHUNK_ROWS=chunk, CHUNK_VEC=8, SIDE_WARPS=2,
+                total=8 * 256 // max(chunk, 1), first_heads=1 if chunk else None, CHUNK_ROWS=chunk, CHUNK_VEC=8,
+                SIDE_WARPS=2,
                 CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
                 Q_REGS=cfg.get("q_regs", False), CONSUMERS=cfg.get("consumers", 2),
@@ -352,3 +353,49 @@ def test_host_path_keeps_the_turned_q_and_k(monkeypatch):
     assert torch.allclose(kr.double(), ref, rtol=2 ** -7, atol=2 ** -7)
     assert torch.equal(kr, plain_args[1].base.contiguous())  # the pass's bits
     assert options["INTERLEAVED"] and (key is None or key != plain_key)
+
+
+def test_host_path_turns_k_in_the_kernel(monkeypatch):
+    """k_in_kernel (KTurn): K goes to the kernel as its source (k itself, its strides) beside an empty (B, Hkv, Nk, D)
+    buffer the K descriptor reads, zeroed counters (drawn, and one a kv head), Nk / rows chunks a head; with
+    configs.ROTARY_K_FIRST_BY_PASS the kv heads of the programs' first tiles turned first by apply_rotary's kernel
+    (its bits) and named to the kernel. Not taken (0 rows: K by the pass) where the pipeline is carried, Nk is not
+    whole chunks, or the turned K is kept (training)."""
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs
+    from tilecore.ops.rotary.op import turn
+    from tilecore.tiles.switches import patched
+
+    launches = []
+
+    class Stub:
+        def run(self, key, grid, args, options):
+            launches.append((key, args, options))
+
+    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    torch.manual_seed(0)
+    q, k, v = qkv(b=2, h=8, hkv=2, n=2048, nk=2048, d=128)
+    cos, sin = torch.randn(2048, 64).cos(), torch.randn(2048, 64).sin()
+    gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, k_in_kernel=True)
+    key, args, options = launches[-1]
+    src, sb, sh, sn, dst, counters, per_head, total, first = args[QR_ARG + 1:]
+    assert src is k and (sb, sh, sn) == k.stride()[:3] and args[1].base is dst and dst.is_contiguous()
+    assert dst.shape == k.shape and counters.tolist() == [0] * 5 and first == 0
+    assert options["CHUNK_ROWS"] == configs.ROTARY_K_CHUNK_ROWS and per_head == 2048 // options["CHUNK_ROWS"]
+    assert total == 4 * per_head and options["SIDE_WARPS"] == configs.ROTARY_K_SIDE_WARPS
+    with patched(configs, ROTARY_K_FIRST_BY_PASS=True):
+        gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, k_in_kernel=True)
+    _, args, _ = launches[-1]
+    dst, first = args[QR_ARG + 5], args[-1]
+    # 132 programs' first tiles: 2 x 8 heads x 16 tiles of 128 rows, heads in groups of 8: bh 0 .. 11 -> kv heads 0 .. 2
+    assert first == gluon_rotary.first_wave_heads(132, 16, 2, 8, 2, 8) == 3
+    ref = turn(k.transpose(1, 2), cos, sin).transpose(1, 2)
+    assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1, 0], ref[1, 0])
+    for change in (dict(nk=2004, n=2004), dict(nk=1024, n=1024)):  # not whole chunks; carried (short rows)
+        q2, k2, v2 = qkv(b=1, h=2, hkv=2, n=change["n"], nk=change["nk"], d=128)
+        assert gluon_rotary.k_turn_rows(q2, k2, cos, False, False, (-1, -1), False, True) == 0
+    assert gluon_rotary.k_turn_rows(q, k, cos, False, False, (-1, -1), True, True) == 0  # keep_turned
+    assert gluon_rotary.k_turn_rows(q, k, cos, False, False, (-1, -1), False, None) == 0  # not in the cases
+    with patched(configs, ROTARY_K_IN_KERNEL_CASES=frozenset({(128, False)})):
+        assert gluon_rotary.k_turn_rows(q, k, cos, False, False, (-1, -1), False, None) > 0

@@ -32,7 +32,7 @@ from tilecore.ops.attention.plan import RotaryNotTaken
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
 from tilecore.tiles.gluon.pipeline import Side
-from tilecore.tiles.launch import CachedLaunch
+from tilecore.tiles.launch import CachedLaunch, cdiv
 
 
 @gluon.jit
@@ -185,9 +185,9 @@ class KTurn:
     src_n: object
     dst: object  # the turned K buffer, contiguous (B, Hkv, Nk, D)
     counters: object
-    Hkv: object
     per_head: object  # chunks a kv head: Nk / CHUNK_ROWS
     total: object  # chunks in all: B * Hkv * per_head
+    first_heads: object  # kv heads turned before the launch (the first programs' heads): not drawn, not waited for
     CHUNK_ROWS: gl.constexpr
     VEC: gl.constexpr  # features a thread of each half of the pairs (turn_chunk_rows)
 
@@ -196,8 +196,9 @@ class KTurn:
         """Turn chunk c and count it finished on its head."""
         u = c // self.per_head
         first = (c - u * self.per_head) * self.CHUNK_ROWS
-        b = u // self.Hkv
-        h = u - b * self.Hkv
+        Hkv = rot.attn.H // rot.attn.GROUP  # in the partition (a value made before the fork is carried by each)
+        b = u // Hkv
+        h = u - b * Hkv
         src = self.src + b.to(gl.int64) * self.src_b + h.to(gl.int64) * self.src_h + first.to(gl.int64) * self.src_n
         dst = self.dst + (u.to(gl.int64) * rot.attn.Nk + first) * rot.attn.D
         turn_chunk_rows(src, self.src_n, dst, first, rot.cos, rot.sin, rot.cos_stride, rot.sin_stride, rot.attn.D,
@@ -210,9 +211,10 @@ class KTurn:
     def run(self, rot):
         """The side partition: chunks drawn and turned until none is left (the next drawn before this one's turn,
         so the draw's round trip runs under it)."""
-        c = gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
+        first = self.first_heads * self.per_head
+        c = first + gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
         while c < self.total:
-            following = gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
+            following = first + gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
             self.turn(c, rot)
             c = following
 
@@ -253,7 +255,9 @@ class RotaryAttention:
         if self.kturn is not None:
             if step == 0:
                 b, h, hk = head_of(tile.bh, self.attn.H, self.attn.GROUP)
-                self.kturn.wait_head(b * self.kturn.Hkv + hk)
+                u = b * (self.attn.H // self.attn.GROUP) + hk
+                if u >= self.kturn.first_heads:  # else turned before the launch
+                    self.kturn.wait_head(u)
         self.attn.load(stage, bar, tile, step, prev)
 
     @gluon.jit
@@ -310,6 +314,7 @@ class RotaryAttention:
 def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr, sin_ptr, cos_stride, sin_stride,
                                 n_max, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, schedule, left, right,
                                 tanh_scale, qr_desc, k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total,
+                                first_heads,
                                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
                                 CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
@@ -341,7 +346,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
     gl.static_assert(CHUNK_ROWS == 0 or not CARRY, "K turned in the kernel: a pipeline that restarts at each tile")
     kturn = None
     if CHUNK_ROWS > 0:
-        kturn = KTurn(k_src, k_sb, k_sh, k_sn, k_dst, counters, H // GROUP, per_head, total, CHUNK_ROWS, CHUNK_VEC)
+        kturn = KTurn(k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total, first_heads, CHUNK_ROWS, CHUNK_VEC)
     op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED, kturn)
     PRODUCER: gl.constexpr = PRODUCER_REGS if PRODUCER_REGS > 0 else (24 if CONSUMERS == 3 else 40)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
@@ -380,6 +385,29 @@ def k_turn_rows(q, k, cos, causal: bool, interleaved: bool, window, keep_turned:
             or Nk % rows or k.stride(3) != 1 or rows * k.stride(2) >= 2 ** 31):
         return 0
     return rows
+
+
+def first_wave_heads(programs: int, blocks: int, B: int, H: int, Hkv: int, head_group: int) -> int:
+    """The flat kv heads (b * Hkv + h // GROUP) up to the last that the first tile of some program reads: tiles
+    0 .. programs - 1 of the head-grouped order (round-robin, and the balanced schedule's first round)."""
+    from tilecore.ops.attention.plan import head_grouped_tiles
+
+    tiles = min(programs, blocks * B * H)
+    bh = int(head_grouped_tiles(tiles, blocks, B * H, head_group)[0].max())
+    return (bh // H) * Hkv + (bh % H) // (H // Hkv) + 1
+
+
+def turn_heads(k, out, cos, sin, interleaved: bool, heads: int) -> None:
+    """The first ``heads`` flat kv heads of k (B, Hkv, Nk, D) turned into out (same shape) by apply_rotary's kernel:
+    whole batches in one launch, then the rest of the last batch's heads."""
+    from tilecore.ops.rotary.op import turn
+
+    Hkv = k.shape[1]
+    whole, rest = divmod(heads, Hkv)
+    for b0, b1, h1 in ((0, whole, Hkv), (whole, whole + 1, rest)):
+        if b1 > b0 and h1 > 0:
+            turn(k[b0:b1, :h1].transpose(1, 2), cos, sin, interleaved=interleaved,
+                 out=out[b0:b1, :h1].transpose(1, 2))
 
 
 def chunk_row_set(r: int, d: int, interleaved: bool, vec: int, warps: int) -> int:
@@ -464,9 +492,14 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     if key is not None and (qr is not None or chunk_rows):
         key = (key, "q_out" if qr is not None else "k_turn", chunk_rows)
     per_head = Nk // chunk_rows if chunk_rows else 0
+    first_heads = 0
+    if chunk_rows and configs.ROTARY_K_FIRST_BY_PASS:  # the first programs' kv heads by apply_rotary's pass first
+        first_heads = first_wave_heads(plan.grid[0], cdiv(N, block_m * cfg.get("consumers", 2)), B, H, Hkv,
+                                       plan.sizes["head_group"])
+        turn_heads(k_src, k, cos, sin, interleaved, first_heads)
     k_turn = (k_src, k_src.stride(0), k_src.stride(1), k_src.stride(2), k,
-              torch.zeros(1 + B * Hkv, dtype=torch.int32, device=q.device), per_head, B * Hkv * per_head) \
-        if chunk_rows else (None,) * 8
+              torch.zeros(1 + B * Hkv, dtype=torch.int32, device=q.device), per_head, B * Hkv * per_head,
+              first_heads) if chunk_rows else (None,) * 9
     with dispatch.on_device(q.device):
         ROTARY_FWD.run(key, plan.grid,
                        (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
