@@ -94,7 +94,7 @@ def test_value_loop_matches_whole_value_columns():
 
 @pytest.mark.parametrize("final, local", [(True, False), (False, False), (True, True), (False, True),
                                           (True, "early"), (False, "early"), (True, "lean"), (False, "lean"),
-                                          (True, 1), (False, 2), (True, 3), (False, 3), (True, 11), (False, 27)])
+                                          (True, 1), (False, 2), (True, 3), (False, 3)])
 def test_dg_fused_in_the_dqk_kernel(final, local):
     """dg_fused: dg stored whole by the dqk kernel (the later tokens' part from S_(c+1) dS_c; the final state's from
     ht where given), no dg kernel: fp16 N 17 and float32 strong decays + a reset + a -1e30 channel at N 200, with and
@@ -104,9 +104,8 @@ def test_dg_fused_in_the_dqk_kernel(final, local):
     block's tiles loaded before the span test, the loop from the second); "lean": with dqk_lean (r from do v^T's
     diagonal) and dqk_dotscan (dG's reverse sum as a dot; here its interpreter form, one float32 dot); 1-3: "lean"
     with session 33's dqk_form (1: one three-way reduction and two exp tiles, 2: no branch on the span, the flagged
-    blocks' outputs written again by the fallback's launch; 3: both; 11: and the diagonal inside the intra dots; 27:
-    and E, Ei's products in the dots' layout)."""
-    form = local if local in (1, 2, 3, 11, 27) and local is not True else 0
+    blocks' outputs written again by the fallback's launch; 3: both)."""
+    form = local if local in (1, 2, 3) and local is not True else 0
     lean = local == "lean" or bool(form)
     extra = dict(dg_local=bool(local), dqk_early=local == "early", dqk_lean=lean, dqk_dotscan=lean, dqk_form=form)
     torch.manual_seed(11)
@@ -233,51 +232,6 @@ def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop, form):
     _, _, ref = reference(q, k, v, g, None, dout=do)
     got = run_chunked(q, k, v, g, None, do, None, None, dv_form=form, dqk_form=3, **blocks)
     assert accuracy.rel_rms(got[2], ref[2]) < 2e-5
-
-
-@pytest.mark.parametrize("N, Dk, walk_BK, mode", [(17, 24, None, 1), (34, 48, 32, 1), (40, 32, 16, 1),
-                                                   (17, 24, None, 2), (34, 48, 32, 2)])
-def test_g_pre_from_the_states_walk(N, Dk, walk_BK, mode):
-    """g_pre (session 33): the states walk stores each chunk's span middles, G_last and the dqk kernel's flags (mode
-    2), and G itself (mode 1); the dqk kernel (dqk_form | 4), the dv kernel (dv_form | 2) and with mode 1 the dstates
-    walk read them instead of reducing (and scanning) g:
-    the same gradients as without it (float32 weak decays, a partial last chunk, Dk 24 / 48 not a multiple of the
-    key block: to rounding), fp16 within 2.5x the rounding floor, and float32 strong decays with a reset and a -1e30
-    channel (blocks flagged for their span or a clamped log decay, some not) against float64, dg 0 where clamped."""
-    torch.manual_seed(N + Dk)
-    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
-    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
-    _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True, walk_BK=walk_BK,
-                  dqk_form=3 if mode == 1 else 27, dv_form=1 if mode == 1 else 5)
-    before = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
-    after = run_chunked(q, k, v, g, s0, do, dht, st.float(), g_pre=mode, **blocks)
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), before, after):
-        assert accuracy.rel_rms(b, a) < 1e-6, name
-    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
-    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
-    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), g_pre=mode, **blocks)
-    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
-        assert accuracy.error_over_floor(x, r) <= 2.5, (name, accuracy.error_over_floor(x, r))
-    assert accuracy.rel_rms(got[3], ref[3]) < 5e-3
-    assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
-    q, k, v, g, _ = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", strong=True)
-    g[:, N // 2, :, :4] = float("-inf")
-    g[:, 0, :, 5] = -1e30  # a clamped decay at a chunk's first token: its span stays narrow
-    g[:, N - 9:, :, :] *= 0.01
-    do, dht = torch.randn(v.shape), torch.randn(1, 1, Dk, 40)
-    _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
-    dq, dk, dv, dg = run_chunked(q, k, v, g, None, do, dht, st.float(), g_pre=mode, **blocks)
-    for name, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
-        assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
-    live = g >= -100
-    assert (dg[~live] == 0).all()
-    assert accuracy.rel_rms(dg[live], ref[3][live]) < 2e-4
-    # where its readers are off (dv_form 0) g_pre is not taken: the same gradients as without it
-    off = run_chunked(q, k, v, g, None, do, dht, None, g_pre=mode, **dict(blocks, dv_form=0))
-    for name, a, b in zip(("dq", "dk", "dv", "dg"), (dq, dk, dv, dg), off):
-        assert accuracy.rel_rms(b, a) < 1e-6, name
 
 
 def test_session33_values_only_at_the_checked_head_dims():
@@ -413,8 +367,8 @@ def test_dqk_flat_chunks_a_program(N, H, flat, dtype):
 
 
 def test_dqk_flat_where_configs_and_the_descriptors_allow():
-    """configs_gla_bwd.CHUNKED_FLAT_DIMS: the flat launch (chunks a program and stages as listed) at d 128 and d 64
-    where N is a multiple of the chunk; the common launch elsewhere: N not a multiple of 64, d 32 / d 96 (not listed),
+    """configs_gla_bwd.CHUNKED_FLAT_DIMS: the flat launch (chunks a program and stages as listed) at d 128, 64 and 32
+    where N is a multiple of the chunk; the common launch elsewhere: N not a multiple of 64, d 96 (not listed),
     a view whose heads are not consecutive in a token's row (q, k, v from a fused projection's split), dqk_flat 0."""
     from tilecore.ops.linear_attention import configs_gla_bwd
 
@@ -432,8 +386,15 @@ def test_dqk_flat_where_configs_and_the_descriptors_allow():
         name, kw = first(Dk)
         assert name == "gla_dqk_flat_kernel" and kw["CPP"] == want["dqk_flat"], (Dk, kw)
         assert kw["num_stages"] == want["dqk_flat_stages"]
-    assert {(128, 128), (64, 64)} == set(configs_gla_bwd.CHUNKED_FLAT_DIMS)
-    for case in (dict(D=128, N=1000), dict(D=64, N=200), dict(D=32), dict(D=96), dict(D=128, fused=True),
+        q, g, s = torch.empty(1, 256, 2, Dk, dtype=torch.bfloat16), torch.empty(1, 256, 2, Dk), torch.empty(1, 2, Dk, Dk)
+        steps = []
+        kernels_backward_gla_chunked.backward(tl_plan(q, q, g, IDENTITY, 64, diag=5), q, q, q, q, g, s, s, s, 0.1,
+                                              steps=steps)
+        dv = next(st for st in steps if st[0] == "dvw")  # (the dv kernel by descriptors where dv_flat is listed)
+        assert dv[1].fn.__name__ == ("gla_dv_flat_kernel" if want.get("dv_flat") else "gla_dv_kernel"), Dk
+        assert dv[4].get("CPP") == want.get("dv_flat") and dv[4]["num_stages"] == want.get("dv_flat_stages", 2)
+    assert {(128, 128), (64, 64), (32, 32)} == set(configs_gla_bwd.CHUNKED_FLAT_DIMS)
+    for case in (dict(D=128, N=1000), dict(D=64, N=200), dict(D=32, N=200), dict(D=96), dict(D=128, fused=True),
                  dict(D=128, dqk_flat=0)):
         assert first(**case)[0] == "gla_dqk_kernel", case
 

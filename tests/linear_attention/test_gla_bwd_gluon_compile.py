@@ -36,8 +36,8 @@ def _dqk_step(D, N=256, dtype=torch.bfloat16, g_dtype=torch.float32, **over):
 def test_gluon_dqk_where_switched_on_and_it_fits():
     """dqk_gluon n: the Gluon kernel at d 128 and d 64 (a ring of n stages, the flat launch's places) in bf16 and
     fp16 (the factor span 64 / 8, the tl kernels' rule); elsewhere the tl launches: off, N not a multiple of the
-    chunk, d 32 (one key block: no pair), the flat launch off. configs': on at d 128 and d 64 (FORM 1538) with bf16 inputs;
-    fp16 at d 64 keeps the flat launch (dqk_gluon_scan off: the scans lost to it there)."""
+    chunk (at d 32, one key block a chunk: of two chunks), the flat launch off. configs': on at d 128, 64 and 32 (FORM
+    1538) with bf16 inputs; fp16 at d 64 keeps the flat launch (dqk_gluon_scan off: the scans lost to it there)."""
     for D in (128, 64):
         name, kw = _dqk_step(D, dqk_gluon=2)
         assert name == "gla_dqk_gluon_kernel" and kw["STAGES"] == 2 and kw["SPAN"] == 64.0, (D, kw)
@@ -56,8 +56,10 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
     assert _dqk_step(128, dqk_gluon_form=2)[1]["FORM"] == 2
     assert "FORM" not in _dqk_step(128, dtype=torch.float16, dqk_gluon_form=2)[1]
     assert "FORM" not in _dqk_step(128, dtype=torch.float16, dqk_gluon_form=38)[1]
-    for case in (dict(D=128, N=1000), dict(D=32), dict(D=128, dqk_flat=0)):
+    for case in (dict(D=128, N=1000), dict(D=32, N=192), dict(D=128, dqk_flat=0)):
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
+    # configs' d 32: a pair of chunks a tile (CHUNKED_FLAT_DIMS)
+    assert _dqk_step(32)[0] == "gla_dqk_gluon_kernel" and _dqk_step(32)[1]["CHUNKS"] == 2
     # d 32 (one key block of 32 a chunk) by a pair of chunks a tile (CHUNKS 2: consumer c the tile's chunk c), or by a
     # pair of key blocks of 16 (BKB_NARROW: a chunk's 32 channels a tile) where the blocks say so; fp16 (no FORM 2)
     # keeps the tl launches

@@ -30,7 +30,7 @@ the first blocks (configs_gla_bwd.CHUNKED: chunk 64, key blocks 32, the dqk valu
 6.07 ms at B16 H16 N4096 d128 bf16; then (the value loop at 3 stages, dg's later part from S_c (SUFFIX 3), r from
 do v^T's diagonal (LEAN), dG's reverse sum as dots (DOTSCAN), the walks by key blocks of 64): dqk 2.87 ms against 3.24,
 the walks 0.70 + 0.69 against 0.84 + 0.83 (notes/linear_attention/README.md, decisions 70-77); then the value
-loop by blocks of 64, 5.315 ms composed (decision 78), and the dqk / dv forms and g_pre behind CHUNKED switches."""
+loop by blocks of 64, 5.315 ms composed (decision 78), and the dqk / dv forms behind CHUNKED switches."""
 from __future__ import annotations
 
 import torch
@@ -58,18 +58,14 @@ def _state_ptrs(base, bh, c, NT, offs_k, offs_v, DK, DV):
 def gla_states_kernel(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd,
                       s0b, s0h, s0f, s0v, N, H, DK, DV, NT,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
-                      G_PRE: tl.constexpr = 0, BKB: tl.constexpr = 0):
+                      MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0):
     """Program (batch * head, value block): HS[c] = the state entering chunk c (its BV columns), every chunk.
     Grid (B * H, cdiv(DV, BV)). NVB: the state's rows by key blocks of BK too (each row of S walks on its
     own: its channel's decay, k's column): axis 1 is (key block, value block), NVB value blocks; grid (B * H,
-    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK). G_PRE (BKB the dqk kernel's key block, dividing BK):
-    the value block 0 programs also store each chunk's span middles, G_last and the dqk kernel's flags, and (G_PRE 1)
-    G itself (_g_pre_store); 0 none."""
+    cdiv(DK, BK) * NVB); 0: one key block (BK >= DK)."""
     vblock, kblock = _walk_blocks(NVB)
     _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
-                 N, H, DK, DV, NT, tl.program_id(0), vblock, BT, BK, BV, HAS_H0, MMA, IEEE, kblock, GC, MID, FLAG,
-                 KBLOCKS, G_PRE, BKB)
+                 N, H, DK, DV, NT, tl.program_id(0), vblock, BT, BK, BV, HAS_H0, MMA, IEEE, kblock)
 
 
 @triton.jit
@@ -115,74 +111,17 @@ def _walk_chunk(X, Y, G, sxb, sxn, sxh, sxd, syb, syn, syh, syd, sgb, sgn, sgh, 
 
 
 @triton.jit
-def _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK):
-    """g_pre's G [BT, BK] from GC ((B, N, H, Dk) float32 contiguous, the states walk's): rows past N read N - 1's
-    (as the scan of g's zeros past N gives), channels past DK zeros."""
-    rows = tl.minimum(t0 + offs_t, N - 1).to(tl.int64)
-    ptrs = GC + ((b * N + rows[:, None]) * H + h) * DK + offs_k[None, :]
-    return tl.load(ptrs, mask=k_ok[None, :], other=0.0)
-
-
-@triton.jit
-def _gc_last(GC, b, h, H, t0, BT: tl.constexpr, offs_k, k_ok, N, DK):
-    """g_pre's G_last [BK]: GC's row at the chunk's last token (N - 1 in a partial chunk)."""
-    row = (tl.minimum(t0 + BT, N) - 1).to(tl.int64)
-    return tl.load(GC + ((b * N + row) * H + h) * DK + offs_k, mask=k_ok, other=0.0)
-
-
-@triton.jit
-def _mid_last(MID, bh, c, NT, offs_k, k_ok, DK):
-    """g_pre's (span middle [BK], G_last [BK]) of chunk c from MID ((B H, NT, 2, Dk) float32, the states walk's)."""
-    base = MID + (bh.to(tl.int64) * NT + c) * 2 * DK + offs_k
-    return tl.load(base, mask=k_ok, other=0.0), tl.load(base + DK, mask=k_ok, other=0.0)
-
-
-@triton.jit
-def _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, G_last, kblock,
-                 BK: tl.constexpr, BKB: tl.constexpr, KBLOCKS, MMA: tl.constexpr, FULL: tl.constexpr):
-    """g_pre: the states walk's chunk c stores its span's middle and G_last per channel (MID (B H, NT, 2,
-    Dk) float32), the dqk kernel's flags (FLAG[(bh NT + c) KBLOCKS + key block of BKB]: 1 where the block's span is
-    wider than _factor_span, NaN, or a log decay of the block was clamped at the floor) and, FULL (g_pre 1), G itself
-    (GC, rows below N), so the kernels after it read them instead of reducing (and scanning) g again. g: the chunk's
-    log decays as loaded."""
-    hi, lo, clamps = tl.reduce((Gc, Gc, (g < LOG_DECAY_FLOOR).to(tl.float32)), 0, _max_min_sum)
-    if FULL:
-        rows = t0 + offs_t
-        ok = (rows < N)[:, None] & k_ok[None, :]
-        tl.store(GC + ((b * N + rows.to(tl.int64)[:, None]) * H + h) * DK + offs_k[None, :], Gc, mask=ok)
-    base = MID + (bh.to(tl.int64) * NT + c) * 2 * DK + offs_k
-    tl.store(base, 0.5 * (hi + lo), mask=k_ok)
-    tl.store(base + DK, G_last, mask=k_ok)
-    span = hi - lo
-    bad = ((span <= _factor_span(MMA)) == 0) | (clamps > 0)  # NaN spans compare false
-    NB: tl.constexpr = BK // BKB
-    flags = tl.max(tl.reshape(bad.to(tl.int32), [NB, BKB]), 1)
-    fb = kblock * NB + tl.arange(0, NB)
-    tl.store(FLAG + (bh.to(tl.int64) * NT + c) * KBLOCKS + fb, flags.to(tl.int8), mask=fb < KBLOCKS)
-
-
-@triton.jit
 def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, s0b, s0h, s0f, s0v,
                  N, H, DK, DV, NT, bh, vblock, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0, GC=0, MID=0, FLAG=0, KBLOCKS=1,
-                 G_PRE: tl.constexpr = 0, BKB: tl.constexpr = 0):
+                 HAS_H0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, S = _walk_setup(H0, s0b, s0h, s0f, s0v, H, DK, DV, bh, vblock, BT, BK,
                                                               BV, HAS_H0, kblock)
     for c in range(0, NT):
         t0 = c * BT
         tl.store(_state_ptrs(HS, bh, c, NT, offs_k, offs_v, DK, DV), S.to(HS.dtype.element_ty),
                  mask=k_ok[:, None] & v_ok[None, :])
-        if G_PRE:
-            k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd).to(tl.float32)
-            v = _rows(V + b * svb + h * svh, t0, offs_t, offs_v, v_ok, N, svn, svd)
-            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
-            Gc, G_last = _cumulative_channels(g)
-            if vblock == 0:
-                _g_pre_store(g, GC, MID, FLAG, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, H, DK, NT, Gc, G_last, kblock,
-                             BK, BKB, KBLOCKS, MMA, G_PRE == 1)
-        else:
-            k, v, Gc, G_last = _walk_chunk(K, V, G, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, b, h,
-                                           t0, offs_t, offs_k, k_ok, offs_v, v_ok, N)
+        k, v, Gc, G_last = _walk_chunk(K, V, G, skb, skn, skh, skd, svb, svn, svh, svd, sgb, sgn, sgh, sgd, b, h, t0,
+                                       offs_t, offs_k, k_ok, offs_v, v_ok, N)
         S = S * tl.exp(G_last)[:, None] + _dot(tl.trans((k * tl.exp(G_last[None, :] - Gc)).to(MMA)), v.to(MMA), IEEE)
 
 
@@ -190,22 +129,21 @@ def _states_walk(K, V, G, H0, HS, skb, skn, skh, skd, svb, svn, svh, svd, sgb, s
 def gla_dstates_kernel(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                        stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0,
-                       G_PRE: tl.constexpr = False):
+                       STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, NVB: tl.constexpr = 0):
     """Program (batch * head, value block): DHS[c] = the gradient of the state leaving chunk c, every chunk, by a
     reverse walk from DHT; DH0 (float32) the initial state's. Grid (B * H, cdiv(DV, BV)); NVB as gla_states_kernel's
-    (the rows of dS walk apart too). G_PRE: G is the states walk's GC (each chunk's G: no scan)."""
+    (the rows of dS walk apart too)."""
     vblock, kblock = _walk_blocks(NVB)
     _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, tl.program_id(0), vblock,
-                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE, kblock, G_PRE)
+                  BT, BK, BV, HAS_DHT, STORE_DH0, MMA, IEEE, kblock)
 
 
 @triton.jit
 def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sgd, sob, son, soh, sod,
                   stb, sth, stf, stv, s0b, s0h, s0f, s0v, N, H, DK, DV, NT, scale, bh, vblock,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0, G_PRE: tl.constexpr = False):
+                  STORE_DH0: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr, kblock=0):
     b, h, offs_t, offs_k, k_ok, offs_v, v_ok, dS = _walk_setup(DHT, stb, sth, stf, stv, H, DK, DV, bh, vblock, BT, BK,
                                                                BV, HAS_DHT, kblock)
     for i in range(0, NT):
@@ -213,14 +151,8 @@ def _dstates_walk(Q, G, DO, DHT, DH0, DHS, sqb, sqn, sqh, sqd, sgb, sgn, sgh, sg
         t0 = c * BT
         tl.store(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), dS.to(DHS.dtype.element_ty),
                  mask=k_ok[:, None] & v_ok[None, :])
-        if G_PRE:  # G from the states walk's GC
-            q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd).to(tl.float32)
-            do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)
-            Gc = _gc_rows(G, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
-            G_last = _gc_last(G, b, h, H, t0, BT, offs_k, k_ok, N, DK)
-        else:
-            q, do, Gc, G_last = _walk_chunk(Q, DO, G, sqb, sqn, sqh, sqd, sob, son, soh, sod, sgb, sgn, sgh, sgd, b, h,
-                                            t0, offs_t, offs_k, k_ok, offs_v, v_ok, N)
+        q, do, Gc, G_last = _walk_chunk(Q, DO, G, sqb, sqn, sqh, sqd, sob, son, soh, sod, sgb, sgn, sgh, sgd, b, h, t0,
+                                        offs_t, offs_k, k_ok, offs_v, v_ok, N)
         dS = dS * tl.exp(G_last)[:, None] + _dot(tl.trans((q * (tl.exp(Gc) * scale)).to(MMA)), do.to(MMA), IEEE)
     if STORE_DH0:
         ptrs = DH0 + b * s0b + h * s0h + offs_k.to(tl.int64)[:, None] * s0f + offs_v[None, :] * s0v
@@ -359,7 +291,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
                    SPLIT: tl.constexpr, PART: tl.constexpr = 0, WIDE: tl.constexpr = 0, FLAG=0,
                    AT: tl.constexpr = False, VB: tl.constexpr = 0, GROUP: tl.constexpr = 1,
                    SUFFIX: tl.constexpr = 0, EARLY: tl.constexpr = False, LEAN: tl.constexpr = False,
-                   DOTSCAN: tl.constexpr = 0, FORM: tl.constexpr = 0, GC=0, MID=0,
+                   DOTSCAN: tl.constexpr = 0, FORM: tl.constexpr = 0,
                    DYN: tl.constexpr = False):
     """Program (batch * head, chunk, key block of BKB channels): dq, dk (the inputs' dtypes, DQ and DK_OUT (B, N, H,
     Dk) contiguous), the decay gradient's within-chunk reverse sum DG (B, N, H, Dk) float32 and its chunk total
@@ -417,7 +349,7 @@ def gla_dqk_kernel(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT,
     elif FORM != 0:  # WIDE 1, VB, SUFFIX 3, LEAN
         _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                          svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
-                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, GC, MID, DYN)
+                         pid, FLAG, BT, BKB, BVF, MMA, IEEE, SPLIT, VB, DOTSCAN, FORM, DYN)
     else:
         _dqk_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, TOT, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
@@ -569,7 +501,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
                      svb, svn, svh, svd, sgb, sgn, sgh, sgd, sob, son, soh, sod, N, H, DK, DV, NT, scale, KBLOCKS,
                      pid, FLAG, BT: tl.constexpr, BKB: tl.constexpr, BVF: tl.constexpr, MMA: tl.constexpr,
                      IEEE: tl.constexpr, SPLIT: tl.constexpr, VB: tl.constexpr, DOTSCAN: tl.constexpr,
-                     FORM: tl.constexpr, GC=0, MID=0, DYN: tl.constexpr = False):
+                     FORM: tl.constexpr, DYN: tl.constexpr = False):
     """FORM's variant of the common launch (WIDE 1 with VB, SUFFIX 3, LEAN; DOTSCAN or tl.cumsum for dG's reverse
     sum),
     FORM bits: 1 G's span, its middle and G_last by ONE three-way reduction over tokens (max, min, the last row's
@@ -577,12 +509,7 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     e^(m / 2) e^(m / 2), e^(G_last - G) = e^(m - G) e^(G_last - m): no factor leaves float32 where the span is <=
     _factor_span); 2 no branch on the span: the value loop issued before g's scan (g's load and scan under the loop's
     loads), every block computed (a flagged block's outputs, wrong or not finite, are written again by the fallback's
-    launch after this one); 8 (with 1) the diagonal r_t k_t, r_t q_t inside the intra dots (a with its diagonal: the
-    term rounded as the other 63 of its row are, and in dG q dq - k dk the two cancel to their roundings), no r, so
-    neither r's layout (do v^T's, N 64) nor its products' conversions; 16 (with 1) E, Ei's products in the dots'
-    layout; 4 (with g_pre) G_last, the span's middles and the flag read from the states walk's MID and FLAG (no
-    reduction of G, no flag store, no reload of g: a block with a clamped log decay is flagged), 32 (with 4, g_pre 1)
-    and G from its GC (no scan). DYN: gla_dqk_kernel's."""
+    launch after this one). DYN: gla_dqk_kernel's."""
     kblock = pid % KBLOCKS
     c = (pid // KBLOCKS) % NT
     bh = pid // (KBLOCKS * NT)
@@ -592,33 +519,22 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
     offs_t = tl.arange(0, BT)
     offs_k = kblock * BKB + tl.arange(0, BKB)
     k_ok = offs_k < DK
-    if FORM & 4:  # the states walk's span middles, G_last and flags (and G with 32)
-        go = tl.load(FLAG + pid) == 0
-    else:
-        g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+    g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
     q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, BKB]
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
     if FORM & 2:
         a, r, hs, dhs, sfx = _dqk_value_loop(
             V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
             DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True, DYN)
-    if FORM & 4:
-        if FORM & 32:
-            Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
-        else:
-            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
-            Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
-        mid, G_last = _mid_last(MID, bh, c, NT, offs_k, k_ok, DK)
+    if FORM & 1:
+        Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
     else:
-        if FORM & 1:
-            Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
-        else:
-            Gc, G_last = _cumulative_channels(g)
-            hi = tl.max(Gc, 0)
-            lo = tl.min(Gc, 0)
-        mid = 0.5 * (hi + lo)
-        go = tl.max(hi - lo, 0) <= _factor_span(MMA)  # NaN spans go to the fallback too
-        tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
+        Gc, G_last = _cumulative_channels(g)
+        hi = tl.max(Gc, 0)
+        lo = tl.min(Gc, 0)
+    mid = 0.5 * (hi + lo)
+    go = tl.max(hi - lo, 0) <= _factor_span(MMA)  # NaN spans go to the fallback too
+    tl.store(FLAG + pid, tl.where(go, 0, 1).to(tl.int8))
     if FORM & 2:
         run = True
     else:
@@ -628,23 +544,12 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
             a, r, hs, dhs, sfx = _dqk_value_loop(
                 V, DO, HS, DHS, svb, svn, svh, svd, sob, son, soh, sod, b, h, bh, c, t0, offs_t, offs_k, k_ok, N, DK,
                 DV, NT, BT, BKB, BVF, VB, MMA, IEEE, 0, 0, 3, 0, None, None, None, None, None, True, DYN)
-        if FORM & 8:  # the diagonal (r_t = do_t . v_t) inside the intra dots: a with its diagonal, no r
-            a = tl.where(offs_t[:, None] >= offs_t[None, :], a, 0.0)
-        else:
-            r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1) * scale
-            a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
+        r = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], a, 0.0), 1) * scale
+        a = tl.where(offs_t[:, None] > offs_t[None, :], a, 0.0)
         qf = q.to(tl.float32)
         kf = k.to(tl.float32)
         rows = (b * N * H + h) * DK
-        if FORM & 16:  # every product of E, Ei with the dots' layout's tiles (hs, dhs, the dot results)
-            E = tl.exp(Gc - mid[None, :])
-            Ei = tl.exp(mid[None, :] - Gc)
-            half = tl.exp(0.5 * mid)[None, :]
-            dq = E * (_split_dot(a, kf * Ei, MMA, IEEE, SPLIT) * scale) + (E * half) * (hs * (half * scale))
-            dhs = dhs * tl.exp(G_last - mid)[None, :]
-            dk_state = Ei * dhs
-            dk = Ei * (_split_dot(tl.trans(a), qf * E, MMA, IEEE, SPLIT) * scale + dhs)
-        elif FORM & 1:
+        if FORM & 1:
             E = tl.exp(Gc - mid[None, :])
             Ei = tl.exp(mid[None, :] - Gc)
             half = tl.exp(0.5 * mid)[None, :]
@@ -657,25 +562,16 @@ def _dqk_s33_program(Q, K, V, G, DO, HS, DHS, DQ, DK_OUT, DG, sqb, sqn, sqh, sqd
             dk_state = dhs * tl.exp(G_last[None, :] - Gc)
             dk = (tl.exp(mid[None, :] - Gc) * _split_dot(tl.trans(a), qf * tl.exp(Gc - mid[None, :]), MMA, IEEE,
                                                           SPLIT)) * scale + dk_state
-        if FORM & 8:
-            _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq)
-        else:
-            _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
+        _store_rows(DQ + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dq + r[:, None] * kf)
         sfx = tl.exp(G_last) * sfx + tl.sum(kf * dk_state, 0)
-        if FORM & 8:
-            _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk)
-        else:
-            _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
-        dG = qf * dq - kf * dk  # FORM 8: the diagonal's r q k in both cancels to its roundings
+        _store_rows(DK_OUT + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dk + r[:, None] * qf)
+        dG = qf * dq - kf * dk
         if DOTSCAN:
             dGs = _scan_dot((offs_t[:, None] <= offs_t[None, :]).to(tl.float32), dG, DOTSCAN)
         else:
             dGs = tl.cumsum(dG, 0, reverse=True)
-        if FORM & 4:  # a block with a clamped log decay is flagged (the fallback writes it)
-            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, dGs + sfx[None, :])
-        else:
-            clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
-            _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, dGs + sfx[None, :]))
+        clamped = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd) < LOG_DECAY_FLOOR
+        _store_rows(DG + rows, t0, offs_t, offs_k, k_ok, N, H * DK, 1, tl.where(clamped, 0.0, dGs + sfx[None, :]))
 
 
 @triton.jit
@@ -791,7 +687,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
                   sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
                   IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1,
-                  DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0, GC=0, MID=0):
+                  DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
     """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
     channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,).
     WIDE (with the dqk kernel's wide launches, whose FLAG marks each (chunk, key block) whose span needs the sub-chunk
@@ -799,9 +695,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     the factored scores alone (no fallback's registers); 2 (after) the others, as WIDE 0 does. A KD block inside
     unmarked key blocks has a span within theirs, so the dot is safe whatever KD and the dqk key block are.
     DVFORM (WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
-    reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three; 3
-    (g_pre) the same with G_last and the middles read from the states walk's MID (no reduction), G from its GC too
-    with bit 8 (g_pre 1: no scan);
+    reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three;
     bit 4 (with 1): no branch on the flags (every chunk computed, its loads issued at once; a marked chunk's dv, wrong or
     not finite, written again by the WIDE 2 launch after)."""
     pid = tl.program_id(0)
@@ -813,7 +707,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     elif WIDE == 1 and (DVFORM & 4) != 0:  # every chunk (a marked one's dv written again by the WIDE 2 launch)
         _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                     sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
-                    DVFORM, GC, MID)
+                    DVFORM)
     else:
         kb = tl.arange(0, KBP)
         marked = tl.max(tl.load(FLAG + (bh.to(tl.int64) * NT + c) * KBLOCKS + kb, mask=kb < KBLOCKS, other=0), 0)
@@ -821,7 +715,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
             if marked == 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                             sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
-                            DVFORM, GC, MID)
+                            DVFORM)
         else:
             if marked != 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
@@ -831,7 +725,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
 @triton.jit
 def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV, NT, b, h, bh, c,
                   t0, offs_t, offs_v, v_ok, c0, p, dv, KD: tl.constexpr, MMA: tl.constexpr, IEEE: tl.constexpr,
-                  INTRA: tl.constexpr, DVFORM: tl.constexpr = 0, GC=0, MID=0, H=1):
+                  INTRA: tl.constexpr, DVFORM: tl.constexpr = 0):
     """_dv_program's key channels c0 .. c0 + KD: (p + their scores, dv + their state term); DVFORM gla_dv_kernel's
     (with INTRA 1)."""
     offs_k = c0 + tl.arange(0, KD)
@@ -840,17 +734,9 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
     if DVFORM and INTRA == 1:  # the span allows the factored form (the dqk kernel's flags said so)
         BT: tl.constexpr = q.shape[0]
-        if DVFORM & 2:  # the states walk's span middles and G_last (g_pre), G from its GC with 8
-            if DVFORM & 8:
-                Gc = _gc_rows(GC, b, h, H, t0, offs_t, offs_k, k_ok, N, DK)
-            else:
-                g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
-                Gc = tl.cumsum(tl.where(g < LOG_DECAY_FLOOR, LOG_DECAY_FLOOR, g), 0)
-            mid, G_last = _mid_last(MID, bh, c, NT, offs_k, k_ok, DK)
-        else:
-            g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
-            Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
-            mid = 0.5 * (hi + lo)
+        g = _rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd).to(tl.float32)
+        Gc, hi, lo, G_last = _scan_span_last(g, offs_t, BT)
+        mid = 0.5 * (hi + lo)
         kf = k.to(tl.float32)
         Ei = tl.exp(mid[None, :] - Gc)
         ks = kf * Ei
@@ -872,8 +758,7 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
 def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                 sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid,
                 BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0,
-                GC=0, MID=0):
+                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
     """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA; DVLOOP its key blocks by a
     pipelined loop (else unrolled)."""
     vblock = pid % VBLOCKS
@@ -892,12 +777,12 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
         for c0 in range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
                                   NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
-                                  DVFORM, GC, MID, H)
+                                  DVFORM)
     else:
         for c0 in tl.static_range(0, BK, KD):
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
                                   NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
-                                  DVFORM, GC, MID, H)
+                                  DVFORM)
     dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
     _store_rows(DV_OUT + (b * N * H + h) * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
 
@@ -1074,10 +959,6 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         # dqk_form's common launch where it applies (the value loop with lean, dg_local, the fallback apart)
         form = cfg["dqk_form"] if (lean and suffix == 3 and cfg["wide_apart"] and not early
                                    and not cfg["dqk_apart"]) else 0
-        # g_pre: the states walk stores span middles, G_last, the dqk flags (g_pre 1: and G), where it applies
-        # (the dqk and dv forms that read them, separate walks whose key block is a multiple of the dqk kernel's)
-        walk_BK0 = min(BK, cfg["walk_BK"] or BK)
-        g_pre = int(cfg["g_pre"]) if (form and cfg["dv_form"] and not cfg["walks_fused"] and walk_BK0 % BKB == 0) else 0
         tot_or = (ht.float().contiguous() if has_ht else tot) if fused else tot  # SUFFIX 1: the final state
         z4 = (0, 0, 0, 0)
         g_strides = g.stride()
@@ -1096,10 +977,6 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         if cfg["wide_apart"]:
             flag = (torch.zeros(-(-programs // group) * group, dtype=torch.int8, device=dev) if group > 1 else
                     torch.empty(programs, dtype=torch.int8, device=dev))
-        gc = mid = None
-        if g_pre:  # span middles and G_last (B H, NT, 2, Dk) float32 by the states walk, and G (B, N, H, Dk) with 1
-            mid = torch.empty(B * H, NT, 2, Dk, dtype=f32, device=dev)
-            gc = torch.empty(B, N, H, Dk, dtype=f32, device=dev) if g_pre == 1 else mid
         dht_or, dh0_or = dht if has_dht else dhs, dh0 if dh0 is not None else dhs
         if cfg["walks_fused"]:
             calls.append(("walks", gla_walks_kernel, (B * H, vblocks, 2), (
@@ -1110,20 +987,17 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         else:
             calls.append(("states", gla_states_kernel, (B * H, vblocks * walk_kblocks), (
                 k, v, g, h0_or, hs, *k.stride(), *v.stride(), *g_strides, *(h0.stride() if h0 is not None else z4),
-                N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None,
-                                        **(dict(GC=gc, MID=mid, FLAG=flag, KBLOCKS=kblocks, G_PRE=g_pre, BKB=BKB)
-                                           if g_pre else {}))))
+                N, H, Dk, Dv, NT), dict(walk_opts, HAS_H0=h0 is not None)))
             calls.append(("dstates", gla_dstates_kernel, (B * H, vblocks * walk_kblocks), (
-                q, gc if g_pre == 1 else g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
+                q, g, do, dht_or, dh0_or, dhs, *q.stride(), *g_strides, *do.stride(),
                 *(dht.stride() if has_dht else z4), *(dh0.stride() if dh0 is not None else z4), N, H, Dk, Dv, NT,
-                scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None,
-                             **({"G_PRE": True} if g_pre == 1 else {}))))
+                scale), dict(walk_opts, HAS_DHT=has_dht, STORE_DH0=dh0 is not None)))
         # (PART, WIDE) launches: dq and dk apart, or the fallback apart (a flag a program between the two)
         dqk = [(1, 0), (2, 0)] if cfg["dqk_apart"] else [(0, 1), (0, 2)] if cfg["wide_apart"] else [(0, 0)]
         # dqk_flat where dqk_form 3's common launch runs (the value loop, lean, dg_local, the fallback apart) and the
         # descriptors can: Dv = BVF, BKB divides Dk, N a multiple of the chunk, every view TMA-aligned (_tma_views), on
         # Hopper (where the H100 checked it) or in the interpreter
-        flat = cfg["dqk_flat"] if (form == 3 and not g_pre and not cfg["split"] and Dv == BVF and Dk % BKB == 0
+        flat = cfg["dqk_flat"] if (form == 3 and not cfg["split"] and Dv == BVF and Dk % BKB == 0
                                    and N % BT == 0 and (dispatch.is_hopper(dev) or dispatch.interpreted(dev))
                                    and _tma_views((q, k, v, g, do, hs, dhs))) else 0
         # dqk_gluon (stages): the common launch by the Gluon kernel on the tiles template (gluon_gla_bwd: the next
@@ -1173,15 +1047,13 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                      **({"SUFFIX": suffix} if suffix else {}), **({"EARLY": True} if early else {}),
                      **({"LEAN": True} if lean else {}),
                      **({"DOTSCAN": 1 if dispatch.interpreted(dev) else 3} if dotscan else {}),
-                     **({"FORM": form | (4 if g_pre else 0) | (32 if g_pre == 1 else 0)} if form and wide == 1
-                        else {}),
-                     **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}),
+                     **({"FORM": form} if form and wide == 1 else {}),
                      **({"maxnreg": cfg["dqk_maxnreg"]} if cfg["dqk_maxnreg"] and wide != 2 else {}),
                      **({"DYN": True} if cfg["dqk_dyn"] and dqk_VB else {}))))
         # dv_flat: the dv kernel's common launch (every chunk by the factored scores, dv_form 5) by chunks a program,
         # its loads and store by descriptors, where the views allow it (as dqk_flat's, and Dk = BK a multiple of KD)
         dv_flat = cfg["dv_flat"] if (cfg["wide_apart"] and cfg["dv_wide_apart"] and cfg["dv_form"] & 5 == 5
-                                     and not g_pre and Dv == BVF and Dv % dv_BV == 0 and Dk == BK and Dk % KD == 0
+                                     and Dv == BVF and Dv % dv_BV == 0 and Dk == BK and Dk % KD == 0
                                      and N % BT == 0 and (dispatch.is_hopper(dev) or dispatch.interpreted(dev))
                                      and _tma_views((q, k, g, do, dhs, dv))) else 0
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
@@ -1205,9 +1077,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
                                  **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}),
                                  **({"DVLOOP": True} if cfg["dv_loop"] else {}),
-                                 **({"DVFORM": cfg["dv_form"] | (2 if g_pre else 0) | (8 if g_pre == 1 else 0)}
-                                    if cfg["dv_form"] and wide == 1 else {}),
-                                 **(dict(GC=gc, MID=mid) if g_pre and wide == 1 else {}))))
+                                 **({"DVFORM": cfg["dv_form"]} if cfg["dv_form"] and wide == 1 else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:
             calls.append(("dg", gla_dg_kernel, (B * H, -(-Dk // bk_dg)), (
