@@ -11,7 +11,7 @@ op's (b, h, p, s) layout: partial last chunks), the states' relative error (~1.6
 CUDA-graph medians of rounds (they drift by a few % on a shared host: session 39's variants were timed in
 interleaved rounds beside it, notes decisions 190-191).
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step]
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step] [--probe]
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """
@@ -30,6 +30,10 @@ from experiments.common.gpu_script import Run, check, graph_ms, poisoned, same_b
 
 SHAPE = (16, 4096, 80)  # B, N, H (headdim 64, d_state 128, one group)
 CASES = ("stateless", "states")
+# --probe: the stateless kernel at fewer tiles (two heads each), as the time of a chunk-step of an SM: one tile alone on
+# the GPU (the step's chain with nothing else running), 40 and 120 tiles (one partial wave: HBM and L2 shared by
+# that many SMs), against the 2.7B shape's 640 (4.85 waves of 132)
+PROBES = {"1 tile B1 H2": (1, 2), "40 tiles B1 H80": (1, 80), "120 tiles B3 H80": (3, 80)}
 
 
 def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
@@ -107,8 +111,8 @@ def check_op() -> dict:
                 second_call_same=same_bits(y, y2))
 
 
-def timed_args(case: str):
-    B, N, H = SHAPE
+def timed_args(case: str, shape=None):
+    B, N, H = shape or SHAPE
     x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H)
     P, S = x.shape[-1], Bm.shape[-1]
     h0 = ht = None
@@ -128,6 +132,35 @@ def napkin_ms(with_states: bool) -> float:
     r = derive(models.mamba2_ssd(batch=B, heads=H, seq=N, headdim=64, state=128, chunk=64, groups=1, gate=True,
                                  skip=True), "h100")
     return 1e3 * (r.compulsory_bytes + with_states * 2 * B * H * 64 * 128 * 4) / r.gpu.levels[0].bandwidth
+
+
+def warm_probes():
+    """The probe shapes' compiles (num_tiles 1 and H 2 specialize otherwise), in a process of its own."""
+    t0 = time.time()
+    for B, H in PROBES.values():
+        launcher(*timed_args("stateless", (B, SHAPE[1], H)))()
+    torch.cuda.synchronize()
+    return round(time.time() - t0, 1)
+
+
+def step_us(ms: float, B: int, H: int) -> float:
+    """us a chunk-step of an SM: the persistent grid's waves of tiles (two heads each) times the sequence's chunks."""
+    from tilecore.tiles.schedule import persistent_programs
+
+    tiles = B * H // 2
+    waves = -(-tiles // persistent_programs(tiles, torch.device("cuda")))
+    return round(1e3 * ms / (waves * -(-SHAPE[1] // 64)), 4)
+
+
+def probe_phase(run: Run, rounds: int):
+    for label, (B, H) in PROBES.items():
+        fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
+        fn()
+        torch.cuda.synchronize()
+        res = time_rounds({"shipped": fn}, rounds=rounds, graph=True, eager=False)
+        ms = res.get("shipped_graph_ms")
+        run.row(f"probe {label}", shipped_graph_ms=ms, step_us=step_us(ms, B, H) if ms else None,
+                rounds=res["shipped_rounds"].get("graph"))
 
 
 def warm(op: bool):
@@ -212,14 +245,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan")
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
+    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES): a chunk-step's time")
     a = ap.parse_args()
     cases = a.cases.split(",")
     run = Run("mamba", deadline=57)
-    pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn"))
     fut = pool.submit(warm, a.op)
+    fut_probe = pool.submit(warm_probes) if a.probe else None
     bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
     run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
     got = run.attempt("warm (a worker died or took past 40 s)", fut.result, timeout=max(1.0, 40 - run.elapsed()))
+    probe_ok = fut_probe is not None and run.attempt("warm probes", fut_probe.result,
+                                                     timeout=max(1.0, 40 - run.elapsed())) is not None
     pool.shutdown(wait=False, cancel_futures=True)
     ok = False
     if got is not None:
@@ -248,9 +285,12 @@ def main():
             if ms and bound:
                 row["napkin_pct"] = round(100 * bound / ms, 1)
                 row["best_round_pct"] = round(100 * bound / min(res["shipped_rounds"]["graph"]), 1)
+                row["step_us"] = step_us(ms, SHAPE[0], SHAPE[2])
             run.row(f"time {case}", **row)
+        if case == "stateless" and probe_ok and ok:
+            run.attempt("probes", probe_phase, run, 5)
     run.finish(["name", "pass", "err_over_floor", "state_rel", "shipped_graph_ms", "napkin_pct", "best_round_pct",
-                "copy_pct"])
+                "step_us", "copy_pct"])
 
 
 if __name__ == "__main__":
