@@ -2,8 +2,8 @@
 a program, every load and dv's store by TMA, P^T made directly so P^T do takes it as its register operand) against
 configs' dv kernel (pointer loads, P transposed) at d 128 / 64 / 32, and d 32's dq / dk kernel: configs' common tl
 launch (46% of its bound in session 37) against the Gluon kernel with a pair of chunks a tile (gluon_gla_bwd CHUNKS 2:
-a consumer a chunk's one key block of 32), with a pair of key blocks of 16 (BKB_NARROW: one chunk's 32 channels a
-tile), and the flat tl launch. Each variant is checked against float64 ON THE GPU
+a consumer a chunk's one key block of 32), with a pair of key blocks of 16 (BKB_NARROW, removed since: one chunk's 32
+channels a tile), and the flat tl launch. Each variant is checked against float64 ON THE GPU
 first (a gated backward can be miscompiled on Hopper: FLA's issue 640), then its kernel timed alone (< 60 s on an H100).
 
 Checks (gpu_gla_s38's): bf16 B2 N1024 H16, an initial state and a final state's gradient, weak decays -U(0, 0.3) and
@@ -44,7 +44,8 @@ TIME_DEADLINE = 56.0  # no timing round starts past it
 CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
 TIME_SHAPE = (16, 4096, 16)
 CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
-# d 32 by the Gluon kernel: a pair of chunks a tile (CHUNKS 2, key blocks of 32), or a pair of key blocks of 16
+# d 32 by the Gluon kernel: a pair of chunks a tile (CHUNKS 2, key blocks of 32), or a pair of key blocks of 16 (removed
+# since, decision 201: batch a's "d32 dqk gluon16" row now runs the flat tl launch)
 D32_TWO = dict(dqk_flat=2, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538)
 D32_GLUON = dict(D32_TWO, BKB=16)
 D32_START = dict(dqk_flat=0, dqk_gluon=0, dv_flat=0)  # (d 32 as the session began: the common tl launches)
@@ -80,6 +81,18 @@ BATCHES = {
         "d128 dv flat2 st2 bv64": (128, dict(dv_flat=2, dv_flat_stages=2, dv_BV=64), "dvw"),
         "d128 dv bv64": (128, dict(dv_BV=64), "dvw"),
     },
+    # call 5 (after call 4, runs/gla_s39b_run4_session39_h100.txt: d 32's new forms confirmed, 0.365 / 0.1805 ms against
+    # 0.527 / 0.1994, fp16 and the public op right; its eager backward once 1.23-1.28 ms against 1.16-1.17, a single
+    # disturbed figure): d 32's whole backward, new against the start, eager and from CUDA graphs in interleaved rounds;
+    # the pointer dv kernel with its scores made transposed (dv_form 21) at d 128 and d 64
+    "c": {
+        "d32 new bwd": (32, D32_NEW, "bwd"),
+        "d32 start bwd": (32, D32_START, "bwd"),
+        "d128 dv configs": (128, {}, "dvw"),
+        "d128 dv form21": (128, dict(dv_form=21), "dvw"),
+        "d64 dv configs": (64, {}, "dvw"),
+        "d64 dv form21": (64, dict(dv_form=21), "dvw"),
+    },
 }
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
@@ -106,7 +119,10 @@ def with_dtype(t: dict, dtype) -> dict:
 
 
 def step_of(t, ht, over, name: str):
-    """The launch ``name`` of the variant's backward: (kernel's name, a callable running it alone)."""
+    """The launch ``name`` of the variant's backward: (kernel's name, a callable running it alone); "bwd": the whole
+    backward (kernels_backward_gla_chunked.backward, its buffers allocated each call)."""
+    if name == "bwd":
+        return "backward", (lambda: backward(t, ht, over))
     steps = []
     backward(t, ht, over, steps=steps)
     s = next(s for s in steps if s[0] == name)
@@ -178,19 +194,23 @@ def timing(run: Run, rows: dict) -> None:
         fns = {}
         for name in names:
             _, over, which = VARIANTS[name]
-            rows[name]["bound_ms"] = round((dv_bytes if which == "dvw" else dqk_bytes)(B, N, H, D, D) / copy / 1e6, 4)
+            if which != "bwd":
+                rows[name]["bound_ms"] = round((dv_bytes if which == "dvw" else dqk_bytes)(B, N, H, D, D) / copy / 1e6,
+                                               4)
             fns[name] = step_of(t, ht, over, which)[1]
             fns[name]()  # (compiled at this shape's specialization, if it differs)
         torch.cuda.synchronize()
-        times = time_rounds(fns, rounds=3, graph=True, deadline=run)
+        whole = any(VARIANTS[n][2] == "bwd" for n in names)  # (whole backwards: 5 rounds, eager ones disturbed)
+        times = time_rounds(fns, rounds=5 if whole else 3, graph=True, deadline=run)
         for name in names:
             r = rows[name]
             r.update(ms=times.get(f"{name}_ms"), graph_ms=times.get(f"{name}_graph_ms"),
                      rounds=times.get(f"{name}_rounds"))
             best = r["graph_ms"] or r["ms"]
-            r["pct"] = round(100 * r["bound_ms"] / best, 1) if best else None
+            r["pct"] = round(100 * r["bound_ms"] / best, 1) if best and "bound_ms" in r else None
             over = VARIANTS[name][1]
-            r["bwd_ms"] = round(eager_ms(lambda: backward(t, ht, over), warmup=3, rep=20), 4) if run.left() > 4 else None
+            r["bwd_ms"] = (round(eager_ms(lambda: backward(t, ht, over), warmup=3, rep=20), 4)
+                           if run.left() > 4 and VARIANTS[name][2] != "bwd" else None)
             run.say(json.dumps(dict(variant=name, ms=r["ms"], graph_ms=r["graph_ms"], pct=r["pct"], bwd_ms=r["bwd_ms"])))
         t = ht = None  # (freed before the next head dim's inputs)
 

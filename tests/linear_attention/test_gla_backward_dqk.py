@@ -204,13 +204,13 @@ def test_dv_key_blocks_by_a_loop(N, Dk):
 
 
 @pytest.mark.parametrize("N, Dk, loop, form", [(17, 24, False, 1), (34, 48, True, 1), (17, 24, False, 5),
-                                                (34, 48, False, 5)])
+                                                (34, 48, False, 5), (34, 48, False, 21)])
 def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop, form):
     """dv_form 1 (session 33): the dv kernel's factored blocks with the span's middle and G_last by one three-way
     reduction and e^(G_last - G) from e^(m - G): the same gradients as dv_form 0 (float32 weak decays: to rounding),
     fp16 within 2.5x the rounding floor, and float32 strong decays with a reset (most chunks flagged for the fallback,
     some not) against float64. Form 5: and no branch on the flags (marked chunks written again by the fallback's
-    launch)."""
+    launch); 21: and the scores made transposed (P^T, the register operand of P^T do)."""
     torch.manual_seed(N + 1)
     q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
     do, dht = torch.randn(v.shape), torch.randn(s0.shape)

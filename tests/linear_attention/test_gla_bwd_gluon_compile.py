@@ -60,15 +60,12 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
     # configs' d 32: a pair of chunks a tile (CHUNKED_FLAT_DIMS)
     assert _dqk_step(32)[0] == "gla_dqk_gluon_kernel" and _dqk_step(32)[1]["CHUNKS"] == 2
-    # d 32 (one key block of 32 a chunk) by a pair of chunks a tile (CHUNKS 2: consumer c the tile's chunk c), or by a
-    # pair of key blocks of 16 (BKB_NARROW: a chunk's 32 channels a tile) where the blocks say so; fp16 (no FORM 2)
-    # keeps the tl launches
+    # d 32 (one key block of 32 a chunk) by a pair of chunks a tile (CHUNKS 2: consumer c the tile's chunk c); fp16 (no
+    # FORM 2) keeps the tl launches, as do key blocks of 16
     name, kw = _dqk_step(32, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)
     assert name == "gla_dqk_gluon_kernel" and kw["q_desc"].block_shape == [64, 32] and kw["CHUNKS"] == 2, kw
     assert kw["num_tiles"] == 2 * (256 // 64) // 2 and kw["FORM"] == 1538, kw
-    name, kw = _dqk_step(32, BKB=16, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)
-    assert name == "gla_dqk_gluon_kernel" and kw["q_desc"].block_shape == [64, 16], kw
-    assert kw["num_tiles"] == 2 * (256 // 64) and kw["FORM"] == 1538 and "CHUNKS" not in kw, kw
+    assert _dqk_step(32, BKB=16, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)[0] != "gla_dqk_gluon_kernel"
     assert _dqk_step(32, dtype=torch.float16, dqk_flat=2, dqk_gluon=2, dqk_gluon_scan=True)[0] != "gla_dqk_gluon_kernel"
     assert _dqk_step(32, N=192, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)[0] != "gla_dqk_gluon_kernel"
 

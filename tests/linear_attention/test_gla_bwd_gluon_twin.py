@@ -91,11 +91,11 @@ def run(c, BKB=32):
     return [torch.cat([o[i] for o in outs], 1) for i in range(3)], [o[3] for o in outs]
 
 
-@pytest.mark.parametrize("seed, D, BKB", [(2, 64, 32), (7, 64, 32), (5, 32, 16), (6, 32, 32)])
+@pytest.mark.parametrize("seed, D, BKB", [(2, 64, 32), (7, 64, 32), (6, 32, 32)])
 def test_chain_dots_against_float64(seed, D, BKB):
     """Weak decays (no block flagged): dq, dk within 2x the bf16 rounding floor, dg within 2% (one chunk here: 1.55 /
-    1.3x and 0.5%); d 32 by key blocks of 16 (gluon_gla_bwd.BKB_NARROW) and by one of 32 (a consumer's chain when a
-    tile is a pair of chunks, CHUNKS 2) too."""
+    1.3x and 0.5%); d 32 by one key block of 32 (a consumer's chain when a tile is a pair of chunks, CHUNKS 2)
+    too."""
     c = case(0.3, seed=seed, D=D)
     (dq, dk, dg), flags = run(c, BKB)
     rq, rk, _, rg = c[-1]

@@ -2,8 +2,7 @@
 (tilecore/tiles/gluon/pipeline.py): the loads of the next tile run under the current tile's chain.
 
 The math is kernels_backward_gla_chunked.gla_dqk_flat_kernel's (its ``tl`` twin, tested in the interpreter against
-float64): per (batch * head, chunk c of BT = 64 tokens, key block of BKB = 32 channels; 16 where Dk is 32, so that a
-tile still holds a pair), from the states walks' S_c
+float64): per (batch * head, chunk c of BT = 64 tokens, key block of BKB = 32 channels), from the states walks' S_c
 and dS_c, with G the chunk's cumulative log decay (clamped at -100 a token), m the middle of its span per channel,
 E = e^(G - m), Ei = e^(m - G):
 
@@ -46,7 +45,6 @@ from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_m
 
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BKB_GLUON = 32  # key channels a consumer
-BKB_NARROW = 16  # ... where Dk is 32: a pair of key blocks of 16 (one chunk's channels a tile)
 FLOOR = gl.constexpr(-100.0)  # kernels_tl.LOG_DECAY_FLOOR
 # FORM bits beside 2 (chain_dots): the stores by TMA from shared memory (DQ, DK_OUT, DG then descriptors of the 2-D views
 # (B N, H Dk)): no per-element 64-bit addresses on the chain; launch_args drops a bit where its buffers do not allow it
@@ -575,8 +573,8 @@ def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
     """None where the Gluon dq / dk kernel takes these tensors, else why not (the caller has checked that TMA can read
     every view: kernels_backward_gla_chunked._tma_views)."""
     Dk, Dv = q.shape[3], v.shape[3]
-    if BT != BT_GLUON or BKB not in (BKB_GLUON, BKB_NARROW):
-        return f"chunk {BT} / key block {BKB} (it takes {BT_GLUON} / {BKB_GLUON} or {BKB_NARROW})"
+    if BT != BT_GLUON or BKB != BKB_GLUON:
+        return f"chunk {BT} / key block {BKB} (it takes {BT_GLUON} / {BKB_GLUON})"
     if N % BT:
         return f"N {N} not a multiple of the chunk {BT}"
     if Dv not in (32, 64, 128) or (Dk % (2 * BKB) and Dk != BKB):

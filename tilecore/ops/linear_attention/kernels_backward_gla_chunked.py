@@ -697,7 +697,8 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     DVFORM (WIDE 1's factored blocks): 1 each key block's span middle and G_last by one three-way
     reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three;
     bit 4 (with 1): no branch on the flags (every chunk computed, its loads issued at once; a marked chunk's dv, wrong or
-    not finite, written again by the WIDE 2 launch after)."""
+    not finite, written again by the WIDE 2 launch after); bit 16 (with 1): the scores made transposed, P^T, the
+    register operand of P^T do as they come (no transposition of the [BT, BT] tile)."""
     pid = tl.program_id(0)
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
@@ -740,8 +741,12 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
         kf = k.to(tl.float32)
         Ei = tl.exp(mid[None, :] - Gc)
         ks = kf * Ei
-        s = _dot((q.to(tl.float32) * tl.exp(Gc - mid[None, :])).to(MMA), tl.trans(ks.to(MMA)), IEEE)
-        p += tl.where(offs_t[:, None] >= offs_t[None, :], s, 0.0)
+        if DVFORM & 16:  # P^T (k e^(m - G)) (q e^(G - m))^T: the operand of P^T do as it comes
+            s = _dot(ks.to(MMA), tl.trans((q.to(tl.float32) * tl.exp(Gc - mid[None, :])).to(MMA)), IEEE)
+            p += tl.where(offs_t[:, None] <= offs_t[None, :], s, 0.0)
+        else:
+            s = _dot((q.to(tl.float32) * tl.exp(Gc - mid[None, :])).to(MMA), tl.trans(ks.to(MMA)), IEEE)
+            p += tl.where(offs_t[:, None] >= offs_t[None, :], s, 0.0)
         kg = ks * tl.exp(G_last - mid)[None, :]
     else:
         Gc, G_last = _cumulative_channels(_rows(G + b * sgb + h * sgh, t0, offs_t, offs_k, k_ok, N, sgn, sgd)
@@ -783,7 +788,10 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
             p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
                                   NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
                                   DVFORM)
-    dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
+    if DVFORM & 16:  # (p is P^T)
+        dv += _dot((p * scale).to(MMA), do.to(MMA), IEEE)
+    else:
+        dv += _dot(tl.trans((p * scale).to(MMA)), do.to(MMA), IEEE)
     _store_rows(DV_OUT + (b * N * H + h) * DV, t0, offs_t, offs_v, v_ok, N, H * DV, 1, dv)
 
 
