@@ -40,7 +40,7 @@ from tilecore.ops.attention.reference import attention_reference, rotary_attenti
 from tilecore.tiles.switches import patched  # noqa: E402
 
 COLUMNS = ["name", "ok", "same_o", "chunk_rows", "o", "plain_o", "plain_ms", "shipped_over", "k8_over", "k8p_over",
-           "k16_over", "k16p_over", "shipped_ms", "k8_ms", "k8p_ms"]
+           "k8n_over", "shipped_ms", "k8_ms", "k8p_ms", "k8n_ms"]
 
 
 def poison():
@@ -60,11 +60,13 @@ def tables(rows, pairs, dtype=torch.float32):
 
 def in_kernel(d, causal, variant=None):
     """The no-grad forward's K turned in the kernel for (d, causal); ``variant`` "8" (rows a chunk), "8p" (and the
-    first programs' kv heads by apply_rotary's pass before the launch: configs.ROTARY_K_FIRST_BY_PASS); None: the
-    configs' own."""
+    first programs' kv heads by apply_rotary's pass before the launch: configs.ROTARY_K_FIRST_BY_PASS), "8n" (the
+    probe: K by the pass, turned again by the side partition, no waits: what the side partition's work costs the
+    consumers); None: the configs' own."""
     values = dict(ROTARY_K_IN_KERNEL_CASES=frozenset({(d, bool(causal))}))
     if variant is not None:
-        values.update(ROTARY_K_CHUNK_ROWS=int(variant.rstrip("p")), ROTARY_K_FIRST_BY_PASS=variant.endswith("p"))
+        values.update(ROTARY_K_CHUNK_ROWS=int(variant.rstrip("pn")), ROTARY_K_FIRST_BY_PASS=variant.endswith("p"),
+                      ROTARY_K_PROBE_NO_WAIT=variant.endswith("n"))
     return patched(configs, **values)
 
 

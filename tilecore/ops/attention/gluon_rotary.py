@@ -190,6 +190,7 @@ class KTurn:
     first_heads: object  # kv heads turned before the launch (the first programs' heads): not drawn, not waited for
     CHUNK_ROWS: gl.constexpr
     VEC: gl.constexpr  # features a thread of each half of the pairs (turn_chunk_rows)
+    WAIT: gl.constexpr  # the producer waits for its head (False: a timing probe, K turned before the launch too)
 
     @gluon.jit
     def turn(self, c, rot):
@@ -256,7 +257,7 @@ class RotaryAttention:
             if step == 0:
                 b, h, hk = head_of(tile.bh, self.attn.H, self.attn.GROUP)
                 u = b * (self.attn.H // self.attn.GROUP) + hk
-                if u >= self.kturn.first_heads:  # else turned before the launch
+                if self.kturn.WAIT and u >= self.kturn.first_heads:  # else turned before the launch
                     self.kturn.wait_head(u)
         self.attn.load(stage, bar, tile, step, prev)
 
@@ -321,7 +322,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 INTERLEAVED: gl.constexpr = False, CHUNK_ROWS: gl.constexpr = 0,
                                 CHUNK_VEC: gl.constexpr = 4, PRODUCER_REGS: gl.constexpr = 0,
-                                SIDE_WARPS: gl.constexpr = 2):
+                                SIDE_WARPS: gl.constexpr = 2, K_WAIT: gl.constexpr = True):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
@@ -346,7 +347,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
     gl.static_assert(CHUNK_ROWS == 0 or not CARRY, "K turned in the kernel: a pipeline that restarts at each tile")
     kturn = None
     if CHUNK_ROWS > 0:
-        kturn = KTurn(k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total, first_heads, CHUNK_ROWS, CHUNK_VEC)
+        kturn = KTurn(k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total, first_heads, CHUNK_ROWS, CHUNK_VEC,
+                      K_WAIT)
     op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED, kturn)
     PRODUCER: gl.constexpr = PRODUCER_REGS if PRODUCER_REGS > 0 else (24 if CONSUMERS == 3 else 40)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
@@ -488,12 +490,15 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     masks, left, right = mask_options(causal, window, N, Nk)
     _, scale_log2e, tanh_scale = score_options(scale, softcap)
     # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too, or K turned
+    probe = bool(chunk_rows and configs.ROTARY_K_PROBE_NO_WAIT)
     key = plan.launch_key
     if key is not None and (qr is not None or chunk_rows):
-        key = (key, "q_out" if qr is not None else "k_turn", chunk_rows)
+        key = (key, "q_out" if qr is not None else "k_turn", chunk_rows, probe)
     per_head = Nk // chunk_rows if chunk_rows else 0
     first_heads = 0
-    if chunk_rows and configs.ROTARY_K_FIRST_BY_PASS:  # the first programs' kv heads by apply_rotary's pass first
+    if probe:  # timing probe: K turned by the pass, then again (the same bits) by the side partition, no waits
+        turn_heads(k_src, k, cos, sin, interleaved, B * Hkv)
+    elif chunk_rows and configs.ROTARY_K_FIRST_BY_PASS:  # the first programs' kv heads by apply_rotary's pass first
         first_heads = first_wave_heads(plan.grid[0], cdiv(N, block_m * cfg.get("consumers", 2)), B, H, Hkv,
                                        plan.sizes["head_group"])
         turn_heads(k_src, k, cos, sin, interleaved, first_heads)
@@ -511,5 +516,5 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
                             CHUNK_ROWS=chunk_rows, CHUNK_VEC=configs.ROTARY_K_CHUNK_VEC,
-                            SIDE_WARPS=configs.ROTARY_K_SIDE_WARPS, num_warps=4))
+                            SIDE_WARPS=configs.ROTARY_K_SIDE_WARPS, K_WAIT=not probe, num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)
