@@ -1,34 +1,26 @@
-"""FP8 attention's convenience path (issue 34, session 39): the k pass's prefetch (configs.ROTATE_QUANTIZE's
-``prefetch``) and three consumer warpgroups at D64 (configs.GLUON_FORWARD[64]'s ``consumers`` 3) against the shipped
-launches, and the end-to-end calls against tilecore's bf16 forward by GPU time.
+"""FP8 attention's convenience path (issue 34, session 39) against tilecore's bf16 forward by GPU time, and config
+forms of it (forms()) against the shipped one in the same run.
 
-    PYTHONPATH=. python experiments/attention_fp8/gpu_s39.py [--budget 55] [--cases d64c,passes,d128c,tail]
-        [--forms old,new,c3] [--smoke]
+    PYTHONPATH=. python experiments/attention_fp8/gpu_s39.py [--budget 55] [--cases passes,d128c,d64c,tail,outlier]
+        [--forms old,r16] [--pass-dims 128] [--shapes 16x4x2,32x4x2] [--smoke]
 
-Three consumers at D64 (session 31 tried them with the exp2 form: 0.91-0.94x): with P's linear code (no MUFU in the
-step) the step is a latency chain of ~330 instructions a warp (sm_90a SASS: S wait, row max tree, FFMA, the next
-issue), two warps a sub-partition; a third consumer puts three chains on each sub-partition. 160 registers a consumer
-(the producer 24): sm_90a D64 causal e2e 324 bytes of spills (the 2-consumer kernel 0), a few LDL/STL in the step.
-
-The k pass (kernels_tl.rotate_quantize, 128-key block descales) as shipped runs Triton's pipelined loop with 2 stages,
-whose TTGIR issues block i + 1's async copy after block i's stores and waits for it (async_wait 0) at the top of block
-i + 1: no load in flight under a block's rotation, amax and stores (sm_90a SASS: the LDGSTS after the STG.128s, then
-DEPBAR.LE SB0 0x0). ``PREFETCH`` loads block i + 1 into registers before block i's work (244 registers, 64 KB of
-shared memory: still 2 programs an SM).
+Call 4 (runs/fp8_s39b_run4_session39_h100.txt) timed two levers that lost and were removed from the library (the
+decision log): the k pass with block i + 1 loaded into registers under block i's work (PREFETCH: 157.1 us against
+153.5) and three consumer warpgroups at D64 (the D64 causal call 1.28 ms against 1.05 from graphs).
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
-* passes: the k pass shipped / with prefetch (8, 16 and 4 blocks a program at D128; 4 and 8 at D64) against torch's
-  bf16 -> e4m3 cast of the same tensor (the same bytes: read 2, write 1 an element), each checked bit for bit against
-  the shipped launch, timed from CUDA graphs in interleaved rounds (GPU time of one kernel), GB/s.
-* d64c, d128c, d128: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms ("old": shipped, "new":
-  the k pass with prefetch, "c3": three consumers, at D64 only) and tilecore's bf16 forward: O of each against float64
-  on the last (batch, head) (outputs poisoned: the allocator's block filled with NaN first), each form's O bit for bit
-  against old's; interleaved rounds of CUDA-graph
-  times and GPU time by the profiler (each call after a synchronize: the sum of its kernels).
+* passes: the k pass (kernels_tl.rotate_quantize, 128-key block descales) in launch shapes (blocks of 128 rows a
+  program x warps x stages) against the shipped launch and torch's bf16 -> e4m3 cast of the same tensor (the same
+  bytes: read 2, write 1 an element), each checked bit for bit against the shipped launch, timed from CUDA graphs in
+  interleaved rounds (GPU time of one kernel), GB/s.
+* d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms (those that change
+  anything at the head dim) and tilecore's bf16 forward: O of each against float64 on the last (batch, head) (outputs
+  poisoned: the allocator's block filled with NaN first), each form's O bit for bit against old's; interleaved rounds
+  of CUDA-graph times and GPU time by the profiler (each call after a synchronize: the sum of its kernels).
 * tail: B2 Hq8 Hkv2 N1008 Nk1104 D128 and D64 causal (GQA, tails): each form against float64 and bit for bit against
   old's.
 * outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
-  RMSE against float64 (target <= 9.1e-3 rotated), old and new.
+  RMSE against float64 (target <= 9.1e-3 rotated), each form.
 
 JSON: $OUT/attention_fp8_s39.json (experiments/common/gpu_script.Run).
 """
@@ -49,21 +41,20 @@ from experiments.attention_fp8.gpu_s38 import (gpu_us, med, outlier_inputs, pois
 
 def forms(names):
     """name -> (the module configs patched for that form: tiles.switches.patched keyword arguments by module, the head
-    dims it changes anything at)."""
+    dims it changes anything at). (Call 4's forms "new", the k pass's prefetch, and "c3", three consumers at D64, lost
+    and were removed from the library: notes/attention_fp8's decision log.)"""
     from tilecore.ops.attention_fp8 import configs
 
-    prefetch = {d: dict(c, prefetch=True, num_stages=1) for d, c in configs.ROTATE_QUANTIZE.items()}
-    c3 = {d: dict(c, consumers=3) if d == 64 else c for d, c in configs.GLUON_FORWARD.items()}
+    rq = configs.ROTATE_QUANTIZE
+    r16 = {d: dict(c, row_blocks=16) if d == 128 else c for d, c in rq.items()}
     rot = configs.ROTATED
     qreg64 = dict(rot, q_reg=tuple(sorted({64, *rot["q_reg"]})))
     st4 = dict(rot, stages={**rot["stages"], 64: 4})
-    table = {"old": ({}, (64, 128)), "new": ({configs: dict(ROTATE_QUANTIZE=prefetch)}, (64, 128)),
-             "c3": ({configs: dict(GLUON_FORWARD=c3)}, (64,)),
-             "c3new": ({configs: dict(GLUON_FORWARD=c3, ROTATE_QUANTIZE=prefetch)}, (64,)),
-             # the convenience path's D64 kernel: q's codes in registers (ROTATED q_reg, equal in session 36, before
-             # hide_first_key), 4 stages (ROTATED stages), three consumers with 4 stages
-             "qreg64": ({configs: dict(ROTATED=qreg64)}, (64,)), "st4": ({configs: dict(ROTATED=st4)}, (64,)),
-             "c3st4": ({configs: dict(GLUON_FORWARD=c3, ROTATED=st4)}, (64,))}
+    table = {"old": ({}, (64, 128)),
+             # the k pass at D128 with 16 blocks of 128 rows a program (8 shipped; session 38's sweep: -3.2 us)
+             "r16": ({configs: dict(ROTATE_QUANTIZE=r16)}, (128,)),
+             # the convenience path's D64 kernel: q's codes in registers (ROTATED q_reg; call 4: no gain), 4 stages
+             "qreg64": ({configs: dict(ROTATED=qreg64)}, (64,)), "st4": ({configs: dict(ROTATED=st4)}, (64,))}
     return {n: table[n] for n in names}
 
 
@@ -82,9 +73,10 @@ def under(patches, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=55.0)
-    ap.add_argument("--cases", default="d64c,passes,d128c,tail,outlier")
-    ap.add_argument("--forms", default="old,new,c3", help="old (shipped), new (the k pass with prefetch), c3 (three "
-                    "consumer warpgroups at D64), c3new (both), qreg64, st4, c3st4 (forms())")
+    ap.add_argument("--cases", default="passes,d128c,d128,tail,outlier")
+    ap.add_argument("--forms", default="old,r16", help="old (shipped), r16, qreg64, st4 (forms())")
+    ap.add_argument("--pass-dims", default="128")
+    ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpu-rounds", type=int, default=2, help="profiler rounds (each form's calls after a sync)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: the script's plumbing only")
@@ -149,8 +141,9 @@ def main():
         run.row(f"{label} gpu time", **grow)
 
     def passes():
-        """The k pass's launches against the cast of the same tensor, one kernel each, from CUDA graphs."""
-        for D in (128, 64):
+        """The k pass's launch shapes (blocks of 128 rows a program x warps x stages, --shapes) against the shipped one
+        and the cast of the same tensor, one kernel each, from CUDA graphs; each checked bit for bit."""
+        for D in [int(d) for d in args.pass_dims.split(",")]:
             B, H, N = (1, 2, 512) if smoke else (16, 16, 4096)
             g = torch.Generator(device=dev).manual_seed(7 + D)
             k = torch.randn(B, H, N, D, device=dev, generator=g).to(dt)
@@ -158,14 +151,14 @@ def main():
             ship = quantize.rotate_quantize(k, signs=signs, scales="block")
             fns = {"cast": lambda k=k: k.to(torch.float8_e4m3fn),
                    "k_ship": lambda k=k, s=signs: quantize.rotate_quantize(k, signs=s, scales="block")}
-            shapes = (8, 16, 4) if D == 128 else (4, 8)
-            for rb in shapes:
-                cfg = dict(row_blocks=rb, prefetch=True, num_stages=1)
+            for shape in args.shapes.split(","):
+                rb, nw, ns = (int(x) for x in shape.split("x"))
+                cfg = dict(row_blocks=rb, num_warps=nw, num_stages=ns)
                 f = (lambda k=k, s=signs, cfg=cfg: quantize.rotate_quantize(k, signs=s, scales="block", config=cfg))
                 if not same_bits(f(), ship):
-                    run.errors.append(f"passes D{D} prefetch {rb}: not the shipped bits")
+                    run.errors.append(f"passes D{D} {shape}: not the shipped bits")
                     continue
-                fns[f"k_pf{rb}"] = f
+                fns[f"k_{shape}"] = f
             t = time_rounds(fns, rounds=3, graph=True, eager=False, deadline=run)
             row = {}
             moved = 3 * k.numel()
@@ -220,7 +213,7 @@ def main():
         else:
             run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
     cols = ["name", "pass", "err_over_floor"] + [f"{n}_x_bf16_graph" for n in fm] + [f"{n}_x_bf16_gpu" for n in fm]
-    run.finish(cols + ["k_ship_of_cast", "k_pf8_of_cast", "k_pf4_of_cast"])
+    run.finish(cols + ["k_ship_of_cast", "k_16x4x2_of_cast", "k_32x4x2_of_cast", "k_16x8x2_of_cast"])
 
 
 if __name__ == "__main__":

@@ -46,9 +46,6 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # session 38: causal, the tile's first key offset through opaque_int (the bf16 forward's first_key)
     "hide": dict(hide_first_key=True), "qrot_hide": dict(_q_rotate=True, _v_block=True, hide_first_key=True),
     "qreg_split_hide": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True),
-    # session 39: three consumer warpgroups (160 registers each, the producer 24), the convenience path's D64 kernel
-    "c3": dict(consumers=3), "c3_qrot_hide": dict(consumers=3, _q_rotate=True, _v_block=True, hide_first_key=True),
-    "c3_qreg_hide": dict(consumers=3, _q_rotate=True, _v_block=True, _q_reg=True, hide_first_key=True),
 }
 
 

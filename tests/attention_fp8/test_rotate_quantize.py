@@ -117,18 +117,6 @@ def test_programs_of_several_row_blocks_write_the_same():
         assert torch.equal(one[0].float(), three[0].float()) and torch.equal(one[1], three[1]), scales
 
 
-def test_prefetch_writes_the_same():
-    """configs.ROTATE_QUANTIZE's ``prefetch`` (the kernel's PREFETCH: block i + 1 loaded under block i's work, the
-    last block's look-ahead masked off) gives the plain loop's bits, with programs of several blocks and a tail."""
-    g = torch.Generator().manual_seed(8)
-    x = torch.randn(1, 2, 300, 32, generator=g).to(torch.float16)
-    signs = rotation_signs(32, x.device)
-    for scales in ("token", "block"):
-        plain = rotate_quantize(x, signs=signs, scales=scales, config=dict(row_blocks=3))
-        ahead = rotate_quantize(x, signs=signs, scales=scales, config=dict(row_blocks=3, prefetch=True))
-        assert torch.equal(plain[0].float(), ahead[0].float()) and torch.equal(plain[1], ahead[1]), scales
-
-
 def test_convenience_path_traces_under_torch_compile_fullgraph():
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 2, 40, 32, generator=g) for _ in range(3))

@@ -54,11 +54,9 @@ ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)
 # by head dim (D >= 128: 128's, else 64's): row_blocks (blocks of 128 rows a program, cut by quantize.FILL_SMS where the
-# grid would leave SMs idle), num_warps, num_stages (absent: Triton's default), prefetch (the kernel's PREFETCH: the
-# next block loaded into registers under this block's work; with num_stages 1). The interpreter takes one block a
+# grid would leave SMs idle), num_warps, num_stages (absent: Triton's default). The interpreter takes one block a
 # program and the rest as here.
-ROTATE_QUANTIZE = {128: dict(row_blocks=8, num_warps=4, num_stages=2, prefetch=False),
-                   64: dict(row_blocks=4, num_warps=4, prefetch=False)}
+ROTATE_QUANTIZE = {128: dict(row_blocks=8, num_warps=4, num_stages=2), 64: dict(row_blocks=4, num_warps=4)}
 
 
 def rotate_quantize_config(d: int, interpret: bool) -> dict:

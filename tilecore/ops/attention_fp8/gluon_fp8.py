@@ -572,7 +572,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
-    gl.static_assert((CONSUMERS == 2) | (CONSUMERS == 3), "two or three consumer warpgroups")
+    gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
@@ -608,8 +608,6 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
-    # (three consumers and the producer share the register file: 3 x 128 x 160 + 128 x 24 = 64,512 of 65,536)
-    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
-                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
                     tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

@@ -228,7 +228,7 @@ SCALE_GIVEN = tl.constexpr(2)  # one given descale for the tensor (DESCALE[0], o
 @triton.jit
 def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, out_scale,
                     ROTATE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr, PREFETCH: tl.constexpr = False):
+                    BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr):
     """x (B, H, N, D = BLOCK_D, a power of two), any strides, bf16/fp16 (float32 in the interpreter) ->
     OUT (B, H, N, D) e4m3 contiguous: y = H (s * x) * out_scale (with ROTATE; else y = x), then codes =
     y / descale saturated at 448, with descale = amax / 448 (1 where amax = 0) per row (SCALE_ROW:
@@ -237,10 +237,7 @@ def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, 
     [BLOCK_R, D] x [D, D] tensor-core product on the exact 16-bit inputs (the +-1 matrix is exact in
     them) in float32, rounded once, to e4m3. One program per (batch * head, ROW_BLOCKS blocks of
     BLOCK_R rows): the matrix is made once a program. ``UPCAST``: the interpreter (float32 dot, and
-    its e4m3 cast is wrong: rounded by round_to_e4m3 first).
-    ``PREFETCH`` (launched with num_stages=1): block i + 1 is loaded into registers before block i's rotation, so
-    that its load is in flight under block i's work (Triton's pipelined loop, num_stages=2, issues block i + 1's
-    async copy after block i's stores and waits for it at the top of block i + 1: no overlap within a program)."""
+    its e4m3 cast is wrong: rounded by round_to_e4m3 first)."""
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -249,61 +246,36 @@ def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, 
         rotation = signed_hadamard(SIGNS, BLOCK_D)
         if not UPCAST:
             rotation = rotation.to(X.dtype.element_ty)  # +-1: exact in bf16/fp16
-    else:
-        rotation = 0.0  # (not read)
     x_base = X + b * sxb + h * sxh
     out_base = OUT + bh.to(tl.int64) * N * BLOCK_D
-    if PREFETCH:
-        rows = tl.program_id(1) * ROW_BLOCKS * BLOCK_R + tl.arange(0, BLOCK_R)
-        x = tl.load(block_ptrs(x_base, 0, rows, offs_d, sxn, sxd), mask=rows[:, None] < N, other=0.0)
-        for i in range(ROW_BLOCKS):
-            block = tl.program_id(1) * ROW_BLOCKS + i
-            rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
-            ahead = rows + BLOCK_R  # the next block's rows (none after the last: masked)
-            x_next = tl.load(block_ptrs(x_base, 0, ahead, offs_d, sxn, sxd),
-                             mask=(ahead[:, None] < N) & (i + 1 < ROW_BLOCKS), other=0.0)
-            rotate_quantize_block(x, rows, block, rotation, out_base, DESCALE, bh, N, n_scales, out_scale, offs_d,
-                                  ROTATE, SCALE, UPCAST, BLOCK_R, BLOCK_D)
-            x = x_next
-    else:
-        for i in range(ROW_BLOCKS):
-            block = tl.program_id(1) * ROW_BLOCKS + i
-            rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
-            x = tl.load(block_ptrs(x_base, 0, rows, offs_d, sxn, sxd), mask=rows[:, None] < N, other=0.0)
-            rotate_quantize_block(x, rows, block, rotation, out_base, DESCALE, bh, N, n_scales, out_scale, offs_d,
-                                  ROTATE, SCALE, UPCAST, BLOCK_R, BLOCK_D)
-
-
-@triton.jit
-def rotate_quantize_block(x, rows, block, rotation, out_base, DESCALE, bh, N, n_scales, out_scale, offs_d,
-                          ROTATE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
-    """rotate_quantize's work on one block: x [BLOCK_R, D] (``rows``, the block's index ``block``) rotated, its
-    descales stored and its codes written."""
-    ok = rows[:, None] < N
-    if ROTATE:
-        if UPCAST:
-            y = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") * out_scale
+    for i in range(ROW_BLOCKS):
+        block = tl.program_id(1) * ROW_BLOCKS + i
+        rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+        ok = rows[:, None] < N
+        x = tl.load(block_ptrs(x_base, 0, rows, offs_d, sxn, sxd), mask=ok, other=0.0)  # [BLOCK_R, D]
+        if ROTATE:
+            if UPCAST:
+                y = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") * out_scale
+            else:
+                y = tl.dot(x, rotation) * out_scale  # exact products, float32 sums
         else:
-            y = tl.dot(x, rotation) * out_scale  # exact products, float32 sums
-    else:
-        y = x.to(tl.float32)
-    if SCALE == SCALE_ROW:
-        amax = tl.max(tl.abs(y), axis=1)
-        descale = tl.where(amax > 0, amax / 448.0, 1.0)
-        tl.store(DESCALE + bh.to(tl.int64) * N + rows, descale, mask=rows < N)
-        codes = y / descale[:, None]
-    elif SCALE == SCALE_BLOCK_ROWS:
-        amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
-        descale = tl.where(amax > 0, amax / 448.0, 1.0)
-        tl.store(DESCALE + bh.to(tl.int64) * n_scales + block, descale, mask=block * BLOCK_R < N)
-        codes = y / descale
-    else:
-        codes = y / tl.load(DESCALE)
-    codes = tl.minimum(tl.maximum(codes, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
-    if UPCAST:  # (a NaN kept as it is: round_to_e4m3 reads exponent bits)
-        codes = tl.where(codes != codes, codes, tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes)))
-    tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)
+            y = x.to(tl.float32)
+        if SCALE == SCALE_ROW:
+            amax = tl.max(tl.abs(y), axis=1)
+            descale = tl.where(amax > 0, amax / 448.0, 1.0)
+            tl.store(DESCALE + bh.to(tl.int64) * N + rows, descale, mask=rows < N)
+            codes = y / descale[:, None]
+        elif SCALE == SCALE_BLOCK_ROWS:
+            amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
+            descale = tl.where(amax > 0, amax / 448.0, 1.0)
+            tl.store(DESCALE + bh.to(tl.int64) * n_scales + block, descale, mask=block * BLOCK_R < N)
+            codes = y / descale
+        else:
+            codes = y / tl.load(DESCALE)
+        codes = tl.minimum(tl.maximum(codes, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
+        if UPCAST:  # (a NaN kept as it is: round_to_e4m3 reads exponent bits)
+            codes = tl.where(codes != codes, codes, tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes)))
+        tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)
 
 
 @triton.jit

@@ -153,8 +153,8 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
     On kernel devices with e4m3 in Triton (dispatch.fp8_ok; the interpreter) and D a power of two (16..256) one
     tl kernel (kernels_tl.rotate_quantize: the rotation a tensor-core product on the 16-bit inputs, in float32,
     rounded once); else torch's ops (the same math in float32; D as tilecore.hadamard_transform takes it).
-    ``config`` (probes): the kernel's ``row_blocks`` (blocks of 128 rows a program), ``num_warps``, ``num_stages``
-    and ``prefetch`` over configs.ROTATE_QUANTIZE's. ``key``: the kernel's launch key (CachedLaunch.launch_keyed's
+    ``config`` (probes): the kernel's ``row_blocks`` (blocks of 128 rows a program), ``num_warps`` and
+    ``num_stages`` over configs.ROTATE_QUANTIZE's. ``key``: the kernel's launch key (CachedLaunch.launch_keyed's
     contract: the convenience path's recipe), which the launch's options extend."""
     if scales not in ROW_SCALES:
         raise ValueError(f"rotate_quantize: scales must be one of {', '.join(ROW_SCALES)}; got {scales!r}")
@@ -176,12 +176,12 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         if FILL_SMS and not interp and "row_blocks" not in (config or {}):
             row_blocks = filled_row_blocks(row_blocks, B * H, -(-N // SCALE_BLOCK), x.device)
         if key is not None:  # (the launch's options are part of its key: a config patched gets its own launch)
-            key = (key, row_blocks, cfg["num_warps"], cfg.get("num_stages"), cfg["prefetch"])
+            key = (key, row_blocks, cfg["num_warps"], cfg.get("num_stages"))
         with dispatch.on_device(x.device):
             _ROTATE_QUANTIZE.run(key, (B * H, -(-N // (SCALE_BLOCK * row_blocks))), (
                 x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5), dict(
                 ROTATE=rotate, SCALE=_SCALE_MODES[scales], UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D,
-                ROW_BLOCKS=row_blocks, PREFETCH=cfg["prefetch"], num_warps=cfg["num_warps"],
+                ROW_BLOCKS=row_blocks, num_warps=cfg["num_warps"],
                 **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {})))
         return codes, (descale if scales == "tensor" else ds)
     y = x.to(torch.float32)
