@@ -79,7 +79,7 @@ QUANT_POW2_CLAMP_LO = {("nvfp4", 1024): True, ("nvfp4", 4096): True, ("mxfp4", 4
                        **{(f, 8192): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                        ("fp8_e4m3", 16384): True, ("int8", 16384): True}
 # the pow2 quantize's hi piece truncated (kernels._pairs_dot's TRUNC: a prmt, not a conversion; pieces within 2^-15):
-# fp8 32768 1.06x; int8 32768 0.99-1.03x, int4 16384 1.01-1.02x, fp8 16384, mxfp4 4096 1.00x: off; not where scales are
+# fp8 32768 1.06-1.07x; int8 32768 0.99-1.03x, int4 16384 1.01-1.02x, fp8 16384, mxfp4 4096 1.00x: off; not where scales are
 # discrete (e8m0 / e4m3: a rotation 4x less exact moves more of them at their rounding boundaries)
 QUANT_POW2_TRUNC_HI = {("fp8_e4m3", 32768): True}
 # the pow2 quantize's e2m1 codes a column pair at a time (quantize_kernels._e2m1_pair, the same bytes), where an nvfp4
@@ -94,11 +94,14 @@ QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 1638
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
 # PERM with one product a slice (x by the column-permuted H_128): nvfp4 128 1.34x, mxfp4 128 1.06x, nvfp4 256 1.61x
 QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True), ("nvfp4", 128): dict(tma="load", perm=True),
-                            ("nvfp4", 256): dict(split=(2, 1, 128), perm=True),
+                            ("nvfp4", 256): dict(split=(2, 1, 128), perm=True, num_warps=4),
+                            ("mxfp4", 512): dict(num_warps=4),
                             ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
                             ("int8", 128): dict(tma="load"),
                             ("fp8_e5m2", 128): dict(tma="load"),
-                            ("nvfp4", 1024): dict(split=(1, 16, 64)), ("mxfp4", 1024): dict(split=(1, 16, 64), perm=True),
+                            # (mxfp4 / nvfp4 256-1024 on 4 warps: 1.05-1.09x)
+                            ("nvfp4", 1024): dict(split=(1, 16, 64), num_warps=4),
+                            ("mxfp4", 1024): dict(split=(1, 16, 64), perm=True, num_warps=4),
                             ("int4", 1024): dict(split=(1, 16, 64), perm=True),
                             **{(f, 1024): dict(split=(1, 16, 64)) for f in ("fp8_e4m3", "int8")},
                             **{(f, 4096): dict(split=(1, 64, 64)) for f in ("nvfp4", "fp8_e4m3", "int8")},
@@ -124,8 +127,8 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             # int4 256 on 4 warps: 1.74x
                             ("int4", 256): dict(num_warps=4)}
 # (format, n) or format -> the format whose pow2 tables (FORMAT_TUNING, PAIRS, CLAMP_LO, TRUNC_HI, PERM) it reads under
-# its own entries: fp8_e5m2 on fp8_e4m3's plans (the same kernel but the conversion): untimed, off
-QUANT_POW2_TABLES_OF = {}
+# its own entries: fp8_e5m2 on fp8_e4m3's plans (the same kernel but the conversion): 1.07-1.21x at 1024-32768
+QUANT_POW2_TABLES_OF = {("fp8_e5m2", n): "fp8_e4m3" for n in (1024, 2048, 4096, 8192, 16384, 32768)}
 QUANT_FAST = True  # codes by y x RN(1 / s) (one FMUL a value, within a step of the exact quotient): 1.08x fp8
 KRON_TMA = "none"  # the m x 2^k kernels' TMA ("none", "load", "both"): untimed, so pointers
 # the transform at m x 2^k, m > 64, on the wide_rows kernel ("pair"): 1.12x the kron-tiled plan at 172 x 64
