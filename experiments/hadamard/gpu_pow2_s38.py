@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h | i] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -31,7 +31,8 @@ inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 
 4 rows a tile, at 8192 on 3 stages, int4 INT_BITS at 2048 / 8192. --set f (batch 2):
 TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%. --set g (batch 3):
 TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again. --set h (batch 4): fp8_e5m2
-on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024.
+on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024. --set i (batch 5): the other 4-bit
+rows on 4 warps (128-1024), 4096 on 3 stages.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -151,6 +152,14 @@ SETS["h"] = {  # (priority order: the deadline skips the last)
     ("fp8_e4m3", 32768): [("no_trunc", dict(trunc_hi=False))],  # run 2's TRUNC_HI flip (1.059x) against the plan before
     **{(f, n): [W4] for f, n in (("nvfp4", 256), ("mxfp4", 1024), ("nvfp4", 1024), ("mxfp4", 512))},
 }
+# session 39, batch 5: run 4's 4-bit-on-4-warps gains (1.05-1.09x at 256 / 512 / 1024) at the other 4-bit rows that run 8
+# warps (sm_90a loop SASS a value nvfp4 128 15.45 -> 14.77, mxfp4 256 21.2 -> 18.8, nvfp4 512 25.1 -> 23.8, int4 512 18.7
+# -> 17.5, int4 1024 14.1 -> 12.8; no spills), and 4096 on 3 stages (50 -> 42 KB: five programs an SM)
+SETS["i"] = {  # (priority order)
+    **{(f, n): [W4] for f, n in (("nvfp4", 128), ("mxfp4", 256), ("nvfp4", 512), ("int4", 512), ("int4", 1024))},
+    **{(f, 4096): [("s3", dict(num_stages=3))] for f in ("mxfp4", "nvfp4", "int4")},
+}
+
 
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
