@@ -25,7 +25,7 @@ MONO_CANDIDATES = {  # gpu_onepass.py's candidates (all slower than the shipped 
 GLUON_ONEPASS: dict = {
     1024: (32, 64, 3, False, True, 0, 2, 1, 4, True, True, 3, False, 3, 168),  # 6.98x torch.fft
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft
-    4096: (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1),  # CONTIG 2: 4.94x, 1.4% over CONTIG
+    4096: (128, 64, 1, True, True, 64, 2, 2, 4, True, 2, 0, True, 5),  # LEAN 4 (transposed): 6.14x, 1.32-1.36x
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
 # columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID]]]); checked and
@@ -45,8 +45,7 @@ GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chu
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, True, 1, False, 1),  # CONTIG
-           (128, 64, 1, True, True, 32, 2, 2, 4, True, False, 1, False, 1)],  # the strided walk
+    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1)],  # chunks of 32 (before)
 }
 # A float16 spectrum (filter_spectrum(k, n, torch.float16): (H, N + 1, 2) float16 bins the caller keeps): N -> the tuple
 # that reads its bins as they are (RFFT 3: one 32-bit load a bin, half the L2 bytes); every other plan reads complex64
@@ -54,7 +53,7 @@ GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_on
 GLUON_ONEPASS_HALF: dict = {
     1024: (32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168),  # the op 1.057x (graphs) the complex64 op
     2048: (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3),  # + KPRE 3 (CONTIG): 1.079x the complex64 op
-    4096: (128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1),  # the op 1.031x (graphs 1.019x) the complex64 op
+    4096: (128, 64, 1, True, True, 64, 3, 2, 4, True, 2, 0, True, 5),  # LEAN 4, RFFT 3: 1.024x the complex64 op
 }
 GLUON_ORDER3_HALF: dict = {
     8192: (2, True, 2, 2, 1, 3, True),  # RFFT 3 + KMID: 1.131x the complex64 op (RFFT 3 alone 1.125x)
@@ -64,7 +63,7 @@ GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shippe
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
     2048: [(64, 64, 2, True, True, 0, 3, 1, 4, True, False, 2, False, 3),  # + KPRE 2 (int32 tile: two a SM fit)
            (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3)],  # + KPRE 3 on a CONTIG walk (as 1024)
-    4096: [(128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # the shipped tuple at RFFT 3
+    4096: [GLUON_ONEPASS_HALF[4096], (128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # (chunks of 32)
 }
 GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples
     8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True)],
