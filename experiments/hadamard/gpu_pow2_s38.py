@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h | i] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h | i | j] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -32,7 +32,7 @@ inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 
 TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%. --set g (batch 3):
 TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again. --set h (batch 4): fp8_e5m2
 on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024. --set i (batch 5): the other 4-bit
-rows on 4 warps (128-1024), 4096 on 3 stages.
+rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's flips against the plans before them.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -159,6 +159,16 @@ SETS["i"] = {  # (priority order)
     **{(f, n): [W4] for f, n in (("nvfp4", 128), ("mxfp4", 256), ("nvfp4", 512), ("int4", 512), ("int4", 1024))},
     **{(f, 4096): [("s3", dict(num_stages=3))] for f in ("mxfp4", "nvfp4", "int4")},
 }
+
+# session 39, the last batch: this session's flips against the plans before them (final figures; "before": checked as
+# shipped plans in earlier runs, here their bytes compared with the new plan's)
+BEFORE39 = {("int4", 256): dict(num_warps=8), ("int4", 2048): dict(split=(2, 32, 32), tile_elems=16384, perm=False),
+            ("fp8_e5m2", 2048): dict(tables_of=""), ("fp8_e5m2", 8192): dict(tables_of=""),
+            ("nvfp4", 2048): dict(split=(2, 32, 32), tile_elems=16384, e2m1_pairs=False),
+            ("mxfp4", 2048): dict(split=(2, 32, 32), tile_elems=16384),
+            ("int4", 8192): dict(num_stages=5, int_bits=False), ("mxfp4", 1024): dict(num_warps=8),
+            ("nvfp4", 8192): dict(num_stages=5)}
+SETS["j"] = {key: [("before", tuning)] for key, tuning in BEFORE39.items()}
 
 
 def cases(name: str):
