@@ -8,7 +8,8 @@ in the same run.
 
 B16 H768 bf16 at 4096; the filter's spectrum precomputed once, complex64 (``c64``) and float16 (``f16``:
 filter_spectrum(k, n, torch.float16)). Variants (label: the LEAN 4 tuple's spectrum and KPRE): c64_k0, c64_k1 (RFFT 2,
-complex64 bins), f16_k0, f16_k1 (RFFT 3, float16 bins).
+complex64 bins), f16_k0, f16_k1 (RFFT 3, float16 bins); c64_c32, f16_c32: the chunks of 32 shipped before LEAN 4 (call 2
+shipped c64_k0 and f16_k0: "shipped launch" and the op are theirs from then).
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named (a compile each); the shipped launch's output too.
@@ -48,6 +49,9 @@ N = 4096
 # the LEAN 4 tuples: (A, B, per_sm, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
 VARIANTS = {f"{kind}_k{kpre}": (128, 64, 1, True, True, 64, 2 if kind == "c64" else 3, 2, 4, True, 2, kpre, True, 5)
             for kind in ("c64", "f16") for kpre in (0, 1)}
+# the tuples shipped before LEAN 4 (chunks of 32, KPRE 1: session 33's CONTIG 2, session 38's RFFT 3)
+VARIANTS.update({f"{kind}_c32": (128, 64, 1, True, True, 32, 2 if kind == "c64" else 3, 2, 4, True, 2, 1, False, 1)
+                 for kind in ("c64", "f16")})
 
 
 def correlation(u64, k64):
