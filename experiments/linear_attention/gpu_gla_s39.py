@@ -6,8 +6,8 @@ a consumer a chunk's one key block of 32), with a pair of key blocks of 16 (BKB_
 channels a tile), and the flat tl launch. Each variant is checked against float64 ON THE GPU
 first (a gated backward can be miscompiled on Hopper: FLA's issue 640), then its kernel timed alone (< 60 s on an H100).
 
-Checks (gpu_gla_s38's): bf16 B2 N1024 H16, an initial state and a final state's gradient, weak decays -U(0, 0.3) and
-strong ones -U(0, 6) with a reset mid-chunk (flagged blocks the fallback launches rewrite); outputs NaN-poisoned; dq /
+Checks (as session 38's script's, which git keeps at 1099c9b): bf16 B2 N1024 H16, an initial state and a final state's
+gradient, weak decays -U(0, 0.3) and strong ones -U(0, 6) with a reset mid-chunk (flagged blocks the fallback launches rewrite); outputs NaN-poisoned; dq /
 dk / dv as multiples of the bf16 rounding floor (<= 2.5), dg / dh0 relative (< 0.05 / 0.01). The float64 references
 are made once a head dim by the main process while one worker a variant compiles and checks its backward. Timing at
 B16 H16 N4096 in the main process: the variant's kernel (the dv common launch "dvw" or the dq / dk one "dqk0w") in
@@ -91,6 +91,15 @@ BATCHES = {
         "d128 dv configs": (128, {}, "dvw"),
         "d128 dv form21": (128, dict(dv_form=21), "dvw"),
         "d64 dv configs": (64, {}, "dvw"),
+        "d64 dv form21": (64, dict(dv_form=21), "dvw"),
+    },
+    # call 6: d 32's pair of chunks at 3 stages (205 KB: the next two tiles' copies in flight), and dv_form 21 again
+    "d": {
+        "d32 new dqk": (32, D32_NEW, "dqk0w"),
+        "d32 new dqk st3": (32, dict(D32_NEW, dqk_gluon=3), "dqk0w"),
+        "d128 dv form5": (128, dict(dv_form=5), "dvw"),
+        "d128 dv form21": (128, dict(dv_form=21), "dvw"),
+        "d64 dv form5": (64, dict(dv_form=5), "dvw"),
         "d64 dv form21": (64, dict(dv_form=21), "dvw"),
     },
 }

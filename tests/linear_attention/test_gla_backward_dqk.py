@@ -328,6 +328,17 @@ def test_value_loop_never_one_constexpr_block(D):
 
 
 
+def _strong_with_a_reset(N, H):
+    """float32 strong decays, Dk = Dv = 32, with a reset (-inf) and a -1e30 channel, a final state's gradient: (q, k,
+    v, g, do, dht, the float64 gradients)."""
+    q, k, v, g, _ = make(1, N, H, H, 32, 32, dtype=F32, decay="channel", strong=True)
+    g[:, N // 2, :, :4] = float("-inf")
+    g[:, 3, :, 5] = -1e30
+    do, dht = torch.randn(v.shape), torch.randn(1, H, 32, 32)
+    _, _, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+    return q, k, v, g, do, dht, ref
+
+
 @pytest.mark.parametrize("N, H, flat, dtype", [(80, 2, 2, F16), (80, 2, 4, F32), (64, 1, 3, F16)])
 def test_dqk_flat_chunks_a_program(N, H, flat, dtype):
     """The flat dqk launch (gla_dqk_flat_kernel: ``flat`` consecutive chunks a program, one loop over them, loads by
@@ -350,11 +361,7 @@ def test_dqk_flat_chunks_a_program(N, H, flat, dtype):
         assert accuracy.rel_rms(got[4], ref[4]) < 1e-3
         base, tol = run_chunked(q, k, v, g, s0, do, dht, st.float(), **off), 2e-3
     else:
-        q, k, v, g, _ = make(1, N, H, H, 32, 32, dtype=F32, decay="channel", strong=True)
-        g[:, N // 2, :, :4] = float("-inf")
-        g[:, 3, :, 5] = -1e30
-        do, dht = torch.randn(v.shape), torch.randn(1, H, 32, 32)
-        _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+        q, k, v, g, do, dht, ref = _strong_with_a_reset(N, H)
         got = run_chunked(q, k, v, g, None, do, dht, None, **blocks)
         for name, x, r in zip(("dq", "dk", "dv"), got[:3], ref):
             assert accuracy.rel_rms(x, r) < 2e-5, (name, accuracy.rel_rms(x, r))
@@ -418,11 +425,7 @@ def test_dv_flat_by_descriptors(N, H, flat, dtype):
         got = run_chunked(*args, **blocks)
         assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5, accuracy.error_over_floor(got[2], ref[2])
     else:
-        q, k, v, g, _ = make(1, N, H, H, 32, 32, dtype=F32, decay="channel", strong=True)
-        g[:, N // 2, :, :4] = float("-inf")
-        g[:, 3, :, 5] = -1e30
-        do, dht = torch.randn(v.shape), torch.randn(1, H, 32, 32)
-        _, st, ref = reference(q, k, v, g, None, dout=do, dstate=dht)
+        q, k, v, g, do, dht, ref = _strong_with_a_reset(N, H)
         args, tol = (q, k, v, g, None, do, dht, None), 1e-6
         got = run_chunked(*args, **blocks)
         assert accuracy.rel_rms(got[2], ref[2]) < 2e-5, accuracy.rel_rms(got[2], ref[2])

@@ -6,7 +6,7 @@ e^(m / 2), a^T as a's bf16 tile transposed, the flag) against the float64 gradie
 dS_c). The kernel's e^x (ex2.approx.ftz) flushes results below 2^-126 to 0, which float32 torch keeps as subnormals:
 terms of that size are nothing next to the others; the FORM bits beside 2 (STORE_TMA, DG_TMA, DG_LATE: where the
 results are stored) leave the arithmetic as it is. The GPU run
-(experiments/linear_attention/gpu_gla_s38.py) checks the kernel itself against float64."""
+(experiments/linear_attention/gpu_gla_s39.py) checks the kernel itself against float64."""
 import pytest
 import torch
 

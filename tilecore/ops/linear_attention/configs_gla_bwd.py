@@ -78,8 +78,8 @@ CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # descriptors, 4 chunks a program (1.10x the pointer kernel; 1.18-1.52x slower at d 64 / 128, where it stays off)
 CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=1538),
                      (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538, dqk_gluon_scan=False),
-                     (32, 32): dict(dqk_flat=2, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538, dqk_gluon_scan=False,
-                                    dv_flat=4, dv_flat_stages=3)}
+                     (32, 32): dict(dqk_flat=2, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=1538,
+                                    dqk_gluon_scan=False, dv_flat=4, dv_flat_stages=3)}
 
 # "split_combine": the combine kernel's key block and tokens a step (a head's dq / dk / dg by cdiv(Dk, 32) programs)
 COMBINE_KEY_BLOCK = 32

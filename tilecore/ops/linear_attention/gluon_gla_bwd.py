@@ -36,7 +36,7 @@ configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not a
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
 tests/linear_attention/test_gla_bwd_gluon_twin.py replays chain_dots' arithmetic in torch against float64, and
-experiments/linear_attention/gpu_gla_s38.py checks the kernel on the GPU against float64."""
+experiments/linear_attention/gpu_gla_s39.py checks the kernel on the GPU against float64."""
 import torch
 from triton.experimental import gluon
 

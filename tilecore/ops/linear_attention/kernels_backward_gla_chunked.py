@@ -829,7 +829,8 @@ def gla_dv_flat_kernel(Q, K, G, DO, DHS, DV_OUT, N, H, DK, DV, NT, scale, VBLOCK
             qs = Q.load([row, h * DK + c0]).to(tl.float32) * tl.exp(Gc - mid[None, :])
             pt += _dot(ks.to(MMA), tl.trans(qs.to(MMA)), IEEE)
             dhs = DHS.load([srow + c0, vblock * BV])  # [KD, BV]
-            dv += _dot((ks * tl.exp(G_last - mid)[None, :]).to(MMA), dhs, IEEE)  # (e^(G_last - G) = e^(m - G) e^(G_last - m))
+            # the state term with e^(G_last - G) = e^(m - G) e^(G_last - m)
+            dv += _dot((ks * tl.exp(G_last - mid)[None, :]).to(MMA), dhs, IEEE)
         pt = tl.where(offs_t[:, None] <= offs_t[None, :], pt * scale, 0.0)
         dv += _dot(pt.to(MMA), DO.load([row, vcol]).to(MMA), IEEE)
         DV_OUT.store([row, vcol], dv.to(DV_OUT.dtype))
@@ -890,6 +891,13 @@ def gradient_buffers(out: dict | None, upcast: bool, q, k, v, h0, name: str):
     if dg.dtype != f32 or (dh0 is not None and (dh0.dtype != f32 or not dh0.is_contiguous())):
         raise ValueError(f"{name}: dg and dh0 are float32 (dh0 contiguous (B, H, Dk, Dv))")
     return dq, dk, dv, dg, dh0
+
+
+def _desc(t, rows: int, cols: int) -> TensorDescriptor:
+    """A tensor descriptor of blocks [rows, cols] over t's 2-D view: (B, N, H, D) as (B N, H D), a state buffer (B, H,
+    NT, Dk, Dv) as (B H NT Dk, Dv) (the views _tma_views accepts)."""
+    t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
 
 
 def _tma_views(tensors) -> bool:
@@ -1032,14 +1040,10 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 calls.append(("dqk0w", gluon_gla_bwd.gla_dqk_gluon_kernel, grid, (), dict(gargs, num_warps=warps)))
                 continue
             if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
-                def desc(t, rows, cols):
-                    t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
-                    return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
-
                 groups = -(-NT // flat)
                 calls.append(("dqk0w", gla_dqk_flat_kernel, (B * H * groups * kblocks,), (
-                    desc(q, BT, BKB), desc(k, BT, BKB), desc(v, BT, BVF), desc(g, BT, BKB), desc(do, BT, BVF),
-                    desc(hs, BKB, BVF), desc(dhs, BKB, BVF), dq, dk, dg, flag, N, H, Dk, Dv, NT, scale, kblocks,
+                    _desc(q, BT, BKB), _desc(k, BT, BKB), _desc(v, BT, BVF), _desc(g, BT, BKB), _desc(do, BT, BVF),
+                    _desc(hs, BKB, BVF), _desc(dhs, BKB, BVF), dq, dk, dg, flag, N, H, Dk, Dv, NT, scale, kblocks,
                     groups), dict(BT=BT, BKB=BKB, BVF=BVF, CPP=flat, MMA=mma, IEEE=ieee,
                                   DOTSCAN=1 if dispatch.interpreted(dev) else 3, num_warps=cfg["dqk_warps"],
                                   num_stages=cfg["dqk_flat_stages"] or cfg["dqk_stages"] or cfg["stages"],
@@ -1067,14 +1071,10 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
         # with the dqk kernel's flags: the dv kernel's fallback in a launch of its own too
         for wide in ((1, 2) if cfg["wide_apart"] and cfg["dv_wide_apart"] else (0,)):
             if dv_flat and wide == 1:
-                def vdesc(t, rows, cols):
-                    t = t.view(-1, t.shape[-1]) if t.dim() == 5 else t.view(t.shape[0] * t.shape[1], -1)
-                    return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols])
-
                 groups = -(-NT // dv_flat)
                 calls.append(("dvw", gla_dv_flat_kernel, (B * H * groups * dv_blocks,), (
-                    vdesc(q, BT, KD), vdesc(k, BT, KD), vdesc(g, BT, KD), vdesc(do, BT, dv_BV), vdesc(dhs, KD, dv_BV),
-                    vdesc(dv, BT, dv_BV), N, H, Dk, Dv, NT, scale, dv_blocks, groups),
+                    _desc(q, BT, KD), _desc(k, BT, KD), _desc(g, BT, KD), _desc(do, BT, dv_BV), _desc(dhs, KD, dv_BV),
+                    _desc(dv, BT, dv_BV), N, H, Dk, Dv, NT, scale, dv_blocks, groups),
                     dict(BT=BT, BK=BK, KD=KD, BV=dv_BV, CPP=dv_flat, MMA=mma, IEEE=ieee, num_warps=cfg["dv_warps"],
                          num_stages=cfg["dv_flat_stages"] or cfg["stages"])))
                 continue
