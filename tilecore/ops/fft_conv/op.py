@@ -292,8 +292,8 @@ class _RecordedConv(torch.autograd.Function):
 # a keyed filter-form call recording a gradient whose key keeps a _GluonConv applies _RecordedConv straight from
 # fft_conv (issue 31's host time: the general path's checks lookup, _is_spectrum, eager.run, the Function's key and
 # setup frames and a second lookup of the recipe each call otherwise); the same launches, so the same bits. Read each
-# call (with RECORDED_RECIPES); False: _FilterFunction as before
-RECORDED_FUNCTION = False
+# call (with RECORDED_RECIPES); False: _FilterFunction. On since the H100's A/B (notes/host's decision log)
+RECORDED_FUNCTION = True
 
 
 def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
