@@ -87,25 +87,47 @@ def test_hadamard_chain_constants_re_derive_from_the_two_one_row_rows():
         assert validate.hadamard_time(1, n, "bf16", gpu)[0] == pytest.approx(meas[n], rel=0.01)
 
 
+PROGRAMS = RUNS / "small_kernels_programs_run3_session39_h100_napkin_small_kernels.json"
+
+
 def test_hadamard_chain_holds_on_the_sizes_it_was_not_derived_from():
-    # session 39's run: one row of n 2048-32768 (two and four slices, 32- and 64-wide second factors) and 132 /
-    # 264 rows (one tile a program, two at 16384) within 15%; n <= 1024 (several rows a tile, smaller H factors:
-    # another prologue) and 264 rows of 4096 (two programs an SM) are outside what the chain covers
+    # sessions 39's runs 1 and 3: one row of n 2048-32768 (two and four slices, 32- and 64-wide second factors),
+    # 132 / 264 rows (one tile a program; at 264 rows of 4096 two programs an SM, which run in turn) and run 3's
+    # 396 rows of 4096 at the plan's programs (three an SM) within 15%; n <= 1024 (several rows a tile, smaller H
+    # factors: another prologue) is outside what the chain covers
     gpu = _graph_gpu(_bench("hadamard-latency.json"))
     checked = 0
-    for name, r in _run_rows().items():
-        if not name.startswith("hadamard"):
-            continue
-        assert r["pass"], name
-        rows, n = int(name.split()[2]), int(name.split()[4])
-        if n < 2048 or (n == 4096 and rows > 132):
-            continue
-        t = validate.hadamard_time(rows, n, "bf16", gpu)[0]
-        assert r["graph_us"] * 1e-6 / t == pytest.approx(1, abs=0.15), name
-        checked += 1
-    assert checked == 8
+    for path in (SMALL, PROGRAMS):
+        for r in json.loads(path.read_text())["rows"]:
+            name = r["name"]
+            if not (name.startswith("hadamard") or (name.startswith("programs") and "table" in name)):
+                continue
+            assert r["pass"], name
+            rows, n = int(name.split()[2]), int(name.split()[4])
+            if n < 2048:
+                continue
+            t = validate.hadamard_time(rows, n, "bf16", gpu)[0]
+            assert r["graph_us"] * 1e-6 / t == pytest.approx(1, abs=0.15), (path.name, name)
+            checked += 1
+    assert checked == 21
     # the Gluon kernel's sizes from 2^24 elements and the butterfly take no chain
     assert validate.hadamard_chain_s(4096, 16384, gpu) == 0 and validate.hadamard_chain_s(64, 8, gpu) == 0
+
+
+def test_programs_on_one_sm_run_their_chains_in_turn():
+    # run 3: n 4096 at 264 / 396 rows, the plan's programs (two / three an SM) against one program an SM walking
+    # the same tiles: each extra program adds its prologue and its tile (2.2 us), an extra tile of one program less
+    rows = {r["name"]: r["graph_us"] for r in json.loads(PROGRAMS.read_text())["rows"]}
+    one = [rows[f"programs rows {k} n 4096 waves 1 grid 132"] for k in (132, 264, 396)]
+    table = [rows[f"programs rows {k} n 4096 waves table grid {k}"] for k in (132, 264, 396)]
+    assert one[0] == pytest.approx(table[0], rel=0.02)
+    assert table[1] - table[0] > 1.5 * (one[1] - one[0]) and table[2] - table[1] > 1.5 * (one[2] - one[1])
+    gpu = _graph_gpu(_bench("hadamard-latency.json"))
+    step = validate.hadamard_chain_s(264, 4096, gpu) - validate.hadamard_chain_s(132, 4096, gpu)
+    assert step * 1e6 == pytest.approx(table[1] - table[0], rel=0.25) and step > validate.HADAMARD_PROLOGUE_S
+    # at 2^28 elements (hadamard.json: 32 programs an SM) the same sum stays within 15% of the measured rows
+    preds = [p for p in validate.predict_all() if p.file.endswith("hadamard.json") and p.params["n"] in (4096, 8192)]
+    assert len(preds) == 4 and all(p.miss <= validate.TOLERANCE for p in preds)
 
 
 def test_decode_split_chain_re_derives_and_holds_at_longer_caches():

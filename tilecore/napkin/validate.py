@@ -242,6 +242,8 @@ def hadamard_configs(path: Path = HADAMARD_CONFIGS):
 # each): 1.98 us for three slices more, less their MMAs at one SM's share of the run's tensor rate, is 0.126 us a
 # wait. What a one-slice row takes beyond that, 1.86 us, is once a program: its prologue builds H_N1 and H_N2 in
 # shared memory (the PTX's 64-68 st.shared before the tile loop), its epilogue converts the layout for the stores.
+# Programs resident on one SM run their chains in turn (hadamard_chain_s; notes/napkin/runs/
+# small_kernels_programs_run3_session39_h100.txt).
 WGMMA_WAIT_S = 0.126e-6
 HADAMARD_PROLOGUE_S = 1.86e-6
 
@@ -253,9 +255,11 @@ def launch_from_copy(measured_s: float, nbytes: int, gpu) -> float:
 
 
 def hadamard_chain_s(rows: int, n: int, gpu, cfg=None) -> float:
-    """Seconds one program of tilecore's tl Hadamard kernel spends in series on its own (its prologue, then
-    each tile's slices: their MMAs at one SM's tensor rate and the wgmma groups' waits), for ``rows`` rows of
-    ``n`` as its plan launches them (hadamard/plan.py: the split, rows a tile, programs an SM, TMA_TUNING from
+    """Seconds the busiest SM spends on tilecore's tl Hadamard kernel's chains: each of its programs' prologue,
+    then each of its tiles' slices (their MMAs at one SM's tensor rate and the wgmma groups' waits), one after
+    another: programs resident on one SM run their chains in turn, each with its prologue (run 3, 264 / 396 rows
+    of 4096 at two / three programs an SM: 7.07 / 9.49 us, 1.07 / 0.96 of this sum). For ``rows`` rows of ``n`` as
+    its plan launches them (hadamard/plan.py: the split, rows a tile, programs an SM, TMA_TUNING from
     TMA_MIN_ELEMENTS); 0 for the Gluon kernel (n in GLUON_SIZES from TMA_MIN_ELEMENTS elements: a warp-specialized
     pipeline, not this chain) and the register butterfly (n < 16)."""
     cfg = cfg or hadamard_configs()
@@ -271,23 +275,23 @@ def hadamard_chain_s(rows: int, n: int, gpu, cfg=None) -> float:
     B = 1 if N1 >= 64 else max(16 if N1 == 1 else 1, tuned["tile_elems"] // (S * N1 * N2))
     tiles = math.ceil(rows / B)
     programs = min(tiles, gpu.sms * tuned["waves"])
-    per_program = math.ceil(tiles / programs)
     flops = B * n * (2 * N2 if N1 == 1 else 2 * N1 + 4 * N2)       # configs.py: tensor-core FLOP an element
     waits = S * (1 if N1 == 1 else 3)                               # H_N1 X, then X H_N2 a piece (two)
     tile = flops / (gpu.rate("tensor", "bf16") / gpu.sms) + waits * WGMMA_WAIT_S
-    return HADAMARD_PROLOGUE_S + per_program * tile
+    return math.ceil(programs / gpu.sms) * HADAMARD_PROLOGUE_S + math.ceil(tiles / gpu.sms) * tile
 
 
 @_memo
 def hadamard_time(rows, n, dtype, gpu):
-    """The engine's Hadamard (H16 stages over a group of rows), or, where tilecore's tl kernel runs few tiles a
-    program, its chain (hadamard_chain_s) after the first loads (the engine's fill) and the launch: a few rows on
-    an idle GPU wait on their prologue and their MMA groups in turn, not on a bandwidth."""
+    """The engine's Hadamard (H16 stages over a group of rows), or, where they take longer, tilecore's tl kernel's
+    chains on its busiest SM (hadamard_chain_s), after the first wave's loads (the engine's fill) and the launch:
+    a few rows on an idle GPU wait on their prologue and their MMA groups in turn, not on a bandwidth."""
     if n == 1:  # a scale: one read and one write
         return copy_time(rows * 2, gpu)
     r = relabel(models.hadamard(rows=rows, n=n, dtype=dtype, radix=16), gpu,
                 {"r": group(min(rows, max(1, 2048 // n)))}, warpgroups=2)
-    chain = r.fill_time + hadamard_chain_s(rows, n, gpu) + r.launch_time
+    first = r.fill_time - (r.waves - 1) * gpu.tile_latency_s     # the first wave's loads: the chains run on
+    chain = first + hadamard_chain_s(rows, n, gpu) + r.launch_time  # from there, later tiles' loads under them
     return (chain, "latency") if chain > r.time else (r.time, r.bound)
 
 
@@ -495,14 +499,10 @@ def _is_headline(p: Prediction) -> bool:
 def name_cause(p: Prediction) -> str:
     """Why a row misses by more than 15%: the regime it is in, in the terms the model has or lacks."""
     q, fast = p.params, p.ratio > 1
-    if p.graph and p.op == "hadamard" and fast and p.params.get("n") == 4096 and p.params.get("rows", 0) > 132:
-        return ("two programs an SM (GPU time, from a CUDA graph): n 4096's tl plan runs up to 16 programs an SM, so "
-                "256 rows put two on most SMs, and the second's chain ran after the first's (264 rows 6.94 us against "
-                "4.77 at 132: notes/napkin/runs/small_kernels_run1_session39_h100.txt); hadamard_chain_s is one "
-                "program's, since at 2^28 elements the same kernel's resident programs overlap their chains")
     if p.graph and p.op == "hadamard":
-        return ("latency at small sizes (GPU time, from a CUDA graph): the tl kernel's chain (hadamard_chain_s: its "
-                "prologue and its slices' wgmma waits, two constants from the run's one-row rows) does not hold here")
+        return ("latency at small sizes (GPU time, from a CUDA graph): the tl kernel's chains on an SM (hadamard_chain_s: "
+                "each program's prologue, its slices' wgmma waits; two constants from the run's one-row rows) do not "
+                "hold here")
     if p.graph and p.op == "copy":
         return ("latency at small sizes (GPU time, from a CUDA graph): the graph launch (0.89 us, from the run's "
                 "8 KiB copy) and the first loads' round trip; a real copy's ramp differs by size")
