@@ -8,7 +8,10 @@ Measured (triton.testing.do_bench medians after warm-up):
   sfu_exp2_per_s    a Triton kernel of chained exp2 in registers (one MUFU op each), 132 x 8 blocks
   launch_s          a 64 KiB copy launched back to back (eager, as do_bench times a call); the empty
                     Triton kernel's time beside it (empty_launch_s: the launch alone)
-  graph_launch_s    the same copy replayed 100 times from one CUDA graph, per call (and the empty kernel's)
+  graph_launch_s    the same copy replayed 100 times from one CUDA graph, per call (and the empty kernel's);
+                    from_constants_json folds the empty kernel's figures where present: the preset's launches
+                    are a kernel's time beyond the engine's own (a small DRAM-cold copy less its modelled time),
+                    within 0.05 us of an empty kernel's on the H100 (session 39)
   tile_latency_s    one DRAM round trip: a single-thread pointer chase over 64 MiB (random order)
   matmul_flops      torch.matmul bf16 8192^3 (the sustained tensor-core rate the presets calibrate to)
 Tile claims at 8192^3 bf16 (a plain Triton tl GEMM, grouped tile order, 8 warps, 3 and 4 stages):

@@ -3,6 +3,7 @@ constants into the presets."""
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,11 @@ def test_measured_constants_fold_into_the_preset(tmp_path):
     assert (g.launch_s, g.graph_launch_s, g.tile_latency_s) == (5e-6, 2e-6, 0.6e-6)
     assert "gpu_constants.py on an H100 (test)" in g.level("L2").source
     assert g.rate("tensor", "fp8") == pytest.approx(H100.rate("tensor", "fp8") * 750 / 989.4, rel=1e-3)
+    # the launches as the preset's are meant: an empty kernel's, where the run timed one (session 26's H100 run)
+    s26 = H100.with_constants(json.loads((Path(__file__).resolve().parents[2] / "notes" / "napkin" / "runs"
+                                          / "napkin_gpu_constants_session26_h100.json").read_text()))
+    assert s26.launch_s == pytest.approx(H100.launch_s, abs=0.1e-6)
+    assert s26.graph_launch_s == pytest.approx(H100.graph_launch_s, abs=0.1e-6)
     partial = H100.with_constants({"constants": {"l2_bytes_per_s": 6e12}})
     assert partial.level("HBM").bandwidth == H100.level("HBM").bandwidth and partial.level("L2").bandwidth == 6e12
 

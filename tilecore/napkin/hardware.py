@@ -99,7 +99,10 @@ class GPU:
         """A copy with measured constants folded in (the JSON `experiments/napkin/gpu_constants.py`
         writes, or its `constants` dict): keys `hbm_bytes_per_s` (copy, bytes read + written per s),
         `l2_bytes_per_s` (reads of an L2-resident working set), `launch_s`, `graph_launch_s`, `sfu_exp2_per_s`,
-        `matmul_flops` ({dtype: FLOP/s}). Missing keys keep the preset's value."""
+        `matmul_flops` ({dtype: FLOP/s}). Missing keys keep the preset's value. The launches: the empty kernel's
+        (`empty_launch_s`, `empty_graph_launch_s`) where the JSON has them, since the preset's launch is a kernel's
+        fixed time beyond the engine's own (within 0.05 us of an empty kernel's on the H100; LAUNCH_S_H100), and
+        gpu_constants.py's `launch_s` / `graph_launch_s` time a whole 64 KiB copy."""
         c = dict(constants.get("constants", constants))
         src = f"{label}: {constants.get('source', 'experiments/napkin/gpu_constants.py')}"
         levels = list(self.levels)
@@ -112,8 +115,9 @@ class GPU:
             r = float(c["sfu_exp2_per_s"])
             units["sfu"] = ComputeUnit("sfu", {d: r for d in units["sfu"].rates}, src)
         out = dataclasses.replace(self, levels=tuple(levels), units=units,
-                                  launch_s=float(c.get("launch_s") or self.launch_s),
-                                  graph_launch_s=float(c.get("graph_launch_s") or self.graph_launch_s),
+                                  launch_s=float(c.get("empty_launch_s") or c.get("launch_s") or self.launch_s),
+                                  graph_launch_s=float(c.get("empty_graph_launch_s") or c.get("graph_launch_s")
+                                                       or self.graph_launch_s),
                                   tile_latency_s=float(c.get("tile_latency_s") or self.tile_latency_s),
                                   constants_source=self.constants_source + (src,))
         if c.get("matmul_flops"):
