@@ -87,15 +87,9 @@ def kernel_times(fn, calls=3) -> list:
     """[(kernel name, us a call)] of every CUDA kernel fn launches, largest first (torch.profiler)."""
     if SMOKE:
         return []
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
+    from experiments.napkin.gpu_small_kernels import profiled
     rows = []
-    for e in prof.key_averages():
+    for e in profiled(fn, calls).key_averages():
         us = getattr(e, "device_time_total", None)
         if us is None:
             us = getattr(e, "cuda_time_total", 0.0)

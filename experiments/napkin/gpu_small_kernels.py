@@ -45,10 +45,8 @@ def graph_us(fn) -> float | None:
     return median_ms(replay, warmup_ms=10, rep_ms=40) / calls * 1e3
 
 
-def kernel_us(fn, calls: int = 20) -> dict:
-    """{kernel name: median device us a call} of ``fn``'s eager calls, by the profiler (CUPTI)."""
-    if not torch.cuda.is_available():
-        return {}
+def profiled(fn, calls: int):
+    """torch.profiler's record (CUDA activity: CUPTI) of ``calls`` eager calls of ``fn``, after one unrecorded."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -57,8 +55,15 @@ def kernel_us(fn, calls: int = 20) -> dict:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_us(fn, calls: int = 20) -> dict:
+    """{kernel name: median device us a call} of ``fn``'s eager calls, by the profiler (CUPTI)."""
+    if not torch.cuda.is_available():
+        return {}
     per: dict = {}
-    for e in prof.events():
+    for e in profiled(fn, calls).events():
         t = e.time_range.elapsed_us()
         if t and str(getattr(e, "device_type", "")).endswith("CUDA"):
             per.setdefault(e.name[:40], []).append(t)
