@@ -12,7 +12,8 @@ before it). Cases:
   16384 (one tile a program, then two), each checked against a float64 fast Walsh-Hadamard transform;
 - ``programs``: n 4096 through the tl plan with its table's programs an SM and with one or two (132-396 rows);
 - ``decode``: tilecore.attention at B 1, one query, Nk 1024 / 4096 / 16384 (Hq 32, Hkv 8, D 128: the bench's),
-  its split-key kernel and merge by the profiler, checked against a float64 softmax.
+  its split-key kernel and merge by the profiler, checked against a float64 softmax;
+- ``peers``: SDPA's flash and cuDNN decode at the same shapes (enable_gqa, the bench's call), kernel by kernel.
 
     python experiments/napkin/gpu_small_kernels.py [--smoke] [--phases empty,hadamard,decode,programs]
 """
@@ -185,11 +186,46 @@ def decode_cases(run: Run, smoke: bool) -> None:
         run.row(f"decode B1 Nk{nk}", **ok, graph_us=graph_us(fn), kernels=kernel_us(fn))
 
 
+def peer_decode_cases(run: Run, smoke: bool) -> None:
+    """SDPA's flash and cuDNN decode at B 1 (the bench's builders: tilecore/bench/suites/attention_decode.py), each
+    kernel by the profiler: what FlashAttention-2's split-KV decode runs beyond tilecore's (its 4 misses)."""
+    if smoke or not torch.cuda.is_available():
+        return
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for nk in (1024, 4096, 16384):
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            if run.left() < 5:
+                return
+            g = torch.Generator(device="cuda").manual_seed(nk)
+            q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+            k, v = (torch.randn(1, 8, nk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+            kk, vv = k.double().repeat_interleave(4, dim=1), v.double().repeat_interleave(4, dim=1)
+            ref = torch.softmax(q.double() @ kk.transpose(-1, -2) / 128 ** 0.5, dim=-1) @ vv
+
+            def fn(q=q, k=k, v=v, backend=backend):
+                with sdpa_kernel(backend), torch.no_grad():
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            ok = run.attempt(f"{name} Nk{nk}", lambda: check(fn(), ref))
+            if ok is None:
+                continue
+            nsets = max(1, min(64, (200 << 20) // (2 * 2 * 8 * nk * 128 * 2)))
+            sets = [(q, k.clone().normal_(), v.clone().normal_()) for _ in range(nsets)]
+            it = iter(range(1 << 30))
+
+            def rot(backend=backend, sets=sets, it=it):
+                a, b, c = sets[next(it) % len(sets)]
+                with sdpa_kernel(backend), torch.no_grad():
+                    return F.scaled_dot_product_attention(a, b, c, enable_gqa=True)
+            run.row(f"{name} decode B1 Nk{nk}", **ok, graph_us=graph_us(rot), kernels=kernel_us(rot))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="CPU / interpreter: the checks on tiny shapes, no timing")
     ap.add_argument("--deadline", type=float, default=55.0)
-    ap.add_argument("--phases", default="empty,hadamard,decode", help="of: empty, hadamard, decode, programs")
+    ap.add_argument("--phases", default="empty,hadamard,decode", help="of: empty, hadamard, decode, programs, peers")
     args = ap.parse_args(argv)
     phases = set(args.phases.split(","))
     run = Run("napkin_small_kernels", deadline=args.deadline)
@@ -202,6 +238,8 @@ def main(argv=None) -> int:
         run.attempt("programs", programs_cases, run, args.smoke)
     if "decode" in phases:
         run.attempt("decode", decode_cases, run, args.smoke)
+    if "peers" in phases:
+        run.attempt("peer decode", peer_decode_cases, run, args.smoke)
     for r in run.rows:  # the table's kernel column: each kernel's device us, short names
         r["kern"] = " ".join(f"{k[:14]}={v}" for k, v in (r.get("kernels") or {}).items())[:70]
     run.finish(["name", "pass", "err_over_floor", "graph_us", "kern"])
