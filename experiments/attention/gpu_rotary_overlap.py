@@ -39,8 +39,8 @@ from tilecore.ops.attention import configs, gluon_rotary  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
-COLUMNS = ["name", "ok", "same_o", "chunk_rows", "o", "plain_o", "plain_ms", "shipped_over", "k8_over", "k8p_over",
-           "k8n_over", "shipped_ms", "k8_ms", "k8p_ms", "k8n_ms"]
+COLUMNS = ["name", "ok", "same_o", "chunk_rows", "o", "plain_o", "plain_ms", "shipped_over", "k8p_over", "k8ph_over",
+           "k8nh_over", "k8n_over", "shipped_ms", "k8p_ms", "k8ph_ms", "k8nh_ms"]
 
 
 def poison():
@@ -62,11 +62,12 @@ def in_kernel(d, causal, variant=None):
     """The no-grad forward's K turned in the kernel for (d, causal); ``variant`` "8" (rows a chunk), "8p" (and the
     first programs' kv heads by apply_rotary's pass before the launch: configs.ROTARY_K_FIRST_BY_PASS), "8n" (the
     probe: K by the pass, turned again by the side partition, no waits: what the side partition's work costs the
-    consumers); None: the configs' own."""
+    consumers), "h" (its loads and stores evict-first in L2: configs.ROTARY_K_EVICT_FIRST); None: the configs'
+    own."""
     values = dict(ROTARY_K_IN_KERNEL_CASES=frozenset({(d, bool(causal))}))
     if variant is not None:
-        values.update(ROTARY_K_CHUNK_ROWS=int(variant.rstrip("pn")), ROTARY_K_FIRST_BY_PASS=variant.endswith("p"),
-                      ROTARY_K_PROBE_NO_WAIT=variant.endswith("n"))
+        values.update(ROTARY_K_CHUNK_ROWS=int(variant.rstrip("pnh")), ROTARY_K_FIRST_BY_PASS="p" in variant,
+                      ROTARY_K_PROBE_NO_WAIT="n" in variant, ROTARY_K_EVICT_FIRST="h" in variant)
     return patched(configs, **values)
 
 

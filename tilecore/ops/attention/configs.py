@@ -196,6 +196,7 @@ ROTARY_K_CHUNK_VEC = 8
 ROTARY_K_SIDE_WARPS = 2
 ROTARY_K_FIRST_BY_PASS = False  # the kv heads the programs' first tiles read turned by apply_rotary's pass first
 ROTARY_K_PROBE_NO_WAIT = False  # timing probe: K by the pass, turned again by the side partition, the producer not waiting
+ROTARY_K_EVICT_FIRST = False  # the side partition's loads and stores evict-first in L2
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

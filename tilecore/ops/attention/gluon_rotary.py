@@ -116,7 +116,8 @@ def fence_proxy_async_global(x):
 
 @gluon.jit
 def turn_chunk_rows(src, src_row, dst, pos, cos_ptr, sin_ptr, cos_stride, sin_stride, D: gl.constexpr, R: gl.constexpr,
-                    CHUNK_ROWS: gl.constexpr, INTERLEAVED: gl.constexpr, VEC: gl.constexpr = 4):
+                    CHUNK_ROWS: gl.constexpr, INTERLEAVED: gl.constexpr, VEC: gl.constexpr = 4,
+                    EVICT: gl.constexpr = ""):
     """Turn CHUNK_ROWS rows of one head in global memory: row r read at src + src_row r (unit stride along D),
     written at dst + D r, by the angles of position pos + r (turn_pair: apply_rotary's rounding); features past
     2R copied. Every row exists (the host cuts Nk into whole chunks): no masks. The partition's threads take VEC
@@ -139,13 +140,16 @@ def turn_chunk_rows(src, src_row, dst, pos, cos_ptr, sin_ptr, cos_stride, sin_st
         x = src + r * src_row + cols
         out = dst + r * D + cols
         if INTERLEAVED:
-            a, b = gl.split(gl.convert_layout(gl.load(x).to(gl.float32).reshape([ROWS, R, 2]), pairs))
+            a, b = gl.split(gl.convert_layout(gl.load(x, eviction_policy=EVICT).to(gl.float32).reshape([ROWS, R, 2]),
+                                              pairs))
             a2, b2 = turn_pair(a, b, cs, sn)
-            gl.store(out, gl.convert_layout(gl.join(a2, b2).reshape([ROWS, 2 * R]), layout).to(dst.dtype.element_ty))
+            gl.store(out, gl.convert_layout(gl.join(a2, b2).reshape([ROWS, 2 * R]), layout).to(dst.dtype.element_ty),
+                     eviction_policy=EVICT)
         else:
-            a2, b2 = turn_pair(gl.load(x).to(gl.float32), gl.load(x + R).to(gl.float32), cs, sn)
-            gl.store(out, a2.to(dst.dtype.element_ty))
-            gl.store(out + R, b2.to(dst.dtype.element_ty))
+            a2, b2 = turn_pair(gl.load(x, eviction_policy=EVICT).to(gl.float32),
+                               gl.load(x + R, eviction_policy=EVICT).to(gl.float32), cs, sn)
+            gl.store(out, a2.to(dst.dtype.element_ty), eviction_policy=EVICT)
+            gl.store(out + R, b2.to(dst.dtype.element_ty), eviction_policy=EVICT)
     PASS: gl.constexpr = D - 2 * R
     if PASS > 0:  # the features past 2R as they are (32, 64 or 96 of them at D 64 / 128)
         PASS_W: gl.constexpr = 32 if PASS <= 32 else (64 if PASS <= 64 else 128)
@@ -191,6 +195,7 @@ class KTurn:
     CHUNK_ROWS: gl.constexpr
     VEC: gl.constexpr  # features a thread of each half of the pairs (turn_chunk_rows)
     WAIT: gl.constexpr  # the producer waits for its head (False: a timing probe, K turned before the launch too)
+    EVICT_FIRST: gl.constexpr  # the chunks' loads and stores evict-first in L2 (the forward's K and V groups stay)
 
     @gluon.jit
     def turn(self, c, rot):
@@ -203,7 +208,7 @@ class KTurn:
         src = self.src + b.to(gl.int64) * self.src_b + h.to(gl.int64) * self.src_h + first.to(gl.int64) * self.src_n
         dst = self.dst + (u.to(gl.int64) * rot.attn.Nk + first) * rot.attn.D
         turn_chunk_rows(src, self.src_n, dst, first, rot.cos, rot.sin, rot.cos_stride, rot.sin_stride, rot.attn.D,
-                        rot.R, self.CHUNK_ROWS, rot.INTERLEAVED, self.VEC)
+                        rot.R, self.CHUNK_ROWS, rot.INTERLEAVED, self.VEC, "evict_first" if self.EVICT_FIRST else "")
         fence_proxy_async_global(c)
         gl.thread_barrier()  # the partition's stores before the count
         gl.atomic_add(self.counters + 1 + u, 1, sem="release", scope="gpu")
@@ -322,7 +327,8 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 INTERLEAVED: gl.constexpr = False, CHUNK_ROWS: gl.constexpr = 0,
                                 CHUNK_VEC: gl.constexpr = 4, PRODUCER_REGS: gl.constexpr = 0,
-                                SIDE_WARPS: gl.constexpr = 2, K_WAIT: gl.constexpr = True):
+                                SIDE_WARPS: gl.constexpr = 2, K_WAIT: gl.constexpr = True,
+                                K_EVICT_FIRST: gl.constexpr = False):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
@@ -348,7 +354,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
     kturn = None
     if CHUNK_ROWS > 0:
         kturn = KTurn(k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total, first_heads, CHUNK_ROWS, CHUNK_VEC,
-                      K_WAIT)
+                      K_WAIT, K_EVICT_FIRST)
     op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED, kturn)
     PRODUCER: gl.constexpr = PRODUCER_REGS if PRODUCER_REGS > 0 else (24 if CONSUMERS == 3 else 40)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
@@ -493,7 +499,7 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     probe = bool(chunk_rows and configs.ROTARY_K_PROBE_NO_WAIT)
     key = plan.launch_key
     if key is not None and (qr is not None or chunk_rows):
-        key = (key, "q_out" if qr is not None else "k_turn", chunk_rows, probe)
+        key = (key, "q_out" if qr is not None else "k_turn", chunk_rows, probe, configs.ROTARY_K_EVICT_FIRST)
     per_head = Nk // chunk_rows if chunk_rows else 0
     first_heads = 0
     if probe:  # timing probe: K turned by the pass, then again (the same bits) by the side partition, no waits
@@ -516,5 +522,6 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
                             CHUNK_ROWS=chunk_rows, CHUNK_VEC=configs.ROTARY_K_CHUNK_VEC,
-                            SIDE_WARPS=configs.ROTARY_K_SIDE_WARPS, K_WAIT=not probe, num_warps=4))
+                            SIDE_WARPS=configs.ROTARY_K_SIDE_WARPS, K_WAIT=not probe,
+                            K_EVICT_FIRST=configs.ROTARY_K_EVICT_FIRST, num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)
