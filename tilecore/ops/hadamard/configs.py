@@ -95,14 +95,15 @@ QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 1638
 # PERM with one product a slice (x by the column-permuted H_128): nvfp4 128 1.34x, mxfp4 128 1.06x, nvfp4 256 1.61x
 QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True), ("nvfp4", 128): dict(tma="load", perm=True),
                             ("nvfp4", 256): dict(split=(2, 1, 128), perm=True, num_warps=4),
-                            ("mxfp4", 512): dict(num_warps=4),
+                            **{(f, n): dict(num_warps=4) for f, n in (("mxfp4", 256), ("mxfp4", 512), ("nvfp4", 512),
+                                                                      ("int4", 512))},
                             ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
                             ("int8", 128): dict(tma="load"),
                             ("fp8_e5m2", 128): dict(tma="load"),
-                            # (mxfp4 / nvfp4 256-1024 on 4 warps: 1.05-1.09x)
+                            # (the 4-bit formats at 256-1024 on 4 warps: 1.05-1.09x; nvfp4 128 0.91x)
                             ("nvfp4", 1024): dict(split=(1, 16, 64), num_warps=4),
                             ("mxfp4", 1024): dict(split=(1, 16, 64), perm=True, num_warps=4),
-                            ("int4", 1024): dict(split=(1, 16, 64), perm=True),
+                            ("int4", 1024): dict(split=(1, 16, 64), perm=True, num_warps=4),
                             **{(f, 1024): dict(split=(1, 16, 64)) for f in ("fp8_e4m3", "int8")},
                             **{(f, 4096): dict(split=(1, 64, 64)) for f in ("nvfp4", "fp8_e4m3", "int8")},
                             **{(f, 4096): dict(split=(1, 64, 64), perm=True) for f in ("mxfp4", "int4")},
