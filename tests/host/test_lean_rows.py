@@ -13,6 +13,8 @@ allocations (torch.empty, Tensor.new_empty) counted.
   (the recorded recipe's, y its only output, where norm op.RECORDED_RECIPES is on).
 * attention's recording tag: dispatch.gluon_ok asked once a CUDA device (session 39).
 """
+import sys
+
 import pytest
 import torch
 
@@ -208,3 +210,54 @@ def test_attention_asks_gluon_ok_once_a_cuda_device(monkeypatch):
         asked.clear()
         assert attention_op._gluon_ok(q) and attention_op._gluon_ok(q)
         assert asked == [q.device, q.device]
+
+
+@pytest.mark.parametrize("case", ["rms", "ln residual"])
+def test_norm_keyed_backward_makes_no_empty_tensors(monkeypatch, case):
+    """An eager backward with a launch key (norm launch.backward's ``key``) allocates no empty dres, dweight or dbias
+    (the custom op's schema wants them; the eager caller takes None): every allocation of its call holds elements, and
+    its gradients are the unkeyed backward's bits."""
+    from tilecore.ops.norm import launch as norm_launch
+    from tilecore.ops.norm import op as norm_op
+    from tilecore.tiles import eager
+
+    caches = (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS,
+              norm_launch._BACKWARD_OPTIONS)
+    x0 = torch.randn(2, 3, 32, dtype=torch.float16)
+    w0 = torch.randn(32, dtype=torch.float16)
+    res0 = torch.randn(2, 3, 32, dtype=torch.float32) if case != "rms" else None  # (dres written apart)
+    g = torch.randn(2, 3, 32, dtype=torch.float16)
+    sizes, grads = [], {}
+    empty, new_empty = torch.empty, torch.Tensor.new_empty
+    for keyed in (True, False):
+        monkeypatch.setattr(norm_op, "signature", cpu_signature if keyed else lambda *items: None)
+        monkeypatch.setattr(eager, "signature", cpu_signature if keyed else lambda *items: None)
+        for cache in caches:
+            cache.clear()
+        for i in range(2):  # (the second call: the recorded recipe where keyed)
+            x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+            res = None if res0 is None else res0.clone().requires_grad_()
+            y = norm_op.layer_norm(x, w, residual=res, rms=case == "rms")
+            sizes.clear()
+
+            def counted(make):  # (tilecore's allocations: the interpreter makes its own copies)
+                def alloc(*a, **k):
+                    t = make(*a, **k)
+                    if sys._getframe(1).f_globals.get("__name__", "").startswith("tilecore"):
+                        sizes.append(t.numel())
+                    return t
+                return alloc
+            monkeypatch.setattr(torch, "empty", counted(empty))
+            monkeypatch.setattr(torch.Tensor, "new_empty", counted(new_empty))
+            y.backward(g)
+            monkeypatch.setattr(torch, "empty", empty)
+            monkeypatch.setattr(torch.Tensor, "new_empty", new_empty)
+            if keyed:
+                assert sizes and 0 not in sizes
+            else:
+                assert 0 in sizes  # (the op's schema: an empty dres / dbias)
+            grads[keyed, i] = [t.grad for t in (x, w, res) if t is not None]
+    for i in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(grads[True, i], grads[False, i]))
+    for cache in caches:
+        cache.clear()

@@ -145,10 +145,13 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
              x_dtype: torch.dtype, h_dtype: torch.dtype, store_dres: bool, key=None):
     """(dx, dres, dweight, dbias). ``h``: the forward's stored residual stream, or None (then it is
     recomputed from x, the residual and the seed). ``store_dres``: dres written on its own (else
-    empty: it equals dx); dweight / dbias in weight's / bias's dtype (empty where there is none)."""
+    empty: it equals dx); dweight / dbias in weight's / bias's dtype (empty where there is none).
+    With a launch ``key`` (an eager backward, whose caller takes None for what it does not use) the empty
+    dres, dweight and dbias are None instead (no allocation: ~3 us of host time each) and the kernels'
+    options are kept per key."""
     rows, n = dy.shape
     dx = output((rows, n), x_dtype, dy.device)
-    dres = output((rows, n) if store_dres else (0,), h_dtype, dy.device)
+    dres = output((rows, n) if store_dres else (0,), h_dtype, dy.device) if store_dres or key is None else None
     if rows == 0 or plan.path == "cpu":
         if rows:
             dw, db = _cpu_backward(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p, rms, h_dtype,
@@ -158,10 +161,8 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
             db = None if bias is None else torch.zeros(n, dtype=torch.float32, device=dy.device)
         return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
     scale = dropout_scale(p)
-    load_h = h is not None
-    flags = dict(ROWS=plan.backward_rows, BLOCK_N=plan.block_n, LOAD_H=load_h, HAS_RES=residual is not None,
-                 HAS_W=weight is not None, DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype],
-                 num_warps=plan.backward_warps)
+    flags, backward_flags = _BACKWARD_OPTIONS.memo(
+        key, lambda: _backward_options(plan, residual, h, weight, bias, seed, dh_out, rms, h_dtype, store_dres))
     mean_arg = None if rms else mean
     strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
     sums = None
@@ -176,29 +177,47 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
                   (dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
                    dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0),
                    dres.stride(0) if store_dres else 0, threshold16(p), scale),
-                  dict(WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
-                       DW=weight is not None, DB=bias is not None, **flags))
+                  backward_flags)
+    lean = key is not None
     if plan.finish == "kernel" and (weight is not None or bias is not None):
         dw, db = _finish(key, plan, dw_part, db_part, weight, bias, n, dy)
-        return dx, dres, dw, db
+        return dx, dres, _or_empty(dw, dy, lean), _or_empty(db, dy, lean)
     dw = None if dw_part is None else dw_part.sum(0)  # the small sum over the groups' partials
     db = None if db_part is None else db_part.sum(0)
-    return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
+    return dx, dres, _cast(dw, weight, dy, lean), _cast(db, bias, dy, lean)
+
+
+def _backward_options(plan: Plan, residual, h, weight, bias, seed, dh_out, rms: bool, h_dtype, store_dres: bool):
+    """(the row-sums kernel's options, the backward kernel's): functions of the plan, which tensors are given and the
+    flags (a backward's launch key fixes them all: kept per key)."""
+    flags = dict(ROWS=plan.backward_rows, BLOCK_N=plan.block_n, LOAD_H=h is not None, HAS_RES=residual is not None,
+                 HAS_W=weight is not None, DROPOUT=seed is not None, RMS=rms, H_DTYPE=TL_DTYPES[h_dtype],
+                 num_warps=plan.backward_warps)
+    return flags, dict(WHOLE_ROW=plan.whole_row, HAS_DH_OUT=dh_out is not None, STORE_DRES=store_dres,
+                       DW=weight is not None, DB=bias is not None, **flags)
+
+
+_BACKWARD_OPTIONS = LRU(256)  # a backward's launch key -> _backward_options'
 
 
 def _finish(key, plan: Plan, dw_part, db_part, weight, bias, n: int, like):
-    """dweight, dbias (in the parameters' dtypes; empty where there is none) from the partials, in one launch."""
+    """dweight, dbias (in the parameters' dtypes; None where there is none) from the partials, in one launch."""
     dw = output((n,), weight.dtype, like.device) if weight is not None else None
     db = output((n,), bias.dtype, like.device) if bias is not None else None
     _partials.run(key, (cdiv(n, plan.finish_cols),), (dw_part, db_part, dw, db, plan.groups, n),
                   dict(BLOCK_G=plan.finish_rows, BLOCK_C=plan.finish_cols, DW=weight is not None, DB=bias is not None,
                        num_warps=4))
-    return (dw if dw is not None else like.new_empty((0,))), (db if db is not None else like.new_empty((0,)))
+    return dw, db
 
 
-def _cast(grad, param, like):
+def _or_empty(grad, like, lean: bool):
+    """``grad``, or where there is none an empty tensor (the custom op's schema), None for an eager (``lean``) caller."""
+    return grad if grad is not None or lean else like.new_empty((0,))
+
+
+def _cast(grad, param, like, lean: bool = False):
     if param is None:
-        return like.new_empty((0,))
+        return None if lean else like.new_empty((0,))
     return grad.to(param.dtype)
 
 
