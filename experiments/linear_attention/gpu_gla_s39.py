@@ -93,14 +93,19 @@ BATCHES = {
         "d64 dv configs": (64, {}, "dvw"),
         "d64 dv form21": (64, dict(dv_form=21), "dvw"),
     },
-    # call 6: d 32's pair of chunks at 3 stages (205 KB: the next two tiles' copies in flight), and dv_form 21 again
+    # call 6 (after call 5, runs/gla_s39c_run5_session39_h100.txt: d 32's whole backward 0.970 ms against 1.170 from
+    # graphs, 1.21x; dv_form 21 0.9453 / 0.3785 ms against 0.9524 / 0.3849 at d 128 / d 64, on since): d 32's pair of
+    # chunks at 3 stages (205 KB: the next two tiles' copies in flight); configs' dv_form 21 against 5 again, and the
+    # pointer dv kernel with form 21 at d 32 (where the descriptor form does not apply: checked there too)
     "d": {
-        "d32 new dqk": (32, D32_NEW, "dqk0w"),
-        "d32 new dqk st3": (32, dict(D32_NEW, dqk_gluon=3), "dqk0w"),
+        "d32 configs dqk": (32, {}, "dqk0w"),
+        "d32 dqk st3": (32, dict(dqk_gluon=3), "dqk0w"),
+        "d128 dv configs": (128, {}, "dvw"),
         "d128 dv form5": (128, dict(dv_form=5), "dvw"),
-        "d128 dv form21": (128, dict(dv_form=21), "dvw"),
+        "d64 dv configs": (64, {}, "dvw"),
         "d64 dv form5": (64, dict(dv_form=5), "dvw"),
-        "d64 dv form21": (64, dict(dv_form=21), "dvw"),
+        "d32 dv pointers form21": (32, dict(dv_flat=0), "dvw"),
+        "d32 dv pointers form5": (32, dict(dv_flat=0, dv_form=5), "dvw"),
     },
 }
 VARIANTS = BATCHES[BATCH]

@@ -256,7 +256,8 @@ def test_session33_values_only_at_the_checked_head_dims():
                                                              configs_gla_bwd.CHUNKED["dqk_form"],
                                                              configs_gla_bwd.CHUNKED["dv_form"])
     dqk, dv = dqk_dv_options(64)
-    assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM"), dqk.get("DYN")) == (64, 3, 5, True)
+    assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM"), dqk.get("DYN")) == (64, 3, configs_gla_bwd.CHUNKED["dv_form"],
+                                                                              True)
     dqk, dv = dqk_dv_options(96)
     assert (dqk["VB"], dqk.get("FORM"), dv.get("DVFORM")) == (32, None, None)
     dqk, dv = dqk_dv_options(96, dqk_VB=64, dqk_form=3, dv_form=5)

@@ -48,7 +48,8 @@ CHUNKED = dict(
     dqk_dotscan=True,  # dG's reverse sum as three bf16 dots (fewer shuffles than tl.cumsum)
     dv_loop=False,  # the dv kernel's key blocks by a pipelined loop: slower
     dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch (11 / 27: within noise, more error)
-    dv_form=5,  # one reduction a key block, two exp tiles, no branch on the flags
+    dv_form=21,  # one reduction a key block, two exp tiles, no branch on the flags, the scores made transposed (P^T:
+    # P^T do's register operand as it comes; 1.008x / 1.017x 5 at d 128 / d 64)
     dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, loads by TMA (CHUNKED_FLAT_DIMS sets it)
     dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
     dqk_gluon=0,  # n > 0: where the flat launch runs, the Gluon kernel on the tiles template instead (gluon_gla_bwd: a
