@@ -65,15 +65,23 @@ def half_switch(n, plan_tuple):
     return patched(configs, GLUON_ONEPASS_HALF={**configs.GLUON_ONEPASS_HALF, n: tuple(plan_tuple)})
 
 
-def size(run, n, rounds, kmid64=False, only=None, conj_of=None):
-    B, H = 16, 768
-    g = torch.Generator().manual_seed(n + 38)
+def inputs(n, seed, B=16, H=768):
+    """B16 H768 bf16 u and a filter whose spectrum peaks away from chunk 0's bins (a chunked kernel's running scale
+    grows); the float64 convolution and correlation of a B2 H64 slice; u and k on the GPU; k's spectrum complex64
+    ("c64") and float16 ("f16"). (gpu_s39.py takes them too.)"""
+    g = torch.Generator().manual_seed(seed)
     u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
     k = (torch.randn(H, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(torch.bfloat16)
     ref = fft_conv_reference(u[:2, :64].double(), k[:64].double())
     ref_c = correlation(u[:2, :64].double(), k[:64].double())
     ud, kd = u.cuda(), k.cuda()
     spectra = {"c64": filter_spectrum(kd, n), "f16": filter_spectrum(kd, n, torch.float16)}
+    return ref, ref_c, ud, kd, spectra
+
+
+def size(run, n, rounds, kmid64=False, only=None, conj_of=None):
+    B, H = 16, 768
+    ref, ref_c, ud, kd, spectra = inputs(n, n + 38, B, H)
     # the widened op's spectrum: a float16 view with padded rows (another signature than f16's: its own op plan); where
     # a HALF entry has n the op runs that entry on the padded rows as they are (launch.half_bins keeps a view whose bins
     # are contiguous), else widens them to complex64 a call

@@ -8,16 +8,16 @@ in the same run.
 
 B16 H768 bf16 at 4096; the filter's spectrum precomputed once, complex64 (``c64``) and float16 (``f16``:
 filter_spectrum(k, n, torch.float16)). Variants (label: the LEAN 4 tuple's spectrum and KPRE): c64_k0, c64_k1 (RFFT 2,
-complex64 bins), f16_k0, f16_k1 (RFFT 3, float16 bins); c64_c32, f16_c32: the chunks of 32 shipped before LEAN 4 (call 2
-shipped c64_k0 and f16_k0: "shipped launch" and the op are theirs from then).
+complex64 bins), f16_k0, f16_k1 (RFFT 3, float16 bins). Call 5 also ran c64_c32 / f16_c32, the chunks of 32 shipped
+before LEAN 4 (removed after it: 74581689 has them); from call 4 "shipped launch" and the op are c64_k0's / f16_k0's.
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named (a compile each); the shipped launch's output too.
-* with --op C,F (call 2): the op with configs.GLUON_ONEPASS[4096] = variant C and GLUON_ONEPASS_HALF[4096] = variant F
+* with --op C,F (device call 4): the op with configs.GLUON_ONEPASS[4096] = variant C and GLUON_ONEPASS_HALF[4096] = variant F
   patched in (tilecore.tiles.switches.patched; the op's first call under the patch makes its key's plan, so its later
   calls, timed, keep it): its plan, its output the same bits as the variant's launch, three calls the same bits, and
   its du (autograd through the op's backward: the CONJ build) against float64 on a B2 H64 slice; "op c64" / "op f16"
-  are then the op on those tuples (the shipped op before them: the shipped launch's row, within 1% of it in call 1).
+  are then the op on those tuples (the shipped op before them: the shipped launch's row, within 1% of it in call 3).
 * with --odd: an odd batch (B3, the last pair's half past the batch) with a NaN in one sequence, each label's launch
   against float64 (the NaN's sequence NaN, its pair's partner finite); and the same u with rows N + 1 apart (not
   TMA-describable: u and y by pointers).
@@ -29,7 +29,6 @@ shipped c64_k0 and f16_k0: "shipped launch" and the op are theirs from then).
 Writes $OUT/fft_conv_gpu_s39.json after every row; prints a short table last.
 """
 import argparse
-import math
 import os
 import sys
 
@@ -38,6 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from experiments.common.gpu_script import Run, check, poisoned, time_rounds  # noqa: E402
 from experiments.common.gpu_script import same_bits  # noqa: E402
+from experiments.fft_conv.gpu_s38 import correlation, inputs  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv.plan import gluon_plan  # noqa: E402
@@ -49,14 +49,7 @@ N = 4096
 # the LEAN 4 tuples: (A, B, per_sm, ASYNC, TMA, CHUNK, RFFT, WARPGROUPS, warps, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
 VARIANTS = {f"{kind}_k{kpre}": (128, 64, 1, True, True, 64, 2 if kind == "c64" else 3, 2, 4, True, 2, kpre, True, 5)
             for kind in ("c64", "f16") for kpre in (0, 1)}
-# the tuples shipped before LEAN 4 (chunks of 32, KPRE 1: session 33's CONTIG 2, session 38's RFFT 3)
-VARIANTS.update({f"{kind}_c32": (128, 64, 1, True, True, 32, 2 if kind == "c64" else 3, 2, 4, True, 2, 1, False, 1)
-                 for kind in ("c64", "f16")})
 
-
-def correlation(u64, k64):
-    n = u64.shape[-1]
-    return torch.fft.irfft(torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj(), n=2 * n)[..., :n]
 
 
 def odd_batch(run, label, p, kind, kd, n):
@@ -125,14 +118,7 @@ def main() -> int:
     a = ap.parse_args()
     run = Run("fft_conv_gpu_s39", deadline=55)
     B, H, n = 16, 768, N
-    g = torch.Generator().manual_seed(39)
-    u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
-    # a filter whose spectrum peaks away from chunk 0's bins: the running scale grows across the chunks
-    k = (torch.randn(H, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(torch.bfloat16)
-    ref = fft_conv_reference(u[:2, :64].double(), k[:64].double())
-    ref_c = correlation(u[:2, :64].double(), k[:64].double())
-    ud, kd = u.cuda(), k.cuda()
-    spectra = {"c64": filter_spectrum(kd, n), "f16": filter_spectrum(kd, n, torch.float16)}
+    ref, ref_c, ud, kd, spectra = inputs(n, 39, B, H)
     shipped = conv_plan(n, ud.device, ud.dtype)
     variants = [("shipped launch", shipped, "c64")]
     variants += [(label, gluon_plan(*VARIANTS[label]), label[:3]) for label in a.variants.split(",") if label]

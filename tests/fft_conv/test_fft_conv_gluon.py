@@ -27,11 +27,8 @@ out = []
 for a, b, asynchronous, tma, chunk, rfft, groups, sfu, contig, kpre, yalias, lean, maxnreg in (
         (32, 64, False, False, 0, False, 1, False, False, 0, False, 0, 0),
         (32, 64, True, True, 0, True, 1, False, False, 0, False, 0, 0),
-        (128, 64, True, True, 32, False, 2, False, False, 0, False, 0, 0),
-        (128, 64, True, True, 16, True, 2, True, False, 0, False, 0, 0),
-        (32, 64, False, True, 0, 2, 1, True, True, 3, False, 0, 0), (128, 64, True, True, 16, 2, 2, True, False, 2, False, 0, 0),
-        (128, 64, True, True, 32, 2, 2, True, False, 2, True, 0, 0), (32, 64, False, True, 0, 2, 1, True, False, 2, False, 3, 168),
-        (128, 64, True, True, 32, 2, 2, True, False, 2, True, 1, 0), (128, 64, True, True, 32, 2, 2, True, 2, 1, False, 1, 0)):
+        (32, 64, False, True, 0, 2, 1, True, True, 3, False, 0, 0),
+        (32, 64, False, True, 0, 2, 1, True, False, 2, False, 3, 168)):
     name, kernel, args, warps, _ = gluon_variant(a, b, 0, asynchronous, tma, chunk, rfft, groups, 4, sfu, contig, kpre,
                                                  yalias, lean, maxnreg)
     compiled = compile_kernel(kernel, args, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
@@ -49,39 +46,30 @@ def test_compiles_for_hopper_with_wgmma_and_no_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, chunked, computed, kept, prefetched, aliased, three, lean, shared_block = json.loads(r.stdout)
-    for row in (sync, tma, chunked, computed, kept, prefetched, aliased, three, lean, shared_block):
+    sync, tma, kept, three = json.loads(r.stdout)
+    for row in (sync, tma, kept, three):
         assert row["wgmma"] and not row["wgmma_serialized"], row
-        # (chunks of 32 with the prefetch in u's ring: 4 B of spill at 255 registers, the shipped 4096 tuple's 12)
-        assert row["spill_stores"] <= (4 if row is aliased else 0) and row["spill_loads"] <= (4 if row is aliased else 0), row
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
         assert row["shared"] <= 227 * 1024, row
     assert sync["shared"] <= 48 * 1024 and sync["registers"] <= 168, sync  # 3 programs a multiprocessor
     assert tma["registers"] <= 168, tma
     # ASYNC: one wait a complex product (4 of them a pair), not one a wgmma
     assert tma["waits"] < sync["waits"], (tma, sync)
     # TMA: u and y by cp.async.bulk.tensor (the next pair's u on an mbarrier)
-    assert not sync["tma"] and tma["tma"] and tma["mbarrier"] and chunked["tma"], tma
+    assert not sync["tma"] and tma["tma"] and tma["mbarrier"], tma
     assert tma["shared"] <= 56 * 1024, tma
     assert sync["threads"] == tma["threads"] == 128, (sync, tma)
-    # 4096: a loop over 4 chunks, in each of two warpgroups (gl.warp_specialize: 8 warps, 2 walks)
-    assert "chunks of 32" in chunked["name"] and chunked["waits"] == 8 and chunked["threads"] == 256, chunked
-    # TW_SFU: the twiddles by sin.approx (forward and inverse, in each walk), chunks of 16 without spill
-    assert chunked["sins"] == 0 and computed["sins"] > 0 and computed["shared"] <= 212 * 1024, computed
-    # KPRE: the spectrum's bins gathered by 64-bit cp.async (a [64, C] int64 tile: 32 x 64 at 1024, 16 a thread;
-    # chunks of 16 at 4096, 8 a thread in each walk) and waited for before the product; none without it; 1024 kept
-    # at 2 programs a multiprocessor
+    # TW_SFU: the twiddles by sin.approx (forward and inverse); read from the table without it (4096's chunked kernel:
+    # test_transposed_chunks_compile_with_register_operands)
+    assert sync["sins"] == 0 and kept["sins"] > 0, kept
+    # KPRE: the spectrum's bins gathered by 64-bit cp.async (a [64, C] int64 tile: 32 x 64 at 1024, 16 a thread) and
+    # waited for before the product; none without it; 1024 kept at 2 programs a multiprocessor
     assert kept["cp_async"] == 16 and kept["cp_wait"] >= 1 and kept["registers"] <= 255, kept
-    assert prefetched["cp_async"] == 16 and prefetched["cp_wait"] >= 2 and prefetched["threads"] == 256, prefetched
-    assert sync["cp_async"] == tma["cp_async"] == computed["cp_async"] == 0, computed
-    # YALIAS: y's box in u's ring frees 16 KiB a walker: the prefetch at chunks of 32 (32 a thread) fits
-    assert aliased["cp_async"] == 32 and aliased["shared"] <= 227 * 1024 and aliased["threads"] == 256, aliased
+    assert sync["cp_async"] == tma["cp_async"] == 0, tma
     # LEAN 3 (one reduction for u's scales and flags, one for the spectrum product's, x read in the wgmma's layout)
     # with KPRE 2 fits ptxas's cap of 168 registers without spill: 3 programs of 128 threads a multiprocessor (x 66
-    # KiB of shared memory); LEAN 1 takes 4096's 4 B of spill away
+    # KiB of shared memory)
     assert three["registers"] <= 168 and 3 * three["shared"] <= 227 * 1024 and three["cp_async"] == 16, three
-    assert lean["spill_stores"] == 0 and lean["shared"] <= 227 * 1024, lean
-    # CONTIG 2 (session 33: 4096's two walkers interleaved on their program's block): as the shipped CONTIG tuple
-    assert shared_block["threads"] == 256 and shared_block["registers"] <= 255, shared_block
 
 
 TRANSPOSED = """
@@ -241,21 +229,23 @@ class _FakeLaunch:
 
 @pytest.mark.parametrize("per_sm, conj, tma, chunk, rfft, groups", [
     (0, False, False, 0, False, 1), (3, True, False, 0, False, 1), (3, False, True, 0, True, 1),
-    (1, True, True, 32, False, 1), (1, True, True, 32, True, 1), (1, False, True, 32, False, 2), (2, True, True, 0, True, 8),
+    (1, True, True, 64, False, 1), (1, True, True, 64, True, 1), (1, False, True, 64, False, 2), (2, True, True, 0, True, 8),
     (3, True, True, 0, 2, 1)])  # (rfft 2: the bins read as 64-bit loads)
 def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm, conj, tma, chunk, rfft, groups):
     fake, other = _FakeLaunch(), _FakeLaunch()
     monkeypatch.setattr(conv_launch, "CONV_GLUON_CHUNKED" if chunk else "CONV_GLUON", fake)
     monkeypatch.setattr(conv_launch, "CONV_GLUON" if chunk else "CONV_GLUON_CHUNKED", other)
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    B, H, n = 5, 3, 1024
+    a = 128 if chunk else 32  # (the chunked kernel: N = 4096 in chunks of 64, transposed)
+    B, H, n = 5, 3, 32 * a
     u = torch.randn(B, H, n).to(torch.bfloat16)
     spectrum = filter_spectrum(torch.randn(H, n), n)
     y = torch.empty_like(u)
     warps = 8 if groups == 8 else 4  # (groups 8: the whole-tile kernel at 8 warps)
     groups = 1 if groups == 8 else groups
-    conv_launch.launch(conv_plan.gluon_plan(32, 64, per_sm, True, tma, chunk, rfft, groups, warps), u, spectrum, y,
-                       conj)
+    chunked = dict(yalias=True, lean=5) if chunk else {}
+    conv_launch.launch(conv_plan.gluon_plan(a, 64, per_sm, True, tma, chunk, rfft, groups, warps, **chunked), u,
+                       spectrum, y, conj)
     (grid, args, kwargs), = fake.calls
     assert not other.calls
     pairs = H * 3
@@ -267,21 +257,21 @@ def test_launch_binds_every_argument_with_the_tile_spectrum(monkeypatch, per_sm,
     assert bound["TMA"] is tma and (bound["u_desc"] is None) is not tma and (bound["y_desc"] is None) is not tma
     if tma:  # (B, H, A/2, B) views of u and y, a pair's box, as TMA operands (the keyed launch's)
         for desc, t in ((bound["u_desc"], u), (bound["y_desc"], y)):
-            assert isinstance(desc, TmaOperand) and desc.base is t and list(desc.shape) == [B, H, 16, 64] and list(desc.block_shape) == [2, 1, 16, 64]
+            assert isinstance(desc, TmaOperand) and desc.base is t and list(desc.shape) == [B, H, a // 2, 64] and list(desc.block_shape) == [2, 1, a // 2, 64]
             assert list(desc.strides) == [H * n, n, 64, 1]
     assert bound["U"] is u and bound["Y"] is y and bound["batch"] == B and bound["heads"] == H
-    assert bound["A"] == 32 and bound["B"] == 64 and kwargs["num_warps"] == warps
+    assert bound["A"] == a and bound["B"] == 64 and kwargs["num_warps"] == warps
     if chunk:
-        assert bound["CHUNK"] == chunk and bound["WARPGROUPS"] == groups
+        assert bound["CHUNK"] == chunk and bound["WARPGROUPS"] == groups and bound["LEAN"] == 5 and bound["YALIAS"]
     else:
         assert bound["ASYNC"] is True
     assert bound["RFFT"] == rfft and bound["CONJ"] is bool(conj and rfft)
     if rfft:  # the rfft's bins as float32 pairs, conjugated in the kernel
         assert torch.equal(bound["K"], torch.view_as_real(spectrum)) and bound["stride_kh"] == 2 * (n + 1)
     else:
-        tile = conv_launch.mono_spectrum(spectrum, 32, 64, 1, False, conj)
+        tile = conv_launch.mono_spectrum(spectrum, a, 64, 1, False, conj)
         assert torch.equal(bound["K"], tile) and bound["stride_kh"] == 2 * 2 * n
-    ops = conv_launch.mono_operands(32, 64, 1, u.device)
+    ops = conv_launch.mono_operands(a, 64, 1, u.device)
     assert bound["TFRE"] is ops["TFRE"] and bound["FBIM"] is ops["FBIM"]
 
 
@@ -332,7 +322,11 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(128, 64, 0)  # 4096 only chunked
     with pytest.raises(ValueError, match="chunk"):
         conv_plan.gluon_plan(128, 64, 0, chunk=48)
-    assert conv_plan.gluon_plan(128, 64, 1, tma=True, chunk=32).async_mma
+    assert conv_plan.gluon_plan(128, 64, 1, tma=True, chunk=64, yalias=True, lean=5).async_mma
+    with pytest.raises(ValueError, match="transposed"):  # (chunks of 64 transposed only: the chunks of 32 removed)
+        conv_plan.gluon_plan(128, 64, 1, tma=True, chunk=32, yalias=True, lean=5)
+    with pytest.raises(ValueError, match="transposed"):  # (lean 4 is the chunked kernel's)
+        conv_plan.gluon_plan(32, 64, 1, lean=5)
     with pytest.raises(ValueError, match="warpgroup"):
         conv_plan.gluon_plan(32, 64, 1, warpgroups=2)  # (the whole-tile kernel runs one)
     with pytest.raises(ValueError, match="8 in the whole-tile"):
@@ -341,7 +335,7 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
         conv_plan.gluon_plan(32, 64, 3, False, True, 0, 2, 1, 4, True, 2)
     with pytest.raises(ValueError, match="contig"):
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 1, 4, True, 2)
-    assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1).contig == 2
+    assert conv_plan.gluon_plan(*configs.GLUON_ONEPASS[4096]).contig == 2
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 2, 3 read a bin as one 64-bit copy: rfft 2
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, True, 1, 4, True, False, 2)
     with pytest.raises(ValueError, match="prefetch"):  # KPRE 3 keeps a channel's tile: whole tile, contiguous walk
@@ -351,7 +345,7 @@ def test_gluon_plan_rejects_what_the_kernel_does_not_take():
     assert conv_plan.gluon_plan(32, 64, 2, False, True, 0, 2, 1, 4, True, True, 3).kpre == 3
     with pytest.raises(ValueError, match="YALIAS"):  # (the chunked kernel's, with TMA)
         conv_plan.gluon_plan(32, 64, 2, False, True, 0, 2, 1, 4, True, False, 0, True)
-    assert conv_plan.gluon_plan(128, 64, 1, True, True, 32, 2, 2, 4, True, False, 2, True).yalias
+    assert conv_plan.gluon_plan(128, 64, 1, True, True, 64, 2, 2, 4, True, False, 0, True, 5).yalias
     assert conv_plan.gluon_plan(32, 64, 2, True, True, 0, True, 1, 8).num_warps == 8
     assert gluon_onepass.factors(1024) == (32, 64) and gluon_onepass.factors(2048) == (64, 64)
     for n, config in configs.GLUON_ONEPASS.items():  # what ships is valid and factors 2N

@@ -113,7 +113,7 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
         assert conv_plan.gluon_plan(*c).rfft == 3 and c[0] * c[1] == 2 * n
     with pytest.raises(ValueError, match="rfft"):
         conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 1)
-    with pytest.raises(ValueError, match="prefetch"):  # (the chunked kernel's KPRE 2 gathers complex64 bins)
+    with pytest.raises(ValueError, match="prefetch"):  # (the chunked kernel takes KPRE 0 or 1)
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 3, 2, 4, True, False, 2, True, 1)
     assert conv_plan.gluon_plan(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168).kpre == 3
 

@@ -45,7 +45,7 @@ GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chu
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
-    4096: [GLUON_ONEPASS[4096], (128, 64, 1, True, True, 32, 2, 2, 4, True, 2, 1, False, 1)],  # chunks of 32 (before)
+    4096: [GLUON_ONEPASS[4096]],  # (the chunks of 32 before it: removed, notes/fft_conv)
 }
 # A float16 spectrum (filter_spectrum(k, n, torch.float16): (H, N + 1, 2) float16 bins the caller keeps): N -> the tuple
 # that reads its bins as they are (RFFT 3: one 32-bit load a bin, half the L2 bytes); every other plan reads complex64
@@ -63,7 +63,7 @@ GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shippe
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
     2048: [(64, 64, 2, True, True, 0, 3, 1, 4, True, False, 2, False, 3),  # + KPRE 2 (int32 tile: two a SM fit)
            (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3)],  # + KPRE 3 on a CONTIG walk (as 1024)
-    4096: [GLUON_ONEPASS_HALF[4096], (128, 64, 1, True, True, 32, 3, 2, 4, True, 2, 1, False, 1)],  # (chunks of 32)
+    4096: [GLUON_ONEPASS_HALF[4096]],
 }
 GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples
     8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True)],

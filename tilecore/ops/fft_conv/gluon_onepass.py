@@ -389,18 +389,15 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
 
 
 @gluon.jit
-def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, running, zeros, lhs_out: gl.constexpr,
-                    ACCUMULATE: gl.constexpr):
+def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, zeros_out, zeros, lhs_out: gl.constexpr):
     """Stages 3'-1' of the block _forward_stages gave (Y, its ``scale``):
 
         3'. D = conj(F_B) @ (Y / scale)  staged as float16 in st's tiles
         2'. D *= conj(W_L^(m k_a))       (the twiddles read again from L1: held across they cost registers)
         1'. out = D @ conj(F_A)[cols, :HALF]   D from registers; ``fa_re``, ``fa_im``: F_A[cols, :HALF]
 
-    ACCUMULATE (the chunked kernel): out is added to (ore, oim) at a running scale, as an online
-    softmax's: the sum rescaled where this block's scale is larger, D cast at scale / running <= 1;
-    returns (ore, oim, the new running scale). Else (ore, oim) are zeros and out is D's at ``scale``
-    (returned as the running scale; ``running`` is not read)."""
+    Returns out (re, im) at ``scale`` (``zeros_out``: its first accumulator). (The chunks of 32's running-scale
+    accumulation, session 29-38, was removed with them in session 39: notes/fft_conv.)"""
     inv = 1.0 / scale
     gl.thread_barrier()  # stage 3's wgmmas have read R
     st.tile_re.store((yre * inv).to(gl.float16))
@@ -419,22 +416,9 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, ore, oim, runni
     else:
         twre, twim = _twiddles(st, tab, col)
     dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
-    if ACCUMULATE:
-        grown = gl.maximum(running, scale)
-        alpha = running / grown
-        ore = ore * alpha
-        oim = oim * alpha
-        running = grown
-        ratio = scale / grown
-        dre16 = gl.convert_layout((dre * ratio).to(gl.float16), lhs_out)
-        dim16 = gl.convert_layout((dim * ratio).to(gl.float16), lhs_out)
-        ore, oim = _chained_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, oim)
-    else:
-        dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
-        dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
-        ore, oim = _complex_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, ore, st.ASYNC, True)
-        running = scale
-    return ore, oim, running
+    dre16 = gl.convert_layout(dre.to(gl.float16), lhs_out)
+    dim16 = gl.convert_layout(dim.to(gl.float16), lhs_out)
+    return _complex_mma(dre16, fa_re, dim16, fa_im, dim16, fa_re, -dre16, fa_im, zeros_out, st.ASYNC, True)
 
 
 @struct
@@ -715,8 +699,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
         xim = gl.convert_layout(xim.to(gl.float16), lhs)
         yre, yim, spec_scale = _forward_stages(st, xre, xim, fa1re, fa1im, None, tab, 0, K, h, stride_kh, zeros, True,
                                                kpre)
-        ore, oim, spec_scale = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros_out,
-                                               spec_scale, zeros, lhs_out, False)
+        ore, oim = _inverse_stages(st, yre, yim, spec_scale, tab, 0, fa2re, fa2im, zeros_out, zeros, lhs_out)
         out_scale = spec_scale * (1.0 / L)
         if TMA:
             ore = gl.where(bad_re, float("nan"), ore * (out_scale * scale_re))
@@ -726,17 +709,6 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
             oim = gl.where(bad_im, float("nan"), gl.convert_layout(oim, io) * (out_scale * scale_im))
         _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
     _last_y(pio)
-
-
-@gluon.jit
-def _chained_mma(a1, b1, a2, b2, a3, b3, a4, b4, acc1, acc2):
-    """(acc1 + a1 b1 + a2 b2, acc2 + a3 b3 + a4 b4), the a operands in registers: four wgmmas, one wait."""
-    p = warpgroup_mma(a1, b1, acc1, is_async=True)
-    p = warpgroup_mma(a2, b2, p, is_async=True)
-    q = warpgroup_mma(a3, b3, acc2, is_async=True)
-    q = warpgroup_mma(a4, b4, q, is_async=True)
-    p, q, a1, a2, a3, a4 = warpgroup_mma_wait(0, deps=(p, q, a1, a2, a3, a4))
-    return p, q
 
 
 @struct
@@ -779,35 +751,20 @@ class ChunkedGlobals:
 
 @struct
 class ChunkedBuffers:
-    """One warpgroup's shared memory: the pair's x (stage 1's A operand), the staged chunk (R, then Y),
-    and with TMA u's two-buffer ring, its barriers and y's box."""
-    x_re: object  # [B, HALF] float16 (LEAN 4: [2, HALF, B], x^T in [1], tile_re its [0])
+    """One walker's shared memory: [2, HALF, B] float16 planes (x^T in [1], then chunk 1's D^T; chunk 0's D^T in [0])
+    and with TMA u's two-buffer ring, its barriers (and y's box: None with YALIAS, y goes to its pair's u slot)."""
+    x_re: object
     x_im: object
-    tile_re: object  # [B, CHUNK] float16
-    tile_im: object
     u_smem: object  # [2, 2, 1, HALF, B] (TMA)
-    y_smem: object  # [2, 1, HALF, B] (TMA)
+    y_smem: object  # [2, 1, HALF, B] (TMA without YALIAS)
     u_ready: object  # [2, 1] mbarriers (TMA)
-    kbuf: object  # [B, CHUNK] int64 (KPRE 2)
 
 
 @gluon.jit
-def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK: gl.constexpr, TMA: gl.constexpr,
-                     KPRE: gl.constexpr, YALIAS: gl.constexpr, TRANSPOSED: gl.constexpr = False):
-    """(TRANSPOSED, LEAN 4's walk at B = HALF = CHUNK: x and the tile one [2, HALF, B] buffer a plane, x^T in [1] and
-    the tile [0], so that chunk j's D^T goes to [j] by a loop's index)"""
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, HALF], gl.float16)
-    stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, CHUNK], gl.float16)
-    if TRANSPOSED:
-        x_re = gl.allocate_shared_memory(gl.float16, [2, HALF, B], x_layout)
-        x_im = gl.allocate_shared_memory(gl.float16, [2, HALF, B], x_layout)
-        tile_re = x_re.index(0)
-        tile_im = x_im.index(0)
-    else:
-        x_re = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
-        x_im = gl.allocate_shared_memory(gl.float16, [B, HALF], x_layout)
-        tile_re = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
-        tile_im = gl.allocate_shared_memory(gl.float16, [B, CHUNK], stage_layout)
+def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, TMA: gl.constexpr, YALIAS: gl.constexpr):
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, B], gl.float16)
+    x_re = gl.allocate_shared_memory(gl.float16, [2, HALF, B], x_layout)
+    x_im = gl.allocate_shared_memory(gl.float16, [2, HALF, B], x_layout)
     if TMA:
         u_smem = gl.allocate_shared_memory(u_desc.dtype, [2] + u_desc.block_type.shape, u_desc.layout)
         if YALIAS:  # (y's box is u's slot: the same box, dtype and layout)
@@ -822,8 +779,7 @@ def _chunked_buffers(u_desc, y_desc, B: gl.constexpr, HALF: gl.constexpr, CHUNK:
         u_smem = None
         y_smem = None
         u_ready = None
-    kbuf = _spectrum_buffer(B, CHUNK, KPRE)
-    return ChunkedBuffers(x_re, x_im, tile_re, tile_im, u_smem, y_smem, u_ready, kbuf)
+    return ChunkedBuffers(x_re, x_im, u_smem, y_smem, u_ready)
 
 
 @gluon.jit
@@ -836,24 +792,19 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
                                   TW_SFU: gl.constexpr = False, CONTIG: gl.constexpr = False, KPRE: gl.constexpr = 0,
                                   YALIAS: gl.constexpr = False, LEAN: gl.constexpr = 0):
     """fft_conv_gluon_onepass_kernel's convolution (same arguments) for larger A (N = 4096: A = 128), the
-    tile's k_a columns CHUNK at a time: stages 1..3' are column-wise (x @ F_A[:HALF, chunk], the twiddles,
-    F_B @ R, the spectrum and conj(F_B) @ Y act on each column alone), so a pair's registers hold one
-    [B, CHUNK] chunk and the [B, HALF] output, which sums the chunks' last products D_c @ conj(F_A)[chunk,
-    :HALF]. Each chunk's spectrum product has a scale of its own (a chunk's largest |Y|), undone on its
-    partial output: the output accumulates in the wgmma's accumulator at a running scale (the largest
-    chunk scale so far; the accumulator rescaled when it grows, as an online softmax's), each chunk's D
-    cast to float16 at its scale over the running one (<= 1). F_A[:HALF, :] and -Im of it are resident by
-    chunks ([HALF, CHUNK] each; the last product reads one transposed: F_A is symmetric); x goes to shared
-    memory once a pair (stage 1's A operand: no registers held across the chunks). The wgmmas are ASYNC
-    (one wait a complex product). WARPGROUPS 2: two warpgroups (4 + 4 warps, gl.warp_specialize) walk
-    alternate pairs with buffers of their own, sharing the resident matrices (two pairs in flight a
-    multiprocessor where one program's shared memory leaves room for one program only); WORKER_REGS:
-    the second one's registers. YALIAS (TMA): y's box is the ring slot its pair's u came in (16 KiB a
-    walker less: room for KPRE 2 at chunks of 32), the next pair's u requested once the pair's x is in shared
-    memory and the previous y store has read that slot."""
+    tile's k_a columns CHUNK = 64 at a time, each chunk transposed (LEAN 4, which the kernel requires:
+    _transposed_walk): stages 1..3' act on each column alone, so a chunk's tile is [k_a, m] and its stages chain
+    through the wgmmas' register A operands; each chunk's spectrum product has a scale of its own (its largest |Y|),
+    the two chunks' last products summed at the larger. F_A[:HALF, :] and -Im of it are resident by chunks ([HALF,
+    CHUNK] each; stage 1 reads one transposed: F_A is symmetric), F_B and -Im F_B whole. WARPGROUPS 2: two warpgroups
+    (4 + 4 warps, gl.warp_specialize) walk alternate pairs with buffers of their own, sharing the resident matrices
+    (two pairs in flight a multiprocessor); WORKER_REGS: the second one's registers. YALIAS (TMA): y's box is the ring
+    slot its pair's u came in, the next pair's u requested once the pair's x^T is in shared memory and the previous y
+    store has read that slot. (The untransposed chunks of 32 with a running-scale accumulator, sessions 29-38, were
+    removed in session 39: notes/fft_conv.)"""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
-    gl.static_assert(KPRE < 2 or RFFT == 2, "the chunked kernel's KPRE 2 gathers complex64 bins (RFFT 2)")
+    gl.static_assert((LEAN & 4) == 4, "the chunked kernel's chunks are transposed (LEAN 4)")
     HALF: gl.constexpr = A // 2
     CHUNKS: gl.constexpr = A // CHUNK
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
@@ -872,114 +823,18 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     g = ChunkedGlobals(U, K, Y, TFRE, TFIM, batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
                        u_desc, y_desc, fare, faim, fanim, fbre, fbim, fbnim, A, B, CHUNK, TMA, RFFT, CONJ,
                        PROBE, TW_SFU, CONTIG, KPRE, YALIAS, LEAN)
-    first = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS, LEAN & 4)
+    first = _chunked_buffers(u_desc, y_desc, B, HALF, TMA, YALIAS)
     if WARPGROUPS == 1:
         fence_async_shared()
         gl.thread_barrier()
-        if LEAN & 4:
-            _transposed_walk(g, first, 0, 1)
-        else:
-            _chunked_walk(g, first, 0, 1)
+        _transposed_walk(g, first, 0, 1)
     else:
         gl.static_assert(WARPGROUPS == 2, "WARPGROUPS is 1 or 2")
-        second = _chunked_buffers(u_desc, y_desc, B, HALF, CHUNK, TMA, KPRE, YALIAS, LEAN & 4)
+        second = _chunked_buffers(u_desc, y_desc, B, HALF, TMA, YALIAS)
         fence_async_shared()
         gl.thread_barrier()
-        if LEAN & 4:
-            gl.warp_specialize([(_transposed_walk, (g, first, 0, 2)), (_transposed_walk, (g, second, 1, 2))], [4],
-                               [WORKER_REGS])
-        else:
-            gl.warp_specialize([(_chunked_walk, (g, first, 0, 2)), (_chunked_walk, (g, second, 1, 2))], [4],
-                               [WORKER_REGS])
-
-
-@gluon.jit
-def _chunked_walk(g, bufs, part, PARTS: gl.constexpr):
-    """One warpgroup's walk over the pairs: items w = PARTS p + part, stepping PARTS x programs (program p)."""
-    U = g.U
-    K = g.K
-    Y = g.Y
-    TFRE = g.TFRE
-    TFIM = g.TFIM
-    batch = g.batch
-    heads = g.heads
-    stride_ub = g.stride_ub
-    stride_uh = g.stride_uh
-    stride_yb = g.stride_yb
-    stride_yh = g.stride_yh
-    stride_kh = g.stride_kh
-    u_desc = g.u_desc
-    y_desc = g.y_desc
-    fare = g.fare
-    faim = g.faim
-    fanim = g.fanim
-    fbre = g.fbre
-    fbim = g.fbim
-    fbnim = g.fbnim
-    A: gl.constexpr = g.A
-    B: gl.constexpr = g.B
-    CHUNK: gl.constexpr = g.CHUNK
-    TMA: gl.constexpr = g.TMA
-    RFFT: gl.constexpr = g.RFFT
-    CONJ: gl.constexpr = g.CONJ
-    x_re = bufs.x_re
-    x_im = bufs.x_im
-    tile_re = bufs.tile_re
-    tile_im = bufs.tile_im
-    u_smem = bufs.u_smem
-    y_smem = bufs.y_smem
-    u_ready = bufs.u_ready
-    HALF: gl.constexpr = A // 2
-    L: gl.constexpr = A * B
-    CHUNKS: gl.constexpr = A // CHUNK
-    acc: gl.constexpr = wgmma_layout(B, CHUNK, 4)
-    acc_out: gl.constexpr = wgmma_layout(B, HALF, 4)
-    lhs_out: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_out, k_width=2)
-    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
-
-    seq, tab, zeros = _tile_offsets(B, HALF, A, CHUNK, io, acc)  # (chunk c's offsets: tab + c CHUNK)
-    zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, True, g.PROBE, g.TW_SFU, bufs.kbuf,
-                g.KPRE, g.LEAN, False)
-
-    groups = gl.cdiv(batch, 2)
-    total = heads * groups
-    first = gl.program_id(0) * PARTS + part
-    programs = gl.num_programs(0) * PARTS
-    pio = PairIO(U, Y, u_desc, y_desc, u_smem, y_smem, u_ready, batch, stride_ub, stride_uh, stride_yb, stride_yh, groups,
-                 HALF, B, TMA, g.YALIAS, g.LEAN)
-    if g.CONTIG == 2:
-        start, stop, step = _walk_shared(gl.program_id(0), gl.num_programs(0), total, part, PARTS)
-    else:
-        start, stop, step = _walk(first, programs, total, g.CONTIG)
-    _first_u(pio, start, stop)
-    for w in range(start, stop, step):
-        h = (w // groups).to(gl.int64)
-        b_re = 2 * (w % groups)
-        xre, scale_re, bad_re, xim, scale_im, bad_im = _pair_u(pio, w, start, step, stop, h, b_re, seq, io)
-        gl.thread_barrier()  # the previous pair's stage-1 wgmmas have read x
-        x_re.store(xre.to(gl.float16))
-        x_im.store(xim.to(gl.float16))
-        spectrum = K + h * stride_kh  # (the channel's row, once a pair: the stages take it with h = 0)
-        ore = zeros_out
-        oim = zeros_out
-        running = scale_re * 0.0  # the output's scale so far (0: nothing yet)
-        fence_async_shared()
-        gl.thread_barrier()
-        _next_u(pio, w, start, step, stop)  # (YALIAS: the next pair's u, now that this one's is read)
-        for j in range(CHUNKS):  # (a loop, not unrolled: unrolled, every chunk's table loads went up front)
-            # out += D_c @ conj(F_A)[chunk, :HALF] = D_c @ conj(F_A[:HALF, chunk])^T (F_A is symmetric)
-            kpre = _spectrum_issue(st, spectrum, tab + j * CHUNK)  # (KPRE: under the chunk's stages 1-3)
-            yre, yim, chunk_scale = _forward_stages(st, x_re, x_im, fa_re=fare.index(j), fa_nim=fanim.index(j),
-                                                    fa_im=faim.index(j), tab=tab, col=j * CHUNK, K=spectrum, h=0,
-                                                    stride_kh=0, zeros=zeros, X_REGS=False, kpre=kpre)
-            ore, oim, running = _inverse_stages(st, yre, yim, chunk_scale, tab, j * CHUNK,
-                                                fare.index(j).permute((1, 0)), faim.index(j).permute((1, 0)), ore, oim,
-                                                running, zeros, lhs_out, True)
-        ore = gl.where(bad_re, float("nan"), ore * (running * scale_re / L))
-        oim = gl.where(bad_im, float("nan"), oim * (running * scale_im / L))
-        _pair_y(pio, ore, oim, w, start, step, h, b_re, seq, io)
-    _last_y(pio)
+        gl.warp_specialize([(_transposed_walk, (g, first, 0, 2)), (_transposed_walk, (g, second, 1, 2))], [4],
+                           [WORKER_REGS])
 
 
 @gluon.jit
@@ -1079,8 +934,8 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     t_m = gl.arange(0, B, layout=gl.SliceLayout(0, acc)) * A
     zeros = gl.zeros([CHUNK, B], gl.float32, acc)
     zeros_out = gl.zeros([HALF, B], gl.float32, acc_out)
-    st = Stages(g.fbre, g.fbim, g.fbnim, d_re.index(0), d_im.index(0), g.TFRE, g.TFIM, L, g.RFFT, g.CONJ, True, g.PROBE, g.TW_SFU,
-                None, g.KPRE, g.LEAN, False)
+    st = Stages(g.fbre, g.fbim, g.fbnim, d_re.index(0), d_im.index(0), g.TFRE, g.TFIM, L, g.RFFT, g.CONJ, True, g.PROBE,
+                g.TW_SFU, None, g.KPRE, g.LEAN, False)
 
     groups = gl.cdiv(g.batch, 2)
     total = g.heads * groups

@@ -432,7 +432,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
             xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
             xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
             yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)
-            dre, dim, s = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, s, zeros, lhs, False)
+            dre, dim = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, lhs)
             gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)
             Tk_re.index(j).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
             Tk_im.index(j).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))

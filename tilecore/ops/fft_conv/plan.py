@@ -71,7 +71,7 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     """The Gluon one-pass kernel (gluon_onepass.py): 2N = a b, b = 64; ``per_sm`` persistent programs a
     multiprocessor (0: one program a pair of sequences); ``async_mma``, ``tma``: its ASYNC and TMA (TMA
     where u and y are describable: else pointer loads); ``chunk`` > 0: the chunked kernel (always ASYNC),
-    a's columns that many at a time (a = 32 .. 128: N up to 4096); ``rfft``: the kernel reads the rfft's
+    a's columns that many at a time (64 at a = 128, N = 4096, transposed: lean 4); ``rfft``: the kernel reads the rfft's
     bins (else the host lays the spectrum out as the tile, launch.mono_spectrum, every call); ``warpgroups``
     (chunked only): 2 runs two warpgroups a program, each on its own pairs; ``warps`` (the whole-tile
     kernel): 8 splits each product's columns between two warpgroups; ``tw_sfu``: the twiddles computed in
@@ -80,36 +80,30 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     programs-th; ``kpre``: a block's spectrum bins requested before its stage 1, their L2
     latency under stages 1-3: 1 into registers, 2 by cp.async into shared memory (``rfft`` 2), 3 as 2 but
     kept for a channel's next pairs (the whole-tile kernel on a ``contig`` walk); ``yalias`` (chunked, with TMA):
-    y's box is the ring slot its pair's u came in (16 KiB a walker less: KPRE 2 at chunks of 32 fits); ``lean``: 1
+    y's box is the ring slot its pair's u came in (16 KiB a walker less: two walkers' chunks of 64 fit); ``lean``: 1
     u's four scale / flag reductions as one and the spectrum product's scale as one (the same values), 2 (the
-    whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout, 4 (with 1; the chunked kernel at 4096,
+    whole-tile kernel with TMA) x read from u's box in the wgmma's operand layout, 4 (with 1; the chunked kernel's, which requires it:
     chunks of 64, TMA, YALIAS) each chunk's tile transposed (rows k_a), so stages 3 and 3' take R and Y as register
     operands and a chunk stages one tile in shared memory, not three (gluon_onepass._transposed_walk); ``maxnreg``: ptxas's register
     cap (168 for 3 programs a multiprocessor at 1024: KPRE 2 with lean 3 fit it without spill). ``contig`` 2
     (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it (both on one channel's
     pairs at once). ``rfft`` 3: the bins as float16 pairs (a float16 spectrum, filter_spectrum(..., torch.float16),
     read as it is: one 32-bit load a bin; with kpre 2, 3 (whole tile) 32-bit copies). (CSCALE, TWEARLY, LAG and
-    PRESCALE were measured no faster or slower and removed: notes/fft_conv.)"""
+    PRESCALE were measured no faster or slower and removed, and in session 39 the untransposed chunks of 32:
+    notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3, 5) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 or 5 and maxnreg 0, 128, 168 or 255; got {lean}, "
                          f"{maxnreg}")
-    if lean & 4 and not (a == 128 and chunk == 64 and tma and yalias and warpgroups == 2 and kpre < 2):
-        raise ValueError(f"the Gluon one-pass kernel's lean 4 (the chunk transposed) is the chunked kernel's at N = 4096 "
-                         f"in chunks of 64, two warpgroups, TMA with YALIAS, kpre 0 or 1; got a {a}, chunk {chunk}, "
-                         f"warpgroups {warpgroups}, tma {tma}, yalias {yalias}, kpre {kpre}")
     if yalias and not (chunk and tma):
         raise ValueError("the Gluon one-pass kernel's YALIAS (y's box in u's ring) is the chunked kernel's, with TMA")
     if rfft not in (0, 1, 2, 3):
         raise ValueError(f"the Gluon one-pass kernel's rfft is 0..3 (3: float16 bins); got {rfft}")
-    if kpre not in (0, 1, 2, 3) or (kpre >= 2 and rfft not in (2, 3)) or (kpre >= 2 and rfft == 3 and chunk) or (
-            kpre == 3 and (chunk or not contig)):
-        raise ValueError(f"the Gluon one-pass kernel's spectrum prefetch is 0..3 (2, 3 with rfft 2, or rfft 3 in the "
-                         f"whole-tile kernel; 3 whole-tile on a contiguous walk); got {kpre} (rfft {rfft}, chunk {chunk}, "
-                         f"contig {contig})")
-    if chunk:
-        if b != 64 or a not in (32, 64, 128) or chunk not in (16, 32, 64) or a % chunk:
-            raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = a x 64 with a = 32, 64 or 128 (N = "
-                             f"1024..4096) and a chunk of 16, 32 or 64 dividing a; got {a} x {b}, chunk {chunk}")
+    if kpre not in (0, 1, 2, 3) or (kpre >= 2 and rfft not in (2, 3)) or (kpre >= 2 and chunk) or (
+            kpre == 3 and not contig):
+        raise ValueError(f"the Gluon one-pass kernel's spectrum prefetch is 0..3 (2, 3: the whole-tile kernel's, with "
+                         f"rfft 2 or 3; 3 on a contiguous walk); got {kpre} (rfft {rfft}, chunk {chunk}, contig {contig})")
+    if chunk and b != 64:
+        raise ValueError(f"the chunked Gluon one-pass kernel takes 2N = 128 x 64 (N = 4096); got {a} x {b}")
     if contig not in (False, True, 2) or (contig == 2 and (not chunk or warpgroups != 2)):
         raise ValueError(f"the Gluon one-pass kernel's contig is False, True or 2 (the chunked kernel's two walkers "
                          f"interleaved on their program's block); got {contig} (chunk {chunk}, warpgroups {warpgroups})")
@@ -117,6 +111,10 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
         raise ValueError(f"the Gluon one-pass kernel runs 1 warpgroup a program, or 2 chunked; got {warpgroups}")
     if warps not in (4, 8) or (warps == 8 and chunk):
         raise ValueError(f"the Gluon one-pass kernel runs 4 warps, or 8 in the whole-tile kernel; got {warps}")
+    if bool(chunk) != bool(lean & 4) or (chunk and not (a == 128 and chunk == 64 and tma and yalias and kpre < 2)):
+        raise ValueError(f"the chunked Gluon one-pass kernel (N = 4096) takes chunks of 64 transposed: a 128, chunk 64, "
+                         f"lean 4 (5 with 1), TMA with YALIAS, kpre 0 or 1 (lean 4 is that kernel's only); got a {a}, chunk "
+                         f"{chunk}, lean {lean}, tma {tma}, yalias {yalias}, kpre {kpre}")
     if not chunk and (b != 64 or a not in (32, 64)):
         raise ValueError(f"the Gluon one-pass kernel takes 2N = a x 64 with a = 32 or 64 (N = 1024, 2048; the "
                          f"chunked one to 4096); got {a} x {b}")
