@@ -396,8 +396,7 @@ def _inverse_stages(st, yre, yim, scale, tab, col, fa_re, fa_im, zeros_out, zero
         2'. D *= conj(W_L^(m k_a))       (the twiddles read again from L1: held across they cost registers)
         1'. out = D @ conj(F_A)[cols, :HALF]   D from registers; ``fa_re``, ``fa_im``: F_A[cols, :HALF]
 
-    Returns out (re, im) at ``scale`` (``zeros_out``: its first accumulator). (The chunks of 32's running-scale
-    accumulation, session 29-38, was removed with them in session 39: notes/fft_conv.)"""
+    Returns out (re, im) at ``scale`` (``zeros_out``: its first accumulator)."""
     inv = 1.0 / scale
     gl.thread_barrier()  # stage 3's wgmmas have read R
     st.tile_re.store((yre * inv).to(gl.float16))
@@ -800,8 +799,7 @@ def fft_conv_gluon_chunked_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
     (4 + 4 warps, gl.warp_specialize) walk alternate pairs with buffers of their own, sharing the resident matrices
     (two pairs in flight a multiprocessor); WORKER_REGS: the second one's registers. YALIAS (TMA): y's box is the ring
     slot its pair's u came in, the next pair's u requested once the pair's x^T is in shared memory and the previous y
-    store has read that slot. (The untransposed chunks of 32 with a running-scale accumulator, sessions 29-38, were
-    removed in session 39: notes/fft_conv.)"""
+    store has read that slot. (The untransposed chunks and their history: notes/fft_conv.)"""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     gl.static_assert((LEAN & 4) == 4, "the chunked kernel's chunks are transposed (LEAN 4)")

@@ -89,7 +89,7 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
     (chunked, two warpgroups): a program's contiguous block, its two walkers interleaved on it (both on one channel's
     pairs at once). ``rfft`` 3: the bins as float16 pairs (a float16 spectrum, filter_spectrum(..., torch.float16),
     read as it is: one 32-bit load a bin; with kpre 2, 3 (whole tile) 32-bit copies). (CSCALE, TWEARLY, LAG and
-    PRESCALE were measured no faster or slower and removed, and in session 39 the untransposed chunks of 32:
+    PRESCALE were measured no faster or slower and removed, the untransposed chunks slower than LEAN 4's:
     notes/fft_conv.)"""
     if lean not in (0, 1, 2, 3, 5) or maxnreg not in (0, 128, 168, 255):
         raise ValueError(f"the Gluon one-pass kernel's lean is 0..3 or 5 and maxnreg 0, 128, 168 or 255; got {lean}, "
