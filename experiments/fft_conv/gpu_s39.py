@@ -21,6 +21,9 @@ before LEAN 4 (removed after it: 74581689 has them); from call 4 "shipped launch
 * with --odd: an odd batch (B3, the last pair's half past the batch) with a NaN in one sequence, each label's launch
   against float64 (the NaN's sequence NaN, its pair's partner finite); and the same u with rows N + 1 apart (not
   TMA-describable: u and y by pointers).
+* with --step: the training step as shipped, fft_conv(u, k) forward + backward (du and dk: the filter's gradient by
+  configs.DK_CONFIGS' kernel at 4096) against torch.fft's autograd (rfft, product, irfft in float32) in interleaved
+  rounds; du and dk first checked against float64 autograd on a B2 H64 slice.
 * rows "time": interleaved rounds (do_bench medians after warm-up, and from CUDA graphs: other lanes' compiles disturb
   eager times): torch.fft (rfft, product, irfft in float32), the op on c64 (shipped), the op on f16 (shipped
   GLUON_ONEPASS_HALF; --no-half leaves it out: one compile less), the shipped launch, each variant's launch; x
@@ -107,6 +110,32 @@ def op_checks(run, labels, ud, kd, spectra):
             run.row(f"check op du {kind}", path=conv_plan(n, x.device, x.dtype, kind == "f16").path, **r)
 
 
+def step(run, ud, kd, n):
+    """The training step (see the docstring): du, dk checked on a slice, then timed against torch.fft's autograd."""
+    g = torch.Generator().manual_seed(7)
+    dy = torch.randn(ud.shape, generator=g).to(torch.bfloat16).cuda()
+    u64 = ud[:2, :64].cpu().double().requires_grad_()
+    k64 = kd[:64].cpu().double().requires_grad_()
+    ref_du, ref_dk = torch.autograd.grad(fft_conv_reference(u64, k64), (u64, k64), dy[:2, :64].cpu().double())
+    us = ud[:2, :64].clone().requires_grad_()
+    ks = kd[:64].clone().requires_grad_()
+    du, dk = torch.autograd.grad(fft_conv(us, ks), (us, ks), dy[:2, :64])
+    run.row("check step du", **check(du.cpu(), ref_du, TOL))
+    run.row("check step dk", **check(dk.cpu(), ref_dk, TOL))
+    uf = ud.clone().requires_grad_()
+    kf = kd.clone().requires_grad_()
+
+    def torch_step():
+        y = torch.fft.irfft(torch.fft.rfft(uf.float(), n=2 * n) * torch.fft.rfft(kf.float(), n=2 * n),
+                            n=2 * n)[..., :n].to(uf.dtype)
+        return torch.autograd.grad(y, (uf, kf), dy)
+
+    t = time_rounds({"ours": lambda: torch.autograd.grad(fft_conv(uf, kf), (uf, kf), dy), "torch": torch_step},
+                    rounds=2, deadline=run)
+    run.row("time step fwd+bwd", ms=t["ours_ms"], torch_ms=t["torch_ms"], x_torch_fft=round(t["torch_ms"] / t["ours_ms"], 3),
+            rounds=t["ours_rounds"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="c64_k1,f16_k0")
@@ -115,6 +144,7 @@ def main() -> int:
     ap.add_argument("--no-half", action="store_true", help="leave the op on the float16 spectrum out")
     ap.add_argument("--op", default="", help="C,F: the op with variant C (complex64) and F (float16 bins) patched in")
     ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
+    ap.add_argument("--step", action="store_true", help="also the training step (forward + backward) as shipped")
     a = ap.parse_args()
     run = Run("fft_conv_gpu_s39", deadline=55)
     B, H, n = 16, 768, N
@@ -157,6 +187,8 @@ def main() -> int:
                     vs_op=round(op / ms, 4), pct_copy=round(100 * copy_ms / ms, 1),
                     rounds=t[f"{name}_rounds"])
 
+    if a.step:
+        run.attempt("step", step, run, ud, kd, n)
     run.attempt("time eager", lambda: rows(time_rounds(fns, rounds=a.rounds, deadline=run), False))
     if run.left() > 6:
         run.attempt("time graph", lambda: rows(time_rounds(fns, rounds=2, graph=True, eager=False, deadline=run), True))
