@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h | i | j] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h | i | j | k] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -32,7 +32,8 @@ inf-row fix, int8 INT_BITS at 14336 / 11008. --set e (session 39, batch 1): the 
 TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shipped plans under 90%. --set g (batch 3):
 TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again. --set h (batch 4): fp8_e5m2
 on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024. --set i (batch 5): the other 4-bit
-rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's flips against the plans before them.
+rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's flips against the plans before them. --set k: the shipped plans of rows
+without a recent figure.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -169,6 +170,13 @@ BEFORE39 = {("int4", 256): dict(num_warps=8), ("int4", 2048): dict(split=(2, 32,
             ("int4", 8192): dict(num_stages=5, int_bits=False), ("mxfp4", 1024): dict(num_warps=8),
             ("nvfp4", 8192): dict(num_stages=5)}
 SETS["j"] = {key: [("before", tuning)] for key, tuning in BEFORE39.items()}
+
+# session 39, final figures: the shipped plans of the rows whose latest figure is older than session 37 (fp8 / int8 256 and
+# 512 from session 26), or never timed (fp8_e5m2 256 / 512), and the 4-bit rows at 32768 and the widths
+SETS["k"] = {key: [] for key in (
+    ("fp8_e4m3", 256), ("int8", 256), ("fp8_e4m3", 512), ("int8", 512), ("fp8_e5m2", 256), ("fp8_e5m2", 512),
+    ("mxfp4", 32768), ("nvfp4", 32768), ("int4", 32768), ("nvfp4", 14336), ("mxfp4", 28672), ("nvfp4", 18944),
+    ("int4", 11008))}
 
 
 def cases(name: str):
