@@ -24,8 +24,7 @@ from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, row
 from tilecore.tiles.compile import compile_kernel, resources
 from tilecore.tiles.launch import gluon_descriptor as desc
 out = []
-for d, causal, cfg, r, cos_dtype, store, *chunk in json.loads(sys.argv[1]):
-    chunk = chunk[0] if chunk else 0  # KTurn's rows a chunk (0: K comes turned)
+for d, causal, cfg, r, cos_dtype, store in json.loads(sys.argv[1]):
     t = torch.empty(2, 4, 256, d, dtype=torch.bfloat16)
     head = lambda rows: desc(t, [1, 1, rows, d])
     cs = torch.empty(256, r, dtype=getattr(torch, cos_dtype))
@@ -34,23 +33,13 @@ for d, causal, cfg, r, cos_dtype, store, *chunk in json.loads(sys.argv[1]):
                 cos_stride=r, sin_stride=r, n_max=4096, H=4, N=256, Nk=256, GROUP=1, scale_log2e=0.1, num_bh=8,
                 head_group=4, schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
                 tanh_scale=0.0, qr_desc=desc(t.view(1, 8, 256, d), [1, 1, cfg["block_m"], d]) if store else None,
-                k_src=t if chunk else None, k_sb=4 * 256 * d if chunk else None, k_sh=d if chunk else None,
-                k_sn=4 * d if chunk else None, k_dst=t if chunk else None,
-                counters=torch.empty(9, dtype=torch.int32) if chunk else None, per_head=256 // max(chunk, 1),
-                total=8 * 256 // max(chunk, 1), first_heads=1 if chunk else None, CHUNK_ROWS=chunk, CHUNK_VEC=8,
-                SIDE_WARPS=2,
                 CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 CARRY=cfg.get("carry", False), INTERLEAVED=cfg.get("interleaved", False),
                 Q_REGS=cfg.get("q_regs", False), CONSUMERS=cfg.get("consumers", 2),
                 TURN_ROWS=rows_at_a_time(r, cfg.get("interleaved", False)))
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
-    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, store=store, chunk=chunk, **vars(resources(k)),
-                    acquire=len(re.findall(r"ld\\.global\\.gpu\\.acquire", ptx)),
-                    release_add=len(re.findall(r"atom\\.global\\.gpu\\.release\\.add", ptx)),
-                    relaxed_add=len(re.findall(r"atom\\.global\\.gpu\\.relaxed\\.add", ptx)),
-                    proxy_global=ptx.count("fence.proxy.async.global"),
-                    ldg_v4=len(re.findall(r"ld\\.global\\.v4", ptx)), stg_v4=len(re.findall(r"st\\.global\\.v4", ptx)),
+    out.append(dict(d=d, causal=causal, cfg=cfg, r=r, store=store, **vars(resources(k)),
                     wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)), tma=ptx.count("cp.async.bulk.tensor"),
                     tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.\\dd\\.global\\.shared", ptx)),
                     store_waits=len(re.findall(r"cp\\.async\\.bulk\\.wait_group", ptx)),
@@ -66,14 +55,13 @@ print(json.dumps(out))
 # at N 4096 (D128 without a mask: Q in registers; D64: three consumers), D128 causal with interleaved pairs, and
 # D64's carried pipeline of short causal rows (64-key blocks) with rotary_dim 32 and float32 tables; the training
 # forward (turned Q stored for the backward) restarting at D128 full and carried (its two ways of waiting for the
-# store); D128 full with K turned in the kernel (KTurn, 8 rows a chunk). D64's three consumers with the store (not compiled here, for time): spills 188 / 244 B against 188 / 240
+# store). D64's three consumers with the store (not compiled here, for time): spills 188 / 244 B against 188 / 240
 VARIANTS = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", False),
             (128, True, dict(block_m=64, block_n=128, stages=2, q_buffers=2, interleaved=True), 64, "bfloat16", False),
             (64, True, dict(block_m=64, block_n=128, stages=3, q_buffers=2, consumers=3), 32, "bfloat16", False),
             (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", False),
             (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", True),
-            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", True),
-            (128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, "bfloat16", False, 8)]
+            (64, True, dict(block_m=64, block_n=64, stages=3, q_buffers=2, carry=True), 16, "float32", True)]
 # spill bytes (stores, loads) ptxas reports; the three-consumer D64 causal forward spills 168 bytes without rotary
 # (test_attention_hopper_compile), 240 with
 SPILL_BYTES_ALLOWED = {2: 0, 3: 256}
@@ -98,21 +86,6 @@ def test_compiles_unserialized_with_the_shipped_registers(report):
         allowed = SPILL_BYTES_ALLOWED[consumers]
         assert row["spill_stores"] <= allowed and row["spill_loads"] <= allowed, row
         assert row["shared"] <= 227 * 1024, row
-
-
-def test_k_turned_in_the_kernel_by_a_side_partition(report):
-    """KTurn (D128 full, 8 rows a chunk): the side partition's draws (relaxed atomic adds on the chunk counter) and
-    counts (release adds on the head's), the producer's wait (ld.acquire.gpu) and the proxy fences on both sides
-    (after the chunk's stores, before the TMA loads of the head's K); K read and written in 16-byte vectors; the
-    consumers' and producer's registers as shipped (the side partition's warps in the producer's warpgroup: no
-    thread more), no spill, wgmma not serialized. Without KTurn none of it."""
-    rows = {r["chunk"] > 0: r for r in report if r["d"] == 128 and not r["causal"] and not r["store"]}
-    turned, plain = rows[True], rows[False]
-    assert turned["relaxed_add"] >= 2 and turned["release_add"] >= 1 and turned["acquire"] >= 1, turned
-    assert turned["proxy_global"] >= 2 and turned["ldg_v4"] > plain["ldg_v4"] and turned["stg_v4"] > 0, turned
-    assert turned["spill_stores"] == turned["spill_loads"] == 0 and not turned["wgmma_serialized"], turned
-    assert turned["threads"] == plain["threads"] and {232, 40} <= set(turned["setmaxnreg"]), (turned, plain)
-    assert plain["relaxed_add"] == plain["release_add"] == plain["acquire"] == plain["proxy_global"] == 0, plain
 
 
 def test_turns_in_16_byte_vectors_fenced_for_wgmma(report):
@@ -185,8 +158,7 @@ def test_the_training_forward_stores_the_turned_q(report):
     """With a qr descriptor each consumer stores its turned Q block by one TMA store (one more a consumer than
     the same configuration without: O's), waited for before the buffer is handed back; registers as without,
     no spill with two consumers (with three, 160 registers and spilling already: 4 bytes more reloaded)."""
-    plain = {(r["d"], r["causal"], json.dumps(r["cfg"], sort_keys=True)): r for r in report
-             if not r["store"] and not r["chunk"]}
+    plain = {(r["d"], r["causal"], json.dumps(r["cfg"], sort_keys=True)): r for r in report if not r["store"]}
     stored = [r for r in report if r["store"]]
     assert len(stored) == 2
     for row in stored:
@@ -200,9 +172,6 @@ def test_the_training_forward_stores_the_turned_q(report):
             assert row["spill_stores"] <= base["spill_stores"] + 8 and row["spill_loads"] <= base["spill_loads"] + 8, \
                 (row, base)
         assert row["registers"] == base["registers"], (row, base)
-
-
-QR_ARG = 21  # the launch's qr_desc (the turned Q stored, or None); KTurn's arguments follow it
 
 
 def qkv(b=1, h=2, hkv=2, n=64, nk=64, d=64, dtype=torch.bfloat16):
@@ -298,7 +267,7 @@ def test_host_path_launches_k_turned_by_the_pass(monkeypatch):
     ref = rotary_reference(k.transpose(1, 2), cos, sin).transpose(1, 2)
     assert torch.allclose(launched_k.double(), ref, rtol=2 ** -7, atol=2 ** -7) and not torch.equal(launched_k, k)
     assert args[0].base is q and args[2].base is v  # Q turned in the kernel, V as given
-    assert args[QR_ARG] is None  # no turned Q stored
+    assert args[-1] is None  # no turned Q stored
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on Hopper")
@@ -347,55 +316,9 @@ def test_host_path_keeps_the_turned_q_and_k(monkeypatch):
     gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True)
     (key, args, options), (plain_key, plain_args, _) = launches
     assert qr.shape == q.shape and qr.is_contiguous() and kr.shape == k.shape and kr.is_contiguous()
-    assert args[1].base is kr and args[QR_ARG].base.data_ptr() == qr.data_ptr()
-    assert tuple(args[QR_ARG].base.shape) == (1, 8, 48, 128) and args[QR_ARG].block_shape == args[0].block_shape
+    assert args[1].base is kr and args[-1].base.data_ptr() == qr.data_ptr()
+    assert tuple(args[-1].base.shape) == (1, 8, 48, 128) and args[-1].block_shape == args[0].block_shape
     ref = rotary_reference(k.transpose(1, 2), cos, sin, interleaved=True).transpose(1, 2)
     assert torch.allclose(kr.double(), ref, rtol=2 ** -7, atol=2 ** -7)
     assert torch.equal(kr, plain_args[1].base.contiguous())  # the pass's bits
     assert options["INTERLEAVED"] and (key is None or key != plain_key)
-
-
-def test_host_path_turns_k_in_the_kernel(monkeypatch):
-    """k_in_kernel (KTurn): K goes to the kernel as its source (k itself, its strides) beside an empty (B, Hkv, Nk, D)
-    buffer the K descriptor reads, zeroed counters (drawn, and one a kv head), Nk / rows chunks a head; with
-    configs.ROTARY_K_FIRST_BY_PASS the kv heads of the programs' first tiles turned first by apply_rotary's kernel
-    (its bits) and named to the kernel. Not taken (0 rows: K by the pass) where the pipeline is carried, Nk is not
-    whole chunks, or the turned K is kept (training)."""
-    from tilecore import dispatch
-    from tilecore.ops.attention import configs
-    from tilecore.ops.rotary.op import turn
-    from tilecore.tiles.switches import patched
-
-    launches = []
-
-    class Stub:
-        def run(self, key, grid, args, options):
-            launches.append((key, args, options))
-
-    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
-    torch.manual_seed(0)
-    q, k, v = qkv(b=2, h=8, hkv=2, n=2048, nk=2048, d=128)
-    cos, sin = torch.randn(2048, 64).cos(), torch.randn(2048, 64).sin()
-    gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, k_in_kernel=True)
-    key, args, options = launches[-1]
-    src, sb, sh, sn, dst, counters, per_head, total, first = args[QR_ARG + 1:]
-    assert src is k and (sb, sh, sn) == k.stride()[:3] and args[1].base is dst and dst.is_contiguous()
-    assert dst.shape == k.shape and counters.tolist() == [0] * 5 and first == 0
-    assert options["CHUNK_ROWS"] == configs.ROTARY_K_CHUNK_ROWS and per_head == 2048 // options["CHUNK_ROWS"]
-    assert total == 4 * per_head and options["SIDE_WARPS"] == configs.ROTARY_K_SIDE_WARPS
-    with patched(configs, ROTARY_K_FIRST_BY_PASS=True):
-        gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, k_in_kernel=True)
-    _, args, _ = launches[-1]
-    dst, first = args[QR_ARG + 5], args[-1]
-    # 132 programs' first tiles: 2 x 8 heads x 16 tiles of 128 rows, heads in groups of 8: bh 0 .. 11 -> kv heads 0 .. 2
-    assert first == gluon_rotary.first_wave_heads(132, 16, 2, 8, 2, 8) == 3
-    ref = turn(k.transpose(1, 2), cos, sin).transpose(1, 2)
-    assert torch.equal(dst[0], ref[0]) and torch.equal(dst[1, 0], ref[1, 0])
-    for change in (dict(nk=2004, n=2004), dict(nk=1024, n=1024)):  # not whole chunks; carried (short rows)
-        q2, k2, v2 = qkv(b=1, h=2, hkv=2, n=change["n"], nk=change["nk"], d=128)
-        assert gluon_rotary.k_turn_rows(q2, k2, cos, False, False, (-1, -1), False, True) == 0
-    assert gluon_rotary.k_turn_rows(q, k, cos, False, False, (-1, -1), True, True) == 0  # keep_turned
-    assert gluon_rotary.k_turn_rows(q, k, cos, False, False, (-1, -1), False, None) == 0  # not in the cases
-    with patched(configs, ROTARY_K_IN_KERNEL_CASES=frozenset({(128, False)})):
-        assert gluon_rotary.k_turn_rows(q, k, cos, False, False, (-1, -1), False, None) > 0

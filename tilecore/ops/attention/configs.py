@@ -186,17 +186,6 @@ ROTARY_IN_KERNEL_CASES = frozenset({(128, False), (128, True), (64, True)})
 # pass, Q turned in the Gluon forward and stored from there for the backward: no pass over Q); else q and k by
 # apply_rotary's passes, then the shipped forward. D128: its training forward 2.8-3.1% faster (notes/rotary)
 ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset({(128, False), (128, True)})
-# (head dim, causal) of gluon_rotary's no-grad forward that turns K inside the kernel instead of by apply_rotary's
-# pass first: a side partition of ROTARY_K_SIDE_WARPS warps (in the producer's warpgroup) turns chunks of
-# ROTARY_K_CHUNK_ROWS rows (ROTARY_K_CHUNK_VEC features a thread of each half) under the consumers' tensor-core
-# time (gluon_rotary.KTurn). Untimed: none. (The producer warp turning them between its TMA issues: +28-36%, D128)
-ROTARY_K_IN_KERNEL_CASES: frozenset = frozenset()
-ROTARY_K_CHUNK_ROWS = 8
-ROTARY_K_CHUNK_VEC = 8
-ROTARY_K_SIDE_WARPS = 2
-ROTARY_K_FIRST_BY_PASS = False  # the kv heads the programs' first tiles read turned by apply_rotary's pass first
-ROTARY_K_PROBE_NO_WAIT = False  # timing probe: K by the pass, turned again by the side partition, the producer not waiting
-ROTARY_K_EVICT_FIRST = False  # the side partition's loads and stores evict-first in L2
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

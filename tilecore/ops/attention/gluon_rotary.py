@@ -19,7 +19,8 @@ N <= Nk, max_seqlen >= Nk); the pairs are (i, i + R) (half-split, NeoX / Llama) 
 (interleaved, GPT-J), R = rotary_dim / 2, features past 2R pass through. Taken: D 64 and 128,
 rotary_dim 32, 64 or 128 up to D; bf16 and fp16; grouped heads; causal, windows and softcaps as the shipped
 forward. Not taken (plan.RotaryNotTaken, a NotImplementedError): MLA's 192 / 128 and other head dims, other
-rotary_dims (the turn's tiles are R wide, a power of two).
+rotary_dims (the turn's tiles are R wide, a power of two). K turned inside the kernel by a side partition under
+the forward's tensor-core time lost to the pass (notes/rotary).
 """
 
 import torch
@@ -27,12 +28,11 @@ from triton.experimental import gluon
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs
-from tilecore.ops.attention.gluon_kernels import Attention, KV, head_of
+from tilecore.ops.attention.gluon_kernels import Attention, KV
 from tilecore.ops.attention.plan import RotaryNotTaken
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
-from tilecore.tiles.gluon.pipeline import Side
-from tilecore.tiles.launch import CachedLaunch, cdiv
+from tilecore.tiles.launch import CachedLaunch
 
 
 @gluon.jit
@@ -106,134 +106,6 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
             sin = next_sin
 
 
-@gluon.jit
-def fence_proxy_async_global(x):
-    """fence.proxy.async.global once ``x`` (an int32 scalar) is known: this thread's generic-proxy accesses of
-    global memory ordered with its async-proxy ones (TMA); returns x."""
-    return gl.inline_asm_elementwise("fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def turn_chunk_rows(src, src_row, dst, pos, cos_ptr, sin_ptr, cos_stride, sin_stride, D: gl.constexpr, R: gl.constexpr,
-                    CHUNK_ROWS: gl.constexpr, INTERLEAVED: gl.constexpr, VEC: gl.constexpr = 4,
-                    EVICT: gl.constexpr = ""):
-    """Turn CHUNK_ROWS rows of one head in global memory: row r read at src + src_row r (unit stride along D),
-    written at dst + D r, by the angles of position pos + r (turn_pair: apply_rotary's rounding); features past
-    2R copied. Every row exists (the host cuts Nk into whole chunks): no masks. The partition's threads take VEC
-    features each of the pairs' halves (interleaved: VEC / 2 whole pairs), ROWS rows at a time. Offsets within
-    the chunk in int32 (the host bounds CHUNK_ROWS x src_row)."""
-    WIDTH: gl.constexpr = 2 * R if INTERLEAVED else R
-    COLT: gl.constexpr = WIDTH // VEC if WIDTH // VEC <= 32 else 32
-    ROWS: gl.constexpr = (32 // COLT) * gl.num_warps()
-    gl.static_assert(CHUNK_ROWS % ROWS == 0, "CHUNK_ROWS: a multiple of the rows the partition covers at once")
-    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // COLT, COLT], [gl.num_warps(), 1], [1, 0])
-    pairs: gl.constexpr = gl.BlockedLayout([1, VEC // 2, 2], [32 // COLT, COLT, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
-    angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
-    cols = gl.expand_dims(gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout)), 0)
-    a_cols = gl.expand_dims(gl.arange(0, R, layout=gl.SliceLayout(0, angle_layout)), 0)
-    for c in gl.static_range(CHUNK_ROWS // ROWS):
-        r = gl.expand_dims(c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
-        a_r = gl.expand_dims(pos + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, angle_layout)), 1)
-        cs = gl.load(cos_ptr + a_r * cos_stride + a_cols).to(gl.float32)
-        sn = gl.load(sin_ptr + a_r * sin_stride + a_cols).to(gl.float32)
-        x = src + r * src_row + cols
-        out = dst + r * D + cols
-        if INTERLEAVED:
-            a, b = gl.split(gl.convert_layout(gl.load(x, eviction_policy=EVICT).to(gl.float32).reshape([ROWS, R, 2]),
-                                              pairs))
-            a2, b2 = turn_pair(a, b, cs, sn)
-            gl.store(out, gl.convert_layout(gl.join(a2, b2).reshape([ROWS, 2 * R]), layout).to(dst.dtype.element_ty),
-                     eviction_policy=EVICT)
-        else:
-            a2, b2 = turn_pair(gl.load(x, eviction_policy=EVICT).to(gl.float32),
-                               gl.load(x + R, eviction_policy=EVICT).to(gl.float32), cs, sn)
-            gl.store(out, a2.to(dst.dtype.element_ty), eviction_policy=EVICT)
-            gl.store(out + R, b2.to(dst.dtype.element_ty), eviction_policy=EVICT)
-    PASS: gl.constexpr = D - 2 * R
-    if PASS > 0:  # the features past 2R as they are (32, 64 or 96 of them at D 64 / 128)
-        PASS_W: gl.constexpr = 32 if PASS <= 32 else (64 if PASS <= 64 else 128)
-        pass_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (PASS_W // VEC), PASS_W // VEC],
-                                                     [gl.num_warps(), 1], [1, 0])
-        PASS_ROWS: gl.constexpr = (32 // (PASS_W // VEC)) * gl.num_warps()
-        gl.static_assert(CHUNK_ROWS % PASS_ROWS == 0, "CHUNK_ROWS: whole sets of the copied features' rows")
-        pc = gl.expand_dims(gl.arange(0, PASS_W, layout=gl.SliceLayout(0, pass_layout)), 0)
-        for p in gl.static_range(CHUNK_ROWS // PASS_ROWS):
-            pr = gl.expand_dims(p * PASS_ROWS + gl.arange(0, PASS_ROWS, layout=gl.SliceLayout(1, pass_layout)), 1)
-            ok = (pr >= 0) & (pc < PASS)
-            kept = gl.load(src + pr * src_row + 2 * R + pc, mask=ok)
-            gl.store(dst + pr * D + 2 * R + pc, kept, mask=ok)
-
-
-@struct
-class KTurn:
-    """K turned inside the no-grad forward (CHUNK_ROWS > 0) under its tensor-core time, by a side partition of the
-    template (``Side``: warps of the producer's warpgroup, no registers of the consumers'), into a (B, Hkv, Nk, D)
-    buffer the K descriptor reads. The pass is cut into chunks of CHUNK_ROWS rows of one kv head, numbered head
-    by head in the order the grid reaches the heads (head-grouped tiles walk the flat b * H + h, so
-    b * Hkv + h // GROUP never decreases). ``counters`` (int32, zero at launch): [0] the chunks drawn, [1 + u]
-    the chunks of kv head u finished.
-
-    * The side partition draws chunks (a relaxed atomic add on [0], the next drawn before this one is turned),
-      turns each (loads, fp32 turn, stores: nothing it waits on), fences its stores for the async proxy, meets
-      its warps and counts the chunk finished on its head (a release add); it ends when no chunk is left.
-    * The producer waits before each tile's first K load until its kv head's chunks are all finished (acquire),
-      then fences for the async proxy (its TMA loads).
-
-    No deadlock, resident or not: a drawn chunk is finished by the program that drew it without waiting on
-    anything, and every running program draws until no chunk is left, so a waiting producer's head is finished
-    by running programs (a program not yet resident has drawn nothing)."""
-    src: object  # k's storage (unit stride along D)
-    src_b: object
-    src_h: object
-    src_n: object
-    dst: object  # the turned K buffer, contiguous (B, Hkv, Nk, D)
-    counters: object
-    per_head: object  # chunks a kv head: Nk / CHUNK_ROWS
-    total: object  # chunks in all: B * Hkv * per_head
-    first_heads: object  # kv heads turned before the launch (the first programs' heads): not drawn, not waited for
-    CHUNK_ROWS: gl.constexpr
-    VEC: gl.constexpr  # features a thread of each half of the pairs (turn_chunk_rows)
-    WAIT: gl.constexpr  # the producer waits for its head (False: a timing probe, K turned before the launch too)
-    EVICT_FIRST: gl.constexpr  # the chunks' loads and stores evict-first in L2 (the forward's K and V groups stay)
-
-    @gluon.jit
-    def turn(self, c, rot):
-        """Turn chunk c and count it finished on its head."""
-        u = c // self.per_head
-        first = (c - u * self.per_head) * self.CHUNK_ROWS
-        Hkv = rot.attn.H // rot.attn.GROUP  # in the partition (a value made before the fork is carried by each)
-        b = u // Hkv
-        h = u - b * Hkv
-        src = self.src + b.to(gl.int64) * self.src_b + h.to(gl.int64) * self.src_h + first.to(gl.int64) * self.src_n
-        dst = self.dst + (u.to(gl.int64) * rot.attn.Nk + first) * rot.attn.D
-        turn_chunk_rows(src, self.src_n, dst, first, rot.cos, rot.sin, rot.cos_stride, rot.sin_stride, rot.attn.D,
-                        rot.R, self.CHUNK_ROWS, rot.INTERLEAVED, self.VEC, "evict_first" if self.EVICT_FIRST else "")
-        fence_proxy_async_global(c)
-        gl.thread_barrier()  # the partition's stores before the count
-        gl.atomic_add(self.counters + 1 + u, 1, sem="release", scope="gpu")
-
-    @gluon.jit
-    def run(self, rot):
-        """The side partition: chunks drawn and turned until none is left (the next drawn before this one's turn,
-        so the draw's round trip runs under it)."""
-        first = self.first_heads * self.per_head
-        c = first + gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
-        while c < self.total:
-            following = first + gl.atomic_add(self.counters, 1, sem="relaxed", scope="gpu")
-            self.turn(c, rot)
-            c = following
-
-    @gluon.jit
-    def wait_head(self, u):
-        """The producer: until kv head u's chunks are all finished; then a proxy fence before the TMA loads of its
-        K."""
-        done = gl.atomic_add(self.counters + 1 + u, 0, sem="acquire", scope="gpu")
-        while done < self.per_head:
-            done = gl.atomic_add(self.counters + 1 + u, 0, sem="acquire", scope="gpu")
-        fence_proxy_async_global(done)
-
-
 @struct
 class RotaryAttention:
     """The rotary forward's op: attention's (``attn``, whose callbacks it passes on), each consumer's Q
@@ -249,7 +121,6 @@ class RotaryAttention:
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     ROWS: gl.constexpr  # Q rows turned at a time (a consumer's block where its registers allow)
     INTERLEAVED: gl.constexpr  # pairs (2i, 2i + 1) (GPT-J), else (i, i + R)
-    kturn: object  # a KTurn: K turned by the producer under the forward (OVERLAP), or None: K comes turned
 
     @gluon.jit
     def setup(self, tile_id):
@@ -257,19 +128,7 @@ class RotaryAttention:
 
     @gluon.jit
     def load(self, stage, bar, tile, step, prev=None):
-        """attention's loads; with ``kturn``, the tile's kv head waited for before its first (KTurn.wait_head)."""
-        if self.kturn is not None:
-            if step == 0:
-                b, h, hk = head_of(tile.bh, self.attn.H, self.attn.GROUP)
-                u = b * (self.attn.H // self.attn.GROUP) + hk
-                if self.kturn.WAIT and u >= self.kturn.first_heads:  # else turned before the launch
-                    self.kturn.wait_head(u)
         self.attn.load(stage, bar, tile, step, prev)
-
-    @gluon.jit
-    def side(self):
-        """The side partition (with ``kturn``): K's chunks turned (KTurn.run)."""
-        self.kturn.run(self)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
@@ -319,23 +178,15 @@ class RotaryAttention:
 @gluon.jit
 def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr, sin_ptr, cos_stride, sin_stride,
                                 n_max, H, N, Nk, GROUP, scale_log2e, num_bh, head_group, schedule, left, right,
-                                tanh_scale, qr_desc, k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total,
-                                first_heads,
-                                CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
+                                tanh_scale, qr_desc, CAUSAL: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr,
                                 CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
-                                INTERLEAVED: gl.constexpr = False, CHUNK_ROWS: gl.constexpr = 0,
-                                CHUNK_VEC: gl.constexpr = 4, PRODUCER_REGS: gl.constexpr = 0,
-                                SIDE_WARPS: gl.constexpr = 2, K_WAIT: gl.constexpr = True,
-                                K_EVICT_FIRST: gl.constexpr = False):
+                                INTERLEAVED: gl.constexpr = False):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
-    None): the turned Q written there too. CHUNK_ROWS > 0: K is turned in the kernel from k_src (strides
-    k_sb, k_sh, k_sn; unit along D) into k_dst, k_desc's (B, Hkv, Nk, D) buffer, CHUNK_ROWS rows a chunk (KTurn;
-    ``counters`` zero at launch, ``per_head`` chunks a kv head, ``total`` in all) by a side partition of
-    SIDE_WARPS warps; PRODUCER_REGS (0: the shipped split) the producer's (and the side partition's) registers."""
+    None): the turned Q written there too."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
@@ -350,17 +201,10 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
     ROWS: gl.constexpr = BM if not CARRY else TURN_ROWS
-    gl.static_assert(CHUNK_ROWS == 0 or not CARRY, "K turned in the kernel: a pipeline that restarts at each tile")
-    kturn = None
-    if CHUNK_ROWS > 0:
-        kturn = KTurn(k_src, k_sb, k_sh, k_sn, k_dst, counters, per_head, total, first_heads, CHUNK_ROWS, CHUNK_VEC,
-                      K_WAIT, K_EVICT_FIRST)
-    op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED, kturn)
-    PRODUCER: gl.constexpr = PRODUCER_REGS if PRODUCER_REGS > 0 else (24 if CONSUMERS == 3 else 40)
+    op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
-                    PRODUCER_REGS=PRODUCER, LATE_RELEASE=0, CARRY=CARRY,
-                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule,
-                    side=None if kturn is None else Side(SIDE_WARPS, PRODUCER))
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
 
 
@@ -374,64 +218,6 @@ def rows_at_a_time(r: int, interleaved: bool = False) -> int:
     """Rows 4 warps turn at a time: as many as they cover with 8 features (16 bytes) a thread, of each
     half of the pairs (1024 / R rows) or of the 2R interleaved features (512 / R)."""
     return (512 if interleaved else 1024) // r
-
-def k_turn_rows(q, k, cos, causal: bool, interleaved: bool, window, keep_turned: bool, k_in_kernel: bool | None) -> int:
-    """Rows a chunk of K turned inside the kernel (KTurn), or 0: K by apply_rotary's pass first. ``k_in_kernel``
-    None: where configs.ROTARY_K_IN_KERNEL_CASES names (D, causal). configs.ROTARY_K_CHUNK_ROWS, or the rows the
-    side partition turns at once where more; only without keep_turned (the training forward keeps K's pass), on
-    a pipeline that restarts at each tile (not carried), with Nk whole chunks, K's features contiguous and a
-    chunk's offsets within int32."""
-    B, H, N, D = q.shape
-    Nk = k.shape[2]
-    if k_in_kernel is None:
-        k_in_kernel = (D, bool(causal)) in configs.ROTARY_K_IN_KERNEL_CASES
-    windowed = tuple(window) != (-1, -1)
-    row_set = chunk_row_set(cos.shape[1], D, interleaved, configs.ROTARY_K_CHUNK_VEC, configs.ROTARY_K_SIDE_WARPS)
-    rows = max(configs.ROTARY_K_CHUNK_ROWS, row_set)
-    if (not k_in_kernel or keep_turned or not row_set or rows % row_set
-            or configs.gluon_forward_config(D, N, Nk, causal and not windowed).get("carry")
-            or Nk % rows or k.stride(3) != 1 or rows * k.stride(2) >= 2 ** 31):
-        return 0
-    return rows
-
-
-def first_wave_heads(programs: int, blocks: int, B: int, H: int, Hkv: int, head_group: int) -> int:
-    """The flat kv heads (b * Hkv + h // GROUP) up to the last that the first tile of some program reads: tiles
-    0 .. programs - 1 of the head-grouped order (round-robin, and the balanced schedule's first round)."""
-    from tilecore.ops.attention.plan import head_grouped_tiles
-
-    tiles = min(programs, blocks * B * H)
-    bh = int(head_grouped_tiles(tiles, blocks, B * H, head_group)[0].max())
-    return (bh // H) * Hkv + (bh % H) // (H // Hkv) + 1
-
-
-def turn_heads(k, out, cos, sin, interleaved: bool, heads: int) -> None:
-    """The first ``heads`` flat kv heads of k (B, Hkv, Nk, D) turned into out (same shape) by apply_rotary's kernel:
-    whole batches in one launch, then the rest of the last batch's heads."""
-    from tilecore.ops.rotary.op import turn
-
-    Hkv = k.shape[1]
-    whole, rest = divmod(heads, Hkv)
-    for b0, b1, h1 in ((0, whole, Hkv), (whole, whole + 1, rest)):
-        if b1 > b0 and h1 > 0:
-            turn(k[b0:b1, :h1].transpose(1, 2), cos, sin, interleaved=interleaved,
-                 out=out[b0:b1, :h1].transpose(1, 2))
-
-
-def chunk_row_set(r: int, d: int, interleaved: bool, vec: int, warps: int) -> int:
-    """Rows ``warps`` warps turn at a time in turn_chunk_rows (a chunk is whole sets of them): vec features a
-    thread of each half (or of the 2R interleaved features), and of the copied features past 2R; 0 where R is no
-    power of two (its tiles' widths)."""
-    if r & (r - 1):
-        return 0
-    width = 2 * r if interleaved else r
-    rows = 32 // min(32, width // vec)
-    rest = d - 2 * r
-    if rest:
-        rest_w = 32 if rest <= 32 else (64 if rest <= 64 else 128)
-        rows = max(rows, 32 // (rest_w // vec))
-    return rows * warps
-
 
 def check(q, k, v, cos, sin, interleaved: bool) -> None:
     """What forward takes, or a clear error: plan.RotaryNotTaken (a NotImplementedError) for a head dim or rotary_dim
@@ -459,7 +245,7 @@ def check(q, k, v, cos, sin, interleaved: bool) -> None:
 
 
 def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool = False, window=(-1, -1),
-            softcap: float = 0.0, sm_margin: int = 0, keep_turned: bool = False, k_in_kernel: bool | None = None):
+            softcap: float = 0.0, sm_margin: int = 0, keep_turned: bool = False):
     """(out, lse) of attention(rotary(q), rotary(k), v): out (B, H, N, D) contiguous in q's dtype, lse
     (B, H, N) float32, as the shipped forward's launch (launch.outputs) gives them. Hopper with Gluon
     only (the caller routes other devices to apply_rotary and the shipped forward). ``keep_turned``:
@@ -474,11 +260,7 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
 
     check(q, k, v, cos, sin, interleaved)
     qr = torch.empty(q.shape, dtype=q.dtype, device=q.device) if keep_turned else None
-    chunk_rows = k_turn_rows(q, k, cos, causal, interleaved, window, keep_turned, k_in_kernel)
-    k_src = k
-    if chunk_rows:  # turned by the kernel's producer (KTurn) into a (B, Hkv, Nk, D) buffer
-        k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    elif keep_turned:  # into a (B, Hkv, Nk, D) buffer
+    if keep_turned:  # into a (B, Hkv, Nk, D) buffer
         k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved,
                  out=torch.empty(k.shape, dtype=k.dtype, device=k.device).transpose(1, 2)).transpose(1, 2)
     else:
@@ -495,33 +277,17 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     masks, left, right = mask_options(causal, window, N, Nk)
     _, scale_log2e, tanh_scale = score_options(scale, softcap)
-    # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too, or K turned
-    probe = bool(chunk_rows and configs.ROTARY_K_PROBE_NO_WAIT)
-    key = plan.launch_key
-    if key is not None and (qr is not None or chunk_rows):
-        key = (key, "q_out" if qr is not None else "k_turn", chunk_rows, probe, configs.ROTARY_K_EVICT_FIRST)
-    per_head = Nk // chunk_rows if chunk_rows else 0
-    first_heads = 0
-    if probe:  # timing probe: K turned by the pass, then again (the same bits) by the side partition, no waits
-        turn_heads(k_src, k, cos, sin, interleaved, B * Hkv)
-    elif chunk_rows and configs.ROTARY_K_FIRST_BY_PASS:  # the first programs' kv heads by apply_rotary's pass first
-        first_heads = first_wave_heads(plan.grid[0], cdiv(N, block_m * cfg.get("consumers", 2)), B, H, Hkv,
-                                       plan.sizes["head_group"])
-        turn_heads(k_src, k, cos, sin, interleaved, first_heads)
-    k_turn = (k_src, k_src.stride(0), k_src.stride(1), k_src.stride(2), k,
-              torch.zeros(1 + B * Hkv, dtype=torch.int32, device=q.device), per_head, B * Hkv * per_head,
-              first_heads) if chunk_rows else (None,) * 9
+    # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too
+    key = plan.launch_key if qr is None or plan.launch_key is None else (plan.launch_key, "q_out")
     with dispatch.on_device(q.device):
         ROTARY_FWD.run(key, plan.grid,
                        (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
                         head_operand(out, block_m), lse, cos, sin, cos.stride(0), sin.stride(0), cos.shape[0], H, N, Nk,
                         H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale,
-                        None if qr is None else head_operand(qr.view(1, B * H, N, D), block_m), *k_turn),
+                        None if qr is None else head_operand(qr.view(1, B * H, N, D), block_m)),
                        dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
                             CONSUMERS=cfg.get("consumers", 2), Q_BUFFERS=cfg.get("q_buffers", 1),
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
-                            CHUNK_ROWS=chunk_rows, CHUNK_VEC=configs.ROTARY_K_CHUNK_VEC,
-                            SIDE_WARPS=configs.ROTARY_K_SIDE_WARPS, K_WAIT=not probe,
-                            K_EVICT_FIRST=configs.ROTARY_K_EVICT_FIRST, num_warps=4))
+                            num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)

@@ -25,8 +25,6 @@ per-tile operands and their buffers, a persistent grid walking tiles in the orde
   ``finish(ctx, state, tile)``         consumer: the epilogue (not with ``CARRY``)
   ``initial(ctx) -> state``            consumer, with ``CARRY``: the state before a program's first tile
   ``help(ctx, tile, step)``            the helper partition, with ``Layout.helper``: one step's work
-  ``side()``                           the side partition, with ``Layout.side``: work of its own, in no
-                                       step with the tiles (the rotary forward's K turn), run once
   ==================================  =====================================================================
 
   ``ctx`` is the partition's ``Consumer``: its index (a constexpr), its epilogue buffer, this tile's
@@ -136,7 +134,7 @@ class Layout:
     they get to them (and leave it zero), or None. ``LOOKAHEAD`` (below ``STAGES``; 0: the ring's
     depth): after its first lap the producer loads a step only once the step ``LOOKAHEAD`` before it is
     released, so a deep ring fills at a program's start and runs ``LOOKAHEAD`` deep after.
-    ``helper``: a ``Helper`` partition, or None. ``side``: a ``Side`` partition, or None."""
+    ``helper``: a ``Helper`` partition, or None."""
     out: object
     STAGES: gl.constexpr
     CONSUMERS: gl.constexpr
@@ -149,12 +147,10 @@ class Layout:
     schedule: object
     tile_counter: object
     helper: object
-    side: object
 
     @gluon.constexpr_function
     def __init__(self, out, STAGES, CONSUMERS=1, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=1,
-                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None,
-                 side=None):
+                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None):
         self.out = out
         self.STAGES = gl.constexpr(STAGES)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
@@ -167,7 +163,6 @@ class Layout:
         self.schedule = field(schedule)
         self.tile_counter = field(tile_counter)
         self.helper = field(helper)
-        self.side = field(side)
 
 
 @aggregate
@@ -207,27 +202,6 @@ class Helper:
     def __init__(self, WARPS=4, REGS=88):
         self.WARPS = gl.constexpr(WARPS)
         self.REGS = gl.constexpr(REGS)
-
-
-@aggregate
-class Side:
-    """A partition of ``WARPS`` warps (``REGS`` registers a thread) that runs the op's ``side()`` once, beside
-    the producer and the consumers and in no step with them: work of the op's own, synchronized by the op
-    (the rotary forward's K turn, gluon_rotary.KTurn). Its warps share the producer's warpgroup (WARPS at
-    most 3), so it takes no registers the consumers have."""
-    WARPS: gl.constexpr
-    REGS: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, WARPS=2, REGS=40):
-        self.WARPS = gl.constexpr(WARPS)
-        self.REGS = gl.constexpr(REGS)
-
-
-@gluon.jit
-def _side(op):
-    """The side partition: the op's ``side()``."""
-    op.side()
 
 
 @gluon.jit
@@ -534,8 +508,6 @@ def run(op, layout, stages, num_tiles):
     gl.static_assert(not HELPER or (C == 2 and operand is not None and operand.SHARED and not operand.RESIDENT
                                     and not layout.CARRY),
                      "a helper partition comes with two consumers and a shared tile operand")
-    gl.static_assert(layout.side is None or (C >= 2 and not HELPER and layout.side.WARPS <= 3),
-                     "a side partition comes with two or three consumers, no helper, and at most 3 warps")
     READERS: gl.constexpr = C + 1 if HELPER else C  # the partitions that read a tile's operand and ids
     out_desc = layout.out
     outs = gl.allocate_shared_memory(out_desc.dtype, [C] + out_desc.block_type.shape, out_desc.layout)
@@ -585,27 +557,11 @@ def run(op, layout, stages, num_tiles):
                             (_producer, (op, layout, p, STAGE_BYTES))],
                            [gl.num_warps(), layout.helper.WARPS, 1],
                            [layout.CONSUMER_REGS, layout.helper.REGS, layout.PRODUCER_REGS])
-    elif C == 2 and layout.side is not None:  # the side partition beside the producer, in its warpgroup
-        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
-                            (_consumer, (op, layout, p, 1, outs.index(1))),
-                            (_producer, (op, layout, p, STAGE_BYTES)),
-                            (_side, (op,))],
-                           [gl.num_warps(), 1, layout.side.WARPS],
-                           [layout.CONSUMER_REGS, layout.PRODUCER_REGS, layout.side.REGS])
     elif C == 2:
         gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
                             (_consumer, (op, layout, p, 1, outs.index(1))),
                             (_producer, (op, layout, p, STAGE_BYTES))],
                            [gl.num_warps(), 1], [layout.CONSUMER_REGS, layout.PRODUCER_REGS])
-    elif layout.side is not None:
-        gl.static_assert(C == 3, "CONSUMERS is 1, 2 or 3")
-        gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
-                            (_consumer, (op, layout, p, 1, outs.index(1))),
-                            (_consumer, (op, layout, p, 2, outs.index(2))),
-                            (_producer, (op, layout, p, STAGE_BYTES)),
-                            (_side, (op,))],
-                           [gl.num_warps(), gl.num_warps(), 1, layout.side.WARPS],
-                           [layout.CONSUMER_REGS, layout.CONSUMER_REGS, layout.PRODUCER_REGS, layout.side.REGS])
     else:
         gl.static_assert(C == 3, "CONSUMERS is 1, 2 or 3")
         gl.warp_specialize([(_consumer, (op, layout, p, 0, outs.index(0))),
