@@ -142,3 +142,18 @@ def test_decode_split_chain_re_derives_and_holds_at_longer_caches():
     # tilecore's and cuDNN's graph-timed decode rows within 15% at every B and Nk
     preds = [p for p in validate.predict_all() if p.op == "decode" and not p.series.startswith("flash")]
     assert len(preds) == 18 and all(p.miss <= validate.TOLERANCE for p in preds)
+
+
+def test_flash_decode_combine_re_derives_and_its_b1_rows():
+    # run 7: SDPA's FlashAttention-2 decode at B1, its combine kernel at 8 splits (Nk 1024) and 32 (4096, 16384)
+    rows = {r["name"]: r["kernels"] for r in json.loads((RUNS / "small_kernels_peers_run7_session39_h100_napkin_small_kernels.json")
+                                                        .read_text())["rows"]}
+    combine = {nk: next(v for k, v in rows[f"flash decode B1 Nk{nk}"].items() if "combine" in k or "splitkv_co" in k) * 1e-6
+               for nk in (1024, 4096, 16384)}
+    copy_kernel = _run_rows()["copy 8 KiB"]["kernels"]["Memcpy DtoD (Device -> Device)"] * 1e-6
+    per_split = ((combine[4096] + combine[16384]) / 2 - combine[1024]) / (32 - 8)
+    assert per_split == pytest.approx(validate.FLASH_COMBINE_PER_SPLIT_S, abs=0.005e-6)
+    assert combine[1024] - copy_kernel - 8 * per_split == pytest.approx(validate.FLASH_COMBINE_S, abs=0.02e-6)
+    assert validate.flash_decode_combine_s(16, 1024) == 0.0          # no split where the batch fills the SMs
+    preds = [p for p in validate.predict_all() if p.op == "decode" and p.series.startswith("flash") and p.params["B"] == 1]
+    assert len(preds) == 3 and all(p.miss <= validate.TOLERANCE for p in preds)

@@ -304,6 +304,24 @@ def hadamard_time(rows, n, dtype, gpu):
 DECODE_SPLIT_CHAIN_S = 2.79e-6
 
 
+# FlashAttention-2's split-KV decode through SDPA at B1 (the bench's Hq32 Hkv8 D128): its main kernel runs as
+# tilecore's split kernel (5.9 / 10.2 / 26.8 us against 5.3 / 9.2 / 26.0 at Nk 1024 / 4096 / 16384), but its combine
+# takes 4.58 us at 8 splits and 9.73 / 9.54 at 32 (notes/napkin/runs/small_kernels_peers_run7_session39_h100.txt,
+# device time by the profiler; cuDNN's reduction 1.98-2.85, tilecore's merge 1.66-1.95): beyond a small copy's
+# kernel (0.99 us, run 1) 1.91 us and 0.210 us a split, two constants from its two split counts. Its splits are
+# PyTorch's num_splits_heuristic's at B1 (8, 32, 32: notes/napkin/README.md, session 28's FA2 decode row); at
+# B >= 16 the batch's heads fill the SMs and it does not split.
+FLASH_DECODE_SPLITS_B1 = {1024: 8, 4096: 32, 16384: 32}
+FLASH_COMBINE_S = 1.91e-6
+FLASH_COMBINE_PER_SPLIT_S = 0.210e-6
+
+
+def flash_decode_combine_s(batch: int, kv_seq: int) -> float:
+    """FlashAttention-2's split-KV combine beyond a copy-like merge (what decode_time charges), at B1."""
+    splits = FLASH_DECODE_SPLITS_B1.get(kv_seq, 0) if batch == 1 else 0
+    return FLASH_COMBINE_S + splits * FLASH_COMBINE_PER_SPLIT_S if splits else 0.0
+
+
 @_memo
 def decode_time(batch, heads, kv_heads, kv_seq, d, gpu):
     """Split keys (flash-decoding): ranges of >= 128 keys so that one wave fills the SMs, the queries of
@@ -431,6 +449,8 @@ def _predict_row(path: Path, data: dict, row: dict, gpu, cfg, host) -> Predictio
     elif suite == "attention-decode":
         op = "decode"
         t, bound = decode_time(params["B"], 32, 8, params["Nk"], 128, gpu)
+        if series.startswith("flash"):  # its combine kernel (FLASH_COMBINE_S)
+            t += flash_decode_combine_s(params["B"], params["Nk"])
     else:
         return None
     if eager and tilecore and host_s > t:
@@ -544,9 +564,9 @@ def name_cause(p: Prediction) -> str:
     if p.op.startswith("attention") and q.get("N", 1 << 30) <= 1024 and fast:
         return "short rows: prologue/epilogue per tile and the causal tail (latency), not modelled per tile"
     if p.op == "decode" and p.series.startswith("flash") and fast:
-        return ("peer's kernels (FlashAttention-2's split-KV decode through SDPA): its chain is not tilecore's "
-                "(DECODE_SPLIT_CHAIN_S is tilecore's split kernel's, measured): 3-8 us more at B1 than tilecore's "
-                "(notes/napkin/README.md, FA2's decode), not modelled")
+        return ("peer's kernel (FlashAttention-2's decode through SDPA at B >= 16: one kernel, no split): it runs "
+                "slower than the bandwidth-bound model at B64 (1.09-1.17), not modelled; its B1 combine is "
+                "(FLASH_COMBINE_S)")
     if p.op == "decode":
         return ("latency at small sizes: a decode step's split kernel (its chain: DECODE_SPLIT_CHAIN_S, tilecore's) "
                 "and merge; the peer's kernels differ")
