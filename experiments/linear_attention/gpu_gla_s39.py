@@ -107,6 +107,15 @@ BATCHES = {
         "d32 dv pointers form21": (32, dict(dv_flat=0), "dvw"),
         "d32 dv pointers form5": (32, dict(dv_flat=0, dv_form=5), "dvw"),
     },
+    # call 8 (after call 7, runs/gla_s39d_run7_session39_h100.txt: dv_form 21 confirmed, 1.008x / 1.012x / 1.04x at d
+    # 128 / 64 / 32 (pointers); d 32's pair of chunks at 3 stages 0.3485 ms against 0.3589, rounds overlapping): the two
+    # again, five rounds, with their whole backwards
+    "e": {
+        "d32 configs dqk": (32, {}, "dqk0w"),
+        "d32 dqk st3": (32, dict(dqk_gluon=3), "dqk0w"),
+        "d32 configs bwd": (32, {}, "bwd"),
+        "d32 st3 bwd": (32, dict(dqk_gluon=3), "bwd"),
+    },
 }
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
@@ -214,7 +223,7 @@ def timing(run: Run, rows: dict) -> None:
             fns[name] = step_of(t, ht, over, which)[1]
             fns[name]()  # (compiled at this shape's specialization, if it differs)
         torch.cuda.synchronize()
-        whole = any(VARIANTS[n][2] == "bwd" for n in names)  # (whole backwards: 5 rounds, eager ones disturbed)
+        whole = BATCH == "e" or any(VARIANTS[n][2] == "bwd" for n in names)  # (5 rounds: whole backwards, close pairs)
         times = time_rounds(fns, rounds=5 if whole else 3, graph=True, deadline=run)
         for name in names:
             r = rows[name]
