@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import gluon_gla_bwd
+from tilecore.ops.linear_attention import configs_gla_bwd, gluon_gla_bwd
 from tilecore.ops.linear_attention import kernels_backward_gla_chunked as kc
 from tilecore.ops.linear_attention.plan import IDENTITY, tl_plan
 
@@ -60,6 +60,7 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
         assert _dqk_step(**case, dqk_gluon=2)[0] in ("gla_dqk_kernel", "gla_dqk_flat_kernel"), case
     # configs' d 32: a pair of chunks a tile (CHUNKED_FLAT_DIMS)
     assert _dqk_step(32)[0] == "gla_dqk_gluon_kernel" and _dqk_step(32)[1]["CHUNKS"] == 2
+    assert _dqk_step(32)[1]["STAGES"] == configs_gla_bwd.CHUNKED_FLAT_DIMS[(32, 32)]["dqk_gluon"]
     # d 32 (one key block of 32 a chunk) by a pair of chunks a tile (CHUNKS 2: consumer c the tile's chunk c); fp16 (no
     # FORM 2) keeps the tl launches, as do key blocks of 16
     name, kw = _dqk_step(32, dqk_flat=2, dqk_gluon=2, dqk_gluon_form=1538)
