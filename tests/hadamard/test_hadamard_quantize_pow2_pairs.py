@@ -87,6 +87,9 @@ def test_format_tuning_table_under_the_callers_tuning():
     from tilecore.ops.hadamard import configs
 
     old = dict(configs.QUANT_POW2_FORMAT_TUNING)
+    # kernel_plan is memoized by its arguments: the plans made under the patched table must not outlive it (nor
+    # plans made before it serve it)
+    quantize.kernel_plan.cache_clear()
     try:
         configs.QUANT_POW2_FORMAT_TUNING.clear()
         configs.QUANT_POW2_FORMAT_TUNING[("mxfp4", 128)] = dict(tma="load", waves=2)
@@ -105,6 +108,7 @@ def test_format_tuning_table_under_the_callers_tuning():
     finally:
         configs.QUANT_POW2_FORMAT_TUNING.clear()
         configs.QUANT_POW2_FORMAT_TUNING.update(old)
+        quantize.kernel_plan.cache_clear()
 
 
 _COMPILE_128 = r"""
