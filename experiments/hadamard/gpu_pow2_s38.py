@@ -271,7 +271,8 @@ def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
         scales_differ = int((~close).sum())
     else:
         differ = ours.view(torch.uint8) != ref.view(torch.uint8)
-        at_boundary = differ & fp4_scale_boundary(x[picked].cpu(), fmt, scale)
+        # (the float64 rotation again, only where a scale differs: the reference's own is not returned)
+        at_boundary = differ & fp4_scale_boundary(x[picked].cpu(), fmt, scale) if differ.any() else differ
         if at_boundary.any():  # such a block's codes follow its scale: judged by the block's scale alone
             scales_boundary = int(at_boundary.sum())
             g = code_order(codes[picked].cpu(), fmt).shape[-1] // at_boundary.shape[-1]
