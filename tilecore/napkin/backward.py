@@ -59,14 +59,15 @@ from .hardware import get_gpu
 
 DQ_MODES = ("staged", "atomic", "warpgroup", "kernel")
 
-# A softcap's cost on the dS link, in the ALU rate's operations a (query, key) point: its instructions beside
-# the MUFU.TANH, counted in the sm_90a SASS of tilecore's D128 causal fused backward (notes/attention, session 38,
-# HD): +192 FMUL, +64 FADD, +64 HADD2 and the F2FP / FMNMX of the float16 derivative, 3088 -> 3512 instructions
-# in all over 64 points a thread (a consumer's 32 a step, in both copies of the step): 6.6 a point, 5.6 of them
-# on the FP32 and half pipes. The ALU rate counts an FMA as two operations and these are single-lane operations
-# (FMUL, FADD, a conversion), so each is two of the rate's: 11.2. Measured cost of the cap: 1.167-1.186x the
-# plain causal backward (features run, session 26; HD's calls, session 38), where the softmax's order (under dP
-# or after it) made no difference (1.001x: notes/attention/runs/issue35_bwd1_run1_session38_h100.txt)
+# A softcap's cost on the dS link, in the ALU rate's operations a (query, key) point: its instructions beside the
+# MUFU.TANH, counted in the sm_90a SASS of tilecore's D128 causal fused backward (notes/attention/README.md, issue
+# 35's softcap section): +192 FMUL, +64 FADD, +64 HADD2 and the F2FP / FMNMX of the float16 derivative, 3088 -> 3512
+# instructions in all over 64 points a thread (a consumer's 32 a step, in both copies of the step): 6.6 a point, 5.6
+# of them on the FP32 and half pipes. The ALU rate counts an FMA as two operations and these are single-lane
+# operations (FMUL, FADD, a conversion), so each is two of the rate's: 11.2. Measured cost of the cap: 1.167-1.186x
+# the plain causal backward (notes/attention/runs/gpu_features_s26_round2_h100.json,
+# issue35_bwd2_run2_session38_h100.txt), where the softmax's order (under dP or after it) made no difference (1.001x:
+# notes/attention/runs/issue35_bwd1_run1_session38_h100.txt)
 SOFTCAP_LINK_OPS = 2 * (3512 - 3088 - 64) / 64
 SCHEDULES = ("lockstep", "serial")
 

@@ -309,7 +309,7 @@ DECODE_SPLIT_CHAIN_S = 2.79e-6
 # takes 4.58 us at 8 splits and 9.73 / 9.54 at 32 (notes/napkin/runs/small_kernels_peers_run7_session39_h100.txt,
 # device time by the profiler; cuDNN's reduction 1.98-2.85, tilecore's merge 1.66-1.95): beyond a small copy's
 # kernel (0.99 us, run 1) 1.91 us and 0.210 us a split, two constants from its two split counts. Its splits are
-# PyTorch's num_splits_heuristic's at B1 (8, 32, 32: notes/napkin/README.md, session 28's FA2 decode row); at
+# PyTorch's num_splits_heuristic's at B1 (8, 32, 32: notes/napkin/README.md, its FA2 decode row); at
 # B >= 16 the batch's heads fill the SMs and it does not split.
 FLASH_DECODE_SPLITS_B1 = {1024: 8, 4096: 32, 16384: 32}
 FLASH_COMBINE_S = 1.91e-6
