@@ -1,0 +1,126 @@
+// A thread-block-cluster probe for the napkin's cluster level (issue 36, paper coverage): how many bytes a second
+// reach the SMs' shared memory from an L2-resident working set when each block loads its own chunks, and when a
+// cluster of c blocks loads each chunk once with a multicast bulk copy (one L2 read, c shared-memory writes).
+//
+// Written for this probe (triton 3.6's Gluon emits no multicast copy: a cga_layout of [[0, 0]] on a TMA load gives
+// each block its own copy). Launched by gpu_cluster_multicast.py through the driver API with a cluster dimension.
+//
+// One warp is the producer (its lane 0 issues the copies into a ring of `stages` chunk buffers), one the consumer
+// (it waits for a chunk, reads one word of it, or in the check mode sums every 32-bit word, and frees the buffer).
+// With multicast, buffer s of every block of a cluster is filled by block s % c's copy, which waits until all c
+// blocks have freed that buffer (each consumer arrives on the issuer's `empty` barrier remotely).
+#include <cstdint>
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t cluster_size() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Spins until the barrier's phase `parity` completes; past 2^22 tries (about a second) it flags the block and traps, so a
+// protocol error ends the run instead of hanging it.
+__device__ __forceinline__ void wait_parity(uint32_t bar, uint32_t parity, unsigned *flag, bool cluster_scope) {
+    for (uint32_t tries = 0;; ++tries) {
+        uint32_t done;
+        if (cluster_scope) {
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        } else {
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        }
+        if (done) return;
+        if (tries > (1u << 22)) {
+            atomicExch(flag, 1u + blockIdx.x);
+            __trap();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(64)
+cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_chunks, unsigned chunk,
+                        unsigned nchunks, unsigned stages, unsigned multicast, unsigned check,
+                        unsigned long long *__restrict__ sums, unsigned *__restrict__ flag) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (size_t)stages * chunk);
+    const uint32_t full0 = smem_u32(bars), free0 = smem_u32(bars + stages), empty0 = smem_u32(bars + 2 * stages);
+    const uint32_t c = multicast ? cluster_size() : 1u, rank = multicast ? cluster_rank() : 0u;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // The chunk sequence: a cluster's blocks share one under multicast; otherwise each block has its own.
+    uint32_t cid;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
+    const unsigned long long stream = multicast ? cid : blockIdx.x;
+
+    if (threadIdx.x == 0) {
+        for (unsigned s = 0; s < stages; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(full0 + 8 * s));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(free0 + 8 * s));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty0 + 8 * s), "r"(c));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    cluster_sync();  // every block's barriers exist before any copy or remote arrive reaches them
+
+    if (warp == 0 && lane == 0) {  // producer
+        const uint16_t mask = static_cast<uint16_t>((1u << c) - 1u);
+        for (unsigned j = 0; j < nchunks; ++j) {
+            const unsigned s = j % stages, lap = j / stages;
+            const uint32_t full = full0 + 8 * s, dst = smem_u32(smem + (size_t)s * chunk);
+            if (lap > 0) wait_parity(free0 + 8 * s, (lap - 1) & 1, flag, false);  // this block read lap - 1
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(full), "r"(chunk) : "memory");
+            const uint8_t *from = src + ((stream * 97ull + j) % src_chunks) * chunk;
+            if (!multicast) {
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                             :: "r"(dst), "l"(from), "r"(chunk), "r"(full) : "memory");
+            } else if (s % c == rank) {
+                if (lap > 0) wait_parity(empty0 + 8 * s, (lap - 1) & 1, flag, true);  // all c blocks read lap - 1
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                             "[%0], [%1], %2, [%3], %4;"
+                             :: "r"(dst), "l"(from), "r"(chunk), "r"(full), "h"(mask) : "memory");
+            }
+        }
+    } else if (warp == 1) {  // consumer
+        unsigned long long total = 0;
+        for (unsigned j = 0; j < nchunks; ++j) {
+            const unsigned s = j % stages, lap = j / stages;
+            if (lane == 0) wait_parity(full0 + 8 * s, lap & 1, flag, false);
+            __syncwarp();
+            const uint32_t *words = reinterpret_cast<const uint32_t *>(smem + (size_t)s * chunk);
+            if (check) {
+                for (unsigned w = lane; w < chunk / 4; w += 32) total += words[w];
+            } else if (lane == 0) {
+                total += words[(j * 61) % (chunk / 4)];
+            }
+            __syncwarp();
+            if (lane == 0) {
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(free0 + 8 * s) : "memory");
+                if (multicast) {
+                    uint32_t remote;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(empty0 + 8 * s), "r"(s % c));
+                    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+                }
+            }
+        }
+        for (int off = 16; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+        if (lane == 0) sums[blockIdx.x] = total;
+    }
+    __syncwarp();  // the barrier below is .aligned: each warp reconverges first
+    cluster_sync();  // no block leaves while a peer may still copy into it or arrive on its barriers
+}

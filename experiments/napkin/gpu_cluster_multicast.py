@@ -1,0 +1,259 @@
+"""The cluster / multicast level of the napkin, measured (issue 36, paper coverage).
+
+``engine.relabel(..., cluster={axis: c})`` charges a tile that c blocks of a cluster share one L2 read (a multicast
+copy writes it into the c blocks' shared memory). This probe measures what that assumes: the bytes a second that
+reach the SMs' shared memory from an L2-resident working set (16 MiB, as hardware.py's L2 figure was measured), with
+1 block an SM (a 4-stage ring of 32 KiB chunks), when
+
+- ``plain``: each block loads its own chunks (bulk copies, no cluster);
+- ``cluster2`` / ``cluster4``: the same in clusters of 2 / 4 (the launch's cost alone);
+- ``mc2`` / ``mc4``: clusters of 2 / 4 where each chunk is read once for the cluster (multicast to all its blocks).
+
+Delivered TB/s is the bytes written into shared memory; L2 TB/s the bytes read from L2 (delivered / c under
+multicast). The model's prediction: delivered = c x the preset's L2 bandwidth while no other level binds. Every
+mode also runs in a check mode where each block sums every 32-bit word it receives, compared exactly with the sums
+of the chunks it should have received (the sums poisoned first: a block that writes nothing fails).
+
+The kernel is CUDA C (experiments/napkin/cluster_multicast.cu), built with nvcc for sm_90a and launched through the
+driver API (cuLaunchKernelEx with a cluster dimension): triton 3.6's Gluon does not emit multicast copies (phase
+``gluon``, which compiles on a CPU too, records the PTX of a TMA load with a broadcast cga_layout).
+
+    python experiments/napkin/gpu_cluster_multicast.py [--smoke] [--deadline 100]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from experiments.common.gpu_script import Run, time_rounds  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "cluster_multicast.cu"
+KB = 1024
+MODES = {"plain": (1, 0), "cluster2": (2, 0), "mc2": (2, 1), "cluster4": (4, 0), "mc4": (4, 1)}
+
+
+def nvcc() -> str | None:
+    for cand in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def build(out_dir: str) -> tuple[bytes, float]:
+    """The probe's cubin for sm_90a and the seconds nvcc took."""
+    path = os.path.join(out_dir, "cluster_multicast.cubin")
+    t = time.time()
+    subprocess.run([nvcc(), "-cubin", "-arch=sm_90a", "-O3", "-o", path, str(SOURCE)], check=True)
+    return Path(path).read_bytes(), time.time() - t
+
+
+def sass_ops(cubin: bytes) -> dict:
+    """Counts of the copy and barrier instructions in the cubin's SASS (cuobjdump from triton's own bin)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
+    keys = ["UBLKCP.S.G.MULTICAST", "UBLKCP.S.G ", "UCGABAR_ARV", "SYNCS.ARRIVE.TRANS64.RED"]
+    return {k.strip(): sass.count(k) for k in keys}
+
+
+class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad, a 64-byte value union (clusterDim first)
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("x", ctypes.c_uint), ("y", ctypes.c_uint),
+                ("z", ctypes.c_uint), ("rest", ctypes.c_char * 52)]
+
+
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+CLUSTER_DIMENSION = 4          # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+MAX_DYNAMIC_SHARED = 8         # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+class Probe:
+    """The cubin loaded into torch's context; ``launch`` enqueues one run on torch's current stream."""
+
+    def __init__(self, cubin: bytes):
+        assert ctypes.sizeof(LaunchAttribute) == 72 and ctypes.sizeof(LaunchConfig) == 56
+        torch.zeros(1, device="cuda")  # torch's primary context, current on this thread
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self._ok(self.cu.cuInit(0), "cuInit")
+        self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
+        self._image = ctypes.create_string_buffer(cubin, len(cubin))
+        self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
+        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"cluster_multicast_probe"),
+                 "cuModuleGetFunction")
+
+    def _ok(self, code: int, what: str):
+        if code != 0:
+            name = ctypes.c_char_p()
+            self.cu.cuGetErrorName(code, ctypes.byref(name))
+            raise RuntimeError(f"{what}: CUDA driver error {code} ({name.value})")
+
+    def config(self, grid: int, c: int, smem: int):
+        self._ok(self.cu.cuFuncSetAttribute(self.fn, MAX_DYNAMIC_SHARED, smem), "cuFuncSetAttribute")
+        attr = LaunchAttribute(id=CLUSTER_DIMENSION, x=c, y=1, z=1)
+        cfg = LaunchConfig(grid, 1, 1, 64, 1, 1, smem, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+                           ctypes.pointer(attr), 1)
+        cfg._attr = attr  # keep it alive
+        return cfg
+
+    def max_clusters(self, c: int, smem: int) -> int:
+        n = ctypes.c_int()
+        self._ok(self.cu.cuOccupancyMaxActiveClusters(ctypes.byref(n), self.fn, ctypes.byref(self.config(c, c, smem))),
+                 "cuOccupancyMaxActiveClusters")
+        return n.value
+
+    def launch(self, cfg, src, src_chunks, chunk, nchunks, stages, multicast, check, sums, flag):
+        args = [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(src_chunks), ctypes.c_uint(chunk),
+                ctypes.c_uint(nchunks), ctypes.c_uint(stages), ctypes.c_uint(multicast), ctypes.c_uint(check),
+                ctypes.c_uint64(sums.data_ptr()), ctypes.c_uint64(flag.data_ptr())]
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        self._ok(self.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fn, params, None), "cuLaunchKernelEx")
+
+
+def expected_sums(src: torch.Tensor, chunk: int, nchunks: int, grid: int, c: int, multicast: int) -> torch.Tensor:
+    """Each block's sum of the 32-bit words (unsigned) of the chunks it should receive: block b's chunk j is chunk
+    (stream * 97 + j) mod src_chunks, stream = b // c under multicast (its cluster), else b."""
+    words = src.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    chunk_sums = words.view(-1, chunk // 4).sum(1)
+    src_chunks = chunk_sums.numel()
+    block = torch.arange(grid, device=src.device, dtype=torch.int64)
+    stream = block // c if multicast else block
+    idx = (stream[:, None] * 97 + torch.arange(nchunks, device=src.device)[None, :]) % src_chunks
+    return chunk_sums[idx].sum(1)
+
+
+def ring_phase(run: Run, probe: Probe, flag, sms: int, l2: float, ring: str, mib_per_block: int) -> None:
+    """Every mode on one ring (chunk KiB x stages): the checks, then the timing in interleaved rounds."""
+    kb, stages = (int(v) for v in ring.split("x"))
+    chunk = kb * KB
+    smem = stages * chunk + 3 * 8 * stages
+    src_chunks = 16 * 2**20 // chunk
+    src = torch.randint(0, 256, (src_chunks * chunk,), dtype=torch.uint8, device="cuda")
+    nchunks = mib_per_block * 2**20 // chunk
+    plans = {}
+    for name, (c, mc) in MODES.items():
+        clusters = probe.max_clusters(c, smem)
+        grid = min(clusters, sms // c) * c
+        plans[name] = (c, mc, grid, probe.config(grid, c, smem))
+        # check mode: every word of every chunk summed, a few laps of the ring
+        sums = torch.full((grid,), -1, dtype=torch.int64, device="cuda")
+        check_chunks = 8 * stages + 3
+        probe.launch(plans[name][3], src, src_chunks, chunk, check_chunks, stages, mc, 1, sums, flag)
+        torch.cuda.synchronize()
+        ok = bool(torch.equal(sums, expected_sums(src, chunk, check_chunks, grid, c, mc))) and int(flag.item()) == 0
+        run.row(f"check {ring} {name}", cluster=c, multicast=mc, grid=grid, max_active_clusters=clusters,
+                **{"pass": ok})
+    fns = {}
+    for name, (c, mc, grid, cfg) in plans.items():
+        sums = torch.empty(grid, dtype=torch.int64, device="cuda")
+        fns[name] = (lambda cfg=cfg, mc=mc, sums=sums:
+                     probe.launch(cfg, src, src_chunks, chunk, nchunks, stages, mc, 0, sums, flag))
+    t = time_rounds(fns, rounds=3, warmup=5, rep=40, deadline=run)
+    for name, (c, mc, grid, cfg) in plans.items():
+        ms = t[f"{name}_ms"]
+        delivered = grid * nchunks * chunk / (ms * 1e-3)
+        predicted = min(grid / sms, 1.0) * l2 * (c if mc else 1)
+        run.row(f"time {ring} {name}", cluster=c, multicast=mc, grid=grid, ms=ms,
+                delivered_tbs=round(delivered / 1e12, 3), l2_tbs=round(delivered / (c if mc else 1) / 1e12, 3),
+                per_sm_gbs=round(delivered / grid / 1e9, 1), napkin_delivered_tbs=round(predicted / 1e12, 3),
+                measured_over_napkin=round(delivered / predicted, 3), rounds=t[f"{name}_rounds"])
+
+
+def gluon_phase(run: Run) -> None:
+    """Triton 3.6's Gluon with num_ctas=2 and a broadcast cga_layout on a TMA load: the PTX's bulk-tensor copies and
+    whether any is a multicast (the reason this probe is CUDA C)."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tilecore.tiles.compile import compile_kernel
+
+    @gluon.jit
+    def broadcast_load(desc, out_ptr, BM: gl.constexpr, BK: gl.constexpr):
+        smem = gl.allocate_shared_memory(desc.dtype, [BM, BK], desc.layout)
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout(cga_layout=[[0]]))
+        mbarrier.init(bar, count=1)
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0], cga_layout=[[0, 0]])
+        mbarrier.expect(bar, BM * BK * 2)
+        tma.async_copy_global_to_shared(desc, [0, 0], bar, smem)
+        mbarrier.wait(bar, 0)
+        mbarrier.invalidate(bar)
+        s = gl.sum(gl.sum(smem.load(layout).to(gl.float32), axis=1), axis=0)
+        gl.store(out_ptr + gl.program_id(0), s)
+
+    x = torch.empty(256, 64, dtype=torch.bfloat16)
+    layout = gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16, cga_layout=[[0, 0]])
+    desc = TensorDescriptor.from_tensor(x, [128, 64], layout)
+    k = compile_kernel(broadcast_load, dict(desc=desc, out_ptr=torch.empty(2), BM=128, BK=64), num_warps=4, num_ctas=2)
+    lines = [ln.strip() for ln in k.asm["ptx"].splitlines()]
+    copies = [ln for ln in lines if "cp.async.bulk.tensor" in ln]
+    run.row("gluon broadcast cga_layout", num_ctas=2, cluster_in_ptx=any(".reqnctapercluster 2" in ln for ln in lines),
+            bulk_tensor_copies=len(copies), multicast_copies=sum(".multicast::cluster" in ln for ln in copies),
+            copy=copies[0][:160] if copies else None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="no GPU: build the cubin, read its SASS, the Gluon phase")
+    ap.add_argument("--deadline", type=float, default=100.0)
+    ap.add_argument("--rings", default="32x4,24x8", help="chunk KiB x stages, comma-separated")
+    ap.add_argument("--mib-per-block", type=int, default=64)
+    args = ap.parse_args(argv)
+    run = Run("napkin_cluster_multicast", deadline=args.deadline)
+    run.attempt("gluon", gluon_phase, run)
+    if nvcc() is None:
+        run.errors.append("no nvcc")
+        run.finish(["name"])
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin, seconds = build(tmp)
+    run.row("build", nvcc_s=round(seconds, 1), **(run.attempt("sass", sass_ops, cubin) or {}))
+    if args.smoke or not torch.cuda.is_available():
+        src = torch.randint(0, 256, (64 * KB,), dtype=torch.uint8)
+        ref = expected_sums(src, 4 * KB, 5, 4, 2, 1)
+        assert torch.equal(ref[0], ref[1]) and not torch.equal(ref[1], ref[2])  # a cluster's blocks share a stream
+        assert ctypes.sizeof(LaunchAttribute) == 72 and ctypes.sizeof(LaunchConfig) == 56  # cuda.h's, CUDA 12-13
+        run.finish(["name", "nvcc_s", "UBLKCP.S.G.MULTICAST", "multicast_copies"])
+        return 0
+
+    from tilecore.napkin import H100
+
+    l2 = next(lv for lv in H100.levels if lv.name == "L2").bandwidth
+    probe = Probe(cubin)
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    run.extra["settings"] = {"working_set": 16 * 2**20, "mib_per_block": args.mib_per_block,
+                             "napkin_l2_bytes_per_s": l2, "sms": sms, "rings": args.rings}
+    for ring in args.rings.split(","):
+        if run.left() < 15:
+            run.errors.append(f"deadline: ring {ring} not run")
+            break
+        run.attempt(f"ring {ring}", ring_phase, run, probe, flag, sms, l2, ring, args.mib_per_block)
+    run.finish(["name", "pass", "grid", "ms", "delivered_tbs", "l2_tbs", "per_sm_gbs", "napkin_delivered_tbs",
+                "measured_over_napkin", "multicast_copies"])
+    return 0 if not run.errors and all(r.get("pass", True) for r in run.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
