@@ -272,3 +272,45 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
         assert (du1 is None) == (du0 is None) and (dk1 is None) == (dk0 is None)
         assert (du1 is None or torch.equal(du1, du0)) and (dk1 is None or torch.equal(dk1, dk0))
     _clear()
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_fft_conv_recipe_hands_a_kept_launch_its_tables_by_address(monkeypatch, kept):
+    """fft_conv's keyed Gluon call (op._GluonConv) with TABLES_BY_ADDRESS on hands a kept launch its six DFT tables as
+    their addresses (the tensors the recipe holds), every other argument as the switch off hands it; a launch that is
+    not kept (the first launches, another device, the switch BIND_KEYED_LAUNCHES off) gets the tensors either way."""
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", type("Recorder", (), {
+        "keyed": launch.LRU(4), "run": lambda self, key, grid, args, kwargs: None})())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
+    monkeypatch.setattr(fft_op, "signature", _signature)
+    _clear()
+    torch.manual_seed(9)
+    u = torch.randn(2, 3, 1024).to(torch.bfloat16)
+    k = torch.randn(3, 300)
+    for _ in range(2):  # the key's first call (general) keeps the recipe
+        fft_op.fft_conv(u, k)
+    recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
+    launched = []
+
+    class Launch:  # a KeyedLaunch's stand-in: records what it is handed
+        def kept(self):
+            return kept
+
+        def __call__(self, args):
+            launched.append(args)
+    recipe.launch = Launch()
+    for on in (True, False):
+        with patched(fft_op, TABLES_BY_ADDRESS=on):
+            fft_op.fft_conv(u, k)
+    on, off = launched
+    tables = recipe.tail[:6]
+    assert len(on) == len(off) == 3 + len(recipe.tail) and all(isinstance(t, torch.Tensor) for t in tables)
+    assert on[0] is off[0] is u
+    for a, b in zip(on[3:9], tables):
+        assert a == b.data_ptr() if kept else a is b
+    assert all(b is t for b, t in zip(off[3:9], tables))
+    assert on[9:] == off[9:] == recipe.tail[6:] and all(type(a) is int for a in on[9:])
+    if kept:  # (the spectrum by its address too, as before)
+        assert type(on[1]) is int and type(off[1]) is int
+    _clear()

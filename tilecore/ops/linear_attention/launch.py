@@ -91,8 +91,9 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
     out_dtype = v.dtype
     if plan.config["upcast"]:
         q, k, v, z = (None if t is None else t.float() for t in (q, k, v, z))
-    o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
-    o_lin = torch.empty(B, N, H, Dv, dtype=torch.float32, device=v.device) if keep_linear else None
+    # (new_empty: v's dtype and device, ~1 us under torch.empty's with device= on the H100's host: issue 31)
+    o = v.new_empty((B, N, H, Dv))
+    o_lin = v.new_empty((B, N, H, Dv), dtype=torch.float32) if keep_linear else None
     ht = gluon_forward.empty_state(B, H, Fdim, Dv, v.device, beta is not None) if final_state else None
     if B * H > 0:
         recipe = _TL_FORWARDS.get(key) if key is not None and tiles_launch.OP_RECIPES else None
@@ -212,8 +213,8 @@ class GluonForward:
 
     def __call__(self, q, k, v, h0):
         """(o, the final state or None)."""
-        o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
-        ht = None if self.ht_shape is None else torch.empty(self.ht_shape, dtype=torch.float32, device=self.device)
+        o = q.new_empty(self.o_shape, dtype=self.dtype)  # (q's device, the key's: no device= parsed)
+        ht = None if self.ht_shape is None else q.new_empty(self.ht_shape, dtype=torch.float32)
         sources = (q, k, v, o, ht, h0)
         args = list(self.template)
         for i, source in self.slots:
