@@ -35,13 +35,21 @@ kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
+from tilecore.tiles.gluon import (Layout, ring, run, split_n, stage_struct, store_block, struct, wgmma_layout,
+                                  wgmma_lhs_layout)
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
+# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``), each a shorter
+# dependent tensor-core chain than FORM 0's (K Q^T's eight 16-deep wgmmas into one accumulator, then S^T Q^T's eight):
+KQ_SPLIT = gl.constexpr(1)  # K Q^T as two 64-deep halves into two accumulators, their 16-deep steps interleaved,
+# summed after the wait (32 registers more)
+KQ_SQ_IL = gl.constexpr(2)  # K Q^T's and S^T Q^T's 16-deep steps interleaved (S^T's bf16 operand by 16 columns):
+# two chains in flight, no register more, the same sums as FORM 0
+PV_UPD_IL = gl.constexpr(4)  # P V's and the update's 16-deep steps interleaved (wV^T by 16 columns): the same sums
 
 
 @stage_struct
@@ -146,6 +154,8 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
+    FORM: gl.constexpr  # with beta: the step's form bits (KQ_SPLIT, KQ_SQ_IL, PV_UPD_IL; configs.GLUON_MAMBA_FORM),
+    # else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -331,27 +341,58 @@ class LinearAttentionForward:
         w_i = w_smem.load(gl.SliceLayout(0, self.SL))
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
         vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
-        wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
-        S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
-        S_acc = walk.S * gl.exp2(G_last)
+        if self.FORM & PV_UPD_IL:
+            w01, w23 = split_n((vT * gl.expand_dims(w_i, 0)).to(dtype))
+            w0, w1 = split_n(w01)
+            w2, w3 = split_n(w23)
+            w0 = gl.convert_layout(w0, self.PL)
+            w1 = gl.convert_layout(w1, self.PL)
+            w2 = gl.convert_layout(w2, self.PL)
+            w3 = gl.convert_layout(w3, self.PL)
+        else:
+            wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
         qT = q.permute((1, 0))
-        s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False, is_async=True)
-        qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
-                               is_async=True)
-        # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are strong:
-        # one select takes them away)
-        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-        s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
+        if self.FORM & KQ_SQ_IL:
+            S_acc, s, o = self.scores_interleaved(walk.S, G_last, q, k, G_j, g_smem)
+        else:
+            S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
+            S_acc = walk.S * gl.exp2(G_last)
+            if self.FORM & KQ_SPLIT:
+                s_tok, s2_tok = self.scores_halves(q, k)
+            else:
+                s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
+                                      is_async=True)
+            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                                   is_async=True)
+            # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are
+            # strong: one select takes them away)
+            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+            if self.FORM & KQ_SPLIT:
+                s, s2, o = warpgroup_mma_wait(0, deps=(s_tok, s2_tok, qs_tok))
+                s = (s + s2) * f
+            else:
+                s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
+                s = s * f
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-        pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+        pT = gl.where(causal, s * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
         p_smem.store(pT.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
-        o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
-        S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
+        if self.FORM & PV_UPD_IL:
+            o_tok = warpgroup_mma(v.slice(0, 16, 0).permute((1, 0)), p_smem.slice(0, 16, 0), o, is_async=True)
+            S_tok = warpgroup_mma(w0, k.slice(0, 16, 0), S_acc, is_async=True)
+            o_tok = warpgroup_mma(v.slice(16, 16, 0).permute((1, 0)), p_smem.slice(16, 16, 0), o_tok, is_async=True)
+            S_tok = warpgroup_mma(w1, k.slice(16, 16, 0), S_tok, is_async=True)
+            o_tok = warpgroup_mma(v.slice(32, 16, 0).permute((1, 0)), p_smem.slice(32, 16, 0), o_tok, is_async=True)
+            S_tok = warpgroup_mma(w2, k.slice(32, 16, 0), S_tok, is_async=True)
+            o_tok = warpgroup_mma(v.slice(48, 16, 0).permute((1, 0)), p_smem.slice(48, 16, 0), o_tok, is_async=True)
+            S_tok = warpgroup_mma(w3, k.slice(48, 16, 0), S_tok, is_async=True)
+        else:
+            o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
+            S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.HAS_D:
@@ -374,6 +415,57 @@ class LinearAttentionForward:
         return Walk(S)
 
     @gluon.jit
+    def scores_halves(self, q, k):
+        """KQ_SPLIT: K Q^T's two 64-deep halves into two accumulators, their 16-deep wgmmas issued in turn."""
+        z = gl.zeros([self.BT, self.BT], gl.float32, self.SL)
+        H2: gl.constexpr = self.BK // 2
+        a = warpgroup_mma(k.slice(0, 16, 1), q.slice(0, 16, 1).permute((1, 0)), z, use_acc=False, is_async=True)
+        b = warpgroup_mma(k.slice(H2, 16, 1), q.slice(H2, 16, 1).permute((1, 0)), z, use_acc=False, is_async=True)
+        for kk in gl.static_range(1, H2 // 16):
+            a = warpgroup_mma(k.slice(16 * kk, 16, 1), q.slice(16 * kk, 16, 1).permute((1, 0)), a, is_async=True)
+            b = warpgroup_mma(k.slice(H2 + 16 * kk, 16, 1), q.slice(H2 + 16 * kk, 16, 1).permute((1, 0)), b,
+                              is_async=True)
+        return a, b
+
+    @gluon.jit
+    def scores_interleaved(self, S, G_last, q, k, G_j, g_smem):
+        """KQ_SQ_IL: K Q^T and S^T Q^T, their 16-deep wgmmas issued in turn (S^T's bf16 operand split into 16-column
+        pieces in registers: split_n moves no data); returns (2^(G_last) S^T, K Q^T 2^(G_i - G_j), S^T Q^T)."""
+        dtype: gl.constexpr = self.q_desc.dtype
+        gl.static_assert(self.BK == 128, "KQ_SQ_IL takes Dk 128")
+        L16: gl.constexpr = wgmma_lhs_layout(self.BV, self.BT, gl.num_warps())
+        Sb = S.to(dtype)
+        lo, hi = split_n(Sb)
+        a01, a23 = split_n(lo)
+        a45, a67 = split_n(hi)
+        a0, a1 = split_n(a01)
+        a2, a3 = split_n(a23)
+        a4, a5 = split_n(a45)
+        a6, a7 = split_n(a67)
+        S_acc = S * gl.exp2(G_last)
+        z = gl.zeros([self.BT, self.BT], gl.float32, self.SL)
+        s = warpgroup_mma(k.slice(0, 16, 1), q.slice(0, 16, 1).permute((1, 0)), z, use_acc=False, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a0, L16), q.slice(0, 16, 1).permute((1, 0)), z, use_acc=False,
+                          is_async=True)
+        s = warpgroup_mma(k.slice(16, 16, 1), q.slice(16, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a1, L16), q.slice(16, 16, 1).permute((1, 0)), o, is_async=True)
+        s = warpgroup_mma(k.slice(32, 16, 1), q.slice(32, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a2, L16), q.slice(32, 16, 1).permute((1, 0)), o, is_async=True)
+        s = warpgroup_mma(k.slice(48, 16, 1), q.slice(48, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a3, L16), q.slice(48, 16, 1).permute((1, 0)), o, is_async=True)
+        s = warpgroup_mma(k.slice(64, 16, 1), q.slice(64, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a4, L16), q.slice(64, 16, 1).permute((1, 0)), o, is_async=True)
+        s = warpgroup_mma(k.slice(80, 16, 1), q.slice(80, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a5, L16), q.slice(80, 16, 1).permute((1, 0)), o, is_async=True)
+        s = warpgroup_mma(k.slice(96, 16, 1), q.slice(96, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a6, L16), q.slice(96, 16, 1).permute((1, 0)), o, is_async=True)
+        s = warpgroup_mma(k.slice(112, 16, 1), q.slice(112, 16, 1).permute((1, 0)), s, is_async=True)
+        o = warpgroup_mma(gl.convert_layout(a7, L16), q.slice(112, 16, 1).permute((1, 0)), o, is_async=True)
+        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+        s, o = warpgroup_mma_wait(0, deps=(s, o))
+        return S_acc, s * f, o
+
+    @gluon.jit
     def wait(self, ctx, walk):
         return walk
 
@@ -388,7 +480,7 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
@@ -409,7 +501,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
                                     BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
-                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
@@ -417,7 +509,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
                                     wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
-                                    None)
+                                    None, FORM)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -517,11 +609,12 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, form=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
-    for a CachedLaunch)."""
+    for a CachedLaunch). ``form``: Mamba-2's step form (with beta; None: configs.GLUON_MAMBA_FORM; without beta 0)."""
+    from tilecore.ops.linear_attention import configs
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -554,7 +647,8 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None)
+                HAS_H0=h0 is not None, STORE_HT=ht is not None,
+                FORM=0 if beta is None else (configs.GLUON_MAMBA_FORM if form is None else form))
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -620,7 +714,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, form: int | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -633,7 +727,7 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None)
               else (None, None))
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), ht, 1.0, stages)
+                                    torch.empty_like(v), ht, 1.0, stages, form=form)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
