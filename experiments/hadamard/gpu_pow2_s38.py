@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | c | d | e | f | g | h | i | j | k] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | ... | l] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -33,7 +33,8 @@ TRUNC_HI (the hi piece truncated, one conversion a pair fewer) beside the shippe
 TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 / int4 16384 again. --set h (batch 4): fp8_e5m2
 on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024. --set i (batch 5): the other 4-bit
 rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's flips against the plans before them. --set k: the shipped plans of rows
-without a recent figure.
+without a recent figure. --set l (session 40, batch 1): more warps an SM at 16384 / 32768 (8 warps capped at 128
+registers, a third program on one stage, 16 warps at 32768).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -177,6 +178,28 @@ SETS["k"] = {key: [] for key in (
     ("fp8_e4m3", 256), ("int8", 256), ("fp8_e4m3", 512), ("int8", 512), ("fp8_e5m2", 256), ("fp8_e5m2", 512),
     ("mxfp4", 32768), ("nvfp4", 32768), ("int4", 32768), ("nvfp4", 14336), ("mxfp4", 28672), ("nvfp4", 18944),
     ("int4", 11008))}
+
+# session 40, batch 1 (helper HE): more warps an SM at 16384 / 32768, where the shipped plans run 8 (sm_90a, compiled on the
+# CPU: fp8 16384's (4, 64, 64) on 4 warps takes 218 registers and 76 KB, two programs an SM; on 8 warps capped at 128
+# registers (128 B spilled) two programs of 8 warps fit (16 warps an SM); a third 4-warp program (maxnreg 168, 164 B
+# spilled) fits only on one stage (16 KB: three of 76 KB do not fit 228 KB). 32768's (4, 128, 64) on 8 warps takes 234
+# registers (255 for the 4-bit formats), one program an SM; on 16 warps 128 registers, 232-276 B spilled: 16 warps an SM)
+W8_R128 = ("w8_r128", dict(num_warps=8, maxnreg=128))
+W16 = ("w16", dict(num_warps=16))
+SETS["l"] = {  # (priority order: the deadline skips the last)
+    ("fp8_e4m3", 16384): [W8_R128, ("w4_3p", dict(num_stages=1, waves=3, maxnreg=168))],
+    ("fp8_e4m3", 32768): [W16],
+    ("int8", 32768): [W16, ("w16_trunc", dict(num_warps=16, trunc_hi=True))],
+    ("mxfp4", 16384): [W8_R128],
+    ("nvfp4", 16384): [W8_R128],
+    ("int4", 16384): [("4x64_w4", dict(split=(4, 64, 64), num_warps=4, num_stages=2, waves=2, perm=True)),
+                      ("4x64_w8_r128", dict(split=(4, 64, 64), num_warps=8, num_stages=2, waves=2, maxnreg=128))],
+    ("mxfp4", 32768): [W16],
+    ("nvfp4", 32768): [W16],
+    ("int4", 32768): [W16],
+    ("fp8_e5m2", 16384): [W8_R128],
+    ("fp8_e5m2", 32768): [W16],
+}
 
 
 def cases(name: str):
