@@ -65,12 +65,15 @@ def test_measured_constants_fold_into_the_preset(tmp_path):
 @pytest.mark.parametrize("d,shipped", [(128, ((128, 128, 128), 2, 2)), (64, ((192, 128, 64), 3, 3))])
 def test_shipped_attention_forward_tile_is_in_the_top_k(d, shipped):
     # tilecore/ops/attention/configs.py: D128 two consumers of 64 rows, 128 keys, 2 stages; D64 from
-    # N 2048 three consumers (192 rows), 3 stages. The napkin cannot tell these near-ties apart (they
-    # are all tensor-bound): the shipped tile is within 1% of its best and in its top 8
+    # N 2048 three consumers (192 rows), 3 stages. With the key-step term (engine.ATTENTION_STEP_S) the D128
+    # tile is the napkin's first; at D64 only 256- and 176-key steps, which the Gluon kernel does not take, rank
+    # above it, and among the tiles it takes (64-row consumers, 64 or 128 keys) it ties the first (2 or 3 stages)
     from tilecore.napkin.engine import rank_attention_configs
 
     ranked = rank_attention_configs(16, 16, 4096, d)
-    top = [(c.block, c.warpgroups, c.stages) for c in ranked[:8]]
+    top = [(c.block, c.warpgroups, c.stages) for c in ranked[:4]]
     assert shipped in top
     mine = next(c for c in ranked if (c.block, c.warpgroups, c.stages) == shipped)
-    assert mine.time <= 1.01 * ranked[0].time
+    assert mine.time <= 1.02 * ranked[0].time
+    taken = [c for c in ranked if c.block[0] == 64 * c.warpgroups and c.block[1] in (64, 128)]
+    assert mine.time == taken[0].time
