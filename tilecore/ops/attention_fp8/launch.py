@@ -200,6 +200,8 @@ class _GluonLayout:
             P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=int(cfg.get("p_linear", 0)), num_warps=4)
         if causal and cfg.get("hide_first_key", False):  # a tile's first key offset hidden from LLVM (gluon_fp8)
             self.options["HIDE_FIRST_KEY"] = True
+        if cfg.get("pv_late", False):  # P V's wait in a block of its own after the softmax (gluon_fp8)
+            self.options["PV_LATE"] = True
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "

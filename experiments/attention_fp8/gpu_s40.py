@@ -1,0 +1,217 @@
+"""FP8 attention's convenience path (issue 34, session 40) against tilecore's bf16 forward by GPU time, and config
+forms of the kernel (forms()) against the shipped one in the same run.
+
+    PYTHONPATH=. python experiments/attention_fp8/gpu_s40.py [--budget 100] [--cases d128c,d64c,d128,tail,outlier]
+        [--forms old,late] [--smoke]
+
+Forms: "old" (shipped), "late" (configs.GLUON_FORWARD's ``pv_late`` at D64 and D128: P V's wait put in a basic block
+after the softmax by a loop that never runs, gluon_fp8.AttentionFp8.softmax_done; sm_90a SASS: the shipped kernel waits
+for P V (WARPGROUP.DEPBAR) at the top of the softmax's block, before the row max, because ptxas reused P V's A-operand
+registers there; "late" waits after the P codes' FFMAs). Same math: O must be the same bits.
+
+Phases (each only where the budget allows; rows printed as they come, the table last):
+* d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
+  forward: O of each against float64 on the last (batch, head) (outputs poisoned: the allocator's block filled with
+  NaN first), each form's O bit for bit against old's; interleaved rounds of CUDA-graph times and GPU time by the
+  profiler (each call after a synchronize: the sum of its kernels, and each kernel's).
+* tail: B2 Hq8 Hkv2 N1008 Nk1104 D128 and D64 causal (GQA, tails): each form against float64 and bit for bit against
+  old's.
+* outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
+  RMSE against float64 (target <= 9.1e-3 rotated), each form.
+* passes: the k pass against torch's bf16 -> e4m3 cast of the same tensor (as gpu_s39.py).
+
+JSON: $OUT/attention_fp8_s40.json (experiments/common/gpu_script.Run).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
+from experiments.attention_fp8.gpu_s38 import (gpu_us, med, outlier_inputs, poison_allocator, ratio,  # noqa: E402
+                                               reference)
+
+
+def forms(names):
+    """name -> (the module configs patched for that form: tiles.switches.patched keyword arguments by module, the head
+    dims it changes anything at)."""
+    from tilecore.ops.attention_fp8 import configs
+
+    gf = configs.GLUON_FORWARD
+    late = {d: dict(c, pv_late=True) for d, c in gf.items()}
+    table = {"old": ({}, (64, 128)),
+             # P V's wait after the softmax (gluon_fp8.AttentionFp8.softmax_done)
+             "late": ({configs: dict(GLUON_FORWARD=late)}, (64, 128))}
+    return {n: table[n] for n in names}
+
+
+def under(patches, fn):
+    """``fn`` called with the patches applied (a with-block of tiles.switches.patched per module)."""
+    from tilecore.tiles.switches import patched
+
+    def call(*a):
+        with contextlib.ExitStack() as stack:
+            for module, values in patches.items():
+                stack.enter_context(patched(module, **values))
+            return fn(*a)
+    return call
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=100.0)
+    ap.add_argument("--cases", default="d128c,d64c,d128,tail,outlier")
+    ap.add_argument("--forms", default="old,late", help="old (shipped), late (forms())")
+    ap.add_argument("--pass-dims", default="128")
+    ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gpu-rounds", type=int, default=4, help="profiler rounds (each form's calls after a sync)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: the script's plumbing only")
+    args = ap.parse_args()
+    import tilecore
+    from tilecore.ops.attention_fp8 import quantize
+
+    run = Run("attention_fp8_s40", deadline=args.budget)
+    smoke = args.smoke
+    dev = "cpu" if smoke else "cuda"
+    dt = torch.float32 if smoke else torch.bfloat16
+    fm = forms(args.forms.split(","))
+    run.extra["forms"] = {n: {getattr(m, "__name__", str(m)): v for m, v in p.items()} for n, (p, _) in fm.items()}
+
+    def fp8_forms(causal, D):
+        return {n: under(p, lambda q, k, v: tilecore.attention(q, k, v, causal=causal, precision="fp8"))
+                for n, (p, dims) in fm.items() if D in dims}
+
+    def attention_case(label, B, H, N, D, causal):
+        g = torch.Generator(device=dev).manual_seed(N + D + 40)
+        q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+        ref = reference(q[-1:, -1:], k[-1:, -1:], v[-1:, -1:], causal)[0, 0]
+        fns = {"bf16": lambda: tilecore.attention(q, k, v, causal=causal)}
+        outs = {}
+        for name, f in fp8_forms(causal, D).items():
+            poison_allocator(q)
+            outs[name] = f(q, k, v)
+            fns[name] = (lambda f=f: f(q, k, v))
+        poison_allocator(q)
+        outs["bf16"] = fns["bf16"]()
+        for name, o in outs.items():
+            run.row(f"{label} check {name}", **check(o[-1, -1], ref, tol=40.0 if name != "bf16" else 2.5),
+                    written_all=bool(torch.isfinite(o).all()))
+        for n in outs:
+            if n not in ("old", "bf16"):
+                run.row(f"{label} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+        del outs
+        t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
+        row = {f"{n}_graph_ms": t.get(f"{n}_graph_ms") for n in fns}
+        for n in fns:
+            if n == "bf16":
+                continue
+            row[f"{n}_x_bf16_graph"] = ratio(t.get("bf16_graph_ms"), t.get(f"{n}_graph_ms"))
+            if n != "old" and "old" in fns:
+                row[f"{n}_x_old_graph"] = ratio(t.get("old_graph_ms"), t.get(f"{n}_graph_ms"))
+        row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
+        run.row(f"{label} graph", **row)
+        if run.left() < 6:
+            return
+        gpu = {n: [] for n in fns}
+        kernels = {}
+        for r in range(args.gpu_rounds):  # interleaved
+            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                res = gpu_us(fns[n])
+                gpu[n].append(res["total_us"])
+                kernels[n] = res["kernels"]
+        grow = {f"{n}_gpu_us": gpu[n] for n in fns}
+        if not smoke:
+            for n in fns:
+                if n == "bf16":
+                    continue
+                grow[f"{n}_x_bf16_gpu"] = ratio(med(gpu["bf16"]), med(gpu[n]))
+                if n != "old" and "old" in gpu:
+                    grow[f"{n}_x_old_gpu"] = ratio(med(gpu["old"]), med(gpu[n]))
+        grow["kernels"] = kernels
+        run.row(f"{label} gpu time", **grow)
+
+    def passes():
+        """The k pass's launch shapes (blocks of 128 rows a program x warps x stages, --shapes) against the shipped one
+        and the cast of the same tensor, one kernel each, from CUDA graphs; each checked bit for bit."""
+        for D in [int(d) for d in args.pass_dims.split(",")]:
+            B, H, N = (1, 2, 512) if smoke else (16, 16, 4096)
+            g = torch.Generator(device=dev).manual_seed(7 + D)
+            k = torch.randn(B, H, N, D, device=dev, generator=g).to(dt)
+            signs = quantize.rotation_signs(D, k.device)
+            ship = quantize.rotate_quantize(k, signs=signs, scales="block")
+            fns = {"cast": lambda k=k: k.to(torch.float8_e4m3fn),
+                   "k_ship": lambda k=k, s=signs: quantize.rotate_quantize(k, signs=s, scales="block")}
+            for shape in args.shapes.split(","):
+                rb, nw, ns = (int(x) for x in shape.split("x"))
+                cfg = dict(row_blocks=rb, num_warps=nw, num_stages=ns)
+                f = (lambda k=k, s=signs, cfg=cfg: quantize.rotate_quantize(k, signs=s, scales="block", config=cfg))
+                if not same_bits(f(), ship):
+                    run.errors.append(f"passes D{D} {shape}: not the shipped bits")
+                    continue
+                fns[f"k_{shape}"] = f
+            t = time_rounds(fns, rounds=3, graph=True, eager=False, deadline=run)
+            row = {}
+            moved = 3 * k.numel()
+            for n in fns:
+                ms = t.get(f"{n}_graph_ms")
+                row[f"{n}_us"] = round(ms * 1e3, 2) if ms else None
+                row[f"{n}_GBps"] = round(moved / (ms * 1e-3) / 1e9, 1) if ms else None
+            for n in fns:
+                if n != "cast":
+                    row[f"{n}_of_cast"] = ratio(row.get("cast_us"), row.get(f"{n}_us"))
+            row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
+            run.row(f"passes D{D}", **row)
+
+    def tail():
+        for D in (128, 64):
+            B, Hq, Hkv, N, Nk = (1, 4, 2, 40, 56) if smoke else (2, 8, 2, 1008, 1104)
+            g = torch.Generator(device=dev).manual_seed(11 + D)
+            q = torch.randn(B, Hq, N, D, device=dev, generator=g).to(dt)
+            k, v = (torch.randn(B, Hkv, Nk, D, device=dev, generator=g).to(dt) for _ in range(2))
+            ref = reference(q, k, v, True)
+            outs = {}
+            for name, f in fp8_forms(True, D).items():
+                poison_allocator(q)
+                outs[name] = f(q, k, v)
+                run.row(f"tail D{D} check {name}", **check(outs[name], ref, tol=40.0))
+            for n in outs:
+                if n != "old":
+                    run.row(f"tail D{D} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+
+    def outlier():
+        B, H, N, D = (1, 2, 64, 128) if smoke else (1, 16, 2048, 128)
+        q, k, v = outlier_inputs(B, H, N, D, dev, dt)
+        ref = reference(q, k, v, True)
+        row = {}
+        for name, f in fp8_forms(True, D).items():
+            row[f"{name}_rmse"] = (f(q, k, v).double() - ref).pow(2).mean().sqrt().item()
+        row["bf16_rmse"] = (tilecore.attention(q, k, v, causal=True).double() - ref).pow(2).mean().sqrt().item()
+        row["pass"] = max(v for n, v in row.items() if n != "bf16_rmse") <= 9.1e-3
+        run.row("outlier causal rotated", **row)
+
+    shapes = {"d128c": (128, True), "d64c": (64, True), "d128": (128, False), "d64": (64, False)}
+    need = {"passes": 10, "tail": 8, "outlier": 6, "d128c": 15, "d64c": 15, "d128": 15, "d64": 15}
+    for c in args.cases.split(","):
+        if run.left() < need.get(c, 10):
+            run.errors.append(f"{c}: skipped for the time budget ({run.elapsed():.0f} s)")
+            run.say("skipped for the time budget:", c)
+            continue
+        if c in shapes:
+            D, causal = shapes[c]
+            B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
+            run.attempt(c, attention_case, c, B, H, N, D, causal)
+        else:
+            run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
+    cols = ["name", "pass", "err_over_floor"] + [f"{n}_x_bf16_graph" for n in fm] + [f"{n}_x_bf16_gpu" for n in fm] \
+        + [f"{n}_x_old_{w}" for n in fm if n != "old" for w in ("graph", "gpu")]
+    run.finish(cols + ["k_ship_of_cast"])
+
+
+if __name__ == "__main__":
+    main()
