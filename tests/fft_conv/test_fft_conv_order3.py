@@ -28,6 +28,9 @@ def _correlation(u64, k64):
                                                        (8192, torch.float16, False, 3.5, 1),
                                                        (8192, torch.bfloat16, False, 1.2, 2),
                                                        (8192, torch.bfloat16, True, 1.2, 2),
+                                                       (8192, torch.bfloat16, False, 1.2, 4),  # (TCHUNK's)
+                                                       (8192, torch.bfloat16, True, 1.2, 4),
+                                                       (16384, torch.bfloat16, False, 1.2, 2),
                                                        (16384, torch.bfloat16, False, 1.2, 1),
                                                        (16384, torch.bfloat16, True, 1.2, 1),
                                                        (16384, torch.float16, False, 3.5, 1),
@@ -108,6 +111,35 @@ def test_order3_compiles_for_hopper_with_wgmma_and_no_spill(n, kg, g1):
     assert row["mmas"] >= 2 * a2 * 4 + 4 * 4, row
     # a wait a complex product: A2 columns twice over G1, the chunk loop's 4
     assert row["waits"] <= 2 * a2 // g1 + 4, row
+
+
+CODE_T = """
+import json, re, sys
+from tilecore.ops.fft_conv.report import order3_variant
+from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
+name, kernel, args, warps, _ = order3_variant(8192, 2, True, 4, 2, tchunk=True)
+compiled = compile_kernel(kernel, args, num_warps=warps)
+ptx = compiled.asm["ptx"]
+print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
+                      sins=len(re.findall(r"sin\\.approx", ptx)), **vars(resources(compiled)),
+                      **has_hopper_instructions(ptx))))
+"""
+
+
+def test_order3_transposed_chunks_compile_for_hopper():
+    """TCHUNK at 8192 (KG 4: a chunk's 64 rows k_a): wgmma, two programs a multiprocessor by shared memory (T as the
+    wgmma's tiles, no staging tile, no -Im F_B) and registers; the chunk loop's four complex products (1b, 3, 3', 1'b)
+    once with a wait each, 1a's and 1'a's as the shipped build's. (A candidate: 140 B of spill at 255 registers.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", CODE_T], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout)
+    assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and row["threads"] == 128, row
+    assert 2 * (row["shared"] + 1024) <= 228 * 1024 and 2 * row["registers"] * 128 <= 65536, row
+    assert row["spill_stores"] <= 256, row
+    a2 = gluon_order3.factors(8192)[2]
+    # (a [64, 64] @ [64, 64] product: four m64n64k16 wgmmas)
+    assert row["mmas"] == 2 * a2 * 4 + 4 * 4 * 4 and row["waits"] == 2 * a2 // 2 + 4, row
 
 
 CODE_WG = """
@@ -204,6 +236,13 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
     with pytest.raises(ValueError, match="k1 values a chunk"):
         conv_plan.order3_plan(4096, 3, True, 1)  # (a chunk's stage 1b needs K = KG A2 >= 16)
     assert conv_plan.order3_plan(4096, 3, True, 2).n1 == 128
+    # the transposed chunk takes exactly KG A2 = 64 rows: KG 4 at 8192, 2 at 16384
+    assert conv_plan.order3_plan(8192, 2, True, 4, 2, tchunk=True).tchunk
+    assert conv_plan.order3_plan(16384, 1, True, 2, 2, 2, tchunk=True).loop == 2
+    with pytest.raises(ValueError, match="tchunk"):
+        conv_plan.order3_plan(8192, 2, True, 2, 2, tchunk=True)
+    with pytest.raises(ValueError, match="tchunk"):
+        conv_plan.order3_plan(4096, 3, True, 4, 2, tchunk=True)
     for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
         for c in candidates:
             conv_plan.order3_plan(n, *c)
@@ -219,13 +258,16 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, False, 2, 2), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, False, "k", 2, 2, 1, 2, False)  # (... warpgroups, RFFT 2: complex64 bins, KMID)
+    assert seen[0][3:] == (True, 1, False, "k", 2, 2, 1, 2, False, False)  # (... warpgroups, RFFT 2, KMID, TCHUNK)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, True, 1, 2, 2), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, True, None, 1, 2, 2, 2, False)  # (two warpgroups a pair)
+    assert seen[0][3:] == (False, 1, True, None, 1, 2, 2, 2, False, False)  # (two warpgroups a pair)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 3, True), u, spectrum, y, False)
-    assert seen[0][3:] == (False, 2, True, None, 2, 2, 1, 3, True)  # (float16 bins, KMID)
+    assert seen[0][3:] == (False, 2, True, None, 2, 2, 1, 3, True, False)  # (float16 bins, KMID)
+    seen.clear()
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 4, 2, 1, 2, False, True), u, spectrum, y, False)
+    assert seen[0][3:] == (False, 2, True, None, 4, 2, 1, 2, False, True)  # (the chunks transposed at KG 4)
 
 
 def test_model_counts_order3_below_order2():

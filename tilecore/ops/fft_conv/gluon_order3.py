@@ -33,8 +33,9 @@ torch: gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be int
 """
 from triton.experimental import gluon
 
-from tilecore.ops.fft_conv.gluon_onepass import (Stages, _forward_stages, _inverse_stages, _load_raw, _max4,
-                                                 _resident, _scaled_both, _spectrum_issue, _walk)
+from tilecore.ops.fft_conv.gluon_onepass import (Stages, _complex_mma, _forward_stages, _inverse_stages, _load_raw,
+                                                 _max4, _resident, _scaled_both, _spectrum_at, _spectrum_issue,
+                                                 _twiddles, _walk)
 from tilecore.tiles.gluon import struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
@@ -59,11 +60,22 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 
 @gluon.jit
+def _swizzled(p, a2: gl.constexpr, SWZ: gl.constexpr):
+    """TCHUNK: the m held at position p of row (k1, a2) of T. T is then the wgmma's NVMMA tile [16 A2, B] (rows of 128 B,
+    the 128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8);
+    1a and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m
+    (each of their rows is independent: only the addresses move). Else p."""
+    if SWZ:
+        p = p ^ (8 * (a2 % 8))
+    return p
+
+
+@gluon.jit
 def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr):
+          io: gl.constexpr, lhs1: gl.constexpr, SWZ: gl.constexpr = False):
     """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
-    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed."""
-    m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
+    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed. SWZ: row p holds m = _swizzled(p, a2)."""
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2, SWZ)
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     keep = gl.expand_dims(a1 < 8, 0) & gl.expand_dims(m >= 0, 1)
@@ -93,14 +105,14 @@ def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr)
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr):
+              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False):
     """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, SWZ)
     p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
     if G1 == 2:
-        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
+        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, SWZ)
         p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
         p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
@@ -129,10 +141,10 @@ def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lh
 
 @gluon.jit
 def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
-          B: gl.constexpr, io8: gl.constexpr):
+          B: gl.constexpr, io8: gl.constexpr, SWZ: gl.constexpr = False):
     """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
-    sequence); past the batch masked."""
-    m = gl.arange(0, B, layout=gl.SliceLayout(1, io8))
+    sequence); past the batch masked. SWZ: row p of out is m = _swizzled(p, a2)."""
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2, SWZ)
     a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     ty: gl.constexpr = Y.dtype.element_ty
@@ -143,7 +155,7 @@ def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.const
 @gluon.jit
 def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr):
+                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False):
     """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2: two
     columns' eight wgmmas issued together, one wait."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
@@ -154,11 +166,11 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
         p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
         p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
-        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
+        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
+        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, SWZ)
     else:
         p, q, vre, vim, nvre = warpgroup_mma_wait(0, deps=(p, q, vre, vim, nvre))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
+        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
 
 
 @struct
@@ -183,7 +195,7 @@ class Order3Shared:
     stride_yb: object
     stride_yh: object
     stride_kh: object
-    T_re: object  # [16, A2, B] float16: T[k1, a2, m], then T'
+    T_re: object  # [16, A2, B] float16: T[k1, a2, m], then T' (TCHUNK: [16 / KG, C, B] NVMMA, rows swizzled)
     T_im: object
     scl: object  # [32] float32: each warpgroup's chunk scales at 16 p + k1 (WARPGROUPS 2), else None
     bars: object  # [2, 1] mbarriers: T written, T' written (WARPGROUPS 2), else None
@@ -195,6 +207,7 @@ class Order3Shared:
     G1: gl.constexpr
     RFFT: gl.constexpr  # 2: K's bins complex64 (one 64-bit load a bin); 3: float16 (one 32-bit load)
     KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
+    TCHUNK: gl.constexpr  # the chunks transposed (_tchunk); T_re, T_im then the NVMMA tiles [16 / KG, C, B]
 
 
 @struct
@@ -207,15 +220,16 @@ class Order3Tables:
     f8im: object
     f2re: object  # [C, C]: KG x F_A2 on the diagonal (1b, 1'b)
     f2im: object
+    f2nim: object  # -Im F2 (TCHUNK: 1b and 1'b take both operands from shared memory), else f2im (unused)
     fbre: object  # [B, B] float16
     fbim: object
-    fbnim: object  # -Im F_B
-    tile_re: object  # [B, C] float16: R, then Y (the square products' B operands)
+    fbnim: object  # -Im F_B (TCHUNK: fbim, unused: the register A operand negated instead)
+    tile_re: object  # [B, C] float16: R, then Y (the square products' B operands; TCHUNK: None)
     tile_im: object
 
 
 @gluon.jit
-def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr):
+def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr, TCHUNK: gl.constexpr = False):
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
     f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
     f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
@@ -225,8 +239,14 @@ def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.
     f2im = _resident(F2IM, C, C, C, 0, False, table)
     fbre = _resident(FBRE, B, B, B, 0, False, table)
     fbim = _resident(FBIM, B, B, B, 0, False, table)
-    fbnim = _resident(FBIM, B, B, B, 0, True, table)
-    return f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim
+    # (the table a build does not use: the other plane, never read)
+    if TCHUNK:  # (two programs a SM at 8192 fit only without -Im F_B: the register A operands are negated instead)
+        f2nim = _resident(F2IM, C, C, C, 0, True, table)
+        fbnim = fbim
+    else:
+        f2nim = f2im
+        fbnim = _resident(FBIM, B, B, B, 0, True, table)
+    return f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim
 
 
 @gluon.jit
@@ -270,7 +290,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 RFFT: gl.constexpr = 2, KMID: gl.constexpr = False):
+                                 RFFT: gl.constexpr = 2, KMID: gl.constexpr = False, TCHUNK: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -287,7 +307,10 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
     RFFT 3: K is the spectrum's bins as float16 (re, im) pairs (filter_spectrum(..., torch.float16): one 32-bit load a
     bin, half the bytes from L2); KMID: a chunk's bins loaded between its stage-3 wgmmas' issue and their wait (their
-    L2 latency off the chain; the same values)."""
+    L2 latency off the chain; the same values). TCHUNK: each chunk's tile transposed (_tchunk: rows k_a, C = KG A2 = 64,
+    so KG 4 at 8192, 2 at 16384): T is the wgmma's NVMMA tile, stage 1b reads its chunk from there as the B operand,
+    stages 1b and 3 feed stages 3 and 3' as register A operands, D^T and T' go back over the chunk (no staging tile, no
+    -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3)."""
     gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
@@ -298,31 +321,96 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
     C: gl.constexpr = KG * A2  # a chunk's columns
     gl.static_assert(C >= 16, "a chunk's stage 1b has K = KG A2 >= 16 (the float16 wgmma's K)")
+    gl.static_assert(C == B or not TCHUNK, "TCHUNK: a chunk's KG A2 = 64 rows k_a (the wgmma's M)")
     if WARPGROUPS == 1:
-        f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM,
-                                                                                  B, C)
-    t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
-    T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
+        f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE,
+                                                                                        FBIM, B, C, TCHUNK)
+    if TCHUNK:  # T as the wgmma's tiles: chunk j's [C, B] rows (k1, a2) at [j] (1a and 1'a: _swizzled)
+        t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, B], gl.float16)
+        T_re = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
+        T_im = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
+    else:
+        t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
+        T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
     if WARPGROUPS == 2:
         scl = gl.allocate_shared_memory(gl.float32, [32], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bars.index(0), count=2)  # (one arrival a warpgroup)
         mbarrier.init(bars.index(1), count=2)
     else:
-        stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
-        tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
-        tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        if TCHUNK:
+            tile_re = None
+            tile_im = None
+        else:
+            stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
+            tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+            tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1, RFFT, KMID)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1, RFFT, KMID,
+                     TCHUNK)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
-        _order3_walk(g, Order3Tables(f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim, tile_re, tile_im), 0, 1)
+        _order3_walk(g, Order3Tables(f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim, tile_re, tile_im),
+                     0, 1)
     else:
         gl.warp_specialize([(_order3_walk, (g, None, 0, 2)), (_order3_walk, (g, None, 1, 2))], [4], [WORKER_REGS])
+
+
+@gluon.jit
+def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.constexpr):
+    """TCHUNK: one chunk's stages 1b-1'b on its transposed tile (rows k_a; ``f`` its offsets m A + k_a, read as k_a + A
+    k_b after stage 3), T's chunk [C, B] (``t_re``, ``t_im``: rows (k1, a2) of the chunk) in, T'^T's out over it:
+
+        1b. R^T = F2 @ T[chunk]                 both from shared memory (F2 symmetric: KG copies of F_A2)
+        2.  R^T *= W_L^(m k_a)
+        3.  S^T = R^T @ F_B                     R^T float16 in registers (-Im R^T negated there: no -Im F_B);
+                                                Y^T = S^T K at f over its largest |Y|: the chunk's scale s
+        3'. D^T = Y^T @ conj(F_B)               Y^T float16 in registers
+        2'. D^T *= conj(W_L^(m k_a)), float16 over the chunk (1b has read it)
+        1'b. T'^T = conj(F2) @ D^T              float16 over the chunk again: 1'a's input at the chunk's scale
+
+    The roundings of _forward_stages / _inverse_stages on the untransposed chunk (R, Y / s, D and T' to float16);
+    returns s."""
+    # 1b (nothing of the spectrum read early: KPRE 0; its bins load under stage 3's wgmmas)
+    rre, rim = _complex_mma(f2re, t_re, f2nim, t_im, f2re, t_im, f2im, t_re, zeros, True, False)
+    twre, twim = _twiddles(st, f, 0)
+    rre, rim = rre * twre - rim * twim, rre * twim + rim * twre
+    rre = gl.convert_layout(rre.to(gl.float16), lhs)
+    rim = gl.convert_layout(rim.to(gl.float16), lhs)
+    nrim = -rim
+    # 3, the bins loaded while its wgmmas run
+    p = warpgroup_mma(rre, st.fbre, zeros, use_acc=False, is_async=True)
+    p = warpgroup_mma(nrim, st.fbim, p, is_async=True)
+    q = warpgroup_mma(rre, st.fbim, zeros, use_acc=False, is_async=True)
+    q = warpgroup_mma(rim, st.fbre, q, is_async=True)
+    kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
+    sre, sim, rre, rim, nrim = warpgroup_mma_wait(0, deps=(p, q, rre, rim, nrim))
+    yre = sre * kre - sim * kim
+    yim = sre * kim + sim * kre
+    scale = gl.max(gl.max(gl.maximum(gl.abs(yre), gl.abs(yim)), axis=1), axis=0)
+    scale = gl.where(scale > 0, scale, 1.0)  # (NaN stays NaN: a NaN filter's outputs)
+    inv = 1.0 / scale
+    yre = gl.convert_layout((yre * inv).to(gl.float16), lhs)
+    yim = gl.convert_layout((yim * inv).to(gl.float16), lhs)
+    # 3'. D^T = Y^T @ conj(F_B): (Yr Fr + Yi Fi, Yi Fr - Yr Fi)
+    dre, dim = _complex_mma(yre, st.fbre, yim, st.fbim, yim, st.fbre, -yre, st.fbim, zeros, True, True)
+    twre, twim = _twiddles(st, f, 0)
+    dre, dim = dre * twre + dim * twim, dim * twre - dre * twim
+    gl.thread_barrier()  # every warp's stage-1b wgmmas have read the chunk
+    t_re.store(dre.to(gl.float16))
+    t_im.store(dim.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    # 1'b. T'^T = conj(F2) @ D^T: (F2r Dr + F2i Di, F2r Di - F2i Dr)
+    ore, oim = _complex_mma(f2re, t_re, f2im, t_im, f2re, t_im, f2nim, t_re, zeros, True, False)
+    gl.thread_barrier()  # every warp's 1'b wgmmas have read D^T
+    t_re.store(ore.to(gl.float16))
+    t_im.store(oim.to(gl.float16))
+    return scale
 
 
 @gluon.jit
@@ -352,12 +440,18 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     C: gl.constexpr = KG * A2  # a chunk's columns
     L: gl.constexpr = A * B
     COLS: gl.constexpr = A2 // PARTS  # a warpgroup's columns a2 in 1a and 1'a: PART COLS ..
+    TCHUNK: gl.constexpr = g.TCHUNK
     if PARTS == 2:
-        f16re, f16im, f8re, f8im, f2re, f2im, fbre, fbim, fbnim = _order3_tables(g.F16RE, g.F16IM, g.F2RE, g.F2IM,
-                                                                                  g.FBRE, g.FBIM, B, C)
-        stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
-        tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
-        tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim = _order3_tables(g.F16RE, g.F16IM, g.F2RE,
+                                                                                        g.F2IM, g.FBRE, g.FBIM, B, C,
+                                                                                        TCHUNK)
+        if TCHUNK:
+            tile_re = None
+            tile_im = None
+        else:
+            stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
+            tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+            tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
         fence_async_shared()
         gl.thread_barrier()
     else:
@@ -367,6 +461,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         f8im = tabs.f8im
         f2re = tabs.f2re
         f2im = tabs.f2im
+        f2nim = tabs.f2nim
         fbre = tabs.fbre
         fbim = tabs.fbim
         fbnim = tabs.fbnim
@@ -375,8 +470,15 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     # the same bytes as T seen as 16 / KG blocks [C, B] (chunk j's T[KG j .. KG j + KG - 1], indexed at run time; no
     # swizzle: the same order)
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
-    Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+    if TCHUNK:  # (the NVMMA tiles as they are; 1a and 1'a see the same bytes as plain rows [16, A2, B])
+        Tk_re = T_re
+        Tk_im = T_im
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        T_re = Tk_re._reinterpret(gl.float16, [16, A2, B], plain)
+        T_im = Tk_im._reinterpret(gl.float16, [16, A2, B], plain)
+    else:
+        Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+        Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
     lhs1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc1, k_width=2)
     acc: gl.constexpr = wgmma_layout(B, C, 4)
@@ -395,6 +497,10 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
     t_k = gl.arange(0, C, layout=gl.SliceLayout(0, acc))
     tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(16 * (t_k % A2) + t_k // A2, 0)
+    # TCHUNK: the transposed tile's row r = A2 l + k2 at k_a = k1 + l + 16 k2, column m (or k_b) at m A
+    r_k = gl.arange(0, C, layout=gl.SliceLayout(1, acc))
+    r_k = 16 * (r_k % A2) + r_k // A2
+    r_m = gl.arange(0, B, layout=gl.SliceLayout(0, acc)) * A
     zeros = gl.zeros([B, C], gl.float32, acc)
     HALF: gl.constexpr = A // 2
     s_m = gl.arange(0, B, layout=gl.SliceLayout(1, io))
@@ -420,7 +526,9 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
         for c in gl.static_range(COLS // G1):
             _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM,
-                      PART * COLS + G1 * c, A2, B, io, lhs1, acc1, put, G1)
+                      PART * COLS + G1 * c, A2, B, io, lhs1, acc1, put, G1, TCHUNK)
+        if TCHUNK:
+            fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
         _both_arrived(g.bars, 0, phase, PARTS)  # T written
         spectrum = K + h * stride_kh
@@ -428,14 +536,19 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
         for j in range(PART, 16 // KG, PARTS):  # (a loop, not unrolled)
             k1 = j * KG
-            kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; KPRE 1 measured slower)
-            xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
-            xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
-            yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True, kpre)
-            dre, dim = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, lhs)
-            gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)
-            Tk_re.index(j).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
-            Tk_im.index(j).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
+            if TCHUNK:
+                f = gl.expand_dims(r_k + k1, 1) + gl.expand_dims(r_m, 0)  # m A + k_a (twiddles), k_a + A k_b (bins)
+                s = _tchunk(st, spectrum, f, Tk_re.index(j), Tk_im.index(j), f2re, f2im, f2nim, zeros, lhs)
+            else:
+                kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; KPRE 1 measured slower)
+                xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
+                xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
+                yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True,
+                                              kpre)
+                dre, dim = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, lhs)
+                gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)
+                Tk_re.index(j).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
+                Tk_im.index(j).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
             scales = gl.where(kvec // KG == j, s, scales)
             running = gl.maximum(running, s)
         if PARTS == 2:  # (the other warpgroup's chunk scales: each row 0 at the other's k1)
@@ -453,4 +566,4 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
         for c in gl.static_range(COLS // G1):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
-                              out_re, out_im, PART * COLS + G1 * c, A2, B, put, lhs8, acc8, io8, G1)
+                              out_re, out_im, PART * COLS + G1 * c, A2, B, put, lhs8, acc8, io8, G1, TCHUNK)

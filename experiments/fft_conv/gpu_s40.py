@@ -1,0 +1,140 @@
+"""Issue 37, session 40 (helper HF): TCHUNK, the order-3 kernel's chunk transposed (gluon_order3._tchunk: rows k_a, KG
+A2 = 64 of them, so KG 4 at 8192 and 2 at 16384; T held as the wgmma's NVMMA tile, stage 1b reading its chunk from there
+as the B operand, stages 1b and 3 feeding 3 and 3' as register A operands, D^T and T' back over the chunk: no staging
+tile, no -Im F_B), checked against float64 and timed against the shipped order-3 tuples, the op and torch.fft in the
+same run.
+
+    PYTHONPATH=. python experiments/fft_conv/gpu_s40.py --n 8192 [--variants t_c64,t_f16] [--conj LABELS]
+        [--odd LABELS] [--rounds 3] [--deadline 100]
+
+B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, complex64 (``c64``) and float16
+(``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: the tuple of plan.order3_plan):
+  f16 shipped  configs.GLUON_ORDER3_HALF[n] (float16 bins)
+  t_c64, t_f16 the shipped tuple's programs a SM and warpgroups (8192: two programs; 16384: one, two warpgroups a pair)
+               with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins
+  t1_c64       the same at G1 1
+* rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
+  against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
+  (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
+  sequence NaN, its partner finite); the shipped launch's output too.
+* rows "time": interleaved rounds (do_bench medians after warm-up; then from CUDA graphs): torch.fft (rfft, product,
+  irfft in float32), the op on c64 (shipped), the shipped launch, each variant's launch; x torch.fft, the ratio to the
+  shipped launch on the same spectrum kind (c64: the shipped launch; f16: "f16 shipped"), and % of copy (the op's
+  bytes, u + the complex64 spectrum + y, at the anchors' 2,997 GB/s).
+Writes $OUT/fft_conv_gpu_s40_<n>.json after every row; prints a short table last. --smoke: the CPU path (torch.fft
+plans, tiny shape) to check the script itself.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.common.gpu_script import Run, check, poisoned, time_rounds  # noqa: E402
+from experiments.fft_conv.gpu_s38 import inputs  # noqa: E402
+from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
+from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
+from tilecore.ops.fft_conv.plan import ORDER3_TCHUNK_KG, order3_plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
+
+TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
+
+
+def variants(n):
+    """label -> (plan, spectrum kind)."""
+    shipped = configs.GLUON_ORDER3[n]
+    per_sm, wg = shipped[0], (shipped[4] if len(shipped) > 4 else 1)
+    kg = ORDER3_TCHUNK_KG[n]
+    out = {"f16 shipped": (order3_plan(n, *configs.GLUON_ORDER3_HALF[n]), "f16")}
+    for label, g1, rfft in (("t_c64", 2, 2), ("t_f16", 2, 3), ("t1_c64", 1, 2)):
+        out[label] = (order3_plan(n, per_sm, True, kg, g1, wg, rfft, False, True), "c64" if rfft == 2 else "f16")
+    return out
+
+
+def odd_batch(run, label, p, kind, kd, n):
+    """An odd batch (B3: the second pair's half past the batch) with a NaN in sequence (1, 2): that sequence NaN, its
+    pair's partner (0, 2) finite, as the float64 reference."""
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(3, 4, n, generator=g).to(torch.bfloat16)
+    u[1, 2, 100] = float("nan")
+    k = kd[:4]
+    spectrum = filter_spectrum(k, n) if kind == "c64" else filter_spectrum(k, n, torch.float16)
+    ref = fft_conv_reference(u.double(), k.cpu().double())
+    y = poisoned(u.cuda())
+    conv_launch.launch(p, u.cuda(), spectrum, y, False)
+    r = check(y.cpu(), ref, TOL)
+    partner = bool(torch.isfinite(y[0, 2]).all())
+    run.row(f"check odd+nan {label}", partner_finite=partner, **{**r, "pass": r["pass"] and partner})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--variants", default="t_c64,t_f16")
+    ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
+    ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--deadline", type=float, default=100)
+    ap.add_argument("--smoke", action="store_true", help="CPU: the script's own path on torch.fft plans")
+    a = ap.parse_args()
+    n = a.n
+    run = Run(f"fft_conv_gpu_s40_{n}", deadline=a.deadline)
+    if a.smoke:  # (no GPU: the rows' plumbing only, on the op's CPU path)
+        g = torch.Generator().manual_seed(40)
+        u = torch.randn(2, 4, 256, generator=g).to(torch.bfloat16)
+        k = torch.randn(4, 256, generator=g).to(torch.bfloat16) / 16
+        run.row("check smoke op", **check(fft_conv(u, k), fft_conv_reference(u.double(), k.double()), TOL))
+        for label, (p, kind) in variants(n).items():
+            run.row(f"plan {label}", plan=str(p)[:120], kind=kind)
+        t = time_rounds({"op": lambda: fft_conv(u, k)}, rounds=1, deadline=run)
+        run.row("time smoke op", ms=t["op_ms"])
+        run.finish(["name", "pass", "err_over_floor", "ms"])
+        return 0
+    B, H = 16, 768
+    ref, ref_c, ud, kd, spectra = inputs(n, 40, B, H)
+    shipped = conv_plan(n, ud.device, ud.dtype)
+    table = variants(n)
+    chosen = [("shipped launch", shipped, "c64")]
+    chosen += [(label, *table[label]) for label in ["f16 shipped"] + [x for x in a.variants.split(",") if x]]
+    conj_of = {x for x in a.conj.split(",") if x}
+    run.extra.update(n=n, shipped=str(shipped), variants={label: str(p) for label, p, _ in chosen})
+    for label, p, kind in chosen:
+        for conj in (False, True) if label in conj_of else (False,):
+            def one(label=label, p=p, kind=kind, conj=conj):
+                y = poisoned(ud)
+                conv_launch.launch(p, ud, spectra[kind], y, conj)
+                written = bool(torch.isfinite(y).all())
+                r = check(y[:2, :64].cpu(), ref_c if conj else ref, TOL)
+                run.row(f"check {label}{' conj' if conj else ''}", all_written=written,
+                        **{**r, "pass": r["pass"] and written})
+            run.attempt(f"check {label}{' conj' if conj else ''}", one)
+    for label in (x for x in a.odd.split(",") if x):
+        run.attempt(f"odd {label}", odd_batch, run, label, table[label][0], table[label][1], kd, n)
+    fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
+           "op c64": lambda: fft_conv(ud, spectra["c64"])}
+    ys = {label: torch.empty_like(ud) for label, _, _ in chosen}
+    for label, p, kind in chosen:
+        fns[label] = (lambda p=p, kind=kind, y=ys[label]: conv_launch.launch(p, ud, spectra[kind], y, False))
+    copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
+    kinds = {label: kind for label, _, kind in chosen}
+
+    def rows(t, graph):
+        key = "_graph_ms" if graph else "_ms"
+        base = t["torch.fft" + key]
+        for name in fns:
+            ms = t[name + key]
+            peer = "f16 shipped" if kinds.get(name) == "f16" else "shipped launch"
+            run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
+                    vs_shipped=round(t[peer + key] / ms, 4), pct_copy=round(100 * copy_ms / ms, 1),
+                    rounds=t[f"{name}_rounds"])
+
+    run.attempt("time eager", lambda: rows(time_rounds(fns, rounds=a.rounds, deadline=run), False))
+    if run.left() > 8:
+        run.attempt("time graph", lambda: rows(time_rounds(fns, rounds=2, graph=True, eager=False, deadline=run), True))
+    run.finish(["name", "pass", "err_over_floor", "ms", "x_torch_fft", "vs_shipped", "pct_copy"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
