@@ -99,7 +99,6 @@ def main(argv=None) -> int:
         run.row(name, **fields)
 
     if not args.smoke:
-        flag = torch.zeros(1, dtype=torch.int32, device=dev)
         sink = torch.empty(1, dtype=torch.float32, device=dev)
         for blocks in (2**21, 2**20, 2**19):
             for warps in (1, 4):
@@ -108,7 +107,6 @@ def main(argv=None) -> int:
                 run.row(f"nothing {blocks} blocks w{warps}", blocks=blocks, warps=warps, probe_ms=t["nothing_ms"],
                         ns_per_block_per_sm=round(t["nothing_ms"] * 1e6 / (blocks / sms), 2),
                         rounds=t["nothing_rounds"])
-        del flag
     run.finish(["name", "pass", "warps", "blocks", "probe_ms", "copy_ms", "of_copy", "ns_per_block_per_sm"])
     return 0 if not run.errors and all(r.get("pass", True) for r in run.rows) else 1
 
