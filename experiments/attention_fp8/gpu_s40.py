@@ -7,7 +7,10 @@ forms of the kernel (forms()) against the shipped one in the same run.
 Forms: "old" (shipped), "late" (configs.GLUON_FORWARD's ``pv_late`` at D64 and D128: P V's wait put in a basic block
 after the softmax by a loop that never runs, gluon_fp8.AttentionFp8.softmax_done; sm_90a SASS: the shipped kernel waits
 for P V (WARPGROUP.DEPBAR) at the top of the softmax's block, before the row max, because ptxas reused P V's A-operand
-registers there; "late" waits after the P codes' FFMAs). Same math: O must be the same bits.
+registers there; "late" waits after the P codes' FFMAs), "m32" (``mask32``: the masked step's mask as one 32-bit
+comparison an element, AttentionFp8.mask32; the shipped mask compares in 64 bits, LLVM having widened the step-derived
+key offset: the D128 causal e2e masked block 172 instructions against ~300), "late_m32" (both). Same math: O must be
+the same bits.
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
 * d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
@@ -43,10 +46,16 @@ def forms(names):
     from tilecore.ops.attention_fp8 import configs
 
     gf = configs.GLUON_FORWARD
-    late = {d: dict(c, pv_late=True) for d, c in gf.items()}
+
+    def with_keys(**keys):
+        return {configs: dict(GLUON_FORWARD={d: dict(c, **keys) for d, c in gf.items()})}
+
     table = {"old": ({}, (64, 128)),
              # P V's wait after the softmax (gluon_fp8.AttentionFp8.softmax_done)
-             "late": ({configs: dict(GLUON_FORWARD=late)}, (64, 128))}
+             "late": (with_keys(pv_late=True), (64, 128)),
+             # the mask as one 32-bit comparison an element (gluon_fp8.AttentionFp8.mask32)
+             "m32": (with_keys(mask32=True), (64, 128)),
+             "late_m32": (with_keys(pv_late=True, mask32=True), (64, 128))}
     return {n: table[n] for n in names}
 
 
@@ -64,9 +73,9 @@ def under(patches, fn):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=100.0)
-    ap.add_argument("--cases", default="d128c,d64c,d128,tail,outlier")
-    ap.add_argument("--forms", default="old,late", help="old (shipped), late (forms())")
+    ap.add_argument("--budget", type=float, default=200.0)
+    ap.add_argument("--cases", default="d128c,tail,d64c,outlier,d128")
+    ap.add_argument("--forms", default="old,late,m32,late_m32", help="old (shipped), late, m32, late_m32 (forms())")
     ap.add_argument("--pass-dims", default="128")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -169,20 +178,21 @@ def main():
             run.row(f"passes D{D}", **row)
 
     def tail():
-        for D in (128, 64):
+        for D, causal in ((128, True), (64, True), (128, False)):
             B, Hq, Hkv, N, Nk = (1, 4, 2, 40, 56) if smoke else (2, 8, 2, 1008, 1104)
             g = torch.Generator(device=dev).manual_seed(11 + D)
             q = torch.randn(B, Hq, N, D, device=dev, generator=g).to(dt)
             k, v = (torch.randn(B, Hkv, Nk, D, device=dev, generator=g).to(dt) for _ in range(2))
-            ref = reference(q, k, v, True)
+            ref = reference(q, k, v, causal)
             outs = {}
-            for name, f in fp8_forms(True, D).items():
+            c = "c" if causal else ""
+            for name, f in fp8_forms(causal, D).items():
                 poison_allocator(q)
                 outs[name] = f(q, k, v)
-                run.row(f"tail D{D} check {name}", **check(outs[name], ref, tol=40.0))
+                run.row(f"tail D{D}{c} check {name}", **check(outs[name], ref, tol=40.0))
             for n in outs:
                 if n != "old":
-                    run.row(f"tail D{D} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+                    run.row(f"tail D{D}{c} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
 
     def outlier():
         B, H, N, D = (1, 2, 64, 128) if smoke else (1, 16, 2048, 128)

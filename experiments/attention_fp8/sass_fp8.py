@@ -50,6 +50,10 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "late": dict(pv_late=True),
     "qreg_split_late": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, pv_late=True),
     "qrot_hide_late": dict(_q_rotate=True, _v_block=True, hide_first_key=True, pv_late=True),
+    "qreg_split_hide_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
+                                mask32=True),
+    "qreg_split_hide_late_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
+                                     hide_first_key=True, pv_late=True, mask32=True),
     "qreg_split_hide_late": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
                                  pv_late=True),
 }

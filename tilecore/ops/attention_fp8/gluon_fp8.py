@@ -261,6 +261,7 @@ class AttentionFp8:
     ROT_SPLIT: gl.constexpr  # Q_REG: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     PV_LATE: gl.constexpr  # P V's wait after the softmax, in a block of its own (AttentionFp8.softmax_done)
+    MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -428,8 +429,27 @@ class AttentionFp8:
         if self.K_PER_BLOCK:
             row_scale = row_scale * k_scale
         if needs_mask(st.rows.first, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
-            s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+            if self.MASK32:
+                s = self.mask32(s, st.rows.first, first_key)
+            else:
+                s = mask_scores(s, self.S, st.rows.first, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
         return fp8_softmax_update(st.m, s, row_scale, self.Q_PER_ROW, self.P_SHIFT, self.P_LINEAR)
+
+    @gluon.jit
+    def mask32(self, s, first_query, first_key):
+        """MASK32: mask_scores' mask (-inf where a key is past Nk or, causal, after the query's diagonal) as one 32-bit
+        comparison an element against its row's last key, min(query + Nk - N, Nk - 1). The key offset goes through
+        opaque_int: LLVM widened the step-derived offset to 64 bits (sm_90a: two ISETP a comparison, and the bound by
+        Nk a second select an element)."""
+        keys = opaque_int(first_key) + gl.arange(0, self.BN, layout=gl.SliceLayout(0, self.S))
+        last = self.Nk - 1
+        if self.CAUSAL:
+            rows = first_query + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
+            last = gl.minimum(rows + (self.Nk - self.N), last)
+            ok = gl.expand_dims(keys, 0) <= gl.expand_dims(last, 1)
+        else:
+            ok = gl.expand_dims(keys <= last, 0)
+        return gl.where(ok, s, float("-inf"))
 
     @gluon.jit
     def p_operand(self, p):
@@ -579,7 +599,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
-                             HIDE_FIRST_KEY: gl.constexpr = False, PV_LATE: gl.constexpr = False):
+                             HIDE_FIRST_KEY: gl.constexpr = False, PV_LATE: gl.constexpr = False,
+                             MASK32: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
@@ -615,7 +636,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, PV_LATE, ones, rotation,
+                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, PV_LATE, MASK32, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
