@@ -5,7 +5,7 @@ tile, no -Im F_B), checked against float64 and timed against the shipped order-3
 same run.
 
     PYTHONPATH=. python experiments/fft_conv/gpu_s40.py --n 8192 [--variants t_c64,t_f16] [--conj LABELS]
-        [--odd LABELS] [--rounds 3] [--deadline 100]
+        [--odd LABELS] [--op t_c64,t_f16] [--rounds 3] [--deadline 100]
 
 B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, complex64 (``c64``) and float16
 (``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: the tuple of plan.order3_plan):
@@ -13,10 +13,14 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   t_c64, t_f16 the shipped tuple's programs a SM and warpgroups (8192: two programs; 16384: one, two warpgroups a pair)
                with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins
   t1_c64       the same at G1 1
+  td_c64, td_f16  TCHUNK + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
+  d_c64, d_f16 DIRECT on the shipped tuples (GLUON_ORDER3[n]'s; GLUON_ORDER3_HALF[n]'s)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
   sequence NaN, its partner finite); the shipped launch's output too.
+* with --op C,F: the op with GLUON_ORDER3[n] = variant C and GLUON_ORDER3_HALF[n] = variant F patched in: its plan,
+  its output the same bits as the variant's launch, three calls the same bits, du through its backward vs float64.
 * rows "time": interleaved rounds (do_bench medians after warm-up; then from CUDA graphs): torch.fft (rfft, product,
   irfft in float32), the op on c64 (shipped), the shipped launch, each variant's launch; x torch.fft, the ratio to the
   shipped launch on the same spectrum kind (c64: the shipped launch; f16: "f16 shipped"), and % of copy (the op's
@@ -31,25 +35,70 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from experiments.common.gpu_script import Run, check, poisoned, time_rounds  # noqa: E402
-from experiments.fft_conv.gpu_s38 import inputs  # noqa: E402
+from experiments.common.gpu_script import Run, check, poisoned, same_bits, time_rounds  # noqa: E402
+from experiments.fft_conv.gpu_s38 import correlation, inputs  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv.plan import ORDER3_TCHUNK_KG, order3_plan  # noqa: E402
 from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
+from tilecore.tiles.switches import patched  # noqa: E402
 
 TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 
 
-def variants(n):
-    """label -> (plan, spectrum kind)."""
+def tuples(n):
+    """label -> the order3_plan tuple (configs.GLUON_ORDER3's form) of each TCHUNK variant."""
     shipped = configs.GLUON_ORDER3[n]
     per_sm, wg = shipped[0], (shipped[4] if len(shipped) > 4 else 1)
     kg = ORDER3_TCHUNK_KG[n]
-    out = {"f16 shipped": (order3_plan(n, *configs.GLUON_ORDER3_HALF[n]), "f16")}
-    for label, g1, rfft in (("t_c64", 2, 2), ("t_f16", 2, 3), ("t1_c64", 1, 2)):
-        out[label] = (order3_plan(n, per_sm, True, kg, g1, wg, rfft, False, True), "c64" if rfft == 2 else "f16")
+    out = {label: (per_sm, True, kg, g1, wg, rfft, False, True)
+           for label, g1, rfft in (("t_c64", 2, 2), ("t_f16", 2, 3), ("t1_c64", 1, 2))}
+    out.update({label: (per_sm, True, kg, 2, wg, rfft, False, True, True)
+                for label, rfft in (("td_c64", 2), ("td_f16", 3))})
+    # DIRECT on the shipped tuple (its chunks untransposed)
+    out["d_c64"] = (*shipped[:4], wg, 2, False, False, True)
+    half = configs.GLUON_ORDER3_HALF[n]
+    out["d_f16"] = (*half[:7], *(False,) * (7 - len(half)), False, True)
     return out
+
+
+def variants(n):
+    """label -> (plan, spectrum kind)."""
+    out = {"f16 shipped": (order3_plan(n, *configs.GLUON_ORDER3_HALF[n]), "f16")}
+    for label, t in tuples(n).items():
+        out[label] = (order3_plan(n, *t), "c64" if t[5] == 2 else "f16")
+    return out
+
+
+def op_checks(run, labels, ud, kd, spectra, ref, n):
+    """The op with configs.GLUON_ORDER3[n] = variant C and GLUON_ORDER3_HALF[n] = variant F patched in
+    (tilecore.tiles.switches.patched; the op's first call under the patch makes its key's plan, so its later calls,
+    timed, keep it): its plan, its output the same bits as the variant's launch, three calls the same bits, and du
+    (autograd through the op's backward: the CONJ build) against float64 on a B2 H64 slice."""
+    c64, f16 = labels
+    t = tuples(n)
+    with patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, n: t[c64]},
+                 GLUON_ORDER3_HALF={**configs.GLUON_ORDER3_HALF, n: t[f16]}):
+        for label, kind in ((c64, "c64"), (f16, "f16")):
+            y = fft_conv(ud, spectra[kind])
+            picked = conv_plan(n, ud.device, ud.dtype, kind == "f16")
+            again = same_bits([y, y], [fft_conv(ud, spectra[kind]), fft_conv(ud, spectra[kind])])
+            want = order3_plan(n, *t[label])
+            mine = torch.empty_like(ud)
+            conv_launch.launch(want, ud, spectra[kind], mine, False)
+            same = same_bits(y, mine)
+            r = check(y[:2, :64].cpu(), ref, TOL)
+            run.row(f"check op {kind} ({label})", plan_is_variant=picked == want, same_bits_as_launch=same,
+                    calls_same_bits=again, **{**r, "pass": r["pass"] and same and again and picked == want})
+        g = torch.Generator().manual_seed(5)
+        u = torch.randn(2, 64, n, generator=g).to(torch.bfloat16)
+        dy = torch.randn(2, 64, n, generator=g).to(torch.bfloat16)
+        for kind in ("c64", "f16"):
+            x = u.cuda().requires_grad_(True)
+            sk = filter_spectrum(kd[:64], n) if kind == "c64" else filter_spectrum(kd[:64], n, torch.float16)
+            fft_conv(x, sk).backward(dy.cuda())
+            r = check(x.grad.cpu(), correlation(dy.double(), kd[:64].cpu().double()), TOL)
+            run.row(f"check op du {kind}", path=conv_plan(n, x.device, x.dtype, kind == "f16").path, **r)
 
 
 def odd_batch(run, label, p, kind, kd, n):
@@ -74,6 +123,7 @@ def main() -> int:
     ap.add_argument("--variants", default="t_c64,t_f16")
     ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
     ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
+    ap.add_argument("--op", default="", help="C,F: the op with variant C (complex64) and F (float16 bins) patched in")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=100)
     ap.add_argument("--smoke", action="store_true", help="CPU: the script's own path on torch.fft plans")
@@ -111,6 +161,8 @@ def main() -> int:
             run.attempt(f"check {label}{' conj' if conj else ''}", one)
     for label in (x for x in a.odd.split(",") if x):
         run.attempt(f"odd {label}", odd_batch, run, label, table[label][0], table[label][1], kd, n)
+    if a.op:
+        run.attempt("op", op_checks, run, a.op.split(","), ud, kd, spectra, ref, n)
     fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
            "op c64": lambda: fft_conv(ud, spectra["c64"])}
     ys = {label: torch.empty_like(ud) for label, _, _ in chosen}

@@ -258,16 +258,16 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, False, 2, 2), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, False, "k", 2, 2, 1, 2, False, False)  # (... warpgroups, RFFT 2, KMID, TCHUNK)
+    assert seen[0][3:] == (True, 1, False, "k", 2, 2, 1, 2, False, False, False)  # (.., RFFT 2, KMID, TCHUNK, DIRECT)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, True, 1, 2, 2), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, True, None, 1, 2, 2, 2, False, False)  # (two warpgroups a pair)
+    assert seen[0][3:] == (False, 1, True, None, 1, 2, 2, 2, False, False, False)  # (two warpgroups a pair)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 3, True), u, spectrum, y, False)
-    assert seen[0][3:] == (False, 2, True, None, 2, 2, 1, 3, True, False)  # (float16 bins, KMID)
+    assert seen[0][3:] == (False, 2, True, None, 2, 2, 1, 3, True, False, False)  # (float16 bins, KMID)
     seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 4, 2, 1, 2, False, True), u, spectrum, y, False)
-    assert seen[0][3:] == (False, 2, True, None, 4, 2, 1, 2, False, True)  # (the chunks transposed at KG 4)
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 4, 2, 1, 2, False, True, True), u, spectrum, y, False)
+    assert seen[0][3:] == (False, 2, True, None, 4, 2, 1, 2, False, True, True)  # (chunks transposed, DIRECT)
 
 
 def test_model_counts_order3_below_order2():

@@ -61,8 +61,8 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 @gluon.jit
 def _swizzled(p, a2: gl.constexpr, SWZ: gl.constexpr):
-    """TCHUNK: the m held at position p of row (k1, a2) of T. T is then the wgmma's NVMMA tile [16 A2, B] (rows of 128 B,
-    the 128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8);
+    """TCHUNK: the m held at position p of row (k1, a2) of T. T is then the wgmma's NVMMA tile [16 A2, B] (rows of 128
+    B, the 128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8);
     1a and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m
     (each of their rows is independent: only the addresses move). Else p."""
     if SWZ:
@@ -89,23 +89,36 @@ def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: 
 
 
 @gluon.jit
-def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr):
+def _t_column(T, a2: gl.constexpr):
+    """T[:, a2, :] as a [B, 16 k1] view (T [16, A2, B] plain rows)."""
+    A2: gl.constexpr = T.shape[1]
+    B: gl.constexpr = T.shape[2]
+    rows = T._reinterpret(gl.float16, [16, A2 * B], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    return rows.slice(a2 * B, B, 1).permute((1, 0))
+
+
+@gluon.jit
+def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr = False):
     """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16) (``tre``, ``tim``: the product [B, 16 k1]) as float16."""
     k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, tre.type.layout))
     twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
     twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
     tre, tim = tre * twre - tim * twim, tre * twim + tim * twre
-    # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
-    T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
-                                                                                   gl.SliceLayout(2, put)), 2))
-    T_im.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tim.to(gl.float16),
-                                                                                   gl.SliceLayout(2, put)), 2))
+    if DIRECT:  # (from the accumulator's own layout: no conversion)
+        _t_column(T_re, a2).store(tre.to(gl.float16))
+        _t_column(T_im, a2).store(tim.to(gl.float16))
+    else:  # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
+        T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
+                                                                                       gl.SliceLayout(2, put)), 2))
+        T_im.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tim.to(gl.float16),
+                                                                                       gl.SliceLayout(2, put)), 2))
 
 
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False):
+              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False,
+              DIRECT: gl.constexpr = False):
     """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
@@ -116,21 +129,28 @@ def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re,
         p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
         p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
-        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put)
+        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
+        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, DIRECT)
     else:
         p, q, xre, xim, nxim = warpgroup_mma_wait(0, deps=(p, q, xre, xim, nxim))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
+        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
 
 
 @gluon.jit
-def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr):
+def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
+          DIRECT: gl.constexpr = False):
     """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
     and conj(W_A^(a2 k1)), float16 (re, im, -re)."""
-    vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
-    vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
-    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
-    r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
+    if DIRECT:  # (read in the wgmma operand's layout; ``ratio`` already in its column layout)
+        vre = _t_column(T_re, a2).load(lhs8).to(gl.float32)
+        vim = _t_column(T_im, a2).load(lhs8).to(gl.float32)
+        k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, lhs8))
+        r = gl.expand_dims(ratio, 0)
+    else:
+        vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
+        vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
+        k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
+        r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
     cre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0) * r
     cim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0) * r
     vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
@@ -155,14 +175,15 @@ def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.const
 @gluon.jit
 def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False):
+                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False,
+                      DIRECT: gl.constexpr = False):
     """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2: two
     columns' eight wgmmas issued together, one wait."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
-    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8)
+    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8, DIRECT)
     p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
     if G1 == 2:
-        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8)
+        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8, DIRECT)
         p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
         p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
             0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
@@ -208,6 +229,7 @@ class Order3Shared:
     RFFT: gl.constexpr  # 2: K's bins complex64 (one 64-bit load a bin); 3: float16 (one 32-bit load)
     KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
     TCHUNK: gl.constexpr  # the chunks transposed (_tchunk); T_re, T_im then the NVMMA tiles [16 / KG, C, B]
+    DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
 
 
 @struct
@@ -229,7 +251,8 @@ class Order3Tables:
 
 
 @gluon.jit
-def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr, TCHUNK: gl.constexpr = False):
+def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr,
+                   TCHUNK: gl.constexpr = False):
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
     f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
     f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
@@ -290,7 +313,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 RFFT: gl.constexpr = 2, KMID: gl.constexpr = False, TCHUNK: gl.constexpr = False):
+                                 RFFT: gl.constexpr = 2, KMID: gl.constexpr = False, TCHUNK: gl.constexpr = False,
+                                 DIRECT: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -310,7 +334,10 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     L2 latency off the chain; the same values). TCHUNK: each chunk's tile transposed (_tchunk: rows k_a, C = KG A2 = 64,
     so KG 4 at 8192, 2 at 16384): T is the wgmma's NVMMA tile, stage 1b reads its chunk from there as the B operand,
     stages 1b and 3 feed stages 3 and 3' as register A operands, D^T and T' go back over the chunk (no staging tile, no
-    -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3)."""
+    -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3). DIRECT: stages 1a and
+    1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the accumulator, T' read
+    as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory round trip with its
+    barriers) a column; the same values."""
     gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
@@ -350,7 +377,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
                      stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1, RFFT, KMID,
-                     TCHUNK)
+                     TCHUNK, DIRECT)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -489,6 +516,13 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
+    DIRECT: gl.constexpr = g.DIRECT
+    if DIRECT:  # u read as 1a's A operand, y stored from 1'a's accumulator
+        io_x: gl.constexpr = lhs1
+        io_y: gl.constexpr = acc8
+    else:
+        io_x: gl.constexpr = io
+        io_y: gl.constexpr = io8
     st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, g.RFFT, g.CONJ, True, 0, True, None, 0, 1, g.KMID)
 
     # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
@@ -526,7 +560,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
         for c in gl.static_range(COLS // G1):
             _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM,
-                      PART * COLS + G1 * c, A2, B, io, lhs1, acc1, put, G1, TCHUNK)
+                      PART * COLS + G1 * c, A2, B, io_x, lhs1, acc1, put, G1, TCHUNK, DIRECT)
         if TCHUNK:
             fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
@@ -560,10 +594,13 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         else:
             gl.thread_barrier()  # T' written
         ratio = scales / running
+        if DIRECT:  # (once a pair, in 1'a's operand columns)
+            ratio = gl.convert_layout(ratio, gl.SliceLayout(0, lhs8))
         out_scale = running * (1.0 / L)
         out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
         out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
         for c in gl.static_range(COLS // G1):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
-                              out_re, out_im, PART * COLS + G1 * c, A2, B, put, lhs8, acc8, io8, G1, TCHUNK)
+                              out_re, out_im, PART * COLS + G1 * c, A2, B, put, lhs8, acc8, io_y, G1, TCHUNK,
+                              DIRECT)
