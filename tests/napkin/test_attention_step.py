@@ -110,3 +110,19 @@ def test_short_tiles_step_counts():
     assert ranked[k128] == pytest.approx(plain[k128])       # the reference tiling: the overlap schedule's own time
     assert ranked[k64] - plain[k64] == pytest.approx(ATTENTION_STEP_S * (s64 - s128))
     assert math.isclose(ranked[k64] / ranked[k128], 1.079, abs_tol=0.005)  # session 30 measured 1.084 (B32)
+
+
+def test_the_validation_charges_the_tables_steps():
+    # validate.attention_time adds the term to tilecore's bf16 forward at its table's row: nothing at D128 N4096
+    # (128 x 128 keys, the reference), the 64-key short causal rows' extra steps (D128 N1024: 1.18 -> 1.10 of the
+    # measured in attention.json), and less time for D64's 192-row tiles (fewer steps)
+    from tilecore.napkin import validate
+
+    gpu = validate.lab_gpu()
+    assert validate.tilecore_forward_step_s(16, 16, 4096, 128, False, gpu) == 0.0
+    short = validate.tilecore_forward_step_s(64, 16, 1024, 128, True, gpu)
+    s64 = engine.attention_steps_per_sm(64, 16, 1024, 128, 64, engine._causal_density(1024, 1024, 128, 64), 132)
+    s128 = engine.attention_steps_per_sm(64, 16, 1024, 128, 128, engine._causal_density(1024, 1024, 128, 128), 132)
+    assert short == pytest.approx(ATTENTION_STEP_S * (s64 - s128)) and short > 0
+    assert validate.tilecore_forward_step_s(16, 16, 4096, 64, False, gpu) < 0
+    assert validate.tilecore_forward_step_s(16, 16, 4096, 256, False, gpu) == 0.0  # no Gluon table row: no term

@@ -778,10 +778,11 @@ ATTENTION_CANDIDATES = tuple(
 # the barrier hand-offs and wgmma waits a step, which the overlap schedule's MMA and exponential counts do not see):
 # the committed candidate timings of the same shape, consumers and stages that differ only in 64 against 128 keys a
 # step (notes/napkin/runs/napkin_topk_configs_attention_run{3,4}_session29_h100.json, ..._run1_session30_h100.json:
-# 36 pairs) put the extra steps' time at 0.07-0.35 us a step, median 0.15. The overlap schedule's time is calibrated
-# on 128 x 128-key tiles (the shipped ones), so the term charges the steps a tile takes beyond a 128 x 128 tiling's
+# 36 pairs) put the extra steps' time at 0.07-0.35 us a step, median 0.15. A thread block's steps cost it whatever
+# its rows (two or three consumers run theirs side by side), so taller tiles take fewer. The overlap schedule's
+# time is calibrated on the shipped 128 x 128-key tiles: the term is charged for the steps beyond that tiling's
 ATTENTION_STEP_S = 0.15e-6
-_STEP_REFERENCE = (128, 128)  # (query rows, keys) of the tiling whose steps the overlap schedule's time includes
+STEP_REFERENCE = (128, 128)  # (query rows, keys a step) of the tiling the term is counted from
 
 
 def attention_steps_per_sm(batch: int, heads: int, seq: int, bm: int, bn: int, density: float, sms: int) -> float:
@@ -790,31 +791,34 @@ def attention_steps_per_sm(batch: int, heads: int, seq: int, bm: int, bn: int, d
     return batch * heads * math.ceil(seq / bm) * math.ceil(seq / bn) * density / sms
 
 
+def attention_step_time(batch: int, heads: int, seq: int, bm: int, bn: int, causal: bool, sms: int,
+                        step_s: float = ATTENTION_STEP_S) -> float:
+    """``step_s`` x (an SM's key steps with bm-row tiles of bn keys a step - with STEP_REFERENCE's tiles), seconds:
+    what the forward's overlap-schedule time lacks for that tiling (negative for fewer steps)."""
+    def steps(rows, keys):
+        density = _causal_density(seq, seq, rows, keys) if causal else 1.0
+        return attention_steps_per_sm(batch, heads, seq, rows, keys, density, sms)
+    return step_s * (steps(bm, bn) - steps(*STEP_REFERENCE)) if step_s else 0.0
+
+
 def rank_attention_configs(batch: int, heads: int, seq: int, d: int, causal: bool = False, dtype: str = "bf16",
                            gpu="h100", kv_heads: int | None = None, top_k: int | None = None,
                            candidates=ATTENTION_CANDIDATES, step_s: float = ATTENTION_STEP_S) -> list:
     """Attention forward tiles ranked by predicted time (the overlap schedule, plus ``step_s`` a key step beyond a
-    128 x 128-key tiling's: ATTENTION_STEP_S), fastest first; those that do not fit left out. ``step_s=0`` ranks
+    128 x 128-key tiling's: attention_step_time), fastest first; those that do not fit left out. ``step_s=0`` ranks
     by the overlap schedule alone (its tiles at 64 and 128 keys a step then lie within 1%). `RankedConfig.block` is
     (query rows, keys a step, d)."""
     from . import models
 
     gpu = get_gpu(gpu)
     diag = models.attention(batch=batch, heads=heads, seq=seq, d=d, causal=causal, dtype=dtype, kv_heads=kv_heads)
-    def steps(bm, bn):
-        density = _causal_density(seq, seq, bm, bn) if causal else 1.0
-        return attention_steps_per_sm(batch, heads, seq, bm, bn, density, gpu.sms)
-
-    ref = steps(*_STEP_REFERENCE)
     ranked = []
     for bm, bn, wgs, stages in candidates:
         try:
             r = relabel(diag, gpu, {"q": group(bm), "x": stream(bn)}, warpgroups=wgs, stages=stages)
         except (CapacityError, ValueError):
             continue
-        t = r.time
-        if step_s:
-            t += step_s * (steps(bm, bn) - ref)
+        t = r.time + attention_step_time(batch, heads, seq, bm, bn, causal, gpu.sms, step_s)
         ranked.append(RankedConfig((bm, bn, d), stages, wgs, t, r))
     ranked.sort(key=lambda c: (c.time, -c.block[0]))
     return ranked[:top_k] if top_k else ranked

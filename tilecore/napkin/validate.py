@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import models
 from .backward import attention_backward_time
-from .engine import derive, group, relabel, stream
+from .engine import attention_step_time, derive, group, relabel, stream
 from .errors import CapacityError
 from .hardware import H100
 
@@ -208,10 +208,38 @@ def attention_time(batch, heads, kv_heads, seq, d, causal, backward, gpu, impl, 
     except CapacityError:  # the peer's tile spread over one more warpgroup (8 warps)
         r = relabel(diag, gpu, parts, warpgroups=wgs + 1, **kw)
     t = r.time
+    if impl == "tilecore" and dtype == "bf16":  # the table's keys a step (64 for short causal rows): their steps
+        t += tilecore_forward_step_s(batch, heads, seq, d, causal, gpu)
     if impl == "flash":  # one query tile a thread block: each tile's prologue and epilogue, spread over the SMs
         tiles = batch * heads * math.ceil(seq / parts["q"].size)
         t += tiles * flash2_forward_tile_s(d, gpu) / gpu.sms
     return t, r.bound
+
+
+ATTENTION_CONFIGS = ROOT / "tilecore" / "ops" / "attention" / "configs.py"
+_ATTENTION_TABLES: list = []
+
+
+def attention_configs(path: Path = ATTENTION_CONFIGS):
+    """tilecore's attention tables (GLUON_FORWARD, gluon_forward_config), read from the op's configs.py (a plain
+    module) as hadamard_configs reads the Hadamard's; loaded once."""
+    if not _ATTENTION_TABLES:
+        spec = importlib.util.spec_from_file_location("_tilecore_attention_configs", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _ATTENTION_TABLES.append(mod)
+    return _ATTENTION_TABLES[0]
+
+
+def tilecore_forward_step_s(batch, heads, seq, d, causal, gpu) -> float:
+    """The key-step term (engine.attention_step_time) of tilecore's bf16 Gluon forward at its table's row
+    (configs.gluon_forward_config: two consumers of 64 rows, three at D64 from N 2048 (causal 1024); 64 keys a step
+    where causal rows see at most 512 keys)."""
+    tables = attention_configs()
+    if d not in tables.GLUON_FORWARD:
+        return 0.0
+    cfg = tables.gluon_forward_config(d, seq, seq, causal)
+    return attention_step_time(batch, heads, seq, 64 * cfg.get("consumers", 2), cfg["block_n"], causal, gpu.sms)
 
 
 @_memo
@@ -718,7 +746,9 @@ def table(root: Path = RESULTS) -> str:
               "backward: tilecore.napkin.backward (each implementation's step chain, dQ, the passes around "
               "it, a one-tile thread block's prologue and epilogue, FlashAttention-2's per-warp operand reads "
               "at its measured clock, its grouped heads' dK, dV sums and SDPA's two layout copies; one step latency derived from "
-              "shared/anchors.md's cuDNN row). FlashAttention-2's forward: one query tile a thread block, each "
+              "shared/anchors.md's cuDNN row). tilecore's bf16 forward: its table's keys a step, each step beyond "
+              "a 128 x 128-key tiling's 0.15 us (engine.attention_step_time; short causal rows take 64 keys). "
+              "FlashAttention-2's forward: one query tile a thread block, each "
               "tile's prologue and epilogue (flash2_forward_tile_s). The K/V-repeated peer: index_select in the "
               "timed forward, index_add_ in the timed backward, at PyTorch's generic copy rate (kv_repeated_time)."]
     return "\n".join(lines)
