@@ -151,6 +151,7 @@ NORM_CASES = {  # name: (x's shape, rms, weight, bias, residual dtype or None, d
     "float32 residual": ((6, 32), True, True, False, torch.float32, 0.0, False, False),
     "dropout, prenorm": ((2, 3, 32), False, True, True, torch.float16, 0.25, True, True),
     "create_graph": ((6, 32), True, True, False, torch.float16, 0.0, True, True),
+    "ln, rows in two passes (row sums)": ((6, 40), False, True, True, None, 0.0, False, False),
 }
 
 
@@ -159,17 +160,24 @@ def _norm_caches():
     return (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS)
 
 
+@pytest.mark.parametrize("backward_recipes", [False, True])
 @pytest.mark.parametrize("case", list(NORM_CASES))
-def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case):
+def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case, backward_recipes):
     """Four recorded-gradient calls of one key with the recipe on (the first general, keeping the NormForward; the rest
     through _RecordedFunction) against the same calls with it off (the general path's Function over NormForward.outputs)
     and unkeyed: y, h and every gradient the same bits, the same dtypes and shapes; the recipe's outputs' grad_fn is
-    its own; the backward's launch keys are those eager.backward_key gives (kept while dy's layout repeats)."""
+    its own; the backward's launch keys are those eager.backward_key gives (kept while dy's layout repeats). With
+    BACKWARD_RECIPES the recipe's backwards after its first launch by the backward key's launch.NormBackward (not
+    with create_graph, whose backward is recorded through the op)."""
+    from tilecore.ops.norm import launch as norm_launch
     from tilecore.ops.norm import op as norm_op
     from tilecore.tiles import eager
 
     shape, rms, has_w, has_b, res_dtype, p, prenorm, use_h = NORM_CASES[case]
     n = shape[-1]
+    if "two passes" in case:  # (rows wider than WHOLE_ROW_MAX: the stats and row-sums kernels, small)
+        from tilecore.ops.norm import configs as norm_configs
+        monkeypatch.setattr(norm_configs, "WHOLE_ROW_MAX", 16)
     torch.manual_seed(11)
     xs = [torch.randn(shape, dtype=torch.float16) for _ in range(4)]
     w = torch.randn(n, dtype=torch.float16) if has_w else None
@@ -182,13 +190,17 @@ def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case):
                         lambda self, dy, dh: backward_keys.append((forward(self, dy, dh), backward_key(self, dy, dh)))
                         or backward_keys[-1][0])
     monkeypatch.setattr(eager, "signature", _signature)
+    recipe_backwards = []
+    recipe_call = norm_launch.NormBackward.__call__
+    monkeypatch.setattr(norm_launch.NormBackward, "__call__",
+                        lambda self, *a: recipe_backwards.append(self.sums is not None) or recipe_call(self, *a))
 
     def calls(on: bool, sig):
         monkeypatch.setattr(norm_op, "signature", sig)
         for cache in _norm_caches():
             cache.clear()
         outs = []
-        with patched(norm_op, RECORDED_RECIPES=on):
+        with patched(norm_op, RECORDED_RECIPES=on, BACKWARD_RECIPES=on and backward_recipes):
             for i, x in enumerate(xs):
                 leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b, res)]
                 torch.manual_seed(100 + i)  # (the dropout seed: the same draw every way)
@@ -205,9 +217,14 @@ def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case):
 
     recipe = calls(True, _signature)
     assert served == list(range(1, len(xs)))  # (every call after the key's first)
+    # (the recorded recipe's first backward goes the general way and keeps the NormBackward; the rest launch by it,
+    # but where a stored h's gradient comes (dh_out) and under create_graph)
+    dh_out = use_h and prenorm and (res_dtype is not None or p > 0)
+    expected = len(xs) - 2 if backward_recipes and case != "create_graph" and not dh_out else 0
+    assert len(recipe_backwards) == expected and all(two == ("two passes" in case) for two in recipe_backwards)
     assert len(backward_keys) == len(xs) - 1 and all(kept == fresh and kept is not None for kept, fresh in backward_keys)
     for other in (calls(False, _signature), calls(True, lambda *items: None)):
-        assert served == list(range(1, len(xs)))  # (neither the switch off nor an unkeyed call reaches the recipe)
+        assert served == list(range(1, len(xs))) and len(recipe_backwards) == expected  # (neither the switch off nor an unkeyed call reaches the recipe)
         for a, c in zip(recipe, other):
             assert (a is None) == (c is None)
             if a is not None:

@@ -187,6 +187,73 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     return dx, dres, _cast(dw, weight, dy, lean), _cast(db, bias, dy, lean)
 
 
+class NormBackward:
+    """The norm backward's eager call for one backward launch key without a dh_out (issue 31's host time): the row
+    sums', backward and partials kernels' KeyedLaunches with every argument the key fixes (sizes, row strides, the
+    dropout threshold and scale, the constexprs), made from the key's plan after its first (general) call. A call
+    allocates dx, dres where it is written apart, the row sums, the partials and dweight / dbias, and launches what
+    ``backward(plan, ...)`` launches for a keyed caller: the same kernels, arguments and sums, so the same bits, without
+    the plan and options lookups, the key's hashing per launch or the argument tuples rebuilt. ``of``: False where it
+    takes none (the CPU path, no rows)."""
+
+    __slots__ = ("sums", "backward", "partials", "rows", "n", "groups", "x_dtype", "h_dtype", "store_dres", "rms",
+                 "sums_tail", "backward_tail", "partials_tail", "w_dtype", "b_dtype")
+
+    @classmethod
+    def of(cls, plan: Plan, key, dy, x, residual, h, weight, bias, seed, p: float, rms: bool, x_dtype, h_dtype,
+           store_dres: bool):
+        rows, n = dy.shape
+        if plan is None or plan.path == "cpu" or rows == 0 or key is None:
+            return False
+        self = cls()
+        flags, backward_flags = _backward_options(plan, residual, h, weight, bias, seed, None, rms, h_dtype,
+                                                  store_dres)
+        strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
+        scale, threshold = dropout_scale(p), threshold16(p)
+        self.sums = None if plan.whole_row else KeyedLaunch(_row_sums, key, (cdiv(rows, plan.backward_rows),), flags)
+        self.sums_tail = (rows, n, *strides, threshold, scale)
+        self.backward = KeyedLaunch(_backward, key, (plan.groups, plan.column_blocks), backward_flags)
+        # (dh_out's row stride 0: none; dx's and dres's n: fresh (rows, n) tensors)
+        self.backward_tail = (rows, n, *strides, 0, n, n if store_dres else 0, threshold, scale)
+        self.partials = None
+        if plan.finish == "kernel" and (weight is not None or bias is not None):
+            self.partials = KeyedLaunch(_partials, key, (cdiv(n, plan.finish_cols),),
+                                        dict(BLOCK_G=plan.finish_rows, BLOCK_C=plan.finish_cols, DW=weight is not None,
+                                             DB=bias is not None, num_warps=4))
+        self.partials_tail = (plan.groups, n)
+        self.rows, self.n, self.groups = rows, n, plan.groups
+        self.x_dtype, self.h_dtype, self.store_dres, self.rms = x_dtype, h_dtype, store_dres, rms
+        self.w_dtype = None if weight is None else weight.dtype
+        self.b_dtype = None if bias is None else bias.dtype
+        return self
+
+    def __call__(self, dy, x, residual, h, weight, bias, mean, rstd, seed):
+        """backward(...)'s (dx, dres or None, dweight or None, dbias or None) for a keyed caller: dy, x, residual and
+        h as the (rows, n) matrices op._rows makes (the key fixes their strides)."""
+        shape = (self.rows, self.n)
+        dx = dy.new_empty(shape, dtype=self.x_dtype)
+        dres = dy.new_empty(shape, dtype=self.h_dtype) if self.store_dres else None
+        mean_arg = None if self.rms else mean
+        sums = None
+        if self.sums is not None:
+            sums = dy.new_empty((self.rows, 2), dtype=torch.float32)
+            self.sums((dy, x, residual, h, weight, mean_arg, rstd, seed, sums, *self.sums_tail))
+        parts = (self.groups, self.n)
+        dw_part = dy.new_empty(parts, dtype=torch.float32) if weight is not None else None
+        db_part = dy.new_empty(parts, dtype=torch.float32) if bias is not None else None
+        self.backward((dy, x, residual, h, weight, mean_arg, rstd, sums, seed, None, dx, dres, dw_part, db_part,
+                       *self.backward_tail))
+        if self.partials is not None:
+            dw = dy.new_empty((self.n,), dtype=self.w_dtype) if weight is not None else None
+            db = dy.new_empty((self.n,), dtype=self.b_dtype) if bias is not None else None
+            self.partials((dw_part, db_part, dw, db, *self.partials_tail))
+            return dx, dres, dw, db
+        # (backward's small sum over the groups' partials, cast to the parameter's dtype)
+        dw = None if dw_part is None else dw_part.sum(0).to(self.w_dtype)
+        db = None if db_part is None else db_part.sum(0).to(self.b_dtype)
+        return dx, dres, dw, db
+
+
 def _backward_options(plan: Plan, residual, h, weight, bias, seed, dh_out, rms: bool, h_dtype, store_dres: bool):
     """(the row-sums kernel's options, the backward kernel's): functions of the plan, which tensors are given and the
     flags (a backward's launch key fixes them all: kept per key)."""

@@ -193,7 +193,7 @@ class _Recorded:
     bits, as the general path."""
 
     __slots__ = ("forward", "key", "shape", "matrix", "dropout_p", "rms", "store_h", "has_residual", "x_dtype",
-                 "h_dtype", "store_dres", "dy_layout")
+                 "h_dtype", "store_dres", "dy_layout", "backward")
 
     def __init__(self, forward: launch.NormForward, key, dropout_p: float, rms: bool, has_residual: bool):
         self.forward, self.key, self.dropout_p, self.rms = forward, key, dropout_p, rms
@@ -203,6 +203,7 @@ class _Recorded:
         # (as _backward: dresidual written apart where dropout or the residual's own dtype makes it differ from dx)
         self.store_dres = has_residual and (dropout_p > 0 or forward.h_dtype != forward.dtype)
         self.dy_layout = None  # (dy's (rows, n) strides, its backward launch key): the last aligned one
+        self.backward = None  # (a backward launch key, its launch.NormBackward or False), made at its first backward
 
     def backward_key(self, dy, dh_out):
         """eager.backward_key(ctx, dy, dh_out) of the general path's ctx (launch key: this key): kept for dy's last
@@ -251,10 +252,24 @@ class _RecordedFunction(torch.autograd.Function):
         # (the general path's (rows, n) views of the saved tensors: the same memory)
         x, residual, h = _rows(x, n), _rows(residual, n), _rows(h, n)
         store_dres = recorded.store_dres
-        dx, dres, dw, db = eager.backward_call(
-            _backward_op, _backward_impl, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out,
-            recorded.dropout_p, recorded.rms, recorded.x_dtype, recorded.h_dtype, store_dres,
-            key=recorded.backward_key(dy, dh_out))
+        key = recorded.backward_key(dy, dh_out)
+        kept = recorded.backward
+        if key is not None and dh_out is None and BACKWARD_RECIPES and tiles_launch.OP_RECIPES \
+                and dispatch.eager_mode(dy, x, residual, h, weight, bias, mean, rstd, seed) == "direct":
+            if kept is not None and kept[0] is key and kept[1]:  # the key's kept launches
+                dx, dres, dw, db = kept[1](dy, x, residual, h, weight, bias, mean, rstd, seed)
+            else:  # the general path; at the key's first backward, then its recipe from the plan it kept
+                dx, dres, dw, db = _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, None,
+                                                  recorded.dropout_p, recorded.rms, recorded.x_dtype, recorded.h_dtype,
+                                                  store_dres, key=key)
+                if kept is None or kept[0] is not key:
+                    recorded.backward = (key, launch.NormBackward.of(
+                        _PLANS.get(key), key, dy, x, residual, h, weight, bias, seed, recorded.dropout_p,
+                        recorded.rms, recorded.x_dtype, recorded.h_dtype, store_dres))
+        else:
+            dx, dres, dw, db = eager.backward_call(
+                _backward_op, _backward_impl, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out,
+                recorded.dropout_p, recorded.rms, recorded.x_dtype, recorded.h_dtype, store_dres, key=key)
         shape = recorded.shape
         if len(shape) != 2:
             dx = dx.view(shape)
@@ -274,6 +289,12 @@ def _recorded(prepared: launch.NormForward, key, dropout_p: float, rms: bool, ha
 # the same launches and bits. Read each call (under OP_RECIPES); False: _LayerNormFunction. On since the H100's A/B
 # (notes/norm's decision log)
 RECORDED_RECIPES = True
+
+# the recorded recipe's backward, where dy's layout repeats (its backward launch key) and no dh_out comes, launches by
+# the key's launch.NormBackward (issue 31's host time: the general backward's plan and options lookups, the key hashed
+# per launch and the argument tuples rebuilt each call); the same launches and bits. Read each call (under
+# OP_RECIPES); False: the general backward (eager.backward_call). Off until the H100's A/B
+BACKWARD_RECIPES = False
 
 
 # --------------------------------------------------------------------------------------------
