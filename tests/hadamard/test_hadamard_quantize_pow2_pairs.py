@@ -85,14 +85,11 @@ def test_format_tuning_table_under_the_callers_tuning():
     """configs.QUANT_POW2_FORMAT_TUNING by (format, n) goes under the caller's tuning; its TMA only from
     TMA_MIN_ELEMENTS elements and never for float32 (the pointer path below: the descriptors' host cost)."""
     from tilecore.ops.hadamard import configs
+    from tilecore.tiles.switches import patched
 
-    old = dict(configs.QUANT_POW2_FORMAT_TUNING)
-    # kernel_plan is memoized by its arguments: the plans made under the patched table must not outlive it (nor
-    # plans made before it serve it)
-    quantize.kernel_plan.cache_clear()
-    try:
-        configs.QUANT_POW2_FORMAT_TUNING.clear()
-        configs.QUANT_POW2_FORMAT_TUNING[("mxfp4", 128)] = dict(tma="load", waves=2)
+    # (no memo cleared: kernel_plan keys on configs.generation(), which the patch moves, so neither a plan made before it
+    # nor one made under it is served on the other side)
+    with patched(configs, QUANT_POW2_FORMAT_TUNING={("mxfp4", 128): dict(tma="load", waves=2)}):
         big = (1 << 28) // 128
         plan = quantize.kernel_plan(big, 128, torch.bfloat16, "mxfp4", 32, None, True, False, False, 132, False)
         assert plan.config["TMA_LOAD"] and plan.config["TMA_STORE"] and plan.grid == (264,), (plan.grid, plan.config)
@@ -105,10 +102,42 @@ def test_format_tuning_table_under_the_callers_tuning():
         assert not f32.config["TMA_LOAD"]
         other = quantize.kernel_plan(big, 128, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, False)
         assert not other.config["TMA_LOAD"] and other.grid == (132,)
-    finally:
-        configs.QUANT_POW2_FORMAT_TUNING.clear()
-        configs.QUANT_POW2_FORMAT_TUNING.update(old)
-        quantize.kernel_plan.cache_clear()
+    # the shipped table again after the block: fp8_e4m3 128's codes by TMA (not the plan memoized under the patch)
+    other = quantize.kernel_plan(big, 128, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, False)
+    assert other.config["TMA_LOAD"]
+
+
+def _tiles(plan):
+    c = plan.config
+    return c["S"], c["N1"], c["N2"], c["num_warps"], c["num_stages"]
+
+
+def test_kernel_plan_memo_follows_the_tables(monkeypatch):
+    """quantize.kernel_plan and kron.kernel_plan are memoized by their arguments and configs' tables (configs.memo:
+    the generation, moved by a table replaced or changed in place): a plan memoized before a change is not served
+    under it, nor one made under it after (an lru_cache over the arguments alone served the stale plan both ways)."""
+    from tilecore.ops.hadamard import configs, kron
+    from tilecore.tiles.switches import patched
+
+    args = ((1 << 28) // 4096, 4096, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, False)
+    shipped = quantize.kernel_plan(*args)
+    assert quantize.kernel_plan(*args) is shipped  # memoized while the tables stay
+    variant = dict(split=(1, 128, 32), num_warps=8, num_stages=2)
+    assert _tiles(shipped) != (1, 128, 32, 8, 2)
+    with patched(configs, QUANT_POW2_FORMAT_TUNING={**configs.QUANT_POW2_FORMAT_TUNING, ("fp8_e4m3", 4096): variant}):
+        assert _tiles(quantize.kernel_plan(*args)) == (1, 128, 32, 8, 2)
+    assert quantize.kernel_plan(*args).config == shipped.config
+    # a top-level table changed in place (monkeypatch.setitem, restored at the test's end)
+    monkeypatch.setitem(configs.QUANT_POW2_FORMAT_TUNING, ("fp8_e4m3", 4096), variant)
+    assert _tiles(quantize.kernel_plan(*args)) == (1, 128, 32, 8, 2)
+    monkeypatch.undo()
+    assert quantize.kernel_plan(*args).config == shipped.config
+    # kron.kernel_plan: 28 x 512 on configs.KRON_TUNING's 3 stages, 2 without the entry
+    kargs = ((1 << 28) // 14336, 28, 512, torch.bfloat16, 132)
+    assert kron.kernel_plan(*kargs).config["num_stages"] == 3
+    with patched(configs, KRON_TUNING={}):
+        assert kron.kernel_plan(*kargs).config["num_stages"] == 2
+    assert kron.kernel_plan(*kargs).config["num_stages"] == 3
 
 
 _COMPILE_128 = r"""

@@ -98,7 +98,7 @@ def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) 
     return gluon_quantize_wide.fits(m * p, m, p) or gluon_quantize_kron.fits(m, p, split)
 
 
-@functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature
+@configs.memo(256)  # a function of its arguments and configs' tables: planned once per signature and tables
 def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpret: bool = False, **tuning) -> KronPlan:
     """kron_plan's kernel paths for ``rows`` rows on a GPU of ``sms`` SMs (a function of its arguments
     alone: experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""

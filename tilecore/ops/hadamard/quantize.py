@@ -29,7 +29,6 @@ tensor's largest |y| (each program writes its own, no atomics), then the quantiz
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import torch
@@ -130,7 +129,7 @@ def _fitted_pow2(plan: QuantizePlan, device, rows, n, dtype, fmt, group, block, 
                        **{**tuning, "tile_elems": cap})
 
 
-@functools.lru_cache(maxsize=256)  # a pure function of its arguments: planned once per call signature
+@configs.memo(256)  # a function of its arguments and configs' tables: planned once per signature and tables
 def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None, block: int | None,
                 rotate: bool, static: bool, signs: bool, sms: int, interpret: bool = False, **tuning) -> QuantizePlan:
     """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
