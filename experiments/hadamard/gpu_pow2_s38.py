@@ -34,7 +34,8 @@ TRUNC_HI on the Gluon kernels at the model widths (fp8, int8, int4), int8 32768 
 on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1024. --set i (batch 5): the other 4-bit
 rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's flips against the plans before them. --set k: the shipped plans of rows
 without a recent figure. --set l (session 40, batch 1): more warps an SM at 16384 / 32768 (8 warps capped at 128
-registers, a third program on one stage, 16 warps at 32768).
+registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
+(4, 256, 32) on 16 (a warpgroup 64 lines of each product).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -199,6 +200,25 @@ SETS["l"] = {  # (priority order: the deadline skips the last)
     ("int4", 32768): [W16],
     ("fp8_e5m2", 16384): [W8_R128],
     ("fp8_e5m2", 32768): [W16],
+}
+
+# session 40, batch 2: run 1 (he_s40a) lost 0.37-0.70x with every candidate of set l: a 64-line product on 8 warps (or
+# 128 on 16) runs on each warpgroup whole (sm_90a loop SASS a value 11.4 -> 23), so more warps need more lines: 16384 as
+# (4, 128, 32) on 8 warps (a warpgroup a 64-line half; 142 registers, one program an SM; at maxnreg 128 40-68 B spilled,
+# two programs of 8 warps: 15.9 SASS a value against 11.4, with 16 warps an SM in place of 8), 32768 as (4, 256, 32) on 16
+# warps (128 registers, 244 B spilled: 16 warps an SM, 19.3 a value against 11.7); int4 16384 on the (4, 64, 64) tile
+# again (run 1: 1.032x)
+R128_32 = dict(split=(4, 128, 32), num_warps=8, num_stages=2, waves=2)
+SETS["m"] = {  # (priority order)
+    ("fp8_e4m3", 16384): [("128x32_w8_r128", dict(R128_32, maxnreg=128)), ("128x32_w8_1p", dict(R128_32, waves=1))],
+    ("fp8_e4m3", 32768): [("256x32_w16", dict(split=(4, 256, 32), num_warps=16))],
+    ("int4", 16384): [("4x64_w4", dict(split=(4, 64, 64), num_warps=4, num_stages=2, waves=2, perm=True)),
+                      ("128x32_w8_r128", dict(R128_32, maxnreg=128))],
+    ("int8", 32768): [("256x32_w16", dict(split=(4, 256, 32), num_warps=16))],
+    ("mxfp4", 16384): [("128x32_w8_r128", dict(R128_32, maxnreg=128, perm=True))],
+    ("nvfp4", 16384): [("128x32_w8_r128", dict(R128_32, maxnreg=128, perm=True))],
+    ("mxfp4", 32768): [("256x32_w16", dict(split=(4, 256, 32), num_warps=16))],
+    ("fp8_e5m2", 16384): [("128x32_w8_r128", dict(R128_32, maxnreg=128))],
 }
 
 
