@@ -1,16 +1,14 @@
 """FP8 attention's convenience path (issue 34, session 40) against tilecore's bf16 forward by GPU time, and config
 forms of the kernel (forms()) against the shipped one in the same run.
 
-    PYTHONPATH=. python experiments/attention_fp8/gpu_s40.py [--budget 100] [--cases d128c,d64c,d128,tail,outlier]
-        [--forms old,late] [--smoke]
+    PYTHONPATH=. python experiments/attention_fp8/gpu_s40.py [--budget 200] [--cases d128c,passes,tail,d64c,outlier,d128]
+        [--forms old,m32,noclamp] [--pass-dims 128,64] [--smoke]
 
-Forms: "old" (shipped), "late" (configs.GLUON_FORWARD's ``pv_late`` at D64 and D128: P V's wait put in a basic block
-after the softmax by a loop that never runs, gluon_fp8.AttentionFp8.softmax_done; sm_90a SASS: the shipped kernel waits
-for P V (WARPGROUP.DEPBAR) at the top of the softmax's block, before the row max, because ptxas reused P V's A-operand
-registers there; "late" waits after the P codes' FFMAs), "m32" (``mask32``: the masked step's mask as one 32-bit
-comparison an element, AttentionFp8.mask32; the shipped mask compares in 64 bits, LLVM having widened the step-derived
-key offset: the D128 causal e2e masked block 172 instructions against ~300), "late_m32" (both). Same math: O must be
-the same bits.
+Forms: "old" (shipped), "m32" (configs.GLUON_FORWARD's ``mask32`` at D64 and D128: the masked step's mask as one
+32-bit comparison an element, gluon_fp8.AttentionFp8.mask32; the shipped mask compares in 64 bits, LLVM having widened
+the step-derived key offset: sm_90a, the D128 causal e2e masked block 172 instructions against ~300), "noclamp"
+(configs.QUANTIZE_CLAMP False: the k and v passes without the explicit +-448 clamp, see passes). Same math: O must be
+the same bits. (Call 1's "late", P V's wait after the softmax, lost and was removed: notes/attention_fp8.)
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
 * d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
@@ -21,7 +19,11 @@ Phases (each only where the budget allows; rows printed as they come, the table 
   old's.
 * outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
   RMSE against float64 (target <= 9.1e-3 rotated), each form.
-* passes: the k pass against torch's bf16 -> e4m3 cast of the same tensor (as gpu_s39.py).
+* passes: the k pass (rotate_quantize) and the v pass (quantize_v_permuted per block) with and without the explicit
+  +-448 clamp before their e4m3 conversion (configs.QUANTIZE_CLAMP; "noclamp": the conversion, cvt.rn.satfinite,
+  saturates by itself: the same codes, sm_90a SASS 248 instructions fewer a program in each), bit for bit (a NaN
+  planted: NaN codes either way) and against torch's bf16 -> e4m3 cast of the same tensor, from CUDA graphs.
+  Form "noclamp" runs the convenience path so.
 
 JSON: $OUT/attention_fp8_s40.json (experiments/common/gpu_script.Run).
 """
@@ -51,12 +53,25 @@ def forms(names):
         return {configs: dict(GLUON_FORWARD={d: dict(c, **keys) for d, c in gf.items()})}
 
     table = {"old": ({}, (64, 128)),
-             # P V's wait after the softmax (gluon_fp8.AttentionFp8.softmax_done)
-             "late": (with_keys(pv_late=True), (64, 128)),
              # the mask as one 32-bit comparison an element (gluon_fp8.AttentionFp8.mask32)
              "m32": (with_keys(mask32=True), (64, 128)),
-             "late_m32": (with_keys(pv_late=True, mask32=True), (64, 128))}
+             # the quantizers without the explicit +-448 clamp (configs.QUANTIZE_CLAMP False)
+             "noclamp": ({configs: dict(QUANTIZE_CLAMP=False)}, (64, 128))}
     return {n: table[n] for n in names}
+
+
+def same_codes(a, b) -> bool:
+    """(codes, descales) a and b equal: every bit, but a NaN may be another NaN (e4m3's 0x7f or 0xff; float32's)."""
+    for x, y in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        nx, ny = x.float().isnan(), y.float().isnan()
+        if not torch.equal(nx, ny):
+            return False
+        bits = torch.uint8 if x.element_size() == 1 else torch.int32
+        if not torch.equal(x.view(bits)[~nx], y.view(bits)[~ny]):
+            return False
+    return True
 
 
 def under(patches, fn):
@@ -74,9 +89,9 @@ def under(patches, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
-    ap.add_argument("--cases", default="d128c,tail,d64c,outlier,d128")
-    ap.add_argument("--forms", default="old,late,m32,late_m32", help="old (shipped), late, m32, late_m32 (forms())")
-    ap.add_argument("--pass-dims", default="128")
+    ap.add_argument("--cases", default="d128c,passes,tail,d64c,outlier,d128")
+    ap.add_argument("--forms", default="old,m32,noclamp", help="old (shipped), m32, noclamp (forms())")
+    ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpu-rounds", type=int, default=4, help="profiler rounds (each form's calls after a sync)")
@@ -146,27 +161,37 @@ def main():
         run.row(f"{label} gpu time", **grow)
 
     def passes():
-        """The k pass's launch shapes (blocks of 128 rows a program x warps x stages, --shapes) against the shipped one
-        and the cast of the same tensor, one kernel each, from CUDA graphs; each checked bit for bit."""
+        """The k pass (rotate_quantize, 128-key block descales) and the v pass (quantize_v_permuted per block) with and
+        without the explicit +-448 clamp before the e4m3 conversion (configs.QUANTIZE_CLAMP: the conversion saturates
+        by itself), each checked bit for bit against the shipped one, against the cast of the same tensor (the same
+        bytes: read 2, write 1 an element), one kernel each, from CUDA graphs in interleaved rounds."""
+        from tilecore.ops.attention_fp8 import configs
+        from tilecore.tiles.switches import patched
+
+        def noclamp(fn):
+            def call():
+                with patched(configs, QUANTIZE_CLAMP=False):
+                    return fn()
+            return call
+
         for D in [int(d) for d in args.pass_dims.split(",")]:
             B, H, N = (1, 2, 512) if smoke else (16, 16, 4096)
             g = torch.Generator(device=dev).manual_seed(7 + D)
-            k = torch.randn(B, H, N, D, device=dev, generator=g).to(dt)
-            signs = quantize.rotation_signs(D, k.device)
-            ship = quantize.rotate_quantize(k, signs=signs, scales="block")
-            fns = {"cast": lambda k=k: k.to(torch.float8_e4m3fn),
-                   "k_ship": lambda k=k, s=signs: quantize.rotate_quantize(k, signs=s, scales="block")}
-            for shape in args.shapes.split(","):
-                rb, nw, ns = (int(x) for x in shape.split("x"))
-                cfg = dict(row_blocks=rb, num_warps=nw, num_stages=ns)
-                f = (lambda k=k, s=signs, cfg=cfg: quantize.rotate_quantize(k, signs=s, scales="block", config=cfg))
-                if not same_bits(f(), ship):
-                    run.errors.append(f"passes D{D} {shape}: not the shipped bits")
-                    continue
-                fns[f"k_{shape}"] = f
-            t = time_rounds(fns, rounds=3, graph=True, eager=False, deadline=run)
+            x = torch.randn(B, H, N, D, device=dev, generator=g).to(dt)
+            x[0, 0, 5, 3] = float("nan")  # a NaN's code stays NaN (both forms); its block's descale is NaN
+            signs = quantize.rotation_signs(D, x.device)
+            kf = (lambda x=x, s=signs: quantize.rotate_quantize(x, signs=s, scales="block"))
+            vf = (lambda x=x: quantize.quantize_v_permuted(x, per="block"))
+            fns = {"cast": lambda x=x: x.to(torch.float8_e4m3fn), "k_ship": kf, "k_noclamp": noclamp(kf),
+                   "v_ship": vf, "v_noclamp": noclamp(vf)}
+            for n in ("k", "v"):
+                ship, new = fns[f"{n}_ship"](), fns[f"{n}_noclamp"]()
+                run.row(f"passes D{D} {n} noclamp bits", **{"pass": same_codes(ship, new),
+                                                           "bitwise": same_bits(ship, new)})
+            x[0, 0, 5, 3] = 1.0
+            t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
             row = {}
-            moved = 3 * k.numel()
+            moved = 3 * x.numel()
             for n in fns:
                 ms = t.get(f"{n}_graph_ms")
                 row[f"{n}_us"] = round(ms * 1e3, 2) if ms else None
@@ -174,6 +199,8 @@ def main():
             for n in fns:
                 if n != "cast":
                     row[f"{n}_of_cast"] = ratio(row.get("cast_us"), row.get(f"{n}_us"))
+            for n in ("k", "v"):
+                row[f"{n}_noclamp_x_ship"] = ratio(row.get(f"{n}_ship_us"), row.get(f"{n}_noclamp_us"))
             row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
             run.row(f"passes D{D}", **row)
 
@@ -220,7 +247,7 @@ def main():
             run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
     cols = ["name", "pass", "err_over_floor"] + [f"{n}_x_bf16_graph" for n in fm] + [f"{n}_x_bf16_gpu" for n in fm] \
         + [f"{n}_x_old_{w}" for n in fm if n != "old" for w in ("graph", "gpu")]
-    run.finish(cols + ["k_ship_of_cast"])
+    run.finish(cols + ["k_ship_of_cast", "k_noclamp_x_ship", "v_noclamp_x_ship"])
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def main():
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
 
-    from tilecore.ops.attention_fp8 import kernels_tl
+    from tilecore.ops.attention_fp8 import configs, kernels_tl
     from tilecore.tiles.compile import compile_kernel, resources
 
     assert os.path.abspath(kernels_tl.__file__).startswith(os.path.abspath(a.root)), kernels_tl.__file__
@@ -33,6 +33,8 @@ def main():
     f32 = torch.empty(8192)
     signs = torch.empty(256)
     variants = {}
+    # the quantizers' explicit clamp as the convenience path passes it (session 40; absent in older trees)
+    clamp = {"CLAMP": configs.QUANTIZE_CLAMP} if hasattr(configs, "QUANTIZE_CLAMP") else {}
     for D in (128, 64):
         x = torch.empty(B, H, N, D, dtype=torch.bfloat16)
         codes = torch.empty(B, H, N, D, dtype=torch.float8_e4m3fn)
@@ -40,14 +42,14 @@ def main():
         row_blocks, stages = (8, 2) if D >= 128 else (4, None)
         rq = dict(X=x, OUT=codes, DESCALE=f32, SIGNS=signs, sxb=x.stride(0), sxh=x.stride(1), sxn=x.stride(2),
                   sxd=x.stride(3), H=H, N=N, n_scales=N // 128, out_scale=D ** -0.5, ROTATE=True, UPCAST=False,
-                  BLOCK_R=128, BLOCK_D=D, ROW_BLOCKS=row_blocks)
+                  BLOCK_R=128, BLOCK_D=D, ROW_BLOCKS=row_blocks, **clamp)
         opts = dict(num_warps=4, **({"num_stages": stages} if stages else {}))
         variants[f"k_block_d{D}"] = (kernels_tl.rotate_quantize, dict(rq, SCALE=1), opts)
         if D == 128:
             variants[f"q_row_d{D}"] = (kernels_tl.rotate_quantize, dict(rq, SCALE=0), opts)
         variants[f"v_block_d{D}"] = (kernels_tl.quantize_v_permuted, dict(
             V=x, OUT=vt, DESCALE=f32, svb=x.stride(0), svh=x.stride(1), svn=x.stride(2), svd=x.stride(3), H=H, Nk=N,
-            D=D, n_out=N, EMULATE_CAST=False, BLOCK_K=128, BLOCK_D=D, PER_BLOCK=True, n_scales=N // 128),
+            D=D, n_out=N, EMULATE_CAST=False, BLOCK_K=128, BLOCK_D=D, PER_BLOCK=True, n_scales=N // 128, **clamp),
             dict(num_warps=4))
         if hasattr(kernels_tl, "quantize_kv"):
             variants[f"kv_d{D}"] = (kernels_tl.quantize_kv, dict(

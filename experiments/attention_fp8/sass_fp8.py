@@ -46,16 +46,12 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # session 38: causal, the tile's first key offset through opaque_int (the bf16 forward's first_key)
     "hide": dict(hide_first_key=True), "qrot_hide": dict(_q_rotate=True, _v_block=True, hide_first_key=True),
     "qreg_split_hide": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True),
-    # session 40: P V's wait in a block of its own after the softmax (pv_late)
-    "late": dict(pv_late=True),
-    "qreg_split_late": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, pv_late=True),
-    "qrot_hide_late": dict(_q_rotate=True, _v_block=True, hide_first_key=True, pv_late=True),
+    # session 40: the masked step's mask as one 32-bit comparison an element (mask32; P V's wait after the softmax,
+    # pv_late, lost on the H100 and was removed: notes/attention_fp8's decision log)
+    "m32": dict(mask32=True),
     "qreg_split_hide_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
                                 mask32=True),
-    "qreg_split_hide_late_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
-                                     hide_first_key=True, pv_late=True, mask32=True),
-    "qreg_split_hide_late": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
-                                 pv_late=True),
+    "qrot_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
 }
 
 

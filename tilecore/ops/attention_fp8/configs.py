@@ -17,7 +17,7 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
-                        "p_linear", "hide_first_key", "pv_late", "mask32"})
+                        "p_linear", "hide_first_key", "mask32"})
 
 
 def gluon_config(d: int, causal: bool) -> dict:
@@ -57,6 +57,12 @@ ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128
 # grid would leave SMs idle), num_warps, num_stages (absent: Triton's default). The interpreter takes one block a
 # program and the rest as here.
 ROTATE_QUANTIZE = {128: dict(row_blocks=8, num_warps=4, num_stages=2), 64: dict(row_blocks=4, num_warps=4)}
+
+
+# the quantizers' explicit +-448 clamp of the codes before their e4m3 conversion (rotate_quantize; quantize_v_permuted
+# per block), which saturates by itself where compiled (cvt.rn.satfinite, NaN kept: the same codes); False: none (two
+# FMNMX an element fewer). The interpreter clamps either way (its conversion is emulated).
+QUANTIZE_CLAMP = True
 
 
 def rotate_quantize_config(d: int, interpret: bool) -> dict:

@@ -260,7 +260,6 @@ class AttentionFp8:
     Q_REG: gl.constexpr  # Q_ROTATE with the codes kept in registers as S's A operand (rotate_q_reg)
     ROT_SPLIT: gl.constexpr  # Q_REG: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
-    PV_LATE: gl.constexpr  # P V's wait after the softmax, in a block of its own (AttentionFp8.softmax_done)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
@@ -502,8 +501,6 @@ class AttentionFp8:
         s, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(s_tok, t0, t1, t2, t3))  # all but P V are done
         l_acc = st.l_acc + ((l0 + l1) + (l2 + l3))  # float32 (16 adds a thread); times alpha with O
         m, p32, alpha = self.softmax(s, st, first_key, k_scale)
-        if self.PV_LATE:
-            self.softmax_done(p32, first_key)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         return m, p32, alpha, acc, l_acc
 
@@ -541,15 +538,6 @@ class AttentionFp8:
             acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
             st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
         return st  # (causal: a step past this consumer's keys does nothing; the other's rows see more)
-
-    @gluon.jit
-    def softmax_done(self, p, first_key):
-        """PV_LATE: a loop that never runs (a step's first key is below Nk) and reads P, so that P is computed before
-        it and P V's wait starts a basic block of its own after the softmax's: ptxas schedules within a block, and in
-        the softmax's it put the wait (WARPGROUP.DEPBAR) at the top, before the row max, so the softmax waited for P V's
-        products. (A branch was if-converted by ptxas: a loop is not.)"""
-        for i in range(gl.where(first_key >= self.Nk, first_key, 0)):
-            gl.store(self.lse + i, gl.sum(gl.sum(p, axis=1), axis=0))
 
     @gluon.jit
     def first_key(self):
@@ -599,8 +587,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
-                             HIDE_FIRST_KEY: gl.constexpr = False, PV_LATE: gl.constexpr = False,
-                             MASK32: gl.constexpr = False):
+                             HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
@@ -636,7 +623,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, PV_LATE, MASK32, ones, rotation,
+                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),

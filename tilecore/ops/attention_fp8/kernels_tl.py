@@ -165,7 +165,8 @@ def grid(heads: int, rows: int, block_m: int) -> tuple[int]:
 @triton.jit
 def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
                         EMULATE_CAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PERMUTE_IN_REGISTERS: tl.constexpr = False, PER_BLOCK: tl.constexpr = False, n_scales=1):
+                        PERMUTE_IN_REGISTERS: tl.constexpr = False, PER_BLOCK: tl.constexpr = False, n_scales=1,
+                        CLAMP: tl.constexpr = False):
     """v (B, H, Nk, D), any strides, quantized to e4m3 with its head's descale (v / DESCALE[bh], saturated
     at 448) into the Hopper kernel's layout (reference.keys_permuted): OUT (B, H, D, n_out) contiguous,
     key j of a head at column key_position(j); the padding keys (Nk .. n_out) are written as 0. One
@@ -185,8 +186,10 @@ def quantize_v_permuted(V, OUT, DESCALE, svb, svh, svn, svd, H, Nk, D, n_out,
         descale = tl.where(amax > 0, amax / 448.0, 1.0)
         tl.store(DESCALE + bh.to(tl.int64) * n_scales + tl.program_id(1), descale,
                  mask=tl.program_id(1) * BLOCK_K < Nk)
-        # a NaN stays NaN (its code NaN): the clamps propagate it
-        y = tl.minimum(tl.maximum(v / descale, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
+        y = v / descale
+        if EMULATE_CAST or CLAMP:  # a NaN stays NaN (its code NaN): the clamps propagate it; compiled, the e4m3
+            # conversion saturates as they do (cvt.rn.satfinite, NaN kept)
+            y = tl.minimum(tl.maximum(y, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
     else:  # (a NaN in v: torch's amax, the head's descale, is NaN)
         y = tl.minimum(tl.maximum(v / tl.load(DESCALE + bh), -448.0), 448.0)  # [BLOCK_K, BLOCK_D]
     if EMULATE_CAST:
@@ -228,7 +231,7 @@ SCALE_GIVEN = tl.constexpr(2)  # one given descale for the tensor (DESCALE[0], o
 @triton.jit
 def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, out_scale,
                     ROTATE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr):
+                    BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr, CLAMP: tl.constexpr = False):
     """x (B, H, N, D = BLOCK_D, a power of two), any strides, bf16/fp16 (float32 in the interpreter) ->
     OUT (B, H, N, D) e4m3 contiguous: y = H (s * x) * out_scale (with ROTATE; else y = x), then codes =
     y / descale saturated at 448, with descale = amax / 448 (1 where amax = 0) per row (SCALE_ROW:
@@ -272,7 +275,8 @@ def rotate_quantize(X, OUT, DESCALE, SIGNS, sxb, sxh, sxn, sxd, H, N, n_scales, 
             codes = y / descale
         else:
             codes = y / tl.load(DESCALE)
-        codes = tl.minimum(tl.maximum(codes, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
+        if UPCAST or CLAMP:  # (compiled, the e4m3 conversion saturates: cvt.rn.satfinite, NaN kept)
+            codes = tl.minimum(tl.maximum(codes, -448.0, tl.PropagateNan.ALL), 448.0, tl.PropagateNan.ALL)
         if UPCAST:  # (a NaN kept as it is: round_to_e4m3 reads exponent bits)
             codes = tl.where(codes != codes, codes, tl.where(codes < 0, -round_to_e4m3(-codes), round_to_e4m3(codes)))
         tl.store(out_base + rows[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], codes.to(tl.float8e4nv), mask=ok)

@@ -51,10 +51,13 @@ def quantize_v_permuted(v: torch.Tensor, *, per: str = "head", amax_kernel: bool
     if per == "block":
         n_scales = -(-N // SCALE_BLOCK)
         descale = torch.empty((B, H, n_scales), dtype=torch.float32, device=v.device)
+        if key is not None:  # (the clamp is an option of the launch: a config patched gets its own)
+            key = (key, configs.QUANTIZE_CLAMP)
         with dispatch.on_device(v.device):
             _QUANTIZE_V.run(key, (B * H, n_scales), (v, out, descale, *v.stride(), H, N, D, n_out), dict(
                 EMULATE_CAST=dispatch.interpreted(v.device), BLOCK_K=SCALE_BLOCK, BLOCK_D=block_d,
-                PERMUTE_IN_REGISTERS=permute_in_registers, PER_BLOCK=True, n_scales=n_scales))
+                PERMUTE_IN_REGISTERS=permute_in_registers, PER_BLOCK=True, n_scales=n_scales,
+                CLAMP=configs.QUANTIZE_CLAMP))
         return out, descale
     if amax_kernel:
         amax = torch.zeros((B, H), dtype=torch.float32, device=v.device)
@@ -176,12 +179,12 @@ def rotate_quantize(x: torch.Tensor, *, rotate: bool = True, signs: torch.Tensor
         if FILL_SMS and not interp and "row_blocks" not in (config or {}):
             row_blocks = filled_row_blocks(row_blocks, B * H, -(-N // SCALE_BLOCK), x.device)
         if key is not None:  # (the launch's options are part of its key: a config patched gets its own launch)
-            key = (key, row_blocks, cfg["num_warps"], cfg.get("num_stages"))
+            key = (key, row_blocks, cfg["num_warps"], cfg.get("num_stages"), configs.QUANTIZE_CLAMP)
         with dispatch.on_device(x.device):
             _ROTATE_QUANTIZE.run(key, (B * H, -(-N // (SCALE_BLOCK * row_blocks))), (
                 x, codes, ds, signs.to(torch.float32).contiguous(), *x.stride(), H, N, n_scales, D ** -0.5), dict(
                 ROTATE=rotate, SCALE=_SCALE_MODES[scales], UPCAST=interp, BLOCK_R=SCALE_BLOCK, BLOCK_D=D,
-                ROW_BLOCKS=row_blocks, num_warps=cfg["num_warps"],
+                ROW_BLOCKS=row_blocks, CLAMP=configs.QUANTIZE_CLAMP, num_warps=cfg["num_warps"],
                 **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {})))
         return codes, (descale if scales == "tensor" else ds)
     y = x.to(torch.float32)
