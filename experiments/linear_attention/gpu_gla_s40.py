@@ -46,11 +46,11 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # whole backward)
 THREE = dict(dqk_gluon=2, dqk_gluon_chunks=3)  # three chunks a tile, 2 stages (3 would need 303 KB)
 # gluon_gla_bwd FORM: configs' 1538 = 2 + STORE_TMA 512 + DG_TMA 1024; + DG_LATE 2048 for DG_TMA (2562), + VALUE_LATE
-# 4096, + J_SMEM 8192
+# 4096, + J_SMEM 8192, + DG_MERGE 16384
 BATCHES = {
     # call 1: d 32's dq / dk kernel, configs' (two chunks a tile, 3 stages) against three chunks a tile (sm_90a: 608 B
     # spilled at 1538, 316 with VALUE_LATE, 508 with VALUE_LATE + J_SMEM; 160 registers a consumer) and the two-chunk
-    # kernel with DG_LATE, VALUE_LATE or J_SMEM (4-12 B spilled)
+    # kernel with DG_LATE, VALUE_LATE, J_SMEM or DG_MERGE (4-52 B spilled)
     "a": {
         "d32 configs dqk": (32, {}, "dqk0w"),
         "d32 three chunks": (32, THREE, "dqk0w"),
@@ -59,6 +59,8 @@ BATCHES = {
         "d32 dg late": (32, dict(dqk_gluon_form=2562), "dqk0w"),
         "d32 value late": (32, dict(dqk_gluon_form=5634), "dqk0w"),
         "d32 j smem": (32, dict(dqk_gluon_form=9730), "dqk0w"),
+        "d32 dg merge": (32, dict(dqk_gluon_form=17922), "dqk0w"),
+        "d32 dg merge j": (32, dict(dqk_gluon_form=26114), "dqk0w"),
     },
 }
 VARIANTS = BATCHES[BATCH]

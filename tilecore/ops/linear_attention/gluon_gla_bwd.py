@@ -57,6 +57,8 @@ VALUE_LATE = gl.constexpr(4096)  # the value sums issued once E, Ei and the B op
 # 64 accumulator registers not live beside E, Ei, G (three consumers' 160 registers)
 J_SMEM = gl.constexpr(8192)  # J (all ones) from shared memory like L (8 KB), not a register A operand: a constant held in
 # up to 48 registers while the sums run
+DG_MERGE = gl.constexpr(16384)  # Dv = BKB: dg's two sums in one round, L^T dG (= J dG - L dG + dG; L read transposed)
+# plus J (k dk_state) from two pieces in the stage's v and do buffers (read by then), one wait and one barrier fewer
 
 
 @stage_struct
@@ -497,17 +499,29 @@ class GlaDqk:
             tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
         self.pieces(dG, p0, p1, p2)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-        lsum = warpgroup_mma_wait(0, deps=[s_tok])
-        gl.thread_barrier()
-        self.pieces(dG + kf * dk_state, p0, p1, p2)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
-        jsum = warpgroup_mma_wait(0, deps=[s_tok])
-        dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        if self.FORM & DG_MERGE:  # (v and do [BT, BKB] like the pieces: Dv = BKB)
+            gl.static_assert(self.DV == BKB, "DG_MERGE: Dv = BKB")
+            ks = kf * dk_state
+            ks_hi = ks.to(dtype)
+            v_s.store(ks_hi)
+            do_s.store((ks - ks_hi.to(gl.float32)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(True).permute((1, 0)), p0, p1, p2, z32, False)
+            s_tok = self.sum_dots(self.triangle(False), v_s, do_s, p2, s_tok, True, True)
+            dg = warpgroup_mma_wait(0, deps=[s_tok]) + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        else:
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+            lsum = warpgroup_mma_wait(0, deps=[s_tok])
+            gl.thread_barrier()
+            self.pieces(dG + kf * dk_state, p0, p1, p2)
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+            jsum = warpgroup_mma_wait(0, deps=[s_tok])
+            dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
             g_s.store(gl.where(clamped, 0.0, dg))
