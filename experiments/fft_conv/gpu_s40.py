@@ -14,6 +14,7 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
                with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins
   t1_c64       the same at G1 1
   td_c64, td_f16  TCHUNK + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
+  td4_c64, td4_f16  the same at G1 4 (four columns a2 a wgmma wait in 1a and 1'a)
   d_c64, d_f16 DIRECT on the shipped tuples (GLUON_ORDER3[n]'s; GLUON_ORDER3_HALF[n]'s)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
@@ -53,8 +54,8 @@ def tuples(n):
     kg = ORDER3_TCHUNK_KG[n]
     out = {label: (per_sm, True, kg, g1, wg, rfft, False, True)
            for label, g1, rfft in (("t_c64", 2, 2), ("t_f16", 2, 3), ("t1_c64", 1, 2))}
-    out.update({label: (per_sm, True, kg, 2, wg, rfft, False, True, True)
-                for label, rfft in (("td_c64", 2), ("td_f16", 3))})
+    out.update({label: (per_sm, True, kg, g1, wg, rfft, False, True, True)
+                for label, g1, rfft in (("td_c64", 2, 2), ("td_f16", 2, 3), ("td4_c64", 4, 2), ("td4_f16", 4, 3))})
     # DIRECT on the shipped tuple (its chunks untransposed)
     out["d_c64"] = (*shipped[:4], wg, 2, False, False, True)
     half = configs.GLUON_ORDER3_HALF[n]

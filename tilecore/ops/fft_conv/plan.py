@@ -137,7 +137,7 @@ def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: i
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
     8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
     KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
-    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
+    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1, 2 or 4;
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
     KiB); ``rfft`` 3: the spectrum's bins as float16 pairs (a float16 spectrum read as it is), else 2 (complex64);
     ``kmid``: a chunk's bins loaded while its stage-3 wgmmas run; ``tchunk``: each chunk's tile transposed (kg
@@ -146,10 +146,10 @@ def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: i
     removed: notes/fft_conv.)"""
     fits = ORDER3_FITS.get(n)
     kg_ok = fits is not None and (kg == ORDER3_TCHUNK_KG.get(n) if tchunk else kg in fits[1])
-    if (fits is None or per_sm not in fits[0] or not kg_ok or contig not in (False, True) or g1 not in (1, 2)
+    if (fits is None or per_sm not in fits[0] or not kg_ok or contig not in (False, True) or g1 not in (1, 2, 4)
             or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1) or rfft not in (2, 3)):
         raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
-                         f"{ORDER3_FITS} (N: (per_sm, kg); with tchunk kg {ORDER3_TCHUNK_KG}), g1 1 or 2, warpgroups "
+                         f"{ORDER3_FITS} (N: (per_sm, kg); with tchunk kg {ORDER3_TCHUNK_KG}), g1 1, 2 or 4, warpgroups "
                          f"1 or 2 (2: one program a multiprocessor); got N = {n}, per_sm {per_sm}, contig {contig}, "
                          f"kg {kg}, g1 {g1}, warpgroups {warpgroups}, rfft {rfft} (2 or 3), tchunk {tchunk}")
     return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, warpgroups=warpgroups,
