@@ -50,6 +50,11 @@ KQ_SPLIT = gl.constexpr(1)  # K Q^T as two 64-deep halves into two accumulators,
 KQ_SQ_IL = gl.constexpr(2)  # K Q^T's and S^T Q^T's 16-deep steps interleaved (S^T's bf16 operand by 16 columns):
 # two chains in flight, no register more, the same sums as FORM 0
 PV_UPD_IL = gl.constexpr(4)  # P V's and the update's 16-deep steps interleaved (wV^T by 16 columns): the same sums
+EXP_SMEM = gl.constexpr(8)  # the decay's factors made between K Q^T's issue and S^T Q^T's and stored to shared memory
+# (16 KB a consumer), read back after the wait: the store cannot pass S^T Q^T's wgmma fence, so the exps run under
+# K Q^T (FORM 0: ptxas sinks them past the wait, decision 192); the same bits
+O_SPLIT = gl.constexpr(16)  # V^T P^T into an accumulator of its own and S^T Q^T's factor 2^(G_i) scale applied in the
+# epilogue (o = (S^T Q^T) e + V^T P^T by one FFMA), not between the scores' wait and P V's issue
 
 
 @stage_struct
@@ -141,6 +146,7 @@ class LinearAttentionForward:
     wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V); with beta [2 BT] float32,
     # each consumer's update weights by token
     ev_smem: object  # with beta: [2 BT] float32, each consumer's factors of o by token (else wv_smem, unused)
+    f_smem: object  # with FORM EXP_SMEM: [2, BT, BT] float32, each consumer's decay factors (else unused)
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -154,8 +160,7 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
-    FORM: gl.constexpr  # with beta: the step's form bits (KQ_SPLIT, KQ_SQ_IL, PV_UPD_IL; configs.GLUON_MAMBA_FORM),
-    # else 0
+    FORM: gl.constexpr  # with beta: the step's form bits (configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -353,7 +358,7 @@ class LinearAttentionForward:
             wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
         qT = q.permute((1, 0))
         if self.FORM & KQ_SQ_IL:
-            S_acc, s, o = self.scores_interleaved(walk.S, G_last, q, k, G_j, g_smem)
+            S_acc, s, o = self.scores_interleaved(walk.S, G_last, q, k, G_j, g_smem, c)
         else:
             S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
             S_acc = walk.S * gl.exp2(G_last)
@@ -362,17 +367,26 @@ class LinearAttentionForward:
             else:
                 s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
                                       is_async=True)
+            if self.FORM & EXP_SMEM:  # the factors under K Q^T, through shared memory
+                self.f_smem.index(c).store(gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0)
+                                                   - gl.expand_dims(G_j, 1)))
             qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
                                    is_async=True)
             # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are
             # strong: one select takes them away)
-            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+            if self.FORM & EXP_SMEM:
+                f = 1.0
+            else:
+                f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
             if self.FORM & KQ_SPLIT:
                 s, s2, o = warpgroup_mma_wait(0, deps=(s_tok, s2_tok, qs_tok))
                 s = (s + s2) * f
             else:
                 s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
-                s = s * f
+                if self.FORM & EXP_SMEM:
+                    s = s * self.f_smem.index(c).load(self.SL)
+                else:
+                    s = s * f
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
         pT = gl.where(causal, s * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
@@ -380,7 +394,11 @@ class LinearAttentionForward:
         fence_async_shared()
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
-        o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
+        if self.FORM & O_SPLIT:
+            o_qs = o
+            o = gl.zeros([self.BV, self.BT], gl.float32, self.SL)
+        else:
+            o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
         if self.FORM & PV_UPD_IL:
             o_tok = warpgroup_mma(v.slice(0, 16, 0).permute((1, 0)), p_smem.slice(0, 16, 0), o, is_async=True)
             S_tok = warpgroup_mma(w0, k.slice(0, 16, 0), S_acc, is_async=True)
@@ -391,10 +409,12 @@ class LinearAttentionForward:
             o_tok = warpgroup_mma(v.slice(48, 16, 0).permute((1, 0)), p_smem.slice(48, 16, 0), o_tok, is_async=True)
             S_tok = warpgroup_mma(w3, k.slice(48, 16, 0), S_tok, is_async=True)
         else:
-            o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
+            o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, use_acc=(self.FORM & O_SPLIT) == 0, is_async=True)
             S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
+        if self.FORM & O_SPLIT:
+            o = o_qs * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0) + o
         if self.HAS_D:
             offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
             d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
@@ -428,7 +448,7 @@ class LinearAttentionForward:
         return a, b
 
     @gluon.jit
-    def scores_interleaved(self, S, G_last, q, k, G_j, g_smem):
+    def scores_interleaved(self, S, G_last, q, k, G_j, g_smem, c: gl.constexpr):
         """KQ_SQ_IL: K Q^T and S^T Q^T, their 16-deep wgmmas issued in turn (S^T's bf16 operand split into 16-column
         pieces in registers: split_n moves no data); returns (2^(G_last) S^T, K Q^T 2^(G_i - G_j), S^T Q^T)."""
         dtype: gl.constexpr = self.q_desc.dtype
@@ -449,6 +469,9 @@ class LinearAttentionForward:
                           is_async=True)
         s = warpgroup_mma(k.slice(16, 16, 1), q.slice(16, 16, 1).permute((1, 0)), s, is_async=True)
         o = warpgroup_mma(gl.convert_layout(a1, L16), q.slice(16, 16, 1).permute((1, 0)), o, is_async=True)
+        if self.FORM & EXP_SMEM:  # the factors under the first four wgmmas, through shared memory
+            self.f_smem.index(c).store(gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0)
+                                               - gl.expand_dims(G_j, 1)))
         s = warpgroup_mma(k.slice(32, 16, 1), q.slice(32, 16, 1).permute((1, 0)), s, is_async=True)
         o = warpgroup_mma(gl.convert_layout(a2, L16), q.slice(32, 16, 1).permute((1, 0)), o, is_async=True)
         s = warpgroup_mma(k.slice(48, 16, 1), q.slice(48, 16, 1).permute((1, 0)), s, is_async=True)
@@ -461,9 +484,14 @@ class LinearAttentionForward:
         o = warpgroup_mma(gl.convert_layout(a6, L16), q.slice(96, 16, 1).permute((1, 0)), o, is_async=True)
         s = warpgroup_mma(k.slice(112, 16, 1), q.slice(112, 16, 1).permute((1, 0)), s, is_async=True)
         o = warpgroup_mma(gl.convert_layout(a7, L16), q.slice(112, 16, 1).permute((1, 0)), o, is_async=True)
-        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-        s, o = warpgroup_mma_wait(0, deps=(s, o))
-        return S_acc, s * f, o
+        if self.FORM & EXP_SMEM:
+            s, o = warpgroup_mma_wait(0, deps=(s, o))
+            s = s * self.f_smem.index(c).load(self.SL)
+        else:
+            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+            s, o = warpgroup_mma_wait(0, deps=(s, o))
+            s = s * f
+        return S_acc, s, o
 
     @gluon.jit
     def wait(self, ctx, walk):
@@ -497,8 +525,13 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
         w_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        if FORM & EXP_SMEM:  # (pairs of columns a thread: the 2-element vectors swizzled by row, no bank conflict)
+            f_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
+        else:
+            f_smem = p_smem
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
+                                    f_smem,
                                     BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
                                     wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
@@ -507,7 +540,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
-                                    wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
+                                    wv_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
                                     None, FORM)
     if HAS_BETA and HAS_Z:
