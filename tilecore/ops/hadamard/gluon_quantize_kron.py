@@ -498,13 +498,14 @@ def emulate(x, m: int, p: int, split: int, inside: bool, scale: float, transpose
 
 
 def _operand_a(m: int, transpose: bool):
-    """A = H_m (or H_m^T) zero-padded to 32, (x) H_2, float64 (gluon_operand's first block)."""
+    """A = H_m (or H_m^T) zero-padded to 32, (x) H_2, float64 (gluon_operand's first block). m a power of two: Sylvester's
+    H_m, so that H_m (x) H_p is H_(m p) itself (a power-of-two row on this kernel: quantize's "gluon_pow2" plan)."""
     import torch
 
     from tilecore.ops.hadamard import orders
     from tilecore.ops.hadamard.reference import hadamard_matrix
 
     h = torch.zeros(HALF.value, HALF.value, dtype=torch.float64)
-    hm = orders.hadamard_of_order(m).to(torch.float64)
+    hm = hadamard_matrix(m, torch.float64) if m & (m - 1) == 0 else orders.hadamard_of_order(m).to(torch.float64)
     h[:m, :m] = hm.T if transpose else hm
     return torch.kron(h, hadamard_matrix(2, torch.float64))

@@ -135,6 +135,9 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
     experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""
     f = FORMATS[fmt]
+    gluon = _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning)
+    if gluon is not None:
+        return gluon
     pow2 = pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
     if pow2 is not None:
         return pow2
@@ -313,6 +316,17 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
         **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
         **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
+
+
+def _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning):
+    """A power-of-two row n = m p on the "gluon_kron" kernel (H_m (x) H_p with Sylvester's H_m is H_n): m from the tuning
+    "gluon_pow2", else configs.QUANT_GLUON_POW2 by (format, n); None where not asked for or the kernel does not take
+    (m, n / m) (_gluon_kron_plan's conditions)."""
+    m = tuning.get("gluon_pow2", _by_format(configs.QUANT_GLUON_POW2, fmt, n, 0))
+    if not m or not rotate or block is not None or n & (n - 1) or m & (m - 1) or n % m:
+        return None
+    return _gluon_kron_plan(rows, n, dtype, fmt, group, m, n // m, 1, signs, static, n**-0.5, sms,
+                            {**tuning, "gluon_kron": True})
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
