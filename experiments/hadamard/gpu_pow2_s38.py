@@ -35,7 +35,8 @@ on fp8_e4m3's plans at 1024-32768, the 4-bit formats on 4 warps at 256 / 512 / 1
 rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's flips against the plans before them. --set k: the shipped plans of rows
 without a recent figure. --set l (session 40, batch 1): more warps an SM at 16384 / 32768 (8 warps capped at 128
 registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
-(4, 256, 32) on 16 (a warpgroup 64 lines of each product).
+(4, 256, 32) on 16 (a warpgroup 64 lines of each product). --set n (batch 3): 16384 / 32768 on the Gluon kron kernel as
+32 x (n / 32) (plan tuning gluon_pow2).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -221,6 +222,40 @@ SETS["m"] = {  # (priority order)
     ("fp8_e5m2", 16384): [("128x32_w8_r128", dict(R128_32, maxnreg=128))],
 }
 
+# session 40, batch 3: the power-of-two rows on the Gluon kron kernel (plan tuning gluon_pow2 = m: n = m x (n / m), Sylvester's
+# H_m resident; 14336 = 28 x 512 runs fp8 95.6%, int8 93.2%, int4 79.7% of copy on it), with the epilogue switches of the
+# shipped 28-row plan of the same p (14336's at p = 512, 28672's at p = 1024; INSIDE off as there). sm_90a: 32 x 512 168
+# registers, no spills, 96-105 KiB; 32 x 1024 228 B spilled (as 28 x 1024)
+K512 = {"fp8_e4m3": dict(clamp_lo=2, perm=True), "int8": dict(int_bits=True, clamp_lo=2),
+        "mxfp4": dict(fold=True, e2m1_pairs=True, nozero=True, clamp_lo=2, perm=True),
+        "nvfp4": dict(scale_once=True, fold=True, nozero=True, clamp_lo=2, perm=True),
+        "int4": dict(fold=True, int_bits=True, nozero=True, clamp_lo=2)}
+K1024 = {"fp8_e4m3": dict(fold=True), "int8": dict(fold=True, int_bits=True),
+         "mxfp4": dict(fold=True, e2m1_pairs=True, nozero=True, clamp_lo=2),
+         "nvfp4": dict(scale_once=True, fold=True, perm=True), "int4": dict(fold=True, int_bits=True, nozero=True, clamp_lo=True)}
+K512["fp8_e5m2"], K1024["fp8_e5m2"] = K512["fp8_e4m3"], K1024["fp8_e4m3"]
+
+
+def kron_pow2(fmt, n, m=32):
+    """The gluon_pow2 candidate of (format, n): m x (n / m) with the 28-row plan's switches at that p, INSIDE off."""
+    return f"kron{m}", dict({512: K512, 1024: K1024}[n // m][fmt], gluon_pow2=m, inside=False)
+
+
+SETS["n"] = {  # (priority order)
+    ("fp8_e4m3", 16384): [kron_pow2("fp8_e4m3", 16384), kron_pow2("fp8_e4m3", 16384, 16)],
+    ("fp8_e4m3", 32768): [kron_pow2("fp8_e4m3", 32768)],
+    ("int8", 32768): [kron_pow2("int8", 32768)],
+    ("int4", 16384): [kron_pow2("int4", 16384)],
+    ("int4", 32768): [kron_pow2("int4", 32768)],
+    ("mxfp4", 16384): [kron_pow2("mxfp4", 16384)],
+    ("nvfp4", 16384): [kron_pow2("nvfp4", 16384)],
+    ("mxfp4", 32768): [kron_pow2("mxfp4", 32768)],
+    ("nvfp4", 32768): [kron_pow2("nvfp4", 32768)],
+    ("fp8_e5m2", 16384): [kron_pow2("fp8_e5m2", 16384)],
+    ("fp8_e5m2", 32768): [kron_pow2("fp8_e5m2", 32768)],
+    ("int8", 16384): [kron_pow2("int8", 16384)],
+}
+
 
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
@@ -270,6 +305,8 @@ def _warm(case_and_rows):
 
 def config_of(plan) -> str:
     c = plan.config
+    if plan.path == "gluon_kron":
+        return f"gluon_kron {c['M']}x{64 * c['F']} s{c['SPLIT']}"
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
