@@ -43,7 +43,7 @@ def _plan(fmt, n, **tuning):
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"])
 def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
-    assert all(isinstance(m, int) and m & (m - 1) == 0 for m in configs.QUANT_GLUON_POW2.values())
+    assert all(t["gluon_pow2"] & (t["gluon_pow2"] - 1) == 0 for t in configs.QUANT_GLUON_POW2.values())
     for n in (16384, 32768):
         if (fmt, n) not in configs.QUANT_GLUON_POW2:
             assert _plan(fmt, n, _gluon_ok=True).path == "pow2"  # not asked
@@ -57,6 +57,14 @@ def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
     # shapes the kernel does not take: p = 4096, m = 64
     assert _plan(fmt, 32768, gluon_pow2=8, _gluon_ok=True).path == "pow2"
     assert _plan(fmt, 16384, gluon_pow2=64, _gluon_ok=True).path == "pow2"
+    # a table entry's switches go to the kron plan only (the pow2 plan where it does not apply reads none of them)
+    from tilecore.tiles.switches import patched
+
+    shipped = _plan(fmt, 16384).config
+    with patched(configs, QUANT_GLUON_POW2={(fmt, 16384): dict(gluon_pow2=32, perm=True, num_warps=8)}):
+        plan = _plan(fmt, 16384, _gluon_ok=True)
+        assert plan.path == "gluon_kron" and plan.config["PERM"] and plan.config["M"] == 32
+        assert _plan(fmt, 16384).config == shipped  # no Gluon here: the pow2 plan, none of the entry's tuning
     # blocks, no rotation, random signs: the pow2 kernel's
     f = quantize.FORMATS[fmt]
     signed = quantize.kernel_plan(1 << 14, 16384, torch.bfloat16, fmt, f.default_group, None, True, fmt == "nvfp4",

@@ -179,7 +179,8 @@ QUANT_GLUON_KRON.update({("nvfp4", 14336): True, ("nvfp4", 28672): True})  # wit
 QUANT_GLUON_KRON_STAGES = 2  # its ring's stages
 # (m, p), then (format, n) -> split / inside: the butterfly in registers beat INSIDE at 28 x 1024 (1.2-1.4x)
 QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=False)}
-# (format, n) -> m: a power-of-two row n on the Gluon kron kernel as m x (n / m) (Sylvester's H_m): untimed, off
+# (format, n) -> the plan tuning of a power-of-two row n on the Gluon kron kernel (gluon_pow2 = m: m x (n / m), Sylvester's
+# H_m; with the kron plan's switches): untimed, off
 QUANT_GLUON_POW2 = {}
 # the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans
 KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}

@@ -320,10 +320,14 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
 
 def _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning):
     """A power-of-two row n = m p on the "gluon_kron" kernel (H_m (x) H_p with Sylvester's H_m is H_n): m from the tuning
-    "gluon_pow2", else configs.QUANT_GLUON_POW2 by (format, n); None where not asked for or the kernel does not take
-    (m, n / m) (_gluon_kron_plan's conditions)."""
-    m = tuning.get("gluon_pow2", _by_format(configs.QUANT_GLUON_POW2, fmt, n, 0))
-    if not m or not rotate or block is not None or n & (n - 1) or m & (m - 1) or n % m:
+    "gluon_pow2", else configs.QUANT_GLUON_POW2's entry by (format, n) (its "gluon_pow2" and the kron plan's tuning, under
+    the caller's: read only here, not by the pow2 plan); None where not asked for or the kernel does not take (m, n / m)
+    (_gluon_kron_plan's conditions)."""
+    if not rotate or block is not None or n & (n - 1):
+        return None
+    tuning = {**_by_format(configs.QUANT_GLUON_POW2, fmt, n, {}), **tuning}
+    m = tuning.get("gluon_pow2")
+    if not m or m & (m - 1) or n % m:
         return None
     return _gluon_kron_plan(rows, n, dtype, fmt, group, m, n // m, 1, signs, static, n**-0.5, sms,
                             {**tuning, "gluon_kron": True})
