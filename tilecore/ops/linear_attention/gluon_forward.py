@@ -35,26 +35,23 @@ kernels_forward.py) are this kernel's twins for other GPUs and the interpreter.
 import torch
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon import (Layout, ring, run, split_n, stage_struct, store_block, struct, wgmma_layout,
-                                  wgmma_lhs_layout)
+from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch: a constexpr is no number)
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``), each a shorter
-# dependent tensor-core chain than FORM 0's (K Q^T's eight 16-deep wgmmas into one accumulator, then S^T Q^T's eight):
-KQ_SPLIT = gl.constexpr(1)  # K Q^T as two 64-deep halves into two accumulators, their 16-deep steps interleaved,
-# summed after the wait (32 registers more)
-KQ_SQ_IL = gl.constexpr(2)  # K Q^T's and S^T Q^T's 16-deep steps interleaved (S^T's bf16 operand by 16 columns):
-# two chains in flight, no register more, the same sums as FORM 0
-PV_UPD_IL = gl.constexpr(4)  # P V's and the update's 16-deep steps interleaved (wV^T by 16 columns): the same sums
+# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``), each taking
+# work off a consumer's chain (bits 1, 2, 4: removed, notes decision 210):
 EXP_SMEM = gl.constexpr(8)  # the decay's factors made between K Q^T's issue and S^T Q^T's and stored to shared memory
 # (16 KB a consumer), read back after the wait: the store cannot pass S^T Q^T's wgmma fence, so the exps run under
 # K Q^T (FORM 0: ptxas sinks them past the wait, decision 192); the same bits
 O_SPLIT = gl.constexpr(16)  # V^T P^T into an accumulator of its own and S^T Q^T's factor 2^(G_i) scale applied in the
 # epilogue (o = (S^T Q^T) e + V^T P^T by one FFMA), not between the scores' wait and P V's issue
+EARLY_ISSUE = gl.constexpr(32)  # K Q^T and S^T Q^T issued as the step starts (they read only q, k and the state),
+# the update's weights and o's factors and wV^T made under them; the same bits
+FOLD = gl.constexpr(64)  # with EXP_SMEM: beta_j scale folded into the stored factors (32 FMUL fewer after the wait)
 
 
 @stage_struct
@@ -333,6 +330,18 @@ class LinearAttentionForward:
         G_i = g_smem.load(gl.SliceLayout(0, self.SL))
         G_last = gl.sum(gl.where(offs_i == self.BT - 1, G_i, 0.0), axis=0)  # (the host pads G past N with it)
         beta_j = b_smem.load(gl.SliceLayout(1, self.SL))  # (0 past N: the host's pad)
+        EARLY: gl.constexpr = (self.FORM & EARLY_ISSUE) != 0
+        qT = q.permute((1, 0))
+        if EARLY:  # the scores' wgmmas at once: they read only the stage's q and k and the state (S^T Q^T first:
+            # its bf16 operand is then made before any wgmma runs)
+            S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
+            S_acc = walk.S * gl.exp2(G_last)  # (reading S, which a wgmma wrote, while one runs: ptxas waits first)
+            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                                   is_async=True)
+            if self.FORM & EXP_SMEM:
+                self.store_factors(c, g_smem, G_j, beta_j)
+            s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
+                                  is_async=True)
         # the update's weights by token (wV^T's columns, 0 past N) and o's factors: one exp a thread each, read back
         # in the columns' layout (a column vector takes 16 registers a thread: G's by column is loaded where used)
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -344,51 +353,32 @@ class LinearAttentionForward:
         e_smem.store(gl.exp2(G1) * self.scale)
         gl.thread_barrier()
         w_i = w_smem.load(gl.SliceLayout(0, self.SL))
-        # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
+        # register operands, made before any wgmma runs (EARLY: under the scores'): wV^T [BV, BT] (the update's) and
+        # S^T in the input dtype
         vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
-        if self.FORM & PV_UPD_IL:
-            w01, w23 = split_n((vT * gl.expand_dims(w_i, 0)).to(dtype))
-            w0, w1 = split_n(w01)
-            w2, w3 = split_n(w23)
-            w0 = gl.convert_layout(w0, self.PL)
-            w1 = gl.convert_layout(w1, self.PL)
-            w2 = gl.convert_layout(w2, self.PL)
-            w3 = gl.convert_layout(w3, self.PL)
-        else:
-            wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
-        qT = q.permute((1, 0))
-        if self.FORM & KQ_SQ_IL:
-            S_acc, s, o = self.scores_interleaved(walk.S, G_last, q, k, G_j, g_smem, c)
-        else:
+        wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
+        if not EARLY:
             S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
             S_acc = walk.S * gl.exp2(G_last)
-            if self.FORM & KQ_SPLIT:
-                s_tok, s2_tok = self.scores_halves(q, k)
-            else:
-                s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
-                                      is_async=True)
+            s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
+                                  is_async=True)
             if self.FORM & EXP_SMEM:  # the factors under K Q^T, through shared memory
-                self.f_smem.index(c).store(gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0)
-                                                   - gl.expand_dims(G_j, 1)))
+                self.store_factors(c, g_smem, G_j, beta_j)
             qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
                                    is_async=True)
+        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
+        if self.FORM & EXP_SMEM:
+            s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
+            s = s * self.f_smem.index(c).load(self.SL)
+            if (self.FORM & FOLD) == 0:
+                s = s * gl.expand_dims(beta_j * self.scale, 1)
+            pT = gl.where(causal, s, 0.0)
+        else:
             # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are
             # strong: one select takes them away)
-            if self.FORM & EXP_SMEM:
-                f = 1.0
-            else:
-                f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-            if self.FORM & KQ_SPLIT:
-                s, s2, o = warpgroup_mma_wait(0, deps=(s_tok, s2_tok, qs_tok))
-                s = (s + s2) * f
-            else:
-                s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
-                if self.FORM & EXP_SMEM:
-                    s = s * self.f_smem.index(c).load(self.SL)
-                else:
-                    s = s * f
-        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-        pT = gl.where(causal, s * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+            s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
+            pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
         p_smem.store(pT.to(dtype))
         fence_async_shared()
@@ -399,18 +389,8 @@ class LinearAttentionForward:
             o = gl.zeros([self.BV, self.BT], gl.float32, self.SL)
         else:
             o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
-        if self.FORM & PV_UPD_IL:
-            o_tok = warpgroup_mma(v.slice(0, 16, 0).permute((1, 0)), p_smem.slice(0, 16, 0), o, is_async=True)
-            S_tok = warpgroup_mma(w0, k.slice(0, 16, 0), S_acc, is_async=True)
-            o_tok = warpgroup_mma(v.slice(16, 16, 0).permute((1, 0)), p_smem.slice(16, 16, 0), o_tok, is_async=True)
-            S_tok = warpgroup_mma(w1, k.slice(16, 16, 0), S_tok, is_async=True)
-            o_tok = warpgroup_mma(v.slice(32, 16, 0).permute((1, 0)), p_smem.slice(32, 16, 0), o_tok, is_async=True)
-            S_tok = warpgroup_mma(w2, k.slice(32, 16, 0), S_tok, is_async=True)
-            o_tok = warpgroup_mma(v.slice(48, 16, 0).permute((1, 0)), p_smem.slice(48, 16, 0), o_tok, is_async=True)
-            S_tok = warpgroup_mma(w3, k.slice(48, 16, 0), S_tok, is_async=True)
-        else:
-            o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, use_acc=(self.FORM & O_SPLIT) == 0, is_async=True)
-            S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
+        o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, use_acc=(self.FORM & O_SPLIT) == 0, is_async=True)
+        S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.FORM & O_SPLIT:
@@ -435,63 +415,12 @@ class LinearAttentionForward:
         return Walk(S)
 
     @gluon.jit
-    def scores_halves(self, q, k):
-        """KQ_SPLIT: K Q^T's two 64-deep halves into two accumulators, their 16-deep wgmmas issued in turn."""
-        z = gl.zeros([self.BT, self.BT], gl.float32, self.SL)
-        H2: gl.constexpr = self.BK // 2
-        a = warpgroup_mma(k.slice(0, 16, 1), q.slice(0, 16, 1).permute((1, 0)), z, use_acc=False, is_async=True)
-        b = warpgroup_mma(k.slice(H2, 16, 1), q.slice(H2, 16, 1).permute((1, 0)), z, use_acc=False, is_async=True)
-        for kk in gl.static_range(1, H2 // 16):
-            a = warpgroup_mma(k.slice(16 * kk, 16, 1), q.slice(16 * kk, 16, 1).permute((1, 0)), a, is_async=True)
-            b = warpgroup_mma(k.slice(H2 + 16 * kk, 16, 1), q.slice(H2 + 16 * kk, 16, 1).permute((1, 0)), b,
-                              is_async=True)
-        return a, b
-
-    @gluon.jit
-    def scores_interleaved(self, S, G_last, q, k, G_j, g_smem, c: gl.constexpr):
-        """KQ_SQ_IL: K Q^T and S^T Q^T, their 16-deep wgmmas issued in turn (S^T's bf16 operand split into 16-column
-        pieces in registers: split_n moves no data); returns (2^(G_last) S^T, K Q^T 2^(G_i - G_j), S^T Q^T)."""
-        dtype: gl.constexpr = self.q_desc.dtype
-        gl.static_assert(self.BK == 128, "KQ_SQ_IL takes Dk 128")
-        L16: gl.constexpr = wgmma_lhs_layout(self.BV, self.BT, gl.num_warps())
-        Sb = S.to(dtype)
-        lo, hi = split_n(Sb)
-        a01, a23 = split_n(lo)
-        a45, a67 = split_n(hi)
-        a0, a1 = split_n(a01)
-        a2, a3 = split_n(a23)
-        a4, a5 = split_n(a45)
-        a6, a7 = split_n(a67)
-        S_acc = S * gl.exp2(G_last)
-        z = gl.zeros([self.BT, self.BT], gl.float32, self.SL)
-        s = warpgroup_mma(k.slice(0, 16, 1), q.slice(0, 16, 1).permute((1, 0)), z, use_acc=False, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a0, L16), q.slice(0, 16, 1).permute((1, 0)), z, use_acc=False,
-                          is_async=True)
-        s = warpgroup_mma(k.slice(16, 16, 1), q.slice(16, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a1, L16), q.slice(16, 16, 1).permute((1, 0)), o, is_async=True)
-        if self.FORM & EXP_SMEM:  # the factors under the first four wgmmas, through shared memory
-            self.f_smem.index(c).store(gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0)
-                                               - gl.expand_dims(G_j, 1)))
-        s = warpgroup_mma(k.slice(32, 16, 1), q.slice(32, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a2, L16), q.slice(32, 16, 1).permute((1, 0)), o, is_async=True)
-        s = warpgroup_mma(k.slice(48, 16, 1), q.slice(48, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a3, L16), q.slice(48, 16, 1).permute((1, 0)), o, is_async=True)
-        s = warpgroup_mma(k.slice(64, 16, 1), q.slice(64, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a4, L16), q.slice(64, 16, 1).permute((1, 0)), o, is_async=True)
-        s = warpgroup_mma(k.slice(80, 16, 1), q.slice(80, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a5, L16), q.slice(80, 16, 1).permute((1, 0)), o, is_async=True)
-        s = warpgroup_mma(k.slice(96, 16, 1), q.slice(96, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a6, L16), q.slice(96, 16, 1).permute((1, 0)), o, is_async=True)
-        s = warpgroup_mma(k.slice(112, 16, 1), q.slice(112, 16, 1).permute((1, 0)), s, is_async=True)
-        o = warpgroup_mma(gl.convert_layout(a7, L16), q.slice(112, 16, 1).permute((1, 0)), o, is_async=True)
-        if self.FORM & EXP_SMEM:
-            s, o = warpgroup_mma_wait(0, deps=(s, o))
-            s = s * self.f_smem.index(c).load(self.SL)
-        else:
-            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-            s, o = warpgroup_mma_wait(0, deps=(s, o))
-            s = s * f
-        return S_acc, s, o
+    def store_factors(self, c: gl.constexpr, g_smem, G_j, beta_j):
+        """EXP_SMEM: the decay's factors 2^(G_i - G_j) (FOLD: times beta_j scale) to consumer c's buffer."""
+        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+        if self.FORM & FOLD:
+            f = f * gl.expand_dims(beta_j * self.scale, 1)
+        self.f_smem.index(c).store(f)
 
     @gluon.jit
     def wait(self, ctx, walk):
