@@ -36,7 +36,8 @@ rows on 4 warps (128-1024), 4096 on 3 stages. --set j (last batch): session 39's
 without a recent figure. --set l (session 40, batch 1): more warps an SM at 16384 / 32768 (8 warps capped at 128
 registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
 (4, 256, 32) on 16 (a warpgroup 64 lines of each product). --set n (batch 3): 16384 / 32768 on the Gluon kron kernel as
-32 x (n / 32) (plan tuning gluon_pow2).
+32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
+4-bit plans).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -254,6 +255,26 @@ SETS["n"] = {  # (priority order)
     ("fp8_e5m2", 16384): [kron_pow2("fp8_e5m2", 16384)],
     ("fp8_e5m2", 32768): [kron_pow2("fp8_e5m2", 32768)],
     ("int8", 16384): [kron_pow2("int8", 16384)],
+}
+
+# session 40, batch 4: the Gluon kron kernel's ring at 3 / 4 stages where a row of 32 x 512 (or 28 x 512) leaves room
+# (sm_90a: 107 KB at 2 stages, 140 KB at 3, 173 KB at 4; one program an SM either way: 2 x 256 consumer threads at 240
+# registers), at 16384 (gluon_pow2 32) and at 14336's shipped 4-bit plans
+def staged(name, tuning, stages):
+    return f"{name}_s{stages}", dict(tuning, stages=stages)
+
+
+SETS["o"] = {  # (priority order)
+    ("fp8_e4m3", 16384): [kron_pow2("fp8_e4m3", 16384), staged(*kron_pow2("fp8_e4m3", 16384), 3),
+                          staged(*kron_pow2("fp8_e4m3", 16384), 4)],
+    ("int4", 16384): [kron_pow2("int4", 16384), staged(*kron_pow2("int4", 16384), 3)],
+    ("int4", 14336): [("s3", dict(stages=3))],
+    ("mxfp4", 14336): [("s3", dict(stages=3))],
+    ("nvfp4", 14336): [("s3", dict(stages=3))],
+    ("int8", 16384): [kron_pow2("int8", 16384), staged(*kron_pow2("int8", 16384), 3)],
+    ("mxfp4", 16384): [staged(*kron_pow2("mxfp4", 16384), 3)],
+    ("nvfp4", 16384): [staged(*kron_pow2("nvfp4", 16384), 3)],
+    ("fp8_e5m2", 16384): [staged(*kron_pow2("fp8_e5m2", 16384), 3)],
 }
 
 
