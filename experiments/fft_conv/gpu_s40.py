@@ -8,14 +8,13 @@ same run.
         [--odd LABELS] [--op t_c64,t_f16] [--rounds 3] [--deadline 100]
 
 B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, complex64 (``c64``) and float16
-(``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: the tuple of plan.order3_plan):
-  f16 shipped  configs.GLUON_ORDER3_HALF[n] (float16 bins)
-  t_c64, t_f16 the shipped tuple's programs a SM and warpgroups (8192: two programs; 16384: one, two warpgroups a pair)
-               with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins
-  t1_c64       the same at G1 1
-  td_c64, td_f16  TCHUNK + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
-  td4_c64, td4_f16  the same at G1 4 (four columns a2 a wgmma wait in 1a and 1'a)
-  d_c64, d_f16 DIRECT on the shipped tuples (GLUON_ORDER3[n]'s; GLUON_ORDER3_HALF[n]'s)
+(``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: the tuple of plan.order3_plan; the shipped launch
+is configs.GLUON_ORDER3[n]'s, "f16 shipped" GLUON_ORDER3_HALF[n]'s):
+  s39_c64, s39_f16  the tuples shipped before session 40 (untransposed chunks; S39)
+  t_c64, t_f16      the programs a SM and warpgroups of those (8192: two programs; 16384: one, two warpgroups a pair)
+                    with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins; t1_c64 at G1 1
+  t4_*              the same at G1 4 (four columns a2 a wgmma wait in 1a and 1'a)
+  td_*, t4d_*       + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
@@ -24,8 +23,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   its output the same bits as the variant's launch, three calls the same bits, du through its backward vs float64.
 * rows "time": interleaved rounds (do_bench medians after warm-up; then from CUDA graphs): torch.fft (rfft, product,
   irfft in float32), the op on c64 (shipped), the shipped launch, each variant's launch; x torch.fft, the ratio to the
-  shipped launch on the same spectrum kind (c64: the shipped launch; f16: "f16 shipped"), and % of copy (the op's
-  bytes, u + the complex64 spectrum + y, at the anchors' 2,997 GB/s).
+  shipped launch on the same spectrum kind (c64: the shipped launch; f16: "f16 shipped"), to s39's of that kind
+  where timed, and % of copy (the op's bytes, u + the complex64 spectrum + y, at the anchors' 2,997 GB/s).
 Writes $OUT/fft_conv_gpu_s40_<n>.json after every row; prints a short table last. --smoke: the CPU path (torch.fft
 plans, tiny shape) to check the script itself.
 """
@@ -47,19 +46,23 @@ from tilecore.tiles.switches import patched  # noqa: E402
 TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 
 
+# the shipped tuples before session 40 (complex64, float16 bins): the untransposed chunks
+S39 = {8192: ((2, True, 2, 2), (2, True, 2, 2, 1, 3, True)), 16384: ((1, True, 1, 2, 2), (1, True, 1, 2, 2, 3, True))}
+
+
 def tuples(n):
-    """label -> the order3_plan tuple (configs.GLUON_ORDER3's form) of each TCHUNK variant."""
-    shipped = configs.GLUON_ORDER3[n]
-    per_sm, wg = shipped[0], (shipped[4] if len(shipped) > 4 else 1)
+    """label -> the order3_plan tuple (configs.GLUON_ORDER3's form) of each variant: t[4][d]_<c64|f16> = TCHUNK at
+    G1 2 (4: G1 4), d: + DIRECT; s39_<kind>: the tuples shipped before (S39)."""
+    per_sm, wg = S39[n][0][0], (S39[n][0][4] if len(S39[n][0]) > 4 else 1)
     kg = ORDER3_TCHUNK_KG[n]
-    out = {label: (per_sm, True, kg, g1, wg, rfft, False, True)
-           for label, g1, rfft in (("t_c64", 2, 2), ("t_f16", 2, 3), ("t1_c64", 1, 2))}
-    out.update({label: (per_sm, True, kg, g1, wg, rfft, False, True, True)
-                for label, g1, rfft in (("td_c64", 2, 2), ("td_f16", 2, 3), ("td4_c64", 4, 2), ("td4_f16", 4, 3))})
-    # DIRECT on the shipped tuple (its chunks untransposed)
-    out["d_c64"] = (*shipped[:4], wg, 2, False, False, True)
-    half = configs.GLUON_ORDER3_HALF[n]
-    out["d_f16"] = (*half[:7], *(False,) * (7 - len(half)), False, True)
+    out = {}
+    for g1 in (2, 4):
+        for direct in (False, True):
+            for kind, rfft in (("c64", 2), ("f16", 3)):
+                label = f"t{'4' if g1 == 4 else ''}{'d' if direct else ''}_{kind}"
+                out[label] = (per_sm, True, kg, g1, wg, rfft, False, True) + ((True,) if direct else ())
+    out["t1_c64"] = (per_sm, True, kg, 1, wg, 2, False, True)
+    out["s39_c64"], out["s39_f16"] = S39[n]
     return out
 
 
@@ -67,7 +70,7 @@ def variants(n):
     """label -> (plan, spectrum kind)."""
     out = {"f16 shipped": (order3_plan(n, *configs.GLUON_ORDER3_HALF[n]), "f16")}
     for label, t in tuples(n).items():
-        out[label] = (order3_plan(n, *t), "c64" if t[5] == 2 else "f16")
+        out[label] = (order3_plan(n, *t), "c64" if len(t) < 6 or t[5] == 2 else "f16")
     return out
 
 
@@ -177,15 +180,17 @@ def main() -> int:
         base = t["torch.fft" + key]
         for name in fns:
             ms = t[name + key]
-            peer = "f16 shipped" if kinds.get(name) == "f16" else "shipped launch"
+            f16 = kinds.get(name) == "f16"
+            peer = "f16 shipped" if f16 else "shipped launch"
+            old = ("s39_f16" if f16 else "s39_c64") + key
             run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
-                    vs_shipped=round(t[peer + key] / ms, 4), pct_copy=round(100 * copy_ms / ms, 1),
-                    rounds=t[f"{name}_rounds"])
+                    vs_shipped=round(t[peer + key] / ms, 4), vs_s39=round(t[old] / ms, 4) if old in t else None,
+                    pct_copy=round(100 * copy_ms / ms, 1), rounds=t[f"{name}_rounds"])
 
     run.attempt("time eager", lambda: rows(time_rounds(fns, rounds=a.rounds, deadline=run), False))
     if run.left() > 8:
         run.attempt("time graph", lambda: rows(time_rounds(fns, rounds=2, graph=True, eager=False, deadline=run), True))
-    run.finish(["name", "pass", "err_over_floor", "ms", "x_torch_fft", "vs_shipped", "pct_copy"])
+    run.finish(["name", "pass", "err_over_floor", "ms", "x_torch_fft", "vs_shipped", "vs_s39", "pct_copy"])
     return 0
 
 

@@ -28,11 +28,11 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 64, 2, 2, 4, True, 2, 0, True, 5),  # LEAN 4 (transposed): 6.14x, 1.32-1.36x
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
-# columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID]]]); checked and
-# timed by experiments/fft_conv/gpu_order3.py and
-# gpu_s35.py (the runs: notes/fft_conv)
+# columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID[, TCHUNK (the
+# chunk transposed)[, DIRECT (1a / 1'a in the wgmmas' layouts)]]]]]); checked and timed by experiments/fft_conv/
+# gpu_order3.py, gpu_s35.py, gpu_s40.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, True, 2, 2),  # 1.620-1.632 ms = 2.39-2.41x torch.fft vs the long path's 2.388
+    8192: (2, True, 4, 2, 1, 2, False, True),  # TCHUNK: 1.461 ms = 2.66x torch.fft, 1.10-1.12x the tuple before
     16384: (1, True, 1, 2, 2),  # two warpgroups a pair's T: 4.76-4.98 ms = 1.68-1.76x torch.fft, long 5.92-5.95
 }
 GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path
@@ -42,6 +42,10 @@ GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slowe
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chunk's bins loaded under its stage 3
+GLUON_ORDER3_CANDIDATES[8192] += [(2, True, 4, 2, 1, 2, False, True),  # TCHUNK (shipped): 1.10-1.12x (2, True, 2, 2)
+                                  (2, True, 4, 2, 1, 2, False, True, True)]  # + DIRECT: 1.08x, loses to TCHUNK alone
+GLUON_ORDER3_CANDIDATES[16384] += [(1, True, 2, 2, 2, 2, False, True),  # TCHUNK: 0.99x
+                                   (1, True, 2, 2, 2, 2, False, True, True)]  # + DIRECT: 1.02-1.03x (one run)
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
@@ -56,8 +60,8 @@ GLUON_ONEPASS_HALF: dict = {
     4096: (128, 64, 1, True, True, 64, 3, 2, 4, True, 2, 0, True, 5),  # LEAN 4, RFFT 3: 1.024x the complex64 op
 }
 GLUON_ORDER3_HALF: dict = {
-    8192: (2, True, 2, 2, 1, 3, True),  # RFFT 3 + KMID: 1.131x the complex64 op (RFFT 3 alone 1.125x)
-    16384: (1, True, 1, 2, 2, 3, True),  # two warpgroups a pair, RFFT 3 + KMID: 1.109x the complex64 op
+    8192: (2, True, 4, 2, 1, 3, False, True),  # TCHUNK, RFFT 3: 1.212 ms = 3.2x torch.fft, 1.19x the tuple before
+    16384: (1, True, 2, 2, 2, 3, False, True, True),  # TCHUNK + DIRECT, RFFT 3: 4.023 ms = 2.07x, 1.11x before
 }
 GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
@@ -65,9 +69,11 @@ GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shippe
            (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3)],  # + KPRE 3 on a CONTIG walk (as 1024)
     4096: [GLUON_ONEPASS_HALF[4096]],
 }
-GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID]) on the shipped tuples
-    8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True)],
-    16384: [(1, True, 1, 2, 2, 3, True), (1, True, 1, 2, 2, 3)],  # (sm_90a: both 0 spill, 213 KiB)
+GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID[, TCHUNK[, DIRECT]]])
+    8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True),  # (shipped before session 40: KMID)
+           GLUON_ORDER3_HALF[8192], (2, True, 4, 2, 1, 3, False, True, True)],  # TCHUNK; + DIRECT 0.99x it
+    16384: [(1, True, 1, 2, 2, 3, True), (1, True, 1, 2, 2, 3),  # (sm_90a: both 0 spill, 213 KiB; the first shipped
+            GLUON_ORDER3_HALF[16384]],  # before session 40)
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {
