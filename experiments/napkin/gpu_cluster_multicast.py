@@ -38,6 +38,9 @@ import torch  # noqa: E402
 
 from experiments.common.gpu_script import Run, time_rounds  # noqa: E402
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "cluster_multicast.cu"
 KB = 1024
@@ -70,6 +73,58 @@ def sass_ops(cubin: bytes) -> dict:
         sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
     keys = ["UBLKCP.S.G.MULTICAST", "UBLKCP.S.G ", "UCGABAR_ARV", "SYNCS.ARRIVE.TRANS64.RED"]
     return {k.strip(): sass.count(k) for k in keys}
+
+
+@triton.jit
+def l2_read_kernel(x_ptr, out_ptr, slice_elems, passes, programs, ROTATE: tl.constexpr, CG: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    # each program sums a slice `passes` times: its own (as gpu_constants.py measured the preset's L2 figure: the
+    # slices of an SM's programs fit its L1), or with ROTATE another program's slice each pass (no L1 reuse);
+    # CG: loads that bypass L1 (ld.global.cg)
+    pid = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for p in range(passes):
+        owner = (pid + p * 7) % programs if ROTATE else pid
+        base = owner.to(tl.int64) * slice_elems
+        for start in range(0, slice_elems, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            if CG:
+                acc += tl.load(x_ptr + base + offs, mask=offs < slice_elems, other=0.0, cache_modifier=".cg")
+            else:
+                acc += tl.load(x_ptr + base + offs, mask=offs < slice_elems, other=0.0)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def ldg_phase(run: Run, sms: int, smoke: bool) -> None:
+    """The L2 read the preset's 14.49 TB/s comes from (528 programs each re-reading its own 32 KB slice of a 16 MiB
+    set 64 times), beside the same reads bypassing L1 (.cg) and reading another program's slice each pass."""
+    programs = 8 if smoke else sms * 4
+    total = (1 << 12) if smoke else (16 << 20) // 4
+    slice_elems = total // programs
+    passes = 2 if smoke else 64
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.rand(programs * slice_elems, device=dev)
+    sums = x.view(programs, slice_elems).double().sum(1)
+    fns = {}
+    for name, rotate, cg in (("own", False, False), ("own_cg", False, True), ("rotate", True, False),
+                             ("rotate_cg", True, True)):
+        out = torch.full((programs,), float("nan"), device=dev)
+        fn = (lambda out=out, r=rotate, c=cg: l2_read_kernel[(programs,)](x, out, slice_elems, passes, programs,
+                                                                           ROTATE=r, CG=c, BLOCK=1024))
+        fn()
+        owners = [[(p + q * 7) % programs if rotate else p for q in range(passes)] for p in range(programs)]
+        ref = torch.stack([sums[o].sum() for o in owners]) if rotate else sums * passes
+        err = ((out.double().cpu() - ref.cpu()).abs() / ref.cpu().abs().clamp_min(1)).max().item()
+        run.row(f"check ldg {name}", **{"pass": err < 1e-3}, rel_err=err)
+        fns[name] = fn
+    if smoke:
+        return
+    t = time_rounds(fns, rounds=3, warmup=5, rep=40, deadline=run)
+    for name in fns:
+        ms = t[f"{name}_ms"]
+        bw = programs * slice_elems * 4 * passes / (ms * 1e-3)
+        run.row(f"time ldg {name}", ms=ms, read_tbs=round(bw / 1e12, 3), per_sm_gbs=round(bw / sms / 1e9, 1),
+                rounds=t[f"{name}_rounds"])
 
 
 class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad, a 64-byte value union (clusterDim first)
@@ -179,6 +234,37 @@ def ring_phase(run: Run, probe: Probe, flag, sms: int, l2: float, ring: str, mib
                 measured_over_napkin=round(delivered / predicted, 3), rounds=t[f"{name}_rounds"])
 
 
+def share_phase(run: Run, probe: Probe, flag, sms: int) -> None:
+    """Plain bulk copies (no cluster) from the L2-resident set on a half and a quarter of the SMs (1 block an SM:
+    a 32 KiB x 4 ring), and 2 blocks an SM (16 KiB x 6 rings): is ~60 GB/s an SM the SM's intake or the whole
+    L2's rate shared out?"""
+    src_chunks_32 = 16 * 2**20 // (32 * KB)
+    fns, plans = {}, {}
+    for name, chunk, stages, grid in (("all SMs 1/SM", 32 * KB, 4, sms), ("half 1/SM", 32 * KB, 4, sms // 2),
+                                      ("quarter 1/SM", 32 * KB, 4, sms // 4), ("all SMs 2/SM", 16 * KB, 6, 2 * sms)):
+        smem = stages * chunk + 3 * 8 * stages
+        src_chunks = 16 * 2**20 // chunk
+        src = torch.randint(0, 256, (src_chunks * chunk,), dtype=torch.uint8, device="cuda")
+        cfg = probe.config(grid, 1, smem)
+        sums = torch.full((grid,), -1, dtype=torch.int64, device="cuda")
+        probe.launch(cfg, src, src_chunks, chunk, 8 * stages + 3, stages, 0, 1, sums, flag)
+        torch.cuda.synchronize()
+        ok = bool(torch.equal(sums, expected_sums(src, chunk, 8 * stages + 3, grid, 1, 0))) and int(flag.item()) == 0
+        run.row(f"check share {name}", grid=grid, **{"pass": ok})
+        nchunks = 32 * 2**20 // chunk  # 32 MiB a block
+        plans[name] = (grid, nchunks * chunk)
+        fns[name] = (lambda cfg=cfg, src=src, sc=src_chunks, ch=chunk, n=nchunks, st=stages, sums=sums:
+                     probe.launch(cfg, src, sc, ch, n, st, 0, 0, sums, flag))
+    del src_chunks_32
+    t = time_rounds(fns, rounds=3, warmup=5, rep=40, deadline=run)
+    for name, (grid, per_block) in plans.items():
+        ms = t[f"{name}_ms"]
+        bw = grid * per_block / (ms * 1e-3)
+        sms_used = min(grid, sms)
+        run.row(f"time share {name}", grid=grid, ms=ms, delivered_tbs=round(bw / 1e12, 3),
+                per_sm_gbs=round(bw / sms_used / 1e9, 1), rounds=t[f"{name}_rounds"])
+
+
 def gluon_phase(run: Run) -> None:
     """Triton 3.6's Gluon with num_ctas=2 and a broadcast cga_layout on a TMA load: the PTX's bulk-tensor copies and
     whether any is a multicast (the reason this probe is CUDA C)."""
@@ -219,8 +305,13 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=100.0)
     ap.add_argument("--rings", default="32x4,24x8", help="chunk KiB x stages, comma-separated")
     ap.add_argument("--mib-per-block", type=int, default=64)
+    ap.add_argument("--phases", default="rings", help="of: rings, share, ldg")
     args = ap.parse_args(argv)
     run = Run("napkin_cluster_multicast", deadline=args.deadline)
+    phases = set(args.phases.split(","))
+    if "ldg" in phases:
+        run.attempt("ldg", ldg_phase, run, torch.cuda.get_device_properties(0).multi_processor_count
+                    if torch.cuda.is_available() else 132, args.smoke or not torch.cuda.is_available())
     run.attempt("gluon", gluon_phase, run)
     if nvcc() is None:
         run.errors.append("no nvcc")
@@ -245,13 +336,15 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     run.extra["settings"] = {"working_set": 16 * 2**20, "mib_per_block": args.mib_per_block,
                              "napkin_l2_bytes_per_s": l2, "sms": sms, "rings": args.rings}
-    for ring in args.rings.split(","):
+    if "share" in phases:
+        run.attempt("share", share_phase, run, probe, flag, sms)
+    for ring in (args.rings.split(",") if "rings" in phases else []):
         if run.left() < 15:
             run.errors.append(f"deadline: ring {ring} not run")
             break
         run.attempt(f"ring {ring}", ring_phase, run, probe, flag, sms, l2, ring, args.mib_per_block)
-    run.finish(["name", "pass", "grid", "ms", "delivered_tbs", "l2_tbs", "per_sm_gbs", "napkin_delivered_tbs",
-                "measured_over_napkin", "multicast_copies"])
+    run.finish(["name", "pass", "grid", "ms", "delivered_tbs", "l2_tbs", "read_tbs", "per_sm_gbs",
+                "napkin_delivered_tbs", "measured_over_napkin", "multicast_copies"])
     return 0 if not run.errors and all(r.get("pass", True) for r in run.rows) else 1
 
 
