@@ -257,7 +257,7 @@ class Order3Shared:
     RFFT: gl.constexpr  # 2: K's bins complex64 (one 64-bit load a bin); 3: float16 (one 32-bit load)
     KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
     TCHUNK: gl.constexpr  # the chunks transposed (_tchunk); T_re, T_im then the NVMMA tiles [16 / KG, C, B]
-    DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
+    DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions; 2: T's side only)
 
 
 @struct
@@ -365,7 +365,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3). DIRECT: stages 1a and
     1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the accumulator, T' read
     as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory round trip with its
-    barriers) a column; the same values."""
+    barriers) a column; the same values. DIRECT 2: only T's side (T written from 1a's accumulator, T' read as 1'a's A
+    operand), u and y through the blocked layouts as before (their vector loads and stores)."""
     gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
@@ -545,7 +546,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
     DIRECT: gl.constexpr = g.DIRECT
-    if DIRECT:  # u read as 1a's A operand, y stored from 1'a's accumulator
+    if DIRECT == 1:  # u read as 1a's A operand, y stored from 1'a's accumulator (2: as before, converted)
         io_x: gl.constexpr = lhs1
         io_y: gl.constexpr = acc8
     else:
