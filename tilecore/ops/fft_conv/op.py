@@ -427,5 +427,5 @@ PAD_BY_CAT = True
 # a kept Gluon launch of a recipe takes its six DFT tables by address (a kept launch specializes nothing: Triton's
 # launcher reads an int as the pointer) where each tensor costs the launcher a data_ptr call and a driver query of the
 # pointer a launch (issue 31's host time); the same kernel arguments, so the same bits. Read each call; False: the
-# tensors. Off until the H100's A/B
-TABLES_BY_ADDRESS = False
+# tensors. On: the same bits on the H100, faster in its A/B (notes/host's decision log)
+TABLES_BY_ADDRESS = True

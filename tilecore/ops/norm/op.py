@@ -293,8 +293,9 @@ RECORDED_RECIPES = True
 # the recorded recipe's backward, where dy's layout repeats (its backward launch key) and no dh_out comes, launches by
 # the key's launch.NormBackward (issue 31's host time: the general backward's plan and options lookups, the key hashed
 # per launch and the argument tuples rebuilt each call); the same launches and bits. Read each call (under
-# OP_RECIPES); False: the general backward (eager.backward_call). Off until the H100's A/B
-BACKWARD_RECIPES = False
+# OP_RECIPES); False: the general backward (eager.backward_call). On: the same bits on the H100, faster in every round
+# of its A/B (notes/host's decision log)
+BACKWARD_RECIPES = True
 
 
 # --------------------------------------------------------------------------------------------
