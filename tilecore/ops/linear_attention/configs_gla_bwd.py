@@ -56,7 +56,6 @@ CHUNKED = dict(
     # ring of n stages, the next tile's TMA loads under this tile's chain; CHUNKED_FLAT_DIMS sets it)
     dqk_gluon_form=0,  # its FORM (2: every sum over tokens by bf16 dots with a 0/1 matrix, bf16 inputs; + gluon_gla_bwd's
     # FORM bits); off until an H100 run
-    dqk_gluon_chunks=2,  # where Dk is one key block, the Gluon kernel's chunks a tile (a consumer warpgroup each)
     dqk_gluon_scan=True,  # the Gluon kernel also where FORM 2 does not apply (fp16 inputs: its scans over tokens)
     dv_flat=0,  # n > 0: the dv kernel's common launch by n chunks a program, loads and store by TMA, P^T made directly
     # (gla_dv_flat_kernel); off until an H100 run

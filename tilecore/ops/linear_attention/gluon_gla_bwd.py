@@ -53,8 +53,6 @@ DG_TMA = gl.constexpr(1024)  # dg through the stage's g buffer (float32 g only);
 # only once the stores have read it (tma.store_wait at the chain's end)
 DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffers p1, p2 (a float32 view of their 8 KB),
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
-VALUE_LATE = gl.constexpr(4096)  # the value sums issued once E, Ei and the B operands are made, not under them: their
-# 64 accumulator registers not live beside E, Ei, G (three consumers' 160 registers)
 J_SMEM = gl.constexpr(8192)  # J (all ones) from shared memory like L (8 KB), not a register A operand: a constant held in
 # up to 48 registers while the sums run
 DG_MERGE = gl.constexpr(16384)  # Dv = BKB: dg's two sums in one round, L^T dG (= J dG - L dG + dG; L read transposed)
@@ -115,50 +113,11 @@ class DqkTwoChunks:
         return blk
 
 
-@stage_struct
-class DqkThreeChunks:
-    """A stage of three chunks (CHUNKS 3, Dk = BKB), consumer c taking chunk c of the three; the chunks are counted
-    over every (batch * head, chunk), so a tile may span two heads."""
-    v0: object  # [BT, Dv]
-    v1: object
-    v2: object
-    do0: object  # [BT, Dv]
-    do1: object
-    do2: object
-    q0: object  # [BT, BKB]
-    q1: object
-    q2: object
-    k0: object
-    k1: object
-    k2: object
-    g0: object  # [BT, BKB]
-    g1: object
-    g2: object
-    hs0: object  # [BKB, Dv]
-    hs1: object
-    hs2: object
-    dhs0: object  # [BKB, Dv]
-    dhs1: object
-    dhs2: object
-
-    @gluon.jit
-    def of(self, cid: gl.constexpr):
-        """Consumer cid's buffers (chunk cid of the three), as DqkChunk.of's."""
-        if cid == 0:
-            blk = (self.q0, self.k0, self.g0, self.hs0, self.dhs0, self.v0, self.do0)
-        elif cid == 1:
-            blk = (self.q1, self.k1, self.g1, self.hs1, self.dhs1, self.v1, self.do1)
-        else:
-            blk = (self.q2, self.k2, self.g2, self.hs2, self.dhs2, self.v2, self.do2)
-        return blk
-
-
 @struct
 class DqkTile:
     bh: object  # batch * H + head
     c: object  # chunk
-    kb: object  # the pair's first key block (CHUNKS 2: 0, c the pair's first chunk; CHUNKS 3: 0, bh 0 and c the
-    # first chunk counted over every (batch * head, chunk))
+    kb: object  # the pair's first key block (CHUNKS 2: 0, c the pair's first chunk)
 
 
 @gluon.jit
@@ -188,15 +147,12 @@ class GlaDqk:
     NT: object
     KBLOCKS: object
     scale: object
-    chunk_count: object  # CHUNKS 3: B H NT (the last tile's chunks past it are skipped); else None
     BT: gl.constexpr
     BKB: gl.constexpr
     DV: gl.constexpr
     SPAN: gl.constexpr  # the widest span of G factored about its middle (kernels_tl._factor_span)
     FORM: gl.constexpr  # 2: every sum over tokens by dots (chain_dots); 0: by scans (chain_scan)
-    CONSUMERS: gl.constexpr  # 3 with CHUNKS 3, else 2
-    CHUNKS: gl.constexpr  # 1: a tile is a pair of key blocks of one chunk; 2 (Dk = BKB, FORM 2): a pair of chunks;
-    # 3 (Dk = BKB, FORM 2, three consumers): three chunks
+    CHUNKS: gl.constexpr  # 1: a tile is a pair of key blocks of one chunk; 2 (Dk = BKB, FORM 2): a pair of chunks
     L64: gl.constexpr  # [BT, BT] accumulators
     L32: gl.constexpr  # [BT, BKB] accumulators and the chain's tiles
     A32: gl.constexpr  # a [BT, BT] as the register A operand of a [BT, BKB] product
@@ -205,9 +161,7 @@ class GlaDqk:
 
     @gluon.jit
     def setup(self, tile_id):
-        if self.CHUNKS == 3:
-            tile = DqkTile(0, tile_id * 3, 0)
-        elif self.CHUNKS == 2:  # (chunks 2 t and 2 t + 1 of a head)
+        if self.CHUNKS == 2:  # (chunks 2 t and 2 t + 1 of a head)
             halves = self.NT // 2
             tile = DqkTile(tile_id // halves, (tile_id % halves) * 2, 0)
         else:
@@ -219,21 +173,7 @@ class GlaDqk:
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        if self.CHUNKS == 3:  # (chunks past B H NT: rows past the views, which TMA fills with zeros)
-            for j in gl.static_range(3):
-                bh, c = self.chunk_at(tile, j)
-                q_s, k_s, g_s, hs_s, dhs_s, v_s, do_s = stage.of(j)
-                h = bh % self.H
-                row = (bh // self.H) * self.N + c * self.BT
-                srow = (bh * self.NT + c) * self.DKD
-                tma.async_copy_global_to_shared(self.v_desc, [row, h * self.DV], bar, v_s)
-                tma.async_copy_global_to_shared(self.do_desc, [row, h * self.DV], bar, do_s)
-                tma.async_copy_global_to_shared(self.hs_desc, [srow, 0], bar, hs_s)
-                tma.async_copy_global_to_shared(self.dhs_desc, [srow, 0], bar, dhs_s)
-                tma.async_copy_global_to_shared(self.g_desc, [row, h * self.DKD], bar, g_s)
-                tma.async_copy_global_to_shared(self.q_desc, [row, h * self.DKD], bar, q_s)
-                tma.async_copy_global_to_shared(self.k_desc, [row, h * self.DKD], bar, k_s)
-        elif self.CHUNKS == 2:
+        if self.CHUNKS == 2:
             self.load_chunks(stage, bar, tile)
         else:
             h = tile.bh % self.H
@@ -276,25 +216,12 @@ class GlaDqk:
         tma.async_copy_global_to_shared(self.k_desc, [row + self.BT, col], bar, stage.k1)
 
     @gluon.jit
-    def chunk_at(self, tile, cid: gl.constexpr):
-        """CHUNKS 2 / 3: (batch * head, chunk) of consumer cid's chunk."""
-        if self.CHUNKS == 3:
-            f = tile.c + cid
-            at = (f // self.NT, f % self.NT)
-        else:
-            at = (tile.bh, tile.c + cid)
-        return at
-
-    @gluon.jit
     def start(self, ctx, tile, prev):
         return 0
 
     @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
-        if self.CHUNKS == 3:
-            if tile.c + ctx.index < self.chunk_count:
-                self.chain_dots(ctx, stage, tile)
-        elif self.FORM & 2:
+        if self.FORM & 2:
             self.chain_dots(ctx, stage, tile)
         else:
             self.chain_scan(ctx, stage, tile)
@@ -384,22 +311,16 @@ class GlaDqk:
         # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
         G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
         Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
-        if not self.FORM & VALUE_LATE:
-            a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+        dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
+        dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
         sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                 gl.SliceLayout(0, L32))
-        if self.FORM & VALUE_LATE:
-            Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
-        else:
-            Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
+        Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
         m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
-        if self.CHUNKS == 3:  # (KBLOCKS 1: the chunk's flat index)
-            flag_at = tile.c + cid
-        elif self.CHUNKS == 2:  # (consumer cid: chunk c + cid, the head's one key block)
+        if self.CHUNKS == 2:  # (consumer cid: chunk c + cid, the head's one key block)
             flag_at = (tile.bh * self.NT + tile.c + cid) * self.KBLOCKS + tile.kb
         else:
             flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
@@ -407,8 +328,6 @@ class GlaDqk:
                  mask=wide > 0)
         E = self.exp(Gc - m)
         Ei = self.exp(m - Gc)
-        if self.FORM & VALUE_LATE:
-            half = self.exp(0.5 * m)
         gl.thread_barrier()  # G's products have read the pieces
         # k Ei in p1, q E in p0 (p1, p2 take a once dq's product has read k Ei; q and k read from the stage where used:
         # fewer registers live through the products)
@@ -417,10 +336,6 @@ class GlaDqk:
         fence_async_shared()
         gl.thread_barrier()
         # the value sums do v^T, do S_c^T, v dS_c^T
-        if self.FORM & VALUE_LATE:
-            a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-            dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-            dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
         a, dqs, dks = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok, dks_tok])
         r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
@@ -430,11 +345,7 @@ class GlaDqk:
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
-            if self.CHUNKS == 3:
-                bh, c = self.chunk_at(tile, cid)
-                row = (bh // self.H) * self.N + c * BT
-                col = (bh % self.H) * self.DKD
-            elif self.CHUNKS == 2:
+            if self.CHUNKS == 2:
                 row = (tile.bh // self.H) * self.N + (tile.c + cid) * BT
                 col = (tile.bh % self.H) * self.DKD + tile.kb * BKB
             else:
@@ -444,10 +355,7 @@ class GlaDqk:
             h = tile.bh % self.H
             b = tile.bh // self.H
             cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
-            if self.CHUNKS == 3:
-                bh, c = self.chunk_at(tile, cid)
-                base = (((bh // self.H).to(gl.int64) * self.N + c * BT) * self.H + bh % self.H) * self.DKD
-            elif self.CHUNKS == 2:
+            if self.CHUNKS == 2:
                 base = ((b.to(gl.int64) * self.N + (tile.c + cid) * BT) * self.H + h) * self.DKD + tile.kb * BKB
             else:
                 base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
@@ -455,8 +363,7 @@ class GlaDqk:
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T and dk
         dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
         dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
-        if not self.FORM & VALUE_LATE:
-            half = self.exp(0.5 * m)
+        half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
             kf = k_s.load(L32).to(gl.float32)  # (each thread writes the elements it read)
@@ -470,7 +377,7 @@ class GlaDqk:
         # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
         # operand from shared memory (no second product v do^T)
         at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        at_s = self.qe_smem._reinterpret(dtype, [self.CONSUMERS, BT, BT], at_layout).index(cid)
+        at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
         gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
         at_s.store(am)
         fence_async_shared()
@@ -529,8 +436,7 @@ class GlaDqk:
             gl.thread_barrier()
             tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
         elif self.FORM & DG_LATE:  # through p1, p2 as one float32 [BT, BKB] (the sums have read them)
-            dg_s = self.qe_smem._reinterpret(gl.float32, [self.CONSUMERS * NB // 2, BT, BKB],
-                                             self.DG.layout).index(cid * NB // 2)
+            dg_s = self.qe_smem._reinterpret(gl.float32, [NB, BT, BKB], self.DG.layout).index(cid * NB // 2)
             gl.thread_barrier()
             dg_s.store(gl.where(clamped, 0.0, dg))
             fence_async_shared()
@@ -642,9 +548,9 @@ class GlaDqk:
 def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG,
                          N, H, DKD, NT, KBLOCKS, scale, num_tiles, STAGES: gl.constexpr, SPAN: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40,
-                         FORM: gl.constexpr = 0, CHUNKS: gl.constexpr = 1, chunk_count=None):
+                         FORM: gl.constexpr = 0, CHUNKS: gl.constexpr = 1):
     """dq, dk, dg and the fallback's flags of every (batch * head, chunk, key block) (see the module docstring): a
-    persistent grid, two consumer warpgroups (num_warps = 4; CHUNKS 3: three) and a producer warp."""
+    persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     BKB: gl.constexpr = q_desc.block_type.shape[1]
     DV: gl.constexpr = v_desc.block_type.shape[1]
@@ -654,8 +560,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
     # each consumer's q E (FORM 2: BT / BKB buffers a consumer, its [BT, BT] view of a^T; the first two its pieces p1,
     # p2; the third piece, and k Ei, its epilogue buffer)
-    C: gl.constexpr = 3 if CHUNKS == 3 else 2
-    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [C * BT // BKB if FORM & 2 else 2, BT, BKB], q_desc.layout)
+    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BT // BKB if FORM & 2 else 2, BT, BKB], q_desc.layout)
     if FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
         TL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         tr = gl.arange(0, BT, layout=gl.SliceLayout(1, TL))
@@ -673,15 +578,8 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     else:
         tri_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
-                N, H, DKD, NT, KBLOCKS, scale, chunk_count, BT, BKB, DV, SPAN, FORM, C, CHUNKS, L64, L32, A32, SCAN)
-    if CHUNKS == 3:
-        stages = DqkThreeChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES),
-                                ring(do_desc, STAGES), ring(do_desc, STAGES), ring(q_desc, STAGES),
-                                ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
-                                ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
-                                ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(hs_desc, STAGES),
-                                ring(dhs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
-    elif CHUNKS == 2:
+                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
+    if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
                               ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
                               ring(g_desc, STAGES), ring(g_desc, STAGES), ring(hs_desc, STAGES), ring(hs_desc, STAGES),
@@ -691,7 +589,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
                           ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
                           ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
     num_tiles = gl.program_id(0) * 0 + num_tiles  # a tensor even where the launch specialized it to 1
-    run(op, Layout(q_desc, STAGES, CONSUMERS=C, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+    run(op, Layout(q_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
                    LATE_RELEASE=0), stages, num_tiles)
 
 
@@ -714,10 +612,9 @@ def fits(q, k, v, g, do, hs, dhs, N: int, BT: int, BKB: int) -> str | None:
 
 
 def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages: int = 2, span: float = 64.0,
-                form: int = 0, bkb: int = BKB_GLUON, chunks: int = 2, regs: tuple | None = None):
+                form: int = 0, bkb: int = BKB_GLUON):
     """(grid, arguments by name, num_warps) of gla_dqk_gluon_kernel; hs, dhs (B, H, NT, Dk, Dv) contiguous; form:
-    the kernel's FORM (absent where 0); bkb: a consumer's key block (Dk = bkb: a tile of ``chunks`` chunks, 2 or 3:
-    CHUNKS); regs: (consumer, producer) registers a thread (None: the kernel's)."""
+    the kernel's FORM (absent where 0); bkb: a consumer's key block (Dk = bkb: a tile of two chunks, CHUNKS 2)."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -739,13 +636,7 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
         if not form & 2 or NT % 2:
             raise ValueError(f"gla dqk gluon: Dk {Dk} = one key block needs FORM 2 and an even chunk count, got "
                              f"FORM {form}, {NT} chunks")
-        if chunks == 3:  # (three consumer warpgroups: their registers within 64 K with the producer's)
-            args.update(CHUNKS=3, num_tiles=-(-B * H * NT // 3), chunk_count=B * H * NT, CONSUMER_REGS=160,
-                        PRODUCER_REGS=24)
-        else:
-            args.update(CHUNKS=2, num_tiles=B * H * NT // 2)
-    if regs:
-        args.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1])
+        args.update(CHUNKS=2, num_tiles=B * H * NT // 2)
     tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
     if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))

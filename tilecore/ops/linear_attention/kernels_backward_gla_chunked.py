@@ -1036,8 +1036,7 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                 grid, gargs, warps = gluon_gla_bwd.launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale,
                                                                stages=gluon_stages,
                                                                span=8.0 if mma == tl.float16 else 64.0,
-                                                               form=gluon_form, bkb=BKB,
-                                                               chunks=cfg["dqk_gluon_chunks"])
+                                                               form=gluon_form, bkb=BKB)
                 calls.append(("dqk0w", gluon_gla_bwd.gla_dqk_gluon_kernel, grid, (), dict(gargs, num_warps=warps)))
                 continue
             if flat and wide == 1:  # the common launch by `flat` chunks a program, its loads by descriptors
