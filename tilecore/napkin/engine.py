@@ -178,7 +178,7 @@ MAX_CLUSTER = 16
 def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int | None = None,
             time_model: str = "overlap", exposed_sfu: float | None = None, split_axis: str | None = None,
             check_alignment: bool = True, acc_dtype: str | None = None, mma: str = "wgmma",
-            cluster: dict | None = None) -> Derivation:
+            cluster: dict | None = None, stage_output: bool = True) -> Derivation:
     """Cost one relabelling. `parts`: axis -> Part at the thread-block level (missing axes: group(1)
     for axes every HBM array has, else none). Raises CapacityError when a level overflows.
 
@@ -193,7 +193,9 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     cluster: {axis: c}, thread-block clusters (Hopper): c neighbouring blocks along a grouped axis run at once
     on one GPC and a tile of an array that lacks the axis is loaded once for them, multicast by TMA from L2
     into each block's shared memory, so its L2 -> SM bytes divide by c (HBM's do not: L2 already shares them
-    between blocks that run together). c a power of two, at most MAX_CLUSTER blocks in all."""
+    between blocks that run together). c a power of two, at most MAX_CLUSTER blocks in all.
+    stage_output: the output tile is staged whole in shared memory for its store (a TMA epilogue: default);
+    False: stored from registers (a tl kernel's tl.store), no shared memory for it."""
     if time_model not in TIME_MODELS:
         raise ValueError(f"time_model {time_model!r}; accepted: {', '.join(TIME_MODELS)}")
     if mma not in MMAS:
@@ -330,6 +332,8 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     roundtrip = _layout_roundtrips(d) if not abstract else []
     m_smem = 0.0
     for name, axes, q, is_out in io:
+        if is_out and not stage_output:  # stored from registers
+            continue
         tile = math.prod(S_s[a] for a in axes) * q
         m_smem += tile * (stages if (stream_axis in axes and not is_out) else 1)
     # stages run one after another, so one buffer serves every layout change

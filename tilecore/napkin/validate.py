@@ -28,7 +28,7 @@ from . import models
 from .backward import attention_backward_time
 from .engine import attention_step_time, derive, group, relabel, stream
 from .errors import CapacityError
-from .hardware import H100
+from .hardware import H100, dtype_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -309,6 +309,22 @@ def hadamard_chain_s(rows: int, n: int, gpu, cfg=None) -> float:
     return math.ceil(programs / gpu.sms) * HADAMARD_PROLOGUE_S + math.ceil(tiles / gpu.sms) * tile
 
 
+# An SM starts (and retires) thread blocks one every 80 ns at most, whatever they do: grids of 2^19-2^21 blocks that
+# do nothing took 79.7-80.6 ns a block an SM, 1 or 4 warps alike, on the H100 (notes/napkin/runs/
+# hh_geom_s40a_run2_session40_h100.txt); a copy of 2^28 bf16 elements one 128-element row a block took as long as
+# the empty grid (1.272 against 1.266 ms: 0.285 of torch's copy), one 256-element row a block 0.569.
+BLOCK_TURNOVER_S = 80e-9
+
+
+def one_block_a_row_time(rows, n, dtype, gpu):
+    """A kernel of one thread block a row, as Dao's fast-hadamard-transform launches (grid = rows): its bytes at the
+    copy rate, or the SMs' block turnover (BLOCK_TURNOVER_S a block an SM), the longer. Its butterflies and shared
+    memory exchanges are not modelled: they bind from n = 1024 (70-79% of copy in shared/anchors.md)."""
+    t_copy, bound = copy_time(rows * n * dtype_bytes(dtype), gpu)
+    t_blocks = math.ceil(rows / gpu.sms) * BLOCK_TURNOVER_S + gpu.launch_s
+    return (t_blocks, "block turnover") if t_blocks > t_copy else (t_copy, bound)
+
+
 @_memo
 def hadamard_time(rows, n, dtype, gpu):
     """The engine's Hadamard (H16 stages over a group of rows), or, where they take longer, tilecore's tl kernel's
@@ -421,6 +437,8 @@ def _predict_row(path: Path, data: dict, row: dict, gpu, cfg, host) -> Predictio
         if series == "torch copy_":
             op = "copy"
             t, bound = copy_time(rows * n * 2, gpu)
+        elif series == "dao":  # the bench's peer where fast_hadamard_transform is importable: one block a row
+            t, bound = one_block_a_row_time(rows, n, params.get("dtype", "bf16"), gpu)
         else:
             t, bound = hadamard_time(rows, n, params.get("dtype", "bf16"), gpu)
             host_s = host.get("hadamard", 0.0)
@@ -606,6 +624,9 @@ def name_cause(p: Prediction) -> str:
         return "latency: a shallow ring cannot cover the load latency (Little's law), not modelled"
     if p.op in ("gemm", "gemm_fp8") and not p.series.startswith("tilecore"):
         return "peer's kernel choice at this shape (cuBLAS heuristics), not modelled"
+    if p.op == "hadamard" and p.series == "dao" and q.get("n", 0) >= 1024:
+        return ("Dao's butterflies and shared-memory exchanges (one block a row: modelled as its bytes or the SMs' "
+                "block turnover, the longer)")
     if p.op == "hadamard":
         return "latency at small sizes: few rows leave most SMs idle and the host path dominates"
     if p.op == "copy":
