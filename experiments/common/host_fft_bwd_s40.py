@@ -54,6 +54,22 @@ def kernels(fn, calls: int = 10, top: int = 8) -> list:
     return rows[:top]
 
 
+def cpu_ops(fn, calls: int = 10, top: int = 10) -> list:
+    """The host's ops of ``calls`` calls by torch.profiler (CPU activity, every thread: the autograd engine's device
+    thread too): (self us a call, calls a call, name), the longest self time first."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [[round(e.self_cpu_time_total / calls, 2), round(e.count / calls, 2), e.key[:90]]
+            for e in prof.key_averages() if e.self_cpu_time_total]
+    rows.sort(key=lambda r: -r[0])
+    return rows[:top]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
@@ -61,6 +77,12 @@ def main():
     a = ap.parse_args()
     device = "cpu" if a.smoke or not torch.cuda.is_available() else "cuda"
     run = Run("host_fft_bwd", deadline=a.deadline)
+    x = torch.randn(2, 64, 1024, device=device, requires_grad=True)
+    gx = torch.randn(2, 64, 1024, device=device)
+
+    def trivial():  # the autograd engine's own cost a call: one node
+        return torch.autograd.grad(x * 2, x, gx)
+    run.row("autograd.grad of x * 2 (one node)", trivial_host_us=round(host_us(trivial, calls=50 if a.smoke else 300), 1))
     for k_dtype in (torch.float32, torch.bfloat16):
         name = str(k_dtype).removeprefix("torch.")
         ours, peer = cases(device, k_dtype)
@@ -74,7 +96,10 @@ def main():
             for who, f in (("ours", ours), ("torch", peer)):
                 run.attempt(f"k {name}: kernels {who}",
                             lambda who=who, f=f: run.row(f"k {name}: kernels {who}", kernels=kernels(f)))
-    run.finish(["name", "ours_ms", "torch_ms", "ours_host_us", "torch_host_us", "same"])
+            for who, f in (("ours", ours), ("torch", peer)):
+                run.attempt(f"k {name}: host ops {who}",
+                            lambda who=who, f=f: run.row(f"k {name}: host ops {who}", ops=cpu_ops(f)))
+    run.finish(["name", "ours_ms", "torch_ms", "ours_host_us", "torch_host_us", "trivial_host_us", "same"])
 
 
 if __name__ == "__main__":
