@@ -45,7 +45,7 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one, "bwd" the
 # whole backward)
 # gluon_gla_bwd FORM: configs' 1538 = 2 + STORE_TMA 512 + DG_TMA 1024; + DG_LATE 2048 for DG_TMA (2562), + J_SMEM 8192,
-# + DG_MERGE 16384 (VALUE_LATE 4096 and three chunks a tile were removed after call 2)
+# + DG_MERGE 16384, + PIECES_RZ 32768 (VALUE_LATE 4096 and three chunks a tile were removed after call 2)
 THREE = dict(dqk_gluon=2, dqk_gluon_chunks=3)  # (call 2 only)
 BATCHES = {
     # call 2: d 32's dq / dk kernel, configs' (two chunks a tile, 3 stages) against three chunks a tile (sm_90a: 608 B
@@ -65,7 +65,8 @@ BATCHES = {
     # call 3 (after call 2, runs/ha_s40a_run2_session40_h100.txt: J_SMEM 0.3481 ms = 70.7% against configs' 0.3624,
     # rounds 0.3479-0.3498 against 0.3506-0.3642; three chunks 0.46-0.54 (spills), removed): J_SMEM alone and with
     # DG_LATE / DG_MERGE at d 32, the kernel and the whole backward; J_SMEM at d 64 (172.5 KB; d 128 has no 8 KB left);
-    # the d 128 dv kernel's key step KD 128 (65.5 KB, 2 programs an SM) and 32 (227 registers)
+    # the d 128 dv kernel's key step KD 128 (65.5 KB, 2 programs an SM) and 32 (227 registers); PIECES_RZ (the bf16
+    # pieces by truncation: no F2F; sm_90a d 32 4544 -> 4384 SASS instructions, with J_SMEM 4304; d 64 4712 -> 4552)
     "b": {
         "d32 configs dqk": (32, {}, "dqk0w"),
         "d32 j smem": (32, dict(dqk_gluon_form=9730), "dqk0w"),
@@ -76,6 +77,9 @@ BATCHES = {
         "d32 j smem bwd": (32, dict(dqk_gluon_form=9730), "bwd"),
         "d64 configs dqk": (64, {}, "dqk0w"),
         "d64 j smem": (64, dict(dqk_gluon_form=9730), "dqk0w"),
+        "d32 rz": (32, dict(dqk_gluon_form=34306), "dqk0w"),
+        "d32 j rz": (32, dict(dqk_gluon_form=42498), "dqk0w"),
+        "d64 rz": (64, dict(dqk_gluon_form=34306), "dqk0w"),
         "d128 dv configs": (128, {}, "dvw"),
         "d128 dv kd128": (128, dict(KD=128), "dvw"),
         "d128 dv kd32": (128, dict(KD=32), "dvw"),

@@ -57,6 +57,8 @@ J_SMEM = gl.constexpr(8192)  # J (all ones) from shared memory like L (8 KB), no
 # up to 48 registers while the sums run
 DG_MERGE = gl.constexpr(16384)  # Dv = BKB: dg's two sums in one round, L^T dG (= J dG - L dG + dG; L read transposed)
 # plus J (k dk_state) from two pieces in the stage's v and do buffers (read by then), one wait and one barrier fewer
+PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pattern's low 16 bits cleared: a logic op)
+# instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 
 
 @stage_struct
@@ -231,12 +233,26 @@ class GlaDqk:
     def pieces(self, x, p0, p1, p2):
         """float32 x [BT, BKB] into shared memory as three pieces in the operand dtype, hi / mid / lo (24 bits of its
         mantissa in bf16: a sum over tokens by three dots with a 0/1 matrix is float32's to its rounding)."""
-        hi = x.to(gl.bfloat16)
-        r1 = x - hi.to(gl.float32)
-        mid = r1.to(gl.bfloat16)
-        p0.store(hi)
-        p1.store(mid)
-        p2.store((r1 - mid.to(gl.float32)).to(gl.bfloat16))
+        if self.FORM & PIECES_RZ:
+            hi = self.trunc16(x)
+            r1 = x - hi
+            mid = self.trunc16(r1)
+            p0.store(hi.to(gl.bfloat16))
+            p1.store(mid.to(gl.bfloat16))
+            p2.store((r1 - mid).to(gl.bfloat16))
+        else:
+            hi = x.to(gl.bfloat16)
+            r1 = x - hi.to(gl.float32)
+            mid = r1.to(gl.bfloat16)
+            p0.store(hi)
+            p1.store(mid)
+            p2.store((r1 - mid.to(gl.float32)).to(gl.bfloat16))
+
+    @gluon.jit
+    def trunc16(self, x):
+        """float32 x with the low 16 bits of its pattern cleared: its top 8 significant bits, exactly a bf16 (x - it
+        is exact)."""
+        return (x.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
 
     @gluon.jit
     def exp(self, x):
@@ -301,9 +317,14 @@ class GlaDqk:
             tma.store_wait(0)  # the previous tile's dg store has read p1, p2
         gl.thread_barrier()  # the previous tile's products have read the pieces' buffers
         gcl = gl.where(g < FLOOR, FLOOR, g)
-        hi = gcl.to(dtype)
-        p0.store(hi)
-        p1.store((gcl - hi.to(gl.float32)).to(dtype))
+        if self.FORM & PIECES_RZ:
+            hi = self.trunc16(gcl)
+            p0.store(hi.to(dtype))
+            p1.store((gcl - hi).to(dtype))
+        else:
+            hi = gcl.to(dtype)
+            p0.store(hi)
+            p1.store((gcl - hi.to(gl.float32)).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
