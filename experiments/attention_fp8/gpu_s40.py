@@ -1,14 +1,14 @@
 """FP8 attention's convenience path (issue 34, session 40) against tilecore's bf16 forward by GPU time, and config
 forms of the kernel (forms()) against the shipped one in the same run.
 
-    PYTHONPATH=. python experiments/attention_fp8/gpu_s40.py [--budget 200] [--cases d128c,passes,tail,d64c,outlier,d128]
-        [--forms old,m32,noclamp] [--pass-dims 128,64] [--smoke]
+    PYTHONPATH=. python experiments/attention_fp8/gpu_s40.py [--budget 200]
+        [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,passes] [--forms old,new] [--smoke]
 
-Forms: "old" (shipped), "m32" (configs.GLUON_FORWARD's ``mask32`` at D64 and D128: the masked step's mask as one
-32-bit comparison an element, gluon_fp8.AttentionFp8.mask32; the shipped mask compares in 64 bits, LLVM having widened
-the step-derived key offset: sm_90a, the D128 causal e2e masked block 172 instructions against ~300), "noclamp"
-(configs.QUANTIZE_CLAMP False: the k and v passes without the explicit +-448 clamp, see passes). Same math: O must be
-the same bits. (Call 1's "late", P V's wait after the softmax, lost and was removed: notes/attention_fp8.)
+Forms: "old" (session 39's state: configs.GLUON_FORWARD without ``mask32``, configs.QUANTIZE_CLAMP True) and "new"
+(shipped since call 2: ``mask32``, the masked step's mask as one 32-bit comparison an element,
+gluon_fp8.AttentionFp8.mask32, and the quantizers without the explicit +-448 clamp). Call 2's forms m32 and noclamp
+timed each against session 39's state (runs/hc_m32_s40c_run2_session40_h100.txt); call 1's "late" (P V's wait after
+the softmax) lost and was removed (notes/attention_fp8). Same math: O must be the same bits.
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
 * d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
@@ -19,11 +19,12 @@ Phases (each only where the budget allows; rows printed as they come, the table 
   old's.
 * outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
   RMSE against float64 (target <= 9.1e-3 rotated), each form.
-* passes: the k pass (rotate_quantize) and the v pass (quantize_v_permuted per block) with and without the explicit
-  +-448 clamp before their e4m3 conversion (configs.QUANTIZE_CLAMP; "noclamp": the conversion, cvt.rn.satfinite,
-  saturates by itself: the same codes, sm_90a SASS 248 instructions fewer a program in each), bit for bit (a NaN
-  planted: NaN codes either way) and against torch's bf16 -> e4m3 cast of the same tensor, from CUDA graphs.
-  Form "noclamp" runs the convenience path so.
+* passes: the k pass (rotate_quantize) and the v pass (quantize_v_permuted per block) shipped (no explicit +-448
+  clamp before their e4m3 conversion: cvt.rn.satfinite saturates by itself, the same codes, sm_90a SASS 248
+  instructions fewer a program in each) and with it (configs.QUANTIZE_CLAMP True), bit for bit (a NaN planted: NaN
+  codes either way) and against torch's bf16 -> e4m3 cast of the same tensor, from CUDA graphs.
+* plain128c, plain64c: attention_fp8 on e4m3 inputs with per-head descales (the kernel alone, GLUON_FORWARD's
+  config), B16 H16 N4096 causal, in the forms.
 
 JSON: $OUT/attention_fp8_s40.json (experiments/common/gpu_script.Run).
 """
@@ -44,19 +45,13 @@ from experiments.attention_fp8.gpu_s38 import (gpu_us, med, outlier_inputs, pois
 
 def forms(names):
     """name -> (the module configs patched for that form: tiles.switches.patched keyword arguments by module, the head
-    dims it changes anything at)."""
+    dims it changes anything at). Call 2's forms m32 (GLUON_FORWARD's mask32) and noclamp (QUANTIZE_CLAMP False) are
+    the shipped state since: "old" is session 39's state (mask32 off, the quantizers' clamp on), "new" the shipped."""
     from tilecore.ops.attention_fp8 import configs
 
-    gf = configs.GLUON_FORWARD
-
-    def with_keys(**keys):
-        return {configs: dict(GLUON_FORWARD={d: dict(c, **keys) for d, c in gf.items()})}
-
-    table = {"old": ({}, (64, 128)),
-             # the mask as one 32-bit comparison an element (gluon_fp8.AttentionFp8.mask32)
-             "m32": (with_keys(mask32=True), (64, 128)),
-             # the quantizers without the explicit +-448 clamp (configs.QUANTIZE_CLAMP False)
-             "noclamp": ({configs: dict(QUANTIZE_CLAMP=False)}, (64, 128))}
+    old = {d: dict(c, mask32=False) for d, c in configs.GLUON_FORWARD.items()}
+    table = {"old": ({configs: dict(GLUON_FORWARD=old, QUANTIZE_CLAMP=True)}, (64, 128)),
+             "new": ({}, (64, 128))}
     return {n: table[n] for n in names}
 
 
@@ -89,8 +84,8 @@ def under(patches, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
-    ap.add_argument("--cases", default="d128c,passes,tail,d64c,outlier,d128")
-    ap.add_argument("--forms", default="old,m32,noclamp", help="old (shipped), m32, noclamp (forms())")
+    ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
+    ap.add_argument("--forms", default="old,new", help="old (session 39), new (shipped) (forms())")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -161,16 +156,16 @@ def main():
         run.row(f"{label} gpu time", **grow)
 
     def passes():
-        """The k pass (rotate_quantize, 128-key block descales) and the v pass (quantize_v_permuted per block) with and
-        without the explicit +-448 clamp before the e4m3 conversion (configs.QUANTIZE_CLAMP: the conversion saturates
+        """The k pass (rotate_quantize, 128-key block descales) and the v pass (quantize_v_permuted per block) without
+        and with the explicit +-448 clamp before the e4m3 conversion (configs.QUANTIZE_CLAMP True: the conversion saturates
         by itself), each checked bit for bit against the shipped one, against the cast of the same tensor (the same
         bytes: read 2, write 1 an element), one kernel each, from CUDA graphs in interleaved rounds."""
         from tilecore.ops.attention_fp8 import configs
         from tilecore.tiles.switches import patched
 
-        def noclamp(fn):
+        def clamped(fn):
             def call():
-                with patched(configs, QUANTIZE_CLAMP=False):
+                with patched(configs, QUANTIZE_CLAMP=True):
                     return fn()
             return call
 
@@ -182,11 +177,11 @@ def main():
             signs = quantize.rotation_signs(D, x.device)
             kf = (lambda x=x, s=signs: quantize.rotate_quantize(x, signs=s, scales="block"))
             vf = (lambda x=x: quantize.quantize_v_permuted(x, per="block"))
-            fns = {"cast": lambda x=x: x.to(torch.float8_e4m3fn), "k_ship": kf, "k_noclamp": noclamp(kf),
-                   "v_ship": vf, "v_noclamp": noclamp(vf)}
+            fns = {"cast": lambda x=x: x.to(torch.float8_e4m3fn), "k_ship": kf, "k_clamp": clamped(kf),
+                   "v_ship": vf, "v_clamp": clamped(vf)}
             for n in ("k", "v"):
-                ship, new = fns[f"{n}_ship"](), fns[f"{n}_noclamp"]()
-                run.row(f"passes D{D} {n} noclamp bits", **{"pass": same_codes(ship, new),
+                ship, new = fns[f"{n}_ship"](), fns[f"{n}_clamp"]()
+                run.row(f"passes D{D} {n} clamp bits", **{"pass": same_codes(ship, new),
                                                            "bitwise": same_bits(ship, new)})
             x[0, 0, 5, 3] = 1.0
             t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
@@ -200,9 +195,42 @@ def main():
                 if n != "cast":
                     row[f"{n}_of_cast"] = ratio(row.get("cast_us"), row.get(f"{n}_us"))
             for n in ("k", "v"):
-                row[f"{n}_noclamp_x_ship"] = ratio(row.get(f"{n}_ship_us"), row.get(f"{n}_noclamp_us"))
+                row[f"{n}_ship_x_clamp"] = ratio(row.get(f"{n}_clamp_us"), row.get(f"{n}_ship_us"))
             row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
             run.row(f"passes D{D}", **row)
+
+    def plain(label, B, H, N, D, causal):
+        """attention_fp8 on e4m3 q, k, v with per-head descales (the kernel alone, its GLUON_FORWARD config) in the
+        forms: O against float64, bit for bit against old's, CUDA-graph times and TFLOP/s."""
+        from tilecore.ops.attention_fp8.quantize import quantize_fp8
+
+        g = torch.Generator(device=dev).manual_seed(N + D + 2)
+        q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+        ref = reference(q[-1:, -1:], k[-1:, -1:], v[-1:, -1:], causal)[0, 0]
+        q8, qs = quantize_fp8(q, per="head")
+        k8, ks = quantize_fp8(k, per="head")
+        v8, vs = quantize_fp8(v, per="head", layout="keys_permuted")
+        fns, outs = {}, {}
+        for name, (p, dims) in fm.items():
+            f = under(p, lambda: tilecore.attention_fp8(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, causal=causal,
+                                                         out_dtype=dt, v_layout="keys_permuted", check_scales=False))
+            poison_allocator(q)
+            outs[name] = f()
+            fns[name] = f
+            run.row(f"{label} check {name}", **check(outs[name][-1, -1], ref, tol=40.0))
+        for n in outs:
+            if n != "old":
+                run.row(f"{label} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+        del outs
+        t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        row = {f"{n}_graph_ms": t.get(f"{n}_graph_ms") for n in fns}
+        row.update({f"{n}_tflops": round(flops / (t[f"{n}_graph_ms"] * 1e9), 1) for n in fns if t.get(f"{n}_graph_ms")})
+        for n in fns:
+            if n != "old":
+                row[f"{n}_x_old_graph"] = ratio(t.get("old_graph_ms"), t.get(f"{n}_graph_ms"))
+        row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
+        run.row(f"{label} time", **row)
 
     def tail():
         for D, causal in ((128, True), (64, True), (128, False)):
@@ -233,7 +261,9 @@ def main():
         run.row("outlier causal rotated", **row)
 
     shapes = {"d128c": (128, True), "d64c": (64, True), "d128": (128, False), "d64": (64, False)}
-    need = {"passes": 10, "tail": 8, "outlier": 6, "d128c": 15, "d64c": 15, "d128": 15, "d64": 15}
+    plains = {"plain128c": (128, True), "plain64c": (64, True)}
+    need = {"passes": 10, "tail": 8, "outlier": 6, "d128c": 15, "d64c": 15, "d128": 15, "d64": 15, "plain128c": 10,
+            "plain64c": 10}
     for c in args.cases.split(","):
         if run.left() < need.get(c, 10):
             run.errors.append(f"{c}: skipped for the time budget ({run.elapsed():.0f} s)")
@@ -243,11 +273,15 @@ def main():
             D, causal = shapes[c]
             B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
             run.attempt(c, attention_case, c, B, H, N, D, causal)
+        elif c in plains:
+            D, causal = plains[c]
+            B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
+            run.attempt(c, plain, c, B, H, N, D, causal)
         else:
             run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
     cols = ["name", "pass", "err_over_floor"] + [f"{n}_x_bf16_graph" for n in fm] + [f"{n}_x_bf16_gpu" for n in fm] \
         + [f"{n}_x_old_{w}" for n in fm if n != "old" for w in ("graph", "gpu")]
-    run.finish(cols + ["k_ship_of_cast", "k_noclamp_x_ship", "v_noclamp_x_ship"])
+    run.finish(cols + ["k_ship_of_cast", "k_ship_x_clamp", "v_ship_x_clamp"])
 
 
 if __name__ == "__main__":

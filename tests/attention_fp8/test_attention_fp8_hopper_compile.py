@@ -15,9 +15,11 @@ import sys
 import pytest
 
 # (head dim, causal, N, q descales per row, k descales per 128-key block, v descales per 128-key block,
-# hide_first_key)
-VARIANTS = [(128, False, 4096, False, False, False, False), (64, True, 1000, True, True, False, False),
-            (64, True, 1000, True, True, True, False), (64, True, 1000, True, True, True, True)]
+# hide_first_key, mask32: None for configs' value); hide_first_key off and on with the 64-bit mask (mask32 off), then
+# the convenience path's D64 causal form as configured
+VARIANTS = [(128, False, 4096, False, False, False, False, None), (64, True, 1000, True, True, False, False, None),
+            (64, True, 1000, True, True, True, False, False), (64, True, 1000, True, True, True, True, False),
+            (64, True, 1000, True, True, True, True, None)]
 
 SCRIPT = r"""
 import json, re, sys, torch
@@ -26,8 +28,10 @@ from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, reso
 from tilecore.tiles.launch import gluon_descriptor
 
 out = []
-for D, causal, N, q_row, k_block, v_block, hide in json.loads(sys.argv[1]):
+for D, causal, N, q_row, k_block, v_block, hide, mask32 in json.loads(sys.argv[1]):
     cfg = dict(configs.gluon_config(D, causal), hide_first_key=hide)
+    if mask32 is not None:
+        cfg["mask32"] = mask32
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, N, D, dtype=f8)
     k = torch.empty(2, 2, N, D, dtype=f8)
@@ -62,7 +66,8 @@ for D, causal, N, q_row, k_block, v_block, hide in json.loads(sys.argv[1]):
                     e4m3_cvt=ptx.count("cvt.rn.satfinite.e4m3x2.f32"),
                     named_bar=len(re.findall(r"bar\.(?:sync|arrive)\s+\$?\d+, 256;", ptx)),
                     hide=opts.get("HIDE_FIRST_KEY", False), and_pred=len(re.findall(r"\band\.pred", ptx)),
-                    setp=len(re.findall(r"\bsetp\.", ptx))))
+                    setp=len(re.findall(r"\bsetp\.", ptx)), mask32=opts.get("MASK32", False),
+                    setp64=len(re.findall(r"\bsetp\.\w+\.[su]64", ptx))))
 print(json.dumps(out))
 """
 
@@ -88,7 +93,7 @@ def test_e4m3_wgmma_tma_and_bounded_spills(report):
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed, r
         assert r["shared"] <= 227 * 1024, r
     assert report[1]["k_per_block"], report[1]  # the convenience path's k descales: one scalar a step
-    assert [r["v_per_block"] for r in report] == [False, False, True, True], report
+    assert [r["v_per_block"] for r in report] == [False, False, True, True, True], report
 
 
 def test_v_descales_per_block_load_one_scalar_a_step(report):
@@ -150,3 +155,15 @@ def test_hidden_first_key_keeps_the_causal_mask_in_its_branch(report):
     assert hidden["and_pred"] * 4 < plain["and_pred"], (plain, hidden)
     assert hidden["setp"] < plain["setp"] - 64, (plain, hidden)
     assert hidden["wgmma_n8"] == plain["wgmma_n8"] and hidden["relu_cvt"] == plain["relu_cvt"], (plain, hidden)
+
+
+def test_mask32_compares_in_32_bits(report):
+    # mask32 (configs.GLUON_FORWARD; the masked step's mask as one comparison an element against the row's last key,
+    # the key offset through opaque_int, which also keeps step 0's mask in its branch as hide_first_key does): LLVM had
+    # widened the step-derived key offset to 64 bits, so each comparison was a 64-bit setp (sm_90a: ISETP + ISETP.EX)
+    # and the bound by Nk a second select (D128 causal e2e: the masked block ~300 instructions against 172); here D64
+    # causal, the configured form against the same with the 64-bit mask
+    wide, shipped = report[3], report[4]
+    assert shipped["mask32"] and not wide["mask32"], (shipped, wide)
+    assert shipped["setp64"] * 4 < wide["setp64"], (shipped, wide)
+    assert shipped["wgmma_n8"] == wide["wgmma_n8"] and shipped["relu_cvt"] == wide["relu_cvt"], (shipped, wide)

@@ -13,9 +13,13 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # FFMA instead of exp2 (1.19-1.30x, O's error 1.29x; 0: exp2, FlashAttention-3's rounding, the accurate form).
 # hide_first_key (causal): a tile's first key offset through opaque_int, as the bf16 forward's, so that LLVM does not
 # hoist step 0's causal mask to every tile's start (the same bits); off here (the kernel on e4m3 q was not faster with
-# it), on for the convenience path's kernel by ROTATED["hide_first_key"]
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
-                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
+# it), on for the convenience path's kernel by ROTATED["hide_first_key"]. mask32 (causal): a masked step's mask as one
+# 32-bit comparison an element against its row's last key (the shared mask compared in 64 bits: LLVM widened the key
+# offset); without a causal mask (masks at Nk's tail only) the kernel keeps the shared one
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1,
+                         mask32=True),
+                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1,
+                           mask32=True)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
                         "p_linear", "hide_first_key", "mask32"})
 
@@ -62,7 +66,7 @@ ROTATE_QUANTIZE = {128: dict(row_blocks=8, num_warps=4, num_stages=2), 64: dict(
 # the quantizers' explicit +-448 clamp of the codes before their e4m3 conversion (rotate_quantize; quantize_v_permuted
 # per block), which saturates by itself where compiled (cvt.rn.satfinite, NaN kept: the same codes); False: none (two
 # FMNMX an element fewer). The interpreter clamps either way (its conversion is emulated).
-QUANTIZE_CLAMP = True
+QUANTIZE_CLAMP = False
 
 
 def rotate_quantize_config(d: int, interpret: bool) -> dict:

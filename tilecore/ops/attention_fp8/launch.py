@@ -200,7 +200,7 @@ class _GluonLayout:
             P_SHIFT=float(cfg.get("p_shift", P_SHIFT)), P_LINEAR=int(cfg.get("p_linear", 0)), num_warps=4)
         if causal and cfg.get("hide_first_key", False):  # a tile's first key offset hidden from LLVM (gluon_fp8)
             self.options["HIDE_FIRST_KEY"] = True
-        if cfg.get("mask32", False):  # the mask as one 32-bit comparison an element (gluon_fp8)
+        if causal and cfg.get("mask32", False):  # the causal mask as one 32-bit comparison an element (gluon_fp8)
             self.options["MASK32"] = True
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
