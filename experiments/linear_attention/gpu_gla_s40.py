@@ -37,8 +37,8 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "a"
 WARM_DEADLINE = 20.0  # the shared kernels' compile: the variants start then at the latest
-WORKER_DEADLINE = 900.0 if SMOKE else 40.0  # a worker still compiling then is killed (its row says so)
-TIME_DEADLINE = 110.0  # no timing round starts past it
+WORKER_DEADLINE = 900.0 if SMOKE else 75.0  # a worker still compiling then is killed (its row says so)
+TIME_DEADLINE = 140.0  # no timing round starts past it
 CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
 TIME_SHAPE = (16, 4096, 16)
 CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
