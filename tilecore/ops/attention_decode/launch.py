@@ -97,7 +97,7 @@ class _DecodeLaunch:
             self.split((q, k, v, out, lse, out, out, *self.tail, scale_log2e, tanh_scale))
             return
         lse_size, lse_offset = self.part_shapes
-        parts, lse_part, kept_lse = split_key_buffers(self.device, lse_offset, lse_size, (self.split, self.merge),
+        parts, lse_part, kept_lse = split_key_buffers(q, lse_offset, lse_size, (self.split, self.merge),
                                                       None if lse is not None else self.head[0])
         lse = kept_lse if lse is None else lse
         self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
@@ -110,8 +110,7 @@ class _DecodeLaunch:
         allocation instead of a tensor of its own, and None is returned for it."""
         B, Hq, N = q.shape[:3]
         out = q.new_empty((B, Hq, N, v.shape[3]))  # (q's dtype and device: ~0.7 us under torch.empty's, H100 host)
-        lse = torch.empty((B, Hq, N), dtype=torch.float32, device=self.device) \
-            if want_lse or self.part_shapes is None else None
+        lse = q.new_empty((B, Hq, N), dtype=torch.float32) if want_lse or self.part_shapes is None else None
         self(q, k, v, out, lse, scale, softcap)
         return out, lse
 

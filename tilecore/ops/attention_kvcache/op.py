@@ -244,7 +244,7 @@ class _DecodeLaunch:
             self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, lse, lse, *self.split_tail))
             return
         (splits, rows), lse_offset = self.part_shapes
-        parts, lse_part, kept_lse = split_key_buffers(self.device, lse_offset, splits * rows, (self.split, self.merge),
+        parts, lse_part, kept_lse = split_key_buffers(q, lse_offset, splits * rows, (self.split, self.merge),
                                                       None if lse is not None else rows)
         lse = kept_lse if lse is None else lse
         self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
@@ -255,8 +255,7 @@ class _DecodeLaunch:
         alone) the merge's lse goes into the split parts' allocation and None is returned for it."""
         bsz, nq, hq, _ = q.shape
         out = q.new_empty((bsz, nq, hq, v_cache.shape[3]))  # (q's dtype and device: ~0.7 us under torch.empty's)
-        lse = torch.empty((bsz, hq, nq), dtype=torch.float32, device=self.device) \
-            if want_lse or self.part_shapes is None else None
+        lse = q.new_empty((bsz, hq, nq), dtype=torch.float32) if want_lse or self.part_shapes is None else None
         self(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
         return out, lse
 
