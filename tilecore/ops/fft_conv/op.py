@@ -353,8 +353,7 @@ class _GluonConv:
     view, which the caller checks) is read as it is: no rfft a call. ``of`` gives False for every other path (the
     general path serves them)."""
 
-    __slots__ = ("launch", "plan", "rows", "tail", "tail_kept", "shape", "dtype", "device", "k_float", "given",
-                 "zeros")
+    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float", "given", "zeros")
 
     @classmethod
     def of(cls, key, u, k, y):
@@ -373,9 +372,6 @@ class _GluonConv:
         B, H, N = u.shape
         spectrum = launch.gluon_spectrum(p, k if given else filter_spectrum(k, N), False)
         self.tail = (*tables, B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), spectrum.stride(0))
-        # the DFT tables by address for a kept launch (the launcher's pointer check and data_ptr call a tensor
-        # otherwise); self.tail holds the tensors, so the addresses stay theirs while the recipe lives
-        self.tail_kept = (*(t.data_ptr() for t in tables), *self.tail[len(tables):])
         derived = None
         if tma:  # (launch.gluon_operands' views)
             half, b = p.n1 // 2, p.n2
@@ -403,13 +399,12 @@ class _GluonConv:
             spectrum = torch.fft.rfft(torch.cat((k, self.zeros), 1))
         else:
             spectrum = torch.fft.rfft(k if self.k_float else k.float(), n=2 * n)  # (filter_spectrum)
-        kept = self.launch.kept()
-        if self.plan.rfft and kept:  # the bins as float32 pairs: the fresh spectrum's own memory
+        if self.plan.rfft and self.launch.kept():  # the bins as float32 pairs: the fresh spectrum's own memory
             spectrum = spectrum.data_ptr()
         else:
             spectrum = launch.gluon_spectrum(self.plan, spectrum, False)
         y = u.new_empty(self.shape)  # (u's dtype and device: ~0.7 us under torch.empty's on the H100's host)
-        self.launch((u, spectrum, y, *(self.tail_kept if kept and TABLES_BY_ADDRESS else self.tail)))
+        self.launch((u, spectrum, y, *self.tail))
         return y
 
 
@@ -423,9 +418,3 @@ _ZEROS = LRU(8)  # (device, channels, pad) -> the float32 zeros the recipes of t
 # On: the same bits on the H100, host time 0.86x (plain call) and 0.67x (recording a gradient) of the switch off
 # (notes/host/runs/host_rows37_run2_session37_h100.txt, notes/host's decision log)
 PAD_BY_CAT = True
-
-# a kept Gluon launch of a recipe takes its six DFT tables by address (a kept launch specializes nothing: Triton's
-# launcher reads an int as the pointer) where each tensor costs the launcher a data_ptr call and a driver query of the
-# pointer a launch (issue 31's host time); the same kernel arguments, so the same bits. Read each call; False: the
-# tensors. On: the same bits on the H100, faster in its A/B (notes/host's decision log)
-TABLES_BY_ADDRESS = True
