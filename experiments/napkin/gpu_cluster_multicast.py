@@ -156,6 +156,9 @@ class Probe:
         self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
         self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"cluster_multicast_probe"),
                  "cuModuleGetFunction")
+        # the function's dynamic shared memory bound once, at Hopper's most a block (227 KiB): a launch of any
+        # ring size fits under it (set per configuration, the last one set would bound the others' launches)
+        self._ok(self.cu.cuFuncSetAttribute(self.fn, MAX_DYNAMIC_SHARED, 227 * 1024), "cuFuncSetAttribute")
 
     def _ok(self, code: int, what: str):
         if code != 0:
@@ -164,7 +167,6 @@ class Probe:
             raise RuntimeError(f"{what}: CUDA driver error {code} ({name.value})")
 
     def config(self, grid: int, c: int, smem: int):
-        self._ok(self.cu.cuFuncSetAttribute(self.fn, MAX_DYNAMIC_SHARED, smem), "cuFuncSetAttribute")
         attr = LaunchAttribute(id=CLUSTER_DIMENSION, x=c, y=1, z=1)
         cfg = LaunchConfig(grid, 1, 1, 64, 1, 1, smem, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
                            ctypes.pointer(attr), 1)
@@ -238,7 +240,6 @@ def share_phase(run: Run, probe: Probe, flag, sms: int) -> None:
     """Plain bulk copies (no cluster) from the L2-resident set on a half and a quarter of the SMs (1 block an SM:
     a 32 KiB x 4 ring), and 2 blocks an SM (16 KiB x 6 rings): is ~60 GB/s an SM the SM's intake or the whole
     L2's rate shared out?"""
-    src_chunks_32 = 16 * 2**20 // (32 * KB)
     fns, plans = {}, {}
     for name, chunk, stages, grid in (("all SMs 1/SM", 32 * KB, 4, sms), ("half 1/SM", 32 * KB, 4, sms // 2),
                                       ("quarter 1/SM", 32 * KB, 4, sms // 4), ("all SMs 2/SM", 16 * KB, 6, 2 * sms)):
@@ -255,7 +256,6 @@ def share_phase(run: Run, probe: Probe, flag, sms: int) -> None:
         plans[name] = (grid, nchunks * chunk)
         fns[name] = (lambda cfg=cfg, src=src, sc=src_chunks, ch=chunk, n=nchunks, st=stages, sums=sums:
                      probe.launch(cfg, src, sc, ch, n, st, 0, 0, sums, flag))
-    del src_chunks_32
     t = time_rounds(fns, rounds=3, warmup=5, rep=40, deadline=run)
     for name, (grid, per_block) in plans.items():
         ms = t[f"{name}_ms"]
