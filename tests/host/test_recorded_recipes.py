@@ -290,3 +290,69 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
         assert (du1 is None or torch.equal(du1, du0)) and (dk1 is None or torch.equal(dk1, dk0))
     _clear()
 
+
+
+@pytest.mark.parametrize("needs", ["both", "u", "k"])
+def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(monkeypatch, needs):
+    """fft_conv's KEYED_BACKWARD: a recorded call's backward through its recipe (_RecordedConv) launches du's kernel
+    with the grid, options, descriptors' views and arguments (the same spectrum, dy's layout) _filter_backward's
+    unkeyed launch has, keyed by the backward's launch key (eager.backward_key of the forward's key and dy); dk (float32
+    k: torch.fft's) the same bits; off, _filter_backward's unkeyed launch."""
+    from tilecore.tiles import eager
+
+    calls = []
+
+    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
+        keyed = launch.LRU(4)
+
+        def run(self, key, grid, args, kwargs):
+            calls.append((key, grid, args, kwargs))
+
+    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
+    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
+    monkeypatch.setattr(fft_op, "signature", _signature)
+    monkeypatch.setattr(eager, "signature", _signature)
+    torch.manual_seed(12)
+    u0, k0 = torch.randn(2, 3, 1024).to(torch.bfloat16), torch.randn(3, 200)
+    dy = torch.randn(2, 3, 1024).to(torch.bfloat16)
+    runs = {}
+    for on in (True, False):
+        _clear()
+        launches, dks = [], []
+        with patched(fft_op, KEYED_BACKWARD=on):
+            for i in range(3):  # (the key's first call: the general path, keeping the recipe; then the recipe's)
+                u = u0.clone().requires_grad_(needs in ("both", "u"))
+                k = k0.clone().requires_grad_(needs in ("both", "k"))
+                y = fft_op.fft_conv(u, k)
+                calls.clear()
+                y.backward(dy)
+                if i:
+                    assert type(y.grad_fn).__name__ == "_RecordedConvBackward"
+                    launches.append(list(calls))
+                    dks.append(k.grad)
+                    assert (u.grad is None) == (needs == "k")
+        runs[on] = launches, dks
+    for keyed, plain in zip(runs[True][0], runs[False][0]):
+        assert len(keyed) == len(plain) == (0 if needs == "k" else 1)
+        for (key1, grid1, args1, kw1), (key0, grid0, args0, kw0) in zip(keyed, plain):
+            assert key0 is None and key1[0][0] == "backward" and key1[1:] == (True, False)
+            assert tuple(grid0) == tuple(grid1) and len(args0) == len(args1) and set(kw0) == set(kw1)
+            assert torch.equal(args0[0], dy) and torch.equal(args1[0], dy)
+            for i, (a, b) in enumerate(zip(args0, args1)):
+                if isinstance(a, torch.Tensor):
+                    assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+                    assert i == 2 or torch.equal(a, b)  # (du: fresh each call)
+                else:
+                    assert a == b
+            for name in kw0:
+                a, b = kw0[name], kw1[name]
+                if isinstance(a, launch.TmaOperand):
+                    assert (a.shape, a.strides, a.block_shape, a.layout) == (b.shape, b.strides, b.block_shape,
+                                                                             b.layout)
+                else:
+                    assert a == b
+    for dk1, dk0 in zip(*(runs[on][1] for on in (True, False))):
+        assert (dk1 is None) == (dk0 is None) == (needs == "u")
+        assert dk1 is None or (dk1.dtype == dk0.dtype and torch.equal(dk1, dk0))
+    _clear()

@@ -282,11 +282,56 @@ class _RecordedConv(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         y = prepared(u, k)
         ctx.save_for_backward(u, k)
+        ctx.prepared = prepared
         return y
 
     @staticmethod
     def backward(ctx, dy):
+        if KEYED_BACKWARD and dy is not None:
+            grads = _keyed_backward(ctx.prepared, ctx, dy)
+            if grads is not None:
+                return (None, *grads)
         return _FilterFunction.backward(ctx, dy)  # (None for the recipe, then _filter_backward's du and dk)
+
+
+def _keyed_backward(prepared, ctx, dy):
+    """_filter_backward's (du, dk) for a recorded call of the recipe ``prepared``'s key, with du's launch keyed by the
+    backward's launch key (eager.backward_key: the forward's key with dy's signature, which fixes dy's layout; the
+    spectrum and du are fresh tensors of the key's shapes) and the plans the forward's key fixes kept in the recipe:
+    the same launches and torch.fft calls as _filter_backward's, so the same bits, without its plan lookups and du's
+    unkeyed launch (its launch parts and Triton's argument specialization each call). None (_filter_backward then)
+    where the backward is not plain eager (create_graph, modes) or dy has no key."""
+    u, k = ctx.saved_tensors
+    if dispatch.eager_mode(dy, u, k) != "direct":
+        return None
+    key = eager.backward_key(prepared, dy)
+    if key is None:
+        return None
+    need_du, need_dk = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    n = prepared.shape[-1]
+    spectrum = _spectrum(k, n)
+    dk_launch = prepared.dk_launch
+    if dk_launch is None:  # (dk_plan's choice: a function of n, the device and the dtypes, which the key fixes)
+        dk_launch = prepared.dk_launch = dk_plan(n, u.device, u.dtype, k.dtype) or False
+    # (the recipe's plan is Gluon's: du by the kernel, never torch.fft's)
+    dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if need_dk and not dk_launch else None
+    du = dk = None
+    if need_du:
+        du = _conv_impl(dy, spectrum, True, key=key)
+    if need_dk and dk_launch:
+        kind, config = dk_launch
+        dk = _filter_grad_impl(u, dy, k.shape[-1], [int(c) for c in config], kind == "gluon").to(k.dtype)
+    elif need_dk:
+        cross = (dy_spectrum * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
+        dk = torch.fft.irfft(cross, n=2 * n)[:, :k.shape[-1]].to(k.dtype)
+    return du, dk
+
+
+# a recorded call's backward through its recipe (_RecordedConv) launches du by the backward's launch key and keeps
+# the forward key's plans in the recipe (issue 31's host time: _filter_backward's plan and dk_plan lookups, du's launch
+# parts and Triton's unkeyed argument specialization each call); the same launches and bits. Read each call; False:
+# _filter_backward. Off until the H100's A/B
+KEYED_BACKWARD = False
 
 
 # a keyed filter-form call recording a gradient whose key keeps a _GluonConv applies _RecordedConv straight from
@@ -353,7 +398,8 @@ class _GluonConv:
     view, which the caller checks) is read as it is: no rfft a call. ``of`` gives False for every other path (the
     general path serves them)."""
 
-    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float", "given", "zeros")
+    __slots__ = ("launch", "plan", "rows", "tail", "shape", "dtype", "device", "k_float", "given", "zeros", "key",
+                 "dk_launch")
 
     @classmethod
     def of(cls, key, u, k, y):
@@ -380,6 +426,7 @@ class _GluonConv:
             derived = {"u_desc": (0, lambda t: TmaOperand(t, [2, 1, half, b], *u_view)),
                        "y_desc": (2, lambda t: TmaOperand(t, [2, 1, half, b], *y_view))}
         self.launch = KeyedLaunch(kernel, (key, False, False), grid, options, derived=derived)
+        self.key, self.dk_launch = key, None  # (dk_launch: dk_plan's choice, kept at the key's first keyed backward)
         self.shape, self.dtype, self.device = tuple(y.shape), y.dtype, y.device
         self.k_float = k.dtype == torch.float32  # (filter_spectrum's k.float(): k itself)
         # the zeros padding the filter, kept (read-only: never written, so no stream or graph can race on them), one
@@ -388,6 +435,10 @@ class _GluonConv:
             (k.device, H, 2 * N - k.shape[-1]),
             lambda: torch.zeros((H, 2 * N - k.shape[-1]), dtype=torch.float32, device=k.device))
         return self
+
+    @property
+    def launch_key(self):  # (eager.backward_key reads it, as from an eager_autograd ctx)
+        return self.key
 
     def __call__(self, u, k) -> torch.Tensor:
         if self.rows:
