@@ -26,7 +26,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default=os.getcwd())
     ap.add_argument("--json")
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="the variants whose names hold one of these comma-separated strings")
     ap.add_argument("--ptx", help="write each variant's PTX into this folder")
     ap.add_argument("--quick", action="store_true", help="one variant of each kernel: " + ", ".join(QUICK))
     a = ap.parse_args()
@@ -40,15 +40,22 @@ def main():
     rows = []
 
     def one(name, kernel, args, num_warps):
-        if (a.only and a.only not in name) or (a.quick and name not in QUICK):
+        if (a.only and not any(o in name for o in a.only.split(","))) or (a.quick and name not in QUICK):
             return
         params = {p.name for p in kernel.params}
         if any(k not in params for k, v in args.items() if v is not None and k.isupper() and v not in (0, False, 1)
                and k in ("PINGPONG",)):
             rows.append(dict(kernel=name, missing=True))
             return
+        record(name, lambda: compile_kernel(kernel, {n: v for n, v in args.items() if n in params},
+                                            num_warps=num_warps))
+
+    def record(name, build):
+        """Compile by ``build()`` (a compiled kernel) and record its resources and PTX."""
+        if (a.only and not any(o in name for o in a.only.split(","))) or (a.quick and name not in QUICK):
+            return
         try:
-            k = compile_kernel(kernel, {n: v for n, v in args.items() if n in params}, num_warps=num_warps)
+            k = build()
             r = resources(k)
         except Exception as e:  # noqa: BLE001 (reported per variant: the matrix wants every failure)
             rows.append(dict(kernel=name, error=_innermost(e)))
@@ -130,6 +137,40 @@ def main():
                     Q_BUFFERS=cfg["q_buffers"], CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                     WINDOW=False, SOFTCAP=False)
         one(f"attention fwd {name}", attention_fwd_kernel, args, 4)
+    # MLA's forward (q/k 192 in three 64-column pieces, v 128; test_mla_gluon's arguments) and the rotary forward
+    # (gluon_rotary: the forward's op wrapped, Q turned in the kernel; test_gluon_rotary's first and fourth variants)
+    q192 = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
+    v128 = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
+    for causal in (False, True):
+        bm, bn, stages = 64, 128, 2
+        args = dict(q_desc=desc(q192, [1, 1, 2 * bm, 64]), k_desc=desc(q192, [1, 1, bn, 64]),
+                    v_desc=desc(v128, [1, 1, bn, 128]), o_desc=desc(v128, [1, 1, bm, 64]),
+                    lse_ptr=torch.empty(64, dtype=torch.float32), H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
+                    num_bh=256, head_group=12, schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0,
+                    right=0, tanh_scale=0.1, CAUSAL=causal, STAGES=stages, OVERLAP=True, CONSUMERS=2, PINGPONG=False,
+                    Q_BUFFERS=1, CARRY=False, Q_REGS=False, WINDOW=False, SOFTCAP=0)
+        one(f"attention fwd mla{' causal' if causal else ''}", attention_fwd_kernel, args, 4)
+    try:
+        from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, rows_at_a_time
+    except (ModuleNotFoundError, ImportError):
+        attention_rotary_fwd_kernel = None
+    if attention_rotary_fwd_kernel is not None:
+        for d, causal, cfg, r, cos_dtype in ((128, False, dict(block_m=64, block_n=128, stages=2, q_regs=True), 64,
+                                              torch.bfloat16),
+                                             (64, True, dict(block_m=64, block_n=64, stages=3, carry=True), 16,
+                                              torch.float32)):
+            t = torch.empty(2, 4, 256, d, dtype=torch.bfloat16)
+            cs = torch.empty(256, r, dtype=cos_dtype)
+            args = dict(q_desc=desc(t, [1, 1, 64, d]), k_desc=desc(t, [1, 1, cfg["block_n"], d]),
+                        v_desc=desc(t, [1, 1, cfg["block_n"], d]), o_desc=desc(t, [1, 1, 64, d]),
+                        lse_ptr=torch.empty(8, dtype=torch.float32), cos_ptr=cs, sin_ptr=cs, cos_stride=r, sin_stride=r,
+                        n_max=4096, H=4, N=256, Nk=256, GROUP=1, scale_log2e=0.1, num_bh=8, head_group=4,
+                        schedule=torch.empty(8, dtype=torch.int32) if causal else None, left=0, right=0,
+                        tanh_scale=0.0, qr_desc=None, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=2,
+                        CARRY=cfg.get("carry", False), INTERLEAVED=False, Q_REGS=cfg.get("q_regs", False), CONSUMERS=2,
+                        TURN_ROWS=rows_at_a_time(r, False))
+            one(f"attention fwd rotary d{d}{' causal carried' if causal else ' Q regs'}", attention_rotary_fwd_kernel,
+                args, 4)
     # attention backward (dK/dV with its dQ modes) and the dq kernel: the shipped configurations
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -202,8 +243,6 @@ def main():
     except ModuleNotFoundError:
         from tilecore.ops.attention.gluon_backward import attention_bwd_mla_kernel
         from tilecore.ops.attention.gluon_dq import attention_dq_mla_kernel
-    q192 = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
-    v128 = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
     piece = lambda x, rows: desc(x, [1, 1, rows, 64])
     for causal in (False, True):
         mla = dict(H=16, N=4096, Nk=4096, GROUP=1, scale=0.1, scale_log2e=0.1, head_group=8,
@@ -223,6 +262,29 @@ def main():
         one(f"attention dq mla{' causal' if causal else ''}", attention_dq_mla_kernel,
             dict(mla, q_desc=piece(q192, 128), k_desc=piece(q192, 64), v_desc=piece(v128, 64), do_desc=piece(v128, 128),
                  dq_desc=piece(q192, 64), lse_ptr=f32, delta_ptr=f32, num_bh=256), 4)
+    # varlen (packed sequences): the forward, the dK/dV kernel with its config's dQ and the dq kernel, each by the
+    # package's own compile helper (op.py's arguments); the shipped configs, a softcap, a window, grouped heads
+    try:
+        from tilecore.ops.attention_varlen import configs as varlen_configs
+        from tilecore.ops.attention_varlen import gluon_backward as varlen_bwd
+        from tilecore.ops.attention_varlen import gluon_forward as varlen_fwd
+    except ModuleNotFoundError:
+        varlen_fwd = None
+    if varlen_fwd is not None:
+        for d, causal, softcap, window, group in ((128, True, 0, False, 1), (128, False, 0, False, 1),
+                                                   (64, True, 0, False, 1), (64, False, 0, False, 1),
+                                                   (128, True, 2, False, 1), (128, False, 0, True, 1),
+                                                   (128, True, 0, False, 4)):
+            tag = f"d{d}{' causal' if causal else ''}{' softcap' if softcap else ''}{' window' if window else ''}" \
+                  f"{' gqa' if group > 1 else ''}"
+            if group == 1:
+                record(f"attention varlen fwd {tag}", lambda: varlen_fwd.compiled_forward(d, causal, softcap,
+                                                                                         window=window))
+            dq_from = varlen_configs.varlen_gluon_backward_config(d, causal)["dq_from"]
+            record(f"attention varlen bwd {dq_from} {tag}",
+                   lambda: varlen_bwd.compiled_backward(d, causal, softcap, window=window, group=group))
+            record(f"attention varlen dq {tag}",
+                   lambda: varlen_bwd.compiled_dq(d, causal, softcap, window=window, group=group))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

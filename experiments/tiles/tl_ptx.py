@@ -7,7 +7,8 @@ code alone (as port_resources.py does for the Gluon kernels):
     python experiments/tiles/ptx_compare.py /tmp/tl_old /tmp/tl_new
 
 Variants: head dims 64 and 128 with configs.forward_config's blocks, no mask, causal, a window, and
-a softcap; decode merged (one split) and split, and the merge of the splits.
+a softcap; decode merged (one split) and split, and the merge of the splits; varlen's packed forward
+(the same four masks at both head dims) and the KV cache's split-key forward (merged and split).
 """
 import argparse
 import os
@@ -73,6 +74,39 @@ def main():
     write("tl decode merge", decode_kernels.attn_merge_splits, dict(O=q, LSE=part, O_PART=part, LSE_PART=part,
                                                                     rows_total=32, D=128, splits=8, SPLITS=8,
                                                                     BLOCK_D=128), 4)
+    # varlen's packed forward (its tl kernel: op.forward_kernels' arguments and block_config's Hopper blocks) and the
+    # KV cache's split-key forward (op._DecodeLayout's options), which end with the same normalization
+    try:
+        from tilecore.ops.attention_kvcache import kernels_tl as kvcache_kernels
+        from tilecore.ops.attention_varlen import kernels_tl as varlen_kernels
+    except ModuleNotFoundError:
+        return 0
+    i32 = torch.empty(64, dtype=torch.int32)
+    for d in (64, 128):
+        x = torch.empty(4096, 16, d, dtype=torch.bfloat16)
+        s = x.stride()
+        lse = torch.empty(16, 4096, dtype=torch.float32)
+        for name, (left, right, softcap) in {"plain": (0, 0, 0), "causal": (0, 1, 0), "window": (1, 1, 0),
+                                             "softcap": (0, 0, 1)}.items():
+            args = dict(Q=x, K=x, V=x, O=x, LSE=lse, CU_Q=i32, CU_K=i32, CU_BLOCKS=i32, sqt=s[0], sqh=s[1], sqd=s[2],
+                        skt=s[0], skh=s[1], skd=s[2], svt=s[0], svh=s[1], svd=s[2], sot=s[0], soh=s[1], sod=s[2], B=4,
+                        total_q=4096, D=d, DV=d, GROUP=1, scale=0.1, softcap=30.0 if softcap else 0.0,
+                        left=100 if left else 4096, right=0 if right and not left else 3 if right else 4096,
+                        LEFT=bool(left), RIGHT=bool(right), SOFTCAP=softcap, SEARCH_STEPS=2,
+                        UNMASKED_MIDDLE=not softcap, BLOCK_M=64, BLOCK_N=64, BLOCK_D=d, BLOCK_DV=d)
+            write(f"tl varlen fwd d{d} {name}", varlen_kernels.varlen_fwd, args, 4, num_stages=3)
+    q = torch.empty(2, 1, 16, 128, dtype=torch.bfloat16)
+    cache = torch.empty(2, 4096, 2, 128, dtype=torch.bfloat16)
+    sq, sk = q.stride(), cache.stride()
+    for merged in (True, False):
+        args = dict(Q=q, KC=cache, VC=cache, BLOCK_TABLE=i32, SEQLENS=i32, O=q, LSE=part, O_PART=part, LSE_PART=part,
+                    sqb=sq[0], sqn=sq[1], sqh=sq[2], sqd=sq[3], skp=sk[0], sks=sk[1], skh=sk[2], skd=sk[3],
+                    svp=sk[0], svs=sk[1], svh=sk[2], svd=sk[3], stb=0, stp=0, sob=sq[0], son=sq[1], soh=sq[2],
+                    sod=sq[3], Hkv=2, Nq=1, Nnew=0, D=128, DV=128, GROUP=8, keys_per_split=512, scale=0.1,
+                    softcap=0.0, left=0, right=0, PAGE=1, PAGED=False, LEFT=False, RIGHT=False, SOFTCAP=False,
+                    MERGED=merged, BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, BLOCK_DV=128)
+        write(f"tl kvcache {'merged' if merged else 'split'}", kvcache_kernels.kvcache_fwd_split, args, 4,
+              num_stages=3)
     return 0
 
 

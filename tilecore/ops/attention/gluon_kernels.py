@@ -300,18 +300,18 @@ class Attention:
             return self.fresh(Rows(first, tile.bh, n_own, own_first), None, q)
 
     @gluon.jit
-    def softmax(self, s, m, l, first_query, first_key):
-        """Cap the scores (SOFTCAP), mask them where needed, one online-softmax step. Returns (m, l, P,
-        alpha in O's layout)."""
+    def softmax(self, s, m, l, first_query, first_key, N, Nk):
+        """Cap the scores (SOFTCAP), mask them where needed (N queries, Nk keys: the varlen forward's are
+        its sequence's), one online-softmax step. Returns (m, l, P, alpha in O's layout)."""
         if self.SOFTCAP == 2:
             s = tanh_approx(s * self.tanh_scale)
         elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
         if self.WINDOW:
-            if window_needs_mask(first_query, first_key, self.BM, self.BN, self.N, self.Nk, self.left, self.right):
-                s = window_mask_scores(s, self.S, first_query, first_key, self.N, self.Nk, self.left, self.right)
-        elif needs_mask(first_query, first_key, self.BN, self.N, self.Nk, self.CAUSAL):
-            s = mask_scores(s, self.S, first_query, first_key, self.N, self.Nk, self.CAUSAL, KEY_AXIS=1)
+            if window_needs_mask(first_query, first_key, self.BM, self.BN, N, Nk, self.left, self.right):
+                s = window_mask_scores(s, self.S, first_query, first_key, N, Nk, self.left, self.right)
+        elif needs_mask(first_query, first_key, self.BN, N, Nk, self.CAUSAL):
+            s = mask_scores(s, self.S, first_query, first_key, N, Nk, self.CAUSAL, KEY_AXIS=1)
         m, l, p, alpha = online_softmax_update(m, l, s, self.scale_log2e)
         return m, l, p, as_column(alpha, self.O)
 
@@ -332,7 +332,7 @@ class Attention:
             s_tok = self.scores_by_pieces(q, k_t)
         o_tok = warpgroup_mma(st.p, v, acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-        m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, first_key)
+        m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, first_key, self.N, self.Nk)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         return m, l, p32, alpha, acc
 
@@ -355,7 +355,7 @@ class Attention:
             key = (tile.first_block + step) * self.BN
             if step == st.rows.first_block:
                 s = self.scores(q, k_t)
-                m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, opaque_int(key))
+                m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, opaque_int(key), self.N, self.Nk)
                 st = st.replace(m=m, l=l, p=self.p_operand(p32))
             elif (step > st.rows.first_block) & (step < st.rows.n_blocks):
                 m, l, p32, alpha, acc = self.s_and_pv(q, k_t, v, st, st.acc, key)
@@ -365,7 +365,8 @@ class Attention:
         elif not self.CARRY:
             if step == 0:
                 s = self.scores(q, k_t)
-                m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, self.first_key(step))
+                m, l, p32, alpha = self.softmax(s, st.m, st.l, st.rows.first, self.first_key(step), self.N,
+                                                 self.Nk)
                 st = st.replace(m=m, l=l, p=self.p_operand(p32))
             elif step < st.rows.n_blocks:
                 m, l, p32, alpha, acc = self.s_and_pv(q, k_t, v, st, st.acc, step * self.BN)

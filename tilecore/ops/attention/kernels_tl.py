@@ -50,8 +50,8 @@ import triton.language as tl
 
 from tilecore.ops.attention.reference import effective_window
 from tilecore.tiles.launch import cdiv, next_power_of_2
-from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, block_ptrs, bounds_mask, mma, mma_abt, online_softmax_update,
-                                row_sum)
+from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, block_ptrs, bounds_mask, mma, mma_abt, online_softmax_result,
+                                online_softmax_update, row_sum)
 
 
 def block_d(d: int) -> int:
@@ -328,8 +328,7 @@ def attn_fwd(Q, K, V, O, LSE,
             m_i, l_i, acc = attend_keys(q, k_base, v_base, start_n, offs_n0, offs_d, d_ok, offs_dv, dv_ok, Nk, skn,
                                         skd, svn, svd, offs_m, shift, left, right, m_i, l_i, acc, scale_log2e,
                                         tanh_scale, CAUSAL, WINDOW, SOFTCAP)
-    out, lse2 = normalized(m_i, l_i, acc)
-    lse = lse2 / LOG2E_IN_KERNEL
+    out, lse = online_softmax_result(m_i, l_i, acc)
     o_ptrs, o_ok = _rows(O, b, h, start_m, N, DV, sob, soh, son, sod, BLOCK_M, BLOCK_DV)
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)

@@ -36,7 +36,7 @@ from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import (Helper, Layout, TileOperand, mask_scores, needs_mask, ring, run, stage_struct,
-                                  struct, tma_reduce_add, wgmma_layout)
+                                  store_block, struct, tma_reduce_add, wgmma_layout)
 from tilecore.tiles.schedule import head_grouped_tile
 from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
 
@@ -91,20 +91,6 @@ def stat_columns(stats_smem, which: gl.constexpr, st_layout: gl.constexpr):
     # the unswizzled TMA box is row-major (lse's BM rows, then delta's): the same bytes as a flat vector
     flat = stats_smem._reinterpret(gl.float32, [2 * BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     return flat.slice(which * BM, BM).load(gl.SliceLayout(0, st_layout))
-
-
-@gluon.jit
-def store_out(out, x, desc, coord, scale=None):
-    """x (times ``scale`` where given, multiplied here: after the wait) into ``desc``'s block at ``coord`` through
-    the epilogue buffer ``out``, by one TMA store once the buffer's previous TMA store has read it (dK, dV, dQ
-    and their 64-column pieces of the backward, dq and MLA kernels; rows past the tensor clipped by TMA)."""
-    tma.store_wait(0)
-    if scale is not None:
-        x = x * scale
-    out.reshape(x.shape).store(x.to(out.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(desc, coord, out)
 
 
 @struct
@@ -452,8 +438,8 @@ class AttentionBackward:
         clipped by the TMA stores."""
         b, hk = self.tile_kv_head(tile)
         start_n = tile.start_n + ctx.index * self.BN
-        store_out(ctx.out, st.dv, self.dv_desc, [b, hk, start_n, 0])
-        store_out(ctx.out, st.dk, self.dk_desc, [b, hk, start_n, 0], self.scale)
+        store_block(st.dv, self.dv_desc, ctx.out, [b, hk, start_n, 0])
+        store_block(st.dk, self.dk_desc, ctx.out, [b, hk, start_n, 0], self.scale)
 
 
 @gluon.constexpr_function

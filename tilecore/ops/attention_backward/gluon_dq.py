@@ -19,11 +19,10 @@ zeros and rows with no key (lse = -inf) read lse = +inf, so their p, and dQ, are
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.ops.attention_backward.gluon_backward import store_out
 from tilecore.ops.attention.gluon_kernels import (KV, head_of, query_tile, tanh_approx, tanh_from_exp2,
                                                   window_mask_scores, window_needs_mask)
-from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, mask_scores, needs_mask, ring, run, struct,
-                                  wgmma_layout)
+from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, mask_scores, needs_mask, ring, run, store_block,
+                                  struct, wgmma_layout)
 
 
 @struct
@@ -183,7 +182,7 @@ class AttentionDQ:
     def finish(self, ctx, st, tile):
         """dQ * scale of this consumer's rows (rows past N clipped by the TMA store)."""
         b, h, hk = self.head(tile.bh)
-        store_out(ctx.out, st.dq, self.dq_desc, [b, h, st.first, 0], self.scale)
+        store_block(st.dq, self.dq_desc, ctx.out, [b, h, st.first, 0], self.scale)
 
 
 @gluon.jit

@@ -6,15 +6,16 @@ paged (num_pages, PAGE, Hkv, D) with BLOCK_TABLE (B, max_pages) int32 (PAGED = T
 length is SEQLENS[b] + Nnew (read on the device). A key row j of sequence b lives in page
 BLOCK_TABLE[b, j // PAGE], slot j % PAGE; every load is masked by j < length, so no row (and no
 block-table entry) past a sequence's length is read.
-Masks and softcap as attention_varlen's (tilecore.ops.attention_varlen.kernels_tl: ``key_range``,
-``normalized`` are its).
+Masks and softcap as attention_varlen's (tilecore.ops.attention_varlen.kernels_tl: ``key_range`` is its);
+the split's base-2 lse by attention's ``normalized`` (tilecore.ops.attention.kernels_tl), as the decode kernel's.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from tilecore.ops.attention_varlen.kernels_tl import key_range, normalized
+from tilecore.ops.attention.kernels_tl import normalized
+from tilecore.ops.attention_varlen.kernels_tl import key_range
 from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, online_softmax_update
 
 

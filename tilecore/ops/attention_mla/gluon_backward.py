@@ -7,8 +7,8 @@ plan.gluon_backward_dims routes MLA's sizes)."""
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
-from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, operand_layout, stat_columns, store_out
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, store_block, struct, wgmma_layout
+from tilecore.ops.attention_backward.gluon_backward import AttentionBackward, operand_layout, stat_columns
 
 @stage_struct
 class QStagePieces:
@@ -158,11 +158,11 @@ class AttentionBackwardPieces:
         op = self.base
         b, hk = op.tile_kv_head(tile)
         start_n = tile.start_n + ctx.index * op.BN
-        store_out(ctx.out, st.dv0, op.dv_desc, [b, hk, start_n, 0])
-        store_out(ctx.out, st.dv1, op.dv_desc, [b, hk, start_n, 64])
-        store_out(ctx.out, st.dk0 * op.scale, op.dk_desc, [b, hk, start_n, 0])
-        store_out(ctx.out, st.dk1 * op.scale, op.dk_desc, [b, hk, start_n, 64])
-        store_out(ctx.out, st.dk2 * op.scale, op.dk_desc, [b, hk, start_n, 128])
+        store_block(st.dv0, op.dv_desc, ctx.out, [b, hk, start_n, 0])
+        store_block(st.dv1, op.dv_desc, ctx.out, [b, hk, start_n, 64])
+        store_block(st.dk0 * op.scale, op.dk_desc, ctx.out, [b, hk, start_n, 0])
+        store_block(st.dk1 * op.scale, op.dk_desc, ctx.out, [b, hk, start_n, 64])
+        store_block(st.dk2 * op.scale, op.dk_desc, ctx.out, [b, hk, start_n, 128])
 
 
 @gluon.jit

@@ -5,10 +5,9 @@ op's struct. Runs after :mod:`tilecore.ops.attention_mla.gluon_backward`'s dK an
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.ops.attention_backward.gluon_backward import store_out
 from tilecore.ops.attention_backward.gluon_dq import AttentionDQ
 from tilecore.ops.attention_mla.gluon_backward import load_pieces
-from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
+from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, store_block, struct, wgmma_layout
 
 @stage_struct
 class KVPieces:
@@ -113,9 +112,9 @@ class AttentionDQPieces:
         """dQ * scale of this consumer's rows, piece by piece (rows past N clipped by the TMA stores)."""
         op = self.base
         b, h, hk = op.head(tile.bh)
-        store_out(ctx.out, st.dq.dq0, op.dq_desc, [b, h, st.first, 0], op.scale)
-        store_out(ctx.out, st.dq.dq1, op.dq_desc, [b, h, st.first, 64], op.scale)
-        store_out(ctx.out, st.dq.dq2, op.dq_desc, [b, h, st.first, 128], op.scale)
+        store_block(st.dq.dq0, op.dq_desc, ctx.out, [b, h, st.first, 0], op.scale)
+        store_block(st.dq.dq1, op.dq_desc, ctx.out, [b, h, st.first, 64], op.scale)
+        store_block(st.dq.dq2, op.dq_desc, ctx.out, [b, h, st.first, 128], op.scale)
 
 
 @gluon.jit

@@ -57,6 +57,30 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 ZERO_TAIL_MODES = {False: 0, True: 1, "checked": 2}
 
 
+@gluon.jit
+def store_sequence_rows(x, desc, out_smem, ptr, row_stride, head, row0, first, end):
+    """x's rows as rows first .. first + R - 1 (local to a sequence whose first packed row is ``row0``) of head
+    ``head`` of a packed (total, heads, D) tensor at ``ptr`` (``desc``: its (heads, total, D) view): one TMA
+    store through ``out_smem`` when all are before ``end`` (the sequence's rows, or the tile's), else a masked
+    store of those that are (none: nothing), so no other sequence's rows are written (dK, dV, the dq kernel's
+    dQ). The TMA store is written out, not ``store_block``: its row's sum would come before the store wait."""
+    ROWS: gl.constexpr = x.shape[0]
+    D: gl.constexpr = x.shape[1]
+    if first + ROWS <= end:
+        tma.store_wait(0)  # the buffer's previous TMA store has read it
+        out_smem.reshape([ROWS, D]).store(x.to(out_smem.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(desc, [head, row0 + first, 0], out_smem)
+    elif first < end:
+        layout: gl.constexpr = x.type.layout
+        rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+        at = gl.expand_dims((row0 + rows).to(gl.int64) * row_stride + head * D, 1) + gl.expand_dims(cols, 0)
+        ok = gl.expand_dims(rows < end, 1) & gl.expand_dims(cols < D, 0)
+        gl.store(ptr + at, x.to(out_smem.dtype), mask=ok)
+
+
 @struct
 class VarlenKeyTile:
     """A work item: its first key (local to the sequence), kv head, first query block, query blocks
@@ -338,31 +362,13 @@ class VarlenBackward:
         return st  # every step ends with its wgmma complete
 
     @gluon.jit
-    def store_rows(self, ctx, x, desc, ptr, tile, start_n):
-        """This consumer's BN rows of dV or dK from ``start_n`` (local): one TMA store when all are the
-        sequence's, else a masked store of those that are (none: nothing)."""
-        if start_n + self.BN <= tile.Nk:
-            out = ctx.out.reshape([self.BN, self.D])
-            tma.store_wait(0)  # the buffer's previous TMA store has read it
-            out.store(x.to(ctx.out.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(desc, [tile.hk, tile.k0 + start_n, 0], ctx.out)
-        elif start_n < tile.Nk:
-            layout: gl.constexpr = x.type.layout
-            rows = start_n + gl.arange(0, self.BN, layout=gl.SliceLayout(1, layout))
-            cols = gl.arange(0, self.D, layout=gl.SliceLayout(0, layout))
-            at = gl.expand_dims((tile.k0 + rows).to(gl.int64) * self.kv_row_stride + tile.hk * self.D, 1) \
-                + gl.expand_dims(cols, 0)
-            ok = gl.expand_dims(rows < tile.Nk, 1) & gl.expand_dims(cols < self.D, 0)
-            gl.store(ptr + at, x.to(ctx.out.dtype), mask=ok)
-
-    @gluon.jit
     def finish(self, ctx, st, tile):
         """dV, then dK (times the scale) of this consumer's keys that are the sequence's."""
         start_n = tile.start_n + ctx.index * self.BN
-        self.store_rows(ctx, st.dv, self.dv_desc, self.dv_ptr, tile, start_n)
-        self.store_rows(ctx, st.dk * self.scale, self.dk_desc, self.dk_ptr, tile, start_n)
+        store_sequence_rows(st.dv, self.dv_desc, ctx.out, self.dv_ptr, self.kv_row_stride, tile.hk, tile.k0, start_n,
+                            tile.Nk)
+        store_sequence_rows(st.dk * self.scale, self.dk_desc, ctx.out, self.dk_ptr, self.kv_row_stride, tile.hk,
+                            tile.k0, start_n, tile.Nk)
 
 
 @gluon.jit
@@ -521,21 +527,8 @@ class VarlenDQ:
     @gluon.jit
     def finish(self, ctx, st, tile):
         """dQ * scale of this consumer's own rows: one TMA store when all BLOCK_M are, else a masked store."""
-        out = st.dq * self.scale
-        if st.first + self.BM <= tile.end:
-            tma.store_wait(0)  # the buffer's previous TMA store has read it
-            ctx.out.reshape([self.BM, self.D]).store(out.to(ctx.out.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(self.dq_desc, [tile.h, tile.q0 + st.first, 0], ctx.out)
-        elif st.first < tile.end:
-            layout: gl.constexpr = out.type.layout
-            rows = st.first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, layout))
-            cols = gl.arange(0, self.D, layout=gl.SliceLayout(0, layout))
-            at = gl.expand_dims((tile.q0 + rows).to(gl.int64) * self.dq_row_stride + tile.h * self.D, 1) \
-                + gl.expand_dims(cols, 0)
-            ok = gl.expand_dims(rows < tile.end, 1) & gl.expand_dims(cols < self.D, 0)
-            gl.store(self.dq_ptr + at, out.to(ctx.out.dtype), mask=ok)
+        store_sequence_rows(st.dq * self.scale, self.dq_desc, ctx.out, self.dq_ptr, self.dq_row_stride, tile.h,
+                            tile.q0, st.first, tile.end)
 
 
 @gluon.jit

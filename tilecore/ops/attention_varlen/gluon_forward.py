@@ -36,10 +36,9 @@ memory before the last P V (``zero_rows_from``): compiled, not yet run on a GPU,
 """
 from triton.experimental import gluon
 
-from tilecore.ops.attention.gluon_kernels import tanh_approx, tanh_from_exp2, window_mask_scores, window_needs_mask
-from tilecore.tiles.gluon import (Layout, TileOperand, as_column, mask_scores, needs_mask, online_softmax_result,
-                                  online_softmax_start, online_softmax_update, opaque_int, ring, run, stage_struct,
-                                  store_block, struct, wgmma_layout, wgmma_lhs_layout)
+from tilecore.ops.attention.gluon_kernels import Attention
+from tilecore.tiles.gluon import (Layout, TileOperand, online_softmax_result, online_softmax_start, opaque_int, ring,
+                                  run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 
 WORK_FIELDS = 4  # a work-table entry: sequence (-1: none), query tile from the last row, q head, unused
@@ -180,31 +179,10 @@ class VarlenAttention:
         return Running(m, l, acc, p, tile.replace(first=first, n_blocks=n_own, first_block=own_first))
 
     @gluon.jit
-    def softmax(self, s, st, first_key):
-        """Cap the scores (SOFTCAP), mask them where the block needs it (keys past the sequence's Nk,
-        the causal diagonal), one online-softmax step. Returns (m, l, P, alpha in O's layout)."""
-        if self.SOFTCAP == 2:
-            s = tanh_approx(s * self.tanh_scale)
-        elif self.SOFTCAP:
-            s = tanh_from_exp2(s * self.tanh_scale)
-        rows = st.rows
-        if self.WINDOW:
-            if window_needs_mask(rows.first, first_key, self.BM, self.BN, rows.N, rows.Nk, self.left, self.right):
-                s = window_mask_scores(s, self.S, rows.first, first_key, rows.N, rows.Nk, self.left, self.right)
-        elif needs_mask(rows.first, first_key, self.BN, rows.N, rows.Nk, self.CAUSAL):
-            s = mask_scores(s, self.S, rows.first, first_key, rows.N, rows.Nk, self.CAUSAL, KEY_AXIS=1)
-        m, l, p, alpha = online_softmax_update(st.m, st.l, s, self.scale_log2e)
-        return m, l, p, as_column(alpha, self.O)
-
-    @gluon.jit
-    def p_operand(self, p):
-        """P in the inputs' dtype as P V's register operand (made with no wgmma in flight: C7513)."""
-        return gl.convert_layout(p.to(self.q_desc.dtype), self.P)
-
-    @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
         """This consumer's first step: S and its softmax; then S_j with P_{j-1} V_{j-1}; the step after
-        its last block: its last P V; other steps pass by. Every branch ends with its wgmma complete."""
+        its last block: its last P V; other steps pass by. Every branch ends with its wgmma complete. The
+        softmax and P's operand are the fixed forward's (``Attention.softmax`` with the sequence's N, Nk)."""
         q = ctx.operand.reshape([self.BM, self.D])
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
         v = stage.v.reshape([self.BN, self.D])
@@ -222,16 +200,17 @@ class VarlenAttention:
         key = (tile.first_block + step) * self.BN
         if (step == own_first) & (n_own > 0):
             s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
-            m, l, p32, alpha = self.softmax(s, st, opaque_int(key))
-            st = st.replace(m=m, l=l, p=self.p_operand(p32))
+            m, l, p32, alpha = Attention.softmax(self, s, st.m, st.l, st.rows.first, opaque_int(key), st.rows.N,
+                                                  st.rows.Nk)
+            st = st.replace(m=m, l=l, p=Attention.p_operand(self, p32))
         elif (step > own_first) & (step < n_own):
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                   is_async=True)
             o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-            m, l, p32, alpha = self.softmax(s, st, key)
+            m, l, p32, alpha = Attention.softmax(self, s, st.m, st.l, st.rows.first, key, st.rows.N, st.rows.Nk)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+            st = st.replace(m=m, l=l, acc=acc * alpha, p=Attention.p_operand(self, p32))
         elif (step == n_own) & (step > own_first):
             if self.ZERO_TAIL_V:
                 if (step == tile.n_blocks) & (key > tile.Nk):  # the sequence's last key block, partial
@@ -246,16 +225,17 @@ class VarlenAttention:
             # the first key hidden from the compiler where causal (gluon_kernels.Attention.first_key)
             first_key = opaque_int(step * self.BN) if self.CAUSAL else 0
             s = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
-            m, l, p32, alpha = self.softmax(s, st, first_key)
-            st = st.replace(m=m, l=l, p=self.p_operand(p32))
+            m, l, p32, alpha = Attention.softmax(self, s, st.m, st.l, st.rows.first, first_key, st.rows.N, st.rows.Nk)
+            st = st.replace(m=m, l=l, p=Attention.p_operand(self, p32))
         elif step < st.rows.n_blocks:
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                   is_async=True)
             o_tok = warpgroup_mma(st.p, v, st.acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))  # S is done; P V may still be running
-            m, l, p32, alpha = self.softmax(s, st, step * self.BN)
+            m, l, p32, alpha = Attention.softmax(self, s, st.m, st.l, st.rows.first, step * self.BN, st.rows.N,
+                                                  st.rows.Nk)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            st = st.replace(m=m, l=l, acc=acc * alpha, p=self.p_operand(p32))
+            st = st.replace(m=m, l=l, acc=acc * alpha, p=Attention.p_operand(self, p32))
         elif (step == st.rows.n_blocks) & (step > 0):
             if self.ZERO_TAIL_V:
                 if (step == tile.n_blocks) & (step * self.BN > tile.Nk):  # the sequence's last key block, partial

@@ -28,6 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tilecore.ops.attention.kernels_tl import normalized
 from tilecore.ops.attention_varlen.work import write_work_entries
 from tilecore.tiles.ops import LOG2E_IN_KERNEL, online_softmax_update
 
@@ -148,14 +149,6 @@ def _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv
 
 
 @triton.jit
-def normalized(m_i, l_i, acc):
-    """acc / l and the base-2 lse (m + log2 l); a row with no key (l = 0): 0 and -inf; l NaN: NaN."""
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    return acc / l_safe[:, None], tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
-
-
-@triton.jit
 def _packed_rows(base, first_row, offs, rows_ok, cols, cols_ok, s_row, s_col):
     """(pointers, mask) of packed rows first_row + offs (64-bit) and columns ``cols`` of one head."""
     rows = (first_row + offs).to(tl.int64)
@@ -219,6 +212,8 @@ def varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, CU_BLOCKS,
             m_i, l_i, acc = _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv_ok, nk,
                                       skt, skd, svt, svd, position, left, right, scale, softcap, m_i, l_i, acc,
                                       LEFT, RIGHT, SOFTCAP, True)
+    # normalized, not online_softmax_result: lse's division by log2 e after O's store is the schedule this kernel
+    # was measured with (the other order: the same bits, other sm_90a code)
     out, lse2 = normalized(m_i, l_i, acc)
     o_ptrs, o_ok = _packed_rows(O + h64 * soh, q0, offs_m, row_ok, offs_dv, offs_dv < DV, sot, sod)
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok)

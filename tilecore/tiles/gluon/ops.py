@@ -115,12 +115,15 @@ def store_tile(x, out_desc, out_smem, off_m, off_n):
 
 
 @gluon.jit
-def store_block(x, out_desc, out_smem, coord):
-    """A register tile into ``out_desc``'s block at ``coord`` (any rank: the block holds x's
-    elements) by one TMA store through ``out_smem``, once the previous TMA store from it has read it.
+def store_block(x, out_desc, out_smem, coord, scale=None):
+    """A register tile (times ``scale`` where given) into ``out_desc``'s block at ``coord`` (any rank:
+    the block holds x's elements) by one TMA store through ``out_smem``, once the previous TMA store
+    from it has read it. The multiply comes after that wait (the backward's and dq's measured order).
     (As in ``store_tile``, the compiler's barrier analysis puts the bar.sync between the threads'
     shared stores and the TMA store: an explicit one compiled to the same PTX.)"""
     tma.store_wait(0)
+    if scale is not None:
+        x = x * scale
     out_smem.reshape(x.shape).store(x.to(out_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(out_desc, coord, out_smem)
