@@ -180,8 +180,13 @@ QUANT_GLUON_KRON_STAGES = 2  # its ring's stages
 # (m, p), then (format, n) -> split / inside: the butterfly in registers beat INSIDE at 28 x 1024 (1.2-1.4x)
 QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=False)}
 # (format, n) -> the plan tuning of a power-of-two row n on the Gluon kron kernel (gluon_pow2 = m: m x (n / m), Sylvester's
-# H_m; with the kron plan's switches): untimed, off
-QUANT_GLUON_POW2 = {}
+# H_m; with the kron plan's switches, those of 14336 / 28672 at the same p): int4 16384 1.19x, 32768 1.26x, mxfp4 16384
+# 1.10x the pow2 plans; fp8 / e5m2 16384 1.01x, nvfp4 0.94-0.95x, int8 0.88-0.91x, 32768's others 0.82-0.97x: off
+QUANT_GLUON_POW2 = {("int4", 16384): dict(gluon_pow2=32, fold=True, int_bits=True, nozero=True, clamp_lo=2, inside=False),
+                    ("int4", 32768): dict(gluon_pow2=32, fold=True, int_bits=True, nozero=True, clamp_lo=True,
+                                          inside=False),
+                    ("mxfp4", 16384): dict(gluon_pow2=32, fold=True, e2m1_pairs=True, nozero=True, clamp_lo=2, perm=True,
+                                           inside=False)}
 # the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans
 KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}
 QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-1.65x; mxfp4 0.98-1.05x, off
