@@ -13,9 +13,9 @@ is configs.GLUON_ORDER3[n]'s, "f16 shipped" GLUON_ORDER3_HALF[n]'s):
   s39_c64, s39_f16  the tuples shipped before session 40 (untransposed chunks; S39)
   t_c64, t_f16      the programs a SM and warpgroups of those (8192: two programs; 16384: one, two warpgroups a pair)
                     with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins; t1_c64 at G1 1
-  t4_*              the same at G1 4 (four columns a2 a wgmma wait in 1a and 1'a)
-  td_*, t4d_*       + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
-  te_*, t4e_*       + DIRECT 2 (only T's side: T written from 1a's accumulator, T' read as 1'a's A operand)
+  td_*              + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
+  (calls 2-3 also timed t4_* / t4d_* at G1 4 and te_* / t4e_* with DIRECT 2, T's side only: both lost and were
+  removed, notes/fft_conv; 80f6af9c has both)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
@@ -52,16 +52,15 @@ S39 = {8192: ((2, True, 2, 2), (2, True, 2, 2, 1, 3, True)), 16384: ((1, True, 1
 
 
 def tuples(n):
-    """label -> the order3_plan tuple (configs.GLUON_ORDER3's form) of each variant: t[4][d]_<c64|f16> = TCHUNK at
-    G1 2 (4: G1 4), d: + DIRECT, e: + DIRECT 2; s39_<kind>: the tuples shipped before (S39)."""
+    """label -> the order3_plan tuple (configs.GLUON_ORDER3's form) of each variant: t[d]_<c64|f16> = TCHUNK at
+    G1 2, d: + DIRECT; s39_<kind>: the tuples shipped before (S39)."""
     per_sm, wg = S39[n][0][0], (S39[n][0][4] if len(S39[n][0]) > 4 else 1)
     kg = ORDER3_TCHUNK_KG[n]
     out = {}
-    for g1 in (2, 4):
-        for direct in (0, 1, 2):
-            for kind, rfft in (("c64", 2), ("f16", 3)):
-                label = f"t{'4' if g1 == 4 else ''}{' de'[direct].strip()}_{kind}"
-                out[label] = (per_sm, True, kg, g1, wg, rfft, False, True) + ((direct,) if direct else ())
+    for direct in (False, True):
+        for kind, rfft in (("c64", 2), ("f16", 3)):
+            out[f"t{'d' if direct else ''}_{kind}"] = (per_sm, True, kg, 2, wg, rfft, False, True) + ((True,) if direct
+                                                                                                    else ())
     out["t1_c64"] = (per_sm, True, kg, 1, wg, 2, False, True)
     out["s39_c64"], out["s39_f16"] = S39[n]
     return out

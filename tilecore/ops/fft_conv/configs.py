@@ -33,19 +33,19 @@ GLUON_ONEPASS: dict = {
 # gpu_order3.py, gpu_s35.py, gpu_s40.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, True, 4, 2, 1, 2, False, True),  # TCHUNK: 1.461 ms = 2.66x torch.fft, 1.10-1.12x the tuple before
-    16384: (1, True, 1, 2, 2),  # two warpgroups a pair's T: 4.76-4.98 ms = 1.68-1.76x torch.fft, long 5.92-5.95
+    16384: (1, True, 2, 2, 2, 2, False, True, True),  # TCHUNK + DIRECT: 4.85 ms, 1.01-1.03x the tuple before
 }
 GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path
     8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
            (1, True, 2, 2, 2)],  # two warpgroups on each pair's T: 38% slower than the shipped two programs
-    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped; one warpgroup a SM 6.238 vs the long path's 5.947
+    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped to session 39; one warpgroup a SM 6.238 vs long 5.947
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chunk's bins loaded under its stage 3
 GLUON_ORDER3_CANDIDATES[8192] += [(2, True, 4, 2, 1, 2, False, True),  # TCHUNK (shipped): 1.10-1.12x (2, True, 2, 2)
                                   (2, True, 4, 2, 1, 2, False, True, True)]  # + DIRECT: 1.08x, loses to TCHUNK alone
 GLUON_ORDER3_CANDIDATES[16384] += [(1, True, 2, 2, 2, 2, False, True),  # TCHUNK: 0.99x
-                                   (1, True, 2, 2, 2, 2, False, True, True)]  # + DIRECT: 1.02-1.03x (one run)
+                                   GLUON_ORDER3[16384]]  # + DIRECT (shipped): 1.02-1.03x, 1.01-1.02x (two runs)
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],

@@ -119,7 +119,7 @@ def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
               acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False,
               DIRECT: gl.constexpr = False):
-    """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1, 2 or 4: G1 columns' 4 G1 wgmmas issued together, one wait):
+    """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
     xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, SWZ)
@@ -131,20 +131,6 @@ def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re,
             0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
         _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
         _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, DIRECT)
-    elif G1 == 4:
-        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, SWZ)
-        p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
-        xre3, xim3, nxim3 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 2, A2, B, io, lhs1, SWZ)
-        p3, q3 = _issue(xre3, f16re, nxim3, f16im, xre3, f16im, xim3, f16re, zeros1)
-        xre4, xim4, nxim4 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 3, A2, B, io, lhs1, SWZ)
-        p4, q4 = _issue(xre4, f16re, nxim4, f16im, xre4, f16im, xim4, f16re, zeros1)
-        p, q, p2, q2, p3, q3, p4, q4, xre, xim, nxim, xre2, xim2, nxim2, xre3, xim3, nxim3, xre4, xim4, nxim4 = \
-            warpgroup_mma_wait(0, deps=(p, q, p2, q2, p3, q3, p4, q4, xre, xim, nxim, xre2, xim2, nxim2, xre3, xim3,
-                                        nxim3, xre4, xim4, nxim4))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
-        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, DIRECT)
-        _t_a2(T_re, T_im, p3, q3, t1re, t1im, a2 + 2, put, DIRECT)
-        _t_a2(T_re, T_im, p4, q4, t1re, t1im, a2 + 3, put, DIRECT)
     else:
         p, q, xre, xim, nxim = warpgroup_mma_wait(0, deps=(p, q, xre, xim, nxim))
         _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
@@ -191,8 +177,8 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
                       acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False,
                       DIRECT: gl.constexpr = False):
-    """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2 or 4:
-    G1 columns' 4 G1 wgmmas issued together, one wait."""
+    """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2: two
+    columns' eight wgmmas issued together, one wait."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
     vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8, DIRECT)
     p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
@@ -203,20 +189,6 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
             0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
         _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
         _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, SWZ)
-    elif G1 == 4:
-        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8, DIRECT)
-        p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
-        vre3, vim3, nvre3 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 2, put, lhs8, DIRECT)
-        p3, q3 = _issue(vre3, f8re, vim3, f8im, vim3, f8re, nvre3, f8im, zeros8)
-        vre4, vim4, nvre4 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 3, put, lhs8, DIRECT)
-        p4, q4 = _issue(vre4, f8re, vim4, f8im, vim4, f8re, nvre4, f8im, zeros8)
-        p, q, p2, q2, p3, q3, p4, q4, vre, vim, nvre, vre2, vim2, nvre2, vre3, vim3, nvre3, vre4, vim4, nvre4 = \
-            warpgroup_mma_wait(0, deps=(p, q, p2, q2, p3, q3, p4, q4, vre, vim, nvre, vre2, vim2, nvre2, vre3, vim3,
-                                        nvre3, vre4, vim4, nvre4))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
-        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, SWZ)
-        _y_a2(Y, b_re, batch, row_re, row_im, p3, q3, out_re, out_im, a2 + 2, A2, B, io8, SWZ)
-        _y_a2(Y, b_re, batch, row_re, row_im, p4, q4, out_re, out_im, a2 + 3, A2, B, io8, SWZ)
     else:
         p, q, vre, vim, nvre = warpgroup_mma_wait(0, deps=(p, q, vre, vim, nvre))
         _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
@@ -257,7 +229,7 @@ class Order3Shared:
     RFFT: gl.constexpr  # 2: K's bins complex64 (one 64-bit load a bin); 3: float16 (one 32-bit load)
     KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
     TCHUNK: gl.constexpr  # the chunks transposed (_tchunk); T_re, T_im then the NVMMA tiles [16 / KG, C, B]
-    DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions; 2: T's side only)
+    DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
 
 
 @struct
@@ -365,15 +337,14 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3). DIRECT: stages 1a and
     1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the accumulator, T' read
     as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory round trip with its
-    barriers) a column; the same values. DIRECT 2: only T's side (T written from 1a's accumulator, T' read as 1'a's A
-    operand), u and y through the blocked layouts as before (their vector loads and stores)."""
+    barriers) a column; the same values."""
     gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and A2 >= 8, "A = 16 A2, A2 >= 8")
     gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
-    gl.static_assert(G1 == 1 or G1 == 2 or G1 == 4, "G1: 1, 2 or 4 columns a2 a wgmma wait in stages 1a, 1'a")
+    gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wgmma wait in stages 1a, 1'a")
     gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
     C: gl.constexpr = KG * A2  # a chunk's columns
     gl.static_assert(C >= 16, "a chunk's stage 1b has K = KG A2 >= 16 (the float16 wgmma's K)")
@@ -546,7 +517,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
     DIRECT: gl.constexpr = g.DIRECT
-    if DIRECT == 1:  # u read as 1a's A operand, y stored from 1'a's accumulator (2: as before, converted)
+    if DIRECT:  # u read as 1a's A operand, y stored from 1'a's accumulator
         io_x: gl.constexpr = lhs1
         io_y: gl.constexpr = acc8
     else:

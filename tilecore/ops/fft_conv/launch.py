@@ -368,14 +368,14 @@ CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
                   contig: bool = True, key=None, kg: int = 1, g1: int = 1, warpgroups: int = 1, rfft: int = 2,
-                  kmid: bool = False, tchunk: bool = False, direct: int = 0) -> None:
+                  kmid: bool = False, tchunk: bool = False, direct: bool = False) -> None:
     """gluon_order3's kernel (N = 8192 on Hopper): y = the causal convolution of u (B, H, N; unit stride along N) with
     the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
     correlation); ``per_sm`` persistent programs a multiprocessor; ``kg`` values of k1 a chunk (the kernel's KG); ``g1``
     columns a2 a wgmma wait in stages 1a and 1'a (its G1); ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS);
     ``rfft`` 3: the bins read as float16 pairs (half_bins: a float16 spectrum as it is); ``kmid``: a chunk's bins loaded
     under its stage-3 wgmmas (its KMID); ``tchunk``: each chunk's tile transposed (its TCHUNK); ``direct``: 1a and 1'a
-    in the wgmmas' layouts (its DIRECT: 1, or 2 T's side only)."""
+    in the wgmmas' layouts (its DIRECT)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
@@ -390,7 +390,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
     options = dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, WARPGROUPS=warpgroups,
                    WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS, RFFT=rfft,
-                   KMID=bool(kmid), TCHUNK=bool(tchunk), DIRECT=int(direct), num_warps=4)
+                   KMID=bool(kmid), TCHUNK=bool(tchunk), DIRECT=bool(direct), num_warps=4)
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
                                       B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)), options)

@@ -137,7 +137,7 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
 
 def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1,
                    warpgroups: int = 1, rfft: int = 2, kmid: bool = False,
-                   tchunk: bool = False, direct: int = 0) -> tuple[str, object, dict, int, bool]:
+                   tchunk: bool = False, direct: bool = False) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel) at a configs.GLUON_ORDER3
     tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair)."""
     import torch
@@ -162,8 +162,8 @@ def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1
         args.update(TCHUNK=True)
         extra += ", chunks transposed"
     if direct:
-        args.update(DIRECT=int(direct))
-        extra += ", 1a / 1'a in the wgmmas' layouts" + (" (T's side)" if direct == 2 else "")
+        args.update(DIRECT=True)
+        extra += ", 1a / 1'a in the wgmmas' layouts"
     return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, {4 * warpgroups} warps)",
             gluon_order3.fft_conv_gluon_order3_kernel, args, 4, True)
 
