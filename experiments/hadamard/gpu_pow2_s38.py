@@ -37,7 +37,7 @@ without a recent figure. --set l (session 40, batch 1): more warps an SM at 1638
 registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
 (4, 256, 32) on 16 (a warpgroup 64 lines of each product). --set n (batch 3): 16384 / 32768 on the Gluon kron kernel as
 32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
-4-bit plans).
+4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -275,6 +275,27 @@ SETS["o"] = {  # (priority order)
     ("mxfp4", 16384): [staged(*kron_pow2("mxfp4", 16384), 3)],
     ("nvfp4", 16384): [staged(*kron_pow2("nvfp4", 16384), 3)],
     ("fp8_e5m2", 16384): [staged(*kron_pow2("fp8_e5m2", 16384), 3)],
+}
+
+# session 40, batch 5: call 3's flips (int4 16384 / 32768, mxfp4 16384 on the kron kernel, 12a51ae) against the pow2 plans
+# ("before": gluon_pow2 0), and the kron kernel at 8192 = 32 x 256 (one consumer a row, two blocks; or a row shared, one
+# block each) and 4096 = 32 x 128 for int4 / mxfp4 with 14336's switches; int8 32768 with PAIRS (CLAMP_LO 2). sm_90a:
+# 168 registers, no spills, 62-99 KB
+POW2 = ("before", dict(gluon_pow2=0))
+
+
+def kron_small(fmt, n, split):
+    return f"kron32_sp{split}", dict(K512[fmt], gluon_pow2=32, split=split)
+
+
+SETS["p"] = {  # (priority order)
+    ("int4", 32768): [POW2],
+    ("int4", 16384): [POW2],
+    ("mxfp4", 16384): [POW2],
+    ("int4", 8192): [kron_small("int4", 8192, 1), kron_small("int4", 8192, 2)],
+    ("mxfp4", 8192): [kron_small("mxfp4", 8192, 1), kron_small("mxfp4", 8192, 2)],
+    ("int4", 4096): [kron_small("int4", 4096, 1)],
+    ("int8", 32768): [("kron32_pairs", dict(kron_pow2("int8", 32768)[1], clamp_lo=2))],
 }
 
 
