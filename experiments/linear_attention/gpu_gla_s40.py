@@ -45,7 +45,8 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one, "bwd" the
 # whole backward)
 # gluon_gla_bwd FORM: configs' 1538 = 2 + STORE_TMA 512 + DG_TMA 1024; + DG_LATE 2048 for DG_TMA (2562), + J_SMEM 8192,
-# + DG_MERGE 16384, + PIECES_RZ 32768 (VALUE_LATE 4096 and three chunks a tile were removed after call 2)
+# + DG_MERGE 16384, + PIECES_RZ 32768 (VALUE_LATE 4096 and three chunks a tile were removed after call 2, DG_MERGE after
+# call 3)
 THREE = dict(dqk_gluon=2, dqk_gluon_chunks=3)  # (call 2 only)
 BATCHES = {
     # call 2: d 32's dq / dk kernel, configs' (two chunks a tile, 3 stages) against three chunks a tile (sm_90a: 608 B
@@ -82,6 +83,26 @@ BATCHES = {
         "d64 rz": (64, dict(dqk_gluon_form=34306), "dqk0w"),
         "d128 dv configs": (128, {}, "dvw"),
         "d128 dv kd128": (128, dict(KD=128), "dvw"),
+        "d128 dv kd32": (128, dict(KD=32), "dvw"),
+    },
+    # call 4 (after call 3, runs/ha_s40b_run3_session40_h100.txt: d 32 J_SMEM 0.3393 ms = 72.6% and + DG_LATE 0.3358
+    # (73.3%) against configs' 0.3517 (70.0%), the whole backward 0.9557 against 0.9625; DG_MERGE lost again (removed);
+    # PIECES_RZ 0.3561 at d 32 but 0.6766 (79.4%) against 0.7131 at d 64; the dv kernel's KD 128 0.990 against 0.953):
+    # the d 32 combinations again, PIECES_RZ with DG_LATE at d 32 / 64 and at d 128 (dq / dk at 81% there), KD 32 at d 128
+    "c": {
+        "d32 configs dqk": (32, {}, "dqk0w"),
+        "d32 j": (32, dict(dqk_gluon_form=9730), "dqk0w"),
+        "d32 j dg late": (32, dict(dqk_gluon_form=10754), "dqk0w"),
+        "d32 j dg late rz": (32, dict(dqk_gluon_form=43522), "dqk0w"),
+        "d32 dg late rz": (32, dict(dqk_gluon_form=35330), "dqk0w"),
+        "d32 configs bwd": (32, {}, "bwd"),
+        "d32 j dg late bwd": (32, dict(dqk_gluon_form=10754), "bwd"),
+        "d64 configs dqk": (64, {}, "dqk0w"),
+        "d64 rz": (64, dict(dqk_gluon_form=34306), "dqk0w"),
+        "d64 rz dg late": (64, dict(dqk_gluon_form=35330), "dqk0w"),
+        "d128 configs dqk": (128, {}, "dqk0w"),
+        "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
+        "d128 dv configs": (128, {}, "dvw"),
         "d128 dv kd32": (128, dict(KD=32), "dvw"),
     },
 }

@@ -55,8 +55,6 @@ DG_LATE = gl.constexpr(2048)  # instead of DG_TMA: dg through the pieces' buffer
 # its store waited for at the next tile's start (before G's pieces are written), not before the stage's release
 J_SMEM = gl.constexpr(8192)  # J (all ones) from shared memory like L (8 KB), not a register A operand: a constant held in
 # up to 48 registers while the sums run
-DG_MERGE = gl.constexpr(16384)  # Dv = BKB: dg's two sums in one round, L^T dG (= J dG - L dG + dG; L read transposed)
-# plus J (k dk_state) from two pieces in the stage's v and do buffers (read by then), one wait and one barrier fewer
 PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pattern's low 16 bits cleared: a logic op)
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 
@@ -427,29 +425,17 @@ class GlaDqk:
             tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
         self.pieces(dG, p0, p1, p2)
-        if self.FORM & DG_MERGE:  # (v and do [BT, BKB] like the pieces: Dv = BKB)
-            gl.static_assert(self.DV == BKB, "DG_MERGE: Dv = BKB")
-            ks = kf * dk_state
-            ks_hi = ks.to(dtype)
-            v_s.store(ks_hi)
-            do_s.store((ks - ks_hi.to(gl.float32)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(True).permute((1, 0)), p0, p1, p2, z32, False)
-            s_tok = self.sum_dots(self.triangle(False), v_s, do_s, p2, s_tok, True, True)
-            dg = warpgroup_mma_wait(0, deps=[s_tok]) + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
-        else:
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-            lsum = warpgroup_mma_wait(0, deps=[s_tok])
-            gl.thread_barrier()
-            self.pieces(dG + kf * dk_state, p0, p1, p2)
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
-            jsum = warpgroup_mma_wait(0, deps=[s_tok])
-            dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
+        lsum = warpgroup_mma_wait(0, deps=[s_tok])
+        gl.thread_barrier()
+        self.pieces(dG + kf * dk_state, p0, p1, p2)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
+        jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
             g_s.store(gl.where(clamped, 0.0, dg))
