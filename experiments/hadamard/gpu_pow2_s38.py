@@ -37,7 +37,7 @@ without a recent figure. --set l (session 40, batch 1): more warps an SM at 1638
 registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
 (4, 256, 32) on 16 (a warpgroup 64 lines of each product). --set n (batch 3): 16384 / 32768 on the Gluon kron kernel as
 32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
-4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4).
+4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -296,6 +296,15 @@ SETS["p"] = {  # (priority order)
     ("mxfp4", 8192): [kron_small("mxfp4", 8192, 1), kron_small("mxfp4", 8192, 2)],
     ("int4", 4096): [kron_small("int4", 4096, 1)],
     ("int8", 32768): [("kron32_pairs", dict(kron_pow2("int8", 32768)[1], clamp_lo=2))],
+}
+
+# session 40, batch 6: the kron kernel's epilogue switches at 16384 = 32 x 512 for the 4-bit formats (sm_90a: 168 registers,
+# no spills): nvfp4 with E2M1_PAIRS, or with 28672's switches (no NOZERO / CLAMP_LO); int4 with PERM; mxfp4 with SCALE_ONCE
+SETS["q"] = {  # (priority order)
+    ("nvfp4", 16384): [("kron32_pairs", dict(kron_pow2("nvfp4", 16384)[1], e2m1_pairs=True)),
+                       ("kron32_k1024", dict(K1024["nvfp4"], gluon_pow2=32, inside=False))],
+    ("int4", 16384): [("kron32_perm", dict(kron_pow2("int4", 16384)[1], perm=True))],
+    ("mxfp4", 16384): [("kron32_once", dict(kron_pow2("mxfp4", 16384)[1], scale_once=True))],
 }
 
 
