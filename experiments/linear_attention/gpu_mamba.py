@@ -4,9 +4,9 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Variants: the step's FORM bits (gluon_forward: EXP_SMEM 8, O_SPLIT 16, EARLY_ISSUE 32, FOLD 64; ``--forms 0,8,40``;
-call 1's KQ_SPLIT 1, KQ_SQ_IL 2, PV_UPD_IL 4 are removed), each launched by launch_args's ``form``; the shipped form is
-configs.GLUON_MAMBA_FORM. EXP_SMEM and EARLY_ISSUE are FORM 0's arithmetic in another order (their outputs must be form
+Variants: the step's FORM bits (gluon_forward: EXP_SMEM 8, O_SPLIT 16, EARLY_ISSUE 32, FOLD 64, F_NVMMA 128;
+``--forms 0,8,40``; call 1's KQ_SPLIT 1, KQ_SQ_IL 2, PV_UPD_IL 4 are removed), each launched by launch_args's ``form``;
+the shipped form is configs.GLUON_MAMBA_FORM. EXP_SMEM and EARLY_ISSUE are FORM 0's arithmetic in another order (their outputs must be form
 0's bits); O_SPLIT adds V^T P^T to the scaled S^T Q^T in the epilogue and FOLD multiplies beta_j scale into the factors
 before the scores (float32 rounding differs: their bits are reported, not required).
 
@@ -20,7 +20,8 @@ other round), and each form's median of per-round ratios to form 0 (rounds drift
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,2] [--op] [--step] [--probe]
 
-Session 40: call 1 (job hb_m40a, --forms 0,1,2,4,6: notes/linear_attention/runs/hb_m40a_run1_session40_h100.txt).
+Session 40: call 1 (job hb_m40a, --forms 0,1,2,4,6: notes/linear_attention/runs/hb_m40a_run1_session40_h100.txt),
+call 3 (job hb_m40c, --forms 0,8,16,24,32,40,56,120: runs/hb_m40c_run3_session40_h100.txt).
 Session 39: calls 2-3 (jobs hb_m39a/b: notes/linear_attention/runs/mamba_s39a_run2_session39_h100.txt, ..._s39b_run3_...);
 the shipped kernel's probe at fewer tiles: call 5 (runs/mamba_probe_s39d_run5_session39_h100.txt).
 

@@ -52,6 +52,7 @@ O_SPLIT = gl.constexpr(16)  # V^T P^T into an accumulator of its own and S^T Q^T
 EARLY_ISSUE = gl.constexpr(32)  # K Q^T and S^T Q^T issued as the step starts (they read only q, k and the state),
 # the update's weights and o's factors and wV^T made under them; the same bits
 FOLD = gl.constexpr(64)  # with EXP_SMEM: beta_j scale folded into the stored factors (32 FMUL fewer after the wait)
+F_NVMMA = gl.constexpr(128)  # with EXP_SMEM: the factors' buffer 128-byte swizzled (NVMMA), not 8-byte vectors by row
 
 
 @stage_struct
@@ -454,7 +455,10 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
         w_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        if FORM & EXP_SMEM:  # (pairs of columns a thread: the 2-element vectors swizzled by row, no bank conflict)
+        if FORM & EXP_SMEM and FORM & F_NVMMA:
+            f_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT],
+                                               gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+        elif FORM & EXP_SMEM:  # (pairs of columns a thread: the 2-element vectors swizzled by row)
             f_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
         else:
             f_smem = p_smem
