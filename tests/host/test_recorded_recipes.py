@@ -292,12 +292,14 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
 
 
 
-@pytest.mark.parametrize("needs", ["both", "u", "k"])
-def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(monkeypatch, needs):
+@pytest.mark.parametrize("needs,k_dtype", [("both", torch.float32), ("u", torch.float32), ("k", torch.float32),
+                                           ("k", torch.bfloat16)])
+def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(monkeypatch, needs, k_dtype):
     """fft_conv's KEYED_BACKWARD: a recorded call's backward through its recipe (_RecordedConv) launches du's kernel
     with the grid, options, descriptors' views and arguments (the same spectrum, dy's layout) _filter_backward's
-    unkeyed launch has, keyed by the backward's launch key (eager.backward_key of the forward's key and dy); dk (float32
-    k: torch.fft's) the same bits; off, _filter_backward's unkeyed launch."""
+    unkeyed launch has, keyed by the backward's launch key (eager.backward_key of the forward's key and dy); dk the same
+    bits (float32 k: torch.fft's; bfloat16 k: the pair kernel's under the interpreter, its launch keyed by (the
+    backward key, "dk")); off, _filter_backward's unkeyed launches."""
     from tilecore.tiles import eager
 
     calls = []
@@ -313,8 +315,14 @@ def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(mon
     monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
     monkeypatch.setattr(fft_op, "signature", _signature)
     monkeypatch.setattr(eager, "signature", _signature)
+    from tilecore.ops.fft_conv import configs as conv_configs
+    monkeypatch.setitem(conv_configs.DK_CONFIGS, 1024, (64, 32, 1, 4))  # (the pair kernel's dk at 1024: interpreted)
+    dk_keys = []
+    run = launch.CachedLaunch.run
+    monkeypatch.setattr(conv_launch._dk_pair, "run", lambda key, *a: dk_keys.append(key) or run(conv_launch._dk_pair,
+                                                                                               key, *a))
     torch.manual_seed(12)
-    u0, k0 = torch.randn(2, 3, 1024).to(torch.bfloat16), torch.randn(3, 200)
+    u0, k0 = torch.randn(2, 3, 1024).to(torch.bfloat16), torch.randn(3, 200).to(k_dtype)
     dy = torch.randn(2, 3, 1024).to(torch.bfloat16)
     runs = {}
     for on in (True, False):
@@ -352,6 +360,9 @@ def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(mon
                                                                              b.layout)
                 else:
                     assert a == b
+    if k_dtype == torch.bfloat16:  # (the first backward general, the recipe's two keyed; then three unkeyed)
+        assert [key is None for key in dk_keys] == [True, False, False, True, True, True]
+        assert all(key[1] == "dk" and key[0][0] == "backward" for key in dk_keys if key is not None)
     for dk1, dk0 in zip(*(runs[on][1] for on in (True, False))):
         assert (dk1 is None) == (dk0 is None) == (needs == "u")
         assert dk1 is None or (dk1.dtype == dk0.dtype and torch.equal(dk1, dk0))

@@ -227,9 +227,11 @@ def _filter_grad_op(u: torch.Tensor, dy: torch.Tensor, filter_len: int, config: 
     return _filter_grad_impl(u, dy, filter_len, config, gluon)
 
 
-def _filter_grad_impl(u, dy, filter_len, config, gluon):
+def _filter_grad_impl(u, dy, filter_len, config, gluon, key=None):
     run = launch.dk_gluon if gluon else launch.dk_pair
-    return run(tuple(config), _rows(u), _rows(dy), filter_len)
+    if key is None:
+        return run(tuple(config), _rows(u), _rows(dy), filter_len)
+    return run(tuple(config), _rows(u), _rows(dy), filter_len, key=key)
 
 
 @_filter_grad_op.register_fake
@@ -295,12 +297,13 @@ class _RecordedConv(torch.autograd.Function):
 
 
 def _keyed_backward(prepared, ctx, dy):
-    """_filter_backward's (du, dk) for a recorded call of the recipe ``prepared``'s key, with du's launch keyed by the
-    backward's launch key (eager.backward_key: the forward's key with dy's signature, which fixes dy's layout; the
-    spectrum and du are fresh tensors of the key's shapes) and the plans the forward's key fixes kept in the recipe:
-    the same launches and torch.fft calls as _filter_backward's, so the same bits, without its plan lookups and du's
-    unkeyed launch (its launch parts and Triton's argument specialization each call). None (_filter_backward then)
-    where the backward is not plain eager (create_graph, modes) or dy has no key."""
+    """_filter_backward's (du, dk) for a recorded call of the recipe ``prepared``'s key, with du's and dk's launches
+    keyed by the backward's launch key (eager.backward_key: the forward's key with dy's signature, which fixes dy's
+    layout; u's is the forward key's; the spectrum, du and dk's partials are fresh tensors of the keys' shapes) and the
+    plans the forward's key fixes kept in the recipe: the same launches and torch.fft calls as _filter_backward's, so
+    the same bits, without its plan lookups and du's and dk's unkeyed launches (launch parts and Triton's argument
+    specialization each call). None (_filter_backward then) where the backward is not plain eager (create_graph,
+    modes) or dy has no key."""
     u, k = ctx.saved_tensors
     if dispatch.eager_mode(dy, u, k) != "direct":
         return None
@@ -320,7 +323,8 @@ def _keyed_backward(prepared, ctx, dy):
         du = _conv_impl(dy, spectrum, True, key=key)
     if need_dk and dk_launch:
         kind, config = dk_launch
-        dk = _filter_grad_impl(u, dy, k.shape[-1], [int(c) for c in config], kind == "gluon").to(k.dtype)
+        dk = _filter_grad_impl(u, dy, k.shape[-1], [int(c) for c in config], kind == "gluon",
+                               key=(key, "dk")).to(k.dtype)
     elif need_dk:
         cross = (dy_spectrum * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
         dk = torch.fft.irfft(cross, n=2 * n)[:, :k.shape[-1]].to(k.dtype)
