@@ -15,11 +15,11 @@ import sys
 import pytest
 
 # (head dim, causal, N, q descales per row, k descales per 128-key block, v descales per 128-key block,
-# hide_first_key, mask32: None for configs' value); hide_first_key off and on with the 64-bit mask (mask32 off), then
-# the convenience path's D64 causal form as configured
+# hide_first_key, mask32: None for GLUON_FORWARD's, "rotated" for the convenience path's, launch.rotated_q_config);
+# hide_first_key off and on with the 64-bit mask (mask32 off), then those descales with the convenience path's mask
 VARIANTS = [(128, False, 4096, False, False, False, False, None), (64, True, 1000, True, True, False, False, None),
             (64, True, 1000, True, True, True, False, False), (64, True, 1000, True, True, True, True, False),
-            (64, True, 1000, True, True, True, True, None)]
+            (64, True, 1000, True, True, True, True, "rotated")]
 
 SCRIPT = r"""
 import json, re, sys, torch
@@ -30,7 +30,9 @@ from tilecore.tiles.launch import gluon_descriptor
 out = []
 for D, causal, N, q_row, k_block, v_block, hide, mask32 in json.loads(sys.argv[1]):
     cfg = dict(configs.gluon_config(D, causal), hide_first_key=hide)
-    if mask32 is not None:
+    if mask32 == "rotated":
+        cfg["mask32"] = launch.rotated_q_config(D, causal)["mask32"]
+    elif mask32 is not None:
         cfg["mask32"] = mask32
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, N, D, dtype=f8)
@@ -158,11 +160,11 @@ def test_hidden_first_key_keeps_the_causal_mask_in_its_branch(report):
 
 
 def test_mask32_compares_in_32_bits(report):
-    # mask32 (configs.GLUON_FORWARD; the masked step's mask as one comparison an element against the row's last key,
-    # the key offset through opaque_int, which also keeps step 0's mask in its branch as hide_first_key does): LLVM had
-    # widened the step-derived key offset to 64 bits, so each comparison was a 64-bit setp (sm_90a: ISETP + ISETP.EX)
-    # and the bound by Nk a second select (D128 causal e2e: the masked block ~300 instructions against 172); here D64
-    # causal, the configured form against the same with the 64-bit mask
+    # mask32 (configs.ROTATED: the convenience path's kernel; the masked step's mask as one comparison an element
+    # against the row's last key, the key offset through opaque_int, which also keeps step 0's mask in its branch as
+    # hide_first_key does): LLVM had widened the step-derived key offset to 64 bits, so each comparison was a 64-bit
+    # setp (sm_90a: ISETP + ISETP.EX) and the bound by Nk a second select (D128 causal e2e: the masked block ~300
+    # instructions against 172); here D64 causal, the convenience path's mask against the 64-bit one
     wide, shipped = report[3], report[4]
     assert shipped["mask32"] and not wide["mask32"], (shipped, wide)
     assert shipped["setp64"] * 4 < wide["setp64"], (shipped, wide)

@@ -177,7 +177,8 @@ def test_rotated_config_takes_stages_and_q_buffers():
 
     with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={}, stages={})):
         cfg = launch.rotated_q_config(128, True)
-        assert {k: v for k, v in cfg.items() if k != "hide_first_key"} == configs.gluon_config(128, True)
+        assert {k: v for k, v in cfg.items() if k not in ("hide_first_key", "mask32")} == configs.gluon_config(128,
+                                                                                                            True)
     with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={128: 1}, stages={128: 4})):
         cfg, cfg64 = launch.rotated_q_config(128, True), launch.rotated_q_config(64, True)
     assert (cfg["stages"], cfg["q_buffers"]) == (4, 1)
@@ -200,6 +201,23 @@ def test_rotated_config_hides_the_first_key_where_rotated_says():
     with patched(configs, ROTATED=dict(configs.ROTATED, hide_first_key=())):
         assert launch.rotated_q_config(128, True)["hide_first_key"] is False
     assert "hide_first_key" not in configs.gluon_config(128, True)  # the plain kernel: off (notes/attention_fp8)
+
+
+def test_rotated_config_takes_mask32_where_rotated_says():
+    # configs.ROTATED["mask32"]: the head dims at which the rotated kernel's config takes mask32 (the causal mask in 32
+    # bits; the plain kernel's configs.GLUON_FORWARD does not: it was not faster there, notes/attention_fp8); a
+    # GLUON_FORWARD that names it is kept (A/B runs patch it there)
+    from tilecore.ops.attention_fp8 import launch
+    from tilecore.tiles.switches import patched
+
+    assert launch.rotated_q_config(128, True)["mask32"] is True and launch.rotated_q_config(64, True)["mask32"] is True
+    with patched(configs, ROTATED=dict(configs.ROTATED, mask32=(128,))):
+        assert launch.rotated_q_config(128, True)["mask32"] is True
+        assert launch.rotated_q_config(64, True)["mask32"] is False
+        off = {d: dict(c, mask32=False) for d, c in configs.GLUON_FORWARD.items()}
+        with patched(configs, GLUON_FORWARD=off):
+            assert launch.rotated_q_config(128, True)["mask32"] is False
+    assert "mask32" not in configs.gluon_config(128, True)  # the plain kernel: off
 
 
 def test_kernel_compiles_with_the_rotation_split(report):

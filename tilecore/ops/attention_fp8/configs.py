@@ -15,11 +15,10 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 # hoist step 0's causal mask to every tile's start (the same bits); off here (the kernel on e4m3 q was not faster with
 # it), on for the convenience path's kernel by ROTATED["hide_first_key"]. mask32 (causal): a masked step's mask as one
 # 32-bit comparison an element against its row's last key (the shared mask compared in 64 bits: LLVM widened the key
-# offset); without a causal mask (masks at Nk's tail only) the kernel keeps the shared one
-GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1,
-                         mask32=True),
-                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1,
-                           mask32=True)}
+# offset); without a causal mask (masks at Nk's tail only) the kernel keeps the shared one; off here (the kernel on
+# e4m3 q was not faster with it), on for the convenience path's kernel by ROTATED["mask32"]
+GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
+                 128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
                         "p_linear", "hide_first_key", "mask32"})
 
@@ -51,9 +50,9 @@ def tl_config(d: int, interpret: bool) -> dict:
 # H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start.
 # hide_first_key: the head dims at which the kernel with q rotated in it takes GLUON_FORWARD's hide_first_key (causal:
 # step 0's mask kept in its branch, not hoisted by LLVM to the tile's start, where the rotation is) unless
-# GLUON_FORWARD names it.
+# GLUON_FORWARD names it. mask32: the same for GLUON_FORWARD's mask32 (causal: the mask in 32 bits).
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,),
-               hide_first_key=(64, 128))
+               hide_first_key=(64, 128), mask32=(64, 128))
 
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)

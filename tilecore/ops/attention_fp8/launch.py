@@ -310,11 +310,12 @@ class QRotatedLaunch:
 def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
     configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) and ``stages`` where they name the head dim, and
-    ``hide_first_key`` at ROTATED's head dims where gluon_config does not name it."""
+    ``hide_first_key`` and ``mask32`` at ROTATED's head dims where gluon_config does not name them."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
     cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
+    cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
     return cfg
 
 
