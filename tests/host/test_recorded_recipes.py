@@ -293,7 +293,7 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
 
 
 @pytest.mark.parametrize("needs,k_dtype", [("both", torch.float32), ("u", torch.float32), ("k", torch.float32),
-                                           ("k", torch.bfloat16)])
+                                           ("both", torch.bfloat16)])
 def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(monkeypatch, needs, k_dtype):
     """fft_conv's KEYED_BACKWARD: a recorded call's backward through its recipe (_RecordedConv) launches du's kernel
     with the grid, options, descriptors' views and arguments (the same spectrum, dy's layout) _filter_backward's
@@ -342,7 +342,7 @@ def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(mon
                     assert (u.grad is None) == (needs == "k")
         runs[on] = launches, dks
     for keyed, plain in zip(runs[True][0], runs[False][0]):
-        assert len(keyed) == len(plain) == (0 if needs == "k" else 1)
+        assert len(keyed) == len(plain) == (0 if needs == "k" else 1)  # (du's launch; the spectrum: args[1])
         for (key1, grid1, args1, kw1), (key0, grid0, args0, kw0) in zip(keyed, plain):
             assert key0 is None and key1[0][0] == "backward" and key1[1:] == (True, False)
             assert tuple(grid0) == tuple(grid1) and len(args0) == len(args1) and set(kw0) == set(kw1)

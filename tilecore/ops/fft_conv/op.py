@@ -302,8 +302,9 @@ def _keyed_backward(prepared, ctx, dy):
     layout; u's is the forward key's; the spectrum, du and dk's partials are fresh tensors of the keys' shapes) and the
     plans the forward's key fixes kept in the recipe: the same launches and torch.fft calls as _filter_backward's, so
     the same bits, without its plan lookups and du's and dk's unkeyed launches (launch parts and Triton's argument
-    specialization each call). None (_filter_backward then) where the backward is not plain eager (create_graph,
-    modes) or dy has no key."""
+    specialization each call); the filter's spectrum only where du needs it, padded as the forward pads it
+    (PAD_BY_CAT). None (_filter_backward then) where the backward is not plain eager (create_graph, modes) or dy has
+    no key."""
     u, k = ctx.saved_tensors
     if dispatch.eager_mode(dy, u, k) != "direct":
         return None
@@ -312,7 +313,9 @@ def _keyed_backward(prepared, ctx, dy):
         return None
     need_du, need_dk = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     n = prepared.shape[-1]
-    spectrum = _spectrum(k, n)
+    spectrum = None
+    if need_du:  # (PAD_BY_CAT: the forward's padding by the recipe's kept zeros, the same spectrum as _spectrum's)
+        spectrum = torch.fft.rfft(torch.cat((k, prepared.zeros), 1)) if PAD_BY_CAT else _spectrum(k, n)
     dk_launch = prepared.dk_launch
     if dk_launch is None:  # (dk_plan's choice: a function of n, the device and the dtypes, which the key fixes)
         dk_launch = prepared.dk_launch = dk_plan(n, u.device, u.dtype, k.dtype) or False
