@@ -14,6 +14,9 @@ is configs.GLUON_ORDER3[n]'s, "f16 shipped" GLUON_ORDER3_HALF[n]'s):
   t_c64, t_f16      the programs a SM and warpgroups of those (8192: two programs; 16384: one, two warpgroups a pair)
                     with TCHUNK at KG ORDER3_TCHUNK_KG[n], G1 2, complex64 / float16 bins; t1_c64 at G1 1
   td_*              + DIRECT (1a and 1'a in the wgmmas' own layouts: no layout conversion a column)
+  h_c64             the shipped complex64 tuple at RFFT 4: the complex64 spectrum cast a call to float16 bins over
+                    each channel's largest |re|, |im| (launch.scaled_half_bins, the cast inside the timed call), the
+                    outputs times that value
   (calls 2-3 also timed t4_* / t4d_* at G1 4 and te_* / t4e_* with DIRECT 2, T's side only: both lost and were
   removed, notes/fft_conv; 80f6af9c has both)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
@@ -62,6 +65,10 @@ def tuples(n):
             out[f"t{'d' if direct else ''}_{kind}"] = (per_sm, True, kg, 2, wg, rfft, False, True) + ((True,) if direct
                                                                                                     else ())
     out["t1_c64"] = (per_sm, True, kg, 1, wg, 2, False, True)
+    # RFFT 4: the complex64 spectrum cast a call to float16 bins over each channel's largest part (the shipped tuple's
+    # other fields)
+    shipped = configs.GLUON_ORDER3[n]
+    out["h_c64"] = (*shipped[:5], 4, *shipped[6:])
     out["s39_c64"], out["s39_f16"] = S39[n]
     return out
 
@@ -70,7 +77,7 @@ def variants(n):
     """label -> (plan, spectrum kind)."""
     out = {"f16 shipped": (order3_plan(n, *configs.GLUON_ORDER3_HALF[n]), "f16")}
     for label, t in tuples(n).items():
-        out[label] = (order3_plan(n, *t), "c64" if len(t) < 6 or t[5] == 2 else "f16")
+        out[label] = (order3_plan(n, *t), "f16" if len(t) > 5 and t[5] == 3 else "c64")
     return out
 
 

@@ -51,6 +51,29 @@ def test_order3_arithmetic_matches_float64(n, dtype, conj, bound, kg):
     assert err <= bound, err
 
 
+def test_order3_scaled_float16_bins_keep_the_floor_past_float16s_range():
+    """RFFT 4 (launch.scaled_half_bins): a complex64 spectrum cast to float16 bins over each channel's largest |re|,
+    |im|, the outputs times that value: at the floor where the plain float16 bins (RFFT 3) overflow (a channel whose
+    taps sum past 65504) and as RFFT 3 elsewhere; a NaN filter's channel NaN."""
+    n = 8192
+    a, b, _ = gluon_order3.factors(n)
+    g = torch.Generator().manual_seed(40)
+    u = torch.randn(2, 3, n, generator=g).to(torch.bfloat16)
+    k = (torch.randn(3, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(torch.bfloat16)
+    k[1] = k[1] * 2.0 ** 17  # |bins| up to ~2e6: past float16's 65504 unscaled
+    k[2, 7] = float("nan")
+    spectrum = filter_spectrum(k, n)
+    bins, scale = conv_launch.scaled_half_bins(spectrum)
+    assert bins.dtype == torch.float16 and bins.shape == (3, n + 1, 2) and scale.shape == (3,)
+    assert torch.isfinite(bins[:2]).all() and bins[:2].abs().max() <= 1 and torch.isnan(bins[2]).any()
+    assert torch.isinf(torch.view_as_real(spectrum[1]).half()).any()  # (unscaled: overflows)
+    # (u's bf16 values in float32: the emulation's output unrounded, times the scale, then rounded once as the kernel)
+    y = gluon_emulate.emulate_order3(u.float(), bins, False, a, b, 4, rfft=3) * scale[None, :, None]
+    ref = fft_conv_reference(u[:, :2].double(), k[:2].double())
+    assert accuracy.error_over_floor(y[:, :2].to(torch.bfloat16), ref) <= 1.2
+    assert torch.isnan(y[:, 2]).all()
+
+
 def test_order3_arithmetic_keeps_nonfinite_in_its_sequence():
     n = 8192
     a, b, _ = gluon_order3.factors(n)

@@ -62,8 +62,8 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 @gluon.jit
 def _swizzled(p, a2: gl.constexpr, SWZ: gl.constexpr):
     """TCHUNK: the m held at position p of row (k1, a2) of T. T is then the wgmma's NVMMA tile [16 A2, B] (rows of 128
-    B, the 128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8);
-    1a and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m
+    B, the 128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple
+    of 8); 1a and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m
     (each of their rows is independent: only the addresses move). Else p."""
     if SWZ:
         p = p ^ (8 * (a2 % 8))
@@ -230,6 +230,8 @@ class Order3Shared:
     KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
     TCHUNK: gl.constexpr  # the chunks transposed (_tchunk); T_re, T_im then the NVMMA tiles [16 / KG, C, B]
     DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
+    KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
+    KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
 
 
 @struct
@@ -309,12 +311,12 @@ def _both_arrived(bars, which: gl.constexpr, phase, PARTS: gl.constexpr):
 
 @gluon.jit
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
-                                 batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh,
+                                 batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
                                  RFFT: gl.constexpr = 2, KMID: gl.constexpr = False, TCHUNK: gl.constexpr = False,
-                                 DIRECT: gl.constexpr = False):
+                                 DIRECT: gl.constexpr = False, KSCALE: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
     program's items contiguous, a channel's pairs in a row).
@@ -337,7 +339,9 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3). DIRECT: stages 1a and
     1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the accumulator, T' read
     as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory round trip with its
-    barriers) a column; the same values."""
+    barriers) a column; the same values. KSCALE, KS (heads,) float32: K's bins are float16 (RFFT 3) of the spectrum
+    over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|,
+    so no bin overflows float16), the outputs times KS[h]."""
     gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
@@ -377,7 +381,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
                      stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1, RFFT, KMID,
-                     TCHUNK, DIRECT)
+                     TCHUNK, DIRECT, KS, KSCALE)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -597,6 +601,8 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         if DIRECT:  # (once a pair, in 1'a's operand columns)
             ratio = gl.convert_layout(ratio, gl.SliceLayout(0, lhs8))
         out_scale = running * (1.0 / L)
+        if g.KSCALE:  # (the channel's float16 bins were K / KS[h])
+            out_scale = out_scale * gl.load(g.KS + h)
         out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
         out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh

@@ -210,6 +210,17 @@ def half_bins(spectrum: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(spectrum.resolve_conj()).to(torch.float16)
 
 
+def scaled_half_bins(spectrum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A complex64 spectrum (H, N + 1) as float16 (re, im) pairs over each channel's largest |re|, |im| (so no bin
+    overflows float16: a bin of a channel whose taps sum past 65504 would) and those largest values (H,) float32 (1
+    where a channel's bins are all 0; NaN stays NaN in the bins): what the order-3 kernel's RFFT 4 reads, the outputs
+    times the channel's value."""
+    pairs = torch.view_as_real(spectrum.resolve_conj())
+    scale = pairs.abs().amax(dim=(1, 2))
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (pairs / scale[:, None, None]).to(torch.float16), scale
+
+
 # A keyed call's launch, all but its tensors (the grid, the DFT tables, the constexprs): a function of the
 # launch key (op.py: u's and the filter's signatures, conj), made at the key's first call
 _GLUON_LAUNCHES = LRU(256)
@@ -373,7 +384,9 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
     correlation); ``per_sm`` persistent programs a multiprocessor; ``kg`` values of k1 a chunk (the kernel's KG); ``g1``
     columns a2 a wgmma wait in stages 1a and 1'a (its G1); ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS);
-    ``rfft`` 3: the bins read as float16 pairs (half_bins: a float16 spectrum as it is); ``kmid``: a chunk's bins loaded
+    ``rfft`` 3: the bins read as float16 pairs (half_bins: a float16 spectrum as it is); 4: a complex64 spectrum cast
+    to float16 bins a call, each channel over its largest part (scaled_half_bins), the outputs scaled back; ``kmid``: a
+    chunk's bins loaded
     under its stage-3 wgmmas (its KMID); ``tchunk``: each chunk's tile transposed (its TCHUNK); ``direct``: 1a and 1'a
     in the wgmmas' layouts (its DIRECT)."""
     B, H, N = u.shape
@@ -381,7 +394,10 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
         return
     a, b = 2 * N // 64, 64
     ops = order3_operands(a, b, u.device, kg)
-    if rfft == 3:
+    ks = None
+    if rfft == 4:  # a complex64 spectrum as scaled float16 bins a call (the kernel's RFFT 3 and KS)
+        k, ks = scaled_half_bins(spectrum) if spectrum.dtype != torch.float16 else (half_bins(spectrum), None)
+    elif rfft == 3:
         k = half_bins(spectrum)
     else:
         spectrum = spectrum.resolve_conj()
@@ -389,8 +405,10 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     pairs = H * -(-B // 2)
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
     options = dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, WARPGROUPS=warpgroups,
-                   WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS, RFFT=rfft,
+                   WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS,
+                   RFFT=3 if rfft == 4 else rfft, KSCALE=rfft == 4,
                    KMID=bool(kmid), TCHUNK=bool(tchunk), DIRECT=bool(direct), num_warps=4)
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
-                                      B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0)), options)
+                                      B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0), ks),
+                          options)

@@ -139,7 +139,8 @@ def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: i
     KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
     ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
-    KiB); ``rfft`` 3: the spectrum's bins as float16 pairs (a float16 spectrum read as it is), else 2 (complex64);
+    KiB); ``rfft`` 3: the spectrum's bins as float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast
+    to float16 pairs a call over each channel's largest part (launch.scaled_half_bins), else 2 (complex64);
     ``kmid``: a chunk's bins loaded while its stage-3 wgmmas run; ``tchunk``: each chunk's tile transposed (kg
     ORDER3_TCHUNK_KG[n]; its bins always loaded under stage 3); ``direct``: stages 1a and 1'a read and write in the
     wgmmas' own layouts (no layout conversion a column). (KPRE, XT and VIEWS were measured slower and
@@ -147,11 +148,11 @@ def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: i
     fits = ORDER3_FITS.get(n)
     kg_ok = fits is not None and (kg == ORDER3_TCHUNK_KG.get(n) if tchunk else kg in fits[1])
     if (fits is None or per_sm not in fits[0] or not kg_ok or contig not in (False, True) or g1 not in (1, 2)
-            or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1) or rfft not in (2, 3)):
+            or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1) or rfft not in (2, 3, 4)):
         raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
                          f"{ORDER3_FITS} (N: (per_sm, kg); with tchunk kg {ORDER3_TCHUNK_KG}), g1 1 or 2, warpgroups "
                          f"1 or 2 (2: one program a multiprocessor); got N = {n}, per_sm {per_sm}, contig {contig}, "
-                         f"kg {kg}, g1 {g1}, warpgroups {warpgroups}, rfft {rfft} (2 or 3), tchunk {tchunk}")
+                         f"kg {kg}, g1 {g1}, warpgroups {warpgroups}, rfft {rfft} (2, 3 or 4), tchunk {tchunk}")
     return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, warpgroups=warpgroups,
                 rfft=rfft, kmid=bool(kmid), tchunk=bool(tchunk), direct=bool(direct))
 

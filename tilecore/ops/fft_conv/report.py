@@ -150,14 +150,17 @@ def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1
     f32 = torch.empty(64, dtype=torch.float32)
     args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
                 batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
-                A=a, B=b, CONTIG=contig, KG=kg, G1=g1)
+                KS=None, A=a, B=b, CONTIG=contig, KG=kg, G1=g1)
     extra = f"kg {kg}, g1 {g1}"
     if warpgroups != 1:  # (the shipped tuples' arguments as before: their PTX compared across trees)
         args.update(WARPGROUPS=warpgroups, WORKER_REGS=gluon_order3.WORKER_REGS)
         extra += ", two warpgroups a pair"
-    if rfft == 3 or kmid:  # (only where set, as above)
-        args.update(K=f16 if rfft == 3 else f32, RFFT=rfft, KMID=bool(kmid))
-        extra += (", float16 bins" if rfft == 3 else "") + (", bins under stage 3" if kmid else "")
+    if rfft >= 3 or kmid:  # (only where set, as above)
+        args.update(K=f16 if rfft >= 3 else f32, RFFT=min(rfft, 3), KMID=bool(kmid))
+        extra += (", float16 bins" if rfft == 3 else "") + (", bins over each channel's scale" if rfft == 4 else "") + (
+            ", bins under stage 3" if kmid else "")
+    if rfft == 4:
+        args.update(KS=f32, KSCALE=True)
     if tchunk:
         args.update(TCHUNK=True)
         extra += ", chunks transposed"
