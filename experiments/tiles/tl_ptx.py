@@ -8,7 +8,8 @@ code alone (as port_resources.py does for the Gluon kernels):
 
 Variants: head dims 64 and 128 with configs.forward_config's blocks, no mask, causal, a window, and
 a softcap; decode merged (one split) and split, and the merge of the splits; varlen's packed forward
-(the same four masks at both head dims) and the KV cache's split-key forward (merged and split).
+(the same four masks at both head dims) and dQ kernel (D128), and the KV cache's split-key forward
+(merged and split) and merge.
 """
 import argparse
 import os
@@ -95,6 +96,10 @@ def main():
                         LEFT=bool(left), RIGHT=bool(right), SOFTCAP=softcap, SEARCH_STEPS=2,
                         UNMASKED_MIDDLE=not softcap, BLOCK_M=64, BLOCK_N=64, BLOCK_D=d, BLOCK_DV=d)
             write(f"tl varlen fwd d{d} {name}", varlen_kernels.varlen_fwd, args, 4, num_stages=3)
+            if d == 128:  # the dQ kernel (block_config's "dq": 64 x 64, 2 stages)
+                dq_args = {k: v for k, v in args.items() if k not in ("O", "sot", "soh", "sod")}
+                dq_args.update(DO=x, DELTA=lse, DQ=x, sdt=s[0], sdh=s[1], sdd=s[2], sgt=s[0], sgh=s[1], sgd=s[2])
+                write(f"tl varlen dq d{d} {name}", varlen_kernels.varlen_bwd_dq, dq_args, 4, num_stages=2)
     q = torch.empty(2, 1, 16, 128, dtype=torch.bfloat16)
     cache = torch.empty(2, 4096, 2, 128, dtype=torch.bfloat16)
     sq, sk = q.stride(), cache.stride()
@@ -107,6 +112,9 @@ def main():
                     MERGED=merged, BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, BLOCK_DV=128)
         write(f"tl kvcache {'merged' if merged else 'split'}", kvcache_kernels.kvcache_fwd_split, args, 4,
               num_stages=3)
+    write("tl kvcache merge", kvcache_kernels.kvcache_merge_splits,
+          dict(O=q, LSE=part, O_PART=part, LSE_PART=part, rows_total=32, Hq=16, Nq=1, DV=128, splits=8, sob=sq[0],
+               son=sq[1], soh=sq[2], sod=sq[3], SPLITS=8, BLOCK_DV=128), 4)
     return 0
 
 

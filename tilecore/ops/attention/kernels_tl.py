@@ -51,7 +51,7 @@ import triton.language as tl
 from tilecore.ops.attention.reference import effective_window
 from tilecore.tiles.launch import cdiv, next_power_of_2
 from tilecore.tiles.ops import (LOG2E, LOG2E_IN_KERNEL, block_ptrs, bounds_mask, mma, mma_abt, online_softmax_result,
-                                online_softmax_update, row_sum)
+                                online_softmax_start, online_softmax_update, row_sum)
 
 
 def block_d(d: int) -> int:
@@ -308,8 +308,7 @@ def attn_fwd(Q, K, V, O, LSE,
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = online_softmax_start(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     shift = Nk - N  # query i sits at key position i + shift

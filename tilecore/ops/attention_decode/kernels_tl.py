@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from tilecore.ops.attention.kernels_tl import attend_keys, fold_keys, key_range, key_rows, normalized
-from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, mma_abt
+from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, mma_abt, online_softmax_start
 
 
 @triton.jit
@@ -40,8 +40,7 @@ def attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = online_softmax_start(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     lo = split * keys_per_split
@@ -86,13 +85,12 @@ def attn_fwd_split_keys(Q, K, V, O, LSE, O_PART, LSE_PART,
 
 
 @triton.jit
-def attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
-                      SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """O and lse of one row from its ``splits`` parts (at most SPLITS, a power of two), all loaded at
-    once: with L = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - L) O_s; a row with every part empty (lse
-    -inf) gets 0, -inf, a row with a NaN part NaN. The parts are (split, row): a split's stride is
-    rows_total rows (64-bit)."""
-    row = tl.program_id(0).to(tl.int64)
+def merged_row(O_PART, LSE_PART, rows_total, row, D, splits, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Row ``row``'s O (float32, BLOCK_D columns) from its ``splits`` parts (at most SPLITS, a power of two),
+    all loaded at once: with L = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - L) O_s; every part empty (lse
+    -inf): 0; a NaN part: NaN. With it (empty, top, w): the row's lse is -inf where empty, else
+    (top + log2 w) / log2 e, made by the caller after its O store (the order the kernels were measured with).
+    The parts are (split, row): a split's stride is rows_total rows (64-bit); the O parts' rows D floats."""
     offs_s = tl.arange(0, SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
     part = offs_s.to(tl.int64) * rows_total + row
@@ -106,5 +104,18 @@ def attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
     empty = weight_sum == 0.0  # not "not > 0": a NaN part (a NaN or +inf score) makes the row NaN
     w_safe = tl.where(empty, 1.0, weight_sum)
     out = col_sum(w[:, None] * o_s) / w_safe
+    return out, empty, top_ref, w_safe
+
+
+@triton.jit
+def attn_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, D, splits,
+                      SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """O and lse of one row from its ``splits`` parts (at most SPLITS, a power of two), all loaded at
+    once: with L = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - L) O_s; a row with every part empty (lse
+    -inf) gets 0, -inf, a row with a NaN part NaN. The parts are (split, row): a split's stride is
+    rows_total rows (64-bit)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    out, empty, top, w = merged_row(O_PART, LSE_PART, rows_total, row, D, splits, SPLITS, BLOCK_D)
     tl.store(O + row * D + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D)
-    tl.store(LSE + row, tl.where(empty, float("-inf"), (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL))
+    tl.store(LSE + row, tl.where(empty, float("-inf"), (top + tl.log2(w)) / LOG2E_IN_KERNEL))

@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from tilecore.ops.attention.kernels_tl import normalized
-from tilecore.ops.attention_varlen.kernels_tl import key_range
-from tilecore.tiles.ops import LOG2E_IN_KERNEL, col_max, col_sum, online_softmax_update
+from tilecore.ops.attention_decode.kernels_tl import merged_row
+from tilecore.ops.attention_varlen.kernels_tl import key_range, seen_keys
+from tilecore.tiles.ops import LOG2E_IN_KERNEL, online_softmax_start, online_softmax_update
 
 
 @triton.jit
@@ -49,8 +50,7 @@ def kvcache_fwd_split(Q, KC, VC, BLOCK_TABLE, SEQLENS, O, LSE, O_PART, LSE_PART,
     shift = nk - Nq
     position = query + shift
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = online_softmax_start(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     first_query = (tl.program_id(2) * BLOCK_M) // GROUP
     last_query = tl.minimum((tl.program_id(2) * BLOCK_M + BLOCK_M - 1) // GROUP, Nq - 1)
@@ -75,11 +75,7 @@ def kvcache_fwd_split(Q, KC, VC, BLOCK_TABLE, SEQLENS, O, LSE, O_PART, LSE_PART,
         s = tl.dot(q, tl.trans(k)) * scale  # written out: see varlen_fwd's loop
         if SOFTCAP:
             s = softcap - (2.0 * softcap) / (tl.exp2(s * (2.0 * LOG2E_IN_KERNEL / softcap)) + 1.0)
-        ok = key_ok[None, :]
-        if LEFT:
-            ok = ok & (offs_n[None, :] >= position[:, None] - left)
-        if RIGHT:
-            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        ok = seen_keys(key_ok, offs_n, position, left, right, LEFT, RIGHT)
         s = tl.where(ok, s * LOG2E_IN_KERNEL, float("-inf"))
         m_i, l_i, acc, p = online_softmax_update(m_i, l_i, acc, s, 1.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
@@ -102,24 +98,13 @@ def kvcache_merge_splits(O, LSE, O_PART, LSE_PART, rows_total, Hq, Nq, DV, split
     """O and lse of row (b, q head, query) from its ``splits`` parts: with L = log2(sum_s 2^lse_s),
     O = sum_s 2^(lse_s - L) O_s; every part empty: 0, -inf; a NaN part: NaN. O strided (B, Nq, Hq, Dv)."""
     row = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, SPLITS)
     offs_dv = tl.arange(0, BLOCK_DV)
-    part = offs_s.to(tl.int64) * rows_total + row
-    lse_s = tl.load(LSE_PART + part, mask=offs_s < splits, other=float("-inf"))
-    top = col_max(lse_s)
-    top_ref = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.exp2(lse_s - top_ref)
-    o_s = tl.load(O_PART + part[:, None] * DV + offs_dv[None, :],
-                  mask=(offs_s[:, None] < splits) & (offs_dv[None, :] < DV), other=0.0)
-    weight_sum = col_sum(w)
-    empty = weight_sum == 0.0
-    w_safe = tl.where(empty, 1.0, weight_sum)
-    out = col_sum(w[:, None] * o_s) / w_safe
+    out, empty, top, w = merged_row(O_PART, LSE_PART, rows_total, row, DV, splits, SPLITS, BLOCK_DV)
     b = row // (Hq * Nq)
     head = (row // Nq) % Hq
     query = row % Nq
     tl.store(O + b * sob + query * son + head * soh + offs_dv * sod, out.to(O.dtype.element_ty), mask=offs_dv < DV)
-    tl.store(LSE + row, tl.where(empty, float("-inf"), (top_ref + tl.log2(w_safe)) / LOG2E_IN_KERNEL))
+    tl.store(LSE + row, tl.where(empty, float("-inf"), (top + tl.log2(w)) / LOG2E_IN_KERNEL))
 
 
 

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from tilecore.ops.attention.kernels_tl import normalized
 from tilecore.ops.attention_varlen.work import write_work_entries
-from tilecore.tiles.ops import LOG2E_IN_KERNEL, online_softmax_update
+from tilecore.tiles.ops import LOG2E_IN_KERNEL, online_softmax_start, online_softmax_update
 
 
 @triton.jit
@@ -99,6 +99,18 @@ def key_range(first_position, last_position, key_end, left, right, BLOCK_N: tl.c
 
 
 @triton.jit
+def seen_keys(key_ok, offs_n, position, left, right, LEFT: tl.constexpr, RIGHT: tl.constexpr):
+    """[rows, keys] mask of the keys offs_n a row at ``position`` sees: inside its sequence (key_ok) and, with
+    LEFT / RIGHT, at most left before and right after the position."""
+    ok = key_ok[None, :]
+    if LEFT:
+        ok = ok & (offs_n[None, :] >= position[:, None] - left)
+    if RIGHT:
+        ok = ok & (offs_n[None, :] <= position[:, None] + right)
+    return ok
+
+
+@triton.jit
 def unmasked_keys(first, last, key_end, lo, hi, left, right, BLOCK_N: tl.constexpr, LEFT: tl.constexpr,
                   RIGHT: tl.constexpr):
     """[mid_lo, mid_hi) within [lo, hi), both lo plus multiples of BLOCK_N: the key blocks that every
@@ -136,11 +148,7 @@ def _fwd_step(q, k_base, v_base, k0, start_n, offs_n0, offs_d, offs_dv, d_ok, dv
     if SOFTCAP:  # softcap * tanh(s / softcap)
         s = capped(s, softcap, SOFTCAP)
     if MASKED:
-        ok = key_ok[None, :]
-        if LEFT:
-            ok = ok & (offs_n[None, :] >= position[:, None] - left)
-        if RIGHT:
-            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        ok = seen_keys(key_ok, offs_n, position, left, right, LEFT, RIGHT)
         s = tl.where(ok, s * LOG2E_IN_KERNEL, float("-inf"))
     else:
         s = s * LOG2E_IN_KERNEL
@@ -184,8 +192,7 @@ def varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, CU_BLOCKS,
     k_base = K + hk * skh
     v_base = V + hk * svh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = online_softmax_start(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     shift = nk - n
     position = offs_m + shift
@@ -393,11 +400,7 @@ def _dq_step(q, do, m2, delta, k_base, v_base, k0, start_n, offs_n0, offs_d, off
         s = capped(s, softcap, SOFTCAP)
     p = tl.exp2(s * LOG2E_IN_KERNEL - m2[:, None])
     if MASKED:
-        ok = key_ok[None, :]
-        if LEFT:
-            ok = ok & (offs_n[None, :] >= position[:, None] - left)
-        if RIGHT:
-            ok = ok & (offs_n[None, :] <= position[:, None] + right)
+        ok = seen_keys(key_ok, offs_n, position, left, right, LEFT, RIGHT)
         p = tl.where(ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
