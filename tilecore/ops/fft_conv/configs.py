@@ -29,11 +29,12 @@ GLUON_ONEPASS: dict = {
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
 # columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID[, TCHUNK (the
-# chunk transposed)[, DIRECT (1a / 1'a in the wgmmas' layouts)]]]]]); checked and timed by experiments/fft_conv/
+# chunk transposed)[, DIRECT (1a / 1'a in the wgmmas' layouts)]]]]]); RFFT 4: a complex64 spectrum cast a call to
+# float16 bins over each channel's largest part (launch.scaled_half_bins); checked and timed by experiments/fft_conv/
 # gpu_order3.py, gpu_s35.py, gpu_s40.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, True, 4, 2, 1, 2, False, True),  # TCHUNK: 1.461 ms = 2.66x torch.fft, 1.10-1.12x the tuple before
-    16384: (1, True, 2, 2, 2, 2, False, True, True),  # TCHUNK + DIRECT: 4.85 ms, 1.01-1.03x the tuple before
+    8192: (2, True, 4, 2, 1, 4, False, True),  # TCHUNK, RFFT 4: the op 1.357-1.382 ms = 2.82-2.87x torch.fft
+    16384: (1, True, 2, 2, 2, 4, False, True, True),  # TCHUNK + DIRECT, RFFT 4: the op 4.337-4.370 ms = 1.90-1.98x
 }
 GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path
     8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
@@ -42,10 +43,12 @@ GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slowe
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chunk's bins loaded under its stage 3
-GLUON_ORDER3_CANDIDATES[8192] += [(2, True, 4, 2, 1, 2, False, True),  # TCHUNK (shipped): 1.10-1.12x (2, True, 2, 2)
-                                  (2, True, 4, 2, 1, 2, False, True, True)]  # + DIRECT: 1.08x, loses to TCHUNK alone
+GLUON_ORDER3_CANDIDATES[8192] += [(2, True, 4, 2, 1, 2, False, True),  # TCHUNK: 1.10-1.12x (2, True, 2, 2)
+                                  (2, True, 4, 2, 1, 2, False, True, True),  # + DIRECT: 1.08x, loses to TCHUNK
+                                  GLUON_ORDER3[8192]]  # RFFT 4 (shipped): 1.07-1.08x TCHUNK's complex64 bins
 GLUON_ORDER3_CANDIDATES[16384] += [(1, True, 2, 2, 2, 2, False, True),  # TCHUNK: 0.99x
-                                   GLUON_ORDER3[16384]]  # + DIRECT (shipped): 1.02-1.03x, 1.01-1.02x (two runs)
+                                   (1, True, 2, 2, 2, 2, False, True, True),  # + DIRECT: 1.01-1.03x (two runs)
+                                   GLUON_ORDER3[16384]]  # RFFT 4 (shipped): 1.10-1.11x the complex64 bins
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
