@@ -4,7 +4,8 @@ unchanged), compiled for sm_90a on this GPU-less machine, one file a variant, fo
     python experiments/attention_fp8/ptx_shipped.py --ptx /tmp/ptx_new [--root DIR] [--only d128,d64c]
     python experiments/tiles/ptx_compare.py /tmp/ptx_old /tmp/ptx_new
 
-The options are the launch's own (launch.gluon_options from configs.gluon_config; the tree before it, e.g. 741bc3b,
+The options are the launch's own (launch.gluon_options from configs.gluon_config, or for q rotated in the kernel
+launch.rotated_q_config where the tree has it; the tree before gluon_options, e.g. 741bc3b,
 needs this script as of 478e51c, which read launch._GluonLayout), so the variants are the ones a
 call reaches: D 128 and 64, causal or not, with the three descale forms the op takes (per head; q per row with k per
 128-key block, the convenience path's; q and k per row). ``--root``: the tree to import (an old commit's archive).
@@ -50,6 +51,8 @@ def main():
         q_reg = bool(len(rest) > 2 and rest[2])
         t0 = time.time()
         cfg = configs.gluon_config(D, causal)
+        if q_rotate and hasattr(launch, "rotated_q_config"):  # the convenience path's (hide_first_key, mask32)
+            cfg = launch.rotated_q_config(D, causal)
         N = Nk = 1000
         f8 = torch.float8_e4m3fn
         q = torch.empty(2, 4, N, D, dtype=torch.bfloat16 if q_rotate else f8)

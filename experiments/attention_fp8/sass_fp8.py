@@ -47,7 +47,9 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "hide": dict(hide_first_key=True), "qrot_hide": dict(_q_rotate=True, _v_block=True, hide_first_key=True),
     "qreg_split_hide": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True),
     # session 40: the masked step's mask as one 32-bit comparison an element (mask32; P V's wait after the softmax,
-    # pv_late, lost on the H100 and was removed: notes/attention_fp8's decision log)
+    # pv_late, lost on the H100 and was removed: notes/attention_fp8's decision log). The convenience path's shipped
+    # D128 causal kernel is qreg_split_hide_m32 (D64: qrot_hide_m32): the variants take configs.gluon_config, which
+    # names neither ROTATED's hide_first_key nor its mask32
     "m32": dict(mask32=True),
     "qreg_split_hide_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
                                 mask32=True),
