@@ -337,8 +337,8 @@ def _keyed_backward(prepared, ctx, dy):
 # a recorded call's backward through its recipe (_RecordedConv) launches du by the backward's launch key and keeps
 # the forward key's plans in the recipe (issue 31's host time: _filter_backward's plan and dk_plan lookups, du's launch
 # parts and Triton's unkeyed argument specialization each call); the same launches and bits. Read each call; False:
-# _filter_backward. Off until the H100's A/B
-KEYED_BACKWARD = False
+# _filter_backward. On: the same bits and float64 checks on the H100, faster in its A/B (notes/host's decision log)
+KEYED_BACKWARD = True
 
 
 # a keyed filter-form call recording a gradient whose key keeps a _GluonConv applies _RecordedConv straight from
