@@ -4,34 +4,21 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Variants: the step's FORM bits (gluon_forward: EXP_SMEM 8, O_SPLIT 16, EARLY_ISSUE 32, FOLD 64, F_NVMMA 128;
-``--forms 0,8,40``; call 1's KQ_SPLIT 1, KQ_SQ_IL 2, PV_UPD_IL 4 are removed), each launched by launch_args's ``form``;
-the shipped form is configs.GLUON_MAMBA_FORM. EXP_SMEM and EARLY_ISSUE are FORM 0's arithmetic in another order (their outputs must be form
-0's bits); O_SPLIT adds V^T P^T to the scaled S^T Q^T in the epilogue and FOLD multiplies beta_j scale into the factors
-before the scores (float32 rounding differs: their bits are reported, not required).
+Checks (in a process of its own, NaN-poisoned y and final states, every element written): the error over the bf16
+rounding floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the
+op's (b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
+``--op`` the public mamba2_chunk_scan (a second call the same bits). Timing: the kernel alone on prepared arguments,
+CUDA-graph medians of rounds (they drift by a few % on a shared host: session 39's variants were timed in
+interleaved rounds beside it, notes decisions 190-191; session 40's FORM bits in the forms version of this script,
+git 4347ebf: notes decisions 210-214).
 
-Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16 rounding
-floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the op's
-(b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
-``--op`` the public mamba2_chunk_scan with that form (tilecore.tiles.switches.patched on configs.GLUON_MAMBA_FORM).
-Timing: the kernel alone on prepared arguments, CUDA-graph medians of interleaved rounds (the order reversed every
-other round), and each form's median of per-round ratios to form 0 (rounds drift by a few % on a shared host); with
-``--probe`` also one tile alone (B1 H2: one SM, the step's own chain) per form, as us a chunk-step.
-
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,2] [--op] [--step] [--probe]
-
-Session 40: call 1 (job hb_m40a, --forms 0,1,2,4,6: notes/linear_attention/runs/hb_m40a_run1_session40_h100.txt),
-call 3 (job hb_m40c, --forms 0,8,16,24,32,40,56,120: runs/hb_m40c_run3_session40_h100.txt).
-Session 39: calls 2-3 (jobs hb_m39a/b: notes/linear_attention/runs/mamba_s39a_run2_session39_h100.txt, ..._s39b_run3_...);
-the shipped kernel's probe at fewer tiles: call 5 (runs/mamba_probe_s39d_run5_session39_h100.txt).
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step] [--probe]
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,21 +27,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.common.gpu_script import Run, check, graph_ms, poisoned, time_rounds  # noqa: E402
+from experiments.common.gpu_script import Run, check, graph_ms, poisoned, same_bits, time_rounds  # noqa: E402
 
 SHAPE = (16, 4096, 80)  # B, N, H (headdim 64, d_state 128, one group)
 CASES = ("stateless", "states")
-PROBE_SHAPE = (1, 4096, 2)  # --probe: one tile alone on the GPU (B1 H2), the step's chain with nothing else running
+# --probe: the stateless kernel at fewer tiles (two heads each), as the time of a chunk-step of an SM: one tile alone on
+# the GPU (the step's chain with nothing else running), 40 and 120 tiles (one partial wave: HBM and L2 shared by
+# that many SMs), against the 2.7B shape's 640 (4.85 waves of 132)
+PROBES = {"1 tile B1 H2": (1, 2), "40 tiles B1 H80": (1, 80), "120 tiles B3 H80": (3, 80)}
 
 
-def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
-    """The kernel at ``form`` on these inputs (g and beta (B, N, H): prepared here as the library does)."""
+def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
+    """The kernel as the op launches it on these inputs (g and beta (B, N, H): prepared here as the library does)."""
     from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_forward as gf
 
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip.float().contiguous(), z, h0, o, ht, scale,
-                                       configs.GLUON_STAGES, form=form)
+                                       configs.GLUON_STAGES)
     return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
 
@@ -83,15 +73,7 @@ def mamba_states(B, H, S, P, fill=None):
     return t
 
 
-def digest(*tensors) -> str:
-    h = hashlib.sha1()
-    for t in tensors:
-        if t is not None:
-            h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
+def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H, a_range=a_range)
@@ -99,11 +81,11 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     h0 = mamba_states(B, H, S, P, "randn") if states else None
     ht = mamba_states(B, H, S, P, "nan") if states else None
     o = poisoned(x)
-    launcher(form, Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
+    launcher(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=None if h0 is None else h0.transpose(-1, -2).double())
-    row = dict(form=form, case=label, **check(o, ref), bits=digest(o, ht))
+    row = dict(case=label, **check(o, ref))
     if states:
         ref_t = ref_state.transpose(-1, -2)
         row.update(state_written=bool(torch.isfinite(ht).all()),
@@ -111,26 +93,23 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     return row
 
 
-def check_op(form: int) -> dict:
-    """The public mamba2_chunk_scan with configs.GLUON_MAMBA_FORM = form (the kernel through the op's keyed launch)
-    against the float64 recurrence: D, z, an initial state and the final states ((b, h, p, s), contiguous), N 1000;
-    a second call's y the same bits."""
+def check_op() -> dict:
+    """The public mamba2_chunk_scan (the kernel through the op's keyed launch) against the float64 recurrence: D, z, an
+    initial state and the final states ((b, h, p, s), contiguous), N 1000; a second call's y the same bits."""
     import tilecore
-    from tilecore.ops.linear_attention import configs, mamba2_reference
-    from tilecore.tiles.switches import patched
+    from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, seed=13)
     h0 = torch.randn(2, 8, 64, 128, device="cuda")
-    with patched(configs, GLUON_MAMBA_FORM=form):
-        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
-        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
+    y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+    y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
-    return dict(form=form, case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
+    return dict(case="public op D z h0 final N 1000", **check(y, ref),
                 state_written=bool(torch.isfinite(ht).all()) and ht.is_contiguous(),
                 state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
-                second_call_same=bool(torch.equal(y, y2)))
+                second_call_same=same_bits(y, y2))
 
 
 def timed_args(case: str, shape=None):
@@ -156,28 +135,55 @@ def napkin_ms(with_states: bool) -> float:
     return 1e3 * (r.compulsory_bytes + with_states * 2 * B * H * 64 * 128 * 4) / r.gpu.levels[0].bandwidth
 
 
-def warm(form: int, op: bool, probe: bool = False):
-    """In a process of its own: the form's checks, then each timed case's compile."""
+def warm_probes():
+    """The probe shapes' compiles (num_tiles 1 and H 2 specialize otherwise), in a process of its own."""
+    t0 = time.time()
+    for B, H in PROBES.values():
+        launcher(*timed_args("stateless", (B, SHAPE[1], H)))()
+    torch.cuda.synchronize()
+    return round(time.time() - t0, 1)
+
+
+def step_us(ms: float, B: int, H: int) -> float:
+    """us a chunk-step of an SM: the persistent grid's waves of tiles (two heads each) times the sequence's chunks."""
+    from tilecore.tiles.schedule import persistent_programs
+
+    tiles = B * H // 2
+    waves = -(-tiles // persistent_programs(tiles, torch.device("cuda")))
+    return round(1e3 * ms / (waves * -(-SHAPE[1] // 64)), 4)
+
+
+def probe_phase(run: Run, rounds: int):
+    for label, (B, H) in PROBES.items():
+        fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
+        fn()
+        torch.cuda.synchronize()
+        res = time_rounds({"shipped": fn}, rounds=rounds, graph=True, eager=False)
+        ms = res.get("shipped_graph_ms")
+        run.row(f"probe {label}", shipped_graph_ms=ms, step_us=step_us(ms, B, H) if ms else None,
+                rounds=res["shipped_rounds"].get("graph"))
+
+
+def warm(op: bool):
+    """In a process of its own (a fault there is a row, not the end): the checks, then each timed case's compile."""
     t0 = time.time()
     rows = []
     try:
-        rows.append(check_mamba(form, "D z N 1008", 2, 1008, 8))
-        rows.append(check_mamba(form, "strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
+        rows.append(check_mamba("D z N 1008", 2, 1008, 8))
+        rows.append(check_mamba("strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
         if op:
-            rows.append(check_op(form))
+            rows.append(check_op())
         for case in CASES:
-            launcher(form, *timed_args(case))()
-        if probe:
-            launcher(form, *timed_args("stateless", PROBE_SHAPE))()
+            launcher(*timed_args(case))()
         torch.cuda.synchronize()
-        return form, None, round(time.time() - t0, 1), rows
+        return None, round(time.time() - t0, 1), rows
     except Exception as err:  # noqa: BLE001
-        return form, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+        return f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
 
 
 # --------------------------------------------------------------------------------------------
-# the decode step (issue 33's >= 90% of the copy over the state read and written; decision 93): the step kernel at its
-# shipped blocks by CUDA graphs beside a graph-timed copy of the state, checked against the float64 step
+# the decode step (issue 33's >= 90% of the copy over the state read and written; decision 93): the public mamba2_step
+# from a CUDA graph beside a graph-timed copy of the state, checked against the float64 step
 
 
 def step_inputs(seed: int = 1):
@@ -185,10 +191,10 @@ def step_inputs(seed: int = 1):
     B, H, P, S, bf = 16, 80, 64, 128, torch.bfloat16
     dt = torch.nn.functional.softplus(torch.randn(B, H, device="cuda") - 2)
     A = -torch.rand(H, device="cuda") * 8 - 0.5
-    return dict(C=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf),
-                B=(torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf), x=torch.randn(B, H, P, device="cuda",
-                                                                                         dtype=bf),
-                dt=dt, A=A, D=torch.randn(H, device="cuda"), z=torch.randn(B, H, P, device="cuda", dtype=bf),
+    C = (torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf)
+    Bm = (torch.randn(B, 1, S, device="cuda") * S ** -0.5).to(bf)
+    x, z = (torch.randn(B, H, P, device="cuda").to(bf) for _ in range(2))
+    return dict(C=C, B=Bm, x=x, dt=dt, A=A, D=torch.randn(H, device="cuda"), z=z,
                 state=torch.randn(B, H, P, S, device="cuda"))
 
 
@@ -221,26 +227,6 @@ def step_phase(run: Run):
     run.row("decode step mamba2 B16 H80", **row)
 
 
-def probe_phase(run: Run, ok, names, rounds: int):
-    """One tile alone (PROBE_SHAPE) per form, interleaved rounds: us a chunk-step = time / the sequence's chunks."""
-    args = timed_args("stateless", PROBE_SHAPE)
-    fns = {names[f]: launcher(f, *args) for f in ok}
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    res = time_rounds(fns, rounds=rounds, graph=True, eager=False)
-    steps = -(-PROBE_SHAPE[1] // 64)
-    row = {}
-    for f, n in names.items():
-        ms = res.get(f"{n}_graph_ms")
-        row[f"{n}_graph_ms"] = ms
-        row[f"{n}_step_us"] = round(1e3 * ms / steps, 4) if ms else None
-        if f and ms and res.get("f0_graph_ms"):
-            pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
-            row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
-    run.row("probe 1 tile B1 H2", **row)
-
-
 class CaseDeadline:
     """time_rounds's deadline for one case: no round starts past ``end``."""
 
@@ -255,83 +241,57 @@ def main():
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    from tilecore.ops.linear_attention import configs
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--forms", default="0,1,2")
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan at each form")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan")
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
-    ap.add_argument("--probe", action="store_true", help="also time one tile alone per form (us a chunk-step)")
-    ap.add_argument("--deadline", type=float, default=57)
+    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES): a chunk-step's time")
     a = ap.parse_args()
-    forms = sorted({0, *(int(f) for f in a.forms.split(","))})
     cases = a.cases.split(",")
-    run = Run("mamba", deadline=a.deadline)
-    run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)
-    pool = cf.ProcessPoolExecutor(max_workers=len(forms), mp_context=mp.get_context("spawn"))
-    futs = [pool.submit(warm, f, a.op, a.probe) for f in forms]
+    run = Run("mamba", deadline=57)
+    pool = cf.ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn"))
+    fut = pool.submit(warm, a.op)
+    fut_probe = pool.submit(warm_probes) if a.probe else None
     bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
     run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
-    got = {}
-
-    def collect():
-        for fut in cf.as_completed(futs, timeout=max(1.0, 0.6 * a.deadline - run.elapsed())):
-            res = run.attempt("warm (a worker died)", fut.result)
-            if res is not None:
-                got[res[0]] = res
-    run.attempt("warm (not every form done in time)", collect)
+    got = run.attempt("warm (a worker died or took past 40 s)", fut.result, timeout=max(1.0, 40 - run.elapsed()))
+    probe_ok = fut_probe is not None and run.attempt("warm probes", fut_probe.result,
+                                                     timeout=max(1.0, 40 - run.elapsed())) is not None
     pool.shutdown(wait=False, cancel_futures=True)
-    base_bits = {r["case"]: r["bits"] for r in got.get(0, (0, None, 0, []))[3]}
-    ok = []
-    for f in forms:
-        if f not in got:
-            continue
-        _, err, secs, rows = got[f]
+    ok = False
+    if got is not None:
+        err, secs, rows = got
         for r in rows:
-            r["same_bits_as_form0"] = base_bits.get(r["case"]) == r["bits"]
-            run.row(f"check form {f} {r['case']}", **r)
+            run.row(f"check {r['case']}", **r)
         if err:
-            run.errors.append(f"warm form {f}: {err}")
-        same_required = not f & 81  # (KQ_SPLIT, O_SPLIT and FOLD round their partial products apart)
-        if not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
-                           and r.get("second_call_same", True) and (r["same_bits_as_form0"] or not same_required)
-                           for r in rows):
-            ok.append(f)
-        run.say(f"warm form {f}: {secs} s, error {err}")
-    run.say(f"passed: {ok}")
+            run.errors.append(f"warm: {err}")
+        ok = not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
+                             and r.get("second_call_same", True) for r in rows)
+        run.say(f"warm: {secs} s, error {err}, passed {ok}")
     if a.step:
         run.attempt("decode step", step_phase, run)
-    names = {f: f"f{f}" for f in ok}
-    if a.probe and ok and 0 in ok:
-        run.attempt("probe", probe_phase, run, ok, names, a.rounds)
     for i, case in enumerate(cases):
         if run.left() < 5 or not ok:
             break
         share = CaseDeadline(time.time() + run.left() / (len(cases) - i))  # (each case its share of what is left)
-        args = timed_args(case)
-        fns = {names[f]: launcher(f, *args) for f in ok}
-        for fn in fns.values():
-            fn()
+        fn = launcher(*timed_args(case))
+        fn()
         torch.cuda.synchronize()
-        res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=share)
+        res = run.attempt(f"time {case}", time_rounds, {"shipped": fn}, rounds=a.rounds, graph=True, eager=False,
+                          deadline=share)
         if res:
             row = dict(case=case, **res)
-            base, bound = res.get("f0_graph_ms"), bounds[case == "states"]
-            for f, n in names.items():
-                ms = res.get(f"{n}_graph_ms")
-                if ms and base and f:
-                    row[f"{n}_over_f0"] = round(base / ms, 4)  # > 1: faster than form 0
-                    pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
-                    row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
-                if ms and bound:
-                    row[f"{n}_napkin_pct"] = round(100 * bound / ms, 1)
+            ms, bound = res.get("shipped_graph_ms"), bounds[case == "states"]
+            if ms and bound:
+                row["napkin_pct"] = round(100 * bound / ms, 1)
+                row["best_round_pct"] = round(100 * bound / min(res["shipped_rounds"]["graph"]), 1)
+                row["step_us"] = step_us(ms, SHAPE[0], SHAPE[2])
             run.row(f"time {case}", **row)
-    cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits_as_form0"] + [
-        f"{n}_graph_ms" for n in names.values()] + [f"{n}_round_ratio" for f, n in names.items() if f] + [
-        f"{n}_napkin_pct" for n in names.values()] + [f"{n}_step_us" for n in names.values()] + ["copy_pct"]
-    run.finish(cols)
+        if case == "stateless" and probe_ok and ok:
+            run.attempt("probes", probe_phase, run, 5)
+    run.finish(["name", "pass", "err_over_floor", "state_rel", "shipped_graph_ms", "napkin_pct", "best_round_pct",
+                "step_us", "copy_pct"])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ loop in its SASS: the instruction mix by unit and the phases between its synchro
 waits, bar.sync, mbarrier, TMA, the gate's tanh), in ptxas's order. Notes/linear_attention's "Session 39 (HB)" split
 reads from it.
 
-    python experiments/linear_attention/sass_mamba_step.py [--case mamba2_states] [--form N] [--sass FILE]
+    python experiments/linear_attention/sass_mamba_step.py [--case mamba2_states] [--sass FILE]
 
 ``--sass FILE`` reads a cuobjdump listing instead of compiling (another tree's, or a variant's).
 """
@@ -37,14 +37,14 @@ UNITS = (  # (unit, opcode prefixes), the first match wins
 MARKS = ("HGMMA", "WARPGROUP", "BAR.", "SYNCS", "UTMA", "DEPBAR", "LDG", "MEMBAR", "FENCE")
 
 
-def compile_sass(case: str, form: int | None = None) -> str:
+def compile_sass(case: str) -> str:
     os.environ.pop("TRITON_INTERPRET", None)
     from triton.backends.nvidia.compiler import get_ptxas
 
     from tilecore.ops.linear_attention.gluon_forward import compile_report
 
     out: list = []
-    compile_report(case, stages=2, compiled_out=out, form=form)
+    compile_report(case, stages=2, compiled_out=out)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
@@ -115,13 +115,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="mamba2", help="gluon_forward.COMPILE_CASES: mamba2, mamba2_states")
     ap.add_argument("--sass", help="a cuobjdump -sass listing to read instead of compiling")
-    ap.add_argument("--form", type=int, help="the step's FORM bits (gluon_forward; default configs.GLUON_MAMBA_FORM)")
-    ap.add_argument("--dump", help="also write the whole listing to this file")
     a = ap.parse_args()
-    sass = Path(a.sass).read_text() if a.sass else compile_sass(a.case, a.form)
-    if a.dump:
-        Path(a.dump).write_text(sass)
-    report(sass)
+    report(Path(a.sass).read_text() if a.sass else compile_sass(a.case))
 
 
 if __name__ == "__main__":

@@ -42,17 +42,6 @@ LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``), each taking
-# work off a consumer's chain (bits 1, 2, 4: removed, notes decision 210):
-EXP_SMEM = gl.constexpr(8)  # the decay's factors made between K Q^T's issue and S^T Q^T's and stored to shared memory
-# (16 KB a consumer), read back after the wait: the store cannot pass S^T Q^T's wgmma fence, so the exps run under
-# K Q^T (FORM 0: ptxas sinks them past the wait, decision 192); the same bits
-O_SPLIT = gl.constexpr(16)  # V^T P^T into an accumulator of its own and S^T Q^T's factor 2^(G_i) scale applied in the
-# epilogue (o = (S^T Q^T) e + V^T P^T by one FFMA), not between the scores' wait and P V's issue
-EARLY_ISSUE = gl.constexpr(32)  # K Q^T and S^T Q^T issued as the step starts (they read only q, k and the state),
-# the update's weights and o's factors and wV^T made under them; the same bits
-FOLD = gl.constexpr(64)  # with EXP_SMEM: beta_j scale folded into the stored factors (32 FMUL fewer after the wait)
-F_NVMMA = gl.constexpr(128)  # with EXP_SMEM: the factors' buffer 128-byte swizzled (NVMMA), not 8-byte vectors by row
 
 
 @stage_struct
@@ -144,7 +133,6 @@ class LinearAttentionForward:
     wv_smem: object  # [2, BT, BV]: each consumer's weighted values (the B operand of K^T V); with beta [2 BT] float32,
     # each consumer's update weights by token
     ev_smem: object  # with beta: [2 BT] float32, each consumer's factors of o by token (else wv_smem, unused)
-    f_smem: object  # with FORM EXP_SMEM: [2, BT, BT] float32, each consumer's decay factors (else unused)
     BT: gl.constexpr
     BK: gl.constexpr
     BV: gl.constexpr
@@ -158,7 +146,6 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
-    FORM: gl.constexpr  # with beta: the step's form bits (configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -331,18 +318,6 @@ class LinearAttentionForward:
         G_i = g_smem.load(gl.SliceLayout(0, self.SL))
         G_last = gl.sum(gl.where(offs_i == self.BT - 1, G_i, 0.0), axis=0)  # (the host pads G past N with it)
         beta_j = b_smem.load(gl.SliceLayout(1, self.SL))  # (0 past N: the host's pad)
-        EARLY: gl.constexpr = (self.FORM & EARLY_ISSUE) != 0
-        qT = q.permute((1, 0))
-        if EARLY:  # the scores' wgmmas at once: they read only the stage's q and k and the state (S^T Q^T first:
-            # its bf16 operand is then made before any wgmma runs)
-            S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
-            S_acc = walk.S * gl.exp2(G_last)  # (reading S, which a wgmma wrote, while one runs: ptxas waits first)
-            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
-                                   is_async=True)
-            if self.FORM & EXP_SMEM:
-                self.store_factors(c, g_smem, G_j, beta_j)
-            s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
-                                  is_async=True)
         # the update's weights by token (wV^T's columns, 0 past N) and o's factors: one exp a thread each, read back
         # in the columns' layout (a column vector takes 16 registers a thread: G's by column is loaded where used)
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -354,48 +329,31 @@ class LinearAttentionForward:
         e_smem.store(gl.exp2(G1) * self.scale)
         gl.thread_barrier()
         w_i = w_smem.load(gl.SliceLayout(0, self.SL))
-        # register operands, made before any wgmma runs (EARLY: under the scores'): wV^T [BV, BT] (the update's) and
-        # S^T in the input dtype
+        # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
         vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
         wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
-        if not EARLY:
-            S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
-            S_acc = walk.S * gl.exp2(G_last)
-            s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
-                                  is_async=True)
-            if self.FORM & EXP_SMEM:  # the factors under K Q^T, through shared memory
-                self.store_factors(c, g_smem, G_j, beta_j)
-            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
-                                   is_async=True)
+        S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
+        S_acc = walk.S * gl.exp2(G_last)
+        qT = q.permute((1, 0))
+        s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False, is_async=True)
+        qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                               is_async=True)
+        # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are strong:
+        # one select takes them away)
+        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+        s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-        if self.FORM & EXP_SMEM:
-            s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
-            s = s * self.f_smem.index(c).load(self.SL)
-            if (self.FORM & FOLD) == 0:
-                s = s * gl.expand_dims(beta_j * self.scale, 1)
-            pT = gl.where(causal, s, 0.0)
-        else:
-            # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are
-            # strong: one select takes them away)
-            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-            s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
-            pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+        pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
         p_smem.store(pT.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
-        if self.FORM & O_SPLIT:
-            o_qs = o
-            o = gl.zeros([self.BV, self.BT], gl.float32, self.SL)
-        else:
-            o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
-        o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, use_acc=(self.FORM & O_SPLIT) == 0, is_async=True)
+        o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
+        o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
         S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
-        if self.FORM & O_SPLIT:
-            o = o_qs * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0) + o
         if self.HAS_D:
             offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
             d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
@@ -416,14 +374,6 @@ class LinearAttentionForward:
         return Walk(S)
 
     @gluon.jit
-    def store_factors(self, c: gl.constexpr, g_smem, G_j, beta_j):
-        """EXP_SMEM: the decay's factors 2^(G_i - G_j) (FOLD: times beta_j scale) to consumer c's buffer."""
-        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-        if self.FORM & FOLD:
-            f = f * gl.expand_dims(beta_j * self.scale, 1)
-        self.f_smem.index(c).store(f)
-
-    @gluon.jit
     def wait(self, ctx, walk):
         return walk
 
@@ -438,7 +388,7 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
@@ -455,27 +405,19 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
         w_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        if FORM & EXP_SMEM and FORM & F_NVMMA:
-            f_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT],
-                                               gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-        elif FORM & EXP_SMEM:  # (pairs of columns a thread: the 2-element vectors swizzled by row)
-            f_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
-        else:
-            f_smem = p_smem
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
-                                    f_smem,
                                     BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
-                                    wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
         op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
                                     s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
-                                    wv_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
+                                    wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
-                                    None, FORM)
+                                    None)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -575,12 +517,11 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, form=None):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
-    for a CachedLaunch). ``form``: Mamba-2's step form (with beta; None: configs.GLUON_MAMBA_FORM; without beta 0)."""
-    from tilecore.ops.linear_attention import configs
+    for a CachedLaunch)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -613,8 +554,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None,
-                FORM=0 if beta is None else (configs.GLUON_MAMBA_FORM if form is None else form))
+                HAS_H0=h0 is not None, STORE_HT=ht is not None)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -680,7 +620,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, form: int | None = None) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -693,7 +633,7 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None,
               else (None, None))
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), ht, 1.0, stages, form=form)
+                                    torch.empty_like(v), ht, 1.0, stages)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
