@@ -105,6 +105,26 @@ BATCHES = {
         "d128 dv configs": (128, {}, "dvw"),
         "d128 dv kd32": (128, dict(KD=32), "dvw"),
     },
+    # call 6 (after call 5, runs/ha_s40c_run5_session40_h100.txt: d 32 J_SMEM 0.3369 ms = 73.0% against configs' 0.3534
+    # (1.049x; 1.037x / 1.041x in calls 2-3), J + DG_LATE 0.3432 (0.982x J); d 64 PIECES_RZ 0.6766 = 79.3% against 0.7129
+    # (1.054x again); d 128 PIECES_RZ 1.499 (83.5%) against 1.532 (1.022x by graphs; eager medians 1.726 / 1.548); the dv
+    # kernel's KD 32 1.178 against 0.949): configs' new forms (d 32 9730, d 64 34306) against the session's start (1538),
+    # d 64 with bf16 g (35330), the public op through autograd at d 32 / 64 with them and at d 128 with PIECES_RZ, d 128
+    # PIECES_RZ again
+    "d": {
+        "d32 configs dqk": (32, {}, "dqk0w"),
+        "d32 start dqk": (32, dict(dqk_gluon_form=1538), "dqk0w"),
+        "d32 configs bwd": (32, {}, "bwd"),
+        "d32 start bwd": (32, dict(dqk_gluon_form=1538), "bwd"),
+        "d32 op": (32, dict(op=(2, 1024, 3, 32, True)), None),
+        "d64 configs dqk": (64, {}, "dqk0w"),
+        "d64 start dqk": (64, dict(dqk_gluon_form=1538), "dqk0w"),
+        "d64 bf16 g": (64, dict(g_dtype="bf16"), None),
+        "d64 op": (64, dict(op=(2, 1024, 3, 64, False)), None),
+        "d128 configs dqk": (128, {}, "dqk0w"),
+        "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
+        "d128 rz op": (128, dict(op=(1, 1024, 2, 128, True), dims={"128,128": dict(dqk_gluon_form=34306)}), None),
+    },
 }
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
@@ -120,13 +140,17 @@ def dv_bytes(B, N, H, Dk, Dv, BT=64, elt=2) -> int:
 
 
 def knobs(over: dict):
-    """A variant's (CHUNKED overrides, the inputs' dtype: None for make's bf16)."""
+    """A variant's (CHUNKED overrides, the inputs' dtype: None for make's bf16 q, k, v, do, or "bf16 g": g in bf16)."""
     over = dict(over)
+    if over.pop("g_dtype", None) == "bf16":
+        return over, "bf16 g"
     return over, {"fp16": torch.float16}.get(over.pop("dtype", None))
 
 
 def with_dtype(t: dict, dtype) -> dict:
-    """The inputs with q, k, v, do in dtype (rounded once: the reference takes the rounded ones)."""
+    """The inputs with q, k, v, do in dtype, or g in bf16 (rounded once: the reference takes the rounded ones)."""
+    if dtype == "bf16 g":
+        return dict(t, g=t["g"].to(torch.bfloat16))
     return t if dtype is None else dict(t, **{n: t[n].to(dtype) for n in ("q", "k", "v", "do")})
 
 
@@ -152,7 +176,15 @@ def check_variant(name: str) -> dict:
     if "op" in over:  # the public op through autograd with configs' defaults (gpu_gla_op.check against float64)
         from experiments.linear_attention.gpu_gla_op import check as op_check
 
-        r = op_check(*((1, 128, 1) + over["op"][3:] if SMOKE else over["op"]))  # (B, N, H, D, strong)
+        from tilecore.ops.linear_attention import configs_gla_bwd
+        from tilecore.tiles.switches import patched
+
+        dims = dict(configs_gla_bwd.CHUNKED_FLAT_DIMS)  # ("dims": a head dim's entry replaced, as a flip would)
+        for key, value in over.get("dims", {}).items():  # ("Dk,Dv": JSON keys)
+            at = tuple(int(x) for x in key.split(","))
+            dims[at] = dict(dims[at], **value)
+        with patched(configs_gla_bwd, CHUNKED_FLAT_DIMS=dims):
+            r = op_check(*((1, 128, 1) + over["op"][3:] if SMOKE else over["op"]))  # (B, N, H, D, strong)
         cell = dict(dq=r["dq"], dk=r["dk"], dv=r["dv"], dg=round(r["dg"], 5), dh0=r["dh0"], o=r["o"], **{"pass": r["pass"]})
         return dict(row, **{"strong+reset" if over["op"][-1] else "weak": cell}, kernel="(public op)",
                     **{"pass": r["pass"]})
@@ -249,7 +281,7 @@ def main():
     else:
         warmers = {D: spawn("--warm", str(D)) for D in dims}
         # the variants whose blocks differ from configs' (nothing of the warm-up's to wait for) from the start
-        apart = [n for n, (_, o, _) in VARIANTS.items() if "BKB" in o or "op" in o or "dtype" in o]
+        apart = [n for n, (_, o, _) in VARIANTS.items() if "BKB" in o or "op" in o or "dtype" in o or "g_dtype" in o]
         procs.update({n: spawn("--one", n) for n in apart})
         for D in dims:  # the references meanwhile (written once, read by every variant of the head dim)
             for case in CASES:

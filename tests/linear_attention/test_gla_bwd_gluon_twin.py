@@ -5,7 +5,8 @@ e^(m / 2), a^T as a's bf16 tile transposed, the flag) against the float64 gradie
 (linear_attention_reference through autograd, an initial state and a final state's gradient standing for S_c and
 dS_c). The kernel's e^x (ex2.approx.ftz) flushes results below 2^-126 to 0, which float32 torch keeps as subnormals:
 terms of that size are nothing next to the others; the FORM bits beside 2 (STORE_TMA, DG_TMA, DG_LATE: where the
-results are stored) leave the arithmetic as it is. The GPU run
+results are stored; J_SMEM: where J is read from) leave the arithmetic as it is, PIECES_RZ makes the pieces by
+truncation (``rz``). The GPU run
 (experiments/linear_attention/gpu_gla_s39.py) checks the kernel itself against float64."""
 import pytest
 import torch
@@ -24,24 +25,30 @@ def mm(a, b):
     return a.to(f32) @ b.to(f32)
 
 
-def pieces(x, n):
-    """x (float32) as n bf16 pieces, largest first (gluon_gla_bwd.GlaDqk.pieces: n = 3)."""
+def trunc16(x):
+    """gluon_gla_bwd.GlaDqk.trunc16: the float32 pattern's low 16 bits cleared."""
+    return (x.view(torch.int32) & -65536).view(f32)
+
+
+def pieces(x, n, rz=False):
+    """x (float32) as n bf16 pieces, largest first (gluon_gla_bwd.GlaDqk.pieces: n = 3); rz (PIECES_RZ): each piece
+    but the last by truncation."""
     out, rest = [], x
-    for _ in range(n):
-        p = rest.to(BF16)
+    for i in range(n):
+        p = trunc16(rest).to(BF16) if rz and i < n - 1 else rest.to(BF16)
         out.append(p)
         rest = rest - p.to(f32)
     return out
 
 
-def chain_dots(q, k, g, v, do, hs, dhs, scale, span=64.0):
+def chain_dots(q, k, g, v, do, hs, dhs, scale, span=64.0, rz=False):
     """One key block of one chunk as chain_dots computes it: q, k [BT, BKB] bf16, g float32, v, do [BT, Dv] bf16,
     hs, dhs [BKB, Dv] bf16 (S_c's and dS_c's rows). Returns dq, dk (bf16), dg (float32), the flag."""
     BT = q.shape[0]
     L = torch.tril(torch.ones(BT, BT)).to(BF16)
     J = torch.ones(BT, BT).to(BF16)
     gc = torch.where(g < FLOOR, torch.full_like(g, FLOOR), g)
-    pg = pieces(gc, 2)
+    pg = pieces(gc, 2, rz)
     G = sum(mm(L, p) for p in reversed(pg))
     Gl = sum(mm(J, p) for p in reversed(pg))
     m = 0.5 * Gl
@@ -63,7 +70,7 @@ def chain_dots(q, k, g, v, do, hs, dhs, scale, span=64.0):
     dk_out = (dk + r * q.to(f32)).to(BF16)
     dG = dG - k.to(f32) * dk
     x = dG + k.to(f32) * dk_state
-    acc = sum(mm(J, p) for p in reversed(pieces(x, 3))) - sum(mm(L, p) for p in reversed(pieces(dG, 3)))
+    acc = sum(mm(J, p) for p in reversed(pieces(x, 3, rz))) - sum(mm(L, p) for p in reversed(pieces(dG, 3, rz)))
     e2m = em * em
     dg = acc + dG + e2m * sfx[None, :]
     return dq_out, dk_out, torch.where(g < FLOOR, torch.zeros_like(dg), dg), flag
@@ -84,20 +91,21 @@ def case(decay, seed, D=64, BT=64, BKB=32):
             [r[0, :, 0] for r in ref])
 
 
-def run(c, BKB=32):
+def run(c, BKB=32, rz=False):
     q, k, g, v, do, h0, dht, scale, _ = c
-    outs = [chain_dots(q[:, s:s + BKB], k[:, s:s + BKB], g[:, s:s + BKB], v, do, h0[s:s + BKB], dht[s:s + BKB], scale)
-            for s in range(0, q.shape[1], BKB)]
+    outs = [chain_dots(q[:, s:s + BKB], k[:, s:s + BKB], g[:, s:s + BKB], v, do, h0[s:s + BKB], dht[s:s + BKB], scale,
+                       rz=rz) for s in range(0, q.shape[1], BKB)]
     return [torch.cat([o[i] for o in outs], 1) for i in range(3)], [o[3] for o in outs]
 
 
+@pytest.mark.parametrize("rz", [False, True])
 @pytest.mark.parametrize("seed, D, BKB", [(2, 64, 32), (7, 64, 32), (6, 32, 32)])
-def test_chain_dots_against_float64(seed, D, BKB):
+def test_chain_dots_against_float64(seed, D, BKB, rz):
     """Weak decays (no block flagged): dq, dk within 2x the bf16 rounding floor, dg within 2% (one chunk here: 1.55 /
     1.3x and 0.5%); d 32 by one key block of 32 (a consumer's chain when a tile is a pair of chunks, CHUNKS 2)
-    too."""
+    too; rz: the pieces by truncation (PIECES_RZ)."""
     c = case(0.3, seed=seed, D=D)
-    (dq, dk, dg), flags = run(c, BKB)
+    (dq, dk, dg), flags = run(c, BKB, rz)
     rq, rk, _, rg = c[-1]
     assert not any(flags)
     assert accuracy.error_over_floor(dq, rq) < 2.0, accuracy.error_over_floor(dq, rq)
@@ -113,3 +121,16 @@ def test_wide_span_flags_the_block():
     (_, _, dg), flags = run((q, k, g, v, do, h0, dht, scale, None))
     assert all(flags)
     assert (dg[10, :3] == 0).all()
+
+
+def test_truncated_pieces_sum_to_x_exactly():
+    """PIECES_RZ: hi and mid by truncation, lo the rest rounded to bf16: the three pieces are x exactly (float32 has 24
+    significant bits, each truncated piece takes 8 and leaves an exact remainder), as the rounded pieces are; two
+    pieces (G's) within 2^-16 |x|."""
+    torch.manual_seed(0)
+    x = torch.randn(4096) * torch.exp2(torch.randint(-60, 60, (4096,)).float())
+    for rz in (False, True):
+        p = pieces(x, 3, rz)
+        assert torch.equal((p[0].double() + p[1].double() + p[2].double()).float(), x), rz
+        two = pieces(x, 2, rz)
+        assert ((two[0].double() + two[1].double() - x.double()).abs() <= x.double().abs() * 2.0 ** -16).all(), rz
