@@ -105,7 +105,7 @@ BATCHES = {
         "d128 dv configs": (128, {}, "dvw"),
         "d128 dv kd32": (128, dict(KD=32), "dvw"),
     },
-    # call 6 (after call 5, runs/ha_s40c_run5_session40_h100.txt: d 32 J_SMEM 0.3369 ms = 73.0% against configs' 0.3534
+    # call 6 (configs at f43ba4e9; after call 5, runs/ha_s40c_run5_session40_h100.txt: d 32 J_SMEM 0.3369 ms = 73.0% against configs' 0.3534
     # (1.049x; 1.037x / 1.041x in calls 2-3), J + DG_LATE 0.3432 (0.982x J); d 64 PIECES_RZ 0.6766 = 79.3% against 0.7129
     # (1.054x again); d 128 PIECES_RZ 1.499 (83.5%) against 1.532 (1.022x by graphs; eager medians 1.726 / 1.548); the dv
     # kernel's KD 32 1.178 against 0.949): configs' new forms (d 32 9730, d 64 34306) against the session's start (1538),
