@@ -50,8 +50,13 @@ def forms(names):
     from tilecore.ops.attention_fp8 import configs
 
     old = {d: dict(c, mask32=False) for d, c in configs.GLUON_FORWARD.items()}
+    rot = configs.ROTATED
     table = {"old": ({configs: dict(GLUON_FORWARD=old, QUANTIZE_CLAMP=True)}, (64, 128)),
-             "new": ({}, (64, 128))}
+             "new": ({}, (64, 128)),
+             # the shipped state with 4 stages at D64 (ROTATED stages; 3 shipped), or without hide_first_key (mask32's
+             # opaque key offset keeps step 0's mask in its branch too)
+             "st4": ({configs: dict(ROTATED=dict(rot, stages={**rot["stages"], 64: 4}))}, (64,)),
+             "nohide": ({configs: dict(ROTATED=dict(rot, hide_first_key=()))}, (64, 128))}
     return {n: table[n] for n in names}
 
 
@@ -85,7 +90,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="old,new", help="old (session 39), new (shipped) (forms())")
+    ap.add_argument("--forms", default="old,new", help="old (session 39), new (shipped), st4, nohide (forms())")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
