@@ -1,7 +1,7 @@
 """Why a one-row-a-block Hadamard kernel runs far below copy at small n (issue 36, part 3: "Dao's kernel at 29% of
 copy"): the launch geometry alone, measured.
 
-Dao's fast-hadamard-transform cannot be built on the device (notes/napkin/README.md, session 40: none of its PyPI
+Dao's fast-hadamard-transform cannot be built on the device (notes/napkin/README.md's decision log: none of its PyPI
 sdists, 1.0.0.post1 to 1.1.0, holds its csrc/; its setup.py fetches a prebuilt wheel from GitHub, which the device
 cannot reach). Its launch geometry is public: one block a row (grid = rows), 16 threads a block at n = 128, 32 at
 256 and 512, 128 at 1024, 256 from 2048. This script runs a copy with that geometry (one row a program, the same

@@ -1,6 +1,6 @@
 """The attention forward's key-step term (engine.ATTENTION_STEP_S, issue 36 part 4): the napkin's ranking of the
-Gluon forward's tiles against the committed candidate timings (sessions 29 and 30, H100: every candidate of six
-shapes timed three times over), and the shipped table's rows in its top three."""
+Gluon forward's tiles against the committed candidate timings (FILES below, H100: every candidate of six shapes,
+three runs), and the shipped table's rows in its top three."""
 import json
 import math
 import re
@@ -109,7 +109,7 @@ def test_short_tiles_step_counts():
     k64, k128 = ((128, 64, 128), 2, 2), ((128, 128, 128), 2, 2)
     assert ranked[k128] == pytest.approx(plain[k128])       # the reference tiling: the overlap schedule's own time
     assert ranked[k64] - plain[k64] == pytest.approx(ATTENTION_STEP_S * (s64 - s128))
-    assert math.isclose(ranked[k64] / ranked[k128], 1.079, abs_tol=0.005)  # session 30 measured 1.084 (B32)
+    assert math.isclose(ranked[k64] / ranked[k128], 1.079, abs_tol=0.005)  # FILES[2] measured 1.084 (B32)
 
 
 def test_the_validation_charges_the_tables_steps():
