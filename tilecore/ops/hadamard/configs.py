@@ -259,7 +259,7 @@ QUANT_SHARED_FITS = (
 # old contents is never served after a change. It moves when a table is replaced (tiles.switches.patched, setattr) or a
 # top-level table is changed in place (item set or deleted, clear, update, pop, setdefault, |=); an inner dict changed in
 # place (TMA_TUNING[n][1]) is not seen: replace its table.
-_GENERATION = [0]
+_GENERATION = globals().get("_GENERATION", [0])  # (a reload keeps counting: memo keys from before stay distinct)
 
 
 def generation() -> int:
