@@ -1,6 +1,7 @@
 """The one-pass FFT convolution at order 3 in Gluon (issue 37): one kernel, u read once and y written
-once. ON at N = 8192 (configs.GLUON_ORDER3: 2.41x torch.fft, 1.47x the three-pass "long" path it replaced) and, with two
-warpgroups a pair (WARPGROUPS 2), at 16384 (1.25x the long path); built for 4096 (A2 = 8) as a candidate.
+once. ON at N = 8192 and, with two warpgroups a pair (WARPGROUPS 2), at 16384 (configs.GLUON_ORDER3 / _HALF), each
+chunk transposed (TCHUNK, _tchunk: what ships; the untransposed chunks below are the kernel before it, and the 4096
+build (A2 = 8) a candidate).
 
 The chunked kernel's method (gluon_onepass.py: two sequences of a channel as z = u_a + i u_b, one complex DFT
 of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A split once more,

@@ -126,7 +126,8 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 
 
 # the order-3 kernel's fits by N (sm_90a): programs a multiprocessor (shared memory, registers) and k1 values a chunk
-# (4096: KG A2 >= 16, the wgmma's K; KG 4 at 8192 and KG 2 at 16384 spill); two warpgroups a pair: one program a SM
+# (4096: KG A2 >= 16, the wgmma's K; untransposed, KG 4 at 8192 and KG 2 at 16384 spill); two warpgroups a pair: one
+# program a SM
 ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), (1,))}
 # the transposed chunk (tchunk): its k1 values a chunk make 64 rows k_a (KG A2 = 64); no staging tile, no -Im F_B
 ORDER3_TCHUNK_KG = {8192: 4, 16384: 2}
