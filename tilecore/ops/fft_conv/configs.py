@@ -39,7 +39,7 @@ GLUON_ORDER3: dict = {
 GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path
     8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
            (1, True, 2, 2, 2)],  # two warpgroups on each pair's T: 38% slower than the shipped two programs
-    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # shipped to session 39; one warpgroup a SM 6.238 vs long 5.947
+    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # untransposed chunks; one warpgroup a SM 6.238 vs long 5.947
     4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
 }
 GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chunk's bins loaded under its stage 3
@@ -73,10 +73,10 @@ GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shippe
     4096: [GLUON_ONEPASS_HALF[4096]],
 }
 GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID[, TCHUNK[, DIRECT]]])
-    8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True),  # (shipped before session 40: KMID)
+    8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True),  # (untransposed chunks; KMID the faster)
            GLUON_ORDER3_HALF[8192], (2, True, 4, 2, 1, 3, False, True, True)],  # TCHUNK; + DIRECT 0.99x it
-    16384: [(1, True, 1, 2, 2, 3, True), (1, True, 1, 2, 2, 3),  # (sm_90a: both 0 spill, 213 KiB; the first shipped
-            GLUON_ORDER3_HALF[16384]],  # before session 40)
+    16384: [(1, True, 1, 2, 2, 3, True), (1, True, 1, 2, 2, 3),  # (untransposed chunks; sm_90a: both 0 spill, 213 KiB)
+            GLUON_ORDER3_HALF[16384]],
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {
