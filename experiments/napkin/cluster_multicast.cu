@@ -8,7 +8,12 @@
 // One warp is the producer (its lane 0 issues the copies into a ring of `stages` chunk buffers), one the consumer
 // (it waits for a chunk, reads one word of it, or in the check mode sums every 32-bit word, and frees the buffer).
 // With multicast, buffer s of every block of a cluster is filled by block s % c's copy, which waits until all c
-// blocks have freed that buffer (each consumer arrives on the issuer's `empty` barrier remotely).
+// blocks have freed that buffer (each consumer arrives on the issuer's `empty` barrier remotely). multicast = 1 makes
+// that arrive a cluster-scope release and the issuer's wait a cluster-scope acquire; multicast = 2 uses the
+// instructions' default (CTA) scope for both, the form CUTLASS's ClusterBarrier uses: is the multicast chunk's cost
+// the cluster-scope fence or the copy?
+// Without multicast, `group` blocks in a row follow one chunk sequence (stream = block / group), so up to `group`
+// SMs read the same lines at about the same time, as a GEMM's concurrent tiles read one operand panel.
 #include <cstdint>
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -56,16 +61,17 @@ __device__ __forceinline__ void wait_parity(uint32_t bar, uint32_t parity, unsig
 extern "C" __global__ void __launch_bounds__(64)
 cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_chunks, unsigned chunk,
                         unsigned nchunks, unsigned stages, unsigned multicast, unsigned check,
-                        unsigned long long *__restrict__ sums, unsigned *__restrict__ flag) {
+                        unsigned long long *__restrict__ sums, unsigned *__restrict__ flag, unsigned group) {
     extern __shared__ __align__(128) uint8_t smem[];
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (size_t)stages * chunk);
     const uint32_t full0 = smem_u32(bars), free0 = smem_u32(bars + stages), empty0 = smem_u32(bars + 2 * stages);
     const uint32_t c = multicast ? cluster_size() : 1u, rank = multicast ? cluster_rank() : 0u;
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool light = multicast == 2u;
     // The chunk sequence: a cluster's blocks share one under multicast; otherwise each block has its own.
     uint32_t cid;
     asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
-    const unsigned long long stream = multicast ? cid : blockIdx.x;
+    const unsigned long long stream = multicast ? cid : blockIdx.x / (group ? group : 1u);
 
     if (threadIdx.x == 0) {
         for (unsigned s = 0; s < stages; ++s) {
@@ -90,7 +96,7 @@ cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                              :: "r"(dst), "l"(from), "r"(chunk), "r"(full) : "memory");
             } else if (s % c == rank) {
-                if (lap > 0) wait_parity(empty0 + 8 * s, (lap - 1) & 1, flag, true);  // all c blocks read lap - 1
+                if (lap > 0) wait_parity(empty0 + 8 * s, (lap - 1) & 1, flag, !light);  // all c blocks read lap - 1
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
                              "[%0], [%1], %2, [%3], %4;"
                              :: "r"(dst), "l"(from), "r"(chunk), "r"(full), "h"(mask) : "memory");
@@ -114,7 +120,11 @@ cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_
                 if (multicast) {
                     uint32_t remote;
                     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(empty0 + 8 * s), "r"(s % c));
-                    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+                    if (light)
+                        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+                    else
+                        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote)
+                                     : "memory");
                 }
             }
         }

@@ -7,7 +7,14 @@ reach the SMs' shared memory from an L2-resident working set (16 MiB, as hardwar
 
 - ``plain``: each block loads its own chunks (bulk copies, no cluster);
 - ``cluster2`` / ``cluster4``: the same in clusters of 2 / 4 (the launch's cost alone);
-- ``mc2`` / ``mc4``: clusters of 2 / 4 where each chunk is read once for the cluster (multicast to all its blocks).
+- ``mc2`` / ``mc4``: clusters of 2 / 4 where each chunk is read once for the cluster (multicast to all its blocks);
+- ``mc2_cta`` / ``mc4_cta``: the same with the consumers' remote release and the issuer's wait at the instructions'
+  default (CTA) scope, as CUTLASS's cluster barrier has them (``mc*`` use cluster scope): what a multicast chunk
+  costs beyond the copy.
+
+Phase ``shared``: plain bulk copies on every SM where ``g`` blocks in a row follow one chunk sequence, so up to g SMs
+read the same lines at about the same time (a GEMM's concurrent tiles read one operand panel so): the L2's delivered
+bandwidth when lines are shared against when every SM reads its own (g = 1).
 
 Delivered TB/s is the bytes written into shared memory; L2 TB/s the bytes read from L2 (delivered / c under
 multicast). The model's prediction: delivered = c x the preset's L2 bandwidth while no other level binds. Every
@@ -44,7 +51,9 @@ import triton.language as tl  # noqa: E402
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "cluster_multicast.cu"
 KB = 1024
-MODES = {"plain": (1, 0), "cluster2": (2, 0), "mc2": (2, 1), "cluster4": (4, 0), "mc4": (4, 1)}
+MODES = {"plain": (1, 0), "cluster2": (2, 0), "mc2": (2, 1), "mc2_cta": (2, 2), "cluster4": (4, 0), "mc4": (4, 1),
+         "mc4_cta": (4, 2)}
+GROUPS = (1, 2, 4, 12, 33, 132)
 
 
 def nvcc() -> str | None:
@@ -77,14 +86,19 @@ def sass_ops(cubin: bytes) -> dict:
 
 @triton.jit
 def l2_read_kernel(x_ptr, out_ptr, slice_elems, passes, programs, ROTATE: tl.constexpr, CG: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, SAME: tl.constexpr = False):
     # each program sums a slice `passes` times: its own (as gpu_constants.py measured the preset's L2 figure: the
     # slices of an SM's programs fit its L1), or with ROTATE another program's slice each pass (no L1 reuse);
-    # CG: loads that bypass L1 (ld.global.cg)
+    # CG: loads that bypass L1 (ld.global.cg); SAME: every program reads the same slice each pass (shared lines)
     pid = tl.program_id(0)
     acc = tl.zeros((BLOCK,), tl.float32)
     for p in range(passes):
-        owner = (pid + p * 7) % programs if ROTATE else pid
+        if SAME:
+            owner = (p * 7) % programs
+        elif ROTATE:
+            owner = (pid + p * 7) % programs
+        else:
+            owner = pid
         base = owner.to(tl.int64) * slice_elems
         for start in range(0, slice_elems, BLOCK):
             offs = start + tl.arange(0, BLOCK)
@@ -106,14 +120,16 @@ def ldg_phase(run: Run, sms: int, smoke: bool) -> None:
     x = torch.rand(programs * slice_elems, device=dev)
     sums = x.view(programs, slice_elems).double().sum(1)
     fns = {}
-    for name, rotate, cg in (("own", False, False), ("own_cg", False, True), ("rotate", True, False),
-                             ("rotate_cg", True, True)):
+    for name, rotate, cg, same in (("own", False, False, False), ("own_cg", False, True, False),
+                                   ("rotate", True, False, False), ("rotate_cg", True, True, False),
+                                   ("same_cg", False, True, True)):
         out = torch.full((programs,), float("nan"), device=dev)
-        fn = (lambda out=out, r=rotate, c=cg: l2_read_kernel[(programs,)](x, out, slice_elems, passes, programs,
-                                                                           ROTATE=r, CG=c, BLOCK=1024))
+        fn = (lambda out=out, r=rotate, c=cg, sm=same: l2_read_kernel[(programs,)](
+            x, out, slice_elems, passes, programs, ROTATE=r, CG=c, BLOCK=1024, SAME=sm))
         fn()
-        owners = [[(p + q * 7) % programs if rotate else p for q in range(passes)] for p in range(programs)]
-        ref = torch.stack([sums[o].sum() for o in owners]) if rotate else sums * passes
+        owners = [[(q * 7) % programs if same else (p + q * 7) % programs if rotate else p for q in range(passes)]
+                  for p in range(programs)]
+        ref = torch.stack([sums[o].sum() for o in owners]) if rotate or same else sums * passes
         err = ((out.double().cpu() - ref.cpu()).abs() / ref.cpu().abs().clamp_min(1)).max().item()
         run.row(f"check ldg {name}", **{"pass": err < 1e-3}, rel_err=err)
         fns[name] = fn
@@ -179,22 +195,23 @@ class Probe:
                  "cuOccupancyMaxActiveClusters")
         return n.value
 
-    def launch(self, cfg, src, src_chunks, chunk, nchunks, stages, multicast, check, sums, flag):
+    def launch(self, cfg, src, src_chunks, chunk, nchunks, stages, multicast, check, sums, flag, group=1):
         args = [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(src_chunks), ctypes.c_uint(chunk),
                 ctypes.c_uint(nchunks), ctypes.c_uint(stages), ctypes.c_uint(multicast), ctypes.c_uint(check),
-                ctypes.c_uint64(sums.data_ptr()), ctypes.c_uint64(flag.data_ptr())]
+                ctypes.c_uint64(sums.data_ptr()), ctypes.c_uint64(flag.data_ptr()), ctypes.c_uint(group)]
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         self._ok(self.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fn, params, None), "cuLaunchKernelEx")
 
 
-def expected_sums(src: torch.Tensor, chunk: int, nchunks: int, grid: int, c: int, multicast: int) -> torch.Tensor:
+def expected_sums(src: torch.Tensor, chunk: int, nchunks: int, grid: int, c: int, multicast: int,
+                  group: int = 1) -> torch.Tensor:
     """Each block's sum of the 32-bit words (unsigned) of the chunks it should receive: block b's chunk j is chunk
-    (stream * 97 + j) mod src_chunks, stream = b // c under multicast (its cluster), else b."""
+    (stream * 97 + j) mod src_chunks, stream = b // c under multicast (its cluster), else b // group."""
     words = src.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     chunk_sums = words.view(-1, chunk // 4).sum(1)
     src_chunks = chunk_sums.numel()
     block = torch.arange(grid, device=src.device, dtype=torch.int64)
-    stream = block // c if multicast else block
+    stream = block // c if multicast else block // group
     idx = (stream[:, None] * 97 + torch.arange(nchunks, device=src.device)[None, :]) % src_chunks
     return chunk_sums[idx].sum(1)
 
@@ -265,6 +282,36 @@ def share_phase(run: Run, probe: Probe, flag, sms: int) -> None:
                 per_sm_gbs=round(bw / sms_used / 1e9, 1), rounds=t[f"{name}_rounds"])
 
 
+def shared_phase(run: Run, probe: Probe, flag, sms: int, ring: str, mib_per_block: int) -> None:
+    """Plain bulk copies on every SM (one block an SM, no cluster) where `g` blocks in a row follow one chunk sequence:
+    the delivered bandwidth when up to g SMs read the same lines at about the same time (g = 1: each its own)."""
+    kb, stages = (int(v) for v in ring.split("x"))
+    chunk = kb * KB
+    smem = stages * chunk + 3 * 8 * stages
+    src_chunks = 16 * 2**20 // chunk
+    src = torch.randint(0, 256, (src_chunks * chunk,), dtype=torch.uint8, device="cuda")
+    nchunks = mib_per_block * 2**20 // chunk
+    cfg = probe.config(sms, 1, smem)
+    fns = {}
+    for g in GROUPS:
+        sums = torch.full((sms,), -1, dtype=torch.int64, device="cuda")
+        check_chunks = 8 * stages + 3
+        probe.launch(cfg, src, src_chunks, chunk, check_chunks, stages, 0, 1, sums, flag, g)
+        torch.cuda.synchronize()
+        ok = bool(torch.equal(sums, expected_sums(src, chunk, check_chunks, sms, 1, 0, g))) and int(flag.item()) == 0
+        run.row(f"check shared {ring} g{g}", grid=sms, group=g, **{"pass": ok})
+        out = torch.empty(sms, dtype=torch.int64, device="cuda")
+        fns[f"g{g}"] = (lambda g=g, out=out: probe.launch(cfg, src, src_chunks, chunk, nchunks, stages, 0, 0, out,
+                                                            flag, g))
+    t = time_rounds(fns, rounds=3, warmup=5, rep=40, deadline=run)
+    for g in GROUPS:
+        ms = t[f"g{g}_ms"]
+        delivered = sms * nchunks * chunk / (ms * 1e-3)
+        run.row(f"time shared {ring} g{g}", grid=sms, group=g, ms=ms, delivered_tbs=round(delivered / 1e12, 3),
+                l2_tbs=round(delivered / g / 1e12, 3), per_sm_gbs=round(delivered / sms / 1e9, 1),
+                rounds=t[f"g{g}_rounds"])
+
+
 def gluon_phase(run: Run) -> None:
     """Triton 3.6's Gluon with num_ctas=2 and a broadcast cga_layout on a TMA load: the PTX's bulk-tensor copies and
     whether any is a multicast (the reason this probe is CUDA C)."""
@@ -305,7 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=100.0)
     ap.add_argument("--rings", default="32x4,24x8", help="chunk KiB x stages, comma-separated")
     ap.add_argument("--mib-per-block", type=int, default=64)
-    ap.add_argument("--phases", default="rings", help="of: rings, share, ldg")
+    ap.add_argument("--phases", default="rings", help="of: rings, share, shared, ldg")
+    ap.add_argument("--shared-ring", default="24x8", help="the shared phase's ring (chunk KiB x stages)")
     args = ap.parse_args(argv)
     run = Run("napkin_cluster_multicast", deadline=args.deadline)
     phases = set(args.phases.split(","))
@@ -324,6 +372,8 @@ def main(argv=None) -> int:
         src = torch.randint(0, 256, (64 * KB,), dtype=torch.uint8)
         ref = expected_sums(src, 4 * KB, 5, 4, 2, 1)
         assert torch.equal(ref[0], ref[1]) and not torch.equal(ref[1], ref[2])  # a cluster's blocks share a stream
+        ref = expected_sums(src, 4 * KB, 5, 8, 1, 0, 4)
+        assert torch.equal(ref[0], ref[3]) and not torch.equal(ref[3], ref[4])  # so do a group's
         assert ctypes.sizeof(LaunchAttribute) == 72 and ctypes.sizeof(LaunchConfig) == 56  # cuda.h's, CUDA 12-13
         run.finish(["name", "nvcc_s", "UBLKCP.S.G.MULTICAST", "multicast_copies"])
         return 0
@@ -338,12 +388,14 @@ def main(argv=None) -> int:
                              "napkin_l2_bytes_per_s": l2, "sms": sms, "rings": args.rings}
     if "share" in phases:
         run.attempt("share", share_phase, run, probe, flag, sms)
+    if "shared" in phases:
+        run.attempt("shared", shared_phase, run, probe, flag, sms, args.shared_ring, args.mib_per_block)
     for ring in (args.rings.split(",") if "rings" in phases else []):
         if run.left() < 15:
             run.errors.append(f"deadline: ring {ring} not run")
             break
         run.attempt(f"ring {ring}", ring_phase, run, probe, flag, sms, l2, ring, args.mib_per_block)
-    run.finish(["name", "pass", "grid", "ms", "delivered_tbs", "l2_tbs", "read_tbs", "per_sm_gbs",
+    run.finish(["name", "pass", "grid", "group", "ms", "delivered_tbs", "l2_tbs", "read_tbs", "per_sm_gbs",
                 "napkin_delivered_tbs", "measured_over_napkin", "multicast_copies"])
     return 0 if not run.errors and all(r.get("pass", True) for r in run.rows) else 1
 
