@@ -20,6 +20,8 @@ tilecore.ops.fft_conv.op:RECORDED_RECIPES (session 36).
 recorded recipe, tilecore.ops.norm.op:RECORDED_RECIPES, on "rms_norm (grad recorded)" and on the fwd+bwd row).
 --split: fft_conv's plain eager call taken apart on this host (split_fft_conv: the whole call, the call given the
 spectrum, the padding cat, the rfft, the memo, the mode, a plan-cache lookup, the allocation), each part alone.
+--parts (session 41): what an autograd Function's apply costs on this host by its arguments and saved tensors
+(split_apply: attention's recorded call applies 10 arguments and saves 5 tensors), each form alone.
 
 Rows beyond host_time.py's (extra_cases): "rms_norm fwd+bwd (grad recorded)" and "fft_conv fwd+bwd (grad recorded)",
 the forward recording a gradient then torch.autograd.grad of both inputs (ours returns y and both gradients, so the
@@ -124,6 +126,80 @@ def split_fft_conv(calls: int) -> dict:
     return row
 
 
+def split_apply(calls: int) -> dict:
+    """An autograd Function's apply on this host, us a call, each form alone over ``calls`` back-to-back calls: the
+    forward allocates O and lse as attention's recorded call does (the two allocations alone timed too) and returns
+    O; forms: 10 arguments (attention's _AttentionOutFunction: q, k, v and 7 others) saving q, k, v, O, lse; 6
+    arguments (a recipe, q, k, v, scale, softcap) saving the same; 6 saving 4 (lse kept as an attribute: it is no
+    output, so no cycle); 6 without set_materialize_grads. q, k, v as the N256 row's (B1 H8 N256 D64 bf16, recording
+    a gradient). torch.autograd.Function's own apply is not used (tiles.eager.apply, as the ops call it)."""
+    from tilecore.tiles import eager as tiles_eager
+    dev = host_time.DEV[0]
+    q, k, v = (torch.randn(1, 8, 256, 64, device=dev, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+
+    def outputs(q):
+        return q.new_empty((1, 8, 256, 64)), q.new_empty((1, 8, 256), dtype=torch.float32)
+
+    class Ten(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin, plan=None):
+            out, lse = outputs(q)
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.options = (causal, scale, window, softcap, sm_margin)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            return (None,) * 10
+
+    class Six(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, recipe, q, k, v, scale, softcap):
+            out, lse = outputs(q)
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.options = (recipe, scale, softcap)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            return (None,) * 6
+
+    class SixSaveFour(Six):
+        @staticmethod
+        def forward(ctx, recipe, q, k, v, scale, softcap):
+            out, lse = outputs(q)
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(q, k, v, out)
+            ctx.lse, ctx.options = lse, (recipe, scale, softcap)
+            return out
+
+    class SixMaterialize(Six):
+        @staticmethod
+        def forward(ctx, recipe, q, k, v, scale, softcap):
+            out, lse = outputs(q)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.options = (recipe, scale, softcap)
+            return out
+
+    key = ("forward_recorded", (q.shape, q.stride(), q.dtype, q.device, True))
+    parts = {
+        "two allocations": lambda: outputs(q),
+        "apply 10 args, save 5": lambda: tiles_eager.apply(Ten, q, k, v, False, 0.125, (-1, -1), 0.0, key, 0, None),
+        "apply 6 args, save 5": lambda: tiles_eager.apply(Six, key, q, k, v, 0.125, 0.0),
+        "apply 6 args, save 4": lambda: tiles_eager.apply(SixSaveFour, key, q, k, v, 0.125, 0.0),
+        "apply 6 args, save 5, grads materialized": lambda: tiles_eager.apply(SixMaterialize, key, q, k, v, 0.125, 0.0),
+    }
+    times = {name: [] for name in parts}
+    for r in range(5):
+        for name in (list(parts) if r % 2 == 0 else list(parts)[::-1]):
+            times[name].append(round(host_time.per_call_us(parts[name], calls), 2))
+    row = {f"{name}_us": statistics.median(v) for name, v in times.items()}
+    row["rounds_us"] = times
+    return row
+
+
 def _tensors(y):
     ys = y if isinstance(y, (tuple, list)) else (y,)
     out = []
@@ -203,6 +279,7 @@ def main():
     ap.add_argument("--ab-switch", default="", help="MODULE:NAME: the switch --ab-rows time on and off (OP_RECIPES)")
     ap.add_argument("--ab", action="append", default=[], help="ROW@MODULE:NAME: that row A/B'd by that switch")
     ap.add_argument("--split", action="store_true", help="fft_conv's plain eager call taken apart (split_fft_conv)")
+    ap.add_argument("--parts", action="store_true", help="an autograd Function's apply by its arguments (split_apply)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
     a = ap.parse_args()
     if a.smoke:
@@ -228,6 +305,15 @@ def main():
         run.say("fft_conv split, us a call: " + ", ".join(
             f"{k[:-3]} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
             for k, v in run.extra["split_fft_conv"].items() if k != "rounds_us"))
+    if a.parts:
+        try:
+            run.extra["split_apply"] = split_apply(a.calls)
+        except Exception as err:  # noqa: BLE001
+            run.extra["split_apply"] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        run.save()
+        run.say("apply split, us a call: " + ", ".join(
+            f"{k[:-3]} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in run.extra["split_apply"].items() if k != "rounds_us"))
     for name in names:
         if run.left() < 0:
             run.row(name, skipped="deadline")
