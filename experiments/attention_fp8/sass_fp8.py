@@ -54,6 +54,12 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qreg_split_hide_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
                                 mask32=True),
     "qrot_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
+    # session 41: the pipeline carried across a program's tiles (carry: a tile's first S with the previous tile's last
+    # P V, its epilogue after the softmax), on the convenience path's kernels and the plain one
+    "carry": dict(carry=True),
+    "qreg_split_hide_m32_carry": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
+                                      hide_first_key=True, mask32=True, carry=True),
+    "qrot_hide_m32_carry": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, carry=True),
 }
 
 

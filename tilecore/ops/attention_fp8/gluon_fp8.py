@@ -218,6 +218,7 @@ class Running:
     vd: object  # V_PER_BLOCK: the descale of the V block whose P V is next (acc is carried in its units)
     vn: object  # V_PER_BLOCK: the block's after it (loaded a step ahead)
     qr: object  # Q_REG: Q's e4m3 codes as S's register operand (rotate_q_reg; else None)
+    pend: object  # CARRY: the rows of the previous tile, whose last P V and epilogue come with this tile's first step
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # row_sum_mma: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -261,6 +262,7 @@ class AttentionFp8:
     ROT_SPLIT: gl.constexpr  # Q_REG: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
+    CARRY: gl.constexpr  # the pipeline runs on across a program's tiles (the template's CARRY; AttentionFp8.compute)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -278,19 +280,33 @@ class AttentionFp8:
 
     @gluon.jit
     def setup(self, tile_id):
-        """The tile's rows and its steps: a step per key block and one for the last P V."""
+        """The tile's rows and its steps: a step per key block and one for the last P V (CARRY: that one is the next
+        tile's first, and a tile with no key block has one, all masked)."""
         rows = query_tile(self, tile_id, self.BM * self.CONSUMERS)
-        return rows, gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
+        if self.CARRY:
+            rows = rows.replace(n_blocks=gl.maximum(rows.n_blocks, 1))
+            steps = rows.n_blocks
+        else:
+            steps = gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
+        return rows, steps
 
     @gluon.jit
-    def load(self, stage, bar, tile, step):
+    def load(self, stage, bar, tile, step, prev=None):
         """Step ``step``'s K block and the V^T block of the step before (the first step reloads V block
-        0, the last step K block n - 1, unused: a stage's byte count is fixed)."""
+        0, the last step K block n - 1, unused: a stage's byte count is fixed); CARRY: the first step's V block is the
+        previous tile's last."""
         b, h, hk = head_of(tile.bh, self.H, self.GROUP)
+        v_b, v_hk = b, hk
         k_block = gl.minimum(step, tile.n_blocks - 1)
-        v_block = gl.maximum(step - 1, 0)
+        if self.CARRY:
+            v_block = step - 1
+            if step == 0:
+                v_b, v_h, v_hk = head_of(prev.bh, self.H, self.GROUP)
+                v_block = prev.n_blocks - 1
+        else:
+            v_block = gl.maximum(step - 1, 0)
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BN], bar, stage.vt)
+        tma.async_copy_global_to_shared(self.vt_desc, [v_b, v_hk, 0, v_block * self.BN], bar, stage.vt)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
@@ -299,17 +315,31 @@ class AttentionFp8:
         tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first + consumer * self.BM, 0], bar, q_smem)
 
     @gluon.jit
-    def start(self, ctx, tile, prev):
-        first = tile.first + ctx.index * self.BM  # this consumer's rows
-        n_own = tile.n_blocks
-        if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
-            own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
-            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+    def initial(self, ctx):
+        """CARRY: the state before a program's first tile: nothing pending (0 key blocks), zeros of every field's
+        type (m -inf)."""
+        zero = gl.program_id(0) * 0
+        m, l = online_softmax_start(self.BM, self.S)
+        if self.Q_PER_ROW:
+            q_scale = l
+        else:
+            q_scale = gl.load(self.q_scales)
         qr = None
         if self.Q_REG:
-            q_scale, qr = self.rotate_q_reg(ctx)
-            q_scale = q_scale * self.scale_log2e
-        elif self.Q_ROTATE:
+            qr = gl.zeros([self.BM, self.D], gl.float32, wgmma_lhs_layout(self.BM, self.BN, gl.num_warps(), 8)).to(
+                gl.float8e4nv)
+        vd = 1.0
+        if self.V_PER_BLOCK:  # (a loaded scalar, as the later tiles' descales)
+            vd = self.v_block_scale(zero, 0)
+        return Running(m, gl.zeros([self.BM, self.D], gl.float32, self.O),
+                       gl.zeros([self.BM, self.BN], gl.float32, self.P), Rows(zero, zero, zero), q_scale,
+                       gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd, vd, qr, Rows(zero, zero, zero))
+
+    @gluon.jit
+    def q_descales(self, ctx, tile, first):
+        """A consumer's rows' base-2 score scale for this tile without Q_REG: q's descales (rotating Q where
+        Q_ROTATE) x softmax scale x log2 e."""
+        if self.Q_ROTATE:
             q_scale = self.rotate_q(ctx) * self.scale_log2e
         elif self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
@@ -317,19 +347,44 @@ class AttentionFp8:
                               mask=offs < self.N, other=0.0) * self.scale_log2e
         else:
             q_scale = gl.load(self.q_scales + tile.bh) * self.scale_log2e
+        return q_scale
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        first = tile.first + ctx.index * self.BM  # this consumer's rows
+        qr = None
+        if self.Q_REG:
+            q_scale, qr = self.rotate_q_reg(ctx)
+            q_scale = q_scale * self.scale_log2e
+        else:
+            q_scale = self.q_descales(ctx, tile, first)
         if not self.K_PER_ROW and not self.K_PER_BLOCK:  # the head's k descale folds in once a tile (not a load a step)
             b, h, hk = head_of(tile.bh, self.H, self.GROUP)
             q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
-        m, l = online_softmax_start(self.BM, self.S)
-        acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
-        p = gl.zeros([self.BM, self.BN], gl.float32, self.P)
-        l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
-        vd = 1.0
-        vn = 1.0
-        if self.V_PER_BLOCK:
-            vd = self.v_block_scale(tile.bh, 0)
-            vn = self.v_block_scale(tile.bh, 1)
-        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr)
+        if self.CARRY:
+            # m, acc, l_acc, P and vd stay the previous tile's (its last P V and epilogue come with this tile's first
+            # step); both consumers walk all the tile's blocks (a block all masked for a row gives it P = 0, alpha 1);
+            # vn holds this tile's first V block's descale until that step
+            vn = prev.vn
+            if self.V_PER_BLOCK:
+                vn = self.v_block_scale(tile.bh, 0)
+            st = prev.replace(rows=Rows(first, tile.bh, tile.n_blocks), pend=prev.rows, q_scale=q_scale, qr=qr, vn=vn)
+        else:
+            n_own = tile.n_blocks
+            if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but the last P V
+                own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
+                n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
+            m, l = online_softmax_start(self.BM, self.S)
+            acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
+            p = gl.zeros([self.BM, self.BN], gl.float32, self.P)
+            l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
+            vd = 1.0
+            vn = 1.0
+            if self.V_PER_BLOCK:
+                vd = self.v_block_scale(tile.bh, 0)
+                vn = self.v_block_scale(tile.bh, 1)
+            st = Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr, None)
+        return st
 
     @gluon.jit
     def rotate_q(self, ctx):
@@ -515,7 +570,9 @@ class AttentionFp8:
             q = self.q_operand(ctx)
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
         v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
-        if step == 0:
+        if self.CARRY:
+            st = self.compute_carried(ctx, st, q, k_t, v, step)
+        elif step == 0:
             k_scale = self.key_scales(st, 0)
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
                                   is_async=True)
@@ -523,21 +580,57 @@ class AttentionFp8:
             m, p32, alpha = self.softmax(s, st, self.first_key(), k_scale)
             st = st.replace(m=m, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
-            m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
-            if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's (st.vn)
-                acc = acc * as_column(alpha * (st.vd / st.vn), self.O)
-                st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
-            else:
-                acc = acc * as_column(alpha, self.O)
-            l_acc = l_acc * as_column(alpha, self.L)
-            st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
+            st = self.steady_step(st, q, k_t, v, step)
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            p8 = to_e4m3x4(st.p, self.P_LINEAR)
-            t0, t1, t2, t3 = self.row_sum_mma(p8)
-            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-            st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+            st = self.last_pv(st, v)
         return st  # (causal: a step past this consumer's keys does nothing; the other's rows see more)
+
+    @gluon.jit
+    def steady_step(self, st, q, k_t, v, step):
+        """Step 1 <= step < the key blocks: S_step with P_{step-1} V_{step-1}, the softmax, O and l rescaled."""
+        m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
+        if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's (st.vn)
+            acc = acc * as_column(alpha * (st.vd / st.vn), self.O)
+            st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
+        else:
+            acc = acc * as_column(alpha, self.O)
+        l_acc = l_acc * as_column(alpha, self.L)
+        return st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
+
+    @gluon.jit
+    def last_pv(self, st, v):
+        """The last P V (and l's chunks) of the state's rows, waited for."""
+        p8 = to_e4m3x4(st.p, self.P_LINEAR)
+        t0, t1, t2, t3 = self.row_sum_mma(p8)
+        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+        acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+        return st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
+
+    @gluon.jit
+    def compute_carried(self, ctx, st, q, k_t, v, step):
+        """CARRY's steps. A tile's first issues its S_0 with the previous tile's last P V (the stage holds this tile's
+        first K block and that tile's last V^T block), runs the softmax of S_0 under it, then finishes the previous
+        tile (its epilogue: O, lse, the TMA store) and starts O and l from zero; its later steps are the steady ones;
+        the tail step (step = the key blocks: the template's call after a program's last tile) is the last P V and the
+        epilogue of that tile."""
+        if step == 0:
+            m0, l0 = online_softmax_start(self.BM, self.S)
+            m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st.replace(m=m0), self.first_key())
+            if st.pend.n_blocks > 0:  # a previous tile (not the state before a program's first)
+                self.finish(ctx, st.replace(acc=acc, l_acc=l_acc, rows=st.pend), None)
+            vd = st.vd
+            vn = st.vn
+            if self.V_PER_BLOCK:  # this tile's first V block's descale (start put it in vn), and the next
+                vd = st.vn
+                vn = self.v_block_scale(st.rows.bh, 1)
+            st = st.replace(m=m, p=self.p_operand(p32), acc=gl.zeros([self.BM, self.D], gl.float32, self.O),
+                            l_acc=gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd=vd, vn=vn)
+        elif step < st.rows.n_blocks:
+            st = self.steady_step(st, q, k_t, v, step)
+        else:
+            st = self.last_pv(st, v)
+            self.finish(ctx, st, None)
+        return st
 
     @gluon.jit
     def first_key(self):
@@ -587,7 +680,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
-                             HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False):
+                             HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
+                             CARRY: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
@@ -623,11 +717,11 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, ones, rotation,
+                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, CARRY, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
-                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
+                    CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

@@ -1,32 +1,31 @@
-"""FP8 attention's convenience path (issue 34, session 40) against tilecore's bf16 forward by GPU time, and config
-forms of the kernel (forms()) against the shipped one in the same run.
+"""FP8 attention's convenience path (issue 34) against tilecore's bf16 forward by GPU time, and config forms of the
+kernel (forms()) against the shipped one in the same run. (Sessions 40-41; session 40's runs name it gpu_s40.py.)
 
-    PYTHONPATH=. python experiments/attention_fp8/gpu_s40.py [--budget 200]
-        [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,passes] [--forms old,new] [--smoke]
+    PYTHONPATH=. python experiments/attention_fp8/gpu_rotated.py [--budget 200]
+        [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,d64,passes] [--forms ship,carry] [--smoke]
 
-Forms: "old" (session 39's state: configs.GLUON_FORWARD without ``mask32``, configs.QUANTIZE_CLAMP True) and "new"
-(shipped since call 2: ``mask32``, the masked step's mask as one 32-bit comparison an element,
-gluon_fp8.AttentionFp8.mask32, and the quantizers without the explicit +-448 clamp). Call 2's forms m32 and noclamp
-timed each against session 39's state (runs/hc_m32_s40c_run2_session40_h100.txt); call 1's "late" (P V's wait after
-the softmax) lost and was removed (notes/attention_fp8). Same math: O must be the same bits.
+Forms (the first is the base every other is compared with): "ship" (the shipped configs) and "carry" (session 41:
+configs.GLUON_FORWARD's ``carry``, the template's CARRY: a tile's first S issued with the previous tile's last P V, its
+epilogue after the softmax of that step, one ring step fewer a tile; gluon_fp8.AttentionFp8.compute_carried). Session
+40's forms (old: session 39's state; m32, noclamp: shipped since; st4, nohide: lost or equal) are in
+notes/attention_fp8's decision log. The same math: O must be the same bits in every form.
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
 * d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
   forward: O of each against float64 on the last (batch, head) (outputs poisoned: the allocator's block filled with
-  NaN first), each form's O bit for bit against old's; interleaved rounds of CUDA-graph times and GPU time by the
-  profiler (each call after a synchronize: the sum of its kernels, and each kernel's).
-* tail: B2 Hq8 Hkv2 N1008 Nk1104 D128 and D64 causal (GQA, tails): each form against float64 and bit for bit against
-  old's.
+  NaN first), each form's O bit for bit against the base's; interleaved rounds of CUDA-graph times and GPU time by the
+  profiler (each call after a synchronize: the sum of its kernels, and each kernel's: the k and v passes' share).
+* tail: B2 Hq8 Hkv2 N1008 Nk1104 D128 and D64 causal, D128 full (GQA, tails), and B1 Hq4 Hkv2 N1100 Nk900 D128
+  causal (rows with no key: O 0): each form against float64 and bit for bit against the base's.
 * outlier: FlashAttention-3's outlier test (N(0,1) + N(0,100) with probability 0.001), B1 H16 N2048 D128 causal,
   RMSE against float64 (target <= 9.1e-3 rotated), each form.
-* passes: the k pass (rotate_quantize) and the v pass (quantize_v_permuted per block) shipped (no explicit +-448
-  clamp before their e4m3 conversion: cvt.rn.satfinite saturates by itself, the same codes, sm_90a SASS 248
-  instructions fewer a program in each) and with it (configs.QUANTIZE_CLAMP True), bit for bit (a NaN planted: NaN
-  codes either way) and against torch's bf16 -> e4m3 cast of the same tensor, from CUDA graphs.
+* passes: the k pass (rotate_quantize) and the v pass (quantize_v_permuted per block) shipped and with the explicit
+  +-448 clamp (configs.QUANTIZE_CLAMP True), bit for bit, and against torch's bf16 -> e4m3 cast of the same tensor,
+  from CUDA graphs.
 * plain128c, plain64c: attention_fp8 on e4m3 inputs with per-head descales (the kernel alone, GLUON_FORWARD's
   config), B16 H16 N4096 causal, in the forms.
 
-JSON: $OUT/attention_fp8_s40.json (experiments/common/gpu_script.Run).
+JSON: $OUT/attention_fp8_rotated.json (experiments/common/gpu_script.Run).
 """
 from __future__ import annotations
 
@@ -45,18 +44,12 @@ from experiments.attention_fp8.gpu_s38 import (gpu_us, med, outlier_inputs, pois
 
 def forms(names):
     """name -> (the module configs patched for that form: tiles.switches.patched keyword arguments by module, the head
-    dims it changes anything at). Call 2's forms m32 (GLUON_FORWARD's mask32) and noclamp (QUANTIZE_CLAMP False) are
-    the shipped state since: "old" is session 39's state (mask32 off, the quantizers' clamp on), "new" the shipped."""
+    dims it changes anything at)."""
     from tilecore.ops.attention_fp8 import configs
 
-    old = {d: dict(c, mask32=False) for d, c in configs.GLUON_FORWARD.items()}
-    rot = configs.ROTATED
-    table = {"old": ({configs: dict(GLUON_FORWARD=old, QUANTIZE_CLAMP=True)}, (64, 128)),
-             "new": ({}, (64, 128)),
-             # the shipped state with 4 stages at D64 (ROTATED stages; 3 shipped), or without hide_first_key (mask32's
-             # opaque key offset keeps step 0's mask in its branch too)
-             "st4": ({configs: dict(ROTATED=dict(rot, stages={**rot["stages"], 64: 4}))}, (64,)),
-             "nohide": ({configs: dict(ROTATED=dict(rot, hide_first_key=()))}, (64, 128))}
+    carry = {d: dict(c, carry=True) for d, c in configs.GLUON_FORWARD.items()}
+    table = {"ship": ({}, (64, 128)),
+             "carry": ({configs: dict(GLUON_FORWARD=carry)}, (64, 128))}
     return {n: table[n] for n in names}
 
 
@@ -90,7 +83,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="old,new", help="old (session 39), new (shipped), st4, nohide (forms())")
+    ap.add_argument("--forms", default="ship,carry", help="ship (the shipped configs), carry (forms()); the first is "
+                    "the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -100,11 +94,12 @@ def main():
     import tilecore
     from tilecore.ops.attention_fp8 import quantize
 
-    run = Run("attention_fp8_s40", deadline=args.budget)
+    run = Run("attention_fp8_rotated", deadline=args.budget)
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
     dt = torch.float32 if smoke else torch.bfloat16
     fm = forms(args.forms.split(","))
+    base = args.forms.split(",")[0]
     run.extra["forms"] = {n: {getattr(m, "__name__", str(m)): v for m, v in p.items()} for n, (p, _) in fm.items()}
 
     def fp8_forms(causal, D):
@@ -127,8 +122,8 @@ def main():
             run.row(f"{label} check {name}", **check(o[-1, -1], ref, tol=40.0 if name != "bf16" else 2.5),
                     written_all=bool(torch.isfinite(o).all()))
         for n in outs:
-            if n not in ("old", "bf16"):
-                run.row(f"{label} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+            if n not in (base, "bf16"):
+                run.row(f"{label} {base} == {n} bits", **{"pass": same_bits(outs[base], outs[n])})
         del outs
         t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
         row = {f"{n}_graph_ms": t.get(f"{n}_graph_ms") for n in fns}
@@ -136,8 +131,8 @@ def main():
             if n == "bf16":
                 continue
             row[f"{n}_x_bf16_graph"] = ratio(t.get("bf16_graph_ms"), t.get(f"{n}_graph_ms"))
-            if n != "old" and "old" in fns:
-                row[f"{n}_x_old_graph"] = ratio(t.get("old_graph_ms"), t.get(f"{n}_graph_ms"))
+            if n != base and base in fns:
+                row[f"{n}_x_base_graph"] = ratio(t.get(f"{base}_graph_ms"), t.get(f"{n}_graph_ms"))
         row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
         run.row(f"{label} graph", **row)
         if run.left() < 6:
@@ -155,8 +150,8 @@ def main():
                 if n == "bf16":
                     continue
                 grow[f"{n}_x_bf16_gpu"] = ratio(med(gpu["bf16"]), med(gpu[n]))
-                if n != "old" and "old" in gpu:
-                    grow[f"{n}_x_old_gpu"] = ratio(med(gpu["old"]), med(gpu[n]))
+                if n != base and base in gpu:
+                    grow[f"{n}_x_base_gpu"] = ratio(med(gpu[base]), med(gpu[n]))
         grow["kernels"] = kernels
         run.row(f"{label} gpu time", **grow)
 
@@ -224,35 +219,38 @@ def main():
             fns[name] = f
             run.row(f"{label} check {name}", **check(outs[name][-1, -1], ref, tol=40.0))
         for n in outs:
-            if n != "old":
-                run.row(f"{label} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+            if n != base:
+                run.row(f"{label} {base} == {n} bits", **{"pass": same_bits(outs[base], outs[n])})
         del outs
         t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
         flops = 4 * B * H * N * N * D / (2 if causal else 1)
         row = {f"{n}_graph_ms": t.get(f"{n}_graph_ms") for n in fns}
         row.update({f"{n}_tflops": round(flops / (t[f"{n}_graph_ms"] * 1e9), 1) for n in fns if t.get(f"{n}_graph_ms")})
         for n in fns:
-            if n != "old":
-                row[f"{n}_x_old_graph"] = ratio(t.get("old_graph_ms"), t.get(f"{n}_graph_ms"))
+            if n != base:
+                row[f"{n}_x_base_graph"] = ratio(t.get(f"{base}_graph_ms"), t.get(f"{n}_graph_ms"))
         row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
         run.row(f"{label} time", **row)
 
     def tail():
-        for D, causal in ((128, True), (64, True), (128, False)):
-            B, Hq, Hkv, N, Nk = (1, 4, 2, 40, 56) if smoke else (2, 8, 2, 1008, 1104)
+        for D, causal, N, Nk in ((128, True, 1008, 1104), (64, True, 1008, 1104), (128, False, 1008, 1104),
+                                 (128, True, 1100, 900)):
+            B, Hq, Hkv = (1, 4, 2) if smoke else ((2, 8, 2) if N < Nk else (1, 4, 2))
+            if smoke:
+                N, Nk = (40, 56) if N < Nk else (56, 40)
             g = torch.Generator(device=dev).manual_seed(11 + D)
             q = torch.randn(B, Hq, N, D, device=dev, generator=g).to(dt)
             k, v = (torch.randn(B, Hkv, Nk, D, device=dev, generator=g).to(dt) for _ in range(2))
             ref = reference(q, k, v, causal)
             outs = {}
-            c = "c" if causal else ""
+            c = ("c" if causal else "") + ("" if N < Nk else "_nokey")
             for name, f in fp8_forms(causal, D).items():
                 poison_allocator(q)
                 outs[name] = f(q, k, v)
                 run.row(f"tail D{D}{c} check {name}", **check(outs[name], ref, tol=40.0))
             for n in outs:
-                if n != "old":
-                    run.row(f"tail D{D}{c} old == {n} bits", **{"pass": same_bits(outs["old"], outs[n])})
+                if n != base:
+                    run.row(f"tail D{D}{c} {base} == {n} bits", **{"pass": same_bits(outs[base], outs[n])})
 
     def outlier():
         B, H, N, D = (1, 2, 64, 128) if smoke else (1, 16, 2048, 128)
@@ -285,7 +283,7 @@ def main():
         else:
             run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
     cols = ["name", "pass", "err_over_floor"] + [f"{n}_x_bf16_graph" for n in fm] + [f"{n}_x_bf16_gpu" for n in fm] \
-        + [f"{n}_x_old_{w}" for n in fm if n != "old" for w in ("graph", "gpu")]
+        + [f"{n}_x_base_{w}" for n in fm if n != base for w in ("graph", "gpu")]
     run.finish(cols + ["k_ship_of_cast", "k_ship_x_clamp", "v_ship_x_clamp"])
 
 
