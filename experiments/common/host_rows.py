@@ -21,7 +21,8 @@ recorded recipe, tilecore.ops.norm.op:RECORDED_RECIPES, on "rms_norm (grad recor
 --split: fft_conv's plain eager call taken apart on this host (split_fft_conv: the whole call, the call given the
 spectrum, the padding cat, the rfft, the memo, the mode, a plan-cache lookup, the allocation), each part alone.
 --parts (session 41): what an autograd Function's apply costs on this host by its arguments and saved tensors
-(split_apply: attention's recorded call applies 10 arguments and saves 5 tensors), each form alone.
+(split_apply: attention's recorded call applies 10 arguments and saves 5 tensors), and the pieces of the rows' host
+paths (an internal buffer as a tensor or a raw block of the caching allocator, tile_counter, eager_mode), each alone.
 
 Rows beyond host_time.py's (extra_cases): "rms_norm fwd+bwd (grad recorded)" and "fft_conv fwd+bwd (grad recorded)",
 the forward recording a gradient then torch.autograd.grad of both inputs (ours returns y and both gradients, so the
@@ -184,13 +185,29 @@ def split_apply(calls: int) -> dict:
             return out
 
     key = ("forward_recorded", (q.shape, q.stride(), q.dtype, q.device, True))
+    from tilecore import dispatch
+    from tilecore.tiles import launch as tiles_launch
+    raw_alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
+    raw_delete = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    device = q.device
+    small = [t.detach() for t in (q, k, v)] + [torch.zeros(4, dtype=torch.int32, device=dev)] * 2
     parts = {
         "two allocations": lambda: outputs(q),
+        # (an internal buffer's ways: a tensor allocated and freed, or the caching allocator's raw block)
+        "new_empty 4 MiB float32 (and its free)": lambda: q.new_empty((1 << 20,), dtype=torch.float32),
+        "tile_counter": lambda: tiles_launch.tile_counter(device),
+        "interpreter_enabled": dispatch.interpreter_enabled,
+        "eager_mode of 5 tensors": lambda: dispatch.eager_mode(*small),
         "apply 10 args, save 5": lambda: tiles_eager.apply(Ten, q, k, v, False, 0.125, (-1, -1), 0.0, key, 0, None),
         "apply 6 args, save 5": lambda: tiles_eager.apply(Six, key, q, k, v, 0.125, 0.0),
         "apply 6 args, save 4": lambda: tiles_eager.apply(SixSaveFour, key, q, k, v, 0.125, 0.0),
         "apply 6 args, save 5, grads materialized": lambda: tiles_eager.apply(SixMaterialize, key, q, k, v, 0.125, 0.0),
     }
+    if raw_alloc is not None and raw_stream is not None and dev != "cpu":
+        index = torch.cuda.current_device()
+        parts["raw alloc + delete 4 MiB"] = lambda: raw_delete(raw_alloc(4 << 20, raw_stream(index)))
+        parts["raw stream"] = lambda: raw_stream(index)
     times = {name: [] for name in parts}
     for r in range(5):
         for name in (list(parts) if r % 2 == 0 else list(parts)[::-1]):
