@@ -7,7 +7,8 @@ in the interpreter: test_linear_attention.py, test_forward_transposed.py).
 * ``compute`` (no beta: linear attention, a scalar decay): the exps of the masked difference, the scale on P.
 * ``compute_transposed`` (Mamba-2: beta, D, z): S^T in registers, P^T (beta_j scale on its rows) through shared
   memory, the unmasked exps (+inf above the diagonal where decays are strong) and one select; strong decays, D, z,
-  an initial state, a dt of 0, a partial last chunk.
+  an initial state, a dt of 0, a partial last chunk. FORM CB_STAGE takes the chunk's K Q^T from
+  kernels_forward.chunk_scores (float32, the twin's; CB_BF16 rounds it to bf16 first).
 """
 import json
 import os
@@ -27,8 +28,9 @@ def bf(x):
     return x.to(BF).float()
 
 
-def twin_transposed(x, dt, A, Bm, Cm, D, z, h0, BT=64):
-    """Mamba-2's y and final states (b, h, p, s) by compute_transposed's step in float32 with its bf16 roundings."""
+def twin_transposed(x, dt, A, Bm, Cm, D, z, h0, BT=64, scores_bf16=False):
+    """Mamba-2's y and final states (b, h, p, s) by compute_transposed's step in float32 with its bf16 roundings
+    (``scores_bf16``: K Q^T rounded to bf16, as FORM CB_BF16 stores it)."""
     B, N, H, P = x.shape
     S_dim = Bm.shape[-1]
     G = gluon_forward.chunk_cumulative_heads(dt * A, BT)
@@ -47,6 +49,8 @@ def twin_transposed(x, dt, A, Bm, Cm, D, z, h0, BT=64):
                 wvT = bf(v.T * w[None, :])  # [P, n]
                 qs = bf(ST) @ q.T  # [P, n]
                 sT = k @ q.T  # [j, i]
+                if scores_bf16:
+                    sT = bf(sT)
                 f = torch.exp2(G_tok[None, :] - G_tok[:, None])  # unmasked: +inf above where decays are strong
                 causal = torch.ones(n, n, dtype=torch.bool).triu()  # j <= i
                 pT = bf(torch.where(causal, sT * f * beta[:, None], 0.0))
@@ -98,8 +102,9 @@ def test_the_plain_step_is_the_recurrence():
     assert accuracy.rel_rms(ht, ref_state) < 2e-2
 
 
-@pytest.mark.parametrize("a_range,N", [((-8.5, -0.5), 150), ((-80.0, -20.0), 100)])
-def test_the_transposed_step_is_the_recurrence(a_range, N):
+@pytest.mark.parametrize("a_range,N,scores_bf16", [((-8.5, -0.5), 150, False), ((-80.0, -20.0), 100, False),
+                                                   ((-8.5, -0.5), 150, True)])
+def test_the_transposed_step_is_the_recurrence(a_range, N, scores_bf16):
     torch.manual_seed(11)
     B, H, P, S = 1, 2, 16, 32
     x = torch.randn(B, N, H, P).to(BF)
@@ -110,7 +115,7 @@ def test_the_transposed_step_is_the_recurrence(a_range, N):
     Bm = (torch.randn(B, N, 1, S) * S ** -0.5).to(BF)
     Cm = (torch.randn(B, N, 1, S) * S ** -0.5).to(BF)
     D, z, h0 = torch.randn(H), torch.randn(B, N, H, P).to(BF), torch.randn(B, H, P, S)
-    y, st = twin_transposed(x, dt, A, Bm, Cm, D, z, h0)
+    y, st = twin_transposed(x, dt, A, Bm, Cm, D, z, h0, scores_bf16=scores_bf16)
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
     assert torch.isfinite(y).all() and torch.isfinite(st).all()
@@ -120,12 +125,28 @@ def test_the_transposed_step_is_the_recurrence(a_range, N):
     assert accuracy.rel_rms(st, ref_state) < 2e-2
 
 
+def test_chunk_scores_are_each_chunks_k_q():
+    """kernels_forward.chunk_scores (FORM CB_STAGE's scores, interpreted in fp16: the interpreter's bf16 dot is
+    wrong): each chunk's K Q^T of each q/k head at its rows, zeros past N, against float64."""
+    from tilecore.ops.linear_attention.kernels_forward import chunk_scores
+
+    torch.manual_seed(3)
+    B, N, G, Dk, BT = 2, 100, 2, 64, 64
+    q, k = (torch.randn(B, N, G, Dk).half() for _ in range(2))
+    cb = chunk_scores(q, k, BT)
+    pad = lambda t: torch.nn.functional.pad(t.double(), (0, 0, 0, 0, 0, 2 * BT - N)).view(B, 2, BT, G, Dk)  # noqa: E731
+    ref = torch.einsum("bcjgd,bcigd->bgcji", pad(k), pad(q)).reshape(B, G, 2 * BT, BT)
+    assert cb.shape == (B, G, 2 * BT, BT) and cb.dtype == torch.float32
+    assert (cb.double() - ref).abs().max() < 1e-4 * ref.abs().max()
+    assert (cb[:, :, N:] == 0).all() and (cb[:, :, BT:, N - BT:] == 0).all()
+
+
 CODE = r"""
 import json, os, re, subprocess, sys, tempfile
 from tilecore.ops.linear_attention.gluon_forward import compile_report
 from triton.backends.nvidia.compiler import get_ptxas
 out = []
-r = compile_report(sys.argv[1], stages=2, compiled_out=out)
+r = compile_report(sys.argv[1], stages=2, compiled_out=out, form=int(sys.argv[2]))
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "k.cubin")
     open(path, "wb").write(out[0].asm["cubin"])
@@ -167,8 +188,9 @@ print(json.dumps(r))
 @pytest.fixture(scope="module")
 def mamba_reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    procs = {case: subprocess.Popen([sys.executable, "-c", CODE, case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=env) for case in ("mamba2", "mamba2_states")}
+    cases = {"mamba2": ("mamba2", 0), "mamba2_states": ("mamba2_states", 0), "mamba2 cb": ("mamba2", 1)}
+    procs = {name: subprocess.Popen([sys.executable, "-c", CODE, case, str(form)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env) for name, (case, form) in cases.items()}
     out = {}
     for case, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=900)
@@ -190,4 +212,15 @@ def test_mamba2_kernel_compiles_to_the_transposed_step(mamba_reports, case):
     assert r["spill_bytes"] <= (128 if case == "mamba2" else 256), r
     # each consumer's chunk loop: no spill store, at most one reload a step (a loop-invariant scalar), D's two loads
     assert len(r["loop_ins"]) == 2 and r["loop_stl"] == [0, 0] and max(r["loop_ldl"]) <= 1, r
+    assert r["loop_ldg"] == [2, 2] and max(r["loop_ins"]) < 1100, r
+
+
+def test_mamba2_cb_stage_takes_the_scores_from_the_stage(mamba_reports):
+    """FORM CB_STAGE: no K Q^T wgmma (S^T Q^T 8, P V 4, the update 4 a consumer's step), the scores' 16 KB a stage
+    in 227 KB, and the loops as the shipped step's but for a few reloads."""
+    r = mamba_reports["mamba2 cb"]
+    assert r["tma"] and r["wgmma"] and not r["wgmma_serialized"], r
+    assert r["hgmma_64x128"] == 2 * 4 and r["hgmma"] == 2 * 16, r
+    assert r["threads"] == 384 and r["shared"] <= 227 * 1024 and r["spill_bytes"] <= 128, r
+    assert len(r["loop_ins"]) == 2 and r["loop_stl"] == [0, 0] and max(r["loop_ldl"]) <= 4, r
     assert r["loop_ldg"] == [2, 2] and max(r["loop_ins"]) < 1100, r

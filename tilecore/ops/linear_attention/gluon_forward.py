@@ -42,6 +42,14 @@ LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
+# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``). CB_STAGE:
+# the chunk's scores K Q^T (C B^T, the same for every head of a q/k group) made once by kernels_forward.chunk_scores
+# and TMA-loaded with the stage, so neither consumer runs the shared-memory-bound SS wgmma of K Q^T (32 KB of operand
+# reads a consumer a step) and the decay's exps run under S^T Q^T alone; CB_BF16: those scores in bf16 (8 KB a stage
+# against 16)
+CB_STAGE = 1
+CB_BF16 = 2
+_CB_STAGE = gl.constexpr(CB_STAGE)  # (the kernel's names of them)
 
 
 @stage_struct
@@ -91,6 +99,22 @@ class ChunkGBZ:
     bb: object
 
 
+@stage_struct
+class ChunkGBZC:
+    """With beta, the gate z and the chunk's precomputed scores (CB_STAGE)."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    za: object
+    zb: object
+    ga: object
+    gb: object
+    ba: object
+    bb: object
+    cb: object  # [1, 1, BT, BT]: K Q^T of the chunk (float32, or bf16 with CB_BF16)
+
+
 @struct
 class Units:
     b: object  # batch row
@@ -111,6 +135,7 @@ class LinearAttentionForward:
     z_desc: object  # with z: z's TMA descriptor (else unused)
     g_desc: object  # with a decay: the head-major G's TMA descriptor (else unused)
     b_desc: object  # with beta: the head-major beta's (else unused)
+    cb_desc: object  # with FORM CB_STAGE: the chunks' scores' (kernels_forward.chunk_scores; else unused)
     DSKIP: object
     H0: object
     HT: object
@@ -146,6 +171,7 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
+    FORM: gl.constexpr  # with beta: the step's form bits (configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -176,6 +202,8 @@ class LinearAttentionForward:
             if self.HAS_BETA:
                 tma.async_copy_global_to_shared(self.b_desc, [tile.b, h0, t0], bar, stage.ba)
                 tma.async_copy_global_to_shared(self.b_desc, [tile.b, h1, t0], bar, stage.bb)
+                if self.FORM & _CB_STAGE:
+                    tma.async_copy_global_to_shared(self.cb_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.cb)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -335,19 +363,31 @@ class LinearAttentionForward:
         S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
         S_acc = walk.S * gl.exp2(G_last)
         qT = q.permute((1, 0))
-        s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False, is_async=True)
-        qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
-                               is_async=True)
-        # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are strong:
-        # one select takes them away)
-        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-        s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
-        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-        pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
-        p_smem.store(pT.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
+        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
+        if self.FORM & _CB_STAGE:  # the scores from the stage: P^T made and stored under S^T Q^T
+            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                                   is_async=True)
+            s = stage.cb.reshape([self.BT, self.BT]).load(self.SL).to(gl.float32)
+            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+            pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+            p_smem.store(pT.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            o = warpgroup_mma_wait(0, deps=(qs_tok,))
+        else:
+            s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
+                                  is_async=True)
+            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                                   is_async=True)
+            # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are
+            # strong: one select takes them away)
+            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+            s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
+            pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+            p_smem.store(pT.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
         o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
@@ -386,15 +426,16 @@ class LinearAttentionForward:
 
 @gluon.jit
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
-                        sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles,
+                        sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles, cb_desc,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
     state (``compute_transposed``)."""
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
     gl.static_assert(HAS_BETA or not (HAS_Z or HAS_D), "D and z come with beta (Mamba-2's)")
+    gl.static_assert(FORM == 0 or (HAS_BETA and HAS_Z), "the step's forms are Mamba-2's (beta and z)")
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -405,20 +446,24 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
         w_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         e_smem = gl.allocate_shared_memory(gl.float32, [2 * BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
-                                    s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem, w_smem, e_smem,
-                                    BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
+        op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, cb_desc, DSKIP, H0, HT,
+                                    sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem,
+                                    w_smem, e_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
-                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
-        op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT, sdh, s0b,
-                                    s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem, wv_smem,
-                                    wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
+        op = LinearAttentionForward(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, cb_desc, DSKIP, H0, HT,
+                                    sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem,
+                                    wv_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
-                                    None)
-    if HAS_BETA and HAS_Z:
+                                    None, FORM)
+    if FORM & _CB_STAGE:
+        stages = ChunkGBZC(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
+                           ring(b_desc, STAGES), ring(b_desc, STAGES), ring(cb_desc, STAGES))
+    elif HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
                           ring(b_desc, STAGES), ring(b_desc, STAGES))
@@ -433,7 +478,11 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
     # tensor: B1 with two units compiled to a CompilationError on the H100)
     num_tiles = gl.program_id(0) * 0 + num_tiles
-    run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+    if FORM & _CB_STAGE:  # (the scores' 32 registers live beside S^T Q^T's operands: 240 a consumer thread)
+        run(op, Layout(o_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0), stages,
+            num_tiles)
+    else:
+        run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 
 
 @gluon.jit
@@ -517,11 +566,21 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None):
+def step_form(beta, z, form=None) -> int:
+    """The kernel's FORM: Mamba-2's step form (with beta and z; None: configs.GLUON_MAMBA_FORM), else 0."""
+    from tilecore.ops.linear_attention import configs
+
+    if beta is None or z is None:
+        return 0
+    return configs.GLUON_MAMBA_FORM if form is None else form
+
+
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, form=None,
+                cb=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
-    for a CachedLaunch)."""
+    for a CachedLaunch). ``form``: ``step_form``'s; with CB_STAGE ``cb`` is kernels_forward.chunk_scores(q, k)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -541,6 +600,12 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
         if g.dim() != 3 or tuple(g.shape[:2]) != (B, H) or g.shape[2] % BT or not g.is_contiguous():
             raise ValueError(f"launch_args takes chunk_heads_prep's (B, H, N_pad) G, got {tuple(g.shape)}")
         g_desc = gluon_descriptor(g, [1, 1, BT], list(g.shape), list(g.stride()))
+    form = step_form(beta, z, form)
+    cb_desc = descs[3]
+    if form & CB_STAGE:
+        if cb is None or tuple(cb.shape) != (B, q.shape[2], g.shape[2], BT) or not cb.is_contiguous():
+            raise ValueError(f"launch_args takes chunk_scores's (B, Hqk, N_pad, {BT}) scores with CB_STAGE")
+        cb_desc = gluon_descriptor(cb, [1, 1, BT, BT], list(cb.shape), list(cb.stride()))
     b_desc = descs[3]
     if beta is not None:
         if g is None or tuple(beta.shape) != tuple(g.shape) or not beta.is_contiguous():
@@ -554,7 +619,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None)
+                HAS_H0=h0 is not None, STORE_HT=ht is not None, cb_desc=cb_desc, FORM=form)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -592,12 +657,17 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = empty_state(B, H, q.shape[-1], Dv, v.device, beta is not None) if final_state else None
+    cb = None
+    if step_form(beta, z) & CB_STAGE:
+        from tilecore.ops.linear_attention.kernels_forward import chunk_scores
+
+        cb = chunk_scores(q, k, BT_GLUON, torch.bfloat16 if step_form(beta, z) & CB_BF16 else torch.float32)
     g, beta = prepare_decay(g, beta)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
     if z is not None and not tma_ok(z):
         z = z.contiguous()
-    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, operand=operand)
+    grid, args, warps = launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale, stages, operand=operand, cb=cb)
     if launch is None:
         la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     else:
@@ -620,7 +690,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, form: int | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -631,9 +701,12 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None)
     # the states as the op passes them: with beta in Mamba-2's (b, h, p, s) layout (empty_state)
     h0, ht = ((empty_state(B, H, Dk, Dv, "cpu", mamba), empty_state(B, H, Dk, Dv, "cpu", mamba)) if states
               else (None, None))
+    form = step_form(True if mamba else None, True if mamba else None, form)
+    cb = (torch.empty(B, Hqk, N, BT_GLUON, dtype=bf if form & CB_BF16 else torch.float32) if form & CB_STAGE
+          else None)
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), ht, 1.0, stages)
+                                    torch.empty_like(v), ht, 1.0, stages, form=form, cb=cb)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
