@@ -1,11 +1,12 @@
 """Attention's causal schedules on the device (plan.causal_schedule): the last
 configs.DEVICE_TABLES_MAX used are kept, so a server seeing many lengths does not grow without
 bound; a table a CUDA graph captured is never evicted (the graph reads it at every replay); threads
-share the cache."""
+share the cache; a probe's patched block gets its own tables."""
 import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs, plan
+from tilecore.tiles.switches import patched
 
 
 def test_causal_schedules_keep_the_last_used(monkeypatch):
@@ -67,3 +68,26 @@ def test_threads_share_the_cache(monkeypatch):
     for t in threads:
         t.join()
     assert not errors and len(plan._DEVICE_TABLES) == 3
+
+
+def test_a_patched_block_gets_its_own_tables(monkeypatch):
+    """A table built from configs (balanced_table reads TILE_OVERHEAD_STEPS) under a tiles.switches.patched block (a
+    probe's variant) is that block's: made once in it, and the shipped table again after it (the device cache keys on
+    tiles.switches.generation, balanced_table's memo too)."""
+    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    built = []
+
+    def build(n):
+        built.append(configs.TILE_OVERHEAD_STEPS)
+        return torch.full((n,), configs.TILE_OVERHEAD_STEPS, dtype=torch.int32)
+    cpu = torch.device("cpu")
+    shipped = plan.causal_schedule(cpu, 3, build=build)
+    assert plan.causal_schedule(cpu, 3, build=build) is shipped
+    with patched(configs, TILE_OVERHEAD_STEPS=configs.TILE_OVERHEAD_STEPS + 5):
+        variant = plan.causal_schedule(cpu, 3, build=build)
+        assert plan.causal_schedule(cpu, 3, build=build) is variant
+    after = plan.causal_schedule(cpu, 3, build=build)
+    assert variant[0] == shipped[0] + 5 and torch.equal(after, shipped)
+    assert built == [shipped[0], shipped[0] + 5, shipped[0]]
+    assert plan.balanced_table.cache_info().maxsize == 64  # (the memo of tiles.switches, keyed on its generation)

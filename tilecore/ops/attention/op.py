@@ -17,6 +17,7 @@ from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_v
 from tilecore.ops.attention_decode.launch import prepared as decode_prepared
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16)  # everywhere
 CPU_DTYPES = DTYPES + (torch.float32,)  # CPU tensors (torch's CPU kernels, or the tl kernels interpreted)
@@ -158,8 +159,8 @@ def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, wi
     window = tuple(window)
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    key = (_BACKWARD_KEY("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0, sm_margin)
-           if cache else None)
+    key = (_BACKWARD_KEY("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *window, softcap > 0, sm_margin,
+                         generation()) if cache else None)
     plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, window=window, softcap=softcap,
                                               sm_margin=sm_margin))
     return launch.gradients(plan, dout, q, k, v, out, lse, dlse, causal, scale, window, softcap)
@@ -174,7 +175,8 @@ def backward_adding_dq(dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scal
     here). No window or softcap."""
     if q.numel() == 0 or k.numel() == 0:
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (k, v))
-    key = _ADDING_DQ_KEY("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *NO_WINDOW, False, sm_margin)
+    key = _ADDING_DQ_KEY("backward", dout, q, k, v, out, lse, dlse, causal, scale > 0, *NO_WINDOW, False, sm_margin,
+                         generation())
     plan = _cached(key, lambda: plan_backward(dout, q, k, v, causal, scale, sm_margin=sm_margin))
     return launch.gradients_adding_dq(plan, dout, q, k, v, out, lse, dlse, dq_sum, causal, scale)
 
@@ -182,7 +184,8 @@ def backward_adding_dq(dout, q, k, v, out, lse, dlse, dq_sum, causal: bool, scal
 # a CUDA call's signature -> its plan, which launches by it (Plan.launch_key): plans depend on the
 # inputs' shapes, strides, dtypes, device and alignment, causal, the sign of scale, the window (its
 # values: ints the kernels take, which Triton specializes), whether there is a softcap and sm_margin
-# (the persistent grids' size), nothing else
+# (the persistent grids' size), and the switches (configs) under which it was planned: tiles.switches.generation,
+# which moves as a probe's patched block enters and leaves
 _PLANS = LRU(256)
 
 
@@ -386,7 +389,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     # runs: another plan may serve it; elsewhere it shares the plain call's plan and kept launches)
     tag = ("forward_recorded" if mode == "autograd" and configs.ONE_LAUNCH_WHEN_RECORDING and _gluon_ok(q)
            else "forward")
-    key = None if mode == "op" else _FORWARD_KEY(tag, q, k, v, causal, positive, *window, softcap > 0, sm_margin)
+    key = None if mode == "op" else _FORWARD_KEY(tag, q, k, v, causal, positive, *window, softcap > 0, sm_margin,
+                                                 generation())
     plan = None if key is None else _PLANS.get(key)
     if plan is None:
         check(q, k, v, causal, scale, window, softcap, sm_margin)

@@ -51,6 +51,7 @@ from tilecore.ops.attention_decode import configs as decode_configs, plan as dec
 from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
 from tilecore.tiles import timed
 from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
+from tilecore.tiles.switches import generation, memo
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def timed_forward_config(q, k, v, causal: bool, scale: float, softcap: float, to
     if not _timeable(q.device):
         return table
     key = (next_power_of_2(B * H), next_power_of_2(N), next_power_of_2(Nk), D, causal, bool(softcap), q.dtype,
-           q.device)
+           q.device, generation())  # (the candidates read configs: a pick under a patched block is its own)
     hit = _FORWARD_PICKS.get(key)
     if hit is not None:
         return hit
@@ -453,7 +454,7 @@ def head_grouped_tiles(tiles: int, blocks: int, num_heads: int, head_group: int)
     return first + local % heads, local // heads
 
 
-@functools.lru_cache(maxsize=64)
+@memo(64)  # (configs.TILE_OVERHEAD_STEPS: a patched block's tables are its own)
 def balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_bh: int, head_group: int,
                    steps_per_block: int, programs: int) -> torch.Tensor | None:
     """The balanced schedule of a causal Gluon launch (cost: its steps + TILE_OVERHEAD_STEPS).
@@ -509,7 +510,7 @@ def causal_schedule(device: torch.device, *key, build=balanced_table) -> torch.T
     (round-robin): where round-robin is as even, or while a CUDA graph is being captured before this
     shape ran once (a copy to the GPU cannot be captured; the round-robin launch is as correct, if
     slower). Made once per device, builder and shape while among the last DEVICE_TABLES_MAX used."""
-    cache_key = (device, build, key)
+    cache_key = (device, build, key, generation())  # (balanced_table reads configs: tiles.switches.generation)
     capturing = dispatch.capturing(device)
     with _TABLES_LOCK:  # threads share the cache: a lookup and its eviction are one step
         if cache_key in _CAPTURED_TABLES:

@@ -31,6 +31,7 @@ from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, SignatureMemo, TmaOperand, cdiv, next_power_of_2,
                                    signature, tl_addressable, tma_describable)
+from tilecore.tiles.switches import generation
 
 # the keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
 _CALL_KEY = SignatureMemo(globals())
@@ -785,8 +786,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                     scale, softcap, *window_size) \
         if isinstance(q, torch.Tensor) and not should_validate(validate, q.device) \
         and isinstance(window_size, (tuple, list)) and not isinstance(scale, torch.Tensor) else None
-    if key is not None:
-        key = ("attention_varlen", key)
+    if key is not None:  # (and the switches it is planned under: tiles.switches.generation)
+        key = ("attention_varlen", generation(), key)
         # a plain eager call whose signature's first call kept the Gluon forward (after its checks)
         prepared = _GLUON_FORWARDS.get(key) if tiles_launch.BIND_KEYED_LAUNCHES else None
         if prepared and dispatch.eager_mode(q, k, v, cu_seqlens_q, cu_seqlens_k) == "direct":
