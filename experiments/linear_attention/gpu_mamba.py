@@ -4,11 +4,11 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Variants: the step's FORM bits (gluon_forward: CB_STAGE 1, CB_BF16 2; ``--forms 0,1,3``), each launched by
+Variants: the step's FORM bits (gluon_forward: CB_STAGE 1, CB_BF16 2, V_REG 4; ``--forms 0,1,3,5``), each launched by
 launch_args's ``form``; the shipped form is configs.GLUON_MAMBA_FORM. With CB_STAGE the timed launch is the chunks'
 scores (kernels_forward.chunk_scores, C B^T once a q/k head) and the kernel, as the op runs them; the scores' kernel
 alone is timed too. Its K Q^T sums in another order than the wgmma's (and CB_BF16 rounds it), so its bits are
-reported, not required. (Session 40's FORM bits: this script at git 4347ebf, notes decisions 210-214.)
+reported, not required; V_REG (v^T's registers as P V's operand and D v's) is form 0's arithmetic. (Session 40's FORM bits: this script at git 4347ebf, notes decisions 210-214.)
 
 Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16
 rounding floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the

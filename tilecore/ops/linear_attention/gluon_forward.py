@@ -49,7 +49,9 @@ LOG2E = 1.4426950408889634
 # against 16)
 CB_STAGE = 1
 CB_BF16 = 2
+V_REG = 4  # v^T read from shared memory once a step: its registers are P V's A operand and D v's
 _CB_STAGE = gl.constexpr(CB_STAGE)  # (the kernel's names of them)
+_V_REG = gl.constexpr(V_REG)
 
 
 @stage_struct
@@ -358,8 +360,8 @@ class LinearAttentionForward:
         gl.thread_barrier()
         w_i = w_smem.load(gl.SliceLayout(0, self.SL))
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
-        vT = v.permute((1, 0)).load(self.SL).to(gl.float32)
-        wvT = gl.convert_layout((vT * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
+        vT16 = v.permute((1, 0)).load(self.SL)
+        wvT = gl.convert_layout((vT16.to(gl.float32) * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
         S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
         S_acc = walk.S * gl.exp2(G_last)
         qT = q.permute((1, 0))
@@ -390,14 +392,20 @@ class LinearAttentionForward:
             gl.thread_barrier()
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
-        o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
+        if self.FORM & _V_REG:
+            o_tok = warpgroup_mma(gl.convert_layout(vT16, self.PL), p_smem, o, is_async=True)
+        else:
+            o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
         S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.HAS_D:
             offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
             d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
-            o = o + gl.expand_dims(d_col, 1) * v.permute((1, 0)).load(self.SL).to(gl.float32)
+            if self.FORM & _V_REG:
+                o = o + gl.expand_dims(d_col, 1) * vT16.to(gl.float32)
+            else:
+                o = o + gl.expand_dims(d_col, 1) * v.permute((1, 0)).load(self.SL).to(gl.float32)
         if self.HAS_Z:
             if c == 0:
                 zT = stage.za.reshape([self.BT, self.BV]).permute((1, 0)).load(self.SL).to(gl.float32)
@@ -478,7 +486,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
     # tensor: B1 with two units compiled to a CompilationError on the H100)
     num_tiles = gl.program_id(0) * 0 + num_tiles
-    if FORM & _CB_STAGE:  # (the scores' 32 registers live beside S^T Q^T's operands: 240 a consumer thread)
+    if FORM & (_CB_STAGE | _V_REG):  # (the scores' 32 registers beside S^T Q^T's operands: 240 a consumer thread)
         run(op, Layout(o_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0), stages,
             num_tiles)
     else:
