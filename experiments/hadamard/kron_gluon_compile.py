@@ -2,6 +2,8 @@
 CPU at every format and both splits: registers, spills, shared memory, wgmma count, TMA (issue 32, session 31).
 
     python experiments/hadamard/kron_gluon_compile.py [--only 14336] [--json out.json]   (TRITON_INTERPRET unset)
+
+compile_rows: the power-of-two rows on the transform's pipeline (gluon_kernels.hadamard_gluon_quantize_kernel, session 41).
 """
 import argparse
 import json
@@ -50,6 +52,34 @@ def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_on
     return dict(vars(r), **sass_count(k), m=m, p=p, split=split, format=fmt, stages=stages, inside=inside,
                 scale_once=scale_once, fold=fold, nozero=nozero, clamp_lo=clamp_lo, perm=perm, wgmma=ptx.count("wgmma.mma_async"),
                 tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared, cvt_rni=ptx.count("cvt.rni.s32.f32"))
+
+
+def compile_rows(n, fmt, stages=4, lookahead=0, rows=1 << 12, extra=None):
+    """gluon_kernels.hadamard_gluon_quantize_kernel (the transform's pipeline with the codes; quantize's "gluon_rows"
+    plan) for sm_90a at n = 16384 / 32768. ``extra``: further constexprs (CLAMP_LO, INT_BITS, SCALE_ONCE, E2M1_PAIRS)."""
+    import torch
+
+    from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_quantize_kernel
+    from tilecore.ops.hadamard.gluon_launch import rows_descriptors
+    from tilecore.ops.hadamard.launch import h64_operand
+    from tilecore.tiles.compile import compile_kernel, resources
+    from tilecore.tiles.launch import gluon_descriptor
+
+    fid, G, qmax, packed = FORMATS[fmt]
+    x = torch.empty(rows, n, dtype=torch.bfloat16)
+    out = torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
+    xd, cd, sd = rows_descriptors(x, out, packed)
+    hd = gluon_descriptor(h64_operand("cpu", torch.bfloat16), [64, 64])
+    scales = torch.empty(rows, n // G if G else 1, dtype=torch.uint8 if fid in (3, 4) else torch.float32)
+    gs = torch.empty(1, dtype=torch.float32)
+    k = compile_kernel(hadamard_gluon_quantize_kernel, dict(
+        x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, amax_out=gs, rows=rows,
+        stride_scales=scales.stride(0), rscale=n**-0.5, row_counter=torch.zeros(1, dtype=torch.int32), S=n // 8192,
+        STAGES=stages, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, LOOKAHEAD=lookahead, **(extra or {})), num_warps=4)
+    r = resources(k)
+    ptx = k.asm["ptx"]
+    return dict(vars(r), **sass_count(k), n=n, format=fmt, stages=stages, lookahead=lookahead, extra=extra or {},
+                wgmma=ptx.count("wgmma.mma_async"), tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared)
 
 
 def main():

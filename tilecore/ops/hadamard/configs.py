@@ -187,6 +187,9 @@ QUANT_GLUON_POW2 = {("int4", 16384): dict(gluon_pow2=32, fold=True, int_bits=Tru
                                           inside=False),
                     ("mxfp4", 16384): dict(gluon_pow2=32, fold=True, e2m1_pairs=True, nozero=True, clamp_lo=2, perm=True,
                                            inside=False)}
+# (format, n) -> the plan tuning of n = 16384 / 32768 on the transform's Gluon pipeline ("gluon_rows": True and its
+# switches): untimed, off
+QUANT_GLUON_ROWS = {}
 # the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans
 KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}
 QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-1.65x; mxfp4 0.98-1.05x, off

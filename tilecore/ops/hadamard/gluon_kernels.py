@@ -19,12 +19,21 @@ now its memory pattern does (notes/hadamard/README.md). The error analysis is ke
 final rounding to the output dtype is the only one that matters. Each consumer then writes its S
 output blocks into one staging buffer and issues their TMA stores back to back, so a row's stores
 never wait for each other.
+
+hadamard_quantize's power-of-two rows (issue 32) run the same pipeline with gluon_epilogue's codes in
+place of the values (``hadamard_gluon_quantize_kernel``): the two consumers hold the whole row in
+registers when its last slice is added, so a per-token scale needs no second pass over the row: each
+consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchange), and a group's
+scale lies inside one 64-element line (or, int4's 128, a line pair) of one block. The rotation's
+1 / sqrt(n) is folded into the maxima and the reciprocals. Codes are staged as bytes (two codes a
+byte for the 4-bit formats) and TMA-stored as the values are.
 """
 from triton.experimental import gluon
 
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
+from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, pieces, row_amax,
+                                                  token_codes, token_recip)
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
-from tilecore.tiles.hadamard import bf16_pieces
 
 LINES = gl.constexpr(64)  # a slice half: lines of 64 elements; also H_64's size
 
@@ -42,6 +51,7 @@ class RowState:
     blocks accumulated so far."""
     y: object
     outs: object  # a tuple of S [64, 64] float32 blocks
+    t: object  # the consumer's rows so far (the per-token exchange's parity)
 
 
 @gluon.jit
@@ -52,12 +62,12 @@ def _sign(j: gl.constexpr, s):
 
 
 @gluon.jit
-def _second_product(y, h_smem):
-    """y H_64 for float32 ``y``: its two bf16 pieces times H_64 (shared memory), accumulated in float32;
-    returned with the wgmma in flight."""
+def _second_product(y, h_smem, CLAMP: gl.constexpr):
+    """y H_64 for float32 ``y``: its two bf16 pieces (gluon_epilogue.pieces, CLAMP its lo's form) times H_64
+    (shared memory), accumulated in float32; returned with the wgmma in flight."""
     acc_layout: gl.constexpr = y.type.layout
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    hi, lo = bf16_pieces(y)
+    hi, lo = pieces(y, CLAMP)
     t = warpgroup_mma(gl.convert_layout(hi, operand), h_smem, gl.zeros_like(y), use_acc=False, is_async=True)
     return warpgroup_mma(gl.convert_layout(lo, operand), h_smem, t, is_async=True)
 
@@ -75,11 +85,29 @@ def _accumulate(outs, t, s):
 @struct
 class Hadamard:
     x_desc: object
-    out_desc: object
+    out_desc: object  # the values (STORE), or the codes as bytes: (rows n / 64, W) lines, [64, W] boxes
     h_desc: object
     scale: object
     S: gl.constexpr  # slices a row: n = 8192 S
     LINES_PER_ROW: gl.constexpr
+    # hadamard_quantize (gluon_epilogue's fields; None for the plain transform)
+    scales: object  # per token: [rows] float32; groups: (rows, n / G) bytes or float32
+    gscale: object  # fp8 static / nvfp4: the given (global) scale, one float32
+    amax_out: object  # AMAX: [2 rows] float32 (each consumer's half of its row)
+    rows: object
+    stride_scales: object
+    rscale: object  # 1 / sqrt(n), folded into the maxima and reciprocals
+    xchg: object  # per token: [4, 1] float32 shared (row parity x consumer), the amax exchange
+    xbar: object  # per token: two mbarriers (row parity), both consumers arrive
+    FORMAT: gl.constexpr  # gluon_epilogue's ids; STORE: the plain transform
+    G: gl.constexpr  # group size (0: per token)
+    STATIC: gl.constexpr
+    QMAX: gl.constexpr
+    FOLD: gl.constexpr
+    CLAMP_LO: gl.constexpr  # the second product's lo piece (gluon_epilogue.pieces' CLAMP)
+    SCALE_ONCE: gl.constexpr
+    E2M1_PAIRS: gl.constexpr
+    INT_BITS: gl.constexpr
 
     @gluon.jit
     def setup(self, row):
@@ -104,7 +132,7 @@ class Hadamard:
             outs = (z, z)
         else:
             outs = (z, z, z, z)
-        return RowState(z, outs)
+        return RowState(z, outs, row * 0)
 
     @gluon.jit
     def compute(self, ctx, state, stage, row, s):
@@ -116,30 +144,61 @@ class Hadamard:
         h = bufs.index(1)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
         h_bottom = bufs.index(1 + ctx.index)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
         y_prev = warpgroup_mma_wait(0, deps=(state.y,))
-        t = _second_product(y_prev, bufs.index(0))  # issued before Y_s, so waiting for it leaves Y_s running
+        t = _second_product(y_prev, bufs.index(0), self.CLAMP_LO)  # issued before Y_s: waiting for it leaves Y_s
         first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
         first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
         t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
-        return RowState(y, _accumulate(state.outs, t, s - 1))
+        return RowState(y, _accumulate(state.outs, t, s - 1), ctx.ring_step // self.S)
 
     @gluon.jit
     def wait(self, ctx, state):
         """The row's last slice: its second product, which no later first product hides."""
         y = warpgroup_mma_wait(0, deps=(state.y,))
-        t = warpgroup_mma_wait(0, deps=(_second_product(y, ctx.operand.index(0)),))
-        return RowState(y, _accumulate(state.outs, t, self.S - 1))
+        t = warpgroup_mma_wait(0, deps=(_second_product(y, ctx.operand.index(0), self.CLAMP_LO),))
+        return RowState(y, _accumulate(state.outs, t, self.S - 1), state.t)
 
     @gluon.jit
     def finish(self, ctx, state, row):
-        """This consumer's S output blocks of the row: scaled, rounded once, stored by TMA."""
+        """This consumer's S output blocks of the row: scaled and rounded once (STORE), or quantized; stored
+        by TMA."""
         tma.store_wait(0)  # the previous row's stores have read the staging buffer
-        for j in gl.static_range(self.S):
-            ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        line = row * self.LINES_PER_ROW + LINES * ctx.index
-        for j in gl.static_range(self.S):
-            tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0], ctx.out.slice(j * LINES, LINES))
+        if self.FORMAT == STORE:
+            for j in gl.static_range(self.S):
+                ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
+        elif self.FORMAT == AMAX:  # (nvfp4's first pass: no stores but the maxima)
+            gl.store(self.amax_out + 2 * row + ctx.index, folded(self, row_amax(state.outs, self.S)))
+        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves
+            a = exchange(self, ctx, folded(self, row_amax(state.outs, self.S)), state.t)
+            recip = token_recip(self, a, row, ctx.index == 0)
+            for j in gl.static_range(self.S):
+                ctx.out.slice(j * LINES, LINES).store(
+                    token_codes(state.outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
+        else:
+            for j in gl.static_range(self.S):
+                ctx.out.slice(j * LINES, LINES).store(
+                    group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
+        if self.FORMAT != AMAX:
+            fence_async_shared()
+            gl.thread_barrier()
+            line = row * self.LINES_PER_ROW + LINES * ctx.index
+            for j in gl.static_range(self.S):
+                tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0],
+                                                ctx.out.slice(j * LINES, LINES))
+
+    @gluon.jit
+    def _group_slots(self, SL: gl.constexpr, GR: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
+        """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of G <= 64 (layout
+        SL, GR a line): the block's line r is the row's line 128 j + 64 c + r."""
+        r = gl.arange(0, LINES, layout=gl.SliceLayout(1, SL))
+        g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
+        offs = gl.expand_dims(2 * LINES * j + LINES * c + r, 1) * GR + gl.expand_dims(g, 0)
+        return offs, offs < self.LINES_PER_ROW * GR
+
+    @gluon.jit
+    def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
+        """The same for groups of 128 (int4): the block's line pair i is the row's group 64 j + 32 c + i."""
+        i = gl.arange(0, LINES // 2, layout=SL)
+        return i, LINES * j + (LINES // 2) * c, i < LINES // 2
 
 
 @gluon.jit
@@ -152,7 +211,33 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     template's (a ring of STAGES that fills at the start, LOOKAHEAD deep after). ``row_counter``: an
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
-    op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S)
+    op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, None,
+                  STORE, 0, False, 1.0, False, False, False, False, False)
+    layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
+                    LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
+                    tile_counter=row_counter)
+    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), rows)
+
+
+@gluon.jit
+def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows,
+                                   stride_scales, rscale, row_counter, S: gl.constexpr, STAGES: gl.constexpr,
+                                   FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
+                                   LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
+                                   SCALE_ONCE: gl.constexpr = False, E2M1_PAIRS: gl.constexpr = False,
+                                   INT_BITS: gl.constexpr = False):
+    """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
+    pipeline with gluon_epilogue's codes (FORMAT: its ids; AMAX: each consumer's largest |y| of its half row into
+    amax_out[2 row + c]). x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as
+    (rows n / 64, W) byte lines (W = 64, 32 packed), [64, W] boxes; staging_desc: the same with [64 S, W] boxes
+    (a consumer's staging buffer); h_desc and row_counter as hadamard_gluon_kernel's."""
+    xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(xbar.index(0), count=2)
+    mbarrier.init(xbar.index(1), count=2)
+    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, 128 * S, scales, gscale, amax_out, gl.to_tensor(rows),
+                  stride_scales, rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, SCALE_ONCE,
+                  E2M1_PAIRS and (FORMAT == 3 or FORMAT == 4), INT_BITS and (FORMAT == 2 or FORMAT == 5))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)

@@ -1,5 +1,6 @@
-"""The launches of hadamard_quantize's Gluon kernels (gluon_quantize_wide.py, gluon_quantize_kron.py) and the plain
-transform on their STORE format (issue 32).
+"""The launches of hadamard_quantize's Gluon kernels (gluon_quantize_wide.py, gluon_quantize_kron.py, and the power-of-two
+rows on the transform's pipeline: gluon_kernels.hadamard_gluon_quantize_kernel) and the plain transform on their STORE
+format (issue 32).
 
 Here, beside the kernels and below both callers, so that neither reaches the other: quantize.py imports kron.py for
 its m x 2^k plans and launches the kernels through ``launch``; kron.py's "gluon" transform plan runs
@@ -23,7 +24,7 @@ _FP8_ID, _FP8_QMAX = 0, 448.0  # fp8 e4m3's kernel id and QMAX (quantize_referen
 
 @dataclasses.dataclass(frozen=True)
 class GluonPlan:
-    """A Gluon kernel's launch: path "gluon_wide" or "gluon_kron", its constexprs, grid and rotation scale (the
+    """A Gluon kernel's launch: path "gluon_wide", "gluon_kron" or "gluon_rows", its constexprs, grid and rotation scale (the
     fields quantize.QuantizePlan has; ``launch`` takes either)."""
     path: str
     config: dict = dataclasses.field(default_factory=dict)
@@ -47,6 +48,17 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
         cfg["STAGES"] = stages
     rows = x2.shape[0]
     rs = plan.rscale if rscale is None else rscale
+    if plan.path == "gluon_rows":
+        from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_quantize_kernel
+        from tilecore.ops.hadamard.launch import h64_operand
+
+        x_desc, codes_desc, staging_desc = rows_descriptors(x2, out, plan.config["PACKED"] and fmt_id != STORE_ID)
+        h_desc = gluon_descriptor(h64_operand(x2.device, x2.dtype), [64, 64])
+        with dispatch.on_device(x2.device):
+            hadamard_gluon_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
+                                                      scales.stride(0) if scales.dim() == 2 else 1, rs,
+                                                      tile_counter(x2.device), **cfg)
+        return
     if plan.path == "gluon_kron":
         from tilecore.ops.hadamard import gluon_quantize_kron as gk
 
@@ -66,6 +78,26 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
         gw.gluon_wide_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, amax, rows,
                                                  scales.stride(0) if scales.dim() == 2 else 1, rs,
                                                  tile_counter(x2.device), **cfg)
+
+
+def rows_descriptors(x2, out, packed: bool):
+    """(x_desc, codes_desc, staging_desc) of gluon_kernels.hadamard_gluon_quantize_kernel for contiguous (rows, n) rows
+    ``x2`` and their codes ``out`` (bytes): lines of 64 values and of W code bytes (64, or 32 packed), [64, 64] / [64, W]
+    boxes, the staging buffer [64 S, W] (S = n / 8192)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tilecore.ops.hadamard.gluon_quantize_kron import _layout
+    from tilecore.tiles.launch import gluon_descriptor
+
+    rows, n = x2.shape
+    lines, w = rows * n // 64, 32 if packed else 64
+    bits = out.element_size() * 8
+
+    def codes(block):
+        return TensorDescriptor(out, [lines, w], [w, 1], block, _layout(block, bits))
+
+    return (gluon_descriptor(x2, [64, 64], shape=[lines, 64], strides=[64, 1]), codes([64, w]),
+            codes([64 * (n // 8192), w]))
 
 
 def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> GluonPlan | None:

@@ -51,7 +51,7 @@ def _descriptor(t, cfg: dict):
 
 
 @functools.lru_cache(maxsize=None)
-def _h64(device, dtype) -> torch.Tensor:
+def h64_operand(device, dtype) -> torch.Tensor:
     """The Gluon kernel's resident operands, as bf16 bits: H_64 in bf16 (the second product's), then
     H_64 and -H_64 in the input's ``dtype`` (the first product's), each 64 x 64."""
     h = hadamard_matrix(64, torch.float64)
@@ -72,7 +72,7 @@ def gluon_args(x, out, scale: float, stages: int, lookahead: int = 0, dynamic: b
         return gluon_descriptor(t, block, shape=[rows * n // 64, 64], strides=[64, 1])
 
     return dict(x_desc=lines(x, [64, 64]), out_desc=lines(out, [64, 64]), staging_desc=lines(out, [64 * S, 64]),
-                h_desc=gluon_descriptor(_h64(x.device, x.dtype), [64, 64]), rows=rows, scale=scale,
+                h_desc=gluon_descriptor(h64_operand(x.device, x.dtype), [64, 64]), rows=rows, scale=scale,
                 row_counter=tile_counter(x.device) if dynamic else None, S=S, STAGES=stages, LOOKAHEAD=lookahead)
 
 

@@ -21,6 +21,9 @@ Paths (``plan_quantize``):
 * "gluon_kron": gluon_quantize_kron.gluon_kron_quantize_kernel on Hopper, rows of m x p with m <= 32 and p = 128..1024
   (14336 = 28 x 512, 28672 = 28 x 1024), where configs.QUANT_GLUON_KRON or the plan tuning "gluon_kron" asks for it:
   A = H_32 (x) H_2 resident, the rows by TMA, the products on wgmma;
+* "gluon_rows": gluon_kernels.hadamard_gluon_quantize_kernel on Hopper, n = 16384 / 32768 (hadamard_transform's Gluon
+  pipeline, a row a tile held by two consumer warpgroups, with the codes for its values), where
+  configs.QUANT_GLUON_ROWS or the plan tuning "gluon_rows" asks for it;
 * "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
   float32 buffer, then the kernel without rotation.
 nvfp4 without a given global scale reads x twice: a first pass of the same kernel finds the rotated
@@ -56,7 +59,7 @@ __all__ = ["hadamard_quantize", "dequantize", "FORMATS", "plan_quantize", "kerne
 
 @dataclasses.dataclass(frozen=True)
 class QuantizePlan:
-    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "gluon_wide" | "gluon_kron" | "unfused"
+    path: str  # "cpu" | "pow2" | "fused" | "wide" | "wide_rows" | "gluon_wide" | "gluon_kron" | "gluon_rows" | "unfused"
     config: dict = dataclasses.field(default_factory=dict)
     grid: tuple[int, ...] = ()
     rscale: float = 1.0
@@ -135,7 +138,9 @@ def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | No
     """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
     experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""
     f = FORMATS[fmt]
-    gluon = _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning)
+    gluon = _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning)
+    if gluon is None:
+        gluon = _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning)
     if gluon is not None:
         return gluon
     pow2 = pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, interpret, **tuning)
@@ -331,6 +336,29 @@ def _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
         return None
     return _gluon_kron_plan(rows, n, dtype, fmt, group, m, n // m, 1, signs, static, n**-0.5, sms,
                             {**tuning, "gluon_kron": True})
+
+
+def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning):
+    """The "gluon_rows" path (gluon_kernels.hadamard_gluon_quantize_kernel: hadamard_transform's Gluon pipeline, a row a
+    tile, with the codes for its values) where asked (tuning "gluon_rows", else configs.QUANT_GLUON_ROWS' entry by
+    (format, n): its tuning, under the caller's) and able: n in configs.GLUON_SIZES, the whole row rotated, 16-bit, no
+    random signs, groups of 16 / 32, 128 (int4) or the whole row, >= configs.TMA_MIN_ELEMENTS elements (the transform's
+    rule), plan_quantize's device may run Gluon; else None. Tuning: stages, lookahead (the transform's ring,
+    configs.GLUON_TUNING, by default), clamp_lo, scale_once, e2m1_pairs, int_bits."""
+    tuning = {**_by_format(configs.QUANT_GLUON_ROWS, fmt, n, {}), **tuning}
+    if not tuning.get("gluon_rows") or not tuning.get("_gluon_ok") or not rotate or block is not None or signs \
+            or dtype == torch.float32 or n not in configs.GLUON_SIZES or rows * n < configs.TMA_MIN_ELEMENTS \
+            or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
+        return None
+    f = FORMATS[fmt]
+    stages, lookahead = configs.GLUON_TUNING.get(n, (configs.GLUON_STAGES, 0))
+    clamp = tuning.get("clamp_lo")
+    return QuantizePlan("gluon_rows", grid=(min(rows, sms),), rscale=n**-0.5, config=dict(
+        S=n // 8192, STAGES=tuning.get("stages") or stages, LOOKAHEAD=tuning.get("lookahead", lookahead),
+        FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed,
+        num_warps=4, **_scale_once(fmt, n, group, tuning), **_e2m1_pairs(fmt, n, tuning),
+        **_gluon_int_bits(fmt, n, tuning), **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True}
+                                              if clamp else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -628,7 +656,7 @@ def _run(x2, fmt, group, block, rotate, scale, signs, plan=None, poison=False, k
         scales = scale.reshape(1).to(torch.float32)
     if plan.path == "pow2":
         return _run_pow2(plan, x2, codes, scales, fmt, scale, signs, static, key=key)
-    if plan.path in ("gluon_wide", "gluon_kron"):
+    if plan.path in ("gluon_wide", "gluon_kron", "gluon_rows"):
         return _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static)
     cfg = plan.config
     xa = x2
@@ -665,9 +693,8 @@ def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     byte_codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
-        # each row's largest |y| (the kron kernel with a row shared: each consumer's half, two a row)
-        amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", plan.config.get("HALVES", 1)), dtype=torch.float32,
-                           device=x2.device)
+        # each row's largest |y| (a row shared by two consumers: each consumer's half, two a row)
+        amax = torch.empty(x2.shape[0] * _maxima_a_row(plan), dtype=torch.float32, device=x2.device)
         _launch_gluon_wide(plan, x2, byte_codes, scales, amax, amax, fmt_id=6)
         a = amax.max()  # NaN if any row had one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
@@ -681,6 +708,11 @@ def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     elif static and fmt in FP8_DTYPES:
         scales = gs
     return codes, scales, None
+
+
+def _maxima_a_row(plan) -> int:
+    """The AMAX pass's maxima a row of a Gluon plan: one a consumer sharing the row."""
+    return 2 if plan.path == "gluon_rows" else plan.config.get("SPLIT", plan.config.get("HALVES", 1))
 
 
 def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
@@ -704,10 +736,9 @@ def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
 def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     """Run a "gluon_wide" plan's kernel as its AMAX pass (the products, then each row's largest |y|: no codes, no
     stores but one float a row) on the rows ``x2``; returns those maxima. For the probe of what its epilogue costs."""
-    if plan.path not in ("gluon_wide", "gluon_kron"):
-        raise ValueError(f"gluon_amax_pass: a 'gluon_wide' or 'gluon_kron' plan, not {plan.path!r}")
-    amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", plan.config.get("HALVES", 1)), dtype=torch.float32,
-                       device=x2.device)
+    if plan.path not in ("gluon_wide", "gluon_kron", "gluon_rows"):
+        raise ValueError(f"gluon_amax_pass: a Gluon plan, not {plan.path!r}")
+    amax = torch.empty(x2.shape[0] * _maxima_a_row(plan), dtype=torch.float32, device=x2.device)
     # x2's bytes as the codes (never written by AMAX; bytes keep the staging buffer at 8 bits)
     _launch_gluon_wide(plan, x2, x2.view(torch.uint8), amax, amax, amax, fmt_id=6)
     return amax

@@ -1,0 +1,118 @@
+"""hadamard_quantize's power-of-two rows on hadamard_transform's Gluon pipeline (gluon_kernels.
+hadamard_gluon_quantize_kernel, plan path "gluon_rows", configs.QUANT_GLUON_ROWS; issue 32, session 41).
+
+Gluon kernels do not run in the interpreter: here the pipeline's data flow replayed in float64 (each consumer's
+output blocks as the kernel forms and stores them) against the float64 transform, the lines and groups the epilogue
+stores codes and scales at (every one once), the plan's choices, and an sm_90a compile in a fresh process. The codes
+are checked on the GPU against the float64 reference (experiments/hadamard/gpu_pow2_s38.py --set r)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilecore.ops.hadamard import configs, quantize
+from tilecore.ops.hadamard.reference import hadamard_matrix, hadamard_reference
+
+
+def _blocks(x, n):
+    """The kernel's math in float64: a row is S slices X_s of 128 lines x 64; consumer c's block j of line r is
+    out_j[r] = sum_s H_S[j, s] (H_128 X_s H_64)[64 c + r]; stored at the row's line 128 j + 64 c + r (finish)."""
+    S = n // 8192
+    xs = x.reshape(x.shape[0], S, 128, 64)
+    t = hadamard_matrix(128, torch.float64) @ xs @ hadamard_matrix(64, torch.float64)
+    out = torch.einsum("js,rsab->rjab", hadamard_matrix(S, torch.float64), t) * n**-0.5
+    lines = torch.empty(x.shape[0], n // 64, 64, dtype=torch.float64)
+    for j in range(S):
+        for c in range(2):
+            for r in range(64):
+                lines[:, 128 * j + 64 * c + r] = out[:, j, 64 * c + r]
+    return lines.reshape(x.shape[0], n)
+
+
+@pytest.mark.parametrize("n", [16384, 32768])
+def test_kernel_data_flow_is_the_transform(n):
+    torch.manual_seed(n)
+    x = torch.randn(2, n, dtype=torch.float64)
+    assert (_blocks(x, n) - hadamard_reference(x, n**-0.5, out_dtype=torch.float64)).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("n", [16384, 32768])
+@pytest.mark.parametrize("g", [16, 32, 128])
+def test_every_group_scale_is_stored_once(n, g):
+    """_group_slots (g <= 64: line x 64 / g + group in the line) and _pair_slots (128: the line pair's group
+    64 j + 32 c + i) over every consumer, block, line and group: the row's n / g groups, once each, each at the group
+    holding the line's elements."""
+    S = n // 8192
+    seen = []
+    for j in range(S):
+        for c in range(2):
+            if g <= 64:
+                for r in range(64):
+                    line = 128 * j + 64 * c + r
+                    for k in range(64 // g):
+                        slot = (128 * j + 64 * c + r) * (64 // g) + k
+                        assert slot == (64 * line + g * k) // g
+                        seen.append(slot)
+            else:
+                for i in range(32):
+                    slot = 64 * j + 32 * c + i
+                    assert slot == (64 * (128 * j + 64 * c + 2 * i)) // 128
+                    seen.append(slot)
+    assert sorted(seen) == list(range(n // g))
+
+
+def _plan(fmt, n, rows=None, dtype=torch.bfloat16, **tuning):
+    f = quantize.FORMATS[fmt]
+    return quantize.kernel_plan(rows or (1 << 28) // n, n, dtype, fmt, f.default_group, None, True, fmt == "nvfp4",
+                                False, 132, **tuning)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8", "mxfp4", "nvfp4", "int4"])
+def test_plan_takes_the_pipeline_only_where_asked_and_able(fmt):
+    f = quantize.FORMATS[fmt]
+    for n in (16384, 32768):
+        plan = _plan(fmt, n, gluon_rows=True, _gluon_ok=True)
+        assert plan.path == "gluon_rows" and plan.rscale == n**-0.5 and plan.grid == (132,)
+        cfg = plan.config
+        stages, lookahead = configs.GLUON_TUNING[n]
+        assert (cfg["S"], cfg["STAGES"], cfg["LOOKAHEAD"]) == (n // 8192, stages, lookahead)
+        assert (cfg["FORMAT"], cfg["G"], cfg["QMAX"], cfg["PACKED"]) == (f.kernel_id, f.default_group or 0, f.qmax,
+                                                                         f.packed)
+        assert _plan(fmt, n, gluon_rows=True, _gluon_ok=True, stages=3, clamp_lo=2).config["STAGES"] == 3
+        assert _plan(fmt, n, gluon_rows=True, _gluon_ok=True, clamp_lo=2).config["CLAMP_LO"] == 2
+        if (fmt, n) not in configs.QUANT_GLUON_ROWS:
+            assert _plan(fmt, n, _gluon_ok=True).path != "gluon_rows"  # not asked
+        assert _plan(fmt, n, gluon_rows=True).path != "gluon_rows"  # no Hopper / Gluon (plan_quantize's _gluon_ok)
+        assert _plan(fmt, n, rows=64, gluon_rows=True, _gluon_ok=True).path != "gluon_rows"  # under 2^24 elements
+        assert _plan(fmt, n, dtype=torch.float32, gluon_rows=True, _gluon_ok=True).path != "gluon_rows"
+    assert _plan(fmt, 8192, gluon_rows=True, _gluon_ok=True).path != "gluon_rows"  # not a pipeline size
+    signed = quantize.kernel_plan(1 << 14, 16384, torch.bfloat16, fmt, f.default_group, None, True, fmt == "nvfp4",
+                                  True, 132, gluon_rows=True, _gluon_ok=True)
+    assert signed.path != "gluon_rows"
+
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard.kron_gluon_compile import compile_rows
+for n, fmt, stages, lookahead, extra in ((16384, "fp8_e4m3", 4, 0, {"CLAMP_LO": 2}), (32768, "int4", 8, 4, {"INT_BITS": True}),
+                                         (16384, "nvfp4", 4, 0, {"SCALE_ONCE": True})):
+    print(json.dumps(compile_rows(n, fmt, stages, lookahead, extra=extra)))
+"""
+
+
+def test_pipeline_rows_compile_for_sm90():
+    """sm_90a in a fresh process: 8 wgmma a slice and consumer (two first products, two pieces of the second) and
+    the spare second product a row, TMA, not serialized, no spills, within 227 KiB."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert len(res) == 3, res
+    for x in res:
+        assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
+        assert x["spill_stores"] == 0 and x["wgmma"] > 0, x
