@@ -141,49 +141,24 @@ def split_apply(calls: int) -> dict:
     def outputs(q):
         return q.new_empty((1, 8, 256, 64)), q.new_empty((1, 8, 256), dtype=torch.float32)
 
-    class Ten(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal, scale, window, softcap, key, sm_margin, plan=None):
+    def form(arity: int, saved: int, lean_grads: bool = True):
+        """A Function of ``arity`` arguments (q, k, v last but ``arity`` - 4 ... as attention's: q first of 10, second
+        of 6) allocating O and lse, saving the first ``saved`` of (q, k, v, O, lse) (lse an attribute where 4), with
+        set_materialize_grads(False) where ``lean_grads``."""
+        first = 0 if arity == 10 else 1
+
+        def forward(ctx, *inputs):
+            q, k, v = inputs[first:first + 3]
             out, lse = outputs(q)
-            ctx.set_materialize_grads(False)
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.options = (causal, scale, window, softcap, sm_margin)
+            if lean_grads:
+                ctx.set_materialize_grads(False)
+            ctx.save_for_backward(*(q, k, v, out, lse)[:saved])
+            ctx.kept = (lse, inputs[first + 3:])
             return out
+        return type(f"Form{arity}x{saved}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, dout: (None,) * arity)})
 
-        @staticmethod
-        def backward(ctx, dout):
-            return (None,) * 10
-
-    class Six(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, recipe, q, k, v, scale, softcap):
-            out, lse = outputs(q)
-            ctx.set_materialize_grads(False)
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.options = (recipe, scale, softcap)
-            return out
-
-        @staticmethod
-        def backward(ctx, dout):
-            return (None,) * 6
-
-    class SixSaveFour(Six):
-        @staticmethod
-        def forward(ctx, recipe, q, k, v, scale, softcap):
-            out, lse = outputs(q)
-            ctx.set_materialize_grads(False)
-            ctx.save_for_backward(q, k, v, out)
-            ctx.lse, ctx.options = lse, (recipe, scale, softcap)
-            return out
-
-    class SixMaterialize(Six):
-        @staticmethod
-        def forward(ctx, recipe, q, k, v, scale, softcap):
-            out, lse = outputs(q)
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.options = (recipe, scale, softcap)
-            return out
-
+    ten, six, six_four, six_materialized = form(10, 5), form(6, 5), form(6, 4), form(6, 5, lean_grads=False)
     key = ("forward_recorded", (q.shape, q.stride(), q.dtype, q.device, True))
     from tilecore import dispatch
     from tilecore.tiles import launch as tiles_launch
@@ -199,10 +174,10 @@ def split_apply(calls: int) -> dict:
         "tile_counter": lambda: tiles_launch.tile_counter(device),
         "interpreter_enabled": dispatch.interpreter_enabled,
         "eager_mode of 5 tensors": lambda: dispatch.eager_mode(*small),
-        "apply 10 args, save 5": lambda: tiles_eager.apply(Ten, q, k, v, False, 0.125, (-1, -1), 0.0, key, 0, None),
-        "apply 6 args, save 5": lambda: tiles_eager.apply(Six, key, q, k, v, 0.125, 0.0),
-        "apply 6 args, save 4": lambda: tiles_eager.apply(SixSaveFour, key, q, k, v, 0.125, 0.0),
-        "apply 6 args, save 5, grads materialized": lambda: tiles_eager.apply(SixMaterialize, key, q, k, v, 0.125, 0.0),
+        "apply 10 args, save 5": lambda: tiles_eager.apply(ten, q, k, v, False, 0.125, (-1, -1), 0.0, key, 0, None),
+        "apply 6 args, save 5": lambda: tiles_eager.apply(six, key, q, k, v, 0.125, 0.0),
+        "apply 6 args, save 4": lambda: tiles_eager.apply(six_four, key, q, k, v, 0.125, 0.0),
+        "apply 6 args, save 5, grads materialized": lambda: tiles_eager.apply(six_materialized, key, q, k, v, 0.125, 0.0),
     }
     if raw_alloc is not None and raw_stream is not None and dev != "cpu":
         index = torch.cuda.current_device()
@@ -313,24 +288,16 @@ def main():
         run.extra["ab"][label] = ab_recipes(name, ours, peer, 1 if a.smoke else a.ab_rounds, a.calls, switch)
         run.save()
         run.say(f"A/B {switch or 'OP_RECIPES'} {name}: {json.dumps(run.extra['ab'][label])}")
-    if a.split:
+    for wanted, name, split in ((a.split, "split_fft_conv", split_fft_conv), (a.parts, "split_apply", split_apply)):
+        if not wanted:
+            continue
         try:
-            run.extra["split_fft_conv"] = split_fft_conv(a.calls)
+            run.extra[name] = split(a.calls)
         except Exception as err:  # noqa: BLE001
-            run.extra["split_fft_conv"] = {"error": f"{type(err).__name__}: {err}"[:400]}
+            run.extra[name] = {"error": f"{type(err).__name__}: {err}"[:400]}
         run.save()
-        run.say("fft_conv split, us a call: " + ", ".join(
-            f"{k[:-3]} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
-            for k, v in run.extra["split_fft_conv"].items() if k != "rounds_us"))
-    if a.parts:
-        try:
-            run.extra["split_apply"] = split_apply(a.calls)
-        except Exception as err:  # noqa: BLE001
-            run.extra["split_apply"] = {"error": f"{type(err).__name__}: {err}"[:400]}
-        run.save()
-        run.say("apply split, us a call: " + ", ".join(
-            f"{k[:-3]} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
-            for k, v in run.extra["split_apply"].items() if k != "rounds_us"))
+        run.say(f"{name}, us a call: " + ", ".join(f"{k[:-3]} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                                   for k, v in run.extra[name].items() if k != "rounds_us"))
     for name in names:
         if run.left() < 0:
             run.row(name, skipped="deadline")
