@@ -9,6 +9,13 @@ consumer step 602 against 566 SASS instructions, 21 against 9 spill instructions
     PYTHONPATH=. python3 experiments/attention/gpu_varlen_ncu.py            (the GPU; <= 120 s)
     PYTHONPATH=. python3 experiments/attention/gpu_varlen_ncu.py --target "varlen fused"   (what ncu runs)
 
+Session 41 (issue 35's softcap backward, 0.84-0.86x the speed without it): ``--names "fixed fused,fixed fused
+softcap,fixed fused softcap fold"`` profiles the fixed fused kernel without a softcap, with softcap 30 as shipped
+(SOFTCAP 2), and with the cap's derivative folded into dS (configs.GLUON_BACKWARD_SOFTCAP_FOLD), with the SFU (xu) and
+FMA pipes' activity, local-memory (spill) traffic and the warp-state stalls beside the metrics above. Compile-level
+(sm_90a): a consumer's step loop 656 SASS (plain) against 861 (softcap: 64 MUFU against 32, 41 spill instructions
+against 12) and 846 (fold).
+
 Prints the kept metric lines of each target, then a table of the metrics both have; writes
 $OUT/gpu_varlen_ncu.json.
 """
@@ -24,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from experiments.common.nsight import profile  # noqa: E402
 
 TARGETS = {"fixed fused": "attention_bwd_kernel", "varlen fused": "attention_varlen_bwd_kernel",
-           "varlen split dkdv": "attention_varlen_bwd_kernel"}
+           "varlen split dkdv": "attention_varlen_bwd_kernel", "fixed fused softcap": "attention_bwd_kernel",
+           "fixed fused softcap fold": "attention_bwd_kernel"}
+CAP = 30.0
 METRICS = ["gpu__time_duration.sum",
            "sm__cycles_elapsed.avg.per_second",
            "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
@@ -38,7 +47,24 @@ METRICS = ["gpu__time_duration.sum",
            "dram__bytes_write.sum",
            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
            "smsp__inst_executed.sum",
-           "launch__registers_per_thread"]
+           "launch__registers_per_thread",
+           "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+           "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+           "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
+           "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+           "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio"]
 
 
 def target(name: str) -> None:
@@ -55,15 +81,21 @@ def target(name: str) -> None:
     torch.manual_seed(0)
     mk = lambda: torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v, do = mk(), mk(), mk(), mk()
-    if name == "fixed fused":
+    if name.startswith("fixed fused"):
+        from tilecore.ops.attention import configs
+        from tilecore.tiles.switches import patched
+
+        cap = CAP if "softcap" in name else 0.0
         out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
-        launch.forward(plan.plan_forward(q, k, v, True, scale), q, k, v, out, lse, True, scale)
-        p = plan.plan_backward(do, q, k, v, True, scale, path="gluon")
+        launch.forward(plan.plan_forward(q, k, v, True, scale, softcap=cap), q, k, v, out, lse, True, scale,
+                       softcap=cap)
+        p = plan.plan_backward(do, q, k, v, True, scale, path="gluon", softcap=cap)
         assert p.config["dq_from"] == "fused", p.config
         _, dq_sum, stats = launch.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        for _ in range(3):
-            launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, True, scale)
+        with patched(configs, GLUON_BACKWARD_SOFTCAP_FOLD=name.endswith("fold")):
+            for _ in range(3):
+                launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, True, scale, softcap=cap)
     else:
         packed = lambda t: t.transpose(1, 2).reshape(b * n, h, d).contiguous()  # noqa: E731
         qv, kv, vv, dov = (packed(t) for t in (q, k, v, do))

@@ -188,7 +188,8 @@ def main():
            ("d128 fused causal", 128, True, 1, dict(dq="fused")),
            ("d64 warpgroup causal gqa", 64, True, 4, dict(dq="warpgroup", kv_regs=True)),
            ("d128 fused causal gqa", 128, True, 4, dict(dq="fused")),
-           ("d64 no dq causal", 64, True, 1, dict(dq="gluon"))]
+           ("d64 no dq causal", 64, True, 1, dict(dq="gluon")),
+           ("d128 fused causal softcap", 128, True, 1, dict(dq="fused", softcap=2))]
     for name, d, causal, group, cfg in bwd:
         bm, bn = 64, 64
         t = torch.empty(2, 2, 256, d, dtype=torch.bfloat16)
@@ -203,11 +204,11 @@ def main():
                     GROUP=group, scale=0.1, scale_log2e=0.1, num_bhk=256, head_group=8,
                     schedule=torch.empty(64, dtype=torch.int32) if causal and not cfg.get("drawn") else None,
                     left=0, right=0,
-                    tanh_scale=0.0, CAUSAL=causal, STAGES=2, DQ=modes[cfg["dq"]], KV_REGS=cfg.get("kv_regs", False),
-                    WINDOW=False, SOFTCAP=0)
+                    tanh_scale=0.01 if cfg.get("softcap") else 0.0, CAUSAL=causal, STAGES=2, DQ=modes[cfg["dq"]],
+                    KV_REGS=cfg.get("kv_regs", False), WINDOW=False, SOFTCAP=cfg.get("softcap", 0))
         one(f"attention bwd {name}", attention_bwd_kernel, args, 4)
-    for d, bn, stages in ((64, 128, 3), (128, 64, 4)):
-        for causal in (False, True):
+    for d, bn, stages, softcap in ((64, 128, 3, 0), (128, 64, 4, 0), (128, 64, 4, 2)):
+        for causal in (False, True) if not softcap else (True,):
             bm = 64
             t = torch.empty(2, 2, 256, d, dtype=torch.bfloat16)
             head = lambda rows: desc(t, [1, 1, rows, d])
@@ -216,8 +217,10 @@ def main():
                         qdo_desc=head(2 * bm), lse_ptr=f32, delta_ptr=f32, H=16, N=4096, Nk=4096, GROUP=1, scale=0.1,
                         scale_log2e=0.1, num_bh=256, head_group=12,
                         schedule=torch.empty(64, dtype=torch.int32) if causal else None, left=0, right=0,
-                        tanh_scale=0.0, CAUSAL=causal, STAGES=stages, WINDOW=False, SOFTCAP=0)
-            one(f"attention dq d{d}{' causal' if causal else ''}", attention_dq_kernel, args, 4)
+                        tanh_scale=0.01 if softcap else 0.0, CAUSAL=causal, STAGES=stages, WINDOW=False,
+                        SOFTCAP=softcap)
+            one(f"attention dq d{d}{' causal' if causal else ''}{' softcap' if softcap else ''}", attention_dq_kernel,
+                args, 4)
     # a window and a softcap (tanh.approx) on the D64 backward and dq: the options' code paths
     bm, bn = 64, 64
     t = torch.empty(2, 2, 256, 64, dtype=torch.bfloat16)

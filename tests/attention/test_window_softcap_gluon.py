@@ -75,6 +75,31 @@ def test_dq_kernel_launch_passes_window_and_softcap(fast_launch, monkeypatch):
     assert bound["tanh_scale"] == pytest.approx(0.1 / 20.0) and bound["scale_log2e"] == pytest.approx(20.0 * LOG2E)
 
 
+def test_softcap_fold_switch_reaches_both_backward_kernels(fast_launch, monkeypatch):
+    """configs.GLUON_BACKWARD_SOFTCAP_FOLD (a candidate) turns the tanh.approx SOFTCAP 2 of the dK/dV and dq kernels
+    into 3; the exact tanh (1) and no softcap (0) stay."""
+    from tilecore.tiles.switches import patched
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    q, k, v, do = _inputs()
+    dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
+    stats, dq_sum = torch.randn(8, 2, 256), torch.zeros(2, 4, 256, 128)
+    lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
+    cfg = dict(configs.gluon_backward_config(128, 256, False), dq_from="gluon")
+    bwd_plan = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=cfg)
+    for fold, softcap, tanh_approx, expect in ((True, 30.0, True, 3), (False, 30.0, True, 2), (True, 30.0, False, 1),
+                                               (True, 0.0, True, 0)):
+        with patched(configs, GLUON_BACKWARD_SOFTCAP_FOLD=fold):
+            fake = fast_launch(launch.GLUON_BWD)
+            p = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=dict(cfg, tanh_approx=tanh_approx))
+            launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, False, 0.1, (-1, -1), softcap)
+            assert _bound(fake, launch.GLUON_BWD.kernel)["SOFTCAP"] == expect
+            if tanh_approx:  # (the dq kernel's plan has its own config: tanh.approx)
+                fake = fast_launch(launch.GLUON_DQ)
+                launch.launch_dq_gluon(bwd_plan.dq, do, q, k, v, lse, delta, dq, True, 0.1, (-1, -1), softcap)
+                assert _bound(fake, launch.GLUON_DQ.kernel)["SOFTCAP"] == expect
+
+
 def test_forward_softcap_takes_tanh_approx_by_default(fast_launch, monkeypatch):
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
     q, k, v, _ = _inputs()
@@ -100,10 +125,16 @@ for d, dq_from in ((128, "fused"), (64, "warpgroup")):
     rows.append(dict(kernel=f"backward d{d} {dq_from}", **vars(resources(compiled)), **has_hopper_instructions(ptx),
                      tma_reduce="cp.reduce.async.bulk.tensor" in ptx, tanh="tanh.approx.f32" in ptx,
                      clobbered=report.register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None))
-compiled = report.compile_gluon_dq(128, False, window=True, softcap=2)
+# the candidate fold (SOFTCAP 3, configs.GLUON_BACKWARD_SOFTCAP_FOLD) on the shipped causal D128 fused backward
+compiled, cfg = report.compile_gluon_backward(128, True, cfg=dict(configs.GLUON_BACKWARD[128, True]), softcap=3)
 ptx = compiled.asm["ptx"]
-rows.append(dict(kernel="dq d128", **vars(resources(compiled)), **has_hopper_instructions(ptx), tma_reduce=False,
-                 tanh="tanh.approx.f32" in ptx, clobbered=None))
+rows.append(dict(kernel="backward d128 fused fold", **vars(resources(compiled)), **has_hopper_instructions(ptx),
+                 tma_reduce="cp.reduce.async.bulk.tensor" in ptx, tanh="tanh.approx.f32" in ptx, clobbered=None))
+for softcap, name in ((2, "dq d128"), (3, "dq d128 fold")):
+    compiled = report.compile_gluon_dq(128, softcap == 3, window=softcap == 2, softcap=softcap)
+    ptx = compiled.asm["ptx"]
+    rows.append(dict(kernel=name, **vars(resources(compiled)), **has_hopper_instructions(ptx), tma_reduce=False,
+                     tanh="tanh.approx.f32" in ptx, clobbered=None))
 print(json.dumps(rows))
 """
 
@@ -123,8 +154,10 @@ def test_gluon_backward_and_dq_with_window_and_softcap_compile(compiled):
     """wgmma, TMA (and dQ's TMA reduction in the backward), tanh.approx, not serialized; K and V
     held in registers (D 64) never overwritten in the loop (session 14's wrong dK/dV); spills within
     1 KB (D128 fused: 632 bytes against the plain kernel's 396, compile of session 26; the plain
-    kernel ran at 1.17x the tl kernels on the H100 spilling 160-300), none in the dq kernel."""
-    assert set(compiled) == {"backward d128 fused", "backward d64 warpgroup", "dq d128"}
+    kernel ran at 1.17x the tl kernels on the H100 spilling 160-300), none in the dq kernel; the same for
+    the candidate fold (SOFTCAP 3) of the causal fused backward and the causal dq kernel."""
+    assert set(compiled) == {"backward d128 fused", "backward d64 warpgroup", "dq d128", "backward d128 fused fold",
+                             "dq d128 fold"}
     for name, r in compiled.items():
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and r["tanh"], r
         assert not r["wgmma_serialized"], r

@@ -144,6 +144,10 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
 # {}: back to the non-causal config's lagged.
 # Not with a softcap yet (plan_backward; sm_90a fused + window + softcap spills 652 B): gpu_window_bwd.py checks it
 GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
+# the fixed-length backward and dq kernels with a softcap: the cap's derivative folded into dS as y - y tanh^2 (one FFMA
+# an element, no float16 round trip; sm_90a D128 causal fused: the step loop 861 -> 846 SASS, 632 -> 620 B spilled;
+# the dq kernel's loop 557 -> 493, no spill): untimed, off
+GLUON_BACKWARD_SOFTCAP_FOLD = False
 
 
 def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:

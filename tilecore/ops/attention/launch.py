@@ -58,6 +58,13 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
     return 2 if cfg.get("tanh_approx", True) else 1
 
 
+def gluon_backward_softcap(softcap: float, cfg: dict) -> int:
+    """The fixed-length Gluon backward and dq kernels' SOFTCAP: gluon_softcap's, but 3 for its 2 under
+    configs.GLUON_BACKWARD_SOFTCAP_FOLD (the cap's derivative folded into dS: y - y tanh^2, one FFMA)."""
+    mode = gluon_softcap(softcap, cfg)
+    return 3 if mode == 2 and configs.GLUON_BACKWARD_SOFTCAP_FOLD else mode
+
+
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):
     """One launch of ``kernel`` for ``plan``: looked up by the plan's launch_key where it has one
     (the signature of the call it was planned for, which determines every argument's specialization
@@ -379,7 +386,7 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_softcap(softcap, cfg), num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_backward_softcap(softcap, cfg), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:
@@ -405,7 +412,8 @@ def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: fl
              head_operand(dout, 2 * block_m), head_operand(dq, block_m), head_operand(q, 2 * block_m),
              lse, delta, H, N, Nk, H // Hkv, scale, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule,
              left, right, tanh_scale),
-            dict(**masks, STAGES=plan.config["stages"], SOFTCAP=gluon_softcap(softcap, plan.config), num_warps=4))
+            dict(**masks, STAGES=plan.config["stages"], SOFTCAP=gluon_backward_softcap(softcap, plan.config),
+                 num_warps=4))
 
 
 def launch_backward_tl(plan, dout, q, k, v, out, lse, dlse, dq, dk, dv, causal: bool, scale: float,

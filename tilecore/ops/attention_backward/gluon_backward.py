@@ -125,7 +125,7 @@ class AttentionBackward:
     DQ: gl.constexpr  # where dQ comes from: see compute
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS by y - y tanh^2
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -252,12 +252,13 @@ class AttentionBackward:
     @gluon.jit
     def probabilities(self, s_t, lse, start_n, start_m, tile):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
-        rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP) the
-        cap's derivative 1 - tanh^2 of the unmasked scores (1.0 otherwise): dS takes it as a factor.
-        (``tile``: the varlen kernel's masks read its sequence's lengths there.)"""
+        rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
+        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
+        float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
+        lengths there.)"""
         st_layout: gl.constexpr = s_t.type.layout
         if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
-            if self.SOFTCAP == 2:
+            if self.SOFTCAP >= 2:
                 s_t = tanh_approx(s_t * self.tanh_scale)
             else:
                 s_t = tanh_from_exp2(s_t * self.tanh_scale)
@@ -269,7 +270,9 @@ class AttentionBackward:
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP:  # from the masked tanh: a masked score's -inf gives min(inf, 1): a factor 0, not NaN
+        if self.SOFTCAP == 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
+            dtanh = gl.minimum(s_t * s_t, 1.0)
+        elif self.SOFTCAP:  # from the masked tanh: -inf gives min(inf, 1): a factor 0, not NaN
             # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
             # trip, unmeasured)
             dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
@@ -357,7 +360,11 @@ class AttentionBackward:
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+            if self.SOFTCAP == 3:  # y (1 - tanh^2) as y - y tanh^2: one FFMA an element
+                y_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+                ds_t = y_t - y_t * dtanh
+            else:
+                ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
