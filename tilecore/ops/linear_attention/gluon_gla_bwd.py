@@ -31,13 +31,14 @@ falls back to the tl kernels elsewhere.
 
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
-bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM) and how the
-pieces of those sums are cut (PIECES_RZ) (below).
+bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
+pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take and in how many rounds (DG_TWO, DG_ROUND) and
+where a^T's tile lives (AT_OWN) (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
 tests/linear_attention/test_gla_bwd_gluon_twin.py replays chain_dots' arithmetic in torch against float64, and
-experiments/linear_attention/gpu_gla_s39.py checks the kernel on the GPU against float64."""
+experiments/linear_attention/gpu_gla_bwd_forms.py checks the kernel on the GPU against float64."""
 import torch
 from triton.experimental import gluon
 
@@ -58,6 +59,12 @@ J_SMEM = gl.constexpr(8192)  # J (all ones) from shared memory like L (8 KB), no
 # up to 48 registers while the sums run
 PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pattern's low 16 bits cleared: a logic op)
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
+DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two dots a sum: dG within 2^-17 |dG| a
+# token, far below the bf16 products q dq and k dk it sums)
+DG_ROUND = gl.constexpr(131072)  # with DG_TWO, a pair of chunks a tile (Dv = BKB): the two sums in one round (the second's
+# pieces in p2 and the consumer's own v buffer, read by then), one barrier pair and one wgmma wait fewer
+AT_OWN = gl.constexpr(262144)  # a^T's bf16 tile in a buffer of its own (8 KB a consumer), stored as soon as a is made:
+# dq's and dk's intra products issued together (not dk's after dq's has read k Ei from the pieces' buffers)
 
 
 @stage_struct
@@ -142,6 +149,7 @@ class GlaDqk:
     FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
     tri_smem: object  # FORM 2: L [BT, BT] in the operand dtype (an A operand from shared memory); J_SMEM: [L, J]
+    at_smem: object  # AT_OWN: [2, BT, BT] each consumer's a (strictly lower, bf16), read transposed
     N: object
     H: object
     DKD: object  # Dk
@@ -229,10 +237,18 @@ class GlaDqk:
         return state
 
     @gluon.jit
-    def pieces(self, x, p0, p1, p2):
+    def pieces(self, x, p0, p1, p2, TWO: gl.constexpr = False):
         """float32 x [BT, BKB] into shared memory as three pieces in the operand dtype, hi / mid / lo (24 bits of its
-        mantissa in bf16: a sum over tokens by three dots with a 0/1 matrix is float32's to its rounding)."""
-        if self.FORM & PIECES_RZ:
+        mantissa in bf16: a sum over tokens by three dots with a 0/1 matrix is float32's to its rounding); TWO: hi in
+        p0 and the rest rounded in p1 (16 bits)."""
+        if TWO:
+            if self.FORM & PIECES_RZ:
+                hi = self.trunc16(x)
+            else:
+                hi = x.to(gl.bfloat16).to(gl.float32)
+            p0.store(hi.to(gl.bfloat16))
+            p1.store((x - hi).to(gl.bfloat16))
+        elif self.FORM & PIECES_RZ:
             hi = self.trunc16(x)
             r1 = x - hi
             mid = self.trunc16(r1)
@@ -381,8 +397,17 @@ class GlaDqk:
                 base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
             offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T and dk
-        dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
-        dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
+        if self.FORM & AT_OWN:  # (the previous tile's dk product was waited for before this tile's first barrier)
+            at_s = self.at_smem.index(cid)
+            at_s.store(am)
+            fence_async_shared()
+            gl.thread_barrier()
+            dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
+            dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
+            dq_in = warpgroup_mma_wait(1, deps=[dq_tok])
+        else:
+            dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
+            dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
@@ -396,15 +421,17 @@ class GlaDqk:
         dG = q_s.load(L32).to(gl.float32) * dq
         # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
         # operand from shared memory (no second product v do^T)
-        at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
-        gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
-        at_s.store(am)
-        fence_async_shared()
-        gl.thread_barrier()
-        at_op = at_s.permute((1, 0))
-        dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
-        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        if self.FORM & AT_OWN:
+            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        else:
+            at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
+            gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
+            at_s.store(am)
+            fence_async_shared()
+            gl.thread_barrier()
+            dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
+            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
@@ -425,17 +452,27 @@ class GlaDqk:
         if self.FORM & STORE_TMA:
             tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
-        self.pieces(dG, p0, p1, p2)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False)
-        lsum = warpgroup_mma_wait(0, deps=[s_tok])
-        gl.thread_barrier()
-        self.pieces(dG + kf * dk_state, p0, p1, p2)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False)
-        jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        TWO: gl.constexpr = (self.FORM & DG_TWO) != 0
+        self.pieces(dG, p0, p1, p2, TWO)
+        if self.FORM & DG_ROUND:  # J's pieces in p2 and v's buffer (the value sums have read it): both sums at once
+            gl.static_assert(TWO and self.CHUNKS == 2 and self.DV == BKB, "DG_ROUND: DG_TWO, a pair of chunks, Dv = BKB")
+            self.pieces(dG + kf * dk_state, p2, v_s, v_s, True)
+            fence_async_shared()
+            gl.thread_barrier()
+            l_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
+            j_tok = self.sum_dots(self.triangle(False), p2, v_s, v_s, z32, False, True)
+            lsum, jsum = warpgroup_mma_wait(0, deps=[l_tok, j_tok])
+        else:
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, TWO)
+            lsum = warpgroup_mma_wait(0, deps=[s_tok])
+            gl.thread_barrier()
+            self.pieces(dG + kf * dk_state, p0, p1, p2, TWO)
+            fence_async_shared()
+            gl.thread_barrier()
+            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, TWO)
+            jsum = warpgroup_mma_wait(0, deps=[s_tok])
         dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
@@ -585,8 +622,13 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
         gl.thread_barrier()
     else:
         tri_smem = qe_smem  # (unused)
+    if FORM & AT_OWN:
+        at_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2))
+    else:
+        at_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
-                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
+                at_smem, N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
     if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
                               ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),

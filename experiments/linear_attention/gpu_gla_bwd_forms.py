@@ -1,26 +1,26 @@
-"""GLA backward, session 40 (HA, issue 33): d 32's dq / dk kernel toward 75% of its bound (0.345 ms = 71.3% in session
-39: the Gluon kernel with a pair of chunks a tile at 3 stages, one consumer warpgroup a chunk, two chains an SM). Variants:
-three chunks a tile (gluon_gla_bwd CHUNKS 3: three consumer warpgroups at 160 registers, 2 stages, the chunks counted
-over every (batch * head, chunk) so a tile may span two heads; the last tile's chunks past the end skipped), and dg's
-store waited for at the next tile's start (FORM DG_LATE: 2562 = 2 + STORE_TMA + DG_LATE, so the stage's release does not
-wait for it). Each variant is checked against float64 ON THE GPU first (a gated backward can be miscompiled on Hopper:
-FLA's issue 640), then its kernel timed alone in interleaved rounds (< 60 s on an H100).
+"""GLA backward's kernels (issue 33): the Gluon dq / dk kernel's FORM bits (gluon_gla_bwd) and the dv kernel's blocks
+against configs' in one run. Each variant is checked against float64 ON THE GPU first (a gated backward can be
+miscompiled on Hopper: FLA's issue 640), then its kernel timed alone in interleaved rounds (< 150 s on an H100).
 
-Checks (session 39's script's, which this copies): bf16 B2 N1024 H16 (512 chunks: a tile of three spans heads and the
-last has two), an initial state and a final state's gradient, weak decays -U(0, 0.3) and strong ones -U(0, 6) with a
-reset mid-chunk; outputs NaN-poisoned; dq / dk / dv as multiples of the bf16 rounding floor (<= 2.5), dg / dh0 relative
-(< 0.05 / 0.01). Timing at B16 H16 N4096 (16,384 chunks: the last tile of three has one) in the main process: the
-variant's kernel ("dqk0w", "dvw") or the whole backward ("bwd") in interleaved rounds, do_bench and CUDA-graph medians,
-against its HBM bound at this run's copy bandwidth (gpu_gla_s37.dqk_bytes, dv_bytes).
+Checks: bf16 B2 N1024 H16, an initial state and a final state's gradient, weak decays -U(0, 0.3) and strong ones
+-U(0, 6) with a reset mid-chunk; outputs NaN-poisoned; dq / dk / dv as multiples of the bf16 rounding floor (<= 2.5),
+dg / dh0 relative (< 0.05 / 0.01); "op" rows: the public op through autograd (gpu_gla_op.check). Timing at B16 H16
+N4096 in the main process: the variant's kernel ("dqk0w", "dvw") or the whole backward ("bwd") in six interleaved
+rounds, do_bench (L2 flushed between calls) and CUDA-graph medians, against its HBM bound at this run's copy bandwidth
+(gpu_gla_s37.dqk_bytes, dv_bytes). A batch's "modes" pairs are also timed four more ways (``modes``): back to back
+with the host ahead, after an L2 flush with the host ahead, after a flush with the host's launch in the gap (do_bench's
+way), and the host's time a launch: which of them an eager / graph difference comes from.
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_s40.py [--batch a] [--variants "..."] [--smoke]
-JSON to $OUT/gla_s40<batch>.json (rewritten after each row); the table last. ``--smoke``: the checks on the CPU (the
-interpreter runs the tl kernels; the Gluon forms are not taken there), tiny shapes, no timing.
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd_forms.py [--batch e] [--variants "..."] [--smoke]
+JSON to $OUT/gla_bwd_<batch>.json (rewritten after each row); the table last. ``--smoke``: the checks on the CPU (the
+interpreter runs the tl kernels; the Gluon forms are not taken there), tiny shapes, no timing. (Sessions 39-40 ran it
+as gpu_gla_s39.py / gpu_gla_s40.py: their run files name those commits.)
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +35,7 @@ from experiments.linear_attention.gpu_gla_s37 import (backward, dqk_bytes, load_
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "a"
+BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "e"
 WARM_DEADLINE = 20.0  # the shared kernels' compile: the variants start then at the latest
 WORKER_DEADLINE = 900.0 if SMOKE else 75.0  # a worker still compiling then is killed (its row says so)
 TIME_DEADLINE = 140.0  # no timing round starts past it
@@ -44,88 +44,42 @@ TIME_SHAPE = (16, 4096, 16)
 CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
 # name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one, "bwd" the
 # whole backward)
-# gluon_gla_bwd FORM: configs' 1538 = 2 + STORE_TMA 512 + DG_TMA 1024; + DG_LATE 2048 for DG_TMA (2562), + J_SMEM 8192,
-# + DG_MERGE 16384, + PIECES_RZ 32768 (VALUE_LATE 4096 and three chunks a tile were removed after call 2, DG_MERGE after
-# call 3)
-THREE = dict(dqk_gluon=2, dqk_gluon_chunks=3)  # (call 2 only)
+# gluon_gla_bwd FORM: 2 + STORE_TMA 512 + DG_TMA 1024 (1538); DG_LATE 2048 for DG_TMA, J_SMEM 8192, PIECES_RZ 32768,
+# DG_TWO 65536 (dG's sums by two pieces), DG_ROUND 131072 (with DG_TWO at d 32: both dG sums in one round), AT_OWN
+# 262144 (a^T in its own 8 KB a consumer: dq's and dk's intra products issued together; d 32 229,984 B). configs':
+# d 32 9730 (+ J_SMEM), d 64 34306 (+ PIECES_RZ), d 128 1538
+D32 = 9730
 BATCHES = {
-    # call 2: d 32's dq / dk kernel, configs' (two chunks a tile, 3 stages) against three chunks a tile (sm_90a: 608 B
-    # spilled at 1538, 316 with VALUE_LATE, 508 with VALUE_LATE + J_SMEM; 160 registers a consumer) and the two-chunk
-    # kernel with DG_LATE, VALUE_LATE, J_SMEM or DG_MERGE (4-52 B spilled)
-    "a": {
+    # d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32: 12 -> 0 B spilled, 108 -> 92 wgmmas), DG_ROUND (4 B) and
+    # AT_OWN (92 B; 80 with the other two) on configs'
+    "e": {
         "d32 configs dqk": (32, {}, "dqk0w"),
-        "d32 three chunks": (32, THREE, "dqk0w"),
-        "d32 three chunks vl": (32, dict(THREE, dqk_gluon_form=5634), "dqk0w"),
-        "d32 three chunks vl j": (32, dict(THREE, dqk_gluon_form=13826), "dqk0w"),
-        "d32 dg late": (32, dict(dqk_gluon_form=2562), "dqk0w"),
-        "d32 value late": (32, dict(dqk_gluon_form=5634), "dqk0w"),
-        "d32 j smem": (32, dict(dqk_gluon_form=9730), "dqk0w"),
-        "d32 dg merge": (32, dict(dqk_gluon_form=17922), "dqk0w"),
-        "d32 dg merge j": (32, dict(dqk_gluon_form=26114), "dqk0w"),
-    },
-    # call 3 (after call 2, runs/ha_s40a_run2_session40_h100.txt: J_SMEM 0.3481 ms = 70.7% against configs' 0.3624,
-    # rounds 0.3479-0.3498 against 0.3506-0.3642; three chunks 0.46-0.54 (spills), removed): J_SMEM alone and with
-    # DG_LATE / DG_MERGE at d 32, the kernel and the whole backward; J_SMEM at d 64 (172.5 KB; d 128 has no 8 KB left);
-    # the d 128 dv kernel's key step KD 128 (65.5 KB, 2 programs an SM) and 32 (227 registers); PIECES_RZ (the bf16
-    # pieces by truncation: no F2F; sm_90a d 32 4544 -> 4384 SASS instructions, with J_SMEM 4304; d 64 4712 -> 4552)
-    "b": {
-        "d32 configs dqk": (32, {}, "dqk0w"),
-        "d32 j smem": (32, dict(dqk_gluon_form=9730), "dqk0w"),
-        "d32 j dg late": (32, dict(dqk_gluon_form=10754), "dqk0w"),
-        "d32 j dg merge": (32, dict(dqk_gluon_form=26114), "dqk0w"),
-        "d32 j dg late merge": (32, dict(dqk_gluon_form=27138), "dqk0w"),
+        "d32 two": (32, dict(dqk_gluon_form=D32 | 65536), "dqk0w"),
+        "d32 two round": (32, dict(dqk_gluon_form=D32 | 65536 | 131072), "dqk0w"),
+        "d32 two rz": (32, dict(dqk_gluon_form=D32 | 65536 | 32768), "dqk0w"),
+        "d32 at own": (32, dict(dqk_gluon_form=D32 | 262144), "dqk0w"),
+        "d32 two round at own": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 262144), "dqk0w"),
         "d32 configs bwd": (32, {}, "bwd"),
-        "d32 j smem bwd": (32, dict(dqk_gluon_form=9730), "bwd"),
+        "d32 two round bwd": (32, dict(dqk_gluon_form=D32 | 65536 | 131072), "bwd"),
         "d64 configs dqk": (64, {}, "dqk0w"),
-        "d64 j smem": (64, dict(dqk_gluon_form=9730), "dqk0w"),
-        "d32 rz": (32, dict(dqk_gluon_form=34306), "dqk0w"),
-        "d32 j rz": (32, dict(dqk_gluon_form=42498), "dqk0w"),
-        "d64 rz": (64, dict(dqk_gluon_form=34306), "dqk0w"),
-        "d128 dv configs": (128, {}, "dvw"),
-        "d128 dv kd128": (128, dict(KD=128), "dvw"),
-        "d128 dv kd32": (128, dict(KD=32), "dvw"),
+        "d64 two": (64, dict(dqk_gluon_form=34306 | 65536), "dqk0w"),
     },
-    # call 4 (after call 3, runs/ha_s40b_run3_session40_h100.txt: d 32 J_SMEM 0.3393 ms = 72.6% and + DG_LATE 0.3358
-    # (73.3%) against configs' 0.3517 (70.0%), the whole backward 0.9557 against 0.9625; DG_MERGE lost again (removed);
-    # PIECES_RZ 0.3561 at d 32 but 0.6766 (79.4%) against 0.7131 at d 64; the dv kernel's KD 128 0.990 against 0.953):
-    # the d 32 combinations again, PIECES_RZ with DG_LATE at d 32 / 64 and at d 128 (dq / dk at 81% there), KD 32 at d 128
-    "c": {
-        "d32 configs dqk": (32, {}, "dqk0w"),
-        "d32 j": (32, dict(dqk_gluon_form=9730), "dqk0w"),
-        "d32 j dg late": (32, dict(dqk_gluon_form=10754), "dqk0w"),
-        "d32 j dg late rz": (32, dict(dqk_gluon_form=43522), "dqk0w"),
-        "d32 dg late rz": (32, dict(dqk_gluon_form=35330), "dqk0w"),
-        "d32 configs bwd": (32, {}, "bwd"),
-        "d32 j dg late bwd": (32, dict(dqk_gluon_form=10754), "bwd"),
-        "d64 configs dqk": (64, {}, "dqk0w"),
-        "d64 rz": (64, dict(dqk_gluon_form=34306), "dqk0w"),
-        "d64 rz dg late": (64, dict(dqk_gluon_form=35330), "dqk0w"),
+    # d 128: PIECES_RZ's eager / graph split (``modes``: the kernel and the whole backward), DG_TWO; the dv kernel's key
+    # blocks by the pipelined loop (2 and 3 stages) and at 8 warps (with dv_form 21)
+    "f": {
         "d128 configs dqk": (128, {}, "dqk0w"),
         "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
+        "d128 configs bwd": (128, {}, "bwd"),
+        "d128 rz bwd": (128, dict(dqk_gluon_form=34306), "bwd"),
+        "d128 two": (128, dict(dqk_gluon_form=1538 | 65536), "dqk0w"),
+        "d128 rz two": (128, dict(dqk_gluon_form=34306 | 65536), "dqk0w"),
         "d128 dv configs": (128, {}, "dvw"),
-        "d128 dv kd32": (128, dict(KD=32), "dvw"),
-    },
-    # call 6 (configs at f43ba4e9; after call 5, runs/ha_s40c_run5_session40_h100.txt: d 32 J_SMEM 0.3369 ms = 73.0% against configs' 0.3534
-    # (1.049x; 1.037x / 1.041x in calls 2-3), J + DG_LATE 0.3432 (0.982x J); d 64 PIECES_RZ 0.6766 = 79.3% against 0.7129
-    # (1.054x again); d 128 PIECES_RZ 1.499 (83.5%) against 1.532 (1.022x by graphs; eager medians 1.726 / 1.548); the dv
-    # kernel's KD 32 1.178 against 0.949): configs' new forms (d 32 9730, d 64 34306) against the session's start (1538),
-    # d 64 with bf16 g (35330), the public op through autograd at d 32 / 64 with them and at d 128 with PIECES_RZ, d 128
-    # PIECES_RZ again
-    "d": {
-        "d32 configs dqk": (32, {}, "dqk0w"),
-        "d32 start dqk": (32, dict(dqk_gluon_form=1538), "dqk0w"),
-        "d32 configs bwd": (32, {}, "bwd"),
-        "d32 start bwd": (32, dict(dqk_gluon_form=1538), "bwd"),
-        "d32 op": (32, dict(op=(2, 1024, 3, 32, True)), None),
-        "d64 configs dqk": (64, {}, "dqk0w"),
-        "d64 start dqk": (64, dict(dqk_gluon_form=1538), "dqk0w"),
-        "d64 bf16 g": (64, dict(g_dtype="bf16"), None),
-        "d64 op": (64, dict(op=(2, 1024, 3, 64, False)), None),
-        "d128 configs dqk": (128, {}, "dqk0w"),
-        "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
-        "d128 rz op": (128, dict(op=(1, 1024, 2, 128, True), dims={"128,128": dict(dqk_gluon_form=34306)}), None),
+        "d128 dv loop": (128, dict(dv_loop=True), "dvw"),
+        "d128 dv loop st3": (128, dict(dv_loop=True, stages=3), "dvw"),
+        "d128 dv 8 warps": (128, dict(dv_warps=8), "dvw"),
     },
 }
+MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd"))}  # timed four more ways (``modes``)
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")
@@ -244,7 +198,15 @@ def timing(run: Run, rows: dict) -> None:
             fns[name] = step_of(t, ht, over, which)[1]
             fns[name]()  # (compiled at this shape's specialization, if it differs)
         torch.cuda.synchronize()
-        times = time_rounds(fns, rounds=5, graph=True, deadline=run)  # (close pairs: five rounds)
+        # six rounds: with the order reversed every other round each variant runs as often early as late in a round
+        # (the rounds' figures of one variant differ by position: ~0.335 / ~0.349 ms alternating for d 32's)
+        times = time_rounds(fns, rounds=6, graph=True, deadline=run)
+        for pair in MODES.get(BATCH, ()):
+            pair = [n for n in pair if n in fns]
+            if len(pair) > 1 and run.left() > 0:
+                for n, m in (run.attempt("modes", modes, {n: fns[n] for n in pair}) or {}).items():
+                    rows[n]["modes"] = m
+                    run.say(json.dumps(dict(variant=n, **{w: x["median"] for w, x in m.items()})))
         for name in names:
             r = rows[name]
             r.update(ms=times.get(f"{name}_ms"), graph_ms=times.get(f"{name}_graph_ms"),
@@ -258,6 +220,66 @@ def timing(run: Run, rows: dict) -> None:
         t = ht = None  # (freed before the next head dim's inputs)
 
 
+def modes(fns: dict, reps: int = 20, rounds: int = 3) -> dict:
+    """Each kernel of ``fns`` four more ways, in interleaved rounds (the order reversed every other round), medians over
+    rounds: "b2b_ms" ``reps`` launches back to back with the host ahead (a GPU spin first, so no launch waits for the
+    host), "flush_ms" each launch after an L2 flush (do_bench's 256 MB zeroing) with the host ahead (only the kernel
+    between the events), "flush_host_ms" the same without the spin (do_bench's way: where the host's launch takes
+    longer than the GPU's flush and kernel, the gap is inside the events), "host_us" the host's time to enqueue one
+    launch (with the spin: enqueue only)."""
+    import time
+
+    cache = torch.empty(64 * 2 ** 20, dtype=torch.int32, device=DEV)
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+
+    def spin():
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # (~60 ms of GPU clocks: the host enqueues what follows meanwhile)
+
+    def b2b(fn):
+        spin()
+        s, e = ev(), ev()
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e) / reps
+
+    def flushed(fn, ahead):
+        if ahead:
+            spin()
+        else:
+            torch.cuda.synchronize()
+        marks = [(ev(), ev()) for _ in range(reps)]
+        for s, e in marks:
+            cache.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in marks)
+
+    def host(fn):
+        spin()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        us = (time.perf_counter() - t) / reps * 1e6
+        torch.cuda.synchronize()
+        return us
+
+    ways = dict(b2b_ms=b2b, flush_ms=lambda f: flushed(f, True), flush_host_ms=lambda f: flushed(f, False),
+                host_us=host)
+    per = {n: {w: [] for w in ways} for n in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            for w, how in ways.items():
+                per[n][w].append(round(how(fns[n]), 4))
+    return {n: {w: dict(median=round(statistics.median(v), 4), rounds=v) for w, v in ws.items()} for n, ws in per.items()}
+
+
 def main():
     if "--one" in sys.argv:
         print("ROW " + json.dumps(check_variant(sys.argv[sys.argv.index("--one") + 1])), flush=True)
@@ -265,7 +287,7 @@ def main():
     if "--warm" in sys.argv:  # (gpu_gla_s37's: configs' backward at the check shape)
         warm(int(sys.argv[sys.argv.index("--warm") + 1]))
         return
-    run = Run(f"gla_s40{BATCH}", deadline=TIME_DEADLINE)
+    run = Run(f"gla_bwd_{BATCH}", deadline=TIME_DEADLINE)
     run.extra.update(check_shape=CHECK_SHAPE, time_shape=TIME_SHAPE, variants={k: v[1:] for k, v in VARIANTS.items()})
     os.environ["HA_REFS"] = tempfile.mkdtemp()  # (the workers inherit it)
 
@@ -318,13 +340,19 @@ def main():
         cells = {c: f"{r[c]['dq']}/{r[c]['dk']}/{r[c]['dv']} {r[c]['dg']}" + ("" if r[c]["pass"] else " FAIL")
                  for c in CASES if c in r}
         rnd = (r.get("rounds") or {}).get("graph") or (r.get("rounds") or {}).get("eager") or []
+        eager_rnd = (r.get("rounds") or {}).get("eager") or []
         run.row(n, pass_=r.get("pass"), weak=cells.get("weak"), strong=cells.get("strong+reset"), ms=r.get("ms"),
                 graph_ms=r.get("graph_ms"), rounds="/".join(f"{x:.4f}" for x in rnd) or None, bound_ms=r.get("bound_ms"),
-                pct=r.get("pct"), bwd_ms=r.get("bwd_ms"), kernel=r.get("kernel"), error=r.get("error"))
-    print(f"\nGLA backward s40 ({run.meta.get('gpu')}; checks bf16 B{CHECK_SHAPE[0]} N{CHECK_SHAPE[1]} H{CHECK_SHAPE[2]}"
+                pct=r.get("pct"), bwd_ms=r.get("bwd_ms"), kernel=r.get("kernel"), error=r.get("error"),
+                eager_rounds="/".join(f"{x:.4f}" for x in eager_rnd) or None,
+                modes="/".join(str(x["median"]) for x in r["modes"].values()) if "modes" in r else None)
+    print(f"\nGLA backward forms ({run.meta.get('gpu')}; checks bf16 B{CHECK_SHAPE[0]} N{CHECK_SHAPE[1]} H{CHECK_SHAPE[2]}"
           f" dq/dk/dv x floor, dg rel; times B16 H16 N4096 (graph rounds), copy {run.extra.get('copy_GBps', '-')} GB/s;"
           " pct of the bound by the graph median)")
-    run.finish(["name", "pass_", "weak", "strong", "ms", "graph_ms", "rounds", "pct", "bwd_ms"])
+    if BATCH in MODES:
+        print("modes: b2b_ms / flush_ms / flush_host_ms / host_us (``modes``)")
+    run.finish(["name", "pass_", "weak", "strong", "ms", "graph_ms", "rounds", "pct", "bwd_ms"]
+               + (["modes"] if BATCH in MODES else []))
 
 
 if __name__ == "__main__":
