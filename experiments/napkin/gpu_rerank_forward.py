@@ -1,8 +1,10 @@
 """The napkin's first Gluon forward tile (engine.rank_attention_configs with its key-step term) against the table's
 row, in steady state, where the two differ (issue 36 gap 1: a napkin-derived plan at parity with the table?).
 
-With the key-step term the napkin's first is the table's row (or its stage twin, a tie in the model) at every
-bucket with N >= 2048; it differs at short tiles: D128 causal N512 / N1024 (the table: 64 keys a step in 3 stages,
+The napkin's first is whatever engine.rank_attention_configs ranks first at the commit run (a bucket where it is
+the table's row is recorded as `same` and not timed). With the key-step term alone (notes/napkin/runs/
+hh_rerank_s40a_run2_session40_h100.txt) the napkin's first was the table's row (or its stage twin, a tie in the
+model) at every bucket with N >= 2048; it differed at short tiles: D128 causal N512 / N1024 (the table: 64 keys a step in 3 stages,
 the napkin: 128 in 2), D64 causal N1024 (table: three consumers, 64 keys; napkin: two, 128), D64 N1024 (table: two
 consumers carrying the pipeline across tiles; napkin: three) and D64 causal N512 (stages only). Each bucket at two
 batch sizes (32K and 128K tokens, H 16): both rows (plan.napkin_forward_configs(..., 1): the napkin's first, then

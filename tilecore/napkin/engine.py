@@ -129,6 +129,19 @@ def _causal_density(n_q: int, n_x: int, tq: int, sx: int) -> float:
     return visited / (n_q * n_x)
 
 
+def _causal_work_density(n_q: int, n_x: int, tq: int, sx: int, rows: int) -> float:
+    """Fraction of (query, key) points a causal forward computes with whole tiles of tq query rows counted from the
+    last row (a last, short tile starts at row 0 and recomputes rows of the next: the Gluon forward's order), sx keys
+    a chunk, and `rows` of a tile (a consumer's, or the tile's) stopping together at their last unmasked chunk."""
+    visited = 0
+    for i in range(math.ceil(n_q / tq)):
+        start = max(n_q - (i + 1) * tq, 0)
+        for j in range(math.ceil(min(tq, n_q) / rows)):
+            hi = min(n_q, start + (j + 1) * rows)
+            visited += (hi - start - j * rows) * min(n_x, math.ceil(hi / sx) * sx)
+    return visited / (n_q * n_x)
+
+
 def _layout_roundtrips(d: Diagram) -> list:
     """Intermediates that must pass through shared memory between two tensor-core ops because the
     consumer contracts an axis that is not the producer's innermost output axis (a register layout
@@ -178,7 +191,7 @@ MAX_CLUSTER = 16
 def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int | None = None,
             time_model: str = "overlap", exposed_sfu: float | None = None, split_axis: str | None = None,
             check_alignment: bool = True, acc_dtype: str | None = None, mma: str = "wgmma",
-            cluster: dict | None = None, stage_output: bool = True) -> Derivation:
+            cluster: dict | None = None, stage_output: bool = True, causal_rows: int | None = None) -> Derivation:
     """Cost one relabelling. `parts`: axis -> Part at the thread-block level (missing axes: group(1)
     for axes every HBM array has, else none). Raises CapacityError when a level overflows.
 
@@ -195,7 +208,11 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     into each block's shared memory, so its L2 -> SM bytes divide by c (HBM's do not: L2 already shares them
     between blocks that run together). c a power of two, at most MAX_CLUSTER blocks in all.
     stage_output: the output tile is staged whole in shared memory for its store (a TMA epilogue: default);
-    False: stored from registers (a tl kernel's tl.store), no shared memory for it."""
+    False: stored from registers (a tl kernel's tl.store), no shared memory for it.
+    causal_rows: the query rows that stop together at their causal bound where the queries are grouped (a consumer
+    warpgroup's, in a kernel whose consumers each skip the key blocks masked for all their rows: the Gluon forward
+    without a carried pipeline); their density costs the tensor, SFU and ALU work, the tile's the loads (the producer
+    loads every key block some row of the tile sees). Default: the tile's rows skip together."""
     if time_model not in TIME_MODELS:
         raise ValueError(f"time_model {time_model!r}; accepted: {', '.join(TIME_MODELS)}")
     if mma not in MMAS:
@@ -275,6 +292,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
 
     # padded work: MMA granules (m rows per warpgroup, n columns, k bytes), causal mask
     density = 1.0
+    work_density = None
     mask = next((op.causal for op in d.ops if op.causal), None)
     if mask:  # every op over both masked axes skips the chunks above the diagonal (S = Q K^T too)
         qa, ka = mask
@@ -283,6 +301,9 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
             density = _causal_density(n[ka], n[qa], T_s[ka], S_s[qa])
         else:
             density = _causal_density(n[qa], n[ka], T_s[qa], S_s[ka])
+            if P[qa].kind == "group":
+                work_density = _causal_work_density(n[qa], n[ka], T_s[qa], S_s[ka],
+                                                    min(causal_rows or T_s[qa], T_s[qa]))
     work = {}
     step = {}       # (op label, unit, dtype) -> operations in one warpgroup step (the paper's step 7)
     chain_sfu = {}  # SFU work between two dependent tensor-core ops of a step (exp in softmax . V)
@@ -291,7 +312,12 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
             pts = 1.0
             per_step = w.per_point
             for a in w.axes:
-                pts *= math.ceil(n[a] / S_r[a]) * S_r[a]
+                # whole thread-block tiles along a grouped axis (a last, short tile computes all its rows: 1024
+                # query rows in tiles of 192 are 1152 rows' work), whole chunks along a streamed one
+                # (a masked work's query tiles are in work_density, the short tile's recomputed rows too)
+                whole = P[a].kind == "group" and not (work_density is not None and a == mask[0]
+                                                      and all(b in w.axes for b in mask))
+                pts *= math.ceil(n[a] / T_s[a]) * T_s[a] if whole else math.ceil(n[a] / S_r[a]) * S_r[a]
                 per_step *= S_r[a]
             if w.unit == "tensor" and not abstract:
                 first = _first_operand_axes(d, op)
@@ -304,7 +330,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                 pts *= pad
                 per_step *= pad
             if mask and all(a in w.axes for a in mask):
-                pts *= density
+                pts *= density if work_density is None else work_density
             work[(w.unit, w.dtype)] = work.get((w.unit, w.dtype), 0.0) + pts * w.per_point
             key = (op.label or op.name, w.unit, w.dtype)
             step[key] = step.get(key, 0.0) + per_step
@@ -315,7 +341,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
             acc_dt = canonical_dtype(acc_dtype) if acc_dtype else "fp32"
             out_pts = math.prod(math.ceil(n[a] / S_r[a]) * S_r[a] for a in d.arrays[op.output].axes)
             chunks = math.ceil(n[op.reduced[0]] / S_s[op.reduced[0]])
-            dens = density if op.causal else 1.0
+            dens = (density if work_density is None else work_density) if op.causal else 1.0
             work[("alu", acc_dt)] = work.get(("alu", acc_dt), 0.0) + 2 * out_pts * chunks * dens
             key = ("rescale " + op.output, "alu", acc_dt)
             step[key] = step.get(key, 0.0) + 2 * math.prod(S_r[a] for a in d.arrays[op.output].axes)
@@ -391,8 +417,9 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                       and any(a not in axes for _, axes, _, _ in io)]
         reuse_axes = sorted(reuse_axes, key=lambda a: -n[a] / T_s[a])[:2]
         best = None
-        for combo in itertools.product(*[[2 ** i for i in range(0, 13) if 2 ** i <= math.ceil(n[a] / T_s[a])]
-                                         for a in reuse_axes]):
+        # powers of two, and an axis's whole tile count (6 query tiles of 192 rows make one super-tile)
+        for combo in itertools.product(*[sorted({2 ** i for i in range(0, 13) if 2 ** i <= math.ceil(n[a] / T_s[a])}
+                                                | {math.ceil(n[a] / T_s[a])}) for a in reuse_axes]):
             if not concurrent / 2 < math.prod(combo) <= concurrent and math.prod(combo) != min(
                     concurrent, math.prod(math.ceil(n[a] / T_s[a]) for a in reuse_axes)):
                 continue
@@ -807,11 +834,14 @@ def attention_step_time(batch: int, heads: int, seq: int, bm: int, bn: int, caus
 
 def rank_attention_configs(batch: int, heads: int, seq: int, d: int, causal: bool = False, dtype: str = "bf16",
                            gpu="h100", kv_heads: int | None = None, top_k: int | None = None,
-                           candidates=ATTENTION_CANDIDATES, step_s: float = ATTENTION_STEP_S) -> list:
+                           candidates=ATTENTION_CANDIDATES, step_s: float = ATTENTION_STEP_S,
+                           consumer_skip: bool = True) -> list:
     """Attention forward tiles ranked by predicted time (the overlap schedule, plus ``step_s`` a key step beyond a
     128 x 128-key tiling's: attention_step_time), fastest first; those that do not fit left out. ``step_s=0`` ranks
-    by the overlap schedule alone (its tiles at 64 and 128 keys a step then lie within 1%). `RankedConfig.block` is
-    (query rows, keys a step, d)."""
+    by the overlap schedule alone (its tiles at 64 and 128 keys a step then lie within 1%). ``consumer_skip``: each
+    consumer warpgroup stops at its own last unmasked key block (the Gluon forward without a carried pipeline;
+    relabel's causal_rows), else the tile's rows stop together. Ties go to the taller tile, then the deeper ring.
+    `RankedConfig.block` is (query rows, keys a step, d)."""
     from . import models
 
     gpu = get_gpu(gpu)
@@ -819,10 +849,11 @@ def rank_attention_configs(batch: int, heads: int, seq: int, d: int, causal: boo
     ranked = []
     for bm, bn, wgs, stages in candidates:
         try:
-            r = relabel(diag, gpu, {"q": group(bm), "x": stream(bn)}, warpgroups=wgs, stages=stages)
+            r = relabel(diag, gpu, {"q": group(bm), "x": stream(bn)}, warpgroups=wgs, stages=stages,
+                        causal_rows=bm // wgs if consumer_skip else None)
         except (CapacityError, ValueError):
             continue
         t = r.time + attention_step_time(batch, heads, seq, bm, bn, causal, gpu.sms, step_s)
         ranked.append(RankedConfig((bm, bn, d), stages, wgs, t, r))
-    ranked.sort(key=lambda c: (c.time, -c.block[0]))
+    ranked.sort(key=lambda c: (c.time, -c.block[0], -c.stages))
     return ranked[:top_k] if top_k else ranked
