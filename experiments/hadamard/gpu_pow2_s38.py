@@ -37,7 +37,8 @@ without a recent figure. --set l (session 40, batch 1): more warps an SM at 1638
 registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
 (4, 256, 32) on 16 (a warpgroup 64 lines of each product). --set n (batch 3): 16384 / 32768 on the Gluon kron kernel as
 32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
-4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit).
+4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit). --set r (session 41, batch 1): 16384 / 32768 on the
+transform's Gluon pipeline with the codes (plan tuning gluon_rows), every format.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -308,6 +309,29 @@ SETS["q"] = {  # (priority order)
 }
 
 
+# session 41, batch 1: the power-of-two rows on hadamard_transform's own Gluon pipeline (gluon_kernels.
+# hadamard_gluon_quantize_kernel, plan tuning gluon_rows: a row a tile of (S, 128, 64) slices, two consumer warpgroups
+# sharing every slice, +-H_64 resident; the plain transform runs 98.6% of copy on it) with gluon_epilogue's codes: the
+# two consumers hold the whole row when its last slice is added, so a per-token scale is one exchange of their maxima.
+# sm_90a: 168 registers, no spills, 107 KB (16384, 4 stages) / 173 KB (32768, 8 stages loading one row ahead). CLAMP_LO 2:
+# the second product's pieces by one asm block (PAIRS, bit-identical); INT_BITS: int codes from an FMA's bits
+ROWS = dict(gluon_rows=True)
+ROWS_CL = dict(gluon_rows=True, clamp_lo=2)
+ROWS_4BIT = {"mxfp4": dict(e2m1_pairs=True), "nvfp4": dict(scale_once=True), "int4": dict(int_bits=True)}
+SETS["r"] = {  # (priority order: the deadline skips the last); _s6 / _la0: a deeper ring (6 stages; the whole 8-stage ring
+    # ahead, not one row)
+    ("fp8_e4m3", 16384): [("rows", ROWS), ("rows_cl", ROWS_CL), ("rows_cl_s6", dict(ROWS_CL, stages=6))],
+    ("fp8_e4m3", 32768): [("rows", ROWS), ("rows_cl", ROWS_CL), ("rows_cl_la0", dict(ROWS_CL, lookahead=0))],
+    ("int8", 32768): [("rows_ib", dict(ROWS, int_bits=True)), ("rows_ib_cl", dict(ROWS_CL, int_bits=True))],
+    ("int8", 16384): [("rows_ib", dict(ROWS, int_bits=True)), ("rows_ib_cl", dict(ROWS_CL, int_bits=True)),
+                      ("rows_ib_cl_s6", dict(ROWS_CL, int_bits=True, stages=6))],
+    **{(f, n): [("rows", dict(ROWS, **ROWS_4BIT[f])), ("rows_cl", dict(ROWS_CL, **ROWS_4BIT[f]))]
+       for n in (16384, 32768) for f in ("nvfp4", "mxfp4", "int4")},
+    ("fp8_e5m2", 16384): [("rows", ROWS), ("rows_cl", ROWS_CL)],
+    ("fp8_e5m2", 32768): [("rows", ROWS), ("rows_cl", ROWS_CL)],
+}
+
+
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
     out = []
@@ -358,6 +382,9 @@ def config_of(plan) -> str:
     c = plan.config
     if plan.path == "gluon_kron":
         return f"gluon_kron {c['M']}x{64 * c['F']} s{c['SPLIT']}"
+    if plan.path == "gluon_rows":
+        return f"gluon_rows S{c['S']} st{c['STAGES']} la{c['LOOKAHEAD']}" + (f" cl{c['CLAMP_LO']}" if c.get("CLAMP_LO")
+                                                                            else "")
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
@@ -412,7 +439,7 @@ def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
             far_tiny = far_tiny or far == 0
         scales_differ = int((differ & ~at_boundary).sum())
     ok = match >= 0.999 and far_tiny and scales_differ == 0 and written and plan.path in ("pow2", "gluon_kron",
-                                                                                          "gluon_wide")
+                                                                                          "gluon_wide", "gluon_rows")
     return {"match": round(match, 6), "far": far, "far_tiny": far_tiny, "scales_differ": scales_differ,
             "scales_boundary": scales_boundary, "written": written, "ok": ok}
 
