@@ -4,9 +4,11 @@ kernel (forms()) against the shipped one in the same run. (Sessions 40-41; sessi
     PYTHONPATH=. python experiments/attention_fp8/gpu_rotated.py [--budget 200]
         [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,d64,passes] [--forms ship,carry] [--smoke]
 
-Forms (the first is the base every other is compared with): "ship" (the shipped configs) and "carry" (session 41:
-configs.GLUON_FORWARD's ``carry``, the template's CARRY: a tile's first S issued with the previous tile's last P V, its
-epilogue after the softmax of that step, one ring step fewer a tile; gluon_fp8.AttentionFp8.compute_carried). Session
+Forms (the first is the base every other is compared with): "ship" (the shipped configs), "carry" (session 41:
+configs.GLUON_FORWARD's ``carry`` 1, the template's CARRY: a tile's first S issued with the previous tile's last P V,
+its epilogue after the softmax of that step, one ring step fewer a tile; gluon_fp8.AttentionFp8.compute_carried) and
+"carry2" (``carry`` 2: q's rotation in the tile's first step, after that P V is issued, the epilogue under the
+rotation's wgmma; q's codes in shared memory, not Q_REG, at D128 too: first_step_rotating). Session
 40's forms (old: session 39's state; m32, noclamp: shipped since; st4, nohide: lost or equal) are in
 notes/attention_fp8's decision log. The same math: O must be the same bits in every form.
 
@@ -47,9 +49,14 @@ def forms(names):
     dims it changes anything at)."""
     from tilecore.ops.attention_fp8 import configs
 
-    carry = {d: dict(c, carry=True) for d, c in configs.GLUON_FORWARD.items()}
+    carry = {d: dict(c, carry=1) for d, c in configs.GLUON_FORWARD.items()}
+    carry2 = {d: dict(c, carry=2) for d, c in configs.GLUON_FORWARD.items()}
+    rot = configs.ROTATED
     table = {"ship": ({}, (64, 128)),
-             "carry": ({configs: dict(GLUON_FORWARD=carry)}, (64, 128))}
+             "carry": ({configs: dict(GLUON_FORWARD=carry)}, (64, 128)),
+             # carry 2 (q's rotation in a tile's first step, after the previous tile's last P V is issued, its epilogue
+             # under the rotation's wgmma) takes q's codes in shared memory (no Q_REG, nor rot_split) at D128 too
+             "carry2": ({configs: dict(GLUON_FORWARD=carry2, ROTATED=dict(rot, q_reg=(), rot_split=()))}, (64, 128))}
     return {n: table[n] for n in names}
 
 
@@ -83,7 +90,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,carry", help="ship (the shipped configs), carry (forms()); the first is "
+    ap.add_argument("--forms", default="ship,carry,carry2", help="ship (the shipped configs), carry, carry2 (forms()); the first is "
                     "the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")

@@ -60,6 +60,11 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qreg_split_hide_m32_carry": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
                                       hide_first_key=True, mask32=True, carry=True),
     "qrot_hide_m32_carry": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, carry=True),
+    # carry 2: q's rotation in the tile's first step, after the previous tile's last P V is issued
+    "qreg_split_hide_m32_carry2": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
+                                       hide_first_key=True, mask32=True, carry=2),
+    "qrot_hide_m32_carry2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, carry=2),
+    "qrot_split_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
 }
 
 

@@ -331,9 +331,11 @@ class AttentionFp8:
         vd = 1.0
         if self.V_PER_BLOCK:  # (a loaded scalar, as the later tiles' descales)
             vd = self.v_block_scale(zero, 0)
+        # (the rows pending start at N: CARRY 2's unconditional epilogue of them stores nothing, clipped by the TMA
+        # store and store_rows' mask)
         return Running(m, gl.zeros([self.BM, self.D], gl.float32, self.O),
                        gl.zeros([self.BM, self.BN], gl.float32, self.P), Rows(zero, zero, zero), q_scale,
-                       gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd, vd, qr, Rows(zero, zero, zero))
+                       gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd, vd, qr, Rows(zero + self.N, zero, zero))
 
     @gluon.jit
     def q_descales(self, ctx, tile, first):
@@ -353,14 +355,16 @@ class AttentionFp8:
     def start(self, ctx, tile, prev):
         first = tile.first + ctx.index * self.BM  # this consumer's rows
         qr = None
-        if self.Q_REG:
-            q_scale, qr = self.rotate_q_reg(ctx)
-            q_scale = q_scale * self.scale_log2e
+        if self.CARRY == 2 and self.Q_ROTATE:  # Q is rotated in the tile's first step (first_step_rotating)
+            q_scale = prev.q_scale
+            qr = prev.qr
         else:
-            q_scale = self.q_descales(ctx, tile, first)
-        if not self.K_PER_ROW and not self.K_PER_BLOCK:  # the head's k descale folds in once a tile (not a load a step)
-            b, h, hk = head_of(tile.bh, self.H, self.GROUP)
-            q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
+            if self.Q_REG:
+                q_scale, qr = self.rotate_q_reg(ctx)
+                q_scale = q_scale * self.scale_log2e
+            else:
+                q_scale = self.q_descales(ctx, tile, first)
+            q_scale = self.with_k_head(q_scale, tile.bh)
         if self.CARRY:
             # m, acc, l_acc, P and vd stay the previous tile's (its last P V and epilogue come with this tile's first
             # step); both consumers walk all the tile's blocks (a block all masked for a row gives it P = 0, alpha 1);
@@ -387,6 +391,15 @@ class AttentionFp8:
         return st
 
     @gluon.jit
+    def with_k_head(self, q_scale, bh):
+        """The rows' scale times the head's k descale where k's is per head (folded in once a tile, not a load a
+        step)."""
+        if not self.K_PER_ROW and not self.K_PER_BLOCK:
+            b, h, hk = head_of(bh, self.H, self.GROUP)
+            q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
+        return q_scale
+
+    @gluon.jit
     def rotate_q(self, ctx):
         """Q_ROTATE: this consumer's Q rows (bf16/fp16, as TMA loaded them; rows past N are 0) rotated by one
         [BM, D] x [D, D] wgmma against diag(s) H (exact +-1 in q's dtype; float32 sums), times 1 / sqrt(D), and
@@ -395,9 +408,18 @@ class AttentionFp8:
         (q_operand; the next tile's Q loads into the buffer only after this tile's wgmma are done). Returns the rows'
         descales (S's row slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the
         division by a row's descale replaced by a multiply by its reciprocal)."""
+        return self.rotated_q_codes(ctx, self.rotation_issue(ctx))
+
+    @gluon.jit
+    def rotation_issue(self, ctx):
+        """Q_ROTATE: the rotation as one [BM, D] x [D, D] wgmma against diag(s) H, issued (its token)."""
         x = ctx.operand.reshape([self.BM, self.D])
-        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                            use_acc=False, is_async=True)
+        return warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                             use_acc=False, is_async=True)
+
+    @gluon.jit
+    def rotated_q_codes(self, ctx, tok):
+        """rotate_q's rest once its wgmma (``tok``) is issued: the wait, the rows' descales, the codes stored."""
         y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
@@ -614,16 +636,20 @@ class AttentionFp8:
         the tail step (step = the key blocks: the template's call after a program's last tile) is the last P V and the
         epilogue of that tile."""
         if step == 0:
-            m0, l0 = online_softmax_start(self.BM, self.S)
-            m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st.replace(m=m0), self.first_key())
-            if st.pend.n_blocks > 0:  # a previous tile (not the state before a program's first)
-                self.finish(ctx, st.replace(acc=acc, l_acc=l_acc, rows=st.pend), None)
+            if self.CARRY == 2 and self.Q_ROTATE:
+                st = self.first_step_rotating(ctx, st, k_t, v)
+            else:
+                m0, l0 = online_softmax_start(self.BM, self.S)
+                m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st.replace(m=m0), self.first_key())
+                if st.pend.n_blocks > 0:  # a previous tile (not the state before a program's first)
+                    self.finish(ctx, st.replace(acc=acc, l_acc=l_acc, rows=st.pend), None)
+                st = st.replace(m=m, p=self.p_operand(p32))
             vd = st.vd
             vn = st.vn
             if self.V_PER_BLOCK:  # this tile's first V block's descale (start put it in vn), and the next
                 vd = st.vn
                 vn = self.v_block_scale(st.rows.bh, 1)
-            st = st.replace(m=m, p=self.p_operand(p32), acc=gl.zeros([self.BM, self.D], gl.float32, self.O),
+            st = st.replace(acc=gl.zeros([self.BM, self.D], gl.float32, self.O),
                             l_acc=gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd=vd, vn=vn)
         elif step < st.rows.n_blocks:
             st = self.steady_step(st, q, k_t, v, step)
@@ -631,6 +657,30 @@ class AttentionFp8:
             st = self.last_pv(st, v)
             self.finish(ctx, st, None)
         return st
+
+    @gluon.jit
+    def first_step_rotating(self, ctx, st, k_t, v):
+        """CARRY 2 with Q_ROTATE (not Q_REG): a tile's first step with Q's rotation in it. The previous tile's last P V
+        and l chunks are issued first, then the rotation; waiting for the older groups leaves the rotation in flight
+        under the previous tile's epilogue, unconditional so that it shares the rotation's basic block (before a
+        program's first tile the pending rows start at N: nothing is stored); then the codes, S_0 and its softmax.
+        Returns the state with the tile's scale, m and P (acc and l_acc: the previous tile's, finished)."""
+        p8 = to_e4m3x4(st.p, self.P_LINEAR)
+        t0, t1, t2, t3 = self.row_sum_mma(p8)
+        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+        r_tok = self.rotation_issue(ctx)
+        # the P V and l chunks are older groups: retired with the rotation still in flight
+        acc, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(o_tok, t0, t1, t2, t3))
+        self.finish(ctx, st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)), rows=st.pend), None)
+        q_scale = self.with_k_head(self.rotated_q_codes(ctx, r_tok) * self.scale_log2e, st.rows.bh)
+        q = self.q_operand(ctx)
+        m0, l_zero = online_softmax_start(self.BM, self.S)
+        st = st.replace(m=m0, q_scale=q_scale)
+        k_scale = self.key_scales(st, 0)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        m, p32, alpha = self.softmax(s, st, self.first_key(), k_scale)
+        return st.replace(m=m, p=self.p_operand(p32))
 
     @gluon.jit
     def first_key(self):
@@ -681,12 +731,15 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             CARRY: gl.constexpr = False):
+                             CARRY: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
     gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
+    # Q_REG's codes made inside a step (CARRY 2's first step) cross the step loop's phi as single bytes (LLVM unpacks
+    # e4m3 registers: ~1 KB of spills at D128, sm_90a); CARRY 2 keeps them in shared memory
+    gl.static_assert(CARRY != 2 or not Q_REG, "CARRY 2 takes Q_ROTATE without Q_REG")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
