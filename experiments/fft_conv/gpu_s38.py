@@ -1,10 +1,9 @@
 """Issue 37, session 38 (helper HF): the float16 filter spectrum (filter_spectrum(k, n, torch.float16), kept by the
-caller) through the op, and KMID (a chunk's spectrum bins loaded while its stage-3 wgmmas run) in the order-3 kernel,
-each checked against float64 and timed against the shipped path and torch.fft in the same run.
+caller) through the op, each checked against float64 and timed against the shipped path and torch.fft in the same run.
 
-    PYTHONPATH=. python experiments/fft_conv/gpu_s38.py [--sizes 4096,8192] [--rounds 3] [--kmid64] [--only LABELS]
+    PYTHONPATH=. python experiments/fft_conv/gpu_s38.py [--sizes 1024,4096] [--rounds 3] [--only LABELS]
         [--conj LABELS] [--min-left S]
-    (sizes: any of 1024, 2048, 4096, 8192, 16384: each has float16-bin candidates)
+    (sizes: 1024, 2048, 4096: each has float16-bin candidates; the order-3 sizes: gpu_order3.py)
 
 Per size (B16 H768 bf16; the filter's spectrum precomputed once, complex64 ``c64`` and float16 ``f16``):
 * rows "check": every variant's output (y poisoned with NaN first, so an element never written shows) on a B2 H64
@@ -18,8 +17,8 @@ Per size (B16 H768 bf16; the filter's spectrum precomputed once, complex64 ``c64
   with the HALF entry (or candidate, patched in; three calls the same bits), the shipped
   plan's launch alone, and every candidate's launch; x torch.fft and % of copy (the op's bytes, u + the spectrum +
   y, at the anchors' 2,997 GB/s) printed.
-Candidates: configs.GLUON_ONEPASS_HALF_CANDIDATES, GLUON_ORDER3_HALF_CANDIDATES (and with --kmid64 the complex64
-KMID tuple of GLUON_ORDER3_CANDIDATES[8192]); the shipped plan's correlation is not rebuilt (a compile each).
+Candidates: configs.GLUON_ONEPASS_HALF_CANDIDATES (the order-3 candidates of session 38 were removed in session 41:
+4e2506ec has them); the shipped plan's correlation is not rebuilt (a compile each).
 Writes $OUT/fft_conv_gpu_s38.json (after every row); prints a short table last.
 """
 import argparse
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from experiments.common.gpu_script import Run, check, poisoned, same_bits, time_rounds  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
-from tilecore.ops.fft_conv.plan import gluon_plan, order3_plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import gluon_plan  # noqa: E402
 from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
@@ -45,17 +44,11 @@ def correlation(u64, k64):
     return torch.fft.irfft(torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj(), n=2 * n)[..., :n]
 
 
-def candidates(n, kmid64=False):
-    """(label, plan, spectrum kind) of each variant at n: the shipped plan on complex64 bins first (``kmid64``: also
-    the order-3 KMID tuple on complex64 bins)."""
+def candidates(n):
+    """(label, plan, spectrum kind) of each variant at n: the shipped plan on complex64 bins first."""
     out = [("shipped launch", conv_plan(n, torch.device("cuda"), torch.bfloat16), "c64")]
     for c in configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n, []):
         out.append((f"half rfft3 kpre{c[11]}", gluon_plan(*c), "f16"))
-    for c in configs.GLUON_ORDER3_HALF_CANDIDATES.get(n, []):
-        out.append(("half rfft3" + (" kmid" if len(c) > 6 and c[6] else ""), order3_plan(n, *c), "f16"))
-    for c in configs.GLUON_ORDER3_CANDIDATES.get(n, []) if kmid64 else []:
-        if len(c) > 6 and c[6]:  # (KMID on complex64 bins)
-            out.append(("c64 kmid", order3_plan(n, *c), "c64"))
     return out
 
 
@@ -79,7 +72,7 @@ def inputs(n, seed, B=16, H=768):
     return ref, ref_c, ud, kd, spectra
 
 
-def size(run, n, rounds, kmid64=False, only=None, conj_of=None):
+def size(run, n, rounds, only=None, conj_of=None):
     B, H = 16, 768
     ref, ref_c, ud, kd, spectra = inputs(n, n + 38, B, H)
     # the widened op's spectrum: a float16 view with padded rows (another signature than f16's: its own op plan); where
@@ -89,7 +82,7 @@ def size(run, n, rounds, kmid64=False, only=None, conj_of=None):
     wide = torch.zeros(H, n + 2, 2, dtype=torch.float16, device="cuda")
     wide[:, :n + 1] = spectra["f16"]
     strided = wide[:, :n + 1]
-    variants = [v for v in candidates(n, kmid64) if only is None or v[0] == "shipped launch" or v[0] in only]
+    variants = [v for v in candidates(n) if only is None or v[0] == "shipped launch" or v[0] in only]
     outs = {}
     for label, p, kind in variants:
         checked = label == "shipped launch" or (conj_of is not None and label not in conj_of)
@@ -105,7 +98,7 @@ def size(run, n, rounds, kmid64=False, only=None, conj_of=None):
     # the op on the float16 spectrum: the shipped HALF table's tuple, else the first candidate patched in (its first
     # call makes the key's plan)
     half_tuple = (configs.GLUON_ORDER3_HALF.get(n) or configs.GLUON_ONEPASS_HALF.get(n)
-                  or (configs.GLUON_ORDER3_HALF_CANDIDATES.get(n) or configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n) or [None])[0])
+                  or (configs.GLUON_ONEPASS_HALF_CANDIDATES.get(n) or [None])[0])
     fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
            "op c64": lambda: fft_conv(ud, spectra["c64"]),
            wide_label: lambda: fft_conv(ud, strided)}
@@ -143,20 +136,19 @@ def size(run, n, rounds, kmid64=False, only=None, conj_of=None):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="4096,8192")
+    ap.add_argument("--sizes", default="4096")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--kmid64", action="store_true", help="also KMID on complex64 bins (order 3)")
     ap.add_argument("--only", help="candidate labels to run (comma-separated, _ for a space; the shipped launch always)")
     ap.add_argument("--conj", help="candidate labels whose correlation to check (default: every candidate's)")
     ap.add_argument("--min-left", type=float, default=30, help="seconds left before the deadline to start a later size")
     a = ap.parse_args()
     run = Run("fft_conv_gpu_s38", deadline=55)
-    # (labels with "_" for their spaces: half_rfft3_kmid)
+    # (labels with "_" for their spaces: half_rfft3_kpre3)
     only = {x.replace("_", " ") for x in a.only.split(",")} if a.only else None
     conj_of = {x.replace("_", " ") for x in a.conj.split(",") if x} if a.conj is not None else None
     for i, n in enumerate(int(s) for s in a.sizes.split(",")):
         if run.left() > (15 if i == 0 else a.min_left):  # (a later size's compiles must fit before the job's limit)
-            run.attempt(f"size {n}", size, run, n, a.rounds, a.kmid64, only, conj_of)
+            run.attempt(f"size {n}", size, run, n, a.rounds, only, conj_of)
         else:
             run.say(f"size {n} skipped: {run.left():.0f} s left")
     run.finish(["name", "pass", "err_over_floor", "same_bits_as_launch", "ms", "x_torch_fft", "vs_op", "pct_copy"])

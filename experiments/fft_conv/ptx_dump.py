@@ -85,8 +85,9 @@ def main() -> int:
         return 0
     order3 = [(n, c) for n, c in configs.GLUON_ORDER3.items()]
     order3 += [(n, c) for n, c in getattr(configs, "GLUON_ORDER3_HALF", {}).items()]  # (float16 bins: session 38)
-    if not a.shipped:
-        order3 += [(n, c) for n, cs in configs.GLUON_ORDER3_CANDIDATES.items() for c in cs if (n, c) not in order3]
+    if not a.shipped:  # (a tree before session 41 lists candidates)
+        order3 += [(n, c) for n, cs in getattr(configs, "GLUON_ORDER3_CANDIDATES", {}).items() for c in cs
+                   if (n, c) not in order3]
     for n, config in order3:
         for conj in (False, True):
             label = f"order3_{n}_" + "x".join(str(int(c)) for c in config) + ("_conj" if conj else "")

@@ -1,7 +1,6 @@
 """The float16 filter spectrum (session 38): filter_spectrum(k, n, torch.float16) gives the bins as float16 (re, im)
 pairs, fft_conv takes them (the Gluon tuples of configs.GLUON_ONEPASS_HALF / GLUON_ORDER3_HALF read them as they are on
-Hopper; every other path widens them to complex64), at the floor against float64, differentiable; and KMID (the order-3
-kernel's bins loaded under its stage-3 wgmmas) with float16 bins compiles for sm_90a without spill."""
+Hopper; every other path widens them to complex64), at the floor against float64, differentiable."""
 import json
 import math
 import os
@@ -99,12 +98,10 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
         got = conv_plan.plan(4096, meta, torch.bfloat16, True)
         assert got.path == "gluon" and got.rfft == 3
         assert conv_plan.plan(4096, meta, torch.bfloat16).rfft == 2  # a complex64 spectrum keeps the shipped tuple
-        monkeypatch.setitem(configs.GLUON_ORDER3_HALF, 8192, (2, True, 2, 2, 1, 3, True))
+        monkeypatch.setitem(configs.GLUON_ORDER3_HALF, 8192, (2, 1, 3, False))
         got = conv_plan.plan(8192, meta, torch.bfloat16, True)
-        assert got.path == "order3" and got.rfft == 3 and got.kmid
+        assert got.path == "order3" and got.rfft == 3
         assert conv_plan.plan(8192, meta, torch.float32, True).path not in ("order3", "gluon")  # 16-bit u only
-    for n, cands in configs.GLUON_ORDER3_HALF_CANDIDATES.items():
-        assert all(conv_plan.order3_plan(n, *c).rfft == 3 for c in cands)
     for n, cands in configs.GLUON_ONEPASS_HALF_CANDIDATES.items():
         assert all(conv_plan.gluon_plan(*c).rfft == 3 for c in cands)
     # what ships reads float16 bins (rfft 3) and factors 2N
@@ -112,7 +109,7 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
     for n, c in configs.GLUON_ONEPASS_HALF.items():
         assert conv_plan.gluon_plan(*c).rfft == 3 and c[0] * c[1] == 2 * n
     with pytest.raises(ValueError, match="rfft"):
-        conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 1)
+        conv_plan.order3_plan(8192, 2, 1, 1)
     with pytest.raises(ValueError, match="prefetch"):  # (the chunked kernel takes KPRE 0 or 1)
         conv_plan.gluon_plan(128, 64, 1, True, True, 32, 3, 2, 4, True, False, 2, True, 1)
     assert conv_plan.gluon_plan(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168).kpre == 3
@@ -134,8 +131,8 @@ def test_whole_tile_float16_bins_arithmetic_matches_float64(n, conj):
 @pytest.mark.parametrize("dtype, conj, bound", [(torch.bfloat16, False, 1.2), (torch.bfloat16, True, 1.2),
                                                (torch.float16, False, 3.5)])
 def test_order3_float16_bins_arithmetic_matches_float64(dtype, conj, bound):
-    """The order-3 kernel at 8192 with RFFT 3 (KG 2, the shipped chunking): its arithmetic (emulate_order3) with the
-    bins in float16 against float64; a float16 spectrum's bins are its complex64 one's rounded there."""
+    """The order-3 kernel at 8192 with RFFT 3 (a float16 spectrum as it is): its arithmetic (emulate_order3) against
+    float64; a float16 spectrum's bins are its complex64 one's rounded there."""
     n = 8192
     a, b, _ = gluon_order3.factors(n)
     g = torch.Generator().manual_seed(38 + conj)
@@ -144,43 +141,10 @@ def test_order3_float16_bins_arithmetic_matches_float64(dtype, conj, bound):
     half = filter_spectrum(k, n, torch.float16)
     tile = gluon_emulate.kernel_spectrum(half, a, b, conj, 3)
     assert torch.equal(tile, gluon_emulate.kernel_spectrum(filter_spectrum(k, n), a, b, conj, 3))
-    y = gluon_emulate.emulate_order3(u, half, conj, a, b, 2, 3)
+    y = gluon_emulate.emulate_order3(u, half, conj, a, b)
     ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
     assert torch.isfinite(y).all()
     assert accuracy.error_over_floor(y, ref) <= bound
-
-
-KMID = """
-import json, re, sys
-from tilecore.ops.fft_conv.report import order3_variant
-from tilecore.tiles.compile import compile_kernel, resources
-name, kernel, args, warps, _ = order3_variant(8192, 2, True, 2, 2, 1, 3, True)
-ptx = (compiled := compile_kernel(kernel, args, num_warps=warps)).asm["ptx"]
-# the spectrum's 32-bit loads between a wgmma issue and the next wait (KMID), against those elsewhere
-inside = outside = 0
-pending = False
-for line in ptx.splitlines():
-    if "wgmma.mma_async" in line:
-        pending = True
-    elif "wgmma.wait_group" in line:
-        pending = False
-    elif "ld.global" in line and ".b32" in line:
-        inside, outside = (inside + 1, outside) if pending else (inside, outside + 1)
-print(json.dumps(dict(inside=inside, outside=outside, b64=len(re.findall(r"ld\\.global[.\\w]*\\.b64", ptx)),
-                      **vars(resources(compiled)))))
-"""
-
-
-def test_order3_kmid_with_float16_bins_compiles_without_spill():
-    """The new candidate at 8192 (the shipped tuple, RFFT 3, KMID): no spill, two programs a multiprocessor still fit,
-    no 64-bit spectrum loads, and the bins' 32-bit loads issued while stage 3's wgmmas run."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", KMID], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
-    assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
-    assert 2 * row["shared"] <= 227 * 1024 and 2 * row["registers"] * 128 <= 65536, row
-    assert row["b64"] == 0 and row["inside"] >= 32, row
 
 
 KPRE_TILE = """

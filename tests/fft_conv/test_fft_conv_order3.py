@@ -1,7 +1,8 @@
-"""The order-3 one-pass FFT convolution in Gluon at N = 8192 (tilecore/ops/fft_conv/gluon_order3.py; session 34).
+"""The order-3 one-pass FFT convolution in Gluon at N = 8192 and 16384 (tilecore/ops/fft_conv/gluon_order3.py).
 Gluon is not interpretable, so: its arithmetic step for step in torch (gluon_emulate.emulate_order3: the same tables,
-float16 roundings, signs and scales) against float64 at the floor; the kernel compiles for sm_90a (wgmma, no spill,
-two programs a multiprocessor by shared memory and registers); the host launch binds every kernel argument."""
+float16 roundings, signs and scales) against float64 at the floor; the shipped builds compile for sm_90a (wgmma, the
+programs a multiprocessor the plan asks for fit by shared memory and registers); the host launch binds every kernel
+argument."""
 import inspect
 import json
 import math
@@ -23,31 +24,30 @@ def _correlation(u64, k64):
     return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
 
 
-@pytest.mark.parametrize("n, dtype, conj, bound, kg", [(8192, torch.bfloat16, False, 1.2, 1),
-                                                       (8192, torch.bfloat16, True, 1.2, 1),
-                                                       (8192, torch.float16, False, 3.5, 1),
-                                                       (8192, torch.bfloat16, False, 1.2, 2),
-                                                       (8192, torch.bfloat16, True, 1.2, 2),
-                                                       (8192, torch.bfloat16, False, 1.2, 4),  # (TCHUNK's)
-                                                       (8192, torch.bfloat16, True, 1.2, 4),
-                                                       (16384, torch.bfloat16, False, 1.2, 2),
-                                                       (16384, torch.bfloat16, False, 1.2, 1),
-                                                       (16384, torch.bfloat16, True, 1.2, 1),
-                                                       (16384, torch.float16, False, 3.5, 1),
-                                                       (4096, torch.bfloat16, False, 1.2, 2),
-                                                       (4096, torch.bfloat16, True, 1.2, 4),
-                                                       (4096, torch.float16, False, 3.5, 2)])
-def test_order3_arithmetic_matches_float64(n, dtype, conj, bound, kg):
+@pytest.mark.parametrize("n, dtype, conj, bound, scaled", [(8192, torch.bfloat16, False, 1.2, True),
+                                                           (8192, torch.bfloat16, True, 1.2, True),
+                                                           (8192, torch.float16, False, 3.5, True),
+                                                           (8192, torch.bfloat16, False, 1.2, False),
+                                                           (16384, torch.bfloat16, False, 1.2, True),
+                                                           (16384, torch.bfloat16, True, 1.2, True),
+                                                           (16384, torch.float16, False, 3.5, False)])
+def test_order3_arithmetic_matches_float64(n, dtype, conj, bound, scaled):
+    """The shipped kernel's arithmetic on the launch's bins: RFFT 4 (``scaled``: a complex64 spectrum cast to float16
+    over each channel's largest part, the outputs times it) and RFFT 3 (a float16 spectrum as it is)."""
     a, b, _ = gluon_order3.factors(n)
     g = torch.Generator().manual_seed(34 + conj)
     u = torch.randn(3, 1, n, generator=g).to(dtype)  # an odd batch: the last pair's half absent
     # a filter whose spectrum peaks away from chunk 0's bins: the chunks' scales differ (1'a's ratios < 1)
     k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(dtype)
-    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n), conj, a, b, kg)
+    if scaled:
+        bins, ks = conv_launch.scaled_half_bins(filter_spectrum(k, n))
+    else:
+        bins, ks = filter_spectrum(k, n, torch.float16), None
+    y = gluon_emulate.emulate_order3(u, bins, conj, a, b, ks)
     ref = (_correlation if conj else fft_conv_reference)(u.double(), k.double())
     assert torch.isfinite(y).all()
     err = accuracy.error_over_floor(y, ref)
-    # bf16 at ~1.06x (order 2's 1.04x: one float16 rounding more, T); fp16 at the float16 products' ~3x
+    # bf16 at ~1.07x (order 2's 1.04x: one float16 rounding more, T); fp16 at the float16 products' ~3x
     assert err <= bound, err
 
 
@@ -68,9 +68,9 @@ def test_order3_scaled_float16_bins_keep_the_floor_past_float16s_range():
     assert torch.isfinite(bins[:2]).all() and bins[:2].abs().max() <= 1 and torch.isnan(bins[2]).any()
     assert torch.isinf(torch.view_as_real(spectrum[1]).half()).any()  # (unscaled: overflows)
     # (u's bf16 values in float32: the emulation's output unrounded, times the scale, then rounded once as the kernel)
-    y = gluon_emulate.emulate_order3(u.float(), bins, False, a, b, 4, rfft=3) * scale[None, :, None]
+    y = gluon_emulate.emulate_order3(u, bins, False, a, b, scale)
     ref = fft_conv_reference(u[:, :2].double(), k[:2].double())
-    assert accuracy.error_over_floor(y[:, :2].to(torch.bfloat16), ref) <= 1.2
+    assert accuracy.error_over_floor(y[:, :2], ref) <= 1.2
     assert torch.isnan(y[:, 2]).all()
 
 
@@ -81,7 +81,7 @@ def test_order3_arithmetic_keeps_nonfinite_in_its_sequence():
     u = torch.randn(2, 1, n, generator=g).to(torch.bfloat16)
     u[1, 0, 5000] = float("inf")
     k = (torch.randn(1, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
-    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n), False, a, b)
+    y = gluon_emulate.emulate_order3(u, filter_spectrum(k, n, torch.float16), False, a, b)
     assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all()
     assert accuracy.error_over_floor(y[:1], fft_conv_reference(u[:1].double(), k.double())) <= 1.2
 
@@ -102,65 +102,44 @@ def test_order3_operands_are_the_dft_factors():
     assert torch.allclose(built, torch.polar(torch.ones_like(angle), angle), atol=3e-3)  # (float16 tables)
 
 
-CODE = """
-import json, re, sys
-from tilecore.ops.fft_conv.report import order3_variant
-from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n, kg, g1 = (int(a) for a in sys.argv[1:4])
-name, kernel, args, warps, _ = order3_variant(n, 2, True, kg, g1)
-compiled = compile_kernel(kernel, args, num_warps=warps)
-ptx = compiled.asm["ptx"]
-print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
-                      sins=len(re.findall(r"sin\\.approx", ptx)), **vars(resources(compiled)),
-                      **has_hopper_instructions(ptx))))
-"""
-
-
-@pytest.mark.parametrize("n, kg, g1", [(8192, 2, 2), (8192, 1, 1), (4096, 2, 2), (16384, 1, 2)])
-def test_order3_compiles_for_hopper_with_wgmma_and_no_spill(n, kg, g1):
-    """The shipped tuple (8192, KG 2, G1 2) and the candidates: wgmma, the twiddles by the SFU, no spill, the programs a
-    multiprocessor the plan asks for fit (8192: two; 16384, its T 128 KiB: one; 4096 at KG 2: three)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", CODE, str(n), str(kg), str(g1)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
-    assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and not row["tma"], row
-    assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["threads"] == 128, row
-    programs = {8192: 2, 16384: 1, 4096: 3}[n]
-    assert programs * row["shared"] <= 227 * 1024 and programs * row["registers"] * 128 <= 65536, row
-    # 1a and 1'a: A2 complex products each (4 wgmmas), unrolled; the chunk loop's 4 complex products once
-    a2 = gluon_order3.factors(n)[2]
-    assert row["mmas"] >= 2 * a2 * 4 + 4 * 4, row
-    # a wait a complex product: A2 columns twice over G1, the chunk loop's 4
-    assert row["waits"] <= 2 * a2 // g1 + 4, row
-
-
 CODE_T = """
 import json, re, sys
 from tilecore.ops.fft_conv.report import order3_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n, per_sm, kg, g1, wg, rfft, direct = (int(a) for a in sys.argv[1:8])
-name, kernel, args, warps, _ = order3_variant(n, per_sm, True, kg, g1, wg, rfft, False, True, bool(direct))
+n, per_sm, wg, rfft, direct = (int(a) for a in sys.argv[1:6])
+name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(direct))
 compiled = compile_kernel(kernel, args, num_warps=warps)
 ptx = compiled.asm["ptx"]
+inside = 0  # 32-bit global loads (the float16 bins) between a wgmma issue and the next wait
+pending = False
+for line in ptx.splitlines():
+    if "wgmma.mma_async" in line:
+        pending = True
+    elif "wgmma.wait_group" in line:
+        pending = False
+    elif pending and "ld.global" in line and ".b32" in line:
+        inside += 1
 print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
-                      bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
+                      inside=inside, bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
+                      arrives=len(re.findall(r"mbarrier\\.arrive", ptx)),
+                      inits=re.findall(r"mbarrier\\.init\\.shared::cta\\.b64 \\[%r\\d+\\], (\\d+)", ptx),
+                      regs=[int(r) for r in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)],
                       **vars(resources(compiled)), **has_hopper_instructions(ptx))))
 """
 
 
-@pytest.mark.parametrize("n, per_sm, kg, g1, wg, rfft, direct", [(8192, 2, 4, 2, 1, 4, 0), (8192, 2, 4, 2, 1, 3, 0),
-                                                                  (16384, 1, 2, 2, 2, 4, 1), (16384, 1, 2, 2, 2, 3, 1)])
-def test_order3_transposed_chunks_compile_for_hopper(n, per_sm, kg, g1, wg, rfft, direct):
-    """TCHUNK's shipped builds (configs.GLUON_ORDER3 and GLUON_ORDER3_HALF at 8192 and 16384): wgmma, the programs a
-    multiprocessor the plan asks for fit by shared memory (T as the wgmma's tiles, no staging tile, no -Im F_B) and
-    registers (8192: two; 16384, two warpgroups on a T of 128 KiB: one); the chunk loop's four complex products (1b,
-    3, 3', 1'b: four m64n64k16 wgmmas each) once with a wait each, 1a's and 1'a's A2 columns a warpgroup as before;
-    DIRECT: no layout conversion in 1a / 1'a (few barriers). Spill: scalars (8192 140-144 B, 16384 ~0.6 KB), as
-    measured faster on the H100 all the same (notes/fft_conv). (RFFT 4: float16 bins and the channels' scales, KS.)"""
+@pytest.mark.parametrize("n, per_sm, wg, rfft, direct", [(8192, 2, 1, 4, 0), (8192, 2, 1, 3, 0), (16384, 1, 2, 4, 1),
+                                                         (16384, 1, 2, 3, 1)])
+def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, direct):
+    """The shipped builds (configs.GLUON_ORDER3 and GLUON_ORDER3_HALF at 8192 and 16384): wgmma, the twiddles by the
+    SFU, the programs a multiprocessor the plan asks for fit by shared memory (T as the wgmma's tiles, no staging tile,
+    no -Im F_B) and registers (8192: two; 16384, two warpgroups on a T of 128 KiB: one); the chunk loop's four complex
+    products (1b, 3, 3', 1'b: four m64n64k16 wgmmas each) once with a wait each, 1a's and 1'a's A2 columns a warpgroup
+    two a wait; the chunk's float16 bins loaded under stage 3's wgmmas; DIRECT: no layout conversion in 1a / 1'a (few barriers); two warpgroups: two mbarriers of two arrivals,
+    the worker under 256 registers. Spill: scalars (8192 140-144 B, 16384 ~0.6 KB), as measured faster on the H100 all
+    the same (notes/fft_conv). (RFFT 4: the channels' scales, KS.)"""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [str(a) for a in (n, per_sm, kg, g1, wg, rfft, direct)]
+    args = [str(a) for a in (n, per_sm, wg, rfft, direct)]
     r = subprocess.run([sys.executable, "-c", CODE_T, *args], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     row = json.loads(r.stdout)
@@ -168,46 +147,12 @@ def test_order3_transposed_chunks_compile_for_hopper(n, per_sm, kg, g1, wg, rfft
     assert per_sm * (row["shared"] + 1024) <= 228 * 1024 and per_sm * row["registers"] * 128 * wg <= 65536, row
     assert row["spill_stores"] <= (256 if n == 8192 else 1024), row
     a2 = gluon_order3.factors(n)[2]
-    assert row["mmas"] == wg * (2 * (a2 // wg) * 4 + 4 * 4 * 4) and row["waits"] == wg * (2 * (a2 // wg) // g1 + 4), row
+    assert row["mmas"] == wg * (2 * (a2 // wg) * 4 + 4 * 4 * 4) and row["waits"] == wg * (2 * (a2 // wg) // 2 + 4), row
+    assert row["inside"] >= 32, row  # (the chunk's bins load while stage 3's wgmmas run)
     if direct:
         assert row["bars"] <= 100, row
-
-
-CODE_WG = """
-import json, re, sys
-from tilecore.ops.fft_conv.report import order3_variant
-from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n, kg, g1 = (int(a) for a in sys.argv[1:4])
-name, kernel, args, warps, _ = order3_variant(n, 1, True, kg, g1, 2)
-compiled = compile_kernel(kernel, args, num_warps=warps)
-ptx = compiled.asm["ptx"]
-print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)),
-                      arrives=len(re.findall(r"mbarrier\\.arrive", ptx)),
-                      waits=len(re.findall(r"mbarrier\\.try_wait", ptx)),
-                      inits=re.findall(r"mbarrier\\.init\\.shared::cta\\.b64 \\[%r\\d+\\], (\\d+)", ptx),
-                      regs=[int(r) for r in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)],
-                      **vars(resources(compiled)), **has_hopper_instructions(ptx))))
-"""
-
-
-@pytest.mark.parametrize("n, kg, g1", [(16384, 1, 2), (8192, 2, 2)])
-def test_order3_two_warpgroups_compile_for_hopper(n, kg, g1):
-    """WARPGROUPS 2 (session 35): two warpgroups (8 warps, the second a warp_specialize worker) on one pair's T, ordered
-    by two mbarriers of two arrivals each (one a warpgroup, each arriving once a pair at each); one program a
-    multiprocessor fits (16384: T 128 KiB once, each warpgroup its own DFT matrices and staging tiles); no spill (the
-    pair's scales read by blocks of 64 columns: the whole pair at once spilled beside the partitions' live-ins)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", CODE_WG, str(n), str(kg), str(g1)], capture_output=True, text=True,
-                       env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
-    assert row["wgmma"] and not row["wgmma_serialized"] and row["mbarrier"] and row["threads"] == 256, row
-    assert row["arrives"] >= 2 and row["waits"] >= 2 and row["inits"] == ["2", "2"], row
-    assert row["shared"] <= 227 * 1024 and max(row["regs"]) <= 256, row
-    assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
-    # each warpgroup: its half of 1a's and 1'a's A2 columns (4 wgmmas each), the chunk loop's 4 complex products
-    a2 = gluon_order3.factors(n)[2]
-    assert row["mmas"] >= 2 * (a2 * 4 + 4 * 4), row
+    if wg == 2:
+        assert row["mbarrier"] and row["arrives"] >= 2 and row["inits"] == ["2", "2"] and max(row["regs"]) <= 256, row
 
 
 def test_order3_launch_binds_every_argument(monkeypatch):
@@ -222,22 +167,29 @@ def test_order3_launch_binds_every_argument(monkeypatch):
     u = torch.randn(5, 3, n).to(torch.bfloat16)
     y = torch.empty_like(u)
     spectrum = filter_spectrum(torch.randn(3, n), n)
-    conv_launch.launch_order3(u, spectrum, y, True, per_sm=2, contig=False, kg=2, g1=2)
+    conv_launch.launch_order3(u, spectrum, y, True, per_sm=2, rfft=4)
     kernel = gluon_order3.fft_conv_gluon_order3_kernel
     names = [p.name for p in kernel.params]
     bound = dict(zip(names, seen["args"])) | seen["options"]
     assert set(names) <= set(bound), set(names) - set(bound)
     assert bound["U"] is u and bound["Y"] is y and bound["A"] == 256 and bound["B"] == 64 and bound["CONJ"] is True
-    assert bound["CONTIG"] is False and bound["batch"] == 5 and bound["heads"] == 3 and bound["KG"] == 2 and bound["G1"] == 2
+    assert bound["batch"] == 5 and bound["heads"] == 3 and bound["DIRECT"] is False and bound["KSCALE"] is True
     assert bound["WARPGROUPS"] == 1 and bound["WORKER_REGS"] == gluon_order3.WORKER_REGS
-    assert bound["K"].dtype == torch.float32 and bound["K"].shape == (3, n + 1, 2)
+    assert bound["K"].dtype == torch.float16 and bound["K"].shape == (3, n + 1, 2) and bound["KS"].shape == (3,)
     assert bound["stride_kh"] == 2 * (n + 1) and bound["stride_ub"] == 3 * n and bound["stride_uh"] == n
-    assert torch.equal(torch.view_as_complex(bound["K"]), spectrum)
+    bins = torch.view_as_complex(bound["K"].float()) * bound["KS"][:, None]
+    assert torch.allclose(bins, spectrum, rtol=2e-3, atol=2e-3 * float(bound["KS"].max()))
     assert seen["grid"] == (min(3 * 3, 2 * 132),)  # never more programs than pairs (3 channels x 3 pairs)
-    # F2: two copies of F_16 on the diagonal of a 32 x 32 (a chunk's stage 1b at KG 2)
-    assert bound["T1RE"].shape == (16, 16) and bound["F2RE"].dtype == torch.float16 and bound["F2RE"].shape == (32, 32)
-    assert torch.equal(bound["F2RE"][16:, 16:], bound["F16RE"]) and not bound["F2IM"][:16, 16:].any()
+    # F2: four copies of F_16 on the diagonal of a 64 x 64 (a chunk's stage 1b on its 64 rows k_a)
+    assert bound["T1RE"].shape == (16, 16) and bound["F2RE"].dtype == torch.float16 and bound["F2RE"].shape == (64, 64)
+    assert torch.equal(bound["F2RE"][48:, 48:], bound["F16RE"]) and not bound["F2IM"][:16, 16:].any()
     assert inspect.signature(conv_launch.launch_order3).parameters["per_sm"].default == 2
+    # a float16 spectrum's bins as they are (RFFT 3: no scale); complex64 bins under rfft 3: an error naming both
+    half = filter_spectrum(torch.randn(3, n), n, torch.float16)
+    conv_launch.launch_order3(u, half, y, False, rfft=3)
+    assert seen["args"][1] is half and seen["args"][-1] is None and seen["options"]["KSCALE"] is False
+    with pytest.raises(ValueError, match="float16 spectrum"):
+        conv_launch.launch_order3(u, spectrum, y, False, rfft=3)
 
 
 def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypatch):
@@ -250,33 +202,25 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
     with dispatch.pretend(dispatch.TARGETS["sm_90a"]):
         monkeypatch.delitem(configs.GLUON_ORDER3, 8192, raising=False)
         assert conv_plan.plan(8192, meta, torch.bfloat16).path == "long"  # off: no entry
-        monkeypatch.setitem(configs.GLUON_ORDER3, 8192, (2, True, 1, 2))
-        assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 2, True, 1, 2)
+        monkeypatch.setitem(configs.GLUON_ORDER3, 8192, (1, 1, 4, True))
+        assert conv_plan.plan(8192, meta, torch.bfloat16) == conv_plan.order3_plan(8192, 1, 1, 4, True)
         assert conv_plan.plan(8192, meta, torch.float32).path != "order3"  # 16-bit u only
-        # an N in both tables takes the order-3 kernel (4096: the order-2 chunked kernel without the entry)
-        assert conv_plan.plan(4096, meta, torch.bfloat16).path == "gluon"
-        monkeypatch.setitem(configs.GLUON_ORDER3, 4096, (3, True, 2, 2))
-        assert conv_plan.plan(4096, meta, torch.bfloat16) == conv_plan.order3_plan(4096, 3, True, 2, 2)
+        assert conv_plan.plan(16384, meta, torch.bfloat16) == conv_plan.order3_plan(16384, *configs.GLUON_ORDER3[16384])
     assert conv_plan.plan(8192, torch.device("cpu"), torch.bfloat16).path != "order3"  # never interpreted
-    with pytest.raises(ValueError, match="N = 2048"):
-        conv_plan.order3_plan(2048)
+    with pytest.raises(ValueError, match="N = 4096"):
+        conv_plan.order3_plan(4096)  # (A2 = 8: a chunk's 64 rows k_a would take 8 values of k1)
     with pytest.raises(ValueError, match="programs a multiprocessor"):
         conv_plan.order3_plan(8192, 3)
     with pytest.raises(ValueError, match="programs a multiprocessor"):
-        conv_plan.order3_plan(16384, 2)  # (169.5 KiB of shared memory a program)
-    with pytest.raises(ValueError, match="k1 values a chunk"):
-        conv_plan.order3_plan(4096, 3, True, 1)  # (a chunk's stage 1b needs K = KG A2 >= 16)
-    assert conv_plan.order3_plan(4096, 3, True, 2).n1 == 128
-    # the transposed chunk takes exactly KG A2 = 64 rows: KG 4 at 8192, 2 at 16384
-    assert conv_plan.order3_plan(8192, 2, True, 4, 2, tchunk=True).tchunk
-    assert conv_plan.order3_plan(16384, 1, True, 2, 2, 2, tchunk=True).loop == 2
-    with pytest.raises(ValueError, match="tchunk"):
-        conv_plan.order3_plan(8192, 2, True, 2, 2, tchunk=True)
-    with pytest.raises(ValueError, match="tchunk"):
-        conv_plan.order3_plan(4096, 3, True, 4, 2, tchunk=True)
-    for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
-        for c in candidates:
-            conv_plan.order3_plan(n, *c)
+        conv_plan.order3_plan(16384, 2)  # (219 KiB of shared memory a program)
+    with pytest.raises(ValueError, match="warpgroups"):
+        conv_plan.order3_plan(8192, 2, 2)  # (two warpgroups a pair: one program a multiprocessor)
+    with pytest.raises(ValueError, match="rfft 3"):
+        conv_plan.order3_plan(8192, 2, 1, 2)  # (complex64 bins in the kernel: removed)
+    for table in (configs.GLUON_ORDER3, configs.GLUON_ORDER3_HALF):
+        for n, c in table.items():
+            p = conv_plan.order3_plan(n, *c)
+            assert p.path == "order3" and p.rfft == (3 if table is configs.GLUON_ORDER3_HALF else 4)
 
 
 def test_launch_routes_the_order3_plan(monkeypatch):
@@ -287,18 +231,12 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     u = torch.randn(2, 1, 8192).to(torch.bfloat16)
     y = torch.empty_like(u)
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
-    conv_launch.launch(conv_plan.order3_plan(8192, 1, False, 2, 2), u, spectrum, y, True, key="k")
+    conv_launch.launch(conv_plan.order3_plan(8192, 1, 1, 4), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, False, "k", 2, 2, 1, 2, False, False, False)  # (.., RFFT 2, KMID, TCHUNK, DIRECT)
+    assert seen[0][3:] == (True, 1, "k", 1, 4, False)  # (conj, per_sm, key, warpgroups, RFFT, DIRECT)
     seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(16384, 1, True, 1, 2, 2), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, True, None, 1, 2, 2, 2, False, False, False)  # (two warpgroups a pair)
-    seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 2, 2, 1, 3, True), u, spectrum, y, False)
-    assert seen[0][3:] == (False, 2, True, None, 2, 2, 1, 3, True, False, False)  # (float16 bins, KMID)
-    seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, True, 4, 2, 1, 2, False, True, True), u, spectrum, y, False)
-    assert seen[0][3:] == (False, 2, True, None, 4, 2, 1, 2, False, True, True)  # (chunks transposed, DIRECT)
+    conv_launch.launch(conv_plan.order3_plan(16384, 1, 2, 3, True), u, spectrum, y, False, key=None)
+    assert seen[0][3:] == (False, 1, None, 2, 3, True)  # (two warpgroups a pair, float16 bins, DIRECT)
 
 
 def test_model_counts_order3_below_order2():

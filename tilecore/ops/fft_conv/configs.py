@@ -27,28 +27,14 @@ GLUON_ONEPASS: dict = {
     2048: (64, 64, 2, True, True, 0, 2, 1, 4, True, False, 0, False, 3),  # 6.69-6.78x torch.fft
     4096: (128, 64, 1, True, True, 64, 2, 2, 4, True, 2, 0, True, 5),  # LEAN 4 (transposed): 6.14x, 1.32-1.36x
 }
-# The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper): N -> (programs a SM, CONTIG, k1 values a chunk, a2
-# columns a wgmma wait in 1a / 1'a[, warpgroups a pair[, RFFT (2 complex64 bins, 3 float16)[, KMID[, TCHUNK (the
-# chunk transposed)[, DIRECT (1a / 1'a in the wgmmas' layouts)]]]]]); RFFT 4: a complex64 spectrum cast a call to
-# float16 bins over each channel's largest part (launch.scaled_half_bins); checked and timed by experiments/fft_conv/
-# gpu_order3.py, gpu_s35.py, gpu_s40.py (the runs: notes/fft_conv)
+# The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper; each chunk transposed): N -> (programs a SM,
+# warpgroups a pair, RFFT, DIRECT (1a / 1'a in the wgmmas' layouts)); RFFT 4: a complex64 spectrum cast a call to
+# float16 bins over each channel's largest part (launch.scaled_half_bins), 3: a float16 spectrum read as it is;
+# checked and timed by experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, True, 4, 2, 1, 4, False, True),  # TCHUNK, RFFT 4: the op 1.357-1.382 ms = 2.82-2.87x torch.fft
-    16384: (1, True, 2, 2, 2, 4, False, True, True),  # TCHUNK + DIRECT, RFFT 4: the op 4.337-4.370 ms = 1.90-1.98x
+    8192: (2, 1, 4, False),  # RFFT 4: the op 1.357-1.382 ms = 2.82-2.87x torch.fft
+    16384: (1, 2, 4, True),  # DIRECT, RFFT 4: the op 4.337-4.370 ms = 1.90-1.98x
 }
-GLUON_ORDER3_CANDIDATES = {  # the shipped tuples and what they beat; 4096 slower than its shipped path
-    8192: [(2, True, 2, 2), (2, True, 1, 1), (2, True, 2, 1), (1, True, 2, 2),  # 1.620; 1.863, 1.660; one a SM 2.310
-           (1, True, 2, 2, 2)],  # two warpgroups on each pair's T: 38% slower than the shipped two programs
-    16384: [(1, True, 1, 2, 2), (1, True, 1, 2)],  # untransposed chunks; one warpgroup a SM 6.238 vs long 5.947
-    4096: [(3, True, 2, 2), (2, True, 4, 2)],  # 0.824 ms (KG 4 with XT: 0.796) vs the order-2 chunked kernel's 0.424
-}
-GLUON_ORDER3_CANDIDATES[8192].append((2, True, 2, 2, 1, 2, True))  # KMID: a chunk's bins loaded under its stage 3
-GLUON_ORDER3_CANDIDATES[8192] += [(2, True, 4, 2, 1, 2, False, True),  # TCHUNK: 1.10-1.12x (2, True, 2, 2)
-                                  (2, True, 4, 2, 1, 2, False, True, True),  # + DIRECT: 1.08x, loses to TCHUNK
-                                  GLUON_ORDER3[8192]]  # RFFT 4 (shipped): 1.07-1.08x TCHUNK's complex64 bins
-GLUON_ORDER3_CANDIDATES[16384] += [(1, True, 2, 2, 2, 2, False, True),  # TCHUNK: 0.99x
-                                   (1, True, 2, 2, 2, 2, False, True, True),  # + DIRECT: 1.01-1.03x (two runs)
-                                   GLUON_ORDER3[16384]]  # RFFT 4 (shipped): 1.10-1.11x the complex64 bins
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
     2048: [GLUON_ONEPASS[2048]],
@@ -63,20 +49,14 @@ GLUON_ONEPASS_HALF: dict = {
     4096: (128, 64, 1, True, True, 64, 3, 2, 4, True, 2, 0, True, 5),  # LEAN 4, RFFT 3: 1.024x the complex64 op
 }
 GLUON_ORDER3_HALF: dict = {
-    8192: (2, True, 4, 2, 1, 3, False, True),  # TCHUNK, RFFT 3: 1.212 ms = 3.2x torch.fft, 1.19x the tuple before
-    16384: (1, True, 2, 2, 2, 3, False, True, True),  # TCHUNK + DIRECT, RFFT 3: 4.023 ms = 2.07x, 1.11x before
+    8192: (2, 1, 3, False),  # RFFT 3: 1.212 ms = 3.2x torch.fft
+    16384: (1, 2, 3, True),  # DIRECT, RFFT 3: 4.023 ms = 2.07x
 }
 GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies
     2048: [(64, 64, 2, True, True, 0, 3, 1, 4, True, False, 2, False, 3),  # + KPRE 2 (int32 tile: two a SM fit)
            (64, 64, 2, True, True, 0, 3, 1, 4, True, True, 3, False, 3)],  # + KPRE 3 on a CONTIG walk (as 1024)
     4096: [GLUON_ONEPASS_HALF[4096]],
-}
-GLUON_ORDER3_HALF_CANDIDATES = {  # (..., warpgroups, RFFT 3[, KMID[, TCHUNK[, DIRECT]]])
-    8192: [(2, True, 2, 2, 1, 3), (2, True, 2, 2, 1, 3, True),  # (untransposed chunks; KMID the faster)
-           GLUON_ORDER3_HALF[8192], (2, True, 4, 2, 1, 3, False, True, True)],  # TCHUNK; + DIRECT 0.99x it
-    16384: [(1, True, 1, 2, 2, 3, True), (1, True, 1, 2, 2, 3),  # (untransposed chunks; sm_90a: both 0 spill, 213 KiB)
-            GLUON_ORDER3_HALF[16384]],
 }
 # the pair kernel's candidates for gpu_check.py (the loop variants: none faster than the plan)
 PAIR_CANDIDATES = {

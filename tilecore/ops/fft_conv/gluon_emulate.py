@@ -183,22 +183,23 @@ def emulate_dk(u, dy, a: int, b: int, filter_len: int, tw_sfu: bool = True):
     return torch.where(bad[:, None], float("nan"), dk)
 
 
-def emulate_order3(u, spectrum, conj: bool, a: int, b: int, kg: int = 1, rfft: int = 2):
-    """gluon_order3.fft_conv_gluon_order3_kernel's arithmetic, step for step (RFFT 2, the twiddles computed): A = 16 A2,
-    a = A2 a1 + a2, k_a = k1 + 16 k2; 1a (x_a2 @ F_16, the twiddle W_A^(a2 k1), float16 into T), per chunk k1 the
-    chunked kernel's stages on T[k1]^T with F_A2 in F_A's place (forward_stages / inverse_stages, each chunk at its
-    own scale; T'[k1] float16), then 1'a (T' x s_k1 / s x conj(W_A^(a2 k1)), float16, @ conj(F_16)[:, :8]) and the
-    epilogue (s / L x the sequence's scale). u (B, H, N), 2N = a b; spectrum: the rfft (H, N + 1); ``kg``: the kernel's
-    KG (k1 values a chunk: its columns A2 l + k2 at k_a = k1 + l + 16 k2, stage 1b with kg copies of F_A2 on the
-    diagonal, one scale a chunk); ``rfft`` 3: the bins read in float16 (KMID, which loads them under stage 3's wgmmas,
-    changes no value)."""
+def emulate_order3(u, spectrum, conj: bool, a: int, b: int, ks=None):
+    """gluon_order3.fft_conv_gluon_order3_kernel's arithmetic, step for step (float16 bins, the twiddles computed):
+    A = 16 A2, a = A2 a1 + a2, k_a = k1 + 16 k2; 1a (x_a2 @ F_16, the twiddle W_A^(a2 k1), float16 into T), per chunk
+    of KG = b / A2 values of k1 the chunked kernel's stages on its 64 columns k_a (at A2 l + k2, k_a = k1 + l + 16 k2;
+    forward_stages / inverse_stages with F2, KG copies of F_A2 on the diagonal, in F_A's place: one scale a chunk; the
+    kernel's transposed tile rounds the same values), T' float16, then 1'a (T' x s_k1 / s x conj(W_A^(a2 k1)), float16,
+    @ conj(F_16)[:, :8]) and the epilogue (s / L x ``ks``[h] x the sequence's scale). u (B, H, N), 2N = a b;
+    spectrum: the bins as float16 pairs (H, N + 1, 2), or a complex64 rfft (H, N + 1) rounded to them; ``ks`` (H,):
+    the channels' bin scales (launch.scaled_half_bins: RFFT 4), else 1."""
     from tilecore.ops.fft_conv.launch import order3_operands
 
     Bt, H, N = u.shape
     half, L, a2n = a // 2, a * b, a // 16
-    ops = {name: t.float() for name, t in order3_operands(a, b, u.device, kg).items()}
+    kg = b // a2n
+    ops = {name: t.float() for name, t in order3_operands(a, b, u.device).items()}
     tf_re, tf_im = computed_twiddles(a, b)
-    tile = kernel_spectrum(spectrum, a, b, conj, rfft)
+    tile = kernel_spectrum(spectrum, a, b, conj, 3)
     f16re, f16im, f2re, f2im = ops["F16RE"], ops["F16IM"], ops["F2RE"], ops["F2IM"]
     t1re, t1im = ops["T1RE"], ops["T1IM"]  # (A2, 16): W_A^(a2 k1)
     y = torch.empty(Bt, H, N, dtype=u.dtype)
@@ -239,7 +240,7 @@ def emulate_order3(u, spectrum, conj: bool, a: int, b: int, kg: int = 1, rfft: i
                 out_im[:, a2::a2n] = vim @ f16re[:, :8] - vre @ f16im[:, :8]
             for i, o in ((g, out_re), (g + 1, out_im)):
                 if i < Bt:
-                    o = o * (running * (1.0 / L) * scale[i, h])
+                    o = o * (running * (1.0 / L) * (1.0 if ks is None else ks[h]) * scale[i, h])
                     o = torch.where(bad[i, h], float("nan"), o)
                     y[i, h] = o.transpose(0, 1).reshape(N).to(u.dtype)
     return y

@@ -248,9 +248,7 @@ class Stages:
     computed (_twiddles) instead of read from the table. KPRE: the spectrum's bins of a block
     requested before its stage 1 (_spectrum_issue), so their L2 latency runs under stages 1-3: 1 loaded
     into registers there and held, 2 gathered by cp.async into ``kbuf`` ([B, C] int64: a bin's (re, im),
-    RFFT 2) and read from shared memory at the product (no registers held). KMID (with KPRE 0; the order-3 kernel's):
-    the bins loaded while stage 3's wgmmas run (issued, the loads, then the wait): their latency off the chain, no
-    registers held across stages 1-2 (KPRE 1 holds them from before stage 1)."""
+    RFFT 2) and read from shared memory at the product (no registers held)."""
     fbre: object
     fbim: object
     fbnim: object
@@ -267,7 +265,6 @@ class Stages:
     kbuf: object  # [B, C] int64 (int32: RFFT 3) in shared memory (KPRE 2, 3), else None
     KPRE: gl.constexpr
     LEAN: gl.constexpr  # 1: the spectrum product's scale as one reduction (of max(|re|, |im|))
-    KMID: gl.constexpr  # (KPRE 0) the block's bins loaded between stage 3's wgmmas' issue and their wait (order 3)
 
 
 # W_L^(m k_a) from the tables' offset i = m A + k_a (A, L powers of two): t = (m k_a) mod L as a signed
@@ -356,25 +353,17 @@ def _forward_stages(st, x_re, x_im, fa_re, fa_im, fa_nim, tab, col, K, h, stride
     st.tile_im.store(rim.to(gl.float16))
     fence_async_shared()
     gl.thread_barrier()
-    if st.KMID and not (st.PROBE & 5):  # the bins' loads under stage 3's wgmmas (the same values)
-        p = warpgroup_mma(st.fbre, st.tile_re, zeros, use_acc=False, is_async=True)
-        p = warpgroup_mma(st.fbnim, st.tile_im, p, is_async=True)
-        q = warpgroup_mma(st.fbre, st.tile_im, zeros, use_acc=False, is_async=True)
-        q = warpgroup_mma(st.fbim, st.tile_re, q, is_async=True)
-        kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
-        sre, sim = warpgroup_mma_wait(0, deps=(p, q))
+    if st.PROBE & 1:
+        sre = rre
+        sim = rim
     else:
-        if st.PROBE & 1:
-            sre = rre
-            sim = rim
-        else:
-            sre, sim = _complex_mma(st.fbre, st.tile_re, st.fbnim, st.tile_im, st.fbre, st.tile_im, st.fbim, st.tile_re,
-                                    zeros, st.ASYNC, False)
-        if st.PROBE & 4:
-            kre = twre
-            kim = twim
-        else:
-            kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
+        sre, sim = _complex_mma(st.fbre, st.tile_re, st.fbnim, st.tile_im, st.fbre, st.tile_im, st.fbim, st.tile_re,
+                                zeros, st.ASYNC, False)
+    if st.PROBE & 4:
+        kre = twre
+        kim = twim
+    else:
+        kre, kim = _spectrum_take(st, K + h * stride_kh, tab + col, kpre)
     yre = sre * kre - sim * kim
     yim = sre * kim + sim * kre
     if st.PROBE & 2:
@@ -672,8 +661,7 @@ def fft_conv_gluon_onepass_kernel(U, K, Y, FARE, FAIM, FBRE, FBIM, TFRE, TFIM,
 
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     zeros_out = gl.zeros([B, HALF], gl.float32, acc_out)
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN,
-                False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, RFFT, CONJ, ASYNC, PROBE, TW_SFU, kbuf, KPRE, LEAN)
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -854,7 +842,7 @@ def _transposed_chunk(st, spectrum, rows, cols, j, x_re, x_im, d_re, d_im, fare,
     rre = gl.convert_layout(rre.to(gl.float16), lhs)
     rim = gl.convert_layout(rim.to(gl.float16), lhs)
     # 3. S^T = R^T @ F_B (R^T the register A operand), Y^T = S^T K over its largest |Y|; KPRE 0: the bins loaded while
-    # the wgmmas run (KMID's place)
+    # the wgmmas run
     if st.KPRE == 0:
         p = warpgroup_mma(rre, st.fbre, zeros, use_acc=False, is_async=True)
         p = warpgroup_mma(rim, st.fbnim, p, is_async=True)
@@ -933,7 +921,7 @@ def _transposed_walk(g, bufs, part, PARTS: gl.constexpr):
     zeros = gl.zeros([CHUNK, B], gl.float32, acc)
     zeros_out = gl.zeros([HALF, B], gl.float32, acc_out)
     st = Stages(g.fbre, g.fbim, g.fbnim, d_re.index(0), d_im.index(0), g.TFRE, g.TFIM, L, g.RFFT, g.CONJ, True, g.PROBE,
-                g.TW_SFU, None, g.KPRE, g.LEAN, False)
+                g.TW_SFU, None, g.KPRE, g.LEAN)
 
     groups = gl.cdiv(g.batch, 2)
     total = g.heads * groups
@@ -1037,7 +1025,7 @@ def fft_conv_gluon_dk_kernel(U, DY, P, FARE, FAIM, FBRE, FBIM, TFRE, TFIM, batch
         sums = gl.allocate_shared_memory(gl.float32, [2, B, A], park_layout)  # (the sum, each thread its own elements)
     fence_async_shared()
     gl.thread_barrier()
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1, False)
+    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, TFRE, TFIM, L, False, False, True, 0, TW_SFU, None, 0, 1)
 
     seq, tab, zeros = _tile_offsets(B, HALF, A, A, io, acc)
     if XSMEM:

@@ -1,46 +1,44 @@
 """The one-pass FFT convolution at order 3 in Gluon (issue 37): one kernel, u read once and y written
-once. ON at N = 8192 and, with two warpgroups a pair (WARPGROUPS 2), at 16384 (configs.GLUON_ORDER3 / _HALF), each
-chunk transposed (TCHUNK, _tchunk: what ships; the untransposed chunks below are the kernel before it, and the 4096
-build (A2 = 8) a candidate).
+once. ON at N = 8192 (two programs a multiprocessor) and 16384 (two warpgroups a pair, WARPGROUPS 2; 1a and 1'a in
+the wgmmas' layouts, DIRECT): configs.GLUON_ORDER3 / _HALF.
 
 The chunked kernel's method (gluon_onepass.py: two sequences of a channel as z = u_a + i u_b, one complex DFT
 of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A split once more,
-A = 16 A2 (A2 = 16 at 8192), so no DFT matrix larger than 64 x 64 is held (order 2's F_A half at 8192: 192 KiB):
+A = 16 A2 (A2 = 16 at 8192, 32 at 16384), so no DFT matrix larger than 64 x 64 is held (order 2's F_A half at 8192:
+192 KiB):
 
     a = A2 a1 + a2 (a1 < 16, only a1 < 8 nonzero: the zero padding), k_a = k1 + 16 k2 (k1 < 16, k2 < A2)
     W_A^(a k_a) = W_16^(a1 k1) W_A^(a2 k1) W_A2^(a2 k2)
 
     1a. T[k1, a2, m] = W_A^(a2 k1) sum_a1 z[B (A2 a1 + a2) + m] W_16^(a1 k1)
-        once a pair: for each a2, x_a2 [B, 16] (a1 >= 8 masked to 0) @ F_16 -> [B, 16], the twiddle, float16 into T
-        (shared memory, [16, A2, B]: 64 KiB for both planes at 8192); x_a2 is read from u at those offsets (L1 / L2:
-        the pair's scale pass read all of u just before)
-    then 16 / KG chunks of KG values of k1 (each a [B, C] block, C = KG A2, column A2 l + k2 at k_a = k1 + l + 16 k2;
-    T[k1 .. k1 + KG - 1] its input):
-    1b. R = T[chunk]^T @ F2                              [B, C] @ [C, C], F2: KG copies of F_A2 on the diagonal
-    2, 3, the spectrum product, 3', 2': gluon_onepass._forward_stages / _inverse_stages as they are (the
-        twiddles W_L^(m k_a) computed, the spectrum's bins read at f = k_a + A k_b, each chunk's product at
-        its own scale s_j)
-    1'b. T'[chunk] = D @ conj(F2)                        written over T[chunk] (the chunk owns it: no accumulator)
+        once a pair, two columns a2 a wgmma wait: x_a2 [B, 16] (a1 >= 8 masked to 0) @ F_16 -> [B, 16], the
+        twiddle, float16 into T (shared memory: 64 KiB for both planes at 8192, 128 KiB at 16384); x_a2 is read from u
+        at those offsets (L1 / L2: the pair's scale pass read all of u just before)
+    then 16 / KG chunks of KG = 64 / A2 values of k1 (each chunk's tile transposed, [k_a, m]: its KG A2 = 64 rows
+    k_a = k1 + l + 16 k2 at row A2 l + k2 are the wgmma's M; _tchunk):
+    1b. R^T = F2 @ T[chunk]                             F2: KG copies of F_A2 on the diagonal (both from shared memory)
+    2, 3, the spectrum product, 3', 2' (the twiddles W_L^(m k_a) computed, the spectrum's float16 bins read at
+        f = k_a + A k_b, each chunk's product at its own scale s_j; R^T and Y^T the next product's register A operands)
+    1'b. T'^T = conj(F2) @ D^T                          written over the chunk (the chunk owns it: no accumulator)
     after the chunks:
     1'a. out[m, a1] of a2 = sum_k1 (s_k1 / s) conj(W_A^(a2 k1)) T'[k1, a2, m] conj(W_16^(a1 k1)), a1 < 8
         [B, 16] @ conj(F_16)[:, :8]; s = the largest chunk scale; y[B (A2 a1 + a2) + m] = out s / L x the
-        sequence's scale (pointer stores)
+        sequence's scale (x the channel's bin scale KS[h] with KSCALE)
 
-G1 2 issues two columns' products of 1a and 1'a before one wait. FLOPs a pair (complex multiply-adds, as the
-wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8 A2: at 8192, KG 1, 3.0 M
-against order 2's 6.3 M (model.order3_flops). Products: float16 operands, float32 sums, as the chunked kernel; one
-more float16 rounding (T) than order 2 (bf16 1.07x the floor on the H100, fp16 3.2x). The arithmetic step for step in
-torch: gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be interpreted.
+T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _swizzled). FLOPs a pair
+(complex multiply-adds, as the wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8
+A2 (model.order3_flops). Products: float16 operands, float32 sums, as the chunked kernel; one more float16 rounding
+(T) than order 2 (bf16 1.07x the floor on the H100, fp16 3.2x). The arithmetic step for step in torch:
+gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be interpreted.
 """
 from triton.experimental import gluon
 
-from tilecore.ops.fft_conv.gluon_onepass import (Stages, _complex_mma, _forward_stages, _inverse_stages, _load_raw,
-                                                 _max4, _resident, _scaled_both, _spectrum_at, _spectrum_issue,
-                                                 _twiddles, _walk)
+from tilecore.ops.fft_conv.gluon_onepass import (Stages, _complex_mma, _load_raw, _max4, _resident, _scaled_both,
+                                                 _spectrum_at, _twiddles, _walk)
 from tilecore.tiles.gluon import struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-SUPPORTED_N = (4096, 8192, 16384)  # (plan.ORDER3_FITS: programs a multiprocessor, k1 values a chunk)
+SUPPORTED_N = (8192, 16384)  # (plan.ORDER3_PER_SM: programs a multiprocessor)
 WORKER_REGS = 256  # WARPGROUPS 2: the second warpgroup's registers (setmaxnreg)
 
 
@@ -61,22 +59,20 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 
 @gluon.jit
-def _swizzled(p, a2: gl.constexpr, SWZ: gl.constexpr):
-    """TCHUNK: the m held at position p of row (k1, a2) of T. T is then the wgmma's NVMMA tile [16 A2, B] (rows of 128
-    B, the 128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple
-    of 8); 1a and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m
-    (each of their rows is independent: only the addresses move). Else p."""
-    if SWZ:
-        p = p ^ (8 * (a2 % 8))
-    return p
+def _swizzled(p, a2: gl.constexpr):
+    """The m held at position p of row (k1, a2) of T. T is the wgmma's NVMMA tile [16 A2, B] (rows of 128 B, the
+    128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8); 1a
+    and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m (each
+    of their rows is independent: only the addresses move)."""
+    return p ^ (8 * (a2 % 8))
 
 
 @gluon.jit
 def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr, SWZ: gl.constexpr = False):
+          io: gl.constexpr, lhs1: gl.constexpr):
     """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
-    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed. SWZ: row p holds m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2, SWZ)
+    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed; row p holds m = _swizzled(p, a2)."""
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2)
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     keep = gl.expand_dims(a1 < 8, 0) & gl.expand_dims(m >= 0, 1)
@@ -99,7 +95,7 @@ def _t_column(T, a2: gl.constexpr):
 
 
 @gluon.jit
-def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr = False):
+def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr):
     """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16) (``tre``, ``tim``: the product [B, 16 k1]) as float16."""
     k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, tre.type.layout))
     twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
@@ -118,28 +114,23 @@ def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr,
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False,
-              DIRECT: gl.constexpr = False):
-    """Stage 1a of columns a2 .. a2 + G1 - 1 (G1 1 or 2: two columns' eight wgmmas issued together, one wait):
+              acc1: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr):
+    """Stage 1a of columns a2 and a2 + 1 (their eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, SWZ)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
     p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
-    if G1 == 2:
-        xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, SWZ)
-        p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
-        p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
-            0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
-        _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, DIRECT)
-    else:
-        p, q, xre, xim, nxim = warpgroup_mma_wait(0, deps=(p, q, xre, xim, nxim))
-        _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
+    xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
+    p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
+    p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
+        0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
+    _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
+    _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, DIRECT)
 
 
 @gluon.jit
 def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-          DIRECT: gl.constexpr = False):
+          DIRECT: gl.constexpr):
     """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
     and conj(W_A^(a2 k1)), float16 (re, im, -re)."""
     if DIRECT:  # (read in the wgmma operand's layout; ``ratio`` already in its column layout)
@@ -162,10 +153,10 @@ def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lh
 
 @gluon.jit
 def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
-          B: gl.constexpr, io8: gl.constexpr, SWZ: gl.constexpr = False):
+          B: gl.constexpr, io8: gl.constexpr):
     """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
-    sequence); past the batch masked. SWZ: row p of out is m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2, SWZ)
+    sequence); past the batch masked. Row p of out is m = _swizzled(p, a2)."""
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2)
     a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     ty: gl.constexpr = Y.dtype.element_ty
@@ -176,23 +167,18 @@ def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.const
 @gluon.jit
 def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr, G1: gl.constexpr, SWZ: gl.constexpr = False,
-                      DIRECT: gl.constexpr = False):
-    """Stage 1'a of columns a2 .. a2 + G1 - 1 (_v_a2's operand @ conj(F_16)[:, :8]) and their y (_y_a2); G1 2: two
-    columns' eight wgmmas issued together, one wait."""
+                      acc8: gl.constexpr, io8: gl.constexpr, DIRECT: gl.constexpr):
+    """Stage 1'a of columns a2 and a2 + 1 (_v_a2's operand @ conj(F_16)[:, :8]; their eight wgmmas issued together,
+    one wait) and their y (_y_a2)."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
     vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8, DIRECT)
     p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
-    if G1 == 2:
-        vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8, DIRECT)
-        p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
-        p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
-            0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
-        _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, SWZ)
-    else:
-        p, q, vre, vim, nvre = warpgroup_mma_wait(0, deps=(p, q, vre, vim, nvre))
-        _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, SWZ)
+    vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8, DIRECT)
+    p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
+    p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
+        0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
+    _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
+    _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
 
 
 @struct
@@ -217,19 +203,13 @@ class Order3Shared:
     stride_yb: object
     stride_yh: object
     stride_kh: object
-    T_re: object  # [16, A2, B] float16: T[k1, a2, m], then T' (TCHUNK: [16 / KG, C, B] NVMMA, rows swizzled)
+    T_re: object  # [16 / KG, C, B] float16 NVMMA tiles: T, then T' (chunk j's rows (k1, a2) at [j]; _swizzled)
     T_im: object
     scl: object  # [32] float32: each warpgroup's chunk scales at 16 p + k1 (WARPGROUPS 2), else None
     bars: object  # [2, 1] mbarriers: T written, T' written (WARPGROUPS 2), else None
     A: gl.constexpr
     B: gl.constexpr
     CONJ: gl.constexpr
-    CONTIG: gl.constexpr
-    KG: gl.constexpr
-    G1: gl.constexpr
-    RFFT: gl.constexpr  # 2: K's bins complex64 (one 64-bit load a bin); 3: float16 (one 32-bit load)
-    KMID: gl.constexpr  # a chunk's bins loaded while its stage-3 wgmmas run (else after their wait)
-    TCHUNK: gl.constexpr  # the chunks transposed (_tchunk); T_re, T_im then the NVMMA tiles [16 / KG, C, B]
     DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
@@ -237,25 +217,21 @@ class Order3Shared:
 
 @struct
 class Order3Tables:
-    """A warpgroup's resident DFT matrices and staging tiles (shared memory; WARPGROUPS 2: each warpgroup its own, so
-    that only T's and the tensors' addresses cross into the partitions: captured values live in registers there)."""
+    """A warpgroup's resident DFT matrices (shared memory; WARPGROUPS 2: each warpgroup its own, so that only T's and
+    the tensors' addresses cross into the partitions: captured values live in registers there)."""
     f16re: object  # [16, 16] float16: F_16 (stage 1a's B)
     f16im: object
     f8re: object  # [16, 8]: F_16[:, :8] (stage 1'a's, conjugated)
     f8im: object
-    f2re: object  # [C, C]: KG x F_A2 on the diagonal (1b, 1'b)
+    f2re: object  # [C, C]: KG x F_A2 on the diagonal (1b, 1'b: both operands from shared memory)
     f2im: object
-    f2nim: object  # -Im F2 (TCHUNK: 1b and 1'b take both operands from shared memory), else f2im (unused)
-    fbre: object  # [B, B] float16
+    f2nim: object  # -Im F2
+    fbre: object  # [B, B] float16 (stage 3's and 3''s B; the register A operands negated where a difference needs it)
     fbim: object
-    fbnim: object  # -Im F_B (TCHUNK: fbim, unused: the register A operand negated instead)
-    tile_re: object  # [B, C] float16: R, then Y (the square products' B operands; TCHUNK: None)
-    tile_im: object
 
 
 @gluon.jit
-def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr,
-                   TCHUNK: gl.constexpr = False):
+def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr):
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
     f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
     f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
@@ -265,14 +241,8 @@ def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.
     f2im = _resident(F2IM, C, C, C, 0, False, table)
     fbre = _resident(FBRE, B, B, B, 0, False, table)
     fbim = _resident(FBIM, B, B, B, 0, False, table)
-    # (the table a build does not use: the other plane, never read)
-    if TCHUNK:  # (two programs a SM at 8192 fit only without -Im F_B: the register A operands are negated instead)
-        f2nim = _resident(F2IM, C, C, C, 0, True, table)
-        fbnim = fbim
-    else:
-        f2nim = f2im
-        fbnim = _resident(FBIM, B, B, B, 0, True, table)
-    return f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim
+    f2nim = _resident(F2IM, C, C, C, 0, True, table)  # (no -Im F_B: two programs a SM fit at 8192)
+    return Order3Tables(f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim)
 
 
 @gluon.jit
@@ -314,87 +284,62 @@ def _both_arrived(bars, which: gl.constexpr, phase, PARTS: gl.constexpr):
 def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM,
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
-                                 CONTIG: gl.constexpr = True, KG: gl.constexpr = 1, G1: gl.constexpr = 1,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 RFFT: gl.constexpr = 2, KMID: gl.constexpr = False, TCHUNK: gl.constexpr = False,
                                  DIRECT: gl.constexpr = False, KSCALE: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
-    (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid (CONTIG: a
-    program's items contiguous, a channel's pairs in a row).
+    (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
+    program's items contiguous (a channel's pairs in a row).
 
-    U, Y: (batch, heads, N) rows with unit stride along N = A B / 2. K: the rfft (heads, N + 1) complex64 as float32
-    (re, im) pairs (the kernel reads bins f and L - f itself, RFFT 2). F16 (16, 16), F2 (A2, A2), FB (B, B): float16
-    DFT matrices; T1 (A2, 16) float32 = W_A^(a2 k1) (launch.order3_operands). 4 warps; B = 64, A = 16 A2. KG: the
-    values of k1 a chunk (1, 2, 4: 16 / KG chunks of C = KG A2 columns, their stage 1b one [B, C] @ [C, C] product with
-    F2 = KG copies of F_A2 on the diagonal, launch.order3_operands(..., KG); the chunk's spectrum product at one
-    scale), fewer and wider steps for the same stages 2-3'. G1 (1, 2): stage 1a's and 1'a's columns a2 a wgmma wait
-    (two: eight wgmmas in flight, half the waits; the same arithmetic). WARPGROUPS 2: two warpgroups (4 + 4
-    warps, gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
+    U, Y: (batch, heads, N) rows with unit stride along N = A B / 2. K: the spectrum's bins as float16 (re, im) pairs
+    (heads, N + 1, 2) (one 32-bit load a bin; the kernel reads bins f and L - f itself). F16 (16, 16), F2 (64, 64: KG
+    = 64 / A2 copies of F_A2 on the diagonal, launch.order3_operands), FB (B, B): float16 DFT matrices; T1 (A2, 16)
+    float32 = W_A^(a2 k1). 4 warps; B = 64, A = 16 A2. Each chunk (_tchunk) takes KG values of k1, its tile
+    transposed: KG A2 = 64 rows k_a, the wgmma's M (KG 4 at 8192, 2 at 16384); T is the wgmma's NVMMA tile, stage 1b
+    reads its chunk from there as the B operand, stages 1b and 3 feed stages 3 and 3' as register A operands, D^T and
+    T' go back over the chunk (no staging tile, no -Im F_B: 8192's two programs a SM fit). Stages 1a and 1'a take
+    two columns a2 a wgmma wait (eight wgmmas in flight). WARPGROUPS 2: two warpgroups (4 + 4 warps,
+    gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
-    RFFT 3: K is the spectrum's bins as float16 (re, im) pairs (filter_spectrum(..., torch.float16): one 32-bit load a
-    bin, half the bytes from L2); KMID: a chunk's bins loaded between its stage-3 wgmmas' issue and their wait (their
-    L2 latency off the chain; the same values). TCHUNK: each chunk's tile transposed (_tchunk: rows k_a, C = KG A2 = 64,
-    so KG 4 at 8192, 2 at 16384): T is the wgmma's NVMMA tile, stage 1b reads its chunk from there as the B operand,
-    stages 1b and 3 feed stages 3 and 3' as register A operands, D^T and T' go back over the chunk (no staging tile, no
-    -Im F_B: 8192's two programs a SM fit); the same roundings (gluon_emulate.emulate_order3). DIRECT: stages 1a and
-    1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the accumulator, T' read
-    as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory round trip with its
-    barriers) a column; the same values. KSCALE, KS (heads,) float32: K's bins are float16 (RFFT 3) of the spectrum
-    over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|,
-    so no bin overflows float16), the outputs times KS[h]."""
-    gl.static_assert(RFFT == 2 or RFFT == 3, "RFFT: 2 (complex64 bins) or 3 (float16 bins)")
+    DIRECT: stages 1a and 1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the
+    accumulator, T' read as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory
+    round trip with its barriers) a column; the same values. KSCALE, KS (heads,) float32: K's bins are the spectrum
+    over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|, so
+    no bin overflows float16), the outputs times KS[h]. The same roundings as gluon_emulate.emulate_order3."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     A2: gl.constexpr = A // 16
-    gl.static_assert(A2 * 16 == A and A2 >= 8, "A = 16 A2, A2 >= 8")
-    gl.static_assert(KG == 1 or KG == 2 or KG == 4, "KG: 1, 2 or 4 values of k1 a chunk")
-    gl.static_assert(G1 == 1 or G1 == 2, "G1: 1 or 2 columns a2 a wgmma wait in stages 1a, 1'a")
+    gl.static_assert(A2 * 16 == A and (A2 == 16 or A2 == 32), "A = 16 A2, A2 16 or 32 (N 8192, 16384)")
     gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
-    C: gl.constexpr = KG * A2  # a chunk's columns
-    gl.static_assert(C >= 16, "a chunk's stage 1b has K = KG A2 >= 16 (the float16 wgmma's K)")
-    gl.static_assert(C == B or not TCHUNK, "TCHUNK: a chunk's KG A2 = 64 rows k_a (the wgmma's M)")
+    KG: gl.constexpr = B // A2  # k1 values a chunk: its KG A2 = 64 rows k_a
+    C: gl.constexpr = KG * A2
     if WARPGROUPS == 1:
-        f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE,
-                                                                                        FBIM, B, C, TCHUNK)
-    if TCHUNK:  # T as the wgmma's tiles: chunk j's [C, B] rows (k1, a2) at [j] (1a and 1'a: _swizzled)
-        t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, B], gl.float16)
-        T_re = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
-        T_im = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
-    else:
-        t_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        T_re = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)  # T[k1, a2, m], then T'
-        T_im = gl.allocate_shared_memory(gl.float16, [16, A2, B], t_layout)
+        tabs = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B, C)
+    # T as the wgmma's tiles: chunk j's [C, B] rows (k1, a2) at [j] (1a and 1'a: _swizzled)
+    t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, B], gl.float16)
+    T_re = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
+    T_im = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
     if WARPGROUPS == 2:
         scl = gl.allocate_shared_memory(gl.float32, [32], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bars.index(0), count=2)  # (one arrival a warpgroup)
         mbarrier.init(bars.index(1), count=2)
     else:
-        if TCHUNK:
-            tile_re = None
-            tile_im = None
-        else:
-            stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
-            tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
-            tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, CONTIG, KG, G1, RFFT, KMID,
-                     TCHUNK, DIRECT, KS, KSCALE)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, DIRECT, KS, KSCALE)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
-        _order3_walk(g, Order3Tables(f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim, tile_re, tile_im),
-                     0, 1)
+        _order3_walk(g, tabs, 0, 1)
     else:
         gl.warp_specialize([(_order3_walk, (g, None, 0, 2)), (_order3_walk, (g, None, 1, 2))], [4], [WORKER_REGS])
 
 
 @gluon.jit
 def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.constexpr):
-    """TCHUNK: one chunk's stages 1b-1'b on its transposed tile (rows k_a; ``f`` its offsets m A + k_a, read as k_a + A
+    """One chunk's stages 1b-1'b on its transposed tile (rows k_a; ``f`` its offsets m A + k_a, read as k_a + A
     k_b after stage 3), T's chunk [C, B] (``t_re``, ``t_im``: rows (k1, a2) of the chunk) in, T'^T's out over it:
 
         1b. R^T = F2 @ T[chunk]                 both from shared memory (F2 symmetric: KG copies of F_A2)
@@ -405,8 +350,8 @@ def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.const
         2'. D^T *= conj(W_L^(m k_a)), float16 over the chunk (1b has read it)
         1'b. T'^T = conj(F2) @ D^T              float16 over the chunk again: 1'a's input at the chunk's scale
 
-    The roundings of _forward_stages / _inverse_stages on the untransposed chunk (R, Y / s, D and T' to float16);
-    returns s."""
+    The roundings of gluon_onepass's _forward_stages / _inverse_stages (R, Y / s, D and T' to float16;
+    gluon_emulate.emulate_order3); returns s."""
     # 1b (nothing of the spectrum read early: KPRE 0; its bins load under stage 3's wgmmas)
     rre, rim = _complex_mma(f2re, t_re, f2nim, t_im, f2re, t_im, f2im, t_re, zeros, True, False)
     twre, twim = _twiddles(st, f, 0)
@@ -462,55 +407,23 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     stride_yb = g.stride_yb
     stride_yh = g.stride_yh
     stride_kh = g.stride_kh
-    T_re = g.T_re
-    T_im = g.T_im
     A: gl.constexpr = g.A
     B: gl.constexpr = g.B
-    KG: gl.constexpr = g.KG
-    G1: gl.constexpr = g.G1
     A2: gl.constexpr = A // 16
-    C: gl.constexpr = KG * A2  # a chunk's columns
+    KG: gl.constexpr = B // A2  # k1 values a chunk
+    C: gl.constexpr = KG * A2  # a chunk's rows k_a
     L: gl.constexpr = A * B
     COLS: gl.constexpr = A2 // PARTS  # a warpgroup's columns a2 in 1a and 1'a: PART COLS ..
-    TCHUNK: gl.constexpr = g.TCHUNK
     if PARTS == 2:
-        f16re, f16im, f8re, f8im, f2re, f2im, f2nim, fbre, fbim, fbnim = _order3_tables(g.F16RE, g.F16IM, g.F2RE,
-                                                                                        g.F2IM, g.FBRE, g.FBIM, B, C,
-                                                                                        TCHUNK)
-        if TCHUNK:
-            tile_re = None
-            tile_im = None
-        else:
-            stage_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([B, C], gl.float16)
-            tile_re = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
-            tile_im = gl.allocate_shared_memory(gl.float16, [B, C], stage_layout)
+        tabs = _order3_tables(g.F16RE, g.F16IM, g.F2RE, g.F2IM, g.FBRE, g.FBIM, B, C)
         fence_async_shared()
         gl.thread_barrier()
-    else:
-        f16re = tabs.f16re
-        f16im = tabs.f16im
-        f8re = tabs.f8re
-        f8im = tabs.f8im
-        f2re = tabs.f2re
-        f2im = tabs.f2im
-        f2nim = tabs.f2nim
-        fbre = tabs.fbre
-        fbim = tabs.fbim
-        fbnim = tabs.fbnim
-        tile_re = tabs.tile_re
-        tile_im = tabs.tile_im
-    # the same bytes as T seen as 16 / KG blocks [C, B] (chunk j's T[KG j .. KG j + KG - 1], indexed at run time; no
-    # swizzle: the same order)
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    if TCHUNK:  # (the NVMMA tiles as they are; 1a and 1'a see the same bytes as plain rows [16, A2, B])
-        Tk_re = T_re
-        Tk_im = T_im
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        T_re = Tk_re._reinterpret(gl.float16, [16, A2, B], plain)
-        T_im = Tk_im._reinterpret(gl.float16, [16, A2, B], plain)
-    else:
-        Tk_re = T_re._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
-        Tk_im = T_im._reinterpret(gl.float16, [16 // KG, C, B], rows_layout)
+    # T's NVMMA tiles as they are (the chunks); 1a and 1'a see the same bytes as plain rows [16, A2, B]
+    Tk_re = g.T_re
+    Tk_im = g.T_im
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    T_re = Tk_re._reinterpret(gl.float16, [16, A2, B], plain)
+    T_im = Tk_im._reinterpret(gl.float16, [16, A2, B], plain)
     acc1: gl.constexpr = wgmma_layout(B, 16, 4)
     lhs1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc1, k_width=2)
     acc: gl.constexpr = wgmma_layout(B, C, 4)
@@ -518,25 +431,20 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     acc8: gl.constexpr = wgmma_layout(B, 8, 4)
     lhs8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc8, k_width=2)
     io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])  # threads along m (u's and y's rows)
-    io8: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
-    rows: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a chunk's T [C, B]: threads along m
     DIRECT: gl.constexpr = g.DIRECT
     if DIRECT:  # u read as 1a's A operand, y stored from 1'a's accumulator
         io_x: gl.constexpr = lhs1
         io_y: gl.constexpr = acc8
     else:
         io_x: gl.constexpr = io
-        io_y: gl.constexpr = io8
-    st = Stages(fbre, fbim, fbnim, tile_re, tile_im, T1RE, T1IM, L, g.RFFT, g.CONJ, True, 0, True, None, 0, 1, g.KMID)
+        io_y: gl.constexpr = io
+    # (the float16 bins, RFFT 3; the twiddles computed, TW_SFU; no staging tiles: None)
+    st = Stages(tabs.fbre, tabs.fbim, tabs.fbim, None, None, T1RE, T1IM, L, 3, g.CONJ, True, 0, True, None, 0, 1)
 
-    # a chunk's offsets m A + k_a into the (B, A) index space, column c = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the
-    # chunk's first, added a chunk): the twiddles W_L^(m k_a) (TW_SFU) and, read as f = k_a + A k_b (rows: k_b after
-    # stage 3), the spectrum's bins
-    t_m = gl.arange(0, B, layout=gl.SliceLayout(1, acc))
-    t_k = gl.arange(0, C, layout=gl.SliceLayout(0, acc))
-    tab = gl.expand_dims(t_m, 1) * A + gl.expand_dims(16 * (t_k % A2) + t_k // A2, 0)
-    # TCHUNK: the transposed tile's row r = A2 l + k2 at k_a = k1 + l + 16 k2, column m (or k_b) at m A
+    # the transposed tile's row r = A2 l + k2 at k_a = k1 + l + 16 k2 (k1, the chunk's first, added a chunk), column
+    # m (or k_b) at m A: the offsets m A + k_a of the twiddles W_L^(m k_a) and, read as f = k_a + A k_b after stage 3,
+    # the spectrum's bins
     r_k = gl.arange(0, C, layout=gl.SliceLayout(1, acc))
     r_k = 16 * (r_k % A2) + r_k // A2
     r_m = gl.arange(0, B, layout=gl.SliceLayout(0, acc)) * A
@@ -549,7 +457,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
-    start, stop, step = _walk(gl.program_id(0), gl.num_programs(0), total, g.CONTIG)
+    start, stop, step = _walk(gl.program_id(0), gl.num_programs(0), total, True)
     for w in range(start, stop, step):
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
@@ -563,11 +471,10 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
-        for c in gl.static_range(COLS // G1):
-            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, T1RE, T1IM,
-                      PART * COLS + G1 * c, A2, B, io_x, lhs1, acc1, put, G1, TCHUNK, DIRECT)
-        if TCHUNK:
-            fence_async_shared()  # (1b's wgmmas read T)
+        for c in gl.static_range(COLS // 2):
+            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE, T1IM,
+                      PART * COLS + 2 * c, A2, B, io_x, lhs1, acc1, put, DIRECT)
+        fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
         _both_arrived(g.bars, 0, phase, PARTS)  # T written
         spectrum = K + h * stride_kh
@@ -575,19 +482,8 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
         for j in range(PART, 16 // KG, PARTS):  # (a loop, not unrolled)
             k1 = j * KG
-            if TCHUNK:
-                f = gl.expand_dims(r_k + k1, 1) + gl.expand_dims(r_m, 0)  # m A + k_a (twiddles), k_a + A k_b (bins)
-                s = _tchunk(st, spectrum, f, Tk_re.index(j), Tk_im.index(j), f2re, f2im, f2nim, zeros, lhs)
-            else:
-                kpre = _spectrum_issue(st, spectrum, tab + k1)  # (KPRE 0: nothing read early; KPRE 1 measured slower)
-                xre = gl.convert_layout(gl.permute(Tk_re.index(j).load(rows), (1, 0)), lhs)  # T[k1 ..]^T: [B, C]
-                xim = gl.convert_layout(gl.permute(Tk_im.index(j).load(rows), (1, 0)), lhs)
-                yre, yim, s = _forward_stages(st, xre, xim, f2re, f2im, None, tab, k1, spectrum, 0, 0, zeros, True,
-                                              kpre)
-                dre, dim = _inverse_stages(st, yre, yim, s, tab, k1, f2re, f2im, zeros, zeros, lhs)
-                gl.thread_barrier()  # every thread has read T[k1] (long before: the stages' barriers)
-                Tk_re.index(j).store(gl.convert_layout(gl.permute(dre.to(gl.float16), (1, 0)), rows))
-                Tk_im.index(j).store(gl.convert_layout(gl.permute(dim.to(gl.float16), (1, 0)), rows))
+            f = gl.expand_dims(r_k + k1, 1) + gl.expand_dims(r_m, 0)  # m A + k_a (twiddles), k_a + A k_b (bins)
+            s = _tchunk(st, spectrum, f, Tk_re.index(j), Tk_im.index(j), tabs.f2re, tabs.f2im, tabs.f2nim, zeros, lhs)
             scales = gl.where(kvec // KG == j, s, scales)
             running = gl.maximum(running, s)
         if PARTS == 2:  # (the other warpgroup's chunk scales: each row 0 at the other's k1)
@@ -607,7 +503,6 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
         out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
-        for c in gl.static_range(COLS // G1):
-            _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, f8re, f8im,
-                              out_re, out_im, PART * COLS + G1 * c, A2, B, put, lhs8, acc8, io_y, G1, TCHUNK,
-                              DIRECT)
+        for c in gl.static_range(COLS // 2):
+            _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, tabs.f8re,
+                              tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io_y, DIRECT)

@@ -128,8 +128,7 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path == "order3":
-        launch_order3(u, spectrum, y, conj, plan.per_sm, plan.contig, key, plan.loop, plan.g1, plan.warpgroups,
-                      plan.rfft, plan.kmid, plan.tchunk, plan.direct)
+        launch_order3(u, spectrum, y, conj, plan.per_sm, key, plan.warpgroups, plan.rfft, plan.direct)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -359,15 +358,15 @@ def dk_gluon(config: tuple, u: torch.Tensor, dy: torch.Tensor, filter_len: int, 
 
 
 @functools.lru_cache(maxsize=8)
-def order3_operands(a: int, b: int, device: torch.device, kg: int = 1) -> dict:
-    """gluon_order3's constants for L = a b, a = 16 A2: F_16, F_B and F2 (``kg`` copies of F_A2 on the diagonal of a
-    (kg A2, kg A2) matrix: a chunk's stage 1b) in float16, T1 (A2, 16) = W_A^(a2 k1) in float32."""
+def order3_operands(a: int, b: int, device: torch.device) -> dict:
+    """gluon_order3's constants for L = a b, a = 16 A2: F_16, F_B and F2 (b / A2 copies of F_A2 on the diagonal of a
+    (b, b) matrix: a chunk's stage 1b on its 64 rows k_a) in float16, T1 (A2, 16) = W_A^(a2 k1) in float32."""
     a2 = a // 16
     tables = {}
     for name, size in dict(F16=16, F2=a2, FB=b).items():
         re, im = _dft(size, size, size, size)
         if name == "F2":
-            re, im = torch.block_diag(*[re] * kg), torch.block_diag(*[im] * kg)
+            re, im = torch.block_diag(*[re] * (b // a2)), torch.block_diag(*[im] * (b // a2))
         tables[name + "RE"], tables[name + "IM"] = re.half(), im.half()
     tables["T1RE"], tables["T1IM"] = _dft(a, a2, 16, a)
     return {name: t.to(device) for name, t in tables.items()}
@@ -378,36 +377,31 @@ CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
 
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
-                  contig: bool = True, key=None, kg: int = 1, g1: int = 1, warpgroups: int = 1, rfft: int = 2,
-                  kmid: bool = False, tchunk: bool = False, direct: bool = False) -> None:
-    """gluon_order3's kernel (N = 8192 on Hopper): y = the causal convolution of u (B, H, N; unit stride along N) with
-    the filter of ``spectrum`` (the rfft (H, N + 1); the kernel reads its bins, conjugated with ``conj``: the
-    correlation); ``per_sm`` persistent programs a multiprocessor; ``kg`` values of k1 a chunk (the kernel's KG); ``g1``
-    columns a2 a wgmma wait in stages 1a and 1'a (its G1); ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS);
-    ``rfft`` 3: the bins read as float16 pairs (half_bins: a float16 spectrum as it is); 4: a complex64 spectrum cast
-    to float16 bins a call, each channel over its largest part (scaled_half_bins), the outputs scaled back; ``kmid``: a
-    chunk's bins loaded
-    under its stage-3 wgmmas (its KMID); ``tchunk``: each chunk's tile transposed (its TCHUNK); ``direct``: 1a and 1'a
-    in the wgmmas' layouts (its DIRECT)."""
+                  key=None, warpgroups: int = 1, rfft: int = 3, direct: bool = False) -> None:
+    """gluon_order3's kernel (N = 8192, 16384 on Hopper): y = the causal convolution of u (B, H, N; unit stride along
+    N) with the filter of ``spectrum`` (the rfft (H, N + 1) complex64, or its float16 pairs (H, N + 1, 2); the kernel
+    reads its bins, conjugated with ``conj``: the correlation); ``per_sm`` persistent programs a multiprocessor;
+    ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS); ``rfft`` 3: a float16 spectrum's bins read as they are
+    (half_bins); 4: a complex64 spectrum cast to float16 bins a call, each channel over its largest part
+    (scaled_half_bins), the outputs scaled back; ``direct``: 1a and 1'a in the wgmmas' layouts (its DIRECT)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
     a, b = 2 * N // 64, 64
-    ops = order3_operands(a, b, u.device, kg)
+    ops = order3_operands(a, b, u.device)
     ks = None
-    if rfft == 4:  # a complex64 spectrum as scaled float16 bins a call (the kernel's RFFT 3 and KS)
-        k, ks = scaled_half_bins(spectrum) if spectrum.dtype != torch.float16 else (half_bins(spectrum), None)
-    elif rfft == 3:
+    if spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
         k = half_bins(spectrum)
+    elif rfft == 4:  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS)
+        k, ks = scaled_half_bins(spectrum)
     else:
-        spectrum = spectrum.resolve_conj()
-        k = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+        raise ValueError(f"the order-3 kernel reads float16 bins: rfft 3 takes a float16 spectrum (H, N + 1, 2), "
+                         f"rfft 4 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
     pairs = H * -(-B // 2)
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
-    options = dict(A=a, B=b, CONJ=bool(conj), CONTIG=contig, KG=kg, G1=g1, WARPGROUPS=warpgroups,
+    options = dict(A=a, B=b, CONJ=bool(conj), WARPGROUPS=warpgroups,
                    WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS,
-                   RFFT=3 if rfft == 4 else rfft, KSCALE=rfft == 4,
-                   KMID=bool(kmid), TCHUNK=bool(tchunk), DIRECT=bool(direct), num_warps=4)
+                   DIRECT=bool(direct), KSCALE=ks is not None, num_warps=4)
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
                                       B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0), ks),

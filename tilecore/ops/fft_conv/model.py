@@ -42,12 +42,22 @@ def mono_flops(a: int, b: int, c: int) -> int:
 
 
 def order3_flops(a: int, b: int) -> int:
-    """Tensor-core FLOPs of one pair in the order-3 Gluon kernel (gluon_order3.py), forward and inverse, L = a b, a =
-    16 A2, as its wgmmas run them (8 FLOPs a complex multiply-add: four real products): 1a B x 16 x 16 a column a2
-    (K = 16, a1 >= 8 zero), 1b and 1'b B A2 A2 a chunk, 3 and 3' B B A2 a chunk (16 chunks), 1'a B x 16 x 8 a
-    column. At 8192 (256 x 64): 3.0 M complex multiply-adds against order 2's 6.3 M (mono_flops(256, 64, 1))."""
+    """Tensor-core FLOPs of one pair in the order-3 method (gluon_order3.py), forward and inverse, L = a b, a = 16 A2
+    (8 FLOPs a complex multiply-add: four real products): 1a B x 16 x 16 a column a2 (K = 16, a1 >= 8 zero), 1b and
+    1'b B A2 A2 for each of the 16 values of k1, 3 and 3' B B A2 likewise, 1'a B x 16 x 8 a column. At 8192 (256 x 64):
+    3.0 M complex multiply-adds against order 2's 6.3 M (mono_flops(256, 64, 1)). The kernel's wgmmas run more:
+    order3_wgmma_flops."""
     a2 = a // 16
     return 8 * (b * 16 * 16 * a2 + 2 * b * a * a2 + 2 * b * b * a + b * 16 * 8 * a2)
+
+
+def order3_wgmma_flops(a: int, b: int) -> int:
+    """The FLOPs the shipped order-3 kernel's wgmmas execute a pair: as order3_flops, but stages 1b and 1'b take a
+    chunk's 64 rows k_a (b / A2 values of k1) in one [64, 64] @ [64, 64] product with F2 = b / A2 copies of F_A2 on its
+    diagonal, the zeros multiplied too: B B A each, as stages 3 and 3' (at 8192 4.6 M complex multiply-adds a pair,
+    1.52x order3_flops; at 16384 9.2 M, 1.30x)."""
+    a2 = a // 16
+    return 8 * (b * 16 * 16 * a2 + 4 * b * b * a + b * 16 * 8 * a2)
 
 
 def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, elem: int = 2,
@@ -98,7 +108,7 @@ def table(batch: int = 16, heads: int = 768) -> str:
     plans.update({n: ("long", c[0], c[1]) for n, c in configs.LONG_CONFIGS.items()})
     rows = [(n, *plans[n], 1) for n in sorted(plans)]
     rows += [(n, "mono", c[0], c[1], c[2]) for n, cands in sorted(configs.MONO_CANDIDATES.items()) for c in cands[:1]]
-    rows += [(n, "order3", 2 * n // 64, 64, 1) for n in sorted(configs.GLUON_ORDER3_CANDIDATES)]
+    rows += [(n, "order3", 2 * n // 64, 64, 1) for n in sorted(configs.GLUON_ORDER3)]
     for n, path, n1, n2, n3 in rows:
         own = op_bytes(batch, heads, n) / COPY_GBS / 1e6
         factors = f"{n1}x{n2}" + (f"x{n3}" if n3 > 1 else "")

@@ -61,9 +61,6 @@ class Plan:
     yalias: bool = False  # "gluon", chunked with TMA: y's box is the ring slot its pair's u came in
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
-    g1: int = 1  # "order3": columns a2 a wgmma wait in stages 1a / 1'a (its loop: k1 values a chunk; per_sm, contig)
-    kmid: bool = False  # "order3": a chunk's spectrum bins loaded under its stage-3 wgmmas
-    tchunk: bool = False  # "order3": each chunk's tile transposed (its KG A2 = 64 rows k_a)
     direct: bool = False  # "order3": stages 1a and 1'a in the wgmmas' own layouts (no layout conversions)
 
 
@@ -125,37 +122,27 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
                 yalias=yalias, lean=lean, maxnreg=maxnreg)
 
 
-# the order-3 kernel's fits by N (sm_90a): programs a multiprocessor (shared memory, registers) and k1 values a chunk
-# (4096: KG A2 >= 16, the wgmma's K; untransposed, KG 4 at 8192 and KG 2 at 16384 spill); two warpgroups a pair: one
-# program a SM
-ORDER3_FITS = {4096: ((1, 2, 3), (2, 4)), 8192: ((1, 2), (1, 2)), 16384: ((1,), (1,))}
-# the transposed chunk (tchunk): its k1 values a chunk make 64 rows k_a (KG A2 = 64); no staging tile, no -Im F_B
-ORDER3_TCHUNK_KG = {8192: 4, 16384: 2}
+# the order-3 kernel's programs a multiprocessor by N (sm_90a: 8192 109.5 KiB a program, two fit; 16384 219 KiB with
+# two warpgroups a pair: one)
+ORDER3_PER_SM = {8192: (1, 2), 16384: (1,)}
 
 
-def order3_plan(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1, warpgroups: int = 1,
-                rfft: int = 2, kmid: bool = False, tchunk: bool = False, direct: bool = False) -> Plan:
-    """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 4096: A = 128,
-    8192: 256, 16384: 512); ``per_sm`` persistent programs a multiprocessor (shared memory a program: 4096 66.5-73.5
-    KiB, 8192 98.5-105.5, 16384 169.5; ORDER3_FITS); ``contig``: each program's pairs contiguous (a channel's in a row);
-    ``kg`` (the plan's ``loop``): values of k1 a chunk; ``g1``: columns a2 a wgmma wait in stages 1a and 1'a, 1 or 2;
-    ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM: 8192 149 KiB, 16384 213
-    KiB); ``rfft`` 3: the spectrum's bins as float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast
-    to float16 pairs a call over each channel's largest part (launch.scaled_half_bins), else 2 (complex64);
-    ``kmid``: a chunk's bins loaded while its stage-3 wgmmas run; ``tchunk``: each chunk's tile transposed (kg
-    ORDER3_TCHUNK_KG[n]; its bins always loaded under stage 3); ``direct``: stages 1a and 1'a read and write in the
-    wgmmas' own layouts (no layout conversion a column). (KPRE, XT and VIEWS were measured slower and
-    removed: notes/fft_conv.)"""
-    fits = ORDER3_FITS.get(n)
-    kg_ok = fits is not None and (kg == ORDER3_TCHUNK_KG.get(n) if tchunk else kg in fits[1])
-    if (fits is None or per_sm not in fits[0] or not kg_ok or contig not in (False, True) or g1 not in (1, 2)
-            or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1) or rfft not in (2, 3, 4)):
-        raise ValueError(f"the order-3 Gluon kernel takes N, programs a multiprocessor and k1 values a chunk as "
-                         f"{ORDER3_FITS} (N: (per_sm, kg); with tchunk kg {ORDER3_TCHUNK_KG}), g1 1 or 2, warpgroups "
-                         f"1 or 2 (2: one program a multiprocessor); got N = {n}, per_sm {per_sm}, contig {contig}, "
-                         f"kg {kg}, g1 {g1}, warpgroups {warpgroups}, rfft {rfft} (2, 3 or 4), tchunk {tchunk}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, contig=contig, loop=kg, g1=g1, warpgroups=warpgroups,
-                rfft=rfft, kmid=bool(kmid), tchunk=bool(tchunk), direct=bool(direct))
+def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, direct: bool = False) -> Plan:
+    """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 8192: A = 256, 16384: 512),
+    each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
+    ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
+    float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast to float16 pairs a call over each
+    channel's largest part (launch.scaled_half_bins); ``direct``: stages 1a and 1'a read and write in the wgmmas' own
+    layouts (no layout conversion a column). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64
+    bins in the kernel and the 4096 build were measured slower and removed: notes/fft_conv.)"""
+    fits = ORDER3_PER_SM.get(n)
+    if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
+            or rfft not in (3, 4) or direct not in (False, True)):
+        raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
+                         f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 (complex64 "
+                         f"cast a call), direct a bool; got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, "
+                         f"rfft {rfft}, direct {direct}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, direct=bool(direct))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

@@ -135,9 +135,8 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
              False)]
 
 
-def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1: int = 1,
-                   warpgroups: int = 1, rfft: int = 2, kmid: bool = False,
-                   tchunk: bool = False, direct: bool = False) -> tuple[str, object, dict, int, bool]:
+def order3_variant(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3,
+                   direct: bool = False) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel) at a configs.GLUON_ORDER3
     tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair)."""
     import torch
@@ -148,22 +147,15 @@ def order3_variant(n: int, per_sm: int = 2, contig: bool = True, kg: int = 1, g1
     t = torch.empty(64, dtype=torch.bfloat16)
     f16 = torch.empty(64, dtype=torch.float16)
     f32 = torch.empty(64, dtype=torch.float32)
-    args = dict(U=t, K=f32, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
+    args = dict(U=t, K=f16, Y=t, F16RE=f16, F16IM=f16, F2RE=f16, F2IM=f16, FBRE=f16, FBIM=f16, T1RE=f32, T1IM=f32,
                 batch=16, heads=768, stride_ub=768 * n, stride_uh=n, stride_yb=768 * n, stride_yh=n, stride_kh=2 * (n + 1),
-                KS=None, A=a, B=b, CONTIG=contig, KG=kg, G1=g1)
-    extra = f"kg {kg}, g1 {g1}"
-    if warpgroups != 1:  # (the shipped tuples' arguments as before: their PTX compared across trees)
+                KS=None, A=a, B=b)
+    extra = "float16 bins" if rfft == 3 else "bins over each channel's scale"
+    if warpgroups != 1:
         args.update(WARPGROUPS=warpgroups, WORKER_REGS=gluon_order3.WORKER_REGS)
         extra += ", two warpgroups a pair"
-    if rfft >= 3 or kmid:  # (only where set, as above)
-        args.update(K=f16 if rfft >= 3 else f32, RFFT=min(rfft, 3), KMID=bool(kmid))
-        extra += (", float16 bins" if rfft == 3 else "") + (", bins over each channel's scale" if rfft == 4 else "") + (
-            ", bins under stage 3" if kmid else "")
     if rfft == 4:
         args.update(KS=f32, KSCALE=True)
-    if tchunk:
-        args.update(TCHUNK=True)
-        extra += ", chunks transposed"
     if direct:
         args.update(DIRECT=True)
         extra += ", 1a / 1'a in the wgmmas' layouts"
@@ -197,12 +189,8 @@ def pair_variants(shipped_only: bool = False) -> list:
     for n, config in configs.GLUON_ORDER3_HALF.items():
         out.append(order3_variant(n, *config))
     if not shipped_only:
-        for n, candidates in configs.GLUON_ORDER3_HALF_CANDIDATES.items():
-            out += [order3_variant(n, *c) for c in candidates if c != configs.GLUON_ORDER3_HALF.get(n)]
         for n, candidates in configs.GLUON_ONEPASS_HALF_CANDIDATES.items():
             out += [gluon_variant(*c) for c in candidates if c != configs.GLUON_ONEPASS_HALF.get(n)]
-        for n, candidates in configs.GLUON_ORDER3_CANDIDATES.items():
-            out += [order3_variant(n, *c) for c in candidates if c != configs.GLUON_ORDER3.get(n)]
         for candidates in configs.GLUON_ONEPASS_CANDIDATES.values():
             variants = {(c[0], c[1], 0) + tuple(c[3:]) for c in candidates if c not in configs.GLUON_ONEPASS.values()}
             out += [gluon_variant(*config) for config in sorted(variants)]
