@@ -1,227 +1,298 @@
-"""Issue 37, session 34 (helper HF): the order-3 one-pass Gluon kernel (gluon_order3.py) checked against float64 and
-timed against the shipped path and torch.fft in the same run: at 8192 (shipped: the three-pass "long"), at 4096
-(shipped: the order-2 chunked kernel, CONTIG 2, 4.94x torch.fft in one run of session 33: re-timed here, twice) and,
-with --sizes, 16384. The candidates: configs.GLUON_ORDER3_CANDIDATES.
+"""Issue 37: the order-3 one-pass Gluon kernel (gluon_order3.py) at 8192 / 16384, checked against float64 and timed
+against torch.fft, a measured copy and the shipped tuples in the same run; ``--profile``: where its time goes (ncu's
+warp-state sampling by SASS instruction, where the device has ncu and lets it count).
 
-    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py [--sizes 8192,4096,16384] [--op 8192:2,1,2,2]
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py --n 8192 [--variants c64,f16] [--conj c64,f16]
+        [--odd c64] [--op] [--rounds 3] [--deadline 100]
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py --n 8192 --profile [--variants c64]   (under ncu: see
+        --ncu, which runs ncu on this script and writes the summary)
+    PYTHONPATH=. python experiments/fft_conv/gpu_order3.py --n 8192 --ncu c64 [--deadline 150]
 
---op N:CONFIG sets configs.GLUON_ORDER3[N] = CONFIG in this process and checks and times the op through it (the
-keyed launch three times, the same bits; du of the backward; both against float64).
-
-Checks (every output started as NaN; fresh random inputs; error / the rounding floor against float64): bf16
-convolution and correlation, fp16, an odd batch with a NaN sequence (that sequence all NaN, the rest finite and at
-the floor), through launch.launch_order3. Timing: B16 H768 bf16, the filter's spectrum precomputed,
-triton.testing.do_bench medians after warm-up. Prints a short table last; writes fft_conv_gpu_order3.json to $OUT.
+B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, complex64 (``c64``) and float16
+(``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: a plan.order3_plan tuple and its spectrum kind):
+  c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
+  f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
+  c64_1 at 8192: c64 with one program a multiprocessor (what the second program's overlap is worth)
+* rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
+  against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
+  (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
+  sequence NaN, its partner finite).
+* with --op: the op on each spectrum kind: its plan is the variant's, its output the same bits as the variant's
+  launch, three calls the same bits; du and dk through its backward (B2 H64) against float64 (dk: the filter's
+  gradient, torch.fft's at these N, rounded to k's bf16).
+* rows "time": interleaved rounds (do_bench medians after warm-up; then from CUDA graphs): torch.fft (rfft, product,
+  irfft in float32), the op on c64 and f16, each variant's launch, a copy of u into y (y.copy_(u): 2 |u| bytes);
+  x torch.fft, the ratio to the shipped launch of its kind, % of copy (the op's bytes, u + the complex64 spectrum + y,
+  at the anchors' 2,997 GB/s) and % of the measured copy's rate.
+Writes $OUT/fft_conv_gpu_order3_<n>.json after every row; prints a short table last. --smoke: the CPU path (torch.fft
+plans, tiny shape) to check the script itself.
 """
+import argparse
+import csv
+import io
 import json
-import math
 import os
+import shutil
+import subprocess
 import sys
-import time
+from collections import defaultdict
 
 import torch
 
-from tilecore import accuracy
-from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum
-from tilecore.ops.fft_conv import launch as conv_launch
-from tilecore.ops.fft_conv.plan import plan as conv_plan
-from tilecore.tiles.switches import patched
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments.common.gpu_script import Run, check, poisoned, same_bits, time_rounds  # noqa: E402
+from experiments.fft_conv.gpu_s38 import correlation, inputs  # noqa: E402
+from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
+from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
+from tilecore.ops.fft_conv.plan import order3_plan  # noqa: E402
+from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
 
-START = time.time()
-DEV = "cuda"
-OUT = os.environ.get("OUT", ".")
-BOUNDS = {"bfloat16": 1.3, "float16": 4.0}
-rows, table = [], []
+TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 
 
-def say(*args):
-    print(f"[{time.time() - START:5.1f} s]", *args, flush=True)
+def tuples(n):
+    """label -> (the order3_plan tuple, spectrum kind) of each variant."""
+    out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
+    if n == 8192:
+        out["c64_1"] = ((1,) + tuple(configs.GLUON_ORDER3[n][1:]), "c64")
+    return out
 
 
-def bench(fn) -> float:
-    import triton
+def variants(n):
+    """label -> (plan, spectrum kind)."""
+    return {label: (order3_plan(n, *t), kind) for label, (t, kind) in tuples(n).items()}
 
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
-
-def correlation(u64, k64):
+def dk_reference(u64, dy64, filter_len):
+    """dL/dk of y = causal conv(u, k) for the loss <dy, y>: sum over the batch of the correlation of dy with u."""
     n = u64.shape[-1]
-    spectrum = torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj()
-    return torch.fft.irfft(spectrum, n=2 * n)[..., :n]
+    cross = (torch.fft.rfft(dy64, n=2 * n) * torch.fft.rfft(u64, n=2 * n).conj()).sum(0)
+    return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
 
 
-def check(n, dtype, conj, config, B=16, H=32, nan=False) -> dict:
-    """One configuration (a configs.GLUON_ORDER3 tuple) against float64: (B, H, n) u, y started as NaN. ``nan``: B5 H3
-    (an odd batch) with a NaN in u[2, 1]: that sequence must come out all NaN, every other one finite."""
-    per_sm, contig, kg, g1 = config
-    if nan:
-        B, H = 5, 3
-    g = torch.Generator().manual_seed(n + 7 * conj + 3 * nan + 11 * (dtype == torch.float16))
-    u = torch.randn(B, H, n, generator=g).to(dtype)
-    if nan:
-        u[2, 1, n // 3] = float("nan")
-    k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(dtype)
-    y = torch.full((B, H, n), float("nan"), dtype=dtype, device=DEV)
-    conv_launch.launch_order3(u.to(DEV), filter_spectrum(k, n).to(DEV), y, conj, per_sm, contig, None, kg, g1)
-    y = y.cpu()
-    ref = correlation(u.double(), k.double()) if conj else fft_conv_reference(u.double(), k.double())
-    name = str(dtype).removeprefix("torch.")
-    row = dict(n=n, what="order3", dtype=name + (" NaN/odd" if nan else ""), conj=conj, per_sm=per_sm, contig=contig,
-               kg=kg, g1=g1)
-    if nan:
-        rest = torch.ones(B, H, dtype=torch.bool)
-        rest[2, 1] = False
-        written = bool(torch.isfinite(y[rest]).all())
-        err = accuracy.error_over_floor(y[rest], ref[rest]) if written else float("inf")
-        row.update(written=written, nan_all=bool(torch.isnan(y[2, 1]).all()), err_over_floor=err)
-        row["ok"] = written and row["nan_all"] and err <= BOUNDS[name]
-    else:
-        written = bool(torch.isfinite(y).all())
-        err = accuracy.error_over_floor(y, ref) if written else float("inf")
-        row.update(written=written, err_over_floor=err, ok=written and err <= BOUNDS[name])
-    say("check", json.dumps(row))
-    rows.append(row)
-    return row
+def op_checks(run, ud, kd, spectra, ref, n):
+    """The op on each spectrum kind: its plan is the shipped tuple's, its output the same bits as that launch, three
+    calls the same bits; du and dk through its backward against float64 (B2 H64)."""
+    table = variants(n)
+    for label in ("c64", "f16"):
+        p, kind = table[label]
+        y = fft_conv(ud, spectra[kind])
+        picked = conv_plan(n, ud.device, ud.dtype, kind == "f16")
+        again = same_bits([y, y], [fft_conv(ud, spectra[kind]), fft_conv(ud, spectra[kind])])
+        mine = torch.empty_like(ud)
+        conv_launch.launch(p, ud, spectra[kind], mine, False)
+        same = same_bits(y, mine)
+        r = check(y[:2, :64].cpu(), ref, TOL)
+        run.row(f"check op {label}", plan_is_variant=picked == p, same_bits_as_launch=same, calls_same_bits=again,
+                **{**r, "pass": r["pass"] and same and again and picked == p})
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(2, 64, n, generator=g).to(torch.bfloat16)
+    dy = torch.randn(2, 64, n, generator=g).to(torch.bfloat16)
+    for kind in ("c64", "f16"):
+        x = u.cuda().requires_grad_(True)
+        k = kd[:64].clone().requires_grad_(True)
+        sk = filter_spectrum(k, n) if kind == "c64" else filter_spectrum(k, n, torch.float16)
+        fft_conv(x, sk).backward(dy.cuda())
+        r = check(x.grad.cpu(), correlation(dy.double(), kd[:64].cpu().double()), TOL)
+        run.row(f"check op du {kind}", path=conv_plan(n, x.device, x.dtype, kind == "f16").path, **r)
+        r = check(k.grad.cpu(), dk_reference(u.double(), dy.double(), n), TOL)
+        run.row(f"check op dk {kind}", dtype=str(k.grad.dtype), **r)
 
 
-def inputs(n, B=16, H=768):
-    g = torch.Generator(device=DEV).manual_seed(n)
-    u = torch.randn(B, H, n, device=DEV, generator=g).to(torch.bfloat16)
-    k = (torch.randn(H, n, generator=torch.Generator().manual_seed(n)) / math.sqrt(n)).to(torch.bfloat16)
-    return u, filter_spectrum(k, n).to(DEV), k
+def odd_batch(run, label, p, kind, kd, n):
+    """An odd batch (B3: the second pair's half past the batch) with a NaN in sequence (1, 2): that sequence NaN, its
+    pair's partner (0, 2) finite, as the float64 reference."""
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(3, 4, n, generator=g).to(torch.bfloat16)
+    u[1, 2, 100] = float("nan")
+    k = kd[:4]
+    spectrum = filter_spectrum(k, n) if kind == "c64" else filter_spectrum(k, n, torch.float16)
+    ref = fft_conv_reference(u.double(), k.cpu().double())
+    y = poisoned(u.cuda())
+    conv_launch.launch(p, u.cuda(), spectrum, y, False)
+    r = check(y.cpu(), ref, TOL)
+    partner = bool(torch.isfinite(y[0, 2]).all())
+    run.row(f"check odd+nan {label}", partner_finite=partner, **{**r, "pass": r["pass"] and partner})
 
 
-def torch_fft(u, spectrum):
-    n = u.shape[-1]
-    return torch.fft.irfft(torch.fft.rfft(u.float(), n=2 * n) * spectrum, n=2 * n)[..., :n]
+def profile(n, labels, calls=3):
+    """The variants' launches, ``calls`` each, nothing else on the GPU between them (what ncu captures)."""
+    B, H = 16, 768
+    _, _, ud, _, spectra = inputs(n, 40, B, H)
+    table = variants(n)
+    y = torch.empty_like(ud)
+    for label in labels:
+        p, kind = table[label]
+        for _ in range(calls):
+            conv_launch.launch(p, ud, spectra[kind], y, False)
+    torch.cuda.synchronize()
 
 
-def timed(n, what, fn, base=None):
-    ms = bench(fn)
-    row = dict(n=n, what=what, ms=ms, speedup=(base / ms) if base else None)
-    rows.append(dict(row, kind="time"))
-    table.append(row)
-    say("time", json.dumps(row))
-    return ms
+def _rows(text):
+    """The rows of ncu's CSV output (lines before the header dropped)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"')), None)
+    return [] if start is None else list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
 
 
-SIZES = (8192, 4096)
-if "--sizes" in sys.argv:  # the order-3 sizes, e.g. --sizes 8192,16384
-    SIZES = tuple(int(n) for n in sys.argv[sys.argv.index("--sizes") + 1].split(","))
-# (dtype, conj, NaN/odd batch, configuration): the checks at B16 H32 (B5 H3 with a NaN); every timed candidate's
-# output is also checked on the timing inputs
-SHIPPED8, C4, C16 = (2, True, 2, 2), (3, True, 2, 2), (1, True, 1, 2)
-CHECKS = {
-    8192: ((torch.bfloat16, False, False, SHIPPED8), (torch.bfloat16, True, False, SHIPPED8),
-           (torch.float16, False, False, SHIPPED8), (torch.bfloat16, False, True, SHIPPED8)),
-    4096: ((torch.bfloat16, False, False, C4), (torch.bfloat16, False, True, C4)),
-    16384: ((torch.bfloat16, False, False, C16), (torch.bfloat16, False, True, C16)),
-}
+def _number(s):
+    try:
+        return float(str(s).replace(",", ""))
+    except ValueError:
+        return None
 
 
-def save(ok):
-    with open(os.path.join(OUT, "fft_conv_gpu_order3.json"), "w") as f:
-        json.dump(dict(rows=rows, device=torch.cuda.get_device_name(), all_checks_ok=bool(ok)), f, indent=1)
+def ncu_summary(run, n, label, deadline):
+    """ncu on one launch of ``label`` (the second: past the compile): its sections' headline metrics and the
+    warp-state samples by SASS opcode and by instruction (the 30 heaviest), as rows."""
+    exe = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu")
+                                        if os.path.exists(p)), None)
+    if exe is None:
+        run.row(f"ncu {label}", status="no ncu on this device")
+        return
+    out = os.environ.get("OUT", ".")
+    rep = os.path.join(out, f"order3_{n}_{label}")
+    cmd = [exe, "--kernel-name", "regex:order3", "--launch-skip", "1", "--launch-count", "1",
+           "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
+           "--section", "Occupancy", "--section", "SchedulerStats", "--section", "WarpStateStats",
+           "--section", "SourceCounters", "--section", "InstructionStats", "-f", "-o", rep,
+           sys.executable, os.path.abspath(__file__), "--n", str(n), "--profile", "--variants", label]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, deadline))
+    if r.returncode != 0 or not os.path.exists(rep + ".ncu-rep"):  # (a section this ncu lacks: the sampling alone)
+        run.row(f"ncu {label} sections", status=f"ncu failed ({r.returncode})", tail=(r.stdout + r.stderr)[-800:])
+        keep = {"SpeedOfLight", "WarpStateStats", "SourceCounters"}
+        cmd = [c for i, c in enumerate(cmd) if not (c == "--section" and cmd[i + 1] not in keep)
+               and not (i > 0 and cmd[i - 1] == "--section" and c not in keep)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, deadline))
+    if r.returncode != 0 or not os.path.exists(rep + ".ncu-rep"):
+        run.row(f"ncu {label}", status=f"ncu failed ({r.returncode})", tail=(r.stdout + r.stderr)[-1500:])
+        return
+    details = subprocess.run([exe, "-i", rep + ".ncu-rep", "--page", "details", "--csv"], capture_output=True,
+                             text=True, timeout=120).stdout
+    metrics = {}
+    for row in _rows(details):
+        name = f"{row.get('Section Name', '')}: {row.get('Metric Name', '')} ({row.get('Metric Unit', '')})"
+        metrics[name] = row.get("Metric Value")
+    run.row(f"ncu {label} details", metrics=metrics)
+    source = subprocess.run([exe, "-i", rep + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
+                            capture_output=True, text=True, timeout=120)
+    rows = _rows(source.stdout)
+    if not rows:
+        run.row(f"ncu {label} source", status="no source page", tail=(source.stdout + source.stderr)[-1500:])
+        return
+    columns = list(rows[0])
+    sampled = [c for c in columns if "Sampling" in c and "Not" not in c and "All" in c] or [
+        c for c in columns if "Sampling" in c]
+    text_col = next((c for c in columns if c.strip().lower() in ("source", "sass")), columns[min(1, len(columns) - 1)])
+    by_op, heavy, total = defaultdict(float), [], 0.0
+    for i, row in enumerate(rows):
+        s = sum(_number(row.get(c)) or 0.0 for c in sampled[:1])
+        sass = str(row.get(text_col, "")).strip()
+        words = [w for w in sass.replace(";", " ").split() if not w.startswith("@")]
+        op = words[0].split(".")[0] if words else "?"
+        by_op[op] += s
+        total += s
+        heavy.append((s, i, sass[:90]))
+    heavy.sort(reverse=True)
+    run.row(f"ncu {label} stalls by opcode", column=sampled[:1], columns=columns[:40], total=total,
+            share={op: round(v / total, 4) for op, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:25]}
+            if total else {})
+    run.row(f"ncu {label} heaviest instructions", rows=[dict(samples=s, index=i, sass=t) for s, i, t in heavy[:30]],
+            instructions=len(rows))
+    with open(os.path.join(out, f"fft_conv_order3_ncu_source_{n}_{label}.json"), "w") as f:
+        json.dump({"columns": columns, "rows": rows[:4000]}, f)
 
 
-def main():
-    ops = {}  # --op N:CONFIG, e.g. --op 8192:2,1,2,2: configs.GLUON_ORDER3[N] for the whole run
-    for spec in [a for i, a in enumerate(sys.argv) if i and sys.argv[i - 1] == "--op"]:
-        n, config = spec.split(":")
-        ops[int(n)] = tuple(int(c) for c in config.split(","))
-    with patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, **ops}):
-        return run(ops)
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--variants", default="c64,f16")
+    ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
+    ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
+    ap.add_argument("--op", action="store_true", help="the op's plan, bits, du and dk")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--deadline", type=float, default=100)
+    ap.add_argument("--profile", action="store_true", help="the variants' launches only (under ncu)")
+    ap.add_argument("--ncu", default="", help="variant labels to profile with ncu (a run of this script each)")
+    ap.add_argument("--smoke", action="store_true", help="CPU: the script's own path on torch.fft plans")
+    a = ap.parse_args()
+    n = a.n
+    labels = [x for x in a.variants.split(",") if x]
+    if a.profile:
+        profile(n, labels)
+        return 0
+    run = Run(f"fft_conv_gpu_order3_{n}", deadline=a.deadline)
+    if a.smoke:  # (no GPU: the rows' plumbing only, on the op's CPU path)
+        g = torch.Generator().manual_seed(41)
+        u = torch.randn(2, 4, 256, generator=g).to(torch.bfloat16)
+        k = torch.randn(4, 256, generator=g).to(torch.bfloat16) / 16
+        run.row("check smoke op", **check(fft_conv(u, k), fft_conv_reference(u.double(), k.double()), TOL))
+        dy = torch.randn(2, 4, 256, generator=g).to(torch.bfloat16)
+        x = u.clone().requires_grad_(True)
+        kk = k.clone().requires_grad_(True)
+        fft_conv(x, kk).backward(dy)
+        run.row("check smoke dk", **check(kk.grad, dk_reference(u.double(), dy.double(), 256), TOL))
+        for label, (p, kind) in variants(n).items():
+            run.row(f"plan {label}", plan=str(p)[:120], kind=kind)
+        run.row("ncu parse smoke", rows=len(_rows('==PROF== x\n"Source","Warp Stall Sampling (All Samples)"\n'
+                                                  '"HGMMA.64x64x16",3\n')))
+        t = time_rounds({"op": lambda: fft_conv(u, k)}, rounds=1, deadline=run)
+        run.row("time smoke op", ms=t["op_ms"])
+        run.finish(["name", "pass", "err_over_floor", "ms"])
+        return 0
+    for label in (x for x in a.ncu.split(",") if x):
+        run.attempt(f"ncu {label}", ncu_summary, run, n, label, run.left())
+    if a.ncu:
+        run.finish(["name", "status", "total"])
+        return 0
+    B, H = 16, 768
+    ref, ref_c, ud, kd, spectra = inputs(n, 40, B, H)
+    table = variants(n)
+    chosen = [(label, *table[label]) for label in labels]
+    conj_of = {x for x in a.conj.split(",") if x}
+    run.extra.update(n=n, variants={label: str(p) for label, p, _ in chosen})
+    for label, p, kind in chosen:
+        for conj in (False, True) if label in conj_of else (False,):
+            def one(label=label, p=p, kind=kind, conj=conj):
+                y = poisoned(ud)
+                conv_launch.launch(p, ud, spectra[kind], y, conj)
+                written = bool(torch.isfinite(y).all())
+                r = check(y[:2, :64].cpu(), ref_c if conj else ref, TOL)
+                run.row(f"check {label}{' conj' if conj else ''}", all_written=written,
+                        **{**r, "pass": r["pass"] and written})
+            run.attempt(f"check {label}{' conj' if conj else ''}", one)
+    for label in (x for x in a.odd.split(",") if x):
+        run.attempt(f"odd {label}", odd_batch, run, label, table[label][0], table[label][1], kd, n)
+    if a.op:
+        run.attempt("op", op_checks, run, ud, kd, spectra, ref, n)
+    y_copy = torch.empty_like(ud)
+    fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
+           "op c64": lambda: fft_conv(ud, spectra["c64"]), "op f16": lambda: fft_conv(ud, spectra["f16"]),
+           "copy u": lambda: y_copy.copy_(ud)}
+    ys = {label: torch.empty_like(ud) for label, _, _ in chosen}
+    for label, p, kind in chosen:
+        fns[label] = (lambda p=p, kind=kind, y=ys[label]: conv_launch.launch(p, ud, spectra[kind], y, False))
+    copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
+    kinds = {label: kind for label, _, kind in chosen}
 
+    def rows(t, graph):
+        key = "_graph_ms" if graph else "_ms"
+        base = t["torch.fft" + key]
+        copy_gbs = 2 * ud.numel() * ud.element_size() / t["copy u" + key] / 1e6
+        measured_ms = model.op_bytes(B, H, n) / copy_gbs / 1e6
+        for name in fns:
+            ms = t[name + key]
+            peer = "f16" if kinds.get(name) == "f16" or name == "op f16" else "c64"
+            run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
+                    vs_shipped=round(t[peer + key] / ms, 4) if peer + key in t else None,
+                    pct_copy=round(100 * copy_ms / ms, 1), pct_measured_copy=round(100 * measured_ms / ms, 1),
+                    copy_gbs=round(copy_gbs), rounds=t[f"{name}_rounds"])
 
-def run(ops: dict):
-    ok = True
-    for n, config in ops.items():
-        ok &= op_check(n, config)
-    for n in SIZES:
-        ok &= order3(n)
-        save(ok)  # (as it goes: a run cut short by its time limit still leaves its rows)
-    bases = {r["n"]: r["ms"] for r in table if r["what"] == "torch.fft"}
-    for row in table:
-        if row["speedup"] is None and row["n"] in bases:
-            row["speedup"] = bases[row["n"]] / row["ms"]
-    save(ok)
-    print(f"\nchecks: {'all ok' if ok else 'FAILURES'} (order3: "
-          + ", ".join(f"N{r['n']} kg {r['kg']} {r['dtype']}{' conj' if r['conj'] else ''} "
-                      f"{r['err_over_floor']:.3f}" for r in rows
-                      if r.get("what") == "order3") + ")")
-    print(f"time at B16 H768 bf16 (do_bench medians), {torch.cuda.get_device_name()}")
-    print(f"{'N':>6} {'what':>32} {'ms':>8} {'x torch.fft':>11}")
-    for row in table:
-        print(f"{row['n']:>6} {row['what']:>32} {row['ms']:8.4f} {row['speedup'] or 0:11.2f}")
-    from tilecore.ops.fft_conv import model
-    for n in SIZES:
-        a = 2 * n // 64
-        if n in configs.LONG_CONFIGS:
-            long = configs.LONG_CONFIGS[n]
-            other = f"long bound {model.bound_ms('long', 16, 768, n, long[0], long[1]):.4f} ms"
-        else:  # (the shipped order-2 one-pass kernel)
-            other = f"order-2 one-pass bound {model.bound_ms('mono', 16, 768, n, a, 64):.4f} ms"
-        print(f"napkin (model.py) at {n}, B16 H768: op bytes {model.op_bytes(16, 768, n) / 1e6:.0f} MB = "
-              f"{model.bound_ms('pair', 16, 768, n):.4f} ms at copy speed; order3 bound "
-              f"{model.bound_ms('order3', 16, 768, n, a, 64):.4f} ms ({model.order3_flops(a, 64) * 6144 / 1e9:.0f} "
-              f"GFLOP); {other}")
-    print(f"wall {time.time() - START:.0f} s")
-    return 0 if ok else 1
-
-
-def order3(n) -> bool:
-    """The order-3 kernel at ``n``: its checks first (a fault shows here, before any timing), then every candidate of
-    configs.GLUON_ORDER3_CANDIDATES[n] timed against the shipped path and torch.fft, each one's output on the timing
-    inputs checked against float64 (a B2 H64 slice)."""
-    ok = True
-    for dtype, conj, nan, config in CHECKS[n]:
-        ok &= check(n, dtype, conj, config, nan=nan)["ok"]
-    u, spectrum, k = inputs(n)
-    y = torch.empty_like(u)
-    shipped = f"shipped op ({conv_plan(n, u.device).path})"
-    timed(n, shipped, lambda: fft_conv(u, spectrum))
-    for config in configs.GLUON_ORDER3_CANDIDATES[n]:  # (programs a SM, CONTIG, KG, G1)
-        per_sm, contig, kg, g1 = config
-        y.fill_(float("nan"))
-        what = f"order3 {per_sm}/SM {'contig' if contig else 'strided'} kg {kg} g1 {g1}"
-        timed(n, what, lambda: conv_launch.launch_order3(u, spectrum, y, False, per_sm, contig, None, kg, g1))
-        err = accuracy.error_over_floor(y[:2, :64].cpu(), fft_conv_reference(u[:2, :64].double().cpu(),
-                                                                           k[:64].double()))
-        whole = bool(torch.isfinite(y).all())
-        say(what, "on the timing inputs: finite", whole, "error / floor (B2 H64)", err)
-        rows.append(dict(n=n, what=what + " timing inputs vs float64", err_over_floor=err, written=whole))
-        ok &= whole and err <= BOUNDS["bfloat16"]
-    timed(n, shipped + " again", lambda: fft_conv(u, spectrum))  # (the spread of one thing, after the others)
-    base = timed(n, "torch.fft", lambda: torch_fft(u, spectrum))
-    for row in table:
-        if row["n"] == n:
-            row["speedup"] = base / row["ms"]
-    return ok
-
-
-def op_check(n, config, B=16, H=16) -> bool:
-    """The op with configs.GLUON_ORDER3[n] = ``config`` (main's patched configs): fft_conv(u, k) three times (the plan
-    and compile, the key's first keyed launch, the cached launch; the same bits each call) and du of its backward (the
-    correlation through the same kernel) against float64."""
-    g = torch.Generator().manual_seed(n + 11)
-    u = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
-    k = (torch.randn(H, n, generator=g) / math.sqrt(n)).to(torch.bfloat16)
-    dy = torch.randn(B, H, n, generator=g).to(torch.bfloat16)
-    ud, kd, dyd = u.to(DEV), k.to(DEV), dy.to(DEV)
-    path = conv_plan(n, ud.device, ud.dtype).path
-    outs = [fft_conv(ud, kd).cpu() for _ in range(3)]
-    same = all(torch.equal(outs[0], o) for o in outs[1:])
-    err = accuracy.error_over_floor(outs[0], fft_conv_reference(u.double(), k.double()))
-    ug = ud.clone().requires_grad_()
-    fft_conv(ug, kd).backward(dyd)
-    err_du = accuracy.error_over_floor(ug.grad.cpu(), correlation(dy.double(), k.double()))
-    ok = path == "order3" and same and bool(torch.isfinite(outs[0]).all()) and err <= BOUNDS["bfloat16"] and (
-        err_du <= BOUNDS["bfloat16"])
-    row = dict(n=n, what=f"op with GLUON_ORDER3 {tuple(config)}", path=path, same_bits=same, err_over_floor=err,
-               err_du=err_du, ok=ok)
-    rows.append(row)
-    say("op", json.dumps(row))
-    return ok  # (its time: order3's "shipped op" row, the op through the same configuration)
+    run.attempt("time eager", lambda: rows(time_rounds(fns, rounds=a.rounds, deadline=run), False))
+    if run.left() > 8:
+        run.attempt("time graph", lambda: rows(time_rounds(fns, rounds=2, graph=True, eager=False, deadline=run), True))
+    run.finish(["name", "pass", "err_over_floor", "ms", "x_torch_fft", "vs_shipped", "pct_copy", "pct_measured_copy"])
+    return 0
 
 
 if __name__ == "__main__":
