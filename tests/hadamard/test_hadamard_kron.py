@@ -95,12 +95,14 @@ def test_fp32_within_1e6(m, p):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_two_pass_path(monkeypatch, dtype):
+def test_two_pass_path(dtype):
     """Rows too long for one program: H_m X into a float32 workspace in column chunks, then the
     power-of-two kernel (forced here on a small row)."""
-    monkeypatch.setattr(configs, "KRON_CHUNK_COLUMNS", 16)
+    from tilecore.tiles.switches import patched
+
     x = torch.randn(3, 12 * 64, dtype=dtype)
-    plan = kron.kron_plan(x, 12, 64, force="two-pass")
+    with patched(configs, KRON_CHUNK_COLUMNS=16):  # (kron.kernel_plan's memo keys on the patch)
+        plan = kron.kron_plan(x, 12, 64, force="two-pass")
     assert plan.path == "two-pass" and plan.config["CHUNKS"] == 4
     out = torch.full_like(x, float("nan"))
     kron.launch(plan, x, out, 0.25)

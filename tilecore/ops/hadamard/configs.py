@@ -5,12 +5,11 @@ the history of every table: notes/hadamard/README.md ("configs.py's tables: thei
 A row of n elements is split into S slices of N1 x N2 (kernels.py: two tensor-core products per slice,
 a float32 butterfly over the slices). Tensor-core FLOP per element: 2 N1 + 4 N2 (2 N2 when N1 = 1).
 Keys of the quantize tables: (format, n), else the format; plan tunings of the same name override them.
+
+A plain module (napkin.validate reads a copy of it): a variant's tables are set through tilecore.tiles.switches.patched,
+whose generation the plan memos (quantize.kernel_plan, kron.kernel_plan) key on.
 """
 from __future__ import annotations
-
-import functools
-import sys
-import types
 
 # n -> (S, N1, N2) of the tensor-core split (n < 16: the register butterfly): the fastest timed on the H100
 SPLITS = {
@@ -256,95 +255,3 @@ QUANT_SHARED_FITS = (
     # ROCm's MI200 / MI300 (64 KiB): n = 16..128 asked 66-72 KiB (gfx90a) -> 32-36 at 8192; 256: 129-132 -> 32-33
     (64 * 1024, {16: 8192, 32: 8192, 64: 8192, 128: 8192, 256: 8192}),
 )
-
-
-# The tables' generation: the plan memos (quantize.kernel_plan, kron.kernel_plan) key on it, so a plan made under a table's
-# old contents is never served after a change. It moves when a table is replaced (tiles.switches.patched, setattr) or a
-# top-level table is changed in place (item set or deleted, clear, update, pop, setdefault, |=); an inner dict changed in
-# place (TMA_TUNING[n][1]) is not seen: replace its table.
-_GENERATION = globals().get("_GENERATION", [0])  # (a reload keeps counting: memo keys from before stay distinct)
-
-
-def generation() -> int:
-    return _GENERATION[0]
-
-
-def _moved():
-    _GENERATION[0] += 1
-
-
-def memo(maxsize: int):
-    """``functools.lru_cache(maxsize)`` for a plan function of its arguments and these tables: keyed on the arguments
-    and the generation (``cache_clear`` / ``cache_info`` as lru_cache's)."""
-    def wrap(fn):
-        cached = functools.lru_cache(maxsize)(lambda _generation, *args, **kwargs: fn(*args, **kwargs))
-
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            return cached(_GENERATION[0], *args, **kwargs)
-
-        call.cache_clear, call.cache_info = cached.cache_clear, cached.cache_info
-        return call
-    return wrap
-
-
-class _Table(dict):
-    """A top-level table of this module: a change in place moves the generation."""
-
-    __slots__ = ()
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        _moved()
-
-    def __delitem__(self, key):
-        super().__delitem__(key)
-        _moved()
-
-    def __ior__(self, other):
-        self.update(other)
-        return self
-
-    def clear(self):
-        super().clear()
-        _moved()
-
-    def update(self, *args, **kwargs):
-        super().update(*args, **kwargs)
-        _moved()
-
-    def pop(self, *args):
-        value = super().pop(*args)
-        _moved()
-        return value
-
-    def popitem(self):
-        item = super().popitem()
-        _moved()
-        return item
-
-    def setdefault(self, key, default=None):
-        value = super().setdefault(key, default)
-        _moved()
-        return value
-
-
-class _Tables(types.ModuleType):
-    """This module's type: setting or deleting an attribute moves the generation."""
-
-    def __setattr__(self, name, value):
-        super().__setattr__(name, value)
-        _moved()
-
-    def __delattr__(self, name):
-        super().__delattr__(name)
-        _moved()
-
-
-for _name, _value in list(globals().items()):
-    if type(_value) is dict and _name.lstrip("_").isupper():
-        globals()[_name] = _Table(_value)
-_self = sys.modules.get(__name__)
-if _self is not None and vars(_self) is globals():  # (not when loaded apart: napkin.validate reads a copy)
-    _self.__class__ = _Tables
-del _name, _value, _self

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from tilecore import dispatch
 from tilecore.ops.hadamard import configs, orders
+from tilecore.tiles import switches
 from tilecore.tiles.launch import CachedLaunch, cdiv, next_power_of_2
 
 
@@ -98,7 +99,7 @@ def _gluon_fits(x: torch.Tensor, m: int, p: int, interpret: bool, tuning: dict) 
     return gluon_quantize_wide.fits(m * p, m, p) or gluon_quantize_kron.fits(m, p, split)
 
 
-@configs.memo(256)  # a function of its arguments and configs' tables: planned once per signature and tables
+@switches.memo(256)  # a function of its arguments and configs' tables (set by switches.patched)
 def kernel_plan(rows: int, m: int, p: int, dtype: torch.dtype, sms: int, interpret: bool = False, **tuning) -> KronPlan:
     """kron_plan's kernel paths for ``rows`` rows on a GPU of ``sms`` SMs (a function of its arguments
     alone: experiments/hadamard/compile_kernels.py compiles its configurations without a GPU)."""

@@ -48,6 +48,7 @@ from tilecore.ops.hadamard.gluon_launch import launch as _launch_gluon_wide
 from tilecore.ops.hadamard.quantize_reference import (FORMATS, FP8_DTYPES, dequantize, nvfp4_global_scale,
                                                       quantize_rotated, rotated_rows, shape_outputs)
 from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles import switches
 from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, cdiv, next_power_of_2
 from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY builds its misses by this module's name)
 
@@ -132,7 +133,7 @@ def _fitted_pow2(plan: QuantizePlan, device, rows, n, dtype, fmt, group, block, 
                        **{**tuning, "tile_elems": cap})
 
 
-@configs.memo(256)  # a function of its arguments and configs' tables: planned once per signature and tables
+@switches.memo(256)  # a function of its arguments and configs' tables (set by switches.patched)
 def kernel_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None, block: int | None,
                 rotate: bool, static: bool, signs: bool, sms: int, interpret: bool = False, **tuning) -> QuantizePlan:
     """plan_quantize's kernel paths on a GPU of ``sms`` SMs (a function of its arguments alone:
