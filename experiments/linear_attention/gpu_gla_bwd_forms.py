@@ -46,19 +46,25 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # whole backward)
 # gluon_gla_bwd FORM: 2 + STORE_TMA 512 + DG_TMA 1024 (1538); DG_LATE 2048 for DG_TMA, J_SMEM 8192, PIECES_RZ 32768,
 # DG_TWO 65536 (dG's sums by two pieces), DG_ROUND 131072 (with DG_TWO at d 32: both dG sums in one round), AT_OWN
-# 262144 (a^T in its own 8 KB a consumer: dq's and dk's intra products issued together; d 32 229,984 B). configs':
+# 262144 (a^T in its own 8 KB a consumer: dq's and dk's intra products issued together; d 32 229,984 B), STORE_LATE
+# 524288 (dq's and dk's TMA stores after dG's pieces' barrier), SPLIT_P 1048576 (the third piece's buffer apart: no
+# barrier Triton inserts between p1's and p2's stores; d 32 221,792 B). configs':
 # d 32 9730 (+ J_SMEM), d 64 34306 (+ PIECES_RZ), d 128 1538
 D32 = 9730
 BATCHES = {
-    # d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32: 12 -> 0 B spilled, 108 -> 92 wgmmas), DG_ROUND (4 B) and
-    # AT_OWN (92 B; 80 with the other two) on configs'
+    # d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32: 12 -> 0 B spilled, 108 -> 92 wgmmas), DG_ROUND (4 B), AT_OWN
+    # (92 B; 80 with the other two), STORE_LATE (8 B), SPLIT_P (12 B) on configs'; bar.syncs a consumer's chain: 21
+    # configs', 19 + DG_TWO, 18 + DG_ROUND, 16 + STORE_LATE, 15 + SPLIT_P; SASS instructions 1792 -> 1667
     "e": {
         "d32 configs dqk": (32, {}, "dqk0w"),
         "d32 two": (32, dict(dqk_gluon_form=D32 | 65536), "dqk0w"),
         "d32 two round": (32, dict(dqk_gluon_form=D32 | 65536 | 131072), "dqk0w"),
-        "d32 two rz": (32, dict(dqk_gluon_form=D32 | 65536 | 32768), "dqk0w"),
         "d32 at own": (32, dict(dqk_gluon_form=D32 | 262144), "dqk0w"),
         "d32 two round at own": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 262144), "dqk0w"),
+        "d32 late": (32, dict(dqk_gluon_form=D32 | 524288), "dqk0w"),
+        "d32 split": (32, dict(dqk_gluon_form=D32 | 1048576), "dqk0w"),
+        "d32 two round late": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 524288), "dqk0w"),
+        "d32 two round late split": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 524288 | 1048576), "dqk0w"),
         "d32 configs bwd": (32, {}, "bwd"),
         "d32 two round bwd": (32, dict(dqk_gluon_form=D32 | 65536 | 131072), "bwd"),
         "d64 configs dqk": (64, {}, "dqk0w"),

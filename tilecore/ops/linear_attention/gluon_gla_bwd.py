@@ -33,7 +33,8 @@ FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a bloc
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
 bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
 pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take and in how many rounds (DG_TWO, DG_ROUND) and
-where a^T's tile lives (AT_OWN) (below).
+where a^T's tile and the third piece live (AT_OWN, SPLIT_P), when dq's and dk's TMA stores are issued (STORE_LATE)
+(below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -65,6 +66,10 @@ DG_ROUND = gl.constexpr(131072)  # with DG_TWO, a pair of chunks a tile (Dv = BK
 # pieces in p2 and the consumer's own v buffer, read by then), one barrier pair and one wgmma wait fewer
 AT_OWN = gl.constexpr(262144)  # a^T's bf16 tile in a buffer of its own (8 KB a consumer), stored as soon as a is made:
 # dq's and dk's intra products issued together (not dk's after dq's has read k Ei from the pieces' buffers)
+STORE_LATE = gl.constexpr(524288)  # with STORE_TMA: dq's and dk's tiles written to their stage buffers as made, their
+# TMA stores issued after dG's pieces' fence and barrier (not a fence and barrier each)
+SPLIT_P = gl.constexpr(1048576)  # the third piece's buffer an allocation of its own (8 KB more): stores to p1 and p2 in
+# turn are then not taken for a hazard on one buffer (Triton's barrier analysis sees allocations, not their parts)
 
 
 @stage_struct
@@ -150,6 +155,7 @@ class GlaDqk:
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
     tri_smem: object  # FORM 2: L [BT, BT] in the operand dtype (an A operand from shared memory); J_SMEM: [L, J]
     at_smem: object  # AT_OWN: [2, BT, BT] each consumer's a (strictly lower, bf16), read transposed
+    p2_smem: object  # SPLIT_P: [2, BT, BKB] each consumer's third piece
     N: object
     H: object
     DKD: object  # Dk
@@ -321,7 +327,10 @@ class GlaDqk:
         NB: gl.constexpr = BT // BKB  # qe_smem's [BT, BKB] buffers a consumer (its [BT, BT] bf16 view of a^T)
         p0 = ctx.out
         p1 = self.qe_smem.index(NB * cid)
-        p2 = self.qe_smem.index(NB * cid + 1)
+        if self.FORM & SPLIT_P:
+            p2 = self.p2_smem.index(cid)
+        else:
+            p2 = self.qe_smem.index(NB * cid + 1)
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z32 = gl.zeros([BT, BKB], gl.float32, L32)
         r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
@@ -413,9 +422,10 @@ class GlaDqk:
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
             kf = k_s.load(L32).to(gl.float32)  # (each thread writes the elements it read)
             k_s.store((dq + r * kf).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
+            if not self.FORM & STORE_LATE:
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
         else:
             gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
         dG = q_s.load(L32).to(gl.float32) * dq
@@ -438,9 +448,10 @@ class GlaDqk:
         if self.FORM & STORE_TMA:  # through q's stage buffer (each thread writes the elements it read: no barrier
             # before), stored under dg's sums
             q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
+            if not self.FORM & STORE_LATE:
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
         else:
             gl.store(self.DK_OUT + base + offs,
                      (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
@@ -449,7 +460,8 @@ class GlaDqk:
         if not self.FORM & STORE_TMA:
             kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
-        if self.FORM & STORE_TMA:
+        gl.static_assert((self.FORM & STORE_TMA) != 0 or (self.FORM & STORE_LATE) == 0, "STORE_LATE: with STORE_TMA")
+        if self.FORM & STORE_TMA and not self.FORM & STORE_LATE:
             tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
         TWO: gl.constexpr = (self.FORM & DG_TWO) != 0
@@ -461,11 +473,17 @@ class GlaDqk:
             gl.thread_barrier()
             l_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
             j_tok = self.sum_dots(self.triangle(False), p2, v_s, v_s, z32, False, True)
+            if self.FORM & STORE_LATE:  # (the barrier above: every thread's dq and dk written)
+                tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
+                tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
             lsum, jsum = warpgroup_mma_wait(0, deps=[l_tok, j_tok])
         else:
             fence_async_shared()
             gl.thread_barrier()
             s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, TWO)
+            if self.FORM & STORE_LATE:  # (the barrier above: every thread's dq and dk written)
+                tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
+                tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
             lsum = warpgroup_mma_wait(0, deps=[s_tok])
             gl.thread_barrier()
             self.pieces(dG + kf * dk_state, p0, p1, p2, TWO)
@@ -627,8 +645,12 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
             swizzle_byte_width=128, element_bitwidth=16, rank=2))
     else:
         at_smem = qe_smem  # (unused)
+    if FORM & SPLIT_P:
+        p2_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BKB], q_desc.layout)
+    else:
+        p2_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
-                at_smem, N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
+                at_smem, p2_smem, N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
     if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
                               ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
