@@ -7,7 +7,7 @@ import pytest
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from host_testing import cpu_signature
+from host_testing import plain_signature as _signature
 from tilecore.ops.linear_attention import linear_attention
 from tilecore.ops.linear_attention import op as la_op
 from tilecore.tiles import eager
@@ -16,10 +16,6 @@ from tilecore.tiles.launch import CachedLaunch
 from tilecore.tiles.switches import patched
 
 B, N, H, DK, F, DV = 1, 40, 2, 16, 8, 16
-
-
-def _signature(*items):
-    return cpu_signature(*items, scalars=(bool, int, float, str))
 
 
 @pytest.fixture

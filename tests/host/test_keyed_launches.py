@@ -13,7 +13,7 @@ from tilecore.ops.attention_decode import launch as decode_launch
 from tilecore.ops.attention import op as attention_op
 from tilecore.tiles import launch
 from tilecore.tiles.launch import CachedLaunch, KeyedLaunch, TmaOperand
-from host_testing import cpu_signature
+from host_testing import Kept, clear_fft_conv, cpu_signature, fft_conv_on_gluon, fp8_on_gluon, varlen_on_gluon
 
 
 def _tiny(x_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
@@ -339,16 +339,7 @@ def test_fp8_recipe_launches_what_the_general_path_launches(monkeypatch, permute
     from tilecore.ops.attention_fp8 import launch as fp8_launch
     from tilecore.ops.attention_fp8.reference import keys_permuted
 
-    calls = []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((key, grid, args, kwargs))
-
-    monkeypatch.setattr(fp8_launch, "GLUON_FWD", Recorder())
-    monkeypatch.setattr(fp8_launch, "_tiling", lambda q, k, rows, block_n, causal: ((7,), 2, None))
+    calls = fp8_on_gluon(monkeypatch).calls
     for cache in (fp8_launch._GLUON_LAYOUTS, fp8_launch._TILINGS, fp8_launch._FP8_LAUNCHES):
         cache.clear()
     torch.manual_seed(13)
@@ -393,16 +384,7 @@ def test_fp8_recipe_launches_what_the_general_path_launches(monkeypatch, permute
 def test_varlen_recipe_launches_what_the_general_path_launches(monkeypatch, ranked):
     from tilecore.ops.attention_varlen import op as varlen_op
 
-    calls = []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((key, grid, args, kwargs))
-
-    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
-    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
+    calls = varlen_on_gluon(monkeypatch).calls
     monkeypatch.setattr(varlen_op, "VARLEN_RANKED_TABLE", ranked)
     for cache in (varlen_op._GLUON_FORWARD_LAYOUTS, varlen_op._GLUON_FORWARDS):
         cache.clear()
@@ -438,26 +420,9 @@ def test_varlen_recipe_launches_what_the_general_path_launches(monkeypatch, rank
 
 
 def test_fft_conv_recipe_launches_what_the_general_path_launches(monkeypatch):
-    from tilecore import dispatch
-    from tilecore.ops.fft_conv import launch as conv_launch
     from tilecore.ops.fft_conv import op as fft_op
-    from tilecore.ops.fft_conv import plan as conv_plan
 
-    calls = []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((key, grid, args, kwargs))
-
-    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: gluon)
-    monkeypatch.setattr(fft_op, "signature", _cpu_signature)
-    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
-        cache.clear()
+    calls = fft_conv_on_gluon(monkeypatch, _cpu_signature).calls
     torch.manual_seed(5)
     B, H, n = 4, 2, 1024
     inputs = [(torch.randn(B, H, n).to(torch.bfloat16), torch.randn(H, 300)) for _ in range(3)]
@@ -486,28 +451,10 @@ def test_fft_conv_recipe_launches_what_the_general_path_launches(monkeypatch):
                 assert (a.base is u) == (b.base is u)
             else:
                 assert a == b
-    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
-        cache.clear()
+    clear_fft_conv()
 
 
 # ---- two internal buffers in one allocation: by address once both launches go the kept way
-
-
-class _Kept:
-    """A KeyedLaunch stand-in whose launches go the kept way: records each launch's arguments."""
-
-    def __init__(self):
-        self.calls = []
-
-    @property
-    def _hit(self):  # (KeyedLaunch.all_kept reads a kept launch's device there)
-        return (launch._current_cuda_device(),)
-
-    def kept(self):
-        return True
-
-    def __call__(self, args):
-        self.calls.append(args)
 
 
 def test_kvcache_recipe_hands_kept_launches_the_lse_part_by_address(monkeypatch):
@@ -519,7 +466,7 @@ def test_kvcache_recipe_hands_kept_launches_the_lse_part_by_address(monkeypatch)
     q = torch.randn(1, 1, 4, 32, dtype=torch.float16)
     kvcache.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths)  # the key's first call: its recipe made
     recipe = next(iter(kvcache._LAUNCHES._data.values()))[0]
-    recipe.split, recipe.merge = _Kept(), _Kept()
+    recipe.split, recipe.merge = Kept(), Kept()
     kvcache.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths)
     (split,), (merge,) = recipe.split.calls, recipe.merge.calls
     parts, lse_part = split[7], split[8]
@@ -544,7 +491,7 @@ def test_mamba2_step_recipe_hands_kept_launches_g_by_address(monkeypatch):
     Bm, Cm = (torch.randn(3, 1, 16, dtype=torch.float16) for _ in range(2))
     la_op.mamba2_step(state, x, dt, A, Bm, Cm)
     recipe = next(iter(la_op._MAMBA_STEPS._data.values()))[0]
-    recipe.dt_launch, recipe.step = _Kept(), _Kept()
+    recipe.dt_launch, recipe.step = Kept(), Kept()
     la_op.mamba2_step(state, x, dt, A, Bm, Cm)
     (dt_args,), (step_args,) = recipe.dt_launch.calls, recipe.step.calls
     dt_eff, g = dt_args[3], dt_args[4]
@@ -560,7 +507,7 @@ def test_decode_recipe_hands_kept_launches_the_lse_part_by_address(keyed_attenti
     k = torch.randn(1, 2, 300, 32, dtype=torch.float16)
     attention_op.attention(q, k, k)  # the key's first call: its recipe made
     recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
-    recipe.split, recipe.merge = _Kept(), _Kept()
+    recipe.split, recipe.merge = Kept(), Kept()
     attention_op.attention(q, k, k)
     (split,), (merge,) = recipe.split.calls, recipe.merge.calls
     parts, lse_part = split[5], split[6]
@@ -574,19 +521,142 @@ def test_decode_recipe_hands_kept_launches_the_lse_part_by_address(keyed_attenti
     assert parts.numel() == lse_at + rows and split[4] == merge[1] == parts.data_ptr() + 4 * lse_at
 
 
+class _RawBlocks:
+    """The caching allocator's raw blocks, faked: each block is a kept CPU tensor's memory (alloc gives its address),
+    every alloc and delete recorded in ``log``."""
+
+    def __init__(self):
+        self.log, self.kept = [], {}
+
+    def alloc(self, nbytes, stream):
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        self.kept[t.data_ptr()] = t
+        self.log.append(("alloc", nbytes, stream, t.data_ptr()))
+        return t.data_ptr()
+
+    def delete(self, address):
+        self.log.append(("delete", address))
+        self.kept.pop(address)
+
+
+@pytest.fixture
+def raw_blocks(monkeypatch):
+    """_RawBlocks as tiles.launch's raw allocator, the current device 0 and its raw stream 1000."""
+    blocks = _RawBlocks()
+    monkeypatch.setattr(launch, "_RAW_ALLOC", blocks.alloc)
+    monkeypatch.setattr(launch, "_RAW_DELETE", blocks.delete)
+    monkeypatch.setattr(launch, "_RAW_STREAM", lambda device: 1000 + device)
+    monkeypatch.setattr(launch, "_current_cuda_device", lambda: 0)
+    return blocks
+
+
+def _kept_varlen_recipe(monkeypatch, key):
+    """attention_varlen's recipe of a 2-sequence call (the Gluon launch recorded for its first call), its launches
+    then kept stand-ins; (recipe, q, cu_seqlens)."""
+    from tilecore.ops.attention_varlen import op as varlen_op
+
+    varlen_on_gluon(monkeypatch)
+    q = torch.randn(60, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 60], dtype=torch.int32)
+    varlen_op.forward_gluon(q, q, q, cu, cu, True, 0.125, 0.0, key=key)
+    recipe = varlen_op._GLUON_FORWARDS.get(key)
+    recipe.table, recipe.forward = Kept(), Kept()
+    return recipe, q, cu
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_decode_recipes_take_a_raw_block_for_their_parts_and_release_it(monkeypatch, keyed_attention, raw_blocks,
+                                                                         fail):
+    """RAW_SCRATCH: where both launches go the kept way the split parts (and the merged lse of an O-only call) are one
+    raw block of the caching allocator on the current stream, its size the tensor's bytes, handed to the launches by
+    address and given back once both are queued (also where a launch raises); attention's split-key decode and the
+    KV-cache decode. Off (or a launch not kept): a tensor, as before."""
+    blocks = raw_blocks
+
+    class Failing(Kept):
+        def __call__(self, args):
+            super().__call__(args)
+            raise RuntimeError("launch failed")
+    q = torch.randn(1, 4, 2, 32, dtype=torch.float16)
+    k = torch.randn(1, 2, 300, 32, dtype=torch.float16)
+    attention_op.attention(q, k, k)  # the key's first call: its recipe made
+    recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
+    recipe.split, recipe.merge = Kept(), (Failing() if fail else Kept())
+    lse_size, offset = recipe.part_shapes
+    rows = recipe.head[0]
+    lse_at = -(-(offset + lse_size) // 4) * 4
+    # (the switch set for the test: a patched block would move the plans' generation, and with it the key)
+    monkeypatch.setattr(launch, "RAW_SCRATCH", True)
+    if fail:
+        with pytest.raises(RuntimeError, match="launch failed"):
+            attention_op.attention(q, k, k)
+    else:
+        attention_op.attention(q, k, k)
+    (split,), (merge,) = recipe.split.calls, recipe.merge.calls
+    (_, nbytes, stream, address), released = blocks.log
+    assert nbytes == 4 * (lse_at + rows) and stream == 1000 and released == ("delete", address) and not blocks.kept
+    assert split[5] == merge[2] == address and split[6] == merge[3] == address + 4 * offset
+    assert split[4] == merge[1] == address + 4 * lse_at  # (O alone returned: the merged lse in the block)
+    if fail:
+        return
+    monkeypatch.setattr(launch, "RAW_SCRATCH", False)  # off: the tensor
+    attention_op.attention(q, k, k)
+    assert len(blocks.log) == 2 and isinstance(recipe.split.calls[-1][5], torch.Tensor)
+    # the KV-cache decode's recipe: the same block, given back
+    monkeypatch.setattr(kvcache, "signature", _cpu_signature)
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+    kc, vc = (torch.randn(3, 256, 1, 32, dtype=torch.float16) for _ in range(2))
+    table, lengths = torch.tensor([[2, 0, 1]], dtype=torch.int32), torch.tensor([600], dtype=torch.int32)
+    kvcache.attention_with_kvcache(q[:, :1].transpose(1, 2), kc, vc, cache_seqlens=lengths, block_table=table)
+    kept = next(iter(kvcache._LAUNCHES._data.values()))[0]
+    kept.split, kept.merge = Kept(), Kept()
+    monkeypatch.setattr(launch, "RAW_SCRATCH", True)
+    kvcache.attention_with_kvcache(q[:, :1].transpose(1, 2), kc, vc, cache_seqlens=lengths, block_table=table)
+    (split,), (merge,) = kept.split.calls, kept.merge.calls
+    (_, _, _, address), released = blocks.log[2:]
+    assert released == ("delete", address) and split[7] == merge[2] == address and not blocks.kept
+    for cache in (kvcache._CHECKED, kvcache._LAYOUTS, kvcache._LAUNCHES):
+        cache.clear()
+
+
+def test_varlen_recipe_takes_a_raw_block_for_its_work_table_and_the_kept_stream_counter(monkeypatch, raw_blocks):
+    """attention_varlen's recipe under RAW_SCRATCH, O alone returned: the work table and lse in one raw block (the
+    table's entries, then lse 16-byte aligned) handed to both kept launches by address and given back after them;
+    the tile counter by kept_tile_counter (on the CPU: tile_counter's fresh zero)."""
+    from tilecore.ops.attention_varlen import op as varlen_op
+
+    blocks = raw_blocks
+    recipe, q, cu = _kept_varlen_recipe(monkeypatch, ("raw test",))
+    monkeypatch.setattr(launch, "RAW_SCRATCH", True)
+    out, lse = recipe(q, q, q, cu, cu, False)
+    (table_args,), (args,) = recipe.table.calls, recipe.forward.calls
+    entries = recipe.shapes[2][0]
+    (_, nbytes, stream, address), released = blocks.log
+    assert lse is None and out.shape == q.shape and stream == 1000 and released == ("delete", address)
+    assert nbytes == 4 * (entries * 4 + 4 * 60) and table_args[2] == args[9] == address
+    assert args[6] == address + 16 * entries and not blocks.kept
+    assert isinstance(args[-1], torch.Tensor) and args[-1].shape == (1,) and args[-1].dtype == torch.int32
+    varlen_op._GLUON_FORWARDS.clear()
+    varlen_op._GLUON_FORWARD_LAYOUTS.clear()
+
+
+def test_kept_tile_counter_finds_the_streams_counter(monkeypatch):
+    """kept_tile_counter: the counter tile_counter keeps for (the device, its current raw stream), by that lookup
+    alone; tile_counter where the device is not a CUDA one with an index (here: the CPU's fresh zero)."""
+    kept = torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(launch, "_RAW_STREAM", lambda index: 77 + index)
+    monkeypatch.setattr(launch, "_TILE_COUNTERS", launch.LRU(4))
+    launch._TILE_COUNTERS.put((torch.device("cuda", 1), 78), kept)
+    assert launch.kept_tile_counter(torch.device("cuda", 1)) is kept
+    cpu = launch.kept_tile_counter(torch.device("cpu"))
+    assert cpu is not kept and cpu.shape == (1,) and not cpu.any()
+
+
 def test_varlen_op_finds_the_recipe_before_its_checks(monkeypatch):
     from tilecore.ops.attention_varlen import op as varlen_op
 
-    calls = []
-
-    class Recorder:
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((key, grid, args, kwargs))
-
-    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
-    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
+    calls = varlen_on_gluon(monkeypatch).calls
     monkeypatch.setattr(varlen_op, "gluon_forward_fits", lambda *a, **kw: True)
     monkeypatch.setattr(varlen_op, "signature", _cpu_signature)
     checks = []
@@ -612,16 +682,7 @@ def test_fp8_op_finds_the_recipe_before_its_checks_and_still_checks_the_scales(m
     from tilecore.ops.attention_fp8 import launch as fp8_launch
     from tilecore.ops.attention_fp8 import op as fp8_op
 
-    calls = []
-
-    class Recorder:
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append(key)
-
-    monkeypatch.setattr(fp8_launch, "GLUON_FWD", Recorder())
-    monkeypatch.setattr(fp8_launch, "_tiling", lambda q, k, rows, block_n, causal: ((7,), 2, None))
+    calls = fp8_on_gluon(monkeypatch).calls
     monkeypatch.setattr(fp8_op.launch, "plan", lambda q, k, causal: fp8_launch.Plan("gluon", dict(
         fp8_launch.configs.gluon_config(q.shape[-1], causal))))
     monkeypatch.setattr(fp8_op, "signature", _cpu_signature)
@@ -646,22 +707,9 @@ def test_fp8_op_finds_the_recipe_before_its_checks_and_still_checks_the_scales(m
 def test_varlen_and_fft_conv_recipes_hand_kept_launches_addresses(monkeypatch):
     from tilecore.ops.attention_varlen import op as varlen_op
     from tilecore.ops.fft_conv import op as fft_op
-    from tilecore.ops.fft_conv import plan as conv_plan
-
-    class Recorder:
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            pass
 
     # varlen: O alone returned, lse in the work table's allocation after its entries
-    monkeypatch.setattr(varlen_op, "GLUON_VARLEN_FWD", Recorder())
-    monkeypatch.setattr(varlen_op.dispatch, "num_sms", lambda device: 132)
-    q = torch.randn(60, 4, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 10, 60], dtype=torch.int32)
-    varlen_op.forward_gluon(q, q, q, cu, cu, True, 0.125, 0.0, key=("kept test",))
-    recipe = varlen_op._GLUON_FORWARDS.get(("kept test",))
-    recipe.table, recipe.forward = _Kept(), _Kept()
+    recipe, q, cu = _kept_varlen_recipe(monkeypatch, ("kept test",))
     out, lse = recipe(q, q, q, cu, cu, False)
     (table_args,), (args,) = recipe.table.calls, recipe.forward.calls
     work, entries = args[9], recipe.shapes[2][0]
@@ -670,19 +718,15 @@ def test_varlen_and_fft_conv_recipes_hand_kept_launches_addresses(monkeypatch):
     varlen_op._GLUON_FORWARDS.clear()
     varlen_op._GLUON_FORWARD_LAYOUTS.clear()
     # fft_conv: the fresh spectrum's memory by address (its float32 pairs), where the plan reads rfft bins
-    monkeypatch.setattr(fft_op.launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(fft_op.dispatch, "num_sms", lambda device: 4)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
-    monkeypatch.setattr(fft_op, "signature", _cpu_signature)
+    fft_conv_on_gluon(monkeypatch, _cpu_signature)
     u, k = torch.randn(4, 2, 1024).to(torch.bfloat16), torch.randn(2, 300)
     fft_op.fft_conv(u, k)
     recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
-    recipe.launch = _Kept()
+    recipe.launch = Kept()
     recipe(u, k)
     (args,) = recipe.launch.calls
     assert isinstance(args[1], int) and args[0] is u and args[2].shape == u.shape
-    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, fft_op.launch._GLUON_LAUNCHES):
-        cache.clear()
+    clear_fft_conv()
 
 
 @pytest.mark.parametrize("n", [1, 40])  # the split-key decode and the query-block forward

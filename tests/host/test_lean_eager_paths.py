@@ -5,7 +5,7 @@ import torch
 import tilecore
 from tilecore import dispatch
 from tilecore.ops.norm import launch as norm_launch
-from host_testing import cpu_signature
+from host_testing import plain_signature as _cpu_signature
 
 
 def test_norm_direct_call_makes_only_y_and_rstd(monkeypatch):
@@ -53,10 +53,6 @@ def test_signature_keys_scalars_and_refuses_what_it_cannot_key():
     x = torch.randn(3)
     assert signature(x) is None and signature(object()) is None and signature([1]) is None
     assert signature(x.as_subclass(type("Sub", (torch.Tensor,), {}))) is None
-
-
-def _cpu_signature(*items):
-    return cpu_signature(*items, scalars=(bool, int, float, str))
 
 
 def test_one_look_at_the_modes_a_keyed_call(monkeypatch):

@@ -18,29 +18,12 @@ import sys
 import pytest
 import torch
 
-from host_testing import cpu_signature
+from host_testing import Kept, clear_fft_conv, cpu_signature, fft_conv_on_gluon
 from tilecore.ops.attention import op as attention_op
 from tilecore.ops.attention_decode import launch as decode_launch
 from tilecore.ops.attention_kvcache import op as kvcache
 from tilecore.tiles import launch
 from tilecore.tiles.switches import patched
-
-
-class _Kept:
-    """A kept KeyedLaunch's stand-in: counts launches (KeyedLaunch.all_kept reads its device)."""
-
-    def __init__(self, counts):
-        self.counts = counts
-
-    @property
-    def _hit(self):
-        return (launch._current_cuda_device(),)
-
-    def kept(self):
-        return True
-
-    def __call__(self, args):
-        self.counts["launch"] += 1
 
 
 @pytest.fixture
@@ -77,7 +60,7 @@ def test_paged_decode_keyed_call_allocates_twice_and_launches_twice(monkeypatch,
         kvcache.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table)
     recipe = next(iter(kvcache._LAUNCHES._data.values()))[0]
     assert recipe.merge is not None  # (three key ranges and the merge)
-    recipe.split = recipe.merge = _Kept(counts)
+    recipe.split = recipe.merge = Kept(counts)
     _counting(monkeypatch, kvcache, "check", counts, "check")
     _counting(monkeypatch, kvcache, "_DecodeLayout", counts, "plan")
     counts.update(empty=0, launch=0)
@@ -97,7 +80,7 @@ def test_attention_decode_recording_a_gradient_allocates_three_times_and_launche
     k = torch.randn(1, 2, 300, 32, dtype=torch.float16)
     attention_op.attention(q, k, k)  # the key's plan and recipe
     recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
-    recipe.split = recipe.merge = _Kept(counts)
+    recipe.split = recipe.merge = Kept(counts)
     _counting(monkeypatch, attention_op, "plan_forward", counts, "plan")
     _counting(monkeypatch, attention_op, "check", counts, "check")
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, k))
@@ -112,47 +95,32 @@ def test_attention_decode_recording_a_gradient_allocates_three_times_and_launche
 
 @pytest.mark.parametrize("pad_by_cat", [True, False])
 def test_fft_conv_recipe_allocates_once_and_launches_once(monkeypatch, counts, pad_by_cat):
-    from tilecore import dispatch
-    from tilecore.ops.fft_conv import launch as conv_launch
     from tilecore.ops.fft_conv import op as fft_op
-    from tilecore.ops.fft_conv import plan as conv_plan
 
-    class Recorder:  # CachedLaunch's run and keyed, for the key's first calls
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            pass
-
-    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: counts.__setitem__("plan", counts["plan"] + 1) or gluon)
-    monkeypatch.setattr(fft_op, "signature", lambda *items: cpu_signature(*items, scalars=(bool, int, float, str)))
-    caches = (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES)
-    for cache in caches:
-        cache.clear()
+    plans = []
+    fft_conv_on_gluon(monkeypatch, plans=plans)
     u = torch.randn(2, 3, 1024).to(torch.bfloat16)
     k = torch.randn(3, 300)
     for _ in range(2):
         fft_op.fft_conv(u, k)
     recipe = next(iter(fft_op._GLUON_CONVS._data.values()))[0]
-    recipe.launch = _Kept(counts)
+    recipe.launch = Kept(counts)
     _counting(monkeypatch, fft_op, "check", counts, "check")
     ffts, cats = [], []
     rfft, cat = torch.fft.rfft, torch.cat
     monkeypatch.setattr(torch.fft, "rfft", lambda x, *a, **kw: ffts.append((x.shape, a, kw)) or rfft(x, *a, **kw))
     monkeypatch.setattr(torch, "cat", lambda *a, **kw: cats.append(1) or cat(*a, **kw))
     counts.update(empty=0, launch=0, plan=0, check=0)
+    plans.clear()
     with patched(fft_op, PAD_BY_CAT=pad_by_cat):
         y = fft_op.fft_conv(u, k)
     assert y.shape == u.shape and y.dtype == u.dtype
-    assert counts == {"empty": 1, "launch": 1, "check": 0, "plan": 0}
+    assert counts == {"empty": 1, "launch": 1, "check": 0, "plan": 0} and plans == []
     if pad_by_cat:
         assert cats == [1] and ffts == [(torch.Size([3, 2048]), (), {})]
     else:
         assert cats == [] and ffts == [(torch.Size([3, 300]), (), {"n": 2048})]
-    for cache in caches:
-        cache.clear()
+    clear_fft_conv()
 
 
 @pytest.mark.parametrize("recorded_recipes", [True, False])
@@ -172,7 +140,7 @@ def test_rms_norm_recording_a_gradient_allocates_twice_and_launches_once(monkeyp
     norm_op.layer_norm(x, w, rms=True)  # the key's first (checked) call keeps its NormForward
     recipe = next(iter(norm_op._FORWARDS._data.values()))[0]
     assert recipe.stats is None  # (whole rows: the forward kernel alone)
-    recipe.forward = _Kept(counts)
+    recipe.forward = Kept(counts)
     _counting(monkeypatch, norm_op, "check", counts, "check")
     _counting(monkeypatch, norm_op, "plan", counts, "plan")
     counts.update(empty=0, launch=0)
@@ -222,7 +190,7 @@ def test_norm_keyed_backward_makes_no_empty_tensors(monkeypatch, case):
     from tilecore.tiles import eager
 
     caches = (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS,
-              norm_launch._BACKWARD_OPTIONS)
+              norm_launch._BACKWARD_RECIPES)
     x0 = torch.randn(2, 3, 32, dtype=torch.float16)
     w0 = torch.randn(32, dtype=torch.float16)
     res0 = torch.randn(2, 3, 32, dtype=torch.float32) if case != "rms" else None  # (dres written apart)

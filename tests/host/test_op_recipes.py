@@ -5,10 +5,12 @@ cannot run on the CPU, so its launcher is replaced by a recorder here; the GPU c
 import pytest
 import torch
 
+import host_testing
+from host_testing import cpu_signature as _cpu_signature
 from tilecore.ops.gemm import configs, launch as gemm_launch, op as gemm_op
 from tilecore.ops.gemm.plan import Plan
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import LRU, TmaOperand
+from tilecore.tiles.launch import TmaOperand
 
 
 @pytest.fixture(autouse=True)
@@ -20,12 +22,8 @@ def forward_recipes():
     tiles_launch.keep_forward_recipes(was)
 
 
-class Recorder:
-    """_GLUON_GEMM's stand-in: every launch's (grid, arguments, options), descriptors by what they describe."""
-
-    def __init__(self):
-        self.calls = []
-        self.keyed = LRU(8)  # (never filled: every KeyedLaunch call goes through run, recorded)
+class Recorder(host_testing.Recorder):
+    """_GLUON_GEMM's stand-in: every launch's (key, grid, arguments, options), descriptors by what they describe."""
 
     @staticmethod
     def _arg(a):
@@ -141,18 +139,6 @@ def test_gemm_op_reaches_the_recipe_on_a_keys_second_call(recorder, monkeypatch)
 
 
 # ---- the norm forward's NormForward (tl kernels: under Triton's interpreter, bit for bit against the plain call)
-
-
-def _cpu_signature(*items):
-    out = []
-    for t in items:
-        if isinstance(t, torch.Tensor):
-            out.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-        elif t is None or isinstance(t, tiles_launch._KEY_SCALARS):
-            out.append(t)
-        else:
-            return None
-    return tuple(out)
 
 
 @pytest.mark.parametrize("case", ["ln", "rms", "prenorm residual", "3-D", "dropout", "stats kernel", "row stride"])

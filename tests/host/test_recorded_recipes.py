@@ -4,22 +4,13 @@ Gluon kernel cannot be interpreted: its launches are recorded, the plan stands i
 import pytest
 import torch
 
-from host_testing import cpu_signature
-from tilecore import dispatch
+from host_testing import clear_fft_conv as _clear
+from host_testing import fft_conv_on_gluon
+from host_testing import plain_signature as _signature
 from tilecore.ops.fft_conv import launch as conv_launch
 from tilecore.ops.fft_conv import op as fft_op
-from tilecore.ops.fft_conv import plan as conv_plan
 from tilecore.tiles import launch
 from tilecore.tiles.switches import patched
-
-
-def _signature(*items):
-    return cpu_signature(*items, scalars=(bool, int, float, str))
-
-
-def _clear():
-    for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES):
-        cache.clear()
 
 
 def test_fft_conv_recorded_calls_launch_by_the_recipe_what_the_general_path_launches(monkeypatch):
@@ -27,20 +18,8 @@ def test_fft_conv_recorded_calls_launch_by_the_recipe_what_the_general_path_laun
     the rest through it) against the same calls unkeyed: the same kernel, grid, options and arguments (u itself, y
     fresh, the same spectrum, tables and strides; the descriptors of the same views); the recipe's calls make no
     plan. Off, the key keeps no recipe from recorded calls."""
-    calls, plans = [], []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((key, grid, args, kwargs))
-
-    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: plans.append(n) or gluon)
-    monkeypatch.setattr(fft_op, "signature", _signature)
-    _clear()
+    plans = []
+    calls = fft_conv_on_gluon(monkeypatch, plans=plans).calls
     torch.manual_seed(6)
     B, H, n = 4, 2, 1024
     inputs = [(torch.randn(B, H, n).to(torch.bfloat16).requires_grad_(), torch.randn(H, 300).requires_grad_())
@@ -88,28 +67,7 @@ def test_fft_conv_recipe_pads_by_cat_to_the_same_spectrum(monkeypatch, k_dtype):
     """fft_conv's keyed Gluon call (op._GluonConv) with PAD_BY_CAT on hands its launch the spectrum rfft(k.float(),
     n=2N) gives, bit for bit (k 16-bit or float32, a -0.0 among its taps), as the switch off does; a spectrum given by
     the caller is read as it is (no zeros kept)."""
-    from tilecore import dispatch
-    from tilecore.ops.fft_conv import launch as conv_launch
-    from tilecore.ops.fft_conv import op as fft_op
-    from tilecore.ops.fft_conv import plan as conv_plan
-
-    spectra = []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: the spectrum goes as a tensor)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            spectra.append(args[1])
-
-    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
-    monkeypatch.setattr(fft_op, "signature", _signature)
-
-    def clear():
-        for cache in (fft_op._CHECKED, fft_op._PLANS, fft_op._GLUON_CONVS, conv_launch._GLUON_LAUNCHES, fft_op._ZEROS):
-            cache.clear()
-    clear()
+    calls = fft_conv_on_gluon(monkeypatch).calls  # (nothing kept: the spectrum goes as a tensor, args[1])
     torch.manual_seed(8)
     u = torch.randn(2, 3, 1024).to(torch.bfloat16)
     k = torch.randn(3, 300).to(k_dtype)
@@ -123,19 +81,19 @@ def test_fft_conv_recipe_pads_by_cat_to_the_same_spectrum(monkeypatch, k_dtype):
     fft_op.fft_conv(torch.randn(5, 3, 1024).to(torch.bfloat16), k)
     assert len(fft_op._GLUON_CONVS) == 2 and all(
         entry[0].zeros is recipe.zeros for entry in fft_op._GLUON_CONVS._data.values())
-    spectra.clear()
+    calls.clear()
     for on in (True, False):
         with patched(fft_op, PAD_BY_CAT=on):
             fft_op.fft_conv(u, k)
-    on, off = spectra
+    on, off = (args[1] for _, _, args, _ in calls)
     assert torch.equal(on.view(torch.int32), off.view(torch.int32))
     assert torch.equal(torch.view_as_real(fft_op.filter_spectrum(k, 1024)).reshape(on.shape), on)
-    clear()
+    _clear()
     spectrum = fft_op.filter_spectrum(k, 1024)
     for _ in range(2):
         fft_op.fft_conv(u, spectrum)
     assert next(iter(fft_op._GLUON_CONVS._data.values()))[0].zeros is None
-    clear()
+    _clear()
 
 
 # ---- layer_norm's recorded recipe (norm op.RECORDED_RECIPES: _RecordedFunction over the key's NormForward; tl
@@ -157,7 +115,8 @@ NORM_CASES = {  # name: (x's shape, rms, weight, bias, residual dtype or None, d
 
 def _norm_caches():
     from tilecore.ops.norm import launch as norm_launch, op as norm_op
-    return (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS)
+    return (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS,
+            norm_launch._BACKWARD_RECIPES)
 
 
 @pytest.mark.parametrize("backward_recipes", [False, True])
@@ -190,16 +149,20 @@ def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case, ba
                         lambda self, dy, dh: backward_keys.append((forward(self, dy, dh), backward_key(self, dy, dh)))
                         or backward_keys[-1][0])
     monkeypatch.setattr(eager, "signature", _signature)
-    recipe_backwards = []
-    recipe_call = norm_launch.NormBackward.__call__
+    recipe_backwards, general_backwards = [], []
+    recipe_call, general = norm_launch.NormBackward.__call__, norm_launch.backward
     monkeypatch.setattr(norm_launch.NormBackward, "__call__",
                         lambda self, *a: recipe_backwards.append(self.sums is not None) or recipe_call(self, *a))
+    # (launch.backward builds its launches through a NormBackward too: the recipe's own backwards are the rest)
+    monkeypatch.setattr(norm_launch, "backward", lambda *a, **k: general_backwards.append(1) or general(*a, **k))
 
     def calls(on: bool, sig):
         monkeypatch.setattr(norm_op, "signature", sig)
         for cache in _norm_caches():
             cache.clear()
         outs = []
+        recipe_backwards.clear()
+        general_backwards.clear()
         with patched(norm_op, RECORDED_RECIPES=on, BACKWARD_RECIPES=on and backward_recipes):
             for i, x in enumerate(xs):
                 leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b, res)]
@@ -221,10 +184,14 @@ def test_norm_recorded_recipe_gives_the_general_paths_bits(monkeypatch, case, ba
     # but where a stored h's gradient comes (dh_out) and under create_graph)
     dh_out = use_h and prenorm and (res_dtype is not None or p > 0)
     expected = len(xs) - 2 if backward_recipes and case != "create_graph" and not dh_out else 0
-    assert len(recipe_backwards) == expected and all(two == ("two passes" in case) for two in recipe_backwards)
+    assert len(recipe_backwards) == len(xs) and len(general_backwards) == len(xs) - expected
+    assert all(two == ("two passes" in case) for two in recipe_backwards)
     assert len(backward_keys) == len(xs) - 1 and all(kept == fresh and kept is not None for kept, fresh in backward_keys)
-    for other in (calls(False, _signature), calls(True, lambda *items: None)):
-        assert served == list(range(1, len(xs))) and len(recipe_backwards) == expected  # (neither the switch off nor an unkeyed call reaches the recipe)
+    for on, sig in ((False, _signature), (True, lambda *items: None)):
+        served.clear()
+        other = calls(on, sig)
+        # (neither the switch off nor an unkeyed call reaches the recipe's own backward: every one the general path's)
+        assert served == [] and len(general_backwards) == len(xs)
         for a, c in zip(recipe, other):
             assert (a is None) == (c is None)
             if a is not None:
@@ -240,13 +207,8 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
     path's Function launches), one autograd node, and a backward that hands the general Function's backward the same
     saved u and k, dy and needs_input_grad as that Function does, its (du, dk) reaching the leaves. Off: the general
     Function."""
-    calls, backwards = [], []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((grid, args, kwargs))
+    backwards = []
+    calls = fft_conv_on_gluon(monkeypatch).calls
 
     def filter_backward(ctx, dy):  # (the general Function's backward: the key's entry, then du and dk)
         u, k = ctx.saved_tensors
@@ -254,11 +216,6 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
         return (None, torch.full_like(u, 2.0) if ctx.needs_input_grad[1] else None,
                 torch.full_like(k, 3.0) if ctx.needs_input_grad[2] else None)
 
-    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    gluon = conv_plan.gluon_plan(32, 64, 3, True, True, 0, True)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: gluon)
-    monkeypatch.setattr(fft_op, "signature", _signature)
     monkeypatch.setattr(fft_op._FilterFunction, "backward", staticmethod(filter_backward))
     torch.manual_seed(7)
     u0, k0 = torch.randn(2, 3, 1024).to(torch.bfloat16), torch.randn(3, 200)
@@ -281,7 +238,7 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
         def plain(a):  # (a descriptor by what it describes)
             return (a.shape, a.strides, a.block_shape, a.layout) if isinstance(a, launch.TmaOperand) else a
         runs[on] = ([(tuple(g), [a for a in args if not isinstance(a, torch.Tensor)],
-                      {name: plain(a) for name, a in kw.items()}) for g, args, kw in calls],
+                      {name: plain(a) for name, a in kw.items()}) for _, g, args, kw in calls],
                     [b[3] for b in backwards], grads)
         assert names[1:] == (["_RecordedConvBackward"] * 2 if on else ["_FftConvFunctionBackward"] * 2)
     assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
@@ -289,7 +246,6 @@ def test_fft_conv_recorded_function_launches_and_differentiates_as_the_general_p
         assert (du1 is None) == (du0 is None) and (dk1 is None) == (dk0 is None)
         assert (du1 is None or torch.equal(du1, du0)) and (dk1 is None or torch.equal(dk1, dk0))
     _clear()
-
 
 
 @pytest.mark.parametrize("needs,k_dtype", [("both", torch.float32), ("u", torch.float32), ("k", torch.float32),
@@ -302,18 +258,7 @@ def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(mon
     backward key, "dk")); off, _filter_backward's unkeyed launches."""
     from tilecore.tiles import eager
 
-    calls = []
-
-    class Recorder:  # CachedLaunch's run and keyed (nothing kept: every launch through run)
-        keyed = launch.LRU(4)
-
-        def run(self, key, grid, args, kwargs):
-            calls.append((key, grid, args, kwargs))
-
-    monkeypatch.setattr(conv_launch, "CONV_GLUON", Recorder())
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 4)
-    monkeypatch.setattr(fft_op, "plan", lambda n, device, dtype: conv_plan.gluon_plan(32, 64, 3, True, True, 0, True))
-    monkeypatch.setattr(fft_op, "signature", _signature)
+    calls = fft_conv_on_gluon(monkeypatch).calls
     monkeypatch.setattr(eager, "signature", _signature)
     from tilecore.ops.fft_conv import configs as conv_configs
     monkeypatch.setitem(conv_configs.DK_CONFIGS, 1024, (64, 32, 1, 4))  # (the pair kernel's dk at 1024: interpreted)
@@ -367,3 +312,83 @@ def test_fft_conv_keyed_backward_launches_what_the_general_backward_launches(mon
         assert (dk1 is None) == (dk0 is None) == (needs == "u")
         assert dk1 is None or (dk1.dtype == dk0.dtype and torch.equal(dk1, dk0))
     _clear()
+
+
+
+# ---- attention's recorded recipe (attention op.RECORDED_RECIPES: _RecordedAttention over the plan's GluonForward;
+# the Gluon kernel cannot run here: its launches recorded, the backward's implementation recorded)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal gqa window softcap"])
+def test_attention_recorded_recipe_launches_and_saves_what_the_general_function_does(monkeypatch, case):
+    """attention recording a gradient of O alone on a Gluon plan, from the key's second call: with RECORDED_RECIPES
+    _RecordedAttention (5 arguments, 4 saved tensors, lse an attribute) launches what _AttentionOutFunction launches
+    (the recipe's launch: key, grid, options, arguments but the fresh O and lse) and hands the backward's
+    implementation the same q, k, v, O, lse, options and dout; its gradients reach the leaves. Off, and for a plan
+    that is not Gluon's, _AttentionOutFunction."""
+    import dataclasses
+
+    from host_testing import recorded
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs as aconfigs, launch as alaunch, op as attention_op, plan as aplan
+
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
+    calls = recorded(monkeypatch, alaunch, "GLUON_FWD").calls
+    plan_forward = aplan.plan_forward
+
+    def gluon_plan(q, k, v, causal, scale, **kw):  # (the H100's plan: the Gluon forward)
+        return plan_forward(q, k, v, causal, scale, window=kw.get("window", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                            path="gluon", config=aconfigs.gluon_forward_config(q.shape[-1], q.shape[2], k.shape[2],
+                                                                              causal))
+    monkeypatch.setattr(attention_op, "plan_forward", gluon_plan)
+    monkeypatch.setattr(attention_op, "signature", _signature)
+    backwards = []
+
+    def backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, window, softcap, cache=False, sm_margin=0):
+        backwards.append((dout, q, k, v, out, lse, dlse, causal, scale, tuple(window), softcap, sm_margin))
+        return torch.full_like(q, 2.0), torch.full_like(k, 3.0), torch.full_like(v, 4.0)
+    monkeypatch.setattr(attention_op, "_backward_impl", backward_impl)
+    torch.manual_seed(9)
+    hkv = 2 if "gqa" in case else 4
+    leaves = [torch.randn(2, 4, 256, 64, dtype=torch.bfloat16)] + [torch.randn(2, hkv, 256, 64, dtype=torch.bfloat16)
+                                                                    for _ in range(2)]
+    options = dict(causal=True, window_size=(100, 0), softcap=30.0, scale=0.2) if "causal" in case else {}
+    dout = torch.randn(2, 4, 256, 64, dtype=torch.bfloat16)
+    runs = {}
+    for on in (True, False):
+        attention_op._PLANS.clear()
+        alaunch._GLUON_FORWARDS.clear()
+        calls.clear()
+        backwards.clear()
+        names, grads = [], []
+        with patched(attention_op, RECORDED_RECIPES=on):
+            for _ in range(3):  # (the key's first call plans and launches the general way)
+                ins = [t.clone().requires_grad_() for t in leaves]
+                out = attention_op.attention(*ins, **options)
+                names.append(type(out.grad_fn).__name__)
+                out.backward(dout)
+                grads.append([t.grad for t in ins])
+        assert names[1:] == (["_RecordedAttentionBackward"] * 2 if on else ["_AttentionOutFunctionBackward"] * 2)
+        runs[on] = calls[:], backwards[:], grads
+    # (one launch key a run: the plan's; the runs' keys differ in the switches' generation, which patched moves)
+    assert all(len({key for key, *_ in runs[on][0]}) == 1 for on in runs)
+    for (_, g1, a1, kw1), (_, g0, a0, kw0) in zip(runs[True][0], runs[False][0]):
+        assert g1 == g0 and kw1 == kw0 and len(a1) == len(a0)
+        for i, (x, y) in enumerate(zip(a1, a0)):
+            if isinstance(x, launch.TmaOperand):
+                assert (x.shape, x.strides, x.block_shape) == (y.shape, y.strides, y.block_shape)
+                assert i == 3 or torch.equal(x.base, y.base)  # (O: fresh each call)
+            elif isinstance(x, torch.Tensor):
+                assert x.shape == y.shape and x.dtype == y.dtype  # (lse: fresh each call)
+            else:
+                assert x == y
+    for b1, b0 in zip(runs[True][1], runs[False][1]):
+        for x, y in zip(b1, b0):
+            if isinstance(x, torch.Tensor):
+                assert x.shape == y.shape and x.dtype == y.dtype and (x is b1[4] or x is b1[5] or torch.equal(x, y))
+            else:
+                assert x == y
+    for g1, g0 in zip(runs[True][2], runs[False][2]):
+        assert all(torch.equal(x, y) for x, y in zip(g1, g0))
+    attention_op._PLANS.clear()
+    alaunch._GLUON_FORWARDS.clear()

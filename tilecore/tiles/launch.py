@@ -406,16 +406,52 @@ def split_key_buffers(like, lse_offset: int, lse_size: int, launches, merged_row
     merged lse after them (16-byte aligned: a call returning O alone keeps it there). (parts, lse_part, merged lse
     or None): the last two by address where every one of ``launches`` goes the kept way (KeyedLaunch.all_kept, which
     takes ints for pointers), else views of ``parts``. ``like``: a tensor on the device (allocated by its new_empty:
-    no device= parsed, ~1 us less host time on the H100's) or the device."""
+    no device= parsed, ~1 us less host time on the H100's) or the device. Where :func:`scratch` gives a raw block
+    (RAW_SCRATCH on, every launch kept) ``parts`` is its address, which the caller hands to :func:`release` once the
+    launches are queued."""
     lse_at = cdiv(lse_offset + lse_size, 4) * 4
     merged = merged_rows is not None
     size = (lse_at + merged_rows if merged else lse_offset + lse_size,)
+    address = scratch(4 * size[0], launches)  # (a raw block where RAW_SCRATCH: the caller releases it)
+    if address is not None:
+        return address, address + 4 * lse_offset, (address + 4 * lse_at if merged else None)
     parts = like.new_empty(size, dtype=torch.float32) if isinstance(like, torch.Tensor) \
         else torch.empty(size, dtype=torch.float32, device=like)
     if KeyedLaunch.all_kept(*launches):
         address = parts.data_ptr()
         return parts, address + 4 * lse_offset, (address + 4 * lse_at if merged else None)
     return parts, parts[lse_offset:], (parts[lse_at:] if merged else None)
+
+
+def scratch(nbytes: int, launches) -> int | None:
+    """An internal buffer of ``nbytes`` for launches that all go the kept way (their pointer arguments may be ints) as
+    a raw block of torch's caching allocator on the current device's current stream (its address), where
+    :data:`RAW_SCRATCH` is on; None otherwise (the caller allocates a tensor). The caller hands it to :func:`release`
+    once the launches that use it are queued (try / finally): the block goes back to the allocator stream-ordered,
+    as a tensor freed then does (its next user on the stream runs after those launches; under a CUDA graph capture it
+    comes from and returns to the graph's pool, as a tensor's memory does). The same memory a tensor would be given,
+    without the tensor: no Python object made and freed, no sizes or dtype parsed."""
+    if not RAW_SCRATCH or _RAW_ALLOC is None or _RAW_STREAM is None or not BIND_KEYED_LAUNCHES:
+        return None
+    device = _current_cuda_device()
+    for launch in launches:
+        hit = launch._hit
+        if not hit or hit[0] != device:
+            return None
+    return _RAW_ALLOC(nbytes, _RAW_STREAM(device))
+
+
+def release(buffer) -> None:
+    """Give :func:`scratch`'s block back to the caching allocator (anything else, a tensor or None: nothing)."""
+    if type(buffer) is int:
+        _RAW_DELETE(buffer)
+
+
+# internal buffers of kept launches as raw blocks of the caching allocator (scratch); False: tensors. Read each call
+RAW_SCRATCH = False
+# torch's caching allocator's raw blocks (what tensors' memory comes from), None in a torch without CUDA
+_RAW_ALLOC = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
+_RAW_DELETE = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
 
 
 # KeyedLaunch's kept launches; False: each through CachedLaunch.run, looked up by key
@@ -908,6 +944,18 @@ def tile_counter(device: torch.device) -> torch.Tensor:
                 counter = torch.zeros(1, dtype=torch.int32, device=device)
                 _TILE_COUNTERS.put(key, counter)
     return counter
+
+
+def kept_tile_counter(device: torch.device) -> torch.Tensor:
+    """:func:`tile_counter` for a kept Gluon launch's caller (a recipe: a CUDA device, off the interpreter, where
+    Gluon kernels run): the current stream's counter by one raw stream read and one lookup, without tile_counter's
+    torch.device, TRITON_INTERPRET read and stream_key call (issue 31's host time); tile_counter where there is none
+    yet."""
+    if _RAW_STREAM is not None and device.type == "cuda" and device.index is not None:
+        counter = _TILE_COUNTERS.get((device, _RAW_STREAM(device.index)))
+        if counter is not None:
+            return counter
+    return tile_counter(device)
 
 
 _INTERPRETER_LOCK = threading.RLock()

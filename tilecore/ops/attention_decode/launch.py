@@ -9,8 +9,8 @@ import torch
 from tilecore.ops.attention.kernels_tl import block_d, mask_options, score_options
 from tilecore.ops.attention_decode import configs, kernels_tl
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, split_key_buffers,
-                                   tl_addressable)
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, release,
+                                   split_key_buffers, tl_addressable)
 from tilecore.tiles.ops import LOG2E
 
 SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
@@ -100,8 +100,11 @@ class _DecodeLaunch:
         parts, lse_part, kept_lse = split_key_buffers(q, lse_offset, lse_size, (self.split, self.merge),
                                                       None if lse is not None else self.head[0])
         lse = kept_lse if lse is None else lse
-        self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
-        self.merge((out, lse, parts, lse_part, *self.head))
+        try:
+            self.split((q, k, v, out, lse, parts, lse_part, *self.tail, scale_log2e, tanh_scale))
+            self.merge((out, lse, parts, lse_part, *self.head))
+        finally:
+            release(parts)  # (a raw block: back to the allocator once both launches are queued)
 
     def outputs(self, q, k, v, scale: float, softcap: float,
                 want_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

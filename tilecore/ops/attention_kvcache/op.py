@@ -27,8 +27,8 @@ from tilecore.ops.attention_kvcache.reference import kvcache_reference
 from tilecore.ops.attention_varlen.op import (MAX_HEAD_DIM, block_d, check_dtypes, check_window, kernel_window,
                                               should_validate)
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, SignatureMemo, signature,
-                                   split_key_buffers)
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, SignatureMemo, release,
+                                   signature, split_key_buffers)
 
 # each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
 _CALL_KEY = SignatureMemo(globals())
@@ -247,8 +247,11 @@ class _DecodeLaunch:
         parts, lse_part, kept_lse = split_key_buffers(q, lse_offset, splits * rows, (self.split, self.merge),
                                                       None if lse is not None else rows)
         lse = kept_lse if lse is None else lse
-        self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
-        self.merge((out, lse, parts, lse_part, *self.merge_tail))
+        try:
+            self.split((q, k_cache, v_cache, table, cache_seqlens, out, lse, parts, lse_part, *self.split_tail))
+            self.merge((out, lse, parts, lse_part, *self.merge_tail))
+        finally:
+            release(parts)  # (a raw block: back to the allocator once both launches are queued)
 
     def outputs(self, q, k_cache, v_cache, cache_seqlens, block_table, want_lse: bool):
         """(O, lse) made and computed here (forward_kernels' shapes); without ``want_lse`` (a call returning O

@@ -426,11 +426,20 @@ class _GluonForward:
             work = q.new_empty(shapes[2], dtype=torch.int32)
         else:
             table = shapes[2][0] * 4  # (int32 entries: a multiple of 4)
-            work = q.new_empty((table + shapes[1][0] * shapes[1][1],), dtype=torch.int32)
-            lse = work.data_ptr() + 4 * table if self.forward.kept() else work[table:].view(torch.float32)
-        self.table((cu_q, cu_k if self.ranked else work_order(cu_q, cu_k).to(torch.int32), work, *self.table_tail))
-        self.forward((q, k, v, out, out, shapes[3], lse, cu_q, cu_k, work, *self.fixed,
-                      tiles_launch.tile_counter(device) if self.counter else None))
+            size = table + shapes[1][0] * shapes[1][1]
+            work = tiles_launch.scratch(4 * size, (self.table, self.forward))  # (a raw block where RAW_SCRATCH)
+            if work is not None:
+                lse = work + 4 * table
+            else:
+                work = q.new_empty((size,), dtype=torch.int32)
+                lse = work.data_ptr() + 4 * table if self.forward.kept() else work[table:].view(torch.float32)
+        try:
+            self.table((cu_q, cu_k if self.ranked else work_order(cu_q, cu_k).to(torch.int32), work,
+                        *self.table_tail))
+            self.forward((q, k, v, out, out, shapes[3], lse, cu_q, cu_k, work, *self.fixed,
+                          tiles_launch.kept_tile_counter(device) if self.counter else None))
+        finally:
+            tiles_launch.release(work)  # (a raw block: back to the allocator once both launches are queued)
         return out, (lse if want_lse else None)
 
 

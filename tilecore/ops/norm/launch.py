@@ -146,13 +146,13 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
     """(dx, dres, dweight, dbias). ``h``: the forward's stored residual stream, or None (then it is
     recomputed from x, the residual and the seed). ``store_dres``: dres written on its own (else
     empty: it equals dx); dweight / dbias in weight's / bias's dtype (empty where there is none).
-    With a launch ``key`` (an eager backward, whose caller takes None for what it does not use) the empty
-    dres, dweight and dbias are None instead (no allocation: ~3 us of host time each) and the kernels'
-    options are kept per key."""
+    The launches are a NormBackward's, made for this call, or with a launch ``key`` (an eager backward, whose
+    caller takes None for what it does not use) kept per key (:func:`backward_recipe`) and the empty dres,
+    dweight and dbias None instead (no allocation: ~3 us of host time each)."""
     rows, n = dy.shape
-    dx = output((rows, n), x_dtype, dy.device)
-    dres = output((rows, n) if store_dres else (0,), h_dtype, dy.device) if store_dres or key is None else None
     if rows == 0 or plan.path == "cpu":
+        dx = output((rows, n), x_dtype, dy.device)
+        dres = output((rows, n) if store_dres else (0,), h_dtype, dy.device) if store_dres or key is None else None
         if rows:
             dw, db = _cpu_backward(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p, rms, h_dtype,
                                    dx, dres if store_dres else None)
@@ -160,66 +160,56 @@ def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_
             dw = None if weight is None else torch.zeros(n, dtype=torch.float32, device=dy.device)
             db = None if bias is None else torch.zeros(n, dtype=torch.float32, device=dy.device)
         return dx, dres, _cast(dw, weight, dy), _cast(db, bias, dy)
-    scale = dropout_scale(p)
-    flags, backward_flags = _BACKWARD_OPTIONS.memo(
-        key, lambda: _backward_options(plan, residual, h, weight, bias, seed, dh_out, rms, h_dtype, store_dres))
-    mean_arg = None if rms else mean
-    strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
-    sums = None
-    if not plan.whole_row:
-        sums = output((rows, 2), torch.float32, dy.device)
-        _row_sums.run(key, (cdiv(rows, plan.backward_rows),),
-                      (dy, x, residual, h, weight, mean_arg, rstd, seed, sums, rows, n, *strides, threshold16(p),
-                       scale), flags)
-    dw_part = output((plan.groups, n), torch.float32, dy.device) if weight is not None else None
-    db_part = output((plan.groups, n), torch.float32, dy.device) if bias is not None else None
-    _backward.run(key, (plan.groups, plan.column_blocks),
-                  (dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres if store_dres else None,
-                   dw_part, db_part, rows, n, *strides, _stride(dh_out), dx.stride(0),
-                   dres.stride(0) if store_dres else 0, threshold16(p), scale),
-                  backward_flags)
-    lean = key is not None
-    if plan.finish == "kernel" and (weight is not None or bias is not None):
-        dw, db = _finish(key, plan, dw_part, db_part, weight, bias, n, dy)
-        return dx, dres, _or_empty(dw, dy, lean), _or_empty(db, dy, lean)
-    dw = None if dw_part is None else dw_part.sum(0)  # the small sum over the groups' partials
-    db = None if db_part is None else db_part.sum(0)
-    return dx, dres, _cast(dw, weight, dy, lean), _cast(db, bias, dy, lean)
+
+    def make():
+        return NormBackward.of(plan, key, dy, x, residual, h, weight, bias, seed, dh_out, p, rms, x_dtype, h_dtype,
+                               store_dres)
+    recipe = make() if key is None else _BACKWARD_RECIPES.memo(key, make)
+    dx, dres, dw, db = recipe(dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out)
+    if key is not None:
+        return dx, dres, dw, db
+    # (the custom op's schema: a tensor for each output, empty where there is none)
+    return (dx, dres if store_dres else output((0,), h_dtype, dy.device),
+            dy.new_empty((0,)) if dw is None else dw, dy.new_empty((0,)) if db is None else db)
+
+
+def backward_recipe(key):
+    """The NormBackward that :func:`backward` keeps for the launch key ``key`` (made at the key's first backward),
+    or None."""
+    return _BACKWARD_RECIPES.get(key)
 
 
 class NormBackward:
-    """The norm backward's eager call for one backward launch key without a dh_out (issue 31's host time): the row
-    sums', backward and partials kernels' KeyedLaunches with every argument the key fixes (sizes, row strides, the
-    dropout threshold and scale, the constexprs), made from the key's plan after its first (general) call. A call
-    allocates dx, dres where it is written apart, the row sums, the partials and dweight / dbias, and launches what
-    ``backward(plan, ...)`` launches for a keyed caller: the same kernels, arguments and sums, so the same bits, without
-    the plan and options lookups, the key's hashing per launch or the argument tuples rebuilt. ``of``: False where it
-    takes none (the CPU path, no rows)."""
+    """The norm backward's launches for one backward (kept per launch key by :func:`backward`, and by op.py's
+    recorded recipe; made for the call where there is no key): the row sums', backward and partials kernels'
+    launches (KeyedLaunches under a key) with every argument the key fixes (sizes, row strides, whether a dh_out
+    comes and its row stride, the dropout threshold and scale, the constexprs). A call allocates dx, dres where it
+    is written apart, the row sums, the partials and dweight / dbias, and launches: the one launch sequence of the
+    backward (issue 31's host time: a kept one looks up no plan or options and hashes no key per launch). ``of``
+    takes plans of the kernels' path with rows."""
 
     __slots__ = ("sums", "backward", "partials", "rows", "n", "groups", "x_dtype", "h_dtype", "store_dres", "rms",
                  "sums_tail", "backward_tail", "partials_tail", "w_dtype", "b_dtype")
 
     @classmethod
-    def of(cls, plan: Plan, key, dy, x, residual, h, weight, bias, seed, p: float, rms: bool, x_dtype, h_dtype,
-           store_dres: bool):
+    def of(cls, plan: Plan, key, dy, x, residual, h, weight, bias, seed, dh_out, p: float, rms: bool, x_dtype,
+           h_dtype, store_dres: bool):
         rows, n = dy.shape
-        if plan is None or plan.path == "cpu" or rows == 0 or key is None:
-            return False
         self = cls()
-        flags, backward_flags = _backward_options(plan, residual, h, weight, bias, seed, None, rms, h_dtype,
+        flags, backward_flags = _backward_options(plan, residual, h, weight, bias, seed, dh_out, rms, h_dtype,
                                                   store_dres)
         strides = (dy.stride(0), _stride(x), _stride(residual), _stride(h))
         scale, threshold = dropout_scale(p), threshold16(p)
-        self.sums = None if plan.whole_row else KeyedLaunch(_row_sums, key, (cdiv(rows, plan.backward_rows),), flags)
+        self.sums = None if plan.whole_row else _launch(_row_sums, key, (cdiv(rows, plan.backward_rows),), flags)
         self.sums_tail = (rows, n, *strides, threshold, scale)
-        self.backward = KeyedLaunch(_backward, key, (plan.groups, plan.column_blocks), backward_flags)
-        # (dh_out's row stride 0: none; dx's and dres's n: fresh (rows, n) tensors)
-        self.backward_tail = (rows, n, *strides, 0, n, n if store_dres else 0, threshold, scale)
+        self.backward = _launch(_backward, key, (plan.groups, plan.column_blocks), backward_flags)
+        # (dx's and dres's row strides n: fresh (rows, n) tensors)
+        self.backward_tail = (rows, n, *strides, _stride(dh_out), n, n if store_dres else 0, threshold, scale)
         self.partials = None
         if plan.finish == "kernel" and (weight is not None or bias is not None):
-            self.partials = KeyedLaunch(_partials, key, (cdiv(n, plan.finish_cols),),
-                                        dict(BLOCK_G=plan.finish_rows, BLOCK_C=plan.finish_cols, DW=weight is not None,
-                                             DB=bias is not None, num_warps=4))
+            self.partials = _launch(_partials, key, (cdiv(n, plan.finish_cols),),
+                                    dict(BLOCK_G=plan.finish_rows, BLOCK_C=plan.finish_cols, DW=weight is not None,
+                                         DB=bias is not None, num_warps=4))
         self.partials_tail = (plan.groups, n)
         self.rows, self.n, self.groups = rows, n, plan.groups
         self.x_dtype, self.h_dtype, self.store_dres, self.rms = x_dtype, h_dtype, store_dres, rms
@@ -227,9 +217,9 @@ class NormBackward:
         self.b_dtype = None if bias is None else bias.dtype
         return self
 
-    def __call__(self, dy, x, residual, h, weight, bias, mean, rstd, seed):
-        """backward(...)'s (dx, dres or None, dweight or None, dbias or None) for a keyed caller: dy, x, residual and
-        h as the (rows, n) matrices op._rows makes (the key fixes their strides)."""
+    def __call__(self, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out=None):
+        """(dx, dres or None, dweight or None, dbias or None): dy, x, residual, h and dh_out as (rows, n) matrices
+        (op._rows'; a key fixes their strides)."""
         shape = (self.rows, self.n)
         dx = dy.new_empty(shape, dtype=self.x_dtype)
         dres = dy.new_empty(shape, dtype=self.h_dtype) if self.store_dres else None
@@ -241,17 +231,24 @@ class NormBackward:
         parts = (self.groups, self.n)
         dw_part = dy.new_empty(parts, dtype=torch.float32) if weight is not None else None
         db_part = dy.new_empty(parts, dtype=torch.float32) if bias is not None else None
-        self.backward((dy, x, residual, h, weight, mean_arg, rstd, sums, seed, None, dx, dres, dw_part, db_part,
+        self.backward((dy, x, residual, h, weight, mean_arg, rstd, sums, seed, dh_out, dx, dres, dw_part, db_part,
                        *self.backward_tail))
         if self.partials is not None:
             dw = dy.new_empty((self.n,), dtype=self.w_dtype) if weight is not None else None
             db = dy.new_empty((self.n,), dtype=self.b_dtype) if bias is not None else None
             self.partials((dw_part, db_part, dw, db, *self.partials_tail))
             return dx, dres, dw, db
-        # (backward's small sum over the groups' partials, cast to the parameter's dtype)
+        # (the small sum over the groups' partials, cast to the parameter's dtype)
         dw = None if dw_part is None else dw_part.sum(0).to(self.w_dtype)
         db = None if db_part is None else db_part.sum(0).to(self.b_dtype)
         return dx, dres, dw, db
+
+
+def _launch(kernel: CachedLaunch, key, grid, kwargs: dict):
+    """One kernel's launch as ``launch(args)``: a KeyedLaunch under a launch key, else the kernel's unkeyed run."""
+    if key is not None:
+        return KeyedLaunch(kernel, key, grid, kwargs)
+    return lambda args: kernel.run(None, grid, args, kwargs)
 
 
 def _backward_options(plan: Plan, residual, h, weight, bias, seed, dh_out, rms: bool, h_dtype, store_dres: bool):
@@ -264,28 +261,11 @@ def _backward_options(plan: Plan, residual, h, weight, bias, seed, dh_out, rms: 
                        DW=weight is not None, DB=bias is not None, **flags)
 
 
-_BACKWARD_OPTIONS = LRU(256)  # a backward's launch key -> _backward_options'
+_BACKWARD_RECIPES = LRU(256)  # a backward's launch key -> its NormBackward
 
 
-def _finish(key, plan: Plan, dw_part, db_part, weight, bias, n: int, like):
-    """dweight, dbias (in the parameters' dtypes; None where there is none) from the partials, in one launch."""
-    dw = output((n,), weight.dtype, like.device) if weight is not None else None
-    db = output((n,), bias.dtype, like.device) if bias is not None else None
-    _partials.run(key, (cdiv(n, plan.finish_cols),), (dw_part, db_part, dw, db, plan.groups, n),
-                  dict(BLOCK_G=plan.finish_rows, BLOCK_C=plan.finish_cols, DW=weight is not None, DB=bias is not None,
-                       num_warps=4))
-    return dw, db
-
-
-def _or_empty(grad, like, lean: bool):
-    """``grad``, or where there is none an empty tensor (the custom op's schema), None for an eager (``lean``) caller."""
-    return grad if grad is not None or lean else like.new_empty((0,))
-
-
-def _cast(grad, param, like, lean: bool = False):
-    if param is None:
-        return None if lean else like.new_empty((0,))
-    return grad.to(param.dtype)
+def _cast(grad, param, like):
+    return like.new_empty((0,)) if param is None else grad.to(param.dtype)
 
 
 def dropout_mask(seed: torch.Tensor, rows: int, n: int, p: float, plan: Plan) -> torch.Tensor:

@@ -258,14 +258,12 @@ class _RecordedFunction(torch.autograd.Function):
                 and dispatch.eager_mode(dy, x, residual, h, weight, bias, mean, rstd, seed) == "direct":
             if kept is not None and kept[0] is key and kept[1]:  # the key's kept launches
                 dx, dres, dw, db = kept[1](dy, x, residual, h, weight, bias, mean, rstd, seed)
-            else:  # the general path; at the key's first backward, then its recipe from the plan it kept
+            else:  # the general path, which makes the key's NormBackward and keeps it
                 dx, dres, dw, db = _backward_impl(dy, x, residual, h, weight, bias, mean, rstd, seed, None,
                                                   recorded.dropout_p, recorded.rms, recorded.x_dtype, recorded.h_dtype,
                                                   store_dres, key=key)
-                if kept is None or kept[0] is not key:
-                    recorded.backward = (key, launch.NormBackward.of(
-                        _PLANS.get(key), key, dy, x, residual, h, weight, bias, seed, recorded.dropout_p,
-                        recorded.rms, recorded.x_dtype, recorded.h_dtype, store_dres))
+                if kept is None or kept[0] is not key:  # (the launches that backward made and kept for the key)
+                    recorded.backward = (key, launch.backward_recipe(key) or False)
         else:
             dx, dres, dw, db = eager.backward_call(
                 _backward_op, _backward_impl, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out,
