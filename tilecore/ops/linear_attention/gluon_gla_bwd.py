@@ -33,8 +33,8 @@ FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a bloc
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
 bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
 pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take and in how many rounds (DG_TWO, DG_ROUND) and
-where a^T's tile and the third piece live (AT_OWN, SPLIT_P), when dq's and dk's TMA stores are issued (STORE_LATE)
-(below).
+where a^T's tile and the third piece live (AT_OWN, SPLIT_P), when dq's and dk's TMA stores are issued (STORE_LATE),
+whether q and k are read once (KEEP_QK) (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -70,6 +70,9 @@ STORE_LATE = gl.constexpr(524288)  # with STORE_TMA: dq's and dk's tiles written
 # TMA stores issued after dG's pieces' fence and barrier (not a fence and barrier each)
 SPLIT_P = gl.constexpr(1048576)  # the third piece's buffer an allocation of its own (8 KB more): stores to p1 and p2 in
 # turn are then not taken for a hazard on one buffer (Triton's barrier analysis sees allocations, not their parts)
+KEEP_QK = gl.constexpr(2097152)  # with STORE_LATE, not AT_OWN: q and k read once more before a^T's barriers and dq's
+# tile written after them, g's clamp mask read before dG's: the stage's k / q / g buffers are then written (dq, dk, dg)
+# with no read of them since the last barrier, where Triton put a bar.sync before each write
 
 
 @stage_struct
@@ -419,16 +422,25 @@ class GlaDqk:
             dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
+        KEEP: gl.constexpr = (self.FORM & KEEP_QK) != 0
+        gl.static_assert(not KEEP or ((self.FORM & STORE_LATE) != 0 and (self.FORM & AT_OWN) == 0),
+                         "KEEP_QK: with STORE_LATE, not AT_OWN")
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
-            kf = k_s.load(L32).to(gl.float32)  # (each thread writes the elements it read)
-            k_s.store((dq + r * kf).to(dtype))
+            kf = k_s.load(L32).to(gl.float32)
+            if KEEP:  # (q too; dq's tile written after a^T's barriers)
+                qf = q_s.load(L32).to(gl.float32)
+            else:  # (each thread writes the elements it read)
+                k_s.store((dq + r * kf).to(dtype))
             if not self.FORM & STORE_LATE:
                 fence_async_shared()
                 gl.thread_barrier()
                 tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
         else:
             gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
-        dG = q_s.load(L32).to(gl.float32) * dq
+        if KEEP:
+            dG = qf * dq
+        else:
+            dG = q_s.load(L32).to(gl.float32) * dq
         # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
         # operand from shared memory (no second product v do^T)
         if self.FORM & AT_OWN:
@@ -441,13 +453,18 @@ class GlaDqk:
             fence_async_shared()
             gl.thread_barrier()
             dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
+            if KEEP:
+                k_s.store((dq + r * kf).to(dtype))
             dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
         if self.FORM & STORE_TMA:  # through q's stage buffer (each thread writes the elements it read: no barrier
             # before), stored under dg's sums
-            q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))
+            if KEEP:
+                q_s.store((dk + r * qf).to(dtype))
+            else:
+                q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))
             if not self.FORM & STORE_LATE:
                 fence_async_shared()
                 gl.thread_barrier()
@@ -460,6 +477,8 @@ class GlaDqk:
         if not self.FORM & STORE_TMA:
             kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
+        if self.FORM & KEEP_QK:  # (read before the barriers below, so dg's write to g's buffer needs none of its own)
+            clamped = g_s.load(L32).to(gl.float32) < FLOOR
         gl.static_assert((self.FORM & STORE_TMA) != 0 or (self.FORM & STORE_LATE) == 0, "STORE_LATE: with STORE_TMA")
         if self.FORM & STORE_TMA and not self.FORM & STORE_LATE:
             tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
@@ -492,7 +511,8 @@ class GlaDqk:
             s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, TWO)
             jsum = warpgroup_mma_wait(0, deps=[s_tok])
         dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
-        clamped = g_s.load(L32).to(gl.float32) < FLOOR
+        if not self.FORM & KEEP_QK:
+            clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
             g_s.store(gl.where(clamped, 0.0, dg))
             fence_async_shared()
