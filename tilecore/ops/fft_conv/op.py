@@ -243,22 +243,32 @@ def _filter_backward(ctx, dy):
     u, k = ctx.saved_tensors
     n = u.shape[-1]
     need_du, need_dk = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    spectrum = _spectrum(k, n)
     torch_du = need_du and plan(n, u.device, u.dtype).path == "torch"
     dk_launch = dk_plan(n, u.device, u.dtype, k.dtype) if need_dk else None  # (chosen once, handed to the launch)
-    kernel_dk = dk_launch is not None
+    return _filter_grads(u, k, dy, _spectrum(k, n) if need_du else None, need_du, need_dk, torch_du, dk_launch)
+
+
+def _filter_grads(u, k, dy, spectrum, need_du: bool, need_dk: bool, torch_du: bool, dk_launch, key=None):
+    """The filter form's (du, dk), either None where not needed: du by torch.fft (``torch_du``) or the kernel's
+    correlation with the filter's ``spectrum``; dk by the kernel launch dk_plan chose (``dk_launch``) or torch.fft.
+    ``key``: the backward's launch key (KEYED_BACKWARD's plain eager call: the implementations, launched by it; dk's
+    as (key, "dk")); None: eager.backward_call's (the implementations where nothing is recorded, traced or
+    create_graph: the ops)."""
+    n = u.shape[-1]
     # rfft(dy) once where torch.fft takes both du and dk (the torch path: long N, CPU tensors)
-    dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if torch_du or (need_dk and not kernel_dk) else None
+    dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if torch_du or (need_dk and not dk_launch) else None
     du = dk = None
     if need_du and torch_du:
         # y = first N of irfft(U K): its adjoint in u is the correlation with k, the product with conj(K)
         du = torch.fft.irfft(dy_spectrum * torch.conj_physical(spectrum), n=2 * n)[..., :n].to(u.dtype)
-    elif need_du:  # eager with nothing to record: the implementations; traced or create_graph: the ops
-        du = eager.backward_call(_spectrum_op, _conv_impl, dy, spectrum, True)
-    if kernel_dk:
+    elif need_du:
+        du = eager.backward_call(_spectrum_op, _conv_impl, dy, spectrum, True) if key is None else \
+            _conv_impl(dy, spectrum, True, key=key)
+    if need_dk and dk_launch:
         kind, config = dk_launch
-        dk = eager.backward_call(_filter_grad_op, _filter_grad_impl, u, dy, k.shape[-1], [int(c) for c in config],
-                                 kind == "gluon").to(k.dtype)
+        args = (u, dy, k.shape[-1], [int(c) for c in config], kind == "gluon")
+        dk = (eager.backward_call(_filter_grad_op, _filter_grad_impl, *args) if key is None else
+              _filter_grad_impl(*args, key=(key, "dk"))).to(k.dtype)
     elif need_dk:
         # dk[j] = sum over batch and n of dy[n] u[n - j]: the correlation of dy with u, summed over the
         # batch in the frequency domain (torch.fft in float32)
@@ -297,14 +307,13 @@ class _RecordedConv(torch.autograd.Function):
 
 
 def _keyed_backward(prepared, ctx, dy):
-    """_filter_backward's (du, dk) for a recorded call of the recipe ``prepared``'s key, with du's and dk's launches
-    keyed by the backward's launch key (eager.backward_key: the forward's key with dy's signature, which fixes dy's
-    layout; u's is the forward key's; the spectrum, du and dk's partials are fresh tensors of the keys' shapes) and the
-    plans the forward's key fixes kept in the recipe: the same launches and torch.fft calls as _filter_backward's, so
-    the same bits, without its plan lookups and du's and dk's unkeyed launches (launch parts and Triton's argument
-    specialization each call); the filter's spectrum only where du needs it, padded as the forward pads it
-    (PAD_BY_CAT). None (_filter_backward then) where the backward is not plain eager (create_graph, modes) or dy has
-    no key."""
+    """_filter_backward's (du, dk) for a recorded call of the recipe ``prepared``'s key, by _filter_grads with du's
+    and dk's launches keyed by the backward's launch key (eager.backward_key: the forward's key with dy's signature,
+    which fixes dy's layout; u's is the forward key's; the spectrum, du and dk's partials are fresh tensors of the keys'
+    shapes) and the plans the forward's key fixes kept in the recipe: the same launches and torch.fft calls as
+    _filter_backward's, so the same bits, without its plan lookups and du's and dk's unkeyed launches (launch parts and
+    Triton's argument specialization each call); the filter's spectrum padded as the forward pads it (PAD_BY_CAT).
+    None (_filter_backward then) where the backward is not plain eager (create_graph, modes) or dy has no key."""
     u, k = ctx.saved_tensors
     if dispatch.eager_mode(dy, u, k) != "direct":
         return None
@@ -312,26 +321,14 @@ def _keyed_backward(prepared, ctx, dy):
     if key is None:
         return None
     need_du, need_dk = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-    n = prepared.shape[-1]
     spectrum = None
     if need_du:  # (PAD_BY_CAT: the forward's padding by the recipe's kept zeros, the same spectrum as _spectrum's)
-        spectrum = torch.fft.rfft(torch.cat((k, prepared.zeros), 1)) if PAD_BY_CAT else _spectrum(k, n)
+        spectrum = torch.fft.rfft(torch.cat((k, prepared.zeros), 1)) if PAD_BY_CAT else _spectrum(k, u.shape[-1])
     dk_launch = prepared.dk_launch
     if dk_launch is None:  # (dk_plan's choice: a function of n, the device and the dtypes, which the key fixes)
-        dk_launch = prepared.dk_launch = dk_plan(n, u.device, u.dtype, k.dtype) or False
+        dk_launch = prepared.dk_launch = dk_plan(u.shape[-1], u.device, u.dtype, k.dtype) or False
     # (the recipe's plan is Gluon's: du by the kernel, never torch.fft's)
-    dy_spectrum = torch.fft.rfft(dy.float(), n=2 * n) if need_dk and not dk_launch else None
-    du = dk = None
-    if need_du:
-        du = _conv_impl(dy, spectrum, True, key=key)
-    if need_dk and dk_launch:
-        kind, config = dk_launch
-        dk = _filter_grad_impl(u, dy, k.shape[-1], [int(c) for c in config], kind == "gluon",
-                               key=(key, "dk")).to(k.dtype)
-    elif need_dk:
-        cross = (dy_spectrum * torch.conj_physical(torch.fft.rfft(u.float(), n=2 * n))).sum(0)
-        dk = torch.fft.irfft(cross, n=2 * n)[:, :k.shape[-1]].to(k.dtype)
-    return du, dk
+    return _filter_grads(u, k, dy, spectrum, need_du, need_dk, False, dk_launch, key=key)
 
 
 # a recorded call's backward through its recipe (_RecordedConv) launches du by the backward's launch key and keeps
