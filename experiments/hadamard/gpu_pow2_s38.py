@@ -37,8 +37,9 @@ without a recent figure. --set l (session 40, batch 1): more warps an SM at 1638
 registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 16384 as (4, 128, 32) on 8 warps, 32768 as
 (4, 256, 32) on 16 (a warpgroup 64 lines of each product). --set n (batch 3): 16384 / 32768 on the Gluon kron kernel as
 32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
-4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit). --set r (session 41, batch 1): 16384 / 32768 on the
-transform's Gluon pipeline with the codes (plan tuning gluon_rows), every format.
+4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit). --set r (session 41): 16384 / 32768 on the
+transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels.hadamard_gluon_quantize_kernel), every
+format.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
