@@ -17,7 +17,7 @@ their parts on the same host (session 37, HG; experiments/common/gpu_script.py's
   tiles.launch.KEEP_SIGNATURE_HASH (a memo hit's signature keeping its hash), removed after call 4 (0.92-1.01x, an
   LRU lookup 0.69 against 0.51 us: notes/host's decision log).
 
-    PYTHONPATH=/tmp/site:. python experiments/common/gpu_host_rows_s37.py [--rounds 3] [--calls 300]
+    PYTHONPATH=/tmp/site:. python experiments/common/gpu_host_rows.py [--rounds 3] [--calls 300]
 
 JSON to $OUT/host_rows_s37.json after each row; a short table last.
 """

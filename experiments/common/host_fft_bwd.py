@@ -3,7 +3,7 @@ then torch.autograd.grad of both) takes ~1.1-1.4 ms a call for ours and for torc
 (session 39 calls 4 and 7), where the forward alone is ~40-90 us of host time: the GPU's time a call against the
 host's, and the GPU kernels of one call by torch.profiler (CUDA activity), for k float32 (the row's) and bf16.
 
-    python experiments/common/host_fft_bwd_s40.py [--smoke] [--deadline 60]
+    python experiments/common/host_fft_bwd.py [--smoke] [--deadline 60]
 """
 import argparse
 import sys
