@@ -13,6 +13,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
   c64_1 at 8192: c64 with one program a multiprocessor (what the second program's overlap is worth)
+  c64_v, f16_v  c64 / f16 with VEC (u's loads and y's stores in 1a / 1'a 8 bytes wide: the same elements); at 16384
+                without DIRECT (DIRECT's accesses are the wgmma layouts': VEC does not reach them)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
@@ -55,6 +57,9 @@ def tuples(n):
     out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
     if n == 8192:
         out["c64_1"] = ((1,) + tuple(configs.GLUON_ORDER3[n][1:]), "c64")
+    for label in ("c64", "f16"):  # VEC (8192: on the shipped tuple; 16384: on the shipped tuple without DIRECT)
+        per_sm, wg, rfft = out[label][0][:3]
+        out[label + "_v"] = ((per_sm, wg, rfft, False, True), label)
     return out
 
 

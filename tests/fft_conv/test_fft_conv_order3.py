@@ -106,8 +106,8 @@ CODE_T = """
 import json, re, sys
 from tilecore.ops.fft_conv.report import order3_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n, per_sm, wg, rfft, direct = (int(a) for a in sys.argv[1:6])
-name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(direct))
+n, per_sm, wg, rfft, direct, vec = (int(a) for a in sys.argv[1:7])
+name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(direct), bool(vec))
 compiled = compile_kernel(kernel, args, num_warps=warps)
 ptx = compiled.asm["ptx"]
 inside = 0  # 32-bit global loads (the float16 bins) between a wgmma issue and the next wait
@@ -120,7 +120,7 @@ for line in ptx.splitlines():
     elif pending and "ld.global" in line and ".b32" in line:
         inside += 1
 print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
-                      inside=inside, bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
+                      inside=inside, b16=len(re.findall(r"(?:ld|st)\\.global[.\\w]*\\.b16", ptx)), bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), sins=len(re.findall(r"sin\\.approx", ptx)),
                       arrives=len(re.findall(r"mbarrier\\.arrive", ptx)),
                       inits=re.findall(r"mbarrier\\.init\\.shared::cta\\.b64 \\[%r\\d+\\], (\\d+)", ptx),
                       regs=[int(r) for r in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)],
@@ -128,18 +128,19 @@ print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len
 """
 
 
-@pytest.mark.parametrize("n, per_sm, wg, rfft, direct", [(8192, 2, 1, 4, 0), (8192, 2, 1, 3, 0), (16384, 1, 2, 4, 1),
-                                                         (16384, 1, 2, 3, 1)])
-def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, direct):
+@pytest.mark.parametrize("n, per_sm, wg, rfft, direct, vec", [(8192, 2, 1, 4, 0, 0), (8192, 2, 1, 3, 0, 0),
+                                                              (16384, 1, 2, 4, 1, 0), (16384, 1, 2, 3, 1, 0),
+                                                              (8192, 2, 1, 4, 0, 1)])
+def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, direct, vec):
     """The shipped builds (configs.GLUON_ORDER3 and GLUON_ORDER3_HALF at 8192 and 16384): wgmma, the twiddles by the
     SFU, the programs a multiprocessor the plan asks for fit by shared memory (T as the wgmma's tiles, no staging tile,
     no -Im F_B) and registers (8192: two; 16384, two warpgroups on a T of 128 KiB: one); the chunk loop's four complex
     products (1b, 3, 3', 1'b: four m64n64k16 wgmmas each) once with a wait each, 1a's and 1'a's A2 columns a warpgroup
     two a wait; the chunk's float16 bins loaded under stage 3's wgmmas; DIRECT: no layout conversion in 1a / 1'a (few barriers); two warpgroups: two mbarriers of two arrivals,
     the worker under 256 registers. Spill: scalars (8192 140-144 B, 16384 ~0.6 KB), as measured faster on the H100 all
-    the same (notes/fft_conv). (RFFT 4: the channels' scales, KS.)"""
+    the same (notes/fft_conv). (RFFT 4: the channels' scales, KS.) VEC (a candidate): no 2-byte access of u or y."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [str(a) for a in (n, per_sm, wg, rfft, direct)]
+    args = [str(a) for a in (n, per_sm, wg, rfft, direct, vec)]
     r = subprocess.run([sys.executable, "-c", CODE_T, *args], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     row = json.loads(r.stdout)
@@ -149,6 +150,8 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, direct):
     a2 = gluon_order3.factors(n)[2]
     assert row["mmas"] == wg * (2 * (a2 // wg) * 4 + 4 * 4 * 4) and row["waits"] == wg * (2 * (a2 // wg) // 2 + 4), row
     assert row["inside"] >= 32, row  # (the chunk's bins load while stage 3's wgmmas run)
+    if vec:
+        assert row["b16"] == 0, row  # (u's loads and y's stores 8 bytes wide)
     if direct:
         assert row["bars"] <= 100, row
     if wg == 2:
@@ -233,10 +236,13 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, 1, 4), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, "k", 1, 4, False)  # (conj, per_sm, key, warpgroups, RFFT, DIRECT)
+    assert seen[0][3:] == (True, 1, "k", 1, 4, False, False)  # (conj, per_sm, key, warpgroups, RFFT, DIRECT, VEC)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, 2, 3, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, None, 2, 3, True)  # (two warpgroups a pair, float16 bins, DIRECT)
+    assert seen[0][3:] == (False, 1, None, 2, 3, True, False)  # (two warpgroups a pair, float16 bins, DIRECT)
+    seen.clear()
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, False, True), u, spectrum, y, False)
+    assert seen[0][3:] == (False, 2, None, 1, 4, False, True)  # (VEC)
 
 
 def test_model_counts_order3_below_order2():

@@ -59,20 +59,26 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 
 @gluon.jit
-def _swizzled(p, a2: gl.constexpr):
+def _swizzled(p, a2: gl.constexpr, VEC: gl.constexpr = False):
     """The m held at position p of row (k1, a2) of T. T is the wgmma's NVMMA tile [16 A2, B] (rows of 128 B, the
     128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8); 1a
     and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m (each
-    of their rows is independent: only the addresses move)."""
-    return p ^ (8 * (a2 % 8))
+    of their rows is independent: only the addresses move). VEC: the same m as ((p / 8) ^ (a2 % 8)) 8 + p % 8, which
+    the compiler sees run in groups of 8 (its xor of a whole register loses that): 4 elements a thread one 8-byte load
+    or store, not four 2-byte ones."""
+    if VEC:
+        p = ((p // 8) ^ (a2 % 8)) * 8 + p % 8
+    else:
+        p = p ^ (8 * (a2 % 8))
+    return p
 
 
 @gluon.jit
 def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr):
+          io: gl.constexpr, lhs1: gl.constexpr, VEC: gl.constexpr):
     """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
     over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed; row p holds m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2)
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2, VEC)
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     keep = gl.expand_dims(a1 < 8, 0) & gl.expand_dims(m >= 0, 1)
@@ -114,13 +120,13 @@ def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr,
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr):
+              acc1: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr, VEC: gl.constexpr):
     """Stage 1a of columns a2 and a2 + 1 (their eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, VEC)
     p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
-    xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
+    xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, VEC)
     p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
     p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
         0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
@@ -153,10 +159,10 @@ def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lh
 
 @gluon.jit
 def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
-          B: gl.constexpr, io8: gl.constexpr):
+          B: gl.constexpr, io8: gl.constexpr, VEC: gl.constexpr):
     """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
     sequence); past the batch masked. Row p of out is m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2)
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2, VEC)
     a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     ty: gl.constexpr = Y.dtype.element_ty
@@ -167,7 +173,7 @@ def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.const
 @gluon.jit
 def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr, DIRECT: gl.constexpr):
+                      acc8: gl.constexpr, io8: gl.constexpr, DIRECT: gl.constexpr, VEC: gl.constexpr):
     """Stage 1'a of columns a2 and a2 + 1 (_v_a2's operand @ conj(F_16)[:, :8]; their eight wgmmas issued together,
     one wait) and their y (_y_a2)."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
@@ -177,8 +183,8 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
     p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
     p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
         0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
-    _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
-    _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
+    _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, VEC)
+    _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, VEC)
 
 
 @struct
@@ -211,6 +217,7 @@ class Order3Shared:
     B: gl.constexpr
     CONJ: gl.constexpr
     DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
+    VEC: gl.constexpr  # _swizzled's grouped form: u's loads and y's stores 8 bytes wide
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
 
@@ -285,7 +292,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 DIRECT: gl.constexpr = False, KSCALE: gl.constexpr = False):
+                                 DIRECT: gl.constexpr = False, KSCALE: gl.constexpr = False, VEC: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -303,7 +310,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
     DIRECT: stages 1a and 1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the
     accumulator, T' read as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory
-    round trip with its barriers) a column; the same values. KSCALE, KS (heads,) float32: K's bins are the spectrum
+    round trip with its barriers) a column; the same values. VEC: u's loads and y's stores in 1a / 1'a 8 bytes wide
+    (_swizzled's grouped form; the same elements). KSCALE, KS (heads,) float32: K's bins are the spectrum
     over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|, so
     no bin overflows float16), the outputs times KS[h]. The same roundings as gluon_emulate.emulate_order3."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
@@ -328,7 +336,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, DIRECT, KS, KSCALE)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, DIRECT, VEC, KS, KSCALE)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -473,7 +481,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
         for c in gl.static_range(COLS // 2):
             _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE, T1IM,
-                      PART * COLS + 2 * c, A2, B, io_x, lhs1, acc1, put, DIRECT)
+                      PART * COLS + 2 * c, A2, B, io_x, lhs1, acc1, put, DIRECT, g.VEC)
         fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
         _both_arrived(g.bars, 0, phase, PARTS)  # T written
@@ -505,4 +513,5 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
         for c in gl.static_range(COLS // 2):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, tabs.f8re,
-                              tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io_y, DIRECT)
+                              tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io_y, DIRECT,
+                              g.VEC)
