@@ -33,15 +33,71 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
-from experiments.attention_fp8.gpu_s38 import (gpu_us, med, outlier_inputs, poison_allocator, ratio,  # noqa: E402
-                                               reference)
+from experiments.common.gpu_script import Run, check, same_bits, sync, time_rounds  # noqa: E402
+
+
+def reference(q, k, v, causal):
+    """float64 attention (B, Hq, N, D) of (B, Hkv, Nk, D) keys (GQA), causal bottom right: the library's reference."""
+    from tilecore.ops.attention.reference import attention_reference
+
+    return attention_reference(q, k, v, causal=causal)[0]
+
+
+def poison_allocator(like: torch.Tensor):
+    """Fill the caching allocator's next block of like's size with NaN (an element a kernel skips then stays NaN)."""
+    x = torch.full_like(like, float("nan"))
+    del x
+
+
+def gpu_us(fn, calls: int = 3) -> dict:
+    """GPU time of ``fn`` by the profiler: each call after a synchronize; the median over calls of the sum of a call's
+    kernels (us), and the last call's kernels [(name, us)]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for _ in range(calls):
+            sync()
+            fn()
+        sync()
+    ks = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and "Memset" not in e.name
+                 and "Memcpy" not in e.name), key=lambda e: e.time_range.start)
+    if not ks:
+        return {"total_us": None, "kernels": []}
+    per = max(1, len(ks) // calls)
+    totals = [sum(e.time_range.end - e.time_range.start for e in ks[c * per:(c + 1) * per]) for c in range(calls)]
+    return {"total_us": round(statistics.median(totals), 1),
+            "kernels": [(e.name[:40], round(e.time_range.end - e.time_range.start, 1)) for e in ks[-per:]]}
+
+
+def outlier_inputs(B, H, N, D, device, dtype, seed=1):
+    """q, k, v of FlashAttention-3's outlier test: entries N(0, 1) plus N(0, 100) with probability 0.001."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def one():
+        x = torch.randn(B, H, N, D, device=device, generator=g)
+        big = torch.rand(B, H, N, D, device=device, generator=g) < 0.001
+        return (x + big * torch.randn(B, H, N, D, device=device, generator=g) * 10.0).to(dtype)
+    return one(), one(), one()
+
+
+def med(xs):
+    """The median of the figures that are there (None where none is)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a, b):
+    return round(a / b, 4) if a and b else None
 
 
 def forms(names):

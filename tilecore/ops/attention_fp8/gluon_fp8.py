@@ -296,17 +296,16 @@ class AttentionFp8:
         0, the last step K block n - 1, unused: a stage's byte count is fixed); CARRY: the first step's V block is the
         previous tile's last."""
         b, h, hk = head_of(tile.bh, self.H, self.GROUP)
-        v_b, v_hk = b, hk
         k_block = gl.minimum(step, tile.n_blocks - 1)
-        if self.CARRY:
-            v_block = step - 1
-            if step == 0:
-                v_b, v_h, v_hk = head_of(prev.bh, self.H, self.GROUP)
-                v_block = prev.n_blocks - 1
+        if self.CARRY:  # selects, no branch: the producer is one warp
+            at_first = step == 0
+            vb, vh, vhk = head_of(gl.where(at_first, prev.bh, tile.bh), self.H, self.GROUP)
+            v_block = gl.where(at_first, prev.n_blocks, step) - 1
         else:
+            vb, vhk = b, hk
             v_block = gl.maximum(step - 1, 0)
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.vt_desc, [v_b, v_hk, 0, v_block * self.BN], bar, stage.vt)
+        tma.async_copy_global_to_shared(self.vt_desc, [vb, vhk, 0, v_block * self.BN], bar, stage.vt)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
