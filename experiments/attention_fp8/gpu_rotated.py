@@ -8,7 +8,9 @@ Forms (the first is the base every other is compared with): "ship" (the shipped 
 configs.GLUON_FORWARD's ``carry`` 1, the template's CARRY: a tile's first S issued with the previous tile's last P V,
 its epilogue after the softmax of that step, one ring step fewer a tile; gluon_fp8.AttentionFp8.compute_carried) and
 "carry2" (``carry`` 2: q's rotation in the tile's first step, after that P V is issued, the epilogue under the
-rotation's wgmma; q's codes in shared memory, not Q_REG, at D128 too: first_step_rotating). Session
+rotation's wgmma; q's codes in shared memory, not Q_REG, at D128 too: first_step_rotating), and "c3s" (D64: three
+consumer warpgroups, 160 registers a thread, with ``serial`` steps: a step's P V issued after its softmax into a zero
+accumulator, added to O * alpha, so that no float32 P is carried between steps: serial_step). Session
 40's forms (old: session 39's state; m32, noclamp: shipped since; st4, nohide: lost or equal) are in
 notes/attention_fp8's decision log. The same math: O must be the same bits in every form.
 
@@ -112,7 +114,11 @@ def forms(names):
              "carry": ({configs: dict(GLUON_FORWARD=carry)}, (64, 128)),
              # carry 2 (q's rotation in a tile's first step, after the previous tile's last P V is issued, its epilogue
              # under the rotation's wgmma) takes q's codes in shared memory (no Q_REG, nor rot_split) at D128 too
-             "carry2": ({configs: dict(GLUON_FORWARD=carry2, ROTATED=dict(rot, q_reg=(), rot_split=()))}, (64, 128))}
+             "carry2": ({configs: dict(GLUON_FORWARD=carry2, ROTATED=dict(rot, q_reg=(), rot_split=()))}, (64, 128)),
+             # three consumers at D64 with serial steps (a step's P V in it: no float32 P carried, 160 registers)
+             "c3s": ({configs: dict(GLUON_FORWARD={**configs.GLUON_FORWARD,
+                                                   64: dict(configs.GLUON_FORWARD[64], consumers=3, serial=True)})},
+                     (64,))}
     return {n: table[n] for n in names}
 
 
@@ -146,7 +152,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,carry,carry2", help="ship (the shipped configs), carry, carry2 (forms()); the first is "
+    ap.add_argument("--forms", default="ship,carry,carry2", help="ship (the shipped configs), carry, carry2, c3s (forms()); the first is "
                     "the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")

@@ -65,6 +65,9 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
                                        hide_first_key=True, mask32=True, carry=2),
     "qrot_hide_m32_carry2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, carry=2),
     "qrot_split_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
+    # serial steps (a step's P V in it, no P carried), with three consumers (160 registers) or two
+    "qrot_m32_serial_c3": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3),
+    "qrot_m32_serial": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True),
 }
 
 

@@ -263,6 +263,7 @@ class AttentionFp8:
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
     CARRY: gl.constexpr  # the pipeline runs on across a program's tiles (the template's CARRY; AttentionFp8.compute)
+    SERIAL: gl.constexpr  # a step's P V in that step, after its softmax (serial_step): no P carried between steps
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -286,6 +287,8 @@ class AttentionFp8:
         if self.CARRY:
             rows = rows.replace(n_blocks=gl.maximum(rows.n_blocks, 1))
             steps = rows.n_blocks
+        elif self.SERIAL:
+            steps = rows.n_blocks
         else:
             steps = gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
         return rows, steps
@@ -301,6 +304,9 @@ class AttentionFp8:
             at_first = step == 0
             vb, vh, vhk = head_of(gl.where(at_first, prev.bh, tile.bh), self.H, self.GROUP)
             v_block = gl.where(at_first, prev.n_blocks, step) - 1
+        elif self.SERIAL:
+            vb, vhk = b, hk
+            v_block = step
         else:
             vb, vhk = b, hk
             v_block = gl.maximum(step - 1, 0)
@@ -383,9 +389,9 @@ class AttentionFp8:
             l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
             vd = 1.0
             vn = 1.0
-            if self.V_PER_BLOCK:
+            if self.V_PER_BLOCK:  # (SERIAL: vn is the descale of the block whose P V comes in the step)
                 vd = self.v_block_scale(tile.bh, 0)
-                vn = self.v_block_scale(tile.bh, 1)
+                vn = self.v_block_scale(tile.bh, 0 if self.SERIAL else 1)
             st = Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr, None)
         return st
 
@@ -591,7 +597,10 @@ class AttentionFp8:
             q = self.q_operand(ctx)
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))  # [D, BN], D contiguous: K-major
         v = stage.vt.reshape([self.D, self.BN]).permute((1, 0))  # [BN, D], keys contiguous: K-major
-        if self.CARRY:
+        if self.SERIAL:
+            if step < st.rows.n_blocks:
+                st = self.serial_step(st, q, k_t, v, step)
+        elif self.CARRY:
             st = self.compute_carried(ctx, st, q, k_t, v, step)
         elif step == 0:
             k_scale = self.key_scales(st, 0)
@@ -605,6 +614,29 @@ class AttentionFp8:
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
             st = self.last_pv(st, v)
         return st  # (causal: a step past this consumer's keys does nothing; the other's rows see more)
+
+    @gluon.jit
+    def serial_step(self, st, q, k_t, v, step):
+        """SERIAL: S_step, its softmax, then P_step V_step into a zero accumulator, added to O * alpha (FFMA: the
+        rescale runs under the P V) with l's chunks: every wgmma of the step done within it and no P carried to the
+        next (the registers of three consumers at D64: 160 a thread)."""
+        key = step * self.BN
+        k_scale = self.key_scales(st, key)
+        s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        m, p32, alpha = self.softmax(s, st, key, k_scale)
+        p8 = to_e4m3x4(self.p_operand(p32), self.P_LINEAR)
+        t0, t1, t2, t3 = self.row_sum_mma(p8)
+        o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False, is_async=True)
+        if self.V_PER_BLOCK:  # acc from block step - 1's descale's units to block step's (st.vn)
+            factor = alpha * (st.vd / st.vn)
+            st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
+        else:
+            factor = alpha
+        pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+        acc = st.acc * as_column(factor, self.O) + pv
+        l_acc = st.l_acc * as_column(alpha, self.L) + ((l0 + l1) + (l2 + l3))
+        return st.replace(m=m, acc=acc, l_acc=l_acc)
 
     @gluon.jit
     def steady_step(self, st, q, k_t, v, step):
@@ -730,12 +762,13 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             CARRY: gl.constexpr = 0):
+                             CARRY: gl.constexpr = 0, SERIAL: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
-    gl.static_assert(CONSUMERS == 2, "two consumer warpgroups")
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL), "two consumer warpgroups (three with SERIAL)")
+    gl.static_assert(not (SERIAL and CARRY), "SERIAL restarts the pipeline at each tile")
     # Q_REG's codes made inside a step (CARRY 2's first step) cross the step loop's phi as single bytes (LLVM unpacks
     # e4m3 registers: ~1 KB of spills at D128, sm_90a); CARRY 2 keeps them in shared memory
     gl.static_assert(CARRY != 2 or not Q_REG, "CARRY 2 takes Q_ROTATE without Q_REG")
@@ -769,11 +802,12 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, CARRY, ones, rotation,
+                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, CARRY, SERIAL, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
-    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=0,
+    layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
                     CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

@@ -207,6 +207,8 @@ class _GluonLayout:
             if cfg["carry"] not in (1, 2):
                 raise ValueError(f"attention_fp8: carry must be 0, 1 or 2; got {cfg['carry']!r}")
             self.options["CARRY"] = int(cfg["carry"])
+        if cfg.get("serial", False):  # a step's P V in that step (gluon_fp8's SERIAL; three consumers need it)
+            self.options["SERIAL"] = True
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
