@@ -20,7 +20,7 @@ def test_shipped_gemm_tile_is_in_the_napkins_top_k_at_8192_cubed():
     assert [c.time for c in ranked] == sorted(c.time for c in ranked)
     assert all(c.derivation.M["SMEM"] <= 227 * 1024 for c in ranked)
     # the issue's claim came from the 10 TB/s L2 estimate: 128 x 128 tiles L2-bound near 635 TFLOP/s;
-    # at the measured 14.49 TB/s they are tensor-bound (notes/napkin: the claim's cause is refuted)
+    # at the SMs' measured L2 intake (13.96 TB/s) they are tensor-bound (notes/napkin: the claim's cause is refuted)
     estimate = dataclasses.replace(H100, levels=(H100.levels[0], dataclasses.replace(H100.levels[1], bandwidth=10e12))
                                    + H100.levels[2:])
     old = next(c for c in rank_gemm_configs(8192, 8192, 8192, "bf16", estimate) if c.block == (128, 128, 64))

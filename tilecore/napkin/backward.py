@@ -213,11 +213,12 @@ BACKWARD_CLOCK_HZ = 1545e6
 # `step_latency_from_anchor(rates)`, and checked on the anchors' three other cuDNN backward rows (D64
 # 430, D64 causal 379, D128 causal 461: predicted 394, 358, 467 with "clock"; 444, 400, 467 with
 # "ceiling"). No committed bench row is used. Re-derived with cuDNN's tile prologue and
-# epilogue (646.6 and 181.6 before: the per-tile cost was inside the per-step one).
+# epilogue (646.6 and 181.6 before: the per-tile cost was inside the per-step one); re-derived with the SMs' L2
+# intake at 13.96 TB/s (576.6 and 98.8 at 14.49).
 ANCHOR = dict(impl="cudnn", batch=16, heads=16, seq=4096, d=128, causal=False, tflops=519.0,
               ceiling_tflops=680.0, copy_bytes_per_s=2997e9)
 ANCHOR_CHECKS = ((64, False, 430.0), (64, True, 379.0), (128, True, 461.0))
-STEP_LATENCY_CLOCKS = {"clock": 576.6, "ceiling": 98.8}
+STEP_LATENCY_CLOCKS = {"clock": 575.2, "ceiling": 97.1}
 
 
 def at_backward_clock(gpu, clock_hz: float = BACKWARD_CLOCK_HZ):

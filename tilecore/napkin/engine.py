@@ -80,6 +80,7 @@ class Derivation:
     mma: str = "wgmma"
     acc_dtype: str = "fp32"
     cluster: dict = field(default_factory=dict)   # axis -> blocks a cluster (TMA multicast of the others' tiles)
+    l2_reads: float = 0.0        # bytes the L2 serves to the SMs (H["L2"] less what a cluster's multicast shares)
 
     @property
     def tflops(self) -> float:
@@ -204,9 +205,11 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
     mma: "wgmma" (Hopper's warpgroup MMA) or "mma.sync" (the warp-level MMA of Ampere kernels, at the
     GPU's `mma_sync_fraction` of the tensor rate).
     cluster: {axis: c}, thread-block clusters (Hopper): c neighbouring blocks along a grouped axis run at once
-    on one GPC and a tile of an array that lacks the axis is loaded once for them, multicast by TMA from L2
-    into each block's shared memory, so its L2 -> SM bytes divide by c (HBM's do not: L2 already shares them
-    between blocks that run together). c a power of two, at most MAX_CLUSTER blocks in all.
+    on one GPC and a tile of an array that lacks the axis is read from L2 once for them, multicast by TMA into
+    each block's shared memory: the L2's reads of it divide by c (`l2_reads`), the SMs' intake does not (every
+    block still takes its bytes: H["L2"]), and each multicast tile holds a block's ring for the GPU's
+    multicast_chunk_s (measured: 0.44 us, whatever its size): times["multicast"]. c a power of two, at most
+    MAX_CLUSTER blocks in all.
     stage_output: the output tile is staged whole in shared memory for its store (a TMA epilogue: default);
     False: stored from registers (a tl kernel's tl.store), no shared memory for it.
     causal_rows: the query rows that stop together at their causal bound where the queries are grouped (a consumer
@@ -441,13 +444,16 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         return total
 
     H = {"HBM": transfer(T_l2)}
+    l2_reads = 0.0
     m_l2 = sum(math.prod(min(n[a], T_l2[a] if a != stream_axis else S_s[a] * stages) for a in axes) * q
                for _, axes, q, _ in io)
     if abstract:
         H = {"HBM": transfer(T_s)}
     else:
-        # a cluster loads a tile of an array that lacks its axis once for its c blocks (TMA multicast)
-        H["L2"] = transfer({a: min(n[a], T_s[a] * cluster.get(a, 1)) for a in T_s}) if cluster else transfer(T_s)
+        # every block takes its tiles into its own shared memory: H["L2"], the SMs' intake, whatever the cluster; a
+        # cluster reads a tile of an array that lacks its axis from L2 once for its c blocks (TMA multicast): l2_reads
+        H["L2"] = transfer(T_s)
+        l2_reads = transfer({a: min(n[a], T_s[a] * cluster.get(a, 1)) for a in T_s}) if cluster else H["L2"]
         tensor_ops = [op for op in d.ops if any(w.unit == "tensor" for w in op.works)]
         H["SMEM"] = transfer(T_r, use_step_for_inputs=bool(tensor_ops), step=S_r) + sum(
             2 * math.prod(n[a] for a in d.arrays[r].axes) * dtype_bytes(d.arrays[r].dtype) for r in roundtrip)
@@ -470,6 +476,13 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         times["L2"] = H["L2"] / ports
         times["HBM"] = H["HBM"] / min(hbm.bandwidth, ports)
         times["SMEM"] = H["SMEM"] / gpu.level("SMEM").bandwidth / sm_share
+        if cluster and gpu.multicast_chunk_s:
+            # each multicast tile holds a block's ring for multicast_chunk_s whatever its size: the tiles of the
+            # arrays that lack a cluster axis, one a step, the SM's blocks one after another
+            steps = math.ceil(n[stream_axis] / S_s[stream_axis]) * density if stream_axis else 1.0
+            shared = sum(1 for _, axes, _, is_out in io if not is_out and any(a not in axes for a in cluster)
+                         and (stream_axis in axes or not stream_axis))
+            times["multicast"] = ctas / min(ctas, gpu.sms) * steps * shared * gpu.multicast_chunk_s
     mma_scale = gpu.mma_sync_fraction if mma == "mma.sync" else 1.0
 
     def rate(unit, dt):
@@ -483,7 +496,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
                 t += ops / rate(u, dt)
         times[unit] = t / busy
     chain_time = sum(ops / rate(u, dt) for (u, dt), ops in chain_sfu.items()) / busy
-    transfer_time = max(times.get(k, 0.0) for k in ("HBM", "L2", "SMEM"))
+    transfer_time = max(times.get(k, 0.0) for k in ("HBM", "L2", "SMEM", "multicast"))
     if time_model == "ideal":
         compute_time = max(times["tensor"], times["sfu"], times["alu"])
     elif time_model == "overlap":
@@ -536,7 +549,7 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         ctas_per_sm=ctas_per_sm, waves=waves, causal_density=density, supertile=supertile,
         time_model=time_model, notes=notes, thread_clocks=thread_clocks, compute_time=compute_time,
         transfer_time=transfer_time, fill_time=fill, launch_time=0.0 if abstract else gpu.launch_s,
-        mma=mma, acc_dtype=acc_dtype or "fp32", cluster=cluster)
+        mma=mma, acc_dtype=acc_dtype or "fp32", cluster=cluster, l2_reads=l2_reads)
 
 
 # ------------------------------------------------------------------------------------------ search

@@ -82,6 +82,12 @@ class GPU:
     # dependent MMAs of one step (softmax between Q K^T and P V): the paper's account of FA3
     exposed_sfu: float = 2 / 3
     constants_source: tuple = field(default_factory=tuple)
+    # the L2 in two numbers: Level("L2").bandwidth is the SMs' ports together, what they draw when the blocks running
+    # at once share the lines they read (a GEMM's operand panels, attention's K and V); l2_unshared_bandwidth is what
+    # the L2 serves when every SM reads lines of its own (0: the level's bandwidth)
+    l2_unshared_bandwidth: float = 0.0
+    # a TMA multicast copy's time in the receiving block's ring, whatever its size (0: not modelled)
+    multicast_chunk_s: float = 0.0
 
     def level(self, name: str) -> Level:
         for lv in self.levels:
@@ -151,7 +157,8 @@ class GPU:
 
 def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_kb, smem_block_kb,
          tensor, tensor_src, alu, alu_src, tc_tile, notes=(), launch_s=0.0, mma_sync_fraction=1.0,
-         constants_source=(), graph_launch_s=0.0, tile_latency_s=0.0):
+         constants_source=(), graph_launch_s=0.0, tile_latency_s=0.0, l2_unshared_bandwidth=0.0,
+         multicast_chunk_s=0.0):
     sfu = 16 * sms * clock_hz  # 16 exp2/clk/SM: CUDA C Programming Guide, arithmetic throughput table
     return GPU(
         key=key, name=name, sms=sms, clock_hz=clock_hz,
@@ -172,7 +179,8 @@ def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_k
         tc_tile=tc_tile, max_smem_per_block=smem_block_kb * 1024,
         max_rf_per_warpgroup=128 * 255 * 4, notes=tuple(notes), launch_s=launch_s, graph_launch_s=graph_launch_s,
         tile_latency_s=tile_latency_s,
-        mma_sync_fraction=mma_sync_fraction, constants_source=tuple(constants_source))
+        mma_sync_fraction=mma_sync_fraction, constants_source=tuple(constants_source),
+        l2_unshared_bandwidth=l2_unshared_bandwidth, multicast_chunk_s=multicast_chunk_s)
 
 
 # a kernel's fixed time (launch, the stores' completion, the tail: what a small copy takes beyond the engine's own
@@ -199,10 +207,13 @@ A100 = _gpu(
 H100 = _gpu(
     "h100", "H100-SXM5-80GB", sms=132, clock_hz=1.83e9,  # 989.4e12 / (132 SMs x 4096 FLOP/clk)
     hbm=(80e9, 3.35e12), hbm_src="NVIDIA H100 datasheet: HBM3 3.35 TB/s (SXM)",
-    l2_bytes=50 * 2**20, l2_bw=14.49e12,
-    l2_src="H100 whitepaper: 50 MB L2; bandwidth measured: 14.49 TB/s reading a 16 MiB working set 64 times "
-           "from 528 thread blocks (experiments/napkin/gpu_constants.py on the lent H200, the same GH100 die "
-           "and L2: notes/napkin/runs/napkin_gpu_constants_session25_h200.json); was a 10 TB/s estimate",
+    l2_bytes=50 * 2**20, l2_bw=13.96e12,
+    l2_src="H100 whitepaper: 50 MB L2. Bandwidth into the SMs where the running blocks share their lines: 13.96 "
+           "TB/s (105.8 GB/s an SM), the most a committed kernel drew: tilecore's Gluon GEMM at 8192^3 in 64 x 256 "
+           "tiles, 4 stages, 5 MiB of operands a tile through TMA, 1.538 ms (notes/napkin/runs/"
+           "napkin_topk_configs_run8_session29_h100.json; 13.0-13.96 TB/s over six committed runs of it), a lower "
+           "bound on the ports. Was 14.49 TB/s, gpu_constants.py's blocks re-reading slices their SM's L1 held "
+           "(notes/napkin/runs/hh_l2_s40b_run3_session40_h100.txt); before that a 10 TB/s estimate",
     smem_kb=228, smem_block_kb=227,
     tensor={"tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
     tensor_src="NVIDIA H100 datasheet (SXM), dense = half the sparse figures: TF32 494.7, "
@@ -211,7 +222,16 @@ H100 = _gpu(
     alu_src="NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s; FP16/BF16 non-tensor 2x FP32 (whitepaper)",
     tc_tile=(64, 8, 32),  # wgmma m64nNk16 (fp16) / k32 (fp8): 32 bytes of k per instruction
     launch_s=LAUNCH_S_H100, graph_launch_s=GRAPH_LAUNCH_S_H100, tile_latency_s=0.7e-6, mma_sync_fraction=2 / 3,
+    l2_unshared_bandwidth=8.1e12, multicast_chunk_s=0.44e-6,
     constants_source=(
+        "l2_unshared_bandwidth 8.1 TB/s: bulk copies (cp.async.bulk) from a 16 MiB L2-resident set, each SM its own "
+        "lines: 7.85-8.10 TB/s (59-61 GB/s an SM), two blocks an SM no more; the same lines read by 12-132 SMs at once "
+        "9.9 (this probe's per-SM limit, 75 GB/s); ld.global.cg 5.8 (notes/napkin/runs/"
+        "hh_l2share_s41a_run1_session41_h100.txt, hh_l2_s40c_run6_session40_h100.txt)",
+        "multicast_chunk_s 0.44 us: a multicast bulk copy of 24 or 32 KiB to 2 or 4 blocks of a cluster takes "
+        "0.425-0.453 us (median 0.44) of each receiving block's ring whatever its size, the consumers' release of a buffer "
+        "at CTA scope (CUTLASS's ClusterBarrier form); 0.75 us at cluster scope (hh_l2share_s41a_run1_session41_h100."
+        "txt, hh_cluster_s40a_run2_session40_h100.txt)",
         "launch_s 4.15 us: benchmarks/results/h100-80gb-hbm3/copy.json's 64 KiB-1 MiB copies (torch copy_ and a "
         "Triton copy, eager do_bench medians, 4.61-5.89 us) less the engine's own time for each (their first "
         "loads' round trip and bytes: 1.00-1.40 us): 3.61-4.49 us, median 4.15 (was 4.6, the copies' time taken "
