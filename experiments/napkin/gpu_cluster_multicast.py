@@ -216,14 +216,19 @@ def expected_sums(src: torch.Tensor, chunk: int, nchunks: int, grid: int, c: int
     return chunk_sums[idx].sum(1)
 
 
-def ring_phase(run: Run, probe: Probe, flag, sms: int, l2: float, ring: str, mib_per_block: int) -> None:
-    """Every mode on one ring (chunk KiB x stages): the checks, then the timing in interleaved rounds."""
+def ring_source(ring: str, mib_per_block: int):
+    """A ring's (chunk bytes, stages, shared memory a block, chunks in the 16 MiB L2-resident set, the set, chunks a
+    block copies)."""
     kb, stages = (int(v) for v in ring.split("x"))
     chunk = kb * KB
-    smem = stages * chunk + 3 * 8 * stages
     src_chunks = 16 * 2**20 // chunk
     src = torch.randint(0, 256, (src_chunks * chunk,), dtype=torch.uint8, device="cuda")
-    nchunks = mib_per_block * 2**20 // chunk
+    return chunk, stages, stages * chunk + 3 * 8 * stages, src_chunks, src, mib_per_block * 2**20 // chunk
+
+
+def ring_phase(run: Run, probe: Probe, flag, sms: int, l2: float, ring: str, mib_per_block: int) -> None:
+    """Every mode on one ring (chunk KiB x stages): the checks, then the timing in interleaved rounds."""
+    chunk, stages, smem, src_chunks, src, nchunks = ring_source(ring, mib_per_block)
     plans = {}
     for name, (c, mc) in MODES.items():
         clusters = probe.max_clusters(c, smem)
@@ -285,12 +290,7 @@ def share_phase(run: Run, probe: Probe, flag, sms: int) -> None:
 def shared_phase(run: Run, probe: Probe, flag, sms: int, ring: str, mib_per_block: int) -> None:
     """Plain bulk copies on every SM (one block an SM, no cluster) where `g` blocks in a row follow one chunk sequence:
     the delivered bandwidth when up to g SMs read the same lines at about the same time (g = 1: each its own)."""
-    kb, stages = (int(v) for v in ring.split("x"))
-    chunk = kb * KB
-    smem = stages * chunk + 3 * 8 * stages
-    src_chunks = 16 * 2**20 // chunk
-    src = torch.randint(0, 256, (src_chunks * chunk,), dtype=torch.uint8, device="cuda")
-    nchunks = mib_per_block * 2**20 // chunk
+    chunk, stages, smem, src_chunks, src, nchunks = ring_source(ring, mib_per_block)
     cfg = probe.config(sms, 1, smem)
     fns = {}
     for g in GROUPS:
