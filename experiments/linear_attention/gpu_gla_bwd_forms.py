@@ -7,7 +7,7 @@ Checks: bf16 B2 N1024 H16, an initial state and a final state's gradient, weak d
 dg / dh0 relative (< 0.05 / 0.01); "op" rows: the public op through autograd (gpu_gla_op.check). Timing at B16 H16
 N4096 in the main process: the variant's kernel ("dqk0w", "dvw") or the whole backward ("bwd") in six interleaved
 rounds, do_bench (L2 flushed between calls) and CUDA-graph medians, against its HBM bound at this run's copy bandwidth
-(gpu_gla_s37.dqk_bytes, dv_bytes). A batch's "modes" pairs are also timed four more ways (``modes``): back to back
+(gpu_gla_s37.dqk_bytes, dv_bytes). A batch's "modes" pairs are also timed more ways (``modes``): back to back
 with the host ahead, after an L2 flush with the host ahead, after a flush with the host's launch in the gap (do_bench's
 way), and the host's time a launch: which of them an eager / graph difference comes from.
 
@@ -45,52 +45,84 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one, "bwd" the
 # whole backward)
 # gluon_gla_bwd FORM: 2 + STORE_TMA 512 + DG_TMA 1024 (1538); DG_LATE 2048 for DG_TMA, J_SMEM 8192, PIECES_RZ 32768,
-# DG_TWO 65536 (dG's sums by two pieces), DG_ROUND 131072 (with DG_TWO at d 32: both dG sums in one round), AT_OWN
-# 262144 (a^T in its own 8 KB a consumer: dq's and dk's intra products issued together; d 32 229,984 B), STORE_LATE
+# DG_TWO 65536 (dG's sums by two pieces), DG_ROUND 131072 (with DG_TWO at d 32: both dG sums in one round), STORE_LATE
 # 524288 (dq's and dk's TMA stores after dG's pieces' barrier), SPLIT_P 1048576 (the third piece's buffer apart: no
 # barrier Triton inserts between p1's and p2's stores; d 32 221,792 B), KEEP_QK 2097152 (with STORE_LATE: q, k and g's
 # clamp read before the barriers that precede their buffers' writes: no bar.sync Triton inserts there). configs':
 # d 32 9730 (+ J_SMEM), d 64 34306 (+ PIECES_RZ), d 128 1538
 D32 = 9730
+TWO, ROUND, LATE, SPLIT, KEEP, RZ = 65536, 131072, 524288, 1048576, 2097152, 32768
 BATCHES = {
-    # d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32: 12 -> 0 B spilled, 108 -> 92 wgmmas), DG_ROUND (4 B), AT_OWN
-    # (92 B; 80 with the other two), STORE_LATE (8 B), SPLIT_P (12 B), KEEP_QK (144 B) on configs'; bar.syncs a
-    # consumer's chain: 21 configs', 19 + DG_TWO, 18 + DG_ROUND, 16 + STORE_LATE, 15 + SPLIT_P, 12 + KEEP_QK; SASS
-    # instructions 1792 -> 1667
+    # call 1 (runs/ha_s41a_run1_session41_h100.txt, at 9f1c8051): d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32:
+    # 12 -> 0 B spilled, 108 -> 92 wgmmas), DG_ROUND (4 B) on configs' (and AT_OWN 262144, removed after it: a^T in its
+    # own 8 KB a consumer, dq's and dk's products issued together; 92 B spilled; 1.00x, 0.995x with DG_TWO + DG_ROUND)
     "e": {
         "d32 configs dqk": (32, {}, "dqk0w"),
-        "d32 two": (32, dict(dqk_gluon_form=D32 | 65536), "dqk0w"),
-        "d32 two round": (32, dict(dqk_gluon_form=D32 | 65536 | 131072), "dqk0w"),
-        "d32 at own": (32, dict(dqk_gluon_form=D32 | 262144), "dqk0w"),
-        "d32 two round at own": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 262144), "dqk0w"),
-        "d32 late": (32, dict(dqk_gluon_form=D32 | 524288), "dqk0w"),
-        "d32 split": (32, dict(dqk_gluon_form=D32 | 1048576), "dqk0w"),
-        "d32 two round late": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 524288), "dqk0w"),
-        "d32 two round late split": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 524288 | 1048576), "dqk0w"),
-        "d32 two round late keep": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 524288 | 2097152), "dqk0w"),
-        "d32 two round late split keep": (32, dict(dqk_gluon_form=D32 | 65536 | 131072 | 524288 | 1048576 | 2097152),
-                                          "dqk0w"),
+        "d32 two": (32, dict(dqk_gluon_form=D32 | TWO), "dqk0w"),
+        "d32 two round": (32, dict(dqk_gluon_form=D32 | TWO | ROUND), "dqk0w"),
+        "d32 two rz": (32, dict(dqk_gluon_form=D32 | TWO | RZ), "dqk0w"),
         "d32 configs bwd": (32, {}, "bwd"),
-        "d32 two round bwd": (32, dict(dqk_gluon_form=D32 | 65536 | 131072), "bwd"),
+        "d32 two round bwd": (32, dict(dqk_gluon_form=D32 | TWO | ROUND), "bwd"),
         "d64 configs dqk": (64, {}, "dqk0w"),
-        "d64 two": (64, dict(dqk_gluon_form=34306 | 65536), "dqk0w"),
+        "d64 two": (64, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
     },
-    # d 128: PIECES_RZ's eager / graph split (``modes``: the kernel and the whole backward), DG_TWO; the dv kernel's key
-    # blocks by the pipelined loop (2 and 3 stages) and at 8 warps (with dv_form 21)
+    # call 1 (runs/ha_s41b_run1_session41_h100.txt): d 128 PIECES_RZ's eager / graph split (``modes``: the kernel and the
+    # whole backward), DG_TWO; the dv kernel's key blocks by the pipelined loop (2 and 3 stages) and at 8 warps
     "f": {
         "d128 configs dqk": (128, {}, "dqk0w"),
         "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
         "d128 configs bwd": (128, {}, "bwd"),
         "d128 rz bwd": (128, dict(dqk_gluon_form=34306), "bwd"),
-        "d128 two": (128, dict(dqk_gluon_form=1538 | 65536), "dqk0w"),
-        "d128 rz two": (128, dict(dqk_gluon_form=34306 | 65536), "dqk0w"),
+        "d128 two": (128, dict(dqk_gluon_form=1538 | TWO), "dqk0w"),
+        "d128 rz two": (128, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
         "d128 dv configs": (128, {}, "dvw"),
         "d128 dv loop": (128, dict(dv_loop=True), "dvw"),
         "d128 dv loop st3": (128, dict(dv_loop=True, stages=3), "dvw"),
         "d128 dv 8 warps": (128, dict(dv_warps=8), "dvw"),
     },
+    # call 2, after call 1 (d 32 DG_TWO + PIECES_RZ 0.3390 ms = 72.6% against configs' 0.3487 (1.029x), DG_TWO 1.015x,
+    # AT_OWN 1.00x / 0.995x with DG_TWO + DG_ROUND): d 32 with STORE_LATE 524288 (dq's and dk's TMA stores after dG's
+    # pieces' barrier), SPLIT_P 1048576 (the third piece's buffer apart: no barrier Triton inserts between p1's and
+    # p2's stores; 221,792 B) and KEEP_QK 2097152 (with STORE_LATE: q, k and g's clamp read before the barriers that
+    # precede their buffers' writes; 144 B spilled), on DG_TWO + PIECES_RZ; bar.syncs a consumer's chain (sm_90a): 21
+    # configs', 19 + DG_TWO, 18 + DG_ROUND, 16 + STORE_LATE, 15 + SPLIT_P, 12 + KEEP_QK
+    "g": {
+        "d32 configs dqk": (32, {}, "dqk0w"),
+        "d32 two rz": (32, dict(dqk_gluon_form=D32 | TWO | RZ), "dqk0w"),
+        "d32 two rz late": (32, dict(dqk_gluon_form=D32 | TWO | RZ | LATE), "dqk0w"),
+        "d32 two rz round late": (32, dict(dqk_gluon_form=D32 | TWO | RZ | ROUND | LATE), "dqk0w"),
+        "d32 two rz round late split": (32, dict(dqk_gluon_form=D32 | TWO | RZ | ROUND | LATE | SPLIT), "dqk0w"),
+        "d32 two rz late keep": (32, dict(dqk_gluon_form=D32 | TWO | RZ | LATE | KEEP), "dqk0w"),
+        "d32 two rz round late split keep": (32, dict(dqk_gluon_form=D32 | TWO | RZ | ROUND | LATE | SPLIT | KEEP),
+                                             "dqk0w"),
+        "d32 two round late": (32, dict(dqk_gluon_form=D32 | TWO | ROUND | LATE), "dqk0w"),
+        "d32 two round late split": (32, dict(dqk_gluon_form=D32 | TWO | ROUND | LATE | SPLIT), "dqk0w"),
+        "d32 configs bwd": (32, {}, "bwd"),
+        "d32 two rz bwd": (32, dict(dqk_gluon_form=D32 | TWO | RZ), "bwd"),
+    },
+    # call 2, after call 1 (d 128 DG_TWO + PIECES_RZ 99842: 1.437 ms = 87.1% against configs' 1.546, 1.076x by graphs,
+    # 1.063x eager; d 64 DG_TWO on configs' PIECES_RZ (99842 too): 0.6361 = 84.4% against 0.6799, 1.069x): both again,
+    # the whole backward, bf16 g (DG_LATE for DG_TMA: 100866), the public op through autograd with 99842 patched in;
+    # modes (PIECES_RZ alone lost 0.2 ms after an L2 flush even with the host ahead): + two ways of flushing
+    "h": {
+        "d128 configs dqk": (128, {}, "dqk0w"),
+        "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
+        "d128 rz two": (128, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
+        "d128 configs bwd": (128, {}, "bwd"),
+        "d128 rz two bwd": (128, dict(dqk_gluon_form=34306 | TWO), "bwd"),
+        "d128 rz two bf16 g": (128, dict(dqk_gluon_form=34306 | TWO, g_dtype="bf16"), None),
+        "d128 rz two op": (128, dict(op=(1, 1024, 2, 128, True), dims={"128,128": dict(dqk_gluon_form=34306 | TWO)}),
+                           None),
+        "d64 configs dqk": (64, {}, "dqk0w"),
+        "d64 two": (64, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
+        "d64 configs bwd": (64, {}, "bwd"),
+        "d64 two bwd": (64, dict(dqk_gluon_form=34306 | TWO), "bwd"),
+        "d64 two bf16 g": (64, dict(dqk_gluon_form=34306 | TWO, g_dtype="bf16"), None),
+        "d64 two op": (64, dict(op=(2, 1024, 3, 64, False), dims={"64,64": dict(dqk_gluon_form=34306 | TWO)}), None),
+    },
 }
-MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd"))}  # timed four more ways (``modes``)
+MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
+         "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
 VARIANTS = BATCHES[BATCH]
 if "--variants" in sys.argv:
     keep = sys.argv[sys.argv.index("--variants") + 1].split(",")
@@ -237,7 +269,8 @@ def modes(fns: dict, reps: int = 20, rounds: int = 3) -> dict:
     host), "flush_ms" each launch after an L2 flush (do_bench's 256 MB zeroing) with the host ahead (only the kernel
     between the events), "flush_host_ms" the same without the spin (do_bench's way: where the host's launch takes
     longer than the GPU's flush and kernel, the gap is inside the events), "host_us" the host's time to enqueue one
-    launch (with the spin: enqueue only)."""
+    launch (with the spin: enqueue only), "flush_read_ms" as flush_ms with the L2 flushed by a read of 256 MB (clean
+    lines, no write-back), "flush_gap_ms" as flush_ms with ~0.1 ms of GPU spin between the flush and the kernel."""
     import time
 
     cache = torch.empty(64 * 2 ** 20, dtype=torch.int32, device=DEV)
@@ -257,14 +290,19 @@ def modes(fns: dict, reps: int = 20, rounds: int = 3) -> dict:
         torch.cuda.synchronize()
         return s.elapsed_time(e) / reps
 
-    def flushed(fn, ahead):
+    def flushed(fn, ahead, how="zero"):
         if ahead:
             spin()
         else:
             torch.cuda.synchronize()
         marks = [(ev(), ev()) for _ in range(reps)]
         for s, e in marks:
-            cache.zero_()
+            if how == "read":  # (L2 left holding clean lines, nothing to write back)
+                cache.sum(dtype=torch.int64)
+            else:
+                cache.zero_()
+            if how == "gap":  # (the flush's writes drained before the kernel starts)
+                torch.cuda._sleep(200_000)
             s.record()
             fn()
             e.record()
@@ -281,7 +319,8 @@ def modes(fns: dict, reps: int = 20, rounds: int = 3) -> dict:
         return us
 
     ways = dict(b2b_ms=b2b, flush_ms=lambda f: flushed(f, True), flush_host_ms=lambda f: flushed(f, False),
-                host_us=host)
+                host_us=host, flush_read_ms=lambda f: flushed(f, True, "read"),
+                flush_gap_ms=lambda f: flushed(f, True, "gap"))
     per = {n: {w: [] for w in ways} for n in fns}
     names = list(fns)
     for r in range(rounds):
@@ -361,7 +400,7 @@ def main():
           f" dq/dk/dv x floor, dg rel; times B16 H16 N4096 (graph rounds), copy {run.extra.get('copy_GBps', '-')} GB/s;"
           " pct of the bound by the graph median)")
     if BATCH in MODES:
-        print("modes: b2b_ms / flush_ms / flush_host_ms / host_us (``modes``)")
+        print("modes: b2b_ms / flush_ms / flush_host_ms / host_us / flush_read_ms / flush_gap_ms (``modes``)")
     run.finish(["name", "pass_", "weak", "strong", "ms", "graph_ms", "rounds", "pct", "bwd_ms"]
                + (["modes"] if BATCH in MODES else []))
 

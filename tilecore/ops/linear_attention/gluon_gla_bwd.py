@@ -32,9 +32,9 @@ falls back to the tl kernels elsewhere.
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
 bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
-pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take and in how many rounds (DG_TWO, DG_ROUND) and
-where a^T's tile and the third piece live (AT_OWN, SPLIT_P), when dq's and dk's TMA stores are issued (STORE_LATE),
-whether q and k are read once (KEEP_QK) (below).
+pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take and in how many rounds (DG_TWO, DG_ROUND),
+where the third piece lives (SPLIT_P), when dq's and dk's TMA stores are issued (STORE_LATE) and whether q and k are read
+before a^T's barriers (KEEP_QK) (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -64,13 +64,11 @@ DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two
 # token, far below the bf16 products q dq and k dk it sums)
 DG_ROUND = gl.constexpr(131072)  # with DG_TWO, a pair of chunks a tile (Dv = BKB): the two sums in one round (the second's
 # pieces in p2 and the consumer's own v buffer, read by then), one barrier pair and one wgmma wait fewer
-AT_OWN = gl.constexpr(262144)  # a^T's bf16 tile in a buffer of its own (8 KB a consumer), stored as soon as a is made:
-# dq's and dk's intra products issued together (not dk's after dq's has read k Ei from the pieces' buffers)
 STORE_LATE = gl.constexpr(524288)  # with STORE_TMA: dq's and dk's tiles written to their stage buffers as made, their
 # TMA stores issued after dG's pieces' fence and barrier (not a fence and barrier each)
 SPLIT_P = gl.constexpr(1048576)  # the third piece's buffer an allocation of its own (8 KB more): stores to p1 and p2 in
 # turn are then not taken for a hazard on one buffer (Triton's barrier analysis sees allocations, not their parts)
-KEEP_QK = gl.constexpr(2097152)  # with STORE_LATE, not AT_OWN: q and k read once more before a^T's barriers and dq's
+KEEP_QK = gl.constexpr(2097152)  # with STORE_LATE: q and k read once more before a^T's barriers and dq's
 # tile written after them, g's clamp mask read before dG's: the stage's k / q / g buffers are then written (dq, dk, dg)
 # with no read of them since the last barrier, where Triton put a bar.sync before each write
 
@@ -157,7 +155,6 @@ class GlaDqk:
     FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
     tri_smem: object  # FORM 2: L [BT, BT] in the operand dtype (an A operand from shared memory); J_SMEM: [L, J]
-    at_smem: object  # AT_OWN: [2, BT, BT] each consumer's a (strictly lower, bf16), read transposed
     p2_smem: object  # SPLIT_P: [2, BT, BKB] each consumer's third piece
     N: object
     H: object
@@ -409,22 +406,12 @@ class GlaDqk:
                 base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
             offs = gl.expand_dims(rows * (self.H * self.DKD), 1) + gl.expand_dims(cols, 0)
         # dq (stored; E, e^(m / 2) and do S_c^T are dead after it), then a^T and dk
-        if self.FORM & AT_OWN:  # (the previous tile's dk product was waited for before this tile's first barrier)
-            at_s = self.at_smem.index(cid)
-            at_s.store(am)
-            fence_async_shared()
-            gl.thread_barrier()
-            dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
-            dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
-            dq_in = warpgroup_mma_wait(1, deps=[dq_tok])
-        else:
-            dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
-            dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
+        dq_tok = warpgroup_mma(a_op, p1, z32, use_acc=False, is_async=True)
+        dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
         KEEP: gl.constexpr = (self.FORM & KEEP_QK) != 0
-        gl.static_assert(not KEEP or ((self.FORM & STORE_LATE) != 0 and (self.FORM & AT_OWN) == 0),
-                         "KEEP_QK: with STORE_LATE, not AT_OWN")
+        gl.static_assert(not KEEP or (self.FORM & STORE_LATE) != 0, "KEEP_QK: with STORE_LATE")
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
             kf = k_s.load(L32).to(gl.float32)
             if KEEP:  # (q too; dq's tile written after a^T's barriers)
@@ -443,19 +430,16 @@ class GlaDqk:
             dG = q_s.load(L32).to(gl.float32) * dq
         # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
         # operand from shared memory (no second product v do^T)
-        if self.FORM & AT_OWN:
-            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
-        else:
-            at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-            at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
-            gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
-            at_s.store(am)
-            fence_async_shared()
-            gl.thread_barrier()
-            dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
-            if KEEP:
-                k_s.store((dq + r * kf).to(dtype))
-            dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
+        at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
+        gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
+        at_s.store(am)
+        fence_async_shared()
+        gl.thread_barrier()
+        dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
+        if KEEP:
+            k_s.store((dq + r * kf).to(dtype))
+        dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
@@ -660,17 +644,12 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
         gl.thread_barrier()
     else:
         tri_smem = qe_smem  # (unused)
-    if FORM & AT_OWN:
-        at_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2))
-    else:
-        at_smem = qe_smem  # (unused)
     if FORM & SPLIT_P:
         p2_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BKB], q_desc.layout)
     else:
         p2_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
-                at_smem, p2_smem, N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
+                p2_smem, N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
     if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
                               ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
