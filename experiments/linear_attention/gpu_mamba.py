@@ -19,6 +19,11 @@ and each form's median of per-round ratios to form 0 (> 1: faster); ``--probe``:
 us a chunk-step.
 
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,1] [--op] [--step] [--probe]
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu --forms 0,5
+
+``--ncu``: Nsight Compute on one launch of the kernel per form, one tile alone (B1 H2) and the 2.7B shape: the tensor
+pipe's, the shared-memory LSU pipe's and the issue slots' use, the SFU's, bank conflicts, DRAM bytes and the warp-state
+stalls (what a chunk-step waits on; JSON $OUT/mamba_ncu.json, a table last).
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """
@@ -294,6 +299,83 @@ class CaseDeadline:
         return self.end - time.time()
 
 
+NCU_SHAPES = {"1 tile": (1, 2), "2.7B": SHAPE[::2]}
+NCU_METRICS = [
+    "gpu__time_duration.sum",
+    "sm__cycles_elapsed.avg.per_second",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "smsp__inst_executed.sum",
+    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+    "dram__bytes_read.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_sector_hit_rate.pct",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"] + [
+    f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in (
+        "math_pipe_throttle", "long_scoreboard", "short_scoreboard", "wait", "barrier", "membar", "mio_throttle",
+        "lg_throttle", "dispatch_stall", "selected", "not_selected", "sleeping", "branch_resolving", "no_instruction",
+        "drain", "misc", "imc_miss", "tex_throttle")]
+
+
+def ncu_target(spec: str) -> None:
+    """What ncu runs: three launches of form F on B x 4096 x H (``F,B,H``; it profiles the third)."""
+    form, B, H = (int(x) for x in spec.split(","))
+    fn = launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+
+
+def ncu_numbers(text: str) -> dict:
+    """{metric: value} of ncu's --metrics print (a metric's name first on its line, its value last)."""
+    found = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in NCU_METRICS:
+            try:
+                found[parts[0]] = float(parts[-1].replace(",", ""))
+            except ValueError:
+                pass
+    return found
+
+
+def ncu_phase(forms, out: str) -> None:
+    import json
+    import os
+
+    from experiments.common.nsight import profile
+
+    t0 = time.time()
+    results = {}
+    for form in forms:
+        for label, (B, H) in NCU_SHAPES.items():
+            name = f"f{form} {label}"
+            text = profile(["--print-units", "base", "--metrics", ",".join(NCU_METRICS), "--section",
+                            "WarpStateStats"], "la_fwd_gluon_kernel", __file__,
+                           ["--ncu-target", f"{form},{B},{H}"], timeout=150)
+            keep = [ln.strip() for ln in text.splitlines() if any(m in ln for m in NCU_METRICS) or "Stall" in ln
+                    or "Warp Cycles" in ln or "==ERR" in ln or "Error" in ln]
+            results[name] = dict(values=ncu_numbers(text), lines=keep, tail="" if keep else text[-1500:])
+            print(f"--- {name} ({time.time() - t0:.0f} s) ---\n" + "\n".join(keep[:60]), flush=True)
+            if not keep:
+                print(text[-1500:], flush=True)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "mamba_ncu.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    names = list(results)
+    print(f"\n== ncu, the Mamba-2 kernel, one launch each ({time.time() - t0:.0f} s) ==")
+    print(f"{'metric':62s} " + " ".join(f"{n:>12s}" for n in names))
+    for m in NCU_METRICS:
+        if any(m in results[n]["values"] for n in names):
+            short = m.replace("smsp__average_warps_issue_stalled_", "stall ").replace("_per_issue_active.ratio", "")
+            print(f"{short[:62]:62s} " + " ".join(f"{results[n]['values'].get(m, float('nan')):12.4g}" for n in names))
+
+
 def main():
     import concurrent.futures as cf
     import multiprocessing as mp
@@ -308,8 +390,16 @@ def main():
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
     ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES) per form: a chunk-step's time")
     ap.add_argument("--deadline", type=float, default=57)
+    ap.add_argument("--ncu", action="store_true", help="Nsight Compute on each form (NCU_SHAPES), nothing else")
+    ap.add_argument("--ncu-target", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.ncu_target:
+        return ncu_target(a.ncu_target)
     forms = sorted({0, *(int(f) for f in a.forms.split(","))})
+    if a.ncu:
+        import os
+
+        return ncu_phase(forms, os.environ.get("OUT", "."))
     cases = a.cases.split(",")
     run = Run("mamba", deadline=a.deadline)
     run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)

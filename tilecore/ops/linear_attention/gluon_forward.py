@@ -45,8 +45,8 @@ LOG2E = 1.4426950408889634
 # Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``). CB_STAGE:
 # the chunk's scores K Q^T (C B^T, the same for every head of a q/k group) made once by kernels_forward.chunk_scores
 # and TMA-loaded with the stage, so neither consumer runs the shared-memory-bound SS wgmma of K Q^T (32 KB of operand
-# reads a consumer a step) and the decay's exps run under S^T Q^T alone; CB_BF16: those scores in bf16 (8 KB a stage
-# against 16)
+# reads a consumer a step) and the decay's exps run under S^T Q^T alone; CB_BF16: those scores in the input's 16-bit
+# dtype (8 KB a stage against float32's 16; bf16 for Mamba-2)
 CB_STAGE = 1
 CB_BF16 = 2
 V_REG = 4  # v^T read from shared memory once a step: its registers are P V's A operand and D v's
@@ -102,6 +102,20 @@ class ChunkGBZ:
 
 
 @stage_struct
+class ChunkGBC:
+    """With beta and the chunk's precomputed scores (CB_STAGE), without z."""
+    q: object
+    k: object
+    va: object
+    vb: object
+    ga: object
+    gb: object
+    ba: object
+    bb: object
+    cb: object  # [1, 1, BT, BT]: K Q^T of the chunk (float32, or the input's dtype with CB_BF16)
+
+
+@stage_struct
 class ChunkGBZC:
     """With beta, the gate z and the chunk's precomputed scores (CB_STAGE)."""
     q: object
@@ -114,7 +128,7 @@ class ChunkGBZC:
     gb: object
     ba: object
     bb: object
-    cb: object  # [1, 1, BT, BT]: K Q^T of the chunk (float32, or bf16 with CB_BF16)
+    cb: object  # [1, 1, BT, BT]: K Q^T of the chunk (float32, or the input's dtype with CB_BF16)
 
 
 @struct
@@ -443,7 +457,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     state (``compute_transposed``)."""
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
     gl.static_assert(HAS_BETA or not (HAS_Z or HAS_D), "D and z come with beta (Mamba-2's)")
-    gl.static_assert(FORM == 0 or (HAS_BETA and HAS_Z), "the step's forms are Mamba-2's (beta and z)")
+    gl.static_assert(FORM == 0 or HAS_BETA, "the step's forms are Mamba-2's (with beta)")
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -467,10 +481,14 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     wv_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
                                     None, FORM)
-    if FORM & _CB_STAGE:
+    if FORM & _CB_STAGE and HAS_Z:
         stages = ChunkGBZC(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                            ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
                            ring(b_desc, STAGES), ring(b_desc, STAGES), ring(cb_desc, STAGES))
+    elif FORM & _CB_STAGE:
+        stages = ChunkGBC(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
+                          ring(g_desc, STAGES), ring(g_desc, STAGES), ring(b_desc, STAGES), ring(b_desc, STAGES),
+                          ring(cb_desc, STAGES))
     elif HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -574,11 +592,11 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def step_form(beta, z, form=None) -> int:
-    """The kernel's FORM: Mamba-2's step form (with beta and z; None: configs.GLUON_MAMBA_FORM), else 0."""
+def step_form(beta, form=None) -> int:
+    """The kernel's FORM: Mamba-2's step form (with beta; None: configs.GLUON_MAMBA_FORM), else 0."""
     from tilecore.ops.linear_attention import configs
 
-    if beta is None or z is None:
+    if beta is None:
         return 0
     return configs.GLUON_MAMBA_FORM if form is None else form
 
@@ -608,18 +626,18 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
         if g.dim() != 3 or tuple(g.shape[:2]) != (B, H) or g.shape[2] % BT or not g.is_contiguous():
             raise ValueError(f"launch_args takes chunk_heads_prep's (B, H, N_pad) G, got {tuple(g.shape)}")
         g_desc = gluon_descriptor(g, [1, 1, BT], list(g.shape), list(g.stride()))
-    form = step_form(beta, z, form)
-    cb_desc = descs[3]
-    if form & CB_STAGE:
-        if cb is None or tuple(cb.shape) != (B, q.shape[2], g.shape[2], BT) or not cb.is_contiguous():
-            raise ValueError(f"launch_args takes chunk_scores's (B, Hqk, N_pad, {BT}) scores with CB_STAGE")
-        cb_desc = gluon_descriptor(cb, [1, 1, BT, BT], list(cb.shape), list(cb.stride()))
     b_desc = descs[3]
     if beta is not None:
         if g is None or tuple(beta.shape) != tuple(g.shape) or not beta.is_contiguous():
             raise ValueError(f"launch_args takes chunk_heads_prep's (B, H, N_pad) beta with its G, got "
                              f"{tuple(beta.shape)}")
         b_desc = gluon_descriptor(beta, [1, 1, BT], list(beta.shape), list(beta.stride()))
+    form = step_form(beta, form)
+    cb_desc = descs[3]
+    if form & CB_STAGE:
+        if cb is None or tuple(cb.shape) != (B, q.shape[2], g.shape[2], BT) or not cb.is_contiguous():
+            raise ValueError(f"launch_args takes chunk_scores's (B, Hqk, N_pad, {BT}) scores with CB_STAGE")
+        cb_desc = gluon_descriptor(cb, [1, 1, BT, BT], list(cb.shape), list(cb.stride()))
     args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc, g_desc=g_desc,
                 b_desc=b_desc, DSKIP=d_skip if d_skip is not None else dummy,
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy)
@@ -666,10 +684,10 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = empty_state(B, H, q.shape[-1], Dv, v.device, beta is not None) if final_state else None
     cb = None
-    if step_form(beta, z) & CB_STAGE:
+    if step_form(beta) & CB_STAGE:
         from tilecore.ops.linear_attention.kernels_forward import chunk_scores
 
-        cb = chunk_scores(q, k, BT_GLUON, torch.bfloat16 if step_form(beta, z) & CB_BF16 else torch.float32)
+        cb = chunk_scores(q, k, BT_GLUON, q.dtype if step_form(beta) & CB_BF16 else torch.float32)
     g, beta = prepare_decay(g, beta)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
@@ -709,7 +727,7 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None,
     # the states as the op passes them: with beta in Mamba-2's (b, h, p, s) layout (empty_state)
     h0, ht = ((empty_state(B, H, Dk, Dv, "cpu", mamba), empty_state(B, H, Dk, Dv, "cpu", mamba)) if states
               else (None, None))
-    form = step_form(True if mamba else None, True if mamba else None, form)
+    form = step_form(True if mamba else None, form)
     cb = (torch.empty(B, Hqk, N, BT_GLUON, dtype=bf if form & CB_BF16 else torch.float32) if form & CB_STAGE
           else None)
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,

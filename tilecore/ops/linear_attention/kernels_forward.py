@@ -133,10 +133,10 @@ def chunk_heads_kernel(G, BETA, GOUT, BOUT, N, H, N_PAD, sgb, sgn, sgh, sbb, sbn
 
 @triton.jit
 def chunk_scores_kernel(Q, K, CB, N, HQK, N_PAD, sqb, sqn, sqh, sqd, skb, skn, skh, skd,
-                        BT: tl.constexpr, DK: tl.constexpr, OUT_BF16: tl.constexpr):
+                        BT: tl.constexpr, DK: tl.constexpr):
     """Mamba-2's C B^T once a q/k head: program (chunk, batch * q/k head) stores the chunk's [BT, BT] scores
     K Q^T (row j a key token, column i a query token; float32 accumulation) at rows c BT .. c BT + BT - 1 of
-    CB (B, HQK, N_PAD, BT), zeros where a token is past N. The Gluon step reads them from its stage
+    CB (B, HQK, N_PAD, BT) in CB's dtype, zeros where a token is past N. The Gluon step reads them from its stage
     (gluon_forward CB_STAGE) instead of making them in each consumer."""
     c = tl.program_id(0)
     bg = tl.program_id(1)
@@ -149,10 +149,8 @@ def chunk_scores_kernel(Q, K, CB, N, HQK, N_PAD, sqb, sqn, sqh, sqd, skb, skn, s
     k = tl.load(K + b * skb + g * skh + t64[:, None] * skn + d[None, :] * skd, mask=ok, other=0.0)
     q = tl.load(Q + b * sqb + g * sqh + t64[:, None] * sqn + d[None, :] * sqd, mask=ok, other=0.0)
     s = tl.dot(k, tl.trans(q))
-    if OUT_BF16:
-        s = s.to(tl.bfloat16)
     i = tl.arange(0, BT)
-    tl.store(CB + (bg.to(tl.int64) * N_PAD + t64[:, None]) * BT + i[None, :], s)
+    tl.store(CB + (bg.to(tl.int64) * N_PAD + t64[:, None]) * BT + i[None, :], s.to(CB.dtype.element_ty))
 
 
 def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, out_dtype=torch.float32, out=None) -> torch.Tensor:
@@ -162,7 +160,7 @@ def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, out_dtype=torch.f
     n_pad = cdiv(N, chunk) * chunk
     cb = torch.empty(B, Hqk, n_pad, chunk, dtype=out_dtype, device=q.device) if out is None else out
     chunk_scores_kernel[(n_pad // chunk, B * Hqk)](q, k, cb, N, Hqk, n_pad, *q.stride(), *k.stride(), BT=chunk,
-                                                   DK=Dk, OUT_BF16=out_dtype == torch.bfloat16, num_warps=4)
+                                                   DK=Dk, num_warps=4)
     return cb
 
 
