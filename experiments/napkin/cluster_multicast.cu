@@ -134,3 +134,71 @@ cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_
     __syncwarp();  // the barrier below is .aligned: each warp reconverges first
     cluster_sync();  // no block leaves while a peer may still copy into it or arrive on its barriers
 }
+
+// A GEMM's operand traffic without its MMAs: one block an SM walks output tiles in the grouped order (group_m tile
+// rows a group) and, for each of a tile's k steps, loads the A box (bm rows x 128 bytes of k) and the B box (bn rows x
+// 128 bytes) by tensor TMA into a ring stage; a consumer warp waits for the stage and frees it (reading one word, or in
+// the check mode summing every 32-bit word). The bytes the SMs take in from L2 a second where the running tiles share
+// their A and B panels, as the GEMM's do.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+extern "C" __global__ void __launch_bounds__(64)
+gemm_ring_probe(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, unsigned tiles_m,
+                unsigned tiles_n, unsigned k_steps, unsigned group_m, unsigned bm, unsigned bn, unsigned stages,
+                unsigned check, unsigned long long *__restrict__ sums, unsigned *__restrict__ flag) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const unsigned stage_bytes = (bm + bn) * 128u;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (size_t)stages * stage_bytes);
+    const uint32_t full0 = smem_u32(bars), free0 = smem_u32(bars + stages);
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (unsigned s = 0; s < stages; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(full0 + 8 * s));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(free0 + 8 * s));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const unsigned tiles = tiles_m * tiles_n;
+    if (warp == 0 && lane == 0) {  // producer
+        unsigned j = 0;
+        for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const unsigned group = t / (group_m * tiles_n), first_m = group * group_m;
+            const unsigned rows = min(tiles_m - first_m, group_m);
+            const int pm = (int)(first_m + t % rows), pn = (int)((t % (group_m * tiles_n)) / rows);
+            for (unsigned k = 0; k < k_steps; ++k, ++j) {
+                const unsigned s = j % stages, lap = j / stages;
+                const uint32_t full = full0 + 8 * s, dst = smem_u32(smem + (size_t)s * stage_bytes);
+                if (lap > 0) wait_parity(free0 + 8 * s, (lap - 1) & 1, flag, false);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(full), "r"(stage_bytes)
+                             : "memory");
+                asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                             :: "r"(dst), "l"(reinterpret_cast<uint64_t>(&a_map)), "r"((int)(k * 128)), "r"(pm * (int)bm),
+                                "r"(full) : "memory");
+                asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                             :: "r"(dst + bm * 128u), "l"(reinterpret_cast<uint64_t>(&b_map)), "r"((int)(k * 128)),
+                                "r"(pn * (int)bn), "r"(full) : "memory");
+            }
+        }
+    } else if (warp == 1) {  // consumer
+        unsigned long long total = 0;
+        unsigned j = 0;
+        for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+            for (unsigned k = 0; k < k_steps; ++k, ++j) {
+                const unsigned s = j % stages, lap = j / stages;
+                if (lane == 0) wait_parity(full0 + 8 * s, lap & 1, flag, false);
+                __syncwarp();
+                const uint32_t *words = reinterpret_cast<const uint32_t *>(smem + (size_t)s * stage_bytes);
+                if (check) {
+                    for (unsigned w = lane; w < stage_bytes / 4; w += 32) total += words[w];
+                } else if (lane == 0) {
+                    total += words[(j * 61) % (stage_bytes / 4)];
+                }
+                __syncwarp();
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(free0 + 8 * s) : "memory");
+            }
+        }
+        for (int off = 16; off > 0; off /= 2) total += __shfl_down_sync(0xffffffffu, total, off);
+        if (lane == 0) sums[blockIdx.x] = total;
+    }
+}

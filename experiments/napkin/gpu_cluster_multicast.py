@@ -12,6 +12,11 @@ reach the SMs' shared memory from an L2-resident working set (16 MiB, as hardwar
   default (CTA) scope, as CUTLASS's cluster barrier has them (``mc*`` use cluster scope): what a multicast chunk
   costs beyond the copy.
 
+Phase ``gemmring``: a GEMM's operand traffic without its MMAs (kernel ``gemm_ring_probe``): one block an SM walks
+8192 x 8192 output tiles in the grouped order and loads each k step's A and B boxes (128 bytes of k, bf16 K 8192) by
+tensor TMA into a ring: the bytes the SMs take in from L2 where the running tiles share their panels, for 128 x 256,
+128 x 128 and 64 x 256 tiles, and 128 x 256 in row-major order (group 1).
+
 Phase ``shared``: plain bulk copies on every SM where ``g`` blocks in a row follow one chunk sequence, so up to g SMs
 read the same lines at about the same time (a GEMM's concurrent tiles read one operand panel so): the L2's delivered
 bandwidth when lines are shared against when every SM reads its own (g = 1).
@@ -80,7 +85,7 @@ def sass_ops(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
-    keys = ["UBLKCP.S.G.MULTICAST", "UBLKCP.S.G ", "UCGABAR_ARV", "SYNCS.ARRIVE.TRANS64.RED"]
+    keys = ["UBLKCP.S.G.MULTICAST", "UBLKCP.S.G ", "UCGABAR_ARV", "SYNCS.ARRIVE.TRANS64.RED", "UTMALDG.2D"]
     return {k.strip(): sass.count(k) for k in keys}
 
 
@@ -175,6 +180,11 @@ class Probe:
         # the function's dynamic shared memory bound once, at Hopper's most a block (227 KiB): a launch of any
         # ring size fits under it (set per configuration, the last one set would bound the others' launches)
         self._ok(self.cu.cuFuncSetAttribute(self.fn, MAX_DYNAMIC_SHARED, 227 * 1024), "cuFuncSetAttribute")
+        self.gemm_fn = ctypes.c_void_p()
+        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.gemm_fn), self.module, b"gemm_ring_probe"),
+                 "cuModuleGetFunction")
+        self._ok(self.cu.cuFuncSetAttribute(self.gemm_fn, MAX_DYNAMIC_SHARED, 227 * 1024), "cuFuncSetAttribute")
+        self._maps = []  # tensor maps stay alive while a launch may read them
 
     def _ok(self, code: int, what: str):
         if code != 0:
@@ -201,6 +211,78 @@ class Probe:
                 ctypes.c_uint64(sums.data_ptr()), ctypes.c_uint64(flag.data_ptr()), ctypes.c_uint(group)]
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         self._ok(self.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fn, params, None), "cuLaunchKernelEx")
+
+
+def tensor_map(probe: "Probe", t: torch.Tensor, box_rows: int):
+    """A CUtensorMap (128 bytes, 64-byte aligned) over a 2-D uint8 tensor, boxes of box_rows x 128 bytes, no swizzle."""
+    raw = ctypes.create_string_buffer(128 + 64)
+    addr = (ctypes.addressof(raw) + 63) // 64 * 64
+    rows, cols = t.shape
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(t.stride(0))
+    box = (ctypes.c_uint32 * 2)(128, box_rows)
+    estr = (ctypes.c_uint32 * 2)(1, 1)
+    # CU_TENSOR_MAP_DATA_TYPE_UINT8 0, rank 2, interleave none 0, swizzle none 0, L2 promotion 128B 2, OOB fill none 0
+    probe._ok(probe.cu.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), 0, 2, ctypes.c_void_p(t.data_ptr()), dims, strides,
+                                              box, estr, 0, 0, 2, 0), "cuTensorMapEncodeTiled")
+    probe._maps.append(raw)
+    return ctypes.c_void_p(addr)
+
+
+def gemm_tile_order(tiles_m: int, tiles_n: int, group_m: int):
+    """(pm, pn) of each tile in the kernel's grouped order."""
+    out = []
+    for t in range(tiles_m * tiles_n):
+        first = t // (group_m * tiles_n) * group_m
+        rows = min(tiles_m - first, group_m)
+        out.append((first + t % rows, (t % (group_m * tiles_n)) // rows))
+    return out
+
+
+def gemm_phase(run: Run, probe: Probe, flag, sms: int) -> None:
+    """gemm_ring_probe at 8192 x 8192, 16 KiB of k a row (bf16 K 8192): each tile shape checked (every block's word sums
+    against the host's), then timed in interleaved rounds; delivered = bytes into the SMs' shared memory a second."""
+    m = n = 8192
+    kbytes = 16384
+    k_steps = kbytes // 128
+    a = torch.randint(0, 256, (m, kbytes), dtype=torch.uint8, device="cuda")
+    b = torch.randint(0, 256, (n, kbytes), dtype=torch.uint8, device="cuda")
+    words = {name: (x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) for name, x in (("a", a), ("b", b))}
+    fns, plans = {}, {}
+    for name, bm, bn, stages, group_m in (("128x256", 128, 256, 4, 8), ("128x128", 128, 128, 6, 8),
+                                          ("64x256", 64, 256, 5, 8), ("128x256 row-major", 128, 256, 4, 1)):
+        tiles_m, tiles_n = m // bm, n // bn
+        smem = stages * (bm + bn) * 128 + 2 * 8 * stages
+        maps = (tensor_map(probe, a, bm), tensor_map(probe, b, bn))
+        cfg = probe.config(sms, 1, smem)
+
+        def launch(check, out, bm=bm, bn=bn, stages=stages, group_m=group_m, maps=maps, cfg=cfg, tm=tiles_m, tn=tiles_n):
+            args = [ctypes.c_uint(v) for v in (tm, tn, k_steps, group_m, bm, bn, stages, check)]
+            args += [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(flag.data_ptr())]
+            ptrs = [maps[0], maps[1]] + [ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args]
+            params = (ctypes.c_void_p * len(ptrs))(*ptrs)
+            probe._ok(probe.cu.cuLaunchKernelEx(ctypes.byref(cfg), probe.gemm_fn, params, None), "cuLaunchKernelEx")
+
+        sums = torch.full((sms,), -1, dtype=torch.int64, device="cuda")
+        launch(1, sums)
+        torch.cuda.synchronize()
+        a_tile = words["a"].view(tiles_m, bm * kbytes // 4).sum(1)
+        b_tile = words["b"].view(tiles_n, bn * kbytes // 4).sum(1)
+        order = torch.tensor(gemm_tile_order(tiles_m, tiles_n, group_m), device="cuda")
+        per_tile = a_tile[order[:, 0]] + b_tile[order[:, 1]]
+        block = torch.arange(order.shape[0], device="cuda") % sms
+        expected = torch.zeros(sms, dtype=torch.int64, device="cuda").index_add_(0, block, per_tile)
+        ok = bool(torch.equal(sums, expected)) and int(flag.item()) == 0
+        run.row(f"check gemmring {name}", tiles=tiles_m * tiles_n, stages=stages, group_m=group_m, **{"pass": ok})
+        out = torch.empty(sms, dtype=torch.int64, device="cuda")
+        fns[name] = (lambda launch=launch, out=out: launch(0, out))
+        plans[name] = tiles_m * tiles_n * k_steps * (bm + bn) * 128
+    t = time_rounds(fns, rounds=3, warmup=5, rep=20, deadline=run)
+    for name, nbytes in plans.items():
+        ms = t[f"{name}_ms"]
+        bw = nbytes / (ms * 1e-3)
+        run.row(f"time gemmring {name}", ms=ms, delivered_tbs=round(bw / 1e12, 3), per_sm_gbs=round(bw / sms / 1e9, 1),
+                rounds=t[f"{name}_rounds"])
 
 
 def expected_sums(src: torch.Tensor, chunk: int, nchunks: int, grid: int, c: int, multicast: int,
@@ -352,7 +434,7 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=100.0)
     ap.add_argument("--rings", default="32x4,24x8", help="chunk KiB x stages, comma-separated")
     ap.add_argument("--mib-per-block", type=int, default=64)
-    ap.add_argument("--phases", default="rings", help="of: rings, share, shared, ldg")
+    ap.add_argument("--phases", default="rings", help="of: rings, share, shared, gemmring, ldg")
     ap.add_argument("--shared-ring", default="24x8", help="the shared phase's ring (chunk KiB x stages)")
     args = ap.parse_args(argv)
     run = Run("napkin_cluster_multicast", deadline=args.deadline)
@@ -374,8 +456,10 @@ def main(argv=None) -> int:
         assert torch.equal(ref[0], ref[1]) and not torch.equal(ref[1], ref[2])  # a cluster's blocks share a stream
         ref = expected_sums(src, 4 * KB, 5, 8, 1, 0, 4)
         assert torch.equal(ref[0], ref[3]) and not torch.equal(ref[3], ref[4])  # so do a group's
+        for tm, tn, g in ((64, 32, 8), (64, 64, 8), (128, 32, 8), (64, 32, 1)):  # each tile once, in any order
+            assert sorted(gemm_tile_order(tm, tn, g)) == [(i, j) for i in range(tm) for j in range(tn)]
         assert ctypes.sizeof(LaunchAttribute) == 72 and ctypes.sizeof(LaunchConfig) == 56  # cuda.h's, CUDA 12-13
-        run.finish(["name", "nvcc_s", "UBLKCP.S.G.MULTICAST", "multicast_copies"])
+        run.finish(["name", "nvcc_s", "UBLKCP.S.G.MULTICAST", "UTMALDG.2D", "multicast_copies"])
         return 0
 
     from tilecore.napkin import H100
@@ -390,6 +474,8 @@ def main(argv=None) -> int:
         run.attempt("share", share_phase, run, probe, flag, sms)
     if "shared" in phases:
         run.attempt("shared", shared_phase, run, probe, flag, sms, args.shared_ring, args.mib_per_block)
+    if "gemmring" in phases:
+        run.attempt("gemmring", gemm_phase, run, probe, flag, sms)
     for ring in (args.rings.split(",") if "rings" in phases else []):
         if run.left() < 15:
             run.errors.append(f"deadline: ring {ring} not run")
