@@ -11,10 +11,10 @@ consumer step 602 against 566 SASS instructions, 21 against 9 spill instructions
 
 Session 41 (issue 35's softcap backward, 0.84-0.86x the speed without it): ``--names "fixed fused,fixed fused
 softcap,fixed fused softcap fold"`` profiles the fixed fused kernel without a softcap, with softcap 30 as shipped
-(SOFTCAP 2), and with the cap's derivative folded into dS (configs.GLUON_BACKWARD_SOFTCAP_FOLD), with the SFU (xu) and
-FMA pipes' activity, local-memory (spill) traffic and the warp-state stalls beside the metrics above. Compile-level
-(sm_90a): a consumer's step loop 656 SASS (plain) against 861 (softcap: 64 MUFU against 32, 41 spill instructions
-against 12) and 846 (fold).
+(SOFTCAP 2), and with configs.GLUON_BACKWARD_SOFTCAP = 4 (the derivative folded into dS, dP from -delta), with the
+SFU (xu) and FMA pipes' activity, local-memory (spill) traffic and the warp-state stalls beside the metrics above.
+Compile-level (sm_90a): a consumer's step loop 656 SASS (plain) against 861 (softcap: 64 MUFU against 32, 41 spill
+instructions against 12) and 821 / 837 (mode 4: 8 / 33 spill instructions).
 
 Prints the kept metric lines of each target, then a table of the metrics both have; writes
 $OUT/gpu_varlen_ncu.json.
@@ -93,7 +93,7 @@ def target(name: str) -> None:
         assert p.config["dq_from"] == "fused", p.config
         _, dq_sum, stats = launch.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        with patched(configs, GLUON_BACKWARD_SOFTCAP_FOLD=name.endswith("fold")):
+        with patched(configs, GLUON_BACKWARD_SOFTCAP=4 if name.endswith("fold") else 2):
             for _ in range(3):
                 launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, True, scale, softcap=cap)
     else:

@@ -75,9 +75,9 @@ def test_dq_kernel_launch_passes_window_and_softcap(fast_launch, monkeypatch):
     assert bound["tanh_scale"] == pytest.approx(0.1 / 20.0) and bound["scale_log2e"] == pytest.approx(20.0 * LOG2E)
 
 
-def test_softcap_fold_switch_reaches_both_backward_kernels(fast_launch, monkeypatch):
-    """configs.GLUON_BACKWARD_SOFTCAP_FOLD (a candidate) turns the tanh.approx SOFTCAP 2 of the dK/dV and dq kernels
-    into 3; the exact tanh (1) and no softcap (0) stay."""
+def test_softcap_mode_switch_reaches_both_backward_kernels(fast_launch, monkeypatch):
+    """configs.GLUON_BACKWARD_SOFTCAP (candidates 3 and 4) replaces the tanh.approx SOFTCAP 2 of the dK/dV and dq
+    kernels; the exact tanh (1) and no softcap (0) stay."""
     from tilecore.tiles.switches import patched
 
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
@@ -87,9 +87,9 @@ def test_softcap_fold_switch_reaches_both_backward_kernels(fast_launch, monkeypa
     lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
     cfg = dict(configs.gluon_backward_config(128, 256, False), dq_from="gluon")
     bwd_plan = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=cfg)
-    for fold, softcap, tanh_approx, expect in ((True, 30.0, True, 3), (False, 30.0, True, 2), (True, 30.0, False, 1),
-                                               (True, 0.0, True, 0)):
-        with patched(configs, GLUON_BACKWARD_SOFTCAP_FOLD=fold):
+    for mode, softcap, tanh_approx, expect in ((3, 30.0, True, 3), (4, 30.0, True, 4), (2, 30.0, True, 2),
+                                               (4, 30.0, False, 1), (4, 0.0, True, 0)):
+        with patched(configs, GLUON_BACKWARD_SOFTCAP=mode):
             fake = fast_launch(launch.GLUON_BWD)
             p = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=dict(cfg, tanh_approx=tanh_approx))
             launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, False, 0.1, (-1, -1), softcap)
@@ -125,11 +125,14 @@ for d, dq_from in ((128, "fused"), (64, "warpgroup")):
     rows.append(dict(kernel=f"backward d{d} {dq_from}", **vars(resources(compiled)), **has_hopper_instructions(ptx),
                      tma_reduce="cp.reduce.async.bulk.tensor" in ptx, tanh="tanh.approx.f32" in ptx,
                      clobbered=report.register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None))
-# the candidate fold (SOFTCAP 3, configs.GLUON_BACKWARD_SOFTCAP_FOLD) on the shipped causal D128 fused backward
-compiled, cfg = report.compile_gluon_backward(128, True, cfg=dict(configs.GLUON_BACKWARD[128, True]), softcap=3)
-ptx = compiled.asm["ptx"]
-rows.append(dict(kernel="backward d128 fused fold", **vars(resources(compiled)), **has_hopper_instructions(ptx),
-                 tma_reduce="cp.reduce.async.bulk.tensor" in ptx, tanh="tanh.approx.f32" in ptx, clobbered=None))
+# the candidates (SOFTCAP 3 and 4, configs.GLUON_BACKWARD_SOFTCAP) on the shipped causal D128 fused backward
+for softcap in (3, 4):
+    compiled, cfg = report.compile_gluon_backward(128, True, cfg=dict(configs.GLUON_BACKWARD[128, True]),
+                                                  softcap=softcap)
+    ptx = compiled.asm["ptx"]
+    rows.append(dict(kernel=f"backward d128 fused softcap{softcap}", **vars(resources(compiled)),
+                     **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx,
+                     tanh="tanh.approx.f32" in ptx, clobbered=None))
 for softcap, name in ((2, "dq d128"), (3, "dq d128 fold")):
     compiled = report.compile_gluon_dq(128, softcap == 3, window=softcap == 2, softcap=softcap)
     ptx = compiled.asm["ptx"]
@@ -155,9 +158,9 @@ def test_gluon_backward_and_dq_with_window_and_softcap_compile(compiled):
     held in registers (D 64) never overwritten in the loop (session 14's wrong dK/dV); spills within
     1 KB (D128 fused: 632 bytes against the plain kernel's 396, compile of session 26; the plain
     kernel ran at 1.17x the tl kernels on the H100 spilling 160-300), none in the dq kernel; the same for
-    the candidate fold (SOFTCAP 3) of the causal fused backward and the causal dq kernel."""
-    assert set(compiled) == {"backward d128 fused", "backward d64 warpgroup", "dq d128", "backward d128 fused fold",
-                             "dq d128 fold"}
+    the candidates (SOFTCAP 3, 4) of the causal fused backward and the causal dq kernel (3)."""
+    assert set(compiled) == {"backward d128 fused", "backward d64 warpgroup", "dq d128", "backward d128 fused softcap3",
+                             "backward d128 fused softcap4", "dq d128 fold"}
     for name, r in compiled.items():
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and r["tanh"], r
         assert not r["wgmma_serialized"], r

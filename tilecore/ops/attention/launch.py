@@ -59,10 +59,11 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
 
 
 def gluon_backward_softcap(softcap: float, cfg: dict) -> int:
-    """The fixed-length Gluon backward and dq kernels' SOFTCAP: gluon_softcap's, but 3 for its 2 under
-    configs.GLUON_BACKWARD_SOFTCAP_FOLD (the cap's derivative folded into dS: y - y tanh^2, one FFMA)."""
+    """The fixed-length Gluon backward and dq kernels' SOFTCAP: gluon_softcap's, with configs.GLUON_BACKWARD_SOFTCAP
+    for its 2 (tanh.approx): 3, the cap's derivative folded into dS (y - y tanh^2, one FFMA); 4, 3 with dP's
+    accumulator starting at -delta (the dq kernel takes 4 as 3)."""
     mode = gluon_softcap(softcap, cfg)
-    return 3 if mode == 2 and configs.GLUON_BACKWARD_SOFTCAP_FOLD else mode
+    return configs.GLUON_BACKWARD_SOFTCAP if mode == 2 else mode
 
 
 def run(kernel: CachedLaunch, plan, grid, args: tuple, options: dict):

@@ -125,7 +125,8 @@ class AttentionBackward:
     DQ: gl.constexpr  # where dQ comes from: see compute
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS by y - y tanh^2
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS by y - y tanh^2; 4: 3 with
+    # dP^T's accumulator starting at -delta
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -253,7 +254,7 @@ class AttentionBackward:
     def probabilities(self, s_t, lse, start_n, start_m, tile):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
         rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
-        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
+        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3, 4) their tanh^2 in
         float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
         lengths there.)"""
         st_layout: gl.constexpr = s_t.type.layout
@@ -270,7 +271,7 @@ class AttentionBackward:
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP == 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
+        if self.SOFTCAP >= 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
             dtanh = gl.minimum(s_t * s_t, 1.0)
         elif self.SOFTCAP:  # from the masked tanh: -inf gives min(inf, 1): a factor 0, not NaN
             # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
@@ -350,21 +351,30 @@ class AttentionBackward:
             v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
+        if self.SOFTCAP == 4:  # dP^T's accumulator starts at -delta: the product is dP - delta, delta's registers
+            # free before the products (no subtraction after them)
+            minus_delta = zeros - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        if self.SOFTCAP == 4:
+            dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
+        else:
+            dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP:
+        if self.SOFTCAP >= 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p_t, tanh2 = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+            if self.SOFTCAP == 3:
+                dp_t = dp_t - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
+            y_t = p_t * dp_t
+            ds_t = y_t - y_t * tanh2
+        elif self.SOFTCAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a
             # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
-            if self.SOFTCAP == 3:  # y (1 - tanh^2) as y - y tanh^2: one FFMA an element
-                y_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-                ds_t = y_t - y_t * dtanh
-            else:
-                ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
         else:
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
