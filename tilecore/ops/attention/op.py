@@ -283,20 +283,18 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return (*_gradients(*ctx.saved_tensors, ctx.options, dout, dlse), None, None, None, None, None, None, None)
-
-
-def _gradients(q, k, v, out, lse, options, dout, dlse):
-    """(dq, dk, dv) of the eager Functions' backward: ``options`` (causal, scale, window, softcap, sm_margin)."""
-    causal, scale, window, softcap, sm_margin = options
-    if dout is None:
-        dout = torch.zeros_like(out)
-    if dlse is not None:
-        dlse = dlse.to(torch.float32).contiguous()
-    if torch.is_grad_enabled():  # create_graph: the custom op, as the op path records it
-        return _backward_op(dout, q, k, v, out, lse, dlse, causal, scale, *window, softcap, sm_margin)
-    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, window, softcap, cache=True,
-                          sm_margin=sm_margin)
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, scale, window, softcap, sm_margin = ctx.options
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if dlse is not None:
+            dlse = dlse.to(torch.float32).contiguous()
+        if torch.is_grad_enabled():  # create_graph: the custom op, as the op path records it
+            dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, causal, scale, *window, softcap, sm_margin)
+        else:
+            dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, window, softcap, cache=True,
+                                        sm_margin=sm_margin)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 class _AttentionOutFunction(torch.autograd.Function):
@@ -314,33 +312,6 @@ class _AttentionOutFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         return _AttentionFunction.backward(ctx, dout, None)
-
-
-class _RecordedAttention(torch.autograd.Function):
-    """_AttentionOutFunction for a call whose plan's Gluon forward recipe is kept (launch.GluonForward, RECORDED_RECIPES;
-    issue 31's host time): the recipe, q, k, v and the options tuple its 5 arguments where that Function takes 10, the
-    recipe's launch called straight (no _forward_impl), and lse, which is no output, held as an attribute (no
-    reference cycle: nothing of the graph refers to it) where that Function saves it as a fifth tensor. The same
-    launch and backward, so the same bits."""
-
-    @staticmethod
-    def forward(ctx, recipe, q, k, v, options):
-        out, lse = recipe.outputs(q, k, v, options[1], options[3])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out)
-        ctx.lse, ctx.options = lse, options
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out = ctx.saved_tensors
-        return None, *_gradients(q, k, v, out, ctx.lse, ctx.options, dout, None), None
-
-
-# an eager call recording a gradient whose plan's Gluon forward recipe is kept (where the recipes are on) applies
-# _RecordedAttention (5 arguments, 4 saved tensors) in place of _AttentionOutFunction (10, 5); the same launch and
-# backward, so the same bits. Read each call; False: _AttentionOutFunction
-RECORDED_RECIPES = False
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -429,10 +400,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = _forward_impl(q, k, v, causal, scale, window, softcap, key, sm_margin, plan, return_lse)
     elif mode == "autograd":
         if not return_lse:  # (lse saved for the backward, not returned: one output for autograd to wrap)
-            recipe = plan is not None and RECORDED_RECIPES and plan.path == "gluon" and \
-                launch.gluon_prepared(plan, q, k, v, causal, window, softcap)
-            if recipe:
-                return eager_apply(_RecordedAttention, recipe, q, k, v, (causal, scale, window, softcap, sm_margin))
             return eager_apply(_AttentionOutFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
         out, lse = eager_apply(_AttentionFunction, q, k, v, causal, scale, window, softcap, key, sm_margin, plan)
     else:
