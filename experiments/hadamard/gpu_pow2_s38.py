@@ -39,7 +39,7 @@ registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 
 32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
 4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit). --set r (session 41): 16384 / 32768 on the
 transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels.hadamard_gluon_quantize_kernel), every
-format.
+format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -330,6 +330,19 @@ SETS["r"] = {  # (priority order: the deadline skips the last); _s6 / _la0: a de
        for n in (16384, 32768) for f in ("nvfp4", "mxfp4", "int4")},
     ("fp8_e5m2", 16384): [("rows", ROWS), ("rows_cl", ROWS_CL)],
     ("fp8_e5m2", 32768): [("rows", ROWS), ("rows_cl", ROWS_CL)],
+}
+
+
+# session 41, batch 2: run 3 (he_rows_s41a, every plan checked) put the pipeline at 0.355-0.39 ms whatever the format (the
+# plain transform's own time: its products, not the bytes, bound it), so only the 32768 rows whose pow2 / kron plans run
+# slower gained: int4 1.057x (CLAMP_LO 2), int8 1.015x, mxfp4 1.011x. Again, with the whole 8-stage ring ahead (la0: fp8
+# 32768 +0.9% in run 3) and mxfp4 without E2M1_PAIRS
+SETS["s"] = {  # (priority order)
+    ("int4", 32768): [("rows_cl", dict(ROWS_CL, int_bits=True)), ("rows_cl_la0", dict(ROWS_CL, int_bits=True, lookahead=0))],
+    ("int8", 32768): [("rows_ib_cl", dict(ROWS_CL, int_bits=True)),
+                      ("rows_ib_cl_la0", dict(ROWS_CL, int_bits=True, lookahead=0))],
+    ("mxfp4", 32768): [("rows_cl", dict(ROWS_CL, e2m1_pairs=True)),
+                       ("rows_cl_la0", dict(ROWS_CL, e2m1_pairs=True, lookahead=0)), ("rows_cl_np", ROWS_CL)],
 }
 
 
