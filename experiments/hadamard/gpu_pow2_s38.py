@@ -493,6 +493,65 @@ def fresh_rows(n: int, rows: int, seed: int):
     return x
 
 
+def probe_rows(run, smoke: bool):
+    """--probe (session 41): where the transform's Gluon pipeline spends a row, at 16384 / 32768 on fresh bf16 rows of 2^28
+    elements, in interleaved rounds from CUDA graphs: the shipped transform (hadamard_transform), the same pipeline as
+    quantize's kernel storing the values (gluon_launch.launch, format STORE) without and with CLAMP_LO 2 (bit-identical:
+    compared), its AMAX pass (the products and each half row's largest |y|: no stores) and fp8 / int8 on it, beside copies
+    of the transform's and the quantize's bytes."""
+    import torch
+
+    from experiments.common.gpu_script import same_bits, time_rounds
+    from tilecore import hadamard_transform
+    from tilecore.ops.hadamard import gluon_launch, quantize
+
+    for n in (16384, 32768):
+        if run.left() < 20:
+            run.row(f"probe {n}", skipped="deadline")
+            continue
+        x = fresh_rows(n, rows_for(n, smoke), 7)
+        x[:3] = torch.randn_like(x[:3])  # (no NaN / inf rows: the values are compared bit for bit)
+        plans = {fmt: make_plan(x, fmt, dict(ROWS_CL, **({"int_bits": True} if fmt == "int8" else {})))[0]
+                 for fmt in ("fp8_e4m3", "int8")}
+        plain = quantize.kernel_plan(x.shape[0], n, x.dtype, "fp8_e4m3", None, None, True, False, False,
+                                     torch.cuda.get_device_properties(0).multi_processor_count, False,
+                                     gluon_rows=True, _gluon_ok=True)
+        outs = {k: torch.empty_like(x) for k in ("store", "store_cl")}
+
+        def store(key, plan):
+            return lambda: gluon_launch.launch(plan, x, outs[key], x, x, x, fmt_id=gluon_launch.STORE_ID)
+
+        fns = {"transform": lambda: hadamard_transform(x, n**-0.5), "store": store("store", plain),
+               "store_cl": store("store_cl", plans["fp8_e4m3"]),
+               "amax_cl": lambda: quantize.gluon_amax_pass(plans["fp8_e4m3"], x)}
+        for fmt, plan in plans.items():
+            group = quantize.FORMATS[fmt].default_group
+            fns[f"{fmt}_cl"] = (lambda p=plan, f=fmt, g=group: quantize.run_plan(p, x, f, g))
+        ref = hadamard_transform(x, n**-0.5)
+        for key in ("store", "store_cl"):
+            outs[key].fill_(float("nan"))
+            fns[key]()
+        same = {key: same_bits(outs[key], ref) for key in ("store", "store_cl")}
+        copies = {}
+        for nb in (4, 3, 2):  # bytes an element: the transform's (2 + 2), the per-token quantize's (2 + 1), AMAX's reads
+            half = x.numel() * nb // 2 // 16 * 16
+            src = torch.empty(half, dtype=torch.uint8, device=x.device)
+            dst = torch.empty_like(src)
+            copies[nb] = time_rounds({"copy": lambda: dst.copy_(src)}, rounds=1, graph=True,
+                                     eager=not torch.cuda.is_available())["copy_graph_ms"]
+            del src, dst
+        t = time_rounds(fns, rounds=1 if smoke else 3, graph=True, eager=False, deadline=run)
+        for name in fns:
+            ms = t.get(f"{name}_graph_ms")
+            nb = 3 if name in ("fp8_e4m3_cl", "int8_cl") else 2 if name == "amax_cl" else 4
+            run.row(f"probe {n} {name}", n=n, variant=name, ms=ms, copy_ms=copies[nb],
+                    pct_copy=round(100 * copies[nb] / ms, 1) if ms else None, same_as_transform=same.get(name),
+                    x_transform=round(t["transform_graph_ms"] / ms, 3) if ms and t.get("transform_graph_ms") else None,
+                    rounds=t.get(f"{name}_rounds"))
+        del x, outs, ref
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", default="a", choices=sorted(SETS))
@@ -500,6 +559,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default="", help="format:n[,format:n]: those (format, n) only")
+    ap.add_argument("--probe", action="store_true", help="probe_rows (the pipeline's time taken apart), then the set")
     args = ap.parse_args()
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -508,6 +568,8 @@ def main():
     from experiments.common.gpu_script import Run, time_rounds
 
     run = Run("pow2_s38", deadline=args.deadline)
+    if args.probe:
+        run.attempt("probe", probe_rows, run, args.smoke)
     run.extra["set"] = args.set
     todo = cases(args.set)
     if args.only:

@@ -67,7 +67,7 @@ def compile_rows(n, fmt, stages=4, lookahead=0, rows=1 << 12, extra=None):
 
     fid, G, qmax, packed = FORMATS[fmt]
     x = torch.empty(rows, n, dtype=torch.bfloat16)
-    out = torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
+    out = x if fid == 7 else torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
     xd, cd, sd = rows_descriptors(x, out, packed)
     hd = gluon_descriptor(h64_operand("cpu", torch.bfloat16), [64, 64])
     scales = torch.empty(rows, n // G if G else 1, dtype=torch.uint8 if fid in (3, 4) else torch.float32)
