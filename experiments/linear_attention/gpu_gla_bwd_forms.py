@@ -80,25 +80,16 @@ BATCHES = {
         "d128 dv loop st3": (128, dict(dv_loop=True, stages=3), "dvw"),
         "d128 dv 8 warps": (128, dict(dv_warps=8), "dvw"),
     },
-    # call 2, after call 1 (d 32 DG_TWO + PIECES_RZ 0.3390 ms = 72.6% against configs' 0.3487 (1.029x), DG_TWO 1.015x,
-    # AT_OWN 1.00x / 0.995x with DG_TWO + DG_ROUND): d 32 with STORE_LATE 524288 (dq's and dk's TMA stores after dG's
-    # pieces' barrier), SPLIT_P 1048576 (the third piece's buffer apart: no barrier Triton inserts between p1's and
-    # p2's stores; 221,792 B) and KEEP_QK 2097152 (with STORE_LATE: q, k and g's clamp read before the barriers that
-    # precede their buffers' writes; 144 B spilled), on DG_TWO + PIECES_RZ; bar.syncs a consumer's chain (sm_90a): 21
-    # configs', 19 + DG_TWO, 18 + DG_ROUND, 16 + STORE_LATE, 15 + SPLIT_P, 12 + KEEP_QK
+    # call 4, after calls 1 and 3 (runs/ha_s41c_run3_session41_h100.txt, at 477ffbf7: batch e with STORE_LATE, SPLIT_P
+    # and KEEP_QK, 21 -> 12 bar.syncs a chain: 0.99-1.00x configs', removed): d 32's DG_TWO + PIECES_RZ (1.029x in call 1)
+    # and DG_TWO (1.015x, 1.011x) again, the whole backward, the public op through autograd with DG_TWO + PIECES_RZ
     "g": {
         "d32 configs dqk": (32, {}, "dqk0w"),
+        "d32 two": (32, dict(dqk_gluon_form=D32 | TWO), "dqk0w"),
         "d32 two rz": (32, dict(dqk_gluon_form=D32 | TWO | RZ), "dqk0w"),
-        "d32 two rz late": (32, dict(dqk_gluon_form=D32 | TWO | RZ | LATE), "dqk0w"),
-        "d32 two rz round late": (32, dict(dqk_gluon_form=D32 | TWO | RZ | ROUND | LATE), "dqk0w"),
-        "d32 two rz round late split": (32, dict(dqk_gluon_form=D32 | TWO | RZ | ROUND | LATE | SPLIT), "dqk0w"),
-        "d32 two rz late keep": (32, dict(dqk_gluon_form=D32 | TWO | RZ | LATE | KEEP), "dqk0w"),
-        "d32 two rz round late split keep": (32, dict(dqk_gluon_form=D32 | TWO | RZ | ROUND | LATE | SPLIT | KEEP),
-                                             "dqk0w"),
-        "d32 two round late": (32, dict(dqk_gluon_form=D32 | TWO | ROUND | LATE), "dqk0w"),
-        "d32 two round late split": (32, dict(dqk_gluon_form=D32 | TWO | ROUND | LATE | SPLIT), "dqk0w"),
         "d32 configs bwd": (32, {}, "bwd"),
         "d32 two rz bwd": (32, dict(dqk_gluon_form=D32 | TWO | RZ), "bwd"),
+        "d32 two rz op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(dqk_gluon_form=D32 | TWO | RZ)}), None),
     },
     # call 2, after call 1 (d 128 DG_TWO + PIECES_RZ 99842: 1.437 ms = 87.1% against configs' 1.546, 1.076x by graphs,
     # 1.063x eager; d 64 DG_TWO on configs' PIECES_RZ (99842 too): 0.6361 = 84.4% against 0.6799, 1.069x): both again,
