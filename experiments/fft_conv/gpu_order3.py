@@ -12,9 +12,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
 (``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: a plan.order3_plan tuple and its spectrum kind):
   c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
-  c64_1 at 8192: c64 with one program a multiprocessor (what the second program's overlap is worth)
-  c64_v, f16_v  c64 / f16 with VEC (u's loads and y's stores in 1a / 1'a 8 bytes wide: the same elements); at 16384
-                without DIRECT (DIRECT's accesses are the wgmma layouts': VEC does not reach them)
+  c64_o, f16_o  the tuples shipped before VEC (session 41 call 3): 8192 (2, 1, RFFT, -), 16384 (1, 2, RFFT, DIRECT)
+  (call 3 also timed c64_1, 8192 at one program a SM: 0.69x; and c64_v / f16_v, VEC, shipped since)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
   against float64, as a multiple of bf16's rounding floor, every element of y written; with --conj the correlation
   (the backward's du: CONJ) of the labels named; with --odd an odd batch (B3) with a NaN in one sequence (that
@@ -55,11 +54,9 @@ TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 def tuples(n):
     """label -> (the order3_plan tuple, spectrum kind) of each variant."""
     out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
-    if n == 8192:
-        out["c64_1"] = ((1,) + tuple(configs.GLUON_ORDER3[n][1:]), "c64")
-    for label in ("c64", "f16"):  # VEC (8192: on the shipped tuple; 16384: on the shipped tuple without DIRECT)
+    for label in ("c64", "f16"):  # before VEC: 8192 without it, 16384 with DIRECT
         per_sm, wg, rfft = out[label][0][:3]
-        out[label + "_v"] = ((per_sm, wg, rfft, False, True), label)
+        out[label + "_o"] = ((per_sm, wg, rfft, n == 16384), label)
     return out
 
 
@@ -133,6 +130,15 @@ def profile(n, labels, calls=3):
     torch.cuda.synchronize()
 
 
+STALLS = [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in (
+    "barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "wait", "math_pipe_throttle", "dispatch_stall",
+    "lg_throttle", "membar", "not_selected", "selected", "sleeping", "tex_throttle", "no_instruction", "drain",
+    "branch_resolving", "misc")] + ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                                     "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+                                     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+                                     "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"]
+
+
 def _rows(text):
     """The rows of ncu's CSV output (lines before the header dropped)."""
     lines = text.splitlines()
@@ -160,14 +166,15 @@ def ncu_summary(run, n, label, deadline):
     cmd = [exe, "--kernel-name", "regex:order3", "--launch-skip", "1", "--launch-count", "1",
            "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
            "--section", "Occupancy", "--section", "SchedulerStats", "--section", "WarpStateStats",
-           "--section", "SourceCounters", "--section", "InstructionStats", "-f", "-o", rep,
+           "--section", "SourceCounters", "--section", "InstructionStats", "--metrics", ",".join(STALLS), "-f", "-o", rep,
            sys.executable, os.path.abspath(__file__), "--n", str(n), "--profile", "--variants", label]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, deadline))
     if r.returncode != 0 or not os.path.exists(rep + ".ncu-rep"):  # (a section this ncu lacks: the sampling alone)
         run.row(f"ncu {label} sections", status=f"ncu failed ({r.returncode})", tail=(r.stdout + r.stderr)[-800:])
         keep = {"SpeedOfLight", "WarpStateStats", "SourceCounters"}
         cmd = [c for i, c in enumerate(cmd) if not (c == "--section" and cmd[i + 1] not in keep)
-               and not (i > 0 and cmd[i - 1] == "--section" and c not in keep)]
+               and not (i > 0 and cmd[i - 1] == "--section" and c not in keep)
+               and not (c == "--metrics" or (i > 0 and cmd[i - 1] == "--metrics"))]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, deadline))
     if r.returncode != 0 or not os.path.exists(rep + ".ncu-rep"):
         run.row(f"ncu {label}", status=f"ncu failed ({r.returncode})", tail=(r.stdout + r.stderr)[-1500:])
@@ -185,7 +192,7 @@ def ncu_summary(run, n, label, deadline):
     if not rows:
         run.row(f"ncu {label} source", status="no source page", tail=(source.stdout + source.stderr)[-1500:])
         return
-    columns = list(rows[0])
+    columns = [c for c in rows[0] if c]
     sampled = [c for c in columns if "Sampling" in c and "Not" not in c and "All" in c] or [
         c for c in columns if "Sampling" in c]
     text_col = next((c for c in columns if c.strip().lower() in ("source", "sass")), columns[min(1, len(columns) - 1)])
