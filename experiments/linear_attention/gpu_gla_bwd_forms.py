@@ -45,24 +45,22 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # name: (Dk = Dv, CHUNKED overrides, the kernel timed: "dvw" the dv common launch, "dqk0w" the dq / dk one, "bwd" the
 # whole backward)
 # gluon_gla_bwd FORM: 2 + STORE_TMA 512 + DG_TMA 1024 (1538); DG_LATE 2048 for DG_TMA, J_SMEM 8192, PIECES_RZ 32768,
-# DG_TWO 65536 (dG's sums by two pieces), DG_ROUND 131072 (with DG_TWO at d 32: both dG sums in one round), STORE_LATE
-# 524288 (dq's and dk's TMA stores after dG's pieces' barrier), SPLIT_P 1048576 (the third piece's buffer apart: no
-# barrier Triton inserts between p1's and p2's stores; d 32 221,792 B), KEEP_QK 2097152 (with STORE_LATE: q, k and g's
-# clamp read before the barriers that precede their buffers' writes: no bar.sync Triton inserts there). configs':
-# d 32 9730 (+ J_SMEM), d 64 34306 (+ PIECES_RZ), d 128 1538
+# DG_TWO 65536 (dG's sums by two pieces). configs': d 32 9730 (+ J_SMEM), d 64 34306 (+ PIECES_RZ), d 128 1538. Removed
+# after calls 1 and 3 (their rows dropped from batch e): DG_ROUND 131072 (both dG sums in one round), AT_OWN 262144 (a^T
+# in its own buffer), STORE_LATE 524288 (dq's and dk's TMA stores after dG's barrier), SPLIT_P 1048576 (the third
+# piece's buffer apart), KEEP_QK 2097152 (q, k, g's clamp read before the barriers that precede their buffers' writes)
 D32 = 9730
-TWO, ROUND, LATE, SPLIT, KEEP, RZ = 65536, 131072, 524288, 1048576, 2097152, 32768
+TWO, RZ = 65536, 32768
 BATCHES = {
-    # call 1 (runs/ha_s41a_run1_session41_h100.txt, at 9f1c8051): d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32:
-    # 12 -> 0 B spilled, 108 -> 92 wgmmas), DG_ROUND (4 B) on configs' (and AT_OWN 262144, removed after it: a^T in its
-    # own 8 KB a consumer, dq's and dk's products issued together; 92 B spilled; 1.00x, 0.995x with DG_TWO + DG_ROUND)
+    # call 1 (runs/ha_s41a_run1_session41_h100.txt, at 9f1c8051; call 3, ha_s41c_run3, at 477ffbf7 with the STORE_LATE /
+    # SPLIT_P / KEEP_QK rows): d 32 / d 64's dq / dk kernel: DG_TWO (sm_90a d 32: 12 -> 0 B spilled, 108 -> 92 wgmmas)
+    # on configs' (the rows of the removed bits dropped)
     "e": {
         "d32 configs dqk": (32, {}, "dqk0w"),
         "d32 two": (32, dict(dqk_gluon_form=D32 | TWO), "dqk0w"),
-        "d32 two round": (32, dict(dqk_gluon_form=D32 | TWO | ROUND), "dqk0w"),
         "d32 two rz": (32, dict(dqk_gluon_form=D32 | TWO | RZ), "dqk0w"),
         "d32 configs bwd": (32, {}, "bwd"),
-        "d32 two round bwd": (32, dict(dqk_gluon_form=D32 | TWO | ROUND), "bwd"),
+        "d32 two bwd": (32, dict(dqk_gluon_form=D32 | TWO), "bwd"),
         "d64 configs dqk": (64, {}, "dqk0w"),
         "d64 two": (64, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
     },

@@ -32,9 +32,7 @@ falls back to the tl kernels elsewhere.
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
 bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
-pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take and in how many rounds (DG_TWO, DG_ROUND),
-where the third piece lives (SPLIT_P), when dq's and dk's TMA stores are issued (STORE_LATE) and whether q and k are read
-before a^T's barriers (KEEP_QK) (below).
+pieces of those sums are cut (PIECES_RZ) and how many pieces dG's sums take (DG_TWO) (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -62,15 +60,6 @@ PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pa
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two dots a sum: dG within 2^-17 |dG| a
 # token, far below the bf16 products q dq and k dk it sums)
-DG_ROUND = gl.constexpr(131072)  # with DG_TWO, a pair of chunks a tile (Dv = BKB): the two sums in one round (the second's
-# pieces in p2 and the consumer's own v buffer, read by then), one barrier pair and one wgmma wait fewer
-STORE_LATE = gl.constexpr(524288)  # with STORE_TMA: dq's and dk's tiles written to their stage buffers as made, their
-# TMA stores issued after dG's pieces' fence and barrier (not a fence and barrier each)
-SPLIT_P = gl.constexpr(1048576)  # the third piece's buffer an allocation of its own (8 KB more): stores to p1 and p2 in
-# turn are then not taken for a hazard on one buffer (Triton's barrier analysis sees allocations, not their parts)
-KEEP_QK = gl.constexpr(2097152)  # with STORE_LATE: q and k read once more before a^T's barriers and dq's
-# tile written after them, g's clamp mask read before dG's: the stage's k / q / g buffers are then written (dq, dk, dg)
-# with no read of them since the last barrier, where Triton put a bar.sync before each write
 
 
 @stage_struct
@@ -155,7 +144,6 @@ class GlaDqk:
     FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
     tri_smem: object  # FORM 2: L [BT, BT] in the operand dtype (an A operand from shared memory); J_SMEM: [L, J]
-    p2_smem: object  # SPLIT_P: [2, BT, BKB] each consumer's third piece
     N: object
     H: object
     DKD: object  # Dk
@@ -327,10 +315,7 @@ class GlaDqk:
         NB: gl.constexpr = BT // BKB  # qe_smem's [BT, BKB] buffers a consumer (its [BT, BT] bf16 view of a^T)
         p0 = ctx.out
         p1 = self.qe_smem.index(NB * cid)
-        if self.FORM & SPLIT_P:
-            p2 = self.p2_smem.index(cid)
-        else:
-            p2 = self.qe_smem.index(NB * cid + 1)
+        p2 = self.qe_smem.index(NB * cid + 1)
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z32 = gl.zeros([BT, BKB], gl.float32, L32)
         r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
@@ -410,24 +395,15 @@ class GlaDqk:
         dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
         half = self.exp(0.5 * m)
         dq = (E * dq_in + dqs * ((E * half) * half)) * self.scale
-        KEEP: gl.constexpr = (self.FORM & KEEP_QK) != 0
-        gl.static_assert(not KEEP or (self.FORM & STORE_LATE) != 0, "KEEP_QK: with STORE_LATE")
         if self.FORM & STORE_TMA:  # through k's stage buffer (q E holds p0 through dk's product), k kept in registers
-            kf = k_s.load(L32).to(gl.float32)
-            if KEEP:  # (q too; dq's tile written after a^T's barriers)
-                qf = q_s.load(L32).to(gl.float32)
-            else:  # (each thread writes the elements it read)
-                k_s.store((dq + r * kf).to(dtype))
-            if not self.FORM & STORE_LATE:
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
+            kf = k_s.load(L32).to(gl.float32)  # (each thread writes the elements it read)
+            k_s.store((dq + r * kf).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
         else:
             gl.store(self.DQ + base + offs, (dq + r * k_s.load(L32).to(gl.float32)).to(self.DQ.dtype.element_ty))
-        if KEEP:
-            dG = qf * dq
-        else:
-            dG = q_s.load(L32).to(gl.float32) * dq
+        dG = q_s.load(L32).to(gl.float32) * dq
         # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
         # operand from shared memory (no second product v do^T)
         at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -436,23 +412,18 @@ class GlaDqk:
         at_s.store(am)
         fence_async_shared()
         gl.thread_barrier()
-        dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
-        if KEEP:
-            k_s.store((dq + r * kf).to(dtype))
+        at_op = at_s.permute((1, 0))
+        dk_tok = warpgroup_mma(at_op, p0, z32, use_acc=False, is_async=True)
         dk_in = warpgroup_mma_wait(0, deps=[dk_tok])
         em = half * half
         dk_state = dks * (Ei * em)  # (G_last - m = m)
         dk = Ei * dk_in * self.scale + dk_state
         if self.FORM & STORE_TMA:  # through q's stage buffer (each thread writes the elements it read: no barrier
             # before), stored under dg's sums
-            if KEEP:
-                q_s.store((dk + r * qf).to(dtype))
-            else:
-                q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))
-            if not self.FORM & STORE_LATE:
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
+            q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
         else:
             gl.store(self.DK_OUT + base + offs,
                      (dk + r * q_s.load(L32).to(gl.float32)).to(self.DK_OUT.dtype.element_ty))
@@ -461,42 +432,23 @@ class GlaDqk:
         if not self.FORM & STORE_TMA:
             kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
-        if self.FORM & KEEP_QK:  # (read before the barriers below, so dg's write to g's buffer needs none of its own)
-            clamped = g_s.load(L32).to(gl.float32) < FLOOR
-        gl.static_assert((self.FORM & STORE_TMA) != 0 or (self.FORM & STORE_LATE) == 0, "STORE_LATE: with STORE_TMA")
-        if self.FORM & STORE_TMA and not self.FORM & STORE_LATE:
+        if self.FORM & STORE_TMA:
             tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
         TWO: gl.constexpr = (self.FORM & DG_TWO) != 0
         self.pieces(dG, p0, p1, p2, TWO)
-        if self.FORM & DG_ROUND:  # J's pieces in p2 and v's buffer (the value sums have read it): both sums at once
-            gl.static_assert(TWO and self.CHUNKS == 2 and self.DV == BKB, "DG_ROUND: DG_TWO, a pair of chunks, Dv = BKB")
-            self.pieces(dG + kf * dk_state, p2, v_s, v_s, True)
-            fence_async_shared()
-            gl.thread_barrier()
-            l_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
-            j_tok = self.sum_dots(self.triangle(False), p2, v_s, v_s, z32, False, True)
-            if self.FORM & STORE_LATE:  # (the barrier above: every thread's dq and dk written)
-                tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
-                tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
-            lsum, jsum = warpgroup_mma_wait(0, deps=[l_tok, j_tok])
-        else:
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, TWO)
-            if self.FORM & STORE_LATE:  # (the barrier above: every thread's dq and dk written)
-                tma.async_copy_shared_to_global(self.DQ, [row, col], k_s)
-                tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
-            lsum = warpgroup_mma_wait(0, deps=[s_tok])
-            gl.thread_barrier()
-            self.pieces(dG + kf * dk_state, p0, p1, p2, TWO)
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, TWO)
-            jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, TWO)
+        lsum = warpgroup_mma_wait(0, deps=[s_tok])
+        gl.thread_barrier()
+        self.pieces(dG + kf * dk_state, p0, p1, p2, TWO)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, TWO)
+        jsum = warpgroup_mma_wait(0, deps=[s_tok])
         dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
-        if not self.FORM & KEEP_QK:
-            clamped = g_s.load(L32).to(gl.float32) < FLOOR
+        clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
             g_s.store(gl.where(clamped, 0.0, dg))
             fence_async_shared()
@@ -644,12 +596,8 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
         gl.thread_barrier()
     else:
         tri_smem = qe_smem  # (unused)
-    if FORM & SPLIT_P:
-        p2_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BKB], q_desc.layout)
-    else:
-        p2_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
-                p2_smem, N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
+                N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
     if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
                               ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
