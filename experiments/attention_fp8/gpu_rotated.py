@@ -107,18 +107,25 @@ def forms(names):
     dims it changes anything at)."""
     from tilecore.ops.attention_fp8 import configs
 
-    carry = {d: dict(c, carry=1) for d, c in configs.GLUON_FORWARD.items()}
-    carry2 = {d: dict(c, carry=2) for d, c in configs.GLUON_FORWARD.items()}
-    rot = configs.ROTATED
+    gf, rot = configs.GLUON_FORWARD, configs.ROTATED
+    carry = {d: dict(c, carry=1) for d, c in gf.items()}
+    carry2 = {d: dict(c, carry=2) for d, c in gf.items()}
     table = {"ship": ({}, (64, 128)),
              "carry": ({configs: dict(GLUON_FORWARD=carry)}, (64, 128)),
              # carry 2 (q's rotation in a tile's first step, after the previous tile's last P V is issued, its epilogue
              # under the rotation's wgmma) takes q's codes in shared memory (no Q_REG, nor rot_split) at D128 too
              "carry2": ({configs: dict(GLUON_FORWARD=carry2, ROTATED=dict(rot, q_reg=(), rot_split=()))}, (64, 128)),
-             # three consumers at D64 with serial steps (a step's P V in it: no float32 P carried, 160 registers)
-             "c3s": ({configs: dict(GLUON_FORWARD={**configs.GLUON_FORWARD,
-                                                   64: dict(configs.GLUON_FORWARD[64], consumers=3, serial=True)})},
-                     (64,))}
+             # D64: two consumers, P V under the next step's softmax (the convenience path's kernel before session 41)
+             "c2": ({configs: dict(ROTATED=dict(rot, serial_c3=()))}, (64,)),
+             # D64's three serial consumers with 4 stages, or with q's codes in registers (Q_REG)
+             "c3st4": ({configs: dict(ROTATED=dict(rot, stages={**rot["stages"], 64: 4}))}, (64,)),
+             "c3qreg": ({configs: dict(ROTATED=dict(rot, q_reg=(64, 128)))}, (64,)),
+             # D128: three consumers, serial steps with O rescaled in place (serial 2: no second accumulator), one bf16
+             # Q buffer a consumer, q's codes in shared memory (shared memory and registers: 230 KB, 160 a thread)
+             "d128c3": ({configs: dict(GLUON_FORWARD={**gf, 128: dict(gf[128], consumers=3, serial=2, q_buffers=1)},
+                                       ROTATED=dict(rot, q_reg=(), rot_split=()))}, (128,)),
+             # the plain kernel's (and the convenience path's) D64 config with three serial consumers
+             "gf64c3": ({configs: dict(GLUON_FORWARD={**gf, 64: dict(gf[64], consumers=3, serial=1)})}, (64,))}
     return {n: table[n] for n in names}
 
 

@@ -135,6 +135,7 @@ for D, causal, N, q_reg, split in json.loads(sys.argv[1]):
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     ptx = c.asm["ptx"]
     out.append(dict(D=D, causal=causal, q_reg=opts.get("Q_REG", False), split=opts.get("ROT_SPLIT", False),
+                    consumers=opts["CONSUMERS"],
                     **has_hopper_instructions(ptx),
                     **vars(resources(c)), fence=ptx.count("fence.proxy.async"),
                     bf16_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.bf16\.bf16", ptx)),
@@ -159,7 +160,8 @@ def test_kernel_compiles_with_q_in_registers(report):
     reg128, smem128, reg64 = report[:3]
     for r in (reg128, reg64):
         assert r["q_reg"] and r["wgmma"] and r["tma"] and not r["wgmma_serialized"], r
-        assert r["bf16_wgmma"] == 2 * r["D"] // 16 and r["e4m3_wgmma"] > 0, r  # the rotation; S and P V in e4m3
+        # the rotation (one a consumer; D64: three consumers, configs.ROTATED["serial_c3"]); S and P V in e4m3
+        assert r["bf16_wgmma"] == r["consumers"] * r["D"] // 16 and r["e4m3_wgmma"] > 0, r
         assert r["fence"] < smem128["fence"], (r, smem128)  # no fence for the codes: they are not stored
         assert r["shared"] <= smem128["shared"], r
     # D128 causal N4096 (GQA 4 / 2 here): 72 / 76 bytes of spills with hide_first_key (D128's default; 32 / 32 without
@@ -228,7 +230,7 @@ def test_kernel_compiles_with_the_rotation_split(report):
     full = {r["D"]: r for r in report[:3] if r["q_reg"]}
     for r in report[3:]:
         assert r["split"] and r["q_reg"] and not r["wgmma_serialized"], r
-        assert r["bf16_wgmma"] == r["half_wgmma"] == 2 * 2 * (r["D"] // 2) // 16, r  # m64n(D/2)k16 only
+        assert r["bf16_wgmma"] == r["half_wgmma"] == r["consumers"] * 2 * (r["D"] // 2) // 16, r  # m64n(D/2)k16
         assert full[r["D"]]["half_wgmma"] == 0, full  # the full product: m64nDk16
         assert r["shared"] < full[r["D"]]["shared"], (r, full[r["D"]])
     split128, split64 = report[3:]

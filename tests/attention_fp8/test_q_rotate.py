@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from tilecore.ops.attention_fp8 import attention_fp8_rotated, configs
+from tilecore.ops.attention_fp8 import attention_fp8_rotated, configs, launch
 from tilecore.ops.attention_fp8.quantize import (q_in_kernel, rotate_quantize, rotate_quantize_rows, rotation_signs,
                                                  signed_hadamard)
 from tilecore.tiles.switches import patched
@@ -119,6 +119,7 @@ for D, causal, N in json.loads(sys.argv[1]):
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     ptx = c.asm["ptx"]
     out.append(dict(D=D, causal=causal, stages=cfg["stages"], q_buffers=cfg["q_buffers"], q_rotate=opts["Q_ROTATE"],
+                    consumers=opts["CONSUMERS"], serial=opts.get("SERIAL", False),
                     **has_hopper_instructions(ptx), **vars(resources(c)),
                     bf16_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.bf16\.bf16", ptx)),
                     e4m3_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx)),
@@ -140,8 +141,8 @@ def report():
 def test_kernel_compiles_with_the_rotation_on_the_tensor_cores(report):
     for r in report:
         assert r["q_rotate"] and r["wgmma"] and r["tma"] and not r["wgmma_serialized"], r
-        # the rotation: one [64, D] x [D, D] bf16 wgmma a consumer (D / 16 instructions of k16, two consumers)
-        assert r["bf16_wgmma"] == 2 * r["D"] // 16, r
+        # the rotation: one [64, D] x [D, D] bf16 wgmma a consumer (D / 16 instructions of k16)
+        assert r["bf16_wgmma"] == r["consumers"] * r["D"] // 16, r
         assert r["e4m3_wgmma"] > 0 and r["e4m3_cvt"] > 0 and r["fence"] > 0, r  # the codes, fenced before S
         assert r["shared"] <= 227 * 1024, r
     d128, d64 = report
@@ -152,6 +153,22 @@ def test_kernel_compiles_with_the_rotation_on_the_tensor_cores(report):
     assert (d128["stages"], d128["q_buffers"]) == (3, 2), d128
     assert d128["spill_stores"] <= 64 and d128["spill_loads"] <= 96, d128
     assert d64["spill_stores"] == 0 and d64["spill_loads"] == 0, d64
+    # D64: three consumer warpgroups with serial steps (configs.ROTATED["serial_c3"]; 160 registers a thread)
+    assert (d64["consumers"], d64["serial"], d128["consumers"], d128["serial"]) == (3, True, 2, False), report
+
+
+def test_rotated_config_takes_three_serial_consumers_where_rotated_says():
+    # configs.ROTATED["serial_c3"]: the head dims at which the rotated kernel's config takes consumers 3 and serial
+    # (the plain kernel's configs.GLUON_FORWARD does not); a GLUON_FORWARD that names serial is kept (A/B runs)
+    assert (launch.rotated_q_config(64, True)["consumers"], launch.rotated_q_config(64, False)["serial"]) == (3, True)
+    assert launch.rotated_q_config(128, True)["consumers"] == 2 and "serial" not in launch.rotated_q_config(128, True)
+    assert "serial" not in configs.gluon_config(64, True) and configs.gluon_config(64, True)["consumers"] == 2
+    with patched(configs, ROTATED=dict(configs.ROTATED, serial_c3=())):
+        assert launch.rotated_q_config(64, True)["consumers"] == 2
+    two = {d: dict(c, serial=False) for d, c in configs.GLUON_FORWARD.items()}
+    with patched(configs, GLUON_FORWARD=two):
+        cfg = launch.rotated_q_config(64, True)
+        assert (cfg["consumers"], cfg["serial"]) == (2, False)
 
 
 def test_launch_binds_to_the_kernel(monkeypatch):

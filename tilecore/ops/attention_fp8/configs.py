@@ -9,6 +9,8 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 
 # Gluon kernel (gluon_fp8.py): two consumer warpgroups of block_m query rows share a stage of block_n keys, D 64 / 128
 # only; the fastest form measured on the H100 (every variant tried against it: notes/attention_fp8/README.md).
+# serial (with consumers 3): a step's P V issued in that step after its softmax (gluon_fp8.AttentionFp8.serial_step),
+# so that no float32 P is carried and three consumers fit (the convenience path's D64: ROTATED["serial_c3"]).
 # k_block_scalar (default True): k's per-block descales read as one scalar a step. p_linear 1: P's e4m3 code by one
 # FFMA instead of exp2 (1.19-1.30x, O's error 1.29x; 0: exp2, FlashAttention-3's rounding, the accurate form).
 # hide_first_key (causal): a tile's first key offset through opaque_int, as the bf16 forward's, so that LLVM does not
@@ -51,8 +53,11 @@ def tl_config(d: int, interpret: bool) -> dict:
 # hide_first_key: the head dims at which the kernel with q rotated in it takes GLUON_FORWARD's hide_first_key (causal:
 # step 0's mask kept in its branch, not hoisted by LLVM to the tile's start, where the rotation is) unless
 # GLUON_FORWARD names it. mask32: the same for GLUON_FORWARD's mask32 (causal: the mask in 32 bits).
+# serial_c3: the head dims at which the kernel runs three consumer warpgroups with serial steps (GLUON_FORWARD's
+# consumers 3 and serial: a step's P V in that step, no float32 P carried, 160 registers a thread) unless
+# GLUON_FORWARD names serial.
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,),
-               hide_first_key=(64, 128), mask32=(64, 128))
+               hide_first_key=(64, 128), mask32=(64, 128), serial_c3=(64,))
 
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)

@@ -626,15 +626,20 @@ class AttentionFp8:
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         m, p32, alpha = self.softmax(s, st, key, k_scale)
         p8 = to_e4m3x4(self.p_operand(p32), self.P_LINEAR)
-        t0, t1, t2, t3 = self.row_sum_mma(p8)
-        o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False, is_async=True)
         if self.V_PER_BLOCK:  # acc from block step - 1's descale's units to block step's (st.vn)
             factor = alpha * (st.vd / st.vn)
             st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
         else:
             factor = alpha
-        pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-        acc = st.acc * as_column(factor, self.O) + pv
+        t0, t1, t2, t3 = self.row_sum_mma(p8)
+        if self.SERIAL == 2:  # O rescaled first and P V added in place: no second accumulator (D128's registers)
+            o_tok = warpgroup_mma(p8, v, st.acc * as_column(factor, self.O), is_async=True)
+            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+        else:
+            o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False,
+                                  is_async=True)
+            pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+            acc = st.acc * as_column(factor, self.O) + pv
         l_acc = st.l_acc * as_column(alpha, self.L) + ((l0 + l1) + (l2 + l3))
         return st.replace(m=m, acc=acc, l_acc=l_acc)
 
@@ -762,13 +767,13 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             CARRY: gl.constexpr = 0, SERIAL: gl.constexpr = False):
+                             CARRY: gl.constexpr = 0, SERIAL: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
-    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL), "two consumer warpgroups (three with SERIAL)")
-    gl.static_assert(not (SERIAL and CARRY), "SERIAL restarts the pipeline at each tile")
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
+    gl.static_assert(SERIAL == 0 or CARRY == 0, "SERIAL restarts the pipeline at each tile")
     # Q_REG's codes made inside a step (CARRY 2's first step) cross the step loop's phi as single bytes (LLVM unpacks
     # e4m3 registers: ~1 KB of spills at D128, sm_90a); CARRY 2 keeps them in shared memory
     gl.static_assert(CARRY != 2 or not Q_REG, "CARRY 2 takes Q_ROTATE without Q_REG")

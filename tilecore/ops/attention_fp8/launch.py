@@ -208,7 +208,9 @@ class _GluonLayout:
                 raise ValueError(f"attention_fp8: carry must be 0, 1 or 2; got {cfg['carry']!r}")
             self.options["CARRY"] = int(cfg["carry"])
         if cfg.get("serial", False):  # a step's P V in that step (gluon_fp8's SERIAL; three consumers need it)
-            self.options["SERIAL"] = True
+            if cfg["serial"] not in (1, 2):
+                raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
+            self.options["SERIAL"] = int(cfg["serial"])
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
@@ -316,13 +318,16 @@ class QRotatedLaunch:
 
 def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
-    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) and ``stages`` where they name the head dim, and
-    ``hide_first_key`` and ``mask32`` at ROTATED's head dims where gluon_config does not name them."""
+    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) and ``stages`` where they name the head dim,
+    ``hide_first_key`` and ``mask32`` at ROTATED's head dims where gluon_config does not name them, and three consumers
+    with serial steps at ROTATED's ``serial_c3`` head dims where gluon_config does not name ``serial``."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
     cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
     cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
+    if "serial" not in cfg and D in configs.ROTATED.get("serial_c3", ()):
+        cfg.update(consumers=3, serial=True)
     return cfg
 
 
