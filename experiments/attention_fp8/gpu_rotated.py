@@ -2,17 +2,15 @@
 kernel (forms()) against the shipped one in the same run. (Sessions 40-41; session 40's runs name it gpu_s40.py.)
 
     PYTHONPATH=. python experiments/attention_fp8/gpu_rotated.py [--budget 200]
-        [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,d64,passes] [--forms ship,carry] [--smoke]
+        [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,d64,passes] [--forms ship,c2] [--smoke]
 
-Forms (the first is the base every other is compared with): "ship" (the shipped configs), "carry" (session 41:
-configs.GLUON_FORWARD's ``carry`` 1, the template's CARRY: a tile's first S issued with the previous tile's last P V,
-its epilogue after the softmax of that step, one ring step fewer a tile; gluon_fp8.AttentionFp8.compute_carried) and
-"carry2" (``carry`` 2: q's rotation in the tile's first step, after that P V is issued, the epilogue under the
-rotation's wgmma; q's codes in shared memory, not Q_REG, at D128 too: first_step_rotating), and "c3s" (D64: three
-consumer warpgroups, 160 registers a thread, with ``serial`` steps: a step's P V issued after its softmax into a zero
-accumulator, added to O * alpha, so that no float32 P is carried between steps: serial_step). Session
-40's forms (old: session 39's state; m32, noclamp: shipped since; st4, nohide: lost or equal) are in
-notes/attention_fp8's decision log. The same math: O must be the same bits in every form.
+Forms (forms(); the first is the base every other is compared with): "ship" (the shipped configs: at D64 since session
+41 three consumer warpgroups with serial steps, configs.ROTATED serial_c3), "c2" (D64 on two consumers, P V under the
+next step's softmax: before session 41), "c3st4" / "c3qreg" (D64's three with 4 stages / q's codes in registers),
+"d128c3" (D128 on three consumers: serial 2, O rescaled in place, one bf16 Q buffer a consumer, codes in shared memory)
+and "gf64c3" (GLUON_FORWARD[64] on three: the plain kernel's too). Session 41's carry forms (the pipeline carried
+across tiles) and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is
+compared bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
 * d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
@@ -108,13 +106,7 @@ def forms(names):
     from tilecore.ops.attention_fp8 import configs
 
     gf, rot = configs.GLUON_FORWARD, configs.ROTATED
-    carry = {d: dict(c, carry=1) for d, c in gf.items()}
-    carry2 = {d: dict(c, carry=2) for d, c in gf.items()}
     table = {"ship": ({}, (64, 128)),
-             "carry": ({configs: dict(GLUON_FORWARD=carry)}, (64, 128)),
-             # carry 2 (q's rotation in a tile's first step, after the previous tile's last P V is issued, its epilogue
-             # under the rotation's wgmma) takes q's codes in shared memory (no Q_REG, nor rot_split) at D128 too
-             "carry2": ({configs: dict(GLUON_FORWARD=carry2, ROTATED=dict(rot, q_reg=(), rot_split=()))}, (64, 128)),
              # D64: two consumers, P V under the next step's softmax (the convenience path's kernel before session 41)
              "c2": ({configs: dict(ROTATED=dict(rot, serial_c3=()))}, (64,)),
              # D64's three serial consumers with 4 stages, or with q's codes in registers (Q_REG)
@@ -159,8 +151,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,carry,carry2", help="ship (the shipped configs), carry, carry2, c3s (forms()); the first is "
-                    "the base")
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3st4, c3qreg, d128c3, gf64c3 "
+                    "(forms()); the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)

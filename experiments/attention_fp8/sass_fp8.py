@@ -54,17 +54,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qreg_split_hide_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
                                 mask32=True),
     "qrot_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
-    # session 41: the pipeline carried across a program's tiles (carry: a tile's first S with the previous tile's last
-    # P V, its epilogue after the softmax), on the convenience path's kernels and the plain one
-    "carry": dict(carry=True),
-    "qreg_split_hide_m32_carry": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
-                                      hide_first_key=True, mask32=True, carry=True),
-    "qrot_hide_m32_carry": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, carry=True),
-    # carry 2: q's rotation in the tile's first step, after the previous tile's last P V is issued
-    "qreg_split_hide_m32_carry2": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True,
-                                       hide_first_key=True, mask32=True, carry=2),
-    "qrot_hide_m32_carry2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, carry=2),
-    "qrot_split_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
+    # session 41 (the pipeline carried across a program's tiles, carry 1 / 2, lost and was removed: notes/attention_fp8):
     # serial steps (a step's P V in it, no P carried), with three consumers (160 registers) or two
     "qrot_m32_serial_c3": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3),
     "qrot_m32_serial": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True),

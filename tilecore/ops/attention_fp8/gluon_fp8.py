@@ -16,6 +16,10 @@ N or Nk arrive as zeros. Step j issues
     m, P_j = online softmax(S_j * descales)       (registers, base 2, the row max as a tree)
     O, l *= alpha                                 (once both are done)
 
+With SERIAL a step's P V comes in that step, after its softmax (no P carried from step to step: 64 float32 registers a
+thread fewer), which lets three consumer warpgroups fit in 160 registers a thread (the convenience path's D64: more
+warps to hide the softmax's latency, which bounds the step).
+
 FP8's differences from the bf16 forward:
 * descales: q's and k's per (batch, head) fold into the base-2 score scale (no extra work); per row
   (per block of rows, or per token), q's are a per-row factor loaded once a tile and k's a per-key
@@ -218,7 +222,6 @@ class Running:
     vd: object  # V_PER_BLOCK: the descale of the V block whose P V is next (acc is carried in its units)
     vn: object  # V_PER_BLOCK: the block's after it (loaded a step ahead)
     qr: object  # Q_REG: Q's e4m3 codes as S's register operand (rotate_q_reg; else None)
-    pend: object  # CARRY: the rows of the previous tile, whose last P V and epilogue come with this tile's first step
 
 
 L_COLS: gl.constexpr = gl.constexpr(8)  # row_sum_mma: P times a [32, 8] block of ones (wgmma's narrowest N)
@@ -262,7 +265,6 @@ class AttentionFp8:
     ROT_SPLIT: gl.constexpr  # Q_REG: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
-    CARRY: gl.constexpr  # the pipeline runs on across a program's tiles (the template's CARRY; AttentionFp8.compute)
     SERIAL: gl.constexpr  # a step's P V in that step, after its softmax (serial_step): no P carried between steps
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
@@ -281,37 +283,26 @@ class AttentionFp8:
 
     @gluon.jit
     def setup(self, tile_id):
-        """The tile's rows and its steps: a step per key block and one for the last P V (CARRY: that one is the next
-        tile's first, and a tile with no key block has one, all masked)."""
+        """The tile's rows and its steps: a step per key block and one for the last P V (SERIAL: none)."""
         rows = query_tile(self, tile_id, self.BM * self.CONSUMERS)
-        if self.CARRY:
-            rows = rows.replace(n_blocks=gl.maximum(rows.n_blocks, 1))
-            steps = rows.n_blocks
-        elif self.SERIAL:
+        if self.SERIAL:
             steps = rows.n_blocks
         else:
             steps = gl.where(rows.n_blocks > 0, rows.n_blocks + 1, 0)
         return rows, steps
 
     @gluon.jit
-    def load(self, stage, bar, tile, step, prev=None):
+    def load(self, stage, bar, tile, step):
         """Step ``step``'s K block and the V^T block of the step before (the first step reloads V block
-        0, the last step K block n - 1, unused: a stage's byte count is fixed); CARRY: the first step's V block is the
-        previous tile's last."""
+        0, the last step K block n - 1, unused: a stage's byte count is fixed); SERIAL: the step's own V^T block."""
         b, h, hk = head_of(tile.bh, self.H, self.GROUP)
         k_block = gl.minimum(step, tile.n_blocks - 1)
-        if self.CARRY:  # selects, no branch: the producer is one warp
-            at_first = step == 0
-            vb, vh, vhk = head_of(gl.where(at_first, prev.bh, tile.bh), self.H, self.GROUP)
-            v_block = gl.where(at_first, prev.n_blocks, step) - 1
-        elif self.SERIAL:
-            vb, vhk = b, hk
+        if self.SERIAL:
             v_block = step
         else:
-            vb, vhk = b, hk
             v_block = gl.maximum(step - 1, 0)
         tma.async_copy_global_to_shared(self.k_desc, [b, hk, k_block * self.BN, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.vt_desc, [vb, vhk, 0, v_block * self.BN], bar, stage.vt)
+        tma.async_copy_global_to_shared(self.vt_desc, [b, hk, 0, v_block * self.BN], bar, stage.vt)
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
@@ -320,33 +311,17 @@ class AttentionFp8:
         tma.async_copy_global_to_shared(self.q_desc, [b, h, tile.first + consumer * self.BM, 0], bar, q_smem)
 
     @gluon.jit
-    def initial(self, ctx):
-        """CARRY: the state before a program's first tile: nothing pending (0 key blocks), zeros of every field's
-        type (m -inf)."""
-        zero = gl.program_id(0) * 0
-        m, l = online_softmax_start(self.BM, self.S)
-        if self.Q_PER_ROW:
-            q_scale = l
-        else:
-            q_scale = gl.load(self.q_scales)
+    def start(self, ctx, tile, prev):
+        first = tile.first + ctx.index * self.BM  # this consumer's rows
+        n_own = tile.n_blocks
+        if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but for the last P V
+            own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
+            n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
         qr = None
         if self.Q_REG:
-            qr = gl.zeros([self.BM, self.D], gl.float32, wgmma_lhs_layout(self.BM, self.BN, gl.num_warps(), 8)).to(
-                gl.float8e4nv)
-        vd = 1.0
-        if self.V_PER_BLOCK:  # (a loaded scalar, as the later tiles' descales)
-            vd = self.v_block_scale(zero, 0)
-        # (the rows pending start at N: CARRY 2's unconditional epilogue of them stores nothing, clipped by the TMA
-        # store and store_rows' mask)
-        return Running(m, gl.zeros([self.BM, self.D], gl.float32, self.O),
-                       gl.zeros([self.BM, self.BN], gl.float32, self.P), Rows(zero, zero, zero), q_scale,
-                       gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd, vd, qr, Rows(zero + self.N, zero, zero))
-
-    @gluon.jit
-    def q_descales(self, ctx, tile, first):
-        """A consumer's rows' base-2 score scale for this tile without Q_REG: q's descales (rotating Q where
-        Q_ROTATE) x softmax scale x log2 e."""
-        if self.Q_ROTATE:
+            q_scale, qr = self.rotate_q_reg(ctx)
+            q_scale = q_scale * self.scale_log2e
+        elif self.Q_ROTATE:
             q_scale = self.rotate_q(ctx) * self.scale_log2e
         elif self.Q_PER_ROW:
             offs = first + gl.arange(0, self.BM, layout=gl.SliceLayout(1, self.S))
@@ -354,55 +329,19 @@ class AttentionFp8:
                               mask=offs < self.N, other=0.0) * self.scale_log2e
         else:
             q_scale = gl.load(self.q_scales + tile.bh) * self.scale_log2e
-        return q_scale
-
-    @gluon.jit
-    def start(self, ctx, tile, prev):
-        first = tile.first + ctx.index * self.BM  # this consumer's rows
-        qr = None
-        if self.CARRY == 2 and self.Q_ROTATE:  # Q is rotated in the tile's first step (first_step_rotating)
-            q_scale = prev.q_scale
-            qr = prev.qr
-        else:
-            if self.Q_REG:
-                q_scale, qr = self.rotate_q_reg(ctx)
-                q_scale = q_scale * self.scale_log2e
-            else:
-                q_scale = self.q_descales(ctx, tile, first)
-            q_scale = self.with_k_head(q_scale, tile.bh)
-        if self.CARRY:
-            # m, acc, l_acc, P and vd stay the previous tile's (its last P V and epilogue come with this tile's first
-            # step); both consumers walk all the tile's blocks (a block all masked for a row gives it P = 0, alpha 1);
-            # vn holds this tile's first V block's descale until that step
-            vn = prev.vn
-            if self.V_PER_BLOCK:
-                vn = self.v_block_scale(tile.bh, 0)
-            st = prev.replace(rows=Rows(first, tile.bh, tile.n_blocks), pend=prev.rows, q_scale=q_scale, qr=qr, vn=vn)
-        else:
-            n_own = tile.n_blocks
-            if self.CAUSAL:  # this consumer's rows skip the tile's later blocks (all masked for them) but the last P V
-                own_hi = gl.maximum(gl.minimum(self.Nk, first + self.BM + (self.Nk - self.N)), 0)
-                n_own = gl.minimum(gl.maximum(gl.cdiv(own_hi, self.BN), 1), tile.n_blocks)
-            m, l = online_softmax_start(self.BM, self.S)
-            acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
-            p = gl.zeros([self.BM, self.BN], gl.float32, self.P)
-            l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
-            vd = 1.0
-            vn = 1.0
-            if self.V_PER_BLOCK:  # (SERIAL: vn is the descale of the block whose P V comes in the step)
-                vd = self.v_block_scale(tile.bh, 0)
-                vn = self.v_block_scale(tile.bh, 0 if self.SERIAL else 1)
-            st = Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr, None)
-        return st
-
-    @gluon.jit
-    def with_k_head(self, q_scale, bh):
-        """The rows' scale times the head's k descale where k's is per head (folded in once a tile, not a load a
-        step)."""
-        if not self.K_PER_ROW and not self.K_PER_BLOCK:
-            b, h, hk = head_of(bh, self.H, self.GROUP)
+        if not self.K_PER_ROW and not self.K_PER_BLOCK:  # the head's k descale folds in once a tile (not a load a step)
+            b, h, hk = head_of(tile.bh, self.H, self.GROUP)
             q_scale = q_scale * gl.load(self.k_scales + b * (self.H // self.GROUP) + hk)
-        return q_scale
+        m, l = online_softmax_start(self.BM, self.S)
+        acc = gl.zeros([self.BM, self.D], gl.float32, self.O)
+        p = gl.zeros([self.BM, self.BN], gl.float32, self.P)
+        l_acc = gl.zeros([self.BM, L_COLS], gl.float32, self.L)
+        vd = 1.0
+        vn = 1.0
+        if self.V_PER_BLOCK:  # (SERIAL: vn is the descale of the block whose P V comes in the step)
+            vd = self.v_block_scale(tile.bh, 0)
+            vn = self.v_block_scale(tile.bh, 0 if self.SERIAL else 1)
+        return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr)
 
     @gluon.jit
     def rotate_q(self, ctx):
@@ -413,18 +352,9 @@ class AttentionFp8:
         (q_operand; the next tile's Q loads into the buffer only after this tile's wgmma are done). Returns the rows'
         descales (S's row slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the
         division by a row's descale replaced by a multiply by its reciprocal)."""
-        return self.rotated_q_codes(ctx, self.rotation_issue(ctx))
-
-    @gluon.jit
-    def rotation_issue(self, ctx):
-        """Q_ROTATE: the rotation as one [BM, D] x [D, D] wgmma against diag(s) H, issued (its token)."""
         x = ctx.operand.reshape([self.BM, self.D])
-        return warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                             use_acc=False, is_async=True)
-
-    @gluon.jit
-    def rotated_q_codes(self, ctx, tok):
-        """rotate_q's rest once its wgmma (``tok``) is issued: the wait, the rows' descales, the codes stored."""
+        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                            use_acc=False, is_async=True)
         y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
@@ -600,8 +530,6 @@ class AttentionFp8:
         if self.SERIAL:
             if step < st.rows.n_blocks:
                 st = self.serial_step(st, q, k_t, v, step)
-        elif self.CARRY:
-            st = self.compute_carried(ctx, st, q, k_t, v, step)
         elif step == 0:
             k_scale = self.key_scales(st, 0)
             s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False,
@@ -610,16 +538,28 @@ class AttentionFp8:
             m, p32, alpha = self.softmax(s, st, self.first_key(), k_scale)
             st = st.replace(m=m, p=self.p_operand(p32))
         elif step < st.rows.n_blocks:
-            st = self.steady_step(st, q, k_t, v, step)
+            m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
+            if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's (st.vn)
+                acc = acc * as_column(alpha * (st.vd / st.vn), self.O)
+                st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
+            else:
+                acc = acc * as_column(alpha, self.O)
+            l_acc = l_acc * as_column(alpha, self.L)
+            st = st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
         elif step == st.rows.n_blocks:  # the step after this consumer's last block: its P V only
-            st = self.last_pv(st, v)
+            p8 = to_e4m3x4(st.p, self.P_LINEAR)
+            t0, t1, t2, t3 = self.row_sum_mma(p8)
+            o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
+            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+            st = st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
         return st  # (causal: a step past this consumer's keys does nothing; the other's rows see more)
 
     @gluon.jit
     def serial_step(self, st, q, k_t, v, step):
-        """SERIAL: S_step, its softmax, then P_step V_step into a zero accumulator, added to O * alpha (FFMA: the
-        rescale runs under the P V) with l's chunks: every wgmma of the step done within it and no P carried to the
-        next (the registers of three consumers at D64: 160 a thread)."""
+        """SERIAL: S_step, its softmax, then P_step V_step with l's chunks, every wgmma of the step done within it and
+        no P carried to the next (the registers of three consumers: 160 a thread). SERIAL 1: P V into a zero
+        accumulator, added to O * alpha (FFMA: the rescale under the P V); 2: O rescaled first and P V added in place
+        (no second accumulator: D128's registers)."""
         key = step * self.BN
         k_scale = self.key_scales(st, key)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
@@ -632,7 +572,7 @@ class AttentionFp8:
         else:
             factor = alpha
         t0, t1, t2, t3 = self.row_sum_mma(p8)
-        if self.SERIAL == 2:  # O rescaled first and P V added in place: no second accumulator (D128's registers)
+        if self.SERIAL == 2:
             o_tok = warpgroup_mma(p8, v, st.acc * as_column(factor, self.O), is_async=True)
             acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
         else:
@@ -642,81 +582,6 @@ class AttentionFp8:
             acc = st.acc * as_column(factor, self.O) + pv
         l_acc = st.l_acc * as_column(alpha, self.L) + ((l0 + l1) + (l2 + l3))
         return st.replace(m=m, acc=acc, l_acc=l_acc)
-
-    @gluon.jit
-    def steady_step(self, st, q, k_t, v, step):
-        """Step 1 <= step < the key blocks: S_step with P_{step-1} V_{step-1}, the softmax, O and l rescaled."""
-        m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st, step * self.BN)
-        if self.V_PER_BLOCK:  # acc from the units of block step - 1's descale to block step's (st.vn)
-            acc = acc * as_column(alpha * (st.vd / st.vn), self.O)
-            st = st.replace(vd=st.vn, vn=self.v_block_scale(st.rows.bh, step + 1))
-        else:
-            acc = acc * as_column(alpha, self.O)
-        l_acc = l_acc * as_column(alpha, self.L)
-        return st.replace(m=m, acc=acc, l_acc=l_acc, p=self.p_operand(p32))
-
-    @gluon.jit
-    def last_pv(self, st, v):
-        """The last P V (and l's chunks) of the state's rows, waited for."""
-        p8 = to_e4m3x4(st.p, self.P_LINEAR)
-        t0, t1, t2, t3 = self.row_sum_mma(p8)
-        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-        acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-        return st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)))
-
-    @gluon.jit
-    def compute_carried(self, ctx, st, q, k_t, v, step):
-        """CARRY's steps. A tile's first issues its S_0 with the previous tile's last P V (the stage holds this tile's
-        first K block and that tile's last V^T block), runs the softmax of S_0 under it, then finishes the previous
-        tile (its epilogue: O, lse, the TMA store) and starts O and l from zero; its later steps are the steady ones;
-        the tail step (step = the key blocks: the template's call after a program's last tile) is the last P V and the
-        epilogue of that tile."""
-        if step == 0:
-            if self.CARRY == 2 and self.Q_ROTATE:
-                st = self.first_step_rotating(ctx, st, k_t, v)
-            else:
-                m0, l0 = online_softmax_start(self.BM, self.S)
-                m, p32, alpha, acc, l_acc = self.s_and_pv(q, k_t, v, st.replace(m=m0), self.first_key())
-                if st.pend.n_blocks > 0:  # a previous tile (not the state before a program's first)
-                    self.finish(ctx, st.replace(acc=acc, l_acc=l_acc, rows=st.pend), None)
-                st = st.replace(m=m, p=self.p_operand(p32))
-            vd = st.vd
-            vn = st.vn
-            if self.V_PER_BLOCK:  # this tile's first V block's descale (start put it in vn), and the next
-                vd = st.vn
-                vn = self.v_block_scale(st.rows.bh, 1)
-            st = st.replace(acc=gl.zeros([self.BM, self.D], gl.float32, self.O),
-                            l_acc=gl.zeros([self.BM, L_COLS], gl.float32, self.L), vd=vd, vn=vn)
-        elif step < st.rows.n_blocks:
-            st = self.steady_step(st, q, k_t, v, step)
-        else:
-            st = self.last_pv(st, v)
-            self.finish(ctx, st, None)
-        return st
-
-    @gluon.jit
-    def first_step_rotating(self, ctx, st, k_t, v):
-        """CARRY 2 with Q_ROTATE (not Q_REG): a tile's first step with Q's rotation in it. The previous tile's last P V
-        and l chunks are issued first, then the rotation; waiting for the older groups leaves the rotation in flight
-        under the previous tile's epilogue, unconditional so that it shares the rotation's basic block (before a
-        program's first tile the pending rows start at N: nothing is stored); then the codes, S_0 and its softmax.
-        Returns the state with the tile's scale, m and P (acc and l_acc: the previous tile's, finished)."""
-        p8 = to_e4m3x4(st.p, self.P_LINEAR)
-        t0, t1, t2, t3 = self.row_sum_mma(p8)
-        o_tok = warpgroup_mma(p8, v, st.acc, is_async=True)
-        r_tok = self.rotation_issue(ctx)
-        # the P V and l chunks are older groups: retired with the rotation still in flight
-        acc, l0, l1, l2, l3 = warpgroup_mma_wait(1, deps=(o_tok, t0, t1, t2, t3))
-        self.finish(ctx, st.replace(acc=acc, l_acc=st.l_acc + ((l0 + l1) + (l2 + l3)), rows=st.pend), None)
-        q_scale = self.with_k_head(self.rotated_q_codes(ctx, r_tok) * self.scale_log2e, st.rows.bh)
-        q = self.q_operand(ctx)
-        m0, l_zero = online_softmax_start(self.BM, self.S)
-        st = st.replace(m=m0, q_scale=q_scale)
-        k_scale = self.key_scales(st, 0)
-        s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s_tok,))
-        m, p32, alpha = self.softmax(s, st, self.first_key(), k_scale)
-        return st.replace(m=m, p=self.p_operand(p32))
 
     @gluon.jit
     def first_key(self):
@@ -767,16 +632,12 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             CARRY: gl.constexpr = 0, SERIAL: gl.constexpr = 0):
+                             SERIAL: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
-    gl.static_assert(SERIAL == 0 or CARRY == 0, "SERIAL restarts the pipeline at each tile")
-    # Q_REG's codes made inside a step (CARRY 2's first step) cross the step loop's phi as single bytes (LLVM unpacks
-    # e4m3 registers: ~1 KB of spills at D128, sm_90a); CARRY 2 keeps them in shared memory
-    gl.static_assert(CARRY != 2 or not Q_REG, "CARRY 2 takes Q_ROTATE without Q_REG")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
@@ -807,12 +668,11 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, CARRY, SERIAL, ones, rotation,
+                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, SERIAL, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, L_COLS, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 16))
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
-                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
-                    CARRY=CARRY, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, op.BM * CONSUMERS) * num_bh)

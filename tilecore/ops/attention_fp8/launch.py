@@ -202,11 +202,6 @@ class _GluonLayout:
             self.options["HIDE_FIRST_KEY"] = True
         if causal and cfg.get("mask32", False):  # the causal mask as one 32-bit comparison an element (gluon_fp8)
             self.options["MASK32"] = True
-        if cfg.get("carry", 0):  # the pipeline runs on across a program's tiles (gluon_fp8's CARRY: 1, or 2 with q's
-            # rotation in a tile's first step)
-            if cfg["carry"] not in (1, 2):
-                raise ValueError(f"attention_fp8: carry must be 0, 1 or 2; got {cfg['carry']!r}")
-            self.options["CARRY"] = int(cfg["carry"])
         if cfg.get("serial", False):  # a step's P V in that step (gluon_fp8's SERIAL; three consumers need it)
             if cfg["serial"] not in (1, 2):
                 raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
