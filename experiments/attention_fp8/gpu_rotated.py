@@ -154,7 +154,6 @@ def main():
     ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3st4, c3qreg, d128c3, gf64c3 "
                     "(forms()); the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
-    ap.add_argument("--shapes", default="16x4x2,32x4x2,16x8x2", help="the k pass's launch shapes (passes)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpu-rounds", type=int, default=4, help="profiler rounds (each form's calls after a sync)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: the script's plumbing only")
