@@ -98,7 +98,7 @@ def test_plan_reads_a_float16_spectrum_only_behind_its_half_tables(monkeypatch):
         got = conv_plan.plan(4096, meta, torch.bfloat16, True)
         assert got.path == "gluon" and got.rfft == 3
         assert conv_plan.plan(4096, meta, torch.bfloat16).rfft == 2  # a complex64 spectrum keeps the shipped tuple
-        monkeypatch.setitem(configs.GLUON_ORDER3_HALF, 8192, (2, 1, 3, False))
+        monkeypatch.setitem(configs.GLUON_ORDER3_HALF, 8192, (2, 1, 3))
         got = conv_plan.plan(8192, meta, torch.bfloat16, True)
         assert got.path == "order3" and got.rfft == 3
         assert conv_plan.plan(8192, meta, torch.float32, True).path not in ("order3", "gluon")  # 16-bit u only

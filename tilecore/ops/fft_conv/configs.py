@@ -28,13 +28,12 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 64, 2, 2, 4, True, 2, 0, True, 5),  # LEAN 4 (transposed): 6.14x, 1.32-1.36x
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper; each chunk transposed): N -> (programs a SM,
-# warpgroups a pair, RFFT, DIRECT (1a / 1'a in the wgmmas' layouts), VEC (u's loads and y's stores 8 bytes wide));
-# RFFT 4: a complex64 spectrum cast a call to float16 bins over each channel's largest part
+# warpgroups a pair, RFFT); RFFT 4: a complex64 spectrum cast a call to float16 bins over each channel's largest part
 # (launch.scaled_half_bins), 3: a float16 spectrum read as it is; checked and timed by
 # experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, 1, 4, False, True),  # VEC, RFFT 4: the launch 1.053-1.054x the tuple before (1.288 ms graphs, 3.02x)
-    16384: (1, 2, 4, False, True),  # VEC, RFFT 4: 1.034-1.044x DIRECT's (4.193 ms graphs, 2.06x)
+    8192: (2, 1, 4),  # RFFT 4: the launch 1.288 ms (graphs) = 3.02x torch.fft
+    16384: (1, 2, 4),  # RFFT 4: 4.193 ms = 2.06x
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
@@ -50,8 +49,8 @@ GLUON_ONEPASS_HALF: dict = {
     4096: (128, 64, 1, True, True, 64, 3, 2, 4, True, 2, 0, True, 5),  # LEAN 4, RFFT 3: 1.024x the complex64 op
 }
 GLUON_ORDER3_HALF: dict = {
-    8192: (2, 1, 3, False, True),  # VEC, RFFT 3: 1.065-1.070x the tuple before (1.134 ms graphs, 3.43x)
-    16384: (1, 2, 3, False, True),  # VEC, RFFT 3: 1.018-1.025x DIRECT's (3.910 ms graphs, 2.21x)
+    8192: (2, 1, 3),  # RFFT 3: 1.134 ms = 3.43x
+    16384: (1, 2, 3),  # RFFT 3: 3.910 ms = 2.21x
 }
 GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies

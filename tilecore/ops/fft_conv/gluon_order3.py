@@ -1,6 +1,6 @@
 """The one-pass FFT convolution at order 3 in Gluon (issue 37): one kernel, u read once and y written
-once. ON at N = 8192 (two programs a multiprocessor) and 16384 (two warpgroups a pair, WARPGROUPS 2; 1a and 1'a in
-the wgmmas' layouts, DIRECT): configs.GLUON_ORDER3 / _HALF.
+once. ON at N = 8192 (two programs a multiprocessor) and 16384 (two warpgroups a pair, WARPGROUPS 2):
+configs.GLUON_ORDER3 / _HALF.
 
 The chunked kernel's method (gluon_onepass.py: two sequences of a channel as z = u_a + i u_b, one complex DFT
 of L = 2N = A B, B = 64 rows, n = B a + m, f = k_a + A k_b) with its first factor A split once more,
@@ -59,26 +59,22 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
 
 
 @gluon.jit
-def _swizzled(p, a2: gl.constexpr, VEC: gl.constexpr = False):
+def _swizzled(p, a2: gl.constexpr):
     """The m held at position p of row (k1, a2) of T. T is the wgmma's NVMMA tile [16 A2, B] (rows of 128 B, the
     128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8); 1a
     and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m (each
-    of their rows is independent: only the addresses move). VEC: the same m as ((p / 8) ^ (a2 % 8)) 8 + p % 8, which
-    the compiler sees run in groups of 8 (its xor of a whole register loses that): 4 elements a thread one 8-byte load
-    or store, not four 2-byte ones."""
-    if VEC:
-        p = ((p // 8) ^ (a2 % 8)) * 8 + p % 8
-    else:
-        p = p ^ (8 * (a2 % 8))
-    return p
+    of their rows is independent: only the addresses move). Written ((p / 8) ^ (a2 % 8)) 8 + p % 8, the same m, which
+    the compiler sees run in groups of 8 (an xor of the whole index loses that): a thread's 4 rows one 8-byte load or
+    store, not four 2-byte ones."""
+    return ((p // 8) ^ (a2 % 8)) * 8 + p % 8
 
 
 @gluon.jit
 def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr, VEC: gl.constexpr):
+          io: gl.constexpr, lhs1: gl.constexpr):
     """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
     over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed; row p holds m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2, VEC)
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2)
     a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     keep = gl.expand_dims(a1 < 8, 0) & gl.expand_dims(m >= 0, 1)
@@ -92,63 +88,44 @@ def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: 
 
 
 @gluon.jit
-def _t_column(T, a2: gl.constexpr):
-    """T[:, a2, :] as a [B, 16 k1] view (T [16, A2, B] plain rows)."""
-    A2: gl.constexpr = T.shape[1]
-    B: gl.constexpr = T.shape[2]
-    rows = T._reinterpret(gl.float16, [16, A2 * B], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    return rows.slice(a2 * B, B, 1).permute((1, 0))
-
-
-@gluon.jit
-def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr):
+def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr):
     """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16) (``tre``, ``tim``: the product [B, 16 k1]) as float16."""
     k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, tre.type.layout))
     twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
     twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
     tre, tim = tre * twre - tim * twim, tre * twim + tim * twre
-    if DIRECT:  # (from the accumulator's own layout: no conversion)
-        _t_column(T_re, a2).store(tre.to(gl.float16))
-        _t_column(T_im, a2).store(tim.to(gl.float16))
-    else:  # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
-        T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
-                                                                                       gl.SliceLayout(2, put)), 2))
-        T_im.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tim.to(gl.float16),
-                                                                                       gl.SliceLayout(2, put)), 2))
+    # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
+    T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
+                                                                                   gl.SliceLayout(2, put)), 2))
+    T_im.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tim.to(gl.float16),
+                                                                                   gl.SliceLayout(2, put)), 2))
 
 
 @gluon.jit
 def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
               a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr, DIRECT: gl.constexpr, VEC: gl.constexpr):
+              acc1: gl.constexpr, put: gl.constexpr):
     """Stage 1a of columns a2 and a2 + 1 (their eight wgmmas issued together, one wait):
     T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1, VEC)
+    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
     p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
-    xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1, VEC)
+    xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
     p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
     p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
         0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
-    _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put, DIRECT)
-    _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put, DIRECT)
+    _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
+    _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put)
 
 
 @gluon.jit
-def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-          DIRECT: gl.constexpr):
+def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr):
     """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
     and conj(W_A^(a2 k1)), float16 (re, im, -re)."""
-    if DIRECT:  # (read in the wgmma operand's layout; ``ratio`` already in its column layout)
-        vre = _t_column(T_re, a2).load(lhs8).to(gl.float32)
-        vim = _t_column(T_im, a2).load(lhs8).to(gl.float32)
-        k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, lhs8))
-        r = gl.expand_dims(ratio, 0)
-    else:
-        vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
-        vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
-        k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
-        r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
+    vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
+    vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
+    r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
     cre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0) * r
     cim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0) * r
     vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
@@ -159,10 +136,10 @@ def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lh
 
 @gluon.jit
 def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
-          B: gl.constexpr, io8: gl.constexpr, VEC: gl.constexpr):
+          B: gl.constexpr, io8: gl.constexpr):
     """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
     sequence); past the batch masked. Row p of out is m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2, VEC)
+    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2)
     a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
     off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
     ty: gl.constexpr = Y.dtype.element_ty
@@ -173,18 +150,18 @@ def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.const
 @gluon.jit
 def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
                       a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr, DIRECT: gl.constexpr, VEC: gl.constexpr):
+                      acc8: gl.constexpr, io8: gl.constexpr):
     """Stage 1'a of columns a2 and a2 + 1 (_v_a2's operand @ conj(F_16)[:, :8]; their eight wgmmas issued together,
     one wait) and their y (_y_a2)."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
-    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8, DIRECT)
+    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8)
     p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
-    vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8, DIRECT)
+    vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8)
     p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
     p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
         0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
-    _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8, VEC)
-    _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8, VEC)
+    _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
+    _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
 
 
 @struct
@@ -216,10 +193,9 @@ class Order3Shared:
     A: gl.constexpr
     B: gl.constexpr
     CONJ: gl.constexpr
-    DIRECT: gl.constexpr  # 1a and 1'a in the wgmmas' layouts (no conversions)
-    VEC: gl.constexpr  # _swizzled's grouped form: u's loads and y's stores 8 bytes wide
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
+    WARPIO: gl.constexpr  # u's and y's tiles split across the warps by rows, as the wgmmas' (else by columns)
 
 
 @struct
@@ -292,7 +268,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 DIRECT: gl.constexpr = False, KSCALE: gl.constexpr = False, VEC: gl.constexpr = False):
+                                 KSCALE: gl.constexpr = False, WARPIO: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -308,10 +284,10 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
-    DIRECT: stages 1a and 1'a read and write in the wgmmas' own layouts (u loaded as the A operand, T written from the
-    accumulator, T' read as the A operand, y stored from the accumulator): no layout conversion (each a shared-memory
-    round trip with its barriers) a column; the same values. VEC: u's loads and y's stores in 1a / 1'a 8 bytes wide
-    (_swizzled's grouped form; the same elements). KSCALE, KS (heads,) float32: K's bins are the spectrum
+    1a's u loads and 1'a's y stores are 8 bytes wide (_swizzled). WARPIO (a candidate): the tiles of u (1a) and y (1'a)
+    split across the warps by rows m, as the wgmmas' operands and accumulators are, so their layout conversions stay
+    within a warp's rows (sm_90a 8192: 205 barriers against 269, half the 32-bit shared-memory stores and loads); the
+    same values. KSCALE, KS (heads,) float32: K's bins are the spectrum
     over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|, so
     no bin overflows float16), the outputs times KS[h]. The same roundings as gluon_emulate.emulate_order3."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
@@ -336,7 +312,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, DIRECT, VEC, KS, KSCALE)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, WARPIO)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -438,15 +414,11 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     acc8: gl.constexpr = wgmma_layout(B, 8, 4)
     lhs8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc8, k_width=2)
-    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])  # threads along m (u's and y's rows)
+    if g.WARPIO:  # warps along m, as the wgmmas' rows (a thread's 4 rows still one 8-byte access)
+        io: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
+    else:  # threads along m (u's and y's rows), warps along the columns
+        io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
-    DIRECT: gl.constexpr = g.DIRECT
-    if DIRECT:  # u read as 1a's A operand, y stored from 1'a's accumulator
-        io_x: gl.constexpr = lhs1
-        io_y: gl.constexpr = acc8
-    else:
-        io_x: gl.constexpr = io
-        io_y: gl.constexpr = io
     # (the float16 bins, RFFT 3; the twiddles computed, TW_SFU; no staging tiles: None)
     st = Stages(tabs.fbre, tabs.fbim, tabs.fbim, None, None, T1RE, T1IM, L, 3, g.CONJ, True, 0, True, None, 0, 1)
 
@@ -481,7 +453,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
         for c in gl.static_range(COLS // 2):
             _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE, T1IM,
-                      PART * COLS + 2 * c, A2, B, io_x, lhs1, acc1, put, DIRECT, g.VEC)
+                      PART * COLS + 2 * c, A2, B, io, lhs1, acc1, put)
         fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
         _both_arrived(g.bars, 0, phase, PARTS)  # T written
@@ -503,8 +475,6 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         else:
             gl.thread_barrier()  # T' written
         ratio = scales / running
-        if DIRECT:  # (once a pair, in 1'a's operand columns)
-            ratio = gl.convert_layout(ratio, gl.SliceLayout(0, lhs8))
         out_scale = running * (1.0 / L)
         if g.KSCALE:  # (the channel's float16 bins were K / KS[h])
             out_scale = out_scale * gl.load(g.KS + h)
@@ -513,5 +483,4 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
         for c in gl.static_range(COLS // 2):
             _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, tabs.f8re,
-                              tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io_y, DIRECT,
-                              g.VEC)
+                              tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io)

@@ -61,8 +61,7 @@ class Plan:
     yalias: bool = False  # "gluon", chunked with TMA: y's box is the ring slot its pair's u came in
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
-    direct: bool = False  # "order3": stages 1a and 1'a in the wgmmas' own layouts (no layout conversions)
-    vec: bool = False  # "order3": u's loads and y's stores in 1a / 1'a 8 bytes wide (the same elements)
+    warpio: bool = False  # "order3": u's and y's tiles split across the warps by rows, as the wgmmas'
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
@@ -128,25 +127,21 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 ORDER3_PER_SM = {8192: (1, 2), 16384: (1,)}
 
 
-def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, direct: bool = False,
-                vec: bool = False) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, warpio: bool = False) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 8192: A = 256, 16384: 512),
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
     float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast to float16 pairs a call over each
-    channel's largest part (launch.scaled_half_bins); ``direct``: stages 1a and 1'a read and write in the wgmmas' own
-    layouts (no layout conversion a column); ``vec``: u's loads and y's stores in 1a and 1'a 8 bytes wide (a candidate:
-    the same elements, the swizzled rows' addresses in groups of 8). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64
-    bins in the kernel and the 4096 build were measured slower and removed: notes/fft_conv.)"""
+    channel's largest part (launch.scaled_half_bins); ``warpio`` (a candidate): u's and y's tiles in 1a / 1'a split
+    across the warps by rows, as the wgmmas' (their layout conversions within a warp's rows). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4,
+    complex64 bins in the kernel, the 4096 build and DIRECT were measured slower and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
-            or rfft not in (3, 4) or direct not in (False, True) or vec not in (False, True)):
+            or rfft not in (3, 4) or warpio not in (False, True)):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
                          f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 (complex64 "
-                         f"cast a call), direct a bool; got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, "
-                         f"rfft {rfft}, direct {direct}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, direct=bool(direct),
-                vec=bool(vec))
+                         f"cast a call); got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, warpio=bool(warpio))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
