@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from experiments.common.gpu_script import Run, check, poisoned, same_bits, time_rounds  # noqa: E402
-from experiments.fft_conv.gpu_s38 import correlation, inputs  # noqa: E402
+from experiments.fft_conv.gpu_s38 import check_launches, correlation, inputs  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv.plan import order3_plan  # noqa: E402
@@ -263,16 +263,7 @@ def main() -> int:
     chosen = [(label, *table[label]) for label in labels]
     conj_of = {x for x in a.conj.split(",") if x}
     run.extra.update(n=n, variants={label: str(p) for label, p, _ in chosen})
-    for label, p, kind in chosen:
-        for conj in (False, True) if label in conj_of else (False,):
-            def one(label=label, p=p, kind=kind, conj=conj):
-                y = poisoned(ud)
-                conv_launch.launch(p, ud, spectra[kind], y, conj)
-                written = bool(torch.isfinite(y).all())
-                r = check(y[:2, :64].cpu(), ref_c if conj else ref, TOL)
-                run.row(f"check {label}{' conj' if conj else ''}", all_written=written,
-                        **{**r, "pass": r["pass"] and written})
-            run.attempt(f"check {label}{' conj' if conj else ''}", one)
+    check_launches(run, chosen, conj_of, ud, spectra, ref, ref_c, TOL)
     for label in (x for x in a.odd.split(",") if x):
         run.attempt(f"odd {label}", odd_batch, run, label, table[label][0], table[label][1], kd, n)
     if a.op:

@@ -44,6 +44,22 @@ def correlation(u64, k64):
     return torch.fft.irfft(torch.fft.rfft(u64, n=2 * n) * torch.fft.rfft(k64, n=2 * n).conj(), n=2 * n)[..., :n]
 
 
+def check_launches(run, chosen, conj_of, ud, spectra, ref, ref_c, tol=TOL):
+    """Each (label, plan, spectrum kind) of ``chosen`` launched on u (y poisoned first: an element never written
+    shows), its B2 H64 slice against float64 as a row "check <label>"; the labels in ``conj_of`` also as the
+    correlation (the backward's du: CONJ). (gpu_s39.py and gpu_order3.py take it too.)"""
+    for label, p, kind in chosen:
+        for conj in (False, True) if label in conj_of else (False,):
+            def one(label=label, p=p, kind=kind, conj=conj):
+                y = poisoned(ud)
+                conv_launch.launch(p, ud, spectra[kind], y, conj)
+                written = bool(torch.isfinite(y).all())
+                r = check(y[:2, :64].cpu(), ref_c if conj else ref, tol)
+                run.row(f"check {label}{' conj' if conj else ''}", all_written=written,
+                        **{**r, "pass": r["pass"] and written})
+            run.attempt(f"check {label}{' conj' if conj else ''}", one)
+
+
 def candidates(n):
     """(label, plan, spectrum kind) of each variant at n: the shipped plan on complex64 bins first."""
     out = [("shipped launch", conv_plan(n, torch.device("cuda"), torch.bfloat16), "c64")]

@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from experiments.common.gpu_script import Run, check, poisoned, time_rounds  # noqa: E402
 from experiments.common.gpu_script import same_bits  # noqa: E402
-from experiments.fft_conv.gpu_s38 import correlation, inputs  # noqa: E402
+from experiments.fft_conv.gpu_s38 import check_launches, correlation, inputs  # noqa: E402
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, model  # noqa: E402
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv.plan import gluon_plan  # noqa: E402
@@ -154,15 +154,7 @@ def main() -> int:
     variants += [(label, gluon_plan(*VARIANTS[label]), label[:3]) for label in a.variants.split(",") if label]
     conj_of = {x for x in a.conj.split(",") if x}
     run.extra.update(n=n, shipped=str(shipped), variants={lab: VARIANTS[lab] for lab, _, _ in variants[1:]})
-    for label, p, kind in variants:
-        for conj in (False, True) if label in conj_of else (False,):
-            def one(label=label, p=p, kind=kind, conj=conj):
-                y = poisoned(ud)
-                conv_launch.launch(p, ud, spectra[kind], y, conj)
-                written = bool(torch.isfinite(y).all())
-                r = check(y[:2, :64].cpu(), ref_c if conj else ref, TOL)
-                run.row(f"check {label}{' conj' if conj else ''}", all_written=written, **{**r, "pass": r["pass"] and written})
-            run.attempt(f"check {label}", one)
+    check_launches(run, variants, conj_of, ud, spectra, ref, ref_c, TOL)
     for label in (x for x in a.odd.split(",") if x):
         run.attempt(f"odd {label}", odd_batch, run, label, gluon_plan(*VARIANTS[label]), label[:3], kd, n)
     if a.op:
