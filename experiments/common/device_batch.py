@@ -39,9 +39,12 @@ def jobs_since(since: str) -> dict[str, tuple[bool, int, int, str]]:
     return jobs
 
 
-def script(jobs: dict[str, tuple[bool, int, int, str]], lanes: int) -> str:
+def script(jobs: dict[str, tuple[bool, int, int, str]], lanes: int, budget: int = 540, last: tuple[str, ...] = ()) -> str:
+    """Lanes balanced by timeout (jobs whose name contains a string of ``last`` go last in their lane); a job is
+    started only if it can end within ``budget`` seconds of the script's start."""
     load, lane_of = [0] * lanes, {}
-    for name, (host, timeout, _, _) in sorted(jobs.items(), key=lambda kv: -kv[1][1]):
+    order = sorted(jobs.items(), key=lambda kv: (any(m in kv[0] for m in last), -kv[1][1]))
+    for name, (host, timeout, _, _) in order:
         if not host:
             lane_of[name] = min(range(lanes), key=load.__getitem__)
             load[lane_of[name]] += timeout
@@ -54,7 +57,11 @@ def script(jobs: dict[str, tuple[bool, int, int, str]], lanes: int) -> str:
            'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site'
            ' "$W"/*.whl >/dev/null 2>&1 || echo "wheel install failed"',
            'export PYTHONPATH=/tmp/site:"$W/snap"', "nvidia-smi -L", "T0=$(date +%s)",
+           f'BUDGET={budget}',
            'job() { local gpu=$1 name=$2 tmo=$3 cmd=$4; mkdir -p "$OUT/$name"; local t=$(date +%s);'
+           # a job that could run past the call's budget is not started: a call killed at its limit returns nothing
+           ' if [ $(( t - T0 + tmo )) -gt $BUDGET ]; then echo "skipped (budget)" > "$OUT/$name.log";'
+           ' echo "skipped 0" > "$OUT/$name.rc"; return; fi;'
            ' (cd "$W/snap" && CUDA_VISIBLE_DEVICES=$gpu OUT="$OUT/$name" timeout -k 10 "$tmo" bash -c "$cmd")'
            ' > "$OUT/$name.log" 2>&1; echo "$? $(( $(date +%s) - t ))" > "$OUT/$name.rc"; }']
     for lane in range(lanes):
@@ -70,7 +77,7 @@ def script(jobs: dict[str, tuple[bool, int, int, str]], lanes: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def build(since: str, n: int, lanes: int) -> None:
+def build(since: str, n: int, lanes: int, budget: int = 540, last: tuple[str, ...] = ()) -> None:
     jobs = jobs_since(since)
     snap = ROOT / ".whl" / "snap"
     shutil.rmtree(snap, ignore_errors=True)
@@ -78,7 +85,7 @@ def build(since: str, n: int, lanes: int) -> None:
     archive = subprocess.run(["git", "archive", "HEAD", "tilecore", "experiments", "tests", "benchmarks", "examples",
                               "pyproject.toml"], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(snap)], input=archive, check=True)
-    (ROOT / ".whl" / f"gpu{n}.sh").write_text(script(jobs, lanes))
+    (ROOT / ".whl" / f"gpu{n}.sh").write_text(script(jobs, lanes, budget, last))
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     print(f".whl/gpu{n}.sh: {len(jobs)} jobs ({', '.join(jobs)}), snapshot {head.strip()}")
 
@@ -105,8 +112,9 @@ if __name__ == "__main__":
     sub = p.add_subparsers(dest="what", required=True)
     b = sub.add_parser("build")
     b.add_argument("since"), b.add_argument("n", type=int), b.add_argument("--lanes", type=int, default=4)
+    b.add_argument("--budget", type=int, default=540), b.add_argument("--last", nargs="*", default=())
     s = sub.add_parser("save")
     for a in ("files_at", "call", "session", "job", "area"):
         s.add_argument(a, type=int if a in ("call", "session") else str)
     a = p.parse_args()
-    build(a.since, a.n, a.lanes) if a.what == "build" else save(a.files_at, a.call, a.session, a.job, a.area)
+    build(a.since, a.n, a.lanes, a.budget, tuple(a.last)) if a.what == "build" else save(a.files_at, a.call, a.session, a.job, a.area)
