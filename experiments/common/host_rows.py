@@ -21,7 +21,7 @@ recorded recipe, tilecore.ops.norm.op:RECORDED_RECIPES, on "rms_norm (grad recor
 --split: fft_conv's plain eager call taken apart on this host (split_fft_conv: the whole call, the call given the
 spectrum, the padding cat, the rfft, the memo, the mode, a plan-cache lookup, the allocation), each part alone.
 --checks (session 41): float64 checks of the rows RAW_SCRATCH changes, on and off (switch_checks), before anything is
-timed.
+timed. --hold MODULE:NAME=on|off (repeatable): that switch held for the whole run (a flip's figures before it ships).
 --parts (session 41): what an autograd Function's apply costs on this host by its arguments and saved tensors
 (split_apply: attention's recorded call applies 10 arguments and saves 5 tensors), and the pieces of the rows' host
 paths (an internal buffer as a tensor or a raw block of the caching allocator, tile_counter, eager_mode), each alone.
@@ -215,6 +215,12 @@ def switch_checks() -> list:
     rows = []
 
     def both(name, module, switch, call, ref):
+        try:
+            checked(name, module, switch, call, ref)
+        except Exception as err:  # noqa: BLE001 (a row's failure is its result; the others go on)
+            rows.append({"name": name, "switch": switch, "error": f"{type(err).__name__}: {err}"[:400], "pass": False})
+
+    def checked(name, module, switch, call, ref):
         outs = {}
         for on in (True, False):
             with patched(module, **{switch: on}):
@@ -231,7 +237,7 @@ def switch_checks() -> list:
         rows.append(row)
 
     # paged decode (B4 Hq32 Hkv8 D128, pages 64 x 64), O alone
-    pages = torch.randperm(64, generator=gen.manual_seed(1), device="cpu").to(dev).reshape(4, 16).to(torch.int32)
+    pages = torch.randperm(64, generator=torch.Generator().manual_seed(1)).to(dev).reshape(4, 16).to(torch.int32)
     kc, vc = (torch.randn(64, 64, 8, 128, generator=gen, **bf) for _ in range(2))
     lengths = torch.tensor([1000, 613, 1024, 77], dtype=torch.int32, device=dev)
     qd = torch.randn(4, 1, 32, 128, generator=gen, **bf)
@@ -330,6 +336,8 @@ def main():
     ap.add_argument("--ab-switch", default="", help="MODULE:NAME: the switch --ab-rows time on and off (OP_RECIPES)")
     ap.add_argument("--ab", action="append", default=[], help="ROW@MODULE:NAME: that row A/B'd by that switch")
     ap.add_argument("--split", action="store_true", help="fft_conv's plain eager call taken apart (split_fft_conv)")
+    ap.add_argument("--hold", action="append", default=[], metavar="MODULE:NAME=on|off",
+                    help="a switch held for the whole run (tilecore.tiles.switches.patched), e.g. a flip not yet shipped")
     ap.add_argument("--checks", action="store_true", help="float64 checks of the session's switches (switch_checks)")
     ap.add_argument("--parts", action="store_true", help="an autograd Function's apply by its arguments (split_apply)")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors, a few calls: the script's plumbing")
@@ -337,10 +345,16 @@ def main():
     if a.smoke:
         host_time.DEV[0] = "cpu"
         a.calls, a.rounds, a.profile = 3, 1, 3
+    held = contextlib.ExitStack()
+    for spec in a.hold:  # (entered first: every phase runs under them)
+        from tilecore.tiles.switches import patched
+        target, value = spec.split("=")
+        module_name, name = target.split(":")
+        held.enter_context(patched(importlib.import_module(module_name), **{name: value == "on"}))
     table = {**host_time.cases(), **host_time.later_cases(), **extra_cases()}
     names = ROWS if a.rows == "all" else tuple(a.rows.split(","))
     run = Run("host_rows", deadline=a.deadline)
-    run.extra.update(calls=a.calls, rounds=a.rounds, ab={})
+    run.extra.update(calls=a.calls, rounds=a.rounds, ab={}, held=a.hold)
     abs_ = [(r, a.ab_switch) for r in a.ab_rows.split(",") if r] + [tuple(spec.split("@")) for spec in a.ab]
     for name, switch in abs_:
         ours, peer = table[name]
