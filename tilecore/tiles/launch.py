@@ -434,6 +434,8 @@ def scratch(nbytes: int, launches) -> int | None:
     if not RAW_SCRATCH or _RAW_ALLOC is None or _RAW_STREAM is None or not BIND_KEYED_LAUNCHES:
         return None
     device = _current_cuda_device()
+    if device is None:
+        return None
     for launch in launches:
         hit = launch._hit
         if not hit or hit[0] != device:
