@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(64)
 cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_chunks, unsigned chunk,
                         unsigned nchunks, unsigned stages, unsigned multicast, unsigned check,
                         unsigned long long *__restrict__ sums, unsigned *__restrict__ flag, unsigned group) {
-    extern __shared__ __align__(128) uint8_t smem[];
+    extern __shared__ __align__(1024) uint8_t smem[];  // (both kernels: one declaration, the gemm ring's swizzled boxes need 1024)
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (size_t)stages * chunk);
     const uint32_t full0 = smem_u32(bars), free0 = smem_u32(bars + stages), empty0 = smem_u32(bars + 2 * stages);
     const uint32_t c = multicast ? cluster_size() : 1u, rank = multicast ? cluster_rank() : 0u;
@@ -139,14 +139,14 @@ cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_
 // rows a group) and, for each of a tile's k steps, loads the A box (bm rows x 128 bytes of k) and the B box (bn rows x
 // 128 bytes) by tensor TMA into a ring stage; a consumer warp waits for the stage and frees it (reading one word, or in
 // the check mode summing every 32-bit word). The bytes the SMs take in from L2 a second where the running tiles share
-// their A and B panels, as the GEMM's do.
+// their A and B panels, as the GEMM's do. pace: clocks the consumer holds each stage (a GEMM's MMAs on it).
 struct __align__(64) TensorMap { unsigned long long opaque[16]; };
 
 extern "C" __global__ void __launch_bounds__(64)
 gemm_ring_probe(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, unsigned tiles_m,
                 unsigned tiles_n, unsigned k_steps, unsigned group_m, unsigned bm, unsigned bn, unsigned stages,
-                unsigned check, unsigned long long *__restrict__ sums, unsigned *__restrict__ flag) {
-    extern __shared__ __align__(128) uint8_t smem[];
+                unsigned check, unsigned long long *__restrict__ sums, unsigned *__restrict__ flag, unsigned pace) {
+    extern __shared__ __align__(1024) uint8_t smem[];  // 128-byte swizzled boxes land on 1024-byte boundaries
     const unsigned stage_bytes = (bm + bn) * 128u;
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (size_t)stages * stage_bytes);
     const uint32_t full0 = smem_u32(bars), free0 = smem_u32(bars + stages);
@@ -186,7 +186,12 @@ gemm_ring_probe(const __grid_constant__ TensorMap a_map, const __grid_constant__
         for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
             for (unsigned k = 0; k < k_steps; ++k, ++j) {
                 const unsigned s = j % stages, lap = j / stages;
-                if (lane == 0) wait_parity(full0 + 8 * s, lap & 1, flag, false);
+                if (lane == 0) {
+                    wait_parity(full0 + 8 * s, lap & 1, flag, false);
+                    // pace > 0: hold the stage that many clocks, as a GEMM's MMAs on it would
+                    for (const long long t0 = clock64(); pace && clock64() - t0 < (long long)pace;) {
+                    }
+                }
                 __syncwarp();
                 const uint32_t *words = reinterpret_cast<const uint32_t *>(smem + (size_t)s * stage_bytes);
                 if (check) {

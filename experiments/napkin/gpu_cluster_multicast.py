@@ -213,8 +213,9 @@ class Probe:
         self._ok(self.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fn, params, None), "cuLaunchKernelEx")
 
 
-def tensor_map(probe: "Probe", t: torch.Tensor, box_rows: int):
-    """A CUtensorMap (128 bytes, 64-byte aligned) over a 2-D uint8 tensor, boxes of box_rows x 128 bytes, no swizzle."""
+def tensor_map(probe: "Probe", t: torch.Tensor, box_rows: int, swizzle: int = 0, promotion: int = 2):
+    """A CUtensorMap (128 bytes, 64-byte aligned) over a 2-D uint8 tensor, boxes of box_rows x 128 bytes; swizzle 0
+    (none) or 3 (128 B, as the Gluon GEMM's descriptors), L2 promotion 2 (128 B) or 3 (256 B)."""
     raw = ctypes.create_string_buffer(128 + 64)
     addr = (ctypes.addressof(raw) + 63) // 64 * 64
     rows, cols = t.shape
@@ -222,9 +223,9 @@ def tensor_map(probe: "Probe", t: torch.Tensor, box_rows: int):
     strides = (ctypes.c_uint64 * 1)(t.stride(0))
     box = (ctypes.c_uint32 * 2)(128, box_rows)
     estr = (ctypes.c_uint32 * 2)(1, 1)
-    # CU_TENSOR_MAP_DATA_TYPE_UINT8 0, rank 2, interleave none 0, swizzle none 0, L2 promotion 128B 2, OOB fill none 0
+    # CU_TENSOR_MAP_DATA_TYPE_UINT8 0, rank 2, interleave none 0, OOB fill none 0
     probe._ok(probe.cu.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), 0, 2, ctypes.c_void_p(t.data_ptr()), dims, strides,
-                                              box, estr, 0, 0, 2, 0), "cuTensorMapEncodeTiled")
+                                              box, estr, 0, swizzle, promotion, 0), "cuTensorMapEncodeTiled")
     probe._maps.append(raw)
     return ctypes.c_void_p(addr)
 
@@ -249,16 +250,23 @@ def gemm_phase(run: Run, probe: Probe, flag, sms: int) -> None:
     b = torch.randint(0, 256, (n, kbytes), dtype=torch.uint8, device="cuda")
     words = {name: (x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) for name, x in (("a", a), ("b", b))}
     fns, plans = {}, {}
-    for name, bm, bn, stages, group_m in (("128x256", 128, 256, 4, 8), ("128x128", 128, 128, 6, 8),
-                                          ("64x256", 64, 256, 5, 8), ("128x256 row-major", 128, 256, 4, 1)):
+    # (name, bm, bn, stages, group, swizzle, promotion, pace clocks): pace ~ a k step's MMAs at 750 TFLOP/s (64 x 256:
+    # 0.37 us, 128 x 256: 0.74 us at 1.755 GHz)
+    for name, bm, bn, stages, group_m, swz, promo, pace in (
+            ("128x256", 128, 256, 4, 8, 0, 2, 0), ("64x256", 64, 256, 5, 8, 0, 2, 0),
+            ("64x256 sw128", 64, 256, 5, 8, 3, 3, 0), ("128x256 sw128", 128, 256, 4, 8, 3, 3, 0),
+            ("64x256 paced", 64, 256, 5, 8, 0, 2, 650), ("64x256 sw128 paced", 64, 256, 5, 8, 3, 3, 650),
+            ("128x256 sw128 paced", 128, 256, 4, 8, 3, 3, 1300), ("128x128", 128, 128, 6, 8, 0, 2, 0),
+            ("128x256 row-major", 128, 256, 4, 1, 0, 2, 0)):
         tiles_m, tiles_n = m // bm, n // bn
         smem = stages * (bm + bn) * 128 + 2 * 8 * stages
-        maps = (tensor_map(probe, a, bm), tensor_map(probe, b, bn))
+        maps = (tensor_map(probe, a, bm, swz, promo), tensor_map(probe, b, bn, swz, promo))
         cfg = probe.config(sms, 1, smem)
 
-        def launch(check, out, bm=bm, bn=bn, stages=stages, group_m=group_m, maps=maps, cfg=cfg, tm=tiles_m, tn=tiles_n):
+        def launch(check, out, bm=bm, bn=bn, stages=stages, group_m=group_m, maps=maps, cfg=cfg, tm=tiles_m, tn=tiles_n,
+                   pace=pace):
             args = [ctypes.c_uint(v) for v in (tm, tn, k_steps, group_m, bm, bn, stages, check)]
-            args += [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(flag.data_ptr())]
+            args += [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(flag.data_ptr()), ctypes.c_uint(pace)]
             ptrs = [maps[0], maps[1]] + [ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args]
             params = (ctypes.c_void_p * len(ptrs))(*ptrs)
             probe._ok(probe.cu.cuLaunchKernelEx(ctypes.byref(cfg), probe.gemm_fn, params, None), "cuLaunchKernelEx")
@@ -273,7 +281,8 @@ def gemm_phase(run: Run, probe: Probe, flag, sms: int) -> None:
         block = torch.arange(order.shape[0], device="cuda") % sms
         expected = torch.zeros(sms, dtype=torch.int64, device="cuda").index_add_(0, block, per_tile)
         ok = bool(torch.equal(sums, expected)) and int(flag.item()) == 0
-        run.row(f"check gemmring {name}", tiles=tiles_m * tiles_n, stages=stages, group_m=group_m, **{"pass": ok})
+        run.row(f"check gemmring {name}", tiles=tiles_m * tiles_n, stages=stages, group_m=group_m, swizzle=swz,
+                promotion=promo, pace=pace, **{"pass": ok})
         out = torch.empty(sms, dtype=torch.int64, device="cuda")
         fns[name] = (lambda launch=launch, out=out: launch(0, out))
         plans[name] = tiles_m * tiles_n * k_steps * (bm + bn) * 128
