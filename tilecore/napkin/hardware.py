@@ -82,9 +82,10 @@ class GPU:
     # dependent MMAs of one step (softmax between Q K^T and P V): the paper's account of FA3
     exposed_sfu: float = 2 / 3
     constants_source: tuple = field(default_factory=tuple)
-    # the L2 in two numbers: Level("L2").bandwidth is the SMs' ports together, what they draw when the blocks running
-    # at once share the lines they read (a GEMM's operand panels, attention's K and V); l2_unshared_bandwidth is what
-    # the L2 serves when every SM reads lines of its own (0: the level's bandwidth)
+    # the L2 in two numbers: Level("L2").bandwidth is the SMs' ports together, what a kernel's tiles drew into the SMs
+    # (tilecore's Gluon GEMM: the engine charges every relabelled kernel's L2 -> SM bytes at it); l2_unshared_bandwidth
+    # is what copies of L2-resident lines drew (bulk copies, and a GEMM's tile order loaded without its MMAs), a rate
+    # no relabelled kernel reaches (their unshared lines come from HBM first). 0: the level's bandwidth
     l2_unshared_bandwidth: float = 0.0
     # a TMA multicast copy's time in the receiving block's ring, whatever its size (0: not modelled)
     multicast_chunk_s: float = 0.0
@@ -208,8 +209,8 @@ H100 = _gpu(
     "h100", "H100-SXM5-80GB", sms=132, clock_hz=1.83e9,  # 989.4e12 / (132 SMs x 4096 FLOP/clk)
     hbm=(80e9, 3.35e12), hbm_src="NVIDIA H100 datasheet: HBM3 3.35 TB/s (SXM)",
     l2_bytes=50 * 2**20, l2_bw=13.96e12,
-    l2_src="H100 whitepaper: 50 MB L2. Bandwidth into the SMs where the running blocks share their lines: 13.96 "
-           "TB/s (105.8 GB/s an SM), the most a committed kernel drew: tilecore's Gluon GEMM at 8192^3 in 64 x 256 "
+    l2_src="H100 whitepaper: 50 MB L2. Bandwidth into the SMs: 13.96 TB/s (105.8 GB/s an SM), the most a committed "
+           "kernel drew: tilecore's Gluon GEMM at 8192^3 in 64 x 256 "
            "tiles, 4 stages, 5 MiB of operands a tile through TMA, 1.538 ms (notes/napkin/runs/"
            "napkin_topk_configs_run8_session29_h100.json; 13.0-13.96 TB/s over six committed runs of it), a lower "
            "bound on the ports. Was 14.49 TB/s, gpu_constants.py's blocks re-reading slices their SM's L1 held "
@@ -226,8 +227,11 @@ H100 = _gpu(
     constants_source=(
         "l2_unshared_bandwidth 8.1 TB/s: bulk copies (cp.async.bulk) from a 16 MiB L2-resident set, each SM its own "
         "lines: 7.85-8.10 TB/s (59-61 GB/s an SM), two blocks an SM no more; the same lines read by 12-132 SMs at once "
-        "9.9 (this probe's per-SM limit, 75 GB/s); ld.global.cg 5.8 (notes/napkin/runs/"
-        "hh_l2share_s41a_run1_session41_h100.txt, hh_l2_s40c_run6_session40_h100.txt)",
+        "9.9 (75 GB/s an SM); ld.global.cg 5.8 (notes/napkin/runs/hh_l2share_s41a_run1_session41_h100.txt, "
+        "hh_l2_s40c_run6_session40_h100.txt); a GEMM's operand boxes in its grouped tile order by tensor TMA without "
+        "MMAs 7.91-8.25 TB/s for 128x256, 128x128, 64x256 tiles and row-major order alike (hh_l2ports_s41c_run5_"
+        "session41_h100.txt), where the Gluon GEMM moved the same 64x256 bytes at up to 13.96: what lifts the GEMM "
+        "(its 128-byte swizzle and L2 promotion, its MMA-paced, lockstep tiles) is open",
         "multicast_chunk_s 0.44 us: a multicast bulk copy of 24 or 32 KiB to 2 or 4 blocks of a cluster takes "
         "0.425-0.453 us (median 0.44) of each receiving block's ring whatever its size, the consumers' release of a buffer "
         "at CTA scope (CUTLASS's ClusterBarrier form); 0.75 us at cluster scope (hh_l2share_s41a_run1_session41_h100."
