@@ -45,8 +45,9 @@ def _plan(fmt, n, **tuning):
 def test_plan_takes_the_kron_kernel_only_where_asked_and_able(fmt):
     assert all(t["gluon_pow2"] & (t["gluon_pow2"] - 1) == 0 for t in configs.QUANT_GLUON_POW2.values())
     for n in (16384, 32768):
-        if (fmt, n) not in configs.QUANT_GLUON_POW2:
-            assert _plan(fmt, n, _gluon_ok=True).path == "pow2"  # not asked
+        if (fmt, n) not in configs.QUANT_GLUON_POW2:  # not asked (the transform's pipeline where its table asks)
+            assert _plan(fmt, n, _gluon_ok=True).path == ("gluon_rows" if (fmt, n) in configs.QUANT_GLUON_ROWS
+                                                          else "pow2")
         assert _plan(fmt, n, gluon_pow2=32).path == "pow2"  # no Hopper / Gluon (plan_quantize's _gluon_ok)
         plan = _plan(fmt, n, gluon_pow2=32, _gluon_ok=True, inside=False)
         assert plan.path == "gluon_kron" and plan.rscale == n**-0.5
@@ -98,13 +99,13 @@ def test_pow2_rows_compile_for_sm90():
 
 def test_shipped_where_checked_and_faster():
     """Session 40 runs 3 (notes/hadamard/runs/he_s40c_run3_session40_h100.txt, he_s40d_run3_session40_h100.txt; H100,
-    float64-checked): int4 16384 1.19x (twice), int4 32768 1.26x, mxfp4 16384 1.10x (twice) the pow2 plans, on 32 x p
-    with the 28-row plan's switches at that p; the rest lost (fp8 / e5m2 16384 1.01x, nvfp4 0.94x, int8 0.88x) and is
-    off. The shipped plans are the measured ones."""
-    assert set(configs.QUANT_GLUON_POW2) == {("int4", 16384), ("int4", 32768), ("mxfp4", 16384)}
+    float64-checked): int4 16384 1.19x (twice), mxfp4 16384 1.10x (twice) the pow2 plans, on 32 x p with the 28-row
+    plan's switches at that p (int4 32768 1.26x, since session 41 on the transform's pipeline: QUANT_GLUON_ROWS); the rest
+    lost (fp8 / e5m2 16384 1.01x, nvfp4 0.94x, int8 0.88x) and is off. The shipped plans are the measured ones."""
+    assert set(configs.QUANT_GLUON_POW2) == {("int4", 16384), ("mxfp4", 16384)}
     for (fmt, n), entry in configs.QUANT_GLUON_POW2.items():
         plan = _plan(fmt, n, _gluon_ok=True)
         assert plan.path == "gluon_kron" and plan.config["M"] == entry["gluon_pow2"] == 32, (fmt, n)
         assert not plan.config["INSIDE"] and plan.config.get("FOLD") and plan.config.get("NOZERO"), (fmt, n)
     assert _plan("mxfp4", 16384, _gluon_ok=True).config.get("E2M1_PAIRS")
-    assert _plan("int4", 32768, _gluon_ok=True).config.get("INT_BITS")
+    assert _plan("int4", 16384, _gluon_ok=True).config.get("INT_BITS")

@@ -179,16 +179,16 @@ QUANT_GLUON_KRON_STAGES = 2  # its ring's stages
 # (m, p), then (format, n) -> split / inside: the butterfly in registers beat INSIDE at 28 x 1024 (1.2-1.4x)
 QUANT_GLUON_KRON_TUNING = {(28, 512): dict(split=2, inside=False), (28, 1024): dict(split=2, inside=False)}
 # (format, n) -> the plan tuning of a power-of-two row n on the Gluon kron kernel (gluon_pow2 = m: m x (n / m), Sylvester's
-# H_m; with the kron plan's switches, those of 14336 / 28672 at the same p): int4 16384 1.19x, 32768 1.26x, mxfp4 16384
-# 1.10x the pow2 plans; fp8 / e5m2 16384 1.01x, nvfp4 0.94-0.95x, int8 0.88-0.91x, 32768's others 0.82-0.97x: off
+# H_m; with the kron plan's switches, those of 14336 / 28672 at the same p): int4 16384 1.19x, mxfp4 16384 1.10x the pow2
+# plans (int4 32768 1.26x: now QUANT_GLUON_ROWS'); fp8 / e5m2 16384 1.01x, nvfp4 0.94-0.95x, int8 0.88-0.91x, 32768's
+# others 0.82-0.97x: off
 QUANT_GLUON_POW2 = {("int4", 16384): dict(gluon_pow2=32, fold=True, int_bits=True, nozero=True, clamp_lo=2, inside=False),
-                    ("int4", 32768): dict(gluon_pow2=32, fold=True, int_bits=True, nozero=True, clamp_lo=True,
-                                          inside=False),
                     ("mxfp4", 16384): dict(gluon_pow2=32, fold=True, e2m1_pairs=True, nozero=True, clamp_lo=2, perm=True,
                                            inside=False)}
 # (format, n) -> the plan tuning of n = 16384 / 32768 on the transform's Gluon pipeline ("gluon_rows": True and its
-# switches): untimed, off
-QUANT_GLUON_ROWS = {}
+# switches): int4 32768 1.057x / 1.072x the kron plan, int8 32768 1.015x / 1.050x the pow2 plan (with PAIRS, INT_BITS);
+# products-bound at the transform's own time (0.355 ms), so fp8 / e5m2 0.82-0.90x, 16384 0.81-0.86x: off
+QUANT_GLUON_ROWS = {(f, 32768): dict(gluon_rows=True, clamp_lo=2, int_bits=True) for f in ("int4", "int8")}
 # the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans
 KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}
 QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-1.65x; mxfp4 0.98-1.05x, off

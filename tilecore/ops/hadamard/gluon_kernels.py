@@ -23,15 +23,14 @@ never wait for each other.
 hadamard_quantize's power-of-two rows (issue 32) run the same pipeline with gluon_epilogue's codes in
 place of the values (``hadamard_gluon_quantize_kernel``): the two consumers hold the whole row in
 registers when its last slice is added, so a per-token scale needs no second pass over the row: each
-consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchange), and a group's
-scale lies inside one 64-element line (or, int4's 128, a line pair) of one block. The rotation's
-1 / sqrt(n) is folded into the maxima and the reciprocals. Codes are staged as bytes (two codes a
-byte for the 4-bit formats) and TMA-stored as the values are.
+consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchange); int4's groups of
+128 are a line pair of one block. The rotation's 1 / sqrt(n) is folded into the maxima and the
+reciprocals. Codes are staged as bytes (two codes a byte for int4) and TMA-stored as the values are.
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (AMAX, STORE, exchange, folded, group_codes, pieces, row_amax,
-                                                  token_codes, token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (STORE, exchange, folded, group_codes, pieces, row_amax, token_codes,
+                                                  token_recip)
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 
@@ -91,22 +90,19 @@ class Hadamard:
     S: gl.constexpr  # slices a row: n = 8192 S
     LINES_PER_ROW: gl.constexpr
     # hadamard_quantize (gluon_epilogue's fields; None for the plain transform)
-    scales: object  # per token: [rows] float32; groups: (rows, n / G) bytes or float32
-    gscale: object  # fp8 static / nvfp4: the given (global) scale, one float32
-    amax_out: object  # AMAX: [2 rows] float32 (each consumer's half of its row)
+    scales: object  # per token: [rows] float32; int4: (rows, n / 128) float32
+    gscale: object  # fp8 static: the given scale, one float32
     rows: object
     stride_scales: object
     rscale: object  # 1 / sqrt(n), folded into the maxima and reciprocals
     xchg: object  # per token: [4, 1] float32 shared (row parity x consumer), the amax exchange
     xbar: object  # per token: two mbarriers (row parity), both consumers arrive
-    FORMAT: gl.constexpr  # gluon_epilogue's ids; STORE: the plain transform
+    FORMAT: gl.constexpr  # gluon_epilogue's ids: fp8, int8 (per token), int4 (groups of 128); STORE: the transform
     G: gl.constexpr  # group size (0: per token)
     STATIC: gl.constexpr
     QMAX: gl.constexpr
     FOLD: gl.constexpr
     CLAMP_LO: gl.constexpr  # the second product's lo piece (gluon_epilogue.pieces' CLAMP)
-    SCALE_ONCE: gl.constexpr
-    E2M1_PAIRS: gl.constexpr
     INT_BITS: gl.constexpr
 
     @gluon.jit
@@ -165,38 +161,26 @@ class Hadamard:
         if self.FORMAT == STORE:
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
-        elif self.FORMAT == AMAX:  # (nvfp4's first pass: no stores but the maxima)
-            gl.store(self.amax_out + 2 * row + ctx.index, folded(self, row_amax(state.outs, self.S)))
         elif self.G == 0:  # one scale a row: the maximum of both consumers' halves
             a = exchange(self, ctx, folded(self, row_amax(state.outs, self.S)), state.t)
             recip = token_recip(self, a, row, ctx.index == 0)
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store(
                     token_codes(state.outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
-        else:
+        else:  # int4's groups of 128 (gluon_epilogue.group_codes: a line pair, at _pair_slots)
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store(
                     group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
-        if self.FORMAT != AMAX:
-            fence_async_shared()
-            gl.thread_barrier()
-            line = row * self.LINES_PER_ROW + LINES * ctx.index
-            for j in gl.static_range(self.S):
-                tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0],
-                                                ctx.out.slice(j * LINES, LINES))
-
-    @gluon.jit
-    def _group_slots(self, SL: gl.constexpr, GR: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
-        """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of G <= 64 (layout
-        SL, GR a line): the block's line r is the row's line 128 j + 64 c + r."""
-        r = gl.arange(0, LINES, layout=gl.SliceLayout(1, SL))
-        g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
-        offs = gl.expand_dims(2 * LINES * j + LINES * c + r, 1) * GR + gl.expand_dims(g, 0)
-        return offs, offs < self.LINES_PER_ROW * GR
+        fence_async_shared()
+        gl.thread_barrier()
+        line = row * self.LINES_PER_ROW + LINES * ctx.index
+        for j in gl.static_range(self.S):
+            tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0], ctx.out.slice(j * LINES, LINES))
 
     @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
-        """The same for groups of 128 (int4): the block's line pair i is the row's group 64 j + 32 c + i."""
+        """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of 128 (int4): the
+        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i."""
         i = gl.arange(0, LINES // 2, layout=SL)
         return i, LINES * j + (LINES // 2) * c, i < LINES // 2
 
@@ -211,8 +195,8 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     template's (a ring of STAGES that fills at the start, LOOKAHEAD deep after). ``row_counter``: an
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
-    op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, None,
-                  STORE, 0, False, 1.0, False, False, False, False, False)
+    op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
+                  False, 1.0, False, False, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -220,24 +204,23 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
 
 
 @gluon.jit
-def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, amax_out, rows,
-                                   stride_scales, rscale, row_counter, S: gl.constexpr, STAGES: gl.constexpr,
-                                   FORMAT: gl.constexpr, G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
+def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales, gscale, rows, stride_scales, rscale,
+                                   row_counter, S: gl.constexpr, STAGES: gl.constexpr, FORMAT: gl.constexpr,
+                                   G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
-                                   SCALE_ONCE: gl.constexpr = False, E2M1_PAIRS: gl.constexpr = False,
                                    INT_BITS: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
-    pipeline with gluon_epilogue's codes (FORMAT: its ids; AMAX: each consumer's largest |y| of its half row into
-    amax_out[2 row + c]). x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as
-    (rows n / 64, W) byte lines (W = 64, 32 packed), [64, W] boxes; staging_desc: the same with [64 S, W] boxes
-    (a consumer's staging buffer); h_desc and row_counter as hadamard_gluon_kernel's."""
+    pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
+    x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
+    (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
+    h_desc and row_counter as hadamard_gluon_kernel's."""
+    gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
     xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(xbar.index(0), count=2)
     mbarrier.init(xbar.index(1), count=2)
-    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, 128 * S, scales, gscale, amax_out, gl.to_tensor(rows),
-                  stride_scales, rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, SCALE_ONCE,
-                  E2M1_PAIRS and (FORMAT == 3 or FORMAT == 4), INT_BITS and (FORMAT == 2 or FORMAT == 5))
+    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, 128 * S, scales, gscale, gl.to_tensor(rows), stride_scales,
+                  rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)

@@ -22,7 +22,7 @@ Paths (``plan_quantize``):
   (14336 = 28 x 512, 28672 = 28 x 1024), where configs.QUANT_GLUON_KRON or the plan tuning "gluon_kron" asks for it:
   A = H_32 (x) H_2 resident, the rows by TMA, the products on wgmma;
 * "gluon_rows": gluon_kernels.hadamard_gluon_quantize_kernel on Hopper, n = 16384 / 32768 (hadamard_transform's Gluon
-  pipeline, a row a tile held by two consumer warpgroups, with the codes for its values), where
+  pipeline, a row a tile held by two consumer warpgroups, with the codes for its values; per token and int4), where
   configs.QUANT_GLUON_ROWS or the plan tuning "gluon_rows" asks for it;
 * "unfused": longer rows (n = m 2^k with 2^k > 1024, or rows past that budget): hadamard_transform into a
   float32 buffer, then the kernel without rotation.
@@ -342,14 +342,16 @@ def _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
 def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning):
     """The "gluon_rows" path (gluon_kernels.hadamard_gluon_quantize_kernel: hadamard_transform's Gluon pipeline, a row a
     tile, with the codes for its values) where asked (tuning "gluon_rows", else configs.QUANT_GLUON_ROWS' entry by
-    (format, n): its tuning, under the caller's) and able: n in configs.GLUON_SIZES, the whole row rotated, 16-bit, no
-    random signs, groups of 16 / 32, 128 (int4) or the whole row, >= configs.TMA_MIN_ELEMENTS elements (the transform's
-    rule), plan_quantize's device may run Gluon; else None. Tuning: stages, lookahead (the transform's ring,
-    configs.GLUON_TUNING, by default), clamp_lo, scale_once, e2m1_pairs, int_bits."""
+    (format, n): its tuning, under the caller's; not where the caller asks for the kron kernel by "gluon_pow2") and able:
+    n in configs.GLUON_SIZES, the whole row rotated, 16-bit, no random signs, one scale a row (fp8, int8) or int4's groups
+    of 128, >= configs.TMA_MIN_ELEMENTS elements (the transform's rule), plan_quantize's device may run Gluon; else None.
+    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits."""
+    if tuning.get("gluon_pow2") and "gluon_rows" not in tuning:
+        return None
     tuning = {**_by_format(configs.QUANT_GLUON_ROWS, fmt, n, {}), **tuning}
     if not tuning.get("gluon_rows") or not tuning.get("_gluon_ok") or not rotate or block is not None or signs \
             or dtype == torch.float32 or n not in configs.GLUON_SIZES or rows * n < configs.TMA_MIN_ELEMENTS \
-            or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
+            or not (group is None and fmt in ("fp8_e4m3", "fp8_e5m2", "int8") or group == 128 and fmt == "int4"):
         return None
     f = FORMATS[fmt]
     stages, lookahead = configs.GLUON_TUNING.get(n, (configs.GLUON_STAGES, 0))
@@ -357,9 +359,8 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
     return QuantizePlan("gluon_rows", grid=(min(rows, sms),), rscale=n**-0.5, config=dict(
         S=n // 8192, STAGES=tuning.get("stages") or stages, LOOKAHEAD=tuning.get("lookahead", lookahead),
         FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed,
-        num_warps=4, **_scale_once(fmt, n, group, tuning), **_e2m1_pairs(fmt, n, tuning),
-        **_gluon_int_bits(fmt, n, tuning), **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True}
-                                              if clamp else {})))
+        num_warps=4, **_gluon_int_bits(fmt, n, tuning),
+        **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True} if clamp else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -694,8 +695,9 @@ def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     byte_codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     gscale = scale if static else None
     if fmt == "nvfp4" and gscale is None:
-        # each row's largest |y| (a row shared by two consumers: each consumer's half, two a row)
-        amax = torch.empty(x2.shape[0] * _maxima_a_row(plan), dtype=torch.float32, device=x2.device)
+        # each row's largest |y| (the kron kernel with a row shared: each consumer's half, two a row)
+        amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", plan.config.get("HALVES", 1)), dtype=torch.float32,
+                           device=x2.device)
         _launch_gluon_wide(plan, x2, byte_codes, scales, amax, amax, fmt_id=6)
         a = amax.max()  # NaN if any row had one (torch's max propagates NaN); no host sync
         gscale = torch.where(a == 0, torch.ones_like(a), a / (448.0 * 6.0)).reshape(1)
@@ -709,11 +711,6 @@ def _run_gluon_wide(plan, x2, codes, scales, fmt, scale, static):
     elif static and fmt in FP8_DTYPES:
         scales = gs
     return codes, scales, None
-
-
-def _maxima_a_row(plan) -> int:
-    """The AMAX pass's maxima a row of a Gluon plan: one a consumer sharing the row."""
-    return 2 if plan.path == "gluon_rows" else plan.config.get("SPLIT", plan.config.get("HALVES", 1))
 
 
 def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
@@ -737,9 +734,10 @@ def amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
 def gluon_amax_pass(plan: QuantizePlan, x2: torch.Tensor) -> torch.Tensor:
     """Run a "gluon_wide" plan's kernel as its AMAX pass (the products, then each row's largest |y|: no codes, no
     stores but one float a row) on the rows ``x2``; returns those maxima. For the probe of what its epilogue costs."""
-    if plan.path not in ("gluon_wide", "gluon_kron", "gluon_rows"):
-        raise ValueError(f"gluon_amax_pass: a Gluon plan, not {plan.path!r}")
-    amax = torch.empty(x2.shape[0] * _maxima_a_row(plan), dtype=torch.float32, device=x2.device)
+    if plan.path not in ("gluon_wide", "gluon_kron"):
+        raise ValueError(f"gluon_amax_pass: a 'gluon_wide' or 'gluon_kron' plan, not {plan.path!r}")
+    amax = torch.empty(x2.shape[0] * plan.config.get("SPLIT", plan.config.get("HALVES", 1)), dtype=torch.float32,
+                       device=x2.device)
     # x2's bytes as the codes (never written by AMAX; bytes keep the staging buffer at 8 bits)
     _launch_gluon_wide(plan, x2, x2.view(torch.uint8), amax, amax, amax, fmt_id=6)
     return amax
