@@ -39,7 +39,8 @@ registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 
 32 x (n / 32) (plan tuning gluon_pow2). --set o (batch 4): the kron kernel's ring at 3 / 4 stages (16384 as 32 x 512, 14336's
 4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit). --set r (session 41): 16384 / 32768 on the
 transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels.hadamard_gluon_quantize_kernel), every
-format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead.
+format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead. --set t (last batch):
+the flips (int4 / int8 32768 on the pipeline) against the plans before them.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -346,6 +347,14 @@ SETS["s"] = {  # (priority order)
 }
 
 
+# session 41, the last batch: the flips (QUANT_GLUON_ROWS: int4 / int8 32768 on the pipeline with PAIRS and INT_BITS; runs
+# 3 and 5 1.057x / 1.072x and 1.015x / 1.050x) against the plans before them (int4: the kron plan 32 x 1024, int8: pow2)
+SETS["t"] = {
+    ("int8", 32768): [("before", dict(gluon_rows=False))],
+    ("int4", 32768): [("before", dict(kron_pow2("int4", 32768)[1], gluon_rows=False))],
+}
+
+
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
     out = []
@@ -497,8 +506,8 @@ def probe_rows(run, smoke: bool):
     """--probe (session 41): where the transform's Gluon pipeline spends a row, at 16384 / 32768 on fresh bf16 rows of 2^28
     elements, in interleaved rounds from CUDA graphs: the shipped transform (hadamard_transform), the same pipeline as
     quantize's kernel storing the values (gluon_launch.launch, format STORE) without and with CLAMP_LO 2 (bit-identical:
-    compared), its AMAX pass (the products and each half row's largest |y|: no stores) and fp8 / int8 on it, beside copies
-    of the transform's and the quantize's bytes."""
+    compared), its AMAX pass (the products and each half row's largest |y|: no stores; run 5, removed since) and fp8 /
+    int8 on it, beside copies of the transform's and the quantize's bytes."""
     import torch
 
     from experiments.common.gpu_script import same_bits, time_rounds
@@ -522,8 +531,7 @@ def probe_rows(run, smoke: bool):
             return lambda: gluon_launch.launch(plan, x, outs[key], x, x, x, fmt_id=gluon_launch.STORE_ID)
 
         fns = {"transform": lambda: hadamard_transform(x, n**-0.5), "store": store("store", plain),
-               "store_cl": store("store_cl", plans["fp8_e4m3"]),
-               "amax_cl": lambda: quantize.gluon_amax_pass(plans["fp8_e4m3"], x)}
+               "store_cl": store("store_cl", plans["fp8_e4m3"])}
         for fmt, plan in plans.items():
             group = quantize.FORMATS[fmt].default_group
             fns[f"{fmt}_cl"] = (lambda p=plan, f=fmt, g=group: quantize.run_plan(p, x, f, g))
