@@ -5,7 +5,7 @@ by the chain's phases (the instructions between two synchronizing ones: bar.sync
 stores, fences) and by stall reason, with the top instructions. Compile-level counts of the same forms: sm_90a
 cuobjdump of the chunk loop (experiments/linear_attention/sass_mamba_step.report's split).
 
-    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_dqk_ncu.py [--forms 9730,108034] [--top 25]
+    PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_dqk_ncu.py [--forms 75266,4269570] [--top 25]
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_dqk_ncu.py --target 9730     (what ncu runs)
 
 Writes $OUT/gla_dqk_ncu.json (per form: samples by reason, by phase, the top instructions); prints the same.
@@ -37,9 +37,9 @@ def target(form: int) -> None:
     t = make(16, 4096, 16, 32, decay=0.3, reset=False, seed=0)
     ht = torch.randn(16, 16, 32, 32, device="cuda")
     steps = []
-    backward(t, ht, dict(dqk_gluon_form=form), steps=steps)  # (the first launch)
+    backward(t, ht, dict(dqk_gluon_form=form), steps=steps)  # (with steps: the launches recorded, none run)
     s = next(s for s in steps if s[0] == "dqk0w")
-    for _ in range(2):
+    for _ in range(3):
         s[1][s[2]](*s[3], **s[4])
     torch.cuda.synchronize()
 
@@ -91,7 +91,7 @@ def summarize(rows: list, cols: list, top: int) -> dict:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--target", type=int)
-    p.add_argument("--forms", default="9730,108034")
+    p.add_argument("--forms", default="75266,4269570")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     a = p.parse_args()
