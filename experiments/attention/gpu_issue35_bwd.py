@@ -8,9 +8,9 @@ packed (diagnostic): the varlen backward with dQ split (shipped) and fused, on t
 Session 38 timed candidates here, each removed after its runs (notes/attention's decision log, session 38): the softcap's
 softmax under dP's wgmma (1.001x), its derivative kept in float32 (0.995x; fp16 dQ error 1.64 -> 1.47x the floor), a
 window's balanced tile schedule (1.031x, 1.003x, 0.956x in three calls), a consumer skipping its window-missed
-steps (0.958x). Session 41 (helper HT): configs.GLUON_BACKWARD_SOFTCAP's candidates: 3, the cap's derivative folded
-into dS (y - y tanh^2 by one FFMA, float32, no float16 round trip; the dK/dV and dq kernels), 4, 3 with dP's wgmma
-accumulating from -delta (the dK/dV kernel: 16 registers free at its products, fewer spills).
+steps (0.958x). Session 41 (helper HT) timed the cap's derivative folded into dS (y - y tanh^2, float32) alone
+(calls 1, 3, 5: 1.020 / 1.009 / 0.978x at causal N4096; removed) and with dP's wgmma accumulating from -delta
+(call 5: 1.034x, shipped as the fixed kernels' SOFTCAP 3); the phases that timed them are at 7604ad14.
 
 Phases (run in the order given, each where its time is left; checks against float64 into NaN-poisoned dq / dk / dv;
 GPU time from CUDA graphs in interleaved rounds):
@@ -21,10 +21,6 @@ GPU time from CUDA graphs in interleaved rounds):
   flex:     Flex's backward (compiled, same mask) beside ours, eager do_bench, 2 interleaved rounds
   both:     window (1008, 0) + softcap 30, GQA 16/4
   packed:   see above
-  fold:     softcap 30 D128 B8 H16: causal N4096 (dQ fused), non-causal N4096 (lagged), causal N2048 (the dq kernel),
-            each: no softcap, the shipped softcap, modes 3 and 4 (tiles.switches.patched) in interleaved rounds
-  fchecks:  modes 3 and 4 against float64: causal N4048 fused bf16 / fp16, non-causal N4048 lagged, causal N1000 (dq
-            kernel)
 Writes $OUT/issue35_bwd.json; the table last.
 
     PYTHONPATH=. python experiments/attention/gpu_issue35_bwd.py [--phases softcap,schecks,window,wchecks,flex,both,packed]
@@ -41,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from experiments.common.gpu_script import Run, check, eager_ms, poisoned, time_rounds  # noqa: E402
-from tilecore.ops.attention import configs, launch, plan  # noqa: E402
+from tilecore.ops.attention import launch, plan  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, effective_window  # noqa: E402
-from tilecore.tiles.switches import patched  # noqa: E402
 
 CAP = 30.0
 
@@ -72,10 +67,9 @@ def forward(q, k, v, causal, window, softcap):
     return out, lse
 
 
-def backward_fn(q, k, v, dout, out, lse, causal, window, softcap, mode=None, **overrides):
+def backward_fn(q, k, v, dout, out, lse, causal, window, softcap, **overrides):
     """A callable running the Gluon backward with the shipped config (updated by ``overrides``: dq_from), its
-    NaN-poisoned gradients and its plan; ``mode``: under configs.GLUON_BACKWARD_SOFTCAP = mode (the launch reads it,
-    a CUDA graph's capture included)."""
+    NaN-poisoned gradients and its plan."""
     c, w = folded(causal, window)
     scale = q.shape[-1] ** -0.5
     base = plan.plan_backward(dout, q, k, v, c, scale, path="gluon", window=w, softcap=softcap)
@@ -84,8 +78,7 @@ def backward_fn(q, k, v, dout, out, lse, causal, window, softcap, mode=None, **o
     grads = [poisoned(t) for t in (q, k, v)]
 
     def run():
-        with patched(configs, GLUON_BACKWARD_SOFTCAP=configs.GLUON_BACKWARD_SOFTCAP if mode is None else mode):
-            launch.backward(p, dout, q, k, v, out, lse, None, *grads, c, scale, w, softcap)
+        launch.backward(p, dout, q, k, v, out, lse, None, *grads, c, scale, w, softcap)
     return run, grads, p
 
 
@@ -123,50 +116,6 @@ def checks_window(run):
                {"shipped": {}})
     check_case(run, "window (304,208) N4048", 1, 16, 16, 4048, False, (304, 208), 0.0, torch.bfloat16,
                {"shipped": {}})
-
-
-def checks_fold(run):
-    for dtype in (torch.bfloat16, torch.float16):
-        check_case(run, "softcap30 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
-                   {"shipped": dict(dq_from="fused"), "mode4": dict(dq_from="fused", mode=4)})
-    check_case(run, "softcap30 N4048", 1, 16, 16, 4048, False, (-1, -1), CAP, torch.bfloat16,
-               {"shipped": {}, "mode4": dict(mode=4)})
-    check_case(run, "window (1008,0)+softcap GQA 16/4 N4048", 1, 16, 4, 4048, True, (1008, 0), CAP, torch.bfloat16,
-               {"shipped": {}, "mode4": dict(mode=4)})
-    for dtype in (torch.bfloat16, torch.float16):
-        check_case(run, "softcap30 causal N1000 dq kernel", 2, 8, 8, 1000, True, (-1, -1), CAP, dtype,
-                   {"shipped": dict(dq_from="gluon"), "mode4": dict(dq_from="gluon", mode=4)})
-
-
-def phase_fold(run, rounds):
-    """The fold against the shipped softcap and no softcap, three shapes, one set of interleaved rounds."""
-    b, h, d = 8, 16, 128
-    fns, shapes = {}, (("causal", True, 4096), ("full", False, 4096), ("causal2k", True, 2048))
-    for label, causal, n in shapes:
-        q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=4)
-        out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
-        fns[f"{label}_nocap"] = backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0]
-        out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
-        fns[f"{label}_shipped"], _, p_ship = backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP, mode=2)
-        fns[f"{label}_fold"] = backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP, mode=3)[0]
-        fns[f"{label}_mode4"] = backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP, mode=4)[0]
-        run.say(f"{label} N{n}: dq_from {p_ship.config['dq_from']}")
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    run.say("fold compiled")
-    t, row = graph_rounds(run, fns, rounds)
-    for label, causal, n in shapes:
-        ms = {x: t.get(f"{label}_{x}_graph_ms") for x in ("nocap", "shipped", "fold", "mode4")}
-        if all(ms.values()):
-            row[f"{label}_shipped_of_nocap"] = ms["nocap"] / ms["shipped"]
-            for x in ("fold", "mode4"):
-                row[f"{label}_{x}_over_shipped"] = ms["shipped"] / ms[x]
-                row[f"{label}_{x}_of_nocap"] = ms["nocap"] / ms[x]
-                # each round's ratio (the rounds interleave: the same round's shipped figure)
-                row[f"{label}_{x}_over_shipped_rounds"] = [round(a / b, 4) for a, b in zip(
-                    t[f"{label}_shipped_rounds"]["graph"], t[f"{label}_{x}_rounds"]["graph"])]
-    run.row(f"softcap{CAP:g} fold B{b} H{h} D{d} bwd", kind="time", **row)
 
 
 def checks_both(run):
@@ -306,9 +255,8 @@ def main():
     steps = {"softcap": lambda: phase_softcap(run, args.rounds), "schecks": lambda: checks_softcap(run),
              "window": lambda: phase_window(run, args.rounds), "wchecks": lambda: checks_window(run),
              "flex": lambda: phase_flex(run), "both": lambda: checks_both(run),
-             "packed": lambda: phase_packed(run, args.rounds), "fold": lambda: phase_fold(run, args.rounds),
-             "fchecks": lambda: checks_fold(run)}
-    need = {"flex": 22, "both": 12, "packed": 15, "fold": 30, "fchecks": 15}  # seconds a phase needs left to start
+             "packed": lambda: phase_packed(run, args.rounds)}
+    need = {"flex": 22, "both": 12, "packed": 15}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
         if name == "flex" and not WINDOW_STATE:
             continue
@@ -318,10 +266,7 @@ def main():
             run.say(f"skipped {name}: {run.left():.0f} s left")
     run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
                 "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "long_fused_over_split_graph",
-                "long_fused_over_split", "all_fused_over_split_graph", "all_fused_over_split",
-                "causal_fold_over_shipped", "causal_mode4_over_shipped", "causal_mode4_of_nocap",
-                "causal_shipped_of_nocap", "full_fold_over_shipped", "full_mode4_over_shipped", "full_mode4_of_nocap",
-                "causal2k_fold_over_shipped", "causal2k_mode4_over_shipped"])
+                "long_fused_over_split", "all_fused_over_split_graph", "all_fused_over_split"])
 
 
 if __name__ == "__main__":

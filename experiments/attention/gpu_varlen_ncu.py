@@ -10,11 +10,9 @@ consumer step 602 against 566 SASS instructions, 21 against 9 spill instructions
     PYTHONPATH=. python3 experiments/attention/gpu_varlen_ncu.py --target "varlen fused"   (what ncu runs)
 
 Session 41 (issue 35's softcap backward, 0.84-0.86x the speed without it): ``--names "fixed fused,fixed fused
-softcap,fixed fused softcap fold"`` profiles the fixed fused kernel without a softcap, with softcap 30 as shipped
-(SOFTCAP 2), and with configs.GLUON_BACKWARD_SOFTCAP = 4 (the derivative folded into dS, dP from -delta), with the
-SFU (xu) and FMA pipes' activity, local-memory (spill) traffic and the warp-state stalls beside the metrics above.
-Compile-level (sm_90a): a consumer's step loop 656 SASS (plain) against 861 (softcap: 64 MUFU against 32, 41 spill
-instructions against 12) and 821 / 837 (mode 4: 8 / 33 spill instructions).
+softcap"`` profiles the fixed fused kernel without a softcap and with softcap 30, with the SFU (xu) and FMA pipes'
+activity, local-memory (spill) traffic and the warp-state stalls beside the metrics above (call 1: spills, not the
+SFU; call 5 profiled the form shipped after it, dP from -delta, at 7604ad14: 11.1 -> 5.6 GB of spills).
 
 Prints the kept metric lines of each target, then a table of the metrics both have; writes
 $OUT/gpu_varlen_ncu.json.
@@ -31,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from experiments.common.nsight import profile  # noqa: E402
 
 TARGETS = {"fixed fused": "attention_bwd_kernel", "varlen fused": "attention_varlen_bwd_kernel",
-           "varlen split dkdv": "attention_varlen_bwd_kernel", "fixed fused softcap": "attention_bwd_kernel",
-           "fixed fused softcap fold": "attention_bwd_kernel"}
+           "varlen split dkdv": "attention_varlen_bwd_kernel", "fixed fused softcap": "attention_bwd_kernel"}
 CAP = 30.0
 METRICS = ["gpu__time_duration.sum",
            "sm__cycles_elapsed.avg.per_second",
@@ -82,9 +79,6 @@ def target(name: str) -> None:
     mk = lambda: torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v, do = mk(), mk(), mk(), mk()
     if name.startswith("fixed fused"):
-        from tilecore.ops.attention import configs
-        from tilecore.tiles.switches import patched
-
         cap = CAP if "softcap" in name else 0.0
         out, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
         launch.forward(plan.plan_forward(q, k, v, True, scale, softcap=cap), q, k, v, out, lse, True, scale,
@@ -93,9 +87,8 @@ def target(name: str) -> None:
         assert p.config["dq_from"] == "fused", p.config
         _, dq_sum, stats = launch.backward_preprocess(out, do, lse, None, dq_sum=True, row_stats=True)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        with patched(configs, GLUON_BACKWARD_SOFTCAP=4 if name.endswith("fold") else 2):
-            for _ in range(3):
-                launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, True, scale, softcap=cap)
+        for _ in range(3):
+            launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, True, scale, softcap=cap)
     else:
         packed = lambda t: t.transpose(1, 2).reshape(b * n, h, d).contiguous()  # noqa: E731
         qv, kv, vv, dov = (packed(t) for t in (q, k, v, do))

@@ -10,13 +10,16 @@ step loop, each consumer's copy; a masked path counted once); the JSON has every
     python experiments/attention/step_sass.py A.ptx B.ptx                       (port_resources.py --ptx's files)
 
 ``--softcap MODES``: the D128 causal fixed backward (the shipped config: dQ fused) and the D128 causal dq kernel, each
-with those SOFTCAP modes (0 none, 2 tanh.approx as shipped, 3 the cap's derivative folded into dS), compiled by the
-bench report's helpers (the launchers' arguments); their PTX goes to a temporary folder.
+with those SOFTCAP modes (0 none; 2 tanh.approx with the float16 derivative, the varlen kernels' form; 3 the fixed
+kernels' since session 41: dS = y - y tanh^2, and dP from -delta in the dK/dV kernel), compiled by the bench report's
+helpers (the launchers' arguments); their PTX goes to a temporary folder. Session 41's figures (2 against 3 and the
+fold alone, at 786987fb): notes/attention/runs/step_sass_softcap_session41.json.
 """
 import argparse
 import collections
 import json
 import os
+import pathlib
 import re
 import sys
 import tempfile
@@ -115,9 +118,8 @@ def main() -> int:
                   f"apart); MUFU {r['mufu']}")
             for g, c in r["groups"].items():
                 print(f"    {g:46s} {c:5d}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    if a.json:  # every loop of every kernel, the printed ones and the outer ones
+        pathlib.Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Issue 35's sliding window and softcap in the Gluon kernels, without a GPU: the launches pass them
 (causal folded into the window, the softcap's tanh by tanh.approx.f32 unless the config says
-otherwise), and the backward and dq kernels compile for sm_90a with them (wgmma and TMA, not
-serialized). Their numbers are checked on the GPU by experiments/attention/gpu_features_s26.py
+otherwise: SOFTCAP 3 in the fixed backward and dq kernels), and the backward and dq kernels compile
+for sm_90a with them (wgmma and TMA, not serialized). Their numbers are checked on the GPU by experiments/attention/gpu_features_s26.py
 (Gluon kernels cannot run in Triton's interpreter)."""
 import json
 import math
@@ -33,7 +33,7 @@ def _inputs(n=256, nk=320, d=128, hq=4, hkv=2):
 
 @pytest.mark.parametrize("causal, window, softcap, tanh_approx, expect", [
     # (CAUSAL, WINDOW, SOFTCAP, left, right): a window bounded on one side takes max(N, Nk) on the other
-    (False, (100, 20), 30.0, None, (False, True, 2, 100, 20)),
+    (False, (100, 20), 30.0, None, (False, True, 3, 100, 20)),  # tanh.approx: the fixed kernel's folded form
     (True, (100, -1), 0.0, None, (False, True, 0, 100, 0)),  # causal folded into the window
     (True, (-1, -1), 30.0, False, (True, False, 1, 0, 0)),  # the exact tanh where the config asks for it
     (False, (-1, 7), 0.0, None, (False, True, 0, 320, 7)),
@@ -71,33 +71,8 @@ def test_dq_kernel_launch_passes_window_and_softcap(fast_launch, monkeypatch):
     launch.launch_dq_gluon(bwd_plan.dq, do, q, k, v, lse, delta, dq, True, 0.1, (50, -1), 20.0)
     bound = _bound(fake, launch.GLUON_DQ.kernel)
     assert (bound["CAUSAL"], bound["WINDOW"], bound["SOFTCAP"], bound["left"], bound["right"]) == (
-        False, True, 2, 50, 0)
+        False, True, 3, 50, 0)
     assert bound["tanh_scale"] == pytest.approx(0.1 / 20.0) and bound["scale_log2e"] == pytest.approx(20.0 * LOG2E)
-
-
-def test_softcap_mode_switch_reaches_both_backward_kernels(fast_launch, monkeypatch):
-    """configs.GLUON_BACKWARD_SOFTCAP (candidates 3 and 4) replaces the tanh.approx SOFTCAP 2 of the dK/dV and dq
-    kernels; the exact tanh (1) and no softcap (0) stay."""
-    from tilecore.tiles.switches import patched
-
-    monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
-    q, k, v, do = _inputs()
-    dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
-    stats, dq_sum = torch.randn(8, 2, 256), torch.zeros(2, 4, 256, 128)
-    lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
-    cfg = dict(configs.gluon_backward_config(128, 256, False), dq_from="gluon")
-    bwd_plan = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=cfg)
-    for mode, softcap, tanh_approx, expect in ((3, 30.0, True, 3), (4, 30.0, True, 4), (2, 30.0, True, 2),
-                                               (4, 30.0, False, 1), (4, 0.0, True, 0)):
-        with patched(configs, GLUON_BACKWARD_SOFTCAP=mode):
-            fake = fast_launch(launch.GLUON_BWD)
-            p = plan.plan_backward(do, q, k, v, False, 0.1, path="gluon", config=dict(cfg, tanh_approx=tanh_approx))
-            launch.launch_backward_gluon_kernel(p, do, q, k, v, stats, dq_sum, dk, dv, False, 0.1, (-1, -1), softcap)
-            assert _bound(fake, launch.GLUON_BWD.kernel)["SOFTCAP"] == expect
-            if tanh_approx:  # (the dq kernel's plan has its own config: tanh.approx)
-                fake = fast_launch(launch.GLUON_DQ)
-                launch.launch_dq_gluon(bwd_plan.dq, do, q, k, v, lse, delta, dq, True, 0.1, (-1, -1), softcap)
-                assert _bound(fake, launch.GLUON_DQ.kernel)["SOFTCAP"] == expect
 
 
 def test_forward_softcap_takes_tanh_approx_by_default(fast_launch, monkeypatch):
@@ -118,23 +93,22 @@ from tilecore.bench.reports import attention as report
 from tilecore.ops.attention import configs
 from tilecore.tiles.compile import has_hopper_instructions, resources
 rows = []
-for d, dq_from in ((128, "fused"), (64, "warpgroup")):
+for d, dq_from in ((128, "fused"), (64, "warpgroup")):  # SOFTCAP 3: the fixed kernels' tanh.approx (launch)
     cfg = dict(configs.GLUON_BACKWARD[d, False], dq_from=dq_from)
-    compiled, cfg = report.compile_gluon_backward(d, False, cfg=cfg, window=True, softcap=2)
+    compiled, cfg = report.compile_gluon_backward(d, False, cfg=cfg, window=True, softcap=3)
     ptx = compiled.asm["ptx"]
     rows.append(dict(kernel=f"backward d{d} {dq_from}", **vars(resources(compiled)), **has_hopper_instructions(ptx),
                      tma_reduce="cp.reduce.async.bulk.tensor" in ptx, tanh="tanh.approx.f32" in ptx,
                      clobbered=report.register_operands_clobbered(compiled.asm["cubin"]) if cfg.get("kv_regs") else None))
-# the candidates (SOFTCAP 3 and 4, configs.GLUON_BACKWARD_SOFTCAP) on the shipped causal D128 fused backward
-for softcap in (3, 4):
+# the causal D128 fused backward (issue 35's softcap shape) and the varlen kernels' SOFTCAP 2 path of compute
+for softcap, name in ((3, "backward d128 fused causal"), (2, "backward d128 fused causal float16 derivative")):
     compiled, cfg = report.compile_gluon_backward(128, True, cfg=dict(configs.GLUON_BACKWARD[128, True]),
                                                   softcap=softcap)
     ptx = compiled.asm["ptx"]
-    rows.append(dict(kernel=f"backward d128 fused softcap{softcap}", **vars(resources(compiled)),
-                     **has_hopper_instructions(ptx), tma_reduce="cp.reduce.async.bulk.tensor" in ptx,
-                     tanh="tanh.approx.f32" in ptx, clobbered=None))
-for softcap, name in ((2, "dq d128"), (3, "dq d128 fold")):
-    compiled = report.compile_gluon_dq(128, softcap == 3, window=softcap == 2, softcap=softcap)
+    rows.append(dict(kernel=name, **vars(resources(compiled)), **has_hopper_instructions(ptx),
+                     tma_reduce="cp.reduce.async.bulk.tensor" in ptx, tanh="tanh.approx.f32" in ptx, clobbered=None))
+for causal, name in ((False, "dq d128"), (True, "dq d128 causal")):
+    compiled = report.compile_gluon_dq(128, causal, window=not causal, softcap=3)
     ptx = compiled.asm["ptx"]
     rows.append(dict(kernel=name, **vars(resources(compiled)), **has_hopper_instructions(ptx), tma_reduce=False,
                      tanh="tanh.approx.f32" in ptx, clobbered=None))
@@ -157,10 +131,14 @@ def test_gluon_backward_and_dq_with_window_and_softcap_compile(compiled):
     """wgmma, TMA (and dQ's TMA reduction in the backward), tanh.approx, not serialized; K and V
     held in registers (D 64) never overwritten in the loop (session 14's wrong dK/dV); spills within
     1 KB (D128 fused: 632 bytes against the plain kernel's 396, compile of session 26; the plain
-    kernel ran at 1.17x the tl kernels on the H100 spilling 160-300), none in the dq kernel; the same for
-    the candidates (SOFTCAP 3, 4) of the causal fused backward and the causal dq kernel (3)."""
-    assert set(compiled) == {"backward d128 fused", "backward d64 warpgroup", "dq d128", "backward d128 fused softcap3",
-                             "backward d128 fused softcap4", "dq d128 fold"}
+    kernel ran at 1.17x the tl kernels on the H100 spilling 160-300), none in the dq kernel. The fixed kernels'
+    softcap is SOFTCAP 3 (dP from -delta, dS = y - y tanh^2: the causal D128 fused kernel spills 476 B, its float16-
+    derivative form 2, which the varlen kernel runs through the same compute, 632)."""
+    assert compiled["backward d128 fused causal"]["spill_stores"] + compiled["backward d128 fused causal"][
+        "spill_loads"] < compiled["backward d128 fused causal float16 derivative"]["spill_stores"] + compiled[
+        "backward d128 fused causal float16 derivative"]["spill_loads"]
+    assert set(compiled) == {"backward d128 fused", "backward d64 warpgroup", "dq d128", "backward d128 fused causal",
+                             "backward d128 fused causal float16 derivative", "dq d128 causal"}
     for name, r in compiled.items():
         assert r["wgmma"] and r["tma"] and r["mbarrier"] and r["tanh"], r
         assert not r["wgmma_serialized"], r

@@ -144,10 +144,6 @@ GLUON_DQ = {64: dict(block_m=64, block_n=128, stages=3),  # gluon_dq.py: rows a 
 # {}: back to the non-causal config's lagged.
 # Not with a softcap yet (plan_backward; sm_90a fused + window + softcap spills 652 B): gpu_window_bwd.py checks it
 GLUON_BACKWARD_WINDOW_DQ: dict = {128: "fused"}
-# the fixed-length backward and dq kernels' SOFTCAP for tanh.approx: 2 (shipped); 3, the cap's derivative folded into dS
-# as y - y tanh^2 (one FFMA, no float16 round trip; D128 causal fused step 861 -> 846 SASS, dq kernel 557 -> 493); 4, 3
-# with dP's wgmma accumulating from -delta (16 registers free at the products: step spill instructions 41 -> 8)
-GLUON_BACKWARD_SOFTCAP = 2
 
 
 def gluon_backward_config(d: int, n: int, causal: bool, dv: int | None = None, window: bool = False) -> dict:

@@ -125,8 +125,9 @@ class AttentionBackward:
     DQ: gl.constexpr  # where dQ comes from: see compute
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS by y - y tanh^2; 4: 3 with
-    # dP^T's accumulator starting at -delta
+    # 0: none; 1: tanh from exp2; 2: tanh.approx.f32 (1 and 2: the cap's derivative in float16, varlen's kernel and the
+    # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta and dS = y - y tanh^2 (the fixed kernel's: compute)
+    SOFTCAP: gl.constexpr
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -254,7 +255,7 @@ class AttentionBackward:
     def probabilities(self, s_t, lse, start_n, start_m, tile):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
         rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
-        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3, 4) their tanh^2 in
+        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
         float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
         lengths there.)"""
         st_layout: gl.constexpr = s_t.type.layout
@@ -271,7 +272,7 @@ class AttentionBackward:
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP >= 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
+        if self.SOFTCAP == 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
             dtanh = gl.minimum(s_t * s_t, 1.0)
         elif self.SOFTCAP:  # from the masked tanh: -inf gives min(inf, 1): a factor 0, not NaN
             # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
@@ -351,21 +352,19 @@ class AttentionBackward:
             v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        if self.SOFTCAP == 4:  # dP^T's accumulator starts at -delta: the product is dP - delta, delta's registers
-            # free before the products (no subtraction after them)
+        if self.SOFTCAP == 3:  # dP^T's accumulator starts at -delta: the product is dP - delta and delta's registers
+            # are free before the products, where S^T, dP^T, dK and dV hold 192 (D128 fused: 632 -> 476 B spilled)
             minus_delta = zeros - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        if self.SOFTCAP == 4:
+        if self.SOFTCAP == 3:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
         else:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP >= 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        if self.SOFTCAP == 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
+            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, tanh2 = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            if self.SOFTCAP == 3:
-                dp_t = dp_t - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
-            y_t = p_t * dp_t
+            y_t = p_t * y_t
             ds_t = y_t - y_t * tanh2
         elif self.SOFTCAP:
             # both products first, then the softmax: the cap's derivative (float16, 16 registers a

@@ -62,7 +62,7 @@ class AttentionDQ:
     BN: gl.constexpr
     D: gl.constexpr
     WINDOW: gl.constexpr  # as the forward's (query_tile: a tile's steps from its first_block)
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3 (and 4): 2 with dS by ds - ds tanh^2
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS by ds - ds tanh^2 (fixed)
 
     @gluon.jit
     def head(self, bh):
@@ -158,7 +158,7 @@ class AttentionDQ:
             s = tanh_approx(s * self.tanh_scale)
         elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
-        if self.SOFTCAP >= 3:  # tanh^2 of the unmasked scores: finite, and masked keys have p = 0
+        if self.SOFTCAP == 3:  # tanh^2 of the unmasked scores: finite, and masked keys have p = 0
             tanh2 = s * s
         if self.WINDOW:
             if window_needs_mask(st.first, start_n, self.BM, self.BN, N, Nk, self.left, self.right):
@@ -169,7 +169,7 @@ class AttentionDQ:
         if not self.SOFTCAP:
             dp = warpgroup_mma_wait(0, deps=(dp,))
         ds = p * (dp - gl.expand_dims(st.delta, 1))
-        if self.SOFTCAP >= 3:  # the cap's derivative: ds (1 - tanh^2) as ds - ds tanh^2, one FFMA an element
+        if self.SOFTCAP == 3:  # the cap's derivative: ds (1 - tanh^2) as ds - ds tanh^2, one FFMA an element
             ds = ds - ds * tanh2
         elif self.SOFTCAP:  # the cap's derivative 1 - tanh^2, 0 where masked (tanh -inf: min(inf, 1))
             ds = ds * (1.0 - gl.minimum(s * s, 1.0))
