@@ -5,10 +5,11 @@ kernel (forms()) against the shipped one in the same run. (Sessions 40-41; sessi
         [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,d64,passes] [--forms ship,c2] [--smoke]
 
 Forms (forms(); the first is the base every other is compared with): "ship" (the shipped configs: at D64 since session
-41 three consumer warpgroups with serial steps, configs.ROTATED serial_c3), "c2" (D64 on two consumers, P V under the
-next step's softmax: before session 41), "c3st4" / "c3qreg" (D64's three with 4 stages / q's codes in registers),
-"d128c3" (D128 on three consumers: serial 2, O rescaled in place, one bf16 Q buffer a consumer, codes in shared memory)
-and "gf64c3" (GLUON_FORWARD[64] on three: the plain kernel's too). Session 41's carry forms (the pipeline carried
+41 three consumer warpgroups with serial steps, configs.ROTATED serial_c3, and q's codes in registers, q_reg), "c2"
+(D64 on two consumers, P V under the next step's softmax, codes in shared memory: before session 41), "c3s" (D64's
+three with the codes in shared memory) and "d128c3" (D128 on three consumers: serial 2, O rescaled in place, one bf16 Q
+buffer a consumer, codes in shared memory). Session 41's c3st4 (4 stages) and gf64c3 (the plain kernel on three) are
+in the decision log. Session 41's carry forms (the pipeline carried
 across tiles) and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is
 compared bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
 
@@ -107,17 +108,14 @@ def forms(names):
 
     gf, rot = configs.GLUON_FORWARD, configs.ROTATED
     table = {"ship": ({}, (64, 128)),
-             # D64: two consumers, P V under the next step's softmax (the convenience path's kernel before session 41)
-             "c2": ({configs: dict(ROTATED=dict(rot, serial_c3=()))}, (64,)),
-             # D64's three serial consumers with 4 stages, or with q's codes in registers (Q_REG)
-             "c3st4": ({configs: dict(ROTATED=dict(rot, stages={**rot["stages"], 64: 4}))}, (64,)),
-             "c3qreg": ({configs: dict(ROTATED=dict(rot, q_reg=(64, 128)))}, (64,)),
+             # D64: two consumers, P V under the next step's softmax, q's codes in shared memory (before session 41)
+             "c2": ({configs: dict(ROTATED=dict(rot, serial_c3=(), q_reg=(128,)))}, (64,)),
+             # D64: three serial consumers with q's codes in shared memory (session 41 call 3's c3s)
+             "c3s": ({configs: dict(ROTATED=dict(rot, q_reg=(128,)))}, (64,)),
              # D128: three consumers, serial steps with O rescaled in place (serial 2: no second accumulator), one bf16
              # Q buffer a consumer, q's codes in shared memory (shared memory and registers: 230 KB, 160 a thread)
              "d128c3": ({configs: dict(GLUON_FORWARD={**gf, 128: dict(gf[128], consumers=3, serial=2, q_buffers=1)},
-                                       ROTATED=dict(rot, q_reg=(), rot_split=()))}, (128,)),
-             # the plain kernel's (and the convenience path's) D64 config with three serial consumers
-             "gf64c3": ({configs: dict(GLUON_FORWARD={**gf, 64: dict(gf[64], consumers=3, serial=1)})}, (64,))}
+                                       ROTATED=dict(rot, q_reg=(64,), rot_split=()))}, (128,))}
     return {n: table[n] for n in names}
 
 
@@ -151,8 +149,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3st4, c3qreg, d128c3, gf64c3 "
-                    "(forms()); the first is the base")
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c3 (forms()); "
+                    "the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpu-rounds", type=int, default=4, help="profiler rounds (each form's calls after a sync)")

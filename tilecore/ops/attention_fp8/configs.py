@@ -56,7 +56,7 @@ def tl_config(d: int, interpret: bool) -> dict:
 # serial_c3: the head dims at which the kernel runs three consumer warpgroups with serial steps (GLUON_FORWARD's
 # consumers 3 and serial: a step's P V in that step, no float32 P carried, 160 registers a thread) unless
 # GLUON_FORWARD names serial.
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(128,), stages={}, rot_split=(128,),
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(64, 128), stages={}, rot_split=(128,),
                hide_first_key=(64, 128), mask32=(64, 128), serial_c3=(64,))
 
 
