@@ -4,34 +4,27 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Variants: the step's FORM bits (gluon_forward: CB_STAGE 1, CB_BF16 2, V_REG 4; ``--forms 0,1,3,5``), each launched by
-launch_args's ``form``; the shipped form is configs.GLUON_MAMBA_FORM. With CB_STAGE the timed launch is the chunks'
-scores (kernels_forward.chunk_scores, C B^T once a q/k head) and the kernel, as the op runs them; the scores' kernel
-alone is timed too. Its K Q^T sums in another order than the wgmma's (and CB_BF16 rounds it), so its bits are
-reported, not required; V_REG (v^T's registers as P V's operand and D v's) is form 0's arithmetic. (Session 40's FORM bits: this script at git 4347ebf, notes decisions 210-214.)
-
-Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16
+Checks (in a process of its own, NaN-poisoned y and final states, every element written): the error over the bf16
 rounding floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the
 op's (b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
-``--op`` the public mamba2_chunk_scan at that form (tilecore.tiles.switches.patched on configs.GLUON_MAMBA_FORM; a
-second call the same bits). Timing: CUDA-graph medians of interleaved rounds (the order reversed every other round)
-and each form's median of per-round ratios to form 0 (> 1: faster); ``--probe``: fewer tiles (PROBES) per form, as
-us a chunk-step.
+``--op`` the public mamba2_chunk_scan (a second call the same bits). Timing: the chunks' scores
+(kernels_forward.chunk_scores, C B^T once a q/k head) and the kernel on prepared arguments, as the op launches them,
+CUDA-graph medians of rounds (they drift by a few % on a shared host), the scores' kernel alone beside. Variants were
+timed in interleaved rounds in this script's forms versions: session 39's at git 853f125^ (notes decisions 190-191),
+session 40's at 4347ebf (210-214), session 41's at c103ffe (the scores from the stage, v^T's registers: 240-242).
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,1] [--op] [--step] [--probe]
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu --forms 0,5
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step] [--probe]
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu
 
-``--ncu``: Nsight Compute on one launch of the kernel per form, one tile alone (B1 H2) and the 2.7B shape: the tensor
-pipe's, the shared-memory LSU pipe's and the issue slots' use, the SFU's, bank conflicts, DRAM bytes and the warp-state
-stalls (what a chunk-step waits on; JSON $OUT/mamba_ncu.json, a table last).
+``--ncu``: Nsight Compute on one launch of the kernel, one tile alone (B1 H2) and the 2.7B shape: the tensor pipe's,
+the shared-memory LSU pipe's and the issue slots' use, the SFU's, bank conflicts, DRAM bytes and the warp-state
+stalls (JSON $OUT/mamba_ncu.json, a table last).
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,35 +43,22 @@ CASES = ("stateless", "states")
 PROBES = {"1 tile B1 H2": (1, 2), "40 tiles B1 H80": (1, 80), "120 tiles B3 H80": (3, 80)}
 
 
-def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
-    """The kernel at ``form`` as the op launches it on these inputs (g and beta (B, N, H): prepared here as the
-    library does; with CB_STAGE the chunks' scores made in the launch, as the op makes them)."""
+def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
+    """The chunks' scores and the kernel as the op launches them on these inputs (g and beta (B, N, H): prepared
+    here as the library does)."""
     from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_forward as gf
     from tilecore.ops.linear_attention.kernels_forward import chunk_scores
 
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
-    cb = None
-    if form & gf.CB_STAGE:
-        cb = torch.empty(q.shape[0], q.shape[2], G.shape[2], gf.BT_GLUON, device=q.device,
-                         dtype=torch.bfloat16 if form & gf.CB_BF16 else torch.float32)
+    cb = chunk_scores(q, k, gf.BT_GLUON, q.dtype)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip.float().contiguous(), z, h0, o, ht, scale,
-                                       configs.GLUON_STAGES, form=form, cb=cb)
-    if cb is None:
-        return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
+                                       configs.GLUON_STAGES, cb=cb)
 
     def fn():
-        chunk_scores(q, k, gf.BT_GLUON, cb.dtype, out=cb)
+        chunk_scores(q, k, gf.BT_GLUON, q.dtype, out=cb)
         gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
     return fn
-
-
-def digest(*tensors) -> str:
-    h = hashlib.sha1()
-    for t in tensors:
-        if t is not None:
-            h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def mamba_inputs(B, N, H, dtype=torch.bfloat16, a_range=(-8.5, -0.5), seed=5):
@@ -106,7 +86,7 @@ def mamba_states(B, H, S, P, fill=None):
     return t
 
 
-def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
+def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H, a_range=a_range)
@@ -114,11 +94,11 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     h0 = mamba_states(B, H, S, P, "randn") if states else None
     ht = mamba_states(B, H, S, P, "nan") if states else None
     o = poisoned(x)
-    launcher(form, Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
+    launcher(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=None if h0 is None else h0.transpose(-1, -2).double())
-    row = dict(form=form, case=label, **check(o, ref), bits=digest(o, ht))
+    row = dict(case=label, **check(o, ref))
     if states:
         ref_t = ref_state.transpose(-1, -2)
         row.update(state_written=bool(torch.isfinite(ht).all()),
@@ -126,23 +106,20 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     return row
 
 
-def check_op(form: int) -> dict:
-    """The public mamba2_chunk_scan with configs.GLUON_MAMBA_FORM = form (the kernel through the op's keyed launch)
-    against the float64 recurrence: D, z, an initial state and the final states ((b, h, p, s), contiguous), N 1000; a
-    second call's y the same bits."""
+def check_op() -> dict:
+    """The public mamba2_chunk_scan (the kernel through the op's keyed launch) against the float64 recurrence: D, z, an
+    initial state and the final states ((b, h, p, s), contiguous), N 1000; a second call's y the same bits."""
     import tilecore
-    from tilecore.ops.linear_attention import configs, mamba2_reference
-    from tilecore.tiles.switches import patched
+    from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, seed=13)
     h0 = torch.randn(2, 8, 64, 128, device="cuda")
-    with patched(configs, GLUON_MAMBA_FORM=form):
-        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
-        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
+    y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+    y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
-    return dict(form=form, case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
+    return dict(case="public op D z h0 final N 1000", **check(y, ref),
                 state_written=bool(torch.isfinite(ht).all()) and ht.is_contiguous(),
                 state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
                 second_call_same=same_bits(y, y2))
@@ -171,6 +148,15 @@ def napkin_ms(with_states: bool) -> float:
     return 1e3 * (r.compulsory_bytes + with_states * 2 * B * H * 64 * 128 * 4) / r.gpu.levels[0].bandwidth
 
 
+def warm_probes():
+    """The probe shapes' compiles (num_tiles 1 and H 2 specialize otherwise), in a process of its own."""
+    t0 = time.time()
+    for B, H in PROBES.values():
+        launcher(*timed_args("stateless", (B, SHAPE[1], H)))()
+    torch.cuda.synchronize()
+    return round(time.time() - t0, 1)
+
+
 def step_us(ms: float, B: int, H: int) -> float:
     """us a chunk-step of an SM: the persistent grid's waves of tiles (two heads each) times the sequence's chunks."""
     from tilecore.tiles.schedule import persistent_programs
@@ -180,67 +166,32 @@ def step_us(ms: float, B: int, H: int) -> float:
     return round(1e3 * ms / (waves * -(-SHAPE[1] // 64)), 4)
 
 
-def ratios(res: dict, names: dict) -> dict:
-    """Each form's median of per-round ratios to form 0 (> 1: faster) and its medians, from time_rounds's result."""
-    row = {}
-    for f, n in names.items():
-        row[f"{n}_graph_ms"] = res.get(f"{n}_graph_ms")
-        if f and res.get(f"{n}_graph_ms") and res.get("f0_graph_ms"):
-            pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
-            row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
-    return row
-
-
-def probe_phase(run: Run, names: dict, rounds: int):
-    """Fewer tiles (PROBES) per form in interleaved rounds, as us a chunk-step."""
+def probe_phase(run: Run, rounds: int):
     for label, (B, H) in PROBES.items():
-        args = timed_args("stateless", (B, SHAPE[1], H))
-        fns = {n: launcher(f, *args) for f, n in names.items()}
-        for fn in fns.values():
-            fn()
+        fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
+        fn()
         torch.cuda.synchronize()
-        row = ratios(time_rounds(fns, rounds=rounds, graph=True, eager=False), names)
-        for n in names.values():
-            if row.get(f"{n}_graph_ms"):
-                row[f"{n}_step_us"] = step_us(row[f"{n}_graph_ms"], B, H)
-        run.row(f"probe {label}", **row)
+        res = time_rounds({"shipped": fn}, rounds=rounds, graph=True, eager=False)
+        ms = res.get("shipped_graph_ms")
+        run.row(f"probe {label}", shipped_graph_ms=ms, step_us=step_us(ms, B, H) if ms else None,
+                rounds=res["shipped_rounds"].get("graph"))
 
 
-def scores_phase(run: Run):
-    """The chunks' scores alone (kernels_forward.chunk_scores on the 2.7B shape's C and B), float32 and bf16."""
-    from tilecore.ops.linear_attention.kernels_forward import chunk_scores
-
-    Cm, Bm = timed_args("stateless")[:2]
-    fns = {}
-    for name, dt in (("cb_f32", torch.float32), ("cb_bf16", torch.bfloat16)):
-        out = chunk_scores(Cm, Bm, 64, dt)
-        fns[name] = lambda out=out, dt=dt: chunk_scores(Cm, Bm, 64, dt, out=out)
-    ref = torch.einsum("bcjd,bcid->bcji", *(t.float().view(SHAPE[0], -1, 64, t.shape[-1]) for t in (Bm, Cm)))
-    got = chunk_scores(Cm, Bm, 64)
-    err = float((got.view_as(ref) - ref).abs().max())
-    res = time_rounds(fns, rounds=5, graph=True, eager=False)
-    run.row("chunk_scores 2.7B", max_abs_vs_fp32_einsum=err, **{k: v for k, v in res.items() if k.endswith("_ms")})
-
-
-def warm(form: int, op: bool, probe: bool):
-    """In a process of its own (a fault there is a row, not the end): the form's checks, then each timed shape's
-    compile."""
+def warm(op: bool):
+    """In a process of its own (a fault there is a row, not the end): the checks, then each timed case's compile."""
     t0 = time.time()
     rows = []
     try:
-        rows.append(check_mamba(form, "D z N 1008", 2, 1008, 8))
-        rows.append(check_mamba(form, "strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
+        rows.append(check_mamba("D z N 1008", 2, 1008, 8))
+        rows.append(check_mamba("strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
         if op:
-            rows.append(check_op(form))
+            rows.append(check_op())
         for case in CASES:
-            launcher(form, *timed_args(case))()
-        if probe:
-            for B, H in PROBES.values():
-                launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))()
+            launcher(*timed_args(case))()
         torch.cuda.synchronize()
-        return form, None, round(time.time() - t0, 1), rows
+        return None, round(time.time() - t0, 1), rows
     except Exception as err:  # noqa: BLE001
-        return form, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+        return f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,6 +240,22 @@ def step_phase(run: Run):
     run.row("decode step mamba2 B16 H80", **row)
 
 
+def scores_phase(run: Run):
+    """The chunks' scores alone (kernels_forward.chunk_scores on the 2.7B shape's C and B), float32 and bf16."""
+    from tilecore.ops.linear_attention.kernels_forward import chunk_scores
+
+    Cm, Bm = timed_args("stateless")[:2]
+    fns = {}
+    for name, dt in (("cb_f32", torch.float32), ("cb_bf16", torch.bfloat16)):
+        out = chunk_scores(Cm, Bm, 64, dt)
+        fns[name] = lambda out=out, dt=dt: chunk_scores(Cm, Bm, 64, dt, out=out)
+    ref = torch.einsum("bcjd,bcid->bcji", *(t.float().view(SHAPE[0], -1, 64, t.shape[-1]) for t in (Bm, Cm)))
+    got = chunk_scores(Cm, Bm, 64)
+    err = float((got.view_as(ref) - ref).abs().max())
+    res = time_rounds(fns, rounds=5, graph=True, eager=False)
+    run.row("chunk_scores 2.7B", max_abs_vs_fp32_einsum=err, **{k: v for k, v in res.items() if k.endswith("_ms")})
+
+
 class CaseDeadline:
     """time_rounds's deadline for one case: no round starts past ``end``."""
 
@@ -323,9 +290,9 @@ NCU_METRICS = [
 
 
 def ncu_target(spec: str) -> None:
-    """What ncu runs: three launches of form F on B x 4096 x H (``F,B,H``; it profiles the third)."""
-    form, B, H = (int(x) for x in spec.split(","))
-    fn = launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))
+    """What ncu runs: three launches on B x 4096 x H (``B,H``; it profiles the third)."""
+    B, H = (int(x) for x in spec.split(","))
+    fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -344,7 +311,7 @@ def ncu_numbers(text: str) -> dict:
     return found
 
 
-def ncu_phase(forms, out: str) -> None:
+def ncu_phase(out: str) -> None:
     import json
     import os
 
@@ -352,18 +319,15 @@ def ncu_phase(forms, out: str) -> None:
 
     t0 = time.time()
     results = {}
-    for form in forms:
-        for label, (B, H) in NCU_SHAPES.items():
-            name = f"f{form} {label}"
-            text = profile(["--print-units", "base", "--metrics", ",".join(NCU_METRICS), "--section",
-                            "WarpStateStats"], "la_fwd_gluon_kernel", __file__,
-                           ["--ncu-target", f"{form},{B},{H}"], timeout=150)
-            keep = [ln.strip() for ln in text.splitlines() if any(m in ln for m in NCU_METRICS) or "Stall" in ln
-                    or "Warp Cycles" in ln or "==ERR" in ln or "Error" in ln]
-            results[name] = dict(values=ncu_numbers(text), lines=keep, tail="" if keep else text[-1500:])
-            print(f"--- {name} ({time.time() - t0:.0f} s) ---\n" + "\n".join(keep[:60]), flush=True)
-            if not keep:
-                print(text[-1500:], flush=True)
+    for name, (B, H) in NCU_SHAPES.items():
+        text = profile(["--print-units", "base", "--metrics", ",".join(NCU_METRICS), "--section", "WarpStateStats"],
+                       "la_fwd_gluon_kernel", __file__, ["--ncu-target", f"{B},{H}"], timeout=150)
+        keep = [ln.strip() for ln in text.splitlines() if any(m in ln for m in NCU_METRICS) or "Stall" in ln
+                or "Warp Cycles" in ln or "==ERR" in ln or "Error" in ln]
+        results[name] = dict(values=ncu_numbers(text), lines=keep, tail="" if keep else text[-1500:])
+        print(f"--- {name} ({time.time() - t0:.0f} s) ---\n" + "\n".join(keep[:60]), flush=True)
+        if not keep:
+            print(text[-1500:], flush=True)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "mamba_ncu.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -380,88 +344,68 @@ def main():
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    from tilecore.ops.linear_attention import configs
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--forms", default="0,1")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan at each form")
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan")
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
-    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES) per form: a chunk-step's time")
+    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES): a chunk-step's time")
     ap.add_argument("--deadline", type=float, default=57)
-    ap.add_argument("--ncu", action="store_true", help="Nsight Compute on each form (NCU_SHAPES), nothing else")
+    ap.add_argument("--ncu", action="store_true", help="Nsight Compute on the kernel (NCU_SHAPES), nothing else")
     ap.add_argument("--ncu-target", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.ncu_target:
         return ncu_target(a.ncu_target)
-    forms = sorted({0, *(int(f) for f in a.forms.split(","))})
     if a.ncu:
         import os
 
-        return ncu_phase(forms, os.environ.get("OUT", "."))
+        return ncu_phase(os.environ.get("OUT", "."))
     cases = a.cases.split(",")
     run = Run("mamba", deadline=a.deadline)
-    run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)
-    pool = cf.ProcessPoolExecutor(max_workers=len(forms), mp_context=mp.get_context("spawn"))
-    futs = [pool.submit(warm, f, a.op, a.probe) for f in forms]
+    pool = cf.ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn"))
+    fut = pool.submit(warm, a.op)
+    fut_probe = pool.submit(warm_probes) if a.probe else None
     bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
     run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
-    got = {}
-
-    def collect():
-        for fut in cf.as_completed(futs, timeout=max(1.0, 0.6 * a.deadline - run.elapsed())):
-            res = run.attempt("warm (a worker died)", fut.result)
-            if res is not None:
-                got[res[0]] = res
-    run.attempt("warm (not every form done in time)", collect)
+    got = run.attempt("warm (a worker died or took past 40 s)", fut.result, timeout=max(1.0, 40 - run.elapsed()))
+    probe_ok = fut_probe is not None and run.attempt("warm probes", fut_probe.result,
+                                                     timeout=max(1.0, 40 - run.elapsed())) is not None
     pool.shutdown(wait=False, cancel_futures=True)
-    base_bits = {r["case"]: r["bits"] for r in got.get(0, (0, None, 0, []))[3]}
-    ok = []
-    for f in forms:
-        if f not in got:
-            continue
-        _, err, secs, rows = got[f]
+    ok = False
+    if got is not None:
+        err, secs, rows = got
         for r in rows:
-            r["same_bits_as_form0"] = base_bits.get(r["case"]) == r["bits"]
-            run.row(f"check form {f} {r['case']}", **r)
+            run.row(f"check {r['case']}", **r)
         if err:
-            run.errors.append(f"warm form {f}: {err}")
-        if not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
-                           and r.get("second_call_same", True) for r in rows):
-            ok.append(f)
-        run.say(f"warm form {f}: {secs} s, error {err}")
-    run.say(f"passed: {ok}")
+            run.errors.append(f"warm: {err}")
+        ok = not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
+                             and r.get("second_call_same", True) for r in rows)
+        run.say(f"warm: {secs} s, error {err}, passed {ok}")
     if a.step:
         run.attempt("decode step", step_phase, run)
-    names = {f: f"f{f}" for f in ok}
-    if any(f & 1 for f in ok):
+    if ok:
         run.attempt("chunk_scores", scores_phase, run)
-    if a.probe and 0 in ok:
-        run.attempt("probe", probe_phase, run, names, 5)
     for i, case in enumerate(cases):
-        if run.left() < 5 or 0 not in ok:
+        if run.left() < 5 or not ok:
             break
         share = CaseDeadline(time.time() + run.left() / (len(cases) - i))  # (each case its share of what is left)
-        args = timed_args(case)
-        fns = {names[f]: launcher(f, *args) for f in ok}
-        for fn in fns.values():
-            fn()
+        fn = launcher(*timed_args(case))
+        fn()
         torch.cuda.synchronize()
-        res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=share)
+        res = run.attempt(f"time {case}", time_rounds, {"shipped": fn}, rounds=a.rounds, graph=True, eager=False,
+                          deadline=share)
         if res:
-            row = dict(case=case, **ratios(res, names), rounds={n: res[f"{n}_rounds"].get("graph") for n in names.values()})
-            bound = bounds[case == "states"]
-            for n in names.values():
-                if row.get(f"{n}_graph_ms") and bound:
-                    row[f"{n}_napkin_pct"] = round(100 * bound / row[f"{n}_graph_ms"], 1)
-                    row[f"{n}_step_us"] = step_us(row[f"{n}_graph_ms"], SHAPE[0], SHAPE[2])
+            row = dict(case=case, **res)
+            ms, bound = res.get("shipped_graph_ms"), bounds[case == "states"]
+            if ms and bound:
+                row["napkin_pct"] = round(100 * bound / ms, 1)
+                row["best_round_pct"] = round(100 * bound / min(res["shipped_rounds"]["graph"]), 1)
+                row["step_us"] = step_us(ms, SHAPE[0], SHAPE[2])
             run.row(f"time {case}", **row)
-    cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits_as_form0"] + [
-        f"{n}_graph_ms" for n in names.values()] + [f"{n}_round_ratio" for f, n in names.items() if f] + [
-        f"{n}_napkin_pct" for n in names.values()] + [f"{n}_step_us" for n in names.values()] + [
-        "cb_f32_graph_ms", "cb_bf16_graph_ms", "copy_pct"]
-    run.finish(cols)
+        if case == "stateless" and probe_ok and ok:
+            run.attempt("probes", probe_phase, run, 5)
+    run.finish(["name", "pass", "err_over_floor", "state_rel", "shipped_graph_ms", "napkin_pct", "best_round_pct",
+                "step_us", "cb_f32_graph_ms", "cb_bf16_graph_ms", "copy_pct"])
 
 
 if __name__ == "__main__":

@@ -4,9 +4,7 @@ loop in its SASS: the instruction mix by unit and the phases between its synchro
 waits, bar.sync, mbarrier, TMA, the gate's tanh), in ptxas's order. Notes/linear_attention's "Session 39 (HB)" split
 reads from it.
 
-    python experiments/linear_attention/sass_mamba_step.py [--case mamba2_states] [--form N] [--sass FILE]
-
-``--form N``: the step's FORM bits (gluon_forward: CB_STAGE 1, CB_BF16 2; default configs.GLUON_MAMBA_FORM).
+    python experiments/linear_attention/sass_mamba_step.py [--case mamba2_states] [--sass FILE]
 
 ``--sass FILE`` reads a cuobjdump listing instead of compiling (another tree's, or a variant's).
 """
@@ -39,15 +37,15 @@ UNITS = (  # (unit, opcode prefixes), the first match wins
 MARKS = ("HGMMA", "WARPGROUP", "BAR.", "SYNCS", "UTMA", "DEPBAR", "LDG", "MEMBAR", "FENCE")
 
 
-def compile_sass(case: str, form: int | None = None) -> str:
+def compile_sass(case: str) -> str:
     os.environ.pop("TRITON_INTERPRET", None)
     from triton.backends.nvidia.compiler import get_ptxas
 
     from tilecore.ops.linear_attention.gluon_forward import compile_report
 
     out: list = []
-    r = compile_report(case, stages=2, compiled_out=out, form=form)
-    print(f"{case} form {form}: registers {r['registers']}, spilled {r['spill_bytes']} B, shared {r['shared']} B, "
+    r = compile_report(case, stages=2, compiled_out=out)
+    print(f"{case}: registers {r['registers']}, spilled {r['spill_bytes']} B, shared {r['shared']} B, "
           f"wgmma serialized {r['wgmma_serialized']}")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
@@ -118,10 +116,9 @@ def report(sass: str) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="mamba2", help="gluon_forward.COMPILE_CASES: mamba2, mamba2_states")
-    ap.add_argument("--form", type=int, default=None, help="the step's FORM bits (default: configs')")
     ap.add_argument("--sass", help="a cuobjdump -sass listing to read instead of compiling")
     a = ap.parse_args()
-    report(Path(a.sass).read_text() if a.sass else compile_sass(a.case, a.form))
+    report(Path(a.sass).read_text() if a.sass else compile_sass(a.case))
 
 
 if __name__ == "__main__":

@@ -59,8 +59,11 @@ def test_launch_args_take_only_the_head_major_g_and_beta():
         gf.launch_args(q, q, v, G, torch.empty(1, 100, 2), None, None, None, o, None, 1.0)
     with pytest.raises(ValueError, match="with its G"):
         gf.launch_args(q, q, v, None, G, None, None, None, o, None, 1.0)
-    with pytest.raises(ValueError, match="chunk_scores"):  # (Mamba-2's step reads the chunks' scores: CB_STAGE)
-        gf.launch_args(q, q, v, G, torch.empty(1, 2, 128), None, None, None, o, None, 1.0, form=gf.CB_STAGE)
+    with pytest.raises(ValueError, match="chunk_scores"):  # (Mamba-2's step reads the chunks' scores)
+        gf.launch_args(q, q, v, G, torch.empty(1, 2, 128), None, None, None, o, None, 1.0)
+    with pytest.raises(ValueError, match="chunk_scores"):  # (in q's dtype)
+        gf.launch_args(q, q, v, G, torch.empty(1, 2, 128), None, None, None, o, None, 1.0,
+                       cb=torch.empty(1, 2, 128, gf.BT_GLUON))
     _, args, _ = gf.launch_args(q, q, v, G, torch.empty(1, 2, 128), None, None, None, o, None, 1.0,
                                 cb=torch.empty(1, 2, 128, gf.BT_GLUON, dtype=bf))
     assert args["DECAY"] and args["HAS_BETA"] and not args["HAS_Z"]

@@ -19,7 +19,9 @@ The template's parts:
   With beta (Mamba-2: beta = dt, D, z; ``compute_transposed``) S^T [BV, Dk], each step transposed: P^T = mask(K Q^T
   2^(G_i - G_j)) beta_j scale through shared memory, o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T with S^T the register
   operand, S^T <- 2^(G_last) S^T + (V^T diag(2^(G_last - G_j) beta_j)) K, and o = (o + D v) * silu(z), TMA-stored
-  (rows past N clipped). The state never goes through shared memory, and the ALU's work runs under the wgmmas.
+  (rows past N clipped). K Q^T (C B^T, one for every head of a q/k group) is made once a q/k head before the kernel
+  (kernels_forward.chunk_scores, in the input dtype) and TMA-loaded with the stage. The state never goes through
+  shared memory, and the ALU's work runs under the wgmmas.
 
 The cumulative decay G counts from the chunk's start as in kernels_tl.py (every exponent a difference
 <= 0, log decays clamped at -100); the host sums it, so the consumers hold no [BT, BT] reductions: head-major in log2
@@ -42,16 +44,6 @@ LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``). CB_STAGE:
-# the chunk's scores K Q^T (C B^T, the same for every head of a q/k group) made once by kernels_forward.chunk_scores
-# and TMA-loaded with the stage, so neither consumer runs the shared-memory-bound SS wgmma of K Q^T (32 KB of operand
-# reads a consumer a step) and the decay's exps run under S^T Q^T alone; CB_BF16: those scores in the input's 16-bit
-# dtype (8 KB a stage against float32's 16; bf16 for Mamba-2)
-CB_STAGE = 1
-CB_BF16 = 2
-V_REG = 4  # v^T read from shared memory once a step: its registers are P V's A operand and D v's
-_CB_STAGE = gl.constexpr(CB_STAGE)  # (the kernel's names of them)
-_V_REG = gl.constexpr(V_REG)
 
 
 @stage_struct
@@ -75,7 +67,8 @@ class ChunkG:
 
 @stage_struct
 class ChunkGB:
-    """With beta (Mamba-2's dt): beta head-major through the stage too."""
+    """With beta (Mamba-2's dt): beta head-major through the stage too, and the chunk's scores K Q^T
+    (kernels_forward.chunk_scores: C B^T once a q/k head)."""
     q: object
     k: object
     va: object
@@ -84,11 +77,12 @@ class ChunkGB:
     gb: object
     ba: object  # [1, 1, BT] float32: unit 0's beta
     bb: object  # unit 1's
+    cb: object  # [1, 1, BT, BT]: the chunk's K Q^T in the input's dtype (row j a key, column i a query)
 
 
 @stage_struct
 class ChunkGBZ:
-    """With beta and Mamba-2's gate z."""
+    """With beta, the scores and Mamba-2's gate z."""
     q: object
     k: object
     va: object
@@ -99,36 +93,7 @@ class ChunkGBZ:
     gb: object
     ba: object
     bb: object
-
-
-@stage_struct
-class ChunkGBC:
-    """With beta and the chunk's precomputed scores (CB_STAGE), without z."""
-    q: object
-    k: object
-    va: object
-    vb: object
-    ga: object
-    gb: object
-    ba: object
-    bb: object
-    cb: object  # [1, 1, BT, BT]: K Q^T of the chunk (float32, or the input's dtype with CB_BF16)
-
-
-@stage_struct
-class ChunkGBZC:
-    """With beta, the gate z and the chunk's precomputed scores (CB_STAGE)."""
-    q: object
-    k: object
-    va: object
-    vb: object
-    za: object
-    zb: object
-    ga: object
-    gb: object
-    ba: object
-    bb: object
-    cb: object  # [1, 1, BT, BT]: K Q^T of the chunk (float32, or the input's dtype with CB_BF16)
+    cb: object
 
 
 @struct
@@ -151,7 +116,7 @@ class LinearAttentionForward:
     z_desc: object  # with z: z's TMA descriptor (else unused)
     g_desc: object  # with a decay: the head-major G's TMA descriptor (else unused)
     b_desc: object  # with beta: the head-major beta's (else unused)
-    cb_desc: object  # with FORM CB_STAGE: the chunks' scores' (kernels_forward.chunk_scores; else unused)
+    cb_desc: object  # with beta: the chunks' scores' (kernels_forward.chunk_scores; else unused)
     DSKIP: object
     H0: object
     HT: object
@@ -187,7 +152,6 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
-    FORM: gl.constexpr  # with beta: the step's form bits (configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -218,8 +182,7 @@ class LinearAttentionForward:
             if self.HAS_BETA:
                 tma.async_copy_global_to_shared(self.b_desc, [tile.b, h0, t0], bar, stage.ba)
                 tma.async_copy_global_to_shared(self.b_desc, [tile.b, h1, t0], bar, stage.bb)
-                if self.FORM & _CB_STAGE:
-                    tma.async_copy_global_to_shared(self.cb_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.cb)
+                tma.async_copy_global_to_shared(self.cb_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.cb)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -335,9 +298,10 @@ class LinearAttentionForward:
             S^T <- 2^(G_last) S^T + (V^T diag(2^(G_last - G_j) beta_j)) K   wV^T from registers
 
         so the state never goes through shared memory (S^T is the register A operand of S^T Q^T, and the update's
-        accumulator; its wV^T a register operand too), and the ALU's work runs under the tensor cores': K Q^T and
-        S^T Q^T are issued together and the decay's exps run under them, then P V and the update, and the epilogue
-        (D v, the gate's tanh, the store) under the update. The register operands are made, and S^T Q^T's
+        accumulator; its wV^T a register operand too, and v^T P V's, read once a step), and the ALU's work runs under
+        the tensor cores': K Q^T comes from the stage (kernels_forward.chunk_scores), so S^T Q^T runs alone with the
+        decay's exps and P^T under it, then P V and the update, and the epilogue (D v, the gate's tanh, the store)
+        under the update. The register operands are made, and S^T Q^T's
         accumulator scaled, with no wgmma running (ptxas serializes a kernel whose wgmma inputs are written while one
         runs: C7513). The tokens are o^T's and P^T's columns, where a per-token factor would cost 16 registers and 16
         exps a thread: the update's weights and o's factor are made one exp a thread in a 1-D layout and read back in
@@ -374,52 +338,36 @@ class LinearAttentionForward:
         gl.thread_barrier()
         w_i = w_smem.load(gl.SliceLayout(0, self.SL))
         # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
-        vT16 = v.permute((1, 0)).load(self.SL)
+        vT16 = v.permute((1, 0)).load(self.SL)  # (read once: P V's register operand and D v's too)
         wvT = gl.convert_layout((vT16.to(gl.float32) * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
         S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
         S_acc = walk.S * gl.exp2(G_last)
         qT = q.permute((1, 0))
         p_smem = self.state_smem.index(c)  # (with beta: [2, BT, BT], each consumer's P^T)
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-        if self.FORM & _CB_STAGE:  # the scores from the stage: P^T made and stored under S^T Q^T
-            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
-                                   is_async=True)
-            s = stage.cb.reshape([self.BT, self.BT]).load(self.SL).to(gl.float32)
-            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-            pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
-            p_smem.store(pT.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            o = warpgroup_mma_wait(0, deps=(qs_tok,))
-        else:
-            s_tok = warpgroup_mma(k, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
-                                  is_async=True)
-            qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
-                                   is_async=True)
-            # under K Q^T and S^T Q^T: the decay's factors (unmasked, +inf above the diagonal where decays are
-            # strong: one select takes them away)
-            f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
-            s, o = warpgroup_mma_wait(0, deps=(s_tok, qs_tok))
-            pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
-            p_smem.store(pT.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
+        # S^T Q^T alone on the tensor cores; under it the chunk's scores K Q^T from the stage (made once a q/k head
+        # by kernels_forward.chunk_scores: no consumer runs their SS wgmma, 32 KB of shared-memory reads a step),
+        # the decay's factors (unmasked, +inf above the diagonal where decays are strong: one select takes them
+        # away) and P^T, stored
+        qs_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
+                               is_async=True)
+        s = stage.cb.reshape([self.BT, self.BT]).load(self.SL).to(gl.float32)
+        f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
+        pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
+        p_smem.store(pT.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        o = warpgroup_mma_wait(0, deps=(qs_tok,))
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
-        if self.FORM & _V_REG:
-            o_tok = warpgroup_mma(gl.convert_layout(vT16, self.PL), p_smem, o, is_async=True)
-        else:
-            o_tok = warpgroup_mma(v.permute((1, 0)), p_smem, o, is_async=True)
+        o_tok = warpgroup_mma(gl.convert_layout(vT16, self.PL), p_smem, o, is_async=True)
         S_tok = warpgroup_mma(wvT, k, S_acc, is_async=True)
         # the epilogue (D v, the gate's tanh, the store) under the update
         o = warpgroup_mma_wait(1, deps=(o_tok,))
         if self.HAS_D:
             offs_v = gl.arange(0, self.BV, layout=gl.SliceLayout(1, self.SL))
             d_col = gl.load(self.DSKIP + (h.to(gl.int64) * self.sdh + col) + offs_v)
-            if self.FORM & _V_REG:
-                o = o + gl.expand_dims(d_col, 1) * vT16.to(gl.float32)
-            else:
-                o = o + gl.expand_dims(d_col, 1) * v.permute((1, 0)).load(self.SL).to(gl.float32)
+            o = o + gl.expand_dims(d_col, 1) * vT16.to(gl.float32)
         if self.HAS_Z:
             if c == 0:
                 zT = stage.za.reshape([self.BT, self.BV]).permute((1, 0)).load(self.SL).to(gl.float32)
@@ -450,14 +398,13 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles, cb_desc,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
     state (``compute_transposed``)."""
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
     gl.static_assert(HAS_BETA or not (HAS_Z or HAS_D), "D and z come with beta (Mamba-2's)")
-    gl.static_assert(FORM == 0 or HAS_BETA, "the step's forms are Mamba-2's (with beta)")
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -472,7 +419,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem,
                                     w_smem, e_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
-                                    wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
@@ -480,22 +427,15 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem,
                                     wv_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
-                                    None, FORM)
-    if FORM & _CB_STAGE and HAS_Z:
-        stages = ChunkGBZC(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
-                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
-                           ring(b_desc, STAGES), ring(b_desc, STAGES), ring(cb_desc, STAGES))
-    elif FORM & _CB_STAGE:
-        stages = ChunkGBC(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
-                          ring(g_desc, STAGES), ring(g_desc, STAGES), ring(b_desc, STAGES), ring(b_desc, STAGES),
-                          ring(cb_desc, STAGES))
-    elif HAS_BETA and HAS_Z:
+                                    None)
+    if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
-                          ring(b_desc, STAGES), ring(b_desc, STAGES))
+                          ring(b_desc, STAGES), ring(b_desc, STAGES), ring(cb_desc, STAGES))
     elif HAS_BETA:
         stages = ChunkGB(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
-                         ring(g_desc, STAGES), ring(g_desc, STAGES), ring(b_desc, STAGES), ring(b_desc, STAGES))
+                         ring(g_desc, STAGES), ring(g_desc, STAGES), ring(b_desc, STAGES), ring(b_desc, STAGES),
+                         ring(cb_desc, STAGES))
     elif DECAY:
         stages = ChunkG(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                         ring(g_desc, STAGES), ring(g_desc, STAGES))
@@ -504,7 +444,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
     # a tensor even where the launch specialized num_tiles == 1 to a constant (the template's _Pipeline holds a
     # tensor: B1 with two units compiled to a CompilationError on the H100)
     num_tiles = gl.program_id(0) * 0 + num_tiles
-    if FORM & (_CB_STAGE | _V_REG):  # (the scores' 32 registers beside S^T Q^T's operands: 240 a consumer thread)
+    if HAS_BETA:  # (the scores' 32 registers beside S^T Q^T's operands: 240 a consumer thread)
         run(op, Layout(o_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0), stages,
             num_tiles)
     else:
@@ -592,21 +532,11 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def step_form(beta, form=None) -> int:
-    """The kernel's FORM: Mamba-2's step form (with beta; None: configs.GLUON_MAMBA_FORM), else 0."""
-    from tilecore.ops.linear_attention import configs
-
-    if beta is None:
-        return 0
-    return configs.GLUON_MAMBA_FORM if form is None else form
-
-
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, form=None,
-                cb=None):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, cb=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
-    for a CachedLaunch). ``form``: ``step_form``'s; with CB_STAGE ``cb`` is kernels_forward.chunk_scores(q, k)."""
+    for a CachedLaunch). With beta ``cb`` is kernels_forward.chunk_scores(q, k, BT_GLUON, q.dtype)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -632,11 +562,11 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
             raise ValueError(f"launch_args takes chunk_heads_prep's (B, H, N_pad) beta with its G, got "
                              f"{tuple(beta.shape)}")
         b_desc = gluon_descriptor(beta, [1, 1, BT], list(beta.shape), list(beta.stride()))
-    form = step_form(beta, form)
     cb_desc = descs[3]
-    if form & CB_STAGE:
-        if cb is None or tuple(cb.shape) != (B, q.shape[2], g.shape[2], BT) or not cb.is_contiguous():
-            raise ValueError(f"launch_args takes chunk_scores's (B, Hqk, N_pad, {BT}) scores with CB_STAGE")
+    if beta is not None:
+        if (cb is None or tuple(cb.shape) != (B, q.shape[2], g.shape[2], BT) or cb.dtype != q.dtype
+                or not cb.is_contiguous()):
+            raise ValueError(f"launch_args takes chunk_scores's (B, Hqk, N_pad, {BT}) scores in q's dtype with beta")
         cb_desc = gluon_descriptor(cb, [1, 1, BT, BT], list(cb.shape), list(cb.stride()))
     args = dict(q_desc=descs[0], k_desc=descs[1], v_desc=descs[2], o_desc=descs[3], z_desc=z_desc, g_desc=g_desc,
                 b_desc=b_desc, DSKIP=d_skip if d_skip is not None else dummy,
@@ -645,7 +575,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None, cb_desc=cb_desc, FORM=form)
+                HAS_H0=h0 is not None, STORE_HT=ht is not None, cb_desc=cb_desc)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
@@ -684,10 +614,10 @@ def forward(q, k, v, g, beta, d_skip, z, h0, scale: float, final_state: bool, st
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = empty_state(B, H, q.shape[-1], Dv, v.device, beta is not None) if final_state else None
     cb = None
-    if step_form(beta) & CB_STAGE:
+    if beta is not None:  # Mamba-2's step reads each chunk's K Q^T, made once a q/k head
         from tilecore.ops.linear_attention.kernels_forward import chunk_scores
 
-        cb = chunk_scores(q, k, BT_GLUON, q.dtype if step_form(beta) & CB_BF16 else torch.float32)
+        cb = chunk_scores(q, k, BT_GLUON, q.dtype)
     g, beta = prepare_decay(g, beta)
     if d_skip is not None:
         d_skip = d_skip.float().contiguous()
@@ -716,7 +646,7 @@ COMPILE_CASES = {  # (Hqk, H, Dk, Dv, decay, Mamba-2's terms, states)
 }
 
 
-def compile_report(case: str, stages: int = 2, compiled_out: list | None = None, form: int | None = None) -> dict:
+def compile_report(case: str, stages: int = 2, compiled_out: list | None = None) -> dict:
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
 
     Hqk, H, Dk, Dv, decay, mamba, states = COMPILE_CASES[case]
@@ -727,12 +657,10 @@ def compile_report(case: str, stages: int = 2, compiled_out: list | None = None,
     # the states as the op passes them: with beta in Mamba-2's (b, h, p, s) layout (empty_state)
     h0, ht = ((empty_state(B, H, Dk, Dv, "cpu", mamba), empty_state(B, H, Dk, Dv, "cpu", mamba)) if states
               else (None, None))
-    form = step_form(True if mamba else None, form)
-    cb = (torch.empty(B, Hqk, N, BT_GLUON, dtype=bf if form & CB_BF16 else torch.float32) if form & CB_STAGE
-          else None)
+    cb = torch.empty(B, Hqk, N, BT_GLUON, dtype=bf) if mamba else None
     grid, args, warps = launch_args(q, q, v, f32(B, H, N) if decay else None, f32(B, H, N) if mamba else None,
                                     f32(H, Dv) if mamba else None, torch.empty_like(v) if mamba else None, h0,
-                                    torch.empty_like(v), ht, 1.0, stages, form=form, cb=cb)
+                                    torch.empty_like(v), ht, 1.0, stages, cb=cb)
     compiled = compile_kernel(la_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)

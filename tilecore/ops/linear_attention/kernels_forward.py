@@ -136,8 +136,8 @@ def chunk_scores_kernel(Q, K, CB, N, HQK, N_PAD, sqb, sqn, sqh, sqd, skb, skn, s
                         BT: tl.constexpr, DK: tl.constexpr):
     """Mamba-2's C B^T once a q/k head: program (chunk, batch * q/k head) stores the chunk's [BT, BT] scores
     K Q^T (row j a key token, column i a query token; float32 accumulation) at rows c BT .. c BT + BT - 1 of
-    CB (B, HQK, N_PAD, BT) in CB's dtype, zeros where a token is past N. The Gluon step reads them from its stage
-    (gluon_forward CB_STAGE) instead of making them in each consumer."""
+    CB (B, HQK, N_PAD, BT) in CB's dtype, zeros where a token is past N. The Gluon forward's Mamba-2 step
+    (gluon_forward.compute_transposed) reads them from its stage instead of making them in each consumer."""
     c = tl.program_id(0)
     bg = tl.program_id(1)
     b = (bg // HQK).to(tl.int64)
