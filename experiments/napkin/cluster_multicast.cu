@@ -58,6 +58,20 @@ __device__ __forceinline__ void wait_parity(uint32_t bar, uint32_t parity, unsig
     }
 }
 
+// A consumer warp's read of a stage it waited for: every 32-bit word summed (check) or one word (lane 0), so the
+// bytes are used and a block that receives nothing fails the check.
+__device__ __forceinline__ unsigned long long take_stage(const uint8_t *stage, unsigned bytes, unsigned j, unsigned lane,
+                                                         unsigned check) {
+    const uint32_t *words = reinterpret_cast<const uint32_t *>(stage);
+    unsigned long long total = 0;
+    if (check) {
+        for (unsigned w = lane; w < bytes / 4; w += 32) total += words[w];
+    } else if (lane == 0) {
+        total += words[(j * 61) % (bytes / 4)];
+    }
+    return total;
+}
+
 extern "C" __global__ void __launch_bounds__(64)
 cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_chunks, unsigned chunk,
                         unsigned nchunks, unsigned stages, unsigned multicast, unsigned check,
@@ -108,12 +122,7 @@ cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_
             const unsigned s = j % stages, lap = j / stages;
             if (lane == 0) wait_parity(full0 + 8 * s, lap & 1, flag, false);
             __syncwarp();
-            const uint32_t *words = reinterpret_cast<const uint32_t *>(smem + (size_t)s * chunk);
-            if (check) {
-                for (unsigned w = lane; w < chunk / 4; w += 32) total += words[w];
-            } else if (lane == 0) {
-                total += words[(j * 61) % (chunk / 4)];
-            }
+            total += take_stage(smem + (size_t)s * chunk, chunk, j, lane, check);
             __syncwarp();
             if (lane == 0) {
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(free0 + 8 * s) : "memory");
@@ -193,12 +202,7 @@ gemm_ring_probe(const __grid_constant__ TensorMap a_map, const __grid_constant__
                     }
                 }
                 __syncwarp();
-                const uint32_t *words = reinterpret_cast<const uint32_t *>(smem + (size_t)s * stage_bytes);
-                if (check) {
-                    for (unsigned w = lane; w < stage_bytes / 4; w += 32) total += words[w];
-                } else if (lane == 0) {
-                    total += words[(j * 61) % (stage_bytes / 4)];
-                }
+                total += take_stage(smem + (size_t)s * stage_bytes, stage_bytes, j, lane, check);
                 __syncwarp();
                 if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(free0 + 8 * s) : "memory");
             }
