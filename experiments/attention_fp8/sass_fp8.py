@@ -61,10 +61,7 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qreg_m32_serial_c3": dict(_q_rotate=True, _v_block=True, _q_reg=True, mask32=True, serial=True, consumers=3),
     "qrot_m32_serial_c3_st4": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3, stages=4),
     "qrot_m32_serial_c3_q1": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3, q_buffers=1),
-    # D128: three consumers need O rescaled in place (serial 2) and one bf16 Q buffer a consumer (shared memory)
-    "qrot_m32_serial2_c3_q1": dict(_q_rotate=True, _v_block=True, mask32=True, serial=2, consumers=3, q_buffers=1),
-    "qrot_m32_serial2_c3_q1_st2": dict(_q_rotate=True, _v_block=True, mask32=True, serial=2, consumers=3, q_buffers=1,
-                                       stages=2),
+    # (D128 on three consumers, serial 2 with O rescaled in place: not set, removed; code at cce3423f)
 }
 
 

@@ -556,10 +556,9 @@ class AttentionFp8:
 
     @gluon.jit
     def serial_step(self, st, q, k_t, v, step):
-        """SERIAL: S_step, its softmax, then P_step V_step with l's chunks, every wgmma of the step done within it and
-        no P carried to the next (the registers of three consumers: 160 a thread). SERIAL 1: P V into a zero
-        accumulator, added to O * alpha (FFMA: the rescale under the P V); 2: O rescaled first and P V added in place
-        (no second accumulator: D128's registers)."""
+        """SERIAL: S_step, its softmax, then P_step V_step with l's chunks into a zero accumulator, added to O * alpha
+        (FFMA: the rescale runs under the P V); every wgmma of the step done within it and no P carried to the next
+        (the registers of three consumers: 160 a thread)."""
         key = step * self.BN
         k_scale = self.key_scales(st, key)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
@@ -572,14 +571,9 @@ class AttentionFp8:
         else:
             factor = alpha
         t0, t1, t2, t3 = self.row_sum_mma(p8)
-        if self.SERIAL == 2:
-            o_tok = warpgroup_mma(p8, v, st.acc * as_column(factor, self.O), is_async=True)
-            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-        else:
-            o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False,
-                                  is_async=True)
-            pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-            acc = st.acc * as_column(factor, self.O) + pv
+        o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False, is_async=True)
+        pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+        acc = st.acc * as_column(factor, self.O) + pv
         l_acc = st.l_acc * as_column(alpha, self.L) + ((l0 + l1) + (l2 + l3))
         return st.replace(m=m, acc=acc, l_acc=l_acc)
 
@@ -632,12 +626,12 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             SERIAL: gl.constexpr = 0):
+                             SERIAL: gl.constexpr = False):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
-    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL), "two consumer warpgroups (three with SERIAL)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]

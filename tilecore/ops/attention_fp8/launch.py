@@ -203,9 +203,7 @@ class _GluonLayout:
         if causal and cfg.get("mask32", False):  # the causal mask as one 32-bit comparison an element (gluon_fp8)
             self.options["MASK32"] = True
         if cfg.get("serial", False):  # a step's P V in that step (gluon_fp8's SERIAL; three consumers need it)
-            if cfg["serial"] not in (1, 2):
-                raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
-            self.options["SERIAL"] = int(cfg["serial"])
+            self.options["SERIAL"] = True
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
