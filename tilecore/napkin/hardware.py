@@ -230,8 +230,9 @@ H100 = _gpu(
         "9.9 (75 GB/s an SM); ld.global.cg 5.8 (notes/napkin/runs/hh_l2share_s41a_run1_session41_h100.txt, "
         "hh_l2_s40c_run6_session40_h100.txt); a GEMM's operand boxes in its grouped tile order by tensor TMA without "
         "MMAs 7.91-8.25 TB/s for 128x256, 128x128, 64x256 tiles and row-major order alike (hh_l2ports_s41c_run5_"
-        "session41_h100.txt), where the Gluon GEMM moved the same 64x256 bytes at up to 13.96: what lifts the GEMM "
-        "(its 128-byte swizzle and L2 promotion, its MMA-paced, lockstep tiles) is open",
+        "session41_h100.txt), where the Gluon GEMM's timings imply the same 64x256 bytes at up to 13.96; nor do its "
+        "descriptors' 128-byte swizzle and 256-byte promotion or stages held a k step's MMA time lift the ring "
+        "(7.95-8.14 TB/s, hh_l2ports_s41d_run7_session41_h100.txt): the two figures are not reconciled",
         "multicast_chunk_s 0.44 us: a multicast bulk copy of 24 or 32 KiB to 2 or 4 blocks of a cluster takes "
         "0.425-0.453 us (median 0.44) of each receiving block's ring whatever its size, the consumers' release of a buffer "
         "at CTA scope (CUTLASS's ClusterBarrier form); 0.75 us at cluster scope (hh_l2share_s41a_run1_session41_h100."
