@@ -12,7 +12,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
 (``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: a plan.order3_plan tuple and its spectrum kind):
   c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
-  c64_w, f16_w  c64 / f16 with WARPIO (u's and y's tiles in 1a / 1'a split across the warps by rows, as the wgmmas')
+  c64_t, f16_t  c64 / f16 with WARPIO toggled (u's and y's tiles in 1a / 1'a split across the warps by rows, as the
+                wgmmas': on at 8192 since session 41's last call, where it timed it as c64_w / f16_w)
   (session 41: call 3 timed c64_1, 8192 at one program a SM, 0.69x, and c64_v / f16_v, the 8-byte u / y accesses,
   shipped since; jobs hf_s41c / hf_s41d c64_o / f16_o, the tuples before them: dc82cd0b's script has them)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
@@ -55,8 +56,9 @@ TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 def tuples(n):
     """label -> (the order3_plan tuple, spectrum kind) of each variant."""
     out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
-    for label in ("c64", "f16"):  # WARPIO on the shipped tuple
-        out[label + "_w"] = (tuple(out[label][0][:3]) + (True,), label)
+    for label in ("c64", "f16"):  # WARPIO toggled on the shipped tuple
+        t = tuple(out[label][0])
+        out[label + "_t"] = (t[:3] + (not (len(t) > 3 and t[3]),), label)
     return out
 
 

@@ -28,12 +28,12 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 64, 2, 2, 4, True, 2, 0, True, 5),  # LEAN 4 (transposed): 6.14x, 1.32-1.36x
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper; each chunk transposed): N -> (programs a SM,
-# warpgroups a pair, RFFT); RFFT 4: a complex64 spectrum cast a call to float16 bins over each channel's largest part
+# warpgroups a pair, RFFT[, WARPIO (u's and y's tiles split across the warps by rows)]); RFFT 4: a complex64 spectrum cast a call to float16 bins over each channel's largest part
 # (launch.scaled_half_bins), 3: a float16 spectrum read as it is; checked and timed by
 # experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
-    8192: (2, 1, 4),  # RFFT 4: the launch 1.288 ms (graphs) = 3.02x torch.fft
-    16384: (1, 2, 4),  # RFFT 4: 4.193 ms = 2.06x
+    8192: (2, 1, 4, True),  # RFFT 4, WARPIO: the launch 1.253 ms (graphs) = 3.10x torch.fft, 1.030-1.031x without it
+    16384: (1, 2, 4),  # RFFT 4: 4.201 ms = 2.04x (WARPIO 1.001-1.017x: not on)
 }
 GLUON_ONEPASS_CANDIDATES = {  # checked and timed by experiments/fft_conv/gpu_onepass.py
     1024: [GLUON_ONEPASS[1024]],  # settled: re-checked only
@@ -49,8 +49,8 @@ GLUON_ONEPASS_HALF: dict = {
     4096: (128, 64, 1, True, True, 64, 3, 2, 4, True, 2, 0, True, 5),  # LEAN 4, RFFT 3: 1.024x the complex64 op
 }
 GLUON_ORDER3_HALF: dict = {
-    8192: (2, 1, 3),  # RFFT 3: 1.134 ms = 3.43x
-    16384: (1, 2, 3),  # RFFT 3: 3.910 ms = 2.21x
+    8192: (2, 1, 3, True),  # RFFT 3, WARPIO: 1.104 ms = 3.52x, 1.027-1.028x without it
+    16384: (1, 2, 3),  # RFFT 3: 3.880 ms = 2.21x (WARPIO 0.9997-1.008x: not on)
 }
 GLUON_ONEPASS_HALF_CANDIDATES = {  # experiments/fft_conv/gpu_s38.py (the shipped tuples at RFFT 3)
     1024: [(32, 64, 3, False, True, 0, 3, 1, 4, True, True, 3, False, 3, 168)],  # KPRE 3's tile: 32-bit copies

@@ -284,7 +284,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
-    1a's u loads and 1'a's y stores are 8 bytes wide (_swizzled). WARPIO (a candidate): the tiles of u (1a) and y (1'a)
+    1a's u loads and 1'a's y stores are 8 bytes wide (_swizzled). WARPIO (on at 8192): the tiles of u (1a) and y (1'a)
     split across the warps by rows m, as the wgmmas' operands and accumulators are, so their layout conversions stay
     within a warp's rows (sm_90a 8192: 205 barriers against 269, half the 32-bit shared-memory stores and loads); the
     same values. KSCALE, KS (heads,) float32: K's bins are the spectrum

@@ -132,8 +132,8 @@ def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, war
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
     float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast to float16 pairs a call over each
-    channel's largest part (launch.scaled_half_bins); ``warpio`` (a candidate): u's and y's tiles in 1a / 1'a split
-    across the warps by rows, as the wgmmas' (their layout conversions within a warp's rows). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4,
+    channel's largest part (launch.scaled_half_bins); ``warpio``: u's and y's tiles in 1a / 1'a split across the warps
+    by rows, as the wgmmas' (their layout conversions within a warp's rows; on at 8192). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4,
     complex64 bins in the kernel, the 4096 build and DIRECT were measured slower and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
