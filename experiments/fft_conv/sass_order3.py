@@ -53,7 +53,7 @@ def instructions(sass):
         if m:
             labels[m.group(1)] = len(out)
             continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)(.*)", line)
         if m:
             out.append((i, m.group(2), m.group(2) + m.group(3)))
     return out, labels
