@@ -32,8 +32,7 @@ falls back to the tl kernels elsewhere.
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
 bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
-pieces of those sums are cut (PIECES_RZ), how many pieces dG's sums take (DG_TWO) and whether the column totals come
-from J or from L's last row (ROW_SUM) (below).
+pieces of those sums are cut (PIECES_RZ) and how many pieces dG's sums take (DG_TWO) (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -61,9 +60,6 @@ PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pa
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two dots a sum: dG within 2^-17 |dG| a
 # token, far below the bf16 products q dq and k dk it sums)
-ROW_SUM = gl.constexpr(4194304)  # no J sums: G_last is L g's last row and dG's column totals L dG's last row plus the
-# column sum of k dk_state, each spread to every row by one reduction over the tile's rows (a cross-warp exchange)
-# instead of products with J (8 of the chain's 30 tensor-core k-steps a sum, on its critical path)
 
 
 @stage_struct
@@ -343,25 +339,17 @@ class GlaDqk:
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         # the value sums do v^T, do S_c^T, v dS_c^T issued behind G's (they read only the stage), <S_c, dS_c> under
         # both, the flag, E, Ei and the B operands k Ei, q E under the value sums
-        ROWS: gl.constexpr = (self.FORM & ROW_SUM) != 0
-        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
-        last_row = gl.expand_dims(rows == BT - 1, 1)
         G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
-        if ROWS:  # G_last: G's last row, on every row by a sum over rows (before the value sums are issued: a reduction
-            # across warps under a running wgmma makes ptxas serialize them, C7514)
-            Gc = warpgroup_mma_wait(0, deps=[G_tok])
-            m = gl.expand_dims(0.5 * gl.sum(gl.where(last_row, Gc, 0.0), axis=0), 0)  # [1, BKB]
-        else:
-            Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
+        Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
         a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
         dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
         sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
                                 gl.SliceLayout(0, L32))
-        if not ROWS:
-            Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
-            m = 0.5 * Gl  # (exactly: G_last = 2 m below)
+        Gc, Gl = warpgroup_mma_wait(3, deps=[G_tok, Gl_tok])
+        m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
+        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
         if self.CHUNKS == 2:  # (consumer cid: chunk c + cid, the head's one key block)
             flag_at = (tile.bh * self.NT + tile.c + cid) * self.KBLOCKS + tile.kb
         else:
@@ -453,15 +441,12 @@ class GlaDqk:
         gl.thread_barrier()
         s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, TWO)
         lsum = warpgroup_mma_wait(0, deps=[s_tok])
-        if ROWS:  # J (dG + k dk_state): L dG's last row (dG's column totals) plus k dk_state's column sums, every row
-            jsum = gl.expand_dims(gl.sum(gl.where(last_row, lsum, 0.0) + kf * dk_state, axis=0), 0)
-        else:
-            gl.thread_barrier()
-            self.pieces(dG + kf * dk_state, p0, p1, p2, TWO)
-            fence_async_shared()
-            gl.thread_barrier()
-            s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, TWO)
-            jsum = warpgroup_mma_wait(0, deps=[s_tok])
+        gl.thread_barrier()
+        self.pieces(dG + kf * dk_state, p0, p1, p2, TWO)
+        fence_async_shared()
+        gl.thread_barrier()
+        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, TWO)
+        jsum = warpgroup_mma_wait(0, deps=[s_tok])
         dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
         clamped = g_s.load(L32).to(gl.float32) < FLOOR
         if self.FORM & DG_TMA:  # through g's stage buffer (each thread writes the elements it read)
