@@ -288,6 +288,20 @@ def sync_warnings(fn) -> dict:
     return dict(collections.Counter(str(w.message)[:120] for w in caught if "synchroniz" in str(w.message).lower()))
 
 
+def profiled(fn, calls: int, cpu: bool = False):
+    """torch.profiler's record of ``calls`` eager calls of ``fn`` after one unrecorded (CUDA activity: CUPTI's
+    kernels; ``cpu``: the host's ops on every thread, the autograd engine's too), the device synchronized around it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof
+
+
 def allocator_counts(fn, calls: int = 20) -> dict:
     """The caching allocator's cudaMalloc / cudaFree (and retries, all-stream syncs) over ``calls`` calls of ``fn``:
     after warm-up an eager loop should make none. Empty without CUDA."""

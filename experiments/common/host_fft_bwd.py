@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from experiments.common.gpu_script import Run, check, host_us, same_bits, time_rounds  # noqa: E402
+from experiments.common.gpu_script import Run, check, host_us, profiled, same_bits, time_rounds  # noqa: E402
 
 
 def reference(u, k, du):
@@ -78,15 +78,8 @@ def cases(device, k_dtype, inputs: bool = False):
 
 def kernels(fn, calls: int = 10, top: int = 8) -> list:
     """The GPU kernels of ``calls`` calls by torch.profiler: (us a call, launches a call, name), the longest first."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
     rows = []
-    for e in prof.key_averages():
+    for e in profiled(fn, calls).key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t:
             rows.append([round(t / calls, 2), round(e.count / calls, 2), e.key[:90]])
@@ -97,15 +90,8 @@ def kernels(fn, calls: int = 10, top: int = 8) -> list:
 def cpu_ops(fn, calls: int = 10, top: int = 10) -> list:
     """The host's ops of ``calls`` calls by torch.profiler (CPU activity, every thread: the autograd engine's device
     thread too): (self us a call, calls a call, name), the longest self time first."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
     rows = [[round(e.self_cpu_time_total / calls, 2), round(e.count / calls, 2), e.key[:90]]
-            for e in prof.key_averages() if e.self_cpu_time_total]
+            for e in profiled(fn, calls, cpu=True).key_averages() if e.self_cpu_time_total]
     rows.sort(key=lambda r: -r[0])
     return rows[:top]
 

@@ -40,7 +40,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.linear_attention.gpu_based_s32 import fla, inputs  # noqa: E402
-from experiments.common.gpu_script import Run, allocator_counts, sync_warnings  # noqa: E402
+from experiments.common.gpu_script import Run, allocator_counts, profiled, sync_warnings  # noqa: E402
 from tilecore import accuracy  # noqa: E402
 from tilecore.ops.linear_attention import linear_attention, linear_attention_reference  # noqa: E402
 from tilecore.ops.linear_attention import op as la_op  # noqa: E402
@@ -162,15 +162,8 @@ def cpu_breakdown(fn, calls=20, top=14) -> list:
     """torch.profiler's CPU events over ``calls`` calls (the autograd engine's thread included, which cProfile of
     this thread misses): the ``top`` by self CPU time, [name, count a call, self us a call, total us a call]
     (the profiler's own cost inflates each event: read them as shares)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    events = sorted(profiled(fn, calls, cpu=True).key_averages(), key=lambda e: e.self_cpu_time_total,
+                    reverse=True)[:top]
     return [[e.key[:60], round(e.count / calls, 1), round(e.self_cpu_time_total / calls, 1),
              round(e.cpu_time_total / calls, 1)] for e in events]
 

@@ -87,7 +87,7 @@ def kernel_times(fn, calls=3) -> list:
     """[(kernel name, us a call)] of every CUDA kernel fn launches, largest first (torch.profiler)."""
     if SMOKE:
         return []
-    from experiments.napkin.gpu_small_kernels import profiled
+    from experiments.common.gpu_script import profiled
     rows = []
     for e in profiled(fn, calls).key_averages():
         us = getattr(e, "device_time_total", None)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from experiments.common.gpu_script import Run, check, poisoned  # noqa: E402
+from experiments.common.gpu_script import Run, check, poisoned, profiled  # noqa: E402
 
 
 @triton.jit
@@ -44,19 +44,6 @@ def graph_us(fn) -> float | None:
 
     replay, calls = graph_replay(fn)
     return median_ms(replay, warmup_ms=10, rep_ms=40) / calls * 1e3
-
-
-def profiled(fn, calls: int):
-    """torch.profiler's record (CUDA activity: CUPTI) of ``calls`` eager calls of ``fn``, after one unrecorded."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return prof
 
 
 def kernel_us(fn, calls: int = 20) -> dict:
