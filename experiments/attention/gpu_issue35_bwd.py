@@ -21,6 +21,9 @@ GPU time from CUDA graphs in interleaved rounds):
   flex:     Flex's backward (compiled, same mask) beside ours, eager do_bench, 2 interleaved rounds
   both:     window (1008, 0) + softcap 30, GQA 16/4
   packed:   see above
+  delta:    the plain backward with dP's accumulator from -delta (config dp_from_delta) against the shipped config,
+            D128 causal N4096 / N2048, full N4096; softcap 30 beside causal N4096
+  dchecks:  that variant and the shipped config against float64: causal N4048 bf16 / fp16, causal GQA N2000, full
 Writes $OUT/issue35_bwd.json; the table last.
 
     PYTHONPATH=. python experiments/attention/gpu_issue35_bwd.py [--phases softcap,schecks,window,wchecks,flex,both,packed]
@@ -153,6 +156,41 @@ def phase_softcap(run, rounds):
     run.row(f"softcap{CAP:g} causal B{b} H{h} N{n} D{d} bwd", kind="time", **row)
 
 
+def phase_delta(run, rounds):
+    """The plain backward (no softcap) with dP's accumulator from -delta (config dp_from_delta, as SOFTCAP 3 has it)
+    against the shipped config: D128 causal N4096 (dQ fused), causal N2048 (dQ by the dq kernel), full N4096
+    (lagged); softcap 30 beside the causal N4096 pair (its ratio to either denominator)."""
+    b, h, d = 8, 16, 128
+    for n, causal in ((4096, True), (2048, True), (4096, False)):
+        q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=3)
+        out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
+        fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0],
+               "delta": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0, dp_from_delta=True)[0]}
+        if causal and n == 4096:
+            out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
+            fns["softcap"] = backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP)[0]
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        t, row = graph_rounds(run, fns, rounds)
+        if t.get("plain_graph_ms") and t.get("delta_graph_ms"):
+            row["delta_speedup"] = t["plain_graph_ms"] / t["delta_graph_ms"]
+            if t.get("softcap_graph_ms"):
+                row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
+                row["softcap_of_delta"] = t["delta_graph_ms"] / t["softcap_graph_ms"]
+        run.row(f"dP from -delta {'causal' if causal else 'full'} B{b} H{h} N{n} D{d} bwd", kind="time", **row)
+
+
+def checks_delta(run):
+    for dtype in (torch.bfloat16, torch.float16):
+        check_case(run, "dP from -delta causal N4048", 1, 16, 16, 4048, True, (-1, -1), 0.0, dtype,
+                   {"shipped": {}, "delta": dict(dp_from_delta=True)})
+    check_case(run, "dP from -delta causal GQA 16/4 N2000", 1, 16, 4, 2000, True, (-1, -1), 0.0, torch.bfloat16,
+               {"shipped": {}, "delta": dict(dp_from_delta=True)})
+    check_case(run, "dP from -delta full N4048", 1, 16, 16, 4048, False, (-1, -1), 0.0, torch.bfloat16,
+               {"shipped": {}, "delta": dict(dp_from_delta=True)})
+
+
 WINDOW_STATE = {}
 
 
@@ -255,7 +293,8 @@ def main():
     steps = {"softcap": lambda: phase_softcap(run, args.rounds), "schecks": lambda: checks_softcap(run),
              "window": lambda: phase_window(run, args.rounds), "wchecks": lambda: checks_window(run),
              "flex": lambda: phase_flex(run), "both": lambda: checks_both(run),
-             "packed": lambda: phase_packed(run, args.rounds)}
+             "packed": lambda: phase_packed(run, args.rounds), "delta": lambda: phase_delta(run, args.rounds),
+             "dchecks": lambda: checks_delta(run)}
     need = {"flex": 22, "both": 12, "packed": 15}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
         if name == "flex" and not WINDOW_STATE:
@@ -265,7 +304,8 @@ def main():
         else:
             run.say(f"skipped {name}: {run.left():.0f} s left")
     run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
-                "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "long_fused_over_split_graph",
+                "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "plain_graph_ms", "delta_graph_ms", "delta_speedup",
+                "softcap_of_plain", "softcap_of_delta", "long_fused_over_split_graph",
                 "long_fused_over_split", "all_fused_over_split_graph", "all_fused_over_split"])
 
 

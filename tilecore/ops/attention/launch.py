@@ -388,7 +388,8 @@ def launch_backward_gluon_kernel(plan, dout, q, k, v, stats, dq_sum, dk, dv, cau
              H, N, Nk, H // Hkv, scale, scale_log2e, B * Hkv, plan.sizes["head_group"],
              plan.schedule, left, right, tanh_scale),
             dict(**masks, STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]],
-                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_backward_softcap(softcap, cfg), num_warps=4))
+                 KV_REGS=cfg.get("kv_regs", False), SOFTCAP=gluon_backward_softcap(softcap, cfg),
+                 DP_FROM_DELTA=cfg.get("dp_from_delta", False), num_warps=4))
 
 
 def launch_dq_gluon(plan, dout, q, k, v, lse, delta, dq, causal: bool, scale: float, window=NO_WINDOW, softcap: float = 0.0) -> None:

@@ -128,6 +128,9 @@ class AttentionBackward:
     # 0: none; 1: tanh from exp2; 2: tanh.approx.f32 (1 and 2: the cap's derivative in float16, varlen's kernel and the
     # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta and dS = y - y tanh^2 (the fixed kernel's: compute)
     SOFTCAP: gl.constexpr
+    # without a softcap: dP^T's accumulator from -delta too (SOFTCAP 3 has it always), so dS = P (dP - delta) is
+    # one multiply and delta's registers die before the products
+    DP_FROM_DELTA: gl.constexpr
 
     @gluon.jit
     def kv_head(self, bhk):
@@ -352,11 +355,12 @@ class AttentionBackward:
             v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        if self.SOFTCAP == 3:  # dP^T's accumulator starts at -delta: the product is dP - delta and delta's registers
+        FROM_DELTA: gl.constexpr = self.SOFTCAP == 3 or (self.SOFTCAP == 0 and self.DP_FROM_DELTA)
+        if FROM_DELTA:  # dP^T's accumulator starts at -delta: the product is dP - delta and delta's registers
             # are free before the products, where S^T, dP^T, dK and dV hold 192 (D128 fused: 632 -> 476 B spilled)
             minus_delta = zeros - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
         s_tok = warpgroup_mma(k_c, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        if self.SOFTCAP == 3:
+        if FROM_DELTA:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
         else:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -374,6 +378,10 @@ class AttentionBackward:
             delta_cols = stat_columns(stage.stats, 1, st_layout)
             # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
             ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+        elif FROM_DELTA:
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+            ds_t = p_t * warpgroup_mma_wait(0, deps=(dp_tok,))
         else:
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))
             p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
@@ -467,7 +475,7 @@ def ds_layout(dtype):
 def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                          scale, scale_log2e, num_bhk, head_group, schedule, left, right, tanh_scale,
                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, KV_REGS: gl.constexpr = False,
-                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0):
+                         WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, DP_FROM_DELTA: gl.constexpr = False):
     """dK and dV (and with DQ 1, 3 or 4, dQ added to dq_desc's float32 tensor: see compute) for every
     (key block, batch * kv head); a persistent grid of 2 consumer warpgroups of 4 warps and a
     producer warp. Each program takes its tiles from ``schedule`` (a balanced table) or round-robin
@@ -497,7 +505,7 @@ def attention_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stat
         dq_staging = ds_smem  # unused
     op = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, H, N, Nk, GROUP,
                            scale, scale_log2e, num_bhk, head_group, ds_smem, ds_full, ds_free, dq_staging, left, right,
-                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP)
+                           tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP, DP_FROM_DELTA)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=200 if DQ == 4 else 240, PRODUCER_REGS=24,
                     LATE_RELEASE=0, tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), schedule=schedule,
                     helper=Helper(4, 88) if DQ == 4 else None)

@@ -185,7 +185,7 @@ def attention_bwd_mla_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, 
     op = AttentionBackwardPieces(AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, None,
                                                    H, N, Nk, GROUP, scale, scale_log2e, num_bhk, head_group, None,
                                                    None, None, None, left, right, tanh_scale, CAUSAL, BM, BN, 64, 0,
-                                                   False, WINDOW, SOFTCAP))
+                                                   False, WINDOW, SOFTCAP, False))
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=5, SHARED=True), schedule=schedule)
     stages = QStagePieces(ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES), ring(stats_desc, STAGES),
