@@ -149,12 +149,16 @@ cluster_multicast_probe(const uint8_t *__restrict__ src, unsigned long long src_
 // 128 bytes) by tensor TMA into a ring stage; a consumer warp waits for the stage and frees it (reading one word, or in
 // the check mode summing every 32-bit word). The bytes the SMs take in from L2 a second where the running tiles share
 // their A and B panels, as the GEMM's do. pace: clocks the consumer holds each stage (a GEMM's MMAs on it).
+// b_nmajor: B as the GEMM's row-major [K, N] bf16 takes it (a k step is 64 rows of bn * 2 contiguous bytes, loaded as
+// bn / 64 boxes of 64 rows x 128 bytes, as Triton splits a [64, bn] box at its 128-byte swizzle) instead of bn rows of
+// 128 bytes a k step (K-major).
 struct __align__(64) TensorMap { unsigned long long opaque[16]; };
 
 extern "C" __global__ void __launch_bounds__(64)
 gemm_ring_probe(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, unsigned tiles_m,
                 unsigned tiles_n, unsigned k_steps, unsigned group_m, unsigned bm, unsigned bn, unsigned stages,
-                unsigned check, unsigned long long *__restrict__ sums, unsigned *__restrict__ flag, unsigned pace) {
+                unsigned check, unsigned long long *__restrict__ sums, unsigned *__restrict__ flag, unsigned pace,
+                unsigned b_nmajor) {
     extern __shared__ __align__(1024) uint8_t smem[];  // 128-byte swizzled boxes land on 1024-byte boundaries
     const unsigned stage_bytes = (bm + bn) * 128u;
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (size_t)stages * stage_bytes);
@@ -184,9 +188,16 @@ gemm_ring_probe(const __grid_constant__ TensorMap a_map, const __grid_constant__
                 asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                              :: "r"(dst), "l"(reinterpret_cast<uint64_t>(&a_map)), "r"((int)(k * 128)), "r"(pm * (int)bm),
                                 "r"(full) : "memory");
-                asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                             :: "r"(dst + bm * 128u), "l"(reinterpret_cast<uint64_t>(&b_map)), "r"((int)(k * 128)),
-                                "r"(pn * (int)bn), "r"(full) : "memory");
+                if (b_nmajor) {
+                    for (unsigned i = 0; i < bn / 64; ++i)
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                                     :: "r"(dst + bm * 128u + i * 64u * 128u), "l"(reinterpret_cast<uint64_t>(&b_map)),
+                                        "r"((int)((pn * bn * 2 + i * 128))), "r"((int)(k * 64)), "r"(full) : "memory");
+                } else {
+                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                                 :: "r"(dst + bm * 128u), "l"(reinterpret_cast<uint64_t>(&b_map)), "r"((int)(k * 128)),
+                                    "r"(pn * (int)bn), "r"(full) : "memory");
+                }
             }
         }
     } else if (warp == 1) {  // consumer

@@ -240,52 +240,71 @@ def gemm_tile_order(tiles_m: int, tiles_n: int, group_m: int):
     return out
 
 
-def gemm_phase(run: Run, probe: Probe, flag, sms: int) -> None:
-    """gemm_ring_probe at 8192 x 8192, 16 KiB of k a row (bf16 K 8192): each tile shape checked (every block's word sums
-    against the host's), then timed in interleaved rounds; delivered = bytes into the SMs' shared memory a second."""
-    m = n = 8192
-    kbytes = 16384
+# (name, bm, bn, stages, group, swizzle, promotion, pace clocks, B N-major): pace ~ a k step's MMAs at 750 TFLOP/s
+# (64 x 256: 0.37 us, 128 x 256: 0.74 us at 1.755 GHz); B N-major: as the GEMM's row-major [K, N] B (bn / 64 boxes of 64
+# rows x 128 bytes a k step), else K-major (bn rows of 128 bytes)
+GEMM_RINGS = (
+    ("128x256", 128, 256, 4, 8, 0, 2, 0, 0), ("64x256", 64, 256, 5, 8, 0, 2, 0, 0),
+    ("64x256 sw128", 64, 256, 5, 8, 3, 3, 0, 0), ("128x256 sw128", 128, 256, 4, 8, 3, 3, 0, 0),
+    ("64x256 paced", 64, 256, 5, 8, 0, 2, 650, 0), ("64x256 sw128 paced", 64, 256, 5, 8, 3, 3, 650, 0),
+    ("128x256 sw128 paced", 128, 256, 4, 8, 3, 3, 1300, 0), ("128x128", 128, 128, 6, 8, 0, 2, 0, 0),
+    ("128x256 row-major", 128, 256, 4, 1, 0, 2, 0, 0))
+
+
+def gemm_rings(probe: Probe, flag, sms: int, specs=GEMM_RINGS, m: int = 8192, n: int = 8192, kbytes: int = 16384):
+    """gemm_ring_probe's launchers at m x n output, kbytes of k a row (bf16 K 8192: 16384): {name: (launch(check, out),
+    bytes into the SMs, each block's expected word sum)}; A [m, kbytes] K-major, B [n, kbytes] K-major or [kbytes / 2,
+    2 n] N-major, random bytes."""
     k_steps = kbytes // 128
     a = torch.randint(0, 256, (m, kbytes), dtype=torch.uint8, device="cuda")
     b = torch.randint(0, 256, (n, kbytes), dtype=torch.uint8, device="cuda")
-    words = {name: (x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) for name, x in (("a", a), ("b", b))}
-    fns, plans = {}, {}
-    # (name, bm, bn, stages, group, swizzle, promotion, pace clocks): pace ~ a k step's MMAs at 750 TFLOP/s (64 x 256:
-    # 0.37 us, 128 x 256: 0.74 us at 1.755 GHz)
-    for name, bm, bn, stages, group_m, swz, promo, pace in (
-            ("128x256", 128, 256, 4, 8, 0, 2, 0), ("64x256", 64, 256, 5, 8, 0, 2, 0),
-            ("64x256 sw128", 64, 256, 5, 8, 3, 3, 0), ("128x256 sw128", 128, 256, 4, 8, 3, 3, 0),
-            ("64x256 paced", 64, 256, 5, 8, 0, 2, 650), ("64x256 sw128 paced", 64, 256, 5, 8, 3, 3, 650),
-            ("128x256 sw128 paced", 128, 256, 4, 8, 3, 3, 1300), ("128x128", 128, 128, 6, 8, 0, 2, 0),
-            ("128x256 row-major", 128, 256, 4, 1, 0, 2, 0)):
+    b_nm = torch.randint(0, 256, (kbytes // 2, 2 * n), dtype=torch.uint8, device="cuda")
+    words = {name: (x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) for name, x in (("a", a), ("b", b), ("nm", b_nm))}
+    out = {}
+    for name, bm, bn, stages, group_m, swz, promo, pace, nmajor in specs:
         tiles_m, tiles_n = m // bm, n // bn
         smem = stages * (bm + bn) * 128 + 2 * 8 * stages
-        maps = (tensor_map(probe, a, bm, swz, promo), tensor_map(probe, b, bn, swz, promo))
+        maps = (tensor_map(probe, a, bm, swz, promo), tensor_map(probe, b_nm, 64, swz, promo) if nmajor
+                else tensor_map(probe, b, bn, swz, promo))
         cfg = probe.config(sms, 1, smem)
 
-        def launch(check, out, bm=bm, bn=bn, stages=stages, group_m=group_m, maps=maps, cfg=cfg, tm=tiles_m, tn=tiles_n,
-                   pace=pace):
+        def launch(check, res, bm=bm, bn=bn, stages=stages, group_m=group_m, maps=maps, cfg=cfg, tm=tiles_m, tn=tiles_n,
+                   pace=pace, nmajor=nmajor):
             args = [ctypes.c_uint(v) for v in (tm, tn, k_steps, group_m, bm, bn, stages, check)]
-            args += [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(flag.data_ptr()), ctypes.c_uint(pace)]
+            args += [ctypes.c_uint64(res.data_ptr()), ctypes.c_uint64(flag.data_ptr()), ctypes.c_uint(pace),
+                     ctypes.c_uint(nmajor)]
             ptrs = [maps[0], maps[1]] + [ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args]
             params = (ctypes.c_void_p * len(ptrs))(*ptrs)
             probe._ok(probe.cu.cuLaunchKernelEx(ctypes.byref(cfg), probe.gemm_fn, params, None), "cuLaunchKernelEx")
 
-        sums = torch.full((sms,), -1, dtype=torch.int64, device="cuda")
-        launch(1, sums)
-        torch.cuda.synchronize()
         a_tile = words["a"].view(tiles_m, bm * kbytes // 4).sum(1)
-        b_tile = words["b"].view(tiles_n, bn * kbytes // 4).sum(1)
+        if nmajor:  # tile pn's B: every row's columns pn * 2 bn .. (pn + 1) * 2 bn - 1 (bytes)
+            b_tile = words["nm"].view(kbytes // 2, tiles_n, bn * 2 // 4).sum((0, 2))
+        else:
+            b_tile = words["b"].view(tiles_n, bn * kbytes // 4).sum(1)
         order = torch.tensor(gemm_tile_order(tiles_m, tiles_n, group_m), device="cuda")
         per_tile = a_tile[order[:, 0]] + b_tile[order[:, 1]]
         block = torch.arange(order.shape[0], device="cuda") % sms
         expected = torch.zeros(sms, dtype=torch.int64, device="cuda").index_add_(0, block, per_tile)
+        out[name] = (launch, tiles_m * tiles_n * k_steps * (bm + bn) * 128, expected)
+    return out
+
+
+def gemm_phase(run: Run, probe: Probe, flag, sms: int, specs=GEMM_RINGS) -> None:
+    """gemm_ring_probe at 8192 x 8192, 16 KiB of k a row (bf16 K 8192): each tile shape checked (every block's word sums
+    against the host's), then timed in interleaved rounds; delivered = bytes into the SMs' shared memory a second."""
+    fns, plans = {}, {}
+    for name, (launch, nbytes, expected) in gemm_rings(probe, flag, sms, specs).items():
+        sums = torch.full((sms,), -1, dtype=torch.int64, device="cuda")
+        launch(1, sums)
+        torch.cuda.synchronize()
         ok = bool(torch.equal(sums, expected)) and int(flag.item()) == 0
-        run.row(f"check gemmring {name}", tiles=tiles_m * tiles_n, stages=stages, group_m=group_m, swizzle=swz,
-                promotion=promo, pace=pace, **{"pass": ok})
+        spec = next(s for s in specs if s[0] == name)
+        run.row(f"check gemmring {name}", stages=spec[3], group_m=spec[4], swizzle=spec[5], promotion=spec[6],
+                pace=spec[7], b_nmajor=spec[8], **{"pass": ok})
         out = torch.empty(sms, dtype=torch.int64, device="cuda")
         fns[name] = (lambda launch=launch, out=out: launch(0, out))
-        plans[name] = tiles_m * tiles_n * k_steps * (bm + bn) * 128
+        plans[name] = nbytes
     t = time_rounds(fns, rounds=3, warmup=5, rep=20, deadline=run)
     for name, nbytes in plans.items():
         ms = t[f"{name}_ms"]
