@@ -1,7 +1,7 @@
 """The eager rows still over issue 31's 40 us of host time a call (session 34 call 1, runs/host_confirm34_run1), timed
 and profiled on the GPU's host: where each call's host time goes, for the next cuts.
 
-    python experiments/common/host_rows.py [--rows all|NAME,NAME] [--calls 300] [--rounds 3] [--profile 300]
+    python experiments/common/host_rows.py [--rows all|every|NAME,NAME] [--calls 300] [--rounds 3] [--profile 300]
                                            [--deadline 55]
 
 For each row (host_time.py's cases: the same small inputs and torch peers): the first call (compiles, plans), the
@@ -90,8 +90,9 @@ def split_fft_conv(calls: int) -> dict:
     """fft_conv's plain eager row (host_time's u (2, 64, 1024) bf16, k (64, 1024) float32) taken apart, us a call, each
     part alone over ``calls`` back-to-back calls (synchronized before and after): the call; the call given the
     spectrum (no rfft of k); torch.cat of k with zeros (the recipe's padding), torch.fft.rfft of the padded filter and
-    both; torch._fft_r2c of it (what rfft calls: the same bits?); a SignatureMemo hit of (u, k); dispatch.eager_mode;
-    an LRU lookup of the signature; u.new_empty. Public entry points only."""
+    both; torch._fft_r2c of it (what rfft calls: the same bits?); the padding left to rfft (``rfft(k, n=2N)``) or to
+    F.pad, and a bfloat16 k both ways (each against the cat's spectrum bit for bit); a SignatureMemo hit of (u, k);
+    dispatch.eager_mode; an LRU lookup of the signature; u.new_empty. Public entry points only."""
     import tilecore
     from tilecore import dispatch
     from tilecore.tiles.launch import LRU, SignatureMemo, signature
@@ -106,6 +107,7 @@ def split_fft_conv(calls: int) -> dict:
     key = memo(u, k)
     key = memo(u, k)  # (a signature seen twice: the entry kept)
     lru.put(signature(u, k), 1)
+    k16 = k.to(torch.bfloat16)  # (a 16-bit filter: the cat promotes it to float32, rfft(n=) needs k.float() first)
     parts = {
         "call": lambda: tilecore.fft_conv(u, k),
         "call given the spectrum": lambda: tilecore.fft_conv(u, spectrum),
@@ -113,13 +115,22 @@ def split_fft_conv(calls: int) -> dict:
         "rfft of the padded": lambda: torch.fft.rfft(padded),
         "cat + rfft": lambda: torch.fft.rfft(torch.cat((k, zeros), 1)),
         "_fft_r2c of the padded": lambda: torch._fft_r2c(padded, [1], 0, True),
+        # (session 42: the filter's padding inside rfft, rfft(k, n=2N): torch pads by constant_pad_nd first)
+        "rfft(k, n=2N)": lambda: torch.fft.rfft(k, n=2048),
+        "pad + rfft": lambda: torch.fft.rfft(torch.nn.functional.pad(k, (0, 1024))),
+        "bf16 k: cat + rfft": lambda: torch.fft.rfft(torch.cat((k16, zeros), 1)),
+        "bf16 k: rfft(k.float(), n=2N)": lambda: torch.fft.rfft(k16.float(), n=2048),
         "memo hit (u, k)": lambda: memo(u, k),
         "eager_mode": lambda: dispatch.eager_mode(u, k),
         "LRU lookup": lambda: lru.get(key),
         "new_empty": lambda: u.new_empty(u.shape),
     }
     row = {"r2c_same_bits": same_bits(torch.fft.rfft(padded), torch._fft_r2c(padded, [1], 0, True)),
-           "filter_spectrum_same_bits": same_bits(torch.fft.rfft(padded), spectrum)}
+           "filter_spectrum_same_bits": same_bits(torch.fft.rfft(padded), spectrum),
+           "rfft_n_same_bits": same_bits(torch.fft.rfft(k, n=2048), spectrum),
+           "pad_same_bits": same_bits(torch.fft.rfft(torch.nn.functional.pad(k, (0, 1024))), spectrum),
+           "bf16_same_bits": same_bits(torch.fft.rfft(torch.cat((k16, zeros), 1)),
+                                       torch.fft.rfft(k16.float(), n=2048))}
     times = {name: [] for name in parts}
     for r in range(3):
         for name in (list(parts) if r % 2 == 0 else list(parts)[::-1]):
@@ -352,7 +363,9 @@ def main():
         module_name, name = target.split(":")
         held.enter_context(patched(importlib.import_module(module_name), **{name: value == "on"}))
     table = {**host_time.cases(), **host_time.later_cases(), **extra_cases()}
-    names = ROWS if a.rows == "all" else tuple(a.rows.split(","))
+    # ("all": the rows once over 40 us; "every": those, then each other row of the table: issue 31's every op)
+    names = ROWS if a.rows == "all" else tuple(dict.fromkeys([*ROWS, *(n for n in table if "dt:" not in n)])) \
+        if a.rows == "every" else tuple(a.rows.split(","))
     run = Run("host_rows", deadline=a.deadline)
     run.extra.update(calls=a.calls, rounds=a.rounds, ab={}, held=a.hold)
     abs_ = [(r, a.ab_switch) for r in a.ab_rows.split(",") if r] + [tuple(spec.split("@")) for spec in a.ab]
@@ -400,6 +413,9 @@ def main():
             row["rounds_us"] = [[round(x, 1), round(y, 1)] for x, y in rounds]
             row["ours_us"] = round(statistics.median(x for x, _ in rounds), 1)
             row["torch_us"] = round(statistics.median(y for _, y in rounds), 1)
+            # (the rounds' spread, min-max: the host's phase moves a row's median as much as a cut does)
+            row["ours_spread"] = f"{min(x for x, _ in rounds):.1f}-{max(x for x, _ in rounds):.1f}"
+            row["torch_spread"] = f"{min(y for _, y in rounds):.1f}-{max(y for _, y in rounds):.1f}"
             row["profile"] = host_time.profile_rows({name: table[name]}, [name], a.profile, top=a.top)[name]
         except Exception as err:  # noqa: BLE001 (a row's failure is its result; the others go on)
             row["error"] = f"{type(err).__name__}: {err}"[:400]
@@ -416,7 +432,8 @@ def main():
             print(f"A/B {name}: on {row['on_us']:.1f} / off {row['off_us']:.1f} us (torch "
                   f"{row['torch_us']:.1f}), {row['on_us'] / row['off_us']:.2f}x; same bits on vs off "
                   f"{row['same_bits_on_vs_off']}, calls 1..10 {row['same_bits_calls_1_10_on']}")
-    run.finish(["name", "ours_us", "torch_us", "first_call_s", "same_bits_calls_1_10", "error", "skipped"])
+    run.finish(["name", "ours_us", "ours_spread", "torch_us", "torch_spread", "first_call_s", "same_bits_calls_1_10",
+                "error", "skipped"])
 
 
 if __name__ == "__main__":
