@@ -59,16 +59,29 @@ from .hardware import get_gpu
 
 DQ_MODES = ("staged", "atomic", "warpgroup", "kernel")
 
-# A softcap's cost on the dS link, in the ALU rate's operations a (query, key) point: its instructions beside the
-# MUFU.TANH, counted in the sm_90a SASS of tilecore's D128 causal fused backward (notes/attention/README.md, issue
-# 35's softcap section): +192 FMUL, +64 FADD, +64 HADD2 and the F2FP / FMNMX of the float16 derivative, 3088 -> 3512
-# instructions in all over 64 points a thread (a consumer's 32 a step, in both copies of the step): 6.6 a point, 5.6
-# of them on the FP32 and half pipes. The ALU rate counts an FMA as two operations and these are single-lane
-# operations (FMUL, FADD, a conversion), so each is two of the rate's: 11.2. Measured cost of the cap: 1.167-1.186x
-# the plain causal backward (notes/attention/runs/gpu_features_s26_round2_h100.json,
-# issue35_bwd2_run2_session38_h100.txt), where the softmax's order (under dP or after it) made no difference (1.001x:
+# A softcap's cost on the dS link, in the ALU rate's operations a (query, key) point: the instructions the cap adds
+# beside its MUFU.TANH in the sm_90a SASS of tilecore's D128 causal fused backward at its shipped config, over the 64
+# points a thread takes in the kernel (a consumer's 32 a step, in both copies of the step). The counts are read from
+# the compiled kernels, without and with the shipped softcap mode (tests/napkin/test_backward.py compiles both and
+# asserts them, so a change of either kernel fails there until they are read again): (instructions, MUFU among them).
+# The ALU rate counts an FMA as two operations and the cap's are single-lane ones (FMUL, FADD, FMNMX, an FFMA's one
+# product), so each is two of the rate's. The shipped cap (SOFTCAP 3: dS = y - y tanh^2 by one FFMA, dP accumulated
+# from -delta) adds 352 instructions, 64 of them MUFU.TANH: 9.0 (the float16-derivative form before it added 424:
+# 11.25). Measured cost of the cap: 0.891-0.903x the speed without one (1.108-1.122x the time;
+# notes/attention/runs/ht_softcap_modes_s41c_run5_session41_h100.txt, ht_softcap_confirm_s41d_run7_session41_h100.txt),
+# where the softmax's order (under dP or after it) made no difference (1.001x:
 # notes/attention/runs/issue35_bwd1_run1_session38_h100.txt)
-SOFTCAP_LINK_OPS = 2 * (3512 - 3088 - 64) / 64
+SOFTCAP_SASS = {"plain": (3088, 76), "capped": (3440, 140)}
+SOFTCAP_POINTS = 64  # (query, key) points a thread in the kernel's SASS: 32 a consumer's step, both copies
+
+
+def softcap_link_ops(sass: dict = SOFTCAP_SASS, points: int = SOFTCAP_POINTS) -> float:
+    """The cap's non-MUFU instructions a point, as the ALU rate's operations (two each)."""
+    (plain, plain_mufu), (capped, capped_mufu) = sass["plain"], sass["capped"]
+    return 2 * ((capped - plain) - (capped_mufu - plain_mufu)) / points
+
+
+SOFTCAP_LINK_OPS = softcap_link_ops()
 SCHEDULES = ("lockstep", "serial")
 
 
