@@ -11,7 +11,14 @@ batch sizes (32K and 128K tokens, H 16): both rows (plan.napkin_forward_configs(
 the table's) checked against a float64 reference of batch 0 into a NaN-poisoned output, then timed in 3
 interleaved rounds (do_bench medians over 100 ms, and CUDA-graph replays: GPU time).
 
-    python experiments/napkin/gpu_rerank_forward.py [--smoke] [--deadline 130]
+Phase ``tiles`` (issue 36 gap 1: what a query tile costs beyond its key steps): not causal, 2^17 tokens of 16 heads at
+N 128 .. 2048 (16,384 tiles of 128 rows at every N, N / block_n steps each), D128 and D64, 64 and 128 keys a step,
+the pipeline carried across tiles or not (the table's other fields); each checked against float64 (batch 0) and
+timed in interleaved rounds (do_bench, CUDA graphs). An SM's time a tile against its steps a tile, fitted by least
+squares per config (GPU time): the slope is a step, the intercept a tile's fixed cost (its first step's S alone and
+last P V alone where not carried, O's store, the hand-offs).
+
+    python experiments/napkin/gpu_rerank_forward.py [--smoke] [--deadline 130] [--phases rerank,tiles]
 """
 from __future__ import annotations
 
@@ -57,18 +64,90 @@ def runner(q, k, v, causal, cfg, smoke):
     return (lambda: launch.forward(p, q, k, v, out, lse, causal, scale)), out
 
 
+TILE_NS = (128, 256, 512, 1024, 2048)
+TILE_TOKENS = 2**17
+
+
+def tile_configs(d: int) -> dict:
+    """The sweep's rows at head dim d: the table's long-tile row with 64 / 128 keys a step, carried or not."""
+    from tilecore.ops.attention import configs
+
+    base = dict(configs.GLUON_FORWARD[d])
+    out = {}
+    for bn, stages in ((128, base["stages"]), (64, 3)):
+        for carry in (False, True):
+            cfg = dict(base, block_n=bn, stages=stages, carry=carry)
+            out[label(cfg)] = cfg
+    return out
+
+
+def fit(xs: list, ys: list) -> tuple:
+    """Least squares y = a + b x: (a, b)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def tiles_phase(run: Run, smoke: bool, dev: str, dtype) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+    per = {}  # label -> [(steps a tile, us an SM a tile, eager)]
+    for d in ((64,) if smoke else (128, 64)):
+        cfgs = tile_configs(d)
+        for n in ((64,) if smoke else TILE_NS):
+            b = 1 if smoke else TILE_TOKENS // n
+            if run.left() < 15:
+                run.errors.append(f"deadline: tiles D{d} N{n} and later not run")
+                return
+            g = torch.Generator(device=dev).manual_seed(1)
+            q, k, v = (torch.randn(b, HEADS, n, d, device=dev, generator=g).to(dtype) for _ in range(3))
+            ref = reference(q, k, v, False)
+            fns = {}
+            for name, cfg in cfgs.items():
+                res = run.attempt(f"tiles D{d} N{n} {name}", runner, q, k, v, False, cfg, smoke)
+                if res is None:
+                    continue
+                fn, out = res
+                fn()
+                c = check(out[:1], ref, tol=2.5)
+                if not c["pass"]:
+                    run.row(f"tiles D{d} N{n} {name}", **c)
+                    continue
+                fns[name] = fn
+            if smoke:
+                run.row(f"tiles D{d} N{n}", checked=len(fns))
+                continue
+            t = time_rounds(fns, rounds=3, graph=True, warmup=10, rep=50, deadline=run)
+            tiles = b * HEADS * -(-n // 128)
+            for name in fns:
+                ms = t.get(f"{name}_graph_ms", t[f"{name}_ms"])
+                steps = -(-n // cfgs[name]["block_n"])
+                per.setdefault(f"D{d} {name}", []).append((steps, ms * 1e3 * sms / tiles, t[f"{name}_ms"] * 1e3 * sms / tiles))
+                run.row(f"tiles D{d} N{n} {name}", **{"pass": True}, ms=t[f"{name}_ms"], graph_ms=t.get(f"{name}_graph_ms"),
+                        steps=steps, us_a_tile=round(ms * 1e3 * sms / tiles, 4))
+    for name, pts in per.items():
+        if len(pts) >= 3:
+            a, slope = fit([p[0] for p in pts], [p[1] for p in pts])
+            run.row(f"fit {name}", tile_us=round(a, 4), step_us=round(slope, 4), points=len(pts),
+                    residual_max_us=round(max(abs(a + slope * x - y) for x, y, _ in pts), 4))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="CPU, TRITON_INTERPRET=1: one tiny bucket, the tl path")
     ap.add_argument("--deadline", type=float, default=130.0)
+    ap.add_argument("--phases", default="rerank", help="of: rerank, tiles")
     args = ap.parse_args(argv)
     from tilecore.ops.attention import configs, plan
 
     run = Run("napkin_rerank_forward", deadline=args.deadline)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if args.smoke else torch.bfloat16  # the interpreter's bf16 dot is wrong
-    jobs = [(d, n, causal, tokens // n) for d, n, causal in BUCKETS for tokens in TOKENS]
-    if args.smoke:
+    phases = set(args.phases.split(","))
+    if "tiles" in phases:
+        tiles_phase(run, args.smoke, dev, dtype)
+    jobs = [(d, n, causal, tokens // n) for d, n, causal in BUCKETS for tokens in TOKENS] if "rerank" in phases else []
+    if args.smoke and jobs:
         jobs = [(64, 64, True, 1)]
     for d, n, causal, b in jobs:
         name = f"D{d} N{n}{' causal' if causal else ''} B{b}"
@@ -106,7 +185,8 @@ def main(argv=None) -> int:
                 fields["graph_table_over_napkin"] = round(t["table_graph_ms"] / t["napkin_graph_ms"], 4)
         run.row(name, **fields)
     run.finish(["name", "pass", "napkin", "table", "napkin_ms", "table_ms", "table_over_napkin",
-                "graph_table_over_napkin", "napkin_err", "table_err"])
+                "graph_table_over_napkin", "napkin_err", "table_err", "steps", "us_a_tile", "tile_us", "step_us",
+                "residual_max_us"])
     return 0 if not run.errors and all(r.get("pass", True) for r in run.rows) else 1
 
 
