@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from experiments.common.gpu_script import Run, check, same_bits, sync, time_rounds  # noqa: E402
+from experiments.common.gpu_script import Run, check, profiled, same_bits, sync, time_rounds  # noqa: E402
 
 
 def reference(q, k, v, causal):
@@ -57,18 +57,17 @@ def poison_allocator(like: torch.Tensor):
 
 
 def gpu_us(fn, calls: int = 3) -> dict:
-    """GPU time of ``fn`` by the profiler: each call after a synchronize; the median over calls of the sum of a call's
-    kernels (us), and the last call's kernels [(name, us)]."""
-    from torch.profiler import ProfilerActivity, profile
+    """GPU time of ``fn`` by the profiler (gpu_script.profiled: CUPTI's kernels of ``calls`` calls after an unrecorded
+    one): the median over calls of the sum of a call's kernels (us), and the last call's kernels [(name, us)]. Each
+    call is made after a synchronize (sync inside the recorded function), as before: GPU time, not eager time."""
+    if not torch.cuda.is_available():
+        return {"total_us": None, "kernels": []}
 
-    fn()
-    sync()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
-        for _ in range(calls):
-            sync()
-            fn()
+    def synced():
         sync()
+        fn()
+
+    prof = profiled(synced, calls)
     ks = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and "Memset" not in e.name
                  and "Memcpy" not in e.name), key=lambda e: e.time_range.start)
     if not ks:
@@ -105,12 +104,22 @@ def forms(names):
     dims it changes anything at)."""
     from tilecore.ops.attention_fp8 import configs
 
-    rot = configs.ROTATED
+    gf, rot = configs.GLUON_FORWARD, configs.ROTATED
+    c3 = {**gf, 128: dict(gf[128], consumers=3, serial=2)}  # D128 on three serial consumers, O rescaled in place
     table = {"ship": ({}, (64, 128)),
              # D64: two consumers, P V under the next step's softmax, q's codes in shared memory (before session 41)
              "c2": ({configs: dict(ROTATED=dict(rot, serial_c3=(), q_reg=(128,)))}, (64,)),
              # D64: three serial consumers with q's codes in shared memory (session 41 call 3's c3s)
-             "c3s": ({configs: dict(ROTATED=dict(rot, q_reg=(128,)))}, (64,))}
+             "c3s": ({configs: dict(ROTATED=dict(rot, q_reg=(128,)))}, (64,)),
+             # D128 on three: codes in shared memory, the full rotation, one bf16 Q buffer a consumer, 3 stages
+             # (session 41's d128c3: the next tile's Q not loaded before a consumer's last step)
+             "d128c3": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), rot_split=(),
+                                                                      q_buffers={128: 1}))}, (128,)),
+             # D128 on three: codes in shared memory, the split rotation (16 KiB), two bf16 Q buffers, 2 stages
+             "d128c3q2": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), q_buffers={128: 2},
+                                                                        stages={128: 2}))}, (128,)),
+             # D128 on three: codes in registers (the shipped D128's), one bf16 Q buffer, 3 stages
+             "d128c3r": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_buffers={128: 1}))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
 
 
@@ -145,7 +154,8 @@ def arguments():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s (forms()); "
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c3, d128c3q2, "
+                    "d128c3r (forms()); "
                     "the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)

@@ -61,7 +61,15 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qreg_m32_serial_c3": dict(_q_rotate=True, _v_block=True, _q_reg=True, mask32=True, serial=True, consumers=3),
     "qrot_m32_serial_c3_st4": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3, stages=4),
     "qrot_m32_serial_c3_q1": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3, q_buffers=1),
-    # (D128 on three consumers, serial 2 with O rescaled in place: not set, removed; code at cce3423f)
+    # D128 on three consumers (serial 2: O rescaled first, P V added in place; 160 registers a thread, 168 for the
+    # first): codes in shared memory with one bf16 Q buffer (session 41's d128c3), with the split rotation, two Q
+    # buffers and 2 stages (d128c3q2), codes in registers (d128c3r)
+    "d128c3": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
+                   q_buffers=1),
+    "d128c3q2": dict(_q_rotate=True, _v_block=True, _rot_split=True, hide_first_key=True, mask32=True, serial=2,
+                     consumers=3, q_buffers=2, stages=2),
+    "d128c3r": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True, mask32=True,
+                    serial=2, consumers=3, q_buffers=1),
 }
 
 

@@ -48,8 +48,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # q_reg: the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the rotation's columns
 # permuted so that its accumulator is the e4m3 operand as it lies; no stores, fence or barriers at a tile's start).
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's.
-# rot_split (with q_reg): the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's
-# H_D = [[H, H], [H, -H]]): half the tensor work at each tile's start.
+# rot_split: the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's H_D = [[H, H], [H, -H]]):
+# half the tensor work at each tile's start, and half the rotation's shared memory.
 # hide_first_key: the head dims at which the kernel with q rotated in it takes GLUON_FORWARD's hide_first_key (causal:
 # step 0's mask kept in its branch, not hoisted by LLVM to the tile's start, where the rotation is) unless
 # GLUON_FORWARD names it. mask32: the same for GLUON_FORWARD's mask32 (causal: the mask in 32 bits).

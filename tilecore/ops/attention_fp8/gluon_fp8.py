@@ -190,7 +190,7 @@ def signed_hadamard_halves_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_wa
                              PERMUTED: gl.constexpr = False):
     """ROT_SPLIT: [D, D / 2]: rows 0 .. D/2 - 1 are (diag(s_a) H_h)^T, rows D/2 .. D - 1 (diag(s_b) H_h)^T, h = D / 2,
     s_a and s_b the two halves of the signs: Sylvester's H_D = [[H_h, H_h], [H_h, -H_h]], so x diag(s) H_D is
-    [u + w, u - w] with u = x_a diag(s_a) H_h and w = x_b diag(s_b) H_h (AttentionFp8.rotate_q_reg). PERMUTED: each
+    [u + w, u - w] with u = x_a diag(s_a) H_h and w = x_b diag(s_b) H_h (AttentionFp8.rotated_rows). PERMUTED: each
     half's rows permuted as signed_hadamard_t's (f keeps the bit of D / 2)."""
     H: gl.constexpr = D // 2
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
@@ -262,7 +262,7 @@ class AttentionFp8:
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     Q_REG: gl.constexpr  # Q_ROTATE with the codes kept in registers as S's A operand (rotate_q_reg)
-    ROT_SPLIT: gl.constexpr  # Q_REG: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
+    ROT_SPLIT: gl.constexpr  # Q_ROTATE: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
     SERIAL: gl.constexpr  # a step's P V in that step, after its softmax (serial_step): no P carried between steps
@@ -344,18 +344,36 @@ class AttentionFp8:
         return Running(m, acc, p, Rows(first, tile.bh, n_own), q_scale, l_acc, vd, vn, qr)
 
     @gluon.jit
-    def rotate_q(self, ctx):
-        """Q_ROTATE: this consumer's Q rows (bf16/fp16, as TMA loaded them; rows past N are 0) rotated by one
-        [BM, D] x [D, D] wgmma against diag(s) H (exact +-1 in q's dtype; float32 sums), times 1 / sqrt(D), and
-        quantized per row: descale = amax / 448 (1 where amax = 0), codes = y * (1 / descale), saturated at +-448 by
-        the conversion (NaN kept), written over the first half of the bf16 buffer once the wgmma has read it
-        (q_operand; the next tile's Q loads into the buffer only after this tile's wgmma are done). Returns the rows'
-        descales (S's row slice). quantize.rotate_quantize_rows is its twin (quantize.rotate_quantize's math, the
-        division by a row's descale replaced by a multiply by its reciprocal)."""
+    def rotated_rows(self, ctx):
+        """This consumer's Q rows (bf16/fp16, as TMA loaded them; rows past N are 0) times diag(s) H / sqrt(D): one
+        [BM, D] x [D, D] wgmma against the rotation in shared memory (exact +-1 in q's dtype; float32 sums), or with
+        ROT_SPLIT two [BM, D/2] x [D/2, D/2] products on x's halves and one butterfly (Sylvester's H_D = [[H, H],
+        [H, -H]]: x diag(s) H_D = [u + w, u - w]; half the tensor work). Float32 [BM, D]."""
         x = ctx.operand.reshape([self.BM, self.D])
-        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                            use_acc=False, is_async=True)
-        y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        if self.ROT_SPLIT:
+            h: gl.constexpr = self.D // 2
+            rh: gl.constexpr = wgmma_layout(self.BM, h, gl.num_warps(), 16)
+            u_tok = warpgroup_mma(x.slice(0, h, 1), self.rotation.slice(0, h, 0).permute((1, 0)),
+                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
+            w_tok = warpgroup_mma(x.slice(h, h, 1), self.rotation.slice(h, h, 0).permute((1, 0)),
+                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
+            u, w = warpgroup_mma_wait(0, deps=(u_tok, w_tok))
+            y = join_n(u + w, u - w) * self.out_scale
+        else:
+            tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                                use_acc=False, is_async=True)
+            y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        return y
+
+    @gluon.jit
+    def rotate_q(self, ctx):
+        """Q_ROTATE: this consumer's Q rows rotated (rotated_rows) and quantized per row: descale = amax / 448 (1 where
+        amax = 0), codes = y * (1 / descale), saturated at +-448 by the conversion (NaN kept), written over the first
+        half of the bf16 buffer once the wgmma has read it (q_operand; the next tile's Q loads into the buffer only
+        after this tile's wgmma are done). Returns the rows' descales (S's row slice). quantize.rotate_quantize_rows is
+        its twin (quantize.rotate_quantize's math, the division by a row's descale replaced by a multiply by its
+        reciprocal)."""
+        y = self.rotated_rows(ctx)
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
         codes = (y * gl.expand_dims(1.0 / descale, 1)).to(gl.float8e4nv)
@@ -370,20 +388,7 @@ class AttentionFp8:
         """Q_REG: rotate_q with the codes kept in registers as S's A operand (no stores, fence or barriers): the
         rotation's columns are permuted (signed_hadamard_t's PERMUTED) so that relabelling the accumulator as the
         e4m3 operand moves no data (fp8_operand_order, as P's for P V). Returns (the rows' descales, the codes)."""
-        x = ctx.operand.reshape([self.BM, self.D])
-        if self.ROT_SPLIT:  # two [BM, D/2] x [D/2, D/2] products and one butterfly: half the tensor work
-            h: gl.constexpr = self.D // 2
-            rh: gl.constexpr = wgmma_layout(self.BM, h, gl.num_warps(), 16)
-            u_tok = warpgroup_mma(x.slice(0, h, 1), self.rotation.slice(0, h, 0).permute((1, 0)),
-                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
-            w_tok = warpgroup_mma(x.slice(h, h, 1), self.rotation.slice(h, h, 0).permute((1, 0)),
-                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
-            u, w = warpgroup_mma_wait(0, deps=(u_tok, w_tok))
-            y = join_n(u + w, u - w) * self.out_scale
-        else:
-            tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                                use_acc=False, is_async=True)
-            y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
+        y = self.rotated_rows(ctx)
         amax = gl.max(gl.abs(y), axis=1)
         descale = gl.where(amax > 0, amax / 448.0, 1.0)
         qa: gl.constexpr = wgmma_lhs_layout(self.BM, self.BN, gl.num_warps(), 8)
@@ -556,9 +561,10 @@ class AttentionFp8:
 
     @gluon.jit
     def serial_step(self, st, q, k_t, v, step):
-        """SERIAL: S_step, its softmax, then P_step V_step with l's chunks into a zero accumulator, added to O * alpha
-        (FFMA: the rescale runs under the P V); every wgmma of the step done within it and no P carried to the next
-        (the registers of three consumers: 160 a thread)."""
+        """SERIAL: S_step, its softmax, then P_step V_step with l's chunks, every wgmma of the step done within it and
+        no P carried to the next (the registers of three consumers: 160 a thread). SERIAL 1: P V into a zero
+        accumulator, added to O * alpha (FFMA: the rescale runs under the P V); 2: O rescaled first and P V added in
+        place (no second accumulator: D128's registers)."""
         key = step * self.BN
         k_scale = self.key_scales(st, key)
         s_tok = warpgroup_mma(q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False, is_async=True)
@@ -571,9 +577,14 @@ class AttentionFp8:
         else:
             factor = alpha
         t0, t1, t2, t3 = self.row_sum_mma(p8)
-        o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False, is_async=True)
-        pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
-        acc = st.acc * as_column(factor, self.O) + pv
+        if self.SERIAL == 2:
+            o_tok = warpgroup_mma(p8, v, st.acc * as_column(factor, self.O), is_async=True)
+            acc, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+        else:
+            o_tok = warpgroup_mma(p8, v, gl.zeros([self.BM, self.D], gl.float32, self.O), use_acc=False,
+                                  is_async=True)
+            pv, l0, l1, l2, l3 = warpgroup_mma_wait(0, deps=(o_tok, t0, t1, t2, t3))
+            acc = st.acc * as_column(factor, self.O) + pv
         l_acc = st.l_acc * as_column(alpha, self.L) + ((l0 + l1) + (l2 + l3))
         return st.replace(m=m, acc=acc, l_acc=l_acc)
 
@@ -626,12 +637,12 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             SERIAL: gl.constexpr = False):
+                             SERIAL: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
-    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL), "two consumer warpgroups (three with SERIAL)")
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
@@ -648,9 +659,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     if Q_ROTATE:
         gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
         if ROT_SPLIT:
-            gl.static_assert(Q_REG, "ROT_SPLIT: with Q_REG")
             rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D // 2], gl.NVMMASharedLayout.get_default_for(
-                [D, D // 2], q_desc.dtype), signed_hadamard_halves_t(signs, D, q_desc.dtype, gl.num_warps(), True))
+                [D, D // 2], q_desc.dtype), signed_hadamard_halves_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
         else:
             rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
                 [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))

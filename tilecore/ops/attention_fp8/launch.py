@@ -203,7 +203,9 @@ class _GluonLayout:
         if causal and cfg.get("mask32", False):  # the causal mask as one 32-bit comparison an element (gluon_fp8)
             self.options["MASK32"] = True
         if cfg.get("serial", False):  # a step's P V in that step (gluon_fp8's SERIAL; three consumers need it)
-            self.options["SERIAL"] = True
+            if cfg["serial"] not in (1, 2):
+                raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
+            self.options["SERIAL"] = int(cfg["serial"])
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
@@ -216,8 +218,10 @@ class _GluonLayout:
             if not q_rotate:
                 raise ValueError("attention_fp8: q's codes in registers need q rotated in the kernel")
             self.options["Q_REG"] = True
-            if rot_split:  # the rotation as two half products and a butterfly
-                self.options["ROT_SPLIT"] = True
+        if rot_split:  # the rotation as two half products and a butterfly
+            if not q_rotate:
+                raise ValueError("attention_fp8: the split rotation needs q rotated in the kernel")
+            self.options["ROT_SPLIT"] = True
         check_rescale(0.0, self.options["P_SHIFT"])
         if self.options["P_LINEAR"] not in (0, 1):
             raise ValueError(f"attention_fp8: p_linear must be 0 (exp2) or 1 (the codes); got {cfg['p_linear']!r}")
@@ -261,7 +265,7 @@ def q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sca
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = dict(config or rotated_q_config(D, causal))
     q_reg = D in configs.ROTATED.get("q_reg", ()) if q_reg is None else q_reg
-    rot_split = q_reg and (D in configs.ROTATED.get("rot_split", ()) if rot_split is None else rot_split)
+    rot_split = D in configs.ROTATED.get("rot_split", ()) if rot_split is None else rot_split
     _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
     # (O and lse: fresh contiguous tensors of q's shape, O in out_dtype: the key names out_dtype; the config's items
     # flattened: signature keys scalars, and gives None, no key, for a tuple)
