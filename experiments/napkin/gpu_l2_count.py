@@ -27,6 +27,7 @@ import csv
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -145,8 +146,13 @@ def profile(metrics: list[str], label: str, timeout: float) -> tuple[list[dict],
     rep = os.path.join(tempfile.gettempdir(), f"l2_count_{label}")
     cmd = [ncu_binary(), "--clock-control", "none", "-f", "-o", rep, "-k", KERNELS, "--metrics", ",".join(metrics),
            sys.executable, __file__, "--target"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    text = (res.stdout + res.stderr)[-2500:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        text = proc.communicate(timeout=timeout)[0][-2500:]
+    except subprocess.TimeoutExpired:  # ncu and its target both: the target must not hold the GPU after
+        os.killpg(proc.pid, signal.SIGKILL)
+        text = (proc.communicate()[0] or "")[-1500:]
+        return [], f"timed out after {timeout:.0f} s: {text}"
     if not os.path.exists(rep + ".ncu-rep"):
         return [], text
     raw = subprocess.run([ncu_binary(), "-i", rep + ".ncu-rep", "--csv", "--page", "raw", "--print-units", "base"],
@@ -176,7 +182,7 @@ def ncu_phase(run: Run, names: list[str], tiling: dict, timeout: float) -> None:
     run.extra["ncu_listed"] = len(listed)
     run.extra["ncu_core"] = core
     run.extra["ncu_missing"] = [m for m in CORE if listed and base(m) not in listed]
-    explore = sorted(m for m in listed if EXPLORE.search(m))[:60]
+    explore = sorted(m for m in listed if EXPLORE.search(m))[:24]
     run.extra["ncu_explore_names"] = explore
     if not listed:
         run.errors.append(f"ncu --query-metrics listed nothing: {err}")
@@ -216,7 +222,7 @@ def ncu_phase(run: Run, names: list[str], tiling: dict, timeout: float) -> None:
         fields["raw"] = {k: v for k, v in r.items() if "__" in k}
         run.row(f"ncu {name}", **fields)
     if explore and run.left() > 60:
-        rows, text = profile([m + ".sum" for m in explore], "explore", min(timeout, run.left() - 20))
+        rows, text = profile([m + ".sum" for m in explore], "explore", min(timeout, run.left() - 25))
         if len(rows) != len(names):
             run.errors.append(f"ncu explore: {len(rows)} launches: {text[-800:]}")
         for name, r in zip(names, rows):
