@@ -4,7 +4,7 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Checks (in a process of its own, NaN-poisoned y and final states, every element written): the error over the bf16
+Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16
 rounding floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the
 op's (b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
 ``--op`` the public mamba2_chunk_scan (a second call the same bits). Timing: the chunks' scores
@@ -13,19 +13,41 @@ CUDA-graph medians of rounds (they drift by a few % on a shared host), the score
 timed in interleaved rounds in this script's forms versions: session 39's at git 853f125^ (notes decisions 190-191),
 session 40's at 4347ebf (210-214), session 41's at c103ffe (the scores from the stage, v^T's registers: 240-242).
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step] [--probe]
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,3] [--op] [--step] [--probe]
+                                                                            [--clocks]
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu-source --forms 0,3
+
+Variants: the step's FORM bits (gluon_forward: W_LATE 1, O_WAIT 2; ``--forms 0,1,2,3``), each launched by launch_args's
+``form`` and checked like the shipped one (a process a form; its y and states' bits against form 0's); the shipped
+form is configs.GLUON_MAMBA_FORM. Timing: CUDA-graph medians of interleaved rounds (the order reversed every other
+round) and each form's median of per-round ratios to form 0 (> 1: faster). (Session 41's forms: this script at git
+c103ffe.)
+
+``--clocks``: the SM clock the timed rounds ran at (nvidia-smi sampled every 50 ms in the background: clocks, power,
+the clock-event reasons; ``nvidia-smi -q -d CLOCK`` before), and the kernel alone timed as ncu times it (one launch
+after the GPU idled 0.3 s, by CUDA events) beside back-to-back launches and graph rounds of it, each with its clocks.
 
 ``--ncu``: Nsight Compute on one launch of the kernel, one tile alone (B1 H2) and the 2.7B shape: the tensor pipe's,
 the shared-memory LSU pipe's and the issue slots' use, the SFU's, bank conflicts, DRAM bytes and the warp-state
-stalls (JSON $OUT/mamba_ncu.json, a table last).
+stalls (JSON $OUT/mamba_ncu.json, a table last). Its barrier stall counts the producer partition's three padding
+warps too if they wait at a barrier the whole launch (one on each of three SM sub-partitions: 0.75 / issue-active
+warps per issue-active cycle, ~1.5 at 50% issue). ``--ncu-source``: the warp-stall samples per SASS instruction of
+one 2.7B launch per form (gpu_gla_dqk_ncu's summary: by reason, by the chain's phases, the top instructions) and each
+BAR.SYNC's share, which tells the consumers' barriers from the padding warps' (JSON $OUT/mamba_ncu_source.json).
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import hashlib
+import re
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,9 +65,9 @@ CASES = ("stateless", "states")
 PROBES = {"1 tile B1 H2": (1, 2), "40 tiles B1 H80": (1, 80), "120 tiles B3 H80": (3, 80)}
 
 
-def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
-    """The chunks' scores and the kernel as the op launches them on these inputs (g and beta (B, N, H): prepared
-    here as the library does)."""
+def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, scores: bool = True):
+    """The chunks' scores and the kernel at ``form`` as the op launches them on these inputs (g and beta (B, N, H):
+    prepared here as the library does); ``scores`` False: the kernel alone (the scores made once here)."""
     from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_forward as gf
     from tilecore.ops.linear_attention.kernels_forward import chunk_scores
@@ -53,7 +75,9 @@ def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float):
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
     cb = chunk_scores(q, k, gf.BT_GLUON, q.dtype)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip.float().contiguous(), z, h0, o, ht, scale,
-                                       configs.GLUON_STAGES, cb=cb)
+                                       configs.GLUON_STAGES, cb=cb, form=form)
+    if not scores:
+        return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
     def fn():
         chunk_scores(q, k, gf.BT_GLUON, q.dtype, out=cb)
@@ -86,7 +110,15 @@ def mamba_states(B, H, S, P, fill=None):
     return t
 
 
-def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
+def digest(*ts) -> str:
+    h = hashlib.sha1()
+    for t in ts:
+        if t is not None:
+            h.update(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H, a_range=a_range)
@@ -94,11 +126,11 @@ def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     h0 = mamba_states(B, H, S, P, "randn") if states else None
     ht = mamba_states(B, H, S, P, "nan") if states else None
     o = poisoned(x)
-    launcher(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
+    launcher(form, Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=None if h0 is None else h0.transpose(-1, -2).double())
-    row = dict(case=label, **check(o, ref))
+    row = dict(form=form, case=label, **check(o, ref), bits=digest(o, ht))
     if states:
         ref_t = ref_state.transpose(-1, -2)
         row.update(state_written=bool(torch.isfinite(ht).all()),
@@ -106,20 +138,23 @@ def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     return row
 
 
-def check_op() -> dict:
-    """The public mamba2_chunk_scan (the kernel through the op's keyed launch) against the float64 recurrence: D, z, an
-    initial state and the final states ((b, h, p, s), contiguous), N 1000; a second call's y the same bits."""
+def check_op(form: int) -> dict:
+    """The public mamba2_chunk_scan with configs.GLUON_MAMBA_FORM = form (the kernel through the op's keyed launch)
+    against the float64 recurrence: D, z, an initial state and the final states ((b, h, p, s), contiguous), N 1000; a
+    second call's y the same bits."""
     import tilecore
-    from tilecore.ops.linear_attention import mamba2_reference
+    from tilecore.ops.linear_attention import configs, mamba2_reference
+    from tilecore.tiles.switches import patched
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, seed=13)
     h0 = torch.randn(2, 8, 64, 128, device="cuda")
-    y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
-    y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
+    with patched(configs, GLUON_MAMBA_FORM=form):
+        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
-    return dict(case="public op D z h0 final N 1000", **check(y, ref),
+    return dict(form=form, case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
                 state_written=bool(torch.isfinite(ht).all()) and ht.is_contiguous(),
                 state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
                 second_call_same=same_bits(y, y2))
@@ -148,15 +183,6 @@ def napkin_ms(with_states: bool) -> float:
     return 1e3 * (r.compulsory_bytes + with_states * 2 * B * H * 64 * 128 * 4) / r.gpu.levels[0].bandwidth
 
 
-def warm_probes():
-    """The probe shapes' compiles (num_tiles 1 and H 2 specialize otherwise), in a process of its own."""
-    t0 = time.time()
-    for B, H in PROBES.values():
-        launcher(*timed_args("stateless", (B, SHAPE[1], H)))()
-    torch.cuda.synchronize()
-    return round(time.time() - t0, 1)
-
-
 def step_us(ms: float, B: int, H: int) -> float:
     """us a chunk-step of an SM: the persistent grid's waves of tiles (two heads each) times the sequence's chunks."""
     from tilecore.tiles.schedule import persistent_programs
@@ -166,32 +192,136 @@ def step_us(ms: float, B: int, H: int) -> float:
     return round(1e3 * ms / (waves * -(-SHAPE[1] // 64)), 4)
 
 
-def probe_phase(run: Run, rounds: int):
+def ratios(res: dict, names: dict) -> dict:
+    """Each form's median of per-round ratios to form 0 (> 1: faster) and its medians, from time_rounds's result."""
+    row = {}
+    for f, n in names.items():
+        row[f"{n}_graph_ms"] = res.get(f"{n}_graph_ms")
+        if f and res.get(f"{n}_graph_ms") and res.get("f0_graph_ms"):
+            pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
+            row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
+    return row
+
+
+def probe_phase(run: Run, names: dict, rounds: int):
+    """Fewer tiles (PROBES) per form in interleaved rounds, as us a chunk-step."""
     for label, (B, H) in PROBES.items():
-        fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
-        fn()
+        args = timed_args("stateless", (B, SHAPE[1], H))
+        fns = {n: launcher(f, *args) for f, n in names.items()}
+        for fn in fns.values():
+            fn()
         torch.cuda.synchronize()
-        res = time_rounds({"shipped": fn}, rounds=rounds, graph=True, eager=False)
-        ms = res.get("shipped_graph_ms")
-        run.row(f"probe {label}", shipped_graph_ms=ms, step_us=step_us(ms, B, H) if ms else None,
-                rounds=res["shipped_rounds"].get("graph"))
+        row = ratios(time_rounds(fns, rounds=rounds, graph=True, eager=False), names)
+        for n in names.values():
+            if row.get(f"{n}_graph_ms"):
+                row[f"{n}_step_us"] = step_us(row[f"{n}_graph_ms"], B, H)
+        run.row(f"probe {label}", **row)
 
 
-def warm(op: bool):
-    """In a process of its own (a fault there is a row, not the end): the checks, then each timed case's compile."""
+def warm(form: int, op: bool, probe: bool):
+    """In a process of its own (a fault there is a row, not the end): the form's checks, then each timed shape's
+    compile."""
     t0 = time.time()
     rows = []
     try:
-        rows.append(check_mamba("D z N 1008", 2, 1008, 8))
-        rows.append(check_mamba("strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
+        rows.append(check_mamba(form, "D z N 1008", 2, 1008, 8))
+        rows.append(check_mamba(form, "strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
         if op:
-            rows.append(check_op())
+            rows.append(check_op(form))
         for case in CASES:
-            launcher(*timed_args(case))()
+            launcher(form, *timed_args(case))()
+        if probe:
+            for B, H in PROBES.values():
+                launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))()
         torch.cuda.synchronize()
-        return None, round(time.time() - t0, 1), rows
+        return form, None, round(time.time() - t0, 1), rows
     except Exception as err:  # noqa: BLE001
-        return f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+        return form, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+
+
+# --------------------------------------------------------------------------------------------
+# --clocks: the SM clock under the timed rounds, and the kernel timed as ncu times it (one launch on an idle GPU)
+
+SMI_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+
+
+class Clocks:
+    """nvidia-smi sampling the GPU every 50 ms in the background, from ``with`` to its end: the SM clock's median /
+    min / max (MHz), the memory clock, power (W), temperature and the clock-event reasons seen (a bit mask: 0x4 SW
+    power cap, 0x20 SW thermal, 0x40 HW thermal, 0x80 HW power brake; 0x1 idle)."""
+
+    def __init__(self):
+        self.summary: dict = {}
+
+    def __enter__(self):
+        self.file = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(SMI_FIELDS)}",
+                                      "--format=csv,noheader,nounits", "-lms", "50"], stdout=self.file,
+                                     stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.2)  # (its first sample before the work)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=5)
+        self.file.seek(0)
+        rows = [ln.split(",") for ln in self.file.read().splitlines() if ln.count(",") == len(SMI_FIELDS) - 1]
+        self.file.close()
+        nums = []
+        for r in rows:
+            try:
+                nums.append((float(r[0]), float(r[1]), float(r[2]), float(r[3]), int(r[4].strip(), 16)))
+            except ValueError:
+                continue
+        if nums:
+            sm = [n[0] for n in nums]
+            power = [n[2] for n in nums]
+            reasons = 0
+            for n in nums:
+                reasons |= n[4]
+            self.summary = dict(samples=len(nums), sm_mhz_median=statistics.median(sm), sm_mhz_min=min(sm),
+                                sm_mhz_max=max(sm), mem_mhz=statistics.median(n[1] for n in nums),
+                                power_w_median=statistics.median(power), power_w_max=max(power),
+                                temp_c_max=max(n[3] for n in nums), reasons=hex(reasons))
+        else:
+            self.summary = dict(samples=0, raw=[",".join(r) for r in rows[:3]])
+        return False
+
+
+def clocks_phase(run: Run, rounds: int):
+    """The kernel alone (form 0, stateless, the scores made once): one launch on an idle GPU (0.3 s asleep before it,
+    CUDA events: as ncu times a launch), 30 launches back to back, and graph rounds, each under Clocks."""
+    text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK"], capture_output=True, text=True).stdout
+    run.extra["smi_clock"] = text
+    print("\n".join(ln for ln in text.splitlines() if ln.strip() and "Clock Policy" not in ln)[:1500], flush=True)
+    fn = launcher(0, *timed_args("stateless"), scores=False)
+    fn()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    with Clocks() as c:
+        alone = []
+        for _ in range(6):
+            time.sleep(0.3)
+            ev[0].record()
+            fn()
+            ev[1].record()
+            torch.cuda.synchronize()
+            alone.append(round(ev[0].elapsed_time(ev[1]), 5))
+    run.row("clocks kernel alone after idle", ms=alone, median_ms=statistics.median(alone), **c.summary)
+    with Clocks() as c:
+        back = []
+        for _ in range(5):
+            ev[0].record()
+            for _ in range(30):
+                fn()
+            ev[1].record()
+            torch.cuda.synchronize()
+            back.append(round(ev[0].elapsed_time(ev[1]) / 30, 5))
+    run.row("clocks kernel back to back x30", ms=back, median_ms=statistics.median(back), **c.summary)
+    with Clocks() as c:
+        res = time_rounds({"kernel": fn}, rounds=rounds, graph=True, eager=False)
+    run.row("clocks kernel graph rounds", ms=res["kernel_rounds"].get("graph"), median_ms=res.get("kernel_graph_ms"),
+            **c.summary)
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,9 +420,10 @@ NCU_METRICS = [
 
 
 def ncu_target(spec: str) -> None:
-    """What ncu runs: three launches on B x 4096 x H (``B,H``; it profiles the third)."""
-    B, H = (int(x) for x in spec.split(","))
-    fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
+    """What ncu runs: three launches on B x 4096 x H (``B,H`` or ``FORM,B,H``; it profiles the third)."""
+    nums = [int(x) for x in spec.split(",")]
+    form, (B, H) = (nums[0], nums[1:]) if len(nums) == 3 else (0, nums)
+    fn = launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -340,72 +471,163 @@ def ncu_phase(out: str) -> None:
             print(f"{short[:62]:62s} " + " ".join(f"{results[n]['values'].get(m, float('nan')):12.4g}" for n in names))
 
 
+def ncu_source_phase(forms, out: str, top: int = 30) -> None:
+    """Nsight Compute's warp-stall samples per SASS instruction on one 2.7B launch of each form: by stall reason, by
+    the chain's phases (the instructions up to a synchronizing one) and the top instructions (gpu_gla_dqk_ncu's
+    summary); every BAR.SYNC's share besides (the consumers' two named barriers, 0x0 and 0x2, and the idle padding
+    warps' barrier outside the loops)."""
+    import csv
+    import io
+    import json
+    import os
+
+    from experiments.common.nsight import ncu_binary, profile
+    from experiments.linear_attention.gpu_gla_dqk_ncu import summarize
+
+    t0 = time.time()
+    results = {}
+    B, H = NCU_SHAPES["2.7B"]
+    for form in forms:
+        rep_path = os.path.join(tempfile.gettempdir(), f"mamba_ncu_src_{form}")
+        text = profile(["--section", "SourceCounters", "--section", "WarpStateStats", "-f", "-o", rep_path],
+                       "la_fwd_gluon_kernel", __file__, ["--ncu-target", f"{form},{B},{H}"], timeout=200)
+        res = subprocess.run([ncu_binary(), "-i", rep_path + ".ncu-rep", "--page", "source", "--csv",
+                              "--print-source", "sass"], capture_output=True, text=True, timeout=120)
+        table = list(csv.reader(io.StringIO(res.stdout)))
+        head = next((i for i, r in enumerate(table) if "Source" in r), None)
+        if head is None:
+            results[form] = dict(error=text[-1500:] + res.stderr[-800:])
+            print(f"--- FORM {form}: no source table\n{text[-1500:]}\n{res.stderr[-800:]}", flush=True)
+            continue
+        cols = table[head]
+        rows = [r for r in table[head + 1:] if len(r) == len(cols)]
+        summary = summarize(rows, cols, top)
+        total_col = next((i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")),
+                         next(i for i, c in enumerate(cols) if "Sampl" in c))
+        bars = collections.Counter()
+        for r in rows:
+            m = re.search(r"BAR\.\w+(?:\.\w+)*\s+(0x\w+)?", r[cols.index("Source")])
+            if m:
+                bars[m.group(0).strip()] += float(r[total_col].replace(",", "") or 0)
+        summary["bars_pct"] = {k: round(100 * v / max(summary["samples"], 1), 2) for k, v in bars.most_common()}
+        results[form] = summary
+        print(f"--- FORM {form}: {len(rows)} SASS lines, {summary['samples']} samples ({time.time() - t0:.0f} s) ---")
+        print("by reason: " + ", ".join(f"{k} {v}%" for k, v in summary["by_reason"].items()))
+        print("bar.syncs: " + ", ".join(f"{k} {v}%" for k, v in summary["bars_pct"].items()))
+        print("phases over 1% (samples, instructions, the synchronizing one that ends it):")
+        for ph in summary["phases"]:
+            if ph["pct"] >= 1.0:
+                print(f"  {ph['pct']:5.1f}% {ph['n']:4d}  {ph['at']:>7s} {ph['end']}")
+        for r in summary["top"]:
+            print(f"{r['pct']:5.1f}%  {r['at']:>6s} {r['sass']:70s} {r['why']}")
+        sys.stdout.flush()
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "mamba_ncu_source.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
 def main():
     import concurrent.futures as cf
     import multiprocessing as mp
 
+    from tilecore.ops.linear_attention import configs
+
     ap = argparse.ArgumentParser()
+    ap.add_argument("--forms", default="0")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan")
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan at each form")
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
-    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES): a chunk-step's time")
+    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES) per form: a chunk-step's time")
+    ap.add_argument("--clocks", action="store_true", help="the SM clock under the timed rounds; the kernel as ncu times "
+                                                          "it")
     ap.add_argument("--deadline", type=float, default=57)
     ap.add_argument("--ncu", action="store_true", help="Nsight Compute on the kernel (NCU_SHAPES), nothing else")
+    ap.add_argument("--ncu-source", action="store_true", help="Nsight Compute's stall samples per SASS instruction on "
+                                                                  "each form's 2.7B launch, nothing else")
     ap.add_argument("--ncu-target", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.ncu_target:
         return ncu_target(a.ncu_target)
-    if a.ncu:
+    forms = sorted({0, *(int(f) for f in a.forms.split(","))})
+    if a.ncu or a.ncu_source:
         import os
 
+        if a.ncu_source:
+            return ncu_source_phase(forms, os.environ.get("OUT", "."))
         return ncu_phase(os.environ.get("OUT", "."))
     cases = a.cases.split(",")
     run = Run("mamba", deadline=a.deadline)
-    pool = cf.ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn"))
-    fut = pool.submit(warm, a.op)
-    fut_probe = pool.submit(warm_probes) if a.probe else None
+    run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)
+    pool = cf.ProcessPoolExecutor(max_workers=min(4, len(forms)), mp_context=mp.get_context("spawn"))
+    futs = [pool.submit(warm, f, a.op, a.probe) for f in forms]
     bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
     run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
-    got = run.attempt("warm (a worker died or took past 40 s)", fut.result, timeout=max(1.0, 40 - run.elapsed()))
-    probe_ok = fut_probe is not None and run.attempt("warm probes", fut_probe.result,
-                                                     timeout=max(1.0, 40 - run.elapsed())) is not None
+    got = {}
+
+    def collect():
+        for fut in cf.as_completed(futs, timeout=max(1.0, 0.5 * a.deadline - run.elapsed())):
+            res = run.attempt("warm (a worker died)", fut.result)
+            if res is not None:
+                got[res[0]] = res
+    run.attempt("warm (not every form done in time)", collect)
     pool.shutdown(wait=False, cancel_futures=True)
-    ok = False
-    if got is not None:
-        err, secs, rows = got
+    base_bits = {r["case"]: r["bits"] for r in got.get(0, (0, None, 0, []))[3]}
+    ok = []
+    for f in forms:
+        if f not in got:
+            continue
+        _, err, secs, rows = got[f]
         for r in rows:
-            run.row(f"check {r['case']}", **r)
+            r["same_bits_as_form0"] = base_bits.get(r["case"]) == r["bits"]
+            run.row(f"check form {f} {r['case']}", **r)
         if err:
-            run.errors.append(f"warm: {err}")
-        ok = not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
-                             and r.get("second_call_same", True) for r in rows)
-        run.say(f"warm: {secs} s, error {err}, passed {ok}")
+            run.errors.append(f"warm form {f}: {err}")
+        if not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
+                           and r.get("second_call_same", True) for r in rows):
+            ok.append(f)
+        run.say(f"warm form {f}: {secs} s, error {err}")
+    run.say(f"passed: {ok}")
     if a.step:
         run.attempt("decode step", step_phase, run)
-    if ok:
+    names = {f: f"f{f}" for f in ok}
+    if 0 in ok:
         run.attempt("chunk_scores", scores_phase, run)
+    if a.clocks and 0 in ok:
+        run.attempt("clocks", clocks_phase, run, 5)
+    if a.probe and 0 in ok:
+        run.attempt("probe", probe_phase, run, names, 5)
     for i, case in enumerate(cases):
-        if run.left() < 5 or not ok:
+        if run.left() < 5 or 0 not in ok:
             break
         share = CaseDeadline(time.time() + run.left() / (len(cases) - i))  # (each case its share of what is left)
-        fn = launcher(*timed_args(case))
-        fn()
+        args = timed_args(case)
+        fns = {names[f]: launcher(f, *args) for f in ok}
+        for fn in fns.values():
+            fn()
         torch.cuda.synchronize()
-        res = run.attempt(f"time {case}", time_rounds, {"shipped": fn}, rounds=a.rounds, graph=True, eager=False,
-                          deadline=share)
+        clocks = Clocks() if a.clocks else None
+        if clocks:
+            clocks.__enter__()
+        res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=share)
+        if clocks:
+            clocks.__exit__(None, None, None)
         if res:
-            row = dict(case=case, **res)
-            ms, bound = res.get("shipped_graph_ms"), bounds[case == "states"]
-            if ms and bound:
-                row["napkin_pct"] = round(100 * bound / ms, 1)
-                row["best_round_pct"] = round(100 * bound / min(res["shipped_rounds"]["graph"]), 1)
-                row["step_us"] = step_us(ms, SHAPE[0], SHAPE[2])
+            row = dict(case=case, **ratios(res, names),
+                       rounds={n: res[f"{n}_rounds"].get("graph") for n in names.values()})
+            bound = bounds[case == "states"]
+            for n in names.values():
+                if row.get(f"{n}_graph_ms") and bound:
+                    row[f"{n}_napkin_pct"] = round(100 * bound / row[f"{n}_graph_ms"], 1)
+                    row[f"{n}_step_us"] = step_us(row[f"{n}_graph_ms"], SHAPE[0], SHAPE[2])
+            if clocks:
+                row.update(clocks.summary)
             run.row(f"time {case}", **row)
-        if case == "stateless" and probe_ok and ok:
-            run.attempt("probes", probe_phase, run, 5)
-    run.finish(["name", "pass", "err_over_floor", "state_rel", "shipped_graph_ms", "napkin_pct", "best_round_pct",
-                "step_us", "cb_f32_graph_ms", "cb_bf16_graph_ms", "copy_pct"])
+    cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits_as_form0", "median_ms", "sm_mhz_median",
+            "sm_mhz_min", "power_w_median", "reasons"] + [f"{n}_graph_ms" for n in names.values()] + [
+        f"{n}_round_ratio" for f, n in names.items() if f] + [f"{n}_napkin_pct" for n in names.values()] + [
+        f"{n}_step_us" for n in names.values()] + ["cb_bf16_graph_ms", "copy_pct"]
+    run.finish(cols)
 
 
 if __name__ == "__main__":

@@ -143,10 +143,14 @@ def test_chunk_scores_are_each_chunks_k_q():
 
 CODE = r"""
 import json, os, re, subprocess, sys, tempfile
+from tilecore.ops.linear_attention import configs
 from tilecore.ops.linear_attention.gluon_forward import compile_report
+from tilecore.tiles.switches import patched
 from triton.backends.nvidia.compiler import get_ptxas
 out = []
-r = compile_report(sys.argv[1], stages=2, compiled_out=out)
+case, _, form = sys.argv[1].partition(":")  # "case" or "case:FORM" (the step's FORM bits)
+with patched(configs, GLUON_MAMBA_FORM=int(form or configs.GLUON_MAMBA_FORM)):
+    r = compile_report(case, stages=2, compiled_out=out)
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "k.cubin")
     open(path, "wb").write(out[0].asm["cubin"])
@@ -181,6 +185,7 @@ r["loop_ldl"] = loop(r"\bLDL\b")
 r["loop_stl"] = loop(r"\bSTL\b")
 r["loop_ldg"] = loop(r"\bLDG\b")
 r["loop_moves"] = loop(r"^\s*(MOV|IMAD\.MOV)\b")
+r["loop_bar"] = loop(r"\bBAR\.SYNC")
 print(json.dumps(r))
 """
 
@@ -189,7 +194,7 @@ print(json.dumps(r))
 def mamba_reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     procs = {case: subprocess.Popen([sys.executable, "-c", CODE, case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=env) for case in ("mamba2", "mamba2_states")}
+                                    text=True, env=env) for case in ("mamba2", "mamba2_states", "mamba2:3")}
     out = {}
     for case, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=900)
@@ -214,3 +219,13 @@ def test_mamba2_kernel_compiles_to_the_transposed_step(mamba_reports, case):
     # each consumer's chunk loop: no spill store, at most two reloads a step (loop-invariant scalars), D's two loads
     assert len(r["loop_ins"]) == 2 and r["loop_stl"] == [0, 0] and max(r["loop_ldl"]) <= 2, r
     assert r["loop_ldg"] == [2, 2] and max(r["loop_ins"]) < 1100, r
+
+
+def test_mamba2_step_forms_take_barriers_off(mamba_reports):
+    """W_LATE + O_WAIT (FORM 3): each consumer's step has 4 bar.syncs (the ring's wait, P^T's, the o store's, the
+    stage's release) against the shipped 6 (the factors' and the o store wait's besides), the same wgmmas, no spill
+    in the loop."""
+    shipped, r = mamba_reports["mamba2"], mamba_reports["mamba2:3"]
+    assert shipped["loop_bar"] == [6, 6] and r["loop_bar"] == [4, 4], (shipped, r)
+    assert r["hgmma"] == shipped["hgmma"] and not r["wgmma_serialized"], r
+    assert r["loop_stl"] == [0, 0] and max(r["loop_ldl"]) <= 2 and r["loop_ldg"] == [2, 2], r
