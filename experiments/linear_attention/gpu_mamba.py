@@ -41,7 +41,6 @@ JSON to $OUT/mamba.json (rewritten each row); a short table last.
 from __future__ import annotations
 
 import argparse
-import collections
 import hashlib
 import re
 import statistics
@@ -504,22 +503,16 @@ def ncu_source_phase(forms, out: str, top: int = 30) -> None:
         summary = summarize(rows, cols, top)
         total_col = next((i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")),
                          next(i for i, c in enumerate(cols) if "Sampl" in c))
-        bars = collections.Counter()
-        for r in rows:
-            m = re.search(r"BAR\.\w+(?:\.\w+)*\s+(0x\w+)?", r[cols.index("Source")])
-            if m:
-                bars[m.group(0).strip()] += float(r[total_col].replace(",", "") or 0)
-        summary["bars_pct"] = {k: round(100 * v / max(summary["samples"], 1), 2) for k, v in bars.most_common()}
+        src, addr = cols.index("Source"), next((i for i, c in enumerate(cols) if "ddress" in c), None)
+        num = lambda v: float(v.replace(",", "") or 0)  # noqa: E731
+        # each BAR instruction's share of all samples (by its address: which barrier of whose code)
+        summary["bars"] = [(r[addr] if addr is not None else "", r[src][:44],
+                            round(100 * num(r[total_col]) / max(summary["samples"], 1), 2))
+                           for r in rows if re.search(r"\bBAR\.", r[src])]
         results[form] = summary
         print(f"--- FORM {form}: {len(rows)} SASS lines, {summary['samples']} samples ({time.time() - t0:.0f} s) ---")
-        print("by reason: " + ", ".join(f"{k} {v}%" for k, v in summary["by_reason"].items()))
-        print("bar.syncs: " + ", ".join(f"{k} {v}%" for k, v in summary["bars_pct"].items()))
-        print("phases over 1% (samples, instructions, the synchronizing one that ends it):")
-        for ph in summary["phases"]:
-            if ph["pct"] >= 1.0:
-                print(f"  {ph['pct']:5.1f}% {ph['n']:4d}  {ph['at']:>7s} {ph['end']}")
-        for r in summary["top"]:
-            print(f"{r['pct']:5.1f}%  {r['at']:>6s} {r['sass']:70s} {r['why']}")
+        print(json.dumps({k: summary[k] for k in ("by_reason", "bars")}))
+        print("\n".join(json.dumps(x) for x in [p for p in summary["phases"] if p["pct"] >= 1.0] + summary["top"]))
         sys.stdout.flush()
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "mamba_ncu_source.json"), "w") as f:
