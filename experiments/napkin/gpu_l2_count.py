@@ -57,7 +57,10 @@ CORE = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second", "lts__t_s
         "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum", "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum",
         "lts__t_requests_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_ltcfabric.sum",
         "lts__t_sectors_srcnode_gpc.sum", "lts__cycles_active.avg", "lts__cycles_active.max", "dram__bytes_read.sum",
-        "l1tex__m_xbar2l1tex_read_bytes.sum", "l1tex__t_sectors.sum"]
+        "l1tex__m_xbar2l1tex_read_bytes.sum", "l1tex__t_sectors.sum",
+        # the L2's own peak: sectors a cycle it can serve the SMs, its clock, how busy it was
+        "lts__t_sectors_srcunit_tex_op_read.sum.peak_sustained", "lts__cycles_elapsed.avg.per_second",
+        "lts__t_sectors.avg.pct_of_peak_sustained_elapsed"]
 EXPLORE = re.compile(r"tma|dshared|dsmem|multicast|ltcfabric|xbar2l1tex|srcunit|srcnode|l1tex2xbar")
 
 
@@ -137,7 +140,7 @@ def available_metrics() -> tuple[set, str]:
 
 
 def base(metric: str) -> str:
-    return re.sub(r"\.(sum|avg|max|min)(\.per_second)?$", "", metric)
+    return metric.split(".")[0]
 
 
 def profile(metrics: list[str], label: str, timeout: float) -> tuple[list[dict], str]:
@@ -217,6 +220,13 @@ def ncu_phase(run: Run, names: list[str], tiling: dict, timeout: float) -> None:
                                    ("l1tex_sectors_gb", "l1tex__t_sectors.sum", 32)):
             if metric in r:
                 fields[key] = round(r[metric] * scale / 1e9, 3)
+        peak, lclk = r.get("lts__t_sectors_srcunit_tex_op_read.sum.peak_sustained"), r.get(
+            "lts__cycles_elapsed.avg.per_second")
+        if peak and lclk:  # sectors a cycle at the L2's clock: its own figure for the SMs' reads, TB/s
+            fields["l2_peak_tbs"] = round(peak * 32 * lclk / 1e12, 3)
+            fields["l2_mhz"] = round(lclk / 1e6, 0)
+        if "lts__t_sectors.avg.pct_of_peak_sustained_elapsed" in r:
+            fields["l2_busy_pct"] = round(r["lts__t_sectors.avg.pct_of_peak_sustained_elapsed"], 1)
         if "lts__cycles_active.max" in r and r.get("lts__cycles_active.avg"):
             fields["lts_active_max_over_avg"] = round(r["lts__cycles_active.max"] / r["lts__cycles_active.avg"], 3)
         fields["raw"] = {k: v for k, v in r.items() if "__" in k}
@@ -269,7 +279,8 @@ def main(argv=None) -> int:
     if "ncu" in phases and run.left() > 60:
         run.attempt("ncu", ncu_phase, run, list(tiling), tiling, max(60.0, run.left() - 90))
     run.finish(["name", "pass", "err_over_floor", "ms", "tflops", "tiling_tbs", "dur_ms", "counted_over_tiling",
-                "counted_tbs", "slice_max_over_avg", "hit_rate", "fabric_gb", "dram_read_gb", "clock_mhz"])
+                "counted_tbs", "slice_max_over_avg", "hit_rate", "fabric_gb", "dram_read_gb", "clock_mhz", "l2_peak_tbs",
+                "l2_busy_pct"])
     return 0 if not run.errors and all(r.get("pass", True) for r in run.rows) else 1
 
 
