@@ -16,6 +16,7 @@ from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, SignatureMemo
 from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY's misses: SignatureMemo reads it from globals)
+from tilecore.tiles.switches import generation
 
 # the keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
 _CALL_KEY = SignatureMemo(globals())
@@ -166,7 +167,7 @@ def _impl(q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_scale: float
 # checks refuse those) finds its checks' result (_CHECKED; the descales' values are still checked each call
 # unless check_scales=False), its plan (_PLANS) and its launch (by key)
 _CHECKED = LRU(256)  # a call's key -> its softmax scale
-_PLANS = LRU(256)  # a call's key -> its launch.Plan
+_PLANS = LRU(256)  # a call's key (with tiles.switches.generation: plans read configs) -> its launch.Plan
 
 
 @torch.library.custom_op("tilecore::attention_fp8", mutates_args=())
@@ -227,8 +228,9 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     direct = dispatch.eager_mode(q, k, v, q_scale, k_scale, v_scale) == "direct"
     grad = not direct and torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
                                                           for t in (q, k, v, q_scale, k_scale, v_scale))
+    # (generation: the plan and the launch read configs, so a probe's switches.patched block plans its own)
     key = None if grad else _CALL_KEY(q, k, v, q_scale, k_scale, v_scale, causal is True, causal is False,
-                                      softmax_scale, out_dtype, v_layout)
+                                      softmax_scale, out_dtype, v_layout, generation())
     if key is not None and direct and tiles_launch.BIND_KEYED_LAUNCHES:
         recipe = launch._FP8_LAUNCHES.get(key)  # kept after the key's first (checked) call
         if recipe:

@@ -16,6 +16,7 @@ from tilecore.ops.attention_fp8 import configs, kernels_tl
 from tilecore.ops.attention_fp8.reference import KEY_CHUNK, SCALE_BLOCK, keys_permuted
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, CachedLaunch, SignatureMemo, next_power_of_2
+from tilecore.tiles.switches import generation
 from tilecore.tiles.launch import signature  # noqa: F401 (_ROTATED_KEY's misses: SignatureMemo reads it from globals)
 
 E4M3_MAX = 448.0
@@ -300,7 +301,7 @@ def attention_fp8_rotated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     key = None
     if ROTATED_RECIPES and tiles_launch.OP_RECIPES and dispatch.plain_eager(q, k, v):
         key = _ROTATED_KEY(q, k, v, causal is True, causal is False, scale, rotate, return_lse, k_scales, quantizer,
-                           v_amax_kernel, v_scales)
+                           v_amax_kernel, v_scales, generation())  # (recipes read configs: switches.patched)
         recipe = _ROTATED_CALLS.get(key) if key is not None else None
         if recipe and recipe.configs[0] is configs.ROTATED and recipe.configs[1] is configs.GLUON_FORWARD \
                 and recipe.configs[2] == FILL_SMS:
