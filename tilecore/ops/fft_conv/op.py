@@ -10,6 +10,7 @@ from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, TmaOperand
 from tilecore.tiles.launch import signature  # noqa: F401 (_CALL_KEY builds its misses by this module's name)
+from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -127,7 +128,7 @@ def _conv_impl(u, spectrum, conj: bool, key=None):
 # The filter's spectrum is computed every call (it reads k's values); pass filter_spectrum(k, seqlen) where
 # one filter serves many calls
 _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed
-_PLANS = LRU(256)  # a call's signature -> its plan (a function of seqlen, device and dtype)
+_PLANS = LRU(256)  # a call's signature (with the switches' generation) -> its plan (of seqlen, device, dtype, configs)
 _CALL_KEY = SignatureMemo(globals())  # fft_conv's signature of (u, k), checked against the last repeated one
 
 
@@ -366,7 +367,9 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     gradient (16-bit u and filter) is a kernel's at seqlen 1024 and 2048 (Hopper: on the Gluon kernel's forward stages)
     and 4096 (the pair kernel's), elsewhere torch.fft's (float32).
     """
-    key = _CALL_KEY(u, k)
+    # (the switches the plans read, tiles.switches.generation: a probe's patched block plans, keeps recipes and launches
+    # of its own, and after it the shipped ones again)
+    key = _CALL_KEY(u, k, generation())
     mode = dispatch.eager_mode(u, k)  # (one look at the modes a call: issue 31's host time)
     if key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # the Gluon kernel as the key's first call kept it
         prepared = _GLUON_CONVS.get(key)
