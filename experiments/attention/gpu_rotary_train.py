@@ -23,6 +23,13 @@ shipped forward), and apply_rotary's K pass against a copy of K.
    Overheads over plain in the same run (issue 37: <= 3%). (Session 38's runs 1-4 also timed the no-grad
    forward with K turned into a (B, H, Nk, D) buffer, configs.ROTARY_K_BY_HEAD, removed since: git 1ecd5bd.)
 
+4. (session 42) K turned inside gluon_rotary's launch (KTurn: side items of the persistent schedule,
+   configs.ROTARY_K_OVERLAP_*): --overlap-checks D:full (B1 H2 N4096 half-split), D:causal (GQA 8/2, N 300 < Nk
+   700, interleaved), D:causal4096: the no-grad O against float64 into poisoned memory, its bits against the route
+   that turns K by the pass and against a second call; --overlap D,..: the no-grad forward plain / as shipped /
+   inside per --variants steps:lead (items' ring steps, lead in grids of tiles), --train the training forward too;
+   --one-sm: one program (sm_margin) over B1 H1 N128 Nk 65536, plain against inside: the items' turn rate on one SM.
+
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py [--checks 128:full,128:causal] [--kpass]
       [--dims 128,64] [--rounds 2]
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py --smoke   # CPU: imports and the checks' code
@@ -44,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import tilecore  # noqa: E402
-from experiments.common.gpu_script import Run, check, same_bits, time_rounds  # noqa: E402
+from experiments.common.gpu_script import Run, check, same_bits, sync, time_rounds  # noqa: E402
 from tilecore.ops.attention import configs, op_rotary  # noqa: E402
 from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
 from tilecore.ops.rotary import configs as rotary_configs  # noqa: E402
@@ -246,6 +253,100 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
+def overlap_path(steps=None, lead=None):
+    """K turned inside gluon_rotary's launch (configs.ROTARY_K_OVERLAP_*: KTurn's side items) in every case, with
+    these item steps and lead (None: the configs'); also routing every no-grad case to gluon_rotary."""
+    values = dict(ROTARY_K_OVERLAP_CASES=ALL_CASES, ROTARY_IN_KERNEL_CASES=ALL_CASES)
+    if steps is not None:
+        values.update(ROTARY_K_OVERLAP_ITEM_STEPS=steps, ROTARY_K_OVERLAP_LEAD=lead)
+    return patched(configs, **values)
+
+
+def overlap_checks(run, name, b, hq, hkv, n, nk, d, causal, interleaved, steps, lead):
+    """The no-grad forward with K turned inside the launch against float64 (O, lse written), beside the route that
+    turns K by apply_rotary's pass (its O's bits) and plain attention's error on the same inputs."""
+    q = torch.randn(b, hq, n, d, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(b, hkv, nk, d, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, nk, d, device=DEV, dtype=torch.bfloat16)
+    cos, sin = tables(nk + 3, d // 2, torch.bfloat16)
+    with torch.no_grad():
+        poison()
+        with overlap_path(steps, lead):
+            o_new = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
+            sync()
+            o_new2 = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
+        with patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES):
+            o_pass = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
+        o_plain = tilecore.attention(q, k, v, causal=causal)
+    ro, _ = rotary_attention_reference(q.double(), k.double(), v.double(), cos, sin, interleaved=interleaved,
+                                       causal=causal)
+    rp, _ = attention_reference(q.double(), k.double(), v.double(), causal=causal)
+    c = check(o_new, ro, tol=2.5)
+    cp = check(o_pass, ro, tol=2.5)
+    run.row(f"ocheck {name}", kind="ocheck", ok=bool(c["pass"] and same_bits(o_new, o_new2)), new_o=c.get("err_over_floor"),
+            pass_o=cp.get("err_over_floor"), plain_o=check(o_plain, rp).get("err_over_floor"), written=c["written"],
+            same=same_bits(o_new, o_pass), repeat=same_bits(o_new, o_new2), steps=steps, lead=lead)
+
+
+def overlap_timing(run, d, causal, variants, b=16, h=16, n=4096, rounds=3, train=False):
+    """GPU time (CUDA graphs, interleaved rounds), B16 H16 N4096 bf16, bf16 tables: the no-grad forward, plain / as
+    shipped (K by the pass) / K turned inside the launch (per variant steps:lead); train: the forward recording a
+    gradient too (plain / shipped / inside)."""
+    q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+
+    def call(grad, rot, ctx=contextlib.nullcontext):
+        def f():
+            with ctx(), (contextlib.nullcontext() if grad else torch.no_grad()):
+                tilecore.attention(q, k, v, causal=causal, rotary=rot)
+        return f
+
+    routed = lambda: patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES)  # D64 full: gluon_rotary's too
+    fns = {"fwd_plain": call(False, None), "fwd_shipped": call(False, (cos, sin), routed)}
+    for s_, l_ in variants:
+        fns[f"fwd_in_{s_}_{l_}"] = call(False, (cos, sin), lambda s_=s_, l_=l_: overlap_path(s_, l_))
+    if train:
+        fns.update(tfwd_plain=call(True, None), tfwd_shipped=call(True, (cos, sin)),
+                   tfwd_in=call(True, (cos, sin), lambda: overlap_path(*variants[0])))
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    ms = {name: t[f"{name}_graph_ms"] for name in fns if f"{name}_graph_ms" in t}
+    over = {f"{name}_over": round(100 * (ms[name] / ms[name.split("_")[0] + "_plain"] - 1), 2)
+            for name in ms if not name.endswith("_plain")}
+    run.row(f"otime D{d} {'causal' if causal else 'full'}", kind="otime", d=d, causal=causal,
+            **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()}, **over,
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
+def overlap_one_sm(run, steps, lead, nk=65536, d=128, rounds=3):
+    """The K items' rate on one SM: B1 H1, one tile of 128 queries over nk keys, launched on one program
+    (sm_margin: the SMs less one), plain against K turned inside (nk / (2 block_n steps) items, then the tile):
+    the difference is the items' time there, and 2 x K's bytes over it one program's turn rate."""
+    q = torch.randn(1, 1, 128, d, device=DEV, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 1, nk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = tables(nk, d // 2, torch.bfloat16)
+    margin = torch.cuda.get_device_properties(0).multi_processor_count - 1
+
+    def call(rot, ctx=contextlib.nullcontext):
+        def f():
+            with ctx(), torch.no_grad():
+                tilecore.attention(q, k, v, rotary=rot, sm_margin=margin)
+        return f
+
+    fns = {"one_plain": call(None), "one_in": call((cos, sin), lambda: overlap_path(steps, lead))}
+    for f in fns.values():
+        f()
+    sync()
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
+    ms = {name: t[f"{name}_graph_ms"] for name in fns}
+    items_ms = ms["one_in"] - ms["one_plain"]
+    run.row(f"one SM nk{nk}", kind="one_sm", **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
+            items_ms=round(items_ms, 4), sm_gbs=round(2 * k.numel() * k.element_size() / 1e6 / items_ms, 2),
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
@@ -257,6 +358,12 @@ def main():
     ap.add_argument("--shipped", action="store_true", help="timing of the shipped routes alone (final figures)")
     ap.add_argument("--routed", action="store_true", help="timing of the no-grad forward by gluon_rotary against the "
                     "turned forward (configs.ROTARY_IN_KERNEL_CASES per case)")
+    ap.add_argument("--overlap-checks", default="", help="K turned inside the launch, checked: D:full, D:causal "
+                    "(interleaved, GQA 8/2, N 300 < Nk 700), D:causal4096 (interleaved, B1 H2 N4096)")
+    ap.add_argument("--overlap", default="", help="timing of the no-grad forward with K turned inside at these D")
+    ap.add_argument("--variants", default="8:2", help="steps:lead of the K items (configs.ROTARY_K_OVERLAP_*)")
+    ap.add_argument("--train", action="store_true", help="--overlap: the training forward too")
+    ap.add_argument("--one-sm", action="store_true", help="the K items' turn rate on one SM (overlap_one_sm)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
@@ -264,6 +371,7 @@ def main():
     run = Run("gpu_rotary_train", deadline=a.deadline)
     if SMOKE:  # the checks' code on the CPU path (composite; the switch has no effect there)
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
+        run.attempt("smoke overlap", overlap_checks, run, "smoke", 1, 2, 1, 24, 40, 32, True, True, 8, 2.0)
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
     for case in filter(None, a.checks.split(",")):  # D:mask[:N] (N 4096 by default; short N: the carried kernel)
@@ -271,6 +379,24 @@ def main():
         d, causal, n = int(d), mask == "causal", int(n[0]) if n else 4096
         run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''} N{n}", 1, 2, 2, n, n,
                     d, d // 2, causal, causal)
+    variants = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in a.variants.split(",") if x]
+    for case in filter(None, a.overlap_checks.split(",")):
+        d, mask = case.split(":")
+        d = int(d)
+        shape = (1, 2, 2, 4096, 4096) if mask != "causal" else (2, 8, 2, 300, 700)
+        if mask == "causal4096":
+            shape = (1, 2, 2, 4096, 4096)
+        run.attempt(f"ocheck {case}", overlap_checks, run, f"D{d} {mask}", *shape, d, mask != "full", mask != "full",
+                    *variants[0])
+    if a.one_sm:
+        run.attempt("one SM", overlap_one_sm, run, *variants[0])
+    for d in [int(x) for x in a.overlap.split(",") if x]:
+        for mask in a.masks.split(","):
+            if run.left() < 15:
+                run.errors.append(f"otime D{d} {mask}: skipped (deadline)")
+                continue
+            run.attempt(f"otime D{d} {mask}", overlap_timing, run, d, mask == "causal", variants, rounds=a.rounds,
+                        train=a.train)
     if a.kpass:
         run.attempt("kpass", kpass, run)
     for d in [int(x) for x in a.dims.split(",") if x]:
@@ -280,7 +406,9 @@ def main():
                 continue
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
                         fwd_only=a.fwd_only, shipped=a.shipped, routed=a.routed)
-    run.finish(["name", "ok", "same", "same_qk", "same_olse", "new_o", "new_dq", "new_dk", "new_dv", "plain_dk",
+    run.finish(["name", "ok", "same", "repeat", "new_o", "pass_o", "plain_o", "fwd_plain_ms", "fwd_shipped_over", "items_ms", "sm_gbs",
+                *[f"fwd_in_{s_}_{l_}_over" for s_, l_ in variants], "tfwd_shipped_over", "tfwd_in_over",
+                "same_qk", "same_olse", "new_dq", "new_dk", "new_dv", "plain_dk",
                 "pass_of_copy", "hm_of_copy", "hm_same", "pass_ms", "copy_ms", "fwd_over", "fwd_inkernel_over",
                 "fwd_turned_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms", "bwd_over", "bwd_turned_over",
                 "bwd_new_over"])

@@ -186,6 +186,14 @@ ROTARY_IN_KERNEL_CASES = frozenset({(128, False), (128, True), (64, True)})
 # pass, Q turned in the Gluon forward and stored from there for the backward: no pass over Q); else q and k by
 # apply_rotary's passes, then the shipped forward. D128: its training forward 2.8-3.1% faster (notes/rotary)
 ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset({(128, False), (128, True)})
+# (head dim, causal) of gluon_rotary's forward whose K is turned inside its launch (gluon_rotary.KTurn: side items
+# of the persistent schedule, on some SMs while others run tiles) instead of by apply_rotary's pass before it;
+# the items' ring steps (2 block_n rows each), their lead (in grids of tiles before a head's first tile), and
+# a step's cost in attention steps for the balanced deal (plan.rotary_overlap_table)
+ROTARY_K_OVERLAP_CASES: frozenset = frozenset()
+ROTARY_K_OVERLAP_ITEM_STEPS = 8
+ROTARY_K_OVERLAP_LEAD = 2.0
+ROTARY_K_OVERLAP_ITEM_COST = 1.0
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

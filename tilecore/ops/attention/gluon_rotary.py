@@ -21,6 +21,12 @@ rotary_dim 32, 64 or 128 up to D; bf16 and fp16; grouped heads; causal, windows 
 forward. Not taken (plan.RotaryNotTaken, a NotImplementedError): MLA's 192 / 128 and other head dims, other
 rotary_dims (the turn's tiles are R wide, a power of two). K turned inside the kernel by a side partition under
 the forward's tensor-core time lost to the pass (notes/rotary).
+
+Where configs.ROTARY_K_OVERLAP_CASES names the case, K is turned inside the same persistent launch instead
+(``KTurn``): items of the schedule table, each a few ring steps of one kv head's K (TMA-loaded, turned in shared
+memory, TMA-stored into the buffer the tiles' K descriptor reads), run by whole programs between their tiles and
+placed ahead of the tiles of their head, so that the turn's memory traffic runs on some SMs while the others run
+tensor-core-bound tiles; a tile's producer waits for its head's items (a counter per kv head) before loading Q.
 """
 
 import torch
@@ -28,7 +34,7 @@ from triton.experimental import gluon
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs
-from tilecore.ops.attention.gluon_kernels import Attention, KV
+from tilecore.ops.attention.gluon_kernels import Attention, KV, head_of
 from tilecore.ops.attention.plan import RotaryNotTaken
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
@@ -106,6 +112,53 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
             sin = next_sin
 
 
+@gluon.jit
+def fence_proxy_async_global(x):
+    """fence.proxy.async.global once ``x`` (an int32 scalar) is known: this thread's generic-proxy accesses of
+    global memory ordered with its async-proxy ones (TMA); returns x."""
+    return gl.inline_asm_elementwise("fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def bulk_stores_written(x):
+    """This thread's TMA stores written to global memory (cp.async.bulk.wait_group 0: tma.store_wait waits
+    only for their reads of shared memory), then ordered for the async proxy; returns x (an int32 scalar)."""
+    return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.b32 $0, $1;",
+                                     "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@struct
+class KTurn:
+    """K turned inside the launch (issue 37: the pass's bytes under the forward's tensor-core time): side items
+    of the template's schedule table (plan.rotary_overlap_table), each ITEM_STEPS ring steps of one kv head's
+    rows, 2 BN a step (the stage's K and V buffers loaded from k_raw by TMA). Consumers 0 and 1 turn a buffer
+    each in shared memory (turn_rows: apply_rotary's bits), TMA-store it into the (B, Hkv, Nk, D) buffer the
+    tiles' K descriptor reads, and wait for the store's read before the stage is released; after an item's
+    last step every consumer waits for its stores' writes, fences them for the async proxy, meets its warps
+    and adds one to its kv head's counter (release). A tile's producer, before its Q load (well before its
+    first K load), waits until its kv head's counter reaches items_per_head x CONSUMERS (acquire), then
+    fences for the async proxy (its TMA loads of K).
+
+    No deadlock while every program is resident (the persistent grid: one program an SM, at most the SMs):
+    the table deals one global sequence of items in which a head's K items come before its first tile, each
+    program's in that order. The earliest unfinished item's program has finished all before it, and that item
+    waits only on earlier items (a K item on nothing), so it finishes."""
+    k_raw: object  # k's descriptor (B, Hkv, Nk, D), the stage's boxes
+    counters: object  # int32 [B * Hkv], zero at launch: a kv head's items finished, one count a consumer
+    items_per_head: object
+    ITEM_STEPS: gl.constexpr  # ring steps an item (2 BN rows each)
+    ROWS: gl.constexpr  # rows turned at a time (turn_rows)
+
+    @gluon.jit
+    def wait_head(self, u, target):
+        """The producer: until kv head u's items are all finished; then a proxy fence before its K's TMA loads."""
+        done = gl.atomic_add(self.counters + u, 0, sem="acquire", scope="gpu")
+        while done < target:
+            done = gl.atomic_add(self.counters + u, 0, sem="acquire", scope="gpu")
+        fence_proxy_async_global(done)
+
+
 @struct
 class RotaryAttention:
     """The rotary forward's op: attention's (``attn``, whose callbacks it passes on), each consumer's Q
@@ -118,6 +171,7 @@ class RotaryAttention:
     cos_stride: object
     sin_stride: object
     n_max: object  # cos's and sin's rows
+    kturn: object  # a KTurn (K turned by side items of the launch), or None (K comes turned)
     R: gl.constexpr  # pairs a row: rotary_dim / 2
     ROWS: gl.constexpr  # Q rows turned at a time (a consumer's block where its registers allow)
     INTERLEAVED: gl.constexpr  # pairs (2i, 2i + 1) (GPT-J), else (i, i + R)
@@ -132,7 +186,63 @@ class RotaryAttention:
 
     @gluon.jit
     def load_tile(self, q_smem, bar, tile, consumer):
+        if self.kturn is not None:
+            if consumer == 0:  # the tile's kv head turned (its K items finished) before any of its K loads
+                a = self.attn
+                b, h, hk = head_of(tile.bh, a.H, a.GROUP)
+                self.kturn.wait_head(b * (a.H // a.GROUP) + hk, self.kturn.items_per_head * a.CONSUMERS)
         self.attn.load_tile(q_smem, bar, tile, consumer)
+
+    @gluon.jit
+    def side_rows(self, item, step):
+        """(batch, kv head, first row) of a K item's step."""
+        a = self.attn
+        u = item // self.kturn.items_per_head
+        part = item - u * self.kturn.items_per_head
+        Hkv = a.H // a.GROUP
+        b = u // Hkv
+        return b, u - b * Hkv, (part * self.kturn.ITEM_STEPS + step) * (2 * a.BN)
+
+    @gluon.jit
+    def side_steps(self, item):
+        """A K item's steps: ITEM_STEPS, fewer where the head's rows end first."""
+        a = self.attn
+        part = item % self.kturn.items_per_head
+        return gl.minimum(gl.cdiv(a.Nk - part * self.kturn.ITEM_STEPS * (2 * a.BN), 2 * a.BN), self.kturn.ITEM_STEPS)
+
+    @gluon.jit
+    def side_load(self, stage, bar, item, step):
+        """2 BN rows of k: the stage's K buffer and its V buffer (the same box; rows past Nk arrive as 0)."""
+        b, hk, row = self.side_rows(item, step)
+        tma.async_copy_global_to_shared(self.kturn.k_raw, [b, hk, row, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.kturn.k_raw, [b, hk, row + self.attn.BN, 0], bar, stage.v)
+
+    @gluon.jit
+    def side(self, ctx, stage, item, step):
+        """Consumer 0 turns the stage's K buffer, consumer 1 its V buffer (a third has nothing to do), in place,
+        then stores it by TMA into the turned K (rows past Nk clipped) and waits for the store's read."""
+        if ctx.index < 2:
+            a = self.attn
+            b, hk, row = self.side_rows(item, step)
+            row = row + ctx.index * a.BN
+            if ctx.index == 0:
+                buf = stage.k
+            else:
+                buf = stage.v
+            turn_rows(buf.reshape([a.BN, a.D]), row, self.cos, self.sin, self.cos_stride, self.sin_stride,
+                      self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(a.k_desc, [b, hk, row, 0], buf)
+            tma.store_wait(0)
+            gl.thread_barrier()  # the store has read the buffer before any thread releases the stage
+
+    @gluon.jit
+    def side_done(self, ctx, item):
+        """The item's stores written and fenced, then counted on its kv head (release)."""
+        u = bulk_stores_written(item // self.kturn.items_per_head)
+        gl.thread_barrier()
+        gl.atomic_add(self.kturn.counters + u, 1, sem="release", scope="gpu")
 
     @gluon.jit
     def initial(self, ctx):
@@ -182,11 +292,13 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1, CARRY: gl.constexpr = False,
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
-                                INTERLEAVED: gl.constexpr = False):
+                                INTERLEAVED: gl.constexpr = False, K_ITEM_STEPS: gl.constexpr = 0,
+                                K_TURN_ROWS: gl.constexpr = 64, kraw_desc=None, k_counters=None, k_items_per_head=0):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
-    None): the turned Q written there too."""
+    None): the turned Q written there too. K_ITEM_STEPS > 0: K turned inside the launch (KTurn: ``schedule``
+    holds its items, ``kraw_desc`` is k, ``k_desc`` the turned buffer, ``k_counters`` zeros)."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
@@ -201,10 +313,16 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                      wgmma_layout(BM, BN, gl.num_warps()), wgmma_layout(BM, DV, gl.num_warps()),
                      wgmma_lhs_layout(BM, DV, gl.num_warps()), WINDOW, SOFTCAP, 1)
     ROWS: gl.constexpr = BM if not CARRY else TURN_ROWS
-    op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R, ROWS, INTERLEAVED)
+    kturn = None
+    if K_ITEM_STEPS > 0:
+        gl.static_assert(not CARRY and D == DV, "K turned in the launch: a pipeline that restarts at each tile, "
+                         "V's boxes K's")
+        kturn = KTurn(kraw_desc, k_counters, k_items_per_head, K_ITEM_STEPS, K_TURN_ROWS)
+    op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, kturn, R, ROWS, INTERLEAVED)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
-                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule)
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS), schedule=schedule,
+                    SIDE_ITEMS=K_ITEM_STEPS > 0)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)
 
 
@@ -254,40 +372,56 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     from the buffer it turned (a TMA store a consumer's tile)."""
     from tilecore.ops.attention.kernels_tl import mask_options, score_options
     from tilecore.ops.attention.launch import gluon_softcap, head_operand
-    from tilecore.ops.attention.plan import plan_forward
+    from tilecore.ops.attention.plan import plan_forward, rotary_overlap_schedule
     from tilecore.ops.rotary import apply_rotary
     from tilecore.ops.rotary.op import turn
 
     check(q, k, v, cos, sin, interleaved)
     qr = torch.empty(q.shape, dtype=q.dtype, device=q.device) if keep_turned else None
-    if keep_turned:  # into a (B, Hkv, Nk, D) buffer
-        k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved,
-                 out=torch.empty(k.shape, dtype=k.dtype, device=k.device).transpose(1, 2)).transpose(1, 2)
-    else:
-        k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)  # (B, Nk, Hkv, D)'s view
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     windowed = tuple(window) != (-1, -1)
     cfg = configs.gluon_forward_config(D, N, Nk, causal and not windowed)
+    k_raw = k
+    by_head = keep_turned or ((D, bool(causal)) in configs.ROTARY_K_OVERLAP_CASES and not cfg.get("carry"))
+    if by_head:
+        k = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # turned (B, Hkv, Nk, D): in the launch, or below
+    else:
+        k = apply_rotary(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)  # (B, Nk, Hkv, D)'s view
     plan = plan_forward(q, k, v, causal, scale, path="gluon", config=cfg, window=window, softcap=softcap,
                         sm_margin=sm_margin)
     cfg = plan.config
+    overlap = None
+    if by_head:
+        overlap = rotary_overlap_schedule(q, k_raw, cfg, causal, plan.sizes["head_group"], plan.grid[0])
+        if overlap is None:  # K by apply_rotary's pass into the buffer
+            turn(k_raw.transpose(1, 2), cos, sin, interleaved=interleaved, out=k.transpose(1, 2))
     out = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     masks, left, right = mask_options(causal, window, N, Nk)
     _, scale_log2e, tanh_scale = score_options(scale, softcap)
-    # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too
-    key = plan.launch_key if qr is None or plan.launch_key is None else (plan.launch_key, "q_out")
+    # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too, and where K is
+    # turned inside (its items' steps, and how the JIT specializes the items a head: 1, or a multiple of 16)
+    key = plan.launch_key
+    if key is not None and (qr is not None or overlap is not None):
+        key = (key, qr is not None, None if overlap is None else
+               (configs.ROTARY_K_OVERLAP_ITEM_STEPS, overlap[1] == 1, overlap[1] % 16 == 0))
+    schedule, kraw, counters, per_head, item_steps = plan.schedule, None, None, 0, 0
+    if overlap is not None:
+        schedule, per_head = overlap
+        kraw, item_steps = head_operand(k_raw, block_n), configs.ROTARY_K_OVERLAP_ITEM_STEPS
+        counters = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
     with dispatch.on_device(q.device):
         ROTARY_FWD.run(key, plan.grid,
                        (head_operand(q, block_m), head_operand(k, block_n), head_operand(v, block_n),
                         head_operand(out, block_m), lse, cos, sin, cos.stride(0), sin.stride(0), cos.shape[0], H, N, Nk,
-                        H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], plan.schedule, left, right, tanh_scale,
+                        H // Hkv, scale_log2e, B * H, plan.sizes["head_group"], schedule, left, right, tanh_scale,
                         None if qr is None else head_operand(qr.view(1, B * H, N, D), block_m)),
                        dict(**masks, SOFTCAP=gluon_softcap(softcap, cfg), STAGES=cfg["stages"], R=cos.shape[1],
                             CONSUMERS=cfg.get("consumers", 2), Q_BUFFERS=cfg.get("q_buffers", 1),
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
+                            K_ITEM_STEPS=item_steps, kraw_desc=kraw, k_counters=counters, k_items_per_head=per_head,
                             num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)

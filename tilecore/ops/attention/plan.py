@@ -505,12 +505,15 @@ _CAPTURED_TABLES: dict = {}
 _TABLES_LOCK = threading.Lock()
 
 
-def causal_schedule(device: torch.device, *key, build=balanced_table) -> torch.Tensor | None:
+def causal_schedule(device: torch.device, *key, build=balanced_table, whole_key: bool = False) -> torch.Tensor | None:
     """``build(*key)`` (a balanced table by default, or paired_table's) on ``device``, or None
     (round-robin): where round-robin is as even, or while a CUDA graph is being captured before this
     shape ran once (a copy to the GPU cannot be captured; the round-robin launch is as correct, if
-    slower). Made once per device, builder and shape while among the last DEVICE_TABLES_MAX used."""
-    cache_key = (device, build, key, generation())  # (balanced_table reads configs: tiles.switches.generation)
+    slower). Made once per device, builder and shape while among the last DEVICE_TABLES_MAX used.
+    ``whole_key``: ``key`` holds every switch ``build`` reads, so the table is kept across switches.patched
+    blocks (a graph captured in a block of its own finds the table its warm-up call made)."""
+    # (balanced_table reads configs: tiles.switches.generation)
+    cache_key = (device, build, key) if whole_key else (device, build, key, generation())
     capturing = dispatch.capturing(device)
     with _TABLES_LOCK:  # threads share the cache: a lookup and its eviction are one step
         if cache_key in _CAPTURED_TABLES:
@@ -591,3 +594,71 @@ def rotary_path(q, k, v, scale: float, grad: bool = False, causal: bool | None =
     if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
         return "tl"
     return "turned"
+
+
+def rotary_overlap_items(Nk: int, block_n: int, item_steps: int) -> int:
+    """K items of one kv head in gluon_rotary's forward with K turned inside the launch: ``item_steps`` ring steps
+    of 2 ``block_n`` rows each."""
+    return cdiv(Nk, 2 * block_n * item_steps)
+
+
+def rotary_overlap_table(N: int, Nk: int, B: int, H: int, Hkv: int, tile_rows: int, block_n: int, causal: bool,
+                         head_group: int, programs: int, item_steps: int, lead: int, item_cost: float,
+                         overhead_steps: int) -> torch.Tensor:
+    """The schedule table (schedule.balanced_schedule's) of gluon_rotary's forward with K turned inside the launch:
+    the forward's tiles (ids 0 .. T - 1, head-grouped as the kernel numbers them) and the K items (id T + u I +
+    part: kv head u = b Hkv + kv head, I = rotary_overlap_items) in one sequence, a head's items placed before
+    the tile ``lead`` tiles ahead of its first (the heads of the first ``lead`` tiles' items first), dealt as the
+    balanced schedule deals (rounds of ``programs``, each round's costliest to the least loaded; round-robin where
+    that is as even) by cost: a tile's steps + ``overhead_steps`` (configs.TILE_OVERHEAD_STEPS), an item's steps x
+    ``item_cost``. Every switch it reads is an argument (the device tables' cache keeps it across patched blocks). Each
+    program's items in the sequence's order, and every item waits only on items before it (the kernel's
+    deadlock argument: gluon_rotary.KTurn)."""
+    m_blocks = cdiv(N, tile_rows)
+    tiles = m_blocks * B * H
+    bh, mb = head_grouped_tiles(tiles, m_blocks, B * H, head_group)
+    if causal:  # gluon_kernels.query_tile: blocks count from the last row
+        start = torch.clamp(N - (mb + 1) * tile_rows, min=0)
+        steps = torch.clamp(triton.cdiv(torch.clamp(start + tile_rows + Nk - N, min=0, max=Nk), block_n), min=1) + 1
+    else:
+        steps = torch.full((tiles,), cdiv(Nk, block_n) + 1)
+    tile_cost = (steps + overhead_steps).tolist()
+    kv = ((bh // H) * Hkv + (bh % H) // (H // Hkv)).tolist()
+    per_head = rotary_overlap_items(Nk, block_n, item_steps)
+    last_steps = cdiv(Nk, 2 * block_n) - (per_head - 1) * item_steps
+    first_use: dict = {}
+    for x, u in enumerate(kv):
+        first_use.setdefault(u, x)
+    heads = sorted(first_use, key=first_use.get)
+    ids, costs, h = [], [], 0
+    for x in range(tiles):
+        while h < len(heads) and first_use[heads[h]] <= x + lead:
+            for part in range(per_head):
+                ids.append(tiles + heads[h] * per_head + part)
+                costs.append(item_cost * (item_steps if part < per_head - 1 else last_steps))
+            h += 1
+        ids.append(x)
+        costs.append(tile_cost[x])
+    table = balanced_schedule(torch.tensor(costs), programs)
+    if table is None:
+        table = dealt_schedule([[x] for x in range(len(ids))], programs)
+    table = table.clone()
+    table[programs + 1:-1] = torch.tensor(ids, dtype=torch.int32)[table[programs + 1:-1].long()]
+    return table
+
+
+def rotary_overlap_schedule(q, k, cfg: dict, causal: bool, head_group: int, programs: int):
+    """(table on q's device, K items a kv head) for gluon_rotary's forward with K turned inside the launch, or None
+    where it is not taken: (D, causal) not in configs.ROTARY_K_OVERLAP_CASES, a carried configuration, a k (not yet
+    turned) that no TMA descriptor describes, or no table (a CUDA graph captured before the shape ran once:
+    causal_schedule)."""
+    B, H, N, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if (D, bool(causal)) not in configs.ROTARY_K_OVERLAP_CASES or cfg.get("carry") or not tma_describable(k):
+        return None
+    steps, block_n = configs.ROTARY_K_OVERLAP_ITEM_STEPS, cfg["block_n"]
+    lead = int(configs.ROTARY_K_OVERLAP_LEAD * programs)
+    table = causal_schedule(q.device, N, Nk, B, H, Hkv, cfg["block_m"] * cfg.get("consumers", 2), block_n,
+                            bool(causal), head_group, programs, steps, lead, float(configs.ROTARY_K_OVERLAP_ITEM_COST),
+                            configs.TILE_OVERHEAD_STEPS, build=rotary_overlap_table, whole_key=True)
+    return None if table is None else (table, rotary_overlap_items(Nk, block_n, steps))

@@ -25,6 +25,11 @@ per-tile operands and their buffers, a persistent grid walking tiles in the orde
   ``finish(ctx, state, tile)``         consumer: the epilogue (not with ``CARRY``)
   ``initial(ctx) -> state``            consumer, with ``CARRY``: the state before a program's first tile
   ``help(ctx, tile, step)``            the helper partition, with ``Layout.helper``: one step's work
+  ``side_steps(item) -> steps``        with ``Layout.SIDE_ITEMS``: a side item's ring steps (producer and
+                                       consumers)
+  ``side_load(stage, bar, item, step)``  producer: a side item's step (as ``load``)
+  ``side(ctx, stage, item, step)``     consumer: a side item's step, done with the stage when it returns
+  ``side_done(ctx, item)``             consumer: after a side item's last step
   ==================================  =====================================================================
 
   ``ctx`` is the partition's ``Consumer``: its index (a constexpr), its epilogue buffer, this tile's
@@ -39,6 +44,14 @@ tile's work (the attention forward issues the next tile's first S with the last 
 finished tile under it), ``finish`` is not called, and after a program's last tile one more step,
 ``step = steps`` of that tile, is loaded and computed; ``load`` then also receives the previous tile
 (a program's first tile is its own previous).
+
+Side items (``Layout.SIDE_ITEMS``): a schedule table may also hold ids from ``num_tiles`` up, work of
+another kind that uses the ring without a tile operand or a tile's state (the rotary forward's K
+turned into a buffer its tiles then read). Program by program, in the table's order, the producer
+loads an item's steps (``side_load``) and the consumers run them (``side``, ``side_done``); the tile
+operand's buffers and phases count tiles alone. Ordering between items is the op's (a table whose
+every item depends only on items earlier in one global order, each program's run in that order,
+never deadlocks while every program is resident).
 """
 from triton.experimental import gluon
 
@@ -134,7 +147,8 @@ class Layout:
     they get to them (and leave it zero), or None. ``LOOKAHEAD`` (below ``STAGES``; 0: the ring's
     depth): after its first lap the producer loads a step only once the step ``LOOKAHEAD`` before it is
     released, so a deep ring fills at a program's start and runs ``LOOKAHEAD`` deep after.
-    ``helper``: a ``Helper`` partition, or None."""
+    ``helper``: a ``Helper`` partition, or None. ``SIDE_ITEMS``: the schedule table also holds side items
+    (ids from the tile count up; the module docstring)."""
     out: object
     STAGES: gl.constexpr
     CONSUMERS: gl.constexpr
@@ -147,10 +161,12 @@ class Layout:
     schedule: object
     tile_counter: object
     helper: object
+    SIDE_ITEMS: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, out, STAGES, CONSUMERS=1, CONSUMER_REGS=232, PRODUCER_REGS=40, LATE_RELEASE=1,
-                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None):
+                 CARRY=False, LOOKAHEAD=0, tile_operand=None, schedule=None, tile_counter=None, helper=None,
+                 SIDE_ITEMS=False):
         self.out = out
         self.STAGES = gl.constexpr(STAGES)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
@@ -163,6 +179,7 @@ class Layout:
         self.schedule = field(schedule)
         self.tile_counter = field(tile_counter)
         self.helper = field(helper)
+        self.SIDE_ITEMS = gl.constexpr(SIDE_ITEMS)
 
 
 @aggregate
@@ -314,11 +331,18 @@ def _producer(op, layout, p, STAGE_BYTES: gl.constexpr):
             prev = 0
         for n in range(first, end, step):
             tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
-            i, tile, steps = _produce_tile(op, layout, p, STAGE_BYTES, tile_id, i, t, prev)
-            if layout.CARRY:
-                prev = tile
-                last_steps = steps
-            t += 1
+            if layout.SIDE_ITEMS:
+                if tile_id >= p.num_tiles:
+                    i = _produce_side(op, layout, p, STAGE_BYTES, tile_id - p.num_tiles, i)
+                else:
+                    i = _produce_tile(op, layout, p, STAGE_BYTES, tile_id, i, t, prev)[0]
+                    t += 1
+            else:
+                i, tile, steps = _produce_tile(op, layout, p, STAGE_BYTES, tile_id, i, t, prev)
+                if layout.CARRY:
+                    prev = tile
+                    last_steps = steps
+                t += 1
         if layout.CARRY:  # the tail step: step `steps` of the program's last tile
             if t > 0:
                 s = i % layout.STAGES
@@ -370,6 +394,33 @@ def _produce_tile(op, layout, p, STAGE_BYTES: gl.constexpr, tile_id, i, t, prev)
 
 
 @gluon.jit
+def _produce_side(op, layout, p, STAGE_BYTES: gl.constexpr, item, i):
+    """The producer's loads of side item ``item`` (its first ring step is i). Returns the next ring step."""
+    for kk in range(op.side_steps(item)):
+        s = i % layout.STAGES
+        mbarrier.wait(p.empty.index(s), ((i // layout.STAGES) & 1) ^ 1)
+        mbarrier.expect(p.ready.index(s), STAGE_BYTES)
+        op.side_load(p.stages.index(s), p.ready.index(s), item, kk)
+        i += 1
+    return i
+
+
+@gluon.jit
+def _side_item(op, layout, p, CID: gl.constexpr, out, item, i):
+    """Consumer CID's work on side item ``item`` (its first ring step is i): each step, the stage released
+    once ``side`` returns; then ``side_done``. Returns the next ring step."""
+    ctx = Consumer(CID, out, None)
+    for kk in range(op.side_steps(item)):
+        s = i % layout.STAGES
+        mbarrier.wait(p.ready.index(s), (i // layout.STAGES) & 1)
+        op.side(ctx.at(i), p.stages.index(s), item, kk)
+        mbarrier.arrive(p.empty.index(s))
+        i += 1
+    op.side_done(ctx, item)
+    return i
+
+
+@gluon.jit
 def _consumer(op, layout, p, CID: gl.constexpr, out):
     """Consumer CID's loop over the program's tiles."""
     i = 0
@@ -389,11 +440,18 @@ def _consumer(op, layout, p, CID: gl.constexpr, out):
         next_id = scheduled_tile(first, layout.schedule, SCHEDULED)
         for n in range(first, end, step):
             tile_id, next_id = next_tile(n, step, next_id, layout.schedule, SCHEDULED)
-            if layout.CARRY:
+            if layout.SIDE_ITEMS:
+                if tile_id >= p.num_tiles:
+                    i = _side_item(op, layout, p, CID, out, tile_id - p.num_tiles, i)
+                else:
+                    i = _consume_tile(op, layout, p, CID, out, tile_id, i, t, None, 0)[1]
+                    t += 1
+            elif layout.CARRY:
                 state, i, last_steps = _consume_tile(op, layout, p, CID, out, tile_id, i, t, state, last_steps)
+                t += 1
             else:
                 _, i, _ = _consume_tile(op, layout, p, CID, out, tile_id, i, t, None, 0)
-            t += 1
+                t += 1
         if layout.CARRY:  # the tail step: step `steps` of the program's last tile, which finishes it
             if t > 0:
                 s = i % layout.STAGES
@@ -504,6 +562,10 @@ def run(op, layout, stages, num_tiles):
                      "drawn tiles go without a schedule table or CARRY")
     gl.static_assert(not layout.CARRY or (operand is not None and not operand.SHARED and layout.LATE_RELEASE == 0),
                      "CARRY takes a per-consumer tile operand and LATE_RELEASE=0")
+    gl.static_assert(not layout.SIDE_ITEMS or (layout.schedule is not None and layout.tile_counter is None
+                                               and not layout.CARRY and layout.LOOKAHEAD == 0
+                                               and layout.helper is None),
+                     "side items come from a schedule table, without drawn tiles, CARRY, LOOKAHEAD or a helper")
     HELPER: gl.constexpr = layout.helper is not None
     gl.static_assert(not HELPER or (C == 2 and operand is not None and operand.SHARED and not operand.RESIDENT
                                     and not layout.CARRY),
