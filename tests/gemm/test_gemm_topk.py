@@ -13,6 +13,7 @@ from tilecore import dispatch
 from tilecore.napkin.engine import rank_gemm_configs
 from tilecore.ops.gemm import configs, launch, plan
 from tilecore.tiles import timed as runners
+from tilecore.tiles.switches import generation, patched
 
 H100 = dispatch.TARGETS["sm_90a"]
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -165,9 +166,24 @@ def test_the_pick_is_keyed_by_bucket_dtypes_form_and_device(monkeypatch):
     timer = FakeTimer({})
     timed(monkeypatch, timer)
     (key,) = [k for k in plan._PICKS._data]
-    assert key == ((256, 512, 1024), BF16, BF16, False, 0, (False, False, False), torch.device("cpu"))
+    assert key == ((256, 512, 1024), BF16, BF16, False, 0, (False, False, False), torch.device("cpu"), generation())
     timed(monkeypatch, timer, dtype=torch.float16)  # another dtype: timed again
     assert len(timer.calls) == 2
+
+
+def test_a_patched_block_times_its_own_pick(monkeypatch):
+    """The pick reads configs (the candidates, NAPKIN_TIMED_MS, the clock): a probe's tiles.switches.patched block
+    times its own (the memo keys on tiles.switches.generation), and the shipped pick is timed again after it."""
+    timer = FakeTimer({})
+    timed(monkeypatch, timer)
+    timed(monkeypatch, timer)
+    assert len(timer.calls) == 1
+    with patched(configs, NAPKIN_TIMED_MS=configs.NAPKIN_TIMED_MS / 2):
+        timed(monkeypatch, timer)
+        timed(monkeypatch, timer)
+        assert len(timer.calls) == 2
+    timed(monkeypatch, timer)
+    assert len(timer.calls) == 3
 
 
 def test_launch_registers_the_timer_and_without_it_the_table_is_planned(monkeypatch):

@@ -15,6 +15,7 @@ from tilecore.ops.gemm import launch, plan
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles.switches import generation
 
 _IN = (torch.bfloat16, torch.float16)
 _IN_CPU = (torch.bfloat16, torch.float16, torch.float32)  # float32: CPU tensors (torch's CPU GEMM, or the interpreter)
@@ -73,9 +74,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
     Differentiable in a, b and bias. CPU tensors run torch's CPU matmul (see plan.py).
     """
     # a CUDA call whose signature was planned before skips the checks and the plan (they depend on
-    # nothing else): the host time of an eager call (issue 31)
+    # nothing else): the host time of an eager call (issue 31). The key holds the switches' generation
+    # (tiles.switches.generation: plans read configs), so a probe's patched block gets its own plans and recipes
     mode = dispatch.eager_mode(a, b, bias)
-    key = None if mode == "op" else _GEMM_KEY(a, b, bias, out_dtype)
+    key = None if mode == "op" else _GEMM_KEY(a, b, bias, out_dtype, generation())
     if key is not None and tiles_launch.OP_RECIPES:  # the key's kept launch (its second call on): no plan read
         prepared = _GEMMS.get(key)
         if prepared:
@@ -102,7 +104,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
     return c if len(lead) == 1 else c.reshape(*lead, c.shape[1])
 
 
-_PLANS = LRU(256)  # gemm's signature -> its plan (CUDA calls)
+_PLANS = LRU(256)  # gemm's signature (with the switches' generation) -> its plan (CUDA calls)
 _GEMMS = LRU(256)  # gemm's signature -> its launch.GluonGemm (False: the general path), made at the key's first call
 
 
@@ -194,7 +196,7 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     inference: train through ``gemm`` in bf16).
     """
     mode = dispatch.eager_mode(a, b, scale_a, scale_b)
-    key = None if mode == "op" else _FP8_KEY(a, b, scale_a, scale_b, out_dtype)
+    key = None if mode == "op" else _FP8_KEY(a, b, scale_a, scale_b, out_dtype, generation())  # (as gemm's)
     if key is not None and mode == "direct" and tiles_launch.OP_RECIPES:  # the key's kept launch
         prepared = _FP8_GEMMS.get(key)
         if prepared:

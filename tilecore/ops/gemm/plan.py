@@ -21,6 +21,7 @@ import torch
 from tilecore import dispatch
 from tilecore.ops.gemm import configs
 from tilecore.tiles.launch import LRU, cdiv, next_power_of_2, tma_describable
+from tilecore.tiles.switches import generation
 from tilecore.tiles import timed
 from tilecore.tiles.schedule import stream_k_plan
 
@@ -236,7 +237,7 @@ def shape_bucket(M: int, N: int, K: int) -> tuple[int, int, int]:
     return next_power_of_2(M), next_power_of_2(N), next_power_of_2(K)
 
 
-_PICKS = LRU(256)  # (bucket, dtypes, bias, scales, operand form, device) -> (config, {candidate: ms})
+_PICKS = LRU(256)  # (bucket, dtypes, bias, scales, operand form, device, generation) -> (config, {candidate: ms})
 TIMER = "gemm"  # the name launch.py registers launch.time_plans under (tiles.timed: plan.py never imports launch.py)
 
 
@@ -266,7 +267,7 @@ def timed_config(a, b, out_dtype, bias, scales, form, top_k: int) -> tuple[dict,
     if not _timeable(a.device):
         return table, {}
     key = (shape_bucket(M, N, K), a.dtype, out_dtype, bias is not None and bias.dtype,
-           scales_code(*scales) if fp8 else 0, form, a.device)
+           scales_code(*scales) if fp8 else 0, form, a.device, generation())  # (candidates and clock read configs)
     hit = _PICKS.get(key)
     if hit is not None:
         return hit

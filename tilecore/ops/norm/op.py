@@ -17,6 +17,7 @@ from tilecore.ops.norm import launch
 from tilecore.ops.norm.plan import plan
 from tilecore.tiles import eager, launch as tiles_launch
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SEED_HIGH = 2**62  # seeds are drawn from [0, 2^62)
@@ -101,7 +102,7 @@ def _forward_impl(x, weight, bias, residual, seed, dropout_p, eps, rms, store_h,
                           dropout_p, eps, rms, store_h, h_dtype, key=key, lean=lean)
 
 
-_PLANS = LRU(256)  # a CUDA call's launch key (its signature) -> its plan
+_PLANS = LRU(256)  # a CUDA call's launch key (its signature and the switches' generation) -> its plan
 
 
 def _plan(key, rows: int, n: int, device, fused: bool = False):
@@ -327,8 +328,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     no dropout and residual has x's dtype). CPU tensors run torch's own CPU kernels.
     """
     # a CUDA call whose signature was checked before skips the checks; its key also finds the plan and
-    # the kernels (keyed launches): the host time of an eager call (issue 31)
-    key = _CALL_KEY(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm)) \
+    # the kernels (keyed launches): the host time of an eager call (issue 31). The key holds the switches' generation
+    # (tiles.switches.generation: plans read configs), so a probe's patched block gets its own plans and recipes
+    key = _CALL_KEY(x, weight, bias, residual, dropout_p, eps, bool(rms), bool(prenorm), generation()) \
         if generator is None else None
     mode = None
     if key is not None and tiles_launch.OP_RECIPES:  # the key's kept launches (its second call on): no checks, plan
