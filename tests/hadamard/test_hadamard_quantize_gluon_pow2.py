@@ -3,7 +3,7 @@ issue 32, session 40): n = m p with Sylvester's H_m resident (gluon_quantize_kro
 H_m (x) H_p is H_n itself. Gluon kernels do not run in the interpreter: here the resident operand, the kernel's data
 flow replayed in float64 (gluon_quantize_kron.emulate) against the float64 transform of n, the plan's choices, and an
 sm_90a compile in a fresh process. The codes are checked on the GPU against the float64 reference
-(experiments/hadamard/gpu_pow2_s38.py --set n)."""
+(experiments/hadamard/gpu_quantize_sets.py --set n)."""
 import json
 import os
 import subprocess

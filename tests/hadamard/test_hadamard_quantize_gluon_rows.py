@@ -5,7 +5,7 @@ hadamard_gluon_quantize_kernel, plan path "gluon_rows", configs.QUANT_GLUON_ROWS
 Gluon kernels do not run in the interpreter: here the pipeline's data flow replayed in float64 (each consumer's
 output blocks as the kernel forms and stores them) against the float64 transform, the groups int4's scales are stored
 at (every one once), the plan's choices, and an sm_90a compile in a fresh process. The codes
-are checked on the GPU against the float64 reference (experiments/hadamard/gpu_pow2_s38.py --set r)."""
+are checked on the GPU against the float64 reference (experiments/hadamard/gpu_quantize_sets.py --set r)."""
 import json
 import os
 import subprocess
@@ -52,6 +52,33 @@ def test_every_int4_group_scale_is_stored_once(n):
                 assert slot == (64 * (128 * j + 64 * c + 2 * i)) // 128 == (64 * (128 * j + 64 * c + 2 * i + 1)) // 128
                 seen.append(slot)
     assert sorted(seen) == list(range(n // 128))
+
+
+def _own_blocks(x, n):
+    """OWN (a consumer a row): the row is S = n / 4096 slices X_s of 64 lines x 64; block j is
+    sum_s H_S[j, s] H_64 X_s H_64, stored at the row's lines 64 j .. 64 j + 63 (finish)."""
+    S = n // 4096
+    xs = x.reshape(x.shape[0], S, 64, 64)
+    h64 = hadamard_matrix(64, torch.float64)
+    out = torch.einsum("js,rsab->rjab", hadamard_matrix(S, torch.float64), h64 @ xs @ h64) * n**-0.5
+    return out.reshape(x.shape[0], n)
+
+
+def test_own_data_flow_is_the_transform():
+    torch.manual_seed(3)
+    x = torch.randn(3, 16384, dtype=torch.float64)
+    assert (_own_blocks(x, 16384) - hadamard_reference(x, 16384**-0.5, out_dtype=torch.float64)).abs().max() < 1e-12
+
+
+def test_own_int4_group_scales_stored_once():
+    """OWN's _pair_slots: block j's line pair i at the row's group 32 j + i, over every block and pair: the row's
+    n / 128 groups once each, each the group holding the pair's lines."""
+    seen = []
+    for j in range(4):
+        for i in range(32):
+            assert 32 * j + i == (64 * (64 * j + 2 * i)) // 128 == (64 * (64 * j + 2 * i + 1)) // 128
+            seen.append(32 * j + i)
+    assert sorted(seen) == list(range(16384 // 128))
 
 
 def _plan(fmt, n, rows=None, dtype=torch.bfloat16, **tuning):
@@ -102,6 +129,16 @@ for n, fmt, stages, lookahead, extra in ((16384, "fp8_e4m3", 4, 0, {"CLAMP_LO": 
                                          (32768, "int8", 8, 4, {"INT_BITS": True, "CLAMP_LO": 2})):
     print(json.dumps(compile_rows(n, fmt, stages, lookahead, extra=extra)))
 """
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8", "int4"])
+def test_plan_own_a_consumer_a_row_at_16384_only(fmt):
+    for rows in (16384, 1025):
+        plan = _plan(fmt, 16384, rows=rows, gluon_rows=True, own=True, _gluon_ok=True)
+        assert plan.path == "gluon_rows" and plan.config["OWN"] and plan.config["S"] == 4, plan
+        assert plan.grid == (min(132, (rows + 1) // 2),)
+    assert "OWN" not in _plan(fmt, 16384, gluon_rows=True, _gluon_ok=True).config
+    assert _plan(fmt, 32768, gluon_rows=True, own=True, _gluon_ok=True).path != "gluon_rows"  # 8 blocks a consumer
 
 
 def test_pipeline_rows_compile_for_sm90():

@@ -26,6 +26,12 @@ registers when its last slice is added, so a per-token scale needs no second pas
 consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchange); int4's groups of
 128 are a line pair of one block. The rotation's 1 / sqrt(n) is folded into the maxima and the
 reciprocals. Codes are staged as bytes (two codes a byte for int4) and TMA-stored as the values are.
+
+OWN (hadamard_quantize at n = 16384): a consumer owns a row, a tile is two rows, and a ring step brings both rows' next
+64-line slice (X_s: the row's lines 64 s .. 64 s + 63, s < S = n / 4096). Each consumer runs the pow2 kernel's (S, 64, 64)
+split on its row: T_s = H_64 X_s H_64 (one K = 64 first product: 384 tensor FLOP an element, against the shared row's
+512, whose first product is H_128 over two consumers' halves), out_j += H_S[j, s] T_s for its S blocks in registers,
+and the per-token scale from its own blocks (no exchange); block j is the row's lines 64 j .. 64 j + 63.
 """
 from triton.experimental import gluon
 
@@ -104,6 +110,7 @@ class Hadamard:
     FOLD: gl.constexpr
     CLAMP_LO: gl.constexpr  # the second product's lo piece (gluon_epilogue.pieces' CLAMP)
     INT_BITS: gl.constexpr
+    OWN: gl.constexpr  # a consumer owns a row (module docstring): S slices of 64 lines, a tile two rows
 
     @gluon.jit
     def setup(self, row):
@@ -111,9 +118,14 @@ class Hadamard:
 
     @gluon.jit
     def load(self, stage, bar, row, s):
-        line = row * self.LINES_PER_ROW + 2 * LINES * s
-        tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
-        tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
+        if self.OWN:  # tile ``row`` is rows 2 row (top) and 2 row + 1 (bottom; past the end: zeros), slice s of each
+            line = 2 * row * self.LINES_PER_ROW + LINES * s
+            tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
+            tma.async_copy_global_to_shared(self.x_desc, [line + self.LINES_PER_ROW, 0], bar, stage.bottom)
+        else:
+            line = row * self.LINES_PER_ROW + 2 * LINES * s
+            tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
+            tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
 
     @gluon.jit
     def load_tile(self, bufs, bar, row, consumer):
@@ -141,8 +153,14 @@ class Hadamard:
         h_bottom = bufs.index(1 + ctx.index)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
         y_prev = warpgroup_mma_wait(0, deps=(state.y,))
         t = _second_product(y_prev, bufs.index(0), self.CLAMP_LO)  # issued before Y_s: waiting for it leaves Y_s
-        first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-        first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
+        if self.OWN:  # Y_s = H_64 X_s of this consumer's row
+            if ctx.index == 0:
+                first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+            else:
+                first = warpgroup_mma(h, stage.bottom, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+        else:
+            first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+            first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
         t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
         return RowState(y, _accumulate(state.outs, t, s - 1), ctx.ring_step // self.S)
 
@@ -158,12 +176,16 @@ class Hadamard:
         """This consumer's S output blocks of the row: scaled and rounded once (STORE), or quantized; stored
         by TMA."""
         tma.store_wait(0)  # the previous row's stores have read the staging buffer
+        if self.OWN:
+            row = 2 * row + ctx.index  # this consumer's row of the tile (past the end: its stores are clipped)
         if self.FORMAT == STORE:
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
-        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves
-            a = exchange(self, ctx, folded(self, row_amax(state.outs, self.S)), state.t)
-            recip = token_recip(self, a, row, ctx.index == 0)
+        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves (OWN: of the consumer's own row)
+            a = folded(self, row_amax(state.outs, self.S))
+            if not self.OWN:
+                a = exchange(self, ctx, a, state.t)
+            recip = token_recip(self, a, row, self.OWN or ctx.index == 0)
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store(
                     token_codes(state.outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
@@ -173,15 +195,24 @@ class Hadamard:
                     group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
         fence_async_shared()
         gl.thread_barrier()
-        line = row * self.LINES_PER_ROW + LINES * ctx.index
-        for j in gl.static_range(self.S):
-            tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0], ctx.out.slice(j * LINES, LINES))
+        if self.OWN:  # block j: the row's lines 64 j ..
+            for j in gl.static_range(self.S):
+                tma.async_copy_shared_to_global(self.out_desc, [row * self.LINES_PER_ROW + LINES * j, 0],
+                                                ctx.out.slice(j * LINES, LINES))
+        else:
+            line = row * self.LINES_PER_ROW + LINES * ctx.index
+            for j in gl.static_range(self.S):
+                tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0],
+                                                ctx.out.slice(j * LINES, LINES))
 
     @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
         """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of 128 (int4): the
-        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i."""
+        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i
+        (OWN: line 64 j + r, group 32 j + i, of the consumer's row, which may lie past the end)."""
         i = gl.arange(0, LINES // 2, layout=SL)
+        if self.OWN:
+            return i, (LINES // 2) * j, (i < LINES // 2) & (row < self.rows)
         return i, LINES * j + (LINES // 2) * c, i < LINES // 2
 
 
@@ -196,7 +227,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
-                  False, 1.0, False, False, False)
+                  False, 1.0, False, False, False, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -208,20 +239,24 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
                                    row_counter, S: gl.constexpr, STAGES: gl.constexpr, FORMAT: gl.constexpr,
                                    G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
-                                   INT_BITS: gl.constexpr = False):
+                                   INT_BITS: gl.constexpr = False, OWN: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
     (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
-    h_desc and row_counter as hadamard_gluon_kernel's."""
+    h_desc and row_counter as hadamard_gluon_kernel's. OWN (module docstring): n = 4096 S, S <= 4, the staging buffer
+    [64 S, W]."""
     gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
+    gl.static_assert(not OWN or S <= 4, "OWN: a consumer's S blocks of 64 x 64 in registers, S <= 4")
+    rows = gl.to_tensor(rows)
     xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(xbar.index(0), count=2)
     mbarrier.init(xbar.index(1), count=2)
-    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, 128 * S, scales, gscale, gl.to_tensor(rows), stride_scales,
-                  rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5))
+    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, (64 if OWN else 128) * S, scales, gscale, rows, stride_scales,
+                  rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5),
+                  OWN)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
-    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), rows)
+    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), (rows + 1) // 2 if OWN else rows)
