@@ -1,4 +1,4 @@
-"""hadamard_quantize's power-of-two rows still under 90% of copy (issue 32, session 38, helper HE): candidate plans of
+"""hadamard_quantize's power-of-two rows still under 90% of copy (issue 32, sessions 38-42, helper HE): candidate plans of
 the pow2 kernel (quantize_kernels.pow2_quantize_kernel; plan tunings, no new kernel code) beside the shipped plan of
 the same (format, n), in the same process.
 
@@ -20,7 +20,7 @@ finer than the rotation's 16-bit pieces round: sessions 31-37's rule), scales ex
 2^-15), every element written: two runs over different poison bytes give the same bytes), then timed in interleaved rounds from CUDA graphs
 (gpu_script.time_rounds) with a copy of the same bytes (x read, codes and scales written) in the same run.
 
-    PYTHONPATH=. python experiments/hadamard/gpu_pow2_s38.py [--set a | b | ... | l] [--deadline 58] [--smoke]
+    PYTHONPATH=. python experiments/hadamard/gpu_quantize_sets.py [--set a | b | ... | u] [--deadline 58] [--smoke]
 
 --set a (batch 1): the candidates above. --set b (batch 2): INT_BITS (int8 / int4 codes from the bits of
 fma(y, 1 / s, 1.5 x 2^23): quantize_kernels._int_bits, one FFMA a value for FMUL + cvt.rni's F2I on the conversion pipe)
@@ -40,9 +40,10 @@ registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 
 4-bit plans). --set p (batch 5): call 3's flips against the pow2 plans; 8192 / 4096 on the kron kernel (int4, mxfp4). --set q (batch 6): the kron kernel's epilogue switches at 16384 (4-bit). --set r (session 41): 16384 / 32768 on the
 transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels.hadamard_gluon_quantize_kernel), every
 format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead. --set t (last batch):
-the flips (int4 / int8 32768 on the pipeline) against the plans before them.
+the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
+consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA.
 
-Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/pow2_s38.json. --smoke: a few rows under the
+Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
 """
 from __future__ import annotations
@@ -355,6 +356,29 @@ SETS["t"] = {
 }
 
 
+# session 42, batch 1 (issue 32's rows nearest 90%: fp8 / e5m2 16384 at 87-88% of copy need 1.026x, 32768 at 83-86% 1.05-1.08x).
+# The pow2 kernel's (4, 64, 64) / (4, 128, 64) tiles store fp8 codes by pointers from the wgmma accumulator's layout (a
+# thread's values in column pairs 8 apart), converted through shared memory to 16-byte stores. PERM (the last product's
+# columns permuted: a thread's 16 values of a tile row are consecutive outputs) leaves the conversion (sm_90a: STS / LDS
+# 10 / 10 either way) but drops the store addresses' integer work: loop SASS 1456 -> 1424 (16384), 1497 -> 1465 (32768).
+# TMA_STORE (the codes through shared memory and one bulk copy a slice, as the 4-bit formats do): 1456 -> 1556, STG 9 -> 5
+# OWN (gluon_kernels' OWN, plan tuning own): 16384 on the transform's Gluon pipeline with a consumer a row, as the pow2
+# kernel's (4, 64, 64) split: 384 tensor FLOP an element against the shared row's 512 (run 5 of session 41: the pipeline's
+# products alone 0.295 ms, 1.1x a 3-byte copy), the per-token scale with no exchange, the wgmma chain pipelined by one
+# slice and the ring by TMA, one program an SM (the pow2 plan: two 4-warp programs, every product waited for). sm_90a:
+# 40 wgmma, not serialized, 123 KB (4 stages), 16 B spilled
+OWN = dict(gluon_rows=True, own=True, clamp_lo=2)
+SETS["u"] = {  # (priority order)
+    ("fp8_e4m3", 16384): [("own", OWN), ("own_s8", dict(OWN, stages=8)), ("perm", dict(perm=True)),
+                          ("tmaS", dict(tma_store=True))],
+    ("int8", 16384): [("own_ib", dict(OWN, int_bits=True))],
+    ("fp8_e5m2", 16384): [("own", OWN), ("perm", dict(perm=True))],
+    ("int4", 16384): [("own_ib", dict(OWN, int_bits=True))],
+    ("fp8_e4m3", 32768): [("perm", dict(perm=True))],
+    ("fp8_e5m2", 32768): [("perm", dict(perm=True))],
+}
+
+
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
     out = []
@@ -407,7 +431,7 @@ def config_of(plan) -> str:
         return f"gluon_kron {c['M']}x{64 * c['F']} s{c['SPLIT']}"
     if plan.path == "gluon_rows":
         return f"gluon_rows S{c['S']} st{c['STAGES']} la{c['LOOKAHEAD']}" + (f" cl{c['CLAMP_LO']}" if c.get("CLAMP_LO")
-                                                                            else "")
+                                                                            else "") + (" own" if c.get("OWN") else "")
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
@@ -575,7 +599,7 @@ def main():
 
     from experiments.common.gpu_script import Run, time_rounds
 
-    run = Run("pow2_s38", deadline=args.deadline)
+    run = Run("quantize_sets", deadline=args.deadline)
     if args.probe:
         run.attempt("probe", probe_rows, run, args.smoke)
     run.extra["set"] = args.set
@@ -608,6 +632,11 @@ def main():
                 res = {"ok": "before"}
             else:
                 res = run.attempt(f"{fmt} {n} {name} check", check_codes, x, fmt, tuning, 16 if args.smoke else 64)
+                if tuning.get("own") and res:  # an odd row count: the last tile's second row lies past the end
+                    xo = x[:x.shape[0] // 16 + 1]
+                    odd = run.attempt(f"{fmt} {n} {name} odd check", check_codes, xo, fmt, tuning,
+                                      min(16 if args.smoke else 64, xo.shape[0] // 2))
+                    res = {**res, "odd_ok": bool(odd and odd["ok"]), "ok": bool(res["ok"] and odd and odd["ok"])}
             plan, fn = runner(x, fmt, tuning)
             codes, scales, _ = fn()
             written = codes.numel() * codes.element_size() + (scales.numel() * scales.element_size()
