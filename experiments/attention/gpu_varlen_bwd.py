@@ -24,10 +24,14 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (experiments.common)
 
 SMOKE = False
 BUDGET_S = 80.0
@@ -552,15 +556,10 @@ def run_zero_tail():
 
 
 def kernel_times(fn, reps=5):
-    """{kernel name: mean GPU ms a call} of fn by torch.profiler (after a warm-up call)."""
-    from torch.profiler import ProfilerActivity, profile
+    """{kernel name: mean GPU ms a call} of fn by torch.profiler (after a warm-up call: gpu_script.profiled)."""
+    from experiments.common.gpu_script import profiled
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn, reps)
     times = {}
     for evt in prof.key_averages():
         total = getattr(evt, "device_time_total", None)

@@ -246,18 +246,16 @@ def hedgehog_time(calls):
 
 
 def profile_case(case: str):
-    from torch.profiler import ProfilerActivity, profile
+    from experiments.common.gpu_script import profiled
 
     t = gb.inputs(case, grad=True)
     fn = gb.fwd_bwd(gb.ours(case, t), t)
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            for x in ("q", "k", "v"):
-                t[x].grad = None
-            fn()
-        torch.cuda.synchronize()
+
+    def call():  # (the gradients set to None first: no accumulation kernels in the profile)
+        for x in ("q", "k", "v"):
+            t[x].grad = None
+        fn()
+    prof = profiled(call, 3)
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)

@@ -232,16 +232,13 @@ def time_all(rounds: int = 5):
 
 
 def profile_op(fb, grads, calls: int = 5):
-    from torch.profiler import ProfilerActivity, profile
+    from experiments.common.gpu_script import profiled
 
-    fb()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            for g in grads:
-                g.grad = None
-            fb()
-        torch.cuda.synchronize()
+    def call():  # (the gradients set to None first, as do_bench's grad_to_none: no accumulation kernels)
+        for g in grads:
+            g.grad = None
+        fb()
+    prof = profiled(call, calls)
     rows = sorted(((e.key, e.device_time_total / calls / 1000.0) for e in prof.key_averages() if e.device_time_total > 0),
                   key=lambda r: -r[1])
     RESULTS["profile_ms"] = [(k[:70], round(ms, 4)) for k, ms in rows]

@@ -2,13 +2,16 @@
 profiler) against the step's wall time, tilecore's and torch's eager. Prints a short table."""
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
-from tilecore.ops.norm.op import layer_norm
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from experiments.common.gpu_script import profiled  # noqa: E402
+from tilecore.ops.norm.op import layer_norm  # noqa: E402
 
 DEV = "cuda"
 rows, n = 65536, 1024
@@ -29,14 +32,13 @@ for name, f in steps.items():
         step()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / 50 * 1e3
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(10):
-            step()
-        torch.cuda.synchronize()
+    # (the GPU's kernels and the host's ops, each from its own record of 10 steps: gpu_script.profiled)
+    prof = profiled(step, 10)
     kernels = {}
     for e in prof.key_averages():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.count:
             kernels[e.key[:70]] = (round(e.device_time_total / 10 / 1e3, 4), e.count // 10)
+    prof = profiled(step, 10, cpu=True)
     cpu_top = sorted(((e.cpu_time_total / 10 / 1e3, e.key[:60]) for e in prof.key_averages()
                       if e.device_type == torch.autograd.DeviceType.CPU), reverse=True)[:8]
     result[name] = {"wall_ms": round(wall, 4), "kernels_ms": kernels,
