@@ -183,39 +183,20 @@ def test_scan_dot_three_bf16_pieces():
     assert accuracy.rel_rms(got, ref) < 1e-7
 
 
-@pytest.mark.parametrize("N, Dk", [(17, 24), (34, 48)])
-def test_dv_key_blocks_by_a_loop(N, Dk):
-    """dv_loop (session 32): the dv kernel's key blocks by a pipelined loop (Dk 24 / 48 in blocks of 16: a partial
-    last one) against the unrolled blocks (float32: to rounding), and fp16 within 2.5x the rounding floor."""
-    torch.manual_seed(N)
-    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
-    do, dht = torch.randn(v.shape), torch.randn(s0.shape)
-    _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True)
-    unrolled = run_chunked(q, k, v, g, s0, do, dht, st.float(), **blocks)
-    looped = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_loop=True, **blocks)
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), unrolled, looped):
-        assert accuracy.rel_rms(b, a) < 1e-6, name
-    q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F16, decay="channel", h0=True)
-    do, dht = torch.randn(v.shape, dtype=F16), torch.randn(s0.shape)
-    _, st, ref = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    got = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_loop=True, **blocks)
-    assert accuracy.error_over_floor(got[2], ref[2]) <= 2.5
-
-
-@pytest.mark.parametrize("N, Dk, loop, form", [(17, 24, False, 1), (34, 48, True, 1), (17, 24, False, 5),
-                                                (34, 48, False, 5), (34, 48, False, 21)])
-def test_dv_form_one_reduction_two_exp_tiles(N, Dk, loop, form):
+@pytest.mark.parametrize("N, Dk, form", [(17, 24, 1), (34, 48, 1), (17, 24, 5), (34, 48, 5), (34, 48, 21),
+                                         (17, 24, 53)])
+def test_dv_form_one_reduction_two_exp_tiles(N, Dk, form):
     """dv_form 1 (session 33): the dv kernel's factored blocks with the span's middle and G_last by one three-way
     reduction and e^(G_last - G) from e^(m - G): the same gradients as dv_form 0 (float32 weak decays: to rounding),
     fp16 within 2.5x the rounding floor, and float32 strong decays with a reset (most chunks flagged for the fallback,
     some not) against float64. Form 5: and no branch on the flags (marked chunks written again by the fallback's
-    launch); 21: and the scores made transposed (P^T, the register operand of P^T do)."""
+    launch); 21: and the scores made transposed (P^T, the register operand of P^T do); 53: and each key block's dS_c
+    rows loaded with its q, k, g."""
     torch.manual_seed(N + 1)
     q, k, v, g, s0 = make(1, N, 1, 1, Dk, 40, dtype=F32, decay="channel", h0=True)
     do, dht = torch.randn(v.shape), torch.randn(s0.shape)
     _, st, _ = reference(q, k, v, g, s0, dout=do, dstate=dht)
-    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True, dv_loop=loop)
+    blocks = dict(BT=16, BKB=16, KD=16, BV=16, BK_DG=16, dqk_VB=16, dg_fused=True)
     before = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=0, **blocks)
     after = run_chunked(q, k, v, g, s0, do, dht, st.float(), dv_form=form, **blocks)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), before, after):

@@ -113,9 +113,12 @@ SPILLS_SHIPPED = 120
 SHIPPED, BF16_G, DG_TWO = 1538, 2562, 65536
 D64, D64_BF16_G, D32 = SHIPPED | 32768 | DG_TWO, BF16_G | 32768 | DG_TWO, SHIPPED | 8192 | DG_TWO
 D128 = D64
-TMA_FORMS = (SHIPPED, BF16_G, D64, D64_BF16_G, D32)
+# DG_OWN 8388608 for DG_TMA (dg through a float32 buffer of each consumer's own, 16 KB more): d 32 at 3 stages 224.6 KB
+DG_OWN = 8388608
+D32_OWN = D32 - 1024 + DG_OWN
+TMA_FORMS = (SHIPPED, BF16_G, D64, D64_BF16_G, D32, D32_OWN)
 CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (128, 2, SHIPPED), (128, 2, D128), (64, 2, D64), (64, 2, D64_BF16_G),
-         (32, 3, D32)]
+         (32, 3, D32), (32, 3, D32_OWN)]
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +146,8 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
     if case[2] in TMA_FORMS:  # dq, dk, dg by cp.async.bulk.tensor from shared memory, each consumer; spills <= the
         # shipped forms', the shared memory theirs (the stage's and the epilogue's buffers reused)
         assert r["form"] == case[2] and r["tma_stores"] == 6 and r["spill_bytes"] <= SPILLS_SHIPPED, r
+        if case[2] & DG_OWN:
+            assert r["shared"] >= reports[(32, 3, D32)]["shared"] + 2 * 64 * 32 * 4, r  # (its two [64, 32] buffers)
         if case[0] == 128:
             assert r["shared"] == reports[(128, 2, 2)]["shared"], r
             fewer = 16 if case[2] & DG_TWO else 0  # (DG_TWO: 2 of dG's 6 sum wgmmas of 4 k-steps gone, a consumer)
@@ -177,3 +182,5 @@ def test_launch_args_keeps_the_tma_stores_only_where_the_buffers_allow():
     odd = torch.empty(x.numel() + 1, dtype=torch.bfloat16)[1:].view(x.shape)  # 2 bytes past a 16-byte boundary
     assert form(g32, 2 | 512 | 2048, dq=odd) == (2, (False, False, False))
     assert form(g32, 512 | 1024) == (0, (False, False, False))
+    own = 2 | 512 | 8388608  # (DG_OWN: its own float32 buffer, whatever g's dtype)
+    assert form(g16, own) == (own, (True, True, True)) and form(g32, own, dq=odd) == (2, (False, False, False))

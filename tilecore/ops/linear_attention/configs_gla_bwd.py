@@ -46,7 +46,6 @@ CHUNKED = dict(
     dv_maxnreg=None,  # caps: no gain
     dqk_lean=True,  # r from do v^T's diagonal (no product and row sum a value block)
     dqk_dotscan=True,  # dG's reverse sum as three bf16 dots (fewer shuffles than tl.cumsum)
-    dv_loop=False,  # the dv kernel's key blocks by a pipelined loop: slower
     dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch (11 / 27: within noise, more error)
     dv_form=21,  # one reduction a key block, two exp tiles, no branch on the flags, the scores made transposed (P^T:
     # P^T do's register operand as it comes; 1.008x / 1.017x 5 at d 128 / d 64)

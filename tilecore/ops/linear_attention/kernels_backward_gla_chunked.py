@@ -687,7 +687,7 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
                   sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS,
                   BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
                   IEEE: tl.constexpr, WIDE: tl.constexpr = 0, FLAG=0, KBLOCKS=1, KBP: tl.constexpr = 1,
-                  DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
+                  DVFORM: tl.constexpr = 0):
     """Program (batch * head, chunk, value block): dv (v's dtype, DV_OUT (B, N, H, Dv) contiguous), the key
     channels by blocks of KD (scores and the state term summed over them). Grid (B * H * NT * VBLOCKS,).
     WIDE (with the dqk kernel's wide launches, whose FLAG marks each (chunk, key block) whose span needs the sub-chunk
@@ -698,16 +698,17 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
     reduction over tokens (not three) and two exp tiles (e^(G_last - G) = e^(m - G) e^(G_last - m)), not three;
     bit 4 (with 1): no branch on the flags (every chunk computed, its loads issued at once; a marked chunk's dv, wrong or
     not finite, written again by the WIDE 2 launch after); bit 16 (with 1): the scores made transposed, P^T, the
-    register operand of P^T do as they come (no transposition of the [BT, BT] tile)."""
+    register operand of P^T do as they come (no transposition of the [BT, BT] tile); bit 32: each key block's dS_c rows
+    loaded with its q, k, g (one global round trip a key block fewer on the program's chain)."""
     pid = tl.program_id(0)
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
     if WIDE == 0:
         _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0, DVLOOP)
+                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0)
     elif WIDE == 1 and (DVFORM & 4) != 0:  # every chunk (a marked one's dv written again by the WIDE 2 launch)
         _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
+                    sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1,
                     DVFORM)
     else:
         kb = tl.arange(0, KBP)
@@ -715,12 +716,12 @@ def gla_dv_kernel(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, s
         if WIDE == 1:
             if marked == 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1, DVLOOP,
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 1,
                             DVFORM)
         else:
             if marked != 0:
                 _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
-                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0, DVLOOP)
+                            sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid, BT, BK, KD, BV, MMA, IEEE, 0)
 
 
 @triton.jit
@@ -731,6 +732,9 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
     (with INTRA 1)."""
     offs_k = c0 + tl.arange(0, KD)
     k_ok = offs_k < DK
+    if DVFORM & 32:  # dS_c's rows in flight with q, k, g (not a global round trip of their own after the scores)
+        dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                      other=0.0)
     q = _rows(Q + b * sqb + h * sqh, t0, offs_t, offs_k, k_ok, N, sqn, sqd)  # [BT, KD]
     k = _rows(K + b * skb + h * skh, t0, offs_t, offs_k, k_ok, N, skn, skd)
     if DVFORM and INTRA == 1:  # the span allows the factored form (the dqk kernel's flags said so)
@@ -753,8 +757,9 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
                                           .to(tl.float32))
         p += _channel_block_scores(q, k, Gc, MMA, IEEE, INTRA)
         kg = k.to(tl.float32) * tl.exp(G_last[None, :] - Gc)
-    dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
-                  other=0.0)
+    if (DVFORM & 32) == 0:
+        dhs = tl.load(_state_ptrs(DHS, bh, c, NT, offs_k, offs_v, DK, DV), mask=k_ok[:, None] & v_ok[None, :],
+                      other=0.0)
     dv += _dot(kg.to(MMA), dhs, IEEE)
     return p, dv
 
@@ -763,9 +768,8 @@ def _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn
 def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd,
                 sob, son, soh, sod, N, H, DK, DV, NT, scale, VBLOCKS, pid,
                 BT: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, BV: tl.constexpr, MMA: tl.constexpr,
-                IEEE: tl.constexpr, INTRA: tl.constexpr, DVLOOP: tl.constexpr = False, DVFORM: tl.constexpr = 0):
-    """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA; DVLOOP its key blocks by a
-    pipelined loop (else unrolled)."""
+                IEEE: tl.constexpr, INTRA: tl.constexpr, DVFORM: tl.constexpr = 0):
+    """gla_dv_kernel's program ``pid``, the scores by _channel_block_scores' INTRA, its key blocks unrolled."""
     vblock = pid % VBLOCKS
     c = (pid // VBLOCKS) % NT
     bh = pid // (VBLOCKS * NT)
@@ -778,16 +782,10 @@ def _dv_program(Q, K, G, DO, DHS, DV_OUT, sqb, sqn, sqh, sqd, skb, skn, skh, skd
     do = _rows(DO + b * sob + h * soh, t0, offs_t, offs_v, v_ok, N, son, sod)  # [BT, BV]
     p = tl.zeros([BT, BT], dtype=tl.float32)
     dv = tl.zeros([BT, BV], dtype=tl.float32)
-    if DVLOOP:  # the key blocks by a loop Triton pipelines (cp.async of the next block's tiles)
-        for c0 in range(0, BK, KD):
-            p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
-                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
-                                  DVFORM)
-    else:
-        for c0 in tl.static_range(0, BK, KD):
-            p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
-                                  NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
-                                  DVFORM)
+    for c0 in tl.static_range(0, BK, KD):
+        p, dv = _dv_key_block(Q, K, G, DHS, sqb, sqn, sqh, sqd, skb, skn, skh, skd, sgb, sgn, sgh, sgd, N, DK, DV,
+                              NT, b, h, bh, c, t0, offs_t, offs_v, v_ok, c0, p, dv, KD, MMA, IEEE, INTRA,
+                              DVFORM)
     if DVFORM & 16:  # (p is P^T)
         dv += _dot((p * scale).to(MMA), do.to(MMA), IEEE)
     else:
@@ -1084,7 +1082,6 @@ def backward(plan: Plan, do, q, k, v, g, h0, ht, dht, scale: float, out: dict | 
                                  KBLOCKS=kblocks, KBP=max(2, triton.next_power_of_2(kblocks)),
                                  num_warps=cfg["dv_warps"], num_stages=cfg["stages"],
                                  **({"maxnreg": cfg["dv_maxnreg"]} if cfg["dv_maxnreg"] and wide != 2 else {}),
-                                 **({"DVLOOP": True} if cfg["dv_loop"] else {}),
                                  **({"DVFORM": cfg["dv_form"]} if cfg["dv_form"] and wide == 1 else {}))))
         bk_dg = min(BK, cfg["BK_DG"])
         if not fused:

@@ -22,6 +22,7 @@ from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 # (signature: read by name from this module's namespace by SignatureMemo)
 from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2, signature  # noqa: F401
+from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FEATURE_MAPS = (None, "based", "hedgehog")
@@ -300,7 +301,8 @@ def _forward_impl(q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk, final_
 
 # The eager host path (issue 31): a CUDA call's launch key (its signature: tiles.launch.signature of its
 # tensors with the arguments the checks and plans read) finds the checks' result in _CHECKED, the plan
-# in _PLANS and each kernel by key (CachedLaunch.run); plans read configs at a key's first call
+# in _PLANS and each kernel by key (CachedLaunch.run); plans read configs at a key's first call, and every key holds
+# tiles.switches.generation, so a plan made under other switches (switches.patched) is never served
 _CHECKED = LRU(256)  # a call's key -> what its checks returned
 _PLANS = LRU(256)  # a launch key -> its plan
 
@@ -349,8 +351,8 @@ def _backward_impl(do, q, k, v, g, beta, h0, o_lin, ht, dht, scale, feature, chu
     """``key``: the backward's launch key (eager.backward_key: the forward's key and the gradients' layouts), which
     with ``native`` fixes every launch argument's specialization: the plans kept per key, the kernels launched by
     it (KEYED_BACKWARD); None: planned and launched plainly."""
-    if key is not None:
-        key = (key, native)
+    if key is not None:  # (a backward under other switches than its forward's is planned under its own)
+        key = (key, native, generation())
     p, gla = _BACKWARD_PLANS.memo(key, lambda: _backward_plans(q, v, g, beta, feature, chunk))
     if gla:  # per-channel decay: configs_gla_bwd.GLA_BWD_PATH
         grads = kernels_backward_gla.run(p, do, q, k, v, g, h0, ht, dht, scale, native, chunk or None)
@@ -556,8 +558,8 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     key = _FORWARD_KEY(q, k, v, decay, initial_state, feature_map, scale, return_final_state is True,
                     return_final_state is False, chunk_size, *weights) \
         if weights is not None and not isinstance(scale, torch.Tensor) else None
-    if key is not None:
-        key = ("linear_attention", key)
+    if key is not None:  # (and the switches it is planned under: tiles.switches.generation)
+        key = ("linear_attention", generation(), key)
         if tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES and not weights:  # the key's kept Gluon
             # launch (its second call on): no checks, plan or flags
             prepared = launch.GLUON_FORWARDS.get(key)
@@ -783,7 +785,7 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     key = _STEP_KEY(q, k, v, state, decay, feature_map, scale) \
         if feature_weights is None and not isinstance(scale, torch.Tensor) else None
     if key is not None:  # a CUDA call seen before: its checks passed (the reshapes below read shapes alone)
-        key = ("linear_attention_step", key)
+        key = ("linear_attention_step", generation(), key)
         if tiles_launch.OP_RECIPES:  # the key's kept launch (its second call on): no checks, views or plan
             prepared = _LA_STEPS.get(key)
             if prepared and dispatch.eager_mode(q, k, v, decay, state) == "direct":
@@ -873,7 +875,7 @@ def mamba2_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     key = _MAMBA_STEP_KEY(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, *dt_limit) \
         if isinstance(dt_limit, (tuple, list)) else None
     if key is not None:
-        key = ("mamba2_step", key)
+        key = ("mamba2_step", generation(), key)
         prepared = _MAMBA_STEPS.get(key)  # the key's two launches as its second call prepared them
         if prepared and tiles_launch.BIND_KEYED_LAUNCHES and prepared.serves() and dispatch.eager_mode(state, x, dt, A, B, C, D, z, dt_bias) == "direct":
             return prepared(state, x, dt, A, B, C, D, z, dt_bias)
