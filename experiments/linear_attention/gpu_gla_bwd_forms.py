@@ -49,7 +49,8 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # after calls 1 and 3 (their rows dropped from batch e): DG_ROUND 131072 (both dG sums in one round), AT_OWN 262144 (a^T
 # in its own buffer), STORE_LATE 524288 (dq's and dk's TMA stores after dG's barrier), SPLIT_P 1048576 (the third
 # piece's buffer apart), KEEP_QK 2097152 (q, k, g's clamp read before the barriers that precede their buffers' writes);
-# after call 7 ROW_SUM 4194304 (no J sums: G_last and dG's column totals from L's last row by a reduction over rows)
+# after call 7 ROW_SUM 4194304 (no J sums: G_last and dG's column totals from L's last row by a reduction over rows);
+# session 42: DG_OWN 8388608 (batch j)
 D32 = 9730
 TWO, RZ = 65536, 32768
 BATCHES = {
@@ -66,7 +67,7 @@ BATCHES = {
         "d64 two": (64, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
     },
     # call 1 (runs/ha_s41b_run1_session41_h100.txt): d 128 PIECES_RZ's eager / graph split (``modes``: the kernel and the
-    # whole backward), DG_TWO; the dv kernel's key blocks by the pipelined loop (2 and 3 stages) and at 8 warps
+    # whole backward), DG_TWO; the dv kernel at 8 warps (the pipelined key loop's two rows, dv_loop: lost, removed)
     "f": {
         "d128 configs dqk": (128, {}, "dqk0w"),
         "d128 rz": (128, dict(dqk_gluon_form=34306), "dqk0w"),
@@ -75,8 +76,6 @@ BATCHES = {
         "d128 two": (128, dict(dqk_gluon_form=1538 | TWO), "dqk0w"),
         "d128 rz two": (128, dict(dqk_gluon_form=34306 | TWO), "dqk0w"),
         "d128 dv configs": (128, {}, "dvw"),
-        "d128 dv loop": (128, dict(dv_loop=True), "dvw"),
-        "d128 dv loop st3": (128, dict(dv_loop=True, stages=3), "dvw"),
         "d128 dv 8 warps": (128, dict(dv_warps=8), "dvw"),
     },
     # call 4, after calls 1 and 3 (runs/ha_s41c_run3_session41_h100.txt, at 477ffbf7: batch e with STORE_LATE, SPLIT_P
@@ -126,6 +125,32 @@ BATCHES["i"] = {  # the session's last call (after calls 1-5: configs' now d 32 
     "d128 configs bwd": (128, {}, "bwd"),
     "d128 start bwd": (128, dict(dqk_gluon_form=1538), "bwd"),
     "d128 configs op": (128, dict(op=(1, 1024, 2, 128, True)), None),
+}
+# session 42: DG_OWN 8388608 (dg through a float32 buffer of each consumer's own, waited a tile later: the stage's release
+# waits for dq's and dk's stores alone) in place of DG_TMA on configs' forms; DG_LATE (dg through the pieces' buffers,
+# waited at the next tile's start) beside it at d 32 as the control (the same release, the wait moved a little)
+OWN, DG_TMA_BIT, LATE = 8388608, 1024, 2048
+S41_D32, S41_D64 = 75266, 99842  # configs' at the session's start (d 128 as d 64)
+D32_OWN, D64_OWN = S41_D32 - DG_TMA_BIT + OWN, S41_D64 - DG_TMA_BIT + OWN
+BATCHES["j"] = {  # call 1: DG_OWN at d 32 and d 64 against configs' (at d 128 its 16 KB do not fit: 246 KB shared),
+    # d 32's whole backward and its public op; the pointer dv kernel with each key block's dS_c rows loaded with its q, k,
+    # g (dv_form bit 32: sm_90a d 128 255 registers, 0 B, the first key block's 8 LDG.128 of dS_c moved from after its
+    # scores to the program's first loads)
+    "d32 configs dqk": (32, {}, "dqk0w"),
+    "d32 own": (32, dict(dqk_gluon_form=D32_OWN), "dqk0w"),
+    "d32 late": (32, dict(dqk_gluon_form=S41_D32 - DG_TMA_BIT + LATE), "dqk0w"),
+    "d32 own rz": (32, dict(dqk_gluon_form=D32_OWN | RZ), "dqk0w"),
+    "d32 configs bwd": (32, {}, "bwd"),
+    "d32 own bwd": (32, dict(dqk_gluon_form=D32_OWN), "bwd"),
+    "d32 own op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(dqk_gluon_form=D32_OWN)}), None),
+    "d64 configs dqk": (64, {}, "dqk0w"),
+    "d64 own": (64, dict(dqk_gluon_form=D64_OWN), "dqk0w"),
+    "d128 configs dqk": (128, {}, "dqk0w"),
+    "d128 dv configs": (128, {}, "dvw"),
+    "d128 dv dhs early": (128, dict(dv_form=53), "dvw"),  # (dv_form 21 + 32: dS_c's rows loaded with q, k, g)
+    "d128 dv dhs early kd32": (128, dict(dv_form=53, KD=32), "dvw"),  # (four key blocks, each one round trip)
+    "d64 dv configs": (64, {}, "dvw"),
+    "d64 dv dhs early": (64, dict(dv_form=53), "dvw"),
 }
 MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
          "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
