@@ -32,6 +32,13 @@ OWN (hadamard_quantize at n = 16384): a consumer owns a row, a tile is two rows,
 split on its row: T_s = H_64 X_s H_64 (one K = 64 first product: 384 tensor FLOP an element, against the shared row's
 512, whose first product is H_128 over two consumers' halves), out_j += H_S[j, s] T_s for its S blocks in registers,
 and the per-token scale from its own blocks (no exchange); block j is the row's lines 64 j .. 64 j + 63.
+
+SWAP (per token, n = 8192 S): the row shared as above, but consumer c multiplies only its half of each slice (X_sc, the
+slice's lines 64 c ..: one K = 64 first product, as OWN), so its blocks are V_jc = sum_s H_S[j, s] H_64 X_sc H_64 and the
+row's output block (j, h) is V_j0 + (-1)^h V_j1 (H_128 = H_2 (x) H_64: the H_2 level moved after the products). Consumer c
+sends the S / 2 blocks it does not output (j >= S / 2 for consumer 0, j < S / 2 for 1) through shared memory as float32,
+takes the other's, and outputs blocks (j, 0), (j, 1) of its j: the row's lines 64 (c S + b), b < S. The per-token
+exchange that follows is the proof both have read the swapped blocks before either writes the next row's.
 """
 from triton.experimental import gluon
 
@@ -111,6 +118,9 @@ class Hadamard:
     CLAMP_LO: gl.constexpr  # the second product's lo piece (gluon_epilogue.pieces' CLAMP)
     INT_BITS: gl.constexpr
     OWN: gl.constexpr  # a consumer owns a row (module docstring): S slices of 64 lines, a tile two rows
+    swap: object  # SWAP: [S, 64, 64] float32 shared (consumer x its S / 2 sent blocks), else None
+    sbar: object  # SWAP: two mbarriers (row parity), both consumers arrive when their sent blocks are written
+    SWAP: gl.constexpr  # the H_2 level after the products, by an exchange of blocks (module docstring)
 
     @gluon.jit
     def setup(self, row):
@@ -153,7 +163,7 @@ class Hadamard:
         h_bottom = bufs.index(1 + ctx.index)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
         y_prev = warpgroup_mma_wait(0, deps=(state.y,))
         t = _second_product(y_prev, bufs.index(0), self.CLAMP_LO)  # issued before Y_s: waiting for it leaves Y_s
-        if self.OWN:  # Y_s = H_64 X_s of this consumer's row
+        if self.OWN or self.SWAP:  # Y_s = H_64 X_s of this consumer's row (SWAP: of its half of the row's slice)
             if ctx.index == 0:
                 first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
             else:
@@ -181,6 +191,14 @@ class Hadamard:
         if self.FORMAT == STORE:
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
+        elif self.SWAP:
+            gl.static_assert(self.G == 0, "SWAP: per token (its amax exchange orders the swapped blocks' reuse)")
+            outs = self._swapped(ctx, state)
+            a = exchange(self, ctx, folded(self, row_amax(outs, self.S)), state.t)
+            recip = token_recip(self, a, row, ctx.index == 0)
+            for j in gl.static_range(self.S):
+                ctx.out.slice(j * LINES, LINES).store(
+                    token_codes(outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
         elif self.G == 0:  # one scale a row: the maximum of both consumers' halves (OWN: of the consumer's own row)
             a = folded(self, row_amax(state.outs, self.S))
             if not self.OWN:
@@ -195,7 +213,11 @@ class Hadamard:
                     group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
         fence_async_shared()
         gl.thread_barrier()
-        if self.OWN:  # block j: the row's lines 64 j ..
+        if self.SWAP:  # consumer c's blocks: the row's lines 64 c S ..
+            for j in gl.static_range(self.S):
+                line = row * self.LINES_PER_ROW + LINES * (ctx.index * self.S + j)
+                tma.async_copy_shared_to_global(self.out_desc, [line, 0], ctx.out.slice(j * LINES, LINES))
+        elif self.OWN:  # block j: the row's lines 64 j ..
             for j in gl.static_range(self.S):
                 tma.async_copy_shared_to_global(self.out_desc, [row * self.LINES_PER_ROW + LINES * j, 0],
                                                 ctx.out.slice(j * LINES, LINES))
@@ -204,6 +226,50 @@ class Hadamard:
             for j in gl.static_range(self.S):
                 tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0],
                                                 ctx.out.slice(j * LINES, LINES))
+
+    @gluon.jit
+    def _swapped(self, ctx, state):
+        """SWAP: this consumer's S output blocks in line order, (j, 0), (j, 1) for its j (S = 2: one j, S = 4: two), from its
+        blocks V_jc and the other consumer's V_j(1-c), taken through self.swap (consumer c's sent blocks at c S / 2 ..)."""
+        o = state.outs
+        slot = state.t & 1
+        L: gl.constexpr = o[0].type.layout
+        if self.S == 2:  # consumer 0 outputs j = 0 and sends V_10; consumer 1 outputs j = 1 and sends V_01
+            if ctx.index == 0:
+                self.swap.index(0).store(o[1])
+            else:
+                self.swap.index(1).store(o[0])
+        else:  # consumer 0 outputs j = 0, 1 and sends V_20, V_30; consumer 1 the reverse
+            if ctx.index == 0:
+                self.swap.index(0).store(o[2])
+                self.swap.index(1).store(o[3])
+            else:
+                self.swap.index(2).store(o[0])
+                self.swap.index(3).store(o[1])
+        gl.thread_barrier()  # every warp's stores before the arrive (one thread of the partition arrives)
+        mbarrier.arrive(self.sbar.index(slot))
+        mbarrier.wait(self.sbar.index(slot), (state.t >> 1) & 1)
+        if self.S == 2:
+            if ctx.index == 0:
+                v0 = o[0]
+                v1 = self.swap.index(1).load(L)
+            else:
+                v0 = self.swap.index(0).load(L)
+                v1 = o[1]
+            res = (v0 + v1, v0 - v1)
+        else:
+            if ctx.index == 0:
+                a0 = o[0]
+                a1 = self.swap.index(2).load(L)
+                b0 = o[1]
+                b1 = self.swap.index(3).load(L)
+            else:
+                a0 = self.swap.index(0).load(L)
+                a1 = o[2]
+                b0 = self.swap.index(1).load(L)
+                b1 = o[3]
+            res = (a0 + a1, a0 - a1, b0 + b1, b0 - b1)
+        return res
 
     @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
@@ -227,7 +293,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
-                  False, 1.0, False, False, False, False)
+                  False, 1.0, False, False, False, False, None, None, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -239,13 +305,14 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
                                    row_counter, S: gl.constexpr, STAGES: gl.constexpr, FORMAT: gl.constexpr,
                                    G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
-                                   INT_BITS: gl.constexpr = False, OWN: gl.constexpr = False):
+                                   INT_BITS: gl.constexpr = False, OWN: gl.constexpr = False,
+                                   SWAP: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
     (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
     h_desc and row_counter as hadamard_gluon_kernel's. OWN (module docstring): n = 4096 S, S <= 4, the staging buffer
-    [64 S, W]."""
+    [64 S, W]. SWAP (module docstring): per token, [S, 64, 64] float32 more shared memory."""
     gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
     gl.static_assert(not OWN or S <= 4, "OWN: a consumer's S blocks of 64 x 64 in registers, S <= 4")
     rows = gl.to_tensor(rows)
@@ -253,9 +320,19 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(xbar.index(0), count=2)
     mbarrier.init(xbar.index(1), count=2)
+    gl.static_assert(not (OWN and SWAP), "OWN or SWAP")
+    if SWAP:
+        swap = gl.allocate_shared_memory(gl.float32, [S, 64, 64],
+                                         gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
+        sbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(sbar.index(0), count=2)
+        mbarrier.init(sbar.index(1), count=2)
+    else:
+        swap = None
+        sbar = None
     op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, (64 if OWN else 128) * S, scales, gscale, rows, stride_scales,
                   rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5),
-                  OWN)
+                  OWN, swap, sbar, SWAP)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
