@@ -41,7 +41,8 @@ registers, a third program on one stage, 16 warps at 32768). --set m (batch 2): 
 transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels.hadamard_gluon_quantize_kernel), every
 format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead. --set t (last batch):
 the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
-consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA.
+consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
+e5m2, int8).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -378,6 +379,19 @@ SETS["u"] = {  # (priority order)
     ("fp8_e5m2", 32768): [("perm", dict(perm=True))],
 }
 
+# SWAP (gluon_kernels' SWAP, plan tuning swap): the row shared by the two consumers as the shipped pipeline, each
+# multiplying only its 64-line half of a slice (384 tensor FLOP an element, not 512), the H_2 level after the products by
+# an exchange of S / 2 float32 blocks through shared memory (32768: 64 KB, so six ring stages, not eight). rows_s6: the
+# shipped pipeline on six stages, to tell the ring's depth from SWAP. sm_90a: 40 wgmma, 222 KB (32768), 140 KB (16384)
+SWAP = dict(gluon_rows=True, swap=True, clamp_lo=2)
+SETS["v"] = {  # (priority order)
+    ("fp8_e4m3", 32768): [("swap", SWAP), ("rows_s6", dict(gluon_rows=True, clamp_lo=2, stages=6, lookahead=4))],
+    ("int8", 32768): [("swap_ib", dict(SWAP, int_bits=True))],
+    ("fp8_e5m2", 32768): [("swap", SWAP)],
+    ("fp8_e4m3", 16384): [("swap", SWAP)],
+    ("int8", 16384): [("swap_ib", dict(SWAP, int_bits=True))],
+}
+
 
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
@@ -431,7 +445,8 @@ def config_of(plan) -> str:
         return f"gluon_kron {c['M']}x{64 * c['F']} s{c['SPLIT']}"
     if plan.path == "gluon_rows":
         return f"gluon_rows S{c['S']} st{c['STAGES']} la{c['LOOKAHEAD']}" + (f" cl{c['CLAMP_LO']}" if c.get("CLAMP_LO")
-                                                                            else "") + (" own" if c.get("OWN") else "")
+                                                                            else "") + (" own" if c.get("OWN") else "") \
+            + (" swap" if c.get("SWAP") else "")
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
