@@ -118,6 +118,10 @@ def forms(names):
              # D128 on three: codes in shared memory, the split rotation (16 KiB), two bf16 Q buffers, 2 stages
              "d128c3q2": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), q_buffers={128: 2},
                                                                         stages={128: 2}))}, (128,)),
+             # D128 on three: d128c3 with 2 stages (the ring's depth alone, against d128c3q2's Q prefetch)
+             "d128c3s2": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), rot_split=(),
+                                                                        q_buffers={128: 1}, stages={128: 2}))},
+                          (128,)),
              # D128 on three: codes in registers (the shipped D128's), one bf16 Q buffer, 3 stages
              "d128c3r": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_buffers={128: 1}))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
@@ -155,7 +159,7 @@ def arguments():
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
     ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c3, d128c3q2, "
-                    "d128c3r (forms()); "
+                    "d128c3s2, d128c3r (forms()); "
                     "the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)
