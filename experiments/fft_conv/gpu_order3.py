@@ -14,6 +14,10 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
   c64_t, f16_t  c64 / f16 with WARPIO toggled (u's and y's tiles in 1a / 1'a split across the warps by rows, as the
                 wgmmas': on at 8192 since session 41's last call, where it timed it as c64_w / f16_w)
+  c64_sK, f16_sK  (8192) c64 / f16 at STACK K: 1 1a / 1'a four columns a2 a product against F2 ([64, 64] @ F_16
+                on its diagonal), u, T and y read and written in the wgmmas' layouts (no layout conversion); 2 as 1,
+                each group's u (1a) / T' (1'a) read under the previous group's wgmmas; 0 the columns two a wait;
+                c64_sKt, f16_sKt: with WARPIO toggled too (beside STACK it sets only the pair's scale pass's layout)
   (session 41: call 3 timed c64_1, 8192 at one program a SM, 0.69x, and c64_v / f16_v, the 8-byte u / y accesses,
   shipped since; jobs hf_s41c / hf_s41d c64_o / f16_o, the tuples before them: dc82cd0b's script has them)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
@@ -22,7 +26,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   sequence NaN, its partner finite).
 * with --op: the op on each spectrum kind: its plan is the variant's, its output the same bits as the variant's
   launch, three calls the same bits; du and dk through its backward (B2 H64) against float64 (dk: the filter's
-  gradient, torch.fft's at these N, rounded to k's bf16).
+  gradient, torch.fft's at these N, rounded to k's bf16). --op-as SUFFIX: the same with the variants c64SUFFIX /
+  f16SUFFIX patched into configs (switches.patched; the op's plan memo keys on the switches' generation).
 * rows "time": interleaved rounds (do_bench medians after warm-up; then from CUDA graphs): torch.fft (rfft, product,
   irfft in float32), the op on c64 and f16, each variant's launch, a copy of u into y (y.copy_(u): 2 |u| bytes);
   x torch.fft, the ratio to the shipped launch of its kind, % of copy (the op's bytes, u + the complex64 spectrum + y,
@@ -49,6 +54,7 @@ from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_
 from tilecore.ops.fft_conv import launch as conv_launch  # noqa: E402
 from tilecore.ops.fft_conv.plan import order3_plan  # noqa: E402
 from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
+from tilecore.tiles.switches import patched  # noqa: E402
 
 TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 
@@ -56,9 +62,13 @@ TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
 def tuples(n):
     """label -> (the order3_plan tuple, spectrum kind) of each variant."""
     out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
-    for label in ("c64", "f16"):  # WARPIO toggled on the shipped tuple
-        t = tuple(out[label][0])
-        out[label + "_t"] = (t[:3] + (not (len(t) > 3 and t[3]),), label)
+    for label in ("c64", "f16"):
+        t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))  # (per_sm, warpgroups, rfft, warpio, stack)
+        out[label + "_t"] = (t[:3] + (not t[3], t[4]), label)  # WARPIO toggled
+        if n == 8192:  # STACK 0 / 1 / 2 (alone, and with WARPIO toggled)
+            for k in (0, 1, 2):
+                out[f"{label}_s{k}"] = (t[:4] + (k,), label)
+                out[f"{label}_s{k}t"] = (t[:3] + (not t[3], k), label)
     return out
 
 
@@ -74,11 +84,20 @@ def dk_reference(u64, dy64, filter_len):
     return torch.fft.irfft(cross, n=2 * n)[:, :filter_len]
 
 
-def op_checks(run, ud, kd, spectra, ref, n):
-    """The op on each spectrum kind: its plan is the shipped tuple's, its output the same bits as that launch, three
-    calls the same bits; du and dk through its backward against float64 (B2 H64)."""
+def op_checks(run, ud, kd, spectra, ref, n, suffix=""):
+    """The op on each spectrum kind: its plan is the shipped tuple's (``suffix``: the variant c64<suffix> /
+    f16<suffix>'s, its tuples patched into configs.GLUON_ORDER3 / _HALF for the block), its output the same bits as
+    that launch, three calls the same bits; du and dk through its backward against float64 (B2 H64)."""
     table = variants(n)
-    for label in ("c64", "f16"):
+    if suffix:
+        with patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, n: tuples(n)["c64" + suffix][0]},
+                     GLUON_ORDER3_HALF={**configs.GLUON_ORDER3_HALF, n: tuples(n)["f16" + suffix][0]}):
+            return _op_checks(run, ud, kd, spectra, ref, n, table, suffix)
+    return _op_checks(run, ud, kd, spectra, ref, n, table, suffix)
+
+
+def _op_checks(run, ud, kd, spectra, ref, n, table, suffix):
+    for label in ("c64" + suffix, "f16" + suffix):
         p, kind = table[label]
         y = fft_conv(ud, spectra[kind])
         picked = conv_plan(n, ud.device, ud.dtype, kind == "f16")
@@ -98,9 +117,10 @@ def op_checks(run, ud, kd, spectra, ref, n):
         sk = filter_spectrum(k, n) if kind == "c64" else filter_spectrum(k, n, torch.float16)
         fft_conv(x, sk).backward(dy.cuda())
         r = check(x.grad.cpu(), correlation(dy.double(), kd[:64].cpu().double()), TOL)
-        run.row(f"check op du {kind}", path=conv_plan(n, x.device, x.dtype, kind == "f16").path, **r)
+        picked = conv_plan(n, x.device, x.dtype, kind == "f16")
+        run.row(f"check op du {kind}{suffix}", path=picked.path, stack=picked.stack, warpio=picked.warpio, **r)
         r = check(k.grad.cpu(), dk_reference(u.double(), dy.double(), n), TOL)
-        run.row(f"check op dk {kind}", dtype=str(k.grad.dtype), **r)
+        run.row(f"check op dk {kind}{suffix}", dtype=str(k.grad.dtype), **r)
 
 
 def odd_batch(run, label, p, kind, kd, n):
@@ -224,6 +244,8 @@ def main() -> int:
     ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
     ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
     ap.add_argument("--op", action="store_true", help="the op's plan, bits, du and dk")
+    ap.add_argument("--op-as", default="", help="a variant suffix (_s2: c64_s2 / f16_s2): the op's checks with that "
+                                                 "variant's tuples patched into configs (tiles.switches.patched)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=100)
     ap.add_argument("--profile", action="store_true", help="the variants' launches only (under ncu)")
@@ -270,6 +292,8 @@ def main() -> int:
         run.attempt(f"odd {label}", odd_batch, run, label, table[label][0], table[label][1], kd, n)
     if a.op:
         run.attempt("op", op_checks, run, ud, kd, spectra, ref, n)
+    if a.op_as:
+        run.attempt(f"op as {a.op_as}", op_checks, run, ud, kd, spectra, ref, n, a.op_as)
     y_copy = torch.empty_like(ud)
     fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
            "op c64": lambda: fft_conv(ud, spectra["c64"]), "op f16": lambda: fft_conv(ud, spectra["f16"]),

@@ -90,6 +90,8 @@ def main() -> int:
     ap.add_argument("--ms", default="8192:1.36,16384:4.34", help="N:ms of the launch at B16 H768 (the measured time)")
     ap.add_argument("--ghz", type=float, default=1.755, help="the H100's clock under load")
     ap.add_argument("--json")
+    ap.add_argument("--stack", type=int, default=None, help="the shipped tuple at this STACK (8192: 1a / 1'a four "
+                                                              "columns a2 a product, in the wgmmas' layouts)")
     a = ap.parse_args()
     from tilecore.ops.fft_conv import configs, gluon_order3
 
@@ -97,6 +99,8 @@ def main() -> int:
     report = {}
     for n in (int(x) for x in a.n.split(",")):
         config = configs.GLUON_ORDER3[n]
+        if a.stack is not None:
+            config = tuple(config)[:4] + (False,) * (4 - len(config)) + (a.stack,)
         name, sass = sass_of(n, config)
         ins, labels = instructions(sass)
         found = loops(ins, labels)

@@ -25,7 +25,9 @@ A = 16 A2 (A2 = 16 at 8192, 32 at 16384), so no DFT matrix larger than 64 x 64 i
         [B, 16] @ conj(F_16)[:, :8]; s = the largest chunk scale; y[B (A2 a1 + a2) + m] = out s / L x the
         sequence's scale (x the channel's bin scale KS[h] with KSCALE)
 
-T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _swizzled). FLOPs a pair
+T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _swizzled). STACK (8192, a
+candidate): 1a and 1'a four columns a2 a product, [B, (j, a1)] @ F2 (F_16 four times on its diagonal at A2 = 16), in
+the wgmmas' own layouts (no layout conversion through shared memory: _ST5). FLOPs a pair
 (complex multiply-adds, as the wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8
 A2 (model.order3_flops). Products: float16 operands, float32 sums, as the chunked kernel; one more float16 rounding
 (T) than order 2 (bf16 1.07x the floor on the H100, fp16 3.2x). The arithmetic step for step in torch:
@@ -164,6 +166,147 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
     _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
 
 
+# STACK (N = 8192: A2 = 16, so F2 is F_16 four times on its diagonal): 1a and 1'a take four columns a2 = 4 g + j at once,
+# [B, 64] @ F2 (the products' K and N are (j, a1) and (j, k1)), with no layout conversion through shared memory: the
+# tile's row r = 16 w + 8 h + t holds T's plain position P = 16 w + 2 t + h, so the two rows a thread holds in the
+# wgmma's layouts (r, r + 8) are two neighbouring positions: u's loads, T's stores and loads and y's stores are 4 bytes
+# wide straight from (to) those layouts. The [64, 64] tile is seen as [4 w, 2 h, 8 t, 4 j, 16 a1] (the accumulator's
+# own layout, its registers ordered h first, so that neighbouring positions are neighbouring registers).
+_ST5 = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 8], [0, 0, 0, 1, 0], [0, 0, 0, 2, 0]],
+    lane_bases=[[0, 0, 0, 0, 2], [0, 0, 0, 0, 4], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
+    warp_bases=[[1, 0, 0, 0, 0], [2, 0, 0, 0, 0]], block_bases=[], shape=[4, 2, 8, 4, 16]))
+_ST5H = gl.constexpr(gl.DistributedLinearLayout(  # the same without the a1 >= 8 half (u's zero padding, y's unused)
+    reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 1, 0], [0, 0, 0, 2, 0]],
+    lane_bases=[[0, 0, 0, 0, 2], [0, 0, 0, 0, 4], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
+    warp_bases=[[1, 0, 0, 0, 0], [2, 0, 0, 0, 0]], block_bases=[], shape=[4, 2, 8, 4, 8]))
+
+
+@gluon.jit
+def _axis5(n: gl.constexpr, d: gl.constexpr, L: gl.constexpr):
+    """arange(n) along dimension d of a rank-5 tensor of layout L, expanded to rank 5."""
+    if d == 0:
+        x = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 1), 2), 3), 4)
+    elif d == 1:
+        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 2), 3), 4)
+    elif d == 2:
+        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 3), 4)
+    elif d == 3:
+        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, L)))))
+        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2), 4)
+    else:
+        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L)))))
+        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2), 3)
+    return x
+
+
+@gluon.jit
+def _stack_offsets(g4: gl.constexpr, A2: gl.constexpr, B: gl.constexpr):
+    """STACK: the sequence offsets B (A2 a1 + a2) + m of group g4's [4 w, 2 h, 8 t, 4 j, 8 a1] view (a1 < 8), column
+    a2 = 4 g4 + j, m = _swizzled(P, a2) at P = 16 w + 2 t + h (in _ST5H)."""
+    P = 16 * _axis5(4, 0, _ST5H) + 2 * _axis5(8, 2, _ST5H) + _axis5(2, 1, _ST5H)
+    a2 = 4 * g4 + _axis5(4, 3, _ST5H)
+    m = ((P // 8) ^ (a2 % 8)) * 8 + P % 8
+    return (_axis5(8, 4, _ST5H) * A2 + a2) * B + m
+
+
+@gluon.jit
+def _stack_view(T, g4: gl.constexpr):
+    """STACK: T's plain rows [16 k1, A2, B] as group g4's [16 k1, 4 j, 4 w, 8 t, 2 h] (position P = 16 w + 2 t + h)."""
+    A2: gl.constexpr = T.shape[1]
+    plain5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
+    return T._reinterpret(gl.float16, [16, A2, 4, 8, 2], plain5).slice(4 * g4, 4, 1)
+
+
+@gluon.jit
+def _stack_u(U, b_re, batch, row_re, row_im, g4: gl.constexpr, A2: gl.constexpr, B: gl.constexpr):
+    """STACK: group g4's u as it is ([4 w, 2 h, 8 t, 4 j, 8 a1] of each sequence, _stack_offsets; 0 past the batch)."""
+    off = _stack_offsets(g4, A2, B)
+    xre = gl.load(U + row_re + off, mask=(off >= 0) & (b_re < batch), other=0.0)
+    xim = gl.load(U + row_im + off, mask=(off >= 0) & (b_re + 1 < batch), other=0.0)
+    return xre, xim
+
+
+@gluon.jit
+def _stack_operand(x, inv, B: gl.constexpr, acc: gl.constexpr, lhs: gl.constexpr):
+    """STACK: _stack_u's tile of one sequence as the [B, (j, a1)] float16 A operand: over its largest |u| (``inv``: 1 /
+    that), non-finite elements zeroed, a1 >= 8 zeros (registers only: no data crosses threads)."""
+    x = x.to(gl.float32)
+    x = gl.where(gl.abs(x) < float("inf"), x * inv, 0.0).to(gl.float16)
+    x = gl.reshape(gl.permute(gl.join(x, gl.zeros_like(x)), (0, 1, 2, 3, 5, 4)), [B, 64])  # [.., 2, 8] -> 16 a1
+    return gl.convert_layout(gl.convert_layout(x, acc), lhs)
+
+
+@gluon.jit
+def _stage_1a_stacked(T_re, T_im, U, b_re, batch, row_re, row_im, raw, inv_re, inv_im, f2re, f2im, f2nim, t1re, t1im,
+                      g4: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc: gl.constexpr, lhs: gl.constexpr,
+                      NEXT: gl.constexpr):
+    """STACK's stage 1a of columns a2 = 4 g4 .. 4 g4 + 3: T[:, a2, :] = W_A^(a2 k1) (x @ F2), x [B, (j, a1)] from
+    ``raw`` (_stack_u of this group), float16 into T's planes from the accumulator's layout (4-byte stores). NEXT
+    (STACK 2): the next group's u requested between this group's wgmmas' issue and their wait; returns it (else
+    ``raw``)."""
+    xre = _stack_operand(raw[0], inv_re, B, acc, lhs)
+    xim = _stack_operand(raw[1], inv_im, B, acc, lhs)
+    zeros = gl.zeros([B, 64], gl.float32, acc)
+    p, q = _issue(xre, f2re, xim, f2nim, xre, f2im, xim, f2re, zeros)
+    if NEXT:
+        raw = _stack_u(U, b_re, batch, row_re, row_im, g4 + 1, A2, B)
+    p, q, xre, xim = warpgroup_mma_wait(0, deps=(p, q, xre, xim))
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, acc))  # (j, k1): W_A^(a2 k1) at T1[a2, k1] = T1 + 64 g4 + c
+    twre = gl.expand_dims(gl.load(t1re + 64 * g4 + c), 0)
+    twim = gl.expand_dims(gl.load(t1im + 64 * g4 + c), 0)
+    tre, tim = p * twre - q * twim, p * twim + q * twre
+    tre = gl.convert_layout(gl.reshape(tre.to(gl.float16), [4, 2, 8, 4, 16]), _ST5)
+    tim = gl.convert_layout(gl.reshape(tim.to(gl.float16), [4, 2, 8, 4, 16]), _ST5)
+    _stack_view(T_re, g4).store(gl.permute(tre, (4, 3, 0, 2, 1)))
+    _stack_view(T_im, g4).store(gl.permute(tim, (4, 3, 0, 2, 1)))
+    return raw
+
+
+@gluon.jit
+def _stack_t(T_re, T_im, g4: gl.constexpr):
+    """STACK: T'[:, a2, :] of columns a2 = 4 g4 + j as it is, [4 w, 2 h, 8 t, 4 j, 16 k1] float16 (4-byte loads)."""
+    vl: gl.constexpr = gl.permute(gl.zeros([4, 2, 8, 4, 16], gl.float16, _ST5), (4, 3, 0, 2, 1)).type.layout
+    return (gl.permute(_stack_view(T_re, g4).load(vl), (2, 4, 3, 1, 0)),
+            gl.permute(_stack_view(T_im, g4).load(vl), (2, 4, 3, 1, 0)))
+
+
+@gluon.jit
+def _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, row_re, row_im, raw, ratio, t1re, t1im, f2re, f2im, f2nim,
+                              out_re, out_im, g4: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc: gl.constexpr,
+                              lhs: gl.constexpr, NEXT: gl.constexpr):
+    """STACK's stage 1'a of columns a2 = 4 g4 .. 4 g4 + 3: V [B, (j, k1)] = T'[:, a2, :] (``raw``: _stack_t of this
+    group) times ``ratio`` ([64] at (j, k1): s_k1 / s) and conj(W_A^(a2 k1)), float16, @ conj(F2) -> [B, (j, a1)], its
+    a1 < 8 to y (4-byte stores). NEXT (STACK 2): the next group's T' read between the wgmmas' issue and their wait;
+    returns it (else ``raw``)."""
+    vre = gl.convert_layout(gl.reshape(raw[0], [B, 64]), acc).to(gl.float32)
+    vim = gl.convert_layout(gl.reshape(raw[1], [B, 64]), acc).to(gl.float32)
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, acc))
+    cre = gl.expand_dims(gl.load(t1re + 64 * g4 + c) * ratio, 0)
+    cim = gl.expand_dims(gl.load(t1im + 64 * g4 + c) * ratio, 0)
+    vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
+    vre = gl.convert_layout(vre.to(gl.float16), lhs)
+    vim = gl.convert_layout(vim.to(gl.float16), lhs)
+    zeros = gl.zeros([B, 64], gl.float32, acc)
+    p, q = _issue(vre, f2re, vim, f2im, vim, f2re, vre, f2nim, zeros)
+    if NEXT:
+        raw = _stack_t(T_re, T_im, g4 + 1)
+    p, q, vre, vim = warpgroup_mma_wait(0, deps=(p, q, vre, vim))
+    # a1 < 8 only: [.., 16 a1] -> [.., 2, 8] -> the first half
+    ore, _ = gl.split(gl.permute(gl.reshape(gl.convert_layout(gl.reshape(p, [4, 2, 8, 4, 16]), _ST5),
+                                            [4, 2, 8, 4, 2, 8]), (0, 1, 2, 3, 5, 4)))
+    oim, _ = gl.split(gl.permute(gl.reshape(gl.convert_layout(gl.reshape(q, [4, 2, 8, 4, 16]), _ST5),
+                                            [4, 2, 8, 4, 2, 8]), (0, 1, 2, 3, 5, 4)))
+    off = _stack_offsets(g4, A2, B)
+    ty: gl.constexpr = Y.dtype.element_ty
+    gl.store(Y + row_re + off, (gl.convert_layout(ore, _ST5H) * out_re).to(ty), mask=(off >= 0) & (b_re < batch))
+    gl.store(Y + row_im + off, (gl.convert_layout(oim, _ST5H) * out_im).to(ty), mask=(off >= 0) & (b_re + 1 < batch))
+    return raw
+
+
 @struct
 class Order3Shared:
     """What every warpgroup of the order-3 kernel reads: the tensors and sizes, the pair's intermediate T (shared
@@ -196,6 +339,8 @@ class Order3Shared:
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
     WARPIO: gl.constexpr  # u's and y's tiles split across the warps by rows, as the wgmmas' (else by columns)
+    STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts (8192); 2: each
+    # group's u / T' read under the previous group's wgmmas
 
 
 @struct
@@ -214,12 +359,19 @@ class Order3Tables:
 
 
 @gluon.jit
-def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr):
+def _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B: gl.constexpr, C: gl.constexpr,
+                   STACK: gl.constexpr = False):
     table: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-    f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
-    f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
-    f8re = _resident(F16RE, 16, 8, 16, 0, False, table)  # F_16[:, :8]: stage 1''a's (conjugated)
-    f8im = _resident(F16IM, 16, 8, 16, 0, False, table)
+    if STACK:  # (1a and 1'a take F2)
+        f16re = None
+        f16im = None
+        f8re = None
+        f8im = None
+    else:
+        f16re = _resident(F16RE, 16, 16, 16, 0, False, table)  # F_16: stage 1a's B
+        f16im = _resident(F16IM, 16, 16, 16, 0, False, table)
+        f8re = _resident(F16RE, 16, 8, 16, 0, False, table)  # F_16[:, :8]: stage 1''a's (conjugated)
+        f8im = _resident(F16IM, 16, 8, 16, 0, False, table)
     f2re = _resident(F2RE, C, C, C, 0, False, table)  # KG x F_A2 on the diagonal: stages 1b, 1'b
     f2im = _resident(F2IM, C, C, C, 0, False, table)
     fbre = _resident(FBRE, B, B, B, 0, False, table)
@@ -268,7 +420,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 KSCALE: gl.constexpr = False, WARPIO: gl.constexpr = False):
+                                 KSCALE: gl.constexpr = False, WARPIO: gl.constexpr = False,
+                                 STACK: gl.constexpr = 0):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -295,10 +448,12 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and (A2 == 16 or A2 == 32), "A = 16 A2, A2 16 or 32 (N 8192, 16384)")
     gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
+    gl.static_assert(STACK == 0 or (A2 == 16 and WARPGROUPS == 1 and STACK <= 2),
+                     "STACK 1 or 2: N = 8192 (F2 = F_16 on the diagonal), one warpgroup a pair")
     KG: gl.constexpr = B // A2  # k1 values a chunk: its KG A2 = 64 rows k_a
     C: gl.constexpr = KG * A2
     if WARPGROUPS == 1:
-        tabs = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B, C)
+        tabs = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B, C, STACK)
     # T as the wgmma's tiles: chunk j's [C, B] rows (k1, a2) at [j] (1a and 1'a: _swizzled)
     t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, B], gl.float16)
     T_re = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
@@ -312,7 +467,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, WARPIO)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, WARPIO,
+                     STACK)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -434,6 +590,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     s_a = gl.arange(0, HALF, layout=gl.SliceLayout(0, io))
     seq = gl.expand_dims(s_a, 0) * B + gl.expand_dims(s_m, 1)  # the whole sequence [B, HALF] (its scale)
     kvec = gl.arange(0, 16, layout=gl.SliceLayout(0, acc1))
+    cvec = gl.arange(0, 64, layout=gl.SliceLayout(0, acc))
 
     groups = gl.cdiv(batch, 2)
     total = heads * groups
@@ -451,20 +608,33 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
-        for c in gl.static_range(COLS // 2):
-            _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE, T1IM,
-                      PART * COLS + 2 * c, A2, B, io, lhs1, acc1, put)
+        if g.STACK:  # (STACK 2: each group's u requested under the previous group's wgmmas)
+            raw = _stack_u(U, b_re, batch, row_re, row_im, 0, A2, B)
+            for c in gl.static_range(A2 // 4):
+                if g.STACK == 1 and c > 0:
+                    raw = _stack_u(U, b_re, batch, row_re, row_im, c, A2, B)
+                raw = _stage_1a_stacked(T_re, T_im, U, b_re, batch, row_re, row_im, raw, inv_re, inv_im, tabs.f2re,
+                                        tabs.f2im, tabs.f2nim, T1RE, T1IM, c, A2, B, acc, lhs,
+                                        g.STACK == 2 and c + 1 < A2 // 4)
+        else:
+            for c in gl.static_range(COLS // 2):
+                _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE,
+                          T1IM, PART * COLS + 2 * c, A2, B, io, lhs1, acc1, put)
         fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
         _both_arrived(g.bars, 0, phase, PARTS)  # T written
         spectrum = K + h * stride_kh
         running = scale_re * 0.0  # the largest chunk scale
         scales = gl.zeros([16], gl.float32, gl.SliceLayout(0, acc1))
+        scales64 = gl.zeros([64], gl.float32, gl.SliceLayout(0, acc))  # (STACK: at the columns (j, k1))
         for j in range(PART, 16 // KG, PARTS):  # (a loop, not unrolled)
             k1 = j * KG
             f = gl.expand_dims(r_k + k1, 1) + gl.expand_dims(r_m, 0)  # m A + k_a (twiddles), k_a + A k_b (bins)
             s = _tchunk(st, spectrum, f, Tk_re.index(j), Tk_im.index(j), tabs.f2re, tabs.f2im, tabs.f2nim, zeros, lhs)
-            scales = gl.where(kvec // KG == j, s, scales)
+            if g.STACK:
+                scales64 = gl.where(cvec % 16 // KG == j, s, scales64)
+            else:
+                scales = gl.where(kvec // KG == j, s, scales)
             running = gl.maximum(running, s)
         if PARTS == 2:  # (the other warpgroup's chunk scales: each row 0 at the other's k1)
             g.scl.slice(16 * PART, 16).store(scales)
@@ -481,6 +651,16 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         out_re = gl.where(bad_re, float("nan"), out_scale * scale_re)
         out_im = gl.where(bad_im, float("nan"), out_scale * scale_im)
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
-        for c in gl.static_range(COLS // 2):
-            _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM, tabs.f8re,
-                              tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io)
+        if g.STACK:
+            ratio64 = scales64 / running
+            raw = _stack_t(T_re, T_im, 0)
+            for c in gl.static_range(A2 // 4):
+                if g.STACK == 1 and c > 0:
+                    raw = _stack_t(T_re, T_im, c)
+                raw = _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, raw, ratio64,
+                                                T1RE, T1IM, tabs.f2re, tabs.f2im, tabs.f2nim, out_re, out_im, c, A2, B,
+                                                acc, lhs, g.STACK == 2 and c + 1 < A2 // 4)
+        else:
+            for c in gl.static_range(COLS // 2):
+                _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,
+                                  tabs.f8re, tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io)
