@@ -168,6 +168,18 @@ def test_plan_own_a_consumer_a_row_at_16384_only(fmt):
     assert _plan(fmt, 32768, gluon_rows=True, own=True, _gluon_ok=True).path != "gluon_rows"  # 8 blocks a consumer
 
 
+def test_plan_own_groups_of_16_or_32():
+    """OWN takes mxfp4's groups of 32 and nvfp4's of 16 (with a given global scale: the kernel has no AMAX pass)."""
+    mx = _plan("mxfp4", 16384, gluon_rows=True, own=True, _gluon_ok=True, e2m1_pairs=True)
+    assert mx.path == "gluon_rows" and mx.config["G"] == 32 and mx.config["E2M1_PAIRS"] and "SCALE_ONCE" not in mx.config
+    nv = _plan("nvfp4", 16384, gluon_rows=True, own=True, _gluon_ok=True)  # (_plan passes nvfp4 a given scale)
+    assert nv.path == "gluon_rows" and nv.config["G"] == 16 and nv.config["SCALE_ONCE"]
+    f = quantize.FORMATS["nvfp4"]
+    dynamic = quantize.kernel_plan(1 << 14, 16384, torch.bfloat16, "nvfp4", f.default_group, None, True, False, False,
+                                   132, gluon_rows=True, own=True, _gluon_ok=True)
+    assert dynamic.path != "gluon_rows"
+
+
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8"])
 def test_plan_swap_per_token(fmt):
     for n in (16384, 32768):

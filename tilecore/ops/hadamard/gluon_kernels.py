@@ -121,6 +121,8 @@ class Hadamard:
     swap: object  # SWAP: [S, 64, 64] float32 shared (consumer x its S / 2 sent blocks), else None
     sbar: object  # SWAP: two mbarriers (row parity), both consumers arrive when their sent blocks are written
     SWAP: gl.constexpr  # the H_2 level after the products, by an exchange of blocks (module docstring)
+    SCALE_ONCE: gl.constexpr  # OWN, groups of 16 / 32: each group's scale once (gluon_epilogue._scales_once)
+    E2M1_PAIRS: gl.constexpr  # OWN, mxfp4 / nvfp4: a column pair's two codes as one byte (gluon_epilogue._e2m1_pair)
 
     @gluon.jit
     def setup(self, row):
@@ -272,6 +274,15 @@ class Hadamard:
         return res
 
     @gluon.jit
+    def _group_slots(self, SL: gl.constexpr, GR: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
+        """gluon_epilogue.group_codes' scale offsets and mask for block j's groups of G <= 64 (OWN: layout SL, GR a line):
+        the block's line r is the row's line 64 j + r, which may lie past the end."""
+        r = gl.arange(0, LINES, layout=gl.SliceLayout(1, SL))
+        g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
+        offs = gl.expand_dims(LINES * j + r, 1) * GR + gl.expand_dims(g, 0)
+        return offs, (offs < self.LINES_PER_ROW * GR) & (row < self.rows)
+
+    @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
         """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of 128 (int4): the
         block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i
@@ -293,7 +304,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
-                  False, 1.0, False, False, False, False, None, None, False)
+                  False, 1.0, False, False, False, False, None, None, False, False, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -306,14 +317,16 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
                                    G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
                                    INT_BITS: gl.constexpr = False, OWN: gl.constexpr = False,
-                                   SWAP: gl.constexpr = False):
+                                   SWAP: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
+                                   E2M1_PAIRS: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
     (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
     h_desc and row_counter as hadamard_gluon_kernel's. OWN (module docstring): n = 4096 S, S <= 4, the staging buffer
     [64 S, W]. SWAP (module docstring): per token, [S, 64, 64] float32 more shared memory."""
-    gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
+    gl.static_assert(G == 0 or G == 128 or (OWN and (G == 16 or G == 32)),
+                     "per token, int4's groups of 128, or (OWN) mxfp4's 32 / nvfp4's 16")
     gl.static_assert(not OWN or S <= 4, "OWN: a consumer's S blocks of 64 x 64 in registers, S <= 4")
     rows = gl.to_tensor(rows)
     xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -332,7 +345,7 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
         sbar = None
     op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, (64 if OWN else 128) * S, scales, gscale, rows, stride_scales,
                   rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5),
-                  OWN, swap, sbar, SWAP)
+                  OWN, swap, sbar, SWAP, SCALE_ONCE and G <= 32, E2M1_PAIRS and (FORMAT == 3 or FORMAT == 4))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)

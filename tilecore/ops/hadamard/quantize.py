@@ -354,8 +354,9 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
     tuning = {**_by_format(configs.QUANT_GLUON_ROWS, fmt, n, {}), **tuning}
     if not tuning.get("gluon_rows") or not tuning.get("_gluon_ok") or not rotate or block is not None or signs \
             or dtype == torch.float32 or n not in configs.GLUON_SIZES or rows * n < configs.TMA_MIN_ELEMENTS \
-            or not (group is None and fmt in ("fp8_e4m3", "fp8_e5m2", "int8") or group == 128 and fmt == "int4"):
-        return None
+            or not (group is None and fmt in ("fp8_e4m3", "fp8_e5m2", "int8") or group == 128 and fmt == "int4"
+                    or tuning.get("own") and (fmt == "mxfp4" and group == 32 or fmt == "nvfp4" and group == 16 and static)):
+        return None  # (nvfp4 with a given global scale only: the kernel has no AMAX pass)
     own, swap = bool(tuning.get("own")), bool(tuning.get("swap"))
     if (own and n // 4096 > 4) or (swap and (own or group is not None)):
         return None
@@ -367,6 +368,8 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
     return QuantizePlan("gluon_rows", grid=(min(cdiv(rows, 2) if own else rows, sms),), rscale=n**-0.5, config=dict(
         S=n // (4096 if own else 8192), STAGES=tuning.get("stages") or stages, LOOKAHEAD=tuning.get("lookahead", lookahead),
         **({"OWN": True} if own else {}), **({"SWAP": True} if swap else {}),
+        **({"SCALE_ONCE": True} if own and fmt == "nvfp4" and tuning.get("scale_once", True) else {}),
+        **({"E2M1_PAIRS": True} if own and fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs") else {}),
         FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed,
         num_warps=4, **_gluon_int_bits(fmt, n, tuning),
         **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True} if clamp else {})))
