@@ -42,7 +42,7 @@ transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels
 format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead. --set t (last batch):
 the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
 consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
-e5m2, int8).
+e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -390,6 +390,14 @@ SETS["v"] = {  # (priority order)
     ("fp8_e5m2", 32768): [("swap", SWAP)],
     ("fp8_e4m3", 16384): [("swap", SWAP)],
     ("int8", 16384): [("swap_ib", dict(SWAP, int_bits=True))],
+}
+
+# OWN for the 4-bit group formats at 16384 (mxfp4 61%, nvfp4 53% of copy on the shipped kron / pow2 plans): a consumer's
+# line of 64 holds whole groups (32 / 16); nvfp4 with SCALE_ONCE (and the bench's given global scale), mxfp4 with and
+# without E2M1_PAIRS. sm_90a: no spills, 107-109 KB
+SETS["w"] = {  # (priority order)
+    ("nvfp4", 16384): [("own", OWN)],
+    ("mxfp4", 16384): [("own", OWN), ("own_pairs", dict(OWN, e2m1_pairs=True))],
 }
 
 
