@@ -16,7 +16,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
                 wgmmas': on at 8192 since session 41's last call, where it timed it as c64_w / f16_w)
   c64_sK, f16_sK  (8192) c64 / f16 at STACK K: 1 1a / 1'a four columns a2 a product against F2 ([64, 64] @ F_16
                 on its diagonal), u, T and y read and written in the wgmmas' layouts (no layout conversion); 2 as 1,
-                each group's u (1a) / T' (1'a) read under the previous group's wgmmas; 0 the columns two a wait;
+                each group's u (1a) / T' (1'a) read under the previous group's wgmmas; 3 as 2 for T', u read once a
+                pair (the pair's scales from the registers 1a takes); 0 the columns two a wait;
                 c64_sKt, f16_sKt: with WARPIO toggled too (beside STACK it sets only the pair's scale pass's layout)
   (session 41: call 3 timed c64_1, 8192 at one program a SM, 0.69x, and c64_v / f16_v, the 8-byte u / y accesses,
   shipped since; jobs hf_s41c / hf_s41d c64_o / f16_o, the tuples before them: dc82cd0b's script has them)
@@ -66,7 +67,7 @@ def tuples(n):
         t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))  # (per_sm, warpgroups, rfft, warpio, stack)
         out[label + "_t"] = (t[:3] + (not t[3], t[4]), label)  # WARPIO toggled
         if n == 8192:  # STACK 0 / 1 / 2 (alone, and with WARPIO toggled)
-            for k in (0, 1, 2):
+            for k in (0, 1, 2, 3):
                 out[f"{label}_s{k}"] = (t[:4] + (k,), label)
                 out[f"{label}_s{k}t"] = (t[:3] + (not t[3], k), label)
     return out

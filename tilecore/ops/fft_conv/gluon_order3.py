@@ -166,8 +166,8 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
     _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
 
 
-# STACK (N = 8192: A2 = 16, so F2 is F_16 four times on its diagonal): 1a and 1'a take four columns a2 = 4 g + j at once,
-# [B, 64] @ F2 (the products' K and N are (j, a1) and (j, k1)), with no layout conversion through shared memory: the
+# STACK (N = 8192: A2 = 16, so F2 is F_16 four times on its diagonal): 1a and 1'a take four columns a2 = 4 g + j at
+# once, [B, 64] @ F2 (the products' K and N are (j, a1) and (j, k1)), with no layout conversion through shared memory: the
 # tile's row r = 16 w + 8 h + t holds T's plain position P = 16 w + 2 t + h, so the two rows a thread holds in the
 # wgmma's layouts (r, r + 8) are two neighbouring positions: u's loads, T's stores and loads and y's stores are 4 bytes
 # wide straight from (to) those layouts. The [64, 64] tile is seen as [4 w, 2 h, 8 t, 4 j, 16 a1] (the accumulator's
@@ -228,6 +228,30 @@ def _stack_u(U, b_re, batch, row_re, row_im, g4: gl.constexpr, A2: gl.constexpr,
     xre = gl.load(U + row_re + off, mask=(off >= 0) & (b_re < batch), other=0.0)
     xim = gl.load(U + row_im + off, mask=(off >= 0) & (b_re + 1 < batch), other=0.0)
     return xre, xim
+
+
+@gluon.jit
+def _stack_scales(raws):
+    """STACK 3: the pair's (scale_re, bad_re, scale_im, bad_im) as _scaled_both gives them (each sequence's largest |u|
+    over its finite elements, 1 where that is 0, and whether it holds a non-finite element) from its four groups' u as
+    _stack_u read them (together every element of both sequences), one 4-operand reduction."""
+    are = gl.zeros_like(raws[0][0]).to(gl.float32)
+    bre = are
+    aim = are
+    bim = are
+    for c in gl.static_range(4):
+        xre = raws[c][0].to(gl.float32)
+        xim = raws[c][1].to(gl.float32)
+        fre = gl.abs(xre) < float("inf")  # False for NaN and +-inf
+        fim = gl.abs(xim) < float("inf")
+        are = gl.maximum(are, gl.where(fre, gl.abs(xre), 0.0))
+        bre = gl.maximum(bre, gl.where(fre, 0.0, 1.0))
+        aim = gl.maximum(aim, gl.where(fim, gl.abs(xim), 0.0))
+        bim = gl.maximum(bim, gl.where(fim, 0.0, 1.0))
+    are, bre, aim, bim = gl.reduce((gl.reshape(are, [64, 32]), gl.reshape(bre, [64, 32]), gl.reshape(aim, [64, 32]),
+                                    gl.reshape(bim, [64, 32])), 1, _max4)
+    are, bre, aim, bim = gl.reduce((are, bre, aim, bim), 0, _max4)
+    return gl.where(are > 0, are, 1.0), bre > 0, gl.where(aim > 0, aim, 1.0), bim > 0
 
 
 @gluon.jit
@@ -340,7 +364,7 @@ class Order3Shared:
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
     WARPIO: gl.constexpr  # u's and y's tiles split across the warps by rows, as the wgmmas' (else by columns)
     STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts (8192); 2: each
-    # group's u / T' read under the previous group's wgmmas
+    # group's u / T' read under the previous group's wgmmas; 3: as 2 for T', u read once (the pair's scales from it)
 
 
 @struct
@@ -448,8 +472,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and (A2 == 16 or A2 == 32), "A = 16 A2, A2 16 or 32 (N 8192, 16384)")
     gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
-    gl.static_assert(STACK == 0 or (A2 == 16 and WARPGROUPS == 1 and STACK <= 2),
-                     "STACK 1 or 2: N = 8192 (F2 = F_16 on the diagonal), one warpgroup a pair")
+    gl.static_assert(STACK == 0 or (A2 == 16 and WARPGROUPS == 1 and STACK <= 3),
+                     "STACK 1, 2 or 3: N = 8192 (F2 = F_16 on the diagonal), one warpgroup a pair")
     KG: gl.constexpr = B // A2  # k1 values a chunk: its KG A2 = 64 rows k_a
     C: gl.constexpr = KG * A2
     if WARPGROUPS == 1:
@@ -600,7 +624,13 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         b_re = 2 * (w % groups)
         row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh
         row_im = row_re + stride_ub
-        if PARTS == 2:  # (by blocks of columns: the whole pair at once spilled beside the partitions' live-ins)
+        if g.STACK == 3:  # (u read once: its four groups held from here through stage 1a)
+            raws = (_stack_u(U, b_re, batch, row_re, row_im, 0, A2, B),
+                    _stack_u(U, b_re, batch, row_re, row_im, 1, A2, B),
+                    _stack_u(U, b_re, batch, row_re, row_im, 2, A2, B),
+                    _stack_u(U, b_re, batch, row_re, row_im, 3, A2, B))
+            scale_re, bad_re, scale_im, bad_im = _stack_scales(raws)
+        elif PARTS == 2:  # (by blocks of columns: the whole pair at once spilled beside the partitions' live-ins)
             scale_re, bad_re, scale_im, bad_im = _pair_scales(U, b_re, batch, row_re, row_im, B, HALF, 64, io)
         else:
             _, scale_re, bad_re, _, scale_im, bad_im = _scaled_both(_load_raw(U, b_re, batch, row_re, seq),
@@ -608,11 +638,14 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
-        if g.STACK:  # (STACK 2: each group's u requested under the previous group's wgmmas)
-            raw = _stack_u(U, b_re, batch, row_re, row_im, 0, A2, B)
+        if g.STACK:  # (STACK 2: each group's u requested under the previous group's wgmmas; 3: held since the scales)
+            if g.STACK != 3:
+                raw = _stack_u(U, b_re, batch, row_re, row_im, 0, A2, B)
             for c in gl.static_range(A2 // 4):
                 if g.STACK == 1 and c > 0:
                     raw = _stack_u(U, b_re, batch, row_re, row_im, c, A2, B)
+                if g.STACK == 3:
+                    raw = raws[c]
                 raw = _stage_1a_stacked(T_re, T_im, U, b_re, batch, row_re, row_im, raw, inv_re, inv_im, tabs.f2re,
                                         tabs.f2im, tabs.f2nim, T1RE, T1IM, c, A2, B, acc, lhs,
                                         g.STACK == 2 and c + 1 < A2 // 4)
@@ -659,7 +692,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
                     raw = _stack_t(T_re, T_im, c)
                 raw = _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, raw, ratio64,
                                                 T1RE, T1IM, tabs.f2re, tabs.f2im, tabs.f2nim, out_re, out_im, c, A2, B,
-                                                acc, lhs, g.STACK == 2 and c + 1 < A2 // 4)
+                                                acc, lhs, g.STACK >= 2 and c + 1 < A2 // 4)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,

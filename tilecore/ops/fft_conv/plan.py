@@ -63,7 +63,7 @@ class Plan:
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
     warpio: bool = False  # "order3": u's and y's tiles split across the warps by rows, as the wgmmas'
     stack: int = 0  # "order3" (8192): 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts (2: each
-    # group's u / T' read under the previous group's wgmmas)
+    # group's u / T' read under the previous group's wgmmas; 3: u read once, its scales from the same registers)
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
@@ -138,16 +138,17 @@ def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, war
     channel's largest part (launch.scaled_half_bins); ``warpio``: u's and y's tiles in 1a / 1'a split across the warps
     by rows, as the wgmmas' (their layout conversions within a warp's rows; on at 8192); ``stack`` 1 (8192, one
     warpgroup a pair): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
-    (no layout conversion); 2: as 1, each group's u (1a) and T' (1'a) read under the previous group's wgmmas. (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4,
+    (no layout conversion); 2: as 1, each group's u (1a) and T' (1'a) read under the previous group's wgmmas; 3: as 2
+    for T', u read once a pair (the pair's scales from the same registers stage 1a takes). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4,
     complex64 bins in the kernel, the 4096 build and DIRECT were measured slower and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
-            or rfft not in (3, 4) or warpio not in (False, True) or stack not in (0, 1, 2)
+            or rfft not in (3, 4) or warpio not in (False, True) or stack not in (0, 1, 2, 3)
             or (stack and (n != 8192 or warpgroups != 1))):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
                          f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 (complex64 "
-                         f"cast a call), stack 0, 1 or 2 (not 0 only at N = 8192 with one warpgroup); got N = {n}, per_sm {per_sm}, "
-                         f"warpgroups {warpgroups}, rfft {rfft}, stack {stack}")
+                         f"cast a call), stack 0 .. 3 (not 0 only at N = 8192 with one warpgroup); got N = {n}, "
+                         f"per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, stack {stack}")
     return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, warpio=bool(warpio),
                 stack=int(stack))
 
