@@ -95,6 +95,18 @@ def test_swap_data_flow_is_the_transform(n):
     assert (_swap_blocks(x, n) - hadamard_reference(x, n**-0.5, out_dtype=torch.float64)).abs().max() < 1e-12
 
 
+def test_perm_operand_is_h64_with_permuted_columns():
+    """OWN's PERM: the resident operand's first block (the second product's B) is H_64's columns in perm_columns' order,
+    the other two (the first product's) unchanged."""
+    from tilecore.ops.hadamard.gluon_quantize_wide import perm_columns
+    from tilecore.ops.hadamard.launch import h64_operand
+
+    h = hadamard_matrix(64, torch.float64)
+    plain, perm = h64_operand("cpu", torch.bfloat16), h64_operand("cpu", torch.bfloat16, perm=True)
+    assert torch.equal(perm[:64].double(), h[:, perm_columns()]) and torch.equal(perm[64:], plain[64:])
+    assert sorted(perm_columns()) == list(range(64))
+
+
 def test_own_int4_group_scales_stored_once():
     """OWN's _pair_slots: block j's line pair i at the row's group 32 j + i, over every block and pair: the row's
     n / 128 groups once each, each the group holding the pair's lines."""
@@ -174,6 +186,8 @@ def test_plan_own_groups_of_16_or_32():
     assert mx.path == "gluon_rows" and mx.config["G"] == 32 and mx.config["E2M1_PAIRS"] and "SCALE_ONCE" not in mx.config
     nv = _plan("nvfp4", 16384, gluon_rows=True, own=True, _gluon_ok=True)  # (_plan passes nvfp4 a given scale)
     assert nv.path == "gluon_rows" and nv.config["G"] == 16 and nv.config["SCALE_ONCE"]
+    assert _plan("nvfp4", 16384, gluon_rows=True, own=True, perm=True, scale_once=False, _gluon_ok=True).config["PERM"]
+    assert "PERM" not in _plan("int4", 16384, gluon_rows=True, own=True, perm=True, _gluon_ok=True).config
     f = quantize.FORMATS["nvfp4"]
     dynamic = quantize.kernel_plan(1 << 14, 16384, torch.bfloat16, "nvfp4", f.default_group, None, True, False, False,
                                    132, gluon_rows=True, own=True, _gluon_ok=True)

@@ -42,8 +42,8 @@ exchange that follows is the proof both have read the swapped blocks before eith
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (STORE, exchange, folded, group_codes, pieces, row_amax, token_codes,
-                                                  token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (STORE, exchange, folded, group_codes, pieces, relabel, row_amax,
+                                                  token_codes, token_recip)
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 
@@ -123,6 +123,8 @@ class Hadamard:
     SWAP: gl.constexpr  # the H_2 level after the products, by an exchange of blocks (module docstring)
     SCALE_ONCE: gl.constexpr  # OWN, groups of 16 / 32: each group's scale once (gluon_epilogue._scales_once)
     E2M1_PAIRS: gl.constexpr  # OWN, mxfp4 / nvfp4: a column pair's two codes as one byte (gluon_epilogue._e2m1_pair)
+    PERM: gl.constexpr  # OWN, groups of 16 / 32: H_64's columns permuted (h_desc's first), blocks relabelled (a thread's
+    # 16 values of a line consecutive outputs: an nvfp4 group one thread's)
 
     @gluon.jit
     def setup(self, row):
@@ -211,8 +213,10 @@ class Hadamard:
                     token_codes(state.outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
         else:  # int4's groups of 128 (gluon_epilogue.group_codes: a line pair, at _pair_slots)
             for j in gl.static_range(self.S):
-                ctx.out.slice(j * LINES, LINES).store(
-                    group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
+                y = state.outs[j]
+                if self.PERM:
+                    y = relabel(y)
+                ctx.out.slice(j * LINES, LINES).store(group_codes(self, y, row, j, ctx.index).to(self.out_desc.dtype))
         fence_async_shared()
         gl.thread_barrier()
         if self.SWAP:  # consumer c's blocks: the row's lines 64 c S ..
@@ -304,7 +308,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
-                  False, 1.0, False, False, False, False, None, None, False, False, False)
+                  False, 1.0, False, False, False, False, None, None, False, False, False, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -318,7 +322,7 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
                                    INT_BITS: gl.constexpr = False, OWN: gl.constexpr = False,
                                    SWAP: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
-                                   E2M1_PAIRS: gl.constexpr = False):
+                                   E2M1_PAIRS: gl.constexpr = False, PERM: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
@@ -345,7 +349,8 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
         sbar = None
     op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, (64 if OWN else 128) * S, scales, gscale, rows, stride_scales,
                   rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5),
-                  OWN, swap, sbar, SWAP, SCALE_ONCE and G <= 32, E2M1_PAIRS and (FORMAT == 3 or FORMAT == 4))
+                  OWN, swap, sbar, SWAP, SCALE_ONCE and G <= 32, E2M1_PAIRS and (FORMAT == 3 or FORMAT == 4),
+                  PERM and OWN and G <= 32 and G > 0)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)

@@ -54,7 +54,7 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
 
         x_desc, codes_desc, staging_desc = rows_descriptors(x2, out, plan.config["PACKED"] and fmt_id != STORE_ID,
                                                             bool(cfg.get("OWN")))
-        h_desc = gluon_descriptor(h64_operand(x2.device, x2.dtype), [64, 64])
+        h_desc = gluon_descriptor(h64_operand(x2.device, x2.dtype, bool(cfg.get("PERM"))), [64, 64])
         with dispatch.on_device(x2.device):
             hadamard_gluon_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, rows,
                                                       scales.stride(0) if scales.dim() == 2 else 1, rs,

@@ -370,6 +370,7 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
         **({"OWN": True} if own else {}), **({"SWAP": True} if swap else {}),
         **({"SCALE_ONCE": True} if own and fmt == "nvfp4" and tuning.get("scale_once", True) else {}),
         **({"E2M1_PAIRS": True} if own and fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs") else {}),
+        **({"PERM": True} if own and fmt in ("mxfp4", "nvfp4") and tuning.get("perm") else {}),
         FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed,
         num_warps=4, **_gluon_int_bits(fmt, n, tuning),
         **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True} if clamp else {})))
