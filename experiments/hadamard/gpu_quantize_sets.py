@@ -395,9 +395,12 @@ SETS["v"] = {  # (priority order)
 # OWN for the 4-bit group formats at 16384 (mxfp4 61%, nvfp4 53% of copy on the shipped kron / pow2 plans): a consumer's
 # line of 64 holds whole groups (32 / 16); nvfp4 with SCALE_ONCE (and the bench's given global scale), mxfp4 with and
 # without E2M1_PAIRS. sm_90a: no spills, 107-109 KB
+# PERM (626f3047: H_64's columns permuted, blocks relabelled: an nvfp4 group one thread's; sm_90a SHFL 130 -> 2, SASS
+# 6496 -> 5872 without SCALE_ONCE; mxfp4 with E2M1_PAIRS 5392 -> 5144)
 SETS["w"] = {  # (priority order)
-    ("nvfp4", 16384): [("own", OWN)],
-    ("mxfp4", 16384): [("own", OWN), ("own_pairs", dict(OWN, e2m1_pairs=True))],
+    ("nvfp4", 16384): [("own", OWN), ("own_perm", dict(OWN, perm=True, scale_once=False))],
+    ("mxfp4", 16384): [("own", OWN), ("own_pairs", dict(OWN, e2m1_pairs=True)),
+                       ("own_perm_pairs", dict(OWN, e2m1_pairs=True, perm=True))],
 }
 
 
@@ -454,7 +457,7 @@ def config_of(plan) -> str:
     if plan.path == "gluon_rows":
         return f"gluon_rows S{c['S']} st{c['STAGES']} la{c['LOOKAHEAD']}" + (f" cl{c['CLAMP_LO']}" if c.get("CLAMP_LO")
                                                                             else "") + (" own" if c.get("OWN") else "") \
-            + (" swap" if c.get("SWAP") else "")
+            + (" swap" if c.get("SWAP") else "") + (" perm" if c.get("PERM") else "")
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
