@@ -279,7 +279,9 @@ def test_gluon_forward_config_per_head_dim_and_length(d, n, nk, causal, options)
 def test_gluon_backward_config_takes_the_dq_kernel_where_d128_tiles_are_short(d, n, causal, dq_from):
     cfg = configs.gluon_backward_config(d, n, causal)
     assert cfg["dq_from"] == dq_from
-    assert {k: v for k, v in cfg.items() if k != "dq_from"} == {
+    # without dQ in the kernel (the dq kernel's), dP's accumulator starts at -delta
+    assert cfg.get("dp_from_delta", False) == (dq_from == "gluon")
+    assert {k: v for k, v in cfg.items() if k not in ("dq_from", "dp_from_delta")} == {
         k: v for k, v in configs.GLUON_BACKWARD[d, causal].items() if k != "dq_from"}
 
 

@@ -174,7 +174,7 @@ def compile_gluon_backward(d: int, causal: bool = True, dtype=torch.bfloat16, cf
                 schedule=_schedule(causal and not window, cfg),
                 left=1024 if window else 0, right=0, tanh_scale=0.1 if softcap else 0.0, CAUSAL=causal and not window,
                 STAGES=cfg["stages"], DQ=configs.DQ_MODES[cfg["dq_from"]], KV_REGS=cfg.get("kv_regs", False),
-                WINDOW=window, SOFTCAP=softcap)
+                WINDOW=window, SOFTCAP=softcap, DP_FROM_DELTA=cfg.get("dp_from_delta", False))
     return _compile(attention_bwd_kernel, args, {"num_warps": 4}), cfg
 
 
