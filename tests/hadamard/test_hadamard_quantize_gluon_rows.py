@@ -54,70 +54,6 @@ def test_every_int4_group_scale_is_stored_once(n):
     assert sorted(seen) == list(range(n // 128))
 
 
-def _own_blocks(x, n):
-    """OWN (a consumer a row): the row is S = n / 4096 slices X_s of 64 lines x 64; block j is
-    sum_s H_S[j, s] H_64 X_s H_64, stored at the row's lines 64 j .. 64 j + 63 (finish)."""
-    S = n // 4096
-    xs = x.reshape(x.shape[0], S, 64, 64)
-    h64 = hadamard_matrix(64, torch.float64)
-    out = torch.einsum("js,rsab->rjab", hadamard_matrix(S, torch.float64), h64 @ xs @ h64) * n**-0.5
-    return out.reshape(x.shape[0], n)
-
-
-def test_own_data_flow_is_the_transform():
-    torch.manual_seed(3)
-    x = torch.randn(3, 16384, dtype=torch.float64)
-    assert (_own_blocks(x, 16384) - hadamard_reference(x, 16384**-0.5, out_dtype=torch.float64)).abs().max() < 1e-12
-
-
-def _swap_blocks(x, n):
-    """SWAP: consumer c's blocks V_jc = sum_s H_S[j, s] H_64 X_sc H_64 (X_sc: slice s's lines 64 c ..), then the row's
-    output block (j, h) = V_j0 + (-1)^h V_j1, consumer c's from the other's swapped blocks, stored at the row's lines
-    64 (c S + b) for its b-th block (b = 2 (j - c S / 2) + h)."""
-    S = n // 8192
-    xs = x.reshape(x.shape[0], S, 2, 64, 64)
-    h64 = hadamard_matrix(64, torch.float64)
-    v = torch.einsum("js,rscab->rjcab", hadamard_matrix(S, torch.float64), h64 @ xs @ h64) * n**-0.5
-    lines = torch.empty(x.shape[0], n // 64, 64, dtype=torch.float64)
-    for c in range(2):
-        for k in range(S // 2):
-            j = c * (S // 2) + k
-            for h in range(2):
-                b = 2 * k + h
-                lines[:, 64 * (c * S + b):64 * (c * S + b + 1)] = v[:, j, 0] + (-1) ** h * v[:, j, 1]
-    return lines.reshape(x.shape[0], n)
-
-
-@pytest.mark.parametrize("n", [16384, 32768])
-def test_swap_data_flow_is_the_transform(n):
-    torch.manual_seed(n + 1)
-    x = torch.randn(2, n, dtype=torch.float64)
-    assert (_swap_blocks(x, n) - hadamard_reference(x, n**-0.5, out_dtype=torch.float64)).abs().max() < 1e-12
-
-
-def test_perm_operand_is_h64_with_permuted_columns():
-    """OWN's PERM: the resident operand's first block (the second product's B) is H_64's columns in perm_columns' order,
-    the other two (the first product's) unchanged."""
-    from tilecore.ops.hadamard.gluon_quantize_wide import perm_columns
-    from tilecore.ops.hadamard.launch import h64_operand
-
-    h = hadamard_matrix(64, torch.float64)
-    plain, perm = h64_operand("cpu", torch.bfloat16), h64_operand("cpu", torch.bfloat16, perm=True)
-    assert torch.equal(perm[:64].double(), h[:, perm_columns()]) and torch.equal(perm[64:], plain[64:])
-    assert sorted(perm_columns()) == list(range(64))
-
-
-def test_own_int4_group_scales_stored_once():
-    """OWN's _pair_slots: block j's line pair i at the row's group 32 j + i, over every block and pair: the row's
-    n / 128 groups once each, each the group holding the pair's lines."""
-    seen = []
-    for j in range(4):
-        for i in range(32):
-            assert 32 * j + i == (64 * (64 * j + 2 * i)) // 128 == (64 * (64 * j + 2 * i + 1)) // 128
-            seen.append(32 * j + i)
-    assert sorted(seen) == list(range(16384 // 128))
-
-
 def _plan(fmt, n, rows=None, dtype=torch.bfloat16, **tuning):
     f = quantize.FORMATS[fmt]
     return quantize.kernel_plan(rows or (1 << 28) // n, n, dtype, fmt, f.default_group, None, True, fmt == "nvfp4",
@@ -163,63 +99,23 @@ sys.path.insert(0, os.getcwd())
 from experiments.hadamard.kron_gluon_compile import compile_rows
 for n, fmt, stages, lookahead, extra in ((16384, "fp8_e4m3", 4, 0, {"CLAMP_LO": 2}),
                                          (32768, "int4", 8, 4, {"INT_BITS": True, "CLAMP_LO": 2}),
-                                         (32768, "int8", 8, 4, {"INT_BITS": True, "CLAMP_LO": 2}),
-                                         (16384, "fp8_e4m3", 4, 0, {"CLAMP_LO": 2, "OWN": True}),
-                                         (32768, "fp8_e4m3", 6, 4, {"CLAMP_LO": 2, "SWAP": True})):
+                                         (32768, "int8", 8, 4, {"INT_BITS": True, "CLAMP_LO": 2})):
     print(json.dumps(compile_rows(n, fmt, stages, lookahead, extra=extra)))
 """
 
 
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8", "int4"])
-def test_plan_own_a_consumer_a_row_at_16384_only(fmt):
-    for rows in (16384, 1025):
-        plan = _plan(fmt, 16384, rows=rows, gluon_rows=True, own=True, _gluon_ok=True)
-        assert plan.path == "gluon_rows" and plan.config["OWN"] and plan.config["S"] == 4, plan
-        assert plan.grid == (min(132, (rows + 1) // 2),)
-    assert "OWN" not in _plan(fmt, 16384, gluon_rows=True, _gluon_ok=True).config
-    assert _plan(fmt, 32768, gluon_rows=True, own=True, _gluon_ok=True).path != "gluon_rows"  # 8 blocks a consumer
-
-
-def test_plan_own_groups_of_16_or_32():
-    """OWN takes mxfp4's groups of 32 and nvfp4's of 16 (with a given global scale: the kernel has no AMAX pass)."""
-    mx = _plan("mxfp4", 16384, gluon_rows=True, own=True, _gluon_ok=True, e2m1_pairs=True)
-    assert mx.path == "gluon_rows" and mx.config["G"] == 32 and mx.config["E2M1_PAIRS"] and "SCALE_ONCE" not in mx.config
-    nv = _plan("nvfp4", 16384, gluon_rows=True, own=True, _gluon_ok=True)  # (_plan passes nvfp4 a given scale)
-    assert nv.path == "gluon_rows" and nv.config["G"] == 16 and nv.config["SCALE_ONCE"]
-    assert _plan("nvfp4", 16384, gluon_rows=True, own=True, perm=True, scale_once=False, _gluon_ok=True).config["PERM"]
-    assert "PERM" not in _plan("int4", 16384, gluon_rows=True, own=True, perm=True, _gluon_ok=True).config
-    f = quantize.FORMATS["nvfp4"]
-    dynamic = quantize.kernel_plan(1 << 14, 16384, torch.bfloat16, "nvfp4", f.default_group, None, True, False, False,
-                                   132, gluon_rows=True, own=True, _gluon_ok=True)
-    assert dynamic.path != "gluon_rows"
-
-
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8"])
-def test_plan_swap_per_token(fmt):
-    for n in (16384, 32768):
-        cfg = _plan(fmt, n, gluon_rows=True, swap=True, _gluon_ok=True).config
-        assert cfg["SWAP"] and cfg["S"] == n // 8192 and "OWN" not in cfg
-        assert cfg["STAGES"] == min(6, configs.GLUON_TUNING[n][0]) and cfg["LOOKAHEAD"] < cfg["STAGES"]
-    assert _plan("int4", 32768, gluon_rows=True, swap=True, _gluon_ok=True).path != "gluon_rows"  # groups: no SWAP
-    assert _plan(fmt, 16384, gluon_rows=True, swap=True, own=True, _gluon_ok=True).path != "gluon_rows"
-
-
 def test_pipeline_rows_compile_for_sm90():
     """sm_90a in a fresh process: 8 wgmma a slice and consumer (two first products, two pieces of the second) and
-    the spare second product a row, TMA, not serialized, no spills, within 227 KiB. OWN / SWAP (one first product a
-    slice: 40 wgmma, not 48): at most 16 B spilled (a few scalars; the blocks stay in registers)."""
+    the spare second product a row, TMA, not serialized, no spills, within 227 KiB."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stderr[-3000:]
     res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
-    assert len(res) == 5, res
+    assert len(res) == 3, res
     for x in res:
         assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
-        if x["extra"].get("OWN") or x["extra"].get("SWAP"):
-            assert x["spill_stores"] <= 16 and x["wgmma"] == 40, x
-        else:
-            assert x["spill_stores"] == 0 and x["wgmma"] > 0, x
+        assert x["spill_stores"] == 0 and x["wgmma"] > 0, x
 
 
 def test_shipped_where_checked_and_faster():

@@ -26,24 +26,11 @@ registers when its last slice is added, so a per-token scale needs no second pas
 consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchange); int4's groups of
 128 are a line pair of one block. The rotation's 1 / sqrt(n) is folded into the maxima and the
 reciprocals. Codes are staged as bytes (two codes a byte for int4) and TMA-stored as the values are.
-
-OWN (hadamard_quantize at n = 16384): a consumer owns a row, a tile is two rows, and a ring step brings both rows' next
-64-line slice (X_s: the row's lines 64 s .. 64 s + 63, s < S = n / 4096). Each consumer runs the pow2 kernel's (S, 64, 64)
-split on its row: T_s = H_64 X_s H_64 (one K = 64 first product: 384 tensor FLOP an element, against the shared row's
-512, whose first product is H_128 over two consumers' halves), out_j += H_S[j, s] T_s for its S blocks in registers,
-and the per-token scale from its own blocks (no exchange); block j is the row's lines 64 j .. 64 j + 63.
-
-SWAP (per token, n = 8192 S): the row shared as above, but consumer c multiplies only its half of each slice (X_sc, the
-slice's lines 64 c ..: one K = 64 first product, as OWN), so its blocks are V_jc = sum_s H_S[j, s] H_64 X_sc H_64 and the
-row's output block (j, h) is V_j0 + (-1)^h V_j1 (H_128 = H_2 (x) H_64: the H_2 level moved after the products). Consumer c
-sends the S / 2 blocks it does not output (j >= S / 2 for consumer 0, j < S / 2 for 1) through shared memory as float32,
-takes the other's, and outputs blocks (j, 0), (j, 1) of its j: the row's lines 64 (c S + b), b < S. The per-token
-exchange that follows is the proof both have read the swapped blocks before either writes the next row's.
 """
 from triton.experimental import gluon
 
-from tilecore.ops.hadamard.gluon_epilogue import (STORE, exchange, folded, group_codes, pieces, relabel, row_amax,
-                                                  token_codes, token_recip)
+from tilecore.ops.hadamard.gluon_epilogue import (STORE, exchange, folded, group_codes, pieces, row_amax, token_codes,
+                                                  token_recip)
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, stage_struct, struct, wgmma_layout
 
@@ -117,14 +104,6 @@ class Hadamard:
     FOLD: gl.constexpr
     CLAMP_LO: gl.constexpr  # the second product's lo piece (gluon_epilogue.pieces' CLAMP)
     INT_BITS: gl.constexpr
-    OWN: gl.constexpr  # a consumer owns a row (module docstring): S slices of 64 lines, a tile two rows
-    swap: object  # SWAP: [S, 64, 64] float32 shared (consumer x its S / 2 sent blocks), else None
-    sbar: object  # SWAP: two mbarriers (row parity), both consumers arrive when their sent blocks are written
-    SWAP: gl.constexpr  # the H_2 level after the products, by an exchange of blocks (module docstring)
-    SCALE_ONCE: gl.constexpr  # OWN, groups of 16 / 32: each group's scale once (gluon_epilogue._scales_once)
-    E2M1_PAIRS: gl.constexpr  # OWN, mxfp4 / nvfp4: a column pair's two codes as one byte (gluon_epilogue._e2m1_pair)
-    PERM: gl.constexpr  # OWN, groups of 16 / 32: H_64's columns permuted (h_desc's first), blocks relabelled (a thread's
-    # 16 values of a line consecutive outputs: an nvfp4 group one thread's)
 
     @gluon.jit
     def setup(self, row):
@@ -132,14 +111,9 @@ class Hadamard:
 
     @gluon.jit
     def load(self, stage, bar, row, s):
-        if self.OWN:  # tile ``row`` is rows 2 row (top) and 2 row + 1 (bottom; past the end: zeros), slice s of each
-            line = 2 * row * self.LINES_PER_ROW + LINES * s
-            tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
-            tma.async_copy_global_to_shared(self.x_desc, [line + self.LINES_PER_ROW, 0], bar, stage.bottom)
-        else:
-            line = row * self.LINES_PER_ROW + 2 * LINES * s
-            tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
-            tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
+        line = row * self.LINES_PER_ROW + 2 * LINES * s
+        tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
+        tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
 
     @gluon.jit
     def load_tile(self, bufs, bar, row, consumer):
@@ -167,14 +141,8 @@ class Hadamard:
         h_bottom = bufs.index(1 + ctx.index)._reinterpret(self.x_desc.dtype, [LINES, LINES], bufs.type.layout)
         y_prev = warpgroup_mma_wait(0, deps=(state.y,))
         t = _second_product(y_prev, bufs.index(0), self.CLAMP_LO)  # issued before Y_s: waiting for it leaves Y_s
-        if self.OWN or self.SWAP:  # Y_s = H_64 X_s of this consumer's row (SWAP: of its half of the row's slice)
-            if ctx.index == 0:
-                first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-            else:
-                first = warpgroup_mma(h, stage.bottom, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-        else:
-            first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-            first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
+        first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
+        first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
         t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
         return RowState(y, _accumulate(state.outs, t, s - 1), ctx.ring_step // self.S)
 
@@ -190,110 +158,30 @@ class Hadamard:
         """This consumer's S output blocks of the row: scaled and rounded once (STORE), or quantized; stored
         by TMA."""
         tma.store_wait(0)  # the previous row's stores have read the staging buffer
-        if self.OWN:
-            row = 2 * row + ctx.index  # this consumer's row of the tile (past the end: its stores are clipped)
         if self.FORMAT == STORE:
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
-        elif self.SWAP:
-            gl.static_assert(self.G == 0, "SWAP: per token (its amax exchange orders the swapped blocks' reuse)")
-            outs = self._swapped(ctx, state)
-            a = exchange(self, ctx, folded(self, row_amax(outs, self.S)), state.t)
+        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves
+            a = exchange(self, ctx, folded(self, row_amax(state.outs, self.S)), state.t)
             recip = token_recip(self, a, row, ctx.index == 0)
-            for j in gl.static_range(self.S):
-                ctx.out.slice(j * LINES, LINES).store(
-                    token_codes(outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
-        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves (OWN: of the consumer's own row)
-            a = folded(self, row_amax(state.outs, self.S))
-            if not self.OWN:
-                a = exchange(self, ctx, a, state.t)
-            recip = token_recip(self, a, row, self.OWN or ctx.index == 0)
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store(
                     token_codes(state.outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
         else:  # int4's groups of 128 (gluon_epilogue.group_codes: a line pair, at _pair_slots)
             for j in gl.static_range(self.S):
-                y = state.outs[j]
-                if self.PERM:
-                    y = relabel(y)
-                ctx.out.slice(j * LINES, LINES).store(group_codes(self, y, row, j, ctx.index).to(self.out_desc.dtype))
+                ctx.out.slice(j * LINES, LINES).store(
+                    group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
         fence_async_shared()
         gl.thread_barrier()
-        if self.SWAP:  # consumer c's blocks: the row's lines 64 c S ..
-            for j in gl.static_range(self.S):
-                line = row * self.LINES_PER_ROW + LINES * (ctx.index * self.S + j)
-                tma.async_copy_shared_to_global(self.out_desc, [line, 0], ctx.out.slice(j * LINES, LINES))
-        elif self.OWN:  # block j: the row's lines 64 j ..
-            for j in gl.static_range(self.S):
-                tma.async_copy_shared_to_global(self.out_desc, [row * self.LINES_PER_ROW + LINES * j, 0],
-                                                ctx.out.slice(j * LINES, LINES))
-        else:
-            line = row * self.LINES_PER_ROW + LINES * ctx.index
-            for j in gl.static_range(self.S):
-                tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0],
-                                                ctx.out.slice(j * LINES, LINES))
-
-    @gluon.jit
-    def _swapped(self, ctx, state):
-        """SWAP: this consumer's S output blocks in line order, (j, 0), (j, 1) for its j (S = 2: one j, S = 4: two), from its
-        blocks V_jc and the other consumer's V_j(1-c), taken through self.swap (consumer c's sent blocks at c S / 2 ..)."""
-        o = state.outs
-        slot = state.t & 1
-        L: gl.constexpr = o[0].type.layout
-        if self.S == 2:  # consumer 0 outputs j = 0 and sends V_10; consumer 1 outputs j = 1 and sends V_01
-            if ctx.index == 0:
-                self.swap.index(0).store(o[1])
-            else:
-                self.swap.index(1).store(o[0])
-        else:  # consumer 0 outputs j = 0, 1 and sends V_20, V_30; consumer 1 the reverse
-            if ctx.index == 0:
-                self.swap.index(0).store(o[2])
-                self.swap.index(1).store(o[3])
-            else:
-                self.swap.index(2).store(o[0])
-                self.swap.index(3).store(o[1])
-        gl.thread_barrier()  # every warp's stores before the arrive (one thread of the partition arrives)
-        mbarrier.arrive(self.sbar.index(slot))
-        mbarrier.wait(self.sbar.index(slot), (state.t >> 1) & 1)
-        if self.S == 2:
-            if ctx.index == 0:
-                v0 = o[0]
-                v1 = self.swap.index(1).load(L)
-            else:
-                v0 = self.swap.index(0).load(L)
-                v1 = o[1]
-            res = (v0 + v1, v0 - v1)
-        else:
-            if ctx.index == 0:
-                a0 = o[0]
-                a1 = self.swap.index(2).load(L)
-                b0 = o[1]
-                b1 = self.swap.index(3).load(L)
-            else:
-                a0 = self.swap.index(0).load(L)
-                a1 = o[2]
-                b0 = self.swap.index(1).load(L)
-                b1 = o[3]
-            res = (a0 + a1, a0 - a1, b0 + b1, b0 - b1)
-        return res
-
-    @gluon.jit
-    def _group_slots(self, SL: gl.constexpr, GR: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
-        """gluon_epilogue.group_codes' scale offsets and mask for block j's groups of G <= 64 (OWN: layout SL, GR a line):
-        the block's line r is the row's line 64 j + r, which may lie past the end."""
-        r = gl.arange(0, LINES, layout=gl.SliceLayout(1, SL))
-        g = gl.arange(0, GR, layout=gl.SliceLayout(0, SL))
-        offs = gl.expand_dims(LINES * j + r, 1) * GR + gl.expand_dims(g, 0)
-        return offs, (offs < self.LINES_PER_ROW * GR) & (row < self.rows)
+        line = row * self.LINES_PER_ROW + LINES * ctx.index
+        for j in gl.static_range(self.S):
+            tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0], ctx.out.slice(j * LINES, LINES))
 
     @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
         """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of 128 (int4): the
-        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i
-        (OWN: line 64 j + r, group 32 j + i, of the consumer's row, which may lie past the end)."""
+        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i."""
         i = gl.arange(0, LINES // 2, layout=SL)
-        if self.OWN:
-            return i, (LINES // 2) * j, (i < LINES // 2) & (row < self.rows)
         return i, LINES * j + (LINES // 2) * c, i < LINES // 2
 
 
@@ -308,7 +196,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
-                  False, 1.0, False, False, False, False, None, None, False, False, False, False)
+                  False, 1.0, False, False, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -320,38 +208,20 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
                                    row_counter, S: gl.constexpr, STAGES: gl.constexpr, FORMAT: gl.constexpr,
                                    G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
-                                   INT_BITS: gl.constexpr = False, OWN: gl.constexpr = False,
-                                   SWAP: gl.constexpr = False, SCALE_ONCE: gl.constexpr = False,
-                                   E2M1_PAIRS: gl.constexpr = False, PERM: gl.constexpr = False):
+                                   INT_BITS: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
     (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
-    h_desc and row_counter as hadamard_gluon_kernel's. OWN (module docstring): n = 4096 S, S <= 4, the staging buffer
-    [64 S, W]. SWAP (module docstring): per token, [S, 64, 64] float32 more shared memory."""
-    gl.static_assert(G == 0 or G == 128 or (OWN and (G == 16 or G == 32)),
-                     "per token, int4's groups of 128, or (OWN) mxfp4's 32 / nvfp4's 16")
-    gl.static_assert(not OWN or S <= 4, "OWN: a consumer's S blocks of 64 x 64 in registers, S <= 4")
-    rows = gl.to_tensor(rows)
+    h_desc and row_counter as hadamard_gluon_kernel's."""
+    gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
     xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(xbar.index(0), count=2)
     mbarrier.init(xbar.index(1), count=2)
-    gl.static_assert(not (OWN and SWAP), "OWN or SWAP")
-    if SWAP:
-        swap = gl.allocate_shared_memory(gl.float32, [S, 64, 64],
-                                         gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
-        sbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(sbar.index(0), count=2)
-        mbarrier.init(sbar.index(1), count=2)
-    else:
-        swap = None
-        sbar = None
-    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, (64 if OWN else 128) * S, scales, gscale, rows, stride_scales,
-                  rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5),
-                  OWN, swap, sbar, SWAP, SCALE_ONCE and G <= 32, E2M1_PAIRS and (FORMAT == 3 or FORMAT == 4),
-                  PERM and OWN and G <= 32 and G > 0)
+    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, 128 * S, scales, gscale, gl.to_tensor(rows), stride_scales,
+                  rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5))
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
-    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), (rows + 1) // 2 if OWN else rows)
+    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), rows)

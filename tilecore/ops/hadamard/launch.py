@@ -51,17 +51,11 @@ def _descriptor(t, cfg: dict):
 
 
 @functools.lru_cache(maxsize=None)
-def h64_operand(device, dtype, perm: bool = False) -> torch.Tensor:
-    """The Gluon kernel's resident operands, as bf16 bits: H_64 in bf16 (the second product's; ``perm``: its columns
-    in gluon_quantize_wide.perm_columns' order), then H_64 and -H_64 in the input's ``dtype`` (the first product's),
-    each 64 x 64."""
+def h64_operand(device, dtype) -> torch.Tensor:
+    """The Gluon kernel's resident operands, as bf16 bits: H_64 in bf16 (the second product's), then
+    H_64 and -H_64 in the input's ``dtype`` (the first product's), each 64 x 64."""
     h = hadamard_matrix(64, torch.float64)
-    second = h
-    if perm:
-        from tilecore.ops.hadamard.gluon_quantize_wide import perm_columns
-
-        second = h[:, perm_columns()]
-    return torch.cat([second.to(torch.bfloat16).contiguous(), h.to(dtype).view(torch.bfloat16),
+    return torch.cat([h.to(torch.bfloat16), h.to(dtype).view(torch.bfloat16),
                       (-h).to(dtype).view(torch.bfloat16)]).to(device)
 
 

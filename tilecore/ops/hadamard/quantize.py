@@ -345,32 +345,19 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
     (format, n): its tuning, under the caller's; not where the caller asks for the kron kernel by "gluon_pow2") and able:
     n in configs.GLUON_SIZES, the whole row rotated, 16-bit, no random signs, one scale a row (fp8, int8) or int4's groups
     of 128, >= configs.TMA_MIN_ELEMENTS elements (the transform's rule), plan_quantize's device may run Gluon; else None.
-    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits, own (a consumer
-    owns a row, slices of 64 lines: gluon_kernels' OWN; n = 16384 only, its four blocks in registers), swap (each consumer its
-    half of a slice, the H_2 level by an exchange of blocks: gluon_kernels' SWAP; per token; at 32768 six stages by
-    default, its [4, 64, 64] float32 exchange beside the ring)."""
+    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits."""
     if tuning.get("gluon_pow2") and "gluon_rows" not in tuning:
         return None
     tuning = {**_by_format(configs.QUANT_GLUON_ROWS, fmt, n, {}), **tuning}
     if not tuning.get("gluon_rows") or not tuning.get("_gluon_ok") or not rotate or block is not None or signs \
             or dtype == torch.float32 or n not in configs.GLUON_SIZES or rows * n < configs.TMA_MIN_ELEMENTS \
-            or not (group is None and fmt in ("fp8_e4m3", "fp8_e5m2", "int8") or group == 128 and fmt == "int4"
-                    or tuning.get("own") and (fmt == "mxfp4" and group == 32 or fmt == "nvfp4" and group == 16 and static)):
-        return None  # (nvfp4 with a given global scale only: the kernel has no AMAX pass)
-    own, swap = bool(tuning.get("own")), bool(tuning.get("swap"))
-    if (own and n // 4096 > 4) or (swap and (own or group is not None)):
+            or not (group is None and fmt in ("fp8_e4m3", "fp8_e5m2", "int8") or group == 128 and fmt == "int4"):
         return None
     f = FORMATS[fmt]
     stages, lookahead = configs.GLUON_TUNING.get(n, (configs.GLUON_STAGES, 0))
-    if swap and stages > 6:  # (shared memory: 227 KiB)
-        stages, lookahead = 6, min(lookahead, 4)
     clamp = tuning.get("clamp_lo")
-    return QuantizePlan("gluon_rows", grid=(min(cdiv(rows, 2) if own else rows, sms),), rscale=n**-0.5, config=dict(
-        S=n // (4096 if own else 8192), STAGES=tuning.get("stages") or stages, LOOKAHEAD=tuning.get("lookahead", lookahead),
-        **({"OWN": True} if own else {}), **({"SWAP": True} if swap else {}),
-        **({"SCALE_ONCE": True} if own and fmt == "nvfp4" and tuning.get("scale_once", True) else {}),
-        **({"E2M1_PAIRS": True} if own and fmt in ("mxfp4", "nvfp4") and tuning.get("e2m1_pairs") else {}),
-        **({"PERM": True} if own and fmt in ("mxfp4", "nvfp4") and tuning.get("perm") else {}),
+    return QuantizePlan("gluon_rows", grid=(min(rows, sms),), rscale=n**-0.5, config=dict(
+        S=n // 8192, STAGES=tuning.get("stages") or stages, LOOKAHEAD=tuning.get("lookahead", lookahead),
         FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed,
         num_warps=4, **_gluon_int_bits(fmt, n, tuning),
         **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True} if clamp else {})))
