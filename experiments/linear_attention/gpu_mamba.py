@@ -244,6 +244,12 @@ def warm(form: int, op: bool, probe: bool):
 SMI_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
 
 
+def smi_id() -> str:
+    """nvidia-smi's name of the GPU torch runs on (its UUID: nvidia-smi's indices ignore CUDA_VISIBLE_DEVICES, so on a
+    host of several GPUs its index 0 may be another job's)."""
+    return f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
+
+
 class Clocks:
     """nvidia-smi sampling the GPU every 50 ms in the background, from ``with`` to its end: the SM clock's median /
     min / max (MHz), the memory clock, power (W), temperature and the clock-event reasons seen (a bit mask: 0x4 SW
@@ -254,7 +260,7 @@ class Clocks:
 
     def __enter__(self):
         self.file = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(SMI_FIELDS)}",
+        self.proc = subprocess.Popen(["nvidia-smi", "-i", smi_id(), f"--query-gpu={','.join(SMI_FIELDS)}",
                                       "--format=csv,noheader,nounits", "-lms", "50"], stdout=self.file,
                                      stderr=subprocess.STDOUT, text=True)
         time.sleep(0.2)  # (its first sample before the work)
@@ -290,7 +296,8 @@ class Clocks:
 def clocks_phase(run: Run, rounds: int):
     """The kernel alone (form 0, stateless, the scores made once): one launch on an idle GPU (0.3 s asleep before it,
     CUDA events: as ncu times a launch), 30 launches back to back, and graph rounds, each under Clocks."""
-    text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK"], capture_output=True, text=True).stdout
+    text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK", "-i", smi_id()], capture_output=True, text=True).stdout
+    run.extra["smi_gpu"] = smi_id()
     run.extra["smi_clock"] = text
     print("\n".join(ln for ln in text.splitlines() if ln.strip() and "Clock Policy" not in ln)[:1500], flush=True)
     fn = launcher(0, *timed_args("stateless"), scores=False)
