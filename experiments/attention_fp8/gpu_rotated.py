@@ -122,6 +122,10 @@ def forms(names):
              "d128c3s2": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), rot_split=(),
                                                                         q_buffers={128: 1}, stages={128: 2}))},
                           (128,)),
+             # D128 on three: codes in shared memory, the split rotation, two bf16 Q buffers and 3 stages, O stored in 4
+             # column slices (a 4 KiB epilogue buffer a consumer instead of 16: 3 stages and the Q prefetch fit)
+             "d128c3o4": ({configs: dict(GLUON_FORWARD={**gf, 128: dict(c3[128], o_slices=4)},
+                                         ROTATED=dict(rot, q_reg=(64,), q_buffers={128: 2}))}, (128,)),
              # D128 on three: codes in registers (the shipped D128's), one bf16 Q buffer, 3 stages
              "d128c3r": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_buffers={128: 1}))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
@@ -159,7 +163,7 @@ def arguments():
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
     ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c3, d128c3q2, "
-                    "d128c3s2, d128c3r (forms()); "
+                    "d128c3s2, d128c3o4, d128c3r (forms()); "
                     "the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)

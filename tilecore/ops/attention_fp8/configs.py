@@ -22,7 +22,7 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
-                        "p_linear", "hide_first_key", "mask32", "serial"})
+                        "p_linear", "hide_first_key", "mask32", "serial", "o_slices"})
 
 
 def gluon_config(d: int, causal: bool) -> dict:
