@@ -68,7 +68,8 @@ def test_value_loop_dqk_kernel_compiles_without_spills(blocks, registers, spille
 def test_dv_kernel_compiles(blocks, spilled):
     """The dv kernel's common launch (dvw) on sm_90a: dv_form 0 (session 32's) 4 B spilled, configs' CHUNKED (dv_form 5
     since session 33: one reduction a key block, two exp tiles, no branch on the flags; 21 since session 39: the scores
-    made transposed) none; wgmma, not serialized."""
+    made transposed; 53 since session 42: each key block's dS_c rows loaded with its q, k, g) none; wgmma, not
+    serialized."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", CODE, json.dumps(dict(wide_apart=True, **blocks))],
                           capture_output=True, text=True, env=env, timeout=600)

@@ -47,8 +47,9 @@ CHUNKED = dict(
     dqk_lean=True,  # r from do v^T's diagonal (no product and row sum a value block)
     dqk_dotscan=True,  # dG's reverse sum as three bf16 dots (fewer shuffles than tl.cumsum)
     dqk_form=3,  # one reduction for G's span, two exp tiles, no span branch (11 / 27: within noise, more error)
-    dv_form=21,  # one reduction a key block, two exp tiles, no branch on the flags, the scores made transposed (P^T:
-    # P^T do's register operand as it comes; 1.008x / 1.017x 5 at d 128 / d 64)
+    dv_form=53,  # one reduction a key block, two exp tiles, no branch on the flags, the scores made transposed (P^T:
+    # P^T do's register operand as it comes; 1.008x / 1.017x 5 at d 128 / d 64), each key block's dS_c rows loaded with
+    # its q, k, g (+ 32: one global round trip a block fewer; 1.046x / 1.094x 21 at d 128 / d 64)
     dqk_flat=0,  # n > 0: the dqk common launch by n chunks a program, loads by TMA (CHUNKED_FLAT_DIMS sets it)
     dqk_flat_stages=None,  # its num_stages (None: dqk_stages)
     dqk_gluon=0,  # n > 0: where the flat launch runs, the Gluon kernel on the tiles template instead (gluon_gla_bwd: a
