@@ -152,6 +152,21 @@ BATCHES["j"] = {  # call 1: DG_OWN at d 32 and d 64 against configs' (at d 128 i
     "d64 dv configs": (64, {}, "dvw"),
     "d64 dv dhs early": (64, dict(dv_form=53), "dvw"),
 }
+BATCHES["k"] = {  # call 2, after call 1 (runs/ha_s42a_run2_session42_h100.txt: dv_form 53 1.046x / 1.094x 21 at d 128 / d 64,
+    # flipped; DG_OWN 0.976x at d 32, 1.020x at d 64): the dv flip against 21 again (the kernel, d 128's whole backward,
+    # the public op through autograd as shipped), d 64's DG_OWN again, d 32's configs'
+    "d128 dv configs": (128, {}, "dvw"),
+    "d128 dv s41": (128, dict(dv_form=21), "dvw"),
+    "d128 configs bwd": (128, {}, "bwd"),
+    "d128 dv s41 bwd": (128, dict(dv_form=21), "bwd"),
+    "d128 configs op": (128, dict(op=(1, 1024, 2, 128, True)), None),
+    "d64 dv configs": (64, {}, "dvw"),
+    "d64 dv s41": (64, dict(dv_form=21), "dvw"),
+    "d64 configs dqk": (64, {}, "dqk0w"),
+    "d64 own": (64, dict(dqk_gluon_form=D64_OWN), "dqk0w"),
+    "d64 configs op": (64, dict(op=(2, 1024, 3, 64, False)), None),
+    "d32 configs dqk": (32, {}, "dqk0w"),
+}
 MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
          "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
 VARIANTS = BATCHES[BATCH]
