@@ -192,11 +192,12 @@ ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset({(128, False), (128, True)})
 # (head dim, causal) of gluon_rotary's forward whose K is turned inside its launch (gluon_rotary.KTurn: side items
 # of the persistent schedule, on some SMs while others run tiles) instead of by apply_rotary's pass before it;
 # the items' ring steps (2 block_n rows each), their lead (in grids of tiles before a head's first tile), and
-# a step's cost in attention steps for the balanced deal (plan.rotary_overlap_table)
+# a step's cost in attention steps for the balanced deal (plan.rotary_overlap_table: one SM turns a D128 step in
+# 2.54 us, an attention step takes 1.46: 1.75)
 ROTARY_K_OVERLAP_CASES: frozenset = frozenset()
-ROTARY_K_OVERLAP_ITEM_STEPS = 8
-ROTARY_K_OVERLAP_LEAD = 2.0
-ROTARY_K_OVERLAP_ITEM_COST = 1.0
+ROTARY_K_OVERLAP_ITEM_STEPS = 4
+ROTARY_K_OVERLAP_LEAD = 4.0
+ROTARY_K_OVERLAP_ITEM_COST = 1.75
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past
