@@ -48,7 +48,8 @@ def compile_one(m, p, fmt, stages=2, rows=1 << 14, scale_once=False, ktrim=False
     n, halves = m * p, p // 64
     x = torch.empty(rows, n, dtype=torch.bfloat16)
     out = x if fid == 7 else torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
-    xd, cd, sd = g.descriptors(x, out, m, packed, halves, slots or (2 if store2 or stream else 4))
+    xd, cd, sd = g.descriptors(x, out, m, packed, halves, slots or (2 if store2 or stream else 4),
+                               bool((extra or {}).get("JOINT")))
     hd = gluon_descriptor(g.gluon_operand(m, torch.bfloat16, "cpu"), [64, 64])
     scales = torch.empty(rows, n // G if G else 1, dtype=torch.uint8 if fid in (3, 4) else torch.float32)
     gs = torch.empty(1, dtype=torch.float32)

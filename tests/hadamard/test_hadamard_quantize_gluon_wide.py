@@ -247,6 +247,37 @@ def test_units_kernel_compiles_for_sm90():
         assert x["spill_stores"] <= 280, x
 
 
+_COMPILE_JOINT = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard.wide_gluon_compile import compile_one
+for joint in (False, True):  # fp8 18944's shipped switches (UNITS, KTRIM, FOLD, CLAMP_LO 2), without / with JOINT
+    print(json.dumps(compile_one(148, 128, "fp8_e4m3", ktrim=True, fold=True, units=True, clamp_lo=2,
+                                 extra={"JOINT": True} if joint else {})))
+"""
+
+
+def test_joint_kernel_compiles_for_sm90():
+    """JOINT (UNITS' two column halves' mixing as one N = 128 product) compiles for sm_90a: 78 wgmma against UNITS' 108
+    (the mixing's 2 x 3 chains a unit one), TMA, not serialized, within 227 KiB, fewer instructions and spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_JOINT], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    units, joint = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert units["wgmma"] == 108 and joint["wgmma"] == 78, (units, joint)
+    assert joint["tma"] and not joint["wgmma_serialized"] and joint["shared_meta"] <= 227 * 1024, joint
+    assert joint["sass"] < units["sass"] and joint["spill_stores"] <= units["spill_stores"], (units, joint)
+
+
+def test_plan_switches_joint_only_with_units():
+    for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"):
+        assert _plan(fmt, n=18944, gluon=True, _gluon_ok=True, units=True, joint=True).config.get("JOINT")
+        assert not _plan(fmt, n=18944, gluon=True, _gluon_ok=True, units=False, joint=True).config.get("JOINT")
+        assert not _plan(fmt, n=11008, gluon=True, _gluon_ok=True, joint=True).config.get("JOINT")
+        assert not _plan(fmt, n=18944, gluon=True, _gluon_ok=True).config.get("JOINT")
+
+
 _COMPILE = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())

@@ -71,7 +71,8 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
                                                      tile_counter(x2.device), **cfg)
         return
     x_desc, codes_desc, staging_desc = gw.descriptors(x2, out, cfg["M"], packed, cfg.get("HALVES", 1),
-                                                      2 if cfg.get("STORE2") or cfg.get("STREAM") else 4)
+                                                      2 if cfg.get("STORE2") or cfg.get("STREAM") else 4,
+                                                      bool(cfg.get("JOINT")))
     h_desc = gluon_descriptor(gw.gluon_operand(cfg["M"], x2.dtype, x2.device, transpose, bool(cfg.get("PERM"))),
                               [64, 64])
     with dispatch.on_device(x2.device):

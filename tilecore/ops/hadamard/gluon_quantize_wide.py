@@ -49,6 +49,14 @@ class RowPair:
     b2: object
 
 
+@stage_struct
+class RowJoint:
+    """JOINT's ring stage: the tile's row as its three [1, 64, 128] chunks of sub-rows (both column halves)."""
+    a0: object
+    a1: object
+    a2: object
+
+
 @struct
 class Mixed:
     """A consumer's row: its three [64, 64] float32 blocks (start: zeros; after compute: Y_j, rotated and scaled)."""
@@ -103,6 +111,8 @@ class WideQuantize:
     STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
     E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
     INT_BITS: gl.constexpr  # int8 / int4: codes from the bits of q + 1.5 x 2^23, no cvt.rni (epilogue._int_bits)
+    JOINT: gl.constexpr  # UNITS: both column halves' mixing as one N = 128 product (a chunk a [1, 64, 128] box): H's
+    # block read once for both halves, half the wgmma instructions; W_J0 and W_J1 split from its accumulator
 
     @gluon.jit
     def setup(self, tile):
@@ -110,16 +120,21 @@ class WideQuantize:
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        for r in gl.static_range(2):
-            if r == 0:
-                bufs = (stage.a0, stage.a1, stage.a2)
-            else:
-                bufs = (stage.b0, stage.b1, stage.b2)
+        if self.JOINT:  # the row's three chunks, both column halves each
+            jbufs = (stage.a0, stage.a1, stage.a2)
             for k in gl.static_range(NB):
-                if self.HALVES == 2:  # the tile's row, column half r (a: columns 0..63, b: 64..127)
-                    tma.async_copy_global_to_shared(self.x_desc, [tile, BLOCK * k, BLOCK * r], bar, bufs[k])
+                tma.async_copy_global_to_shared(self.x_desc, [tile, BLOCK * k, 0], bar, jbufs[k])
+        else:
+            for r in gl.static_range(2):
+                if r == 0:
+                    bufs = (stage.a0, stage.a1, stage.a2)
                 else:
-                    tma.async_copy_global_to_shared(self.x_desc, [2 * tile + r, BLOCK * k, 0], bar, bufs[k])
+                    bufs = (stage.b0, stage.b1, stage.b2)
+                for k in gl.static_range(NB):
+                    if self.HALVES == 2:  # the tile's row, column half r (a: columns 0..63, b: 64..127)
+                        tma.async_copy_global_to_shared(self.x_desc, [tile, BLOCK * k, BLOCK * r], bar, bufs[k])
+                    else:
+                        tma.async_copy_global_to_shared(self.x_desc, [2 * tile + r, BLOCK * k, 0], bar, bufs[k])
 
     @gluon.jit
     def load_tile(self, bufs, bar, tile, consumer):
@@ -263,15 +278,26 @@ class WideQuantize:
         """UNITS: output block J of both column halves, each mixing product once: W_Jh = sum_k H[J, k] X_kh (both
         chains issued, then waited for), then Y_J0 = (W_J0 + W_J1) H_64 and Y_J1 = (W_J0 - W_J1) H_64 (H_128 =
         H_2 (x) H_64) on the bf16 pieces, rscale and the sub-rows past m as _rotated."""
-        xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
-        xb = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
-        wa = z
-        wb = z
-        for k in gl.static_range(NB):
-            wa = self._product(ctx, J, k, xa[k], wa, k > 0)
-        for k in gl.static_range(NB):
-            wb = self._product(ctx, J, k, xb[k], wb, k > 0)
-        wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
+        if self.JOINT:  # one [64, 128] accumulator: columns 0..63 are W_J0's, 64..127 W_J1's
+            xj = (stage.a0.reshape([BLOCK, 2 * BLOCK]), stage.a1.reshape([BLOCK, 2 * BLOCK]),
+                  stage.a2.reshape([BLOCK, 2 * BLOCK]))
+            w = gl.zeros([BLOCK, 2 * BLOCK], gl.float32, wgmma_layout(BLOCK, 2 * BLOCK, gl.num_warps()))
+            for k in gl.static_range(NB):
+                w = self._product(ctx, J, k, xj[k], w, k > 0)
+            w = warpgroup_mma_wait(0, deps=(w,))
+            wa, wb = gl.split(gl.permute(gl.reshape(w, [BLOCK, 2, BLOCK]), [0, 2, 1]))
+            wa = gl.convert_layout(wa, z.type.layout)  # (the same registers: a thread's columns 8 j + 2 q + b, j < 8)
+            wb = gl.convert_layout(wb, z.type.layout)
+        else:
+            xa = (stage.a0.reshape([BLOCK, BLOCK]), stage.a1.reshape([BLOCK, BLOCK]), stage.a2.reshape([BLOCK, BLOCK]))
+            xb = (stage.b0.reshape([BLOCK, BLOCK]), stage.b1.reshape([BLOCK, BLOCK]), stage.b2.reshape([BLOCK, BLOCK]))
+            wa = z
+            wb = z
+            for k in gl.static_range(NB):
+                wa = self._product(ctx, J, k, xa[k], wa, k > 0)
+            for k in gl.static_range(NB):
+                wb = self._product(ctx, J, k, xb[k], wb, k > 0)
+            wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
         d = wa - wb
         y0 = self._rotated(wa + wb, h64, J)
         if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
@@ -553,12 +579,13 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                FOLD: gl.constexpr = False, UNITS: gl.constexpr = False, NOZERO: gl.constexpr = False,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
                                PERM: gl.constexpr = False, STREAM: gl.constexpr = False,
-                               E2M1_PAIRS: gl.constexpr = False, INT_BITS: gl.constexpr = False):
+                               E2M1_PAIRS: gl.constexpr = False, INT_BITS: gl.constexpr = False,
+                               JOINT: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
     are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
-    zero at launch and left so, from which programs draw row pairs."""
+    zero at launch and left so, from which programs draw row pairs. JOINT (UNITS): x_desc's boxes [1, 64, 128]."""
     rows = gl.to_tensor(rows)  # a one-row call: Triton passes rows == 1 as a constant; the tile count is a tensor
     if HALVES == 2:  # the per-token amax exchange between the consumers sharing a row
         xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -586,11 +613,15 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
                       STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM,
                       E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4),
-                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4))
+                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4), JOINT and UNITS)
+    gl.static_assert(not JOINT or UNITS, "JOINT: UNITS alone")
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
-    stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
-                     ring(x_desc, STAGES), ring(x_desc, STAGES))
+    if JOINT:
+        stages = RowJoint(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES))
+    else:
+        stages = RowPair(ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES), ring(x_desc, STAGES),
+                         ring(x_desc, STAGES), ring(x_desc, STAGES))
     if HALVES == 2:
         run(op, layout, stages, rows)
     else:
@@ -646,15 +677,17 @@ def _layout(block, bits):
     return gll.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=len(block))
 
 
-def descriptors(x2, out, m: int, packed: bool, halves: int = 1, slots: int = 4):
+def descriptors(x2, out, m: int, packed: bool, halves: int = 1, slots: int = 4, joint: bool = False):
     """(x_desc, codes_desc, staging_desc) for (rows, m 64 halves) rows ``x2`` and their codes (or values) ``out``:
     3-D views (rows, m, 64 halves, or 32 halves packed) with [1, 64, W] boxes (W = 64 or 32: a consumer's columns;
-    sub-rows past m: zeros on loads, clipped on stores); the staging buffer ``slots`` blocks (STORE2: 2)."""
+    sub-rows past m: zeros on loads, clipped on stores); the staging buffer ``slots`` blocks (STORE2: 2). ``joint``
+    (JOINT): x's boxes [1, 64, 128], both column halves."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows = x2.shape[0]
     P = BLOCK.value
-    x_desc = TensorDescriptor(x2, [rows, m, P * halves], [x2.stride(0), P * halves, 1], [1, P, P], _layout([1, P, P], 16))
+    xb = [1, P, P * halves] if joint else [1, P, P]
+    x_desc = TensorDescriptor(x2, [rows, m, P * halves], [x2.stride(0), P * halves, 1], xb, _layout(xb, 16))
     w = P // 2 if packed else P
     bits = out.element_size() * 8
     shape, strides = [rows, m, w * halves], [out.stride(0), w * halves, 1]
