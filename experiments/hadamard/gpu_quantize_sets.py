@@ -42,7 +42,8 @@ transform's Gluon pipeline with the codes (plan tuning gluon_rows, gluon_kernels
 format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with the whole ring ahead. --set t (last batch):
 the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
 consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
-e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4.
+e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
+N = 128 product), every format.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -407,6 +408,13 @@ SETS["w"] = {  # (priority order)
 }
 
 
+# session 42, batch 2: the model width 18944 = 148 x 128 (fp8 80%, int8 77%, int4 59%, nvfp4 43%, mxfp4 40% of copy) on the
+# Gluon wide kernel with JOINT (9695bcb8: UNITS' two column halves' mixing as one N = 128 product: H_148's block read once
+# for both halves, half the mixing's wgmma instructions; sm_90a fp8: wgmma 108 -> 78, SASS 3456 -> 3016, spills 84 -> 28 B),
+# each format on its shipped switches
+SETS["x"] = {(f, 18944): [("joint", dict(joint=True))] for f in ("fp8_e4m3", "int8", "int4", "mxfp4", "nvfp4")}
+
+
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
     out = []
@@ -461,6 +469,8 @@ def config_of(plan) -> str:
         return f"gluon_rows S{c['S']} st{c['STAGES']} la{c['LOOKAHEAD']}" + (f" cl{c['CLAMP_LO']}" if c.get("CLAMP_LO")
                                                                             else "") + (" own" if c.get("OWN") else "") \
             + (" swap" if c.get("SWAP") else "") + (" perm" if c.get("PERM") else "")
+    if plan.path == "gluon_wide":
+        return "gluon_wide" + "".join(f" {k.lower()}" for k in ("UNITS", "JOINT", "PERM", "KTRIM") if c.get(k))
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
