@@ -260,6 +260,7 @@ def gemm_rings(probe: Probe, flag, sms: int, specs=GEMM_RINGS, m: int = 8192, n:
     b = torch.randint(0, 256, (n, kbytes), dtype=torch.uint8, device="cuda")
     b_nm = torch.randint(0, 256, (kbytes // 2, 2 * n), dtype=torch.uint8, device="cuda")
     words = {name: (x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) for name, x in (("a", a), ("b", b), ("nm", b_nm))}
+    probe._maps += [a, b, b_nm]  # the tensor maps read them: alive as long as the maps
     out = {}
     for name, bm, bn, stages, group_m, swz, promo, pace, nmajor in specs:
         tiles_m, tiles_n = m // bm, n // bn

@@ -48,7 +48,10 @@ GEMMS = {"gemm 128x256 s3 c2": (128, 256, 64, 3, 2, 8), "gemm 64x256 s4 c1": (64
 # the probe's rings (gpu_cluster_multicast.GEMM_RINGS' form), each the GEMM's tile and stages
 RINGS = (("ring 128x256 K-major", 128, 256, 3, 8, 3, 3, 0, 0), ("ring 128x256 N-major", 128, 256, 3, 8, 3, 3, 0, 1),
          ("ring 64x256 K-major", 64, 256, 4, 8, 3, 3, 0, 0), ("ring 64x256 N-major", 64, 256, 4, 8, 3, 3, 0, 1),
-         ("ring 128x128 N-major", 128, 128, 4, 8, 3, 3, 0, 1))
+         ("ring 128x128 N-major", 128, 128, 4, 8, 3, 3, 0, 1),
+         # each stage held about a k step's MMA time (as the GEMM's consumers hold it): do paced blocks' requests merge?
+         ("ring 128x256 N-major paced", 128, 256, 3, 8, 3, 3, 1300, 1),
+         ("ring 64x256 N-major paced", 64, 256, 4, 8, 3, 3, 650, 1))
 KERNELS = "regex:gemm_kernel|gemm_ring_probe"
 # counters (rollup .sum unless named); each kept only where the GPU's metric list has its base name
 CORE = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second", "lts__t_sectors.sum", "lts__t_sectors_op_read.sum",
