@@ -88,3 +88,47 @@ def test_cluster_errors(cluster, match):
     assert MAX_CLUSTER == 16
     with pytest.raises(ValueError, match=match):
         _gemm(cluster=cluster)
+
+
+NCU_L2 = RUNS / "hh_ncu_l2_s42a_run2_session42_h100_napkin_l2_count.json"
+GEMM_TILES = {"gemm 128x256 s3 c2": (128, 256, 3, 2), "gemm 64x256 s4 c1": (64, 256, 4, 1),
+              "gemm 128x128 s4 c2": (128, 128, 4, 2)}
+
+
+def test_the_l2s_two_numbers_counted():
+    """Session 42's Nsight Compute run (experiments/napkin/gpu_l2_count.py, H100): tilecore's Gluon GEMM and the
+    load-only ring of the same tiles both deliver their tiles' bytes into the SMs (the crossbar: l1tex__m_xbar2l1tex_
+    read_bytes), but the ring's slices serve all of them, at the slices' own rate (l2_unshared_bandwidth, ncu's peak
+    8.73 TB/s), while the GEMM's slices serve 0.41-0.61 of them: requests merged before the slices. The engine charges
+    a kernel's intake at the crossbar and its first reads plus l2_slice_share of its re-reads at the slices: no
+    counted GEMM's slice reads exceed the model's, and the three tiles' times are this run's within 6%."""
+    from tilecore.napkin import validate
+
+    r = rows(NCU_L2)
+    for name in GEMM_TILES:
+        ncu = r[f"ncu {name}"]
+        assert ncu["xbar2l1_gb"] == pytest.approx(ncu["tiling_gb"], rel=0.001)   # every tile's bytes delivered
+        assert 0.40 < ncu["counted_over_tiling"] < 0.62                          # ... 0.41-0.61 of them served
+        share = (ncu["tex_read_gb"] - ncu["dram_read_gb"]) / (ncu["xbar2l1_gb"] - ncu["dram_read_gb"])
+        assert share <= H100.l2_slice_share + 0.005
+    for name in ("ring 128x256 K-major", "ring 128x256 N-major", "ring 64x256 K-major", "ring 64x256 N-major",
+                 "ring 128x128 N-major"):
+        ncu = r[f"ncu {name}"]
+        assert ncu["counted_over_tiling"] == pytest.approx(1.0, abs=0.02)        # nothing merged
+        assert ncu["counted_tbs"] * 1e12 == pytest.approx(H100.l2_unshared_bandwidth, rel=0.04)
+        assert ncu["l2_peak_tbs"] * 1e12 > H100.l2_unshared_bandwidth
+    gpu = validate.lab_gpu()
+    for name, (bm, bn, stages, wgs) in GEMM_TILES.items():
+        d = relabel(models.matmul(8192, 8192, 8192), gpu, {"m": group(bm), "n": group(bn), "k": stream(64)},
+                    warpgroups=wgs, stages=stages, split_axis="m")
+        ncu = r[f"ncu {name}"]
+        first = min(d.l2_reads, d.H["HBM"])
+        assert first + H100.l2_slice_share * (d.l2_reads - first) >= 0.99 * ncu["tex_read_gb"] * 1e9
+        assert d.H["L2"] == pytest.approx(ncu["tiling_gb"] * 1e9 + 8192 * 8192 * 2, rel=0.001)  # + C's stores
+        assert d.time * 1e3 == pytest.approx(r[f"time {name}"]["ms"], rel=0.06)
+    # without the merge the slices would bind the 64 x 256 tile at 21.6 GB / 8.1 TB/s = 2.67 ms, the ring's time
+    # (2.65-2.67 ms) where the GEMM ran 1.54-1.64
+    unmerged = dataclasses.replace(gpu, l2_slice_share=1.0)
+    d = relabel(models.matmul(8192, 8192, 8192), unmerged, {"m": group(64), "n": group(256), "k": stream(64)},
+                warpgroups=1, stages=4, split_axis="m")
+    assert d.time * 1e3 == pytest.approx(r["time ring 64x256 K-major"]["ms"], rel=0.03)

@@ -474,6 +474,12 @@ def relabel(diagram: Diagram, gpu, parts: dict, warpgroups: int = 1, stages: int
         sm_share = ctas / (gpu.sms * math.ceil(ctas / gpu.sms))
         ports = gpu.level("L2").bandwidth * min(ctas, gpu.sms) / gpu.sms   # the busy SMs' ports to the L2
         times["L2"] = H["L2"] / ports
+        if gpu.l2_slice_share and gpu.l2_unshared_bandwidth:
+            # the L2's slices: every line's first read (from HBM) and the share of the re-reads that is not merged
+            # with a running block's request for the same line, at the slices' rate
+            first = min(l2_reads, H["HBM"])
+            slices = first + gpu.l2_slice_share * max(0.0, l2_reads - first)
+            times["L2"] = max(times["L2"], slices / gpu.l2_unshared_bandwidth)
         times["HBM"] = H["HBM"] / min(hbm.bandwidth, ports)
         times["SMEM"] = H["SMEM"] / gpu.level("SMEM").bandwidth / sm_share
         if cluster and gpu.multicast_chunk_s:

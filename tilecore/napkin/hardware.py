@@ -82,11 +82,16 @@ class GPU:
     # dependent MMAs of one step (softmax between Q K^T and P V): the paper's account of FA3
     exposed_sfu: float = 2 / 3
     constants_source: tuple = field(default_factory=tuple)
-    # the L2 in two numbers: Level("L2").bandwidth is the SMs' ports together, what a kernel's tiles drew into the SMs
-    # (tilecore's Gluon GEMM: the engine charges every relabelled kernel's L2 -> SM bytes at it); l2_unshared_bandwidth
-    # is what copies of L2-resident lines drew (bulk copies, and a GEMM's tile order loaded without its MMAs), a rate
-    # no relabelled kernel reaches (their unshared lines come from HBM first). 0: the level's bandwidth
+    # the L2 in two limits, counted apart by Nsight Compute: Level("L2").bandwidth is what the crossbar delivers into
+    # the SMs together (the engine charges every relabelled kernel's L2 -> SM bytes at it); l2_unshared_bandwidth is
+    # what the L2's slices serve, every request that reaches them a lookup (bulk copies and a load-only ring of a GEMM's
+    # tiles run at it). A GEMM's SMs take in more than its slices serve: requests for a line from blocks that run
+    # together merge before the slices (l2_slice_share). 0: the level's bandwidth
     l2_unshared_bandwidth: float = 0.0
+    # share of the bytes the SMs take from L2 beyond their lines' first (HBM) read that reach the L2's slices: requests
+    # for one line from blocks that run together merge before the slices, and the crossbar delivers the line to each
+    # (0: the slices not modelled). The slices serve at l2_unshared_bandwidth.
+    l2_slice_share: float = 0.0
     # a TMA multicast copy's time in the receiving block's ring, whatever its size (0: not modelled)
     multicast_chunk_s: float = 0.0
 
@@ -159,7 +164,7 @@ class GPU:
 def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_kb, smem_block_kb,
          tensor, tensor_src, alu, alu_src, tc_tile, notes=(), launch_s=0.0, mma_sync_fraction=1.0,
          constants_source=(), graph_launch_s=0.0, tile_latency_s=0.0, l2_unshared_bandwidth=0.0,
-         multicast_chunk_s=0.0):
+         multicast_chunk_s=0.0, l2_slice_share=0.0):
     sfu = 16 * sms * clock_hz  # 16 exp2/clk/SM: CUDA C Programming Guide, arithmetic throughput table
     return GPU(
         key=key, name=name, sms=sms, clock_hz=clock_hz,
@@ -181,13 +186,19 @@ def _gpu(key, name, sms, clock_hz, hbm, hbm_src, l2_bytes, l2_bw, l2_src, smem_k
         max_rf_per_warpgroup=128 * 255 * 4, notes=tuple(notes), launch_s=launch_s, graph_launch_s=graph_launch_s,
         tile_latency_s=tile_latency_s,
         mma_sync_fraction=mma_sync_fraction, constants_source=tuple(constants_source),
-        l2_unshared_bandwidth=l2_unshared_bandwidth, multicast_chunk_s=multicast_chunk_s)
+        l2_unshared_bandwidth=l2_unshared_bandwidth, multicast_chunk_s=multicast_chunk_s, l2_slice_share=l2_slice_share)
 
 
 # a kernel's fixed time (launch, the stores' completion, the tail: what a small copy takes beyond the engine's own
 # time for it, its first loads' round trip and bytes), eager and replayed from a CUDA graph: both derived the same
 # way from measured small copies (constants_source; validate.launch_from_copy; tests/napkin/test_validate_tilecore.py)
 LAUNCH_S_H100 = 4.15e-6
+# the share of a kernel's L2 re-reads (bytes into the SMs beyond their lines' first read from HBM) that reach the L2's
+# slices, counted by Nsight Compute on tilecore's Gluon GEMM at 8192^3 (lts__t_sectors_srcunit_tex_op_read against
+# l1tex__m_xbar2l1tex_read_bytes, less dram__bytes_read): 0.41 in 128 x 256 tiles, 0.33 in 64 x 256, 0.57 in
+# 128 x 128 (notes/napkin/runs/hh_ncu_l2_s42a_run2_session42_h100.txt); the largest, so the slices bound no kernel
+# below what was counted. The load-only ring of the same tiles merged nothing (its reads 0.98-1.01 of its tiles')
+SLICE_SHARE = 0.57
 GRAPH_LAUNCH_S_H100 = 0.89e-6
 
 A100 = _gpu(
@@ -209,12 +220,15 @@ H100 = _gpu(
     "h100", "H100-SXM5-80GB", sms=132, clock_hz=1.83e9,  # 989.4e12 / (132 SMs x 4096 FLOP/clk)
     hbm=(80e9, 3.35e12), hbm_src="NVIDIA H100 datasheet: HBM3 3.35 TB/s (SXM)",
     l2_bytes=50 * 2**20, l2_bw=13.96e12,
-    l2_src="H100 whitepaper: 50 MB L2. Bandwidth into the SMs: 13.96 TB/s (105.8 GB/s an SM), the most a committed "
-           "kernel drew: tilecore's Gluon GEMM at 8192^3 in 64 x 256 "
+    l2_src="H100 whitepaper: 50 MB L2. Bandwidth into the SMs (the crossbar's delivery): 13.96 TB/s (105.8 GB/s an "
+           "SM), the most a committed kernel drew: tilecore's Gluon GEMM at 8192^3 in 64 x 256 "
            "tiles, 4 stages, 5 MiB of operands a tile through TMA, 1.538 ms (notes/napkin/runs/"
            "napkin_topk_configs_run8_session29_h100.json; 13.0-13.96 TB/s over six committed runs of it), a lower "
-           "bound on the ports. Was 14.49 TB/s, gpu_constants.py's blocks re-reading slices their SM's L1 held "
-           "(notes/napkin/runs/hh_l2_s40b_run3_session40_h100.txt); before that a 10 TB/s estimate",
+           "bound. Counted by Nsight Compute (notes/napkin/runs/hh_ncu_l2_s42a_run2_session42_h100.txt): the SMs "
+           "receive exactly the tiling's bytes (l1tex__m_xbar2l1tex_read_bytes), 13.68 TB/s over that launch, while "
+           "the slices serve 0.41 of them (l2_slice_share). Was 14.49 TB/s, gpu_constants.py's blocks re-reading "
+           "slices their SM's L1 held (notes/napkin/runs/hh_l2_s40b_run3_session40_h100.txt); before that a 10 TB/s "
+           "estimate",
     smem_kb=228, smem_block_kb=227,
     tensor={"tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12, "fp8": 1978.9e12},
     tensor_src="NVIDIA H100 datasheet (SXM), dense = half the sparse figures: TF32 494.7, "
@@ -223,16 +237,21 @@ H100 = _gpu(
     alu_src="NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s; FP16/BF16 non-tensor 2x FP32 (whitepaper)",
     tc_tile=(64, 8, 32),  # wgmma m64nNk16 (fp16) / k32 (fp8): 32 bytes of k per instruction
     launch_s=LAUNCH_S_H100, graph_launch_s=GRAPH_LAUNCH_S_H100, tile_latency_s=0.7e-6, mma_sync_fraction=2 / 3,
-    l2_unshared_bandwidth=8.1e12, multicast_chunk_s=0.44e-6,
+    l2_unshared_bandwidth=8.1e12, multicast_chunk_s=0.44e-6, l2_slice_share=SLICE_SHARE,
     constants_source=(
-        "l2_unshared_bandwidth 8.1 TB/s: bulk copies (cp.async.bulk) from a 16 MiB L2-resident set, each SM its own "
+        "l2_unshared_bandwidth 8.1 TB/s, the L2's slices: Nsight Compute's peak for the SMs' reads is 8.73 TB/s "
+        "(lts__t_sectors_srcunit_tex_op_read.sum.peak_sustained x the L2 clock), which a load-only ring of a GEMM's "
+        "tiles reaches at 8.0-8.25 (its counted reads = its tiles' bytes) and the Gluon GEMM's slices at 4.4-6.9 "
+        "(notes/napkin/runs/hh_ncu_l2_s42a_run2_session42_h100.txt). "
+        "Bulk copies (cp.async.bulk) from a 16 MiB L2-resident set, each SM its own "
         "lines: 7.85-8.10 TB/s (59-61 GB/s an SM), two blocks an SM no more; the same lines read by 12-132 SMs at once "
         "9.9 (75 GB/s an SM); ld.global.cg 5.8 (notes/napkin/runs/hh_l2share_s41a_run1_session41_h100.txt, "
         "hh_l2_s40c_run6_session40_h100.txt); a GEMM's operand boxes in its grouped tile order by tensor TMA without "
         "MMAs 7.91-8.25 TB/s for 128x256, 128x128, 64x256 tiles and row-major order alike (hh_l2ports_s41c_run5_"
         "session41_h100.txt), where the Gluon GEMM's timings imply the same 64x256 bytes at up to 13.96; nor do its "
         "descriptors' 128-byte swizzle and 256-byte promotion or stages held a k step's MMA time lift the ring "
-        "(7.95-8.14 TB/s, hh_l2ports_s41d_run7_session41_h100.txt): the two figures are not reconciled",
+        "(7.95-8.14 TB/s, hh_l2ports_s41d_run7_session41_h100.txt). Reconciled by counting (session 42): the GEMM's "
+        "SMs receive 2-3x what its slices serve (l2_slice_share), the ring's receive what its slices serve",
         "multicast_chunk_s 0.44 us: a multicast bulk copy of 24 or 32 KiB to 2 or 4 blocks of a cluster takes "
         "0.425-0.453 us (median 0.44) of each receiving block's ring whatever its size, the consumers' release of a buffer "
         "at CTA scope (CUTLASS's ClusterBarrier form); 0.75 us at cluster scope (hh_l2share_s41a_run1_session41_h100."
