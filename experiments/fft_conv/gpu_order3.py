@@ -12,13 +12,10 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
 (``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: a plan.order3_plan tuple and its spectrum kind):
   c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
-  c64_t, f16_t  c64 / f16 with WARPIO toggled (u's and y's tiles in 1a / 1'a split across the warps by rows, as the
-                wgmmas': on at 8192 since session 41's last call, where it timed it as c64_w / f16_w)
-  c64_sK, f16_sK  (8192) c64 / f16 at STACK K: 1 1a / 1'a four columns a2 a product against F2 ([64, 64] @ F_16
-                on its diagonal), u, T and y read and written in the wgmmas' layouts (no layout conversion); 2 as 1,
-                each group's u (1a) / T' (1'a) read under the previous group's wgmmas; 3 as 2 for T', u read once a
-                pair (the pair's scales from the registers 1a takes); 0 the columns two a wait;
-                c64_sKt, f16_sKt: with WARPIO toggled too (beside STACK it sets only the pair's scale pass's layout)
+  c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
+                in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
+  (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
+  d3087a39 have them; session 41: c64_1, c64_v / f16_v, c64_w / f16_w)
   (session 41: call 3 timed c64_1, 8192 at one program a SM, 0.69x, and c64_v / f16_v, the 8-byte u / y accesses,
   shipped since; jobs hf_s41c / hf_s41d c64_o / f16_o, the tuples before them: dc82cd0b's script has them)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
@@ -64,12 +61,9 @@ def tuples(n):
     """label -> (the order3_plan tuple, spectrum kind) of each variant."""
     out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
     for label in ("c64", "f16"):
-        t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))  # (per_sm, warpgroups, rfft, warpio, stack)
-        out[label + "_t"] = (t[:3] + (not t[3], t[4]), label)  # WARPIO toggled
-        if n == 8192:  # STACK 0 / 1 / 2 (alone, and with WARPIO toggled)
-            for k in (0, 1, 2, 3):
-                out[f"{label}_s{k}"] = (t[:4] + (k,), label)
-                out[f"{label}_s{k}t"] = (t[:3] + (not t[3], k), label)
+        t = tuple(out[label][0]) + (False,) * (4 - len(out[label][0]))  # (per_sm, warpgroups, rfft, stack)
+        if n == 8192:  # STACK toggled (it takes F2 = F_16 four times on the diagonal: 8192 only)
+            out[label + "_s"] = (t[:3] + (not t[3],), label)
     return out
 
 
@@ -119,7 +113,7 @@ def _op_checks(run, ud, kd, spectra, ref, n, table, suffix):
         fft_conv(x, sk).backward(dy.cuda())
         r = check(x.grad.cpu(), correlation(dy.double(), kd[:64].cpu().double()), TOL)
         picked = conv_plan(n, x.device, x.dtype, kind == "f16")
-        run.row(f"check op du {kind}{suffix}", path=picked.path, stack=picked.stack, warpio=picked.warpio, **r)
+        run.row(f"check op du {kind}{suffix}", path=picked.path, stack=picked.stack, **r)
         r = check(k.grad.cpu(), dk_reference(u.double(), dy.double(), n), TOL)
         run.row(f"check op dk {kind}{suffix}", dtype=str(k.grad.dtype), **r)
 
@@ -245,7 +239,7 @@ def main() -> int:
     ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
     ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
     ap.add_argument("--op", action="store_true", help="the op's plan, bits, du and dk")
-    ap.add_argument("--op-as", default="", help="a variant suffix (_s2: c64_s2 / f16_s2): the op's checks with that "
+    ap.add_argument("--op-as", default="", help="a variant suffix (_s: c64_s / f16_s): the op's checks with that "
                                                  "variant's tuples patched into configs (tiles.switches.patched)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=100)

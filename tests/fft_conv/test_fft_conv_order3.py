@@ -106,8 +106,8 @@ CODE_T = """
 import json, re, sys
 from tilecore.ops.fft_conv.report import order3_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n, per_sm, wg, rfft, warpio, stack = (int(a) for a in sys.argv[1:7])
-name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(warpio), stack)
+n, per_sm, wg, rfft, stack = (int(a) for a in sys.argv[1:6])
+name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(stack))
 compiled = compile_kernel(kernel, args, num_warps=warps)
 ptx = compiled.asm["ptx"]
 inside = 0  # 32-bit global loads (the float16 bins) between a wgmma issue and the next wait
@@ -119,10 +119,11 @@ for line in ptx.splitlines():
         pending = False
     elif pending and "ld.global" in line and ".b32" in line:
         inside += 1
-b32 = len(re.findall(r"(?:ld|st)\\.(?:global|shared)\\.b32", ptx))
+ldg32 = len(re.findall(r"ld\\.global\\.b32", ptx))
+stg32 = len(re.findall(r"st\\.global\\.b32", ptx))
 print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
                       inside=inside, bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), b16=len(re.findall(r"(?:ld|st)\\.global[.\\w]*\\.b16", ptx)),
-                      sins=len(re.findall(r"sin\\.approx", ptx)), b32=b32,
+                      sins=len(re.findall(r"sin\\.approx", ptx)), ldg32=ldg32, stg32=stg32,
                       arrives=len(re.findall(r"mbarrier\\.arrive", ptx)),
                       inits=re.findall(r"mbarrier\\.init\\.shared::cta\\.b64 \\[%r\\d+\\], (\\d+)", ptx),
                       regs=[int(r) for r in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)],
@@ -130,10 +131,9 @@ print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len
 """
 
 
-@pytest.mark.parametrize("n, per_sm, wg, rfft, warpio, stack", [(8192, 2, 1, 4, 1, 0), (8192, 2, 1, 3, 1, 0),
-                                                                (16384, 1, 2, 4, 0, 0), (16384, 1, 2, 3, 0, 0),
-                                                                (8192, 2, 1, 4, 1, 1), (8192, 2, 1, 3, 1, 2)])
-def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, warpio, stack):
+@pytest.mark.parametrize("n, per_sm, wg, rfft, stack", [(8192, 2, 1, 4, 1), (8192, 2, 1, 3, 1), (16384, 1, 2, 4, 0),
+                                                        (16384, 1, 2, 3, 0)])
+def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack):
     """The shipped builds (configs.GLUON_ORDER3 and GLUON_ORDER3_HALF at 8192 and 16384): wgmma, the twiddles by the
     SFU, the programs a multiprocessor the plan asks for fit by shared memory (T as the wgmma's tiles, no staging tile,
     no -Im F_B) and registers (8192: two; 16384, two warpgroups on a T of 128 KiB: one); the chunk loop's four complex
@@ -141,12 +141,12 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, warpio, s
     two a wait; the chunk's float16 bins loaded under stage 3's wgmmas; u's loads and y's stores 8 bytes wide (no
     2-byte access: _swizzled's grouped form); two warpgroups: two mbarriers of two arrivals, the worker under 256
     registers. Spill: scalars (8192 ~140 B, 16384 under 1 KB), as measured faster on the H100 all the same
-    (notes/fft_conv). (RFFT 4: the channels' scales, KS.) WARPIO (8192): fewer barriers. STACK 1 / 2 (8192, the candidates):
-    1a and 1'a four columns a2 a product (four [64, 64] complex products each, one wait each), no layout conversion
-    through shared memory (a handful of barriers a pair, not ~200), u, T and y accessed 4 bytes wide (2: the next
-    group's u / T' read before the wait)."""
+    (notes/fft_conv). (RFFT 4: the channels' scales, KS.) STACK (8192): 1a and 1'a four columns a2 a product (four
+    [64, 64] complex products each, one wait each), no layout conversion through shared memory (a handful of barriers a
+    pair, not ~200), u and y accessed 4 bytes wide from / to the wgmmas' layouts, u read once a pair (its four groups'
+    loads only: no second pass over u)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [str(a) for a in (n, per_sm, wg, rfft, warpio, stack)]
+    args = [str(a) for a in (n, per_sm, wg, rfft, stack)]
     r = subprocess.run([sys.executable, "-c", CODE_T, *args], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     row = json.loads(r.stdout)
@@ -156,13 +156,14 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, warpio, s
     a2 = gluon_order3.factors(n)[2]
     if stack:  # (1a, 1'a: a2 / 4 groups of four [64, 64] x K 64 wgmmas (4 instructions each), a wait each)
         assert row["mmas"] == 2 * (a2 // 4) * 4 * 4 + 4 * 4 * 4 and row["waits"] == 2 * (a2 // 4) + 4, row
-        assert row["bars"] < 30 and row["b32"] >= 4 * (a2 // 4) * 8, row
+        # u: a group's 2 x 8 4-byte loads, once (beside the chunk's 32 bins and RFFT 4's channel scale); y: a group's
+        # 2 x 8 4-byte stores
+        assert row["bars"] < 30 and row["stg32"] == (a2 // 4) * 16, row
+        assert (a2 // 4) * 16 + 32 <= row["ldg32"] <= (a2 // 4) * 16 + 33, row
     else:
         assert row["mmas"] == wg * (2 * (a2 // wg) * 4 + 4 * 4 * 4) and row["waits"] == wg * (2 * (a2 // wg) // 2 + 4), row
     assert row["inside"] >= 32, row  # (the chunk's bins load while stage 3's wgmmas run)
     assert row["b16"] == 0, row  # (u's loads and y's stores 8 bytes wide)
-    if warpio:
-        assert row["bars"] < 260, row  # (the shipped 8192 build: 269 in its PTX)
     if wg == 2:
         assert row["mbarrier"] and row["arrives"] >= 2 and row["inits"] == ["2", "2"] and max(row["regs"]) <= 256, row
 
@@ -230,7 +231,7 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
     with pytest.raises(ValueError, match="rfft 3"):
         conv_plan.order3_plan(8192, 2, 1, 2)  # (complex64 bins in the kernel: removed)
     with pytest.raises(ValueError, match="only at N = 8192"):
-        conv_plan.order3_plan(16384, 1, 2, 4, False, 1)  # (F2 is F_32 twice there, not F_16 four times)
+        conv_plan.order3_plan(16384, 1, 2, 4, True)  # (F2 is F_32 twice there, not F_16 four times)
     for table in (configs.GLUON_ORDER3, configs.GLUON_ORDER3_HALF):
         for n, c in table.items():
             p = conv_plan.order3_plan(n, *c)
@@ -247,13 +248,13 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, 1, 4), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, "k", 1, 4, False, 0)  # (conj, per_sm, key, warpgroups, RFFT, WARPIO, STACK)
+    assert seen[0][3:] == (True, 1, "k", 1, 4, False)  # (conj, per_sm, key, warpgroups, RFFT, STACK)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, 2, 3), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, None, 2, 3, False, 0)  # (two warpgroups a pair, float16 bins)
+    assert seen[0][3:] == (False, 1, None, 2, 3, False)  # (two warpgroups a pair, float16 bins)
     seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, 2), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True, 2)  # (STACK 2)
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True), u, spectrum, y, False, key=None)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True)  # (STACK)
 
 
 def test_model_counts_order3_below_order2():

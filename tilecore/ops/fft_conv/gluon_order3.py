@@ -25,9 +25,9 @@ A = 16 A2 (A2 = 16 at 8192, 32 at 16384), so no DFT matrix larger than 64 x 64 i
         [B, 16] @ conj(F_16)[:, :8]; s = the largest chunk scale; y[B (A2 a1 + a2) + m] = out s / L x the
         sequence's scale (x the channel's bin scale KS[h] with KSCALE)
 
-T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _swizzled). STACK (8192, a
-candidate): 1a and 1'a four columns a2 a product, [B, (j, a1)] @ F2 (F_16 four times on its diagonal at A2 = 16), in
-the wgmmas' own layouts (no layout conversion through shared memory: _ST5). FLOPs a pair
+T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _swizzled). STACK (on at 8192):
+1a and 1'a four columns a2 a product, [B, (j, a1)] @ F2 (F_16 four times on its diagonal at A2 = 16), in the wgmmas'
+own layouts (no layout conversion through shared memory: _ST5), u read once a pair. FLOPs a pair
 (complex multiply-adds, as the wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8
 A2 (model.order3_flops). Products: float16 operands, float32 sums, as the chunked kernel; one more float16 rounding
 (T) than order 2 (bf16 1.07x the floor on the H100, fp16 3.2x). The arithmetic step for step in torch:
@@ -182,24 +182,22 @@ _ST5H = gl.constexpr(gl.DistributedLinearLayout(  # the same without the a1 >= 8
     warp_bases=[[1, 0, 0, 0, 0], [2, 0, 0, 0, 0]], block_bases=[], shape=[4, 2, 8, 4, 8]))
 
 
+@gluon.constexpr_function
+def _one_axis(L, d):
+    """The layout of dimension d alone of a rank-5 layout L (the others sliced away, the last first)."""
+    for k in (4, 3, 2, 1, 0):
+        if k != d:
+            L = gl.SliceLayout(k, L)
+    return L
+
+
 @gluon.jit
 def _axis5(n: gl.constexpr, d: gl.constexpr, L: gl.constexpr):
     """arange(n) along dimension d of a rank-5 tensor of layout L, expanded to rank 5."""
-    if d == 0:
-        x = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
-        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 1), 2), 3), 4)
-    elif d == 1:
-        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
-        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 2), 3), 4)
-    elif d == 2:
-        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
-        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 3), 4)
-    elif d == 3:
-        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, L)))))
-        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2), 4)
-    else:
-        x = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L)))))
-        x = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2), 3)
+    x = gl.arange(0, n, layout=_one_axis(L, d))
+    for k in gl.static_range(5):
+        if k != d:
+            x = gl.expand_dims(x, k)
     return x
 
 
@@ -232,7 +230,7 @@ def _stack_u(U, b_re, batch, row_re, row_im, g4: gl.constexpr, A2: gl.constexpr,
 
 @gluon.jit
 def _stack_scales(raws):
-    """STACK 3: the pair's (scale_re, bad_re, scale_im, bad_im) as _scaled_both gives them (each sequence's largest |u|
+    """STACK: the pair's (scale_re, bad_re, scale_im, bad_im) as _scaled_both gives them (each sequence's largest |u|
     over its finite elements, 1 where that is 0, and whether it holds a non-finite element) from its four groups' u as
     _stack_u read them (together every element of both sequences), one 4-operand reduction."""
     are = gl.zeros_like(raws[0][0]).to(gl.float32)
@@ -265,19 +263,15 @@ def _stack_operand(x, inv, B: gl.constexpr, acc: gl.constexpr, lhs: gl.constexpr
 
 
 @gluon.jit
-def _stage_1a_stacked(T_re, T_im, U, b_re, batch, row_re, row_im, raw, inv_re, inv_im, f2re, f2im, f2nim, t1re, t1im,
-                      g4: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc: gl.constexpr, lhs: gl.constexpr,
-                      NEXT: gl.constexpr):
+def _stage_1a_stacked(T_re, T_im, raw, inv_re, inv_im, f2re, f2im, f2nim, t1re, t1im, g4: gl.constexpr,
+                      B: gl.constexpr, acc: gl.constexpr, lhs: gl.constexpr):
     """STACK's stage 1a of columns a2 = 4 g4 .. 4 g4 + 3: T[:, a2, :] = W_A^(a2 k1) (x @ F2), x [B, (j, a1)] from
-    ``raw`` (_stack_u of this group), float16 into T's planes from the accumulator's layout (4-byte stores). NEXT
-    (STACK 2): the next group's u requested between this group's wgmmas' issue and their wait; returns it (else
-    ``raw``)."""
+    ``raw`` (_stack_u of this group, held since the pair's scales), float16 into T's planes from the accumulator's
+    layout (4-byte stores)."""
     xre = _stack_operand(raw[0], inv_re, B, acc, lhs)
     xim = _stack_operand(raw[1], inv_im, B, acc, lhs)
     zeros = gl.zeros([B, 64], gl.float32, acc)
     p, q = _issue(xre, f2re, xim, f2nim, xre, f2im, xim, f2re, zeros)
-    if NEXT:
-        raw = _stack_u(U, b_re, batch, row_re, row_im, g4 + 1, A2, B)
     p, q, xre, xim = warpgroup_mma_wait(0, deps=(p, q, xre, xim))
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, acc))  # (j, k1): W_A^(a2 k1) at T1[a2, k1] = T1 + 64 g4 + c
     twre = gl.expand_dims(gl.load(t1re + 64 * g4 + c), 0)
@@ -287,7 +281,6 @@ def _stage_1a_stacked(T_re, T_im, U, b_re, batch, row_re, row_im, raw, inv_re, i
     tim = gl.convert_layout(gl.reshape(tim.to(gl.float16), [4, 2, 8, 4, 16]), _ST5)
     _stack_view(T_re, g4).store(gl.permute(tre, (4, 3, 0, 2, 1)))
     _stack_view(T_im, g4).store(gl.permute(tim, (4, 3, 0, 2, 1)))
-    return raw
 
 
 @gluon.jit
@@ -304,8 +297,8 @@ def _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, row_re, row_im, raw, r
                               lhs: gl.constexpr, NEXT: gl.constexpr):
     """STACK's stage 1'a of columns a2 = 4 g4 .. 4 g4 + 3: V [B, (j, k1)] = T'[:, a2, :] (``raw``: _stack_t of this
     group) times ``ratio`` ([64] at (j, k1): s_k1 / s) and conj(W_A^(a2 k1)), float16, @ conj(F2) -> [B, (j, a1)], its
-    a1 < 8 to y (4-byte stores). NEXT (STACK 2): the next group's T' read between the wgmmas' issue and their wait;
-    returns it (else ``raw``)."""
+    a1 < 8 to y (4-byte stores). NEXT: the next group's T' read between the wgmmas' issue and their wait; returns it
+    (else ``raw``)."""
     vre = gl.convert_layout(gl.reshape(raw[0], [B, 64]), acc).to(gl.float32)
     vim = gl.convert_layout(gl.reshape(raw[1], [B, 64]), acc).to(gl.float32)
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, acc))
@@ -362,9 +355,7 @@ class Order3Shared:
     CONJ: gl.constexpr
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
-    WARPIO: gl.constexpr  # u's and y's tiles split across the warps by rows, as the wgmmas' (else by columns)
-    STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts (8192); 2: each
-    # group's u / T' read under the previous group's wgmmas; 3: as 2 for T', u read once (the pair's scales from it)
+    STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts, u read once (8192)
 
 
 @struct
@@ -444,8 +435,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 KSCALE: gl.constexpr = False, WARPIO: gl.constexpr = False,
-                                 STACK: gl.constexpr = 0):
+                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -461,10 +451,11 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
-    1a's u loads and 1'a's y stores are 8 bytes wide (_swizzled). WARPIO (on at 8192): the tiles of u (1a) and y (1'a)
-    split across the warps by rows m, as the wgmmas' operands and accumulators are, so their layout conversions stay
-    within a warp's rows (sm_90a 8192: 205 barriers against 269, half the 32-bit shared-memory stores and loads); the
-    same values. KSCALE, KS (heads,) float32: K's bins are the spectrum
+    1a's u loads and 1'a's y stores are 8 bytes wide (_swizzled). STACK (on at 8192, one warpgroup): 1a and 1'a take
+    four columns a2 a product against F2 ([B, (j, a1)] @ F_16 four times on the diagonal; 4 + 4 wgmma waits a pair, not
+    8 + 8), every access of u, T and y straight from / to the wgmmas' layouts (_ST5: no layout conversion through shared
+    memory, ~40 barriers a pair instead of ~230), u read once a pair (its scales and 1a from the same registers), each
+    group's T' read under the previous group's wgmmas; the same values. KSCALE, KS (heads,) float32: K's bins are the spectrum
     over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|, so
     no bin overflows float16), the outputs times KS[h]. The same roundings as gluon_emulate.emulate_order3."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
@@ -472,8 +463,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     A2: gl.constexpr = A // 16
     gl.static_assert(A2 * 16 == A and (A2 == 16 or A2 == 32), "A = 16 A2, A2 16 or 32 (N 8192, 16384)")
     gl.static_assert(WARPGROUPS == 1 or WARPGROUPS == 2, "WARPGROUPS: 1 or 2 a pair")
-    gl.static_assert(STACK == 0 or (A2 == 16 and WARPGROUPS == 1 and STACK <= 3),
-                     "STACK 1, 2 or 3: N = 8192 (F2 = F_16 on the diagonal), one warpgroup a pair")
+    gl.static_assert(not STACK or (A2 == 16 and WARPGROUPS == 1),
+                     "STACK: N = 8192 (F2 = F_16 on the diagonal), one warpgroup a pair")
     KG: gl.constexpr = B // A2  # k1 values a chunk: its KG A2 = 64 rows k_a
     C: gl.constexpr = KG * A2
     if WARPGROUPS == 1:
@@ -491,8 +482,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, WARPIO,
-                     STACK)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -594,10 +584,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     lhs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     acc8: gl.constexpr = wgmma_layout(B, 8, 4)
     lhs8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc8, k_width=2)
-    if g.WARPIO:  # warps along m, as the wgmmas' rows (a thread's 4 rows still one 8-byte access)
-        io: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
-    else:  # threads along m (u's and y's rows), warps along the columns
-        io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
+    io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])  # threads along m (u's, y's rows)
     put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     # (the float16 bins, RFFT 3; the twiddles computed, TW_SFU; no staging tiles: None)
     st = Stages(tabs.fbre, tabs.fbim, tabs.fbim, None, None, T1RE, T1IM, L, 3, g.CONJ, True, 0, True, None, 0, 1)
@@ -624,7 +611,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         b_re = 2 * (w % groups)
         row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh
         row_im = row_re + stride_ub
-        if g.STACK == 3:  # (u read once: its four groups held from here through stage 1a)
+        if g.STACK:  # (u read once: its four groups held from here through stage 1a)
             raws = (_stack_u(U, b_re, batch, row_re, row_im, 0, A2, B),
                     _stack_u(U, b_re, batch, row_re, row_im, 1, A2, B),
                     _stack_u(U, b_re, batch, row_re, row_im, 2, A2, B),
@@ -638,17 +625,10 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         inv_re = 1.0 / scale_re
         inv_im = 1.0 / scale_im
         gl.thread_barrier()  # the previous pair's 1'a has read T (PARTS 2: this warpgroup's columns, its own 1'a's)
-        if g.STACK:  # (STACK 2: each group's u requested under the previous group's wgmmas; 3: held since the scales)
-            if g.STACK != 3:
-                raw = _stack_u(U, b_re, batch, row_re, row_im, 0, A2, B)
+        if g.STACK:
             for c in gl.static_range(A2 // 4):
-                if g.STACK == 1 and c > 0:
-                    raw = _stack_u(U, b_re, batch, row_re, row_im, c, A2, B)
-                if g.STACK == 3:
-                    raw = raws[c]
-                raw = _stage_1a_stacked(T_re, T_im, U, b_re, batch, row_re, row_im, raw, inv_re, inv_im, tabs.f2re,
-                                        tabs.f2im, tabs.f2nim, T1RE, T1IM, c, A2, B, acc, lhs,
-                                        g.STACK == 2 and c + 1 < A2 // 4)
+                _stage_1a_stacked(T_re, T_im, raws[c], inv_re, inv_im, tabs.f2re, tabs.f2im, tabs.f2nim, T1RE, T1IM, c,
+                                  B, acc, lhs)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE,
@@ -686,13 +666,11 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         yrow_re = b_re.to(gl.int64) * stride_yb + h * stride_yh
         if g.STACK:
             ratio64 = scales64 / running
-            raw = _stack_t(T_re, T_im, 0)
+            raw = _stack_t(T_re, T_im, 0)  # (each next group's T' read under this group's wgmmas)
             for c in gl.static_range(A2 // 4):
-                if g.STACK == 1 and c > 0:
-                    raw = _stack_t(T_re, T_im, c)
                 raw = _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, raw, ratio64,
                                                 T1RE, T1IM, tabs.f2re, tabs.f2im, tabs.f2nim, out_re, out_im, c, A2, B,
-                                                acc, lhs, g.STACK >= 2 and c + 1 < A2 // 4)
+                                                acc, lhs, c + 1 < A2 // 4)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,

@@ -61,9 +61,7 @@ class Plan:
     yalias: bool = False  # "gluon", chunked with TMA: y's box is the ring slot its pair's u came in
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
-    warpio: bool = False  # "order3": u's and y's tiles split across the warps by rows, as the wgmmas'
-    stack: int = 0  # "order3" (8192): 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts (2: each
-    # group's u / T' read under the previous group's wgmmas; 3: u read once, its scales from the same registers)
+    stack: bool = False  # "order3" (8192): 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
@@ -129,28 +127,24 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 ORDER3_PER_SM = {8192: (1, 2), 16384: (1,)}
 
 
-def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, warpio: bool = False,
-                stack: int = 0) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, stack: bool = False) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 8192: A = 256, 16384: 512),
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
     float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast to float16 pairs a call over each
-    channel's largest part (launch.scaled_half_bins); ``warpio``: u's and y's tiles in 1a / 1'a split across the warps
-    by rows, as the wgmmas' (their layout conversions within a warp's rows; on at 8192); ``stack`` 1 (8192, one
-    warpgroup a pair): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
-    (no layout conversion); 2: as 1, each group's u (1a) and T' (1'a) read under the previous group's wgmmas; 3: as 2
-    for T', u read once a pair (the pair's scales from the same registers stage 1a takes). (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4,
-    complex64 bins in the kernel, the 4096 build and DIRECT were measured slower and removed: notes/fft_conv.)"""
+    channel's largest part (launch.scaled_half_bins); ``stack`` (8192, one warpgroup a pair: F2 is F_16 four times on
+    its diagonal there): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
+    (no layout conversion), u read once a pair. (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64
+    bins in the kernel, the 4096 build, DIRECT, WARPIO and STACK's other forms were measured slower or no faster and
+    removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
-            or rfft not in (3, 4) or warpio not in (False, True) or stack not in (0, 1, 2, 3)
-            or (stack and (n != 8192 or warpgroups != 1))):
+            or rfft not in (3, 4) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
                          f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 (complex64 "
-                         f"cast a call), stack 0 .. 3 (not 0 only at N = 8192 with one warpgroup); got N = {n}, "
+                         f"cast a call), stack only at N = 8192 with one warpgroup; got N = {n}, "
                          f"per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, stack {stack}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, warpio=bool(warpio),
-                stack=int(stack))
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
