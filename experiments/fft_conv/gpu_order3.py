@@ -25,7 +25,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
 * with --op: the op on each spectrum kind: its plan is the variant's, its output the same bits as the variant's
   launch, three calls the same bits; du and dk through its backward (B2 H64) against float64 (dk: the filter's
   gradient, torch.fft's at these N, rounded to k's bf16). --op-as SUFFIX: the same with the variants c64SUFFIX /
-  f16SUFFIX patched into configs (switches.patched; the op's plan memo keys on the switches' generation).
+  f16SUFFIX patched into configs (switches.patched; the op's plan memo keys on the switches' generation). --fp16:
+  float16 u through the op (both spectrum kinds), y and du against float64 at float16's floor (tolerance 4x).
 * rows "time": interleaved rounds (do_bench medians after warm-up; then from CUDA graphs): torch.fft (rfft, product,
   irfft in float32), the op on c64 and f16, each variant's launch, a copy of u into y (y.copy_(u): 2 |u| bytes);
   x torch.fft, the ratio to the shipped launch of its kind, % of copy (the op's bytes, u + the complex64 spectrum + y,
@@ -37,6 +38,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -55,6 +57,7 @@ from tilecore.ops.fft_conv.plan import plan as conv_plan  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 TOL = 1.3  # bf16: order 3 at ~1.07x the floor; float16 bins ~+0.01
+TOL_FP16 = 4.0  # fp16 u: order 3 at ~3.0-3.2x float16's floor (the emulation, session 34's run)
 
 
 def tuples(n):
@@ -116,6 +119,26 @@ def _op_checks(run, ud, kd, spectra, ref, n, table, suffix):
         run.row(f"check op du {kind}{suffix}", path=picked.path, stack=picked.stack, **r)
         r = check(k.grad.cpu(), dk_reference(u.double(), dy.double(), n), TOL)
         run.row(f"check op dk {kind}{suffix}", dtype=str(k.grad.dtype), **r)
+
+
+def fp16_checks(run, n):
+    """float16 u through the op (its shipped plan, both spectrum kinds; B2 H64, y poisoned first), y and du against
+    float64, with float16's floor (order 3 ~3x it: one float16 rounding of T more than order 2)."""
+    g = torch.Generator().manual_seed(16)
+    u = torch.randn(2, 64, n, generator=g).to(torch.float16)
+    k = (torch.randn(64, n, generator=g) / math.sqrt(n)).to(torch.float16)
+    dy = torch.randn(2, 64, n, generator=g).to(torch.float16)
+    ref = fft_conv_reference(u.double(), k.double())
+    ref_du = correlation(dy.double(), k.double())
+    for kind in ("c64", "f16"):
+        x = u.cuda().detach().requires_grad_(True)  # (a fresh leaf each kind)
+        kk = k.cuda()
+        sk = filter_spectrum(kk, n) if kind == "c64" else filter_spectrum(kk, n, torch.float16)
+        y = fft_conv(x, sk)
+        y.backward(dy.cuda())
+        picked = conv_plan(n, x.device, x.dtype, kind == "f16")
+        run.row(f"check fp16 op {kind}", path=picked.path, stack=picked.stack, **check(y.detach().cpu(), ref, TOL_FP16))
+        run.row(f"check fp16 op du {kind}", **check(x.grad.cpu(), ref_du, TOL_FP16))
 
 
 def odd_batch(run, label, p, kind, kd, n):
@@ -239,6 +262,7 @@ def main() -> int:
     ap.add_argument("--conj", default="", help="variant labels whose correlation to check (a compile each)")
     ap.add_argument("--odd", default="", help="variant labels to check on an odd batch with a NaN")
     ap.add_argument("--op", action="store_true", help="the op's plan, bits, du and dk")
+    ap.add_argument("--fp16", action="store_true", help="float16 u through the op: y and du against float64")
     ap.add_argument("--op-as", default="", help="a variant suffix (_s: c64_s / f16_s): the op's checks with that "
                                                  "variant's tuples patched into configs (tiles.switches.patched)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -289,6 +313,8 @@ def main() -> int:
         run.attempt("op", op_checks, run, ud, kd, spectra, ref, n)
     if a.op_as:
         run.attempt(f"op as {a.op_as}", op_checks, run, ud, kd, spectra, ref, n, a.op_as)
+    if a.fp16:
+        run.attempt("fp16", fp16_checks, run, n)
     y_copy = torch.empty_like(ud)
     fns = {"torch.fft": lambda: torch.fft.irfft(torch.fft.rfft(ud.float(), n=2 * n) * spectra["c64"], n=2 * n)[..., :n],
            "op c64": lambda: fft_conv(ud, spectra["c64"]), "op f16": lambda: fft_conv(ud, spectra["f16"]),
