@@ -261,4 +261,6 @@ def test_model_counts_order3_below_order2():
     from tilecore.ops.fft_conv import model
 
     assert model.order3_flops(256, 64) * 2 < model.mono_flops(256, 64, 1)
+    # STACK's 1a / 1'a (K, N 64 against F_16 four times on F2's diagonal): 6.3 M complex multiply-adds a pair at 8192
+    assert model.order3_wgmma_flops(256, 64, stack=True) == 8 * 6291456 > model.order3_wgmma_flops(256, 64) * 1.3
     assert model.bound_ms("order3", 16, 768, 8192, 256, 64) < model.bound_ms("long", 16, 768, 8192, 128, 128) / 3

@@ -51,13 +51,16 @@ def order3_flops(a: int, b: int) -> int:
     return 8 * (b * 16 * 16 * a2 + 2 * b * a * a2 + 2 * b * b * a + b * 16 * 8 * a2)
 
 
-def order3_wgmma_flops(a: int, b: int) -> int:
-    """The FLOPs the shipped order-3 kernel's wgmmas execute a pair: as order3_flops, but stages 1b and 1'b take a
-    chunk's 64 rows k_a (b / A2 values of k1) in one [64, 64] @ [64, 64] product with F2 = b / A2 copies of F_A2 on its
-    diagonal, the zeros multiplied too: B B A each, as stages 3 and 3' (at 8192 4.6 M complex multiply-adds a pair,
-    1.52x order3_flops; at 16384 9.2 M, 1.30x)."""
+def order3_wgmma_flops(a: int, b: int, stack: bool = False) -> int:
+    """The FLOPs the order-3 kernel's wgmmas execute a pair: as order3_flops, but stages 1b and 1'b take a chunk's 64
+    rows k_a (b / A2 values of k1) in one [64, 64] @ [64, 64] product with F2 = b / A2 copies of F_A2 on its diagonal,
+    the zeros multiplied too: B B A each, as stages 3 and 3' (at 8192 4.6 M complex multiply-adds a pair, 1.52x
+    order3_flops; at 16384 9.2 M, 1.30x). ``stack`` (STACK, 8192): 1a and 1'a four columns a product against F2 (F_16
+    four times on its diagonal), K and N 64, the block diagonal's zeros and 1'a's unused a1 >= 8 multiplied too: 6.3 M
+    at 8192 (1.37x the columns' 4.6 M)."""
     a2 = a // 16
-    return 8 * (b * 16 * 16 * a2 + 4 * b * b * a + b * 16 * 8 * a2)
+    first, last = (64, 64) if stack else (16, 8)
+    return 8 * (b * 16 * first * a2 + 4 * b * b * a + b * 16 * last * a2)
 
 
 def passes(path: str, batch: int, heads: int, n: int, n1: int = 0, n2: int = 0, elem: int = 2,
