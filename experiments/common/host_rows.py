@@ -212,7 +212,10 @@ def switch_checks() -> list:
     reference's), and the same bits on vs off. RAW_SCRATCH: paged decode (O alone: the merged lse in the raw block),
     varlen (O alone: lse in the work table's block), attention's split-key decode at N256 (O alone). A row passes where
     the switch on changes nothing the reference sees: every element written, each output the off side's bits; each
-    check's own pass (error <= 2.5x the floor) is reported beside."""
+    check's own pass (error <= 2.5x the floor) is reported beside. Session 42: the norms' plain calls by STATS_SCRATCH
+    (mean and rstd, which they return neither of, in one raw block; norm.launch): layer_norm and rms_norm (64 x 4096, whole rows)
+    and layer_norm at 8 x 16384 (the stats kernel, then the forward reading them); mamba2_step by MAMBA_STEP_SCRATCH
+    (linear_attention.op: dt_eff and g in one raw block), y and its updated state."""
     import tilecore
     from tilecore.ops.attention import attention_reference
     from tilecore.ops.attention_kvcache import kvcache_reference
@@ -265,6 +268,28 @@ def switch_checks() -> list:
     qs, ks, vs = (torch.randn(1, 8, 256, 64, generator=gen, **bf) for _ in range(3))
     ref, _ = attention_reference(qs.double(), ks.double(), vs.double())
     both("attention N256", tiles_launch, "RAW_SCRATCH", lambda: [tilecore.attention(qs, ks, vs)], [ref])
+    # (session 42) the norms' plain calls: mean and rstd in the raw block; rows of 16384 take the stats kernel first
+    from tilecore.ops.linear_attention import op as la_op
+    from tilecore.ops.norm import launch as norm_launch, layer_norm_reference
+    for name, (m, n), rms in (("layer_norm", (64, 4096), False), ("rms_norm", (64, 4096), True),
+                              ("layer_norm two passes", (8, 16384), False)):
+        x = torch.randn(m, n, generator=gen, **bf)
+        w, b = torch.randn(n, generator=gen, **bf), (None if rms else torch.randn(n, generator=gen, **bf))
+        ref, _ = layer_norm_reference(x.double(), w.double(), None if b is None else b.double(), rms=rms)
+        both(name, norm_launch, "STATS_SCRATCH",
+             lambda x=x, w=w, b=b, rms=rms: [tilecore.layer_norm(x, w, b, rms=rms)], [ref])
+    # (session 42) mamba2_step (host_time's B4 H32 P64 N128): dt_eff and g in the raw block; y and the state it updates
+    # in place (reset before each call) against mamba_ssm's selective_state_update in float64
+    xm = torch.randn(4, 32, 64, generator=gen, **bf)
+    dtm, am = torch.rand(4, 32, generator=gen, device=dev), -torch.rand(32, generator=gen, device=dev)
+    bm, cm = (torch.randn(4, 1, 128, generator=gen, **bf) for _ in range(2))
+    s0 = torch.randn(4, 32, 64, 128, generator=gen, device=dev)
+    s = s0.clone()
+    da = torch.exp(dtm.double() * am.double())[..., None, None]
+    s_ref = s0.double() * da + (dtm.double()[..., None] * xm.double())[..., None] * bm.double()[:, :, None, :]
+    y_ref = torch.einsum("bhps,bgs->bhp", s_ref, cm.double())
+    both("mamba2_step", la_op, "MAMBA_STEP_SCRATCH",
+         lambda: [tilecore.mamba2_step(s.copy_(s0), xm, dtm, am, bm, cm), s], [y_ref, s_ref])
     return rows
 
 

@@ -764,3 +764,116 @@ def test_tma_operand_holds_every_field_tritons_launcher_reads():
         if f.name in ("padding", "round_f32_to_tf32"):
             assert getattr(op, f.name) == f.default, f.name
     assert tma_operand_problem() is None
+
+
+@pytest.mark.parametrize("case", ["rms", "ln", "ln two passes", "prenorm residual"])
+def test_norm_plain_call_takes_its_statistics_as_a_raw_block(monkeypatch, raw_blocks, case):
+    """A plain eager norm call by its key's NormForward under RAW_SCRATCH and STATS_SCRATCH, every launch kept: mean
+    (LayerNorm) and rstd,
+    which the call returns neither of, are one raw block (the mean's rows, then rstd 16-byte aligned), handed to the
+    stats and forward kernels by address and given back once they are queued (also where a launch raises); y and h
+    still tensors. Off, or a launch not kept: the tensors of NormForward.outputs, as before."""
+    from tilecore.ops.norm import configs as norm_configs, launch as norm_launch, op as norm_op
+
+    monkeypatch.setattr(norm_op, "signature", cpu_signature)
+    caches = (norm_op._CHECKED, norm_op._PLANS, norm_op._FORWARDS, norm_launch._FORWARD_OPTIONS)
+    for cache in caches:
+        cache.clear()
+    if case == "ln two passes":
+        monkeypatch.setattr(norm_configs, "WHOLE_ROW_MAX", 16)
+    rms = case in ("rms", "prenorm residual")
+    x, w = torch.randn(2, 5, 32, dtype=torch.float16), torch.randn(32, dtype=torch.float16)
+    b = None if rms else torch.randn(32, dtype=torch.float16)
+    res = torch.randn(2, 5, 32, dtype=torch.float32) if case == "prenorm residual" else None
+
+    def call():
+        return norm_op.layer_norm(x, w, b, residual=res, rms=rms, prenorm=res is not None)
+    call()  # (the key's first call: its NormForward)
+    recipe = next(iter(norm_op._FORWARDS._data.values()))[0]
+    monkeypatch.setattr(norm_launch, "STATS_SCRATCH", True)  # (off by default until the H100's A/B)
+    assert (recipe.stats is not None) == (case == "ln two passes")
+
+    class Failing(Kept):
+        def __call__(self, args):
+            super().__call__(args)
+            raise RuntimeError("launch failed")
+    for fail in (False, True):
+        blocks = raw_blocks.log.clear() or raw_blocks
+        recipe.forward = Failing() if fail else Kept()
+        recipe.stats = Kept() if recipe.stats is not None else None
+        monkeypatch.setattr(launch, "RAW_SCRATCH", True)
+        if fail:
+            with pytest.raises(RuntimeError, match="launch failed"):
+                call()
+        else:
+            out = call()
+            y, h = out if res is not None else (out, None)
+            assert y.shape == x.shape and y.dtype == x.dtype
+            assert (h is not None) == (res is not None) and (h is None or h.dtype == torch.float32)
+        (_, nbytes, stream, address), released = blocks.log
+        rows = 10
+        rstd_at = 0 if rms else 16 * 3  # (10 rows of float32: 40 bytes, rstd at 48)
+        assert nbytes == rstd_at + 4 * rows and stream == 1000 and released == ("delete", address) and not blocks.kept
+        (args,) = recipe.forward.calls
+        assert args[6] == (None if rms else address) and args[7] == address + rstd_at
+        assert isinstance(args[4], torch.Tensor) and (args[5] is None) == (res is None)
+        if recipe.stats is not None:
+            (stats,) = recipe.stats.calls
+            assert stats[2] == address and stats[3] == address + rstd_at
+    for module, switch in ((launch, "RAW_SCRATCH"), (norm_launch, "STATS_SCRATCH")):  # off: outputs' tensors, no block
+        monkeypatch.setattr(module, switch, False)
+        raw_blocks.log.clear()
+        recipe.forward = Kept()
+        call()
+        (args,) = recipe.forward.calls
+        assert raw_blocks.log == [] and isinstance(args[7], torch.Tensor) and args[7].shape == (10,)
+        assert (args[6] is None) == rms
+        monkeypatch.setattr(module, switch, True)
+    for cache in caches:
+        cache.clear()
+
+
+def test_mamba2_step_recipe_takes_a_raw_block_for_dt_eff_and_g(monkeypatch, raw_blocks):
+    """RAW_SCRATCH, both launches kept: mamba2_step's recipe hands dt_eff and g (g 16-byte aligned after it) as one raw
+    block of the caching allocator, by address, given back once both launches are queued (also where one raises); y a
+    tensor of x's dtype. Off: one tensor, g by address in it, as before."""
+    monkeypatch.setattr(la_op, "signature", _cpu_signature)
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()
+    state = torch.randn(3, 5, 16, 16)
+    x = torch.randn(3, 5, 16, dtype=torch.float16)
+    dt, A = torch.rand(3, 5), -torch.rand(5)
+    Bm, Cm = (torch.randn(3, 1, 16, dtype=torch.float16) for _ in range(2))
+    la_op.mamba2_step(state, x, dt, A, Bm, Cm)
+    recipe = next(iter(la_op._MAMBA_STEPS._data.values()))[0]
+
+    class Failing(Kept):
+        def __call__(self, args):
+            super().__call__(args)
+            raise RuntimeError("launch failed")
+    monkeypatch.setattr(launch, "RAW_SCRATCH", True)
+    monkeypatch.setattr(la_op, "MAMBA_STEP_SCRATCH", True)  # (off by default until the H100's A/B)
+    for fail in (False, True):
+        raw_blocks.log.clear()
+        recipe.dt_launch, recipe.step = Kept(), (Failing() if fail else Kept())
+        if fail:
+            with pytest.raises(RuntimeError, match="launch failed"):
+                la_op.mamba2_step(state, x, dt, A, Bm, Cm)
+        else:
+            y = la_op.mamba2_step(state, x, dt, A, Bm, Cm)
+            assert y.shape == x.shape and y.dtype == x.dtype
+        (_, nbytes, stream, address), released = raw_blocks.log
+        assert nbytes == 4 * (16 + 15) and stream == 1000 and released == ("delete", address) and not raw_blocks.kept
+        (dt_args,), (step_args,) = recipe.dt_launch.calls, recipe.step.calls
+        assert dt_args[3] == step_args[4] == address and dt_args[4] == step_args[3] == address + 4 * 16
+    for module, switch in ((launch, "RAW_SCRATCH"), (la_op, "MAMBA_STEP_SCRATCH")):  # off: a tensor, g in it
+        monkeypatch.setattr(module, switch, False)
+        raw_blocks.log.clear()
+        recipe.dt_launch, recipe.step = Kept(), Kept()
+        la_op.mamba2_step(state, x, dt, A, Bm, Cm)
+        (dt_args,), (step_args,) = recipe.dt_launch.calls, recipe.step.calls
+        assert raw_blocks.log == [] and isinstance(dt_args[3], torch.Tensor) and step_args[4] is dt_args[3]
+        assert dt_args[4] == dt_args[3].data_ptr() + 4 * 16
+        monkeypatch.setattr(module, switch, True)
+    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
+        cache.clear()

@@ -22,6 +22,7 @@ from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 # (signature: read by name from this module's namespace by SignatureMemo)
 from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2, signature  # noqa: F401
+from tilecore.tiles.launch import release, scratch
 from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -636,7 +637,7 @@ class _MambaStep:
     the kernels (mamba_dt.fits, no upcast, a kernel plan); ``serves()``: the dt kernel's switches as they were
     (a switch turned mid-process sends the key back to the general path)."""
 
-    __slots__ = ("dt_launch", "dt_tail", "step", "step_tail", "d_kind", "shapes", "clamp", "device", "y_dtype")
+    __slots__ = ("dt_launch", "dt_tail", "step", "step_tail", "d_kind", "shapes", "clamp")
 
     @classmethod
     def of(cls, key, p, state, x, dt, A, B, C, D, d_skip, z, dt_bias, dt_limit, g, dt_eff, y):
@@ -654,7 +655,6 @@ class _MambaStep:
         # D's float32 view as the general path makes it: none, (H,) expanded to (H, P), or (H, P)
         self.d_kind = 0 if D is None else (1 if D.dim() == 1 else 2)
         self.shapes = ((dt.numel(), -(-dt.numel() // 4) * 4), tuple(x.shape))  # ((B H, g's offset), y's shape)
-        self.device, self.y_dtype = x.device, x.dtype
         return self
 
     def serves(self) -> bool:
@@ -662,19 +662,33 @@ class _MambaStep:
 
     def __call__(self, state, x, dt, A, B, C, D, z, dt_bias):
         # dt_eff and g (float32 (B, H), contiguous) in one allocation (the kernels take pointers and the key's
-        # strides), g at a 16-byte aligned offset: by address where both launches go the kept way, else a view
+        # strides), g at a 16-byte aligned offset: a raw block of the caching allocator by address where both launches
+        # go the kept way (tiles.launch.scratch: RAW_SCRATCH with MAMBA_STEP_SCRATCH; given back once both are queued),
+        # else a tensor (g by address where both are kept, else a view)
         size, offset = self.shapes[0]
-        dt_eff = torch.empty(offset + size, dtype=torch.float32, device=self.device)
-        g = dt_eff.data_ptr() + 4 * offset if KeyedLaunch.all_kept(self.dt_launch, self.step) else dt_eff[offset:]
-        self.dt_launch((dt, A if dt_bias is None else dt_bias, A, dt_eff, g, *self.dt_tail))
-        y = torch.empty(self.shapes[1], dtype=self.y_dtype, device=self.device)
-        d_skip = x if self.d_kind == 0 else (D.float()[:, None].expand(self.shapes[1][1:]) if self.d_kind == 1
-                                             else D.float())
-        self.step((C, B, x, g, dt_eff, d_skip, x if z is None else z, state, y, *self.step_tail))
+        block = scratch(4 * (offset + size), (self.dt_launch, self.step)) if MAMBA_STEP_SCRATCH else None
+        try:
+            if block is not None:
+                dt_eff, g = block, block + 4 * offset
+            else:
+                dt_eff = x.new_empty(offset + size, dtype=torch.float32)  # (x's device: the key's)
+                g = dt_eff.data_ptr() + 4 * offset if KeyedLaunch.all_kept(self.dt_launch, self.step) \
+                    else dt_eff[offset:]
+            self.dt_launch((dt, A if dt_bias is None else dt_bias, A, dt_eff, g, *self.dt_tail))
+            y = x.new_empty(self.shapes[1])  # (x's dtype and device: of() takes no other)
+            d_skip = x if self.d_kind == 0 else (D.float()[:, None].expand(self.shapes[1][1:]) if self.d_kind == 1
+                                                 else D.float())
+            self.step((C, B, x, g, dt_eff, d_skip, x if z is None else z, state, y, *self.step_tail))
+        finally:
+            release(block)
         return y
 
 
 _MAMBA_STEPS = LRU(256)  # a step's launch key -> its _MambaStep (False: the general path)
+
+# _MambaStep's dt_eff and g (internal to its two launches) as one raw block of the caching allocator where both go the
+# kept way (under tiles.launch.RAW_SCRATCH); the same launches and bits. Read each call; False: a tensor
+MAMBA_STEP_SCRATCH = False
 
 
 def _mamba_dt(dt, dt_bias, dt_softplus: bool, dt_limit) -> torch.Tensor:

@@ -12,7 +12,7 @@ import triton.language as tl
 from tilecore.ops.norm import backward as bwd_kernels
 from tilecore.ops.norm import forward as fwd_kernels
 from tilecore.ops.norm.plan import Plan
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, cdiv, release, scratch
 
 _forward = CachedLaunch(fwd_kernels.norm_forward_kernel)
 _stats = CachedLaunch(fwd_kernels.norm_stats_kernel)
@@ -86,6 +86,11 @@ def _forward_options(plan: Plan, residual, weight, bias, seed, p: float, rms: bo
 
 _FORWARD_OPTIONS = LRU(256)  # a forward's launch key -> _forward_options'
 
+# a plain eager call's statistics (mean, rstd: returned by neither) as one raw block of the caching allocator where its
+# launches go the kept way (NormForward.__call__, under tiles.launch.RAW_SCRATCH); the same launches, so the same y and
+# h. Read each call; False: NormForward.outputs' tensors
+STATS_SCRATCH = False
+
 
 class NormForward:
     """The norm forward's eager call (nothing kept for a backward) for one launch key (issue 31's host
@@ -97,7 +102,7 @@ class NormForward:
     (the CPU path, no rows, a copy)."""
 
     __slots__ = ("stats", "forward", "shape", "rows", "dtype", "h_dtype", "device", "rms", "store_h", "stats_tail",
-                 "forward_tail", "recorded")
+                 "forward_tail", "recorded", "rstd_at")
 
     @classmethod
     def of(cls, plan: Plan, x, x2, residual, res2, weight, bias, seed, p: float, eps: float, rms: bool,
@@ -118,11 +123,26 @@ class NormForward:
         # (y's and h's row strides: n, as the general path's (rows, n) outputs have them)
         self.forward_tail = (rows, n, x2.stride(0), _stride(res2), n, n if store_h else 0, eps, threshold, scale)
         self.recorded = None  # (op.py's recipe of this key's calls recording a gradient, made at the first such call)
+        self.rstd_at = 0 if rms else 16 * cdiv(rows, 4)  # (bytes: the mean's rows first, rstd 16-byte aligned after)
         return self
 
     def __call__(self, x, weight, bias, residual, seed):
-        """(y, h or None) in x's shape."""
-        y, h, _, _ = self.outputs(x, weight, bias, residual, seed)
+        """(y, h or None) in x's shape. The statistics (mean, rstd), which a plain call returns neither of, are one raw
+        block of the caching allocator where its launches all go the kept way (tiles.launch.scratch: RAW_SCRATCH, with
+        STATS_SCRATCH),
+        handed to them by address and given back once they are queued: one allocation and its free fewer for RMSNorm,
+        two for LayerNorm (issue 31's host time); the same launches, so the same y and h. Else tensors (outputs)."""
+        launches = (self.forward,) if self.stats is None else (self.stats, self.forward)
+        block = scratch(self.rstd_at + 4 * self.rows, launches) if STATS_SCRATCH else None
+        if block is None:
+            y, h, _, _ = self.outputs(x, weight, bias, residual, seed)
+            return y, h
+        try:
+            y = x.new_empty(x.shape)
+            h = x.new_empty(x.shape, dtype=self.h_dtype) if self.store_h else None
+            self._launch(x, weight, bias, residual, seed, y, h, None if self.rms else block, block + self.rstd_at)
+        finally:
+            release(block)
         return y, h
 
     def outputs(self, x, weight, bias, residual, seed):
@@ -135,10 +155,15 @@ class NormForward:
         h = x.new_empty(x.shape, dtype=self.h_dtype) if self.store_h else None
         mean = None if self.rms else x.new_empty(self.rows, dtype=torch.float32)
         rstd = x.new_empty(self.rows, dtype=torch.float32)
+        self._launch(x, weight, bias, residual, seed, y, h, mean, rstd)
+        return y, h, mean, rstd
+
+    def _launch(self, x, weight, bias, residual, seed, y, h, mean, rstd) -> None:
+        """The stats kernel (rows in two passes) and the forward kernel; mean and rstd tensors, or addresses where
+        every launch goes the kept way (its launcher reads an int as the pointer)."""
         if self.stats is not None:
             self.stats((x, residual, mean, rstd, seed, *self.stats_tail))
         self.forward((x, residual, weight, bias, y, h, mean, rstd, seed, *self.forward_tail))
-        return y, h, mean, rstd
 
 
 def backward(plan: Plan, dy, x, residual, h, weight, bias, mean, rstd, seed, dh_out, p: float, rms: bool,
