@@ -104,7 +104,9 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
             _FORWARD.run(key, grid, args, kw)
             if recipe is None and key is not None and tiles_launch.OP_RECIPES:
                 _TL_FORWARDS.put(key, TlForward.of(plan, grid, args, kw, key))
-    return o.to(out_dtype), ht, o_lin
+    # (o is v's dtype unless the interpreter's upcast made it float32: .to only then, ~1-3 us of host time a call
+    # where it would return o itself)
+    return (o if o.dtype == out_dtype else o.to(out_dtype)), ht, o_lin
 
 
 class TlForward:
