@@ -481,7 +481,8 @@ def test_kvcache_recipe_hands_kept_launches_the_lse_part_by_address(monkeypatch)
         cache.clear()
 
 
-def test_mamba2_step_recipe_hands_kept_launches_g_by_address(monkeypatch):
+def _mamba_step_recipe(monkeypatch):
+    """mamba2_step's recipe of a B3 H5 P16 N16 step (made by the key's first call) and the step's arguments."""
     monkeypatch.setattr(la_op, "signature", _cpu_signature)
     for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
         cache.clear()
@@ -490,7 +491,11 @@ def test_mamba2_step_recipe_hands_kept_launches_g_by_address(monkeypatch):
     dt, A = torch.rand(3, 5), -torch.rand(5)
     Bm, Cm = (torch.randn(3, 1, 16, dtype=torch.float16) for _ in range(2))
     la_op.mamba2_step(state, x, dt, A, Bm, Cm)
-    recipe = next(iter(la_op._MAMBA_STEPS._data.values()))[0]
+    return next(iter(la_op._MAMBA_STEPS._data.values()))[0], (state, x, dt, A, Bm, Cm)
+
+
+def test_mamba2_step_recipe_hands_kept_launches_g_by_address(monkeypatch):
+    recipe, (state, x, dt, A, Bm, Cm) = _mamba_step_recipe(monkeypatch)
     recipe.dt_launch, recipe.step = Kept(), Kept()
     la_op.mamba2_step(state, x, dt, A, Bm, Cm)
     (dt_args,), (step_args,) = recipe.dt_launch.calls, recipe.step.calls
@@ -539,6 +544,14 @@ class _RawBlocks:
         self.kept.pop(address)
 
 
+class _Failing(Kept):
+    """A kept launch that raises (after recording its arguments): a raw block must still be given back."""
+
+    def __call__(self, args):
+        super().__call__(args)
+        raise RuntimeError("launch failed")
+
+
 @pytest.fixture
 def raw_blocks(monkeypatch):
     """_RawBlocks as tiles.launch's raw allocator, the current device 0 and its raw stream 1000."""
@@ -572,16 +585,11 @@ def test_decode_recipes_take_a_raw_block_for_their_parts_and_release_it(monkeypa
     address and given back once both are queued (also where a launch raises); attention's split-key decode and the
     KV-cache decode. Off (or a launch not kept): a tensor, as before."""
     blocks = raw_blocks
-
-    class Failing(Kept):
-        def __call__(self, args):
-            super().__call__(args)
-            raise RuntimeError("launch failed")
     q = torch.randn(1, 4, 2, 32, dtype=torch.float16)
     k = torch.randn(1, 2, 300, 32, dtype=torch.float16)
     attention_op.attention(q, k, k)  # the key's first call: its recipe made
     recipe = next(iter(decode_launch._DECODE_LAUNCHES._data.values()))[0]
-    recipe.split, recipe.merge = Kept(), (Failing() if fail else Kept())
+    recipe.split, recipe.merge = Kept(), (_Failing() if fail else Kept())
     lse_size, offset = recipe.part_shapes
     rows = recipe.head[0]
     lse_at = -(-(offset + lse_size) // 4) * 4
@@ -792,14 +800,9 @@ def test_norm_plain_call_takes_its_statistics_as_a_raw_block(monkeypatch, raw_bl
     recipe = next(iter(norm_op._FORWARDS._data.values()))[0]
     monkeypatch.setattr(norm_launch, "STATS_SCRATCH", True)  # (off by default until the H100's A/B)
     assert (recipe.stats is not None) == (case == "ln two passes")
-
-    class Failing(Kept):
-        def __call__(self, args):
-            super().__call__(args)
-            raise RuntimeError("launch failed")
     for fail in (False, True):
         blocks = raw_blocks.log.clear() or raw_blocks
-        recipe.forward = Failing() if fail else Kept()
+        recipe.forward = _Failing() if fail else Kept()
         recipe.stats = Kept() if recipe.stats is not None else None
         monkeypatch.setattr(launch, "RAW_SCRATCH", True)
         if fail:
@@ -837,25 +840,12 @@ def test_mamba2_step_recipe_takes_a_raw_block_for_dt_eff_and_g(monkeypatch, raw_
     """RAW_SCRATCH, both launches kept: mamba2_step's recipe hands dt_eff and g (g 16-byte aligned after it) as one raw
     block of the caching allocator, by address, given back once both launches are queued (also where one raises); y a
     tensor of x's dtype. Off: one tensor, g by address in it, as before."""
-    monkeypatch.setattr(la_op, "signature", _cpu_signature)
-    for cache in (la_op._CHECKED, la_op._PLANS, la_op._MAMBA_STEPS):
-        cache.clear()
-    state = torch.randn(3, 5, 16, 16)
-    x = torch.randn(3, 5, 16, dtype=torch.float16)
-    dt, A = torch.rand(3, 5), -torch.rand(5)
-    Bm, Cm = (torch.randn(3, 1, 16, dtype=torch.float16) for _ in range(2))
-    la_op.mamba2_step(state, x, dt, A, Bm, Cm)
-    recipe = next(iter(la_op._MAMBA_STEPS._data.values()))[0]
-
-    class Failing(Kept):
-        def __call__(self, args):
-            super().__call__(args)
-            raise RuntimeError("launch failed")
+    recipe, (state, x, dt, A, Bm, Cm) = _mamba_step_recipe(monkeypatch)
     monkeypatch.setattr(launch, "RAW_SCRATCH", True)
     monkeypatch.setattr(la_op, "MAMBA_STEP_SCRATCH", True)  # (off by default until the H100's A/B)
     for fail in (False, True):
         raw_blocks.log.clear()
-        recipe.dt_launch, recipe.step = Kept(), (Failing() if fail else Kept())
+        recipe.dt_launch, recipe.step = Kept(), (_Failing() if fail else Kept())
         if fail:
             with pytest.raises(RuntimeError, match="launch failed"):
                 la_op.mamba2_step(state, x, dt, A, Bm, Cm)
