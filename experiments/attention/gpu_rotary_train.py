@@ -79,9 +79,16 @@ def tables(rows, pairs, dtype=torch.float32):
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
+CHECK_OVERLAP = []  # --checks-overlap: the new path's K turned inside the launch (configs.ROTARY_K_OVERLAP_CASES)
+
+
 def new_path(on: bool):
-    """The training forward by gluon_rotary in every case (on) or in none (off: the turned path's)."""
-    return patched(configs, ROTARY_TRAIN_IN_KERNEL_CASES=ALL_CASES if on else frozenset())
+    """The training forward by gluon_rotary in every case (on) or in none (off: the turned path's); with
+    --checks-overlap, on, its K turned inside the launch."""
+    values = dict(ROTARY_TRAIN_IN_KERNEL_CASES=ALL_CASES if on else frozenset())
+    if on and CHECK_OVERLAP:
+        values.update(ROTARY_K_OVERLAP_CASES=ALL_CASES)
+    return patched(configs, **values)
 
 
 def checks(run, name, b, hq, hkv, n, nk, d, pairs, causal, interleaved, dtype=torch.bfloat16):
@@ -288,7 +295,7 @@ def overlap_checks(run, name, b, hq, hkv, n, nk, d, causal, interleaved, steps, 
             same=same_bits(o_new, o_pass), repeat=same_bits(o_new, o_new2), steps=steps, lead=lead)
 
 
-def overlap_timing(run, d, causal, variants, b=16, h=16, n=4096, rounds=3, train=False):
+def overlap_timing(run, d, causal, variants, b=16, h=16, n=4096, rounds=3, train=False, bwd=False):
     """GPU time (CUDA graphs, interleaved rounds), B16 H16 N4096 bf16, bf16 tables: the no-grad forward, plain / as
     shipped (K by the pass) / K turned inside the launch (per variant steps:lead); train: the forward recording a
     gradient too (plain / shipped / inside)."""
@@ -309,6 +316,17 @@ def overlap_timing(run, d, causal, variants, b=16, h=16, n=4096, rounds=3, train
     if train:
         fns.update(tfwd_plain=call(True, None), tfwd_shipped=call(True, (cos, sin)),
                    tfwd_in=call(True, (cos, sin), lambda: overlap_path(*variants[0])))
+    if bwd:
+        g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
+
+        def fwdbwd(rot, ctx=contextlib.nullcontext):
+            def f():
+                with ctx():
+                    torch.autograd.grad(tilecore.attention(q, k, v, causal=causal, rotary=rot), (q, k, v), g)
+            return f
+
+        fns.update(bwd_plain=fwdbwd(None), bwd_shipped=fwdbwd((cos, sin)),
+                   bwd_in=fwdbwd((cos, sin), lambda: overlap_path(*variants[0])))
     for f in fns.values():
         f()
     torch.cuda.synchronize()
@@ -364,6 +382,8 @@ def main():
     ap.add_argument("--overlap", default="", help="timing of the no-grad forward with K turned inside at these D")
     ap.add_argument("--variants", default="8:2", help="steps:lead of the K items (configs.ROTARY_K_OVERLAP_*)")
     ap.add_argument("--train", action="store_true", help="--overlap: the training forward too")
+    ap.add_argument("--bwd", action="store_true", help="--overlap: forward + backward too")
+    ap.add_argument("--checks-overlap", action="store_true", help="--checks: the new path with K turned inside")
     ap.add_argument("--one-sm", action="store_true", help="the K items' turn rate on one SM (overlap_one_sm)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
@@ -375,12 +395,14 @@ def main():
         run.attempt("smoke overlap", overlap_checks, run, "smoke", 1, 2, 1, 24, 40, 32, True, True, 8, 2.0)
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
+    variants = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in a.variants.split(",") if x]
+    if a.checks_overlap:
+        CHECK_OVERLAP.append(True)
     for case in filter(None, a.checks.split(",")):  # D:mask[:N] (N 4096 by default; short N: the carried kernel)
         d, mask, *n = case.split(":")
         d, causal, n = int(d), mask == "causal", int(n[0]) if n else 4096
         run.attempt(f"check {case}", checks, run, f"D{d} {mask}{' inter' if causal else ''} N{n}", 1, 2, 2, n, n,
                     d, d // 2, causal, causal)
-    variants = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in a.variants.split(",") if x]
     for case in filter(None, a.overlap_checks.split(",")):
         d, mask = case.split(":")
         d = int(d)
@@ -397,7 +419,7 @@ def main():
                 run.errors.append(f"otime D{d} {mask}: skipped (deadline)")
                 continue
             run.attempt(f"otime D{d} {mask}", overlap_timing, run, d, mask == "causal", variants, rounds=a.rounds,
-                        train=a.train)
+                        train=a.train, bwd=a.bwd)
     if a.kpass:
         run.attempt("kpass", kpass, run)
     for d in [int(x) for x in a.dims.split(",") if x]:
@@ -408,7 +430,7 @@ def main():
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
                         fwd_only=a.fwd_only, shipped=a.shipped, routed=a.routed)
     run.finish(["name", "ok", "same", "repeat", "new_o", "pass_o", "plain_o", "fwd_plain_ms", "fwd_shipped_over", "items_ms", "sm_gbs",
-                *[f"fwd_in_{s_}_{l_}_over" for s_, l_ in variants], "tfwd_shipped_over", "tfwd_in_over",
+                *[f"fwd_in_{s_}_{l_}_over" for s_, l_ in variants], "tfwd_shipped_over", "tfwd_in_over", "bwd_shipped_over", "bwd_in_over",
                 "same_qk", "same_olse", "new_dq", "new_dk", "new_dv", "plain_dk",
                 "pass_of_copy", "hm_of_copy", "hm_same", "pass_ms", "copy_ms", "fwd_over", "fwd_inkernel_over",
                 "fwd_turned_over", "tfwd_turned_over", "tfwd_new_over", "bwd_plain_ms", "bwd_over", "bwd_turned_over",
