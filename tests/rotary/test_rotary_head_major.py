@@ -126,3 +126,28 @@ def test_head_major_tiles_compile_for_hopper_with_vector_accesses():
     for row in json.loads(r.stdout):
         assert row["spill_stores"] == 0 and row["stack"] == 0, row
         assert row["v4_stores"] == row["stores"] > 0 and row["v4_loads"] == row["loads"], row  # all 16-byte
+
+
+def test_a_keyed_plan_follows_patched_switches(monkeypatch):
+    """A keyed (CUDA) call's plan and launch key change with the switches the plan reads (configs.HEAD_MAJOR_TILES,
+    TILE_ELEMS) inside a switches.patched block, and a call after the block plans as before it: the memo keys on
+    switches.generation (a stale plan would launch the kernel compiled for the first one)."""
+    from tilecore.ops.rotary import configs as rotary_configs, op as rotary_op
+    from tilecore.tiles.switches import patched
+
+    seen = []
+    monkeypatch.setattr(rotary_op.launch, "launch", lambda p, *args, key=None: seen.append((p, key)))
+    x = torch.randn(1, 4, 64, 64).transpose(1, 2)  # head-major: (B, N, H, D) with each head's tokens side by side
+    out = torch.empty(1, 4, 64, 64).transpose(1, 2)
+    cos = sin = torch.randn(64, 32)
+    call = lambda: rotary_op._rotate_into(x, cos, sin, None, out, False, False, key=("a call's key",))
+    call()
+    with patched(rotary_configs, HEAD_MAJOR_TILES=not rotary_configs.HEAD_MAJOR_TILES):
+        call()
+    with patched(rotary_configs, TILE_ELEMS=rotary_configs.TILE_ELEMS // 2):
+        call()
+    call()
+    (first, k0), (flipped, k1), (halved, k2), (after, k3) = seen
+    assert (flipped.block_t > 1) != (first.block_t > 1)  # the other tiling: head-major against token-major
+    assert halved != first and after == first
+    assert len({k0, k1, k2, k3}) == 4  # each its own keyed launch (the kernel compiled for its plan)

@@ -10,6 +10,7 @@ from tilecore.ops.rotary import launch
 from tilecore.ops.rotary.plan import plan
 from tilecore.tiles import eager
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POSITION_DTYPES = (torch.int32, torch.int64)
@@ -85,6 +86,8 @@ def head_major(t: torch.Tensor) -> bool:
 def _rotate_into(x, cos, sin, pos, out, interleaved: bool, conjugate: bool, key=None) -> None:
     B, N, H, D = x.shape
     cos, sin = _unit_stride(cos), _unit_stride(sin)
+    if key is not None:  # the plan reads configs (HEAD_MAJOR_TILES, TILE_ELEMS): a patched block plans (and launches) anew
+        key = (key, generation())
     # (a key names x's strides, and out is x or a fresh contiguous tensor: it fixes head_major too)
     p = _PLANS.memo(key, lambda: plan(B, N, H, D, cos.shape[1], x.device, head_major(x) and head_major(out)))
     launch.launch(p, x, cos, sin, pos, out, interleaved, conjugate, key=key)
