@@ -119,6 +119,40 @@ def test_plan_reads_its_switches_each_call():
         assert torch.equal(again, table)
 
 
+def test_host_path_launches_k_items(monkeypatch):
+    """gluon_rotary.forward where K is turned inside (the launch stubbed): k itself as the items' source, an empty
+    (B, Hkv, Nk, D) buffer as the tiles' K (the kernel writes it), zeroed counters a kv head, the overlap table as the
+    schedule, the items' steps as a constexpr; the training forward returns that buffer as its turned K."""
+    from tilecore import dispatch
+    from tilecore.ops.attention import gluon_rotary
+
+    launches = []
+
+    class Stub:
+        def run(self, key, grid, args, options):
+            launches.append((key, grid, args, options))
+
+    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(dispatch, "num_sms", lambda device: 8)
+    q = torch.randn(2, 4, 300, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 700, 128, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = torch.randn(700, 64).cos(), torch.randn(700, 64).sin()
+    with patched(configs, ROTARY_K_OVERLAP_CASES=frozenset({(128, True)})):
+        gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.1)
+        *_, kr = gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.1, keep_turned=True)
+        gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1)  # not named: K by the pass
+    (_, grid, args, options), (_, _, targs, _), (_, _, pargs, poptions) = launches
+    per_head = rotary_overlap_items(700, 128, configs.ROTARY_K_OVERLAP_ITEM_STEPS)
+    assert options["K_ITEM_STEPS"] == configs.ROTARY_K_OVERLAP_ITEM_STEPS and options["k_items_per_head"] == per_head
+    assert options["kraw_desc"].base is k and args[1].base.shape == k.shape and args[1].base.is_contiguous()
+    assert torch.equal(options["k_counters"], torch.zeros(4, dtype=torch.int32))
+    table = args[17]
+    tiles = -(-300 // 128) * 8
+    assert sorted(table[grid[0] + 1:-1].tolist()) == list(range(tiles + 4 * per_head))
+    assert targs[1].base is kr  # the training forward's turned K: the buffer the items write
+    assert poptions["K_ITEM_STEPS"] == 0 and poptions["kraw_desc"] is None and pargs[1].base is not k
+
+
 CODE = """
 import json, re, sys
 import torch
