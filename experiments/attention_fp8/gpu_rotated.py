@@ -4,13 +4,14 @@ kernel (forms()) against the shipped one in the same run. (Sessions 40-41; sessi
     PYTHONPATH=. python experiments/attention_fp8/gpu_rotated.py [--budget 200]
         [--cases d128c,d64c,plain128c,plain64c,tail,outlier,d128,d64,passes] [--forms ship,c2] [--smoke]
 
-Forms (forms(); the first is the base every other is compared with): "ship" (the shipped configs: at D64 since session
-41 three consumer warpgroups with serial steps, configs.ROTATED serial_c3, and q's codes in registers, q_reg), "c2"
-(D64 on two consumers, P V under the next step's softmax, codes in shared memory: before session 41), "c3s" (D64's
-three with the codes in shared memory). Session 41's c3st4 (4 stages), gf64c3 (the plain kernel on three) and d128c3
-(D128 on three: serial 2, removed with its code, at cce3423f) are in the decision log. Session 41's carry forms (the pipeline carried
-across tiles) and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is
-compared bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
+Forms (forms(); the first is the base every other is compared with): "ship" (the shipped configs: three consumer
+warpgroups with serial steps at D64 (since session 41, q's codes in registers) and D128 (since session 42: serial 2, one
+bf16 Q buffer, 2 stages, the split rotation, codes in shared memory)), "c2" (D64 on two consumers, P V under the next
+step's softmax, codes in shared memory: before session 41), "c3s" (D64's three with the codes in shared memory),
+"d128c2" (D128 on two consumers with q's codes in registers: before session 42), "d128fr" (D128's three with the full
+rotation). Session 42's d128c3 / d128c3q2 / d128c3s2 / d128c3o4 / d128c3r, session 41's c3st4, gf64c3 and d128c3, its
+carry forms and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is compared
+bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
 
 Phases (each only where the budget allows; rows printed as they come, the table last):
 * d128c, d64c, d128, d64: B16 H16 N4096 ``tilecore.attention(..., precision="fp8")`` in the forms and tilecore's bf16
@@ -104,30 +105,17 @@ def forms(names):
     dims it changes anything at)."""
     from tilecore.ops.attention_fp8 import configs
 
-    gf, rot = configs.GLUON_FORWARD, configs.ROTATED
-    c3 = {**gf, 128: dict(gf[128], consumers=3, serial=2)}  # D128 on three serial consumers, O rescaled in place
+    rot = configs.ROTATED
     table = {"ship": ({}, (64, 128)),
              # D64: two consumers, P V under the next step's softmax, q's codes in shared memory (before session 41)
-             "c2": ({configs: dict(ROTATED=dict(rot, serial_c3=(), q_reg=(128,)))}, (64,)),
+             "c2": ({configs: dict(ROTATED=dict(rot, serial_c3={128: 2}, q_reg=()))}, (64,)),
              # D64: three serial consumers with q's codes in shared memory (session 41 call 3's c3s)
-             "c3s": ({configs: dict(ROTATED=dict(rot, q_reg=(128,)))}, (64,)),
-             # D128 on three: codes in shared memory, the full rotation, one bf16 Q buffer a consumer, 3 stages
-             # (session 41's d128c3: the next tile's Q not loaded before a consumer's last step)
-             "d128c3": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), rot_split=(),
-                                                                      q_buffers={128: 1}))}, (128,)),
-             # D128 on three: codes in shared memory, the split rotation (16 KiB), two bf16 Q buffers, 2 stages
-             "d128c3q2": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), q_buffers={128: 2},
-                                                                        stages={128: 2}))}, (128,)),
-             # D128 on three: d128c3 with 2 stages (the ring's depth alone, against d128c3q2's Q prefetch)
-             "d128c3s2": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_reg=(64,), rot_split=(),
-                                                                        q_buffers={128: 1}, stages={128: 2}))},
-                          (128,)),
-             # D128 on three: codes in shared memory, the split rotation, two bf16 Q buffers and 3 stages, O stored in 4
-             # column slices (a 4 KiB epilogue buffer a consumer instead of 16: 3 stages and the Q prefetch fit)
-             "d128c3o4": ({configs: dict(GLUON_FORWARD={**gf, 128: dict(c3[128], o_slices=4)},
-                                         ROTATED=dict(rot, q_reg=(64,), q_buffers={128: 2}))}, (128,)),
-             # D128 on three: codes in registers (the shipped D128's), one bf16 Q buffer, 3 stages
-             "d128c3r": ({configs: dict(GLUON_FORWARD=c3, ROTATED=dict(rot, q_buffers={128: 1}))}, (128,))}
+             "c3s": ({configs: dict(ROTATED=dict(rot, q_reg=()))}, (64,)),
+             # D128 before session 42: two consumers, q's codes in registers, two Q buffers, 3 stages
+             "d128c2": ({configs: dict(ROTATED=dict(rot, serial_c3={64: 1}, q_reg=(64, 128), q_buffers={},
+                                                    stages={}))}, (128,)),
+             # D128 on three with the full rotation (session 42 calls 1 and 4's d128c3s2)
+             "d128fr": ({configs: dict(ROTATED=dict(rot, rot_split=()))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
 
 
@@ -162,8 +150,7 @@ def arguments():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c3, d128c3q2, "
-                    "d128c3s2, d128c3o4, d128c3r (forms()); "
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2, d128fr (forms()); "
                     "the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)

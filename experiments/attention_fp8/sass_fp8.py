@@ -68,9 +68,11 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
                    q_buffers=1),
     "d128c3q2": dict(_q_rotate=True, _v_block=True, _rot_split=True, hide_first_key=True, mask32=True, serial=2,
                      consumers=3, q_buffers=2, stages=2),
-    # and with O stored in 4 column slices (a 4 KiB epilogue buffer a consumer): 3 stages and two Q buffers fit
-    "d128c3o4": dict(_q_rotate=True, _v_block=True, _rot_split=True, hide_first_key=True, mask32=True, serial=2,
-                     consumers=3, q_buffers=2, o_slices=4),
+    # (d128c3o4, O stored in 4 column slices so that 3 stages and two Q buffers fit: lost, removed; code at 0f7d019f)
+    # the convenience path's D128 kernel since session 42: three serial consumers, one Q buffer, 2 stages, the split
+    # rotation with codes in shared memory
+    "d128c3s2_split": dict(_q_rotate=True, _v_block=True, _rot_split=True, hide_first_key=True, mask32=True, serial=2,
+                           consumers=3, q_buffers=1, stages=2),
     "d128c3r": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True, mask32=True,
                     serial=2, consumers=3, q_buffers=1),
 }
@@ -160,8 +162,7 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
                                 q_reg=q_reg, rot_split=rot_split)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
-                vt_desc=gluon_descriptor(vt, [1, 1, D, bn]),
-                o_desc=gluon_descriptor(o, [1, 1, bm, D // cfg.get("o_slices", 1)]), lse_ptr=f32,
+                vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
                 q_scales=f32, k_scales=f32, v_scales=f32, H=16, N=4096, Nk=4096, GROUP=1, scale_log2e=0.1,
                 q_n_scales=4096 if e2e_forms else 1, q_rows_per_scale=1, k_n_scales=k_n, k_rows_per_scale=k_rows,
                 num_bh=256, head_group=16, schedule=None, v_n_scales=32 if v_block else 1,

@@ -18,6 +18,10 @@ from tilecore.ops.attention_fp8.quantize import (q_in_kernel, rotate_quantize, r
                                                  signed_hadamard)
 from tilecore.tiles.switches import patched
 
+# spill bytes of the D128 causal N4096 rotated kernel on three consumers (sm_90a: 140-152 stored, 144-200 loaded, the full
+# rotation; none in the steady step), with a margin for ptxas's moods
+SPILLS_D128 = 160
+
 E4M3_STEP = 0.126  # a relative step of e4m3's 3 mantissa bits (1/8), with room for float32 ties
 
 
@@ -146,22 +150,22 @@ def test_kernel_compiles_with_the_rotation_on_the_tensor_cores(report):
         assert r["e4m3_wgmma"] > 0 and r["e4m3_cvt"] > 0 and r["fence"] > 0, r  # the codes, fenced before S
         assert r["shared"] <= 227 * 1024, r
     d128, d64 = report
-    # D128 at the shipped 3 stages and 2 Q buffers a consumer: 230,272 bytes (the e4m3 codes over the bf16 buffer, no
-    # buffer of their own); 40 / 48 bytes of spills at causal N 4096 (48 / 76 without hide_first_key), none in the
-    # steady step (sm_90a SASS: in the tile's setup and epilogue; the shipped kernel with the same descales 0,
-    # non-causal 20 / 44); D64 none
-    assert (d128["stages"], d128["q_buffers"]) == (3, 2), d128
-    assert d128["spill_stores"] <= 64 and d128["spill_loads"] <= 96, d128
+    # D128 (since session 42) on three consumers with the shipped 2 stages and 1 Q buffer a consumer (the e4m3 codes
+    # over the bf16 buffer, no buffer of their own); at 160 registers a thread (168 the first) spills in the tile's
+    # setup and epilogue, none in the steady step (sm_90a SASS); D64 none
+    assert (d128["stages"], d128["q_buffers"]) == (2, 1), d128
+    assert d128["spill_stores"] <= SPILLS_D128 and d128["spill_loads"] <= SPILLS_D128 + 48, d128
     assert d64["spill_stores"] == 0 and d64["spill_loads"] == 0, d64
-    # D64: three consumer warpgroups with serial steps (configs.ROTATED["serial_c3"]; 160 registers a thread)
-    assert (d64["consumers"], d64["serial"], d128["consumers"], d128["serial"]) == (3, True, 2, False), report
+    # three consumer warpgroups with serial steps (configs.ROTATED["serial_c3"]; 160 registers a thread): D64 serial 1
+    # (P V into a zero accumulator), D128 serial 2 (O rescaled first, P V added in place: D128's registers)
+    assert (d64["consumers"], d64["serial"], d128["consumers"], d128["serial"]) == (3, 1, 3, 2), report
 
 
 def test_rotated_config_takes_three_serial_consumers_where_rotated_says():
     # configs.ROTATED["serial_c3"]: the head dims at which the rotated kernel's config takes consumers 3 and serial
     # (the plain kernel's configs.GLUON_FORWARD does not); a GLUON_FORWARD that names serial is kept (A/B runs)
     assert (launch.rotated_q_config(64, True)["consumers"], launch.rotated_q_config(64, False)["serial"]) == (3, True)
-    assert launch.rotated_q_config(128, True)["consumers"] == 2 and "serial" not in launch.rotated_q_config(128, True)
+    assert (launch.rotated_q_config(128, True)["consumers"], launch.rotated_q_config(128, True)["serial"]) == (3, 2)
     assert "serial" not in configs.gluon_config(64, True) and configs.gluon_config(64, True)["consumers"] == 2
     with patched(configs, ROTATED=dict(configs.ROTATED, serial_c3=())):
         assert launch.rotated_q_config(64, True)["consumers"] == 2

@@ -22,7 +22,7 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
-                        "p_linear", "hide_first_key", "mask32", "serial", "o_slices"})
+                        "p_linear", "hide_first_key", "mask32", "serial"})
 
 
 def gluon_config(d: int, causal: bool) -> dict:
@@ -53,11 +53,12 @@ def tl_config(d: int, interpret: bool) -> dict:
 # hide_first_key: the head dims at which the kernel with q rotated in it takes GLUON_FORWARD's hide_first_key (causal:
 # step 0's mask kept in its branch, not hoisted by LLVM to the tile's start, where the rotation is) unless
 # GLUON_FORWARD names it. mask32: the same for GLUON_FORWARD's mask32 (causal: the mask in 32 bits).
-# serial_c3: the head dims at which the kernel runs three consumer warpgroups with serial steps (GLUON_FORWARD's
-# consumers 3 and serial: a step's P V in that step, no float32 P carried, 160 registers a thread) unless
-# GLUON_FORWARD names serial.
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={}, q_reg=(64, 128), stages={}, rot_split=(128,),
-               hide_first_key=(64, 128), mask32=(64, 128), serial_c3=(64,))
+# serial_c3: head dim -> serial mode at which the kernel runs three consumer warpgroups with serial steps (GLUON_FORWARD's
+# consumers 3 and serial: a step's P V in that step, no float32 P carried, 160 registers a thread; 1: P V into a zero
+# accumulator added to O * alpha, 2: O rescaled first and P V added in place, D128's registers) unless GLUON_FORWARD
+# names serial.
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={128: 1}, q_reg=(64,), stages={128: 2},
+               rot_split=(128,), hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
 
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)

@@ -624,22 +624,7 @@ class AttentionFp8:
         else:
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
         store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
-        store_columns(out, self.o_desc, ctx.out, b, h, st.rows.first, 0)
-
-
-@gluon.jit
-def store_columns(x, o_desc, o_smem, b, h, row, col):
-    """O [BM, n] into (b, h, row.., col..) by TMA stores through the epilogue buffer ``o_smem``, in slices of
-    o_desc's block width (split_n halves: no data moved), each once the previous store has read the buffer
-    (store_block). A block as wide as O is one store; narrower blocks make the buffer smaller (the shared memory
-    three consumers need at D128 for 3 stages and two Q buffers each)."""
-    SN: gl.constexpr = o_desc.block_type.shape[3]
-    if x.shape[1] == SN:
-        store_block(x, o_desc, o_smem, [b, h, row, col])
-    else:
-        lo, hi = split_n(x)
-        store_columns(lo, o_desc, o_smem, b, h, row, col)
-        store_columns(hi, o_desc, o_smem, b, h, row, col + x.shape[1] // 2)
+        store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
 
 
 @gluon.jit
@@ -658,7 +643,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
     in registers as S's operand (AttentionFp8.rotate_q_reg)."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
-    BM: gl.constexpr = o_desc.block_type.shape[2]  # (its width: the epilogue's slice of D, store_columns)
+    BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     # e4m3 ones, written once by the kernel's warps before the partitions start, as their bytes (0x38 = 1.0 in e4m3),

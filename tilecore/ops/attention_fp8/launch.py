@@ -95,8 +95,7 @@ def forward(p: Plan, q, k, v, q_scale, k_scale, v_scale, causal: bool, softmax_s
     block_m, block_n = layout.block_m, layout.block_n
     grid, head_group, schedule = _TILINGS.memo(key, lambda: _tiling(q, k, block_m * layout.consumers, block_n, causal))
     args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(vt, [1, 1, D, block_n]),
-            TmaOperand(out, [1, 1, block_m, D // layout.o_slices]), lse, qs, ks, vs, H, N, Nk, H // Hkv,
-            softmax_scale * LOG2E, q_n, q_rows,
+            TmaOperand(out, [1, 1, block_m, D]), lse, qs, ks, vs, H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows,
             k_n, k_rows, B * H, head_group, schedule, v_n)
     options = layout.options
     # launched by the call's signature (its inputs' shapes, strides, dtypes, alignment and the options
@@ -130,13 +129,13 @@ class _Fp8Launch:
         _, q_per_row, q_n, q_rows = scale_operand(q_scale, N)
         _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
         grid, head_group, schedule = tiling
-        bm, bn, sd = layout.block_m, layout.block_n, D // layout.o_slices
+        bm, bn = layout.block_m, layout.block_n
         v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
         self.tail = (H, N, Nk, H // Hkv, softmax_scale * LOG2E, q_n, q_rows, k_n, k_rows, B * H, head_group, schedule,
                      v_n)
         self.launch = KeyedLaunch(GLUON_FWD, key, grid, layout.options, operands={
             0: lambda t: TmaOperand(t, [1, 1, bm, D]), 1: lambda t: TmaOperand(t, [1, 1, bn, D]),
-            2: lambda t: TmaOperand(t, [1, 1, D, bn]), 3: lambda t: TmaOperand(t, [1, 1, bm, sd])})
+            2: lambda t: TmaOperand(t, [1, 1, D, bn]), 3: lambda t: TmaOperand(t, [1, 1, bm, D])})
         # scale_operand's float32 contiguous copy is the descale itself where it is so already (the key's dtype
         # and strides)
         self.ready = tuple(s.dtype == torch.float32 and s.is_contiguous() for s in (q_scale, k_scale, v_scale))
@@ -182,7 +181,7 @@ class _GluonLayout:
     """The Gluon path's settings that a call's launch key fixes (whether q and k are TMA-describable as
     they are, the tiles and the kernel's options): made once per key, each call where there is none."""
 
-    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "o_slices", "options")
+    __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
 
     def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block=False, q_rotate=False,
                  q_reg=False, rot_split=False):
@@ -192,9 +191,6 @@ class _GluonLayout:
                              "that were tried and left off live at commit 741bc3b: notes/attention_fp8/README.md)")
         self.q_describable, self.k_describable = tma_describable(q), tma_describable(k)
         self.block_m, self.block_n, self.consumers = cfg["block_m"], cfg["block_n"], cfg["consumers"]
-        self.o_slices = cfg.get("o_slices", 1)  # O stored in this many column slices (a smaller epilogue buffer)
-        if self.o_slices not in (1, 2, 4):
-            raise ValueError(f"attention_fp8: o_slices must be 1, 2 or 4; got {self.o_slices!r}")
         # k's descales per block of block_n keys: one scalar a step (k_block_scalar; else the per-key path)
         k_per_block = k_per_row and k_rows == self.block_n and k_n == -(-k.shape[2] // self.block_n) \
             and cfg.get("k_block_scalar", True)
@@ -312,7 +308,7 @@ class QRotatedLaunch:
         v_n = v_scale.shape[2] if v_scale.dim() == 3 else 1
         block_m, block_n = layout.block_m, layout.block_n
         args = (TmaOperand(q, [1, 1, block_m, D]), TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, D, block_n]),
-                TmaOperand(out, [1, 1, block_m, D // layout.o_slices]), lse, self.signs, ks, vs, *self.tail, v_n)
+                TmaOperand(out, [1, 1, block_m, D]), lse, self.signs, ks, vs, *self.tail, v_n)
         GLUON_FWD.run(self.key, self.grid, args, self.options)
         return out, lse
 
@@ -321,14 +317,15 @@ def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
     configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) and ``stages`` where they name the head dim,
     ``hide_first_key`` and ``mask32`` at ROTATED's head dims where gluon_config does not name them, and three consumers
-    with serial steps at ROTATED's ``serial_c3`` head dims where gluon_config does not name ``serial``."""
+    with serial steps (ROTATED's ``serial_c3``: head dim -> serial mode) where gluon_config does not name ``serial``."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
     cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
     cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
-    if "serial" not in cfg and D in configs.ROTATED.get("serial_c3", ()):
-        cfg.update(consumers=3, serial=True)
+    c3 = configs.ROTATED.get("serial_c3", {})
+    if "serial" not in cfg and D in c3:
+        cfg.update(consumers=3, serial=c3[D] if isinstance(c3, dict) else 1)
     return cfg
 
 
