@@ -248,13 +248,13 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, 1, 4), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, "k", 1, 4, False)  # (conj, per_sm, key, warpgroups, RFFT, STACK)
+    assert seen[0][3:] == (True, 1, "k", 1, 4, False, False)  # (conj, per_sm, key, warpgroups, RFFT, STACK, WGIO)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, 2, 3), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, None, 2, 3, False)  # (two warpgroups a pair, float16 bins)
+    assert seen[0][3:] == (False, 1, None, 2, 3, False, False)  # (two warpgroups a pair, float16 bins)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True)  # (STACK)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True, False)  # (STACK)
 
 
 def test_model_counts_order3_below_order2():

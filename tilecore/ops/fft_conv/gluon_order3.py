@@ -324,6 +324,123 @@ def _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, row_re, row_im, raw, r
     return raw
 
 
+# WGIO (16384, a candidate): STACK's addressing one column a product (j of size 1): x [64, 16] @ F_16 and V [64, 16] @
+# conj(F_16)[:, :8] with u, T and y read and written in the [64, 16] / [64, 8] wgmma layouts (no layout conversion)
+_SC5 = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 8]],
+    lane_bases=[[0, 0, 0, 0, 2], [0, 0, 0, 0, 4], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
+    warp_bases=[[1, 0, 0, 0, 0], [2, 0, 0, 0, 0]], block_bases=[], shape=[4, 2, 8, 1, 16]))
+_SC5H = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1]],
+    lane_bases=[[0, 0, 0, 0, 2], [0, 0, 0, 0, 4], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
+    warp_bases=[[1, 0, 0, 0, 0], [2, 0, 0, 0, 0]], block_bases=[], shape=[4, 2, 8, 1, 8]))
+
+
+@gluon.jit
+def _col_offsets(a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr):
+    """WGIO: column a2's offsets B (A2 a1 + a2) + m as [4 w, 2 h, 8 t, 1, 8 a1] (_SC5H; m at P = 16 w + 2 t + h)."""
+    P = 16 * _axis5(4, 0, _SC5H) + 2 * _axis5(8, 2, _SC5H) + _axis5(2, 1, _SC5H)
+    return (_axis5(8, 4, _SC5H) * A2 + a2) * B + ((P // 8) ^ (a2 % 8)) * 8 + P % 8
+
+
+@gluon.jit
+def _col_view(T, a2: gl.constexpr):
+    """WGIO: T's plain rows [16 k1, A2, B] as column a2's [16 k1, 1, 4 w, 8 t, 2 h]."""
+    A2: gl.constexpr = T.shape[1]
+    return T._reinterpret(gl.float16, [16, A2, 4, 8, 2],
+                          gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])).slice(a2, 1, 1)
+
+
+@gluon.jit
+def _col_x(U, row, ok, inv, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr,
+           lhs1: gl.constexpr):
+    """WGIO: x_a2 [B, 16] of one sequence as the float16 A operand, read in its layout (a1 >= 8 zeros)."""
+    off = _col_offsets(a2, A2, B)
+    x = gl.load(U + row + off, mask=(off >= 0) & ok, other=0.0).to(gl.float32)
+    x = gl.where(gl.abs(x) < float("inf"), x * inv, 0.0).to(gl.float16)
+    x = gl.reshape(gl.permute(gl.join(x, gl.zeros_like(x)), (0, 1, 2, 3, 5, 4)), [B, 16])
+    return gl.convert_layout(gl.convert_layout(x, acc1), lhs1)
+
+
+@gluon.jit
+def _col_t(T_re, T_im, p, q, t1re, t1im, a2: gl.constexpr):
+    """WGIO: T[:, a2, :] = W_A^(a2 k1) (p + i q) as float16 from the [B, 16] accumulator's layout."""
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, p.type.layout))
+    twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
+    twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
+    tre, tim = p * twre - q * twim, p * twim + q * twre
+    _col_view(T_re, a2).store(gl.permute(gl.convert_layout(gl.reshape(tre.to(gl.float16), [4, 2, 8, 1, 16]), _SC5),
+                                         (4, 3, 0, 2, 1)))
+    _col_view(T_im, a2).store(gl.permute(gl.convert_layout(gl.reshape(tim.to(gl.float16), [4, 2, 8, 1, 16]), _SC5),
+                                         (4, 3, 0, 2, 1)))
+
+
+@gluon.jit
+def _stage_1a_wgio(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
+                   a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr, lhs1: gl.constexpr):
+    """WGIO's stage 1a of columns a2 and a2 + 1 (eight wgmmas, one wait), as _stage_1a."""
+    zeros1 = gl.zeros([B, 16], gl.float32, acc1)
+    xre = _col_x(U, row_re, b_re < batch, inv_re, a2, A2, B, acc1, lhs1)
+    xim = _col_x(U, row_im, b_re + 1 < batch, inv_im, a2, A2, B, acc1, lhs1)
+    nxim = -xim
+    p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
+    xre2 = _col_x(U, row_re, b_re < batch, inv_re, a2 + 1, A2, B, acc1, lhs1)
+    xim2 = _col_x(U, row_im, b_re + 1 < batch, inv_im, a2 + 1, A2, B, acc1, lhs1)
+    nxim2 = -xim2
+    p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
+    p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
+        0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
+    _col_t(T_re, T_im, p, q, t1re, t1im, a2)
+    _col_t(T_re, T_im, p2, q2, t1re, t1im, a2 + 1)
+
+
+@gluon.jit
+def _col_v(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr,
+           lhs8: gl.constexpr):
+    """WGIO: 1'a's operand of column a2 (as _v_a2) read in the wgmma layouts."""
+    vl: gl.constexpr = gl.permute(gl.zeros([4, 2, 8, 1, 16], gl.float16, _SC5), (4, 3, 0, 2, 1)).type.layout
+    vre = gl.reshape(gl.permute(_col_view(T_re, a2).load(vl), (2, 4, 3, 1, 0)), [B, 16])
+    vim = gl.reshape(gl.permute(_col_view(T_im, a2).load(vl), (2, 4, 3, 1, 0)), [B, 16])
+    vre = gl.convert_layout(vre, acc1).to(gl.float32)
+    vim = gl.convert_layout(vim, acc1).to(gl.float32)
+    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, acc1))
+    r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, acc1)), 0)
+    cre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0) * r
+    cim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0) * r
+    vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
+    vre = gl.convert_layout(vre.to(gl.float16), lhs8)
+    vim = gl.convert_layout(vim.to(gl.float16), lhs8)
+    return vre, vim, -vre
+
+
+@gluon.jit
+def _col_y(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
+           B: gl.constexpr):
+    """WGIO: y of column a2 from the [B, 8] accumulator's layout (4-byte stores)."""
+    off = _col_offsets(a2, A2, B)
+    ty: gl.constexpr = Y.dtype.element_ty
+    ore = gl.convert_layout(gl.reshape(ore, [4, 2, 8, 1, 8]), _SC5H)
+    oim = gl.convert_layout(gl.reshape(oim, [4, 2, 8, 1, 8]), _SC5H)
+    gl.store(Y + row_re + off, (ore * out_re).to(ty), mask=(off >= 0) & (b_re < batch))
+    gl.store(Y + row_im + off, (oim * out_im).to(ty), mask=(off >= 0) & (b_re + 1 < batch))
+
+
+@gluon.jit
+def _stage_1a_inverse_wgio(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re,
+                           out_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr,
+                           lhs8: gl.constexpr, acc8: gl.constexpr):
+    """WGIO's stage 1'a of columns a2 and a2 + 1 (eight wgmmas, one wait), as _stage_1a_inverse."""
+    zeros8 = gl.zeros([B, 8], gl.float32, acc8)
+    vre, vim, nvre = _col_v(T_re, T_im, ratio, t1re, t1im, a2, B, acc1, lhs8)
+    p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
+    vre2, vim2, nvre2 = _col_v(T_re, T_im, ratio, t1re, t1im, a2 + 1, B, acc1, lhs8)
+    p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
+    p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
+        0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
+    _col_y(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B)
+    _col_y(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B)
+
+
 @struct
 class Order3Shared:
     """What every warpgroup of the order-3 kernel reads: the tensors and sizes, the pair's intermediate T (shared
@@ -356,6 +473,7 @@ class Order3Shared:
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
     STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts, u read once (8192)
+    WGIO: gl.constexpr  # (16384, a candidate) 1a / 1'a a column a product in the wgmmas' layouts
 
 
 @struct
@@ -435,7 +553,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False):
+                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False, WGIO: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -482,7 +600,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK,
+                     WGIO)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -629,6 +748,10 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
             for c in gl.static_range(A2 // 4):
                 _stage_1a_stacked(T_re, T_im, raws[c], inv_re, inv_im, tabs.f2re, tabs.f2im, tabs.f2nim, T1RE, T1IM, c,
                                   B, acc, lhs)
+        elif g.WGIO:
+            for c in gl.static_range(COLS // 2):
+                _stage_1a_wgio(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im,
+                               T1RE, T1IM, PART * COLS + 2 * c, A2, B, acc1, lhs1)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE,
@@ -671,6 +794,11 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
                 raw = _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, raw, ratio64,
                                                 T1RE, T1IM, tabs.f2re, tabs.f2im, tabs.f2nim, out_re, out_im, c, A2, B,
                                                 acc, lhs, c + 1 < A2 // 4)
+        elif g.WGIO:
+            for c in gl.static_range(COLS // 2):
+                _stage_1a_inverse_wgio(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,
+                                       tabs.f8re, tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, acc1, lhs8,
+                                       acc8)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,
