@@ -4,25 +4,19 @@ group, D and z; bf16) without states and with an initial state and the final sta
 optionally the decode step (``--step``). It replaces gpu_mamba_s32.py (sessions 32-33: the step variants, the decode
 steps, FLA's peer) and gpu_mamba_s38.py (session 38: the states' layout), whose runs are in notes/linear_attention.
 
-Checks (a process a form, NaN-poisoned y and final states, every element written): the error over the bf16
+Checks (in a process of its own, NaN-poisoned y and final states, every element written): the error over the bf16
 rounding floor against the float64 recurrence (D z N 1008; strong decays A in [-80, -20] N 304 with h0 and ht in the
 op's (b, h, p, s) layout: partial last chunks), the states' relative error (~1.6e-3: the update's bf16 operands); with
 ``--op`` the public mamba2_chunk_scan (a second call the same bits). Timing: the chunks' scores
 (kernels_forward.chunk_scores, C B^T once a q/k head) and the kernel on prepared arguments, as the op launches them,
 CUDA-graph medians of rounds (they drift by a few % on a shared host), the scores' kernel alone beside. Variants were
 timed in interleaved rounds in this script's forms versions: session 39's at git 853f125^ (notes decisions 190-191),
-session 40's at 4347ebf (210-214), session 41's at c103ffe (the scores from the stage, v^T's registers: 240-242).
+session 40's at 4347ebf (210-214), session 41's at c103ffe (the scores from the stage, v^T's registers: 240-242),
+session 42's at dff9d7d7 (the factors' bar.sync folded into P^T's: 260-262).
 
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--forms 0,3] [--op] [--step] [--probe]
-                                                                            [--clocks]
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py [--op] [--step] [--probe] [--clocks]
     PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu
-    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu-source --forms 0,3
-
-Variants: the step's FORM bits (gluon_forward: W_LATE 1, O_WAIT 2; ``--forms 0,1,2,3``), each launched by launch_args's
-``form`` and checked like the shipped one (a process a form; its y and states' bits against form 0's); the shipped
-form is configs.GLUON_MAMBA_FORM. Timing: CUDA-graph medians of interleaved rounds (the order reversed every other
-round) and each form's median of per-round ratios to form 0 (> 1: faster). (Session 41's forms: this script at git
-c103ffe.)
+    PYTHONPATH=/tmp/site:. python3 experiments/linear_attention/gpu_mamba.py --ncu-source
 
 ``--clocks``: the SM clock the timed rounds ran at (nvidia-smi sampled every 50 ms in the background: clocks, power,
 the clock-event reasons; ``nvidia-smi -q -d CLOCK`` before), and the kernel alone timed as ncu times it (one launch
@@ -33,7 +27,7 @@ the shared-memory LSU pipe's and the issue slots' use, the SFU's, bank conflicts
 stalls (JSON $OUT/mamba_ncu.json, a table last). Its barrier stall counts the producer partition's three padding
 warps too if they wait at a barrier the whole launch (one on each of three SM sub-partitions: 0.75 / issue-active
 warps per issue-active cycle, ~1.5 at 50% issue). ``--ncu-source``: the warp-stall samples per SASS instruction of
-one 2.7B launch per form (gpu_gla_dqk_ncu's summary: by reason, by the chain's phases, the top instructions) and each
+one 2.7B launch (gpu_gla_dqk_ncu's summary: by reason, by the chain's phases, the top instructions) and each
 BAR.SYNC's share, which tells the consumers' barriers from the padding warps' (JSON $OUT/mamba_ncu_source.json).
 
 JSON to $OUT/mamba.json (rewritten each row); a short table last.
@@ -64,9 +58,9 @@ CASES = ("stateless", "states")
 PROBES = {"1 tile B1 H2": (1, 2), "40 tiles B1 H80": (1, 80), "120 tiles B3 H80": (3, 80)}
 
 
-def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, scores: bool = True):
-    """The chunks' scores and the kernel at ``form`` as the op launches them on these inputs (g and beta (B, N, H):
-    prepared here as the library does); ``scores`` False: the kernel alone (the scores made once here)."""
+def launcher(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, scores: bool = True):
+    """The chunks' scores and the kernel as the op launches them on these inputs (g and beta (B, N, H): prepared here
+    as the library does); ``scores`` False: the kernel alone (the scores made once here)."""
     from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention import gluon_forward as gf
     from tilecore.ops.linear_attention.kernels_forward import chunk_scores
@@ -74,7 +68,7 @@ def launcher(form: int, q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, sc
     G, beta_h = gf.chunk_heads_prep(g, beta, gf.BT_GLUON)
     cb = chunk_scores(q, k, gf.BT_GLUON, q.dtype)
     grid, args, warps = gf.launch_args(q, k, v, G, beta_h, d_skip.float().contiguous(), z, h0, o, ht, scale,
-                                       configs.GLUON_STAGES, cb=cb, form=form)
+                                       configs.GLUON_STAGES, cb=cb)
     if not scores:
         return lambda: gf.la_fwd_gluon_kernel[grid](**args, num_warps=warps)
 
@@ -117,7 +111,7 @@ def digest(*ts) -> str:
     return h.hexdigest()[:16]
 
 
-def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
+def check_mamba(label, B, N, H, states=False, a_range=(-8.5, -0.5)) -> dict:
     from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(B, N, H, a_range=a_range)
@@ -125,11 +119,11 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     h0 = mamba_states(B, H, S, P, "randn") if states else None
     ht = mamba_states(B, H, S, P, "nan") if states else None
     o = poisoned(x)
-    launcher(form, Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
+    launcher(Cm, Bm, x, dt * A, dt, D[:, None].expand(H, P), z, h0, o, ht, 1.0)()
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=None if h0 is None else h0.transpose(-1, -2).double())
-    row = dict(form=form, case=label, **check(o, ref), bits=digest(o, ht))
+    row = dict(case=label, **check(o, ref), bits=digest(o, ht))
     if states:
         ref_t = ref_state.transpose(-1, -2)
         row.update(state_written=bool(torch.isfinite(ht).all()),
@@ -137,23 +131,20 @@ def check_mamba(form: int, label, B, N, H, states=False, a_range=(-8.5, -0.5)) -
     return row
 
 
-def check_op(form: int) -> dict:
-    """The public mamba2_chunk_scan with configs.GLUON_MAMBA_FORM = form (the kernel through the op's keyed launch)
-    against the float64 recurrence: D, z, an initial state and the final states ((b, h, p, s), contiguous), N 1000; a
-    second call's y the same bits."""
+def check_op() -> dict:
+    """The public mamba2_chunk_scan (the kernel through the op's keyed launch) against the float64 recurrence: D, z, an
+    initial state and the final states ((b, h, p, s), contiguous), N 1000; a second call's y the same bits."""
     import tilecore
-    from tilecore.ops.linear_attention import configs, mamba2_reference
-    from tilecore.tiles.switches import patched
+    from tilecore.ops.linear_attention import mamba2_reference
 
     x, dt, A, Bm, Cm, D, z = mamba_inputs(2, 1000, 8, seed=13)
     h0 = torch.randn(2, 8, 64, 128, device="cuda")
-    with patched(configs, GLUON_MAMBA_FORM=form):
-        y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
-        y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
+    y, ht = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0, return_final_states=True)
+    y2 = tilecore.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, z=z, initial_states=h0)
     torch.cuda.synchronize()
     ref, ref_state = mamba2_reference(x.double(), dt.double(), A.double(), Bm.double(), Cm.double(), D=D.double(),
                                       z=z.double(), initial_states=h0.double())
-    return dict(form=form, case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
+    return dict(case="public op D z h0 final N 1000", **check(y, ref), bits=digest(y, ht),
                 state_written=bool(torch.isfinite(ht).all()) and ht.is_contiguous(),
                 state_rel=float((ht.double() - ref_state).norm() / ref_state.norm()),
                 second_call_same=same_bits(y, y2))
@@ -191,51 +182,35 @@ def step_us(ms: float, B: int, H: int) -> float:
     return round(1e3 * ms / (waves * -(-SHAPE[1] // 64)), 4)
 
 
-def ratios(res: dict, names: dict) -> dict:
-    """Each form's median of per-round ratios to form 0 (> 1: faster) and its medians, from time_rounds's result."""
-    row = {}
-    for f, n in names.items():
-        row[f"{n}_graph_ms"] = res.get(f"{n}_graph_ms")
-        if f and res.get(f"{n}_graph_ms") and res.get("f0_graph_ms"):
-            pairs = zip(res["f0_rounds"]["graph"], res[f"{n}_rounds"]["graph"])
-            row[f"{n}_round_ratio"] = round(statistics.median(b / m for b, m in pairs), 4)
-    return row
-
-
-def probe_phase(run: Run, names: dict, rounds: int):
-    """Fewer tiles (PROBES) per form in interleaved rounds, as us a chunk-step."""
+def probe_phase(run: Run, rounds: int):
     for label, (B, H) in PROBES.items():
-        args = timed_args("stateless", (B, SHAPE[1], H))
-        fns = {n: launcher(f, *args) for f, n in names.items()}
-        for fn in fns.values():
-            fn()
+        fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
+        fn()
         torch.cuda.synchronize()
-        row = ratios(time_rounds(fns, rounds=rounds, graph=True, eager=False), names)
-        for n in names.values():
-            if row.get(f"{n}_graph_ms"):
-                row[f"{n}_step_us"] = step_us(row[f"{n}_graph_ms"], B, H)
-        run.row(f"probe {label}", **row)
+        res = time_rounds({"shipped": fn}, rounds=rounds, graph=True, eager=False)
+        ms = res.get("shipped_graph_ms")
+        run.row(f"probe {label}", shipped_graph_ms=ms, step_us=step_us(ms, B, H) if ms else None,
+                rounds=res["shipped_rounds"].get("graph"))
 
 
-def warm(form: int, op: bool, probe: bool):
-    """In a process of its own (a fault there is a row, not the end): the form's checks, then each timed shape's
-    compile."""
+def warm(op: bool, probe: bool):
+    """In a process of its own (a fault there is a row, not the end): the checks, then each timed shape's compile."""
     t0 = time.time()
     rows = []
     try:
-        rows.append(check_mamba(form, "D z N 1008", 2, 1008, 8))
-        rows.append(check_mamba(form, "strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
+        rows.append(check_mamba("D z N 1008", 2, 1008, 8))
+        rows.append(check_mamba("strong h0 ht N 304", 2, 304, 4, True, (-80.0, -20.0)))
         if op:
-            rows.append(check_op(form))
+            rows.append(check_op())
         for case in CASES:
-            launcher(form, *timed_args(case))()
+            launcher(*timed_args(case))()
         if probe:
             for B, H in PROBES.values():
-                launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))()
+                launcher(*timed_args("stateless", (B, SHAPE[1], H)))()
         torch.cuda.synchronize()
-        return form, None, round(time.time() - t0, 1), rows
+        return None, round(time.time() - t0, 1), rows
     except Exception as err:  # noqa: BLE001
-        return form, f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
+        return f"{type(err).__name__}: {err}"[:300], round(time.time() - t0, 1), rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,13 +269,13 @@ class Clocks:
 
 
 def clocks_phase(run: Run, rounds: int):
-    """The kernel alone (form 0, stateless, the scores made once): one launch on an idle GPU (0.3 s asleep before it,
+    """The kernel alone (stateless, the scores made once): one launch on an idle GPU (0.3 s asleep before it,
     CUDA events: as ncu times a launch), 30 launches back to back, and graph rounds, each under Clocks."""
     text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK", "-i", smi_id()], capture_output=True, text=True).stdout
     run.extra["smi_gpu"] = smi_id()
     run.extra["smi_clock"] = text
     print("\n".join(ln for ln in text.splitlines() if ln.strip() and "Clock Policy" not in ln)[:1500], flush=True)
-    fn = launcher(0, *timed_args("stateless"), scores=False)
+    fn = launcher(*timed_args("stateless"), scores=False)
     fn()
     torch.cuda.synchronize()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
@@ -426,10 +401,9 @@ NCU_METRICS = [
 
 
 def ncu_target(spec: str) -> None:
-    """What ncu runs: three launches on B x 4096 x H (``B,H`` or ``FORM,B,H``; it profiles the third)."""
-    nums = [int(x) for x in spec.split(",")]
-    form, (B, H) = (nums[0], nums[1:]) if len(nums) == 3 else (0, nums)
-    fn = launcher(form, *timed_args("stateless", (B, SHAPE[1], H)))
+    """What ncu runs: three launches on B x 4096 x H (``B,H``; it profiles the third)."""
+    B, H = (int(x) for x in spec.split(","))
+    fn = launcher(*timed_args("stateless", (B, SHAPE[1], H)))
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -477,8 +451,8 @@ def ncu_phase(out: str) -> None:
             print(f"{short[:62]:62s} " + " ".join(f"{results[n]['values'].get(m, float('nan')):12.4g}" for n in names))
 
 
-def ncu_source_phase(forms, out: str, top: int = 30) -> None:
-    """Nsight Compute's warp-stall samples per SASS instruction on one 2.7B launch of each form: by stall reason, by
+def ncu_source_phase(out: str, top: int = 30) -> None:
+    """Nsight Compute's warp-stall samples per SASS instruction on one 2.7B launch: by stall reason, by
     the chain's phases (the instructions up to a synchronizing one) and the top instructions (gpu_gla_dqk_ncu's
     summary); every BAR.SYNC's share besides (the consumers' two named barriers, 0x0 and 0x2, and the idle padding
     warps' barrier outside the loops)."""
@@ -491,20 +465,18 @@ def ncu_source_phase(forms, out: str, top: int = 30) -> None:
     from experiments.linear_attention.gpu_gla_dqk_ncu import summarize
 
     t0 = time.time()
-    results = {}
     B, H = NCU_SHAPES["2.7B"]
-    for form in forms:
-        rep_path = os.path.join(tempfile.gettempdir(), f"mamba_ncu_src_{form}")
-        text = profile(["--section", "SourceCounters", "--section", "WarpStateStats", "-f", "-o", rep_path],
-                       "la_fwd_gluon_kernel", __file__, ["--ncu-target", f"{form},{B},{H}"], timeout=200)
-        res = subprocess.run([ncu_binary(), "-i", rep_path + ".ncu-rep", "--page", "source", "--csv",
-                              "--print-source", "sass"], capture_output=True, text=True, timeout=120)
-        table = list(csv.reader(io.StringIO(res.stdout)))
-        head = next((i for i, r in enumerate(table) if "Source" in r), None)
-        if head is None:
-            results[form] = dict(error=text[-1500:] + res.stderr[-800:])
-            print(f"--- FORM {form}: no source table\n{text[-1500:]}\n{res.stderr[-800:]}", flush=True)
-            continue
+    rep_path = os.path.join(tempfile.gettempdir(), "mamba_ncu_src")
+    text = profile(["--section", "SourceCounters", "--section", "WarpStateStats", "-f", "-o", rep_path],
+                   "la_fwd_gluon_kernel", __file__, ["--ncu-target", f"{B},{H}"], timeout=200)
+    res = subprocess.run([ncu_binary(), "-i", rep_path + ".ncu-rep", "--page", "source", "--csv", "--print-source",
+                          "sass"], capture_output=True, text=True, timeout=120)
+    table = list(csv.reader(io.StringIO(res.stdout)))
+    head = next((i for i, r in enumerate(table) if "Source" in r), None)
+    if head is None:
+        summary = dict(error=text[-1500:] + res.stderr[-800:])
+        print(f"no source table\n{text[-1500:]}\n{res.stderr[-800:]}", flush=True)
+    else:
         cols = table[head]
         rows = [r for r in table[head + 1:] if len(r) == len(cols)]
         summary = summarize(rows, cols, top)
@@ -516,118 +488,91 @@ def ncu_source_phase(forms, out: str, top: int = 30) -> None:
         summary["bars"] = [(r[addr] if addr is not None else "", r[src][:44],
                             round(100 * num(r[total_col]) / max(summary["samples"], 1), 2))
                            for r in rows if re.search(r"\bBAR\.", r[src])]
-        results[form] = summary
-        print(f"--- FORM {form}: {len(rows)} SASS lines, {summary['samples']} samples ({time.time() - t0:.0f} s) ---")
+        print(f"--- {len(rows)} SASS lines, {summary['samples']} samples ({time.time() - t0:.0f} s) ---")
         print(json.dumps({k: summary[k] for k in ("by_reason", "bars")}))
         print("\n".join(json.dumps(x) for x in [p for p in summary["phases"] if p["pct"] >= 1.0] + summary["top"]))
-        sys.stdout.flush()
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "mamba_ncu_source.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump(summary, f, indent=1)
 
 
 def main():
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    from tilecore.ops.linear_attention import configs
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--forms", default="0")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan at each form")
+    ap.add_argument("--op", action="store_true", help="also check the public mamba2_chunk_scan")
     ap.add_argument("--step", action="store_true", help="also check and time the decode step")
-    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES) per form: a chunk-step's time")
+    ap.add_argument("--probe", action="store_true", help="also time fewer tiles (PROBES): a chunk-step's time")
     ap.add_argument("--clocks", action="store_true", help="the SM clock under the timed rounds; the kernel as ncu times "
                                                           "it")
     ap.add_argument("--deadline", type=float, default=57)
     ap.add_argument("--ncu", action="store_true", help="Nsight Compute on the kernel (NCU_SHAPES), nothing else")
     ap.add_argument("--ncu-source", action="store_true", help="Nsight Compute's stall samples per SASS instruction on "
-                                                                  "each form's 2.7B launch, nothing else")
+                                                                  "the 2.7B launch, nothing else")
     ap.add_argument("--ncu-target", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.ncu_target:
         return ncu_target(a.ncu_target)
-    forms = sorted({0, *(int(f) for f in a.forms.split(","))})
     if a.ncu or a.ncu_source:
         import os
 
-        if a.ncu_source:
-            return ncu_source_phase(forms, os.environ.get("OUT", "."))
-        return ncu_phase(os.environ.get("OUT", "."))
+        return (ncu_source_phase if a.ncu_source else ncu_phase)(os.environ.get("OUT", "."))
     cases = a.cases.split(",")
     run = Run("mamba", deadline=a.deadline)
-    run.extra.update(forms=forms, shipped_form=configs.GLUON_MAMBA_FORM)
-    pool = cf.ProcessPoolExecutor(max_workers=min(4, len(forms)), mp_context=mp.get_context("spawn"))
-    futs = [pool.submit(warm, f, a.op, a.probe) for f in forms]
+    pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+    fut = pool.submit(warm, a.op, a.probe)
     bounds = {s: run.attempt("napkin", napkin_ms, s) for s in (False, True)}
     run.extra["napkin_ms"], run.extra["napkin_with_states_ms"] = bounds[False], bounds[True]
-    got = {}
-
-    def collect():
-        for fut in cf.as_completed(futs, timeout=max(1.0, 0.5 * a.deadline - run.elapsed())):
-            res = run.attempt("warm (a worker died)", fut.result)
-            if res is not None:
-                got[res[0]] = res
-    run.attempt("warm (not every form done in time)", collect)
+    got = run.attempt("warm (a worker died or took past 45 s)", fut.result, timeout=max(1.0, 45 - run.elapsed()))
     pool.shutdown(wait=False, cancel_futures=True)
-    base_bits = {r["case"]: r["bits"] for r in got.get(0, (0, None, 0, []))[3]}
-    ok = []
-    for f in forms:
-        if f not in got:
-            continue
-        _, err, secs, rows = got[f]
+    ok = False
+    if got is not None:
+        err, secs, rows = got
         for r in rows:
-            r["same_bits_as_form0"] = base_bits.get(r["case"]) == r["bits"]
-            run.row(f"check form {f} {r['case']}", **r)
+            run.row(f"check {r['case']}", **r)
         if err:
-            run.errors.append(f"warm form {f}: {err}")
-        if not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
-                           and r.get("second_call_same", True) for r in rows):
-            ok.append(f)
-        run.say(f"warm form {f}: {secs} s, error {err}")
-    run.say(f"passed: {ok}")
+            run.errors.append(f"warm: {err}")
+        ok = not err and all(r["pass"] and r.get("state_written", True) and r.get("state_rel", 0) < 2e-2
+                             and r.get("second_call_same", True) for r in rows)
+        run.say(f"warm: {secs} s, error {err}, passed {ok}")
     if a.step:
         run.attempt("decode step", step_phase, run)
-    names = {f: f"f{f}" for f in ok}
-    if 0 in ok:
+    if ok:
         run.attempt("chunk_scores", scores_phase, run)
-    if a.clocks and 0 in ok:
+    if a.clocks and ok:
         run.attempt("clocks", clocks_phase, run, 5)
-    if a.probe and 0 in ok:
-        run.attempt("probe", probe_phase, run, names, 5)
+    if a.probe and ok:
+        run.attempt("probes", probe_phase, run, 5)
     for i, case in enumerate(cases):
-        if run.left() < 5 or 0 not in ok:
+        if run.left() < 5 or not ok:
             break
         share = CaseDeadline(time.time() + run.left() / (len(cases) - i))  # (each case its share of what is left)
-        args = timed_args(case)
-        fns = {names[f]: launcher(f, *args) for f in ok}
-        for fn in fns.values():
-            fn()
+        fn = launcher(*timed_args(case))
+        fn()
         torch.cuda.synchronize()
         clocks = Clocks() if a.clocks else None
         if clocks:
             clocks.__enter__()
-        res = run.attempt(f"time {case}", time_rounds, fns, rounds=a.rounds, graph=True, eager=False, deadline=share)
+        res = run.attempt(f"time {case}", time_rounds, {"shipped": fn}, rounds=a.rounds, graph=True, eager=False,
+                          deadline=share)
         if clocks:
             clocks.__exit__(None, None, None)
         if res:
-            row = dict(case=case, **ratios(res, names),
-                       rounds={n: res[f"{n}_rounds"].get("graph") for n in names.values()})
-            bound = bounds[case == "states"]
-            for n in names.values():
-                if row.get(f"{n}_graph_ms") and bound:
-                    row[f"{n}_napkin_pct"] = round(100 * bound / row[f"{n}_graph_ms"], 1)
-                    row[f"{n}_step_us"] = step_us(row[f"{n}_graph_ms"], SHAPE[0], SHAPE[2])
+            row = dict(case=case, **res)
+            ms, bound = res.get("shipped_graph_ms"), bounds[case == "states"]
+            if ms and bound:
+                row["napkin_pct"] = round(100 * bound / ms, 1)
+                row["best_round_pct"] = round(100 * bound / min(res["shipped_rounds"]["graph"]), 1)
+                row["step_us"] = step_us(ms, SHAPE[0], SHAPE[2])
             if clocks:
                 row.update(clocks.summary)
             run.row(f"time {case}", **row)
-    cols = ["name", "pass", "err_over_floor", "state_rel", "same_bits_as_form0", "median_ms", "sm_mhz_median",
-            "sm_mhz_min", "power_w_median", "reasons"] + [f"{n}_graph_ms" for n in names.values()] + [
-        f"{n}_round_ratio" for f, n in names.items() if f] + [f"{n}_napkin_pct" for n in names.values()] + [
-        f"{n}_step_us" for n in names.values()] + ["cb_bf16_graph_ms", "copy_pct"]
-    run.finish(cols)
+    run.finish(["name", "pass", "err_over_floor", "state_rel", "median_ms", "shipped_graph_ms", "napkin_pct",
+                "best_round_pct", "step_us", "sm_mhz_median", "sm_mhz_min", "power_w_median", "reasons",
+                "cb_bf16_graph_ms", "copy_pct"])
 
 
 if __name__ == "__main__":

@@ -4,9 +4,8 @@ loop in its SASS: the instruction mix by unit and the phases between its synchro
 waits, bar.sync, mbarrier, TMA, the gate's tanh), in ptxas's order. Notes/linear_attention's "Session 39 (HB)" split
 reads from it.
 
-    python experiments/linear_attention/sass_mamba_step.py [--case mamba2_states] [--form N] [--sass FILE]
+    python experiments/linear_attention/sass_mamba_step.py [--case mamba2_states] [--sass FILE]
 
-``--form N``: the step at gluon_forward's FORM bits N (configs.GLUON_MAMBA_FORM, through switches.patched).
 ``--sass FILE`` reads a cuobjdump listing instead of compiling (another tree's, or a variant's).
 """
 from __future__ import annotations
@@ -38,17 +37,14 @@ UNITS = (  # (unit, opcode prefixes), the first match wins
 MARKS = ("HGMMA", "WARPGROUP", "BAR.", "SYNCS", "UTMA", "DEPBAR", "LDG", "MEMBAR", "FENCE")
 
 
-def compile_sass(case: str, form: int | None = None) -> str:
+def compile_sass(case: str) -> str:
     os.environ.pop("TRITON_INTERPRET", None)
     from triton.backends.nvidia.compiler import get_ptxas
 
-    from tilecore.ops.linear_attention import configs
     from tilecore.ops.linear_attention.gluon_forward import compile_report
-    from tilecore.tiles.switches import patched
 
     out: list = []
-    with patched(configs, GLUON_MAMBA_FORM=configs.GLUON_MAMBA_FORM if form is None else form):
-        r = compile_report(case, stages=2, compiled_out=out)
+    r = compile_report(case, stages=2, compiled_out=out)
     print(f"{case}: registers {r['registers']}, spilled {r['spill_bytes']} B, shared {r['shared']} B, "
           f"wgmma serialized {r['wgmma_serialized']}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,10 +116,9 @@ def report(sass: str) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="mamba2", help="gluon_forward.COMPILE_CASES: mamba2, mamba2_states")
-    ap.add_argument("--form", type=int, help="gluon_forward's FORM bits (default configs.GLUON_MAMBA_FORM)")
     ap.add_argument("--sass", help="a cuobjdump -sass listing to read instead of compiling")
     a = ap.parse_args()
-    report(Path(a.sass).read_text() if a.sass else compile_sass(a.case, a.form))
+    report(Path(a.sass).read_text() if a.sass else compile_sass(a.case))
 
 
 if __name__ == "__main__":

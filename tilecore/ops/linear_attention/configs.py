@@ -42,9 +42,6 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
-# Mamba-2's step form (gluon_forward's FORM bits: W_LATE 1, O_WAIT 2): 3, 4 bar.syncs a consumer's step against 6,
-# float64-checked (form 0's bits), 1.042x / 1.018x form 0 stateless / with states (notes decision 250)
-GLUON_MAMBA_FORM = 3
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's

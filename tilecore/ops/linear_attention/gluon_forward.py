@@ -44,16 +44,6 @@ LOG_DECAY_FLOOR_HOST = -100.0  # kernels_tl.LOG_DECAY_FLOOR's (a float for torch
 BT_GLUON = 64  # tokens a chunk (a wgmma's M)
 BV_GLUON = 64  # value columns a consumer
 LOG2E = 1.4426950408889634
-# Mamba-2's step (``compute_transposed``): FORM bits (configs.GLUON_MAMBA_FORM; launch_args's ``form``), each taking a
-# consumer's bar.sync off the step (six a step: the ring's wait, the factors', P^T's, the o store's wait, the o store,
-# the stage's release). W_LATE: the update's weights read back, and wV^T made, after S^T Q^T's wait, behind P^T's
-# barrier (the factors' own goes); O_WAIT: the previous step's o store waited (store_read_wait: no barrier of its own)
-# before P^T's barrier, a whole P^T phase after it was issued, so that barrier tells every warp the output buffer is
-# free (tma.store_wait's bar.sync goes)
-W_LATE = 1
-O_WAIT = 2
-_W_LATE = gl.constexpr(W_LATE)  # (the kernel's names of them)
-_O_WAIT = gl.constexpr(O_WAIT)
 
 
 @stage_struct
@@ -162,7 +152,6 @@ class LinearAttentionForward:
     STL: gl.constexpr  # [BK, BV] state (with beta: S^T [BV, BK])
     PL: gl.constexpr  # P as the register operand of P V (with beta: wV^T, of the update)
     SPL: gl.constexpr  # with beta: S^T [BV, BK] as the register operand of S^T Q^T (else None)
-    FORM: gl.constexpr  # with beta: the step's form bits (configs.GLUON_MAMBA_FORM), else 0
 
     @gluon.jit
     def setup(self, tile_id):
@@ -316,7 +305,9 @@ class LinearAttentionForward:
         accumulator scaled, with no wgmma running (ptxas serializes a kernel whose wgmma inputs are written while one
         runs: C7513). The tokens are o^T's and P^T's columns, where a per-token factor would cost 16 registers and 16
         exps a thread: the update's weights and o's factor are made one exp a thread in a 1-D layout and read back in
-        the columns' layout from shared memory (one bar.sync)."""
+        the columns' layout from shared memory after S^T Q^T's wait. A step has five bar.syncs (each a warpgroup's
+        named barrier): P^T's, which also hands over those factors, tma.store_wait's (the o^T buffer's previous store
+        has read it), o^T's before its TMA store, and Triton's before the ring's wait and the stage's release."""
         c: gl.constexpr = ctx.index
         h, col = self.unit(tile, c)
         q = stage.q.reshape([self.BT, self.BK])
@@ -346,13 +337,8 @@ class LinearAttentionForward:
         e_smem = self.ev_smem.slice(c * self.BT, self.BT)
         w_smem.store(gl.where(t0 + offs1 < self.N, gl.exp2(G_last - G1), 0.0) * b_smem.load(L1))
         e_smem.store(gl.exp2(G1) * self.scale)
-        if not (self.FORM & _W_LATE):
-            gl.thread_barrier()
-            w_i = w_smem.load(gl.SliceLayout(0, self.SL))
-        # register operands, made before any wgmma runs: wV^T [BV, BT] (the update's) and S^T in the input dtype
-        vT16 = v.permute((1, 0)).load(self.SL)  # (read once: P V's register operand and D v's too)
-        if not (self.FORM & _W_LATE):
-            wvT = gl.convert_layout((vT16.to(gl.float32) * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
+        # S^T Q^T's register operand, made before any wgmma runs: S^T in the input dtype
+        vT16 = v.permute((1, 0)).load(self.SL)  # (read once: P V's and the update's register operands, D v's)
         S_op = gl.convert_layout(walk.S.to(dtype), self.SPL)
         S_acc = walk.S * gl.exp2(G_last)
         qT = q.permute((1, 0))
@@ -368,14 +354,13 @@ class LinearAttentionForward:
         f = gl.exp2(gl.expand_dims(g_smem.load(gl.SliceLayout(0, self.SL)), 0) - gl.expand_dims(G_j, 1))
         pT = gl.where(causal, s * f * gl.expand_dims(beta_j * self.scale, 1), 0.0)
         p_smem.store(pT.to(dtype))
-        if self.FORM & _O_WAIT:  # the previous step's o store has read ctx.out (the barrier below tells every warp)
-            store_read_wait(offs1)
+        # one barrier for two hand-offs: P^T (V^T P^T's operand) and the factors (stored as the step began)
         fence_async_shared()
         gl.thread_barrier()
         o = warpgroup_mma_wait(0, deps=(qs_tok,))
-        if self.FORM & _W_LATE:  # (no wgmma runs: the update's operand may be made now)
-            w_i = w_smem.load(gl.SliceLayout(0, self.SL))
-            wvT = gl.convert_layout((vT16.to(gl.float32) * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
+        # the update's register operand wV^T [BV, BT], made with no wgmma running
+        w_i = w_smem.load(gl.SliceLayout(0, self.SL))
+        wvT = gl.convert_layout((vT16.to(gl.float32) * gl.expand_dims(w_i, 0)).to(dtype), self.PL)
         # o^T = (S^T Q^T) scale 2^(G_i) + V^T P^T (scaled with no wgmma running), then the update
         o = o * gl.expand_dims(e_smem.load(gl.SliceLayout(0, self.SL)), 0)
         o_tok = warpgroup_mma(gl.convert_layout(vT16, self.PL), p_smem, o, is_async=True)
@@ -394,8 +379,7 @@ class LinearAttentionForward:
             z_half = 0.5 * zT
             o = o * (z_half + z_half * tanh_approx(z_half))
         # o^T to the output's block through shared memory (a transposed view), one TMA store
-        if not (self.FORM & _O_WAIT):
-            tma.store_wait(0)
+        tma.store_wait(0)
         ctx.out.reshape([self.BT, self.BV]).permute((1, 0)).store(o.to(self.o_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
@@ -417,14 +401,13 @@ class LinearAttentionForward:
 def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, DSKIP, H0, HT,
                         sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, num_tiles, cb_desc,
                         STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_D: gl.constexpr,
-                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
+                        HAS_Z: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns); a persistent grid, two
     consumer warpgroups (num_warps = 4) and a producer warp. G (head-major, log2 units: chunk_heads_prep), beta
     (chunk_heads_prep; only with a decay) and z TMA-loaded with the stage; with beta Mamba-2's step on the transposed
     state (``compute_transposed``)."""
     gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
     gl.static_assert(HAS_BETA or not (HAS_Z or HAS_D), "D and z come with beta (Mamba-2's)")
-    gl.static_assert(FORM == 0 or HAS_BETA, "the step's forms are Mamba-2's (with beta)")
     BT: gl.constexpr = q_desc.block_type.shape[2]
     BK: gl.constexpr = q_desc.block_type.shape[3]
     BV: gl.constexpr = v_desc.block_type.shape[3]
@@ -439,7 +422,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, p_smem,
                                     w_smem, e_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BV, BK, gl.num_warps()), wgmma_lhs_layout(BV, BK, gl.num_warps()),
-                                    wgmma_lhs_layout(BV, BT, gl.num_warps()), FORM)
+                                    wgmma_lhs_layout(BV, BT, gl.num_warps()))
     else:
         state_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BK, BV], operand_layout)
         wv_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BV], operand_layout)
@@ -447,7 +430,7 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
                                     sdh, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N, H, VB, GROUP, scale, state_smem,
                                     wv_smem, wv_smem, BT, BK, BV, DECAY, HAS_BETA, HAS_D, HAS_Z, HAS_H0, STORE_HT, SL,
                                     wgmma_layout(BK, BV, gl.num_warps()), wgmma_lhs_layout(BT, BV, gl.num_warps()),
-                                    None, 0)
+                                    None)
     if HAS_BETA and HAS_Z:
         stages = ChunkGBZ(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
                           ring(z_desc, STAGES), ring(z_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
@@ -469,15 +452,6 @@ def la_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, z_desc, g_desc, b_desc, 
             num_tiles)
     else:
         run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
-
-
-@gluon.jit
-def store_read_wait(x):
-    """Every TMA store this thread issued has read its shared memory (cp.async.bulk.wait_group.read 0), with no
-    barrier of its own (tma.store_wait's lowering adds a bar.sync): a later barrier of the caller's tells the other
-    warps. ``x``: any int32 tensor of the partition (the instruction runs once for each of its elements a thread)."""
-    return gl.inline_asm_elementwise("cp.async.bulk.wait_group.read 0;\n mov.b32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -561,22 +535,11 @@ def chunk_heads_prep(g: torch.Tensor, beta: torch.Tensor | None, chunk: int):
     return G, beta_h
 
 
-def step_form(beta, form=None) -> int:
-    """The kernel's FORM: Mamba-2's step form (with beta; None: configs.GLUON_MAMBA_FORM), else 0."""
-    from tilecore.ops.linear_attention import configs
-
-    if beta is None:
-        return 0
-    return configs.GLUON_MAMBA_FORM if form is None else form
-
-
-def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, cb=None,
-                form=None):
+def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: int = 3, *, operand=None, cb=None):
     """(grid, arguments by name, num_warps) of la_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output; g and
     beta as ``chunk_heads_prep`` gives them ((B, H, N_pad) float32, head-major), z TMA-able (``tma_ok``).
     ``operand(t, block, shape, strides)`` makes the descriptors (default gluon_descriptor; tiles.launch.TmaOperand
-    for a CachedLaunch). With beta ``cb`` is kernels_forward.chunk_scores(q, k, BT_GLUON, q.dtype); ``form`` the
-    step's FORM bits (None: configs.GLUON_MAMBA_FORM)."""
+    for a CachedLaunch). With beta ``cb`` is kernels_forward.chunk_scores(q, k, BT_GLUON, q.dtype)."""
     from tilecore.tiles.launch import gluon_descriptor
 
     gluon_descriptor = operand or gluon_descriptor
@@ -615,7 +578,7 @@ def launch_args(q, k, v, g, beta, d_skip, z, h0, o, ht, scale: float, stages: in
     args.update(sdh=st(d_skip, 2)[0], s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2],
                 stv=sht[3], N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles, STAGES=stages,
                 DECAY=g is not None, HAS_BETA=beta is not None, HAS_D=d_skip is not None, HAS_Z=z is not None,
-                HAS_H0=h0 is not None, STORE_HT=ht is not None, cb_desc=cb_desc, FORM=step_form(beta, form))
+                HAS_H0=h0 is not None, STORE_HT=ht is not None, cb_desc=cb_desc)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
