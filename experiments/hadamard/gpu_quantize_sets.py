@@ -43,7 +43,7 @@ format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with t
 the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
 consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
 e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
-N = 128 product), every format.
+N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -413,6 +413,12 @@ SETS["w"] = {  # (priority order)
 # for both halves, half the mixing's wgmma instructions; sm_90a fp8: wgmma 108 -> 78, SASS 3456 -> 3016, spills 84 -> 28 B),
 # each format on its shipped switches
 SETS["x"] = {(f, 18944): [("joint", dict(joint=True))] for f in ("fp8_e4m3", "int8", "int4", "mxfp4", "nvfp4")}
+
+
+# session 42, batch 3: run 4's JOINT flips (64d5cb9f: int8 1.031x, int4 1.117x, mxfp4 1.062x, nvfp4 1.042x) against the
+# plans before them (UNITS without JOINT), and fp8's JOINT (1.014x) again
+SETS["y"] = {("fp8_e4m3", 18944): [("joint", dict(joint=True))],
+             **{(f, 18944): [("before", dict(joint=False))] for f in ("int8", "int4", "mxfp4", "nvfp4")}}
 
 
 def cases(name: str):
