@@ -167,6 +167,20 @@ BATCHES["k"] = {  # call 2, after call 1 (runs/ha_s42a_run2_session42_h100.txt: 
     "d64 configs op": (64, dict(op=(2, 1024, 3, 64, False)), None),
     "d32 configs dqk": (32, {}, "dqk0w"),
 }
+BATCHES["l"] = {  # call 3, after call 2 (runs/ha_s42c_run4_session42_h100.txt: dv_form 53 1.041x / 1.098x 21, 78.9% / 90.0%;
+    # d 64 DG_OWN 1.010x, 1.020x in call 1: flipped, configs' d 64 now 8487426): d 64 as shipped against the session's
+    # start (99842), the kernel, the whole backward, bf16 g (DG_OWN whatever g's dtype) and the public op through autograd;
+    # the d 128 dv flip a third time; d 32's configs'
+    "d64 configs dqk": (64, {}, "dqk0w"),
+    "d64 start dqk": (64, dict(dqk_gluon_form=S41_D64), "dqk0w"),
+    "d64 configs bwd": (64, {}, "bwd"),
+    "d64 start bwd": (64, dict(dqk_gluon_form=S41_D64, dv_form=21), "bwd"),
+    "d64 configs bf16 g": (64, dict(g_dtype="bf16"), None),
+    "d64 configs op": (64, dict(op=(2, 1024, 3, 64, True)), None),
+    "d128 dv configs": (128, {}, "dvw"),
+    "d128 dv s41": (128, dict(dv_form=21), "dvw"),
+    "d32 configs dqk": (32, {}, "dqk0w"),
+}
 MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
          "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
 VARIANTS = BATCHES[BATCH]
