@@ -43,7 +43,7 @@ format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with t
 the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
 consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
 e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
-N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again.
+N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -419,6 +419,10 @@ SETS["x"] = {(f, 18944): [("joint", dict(joint=True))] for f in ("fp8_e4m3", "in
 # plans before them (UNITS without JOINT), and fp8's JOINT (1.014x) again
 SETS["y"] = {("fp8_e4m3", 18944): [("joint", dict(joint=True))],
              **{(f, 18944): [("before", dict(joint=False))] for f in ("int8", "int4", "mxfp4", "nvfp4")}}
+
+
+# session 42, the last batch: fp8 18944's JOINT flip (1.014x then 1.022x, 64d5cb9f's successor) against the plan before it
+SETS["z"] = {("fp8_e4m3", 18944): [("before", dict(joint=False))]}
 
 
 def cases(name: str):
