@@ -58,7 +58,7 @@ def tl_config(d: int, interpret: bool) -> dict:
 # accumulator added to O * alpha, 2: O rescaled first and P V added in place, D128's registers) unless GLUON_FORWARD
 # names serial.
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={128: 1}, q_reg=(64,), stages={128: 2},
-               rot_split=(128,), hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
+               rot_split=(), hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
 
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)
