@@ -50,7 +50,8 @@ CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(deca
 # in its own buffer), STORE_LATE 524288 (dq's and dk's TMA stores after dG's barrier), SPLIT_P 1048576 (the third
 # piece's buffer apart), KEEP_QK 2097152 (q, k, g's clamp read before the barriers that precede their buffers' writes);
 # after call 7 ROW_SUM 4194304 (no J sums: G_last and dG's column totals from L's last row by a reduction over rows);
-# session 42: DG_OWN 8388608 (batch j)
+# session 42, after its call 3: DG_OWN 8388608 (dg through a float32 buffer of each consumer's own; its rows dropped from
+# batches j-l)
 D32 = 9730
 TWO, RZ = 65536, 32768
 BATCHES = {
@@ -126,25 +127,18 @@ BATCHES["i"] = {  # the session's last call (after calls 1-5: configs' now d 32 
     "d128 start bwd": (128, dict(dqk_gluon_form=1538), "bwd"),
     "d128 configs op": (128, dict(op=(1, 1024, 2, 128, True)), None),
 }
-# session 42: DG_OWN 8388608 (dg through a float32 buffer of each consumer's own, waited a tile later: the stage's release
-# waits for dq's and dk's stores alone) in place of DG_TMA on configs' forms; DG_LATE (dg through the pieces' buffers,
-# waited at the next tile's start) beside it at d 32 as the control (the same release, the wait moved a little)
-OWN, DG_TMA_BIT, LATE = 8388608, 1024, 2048
+# session 42: DG_LATE (dg through the pieces' buffers, waited at the next tile's start) at d 32, the control of DG_OWN
+# (removed: decision 254 of notes/linear_attention/README.md)
+DG_TMA_BIT, LATE = 1024, 2048
 S41_D32, S41_D64 = 75266, 99842  # configs' at the session's start (d 128 as d 64)
-D32_OWN, D64_OWN = S41_D32 - DG_TMA_BIT + OWN, S41_D64 - DG_TMA_BIT + OWN
 BATCHES["j"] = {  # call 1: DG_OWN at d 32 and d 64 against configs' (at d 128 its 16 KB do not fit: 246 KB shared),
     # d 32's whole backward and its public op; the pointer dv kernel with each key block's dS_c rows loaded with its q, k,
     # g (dv_form bit 32: sm_90a d 128 255 registers, 0 B, the first key block's 8 LDG.128 of dS_c moved from after its
     # scores to the program's first loads)
     "d32 configs dqk": (32, {}, "dqk0w"),
-    "d32 own": (32, dict(dqk_gluon_form=D32_OWN), "dqk0w"),
     "d32 late": (32, dict(dqk_gluon_form=S41_D32 - DG_TMA_BIT + LATE), "dqk0w"),
-    "d32 own rz": (32, dict(dqk_gluon_form=D32_OWN | RZ), "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
-    "d32 own bwd": (32, dict(dqk_gluon_form=D32_OWN), "bwd"),
-    "d32 own op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(dqk_gluon_form=D32_OWN)}), None),
     "d64 configs dqk": (64, {}, "dqk0w"),
-    "d64 own": (64, dict(dqk_gluon_form=D64_OWN), "dqk0w"),
     "d128 configs dqk": (128, {}, "dqk0w"),
     "d128 dv configs": (128, {}, "dvw"),
     "d128 dv dhs early": (128, dict(dv_form=53), "dvw"),  # (dv_form 21 + 32: dS_c's rows loaded with q, k, g)
@@ -163,14 +157,14 @@ BATCHES["k"] = {  # call 2, after call 1 (runs/ha_s42a_run2_session42_h100.txt: 
     "d64 dv configs": (64, {}, "dvw"),
     "d64 dv s41": (64, dict(dv_form=21), "dvw"),
     "d64 configs dqk": (64, {}, "dqk0w"),
-    "d64 own": (64, dict(dqk_gluon_form=D64_OWN), "dqk0w"),
     "d64 configs op": (64, dict(op=(2, 1024, 3, 64, False)), None),
     "d32 configs dqk": (32, {}, "dqk0w"),
 }
 BATCHES["l"] = {  # call 3, after call 2 (runs/ha_s42c_run4_session42_h100.txt: dv_form 53 1.041x / 1.098x 21, 78.9% / 90.0%;
     # d 64 DG_OWN 1.010x, 1.020x in call 1: flipped, configs' d 64 now 8487426): d 64 as shipped against the session's
     # start (99842), the kernel, the whole backward, bf16 g (DG_OWN whatever g's dtype) and the public op through autograd;
-    # the d 128 dv flip a third time; d 32's configs'
+    # the d 128 dv flip a third time; d 32's configs' (runs/ha_s42d_run5_session42_h100.txt: DG_OWN 0.997x there, removed:
+    # the two d 64 dq / dk rows are one form since)
     "d64 configs dqk": (64, {}, "dqk0w"),
     "d64 start dqk": (64, dict(dqk_gluon_form=S41_D64), "dqk0w"),
     "d64 configs bwd": (64, {}, "bwd"),

@@ -37,7 +37,7 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
     """dqk_gluon n: the Gluon kernel at d 128 and d 64 (a ring of n stages, the flat launch's places) in bf16 and
     fp16 (the factor span 64 / 8, the tl kernels' rule); elsewhere the tl launches: off, N not a multiple of the
     chunk (at d 32, one key block a chunk: of two chunks), the flat launch off. configs': on at d 128, 64 and 32 (FORM
-    1538 + PIECES_RZ + DG_TWO at d 128, with DG_OWN for DG_TMA at d 64, 1538 + J_SMEM + DG_TWO at d 32) with bf16 inputs; fp16 at d 64 keeps the flat launch (dqk_gluon_scan off: the scans lost to it there)."""
+    1538 + PIECES_RZ + DG_TWO at d 128 and d 64, 1538 + J_SMEM + DG_TWO at d 32) with bf16 inputs; fp16 at d 64 keeps the flat launch (dqk_gluon_scan off: the scans lost to it there)."""
     for D in (128, 64):
         name, kw = _dqk_step(D, dqk_gluon=2)
         assert name == "gla_dqk_gluon_kernel" and kw["STAGES"] == 2 and kw["SPAN"] == 64.0, (D, kw)
@@ -48,9 +48,8 @@ def test_gluon_dqk_where_switched_on_and_it_fits():
     assert _dqk_step(128)[0] == "gla_dqk_gluon_kernel" and _dqk_step(128)[1]["STAGES"] == 2
     assert _dqk_step(128)[1]["FORM"] == D128 and "FORM" not in _dqk_step(128, dtype=torch.float16)[1]
     assert _dqk_step(64)[0] == "gla_dqk_gluon_kernel" and _dqk_step(64)[1]["STAGES"] == 2
-    assert _dqk_step(64)[1]["FORM"] == D64  # (2 + STORE_TMA + DG_OWN + PIECES_RZ + DG_TWO)
-    assert _dqk_step(64, g_dtype=torch.bfloat16)[1]["FORM"] == D64  # (DG_OWN whatever g's dtype)
-    assert _dqk_step(128, g_dtype=torch.bfloat16)[1]["FORM"] == D64_BF16_G  # (dg through p1, p2: DG_LATE)
+    assert _dqk_step(64)[1]["FORM"] == D64  # (2 + STORE_TMA + DG_TMA + PIECES_RZ: float32 g)
+    assert _dqk_step(64, g_dtype=torch.bfloat16)[1]["FORM"] == D64_BF16_G  # (dg through p1, p2: DG_LATE)
     assert _dqk_step(64, dtype=torch.float16)[0] == "gla_dqk_flat_kernel"
     assert _dqk_step(64, dtype=torch.float16, dqk_gluon_scan=True)[0] == "gla_dqk_gluon_kernel"
     # FORM 2 (the sums over tokens by bf16 dots) with bf16 inputs only
@@ -112,12 +111,9 @@ SPILLS_SHIPPED = 120
 # configs' d 128 and d 64: + PIECES_RZ 32768 (the pieces by truncation) + DG_TWO 65536 (dG's sums from two pieces: 4
 # wgmmas fewer a consumer), 4 B at both; d 32 (3 stages): + J_SMEM 8192 (J from shared memory: 8 KB more) + DG_TWO, 0 B
 SHIPPED, BF16_G, DG_TWO = 1538, 2562, 65536
-D128, D64_BF16_G, D32 = SHIPPED | 32768 | DG_TWO, BF16_G | 32768 | DG_TWO, SHIPPED | 8192 | DG_TWO
-# configs' d 64 (session 42): DG_OWN 8388608 for DG_TMA (dg through a float32 buffer of each consumer's own, 16 KB more:
-# 180.8 KB; whatever g's dtype), 4 B
-DG_OWN = 8388608
-D64 = D128 - 1024 + DG_OWN
-TMA_FORMS = (SHIPPED, BF16_G, D128, D64, D64_BF16_G, D32)
+D64, D64_BF16_G, D32 = SHIPPED | 32768 | DG_TWO, BF16_G | 32768 | DG_TWO, SHIPPED | 8192 | DG_TWO
+D128 = D64
+TMA_FORMS = (SHIPPED, BF16_G, D64, D64_BF16_G, D32)
 CASES = [(128, 2, 0), (64, 3, 0), (128, 2, 2), (128, 2, SHIPPED), (128, 2, D128), (64, 2, D64), (64, 2, D64_BF16_G),
          (32, 3, D32)]
 
@@ -151,8 +147,8 @@ def test_gluon_dqk_compiles_to_tma_and_wgmma(reports, case):
             assert r["shared"] == reports[(128, 2, 2)]["shared"], r
             fewer = 16 if case[2] & DG_TWO else 0  # (DG_TWO: 2 of dG's 6 sum wgmmas of 4 k-steps gone, a consumer)
             assert r["wgmma_count"] == reports[(128, 2, 2)]["wgmma_count"] - fewer, r
-        elif case[0] == 64:  # (DG_OWN: its two [64, 32] float32 buffers more)
-            assert r["shared"] < (185 if case[2] & DG_OWN else 165) * 1024, r
+        elif case[0] == 64:
+            assert r["shared"] < 165 * 1024, r
     else:
         assert r["tma_stores"] == 0, r
 
@@ -181,5 +177,3 @@ def test_launch_args_keeps_the_tma_stores_only_where_the_buffers_allow():
     odd = torch.empty(x.numel() + 1, dtype=torch.bfloat16)[1:].view(x.shape)  # 2 bytes past a 16-byte boundary
     assert form(g32, 2 | 512 | 2048, dq=odd) == (2, (False, False, False))
     assert form(g32, 512 | 1024) == (0, (False, False, False))
-    own = 2 | 512 | 8388608  # (DG_OWN: its own float32 buffer, whatever g's dtype)
-    assert form(g16, own) == (own, (True, True, True)) and form(g32, own, dq=odd) == (2, (False, False, False))

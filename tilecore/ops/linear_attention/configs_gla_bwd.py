@@ -76,13 +76,12 @@ CHUNKED_OTHER_DIMS = dict(dqk_VB=32, dqk_form=0, dv_form=0)
 # FORM bits: 1538 (2 + STORE_TMA + DG_TMA: the stores by TMA; 1.16x / 1.15x the chain's pointer stores with v do^T's
 # product and gl.exp; with g not float32 the launch takes DG_LATE for DG_TMA) + PIECES_RZ (the sums' bf16 pieces by
 # truncation) + DG_TWO (dG's sums from two pieces): 99842 at d 128 and d 64 (1.08-1.09x 1538 / 1.06-1.08x 34306 in
-# two and three runs); at d 64 DG_OWN for DG_TMA (dg through a buffer of its own, 16 KB: the stage's release waits for
-# dq's and dk's stores alone; 8487426: 1.020x / 1.010x 99842 in two runs; at d 128 it does not fit); at d 32 (one key block a chunk) the Gluon kernel by a pair of chunks a tile, 3 stages (1.48x the
+# two and three runs); at d 32 (one key block a chunk) the Gluon kernel by a pair of chunks a tile, 3 stages (1.48x the
 # common tl launch; 3 stages 1.03-1.06x 2), + J_SMEM + DG_TWO (75266: J from shared memory, 1.037-1.049x in three runs;
 # DG_TWO 1.011-1.028x in three), and the dv kernel by descriptors, 4 chunks a program (1.10x the pointer kernel;
 # 1.18-1.52x slower at d 64 / 128, where it stays off)
 CHUNKED_FLAT_DIMS = {(128, 128): dict(dqk_flat=2, dqk_flat_stages=2, dqk_gluon=2, dqk_gluon_form=99842),
-                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=8487426,
+                     (64, 64): dict(dqk_flat=3, dqk_flat_stages=3, dqk_gluon=2, dqk_gluon_form=99842,
                                     dqk_gluon_scan=False),
                      (32, 32): dict(dqk_flat=2, dqk_flat_stages=3, dqk_gluon=3, dqk_gluon_form=75266,
                                     dqk_gluon_scan=False, dv_flat=4, dv_flat_stages=3)}

@@ -60,9 +60,6 @@ PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pa
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two dots a sum: dG within 2^-17 |dG| a
 # token, far below the bf16 products q dq and k dk it sums)
-DG_OWN = gl.constexpr(8388608)  # instead of DG_TMA (with STORE_TMA): dg through a float32 [BT, BKB] buffer of each
-# consumer's own (8 KB), so the stage's release waits for dq's and dk's stores alone, and dg's is waited for a tile
-# later (dk's store wait before dG's sums), not at the chain's end
 
 
 @stage_struct
@@ -146,7 +143,6 @@ class GlaDqk:
     DG: object  # (B, N, H, Dk) float32
     FLAG: object  # int8 [(bh NT + c) KBLOCKS + key block]
     qe_smem: object  # [2, BT, BKB]: each consumer's q E (the B operand of a^T (q E)); k Ei goes through ctx.out
-    dg_smem: object  # DG_OWN: [2, BT, BKB] float32, each consumer's dg (else unused)
     tri_smem: object  # FORM 2: L [BT, BT] in the operand dtype (an A operand from shared memory); J_SMEM: [L, J]
     N: object
     H: object
@@ -375,10 +371,8 @@ class GlaDqk:
         r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
         am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
         a_op = gl.convert_layout(am, self.A32)
-        DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE | DG_OWN)) != 0
+        DG_BY_TMA: gl.constexpr = (self.FORM & (DG_TMA | DG_LATE)) != 0
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
-        gl.static_assert(not (self.FORM & DG_OWN and self.FORM & (DG_TMA | DG_LATE)), "DG_OWN alone")
-        gl.static_assert(not (self.FORM & DG_OWN) or (self.FORM & STORE_TMA) != 0, "DG_OWN with STORE_TMA")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
             if self.CHUNKS == 2:
@@ -439,8 +433,7 @@ class GlaDqk:
             kf = k_s.load(L32).to(gl.float32)
         dG = dG - kf * dk
         if self.FORM & STORE_TMA:
-            tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now; DG_OWN:
-            # the previous tile's dg store, older than dq's, has read this consumer's dg buffer too)
+            tma.store_wait(1)  # (dq's store reads k's buffer, not these: a wait that costs nothing by now)
         gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
         TWO: gl.constexpr = (self.FORM & DG_TWO) != 0
         self.pieces(dG, p0, p1, p2, TWO)
@@ -461,13 +454,6 @@ class GlaDqk:
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
-        elif self.FORM & DG_OWN:  # through its own buffer (the wait and the barrier before dG's sums cover the
-            # previous tile's store)
-            dg_s = self.dg_smem.index(cid)
-            dg_s.store(gl.where(clamped, 0.0, dg))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(self.DG, [row, col], dg_s)
         elif self.FORM & DG_LATE:  # through p1, p2 as one float32 [BT, BKB] (the sums have read them)
             dg_s = self.qe_smem._reinterpret(gl.float32, [NB, BT, BKB], self.DG.layout).index(cid * NB // 2)
             gl.thread_barrier()
@@ -477,7 +463,7 @@ class GlaDqk:
             tma.async_copy_shared_to_global(self.DG, [row, col], dg_s)
         else:
             gl.store(self.DG + base + offs, gl.where(clamped, 0.0, dg))
-        if self.FORM & (DG_LATE | DG_OWN):
+        if self.FORM & DG_LATE:
             if self.FORM & STORE_TMA:  # dk's store has read the stage's q buffer before the stage is released (dg's
                 tma.store_wait(1)  # may go on)
                 gl.thread_barrier()
@@ -610,13 +596,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
         gl.thread_barrier()
     else:
         tri_smem = qe_smem  # (unused)
-    if FORM & DG_OWN:
-        dg_smem = gl.allocate_shared_memory(gl.float32, [2, q_desc.block_type.shape[0], q_desc.block_type.shape[1]],
-                                            DG.layout)
-    else:
-        dg_smem = qe_smem  # (unused)
-    op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, dg_smem,
-                tri_smem,
+    op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
                 N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
     if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
@@ -676,7 +656,7 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
             raise ValueError(f"gla dqk gluon: Dk {Dk} = one key block needs FORM 2 and an even chunk count, got "
                              f"FORM {form}, {NT} chunks")
         args.update(CHUNKS=2, num_tiles=B * H * NT // 2)
-    tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value | DG_OWN.value
+    tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
     if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
         if not (form & 2 and aligned and dq.dtype == q.dtype and dk.dtype == q.dtype):
@@ -685,7 +665,7 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
             form = (form & ~DG_TMA.value) | DG_LATE.value  # [BT, BKB]: else through the pieces' buffers)
         if form & STORE_TMA.value:
             args.update(DQ=flat(dq, [BT, BKB]), DK_OUT=flat(dk, [BT, BKB]))
-        if form & (DG_TMA.value | DG_LATE.value | DG_OWN.value):
+        if form & (DG_TMA.value | DG_LATE.value):
             args.update(DG=flat(dg, [BT, BKB]))
     if form:
         args["FORM"] = form
