@@ -175,6 +175,17 @@ BATCHES["l"] = {  # call 3, after call 2 (runs/ha_s42c_run4_session42_h100.txt: 
     "d128 dv s41": (128, dict(dv_form=21), "dvw"),
     "d32 configs dqk": (32, {}, "dqk0w"),
 }
+BATCHES["m"] = {  # call 4 (the session's last): as shipped (the session's start + dv_form 53) against the start (dv_form 21),
+    # the whole backward at d 128 and d 64, the d 128 dv kernel a fourth time, d 32's dq / dk and whole backward
+    "d128 configs bwd": (128, {}, "bwd"),
+    "d128 start bwd": (128, dict(dv_form=21), "bwd"),
+    "d128 dv configs": (128, {}, "dvw"),
+    "d128 dv s41": (128, dict(dv_form=21), "dvw"),
+    "d64 configs bwd": (64, {}, "bwd"),
+    "d64 start bwd": (64, dict(dv_form=21), "bwd"),
+    "d32 configs dqk": (32, {}, "dqk0w"),
+    "d32 configs bwd": (32, {}, "bwd"),
+}
 MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
          "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
 VARIANTS = BATCHES[BATCH]
