@@ -156,7 +156,7 @@ def test_kron_kernel_compiles_for_sm90():
 @pytest.mark.parametrize("m, p", [(172, 64), (148, 128), (28, 512), (28, 1024), (12, 256), (20, 1024)])
 def test_store_plan_is_the_quantize_plan_it_replaced(m, p):
     """Session 32: the transform's Gluon plan moved from quantize.py (plan_quantize keyed by fp8 e4m3 with split and
-    inside from gluon_kron_tuning, ktrim, fold, nozero, clamp_lo, units and perm off unless asked: fp8's own table
+    inside from gluon_kron_tuning, ktrim, fold, nozero, clamp_lo, units, perm and joint off unless asked: fp8's own table
     entries are not the transform's) to gluon_launch.store_plan (so that kron.py no
     longer imports quantize.py): the same path, grid, rotation scale and constexprs (the kernel's specialization, so
     the same PTX) for every shape the "gluon" kron plan takes, row counts and tunings."""
@@ -172,7 +172,7 @@ def test_store_plan_is_the_quantize_plan_it_replaced(m, p):
                 old = quantize.kernel_plan(rows, n, dtype, "fp8_e4m3", None, None, True, False, False, 132, False,
                                            gluon=True, gluon_kron=True, _gluon_ok=True,
                                            **{"ktrim": False, "fold": False, "nozero": False, "clamp_lo": False,
-                                              "units": False, "perm": False, **tuning, "split": split,
+                                              "units": False, "perm": False, "joint": False, **tuning, "split": split,
                                               "inside": inside})
                 new = gluon_launch.store_plan(rows, n, dtype, 132, **tuning)
                 if old.path not in ("gluon_wide", "gluon_kron"):
