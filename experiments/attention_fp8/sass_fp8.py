@@ -42,17 +42,13 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     # memory whatever that config says. (P V in bfloat16 on v as given, session 36's "qrot_pv": removed, commit 7d57409c)
     "qreg": dict(_q_rotate=True, _v_block=True, _q_reg=True), "qreg_q1": dict(_q_rotate=True, _v_block=True,
                                                                                _q_reg=True, q_buffers=1),
-    "qreg_split": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True),  # two half products + butterfly
     # session 38: causal, the tile's first key offset through opaque_int (the bf16 forward's first_key)
     "hide": dict(hide_first_key=True), "qrot_hide": dict(_q_rotate=True, _v_block=True, hide_first_key=True),
-    "qreg_split_hide": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True),
     # session 40: the masked step's mask as one 32-bit comparison an element (mask32; P V's wait after the softmax,
-    # pv_late, lost on the H100 and was removed: notes/attention_fp8's decision log). The convenience path's shipped
-    # D128 causal kernel is qreg_split_hide_m32 (D64: qrot_hide_m32): the variants take configs.gluon_config, which
-    # names neither ROTATED's hide_first_key nor its mask32
+    # pv_late, lost on the H100 and was removed: notes/attention_fp8's decision log). The variants take
+    # configs.gluon_config, which names neither ROTATED's hide_first_key nor its mask32 (the convenience path's D64
+    # causal kernel: qrot_hide_m32 with serial and three consumers, qreg_m32_serial_c3's form)
     "m32": dict(mask32=True),
-    "qreg_split_hide_m32": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True,
-                                mask32=True),
     "qrot_hide_m32": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True),
     # session 41 (the pipeline carried across a program's tiles, carry 1 / 2, lost and was removed: notes/attention_fp8):
     # serial steps (a step's P V in it, no P carried), with three consumers (160 registers) or two
@@ -62,19 +58,14 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
     "qrot_m32_serial_c3_st4": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3, stages=4),
     "qrot_m32_serial_c3_q1": dict(_q_rotate=True, _v_block=True, mask32=True, serial=True, consumers=3, q_buffers=1),
     # D128 on three consumers (serial 2: O rescaled first, P V added in place; 160 registers a thread, 168 for the
-    # first): codes in shared memory with one bf16 Q buffer (session 41's d128c3), with the split rotation, two Q
-    # buffers and 2 stages (d128c3q2), codes in registers (d128c3r)
+    # first), codes in shared memory: one bf16 Q buffer and 3 stages (session 41's d128c3), and the convenience path's
+    # D128 kernel since session 42, 2 stages (d128c3s2). Session 42's d128c3q2 (the split rotation, two Q buffers),
+    # d128c3r (codes in registers: 368 B of spills) and d128c3o4 (O in 4 column slices) lost: their code at c77489fb
+    # (split) / 0f7d019f (o_slices)
     "d128c3": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
                    q_buffers=1),
-    "d128c3q2": dict(_q_rotate=True, _v_block=True, _rot_split=True, hide_first_key=True, mask32=True, serial=2,
-                     consumers=3, q_buffers=2, stages=2),
-    # (d128c3o4, O stored in 4 column slices so that 3 stages and two Q buffers fit: lost, removed; code at 0f7d019f)
-    # the convenience path's D128 kernel since session 42: three serial consumers, one Q buffer, 2 stages, the split
-    # rotation with codes in shared memory
-    "d128c3s2_split": dict(_q_rotate=True, _v_block=True, _rot_split=True, hide_first_key=True, mask32=True, serial=2,
-                           consumers=3, q_buffers=1, stages=2),
-    "d128c3r": dict(_q_rotate=True, _v_block=True, _q_reg=True, _rot_split=True, hide_first_key=True, mask32=True,
-                    serial=2, consumers=3, q_buffers=1),
+    "d128c3s2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
+                     q_buffers=1, stages=2),
 }
 
 
@@ -147,7 +138,6 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     v_block = overrides.pop("_v_block", False)
     q_rotate = overrides.pop("_q_rotate", False)
     q_reg = overrides.pop("_q_reg", False)
-    rot_split = overrides.pop("_rot_split", False)
     cfg = dict(configs.gluon_config(D, causal), **overrides)
     f8 = torch.float8_e4m3fn
     q = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16 if q_rotate else f8)
@@ -159,7 +149,7 @@ def compile_variant(D: int, causal: bool, overrides: dict, e2e_forms: bool = Fal
     if q_rotate:  # the convenience path's descales: q per row (computed in the kernel), k per 128-key block
         e2e_forms, k_n, k_rows = True, 32, 128
     opts = launch.gluon_options(q, k, cfg, causal, e2e_forms, e2e_forms, k_n, k_rows, v_block, q_rotate=q_rotate,
-                                q_reg=q_reg, rot_split=rot_split)
+                                q_reg=q_reg)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,

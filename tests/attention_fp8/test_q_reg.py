@@ -1,7 +1,8 @@
-"""q's codes kept in registers as S's operand (session 36: configs.ROTATED["q_reg"], on at D128; the Hopper kernel's Q_REG with
-q rotated in the kernel): the rotation's accumulator is read as the e4m3 register operand as it lies, its columns
-relabelled as P's are for P V (fp8_operand_order), so the rotation matrix's rows are permuted to match
-(signed_hadamard_t's PERMUTED): no stores of the codes, no fence, no warpgroup barriers at a tile's start.
+"""q's codes kept in registers as S's operand (configs.ROTATED["q_reg"], on at D64; at D128 before its three
+consumers; the Hopper kernel's Q_REG with q rotated in the kernel): the rotation's accumulator is read as the e4m3
+register operand as it lies, its columns relabelled as P's are for P V (fp8_operand_order), so the rotation matrix's
+rows are permuted to match (signed_hadamard_t's PERMUTED): no stores of the codes, no fence, no warpgroup barriers at
+a tile's start.
 
 The kernel cannot run here: the permutation is checked against reference.key_position (the relabelling the GPU runs
 have verified for P and V since session 26), the math is rotate_q's (its twin, quantize.rotate_quantize_rows: the
@@ -46,37 +47,10 @@ def test_relabelled_rotation_is_the_rotation(D):
     assert torch.allclose(operand, x @ m, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_halves_and_butterfly_are_the_rotation(D):
-    # rot_split: signed_hadamard_halves_t's [D, D/2] matrix (its index arithmetic, as the kernel writes it): rows
-    # 0..h-1 (diag(s_a) H_h)^T, rows h..D-1 (diag(s_b) H_h)^T, each half's rows permuted; the two products u, w of
-    # x's halves, [u + w, u - w] relabelled (column c read as operand index f(c)) is x diag(s) H_D
-    h = D // 2
-    g = torch.Generator().manual_seed(3 * D)
-    x = torch.randn(16, D, generator=g, dtype=torch.float64)
-    signs = rotation_signs(D, x.device).double()
-    n = permuted_row(torch.arange(D))[:, None]
-    kk = torch.arange(h)[None, :]
-    bits = (n % h) & kk
-    parity = torch.zeros_like(bits)
-    for b in range(8):
-        parity ^= (bits >> b) & 1
-    mat = (1 - 2 * parity).double() * signs[(n // h) * h + kk]  # [D, h]
-    u = x[:, :h] @ mat[:h].T
-    w = x[:, h:] @ mat[h:].T
-    acc = torch.cat([u + w, u - w], dim=1)
-    operand = torch.empty_like(acc)
-    operand[:, key_position(torch.arange(D))] = acc
-    assert torch.allclose(operand, x @ signed_hadamard(rotation_signs(D, x.device)).double(), rtol=0, atol=1e-12)
-
-
 def test_switch():
     # on at D64 (with three serial consumers; at D128 from session 36 to 41): faster on the H100 with O's error the same
-    # (notes/attention_fp8's decision log: q_reg, rot_split, c3qreg)
+    # (notes/attention_fp8's decision log: q_reg, c3qreg)
     assert configs.ROTATED["q_reg"] == (64,)  # (D128 on three consumers since session 42: codes in shared memory)
-    # the split rotation: on at D128 with q_reg from session 36 to 41; on three consumers with the codes in shared memory
-    # slower in causal than the full rotation (session 42 call 5): off
-    assert configs.ROTATED["rot_split"] == ()
 
 
 def test_launch_binds_to_the_kernel(monkeypatch):
@@ -118,7 +92,7 @@ from tilecore.tiles.launch import gluon_descriptor
 from tilecore.tiles.switches import patched
 
 out = []
-for D, causal, N, q_reg, split in json.loads(sys.argv[1]):
+for D, causal, N, q_reg in json.loads(sys.argv[1]):
     # (D128: the two-consumer kernel Q_REG served from session 36 to 41, the d128c2 form; D128 ships three consumers
     # with the codes in shared memory since session 42)
     with patched(configs, ROTATED=dict(configs.ROTATED, serial_c3={64: 1}, q_buffers={}, stages={})):
@@ -130,8 +104,7 @@ for D, causal, N, q_reg, split in json.loads(sys.argv[1]):
     o = torch.empty(2, 4, N, D, dtype=torch.bfloat16)
     f32 = torch.empty(8192)
     k_n = -(-N // 128)
-    opts = launch.gluon_options(q, k, cfg, causal, True, True, k_n, 128, True, q_rotate=True, q_reg=q_reg,
-                                rot_split=split)
+    opts = launch.gluon_options(q, k, cfg, causal, True, True, k_n, 128, True, q_rotate=True, q_reg=q_reg)
     bm, bn = cfg["block_m"], cfg["block_n"]
     args = dict(q_desc=gluon_descriptor(q, [1, 1, bm, D]), k_desc=gluon_descriptor(k, [1, 1, bn, D]),
                 vt_desc=gluon_descriptor(vt, [1, 1, D, bn]), o_desc=gluon_descriptor(o, [1, 1, bm, D]), lse_ptr=f32,
@@ -141,12 +114,10 @@ for D, causal, N, q_reg, split in json.loads(sys.argv[1]):
     num_warps = opts.pop("num_warps")
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     ptx = c.asm["ptx"]
-    out.append(dict(D=D, causal=causal, q_reg=opts.get("Q_REG", False), split=opts.get("ROT_SPLIT", False),
-                    consumers=opts["CONSUMERS"],
+    out.append(dict(D=D, causal=causal, q_reg=opts.get("Q_REG", False), consumers=opts["CONSUMERS"],
                     **has_hopper_instructions(ptx),
                     **vars(resources(c)), fence=ptx.count("fence.proxy.async"),
                     bf16_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.bf16\.bf16", ptx)),
-                    half_wgmma=len(re.findall(r"m64n%dk16\.f32\.bf16\.bf16" % (D // 2), ptx)),
                     e4m3_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx))))
 print(json.dumps(out))
 """
@@ -155,8 +126,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    cases = [(128, True, 4096, True, False), (128, True, 4096, False, False), (64, False, 1000, True, False),
-             (128, True, 4096, True, True), (64, False, 1000, True, True)]
+    cases = [(128, True, 4096, True), (128, True, 4096, False), (64, False, 1000, True)]
     r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -227,19 +197,3 @@ def test_rotated_config_takes_mask32_where_rotated_says():
         with patched(configs, GLUON_FORWARD=off):
             assert launch.rotated_q_config(128, True)["mask32"] is False
     assert "mask32" not in configs.gluon_config(128, True)  # the plain kernel: off
-
-
-def test_kernel_compiles_with_the_rotation_split(report):
-    # rot_split: two [64, D/2] x [D/2, D/2] products a consumer (D/2 / 16 instructions each: half the rotation's),
-    # the matrix half the shared memory; not serialized, spills bounded (D128 76 / 84 bytes with hide_first_key, 36 / 44
-    # without: stored once a program, reloaded in a tile's start and finish, none in the steady step in sm_90a SASS:
-    # sass_fp8.py --variants qreg_split), D64 none
-    full = {r["D"]: r for r in report[:3] if r["q_reg"]}
-    for r in report[3:]:
-        assert r["split"] and r["q_reg"] and not r["wgmma_serialized"], r
-        assert r["bf16_wgmma"] == r["half_wgmma"] == r["consumers"] * 2 * (r["D"] // 2) // 16, r  # m64n(D/2)k16
-        assert full[r["D"]]["half_wgmma"] == 0, full  # the full product: m64nDk16
-        assert r["shared"] < full[r["D"]]["shared"], (r, full[r["D"]])
-    split128, split64 = report[3:]
-    assert split128["spill_stores"] <= 80 and split128["spill_loads"] <= 96, split128
-    assert split64["spill_stores"] == 0 and split64["spill_loads"] == 0, split64

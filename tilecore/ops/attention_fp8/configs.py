@@ -48,17 +48,15 @@ def tl_config(d: int, interpret: bool) -> dict:
 # q_reg: the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the rotation's columns
 # permuted so that its accumulator is the e4m3 operand as it lies; no stores, fence or barriers at a tile's start).
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's.
-# rot_split: the rotation as two [BM, D/2] x [D/2, D/2] products and a butterfly (Sylvester's H_D = [[H, H], [H, -H]]):
-# half the tensor work at each tile's start, and half the rotation's shared memory.
 # hide_first_key: the head dims at which the kernel with q rotated in it takes GLUON_FORWARD's hide_first_key (causal:
 # step 0's mask kept in its branch, not hoisted by LLVM to the tile's start, where the rotation is) unless
 # GLUON_FORWARD names it. mask32: the same for GLUON_FORWARD's mask32 (causal: the mask in 32 bits).
-# serial_c3: head dim -> serial mode at which the kernel runs three consumer warpgroups with serial steps (GLUON_FORWARD's
+# serial_c3: head dim -> serial mode where the kernel runs three consumer warpgroups with serial steps (GLUON_FORWARD's
 # consumers 3 and serial: a step's P V in that step, no float32 P carried, 160 registers a thread; 1: P V into a zero
 # accumulator added to O * alpha, 2: O rescaled first and P V added in place, D128's registers) unless GLUON_FORWARD
 # names serial.
 ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={128: 1}, q_reg=(64,), stages={128: 2},
-               rot_split=(), hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
+               hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
 
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)

@@ -32,7 +32,7 @@ FP8's differences from the bf16 forward:
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
-from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, join_n, mask_scores, needs_mask,
+from tilecore.tiles.gluon import (LOG2E, Layout, TileOperand, as_column, mask_scores, needs_mask,
                                   online_softmax_start, opaque_int, row_max, run, ring, split_n, stage_struct,
                                   store_block, store_rows, struct, wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.schedule import head_grouped_tile
@@ -185,27 +185,6 @@ def signed_hadamard_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl
     return ((1 - 2 * (bits & 1)).to(gl.float32) * gl.expand_dims(s, 0)).to(dtype)
 
 
-@gluon.jit
-def signed_hadamard_halves_t(signs, D: gl.constexpr, dtype: gl.constexpr, num_warps: gl.constexpr,
-                             PERMUTED: gl.constexpr = False):
-    """ROT_SPLIT: [D, D / 2]: rows 0 .. D/2 - 1 are (diag(s_a) H_h)^T, rows D/2 .. D - 1 (diag(s_b) H_h)^T, h = D / 2,
-    s_a and s_b the two halves of the signs: Sylvester's H_D = [[H_h, H_h], [H_h, -H_h]], so x diag(s) H_D is
-    [u + w, u - w] with u = x_a diag(s_a) H_h and w = x_b diag(s_b) H_h (AttentionFp8.rotated_rows). PERMUTED: each
-    half's rows permuted as signed_hadamard_t's (f keeps the bit of D / 2)."""
-    H: gl.constexpr = D // 2
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    n = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, layout)), 1)
-    if PERMUTED:
-        n = (n >> 4 << 4) | (((n >> 1) & 3) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
-    kk = gl.expand_dims(gl.arange(0, H, layout=gl.SliceLayout(0, layout)), 0)
-    bits = (n % H) & kk
-    bits = bits ^ (bits >> 4)
-    bits = bits ^ (bits >> 2)
-    bits = bits ^ (bits >> 1)
-    s = gl.load(signs + (n // H) * H + kk)
-    return ((1 - 2 * (bits & 1)).to(gl.float32) * s).to(dtype)
-
-
 @struct
 class Running:
     """A consumer's online softmax: row max m (base 2), the output accumulator, the last P (float32 in the
@@ -262,7 +241,6 @@ class AttentionFp8:
     V_PER_BLOCK: gl.constexpr  # v's descales per block of BN keys, folded into O's rescale (v_block_scale)
     Q_ROTATE: gl.constexpr  # q arrives in bf16/fp16 and is rotated and quantized in start (rotate_q)
     Q_REG: gl.constexpr  # Q_ROTATE with the codes kept in registers as S's A operand (rotate_q_reg)
-    ROT_SPLIT: gl.constexpr  # Q_ROTATE: the rotation as two half products and a butterfly (signed_hadamard_halves_t)
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
     SERIAL: gl.constexpr  # a step's P V in that step, after its softmax (serial_step): no P carried between steps
@@ -346,24 +324,13 @@ class AttentionFp8:
     @gluon.jit
     def rotated_rows(self, ctx):
         """This consumer's Q rows (bf16/fp16, as TMA loaded them; rows past N are 0) times diag(s) H / sqrt(D): one
-        [BM, D] x [D, D] wgmma against the rotation in shared memory (exact +-1 in q's dtype; float32 sums), or with
-        ROT_SPLIT two [BM, D/2] x [D/2, D/2] products on x's halves and one butterfly (Sylvester's H_D = [[H, H],
-        [H, -H]]: x diag(s) H_D = [u + w, u - w]; half the tensor work). Float32 [BM, D]."""
+        [BM, D] x [D, D] wgmma against the rotation in shared memory (exact +-1 in q's dtype; float32 sums). Float32
+        [BM, D]. (The split rotation, two half products and a butterfly, was removed: code at c77489fb, verdict in
+        notes/attention_fp8.)"""
         x = ctx.operand.reshape([self.BM, self.D])
-        if self.ROT_SPLIT:
-            h: gl.constexpr = self.D // 2
-            rh: gl.constexpr = wgmma_layout(self.BM, h, gl.num_warps(), 16)
-            u_tok = warpgroup_mma(x.slice(0, h, 1), self.rotation.slice(0, h, 0).permute((1, 0)),
-                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
-            w_tok = warpgroup_mma(x.slice(h, h, 1), self.rotation.slice(h, h, 0).permute((1, 0)),
-                                  gl.zeros([self.BM, h], gl.float32, rh), use_acc=False, is_async=True)
-            u, w = warpgroup_mma_wait(0, deps=(u_tok, w_tok))
-            y = join_n(u + w, u - w) * self.out_scale
-        else:
-            tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
-                                use_acc=False, is_async=True)
-            y = warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
-        return y
+        tok = warpgroup_mma(x, self.rotation.permute((1, 0)), gl.zeros([self.BM, self.D], gl.float32, self.R),
+                            use_acc=False, is_async=True)
+        return warpgroup_mma_wait(0, deps=(tok,)) * self.out_scale
 
     @gluon.jit
     def rotate_q(self, ctx):
@@ -635,7 +602,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              Q_BUFFERS: gl.constexpr = 1, K_PER_BLOCK: gl.constexpr = False,
                              P_SHIFT: gl.constexpr = 8.0, P_LINEAR: gl.constexpr = 0,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
-                             Q_REG: gl.constexpr = False, ROT_SPLIT: gl.constexpr = False,
+                             Q_REG: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
                              SERIAL: gl.constexpr = 0):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
@@ -658,12 +625,8 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                                      .to(gl.float8e4nv, bitcast=True))
     if Q_ROTATE:
         gl.static_assert(Q_PER_ROW, "Q_ROTATE: q's descales are per row")
-        if ROT_SPLIT:
-            rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D // 2], gl.NVMMASharedLayout.get_default_for(
-                [D, D // 2], q_desc.dtype), signed_hadamard_halves_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
-        else:
-            rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
-                [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
+        rotation = gl.allocate_shared_memory(q_desc.dtype, [D, D], gl.NVMMASharedLayout.get_default_for(
+            [D, D], q_desc.dtype), signed_hadamard_t(signs, D, q_desc.dtype, gl.num_warps(), Q_REG))
         out_scale = D ** -0.5
     else:
         rotation = None
@@ -672,7 +635,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, ROT_SPLIT, HIDE_FIRST_KEY, MASK32, SERIAL, ones, rotation,
+                      Q_ROTATE, Q_REG, HIDE_FIRST_KEY, MASK32, SERIAL, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),

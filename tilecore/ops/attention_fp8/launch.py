@@ -184,7 +184,7 @@ class _GluonLayout:
     __slots__ = ("q_describable", "k_describable", "block_m", "block_n", "consumers", "options")
 
     def __init__(self, q, k, cfg, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block=False, q_rotate=False,
-                 q_reg=False, rot_split=False):
+                 q_reg=False):
         unknown = set(cfg) - configs.GLUON_KEYS
         if unknown:  # a variant's key: the kernel has only what the shipped configs use (issue 30)
             raise ValueError(f"attention_fp8: config keys {sorted(unknown)} are not the Gluon kernel's (the variants "
@@ -218,28 +218,22 @@ class _GluonLayout:
             if not q_rotate:
                 raise ValueError("attention_fp8: q's codes in registers need q rotated in the kernel")
             self.options["Q_REG"] = True
-        if rot_split:  # the rotation as two half products and a butterfly
-            if not q_rotate:
-                raise ValueError("attention_fp8: the split rotation needs q rotated in the kernel")
-            self.options["ROT_SPLIT"] = True
         check_rescale(0.0, self.options["P_SHIFT"])
         if self.options["P_LINEAR"] not in (0, 1):
             raise ValueError(f"attention_fp8: p_linear must be 0 (exp2) or 1 (the codes); got {cfg['p_linear']!r}")
 
 
 def gluon_options(q, k, config: dict, causal: bool, q_per_row: bool = False, k_per_row: bool = False, k_n: int = 1,
-                  k_rows: int = 1, v_per_block: bool = False, q_rotate: bool = False, q_reg: bool = False,
-                  rot_split: bool = False) -> dict:
+                  k_rows: int = 1, v_per_block: bool = False, q_rotate: bool = False, q_reg: bool = False) -> dict:
     """The Gluon kernel's compile-time options (num_warps among them) that ``forward`` launches a call with: q and k
     the call's (or tensors of their shapes), ``config`` a plan's (configs.gluon_config), the descales' forms as
     scale_operand gives them. For compile probes (experiments/attention_fp8/sass_fp8.py, ptx_shipped.py)."""
     return dict(_GluonLayout(q, k, config, causal, q_per_row, k_per_row, k_n, k_rows, v_per_block, q_rotate,
-                             q_reg, rot_split).options)
+                             q_reg).options)
 
 
 def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
-                      config: dict | None = None, q_reg: bool | None = None,
-                      rot_split: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      config: dict | None = None, q_reg: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse) of the convenience path with q's rotation and quantization inside Hopper's kernel (the kernel's
     Q_ROTATE): q (B, Hq, N, D) bf16/fp16 as the caller gave it, rotated there by diag(signs) H / sqrt(D) and quantized
     per row (gluon_fp8.AttentionFp8.rotate_q; quantize.rotate_quantize_rows is its twin); k e4m3 (B, Hkv, Nk, D) with
@@ -251,13 +245,12 @@ def forward_q_rotated(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sc
     if q.numel() == 0 or k.shape[2] == 0:
         out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
         return out, torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-    return q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal, softmax_scale, out_dtype, config, q_reg,
-                            rot_split)(q, k, v, k_scale, v_scale)
+    return q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal, softmax_scale, out_dtype, config,
+                            q_reg)(q, k, v, k_scale, v_scale)
 
 
 def q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_scale: float, out_dtype,
-                     config: dict | None = None, q_reg: bool | None = None,
-                     rot_split: bool | None = None) -> "QRotatedLaunch":
+                     config: dict | None = None, q_reg: bool | None = None) -> "QRotatedLaunch":
     """forward_q_rotated's launch for a call of these arguments (q and k non-empty): its key, layout, tiling and the
     arguments the key fixes, made once; calling it with the call's tensors launches (the convenience path's recipe
     keeps it for later calls of its key)."""
@@ -265,15 +258,13 @@ def q_rotated_launch(q, signs, k, v, k_scale, v_scale, causal: bool, softmax_sca
     Hkv, Nk = k.shape[1], k.shape[2]
     cfg = dict(config or rotated_q_config(D, causal))
     q_reg = D in configs.ROTATED.get("q_reg", ()) if q_reg is None else q_reg
-    rot_split = D in configs.ROTATED.get("rot_split", ()) if rot_split is None else rot_split
     _, k_per_row, k_n, k_rows = scale_operand(k_scale, Nk)
     # (O and lse: fresh contiguous tensors of q's shape, O in out_dtype: the key names out_dtype; the config's items
     # flattened: signature keys scalars, and gives None, no key, for a tuple)
     key = signature("attention_fp8_q_rotated", q, k, v, out_dtype, k_scale, v_scale, causal,
-                    *(x for item in sorted(cfg.items()) for x in item), q_reg, rot_split)
+                    *(x for item in sorted(cfg.items()) for x in item), q_reg)
     layout = _GLUON_LAYOUTS.memo(key, lambda: _GluonLayout(q, k, cfg, causal, True, k_per_row, k_n, k_rows,
-                                                           v_scale.dim() == 3, q_rotate=True, q_reg=q_reg,
-                                                           rot_split=rot_split))
+                                                           v_scale.dim() == 3, q_rotate=True, q_reg=q_reg))
     q = q if layout.q_describable else q.contiguous()
     k = k if layout.k_describable else k.contiguous()
     tiling = _TILINGS.memo(key, lambda: _tiling(q, k, layout.block_m * layout.consumers, layout.block_n, causal))
