@@ -280,6 +280,23 @@ def test_plan_switches_joint_only_with_units():
                                                                                             configs.QUANT_GLUON_JOINT)
 
 
+def test_e5m2_reads_e4m3s_gluon_tables_where_asked():
+    """tables_of (configs.QUANT_GLUON_TABLES_OF): fp8_e5m2 at the model widths on fp8_e4m3's Gluon plans, the same
+    constexprs but the format's id."""
+    from tilecore.ops.hadamard import quantize as q
+
+    for n in (11008, 14336, 18944, 28672):
+        e4 = q.kernel_plan(1 << 14, n, torch.bfloat16, "fp8_e4m3", None, None, True, False, False, 132, _gluon_ok=True)
+        e5 = q.kernel_plan(1 << 14, n, torch.bfloat16, "fp8_e5m2", None, None, True, False, False, 132, _gluon_ok=True,
+                           tables_of="fp8_e4m3")
+        assert e5.path == e4.path and e5.path in ("gluon_wide", "gluon_kron"), (n, e5.path)
+        assert {**e5.config, "FORMAT": 0, "QMAX": 448.0} == e4.config and e5.config["FORMAT"] == 1, n
+        if ("fp8_e5m2", n) not in configs.QUANT_GLUON_TABLES_OF:
+            own = q.kernel_plan(1 << 14, n, torch.bfloat16, "fp8_e5m2", None, None, True, False, False, 132,
+                                _gluon_ok=True)
+            assert own.path not in ("gluon_wide", "gluon_kron"), n
+
+
 def test_joint_shipped_where_checked_and_faster():
     """Session 42 runs 4 and 5 (notes/hadamard/runs/he_s42d_run4_session42_h100.txt, he_s42e_run5_session42_h100.txt,
     H100, float64-checked, the codes' bytes equal to UNITS'): at 18944 int8 1.031x / 1.063x, int4 1.117x / 1.113x, mxfp4

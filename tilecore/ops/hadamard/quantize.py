@@ -231,30 +231,38 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     Tuning: stages (the ring's), waves (programs an SM), scale_once (SCALE_ONCE), ktrim (KTRIM: the last K chunk of the mixing cut at the 16-multiple past m)."""
     from tilecore.ops.hadamard.gluon_quantize_wide import fits
 
-    on = tuning.get("gluon", _by_format(configs.QUANT_GLUON_WIDE, fmt, n, False))
+    tf = _gluon_tables_of(fmt, n, tuning)
+    on = tuning.get("gluon", _by_format(configs.QUANT_GLUON_WIDE, tf, n, False))
     if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs or not fits(n, M, P) \
             or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
         return None
     f = FORMATS[fmt]
-    tuning = {**_by_format(configs.QUANT_GLUON_WIDE_TUNING, fmt, n, {}), **tuning}  # the measured; the caller's first
+    tuning = {**_by_format(configs.QUANT_GLUON_WIDE_TUNING, tf, n, {}), **tuning}  # the measured; the caller's first
     halves = P // 64  # 2: m x 128, a row a tile, consumer c its column half
-    units = halves == 2 and bool(tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, fmt, n, False)))
+    units = halves == 2 and bool(tuning.get("units", _by_format(configs.QUANT_GLUON_UNITS, tf, n, False)))
     grid = max(1, min(cdiv(rows, 3 - halves), sms * (tuning.get("waves") or 1)))
     return QuantizePlan("gluon_wide", grid=(grid,), rscale=rscale, config=dict(
         M=M, FORMAT=f.kernel_id, **({"HALVES": 2} if halves == 2 else {}), G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax,
         STAGES=tuning.get("stages") or configs.QUANT_GLUON_WIDE_STAGES, PACKED=f.packed, num_warps=4,
-        **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(fmt, n, group, tuning),
-        **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, fmt, n, False)) else {}),
-        **_fold(fmt, n, tuning), **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning),
+        **({"PROBE": tuning["probe"]} if tuning.get("probe") else {}), **_scale_once(tf, n, group, tuning),
+        **({"KTRIM": True} if tuning.get("ktrim", _by_format(configs.QUANT_GLUON_KTRIM, tf, n, False)) else {}),
+        **_fold(tf, n, tuning), **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
-        **({"UNITS": True} if units else {}), **_epilogue_switches(fmt, n, tuning),
+        **({"UNITS": True} if units else {}), **_epilogue_switches(tf, n, tuning),
         # JOINT (UNITS): both column halves' mixing as one N = 128 product (tuning "joint", configs.QUANT_GLUON_JOINT)
-        **({"JOINT": True} if units and tuning.get("joint", _by_format(configs.QUANT_GLUON_JOINT, fmt, n, False))
+        **({"JOINT": True} if units and tuning.get("joint", _by_format(configs.QUANT_GLUON_JOINT, tf, n, False))
            else {}),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1; HALVES 2 with UNITS
         # for groups of 16 / 32)
         **({"PERM": True} if (halves == 1 or (units and group in (16, 32)))
-           and tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
+           and tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, tf, n, False)) else {})))
+
+
+def _gluon_tables_of(fmt, n, tuning) -> str:
+    """The format whose Gluon tables (QUANT_GLUON_WIDE / KRON and their switches) a (format, n) reads: the tuning's
+    "tables_of", else configs.QUANT_GLUON_TABLES_OF's (fp8_e5m2 on fp8_e4m3's: the same kernels but the conversion),
+    else its own."""
+    return tuning.get("tables_of", _by_format(configs.QUANT_GLUON_TABLES_OF, fmt, n, None)) or fmt
 
 
 def _epilogue_switches(fmt, n, tuning) -> dict:
@@ -310,11 +318,12 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     inside (gluon_kron_tuning), stages, waves."""
     from tilecore.ops.hadamard.gluon_quantize_kron import fits
 
-    on = tuning.get("gluon_kron", _by_format(configs.QUANT_GLUON_KRON, fmt, n, False))
+    tf = _gluon_tables_of(fmt, n, tuning)
+    on = tuning.get("gluon_kron", _by_format(configs.QUANT_GLUON_KRON, tf, n, False))
     if not on or not tuning.get("_gluon_ok") or mix != 1 or dtype == torch.float32 or signs \
             or group not in (None, 16, 32, 128) or (group == 128 and fmt != "int4"):
         return None
-    split, inside = gluon_kron_tuning(M, P, tuning, fmt)
+    split, inside = gluon_kron_tuning(M, P, tuning, tf)
     if not fits(M, P, split):
         return None
     f = FORMATS[fmt]
@@ -322,9 +331,9 @@ def _gluon_kron_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
     return QuantizePlan("gluon_kron", grid=(grid,), rscale=rscale, config=dict(
         M=M, F=P // 64, SPLIT=split, INSIDE=inside, FORMAT=f.kernel_id, G=group or 0,
         STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, STAGES=tuning.get("stages") or configs.QUANT_GLUON_KRON_STAGES,
-        PACKED=f.packed, num_warps=4, **_scale_once(fmt, n, group, tuning), **_fold(fmt, n, tuning),
-        **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning), **_epilogue_switches(fmt, n, tuning),
-        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, fmt, n, False)) else {})))
+        PACKED=f.packed, num_warps=4, **_scale_once(tf, n, group, tuning), **_fold(tf, n, tuning),
+        **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning), **_epilogue_switches(tf, n, tuning),
+        **({"PERM": True} if tuning.get("perm", _by_format(configs.QUANT_GLUON_PERM, tf, n, False)) else {})))
 
 
 def _gluon_pow2_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, sms, tuning):
