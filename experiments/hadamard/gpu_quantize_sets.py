@@ -43,7 +43,8 @@ format. --set s (batch 2): run 3's 32768 gains again (int4, int8, mxfp4), with t
 the flips (int4 / int8 32768 on the pipeline) against the plans before them. --set u (session 42): 16384 on the transform's Gluon pipeline with a
 consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
 e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
-N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before.
+N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
+widths on fp8_e4m3's Gluon plans.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -423,6 +424,11 @@ SETS["y"] = {("fp8_e4m3", 18944): [("joint", dict(joint=True))],
 
 # session 42, the last batch: fp8 18944's JOINT flip (1.014x then 1.022x, 83131319) against the plan before it
 SETS["z"] = {("fp8_e4m3", 18944): [("before", dict(joint=False))]}
+
+
+# fp8_e5m2 at the model widths runs the tl fused plan (no Gluon entries: e5m2 was checked on the Gluon kernels in
+# sessions 30-31, never timed); on fp8_e4m3's Gluon plans (plan tuning tables_of, the same kernels but the conversion)
+SETS["e5"] = {("fp8_e5m2", n): [("e4m3_gluon", dict(tables_of="fp8_e4m3"))] for n in (11008, 14336, 18944, 28672)}
 
 
 def cases(name: str):
