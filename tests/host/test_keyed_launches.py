@@ -798,7 +798,7 @@ def test_norm_plain_call_takes_its_statistics_as_a_raw_block(monkeypatch, raw_bl
         return norm_op.layer_norm(x, w, b, residual=res, rms=rms, prenorm=res is not None)
     call()  # (the key's first call: its NormForward)
     recipe = next(iter(norm_op._FORWARDS._data.values()))[0]
-    monkeypatch.setattr(norm_launch, "STATS_SCRATCH", True)  # (off by default until the H100's A/B)
+    monkeypatch.setattr(norm_launch, "STATS_SCRATCH", True)
     assert (recipe.stats is not None) == (case == "ln two passes")
     for fail in (False, True):
         blocks = raw_blocks.log.clear() or raw_blocks
@@ -842,7 +842,7 @@ def test_mamba2_step_recipe_takes_a_raw_block_for_dt_eff_and_g(monkeypatch, raw_
     tensor of x's dtype. Off: one tensor, g by address in it, as before."""
     recipe, (state, x, dt, A, Bm, Cm) = _mamba_step_recipe(monkeypatch)
     monkeypatch.setattr(launch, "RAW_SCRATCH", True)
-    monkeypatch.setattr(la_op, "MAMBA_STEP_SCRATCH", True)  # (off by default until the H100's A/B)
+    monkeypatch.setattr(la_op, "MAMBA_STEP_SCRATCH", True)
     for fail in (False, True):
         raw_blocks.log.clear()
         recipe.dt_launch, recipe.step = Kept(), (_Failing() if fail else Kept())

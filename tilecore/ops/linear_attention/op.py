@@ -687,8 +687,10 @@ class _MambaStep:
 _MAMBA_STEPS = LRU(256)  # a step's launch key -> its _MambaStep (False: the general path)
 
 # _MambaStep's dt_eff and g (internal to its two launches) as one raw block of the caching allocator where both go the
-# kept way (under tiles.launch.RAW_SCRATCH); the same launches and bits. Read each call; False: a tensor
-MAMBA_STEP_SCRATCH = False
+# kept way (under tiles.launch.RAW_SCRATCH); the same launches and bits. Read each call; False: a tensor. On: float64
+# checks (y, the state) and the same bits on the H100, 0.90x the host time of off, 6 of 7 rounds
+# (notes/host/runs/hg_ab42e_run6_session42_h100.txt)
+MAMBA_STEP_SCRATCH = True
 
 
 def _mamba_dt(dt, dt_bias, dt_softplus: bool, dt_limit) -> torch.Tensor:
