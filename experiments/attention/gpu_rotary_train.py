@@ -87,7 +87,7 @@ def new_path(on: bool):
     --checks-overlap, on, its K turned inside the launch."""
     values = dict(ROTARY_TRAIN_IN_KERNEL_CASES=ALL_CASES if on else frozenset())
     if on and CHECK_OVERLAP:
-        values.update(ROTARY_K_OVERLAP_CASES=ALL_CASES)
+        values.update(ROTARY_K_OVERLAP_CASES=ALL_CASES if CHECK_OVERLAP[0] else frozenset())
     return patched(configs, **values)
 
 
@@ -384,6 +384,7 @@ def main():
     ap.add_argument("--train", action="store_true", help="--overlap: the training forward too")
     ap.add_argument("--bwd", action="store_true", help="--overlap: forward + backward too")
     ap.add_argument("--checks-overlap", action="store_true", help="--checks: the new path with K turned inside")
+    ap.add_argument("--checks-no-overlap", action="store_true", help="--checks: the new path with K by the pass")
     ap.add_argument("--one-sm", action="store_true", help="the K items' turn rate on one SM (overlap_one_sm)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
@@ -396,8 +397,8 @@ def main():
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
     variants = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in a.variants.split(",") if x]
-    if a.checks_overlap:
-        CHECK_OVERLAP.append(True)
+    if a.checks_overlap or a.checks_no_overlap:
+        CHECK_OVERLAP.append(bool(a.checks_overlap))
     for case in filter(None, a.checks.split(",")):  # D:mask[:N] (N 4096 by default; short N: the carried kernel)
         d, mask, *n = case.split(":")
         d, causal, n = int(d), mask == "causal", int(n[0]) if n else 4096
