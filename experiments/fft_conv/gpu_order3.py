@@ -14,10 +14,9 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
-  c64_w, f16_w  (16384) c64 / f16 with WGIO toggled (a candidate: STACK's addressing a column a product, 1a / 1'a's
-                u, T and y in the [64, 16] / [64, 8] wgmma layouts, no layout conversion)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
-  d3087a39 have them; session 41: c64_1, c64_v / f16_v, c64_w / f16_w)
+  d3087a39 have them; call 5 1a / 1'a in the wgmma layouts at 16384 as c64_w / f16_w: 3abf8d24, and the layout
+  conversions it replaced; session 41: c64_1, c64_v / f16_v, c64_w / f16_w)
   (session 41: call 3 timed c64_1, 8192 at one program a SM, 0.69x, and c64_v / f16_v, the 8-byte u / y accesses,
   shipped since; jobs hf_s41c / hf_s41d c64_o / f16_o, the tuples before them: dc82cd0b's script has them)
 * rows "check": each variant's output (y poisoned with NaN first: an element never written shows) on a B2 H64 slice
@@ -66,11 +65,9 @@ def tuples(n):
     """label -> (the order3_plan tuple, spectrum kind) of each variant."""
     out = {"c64": (configs.GLUON_ORDER3[n], "c64"), "f16": (configs.GLUON_ORDER3_HALF[n], "f16")}
     for label in ("c64", "f16"):
-        t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))  # (per_sm, warpgroups, rfft, stack, wgio)
+        t = tuple(out[label][0]) + (False,) * (4 - len(out[label][0]))  # (per_sm, warpgroups, rfft, stack)
         if n == 8192:  # STACK toggled (it takes F2 = F_16 four times on the diagonal: 8192 only)
-            out[label + "_s"] = (t[:3] + (not t[3], False), label)
-        else:  # WGIO toggled
-            out[label + "_w"] = (t[:4] + (not t[4],), label)
+            out[label + "_s"] = (t[:3] + (not t[3],), label)
     return out
 
 

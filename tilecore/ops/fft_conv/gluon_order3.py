@@ -25,7 +25,7 @@ A = 16 A2 (A2 = 16 at 8192, 32 at 16384), so no DFT matrix larger than 64 x 64 i
         [B, 16] @ conj(F_16)[:, :8]; s = the largest chunk scale; y[B (A2 a1 + a2) + m] = out s / L x the
         sequence's scale (x the channel's bin scale KS[h] with KSCALE)
 
-T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _swizzled). STACK (on at 8192):
+T is held as the wgmma's NVMMA tiles (1a and 1'a address the same bytes as plain rows: _stack_offsets). STACK (on at 8192):
 1a and 1'a four columns a2 a product, [B, (j, a1)] @ F2 (F_16 four times on its diagonal at A2 = 16), in the wgmmas'
 own layouts (no layout conversion through shared memory: _ST5), u read once a pair. FLOPs a pair
 (complex multiply-adds, as the wgmmas run them): 1a B 16 16 A2, 1b and 1'b B A C each, 3 and 3' B B A each, 1'a B 16 8
@@ -58,112 +58,6 @@ def _issue(a1, b1, a2, b2, a3, b3, a4, b4, zeros):
     q = warpgroup_mma(a3, b3, zeros, use_acc=False, is_async=True)
     q = warpgroup_mma(a4, b4, q, is_async=True)
     return p, q
-
-
-@gluon.jit
-def _swizzled(p, a2: gl.constexpr):
-    """The m held at position p of row (k1, a2) of T. T is the wgmma's NVMMA tile [16 A2, B] (rows of 128 B, the
-    128-byte swizzle: a row's 16-byte unit u lies at u ^ (row % 8), and row % 8 = a2 % 8 as A2 is a multiple of 8); 1a
-    and 1'a address it as plain rows, so their row p is m = p ^ 8 (a2 % 8): u's loads and y's stores take that m (each
-    of their rows is independent: only the addresses move). Written ((p / 8) ^ (a2 % 8)) 8 + p % 8, the same m, which
-    the compiler sees run in groups of 8 (an xor of the whole index loses that): a thread's 4 rows one 8-byte load or
-    store, not four 2-byte ones."""
-    return ((p // 8) ^ (a2 % 8)) * 8 + p % 8
-
-
-@gluon.jit
-def _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
-          io: gl.constexpr, lhs1: gl.constexpr):
-    """x_a2[m, a1] = z[B (A2 a1 + a2) + m] (a1 < 8; 0 beyond) as float16 wgmma operands (re, im, -im), each sequence
-    over its largest |u| (``inv_*``: 1 / that), non-finite elements zeroed; row p holds m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io)), a2)
-    a1 = gl.arange(0, 16, layout=gl.SliceLayout(0, io))
-    off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
-    keep = gl.expand_dims(a1 < 8, 0) & gl.expand_dims(m >= 0, 1)
-    xre = gl.load(U + row_re + off, mask=keep & (b_re < batch), other=0.0).to(gl.float32)
-    xim = gl.load(U + row_im + off, mask=keep & (b_re + 1 < batch), other=0.0).to(gl.float32)
-    xre = gl.where(gl.abs(xre) < float("inf"), xre * inv_re, 0.0)
-    xim = gl.where(gl.abs(xim) < float("inf"), xim * inv_im, 0.0)
-    xre = gl.convert_layout(xre.to(gl.float16), lhs1)
-    xim = gl.convert_layout(xim.to(gl.float16), lhs1)
-    return xre, xim, -xim
-
-
-@gluon.jit
-def _t_a2(T_re, T_im, tre, tim, t1re, t1im, a2: gl.constexpr, put: gl.constexpr):
-    """T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16) (``tre``, ``tim``: the product [B, 16 k1]) as float16."""
-    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, tre.type.layout))
-    twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
-    twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
-    tre, tim = tre * twre - tim * twim, tre * twim + tim * twre
-    # T [16, A2, B] seen as [B, 16, A2]: column a2 of every k1
-    T_re.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tre.to(gl.float16),
-                                                                                   gl.SliceLayout(2, put)), 2))
-    T_im.permute((2, 0, 1)).slice(a2, 1, 2).store(gl.expand_dims(gl.convert_layout(tim.to(gl.float16),
-                                                                                   gl.SliceLayout(2, put)), 2))
-
-
-@gluon.jit
-def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
-              a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, io: gl.constexpr, lhs1: gl.constexpr,
-              acc1: gl.constexpr, put: gl.constexpr):
-    """Stage 1a of columns a2 and a2 + 1 (their eight wgmmas issued together, one wait):
-    T[:, a2, :] = W_A^(a2 k1) (x_a2 @ F_16), float16 into T's planes."""
-    zeros1 = gl.zeros([B, 16], gl.float32, acc1)
-    xre, xim, nxim = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2, A2, B, io, lhs1)
-    p, q = _issue(xre, f16re, nxim, f16im, xre, f16im, xim, f16re, zeros1)
-    xre2, xim2, nxim2 = _x_a2(U, b_re, batch, row_re, row_im, inv_re, inv_im, a2 + 1, A2, B, io, lhs1)
-    p2, q2 = _issue(xre2, f16re, nxim2, f16im, xre2, f16im, xim2, f16re, zeros1)
-    p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2 = warpgroup_mma_wait(
-        0, deps=(p, q, p2, q2, xre, xim, nxim, xre2, xim2, nxim2))
-    _t_a2(T_re, T_im, p, q, t1re, t1im, a2, put)
-    _t_a2(T_re, T_im, p2, q2, t1re, t1im, a2 + 1, put)
-
-
-@gluon.jit
-def _v_a2(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr):
-    """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
-    and conj(W_A^(a2 k1)), float16 (re, im, -re)."""
-    vre = gl.sum(T_re.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)  # [B, 16 k1]
-    vim = gl.sum(T_im.permute((2, 0, 1)).slice(a2, 1, 2).load(put), axis=2).to(gl.float32)
-    k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, put)))
-    r = gl.expand_dims(gl.convert_layout(ratio, gl.SliceLayout(0, gl.SliceLayout(2, put))), 0)
-    cre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0) * r
-    cim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0) * r
-    vre, vim = vre * cre + vim * cim, vim * cre - vre * cim
-    vre = gl.convert_layout(vre.to(gl.float16), lhs8)
-    vim = gl.convert_layout(vim.to(gl.float16), lhs8)
-    return vre, vim, -vre
-
-
-@gluon.jit
-def _y_a2(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
-          B: gl.constexpr, io8: gl.constexpr):
-    """y[B (A2 a1 + a2) + m] = out[m, a1] (a1 < 8) times ``out_*`` (s / L x the sequence's scale, NaN for a non-finite
-    sequence); past the batch masked. Row p of out is m = _swizzled(p, a2)."""
-    m = _swizzled(gl.arange(0, B, layout=gl.SliceLayout(1, io8)), a2)
-    a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, io8))
-    off = (gl.expand_dims(a1, 0) * A2 + a2) * B + gl.expand_dims(m, 1)
-    ty: gl.constexpr = Y.dtype.element_ty
-    gl.store(Y + row_re + off, (gl.convert_layout(ore, io8) * out_re).to(ty), mask=(off >= 0) & (b_re < batch))
-    gl.store(Y + row_im + off, (gl.convert_layout(oim, io8) * out_im).to(ty), mask=(off >= 0) & (b_re + 1 < batch))
-
-
-@gluon.jit
-def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
-                      a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, put: gl.constexpr, lhs8: gl.constexpr,
-                      acc8: gl.constexpr, io8: gl.constexpr):
-    """Stage 1'a of columns a2 and a2 + 1 (_v_a2's operand @ conj(F_16)[:, :8]; their eight wgmmas issued together,
-    one wait) and their y (_y_a2)."""
-    zeros8 = gl.zeros([B, 8], gl.float32, acc8)
-    vre, vim, nvre = _v_a2(T_re, T_im, ratio, t1re, t1im, a2, put, lhs8)
-    p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
-    vre2, vim2, nvre2 = _v_a2(T_re, T_im, ratio, t1re, t1im, a2 + 1, put, lhs8)
-    p2, q2 = _issue(vre2, f8re, vim2, f8im, vim2, f8re, nvre2, f8im, zeros8)
-    p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2 = warpgroup_mma_wait(
-        0, deps=(p, q, p2, q2, vre, vim, nvre, vre2, vim2, nvre2))
-    _y_a2(Y, b_re, batch, row_re, row_im, p, q, out_re, out_im, a2, A2, B, io8)
-    _y_a2(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B, io8)
 
 
 # STACK (N = 8192: A2 = 16, so F2 is F_16 four times on its diagonal): 1a and 1'a take four columns a2 = 4 g + j at
@@ -204,7 +98,10 @@ def _axis5(n: gl.constexpr, d: gl.constexpr, L: gl.constexpr):
 @gluon.jit
 def _stack_offsets(g4: gl.constexpr, A2: gl.constexpr, B: gl.constexpr):
     """STACK: the sequence offsets B (A2 a1 + a2) + m of group g4's [4 w, 2 h, 8 t, 4 j, 8 a1] view (a1 < 8), column
-    a2 = 4 g4 + j, m = _swizzled(P, a2) at P = 16 w + 2 t + h (in _ST5H)."""
+    a2 = 4 g4 + j, at T's plain position P = 16 w + 2 t + h (in _ST5H): T is the wgmma's NVMMA tile [16 A2, B] (rows
+    of 128 B, the 128-byte swizzle: a row's 16-byte unit lies at unit ^ (row % 8), row % 8 = a2 % 8), so plain
+    position P of column a2 holds m = ((P / 8) ^ (a2 % 8)) 8 + P % 8 (written so that neighbouring P are neighbouring
+    m for the compiler: 4-byte accesses)."""
     P = 16 * _axis5(4, 0, _ST5H) + 2 * _axis5(8, 2, _ST5H) + _axis5(2, 1, _ST5H)
     a2 = 4 * g4 + _axis5(4, 3, _ST5H)
     m = ((P // 8) ^ (a2 % 8)) * 8 + P % 8
@@ -324,8 +221,8 @@ def _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, row_re, row_im, raw, r
     return raw
 
 
-# WGIO (16384, a candidate): STACK's addressing one column a product (j of size 1): x [64, 16] @ F_16 and V [64, 16] @
-# conj(F_16)[:, :8] with u, T and y read and written in the [64, 16] / [64, 8] wgmma layouts (no layout conversion)
+# Without STACK (16384: F2 is F_32 twice there): the same addressing one column a product (j of size 1), x [64, 16] @
+# F_16 and V [64, 16] @ conj(F_16)[:, :8], u, T and y read and written in the [64, 16] / [64, 8] wgmma layouts
 _SC5 = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 8]],
     lane_bases=[[0, 0, 0, 0, 2], [0, 0, 0, 0, 4], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 0, 4, 0, 0]],
@@ -338,14 +235,14 @@ _SC5H = gl.constexpr(gl.DistributedLinearLayout(
 
 @gluon.jit
 def _col_offsets(a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr):
-    """WGIO: column a2's offsets B (A2 a1 + a2) + m as [4 w, 2 h, 8 t, 1, 8 a1] (_SC5H; m at P = 16 w + 2 t + h)."""
+    """Column a2's offsets B (A2 a1 + a2) + m as [4 w, 2 h, 8 t, 1, 8 a1] (_SC5H; m at P = 16 w + 2 t + h)."""
     P = 16 * _axis5(4, 0, _SC5H) + 2 * _axis5(8, 2, _SC5H) + _axis5(2, 1, _SC5H)
     return (_axis5(8, 4, _SC5H) * A2 + a2) * B + ((P // 8) ^ (a2 % 8)) * 8 + P % 8
 
 
 @gluon.jit
 def _col_view(T, a2: gl.constexpr):
-    """WGIO: T's plain rows [16 k1, A2, B] as column a2's [16 k1, 1, 4 w, 8 t, 2 h]."""
+    """T's plain rows [16 k1, A2, B] as column a2's [16 k1, 1, 4 w, 8 t, 2 h]."""
     A2: gl.constexpr = T.shape[1]
     return T._reinterpret(gl.float16, [16, A2, 4, 8, 2],
                           gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])).slice(a2, 1, 1)
@@ -354,7 +251,7 @@ def _col_view(T, a2: gl.constexpr):
 @gluon.jit
 def _col_x(U, row, ok, inv, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr,
            lhs1: gl.constexpr):
-    """WGIO: x_a2 [B, 16] of one sequence as the float16 A operand, read in its layout (a1 >= 8 zeros)."""
+    """x_a2 [B, 16] of one sequence as the float16 A operand, read in its layout (a1 >= 8 zeros)."""
     off = _col_offsets(a2, A2, B)
     x = gl.load(U + row + off, mask=(off >= 0) & ok, other=0.0).to(gl.float32)
     x = gl.where(gl.abs(x) < float("inf"), x * inv, 0.0).to(gl.float16)
@@ -364,7 +261,7 @@ def _col_x(U, row, ok, inv, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr,
 
 @gluon.jit
 def _col_t(T_re, T_im, p, q, t1re, t1im, a2: gl.constexpr):
-    """WGIO: T[:, a2, :] = W_A^(a2 k1) (p + i q) as float16 from the [B, 16] accumulator's layout."""
+    """T[:, a2, :] = W_A^(a2 k1) (p + i q) as float16 from the [B, 16] accumulator's layout."""
     k1 = gl.arange(0, 16, layout=gl.SliceLayout(0, p.type.layout))
     twre = gl.expand_dims(gl.load(t1re + a2 * 16 + k1), 0)
     twim = gl.expand_dims(gl.load(t1im + a2 * 16 + k1), 0)
@@ -376,9 +273,10 @@ def _col_t(T_re, T_im, p, q, t1re, t1im, a2: gl.constexpr):
 
 
 @gluon.jit
-def _stage_1a_wgio(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
-                   a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr, lhs1: gl.constexpr):
-    """WGIO's stage 1a of columns a2 and a2 + 1 (eight wgmmas, one wait), as _stage_1a."""
+def _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f16re, f16im, t1re, t1im,
+              a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr, lhs1: gl.constexpr):
+    """Stage 1a of columns a2 and a2 + 1 (their eight wgmmas issued together, one wait): T[:, a2, :] = W_A^(a2 k1)
+    (x_a2 @ F_16), x_a2 [B, 16] (a1 >= 8 zero) read and T written in the wgmma's layouts (4-byte accesses)."""
     zeros1 = gl.zeros([B, 16], gl.float32, acc1)
     xre = _col_x(U, row_re, b_re < batch, inv_re, a2, A2, B, acc1, lhs1)
     xim = _col_x(U, row_im, b_re + 1 < batch, inv_im, a2, A2, B, acc1, lhs1)
@@ -397,7 +295,8 @@ def _stage_1a_wgio(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, f
 @gluon.jit
 def _col_v(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr,
            lhs8: gl.constexpr):
-    """WGIO: 1'a's operand of column a2 (as _v_a2) read in the wgmma layouts."""
+    """1'a's operand of column a2: T'[:, a2, :] ([B, 16 k1]; chunk k1 at its scale s_k1) times ``ratio`` [16] = s_k1 / s
+    and conj(W_A^(a2 k1)), float16 (re, im, -re), read in the wgmma layouts."""
     vl: gl.constexpr = gl.permute(gl.zeros([4, 2, 8, 1, 16], gl.float16, _SC5), (4, 3, 0, 2, 1)).type.layout
     vre = gl.reshape(gl.permute(_col_view(T_re, a2).load(vl), (2, 4, 3, 1, 0)), [B, 16])
     vim = gl.reshape(gl.permute(_col_view(T_im, a2).load(vl), (2, 4, 3, 1, 0)), [B, 16])
@@ -416,7 +315,7 @@ def _col_v(T_re, T_im, ratio, t1re, t1im, a2: gl.constexpr, B: gl.constexpr, acc
 @gluon.jit
 def _col_y(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.constexpr, A2: gl.constexpr,
            B: gl.constexpr):
-    """WGIO: y of column a2 from the [B, 8] accumulator's layout (4-byte stores)."""
+    """y of column a2 from the [B, 8] accumulator's layout (4-byte stores)."""
     off = _col_offsets(a2, A2, B)
     ty: gl.constexpr = Y.dtype.element_ty
     ore = gl.convert_layout(gl.reshape(ore, [4, 2, 8, 1, 8]), _SC5H)
@@ -426,10 +325,11 @@ def _col_y(Y, b_re, batch, row_re, row_im, ore, oim, out_re, out_im, a2: gl.cons
 
 
 @gluon.jit
-def _stage_1a_inverse_wgio(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re,
-                           out_im, a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr,
-                           lhs8: gl.constexpr, acc8: gl.constexpr):
-    """WGIO's stage 1'a of columns a2 and a2 + 1 (eight wgmmas, one wait), as _stage_1a_inverse."""
+def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t1im, f8re, f8im, out_re, out_im,
+                      a2: gl.constexpr, A2: gl.constexpr, B: gl.constexpr, acc1: gl.constexpr, lhs8: gl.constexpr,
+                      acc8: gl.constexpr):
+    """Stage 1'a of columns a2 and a2 + 1 (their eight wgmmas issued together, one wait): _col_v's operand @
+    conj(F_16)[:, :8], y of both from the accumulator's layout (_col_y)."""
     zeros8 = gl.zeros([B, 8], gl.float32, acc8)
     vre, vim, nvre = _col_v(T_re, T_im, ratio, t1re, t1im, a2, B, acc1, lhs8)
     p, q = _issue(vre, f8re, vim, f8im, vim, f8re, nvre, f8im, zeros8)
@@ -463,7 +363,7 @@ class Order3Shared:
     stride_yb: object
     stride_yh: object
     stride_kh: object
-    T_re: object  # [16 / KG, C, B] float16 NVMMA tiles: T, then T' (chunk j's rows (k1, a2) at [j]; _swizzled)
+    T_re: object  # [16 / KG, C, B] float16 NVMMA tiles: T, then T' (chunk j's rows (k1, a2) at [j]; _stack_offsets)
     T_im: object
     scl: object  # [32] float32: each warpgroup's chunk scales at 16 p + k1 (WARPGROUPS 2), else None
     bars: object  # [2, 1] mbarriers: T written, T' written (WARPGROUPS 2), else None
@@ -473,7 +373,6 @@ class Order3Shared:
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
     STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts, u read once (8192)
-    WGIO: gl.constexpr  # (16384, a candidate) 1a / 1'a a column a product in the wgmmas' layouts
 
 
 @struct
@@ -553,7 +452,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False, WGIO: gl.constexpr = False):
+                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -569,7 +468,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     gl.warp_specialize; WORKER_REGS the second one's registers) share each pair and its T: warpgroup p takes the
     columns a2 of half p in 1a and 1'a and every other chunk; two mbarriers order them (T written; T' and the chunk
     scales written), so a program holds one T with two warpgroups on it (16384: one T of 128 KiB a multiprocessor).
-    1a's u loads and 1'a's y stores are 8 bytes wide (_swizzled). STACK (on at 8192, one warpgroup): 1a and 1'a take
+    1a / 1'a read and write u, T and y in the wgmmas' own layouts, 4 bytes wide (_stack_offsets). STACK (on at 8192, one warpgroup): 1a and 1'a take
     four columns a2 a product against F2 ([B, (j, a1)] @ F_16 four times on the diagonal; 4 + 4 wgmma waits a pair, not
     8 + 8), every access of u, T and y straight from / to the wgmmas' layouts (_ST5: no layout conversion through shared
     memory, ~40 barriers a pair instead of ~230), u read once a pair (its scales and 1a from the same registers), each
@@ -587,7 +486,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     C: gl.constexpr = KG * A2
     if WARPGROUPS == 1:
         tabs = _order3_tables(F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, B, C, STACK)
-    # T as the wgmma's tiles: chunk j's [C, B] rows (k1, a2) at [j] (1a and 1'a: _swizzled)
+    # T as the wgmma's tiles: chunk j's [C, B] rows (k1, a2) at [j] (1a and 1'a: _stack_offsets)
     t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, B], gl.float16)
     T_re = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
     T_im = gl.allocate_shared_memory(gl.float16, [16 // KG, C, B], t_layout)
@@ -600,8 +499,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK,
-                     WGIO)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -704,7 +602,6 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     acc8: gl.constexpr = wgmma_layout(B, 8, 4)
     lhs8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc8, k_width=2)
     io: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])  # threads along m (u's, y's rows)
-    put: gl.constexpr = gl.BlockedLayout([2, 1, 1], [32, 1, 1], [1, 4, 1], [0, 1, 2])  # [B, 16, 1] views of T
     # (the float16 bins, RFFT 3; the twiddles computed, TW_SFU; no staging tiles: None)
     st = Stages(tabs.fbre, tabs.fbim, tabs.fbim, None, None, T1RE, T1IM, L, 3, g.CONJ, True, 0, True, None, 0, 1)
 
@@ -748,14 +645,10 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
             for c in gl.static_range(A2 // 4):
                 _stage_1a_stacked(T_re, T_im, raws[c], inv_re, inv_im, tabs.f2re, tabs.f2im, tabs.f2nim, T1RE, T1IM, c,
                                   B, acc, lhs)
-        elif g.WGIO:
-            for c in gl.static_range(COLS // 2):
-                _stage_1a_wgio(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im,
-                               T1RE, T1IM, PART * COLS + 2 * c, A2, B, acc1, lhs1)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a(T_re, T_im, U, b_re, batch, row_re, row_im, inv_re, inv_im, tabs.f16re, tabs.f16im, T1RE,
-                          T1IM, PART * COLS + 2 * c, A2, B, io, lhs1, acc1, put)
+                          T1IM, PART * COLS + 2 * c, A2, B, acc1, lhs1)
         fence_async_shared()  # (1b's wgmmas read T)
         phase = ((w - start) // step) & 1
         _both_arrived(g.bars, 0, phase, PARTS)  # T written
@@ -794,12 +687,7 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
                 raw = _stage_1a_inverse_stacked(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, raw, ratio64,
                                                 T1RE, T1IM, tabs.f2re, tabs.f2im, tabs.f2nim, out_re, out_im, c, A2, B,
                                                 acc, lhs, c + 1 < A2 // 4)
-        elif g.WGIO:
-            for c in gl.static_range(COLS // 2):
-                _stage_1a_inverse_wgio(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,
-                                       tabs.f8re, tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, acc1, lhs8,
-                                       acc8)
         else:
             for c in gl.static_range(COLS // 2):
                 _stage_1a_inverse(T_re, T_im, Y, b_re, batch, yrow_re, yrow_re + stride_yb, ratio, T1RE, T1IM,
-                                  tabs.f8re, tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, put, lhs8, acc8, io)
+                                  tabs.f8re, tabs.f8im, out_re, out_im, PART * COLS + 2 * c, A2, B, acc1, lhs8, acc8)

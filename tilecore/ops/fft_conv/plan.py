@@ -62,7 +62,6 @@ class Plan:
     lean: int = 0  # "gluon": 1 fewer reductions (same values), 2 (whole tile, TMA) x read in the wgmma's layout
     maxnreg: int = 0  # "gluon": ptxas's register cap (168: 3 programs of 4 warps a multiprocessor); 0 none
     stack: bool = False  # "order3" (8192): 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts
-    wgio: bool = False  # "order3" (a candidate): 1a / 1'a a column a product in the wgmmas' layouts (no conversion)
 
 
 def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool = False, chunk: int = 0,
@@ -128,28 +127,24 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 ORDER3_PER_SM = {8192: (1, 2), 16384: (1,)}
 
 
-def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, stack: bool = False,
-                wgio: bool = False) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, stack: bool = False) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 8192: A = 256, 16384: 512),
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
     float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast to float16 pairs a call over each
     channel's largest part (launch.scaled_half_bins); ``stack`` (8192, one warpgroup a pair: F2 is F_16 four times on
     its diagonal there): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
-    (no layout conversion), u read once a pair; ``wgio`` (without stack; a candidate): the same addressing a column a
-    product. (The untransposed chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64
-    bins in the kernel, the 4096 build, DIRECT, WARPIO and STACK's other forms were measured slower or no faster and
-    removed: notes/fft_conv.)"""
+    (no layout conversion), u read once a pair (without it the same addressing a column a product). (The untransposed
+    chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64 bins in the kernel, the 4096 build, DIRECT, WARPIO, STACK's
+    other forms and 1a / 1'a's layout conversions were measured slower or no faster and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
-            or rfft not in (3, 4) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))
-            or wgio not in (False, True) or (wgio and stack)):
+            or rfft not in (3, 4) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
                          f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 (complex64 "
-                         f"cast a call), stack only at N = 8192 with one warpgroup, wgio only without stack; got N = {n}, "
+                         f"cast a call), stack only at N = 8192 with one warpgroup; got N = {n}, "
                          f"per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, stack {stack}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack),
-                wgio=bool(wgio))
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:
