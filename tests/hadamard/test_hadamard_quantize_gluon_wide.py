@@ -297,6 +297,17 @@ def test_e5m2_reads_e4m3s_gluon_tables_where_asked():
             assert own.path not in ("gluon_wide", "gluon_kron"), n
 
 
+def test_e5m2_on_e4m3s_gluon_plans_shipped():
+    """Session 42 run 7 (notes/hadamard/runs/he_s42g_run7_session42_h100.txt, H100, float64-checked): fp8_e5m2 at the
+    four model widths on fp8_e4m3's Gluon plans, 1.43-3.20x the tl fused plan it ran."""
+    from tilecore.ops.hadamard import quantize as q
+
+    assert set(configs.QUANT_GLUON_TABLES_OF) == {("fp8_e5m2", n) for n in (11008, 14336, 18944, 28672)}
+    for (fmt, n), of in configs.QUANT_GLUON_TABLES_OF.items():
+        plan = q.kernel_plan(1 << 14, n, torch.bfloat16, fmt, None, None, True, False, False, 132, _gluon_ok=True)
+        assert of == "fp8_e4m3" and plan.path in ("gluon_wide", "gluon_kron") and plan.config["FORMAT"] == 1, n
+
+
 def test_joint_shipped_where_checked_and_faster():
     """Session 42 runs 4 and 5 (notes/hadamard/runs/he_s42d_run4_session42_h100.txt, he_s42e_run5_session42_h100.txt,
     H100, float64-checked, the codes' bytes equal to UNITS'): at 18944 int8 1.031x / 1.063x, int4 1.117x / 1.113x, mxfp4
