@@ -140,6 +140,7 @@ class VarlenBackward:
     SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
     ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
     # 1 every sequence, 2 the sequences tail_flags marks (op.neighbour_rows_nonfinite)
+    DP_FROM_DELTA: gl.constexpr  # AttentionBackward.compute's form without a softcap: not taken here (False)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -399,7 +400,7 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
     op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
                         kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
                         dq_staging, left, right, tanh_scale, tail_flags, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW,
-                        SOFTCAP, ZERO_TAIL)
+                        SOFTCAP, ZERO_TAIL, False)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
