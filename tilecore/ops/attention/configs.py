@@ -194,7 +194,7 @@ ROTARY_TRAIN_IN_KERNEL_CASES: frozenset = frozenset({(128, False), (128, True)})
 # the items' ring steps (2 block_n rows each), their lead (in grids of tiles before a head's first tile), and
 # a step's cost in attention steps for the balanced deal (plan.rotary_overlap_table: one SM turns a D128 step in
 # 2.54 us, an attention step takes 1.46: 1.75). D128 causal: no-grad forward 1.030x / 1.018x the pass's, training
-# forward 1.031x / 1.020x (session 42 runs 4, 5); D128 full and D64 lost (notes/rotary)
+# forward 1.031x / 1.020x (two runs); D128 full and D64 lost (notes/rotary)
 ROTARY_K_OVERLAP_CASES: frozenset = frozenset({(128, True)})
 ROTARY_K_OVERLAP_ITEM_STEPS = 4
 ROTARY_K_OVERLAP_LEAD = 4.0
