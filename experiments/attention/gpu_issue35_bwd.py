@@ -156,12 +156,12 @@ def phase_softcap(run, rounds):
     run.row(f"softcap{CAP:g} causal B{b} H{h} N{n} D{d} bwd", kind="time", **row)
 
 
-def phase_delta(run, rounds):
+def phase_delta(run, rounds, cases="4096c,2048c,4096f"):
     """The plain backward (no softcap) with dP's accumulator from -delta (config dp_from_delta, as SOFTCAP 3 has it)
     against the shipped config: D128 causal N4096 (dQ fused), causal N2048 (dQ by the dq kernel), full N4096
     (lagged); softcap 30 beside the causal N4096 pair (its ratio to either denominator)."""
     b, h, d = 8, 16, 128
-    for n, causal in ((4096, True), (2048, True), (4096, False)):
+    for n, causal in ((int(c[:-1]), c[-1] == "c") for c in cases.split(",")):
         q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=3)
         out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
         fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0],
@@ -189,6 +189,9 @@ def checks_delta(run):
                {"shipped": {}, "delta": dict(dp_from_delta=True)})
     check_case(run, "dP from -delta full N4048", 1, 16, 16, 4048, False, (-1, -1), 0.0, torch.bfloat16,
                {"shipped": {}, "delta": dict(dp_from_delta=True)})
+    # not causal below FUSED_DQ_MIN_N[False]: the dq kernel's dQ, where the shipped config now takes -delta
+    check_case(run, "dP from -delta full GQA 16/4 N1000", 2, 16, 4, 1000, False, (-1, -1), 0.0, torch.bfloat16,
+               {"shipped": {}, "delta off": dict(dp_from_delta=False)})
 
 
 WINDOW_STATE = {}
@@ -288,12 +291,13 @@ def main():
     ap.add_argument("--phases", default="softcap,schecks,window,wchecks,flex,both")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=55.0)
+    ap.add_argument("--delta-cases", default="4096c,2048c,4096f", help="phase delta's N and c (causal) / f (full)")
     args = ap.parse_args()
     run = Run("issue35_bwd", deadline=args.deadline)
     steps = {"softcap": lambda: phase_softcap(run, args.rounds), "schecks": lambda: checks_softcap(run),
              "window": lambda: phase_window(run, args.rounds), "wchecks": lambda: checks_window(run),
              "flex": lambda: phase_flex(run), "both": lambda: checks_both(run),
-             "packed": lambda: phase_packed(run, args.rounds), "delta": lambda: phase_delta(run, args.rounds),
+             "packed": lambda: phase_packed(run, args.rounds), "delta": lambda: phase_delta(run, args.rounds, args.delta_cases),
              "dchecks": lambda: checks_delta(run)}
     need = {"flex": 22, "both": 12, "packed": 15}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
