@@ -158,13 +158,13 @@ def phase_softcap(run, rounds):
 
 def phase_delta(run, rounds, cases="4096c,2048c,4096f"):
     """The plain backward (no softcap) with dP's accumulator from -delta (config dp_from_delta, as SOFTCAP 3 has it)
-    against the shipped config: D128 causal N4096 (dQ fused), causal N2048 (dQ by the dq kernel), full N4096
+    against the same config without it (both forced: the shipped config takes it where dQ is the dq kernel's): D128 causal N4096 (dQ fused), causal N2048 (dQ by the dq kernel), full N4096
     (lagged); softcap 30 beside the causal N4096 pair (its ratio to either denominator)."""
     b, h, d = 8, 16, 128
     for n, causal in ((int(c[:-1]), c[-1] == "c") for c in cases.split(",")):
         q, k, v, dout = inputs(b, h, h, n, d, torch.bfloat16, seed=3)
         out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
-        fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0],
+        fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0, dp_from_delta=False)[0],
                "delta": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0, dp_from_delta=True)[0]}
         if causal and n == 4096:
             out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
