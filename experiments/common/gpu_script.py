@@ -23,6 +23,7 @@ import json
 import math
 import os
 import statistics
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -50,11 +51,13 @@ def meta() -> dict:
 
 class Run:
     """One script's results: ``rows`` (dicts with a ``name``), ``errors`` and ``meta``, written to $OUT/<name>.json
-    (``out``: another folder) after every row; ``deadline`` seconds from the start, for :meth:`left`."""
+    (``out``: another folder; neither: the temp folder's tilecore-runs) after every row; ``deadline`` seconds from the start, for :meth:`left`."""
 
     def __init__(self, name: str, deadline: float = 55.0, out: str | os.PathLike | None = None):
         self.name, self.deadline, self.start = name, deadline, time.time()
-        self.path = Path(out if out is not None else os.environ.get("OUT", ".")) / f"{name}.json"
+        # without $OUT (a smoke run on this machine) the JSON goes to the temp folder, not into the checkout
+        folder = out if out is not None else os.environ.get("OUT") or Path(tempfile.gettempdir()) / "tilecore-runs"
+        self.path = Path(folder) / f"{name}.json"
         self.rows: list[dict] = []
         self.errors: list[str] = []
         self.extra: dict = {}  # anything else the JSON should hold (a script's settings, a bound)
