@@ -2,11 +2,6 @@
 DP_FROM_DELTA): the D128 configs that leave dQ to the dq kernel take it, the launch passes it, and the kernel
 compiles for sm_90a with it (fewer spills than without it; wgmma not serialized). Its numbers are
 checked against float64 on the GPU by experiments/attention/gpu_issue35_bwd.py (phases dchecks, delta)."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -45,11 +40,8 @@ print(json.dumps(rows))
 """
 
 
-def test_the_d128_kernel_without_dq_compiles_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+def test_the_d128_kernel_without_dq_compiles_without_spills(compiled_json):
+    rows = compiled_json(_COMPILE)
     on, off = rows["True"], rows["False"]
     for row in (on, off):
         assert row["wgmma"] and row["tma"] and not row["wgmma_serialized"], row
