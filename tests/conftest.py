@@ -38,21 +38,9 @@ def fast_launch(monkeypatch):
     return take
 
 
-def _compiled_json(code, timeout=900, env=None):
-    """Run ``code`` in a fresh Python without TRITON_INTERPRET (the kernels are compiled, not interpreted)
-    and return the JSON of its stdout's last line; a failing run fails the test with its stderr's tail."""
-    import json
-    import subprocess
-    import sys
-    run_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run_env.update(env or {})
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
+@pytest.fixture(scope="session")
 def compiled_json():
-    """``compiled_json(code, timeout=900, env=None)``: run a compile snippet in a subprocess without the
-    interpreter and return its last printed line as JSON (see ``_compiled_json``)."""
-    return _compiled_json
+    """``compiled_json(code, *argv, timeout=900, cwd=None, env=None)``: run a compile snippet in a subprocess
+    without the interpreter and return its printed JSON (tests/compiled_run.py)."""
+    from compiled_run import compiled_json as run
+    return run

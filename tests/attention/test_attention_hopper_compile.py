@@ -1,22 +1,15 @@
 """The attention kernels compile for sm_90a on this (GPU-less) machine at the block shapes the GPU
 launcher picks, without spilling registers and within Hopper's 227 KiB of shared memory per block."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tilecore.ops.attention import configs
+from compiled_run import command_json
 
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.bench.reports.attention", "--json"], capture_output=True,
-                       text=True, env=env, timeout=1200)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+    return command_json(["-m", "tilecore.bench.reports.attention", "--json"], timeout=1200)
 
 
 def test_every_kernel_and_head_dim_compiles(report):

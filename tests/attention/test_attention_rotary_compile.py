@@ -3,10 +3,7 @@ at D64 without spilling, every rotary kernel within 64 KiB of shared memory at c
 ROTARY off adds no kernel parameter (COS and SIN default to None, constexpr)
 and its PTX is the PTX of the kernel given the off values explicitly. (Before / after identity of the
 non-rotary PTX, 24 variants: notes/rotary/README.md's decision log.)"""
-import json
-import os
-import subprocess
-import sys
+from compiled_run import compiled_json
 
 CODE = """
 import json, re
@@ -53,10 +50,7 @@ print(json.dumps(out))
 
 
 def test_rotary_compiles_and_off_is_free():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    rows = {row["name"]: row for row in compiled_json(CODE, timeout=900)}
     assert len(rows) == 6
     plain, off = rows["fwd"], rows["fwd off"]
     assert plain["code"] == off["code"] and plain["params"] == off["params"]

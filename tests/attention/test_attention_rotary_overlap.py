@@ -3,9 +3,6 @@ table's order and deadlock freedom, simulated on the CPU; its plan keyed on the 
 compiled for sm_90a (the K items' TMA loads and stores, the stores' write wait, the release and acquire); on a GPU, O
 against float64 and the route's bits (experiments/attention/gpu_rotary_train.py --overlap times it)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +11,7 @@ from tilecore.ops.attention import configs
 from tilecore.ops.attention.plan import (head_grouped_tiles, heads_in_l2, rotary_overlap_items, rotary_overlap_schedule,
                                          rotary_overlap_table)
 from tilecore.tiles.switches import patched
+from compiled_run import compiled_json
 
 
 def programs_of(table, programs):
@@ -187,12 +185,8 @@ print(json.dumps(out))
 def test_compiles_with_k_items_for_sm_90a():
     """D128 full (Q in registers), the shipped forward's registers and no spill; the K items' TMA stores (besides
     O's), each consumer's write wait, fence and release, the producer's acquire and fence."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     variants = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, 8)]
-    r = subprocess.run([sys.executable, "-c", CODE, json.dumps(variants)], capture_output=True, text=True, env=env,
-                       timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    for row in json.loads(r.stdout):
+    for row in compiled_json(CODE, json.dumps(variants), timeout=900):
         assert row["wgmma"] > 0 and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["shared"] <= 227 * 1024, row
         assert row["tma_stores"] >= 4, row  # O's and K's, each consumer

@@ -7,15 +7,13 @@ fenced for wgmma, spills within their bound; the host path with the launch stubb
 O and lse against the float64 attention of the float64-turned q and k (experiments/attention/
 gpu_rotary_kernel.py times it)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.attention import gluon_rotary
 from tilecore.ops.attention.plan import RotaryNotTaken
+from compiled_run import compiled_json
 
 CODE = """
 import json, re, sys
@@ -69,11 +67,7 @@ SPILL_BYTES_ALLOWED = {2: 0, 3: 256}
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE, json.dumps(VARIANTS)], capture_output=True, text=True, env=env,
-                       timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+    return compiled_json(CODE, json.dumps(VARIANTS), timeout=900)
 
 
 def test_compiles_unserialized_with_the_shipped_registers(report):
@@ -131,11 +125,7 @@ def test_the_tl_kernel_fuses_the_first_elements_products():
     fma(a, sin, b cos). Should a Triton upgrade contract otherwise, this fails: change turn_pair to match."""
     import re
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", TL_CODE], capture_output=True, text=True, env=env, timeout=600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    for lines in json.loads(r.stdout):
+    for lines in compiled_json(TL_CODE, timeout=600):
         made = {}  # register -> (opcode, operands)
         for line in lines:
             m = re.match(r"(mul\.f32|neg\.f32|fma\.rn\.f32)\s+(%r\d+),\s*(.*);", line)

@@ -6,16 +6,13 @@ the backward's kernels 64 columns wide), and the kernels compiled for sm_90a (wg
 serialized, no spills beyond a few scalars, within 227 KiB of shared memory). The numbers are
 checked on the GPU by experiments/attention/gpu_mla.py (Gluon kernels cannot run in Triton's
 interpreter)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs, launch, plan
+from compiled_run import compiled_json
 
 H100 = dispatch.TARGETS["sm_90a"]
 
@@ -216,10 +213,7 @@ print(json.dumps(rows))
 def compiled():
     """The 192 / 128 forward, dK/dV and dQ kernels at N 4096, causal, compiled
     for sm_90a in a process of its own (the tests run under the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return compiled_json(_COMPILE, timeout=600)
 
 
 def test_mla_forward_and_backward_compile_lean_for_sm90(compiled):

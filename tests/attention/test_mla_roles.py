@@ -3,12 +3,9 @@ GPU: its tiles and walk mirrored in Python (every (key, q head, query row) a key
 64-key tiles and 64-row steps: setup / step_rows as the kernel computes them), and the kernel compiled for sm_90a
 (wgmma and TMA, not serialized, no spill, within 227 KiB of shared memory). Its numbers and its check against
 float64 are experiments/attention/gpu_mla.py --roles (Gluon kernels cannot run in Triton's interpreter)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+from compiled_run import compiled_json
 
 
 def cdiv(a, b):
@@ -81,10 +78,7 @@ print(json.dumps(rows))
 
 
 def test_compiles_for_sm90a_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    for row in json.loads(r.stdout.strip().splitlines()[-1]):
+    for row in compiled_json(_COMPILE, timeout=600):
         assert row["wgmma"] and row["tma"] and row["mbarrier"] and not row["wgmma_serialized"], row
         # each consumer holds half the step's accumulators (dV + S^T, or dK + dP^T): nothing spills
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row

@@ -3,17 +3,14 @@
 otherwise: SOFTCAP 3 in the fixed backward and dq kernels), and the backward and dq kernels compile
 for sm_90a with them (wgmma and TMA, not serialized). Their numbers are checked on the GPU by experiments/attention/gpu_features_s26.py
 (Gluon kernels cannot run in Triton's interpreter)."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs, launch, plan
+from compiled_run import compiled_json
 
 LOG2E = math.log2(math.e)
 
@@ -121,10 +118,7 @@ def compiled():
     """The backward (D 128 fused dQ, D 64 dQ warpgroup with K and V in registers) and the dq kernel
     (D 128) with a window and softcap (tanh.approx), compiled for sm_90a in a process of their own
     (the tests run under the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return {row["kernel"]: row for row in json.loads(r.stdout.strip().splitlines()[-1])}
+    return {row["kernel"]: row for row in compiled_json(_COMPILE, timeout=600)}
 
 
 def test_gluon_backward_and_dq_with_window_and_softcap_compile(compiled):

@@ -8,11 +8,9 @@ path's) at N = Nk = 1000 (masks and tails), and the same with v's descales per b
 convenience path's v_scales="block", folded into O's rescale), and that last one with configs' hide_first_key (session 38:
 a causal tile's first key offset through opaque_int, so that LLVM does not hoist step 0's mask to every tile's start)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from compiled_run import compiled_json
 
 # (head dim, causal, N, q descales per row, k descales per 128-key block, v descales per 128-key block,
 # hide_first_key, mask32: None for GLUON_FORWARD's, "rotated" for the convenience path's, launch.rotated_q_config);
@@ -76,11 +74,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(VARIANTS)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return compiled_json(SCRIPT, json.dumps(VARIANTS), timeout=600)
 
 
 def test_e4m3_wgmma_tma_and_bounded_spills(report):

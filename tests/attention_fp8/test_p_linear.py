@@ -9,15 +9,13 @@ float64 (FP8's error, 1.4-2x the rounded exp2's; tails, GQA, causal rows with no
 and the kernel compiled for sm_90a: no ex2 for P (alpha's only), the relu cvt and the prmt in the PTX, no spill more
 than 16 bytes (the exp2 form: 32 at D128), wgmma not serialized; p_linear 0 (exp2) still compiles and rounds 2^x."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.attention_fp8 import attention_fp8_emulated, attention_fp8_exact, quantize_fp8
 from tilecore.ops.attention_fp8.reference import LINEAR_LSE_BIAS, linear_e4m3
+from compiled_run import compiled_json
 
 
 def rel_rms(x, ref):
@@ -131,11 +129,7 @@ print(json.dumps(out))
 def test_hopper_kernel_compiles_without_exp2_for_p():
     """p_linear 1 (shipped) against 0 (exp2, the accurate form), D128 and D64 causal."""
     variants = [(128, False, 4096, 0), (128, False, 4096, 1), (64, True, 1000, 1)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(variants)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    default, lin, lin64 = json.loads(r.stdout.strip().splitlines()[-1])
+    default, lin, lin64 = compiled_json(SCRIPT, json.dumps(variants), timeout=600)
     assert default["P_LINEAR"] == 0 and lin["P_LINEAR"] == 1 and lin64["P_LINEAR"] == 1
     for rec in (lin, lin64):
         assert not rec["wgmma_serialized"], rec

@@ -9,9 +9,6 @@ have verified for P and V since session 26), the math is rotate_q's (its twin, q
 codes and descales are the same numbers, held elsewhere), the switch is off, the launch passes it, and the kernel
 compiles for sm_90a: no serialized wgmma, one fence (the ones block's) against rotate_q's two, spills bounded."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +16,7 @@ import torch
 from tilecore.ops.attention_fp8 import configs
 from tilecore.ops.attention_fp8.quantize import rotation_signs, signed_hadamard
 from tilecore.ops.attention_fp8.reference import key_position
+from compiled_run import compiled_json
 
 
 def permuted_row(c: torch.Tensor) -> torch.Tensor:
@@ -125,12 +123,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     cases = [(128, True, 4096, True), (128, True, 4096, False), (64, False, 1000, True)]
-    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return compiled_json(SCRIPT, json.dumps(cases), timeout=600)
 
 
 def test_kernel_compiles_with_q_in_registers(report):

@@ -6,9 +6,6 @@ against rotate_quantize (the pass it replaces), the switch leaves CPU calls alon
 sm_90a on this machine (subprocess): the rotation's bf16 wgmma, the codes' e4m3 conversion, the fence before S reads
 them, no serialized wgmma, spills and shared memory within bounds."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +14,7 @@ from tilecore.ops.attention_fp8 import attention_fp8_rotated, configs, launch
 from tilecore.ops.attention_fp8.quantize import (q_in_kernel, rotate_quantize, rotate_quantize_rows, rotation_signs,
                                                  signed_hadamard)
 from tilecore.tiles.switches import patched
+from compiled_run import compiled_json
 
 # spill bytes of the D128 causal N4096 rotated kernel on three consumers (sm_90a: 140-152 stored, 144-200 loaded, the full
 # rotation; none in the steady step), with a margin for ptxas's moods
@@ -134,12 +132,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     cases = [(128, True, 4096), (64, False, 1000)]
-    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return compiled_json(SCRIPT, json.dumps(cases), timeout=600)
 
 
 def test_kernel_compiles_with_the_rotation_on_the_tensor_cores(report):

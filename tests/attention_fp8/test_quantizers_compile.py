@@ -3,12 +3,9 @@ for sm_90a as the launches pass configs.QUANTIZE_CLAMP: without the explicit +-4
 conversion's own, so the PTX must convert by cvt.rn.satfinite (NaN kept, out of range to +-448: the clamp's result);
 with it, the clamp's max/min.NaN are there. (Compiled, not interpreted: the interpreter emulates the conversion and
 clamps either way; tests/attention_fp8/test_rotate_quantize.py and test_v_per_block.py check its codes.)"""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+from compiled_run import compiled_json
 
 SCRIPT = r"""
 import json, sys, torch
@@ -38,10 +35,7 @@ print(json.dumps(dict(shipped=configs.QUANTIZE_CLAMP, forms=out)))
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return compiled_json(SCRIPT, timeout=600)
 
 
 def test_codes_saturate_by_the_conversion(report):

@@ -4,19 +4,15 @@ from the shapes), the kernel's tile rules mirrored in float64 against the refere
 consumer walks cover every key its rows see; rows past a sequence never stored), the launch's
 arguments against the kernel's parameters, routing (off by default), and the sm_90a compile (wgmma,
 TMA, no spills). The kernel itself runs only on a GPU (experiments/attention/gpu_varlen.py --quick)."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tilecore import accuracy
 from tilecore.ops.attention_varlen import configs
 from tilecore.ops.attention_varlen import op as varlen
 from tilecore.ops.attention_varlen.reference import varlen_reference
+from compiled_run import command_json
 
 
 def cu_of(lengths):
@@ -196,11 +192,7 @@ def test_gluon_path_is_never_taken_on_the_cpu_and_windows_go_to_it_after_their_g
 
 @pytest.fixture(scope="module")
 def compiled_report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention_varlen.gluon_forward", "--quick"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return command_json(["-m", "tilecore.ops.attention_varlen.gluon_forward", "--quick"], timeout=600)
 
 
 def test_compiles_for_sm90a_with_wgmma_and_tma_and_no_spills(compiled_report):

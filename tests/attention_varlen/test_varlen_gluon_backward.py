@@ -3,10 +3,6 @@ walk and masks mirrored in float64 against the reference backward (every key of 
 stored once, none past a sequence; dQ's reductions past a sequence's end add zeros), the launch's
 arguments against the kernel's parameters, routing (off by default), and the sm_90a compile (wgmma,
 TMA, spills bounded). The kernel itself runs only on a GPU (experiments/attention/gpu_varlen_bwd.py)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +11,7 @@ from tilecore.ops.attention import configs as fixed_configs
 from tilecore.ops.attention_varlen import configs
 from tilecore.ops.attention_varlen import op as varlen
 from tilecore.ops.attention_varlen.reference import varlen_backward_reference, varlen_reference
+from compiled_run import command_json
 
 
 @pytest.fixture(autouse=True)
@@ -450,11 +447,7 @@ def test_configs_name_a_dq_mode_the_kernel_takes():
 
 @pytest.fixture(scope="module")
 def compiled_report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.attention_varlen.gluon_backward", "--quick"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return command_json(["-m", "tilecore.ops.attention_varlen.gluon_backward", "--quick"], timeout=600)
 
 
 def test_compiles_for_sm90a_with_wgmma_and_tma(compiled_report):

@@ -3,12 +3,9 @@ largest N with at most a few bytes of register spill; the pair kernel at N = 102
 three passes at N = 8192 as the plans ship them, with at most a few bytes of spill (pass 2 at 32 rows:
 24 bytes, measured the faster on the H200 all the same), within the H100's shared memory
 (python -m tilecore.ops.fft_conv.report compiles every configuration)."""
-import json
-import os
-import subprocess
-import sys
 
 from tilecore.ops.fft_conv import configs
+from compiled_run import compiled_json
 
 CODE = """
 import json
@@ -22,10 +19,7 @@ print(json.dumps(rows(variants)))
 
 
 def test_compiles_for_hopper():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    tl_row, pair_row, *long_rows = json.loads(r.stdout)
+    tl_row, pair_row, *long_rows = compiled_json(CODE, timeout=600)
     assert tl_row["kernel"].startswith(f"fft_conv N{max(configs.TL_FACTORS)}"), tl_row
     assert tl_row["spill_stores"] <= 16 and tl_row["shared"] <= 64 * 1024, tl_row
     assert pair_row["kernel"].startswith("fft_conv pair N1024"), pair_row

@@ -4,11 +4,7 @@ each complex product's wgmmas together), its arithmetic step for step in torch (
 tables, roundings and signs) matches float64 at the floor, its host launch binds every kernel argument
 with the tile-ordered spectrum, and the plan takes it only behind configs.GLUON_ONEPASS on a Hopper.
 Its tl twin (kernels_mono.py at the same factors, kfull) is tested in test_fft_conv_mono.py."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +14,7 @@ from tilecore.ops.fft_conv import configs, fft_conv_reference, filter_spectrum, 
 from tilecore.ops.fft_conv import launch as conv_launch
 from tilecore.ops.fft_conv import plan as conv_plan
 from tilecore.tiles.launch import TmaOperand
+from compiled_run import compiled_json
 
 CODE = """
 import json, re
@@ -43,10 +40,7 @@ print(json.dumps(out))
 
 
 def test_compiles_for_hopper_with_wgmma_and_no_spill():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    sync, tma, kept, three = json.loads(r.stdout)
+    sync, tma, kept, three = compiled_json(CODE, timeout=600)
     for row in (sync, tma, kept, three):
         assert row["wgmma"] and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
@@ -90,10 +84,7 @@ def test_transposed_chunks_compile_with_register_operands():
     take R and Y as the wgmma's register A operand (half of the walk's products: no staging tile between stage 1 and
     3, 3 and 3'), within shared memory with two walkers, and the spill a few scalars (44 B at 248 worker registers:
     ~8 local accesses a pair)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", TRANSPOSED], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
+    row = compiled_json(TRANSPOSED, timeout=600)
     # per walk: stage 1 (16, shared-memory operands), 3 and 3' (16 each, register A), the two last products (16)
     assert row["mmas"] == 128 and row["register_a"] == 64, row
     assert row["shared"] <= 227 * 1024 and row["threads"] == 256 and row["registers"] <= 255, row
@@ -181,10 +172,7 @@ print(json.dumps(out))
 def test_half_spectrum_compiles_on_the_shipped_4096_tuple():
     """The shipped 4096 tuple with RFFT 3 in place of 2: within shared memory, the spill a few scalars (LEAN 4's: 32 /
     44 B), and the spectrum's 64-bit loads (RFFT 2: one a bin) become 32-bit ones."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", HALF_SPECTRUM], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    two, three = json.loads(r.stdout)
+    two, three = compiled_json(HALF_SPECTRUM, timeout=600)
     for row in (two, three):
         assert row["spill_stores"] <= 48 and row["spill_loads"] <= 48 and row["shared"] <= 227 * 1024, row
     assert two["b64"] > 0 and three["b64"] == 0 and three["b32"] >= two["b32"] + two["b64"], (two, three)
@@ -401,10 +389,7 @@ def test_dk_kernel_compiles_for_hopper_with_wgmma_and_no_spill():
     """The Gluon filter-gradient kernel at 1024 (32 x 64, 8 pairs a program): wgmma (not serialized), the twiddles by
     the SFU, no spill, two programs of 128 threads a multiprocessor by registers and shared memory; 2048's XSMEM
     candidate (u's transform and the sum in shared memory) without spill, within shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", DK_CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row, parked = json.loads(r.stdout)
+    row, parked = compiled_json(DK_CODE, timeout=600)
     assert row["wgmma"] and not row["wgmma_serialized"] and row["mmas"] >= 16 and row["sins"] > 0, row
     assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["threads"] == 128, row
     assert 2 * row["registers"] * 128 <= 65536 and 2 * row["shared"] <= 227 * 1024, row

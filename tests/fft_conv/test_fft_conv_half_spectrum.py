@@ -1,11 +1,7 @@
 """The float16 filter spectrum (session 38): filter_spectrum(k, n, torch.float16) gives the bins as float16 (re, im)
 pairs, fft_conv takes them (the Gluon tuples of configs.GLUON_ONEPASS_HALF / GLUON_ORDER3_HALF read them as they are on
 Hopper; every other path widens them to complex64), at the floor against float64, differentiable."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +9,7 @@ import torch
 from tilecore import accuracy, dispatch
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, gluon_emulate, gluon_order3
 from tilecore.ops.fft_conv import plan as conv_plan
+from compiled_run import compiled_json
 
 
 def _correlation(u64, k64):
@@ -164,10 +161,7 @@ def test_kpre_tile_of_float16_bins_compiles_at_three_programs_a_multiprocessor()
     """1024's shipped tuple (KPRE 3: the channel's bins gathered once by cp.async into shared memory) at RFFT 3: the
     copies 4 bytes a bin (8 with complex64), no spill at maxnreg 168, three programs a multiprocessor still fit (the
     tile 8 KiB smaller)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", KPRE_TILE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
+    row = compiled_json(KPRE_TILE, timeout=600)
     assert row["sizes"] == ["0x4"] and row["spill_stores"] == 0 and row["registers"] <= 168, row
     assert 3 * row["shared"] <= 227 * 1024, row
 

@@ -3,17 +3,14 @@ and order 3 (batched and permuted middle stage; the spectrum read in the kernel 
 on the host), the convolution and the correlation (du's form), an odd
 batch and a loop past it, every element written, a non-finite sequence kept out of its pair's partner,
 the config switch through fft_conv with gradients; and its sm_90a build (no spill at 1024)."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore import accuracy
 from tilecore.ops.fft_conv import configs, fft_conv, fft_conv_reference, filter_spectrum, launch, model, plan
+from compiled_run import compiled_json
 
 
 def correlation64(u, k):
@@ -117,10 +114,7 @@ print(json.dumps(rows([mono_variant(32, 64, 1, 1, 4)])))
 
 
 def test_compiles_for_hopper_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    [row] = json.loads(r.stdout)
+    [row] = compiled_json(CODE, timeout=600)
     assert row["spill_stores"] == 0 and row["shared"] <= 227 * 1024, row
     assert row["wgmma"], row
 

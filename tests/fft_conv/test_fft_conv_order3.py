@@ -4,11 +4,7 @@ float16 roundings, signs and scales) against float64 at the floor; the shipped b
 programs a multiprocessor the plan asks for fit by shared memory and registers); the host launch binds every kernel
 argument."""
 import inspect
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +12,7 @@ import torch
 from tilecore import accuracy
 from tilecore.ops.fft_conv import fft_conv_reference, filter_spectrum, gluon_emulate, gluon_order3
 from tilecore.ops.fft_conv import launch as conv_launch
+from compiled_run import compiled_json
 
 
 def _correlation(u64, k64):
@@ -145,11 +142,8 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack):
     [64, 64] complex products each, one wait each), no layout conversion through shared memory (a handful of barriers a
     pair, not ~200), u and y accessed 4 bytes wide from / to the wgmmas' layouts, u read once a pair (its four groups'
     loads only: no second pass over u)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [str(a) for a in (n, per_sm, wg, rfft, stack)]
-    r = subprocess.run([sys.executable, "-c", CODE_T, *args], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
+    row = compiled_json(CODE_T, *args, timeout=600)
     assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and row["threads"] == 128 * wg, row
     assert per_sm * (row["shared"] + 1024) <= 228 * 1024 and per_sm * row["registers"] * 128 * wg <= 65536, row
     assert row["spill_stores"] <= (256 if n == 8192 else 1024), row

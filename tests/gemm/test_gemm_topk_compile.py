@@ -2,10 +2,7 @@
 partition of 4 warps, 128 x 128 tiles) compiles for sm_90a on this GPU-less machine with
 wgmma and TMA, without spilling and within Hopper's shared memory (every candidate was compiled so
 when the list was made: notes/napkin/README.md, issue 36 part 4)."""
-import json
-import os
-import subprocess
-import sys
+from compiled_run import compiled_json
 
 COMPILE = r"""
 import json, torch
@@ -31,10 +28,7 @@ print(json.dumps(out))
 
 
 def test_one_consumer_candidates_compile_for_hopper_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = compiled_json(COMPILE, timeout=600)
     assert len(rows) == 1
     for row in rows:
         assert row["wgmma"] and row["tma"] and not row["serialized"], row

@@ -4,15 +4,12 @@
 bytes as _pack(_e2m1_fast) with fewer instructions (no per-code mask, no separate pack; the keep mask once a byte).
 Gluon does not run in the interpreter: here the pair's integer arithmetic in torch against the float64 e2m1 reference
 (every tie, both zeros, saturation, subnormals, random values), the plan switch, and an sm_90a compile."""
-import json
-import os
-import subprocess
-import sys
 
 import torch
 
 from tilecore.ops.hadamard import configs, quantize
 from tilecore.ops.hadamard.quantize_reference import pack_nibbles, round_half_even_e2m1
+from compiled_run import compiled_json_lines
 
 
 def _sum_bits(q):
@@ -96,11 +93,7 @@ for fmt, n in (("mxfp4", 11008), ("nvfp4", 14336)):
 def test_e2m1_pairs_compile_for_sm90():
     """sm_90a: fewer SASS instructions with E2M1_PAIRS (mxfp4 11008 on the wide kernel, nvfp4 14336 on the kron one),
     the same wgmma, no more spilled."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=1200,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    rows = compiled_json_lines(_COMPILE, timeout=1200)
     for off, on in (rows[0:2], rows[2:4]):
         assert on["config"].get("E2M1_PAIRS") and not off["config"].get("E2M1_PAIRS"), (off, on)
         assert on["sass"] < off["sass"] and on["spills"] <= off["spills"] and on["wgmma"] == off["wgmma"], (off, on)

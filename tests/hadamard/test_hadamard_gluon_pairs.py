@@ -4,15 +4,12 @@ asm's operand order emulated against tiles.hadamard.bf16_pieces' pieces, the pla
 process whose PTX pairs each word's halves with the right float32 values (a structural check of the asm's operands)
 and whose SASS is shorter than CLAMP_LO's with nothing spilled. The GPU job (experiments/hadamard/gpu_gluon_widths.py
 --set s33b) compares every variant's bytes with the shipped plan's."""
-import json
-import os
 import re
-import subprocess
-import sys
 
 import torch
 
 from tilecore.ops.hadamard import gluon_launch, kron, quantize
+from compiled_run import compiled_json_lines
 
 
 def _plan(fmt, n, **tuning):
@@ -79,11 +76,7 @@ for clamp in (True, 2):
 
 
 def test_pairs_compiles_for_sm90_shorter_and_paired():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    wide1, wide2, kron1, kron2 = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    wide1, wide2, kron1, kron2 = compiled_json_lines(_COMPILE, timeout=900)
     for a, b in ((wide1, wide2), (kron1, kron2)):
         assert b["sass"] < 0.97 * a["sass"] and b["spill_stores"] == 0 and b["wgmma"] == a["wgmma"], (a, b)
     ptx = wide2["ptx"]

@@ -5,16 +5,13 @@ perm_columns: column c = 8 j + 2 q + b is H_64's 16 q + 2 j + b), each block rel
 vector stores. Gluon does not run in the interpreter: here the data flow in float64 (the permuted product relabelled
 is the product), the operands, the plan switches, an sm_90a compile (fewer shuffles and shared stores, nothing spilled).
 The GPU job (experiments/hadamard/gpu_gluon_widths.py --set s33c) compares the bytes with the shipped plan's."""
-import json
-import os
-import subprocess
-import sys
 
 import torch
 
 from tilecore.ops.hadamard import configs, gluon_launch, kron, quantize
 from tilecore.ops.hadamard import gluon_quantize_kron as gk, gluon_quantize_wide as gw
 from tilecore.ops.hadamard.reference import hadamard_matrix
+from compiled_run import compiled_json_lines
 
 
 def _plan(fmt, n, **tuning):
@@ -84,11 +81,7 @@ print(json.dumps(wc.compile_one(172, 64, "store", clamp_lo=2, perm=True)))
 
 
 def test_perm_compiles_for_sm90_with_fewer_shuffles_and_stores():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    w0, w1, k0, k1, st = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    w0, w1, k0, k1, st = compiled_json_lines(_COMPILE, timeout=900)
     for a, b in ((w0, w1), (k0, k1)):
         assert b["sass"] < a["sass"] and b["sass_shfl"] < a["sass_shfl"] and b["spill_stores"] == 0, (a, b)
         assert b["wgmma"] == a["wgmma"] and b["tma"] and not b["wgmma_serialized"], b

@@ -6,12 +6,9 @@ run 3 of session 34, notes/hadamard/runs/gluon_widths_s34_run3_session34_h100.tx
 172 x 64 transform from compute through two staging slots, so that two ring stages fit (shipped: 1.32x, 74.7 -> 98.8% of
 copy in the same run). Gluon does not run in the interpreter: here the slots' arithmetic, the plan switches and an
 sm_90a compile. (BALANCE, tried in the same run and lost, was removed: git df274c9 holds it.)"""
-import json
-import os
-import subprocess
-import sys
 
 import torch
+from compiled_run import compiled_json_lines
 
 from tilecore.ops.hadamard import configs, gluon_launch, gluon_quantize_kron as gk, gluon_quantize_wide as gw, kron, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix
@@ -143,12 +140,7 @@ def test_perm_under_units_and_stream_compile_for_sm90():
     spills (56 -> 40 B; nvfp4 136 -> 60), same wgmma (108); the AMAX pass of a PERM plan compiles (no relabelling).
     STREAM fits the 172 x 64 transform's two ring stages within 227 KiB (two staging slots a consumer, not four); the
     kron kernel's STREAM (28 x 1024) spills nothing."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=1200,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    mx, mxp, nv, nvp, amax, st1, st2, k0, k1 = [json.loads(line) for line in r.stdout.strip().splitlines()
-                                                if line.startswith("{")]
+    mx, mxp, nv, nvp, amax, st1, st2, k0, k1 = compiled_json_lines(_COMPILE, timeout=1200)
     for a, b in ((mx, mxp), (nv, nvp)):
         assert b["sass"] < a["sass"] and b["sass_shfl"] < a["sass_shfl"] and b["spill_stores"] < a["spill_stores"], (a, b)
         assert b["wgmma"] == a["wgmma"] == 108 and b["tma"] and not b["wgmma_serialized"], b

@@ -2,24 +2,19 @@
 fp8, mxfp4 and nvfp4 at n = 4096 (experiments/hadamard/sass_quantize.py --check, a fresh process without the
 interpreter), with no spills, wgmma and TMA in the PTX, fp8 codes and nvfp4 block scales by cvt.rn.satfinite,
 no division a value (FAST), and the loop's SASS instruction counts at or below session 26's."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+from compiled_run import command_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    env["PYTHONPATH"] = ROOT
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "hadamard", "sass_quantize.py"), "--check"],
-                       capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return {row["format"]: row for row in json.loads(r.stdout.strip().splitlines()[-1])}
+    script = os.path.join(ROOT, "experiments", "hadamard", "sass_quantize.py")
+    rows = command_json([script, "--check"], timeout=900, cwd=ROOT, env={"PYTHONPATH": ROOT})
+    return {row["format"]: row for row in rows}
 
 
 # session 26's loop of one 4096-element tile (sm_90a SASS): fp8 479-481, mxfp4 799, nvfp4 1046; a margin of ~5%

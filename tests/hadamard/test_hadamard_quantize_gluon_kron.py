@@ -6,16 +6,13 @@ data flow replayed in float64 (gluon_quantize_kron.emulate: boxes, both splits, 
 the mixing's signs, H_m^T) against the float64 transform, the sub-row and group indices the epilogue stores scales at,
 the plan's choices, and an sm_90a compile in a fresh process (wgmma, TMA, not serialized, spills, shared memory).
 The codes are checked on the GPU by experiments/hadamard/gpu_gluon_widths.py against the float64 reference."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import configs, gluon_quantize_kron as gk, kron, orders, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix, hadamard_reference
+from compiled_run import compiled_json_lines
 
 
 @pytest.mark.parametrize("m, dtype, transpose", [(28, torch.bfloat16, False), (12, torch.float16, False),
@@ -141,11 +138,7 @@ def test_kron_kernel_compiles_for_sm90():
     steps each = 32; 28 x 1024 INSIDE: 8 products for each of 4 blocks and 4 x 2 pieces = 160), TMA, not serialized,
     within 227 KiB, spills: none but nvfp4's 48 B at 28 x 1024 (12 B with SCALE_ONCE, and ~15% fewer SASS instructions
     there: each group's scale computed once)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    res = compiled_json_lines(_COMPILE, timeout=900)
     assert [x["wgmma"] for x in res] == [64, 64, 320, 320, 320], res
     for x in res:
         assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x

@@ -2,10 +2,8 @@
 for a call of one row (one token: RotatedLinear at decode): Triton passes an integer argument equal to 1 as a constant,
 and the tiles template counts tiles in a tensor; the kernels take ``rows`` as a tensor (gl.to_tensor). Compiled for
 sm_90a in a fresh process at the plan a one-row call gets."""
-import json
 import os
-import subprocess
-import sys
+from compiled_run import compiled_json_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,9 +22,6 @@ for fmt, n in (("fp8_e4m3", 14336), ("fp8_e4m3", 11008)):
 
 
 def test_gluon_quantize_kernels_compile_for_one_row():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    rows = compiled_json_lines(_COMPILE, timeout=900, cwd=ROOT)
     assert [(x["n"], x["path"], x["grid"]) for x in rows] == [(14336, "gluon_kron", 1), (11008, "gluon_wide", 1)]
     assert all(x["wgmma"] > 0 and x["spills"] == 0 for x in rows), rows

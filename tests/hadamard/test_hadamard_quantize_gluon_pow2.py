@@ -4,16 +4,13 @@ H_m (x) H_p is H_n itself. Gluon kernels do not run in the interpreter: here the
 flow replayed in float64 (gluon_quantize_kron.emulate) against the float64 transform of n, the plan's choices, and an
 sm_90a compile in a fresh process. The codes are checked on the GPU against the float64 reference
 (experiments/hadamard/gpu_quantize_sets.py --set n)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import configs, gluon_quantize_kron as gk, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix, hadamard_reference
+from compiled_run import compiled_json_lines
 
 
 @pytest.mark.parametrize("m", [16, 32])
@@ -86,11 +83,7 @@ for m, p, fmt, kw in ((32, 512, "fp8_e4m3", dict(clamp_lo=2, perm=True)), (32, 1
 def test_pow2_rows_compile_for_sm90():
     """sm_90a in a fresh process, as the 28-row shapes compile (test_hadamard_quantize_gluon_kron): wgmma, TMA, not
     serialized, within 227 KiB; 32 x 1024 spills as 28 x 1024's register butterfly does (228 B), 32 x 512 none."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    res = compiled_json_lines(_COMPILE, timeout=900)
     assert [x["wgmma"] for x in res] == [64, 128, 64], res
     for x in res:
         assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x

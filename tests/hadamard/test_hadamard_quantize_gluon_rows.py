@@ -6,16 +6,13 @@ Gluon kernels do not run in the interpreter: here the pipeline's data flow repla
 output blocks as the kernel forms and stores them) against the float64 transform, the groups int4's scales are stored
 at (every one once), the plan's choices, and an sm_90a compile in a fresh process. The codes
 are checked on the GPU against the float64 reference (experiments/hadamard/gpu_quantize_sets.py --set r)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import configs, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix, hadamard_reference
+from compiled_run import compiled_json_lines
 
 
 def _blocks(x, n):
@@ -107,11 +104,7 @@ for n, fmt, stages, lookahead, extra in ((16384, "fp8_e4m3", 4, 0, {"CLAMP_LO": 
 def test_pipeline_rows_compile_for_sm90():
     """sm_90a in a fresh process: 8 wgmma a slice and consumer (two first products, two pieces of the second) and
     the spare second product a row, TMA, not serialized, no spills, within 227 KiB."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    res = compiled_json_lines(_COMPILE, timeout=900)
     assert len(res) == 3, res
     for x in res:
         assert x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x

@@ -4,16 +4,13 @@ Gluon kernels do not run in the interpreter: here its resident operand (H_m's bl
 float64 matrices, the plan's choices, and an sm_90a compile in a fresh process (wgmma, TMA, not serialized,
 shared memory within Hopper's 227 KiB). Its codes are checked on the GPU by experiments/hadamard/gpu_quantize_probe.py
 --set s30 (against the float64 reference, every element written)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import configs, gluon_quantize_wide as gw, orders, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix
+from compiled_run import compiled_json_lines
 
 
 @pytest.mark.parametrize("m, dtype", [(172, torch.bfloat16), (140, torch.float16)])
@@ -232,11 +229,7 @@ def test_units_kernel_compiles_for_sm90():
     2 x (4 + 4 + 2) trimmed mixing K steps and 2 x 2 x 4 second-product steps) against HALVES 2's 168, TMA, not
     serialized, within 227 KiB (STORE at its one stage); spills 160-184 B at two stages, 264 STORE at one (loop-
     invariant 64-bit values reloaded in the row loop, sm_90a SASS) against HALVES 2's 56-92 (196 STORE)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_UNITS], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    res = compiled_json_lines(_COMPILE_UNITS, timeout=900)
     assert [x["format"] for x in res] == ["store", "mxfp4", "fp8_e4m3", "int4", "nvfp4", "store"]
     s2 = res.pop()  # STORE2: two staging slots a consumer, so two ring stages fit
     assert s2["wgmma"] == 108 and s2["stages"] == 2 and s2["shared_meta"] <= 227 * 1024 and s2["spill_stores"] <= 128, s2
@@ -260,11 +253,7 @@ for joint in (False, True):  # fp8 18944's shipped switches (UNITS, KTRIM, FOLD,
 def test_joint_kernel_compiles_for_sm90():
     """JOINT (UNITS' two column halves' mixing as one N = 128 product) compiles for sm_90a: 78 wgmma against UNITS' 108
     (the mixing's 2 x 3 chains a unit one), TMA, not serialized, within 227 KiB, fewer instructions and spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_JOINT], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    units, joint = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    units, joint = compiled_json_lines(_COMPILE_JOINT, timeout=900)
     assert units["wgmma"] == 108 and joint["wgmma"] == 78, (units, joint)
     assert joint["tma"] and not joint["wgmma_serialized"] and joint["shared_meta"] <= 227 * 1024, joint
     assert joint["sass"] < units["sass"] and joint["spill_stores"] <= units["spill_stores"], (units, joint)
@@ -357,11 +346,7 @@ def test_halves_kernel_compiles_for_sm90():
     maxima exchanged) compile for sm_90a: 168 wgmma (84 a consumer: 3 blocks x (2 halves x (4 + 4 + 2 K steps of the
     trimmed mixing) + 2 pieces x 4 K steps)), TMA, not serialized, within 227 KiB; spills 56 / 76 B (152 / 172
     untrimmed)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_HALVES], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    res = compiled_json_lines(_COMPILE_HALVES, timeout=900)
     assert [x["format"] for x in res] == ["fp8_e4m3", "int4"]
     for x in res:
         assert x["wgmma"] == 168 and x["tma"] and not x["wgmma_serialized"] and x["shared_meta"] <= 227 * 1024, x
@@ -372,11 +357,7 @@ def test_gluon_kernel_compiles_for_sm90():
     """fp8 (per token) and mxfp4 compiled for sm_90a in a fresh process (no interpreter): wgmma in the PTX (60 a
     consumer: nine mixing products and six second-product pieces of 4 K steps), TMA, not serialized, within 227 KiB
     of shared memory, fp8 codes by cvt.rn.satfinite."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    results = compiled_json_lines(_COMPILE, timeout=600)
     assert [res["format"] for res in results] == [0, 3]
     for res in results:
         assert res["wgmma"] == 120 and res["tma"] and not res["wgmma_serialized"], res

@@ -7,16 +7,13 @@ configs.QUANT_POW2_INT_BITS).
 * The interpreter (whose fma rounds twice, so the same codes as the shipped path's): the same bytes as the plan without
   INT_BITS, NaN / inf rows (codes 0) and int4 groups included.
 * sm_90a: no F2I in the loop (the conversion pipe's cvt.rni), no spills."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import quantize
 from tilecore.ops.hadamard.quantize_reference import FORMATS
+from compiled_run import compiled_json_lines
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
 
@@ -88,11 +85,7 @@ for fmt, n in (("int8", 8192), ("int4", 4096)):
 def test_int_bits_compiles_for_sm90_without_conversions():
     """int8 8192 and int4 4096 (their shipped splits, sm_90a): the loop's F2I (one a value) gone, no more loop
     instructions than before, no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    rows = compiled_json_lines(_COMPILE, timeout=900)
     for off, on in zip(rows[::2], rows[1::2]):
         assert not off["flag"] and on["flag"] and off["f2i"] > 0 and on["f2i"] == 0, (off, on)
         assert on["loop"] <= off["loop"] + 4 and on["spills"] == 0, (off, on)
@@ -138,11 +131,7 @@ for name, r in (("kron int4 14336", K.compile_one(28, 512, 2, "int4", fold=True,
 def test_gluon_int_bits_compiles_without_cvt_rni():
     """Both Gluon kernels with INT_BITS (sm_90a): no cvt.rni in the PTX (128 / 192 without it), no spills
     (as without it)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _GLUON], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    for row in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")):
+    for row in compiled_json_lines(_GLUON, timeout=900):
         assert row["cvt_rni"] == 0 and row["spills"] == 0, row
 
 

@@ -4,17 +4,14 @@ dot_split's. In the interpreter (no inline asm) -2 runs as 2 pieces: the codes a
 bit for bit (the plumbing) and the float64 reference's (>= 99.9%); an sm_90a compile in a fresh process: the asm's
 words paired with their elements' subtractions, no cvt.f32.bf16, fewer loop SASS. The GPU job (experiments/hadamard/
 gpu_gluon_widths.py --set s33e) compares the bytes with the shipped plan's on the GPU."""
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import quantize
 from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+from compiled_run import compiled_json_lines
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
 
@@ -66,11 +63,7 @@ for pairs in (False, True):
 
 
 def test_pairs_compiles_for_sm90_shorter_and_paired():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    base, pairs = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    base, pairs = compiled_json_lines(_COMPILE, timeout=900)
     assert pairs["loop"] < 0.97 * base["loop"], (base["loop"], pairs["loop"])
     ptx = pairs["ptx"]
     asm = re.findall(r"cvt\.rn\.bf16x2\.f32 (%r\d+), (%r\d+), (%r\d+); shl\.b32 (%r\d+), \1, 16; "
@@ -152,11 +145,7 @@ def test_shipped_128_4bit_plans_compile_with_tma_for_sm90():
     """The shipped 4-bit plans at n = 128 (QUANT_POW2_FORMAT_TUNING, session 35: 2.3-3.5x the pointer plans on the
     H100) at 2^28 elements: TMA loads and code stores in the sm_90a PTX, nothing spilled; mxfp4 / int4 on 2 programs
     an SM."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_128], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = {d["fmt"]: d for d in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{"))}
+    rows = {d["fmt"]: d for d in compiled_json_lines(_COMPILE_128, timeout=900)}
     for fmt, d in rows.items():
         assert d["tma_load"] and d["tma_store"] and d["bulk"] >= 2 and d["spills"] == 0, d
     assert rows["mxfp4"]["grid"] == rows["int4"]["grid"] == 2 * rows["nvfp4"]["grid"] == 264, rows

@@ -11,16 +11,13 @@
   max(x - h, -2^120) instead of a compare and a select; the same pieces for every finite x and the same infinities
   (torch emulation below); in the interpreter -3 runs as 2 pieces. An sm_90a compile in a fresh process shows both in
   the loop's SASS."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import quantize
 from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+from compiled_run import compiled_json_lines
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
 
@@ -131,11 +128,7 @@ def test_split_and_clamp_compile_for_sm90_shorter():
     """nvfp4 4096 (sm_90a): a (1, 128, 32) tile with PAIRS against (1, 64, 64) + PERM + CLAMP_LO: a tenth fewer
     loop instructions or more, half the shuffles and reciprocals (each group's scale once), the clamp's -2^120 in
     the PTX, no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    base, new = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    base, new = compiled_json_lines(_COMPILE, timeout=900)
     assert base["pieces"] == -2 and new["pieces"] == -3 and new["n2"] == 64
     assert new["loop"] < 0.9 * base["loop"], (base, new)
     assert new["shfl"] < base["shfl"] and new["mufu"] < base["mufu"], (base, new)
@@ -192,11 +185,7 @@ def test_16384_plans_fit_two_programs_an_sm():
     GPU's 1.03-1.26x over one program of 8 warps) of int8 (3 stages: the most shared memory) and nvfp4 (the most
     registers): compiled for sm_90a, two programs fit an SM's registers (64K) and shared memory (228 KiB, 1 KiB reserved
     a block), with no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _TWO_A_SM], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    for row in (json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")):
+    for row in compiled_json_lines(_TWO_A_SM, timeout=900):
         assert row["split"] == [4, 64, 64] and row["warps"] == 4 and row["grid"] == 2 * 132, row
         regs = -(-row["registers"] // 8) * 8  # allocated in units of 8 a thread
         assert row["spills"] == 0 and 2 * regs * 32 * row["warps"] <= 65536, row

@@ -9,10 +9,6 @@ configs.QUANT_POW2_TRUNC_HI), lo = a - hi rounded to bf16 as before: one convers
 * The interpreter's codes against the float64 reference (>= 99.9% equal, none two apart, scales exact, every byte
   written), NaN / inf / tiny rows included, per-token and group formats.
 * sm_90a: the prmt in the PTX, half the loop's conversions, no spills, the loop no longer."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ import triton.language as tl
 
 from tilecore.ops.hadamard import kernels, quantize
 from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+from compiled_run import compiled_json_lines
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
 
@@ -116,11 +113,7 @@ for fmt, n in (("fp8_e4m3", 4096),):
 
 
 def test_trunc_hi_compiles_for_sm90_with_half_the_conversions():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=900,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    rows = compiled_json_lines(_COMPILE, timeout=900)
     for base, trunc in zip(rows[::2], rows[1::2]):
         assert base["pieces"] == -3 and trunc["pieces"] == -4 and base["prmt"] == 0 and trunc["prmt"] >= 8, (base, trunc)
         assert trunc["spills"] == base["spills"] == 0 and trunc["loop"] <= base["loop"], (base, trunc)

@@ -11,6 +11,7 @@ import torch
 
 from tilecore.ops.hadamard import configs, quantize
 from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+from compiled_run import compiled_json
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
 
@@ -147,18 +148,10 @@ def test_wide_kernel_compiles_for_sm90_without_spills():
     """The GPU-only code of the wide kernel (the plan the probe runs: fp8 per token at 11008, its NB x S blocks all
     live) compiles for sm_90a on this machine (a fresh process without the interpreter): wgmma, no spills
     (session 28: 155 registers a thread at 8 warps)."""
-    import json
     import os
-    import subprocess
-    import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root
-    r = subprocess.run([sys.executable, "-c", _COMPILE_WIDE], capture_output=True, text=True, env=env, timeout=600,
-                       cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = compiled_json(_COMPILE_WIDE, timeout=600, cwd=root, env={"PYTHONPATH": root})
     assert res["wgmma"] and res["spill_stores"] == 0 and not res["wgmma_serialized"], res
 
 

@@ -6,16 +6,14 @@ and 140 (three): codes >= 99.9% equal to the float64 reference's and within one 
 rows holding NaN or inf), scales as the wide plan's, every element written (two poison bytes), nvfp4's dynamic
 global scale, random signs; the plain transform (STORE) at the
 rounding floor; and an sm_90a compile without spills, wgmma in the PTX."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tilecore.ops.hadamard import configs, quantize
 from tilecore.ops.hadamard.quantize_reference import FORMATS, code_order, hadamard_quantize_reference
+from compiled_run import compiled_json
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -145,9 +143,5 @@ print(json.dumps(dict(spills=r.spill_stores + r.spill_loads, registers=r.registe
 def test_wide_rows_compiles_for_sm90_without_spills():
     """fp8 11008, paired products on 8 warps (the probe's first variant): wgmma (no mma.sync), none serialized,
     no spills (ptxas, sm_90a, compiled on this GPU-less machine in a fresh process without the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    rep = compiled_json(_COMPILE, timeout=600, cwd=ROOT, env={"PYTHONPATH": ROOT})
     assert rep["spills"] == 0 and rep["wgmma"] > 0 and rep["mma_sync"] == 0 and not rep["serialized"], rep

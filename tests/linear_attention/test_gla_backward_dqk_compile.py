@@ -4,11 +4,9 @@ compiles for sm_90a on this GPU-less machine with no spill at the blocks experim
 128-register cap (4 warps uncapped: 244 registers); chunk 64, key blocks 32 (248; with dg_fused 254). The
 whole-columns kernel at chunk 32: 255 registers, 140 B spilled. Its math: test_gla_backward_dqk.py (interpreter)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from compiled_run import compiled_json
 
 CODE = """
 import json, sys, torch
@@ -53,11 +51,7 @@ S31 = dict(dqk_stages=None, dg_local=False, dqk_lean=False, dqk_dotscan=False, d
     ({}, 255, 0),
 ])
 def test_value_loop_dqk_kernel_compiles_without_spills(blocks, registers, spilled):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    proc = subprocess.run([sys.executable, "-c", CODE, json.dumps(dict(wide_apart=True, dqk_flat=0, **blocks))],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = compiled_json(CODE, json.dumps(dict(wide_apart=True, dqk_flat=0, **blocks)), timeout=600)
     common = r["dqk0w"]  # the factored launch (the fallback's own, dqk0ww, runs only on flagged blocks, uncapped)
     assert common["mma"] and not common["wgmma_serialized"], common
     assert common["spill_stores"] <= spilled and common["registers"] <= registers, common
@@ -70,11 +64,7 @@ def test_dv_kernel_compiles(blocks, spilled):
     since session 33: one reduction a key block, two exp tiles, no branch on the flags; 21 since session 39: the scores
     made transposed; 53 since session 42: each key block's dS_c rows loaded with its q, k, g) none; wgmma, not
     serialized."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", CODE, json.dumps(dict(wide_apart=True, **blocks))],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    dv = json.loads(proc.stdout.strip().splitlines()[-1])["dvw"]
+    dv = compiled_json(CODE, json.dumps(dict(wide_apart=True, **blocks)), timeout=600)["dvw"]
     assert dv["mma"] and not dv["wgmma_serialized"], dv
     assert dv["spill_stores"] <= spilled and dv["registers"] <= 255, dv
 
@@ -112,11 +102,7 @@ print(json.dumps(dict(vars(resources(c)), loop="scf.for" in ttgir, async_copies=
 
 
 def _dqk_loop_facts(D: int, blocks: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", LOOP_CODE, str(D), json.dumps(blocks)], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compiled_json(LOOP_CODE, str(D), json.dumps(blocks), timeout=600)
 
 
 def test_one_value_block_is_folded_and_dqk_dyn_keeps_the_loop():
@@ -165,11 +151,7 @@ def test_flat_dqk_kernel_compiles(D, cpp, stages, spilled):
     d 128 (2 chunks, 2 stages) and d 64 (3 chunks, 3 stages: a chunk's copies in flight): TMA copies, wgmma not
     serialized, 255 registers and 144-188 B spilled (the pointer-load form of the same loop: 250-450 B, slower on the
     H100), <= 113 KB of shared memory (2 programs an SM)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", FLAT_CODE, str(D)], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = compiled_json(FLAT_CODE, str(D), timeout=600)
     assert r["kernel"] == "gla_dqk_flat_kernel" and (r["cpp"], r["stages"]) == (cpp, stages), r
     assert r["tma_copies"] > 0 and not r["wgmma_serialized"], r
     assert r["spill_stores"] <= spilled and r["registers"] <= 255 and r["shared"] <= 113 * 1024, r

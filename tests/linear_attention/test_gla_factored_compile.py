@@ -2,10 +2,7 @@
 hi + lo, the sub-chunk fallback in registers) compiles for sm_90a on this GPU-less machine: wgmma, not
 serialized, within Hopper's 227 KiB of shared memory, spills bounded. Its math is tested in the interpreter
 (test_gla_factored.py); experiments/linear_attention/gpu_gla.py checks it on the GPU."""
-import json
-import os
-import subprocess
-import sys
+from compiled_run import compiled_json
 
 # sm_90a, triton 3.6.0, chunk 32, BV 64, 8 warps, 2 stages (the blocks gpu_gla.py times as "diag4 bt32"): 255
 # registers, 16 B spilled (BV 128: 156; diag 3 at both: 0; the shipped diag 0 at chunk 64: 360)
@@ -28,10 +25,7 @@ print(json.dumps(dict(vars(resources(c)), **has_hopper_instructions(c.asm["ptx"]
 
 
 def test_factored_gla_forward_compiles_for_sm90a():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = compiled_json(CODE, timeout=600)
     assert r["wgmma"] and not r["wgmma_serialized"], r
     assert r["shared"] <= 227 * 1024, r
     assert r["spill_stores"] <= SPILLS_ALLOWED, r

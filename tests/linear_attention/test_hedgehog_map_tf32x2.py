@@ -11,6 +11,7 @@ import torch
 from tilecore import accuracy
 from tilecore.ops.linear_attention import configs, kernels_forward
 from tilecore.ops.linear_attention.op import hedgehog_map
+from compiled_run import compiled_json
 
 
 def test_where_the_host_takes_tf32x2(monkeypatch):
@@ -107,15 +108,8 @@ def test_tf32x2_compiles_for_sm90_without_spilling_and_with_fewer_products():
     for sm_90a in a process without TRITON_INTERPRET: 0 bytes spilled, within an SM's shared memory, and tf32x2 with
     fewer tensor-core instructions (d64 F32: map bwd 60 -> 44 wgmma, fwd 24 -> 16). (The shipped kernels: the map's
     tf32x3, tf32x2 where x is 16-bit.)"""
-    import json
-    import os
-    import subprocess
-    import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {tuple(r["case"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    rows = {tuple(r["case"]): r for r in compiled_json(COMPILE, timeout=900)}
     assert len(rows) == 6 * len({"tf32x3", "tf32x2", configs.HEDGEHOG_MAP_PRECISION})
     for case, r in rows.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["shared"] <= 227 * 1024, (case, r)

@@ -7,6 +7,7 @@ import pytest
 
 from tilecore.napkin import backward, models, validate
 from tilecore.napkin.hardware import H100
+from compiled_run import compiled_json
 
 
 def _tflops(b, h, n, d, causal, t):
@@ -272,14 +273,7 @@ def test_softcap_sass_counts_are_the_shipped_kernels():
     """backward.SOFTCAP_SASS is what the shipped D128 causal fused backward compiles to for sm_90a, without and with
     the softcap mode its launcher picks (gluon_backward_softcap): a change of either kernel fails here until the
     counts, and so SOFTCAP_LINK_OPS, are read again (about 25 s: two compiles in a process of their own)."""
-    import json
-    import os
-    import subprocess
-    import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", _SOFTCAP_SASS], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    counts = {k: tuple(v) for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+    counts = {k: tuple(v) for k, v in compiled_json(_SOFTCAP_SASS, timeout=600).items()}
     assert counts == backward.SOFTCAP_SASS
     assert backward.softcap_link_ops(counts) == backward.SOFTCAP_LINK_OPS

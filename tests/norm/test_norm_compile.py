@@ -2,10 +2,7 @@
 whole-row forward and backward at 65536 x 4096 and the wide path's statistics and row sums at
 64 x 65536 (LayerNorm with a residual, dropout and the residual stream stored: the most live values).
 python -m tilecore.ops.norm.report compiles every shape and variant."""
-import json
-import os
-import subprocess
-import sys
+from compiled_run import compiled_json
 
 CODE = """
 import json
@@ -18,10 +15,7 @@ print(json.dumps(rows([v for v in norm_variants(((65536, 4096), (64, 65536))) if
 
 
 def test_compiles_for_hopper_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads(r.stdout)
+    report = compiled_json(CODE, timeout=600)
     assert len(report) == 4
     for row in report:
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["stack"] == 0, row
@@ -50,10 +44,7 @@ def test_fused_backward_at_1024_keeps_its_programs_resident():
     """The fused backward (h stored, dropout, the prenorm gradient) at configs.FUSED_BACKWARD[1024]'s tile and warps:
     no spill, and as many programs resident an SM (registers x threads within 64 K registers) as the entry's groups
     an SM, so the groups run as one wave."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", FUSED_1024], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    row = json.loads(r.stdout)
+    row = compiled_json(FUSED_1024, timeout=600)
     assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
     per_warp = -(-row["registers"] * 32 // 256) * 256  # (registers are allocated a warp at a time, 256 at once)
     assert row["groups"] * row["warps"] * per_warp <= 65536, row

@@ -1,10 +1,7 @@
 """The rotary kernel compiles for sm_90a on this (GPU-less) machine without spilling, and both layouts
 move x in 16-byte vectors (ld/st.global.v4: a 3-D pair tile made 4-byte accesses in the interleaved one).
 python -m tilecore.ops.rotary.report compiles every variant."""
-import json
-import os
-import subprocess
-import sys
+from compiled_run import compiled_json
 
 CODE = """
 import json
@@ -23,10 +20,7 @@ print(json.dumps(out))
 
 
 def test_compiles_for_hopper_with_vector_accesses():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads(r.stdout)
+    report = compiled_json(CODE, timeout=600)
     assert len(report) == 2
     for row in report:
         assert row["spill_stores"] == 0 and row["stack"] == 0, row

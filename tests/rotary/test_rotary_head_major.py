@@ -3,11 +3,7 @@ attention's (B, H, N, D) q and k, tiled BLOCK_T tokens of one head): in the inte
 and the float64 reference (both layouts, a partial rotary_dim, a sequence not a multiple of BLOCK_T, position_ids,
 the backward's conjugate turn, NaN for bad positions); the plan takes them only where both tensors are head-major;
 the kernel compiles for sm_90a without spilling and moves x in 16-byte vectors."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +11,7 @@ import torch
 from tilecore.ops.rotary import configs, rotary_reference
 from tilecore.ops.rotary.op import head_major, turn
 from tilecore.ops.rotary.plan import plan, tl_plan
+from compiled_run import compiled_json
 
 
 def tables(n_max, pairs, dtype=torch.float32):
@@ -120,10 +117,7 @@ print(json.dumps(out))
 
 
 def test_head_major_tiles_compile_for_hopper_with_vector_accesses():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    for row in json.loads(r.stdout):
+    for row in compiled_json(CODE, timeout=600):
         assert row["spill_stores"] == 0 and row["stack"] == 0, row
         assert row["v4_stores"] == row["stores"] > 0 and row["v4_loads"] == row["loads"], row  # all 16-byte
 

@@ -1,21 +1,17 @@
 """Every GEMM kernel compiles for sm_90a on this (GPU-less) machine; the Gluon kernels' PTX holds
 wgmma and TMA (cp.async.bulk.tensor), and nothing spills. Gluon cannot run in the interpreter, so
 this is its CI; the same command prints the resource report for people."""
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+from compiled_run import command_json
 
 
 @pytest.fixture(scope="module")
 def report():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "tilecore.ops.gemm.report", "--json"], capture_output=True,
-                       text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+    return command_json(["-m", "tilecore.ops.gemm.report", "--json"], timeout=600)
 
 
 def test_gluon_kernels_hold_wgmma_and_tma(report):

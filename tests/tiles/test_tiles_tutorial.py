@@ -8,8 +8,6 @@ import importlib.util
 import io
 import os
 import re
-import subprocess
-import sys
 import tokenize
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 import torch
 
 from tilecore import accuracy
+from compiled_run import compiled_json
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tiles.md"
@@ -90,14 +89,10 @@ print(json.dumps(out))
 
 def test_gluon_kernel_compiles_for_hopper(tmp_path):
     (tmp_path / "tiles_tutorial.py").write_text(module("python"))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", COMPILE, str(tmp_path)], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    import json
 
-    default, four_stages, one_consumer = json.loads(r.stdout)
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    default, four_stages, one_consumer = compiled_json(COMPILE, str(tmp_path), timeout=600, cwd=ROOT,
+                                                       env={"PYTHONPATH": path})
     for k in (default, four_stages, one_consumer):
         print(k)
         assert k["wgmma"] and k["wgmma_count"] > 0 and k["tma"] and k["mbarrier"], k

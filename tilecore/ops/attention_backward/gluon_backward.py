@@ -255,14 +255,11 @@ class AttentionBackward:
         return ds_t
 
     @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m, tile):
-        """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
-        rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
-        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
-        float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
-        lengths there.)"""
+    def capped_scores(self, s_t, start_n, start_m, tile):
+        """S^T (keys from start_n, queries from start_m) capped (SOFTCAP: tanh(S^T scale / cap), its base-2 scale
+        then cap log2(e), as in the forward) and masked (-inf)."""
         st_layout: gl.constexpr = s_t.type.layout
-        if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
+        if self.SOFTCAP:
             if self.SOFTCAP >= 2:
                 s_t = tanh_approx(s_t * self.tanh_scale)
             else:
@@ -273,6 +270,16 @@ class AttentionBackward:
                                          KEY_AXIS=0)
         elif needs_mask(start_m, start_n, s_t.shape[0], self.N, self.Nk, self.CAUSAL):
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
+        return s_t
+
+    @gluon.jit
+    def probabilities(self, s_t, lse, start_n, start_m, tile):
+        """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
+        rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
+        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
+        float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
+        lengths there.)"""
+        s_t = self.capped_scores(s_t, start_n, start_m, tile)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
         if self.SOFTCAP == 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
@@ -355,7 +362,7 @@ class AttentionBackward:
             v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        FROM_DELTA: gl.constexpr = self.SOFTCAP == 3 or (self.SOFTCAP == 0 and self.DP_FROM_DELTA)
+        FROM_DELTA: gl.constexpr = self.SOFTCAP >= 3 or (self.SOFTCAP == 0 and self.DP_FROM_DELTA)
         if FROM_DELTA:  # dP^T's accumulator starts at -delta: the product is dP - delta and delta's registers
             # are free before the products, where S^T, dP^T, dK and dV hold 192 (D128 fused: 632 -> 476 B spilled)
             minus_delta = zeros - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
@@ -364,8 +371,23 @@ class AttentionBackward:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
         else:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        if self.SOFTCAP == 5:  # CANDIDATE
+            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            t_t = self.capped_scores(s_t, start_n, start_m, tile)
+            y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)
+            lse_cols = stat_columns(stage.stats, 0, st_layout)
+            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(lse_cols * LOG2E, 0))
+            ds_t = p_t * y_t
         lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP == 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
+        if self.SOFTCAP == 4:  # CANDIDATE
+            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            t_t = self.capped_scores(s_t, start_n, start_m, tile)
+            y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)
+            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(lse_cols * LOG2E, 0))
+            ds_t = p_t * y_t
+        elif self.SOFTCAP == 5:
+            pass
+        elif self.SOFTCAP == 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p_t, tanh2 = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
             y_t = p_t * y_t
