@@ -5,7 +5,7 @@ overhead: run alone after the others; ``JOB-DROP name`` withdraws one; a later l
 
     python3 experiments/common/device_batch.py build SINCE N [--lanes 4]   # .whl/snap (HEAD), .whl/gpuN.sh
     (device: carry [".whl"], command "bash .whl/gpuN.sh 2>&1 | tail -c 3000")
-    python3 experiments/common/device_batch.py save FILES_AT CALL SESSION JOB AREA   # -> notes/AREA/runs/
+    python3 experiments/common/device_batch.py save FILES_AT CALL SESSION JOB AREA [--device h200]   # -> notes/AREA/runs/
 
 The script installs .whl/*.whl (peers as wheels) into /tmp/site, runs each lane's jobs in order on its own GPU
 (lanes in parallel, balanced by timeout), then the HOSTJOBs alone, prints each job's tail, and packs $OUT into
@@ -90,7 +90,7 @@ def build(since: str, n: int, lanes: int, budget: int = 540, last: tuple[str, ..
     print(f".whl/gpu{n}.sh: {len(jobs)} jobs ({', '.join(jobs)}), snapshot {head.strip()}")
 
 
-def save(files_at: str, call: int, session: int, job: str, area: str) -> None:
+def save(files_at: str, call: int, session: int, job: str, area: str, device: str = "h100") -> None:
     src = Path(files_at)
     if (src / "all.tgz").exists():
         unpacked = Path(f"/tmp/device_call{call}")
@@ -99,7 +99,7 @@ def save(files_at: str, call: int, session: int, job: str, area: str) -> None:
         src = unpacked
     runs = ROOT / "notes" / area / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    stem = f"{job}_run{call}_session{session}_h100"
+    stem = f"{job}_run{call}_session{session}_{device}"  # the card, as the device reply names it
     shutil.copy(src / f"{job}.log", runs / f"{stem}.txt")
     print(runs / f"{stem}.txt")
     for j in sorted((src / job).glob("*.json")):
@@ -116,5 +116,7 @@ if __name__ == "__main__":
     s = sub.add_parser("save")
     for a in ("files_at", "call", "session", "job", "area"):
         s.add_argument(a, type=int if a in ("call", "session") else str)
+    s.add_argument("--device", default="h100", choices=("h100", "h200"))
     a = p.parse_args()
-    build(a.since, a.n, a.lanes, a.budget, tuple(a.last)) if a.what == "build" else save(a.files_at, a.call, a.session, a.job, a.area)
+    build(a.since, a.n, a.lanes, a.budget, tuple(a.last)) if a.what == "build" else save(a.files_at, a.call, a.session, a.job, a.area,
+                                                                              a.device)
