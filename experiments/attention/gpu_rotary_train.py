@@ -30,6 +30,12 @@ shipped forward), and apply_rotary's K pass against a copy of K.
    inside per --variants steps:lead (items' ring steps, lead in grids of tiles), --train the training forward too;
    --one-sm: one program (sm_margin) over B1 H1 N128 Nk 65536, plain against inside: the items' turn rate on one SM.
 
+5. (session 43) --ab D:mask,..: the no-grad forward's routes by name (--ab-variants: AB_VARIANTS, plain / shipped /
+   pass / items), each graph captured inside the patched block of an eager call before it (ab_timing: the plan the
+   label names, K items taken or not recorded); --ncu D:mask,..: Nsight Compute on one launch of each route's
+   kernels (--ncu-variants; ncu_phase: time, the SMs' active-cycle spread, tensor pipe, L2 / DRAM traffic, L2
+   atomics); --overlap-checks D:window512: a causal call with the window (512, 0) (the items, window kernel).
+
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py [--checks 128:full,128:causal] [--kpass]
       [--dims 128,64] [--rounds 2]
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py --smoke   # CPU: imports and the checks' code
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import statistics
 import os
 import sys
 from pathlib import Path
@@ -269,30 +276,49 @@ def overlap_path(steps=None, lead=None):
     return patched(configs, **values)
 
 
-def overlap_checks(run, name, b, hq, hkv, n, nk, d, causal, interleaved, steps, lead):
+def overlap_checks(run, name, b, hq, hkv, n, nk, d, causal, interleaved, steps, lead, window=(-1, -1)):
     """The no-grad forward with K turned inside the launch against float64 (O, lse written), beside the route that
-    turns K by apply_rotary's pass (its O's bits) and plain attention's error on the same inputs."""
+    turns K by apply_rotary's pass (its O's bits) and plain attention's error on the same inputs; ``window``: the
+    call's window_size too (a causal call with a window takes the items: the window kernel, causal folded in)."""
     q = torch.randn(b, hq, n, d, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(b, hkv, nk, d, device=DEV, dtype=torch.bfloat16)
     v = torch.randn(b, hkv, nk, d, device=DEV, dtype=torch.bfloat16)
     cos, sin = tables(nk + 3, d // 2, torch.bfloat16)
     with torch.no_grad():
         poison()
+        kw = dict(causal=causal, window_size=window)
         with overlap_path(steps, lead):
-            o_new = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
+            taken = overlap_taken(q, k, causal, window)
+            o_new = tilecore.attention(q, k, v, **kw, rotary=(cos, sin), rotary_interleaved=interleaved)
             sync()
-            o_new2 = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
-        with patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES):
-            o_pass = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin), rotary_interleaved=interleaved)
-        o_plain = tilecore.attention(q, k, v, causal=causal)
+            o_new2 = tilecore.attention(q, k, v, **kw, rotary=(cos, sin), rotary_interleaved=interleaved)
+        with patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES, ROTARY_K_OVERLAP_CASES=frozenset()):
+            o_pass = tilecore.attention(q, k, v, **kw, rotary=(cos, sin), rotary_interleaved=interleaved)
+        o_plain = tilecore.attention(q, k, v, **kw)
     ro, _ = rotary_attention_reference(q.double(), k.double(), v.double(), cos, sin, interleaved=interleaved,
-                                       causal=causal)
-    rp, _ = attention_reference(q.double(), k.double(), v.double(), causal=causal)
+                                       causal=causal, window_size=window)
+    rp, _ = attention_reference(q.double(), k.double(), v.double(), causal=causal, window_size=window)
     c = check(o_new, ro, tol=2.5)
     cp = check(o_pass, ro, tol=2.5)
     run.row(f"ocheck {name}", kind="ocheck", ok=bool(c["pass"] and same_bits(o_new, o_new2)), new_o=c.get("err_over_floor"),
             pass_o=cp.get("err_over_floor"), plain_o=check(o_plain, rp).get("err_over_floor"), written=c["written"],
-            same=same_bits(o_new, o_pass), repeat=same_bits(o_new, o_new2), steps=steps, lead=lead)
+            same=same_bits(o_new, o_pass), repeat=same_bits(o_new, o_new2), steps=steps, lead=lead, items=taken,
+            window=list(window))
+
+
+def overlap_taken(q, k, causal, window):
+    """Whether gluon_rotary's forward takes the K items for this call (its own test: a configuration that restarts
+    the pipeline at each tile, and a table), read inside the caller's patched block."""
+    from tilecore.ops.attention.plan import plan_forward, rotary_overlap_schedule
+
+    if q.device.type != "cuda":
+        return None
+    windowed = tuple(window) != (-1, -1)
+    cfg = configs.gluon_forward_config(q.shape[3], q.shape[2], k.shape[2], causal and not windowed)
+    if cfg.get("carry"):
+        return False
+    p = plan_forward(q, k, k, causal, q.shape[3] ** -0.5, path="gluon", config=cfg, window=window)
+    return rotary_overlap_schedule(q, k, p.config, causal, p.sizes["head_group"], p.grid[0]) is not None
 
 
 def overlap_timing(run, d, causal, variants, b=16, h=16, n=4096, rounds=3, train=False, bwd=False):
@@ -337,6 +363,145 @@ def overlap_timing(run, d, causal, variants, b=16, h=16, n=4096, rounds=3, train
     run.row(f"otime D{d} {'causal' if causal else 'full'}", kind="otime", d=d, causal=causal,
             **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()}, **over,
             rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+
+
+# (session 43) the no-grad forward's routes by name: the call's rotary tables or none, and the configs patched
+AB_VARIANTS = {
+    "plain": (False, {}),
+    "shipped": (True, {}),
+    "pass": (True, dict(ROTARY_K_OVERLAP_CASES=frozenset(), ROTARY_IN_KERNEL_CASES=ALL_CASES)),
+    "items": (True, dict(ROTARY_K_OVERLAP_CASES=ALL_CASES, ROTARY_IN_KERNEL_CASES=ALL_CASES)),
+}
+# kernels each route launches (ncu counts them): the pass route's rotary_kernel, then the forward
+AB_LAUNCHES = {"pass": 2}
+
+
+def ab_calls(d, causal, b=16, h=16, n=4096):
+    if SMOKE:  # the interpreter: a tiny shape
+        b, h, n = 1, 2, 64
+    """{variant: (call, its configs)}: the no-grad forward at B16 H16 N4096 bf16, bf16 tables."""
+    q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    cos, sin = tables(n, d // 2, torch.bfloat16)
+
+    def call(rot):
+        def f():
+            with torch.no_grad():
+                tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin) if rot else None)
+        return f
+
+    return {name: (call(rot), values) for name, (rot, values) in AB_VARIANTS.items()}, (q, k)
+
+
+def ab_timing(run, d, causal, names, rounds=3):
+    """GPU time from CUDA graphs of the no-grad forward's routes ``names`` (AB_VARIANTS), interleaved rounds (the order
+    reversed every other round). Each graph is captured inside the same patched block as an eager call before it,
+    so that every table the plan uploads (the causal balanced schedule, the K items' table) is the block's own and
+    the graph runs the plan of its label (session 42's artefact: a table keyed on switches.generation, new in each
+    block, cannot be uploaded while capturing, and the launch falls back to round-robin); ``items`` records
+    whether each variant's launch took the K items there."""
+    from experiments.common.gpu_script import graph_ms
+
+    calls, (q, k) = ab_calls(d, causal)
+    per = {name: [] for name in names}
+    taken = {}
+    for r in range(rounds):
+        if r > 0 and run.left() < 6:
+            break
+        for name in (names if r % 2 == 0 else names[::-1]):
+            f, values = calls[name]
+            with patched(configs, **values):
+                f()
+                sync()
+                taken[name] = overlap_taken(q, k, causal, (-1, -1)) if AB_VARIANTS[name][0] else False
+                per[name].append(round(graph_ms(f) or 0.0, 5) if not SMOKE else 1.0)
+    ms = {name: statistics.median(v) for name, v in per.items()}
+    run.row(f"ab D{d} {'causal' if causal else 'full'}", kind="ab", d=d, causal=causal,
+            **{f"{name}_ms": round(v, 4) for name, v in ms.items()},
+            **{f"{name}_over": round(100 * (ms[name] / ms["plain"] - 1), 2) for name in ms if name != "plain"},
+            items_taken=taken, rounds=per)
+
+
+NCU_METRICS = ["gpu__time_duration.sum", "sm__cycles_active.avg", "sm__cycles_active.max", "sm__cycles_active.min",
+               "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+               "lts__t_sectors.avg.pct_of_peak_sustained_elapsed", "lts__t_sector_hit_rate.pct",
+               "lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum", "lts__t_sectors_op_atom.sum",
+               "dram__bytes_read.sum", "dram__bytes_write.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+               "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum", "smsp__inst_executed.sum"]
+NCU_KERNELS = "regex:attention_fwd_kernel|attention_rotary_fwd_kernel|rotary_kernel"
+
+
+def ncu_plan(cases, names):
+    """The launches of one round of the ncu target, in order: (case, variant, kernel's place in the route)."""
+    return [(case, name, j) for case in cases for name in names for j in range(AB_LAUNCHES.get(name, 1))]
+
+
+def ncu_target(cases, names):
+    """Two rounds (the first compiles and warms; ncu profiles the second) of each case's routes, each inside its
+    patched block."""
+    for _ in range(2):
+        for case in cases:
+            d, mask = case.split(":")
+            calls, _ = ab_calls(int(d), mask == "causal")
+            for name in names:
+                f, values = calls[name]
+                with patched(configs, **values):
+                    f()
+            sync()
+
+
+def ncu_phase(run, cases, names):
+    """Nsight Compute on one launch of each route's kernels (ncu_plan): time, the SMs' active cycles (the spread of
+    max and min over the mean: the programs' imbalance), tensor pipe, L2 and DRAM traffic, L2 atomics (the items'
+    counters: one a tile and per item, more where a tile's producer spins on its head), shared-memory bank
+    conflicts, instructions."""
+    import re
+    import subprocess
+
+    from experiments.common.nsight import ncu_binary
+
+    order = ncu_plan(cases, names)
+    cmd = [ncu_binary(), "--clock-control", "none", "--print-units", "base", "--metrics", ",".join(NCU_METRICS),
+           "-k", NCU_KERNELS, "--launch-skip", str(len(order)), "--launch-count", str(len(order)), sys.executable,
+           __file__, "--ncu-target", ",".join(cases), "--ab-variants", ",".join(names)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(20, int(run.left()) - 5))
+    text = res.stdout + res.stderr
+    blocks, cur = [], None
+    for line in text.splitlines():
+        if re.match(r"^\s*\S+.*\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line):
+            cur = {"kernel": line.strip().split()[0]}
+            blocks.append(cur)
+            continue
+        parts = line.split()
+        if cur is not None and len(parts) >= 2 and parts[0] in NCU_METRICS:
+            try:
+                cur[parts[0]] = float(parts[-1].replace(",", ""))
+            except ValueError:
+                pass
+    if len(blocks) != len(order):
+        run.errors.append(f"ncu: {len(blocks)} kernels profiled, {len(order)} expected; tail: {text[-1500:]}")
+    short = {"gpu__time_duration.sum": "us", "sm__cycles_active.avg": "act_avg", "sm__cycles_active.max": "act_max",
+             "sm__cycles_active.min": "act_min", "lts__t_sector_hit_rate.pct": "l2_hit",
+             "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pct",
+             "lts__t_sectors.avg.pct_of_peak_sustained_elapsed": "l2_pct", "dram__bytes_read.sum": "dram_rd_mb",
+             "dram__bytes_write.sum": "dram_wr_mb", "lts__t_sectors_op_atom.sum": "l2_atoms",
+             "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+             "lts__t_sectors_op_read.sum": "l2_rd_mb", "lts__t_sectors_op_write.sum": "l2_wr_mb",
+             "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "smem_conflicts",
+             "smsp__inst_executed.sum": "inst"}
+    for (case, name, j), blk in zip(order, blocks):
+        row = {}
+        for m, v in blk.items():
+            if m in short:
+                key = short[m]
+                if key == "us":
+                    v = v / 1e3
+                elif key.endswith("_mb"):
+                    v = v / 1e6 * (32 if key.startswith("l2_") else 1)
+                row[key] = round(v, 4)
+        if "act_avg" in row and row["act_avg"]:
+            row["act_spread"] = round((row.get("act_max", 0) - row.get("act_min", 0)) / row["act_avg"], 4)
+        run.row(f"ncu {case} {name}{'' if AB_LAUNCHES.get(name, 1) == 1 else f' {j}'}", kind="ncu",
+                kernel=blk["kernel"], **row)
 
 
 def overlap_one_sm(run, steps, lead, nk=65536, d=128, rounds=3):
@@ -386,14 +551,27 @@ def main():
     ap.add_argument("--checks-overlap", action="store_true", help="--checks: the new path with K turned inside")
     ap.add_argument("--checks-no-overlap", action="store_true", help="--checks: the new path with K by the pass")
     ap.add_argument("--one-sm", action="store_true", help="the K items' turn rate on one SM (overlap_one_sm)")
+    ap.add_argument("--ab", default="", help="D:mask,..: the no-grad forward's routes (--ab-variants) timed, each "
+                    "graph captured in its own patched block (ab_timing)")
+    ap.add_argument("--ab-variants", default="plain,shipped,pass,items")
+    ap.add_argument("--ncu", default="", help="D:mask,..: Nsight Compute on the --ab-variants routes' kernels")
+    ap.add_argument("--ncu-variants", default="plain,pass,items")
+    ap.add_argument("--ncu-target", default="", help="(what ncu runs; its routes by --ab-variants)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=56.0)
     a = ap.parse_args()
     torch.manual_seed(0)
+    names = [x for x in a.ab_variants.split(",") if x]
+    if a.ncu_target:
+        return ncu_target([x for x in a.ncu_target.split(",") if x], names)
     run = Run("gpu_rotary_train", deadline=a.deadline)
     if SMOKE:  # the checks' code on the CPU path (composite; the switch has no effect there)
         run.attempt("smoke", checks, run, "smoke", 1, 2, 1, 24, 40, 32, 8, True, True, torch.float16)
         run.attempt("smoke overlap", overlap_checks, run, "smoke", 1, 2, 1, 24, 40, 32, True, True, 8, 2.0)
+        run.attempt("smoke window", overlap_checks, run, "smoke window", 1, 4, 2, 40, 40, 32, True, True, 8, 2.0,
+                    window=(16, 0))
+        run.attempt("smoke ab", ab_timing, run, 32, True, ["plain", "shipped", "pass", "items"], rounds=2)
+        assert len(ncu_plan(["128:full", "128:causal"], ["plain", "pass", "items"])) == 8
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
     variants = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in a.variants.split(",") if x]
@@ -408,12 +586,24 @@ def main():
         d, mask = case.split(":")
         d = int(d)
         shape = (1, 2, 2, 4096, 4096) if mask != "causal" else (2, 8, 2, 300, 700)
+        window = (-1, -1)
         if mask == "causal4096":
             shape = (1, 2, 2, 4096, 4096)
+        if mask.startswith("window"):  # windowW: causal with the window (W, 0), GQA 4/2 N 4096, interleaved
+            shape, window = (1, 4, 2, 4096, 4096), (int(mask[6:] or 512), 0)
         run.attempt(f"ocheck {case}", overlap_checks, run, f"D{d} {mask}", *shape, d, mask != "full", mask != "full",
-                    *variants[0])
+                    *variants[0], window=window)
     if a.one_sm:
         run.attempt("one SM", overlap_one_sm, run, *variants[0])
+    for case in filter(None, a.ab.split(",")):  # before ncu: its process finds these kernels compiled
+        d, mask = case.split(":")
+        if run.left() < 15:
+            run.errors.append(f"ab {case}: skipped (deadline)")
+            continue
+        run.attempt(f"ab {case}", ab_timing, run, int(d), mask == "causal", names, rounds=a.rounds)
+    if a.ncu:
+        run.attempt("ncu", ncu_phase, run, [x for x in a.ncu.split(",") if x],
+                    [x for x in a.ncu_variants.split(",") if x])
     for d in [int(x) for x in a.overlap.split(",") if x]:
         for mask in a.masks.split(","):
             if run.left() < 15:
@@ -430,7 +620,9 @@ def main():
                 continue
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
                         fwd_only=a.fwd_only, shipped=a.shipped, routed=a.routed)
-    run.finish(["name", "ok", "same", "repeat", "new_o", "pass_o", "plain_o", "fwd_plain_ms", "fwd_shipped_over", "items_ms", "sm_gbs",
+    run.finish(["name", "ok", "items", "same", "repeat", "new_o", *[f"{x}_over" for x in names if x != "plain"],
+                "plain_ms", "us", "act_spread", "tensor_pct", "l2_pct", "l2_hit", "dram_rd_mb", "dram_wr_mb", "l2_atoms",
+                "smem_conflicts", "pass_o", "plain_o", "fwd_plain_ms", "fwd_shipped_over", "items_ms", "sm_gbs",
                 *[f"fwd_in_{s_}_{l_}_over" for s_, l_ in variants], "tfwd_shipped_over", "tfwd_in_over", "bwd_shipped_over", "bwd_in_over",
                 "same_qk", "same_olse", "new_dq", "new_dk", "new_dv", "plain_dk",
                 "pass_of_copy", "hm_of_copy", "hm_same", "pass_ms", "copy_ms", "fwd_over", "fwd_inkernel_over",
