@@ -71,6 +71,29 @@ def test_order3_scaled_float16_bins_keep_the_floor_past_float16s_range():
     assert torch.isnan(y[:, 2]).all()
 
 
+def test_fused_scaled_bins_are_the_torch_casts_bits():
+    """RFFT 5 (launch.fused_scaled_half_bins, one kernel; here through the interpreter): the same bins and scales, bit
+    for bit, as RFFT 4's torch passes (scaled_half_bins) on channels past float16's range, all zero, with a NaN bin
+    (scale 1, as torch's where(amax > 0) gives) and with an infinite one; a conjugate view and strided rows too."""
+    n = 1000  # (N + 1 = 1001 bins: more than one block a row is not needed for the bits, the row's tail is)
+    g = torch.Generator().manual_seed(43)
+    k = torch.randn(5, n, generator=g)
+    k[1] *= 2.0 ** 20
+    k[2] = 0
+    spectrum = filter_spectrum(k, n)
+    spectrum[3, 7] = complex(float("nan"), 0.0)
+    spectrum[4, 9] = complex(float("inf"), 1.0)
+    wide = torch.zeros(5, n + 9, dtype=torch.complex64)
+    wide[:, :n + 1] = spectrum
+    for s in (spectrum, spectrum.conj(), wide[:, :n + 1]):
+        bins, scale = conv_launch.scaled_half_bins(s)
+        fused, fused_scale = conv_launch.fused_scaled_half_bins(s)
+        assert fused.shape == bins.shape and fused.dtype == torch.float16 and fused.is_contiguous()
+        assert torch.equal(fused.view(torch.int16), bins.view(torch.int16))
+        assert torch.equal(fused_scale.view(torch.int32), scale.view(torch.int32))
+    assert scale.tolist()[2:4] == [1.0, 1.0] and scale[4] == float("inf") and scale[1] > 2.0 ** 20
+
+
 def test_order3_arithmetic_keeps_nonfinite_in_its_sequence():
     n = 8192
     a, b, _ = gluon_order3.factors(n)

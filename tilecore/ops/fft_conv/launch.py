@@ -9,7 +9,7 @@ import math
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.fft_conv import kernels, kernels_long, kernels_mono, kernels_pair
+from tilecore.ops.fft_conv import kernels, kernels_bins, kernels_long, kernels_mono, kernels_pair
 from tilecore.ops.fft_conv.plan import Plan
 from tilecore.tiles.launch import LRU, CachedLaunch, TmaOperand, tma_describable
 
@@ -220,6 +220,21 @@ def scaled_half_bins(spectrum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return (pairs / scale[:, None, None]).to(torch.float16), scale
 
 
+def fused_scaled_half_bins(spectrum: torch.Tensor, key=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """scaled_half_bins's bins and scales, the same bits, by one kernel (kernels_bins: a program a channel, the
+    spectrum's bytes read twice, the bins written once) instead of torch's five passes: RFFT 5. ``key``: the op's
+    launch key (it names the spectrum's signature), a keyed launch."""
+    spectrum = spectrum.resolve_conj()
+    pairs = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+    H, count = pairs.shape[0], pairs.shape[1]
+    bins = torch.empty(H, count, 2, dtype=torch.float16, device=pairs.device)
+    scale = torch.empty(H, dtype=torch.float32, device=pairs.device)
+    if H:
+        SCALED_HALF_BINS.run(key, (H,), (pairs, bins, scale, count, pairs.stride(0) // 2),
+                             dict(BLOCK=2048, num_warps=8))
+    return bins, scale
+
+
 # A keyed call's launch, all but its tensors (the grid, the DFT tables, the constexprs): a function of the
 # launch key (op.py: u's and the filter's signatures, conj), made at the key's first call
 _GLUON_LAUNCHES = LRU(256)
@@ -372,6 +387,7 @@ def order3_operands(a: int, b: int, device: torch.device) -> dict:
     return {name: t.to(device) for name, t in tables.items()}
 
 
+SCALED_HALF_BINS = CachedLaunch(lambda: kernels_bins.scaled_half_bins_kernel)
 CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_order3").fft_conv_gluon_order3_kernel)
 
@@ -383,7 +399,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     reads its bins, conjugated with ``conj``: the correlation); ``per_sm`` persistent programs a multiprocessor;
     ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS); ``rfft`` 3: a float16 spectrum's bins read as they are
     (half_bins); 4: a complex64 spectrum cast to float16 bins a call, each channel over its largest part
-    (scaled_half_bins), the outputs scaled back; ``stack``: 1a / 1'a four columns a product in the wgmmas' layouts, u
+    (scaled_half_bins), the outputs scaled back; 5: the same bins by one kernel (fused_scaled_half_bins); ``stack``: 1a / 1'a four columns a product in the wgmmas' layouts, u
     read once a pair (its STACK; 8192)."""
     B, H, N = u.shape
     if u.numel() == 0:
@@ -393,11 +409,14 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     ks = None
     if spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
         k = half_bins(spectrum)
-    elif rfft == 4:  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS)
-        k, ks = scaled_half_bins(spectrum)
+    elif rfft in (4, 5):  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS; 5: by one kernel)
+        if rfft == 5:
+            k, ks = fused_scaled_half_bins(spectrum, None if key is None else (key, "bins"))
+        else:
+            k, ks = scaled_half_bins(spectrum)
     else:
         raise ValueError(f"the order-3 kernel reads float16 bins: rfft 3 takes a float16 spectrum (H, N + 1, 2), "
-                         f"rfft 4 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
+                         f"rfft 4 or 5 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
     pairs = H * -(-B // 2)
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
     options = dict(A=a, B=b, CONJ=bool(conj), WARPGROUPS=warpgroups,
