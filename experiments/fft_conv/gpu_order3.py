@@ -12,6 +12,9 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
 (``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: a plan.order3_plan tuple and its spectrum kind):
   c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
+  c64_f (RFFT 5) c64 with its cast a call by one kernel (launch.fused_scaled_half_bins: the same bins' bits as RFFT 4's
+        five torch passes; --same c64:c64_f checks the launches' bits; the timing adds the casts alone, "bins torch" /
+        "bins fused")
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
@@ -68,6 +71,8 @@ def tuples(n):
         t = tuple(out[label][0]) + (False,) * (4 - len(out[label][0]))  # (per_sm, warpgroups, rfft, stack)
         if n == 8192:  # STACK toggled (it takes F2 = F_16 four times on the diagonal: 8192 only)
             out[label + "_s"] = (t[:3] + (not t[3],), label)
+    if out["c64"][0][2] == 4:  # the complex64 spectrum cast by one kernel (RFFT 5: the same bins' bits as RFFT 4)
+        out["c64_f"] = (tuple(out["c64"][0][:2]) + (5,) + tuple(out["c64"][0][3:]), "c64")
     return out
 
 
@@ -88,15 +93,16 @@ def op_checks(run, ud, kd, spectra, ref, n, suffix=""):
     f16<suffix>'s, its tuples patched into configs.GLUON_ORDER3 / _HALF for the block), its output the same bits as
     that launch, three calls the same bits; du and dk through its backward against float64 (B2 H64)."""
     table = variants(n)
-    if suffix:
-        with patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, n: tuples(n)["c64" + suffix][0]},
-                     GLUON_ORDER3_HALF={**configs.GLUON_ORDER3_HALF, n: tuples(n)["f16" + suffix][0]}):
+    if suffix:  # (a suffix only one spectrum kind has, c64_f: the other kind's shipped tuple)
+        t = tuples(n)
+        with patched(configs, GLUON_ORDER3={**configs.GLUON_ORDER3, n: t.get("c64" + suffix, t["c64"])[0]},
+                     GLUON_ORDER3_HALF={**configs.GLUON_ORDER3_HALF, n: t.get("f16" + suffix, t["f16"])[0]}):
             return _op_checks(run, ud, kd, spectra, ref, n, table, suffix)
     return _op_checks(run, ud, kd, spectra, ref, n, table, suffix)
 
 
 def _op_checks(run, ud, kd, spectra, ref, n, table, suffix):
-    for label in ("c64" + suffix, "f16" + suffix):
+    for label in (x + suffix if x + suffix in table else x for x in ("c64", "f16")):
         p, kind = table[label]
         y = fft_conv(ud, spectra[kind])
         picked = conv_plan(n, ud.device, ud.dtype, kind == "f16")
@@ -120,6 +126,18 @@ def _op_checks(run, ud, kd, spectra, ref, n, table, suffix):
         run.row(f"check op du {kind}{suffix}", path=picked.path, stack=picked.stack, **r)
         r = check(k.grad.cpu(), dk_reference(u.double(), dy.double(), n), TOL)
         run.row(f"check op dk {kind}{suffix}", dtype=str(k.grad.dtype), **r)
+
+
+def same_launch_bits(run, first, second, table, ud, spectra):
+    """The launches of labels ``first`` and ``second`` on the whole B16 H768 u (each y poisoned first): the same bits
+    (a variant that should change no arithmetic, RFFT 5's cast against RFFT 4's)."""
+    ys = []
+    for label in (first, second):
+        p, kind = table[label]
+        y = poisoned(ud)
+        conv_launch.launch(p, ud, spectra[kind], y, False)
+        ys.append(y)
+    run.row(f"same {first}:{second}", **{"pass": same_bits(ys[0], ys[1])})
 
 
 def fp16_checks(run, n):
@@ -266,6 +284,7 @@ def main() -> int:
     ap.add_argument("--fp16", action="store_true", help="float16 u through the op: y and du against float64")
     ap.add_argument("--op-as", default="", help="a variant suffix (_s: c64_s / f16_s): the op's checks with that "
                                                  "variant's tuples patched into configs (tiles.switches.patched)")
+    ap.add_argument("--same", default="", help="label pairs a:b whose launches must give the same bits (B16 H768)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=100)
     ap.add_argument("--profile", action="store_true", help="the variants' launches only (under ncu)")
@@ -308,6 +327,8 @@ def main() -> int:
     conj_of = {x for x in a.conj.split(",") if x}
     run.extra.update(n=n, variants={label: str(p) for label, p, _ in chosen})
     check_launches(run, chosen, conj_of, ud, spectra, ref, ref_c, TOL)
+    for pair in (x for x in a.same.split(",") if x):
+        run.attempt(f"same {pair}", same_launch_bits, run, *pair.split(":"), table, ud, spectra)
     for label in (x for x in a.odd.split(",") if x):
         run.attempt(f"odd {label}", odd_batch, run, label, table[label][0], table[label][1], kd, n)
     if a.op:
@@ -323,6 +344,9 @@ def main() -> int:
     ys = {label: torch.empty_like(ud) for label, _, _ in chosen}
     for label, p, kind in chosen:
         fns[label] = (lambda p=p, kind=kind, y=ys[label]: conv_launch.launch(p, ud, spectra[kind], y, False))
+    if "c64_f" in ys:  # the cast a call alone: torch's five passes (RFFT 4) against the one kernel (RFFT 5)
+        fns["bins torch"] = lambda: conv_launch.scaled_half_bins(spectra["c64"])
+        fns["bins fused"] = lambda: conv_launch.fused_scaled_half_bins(spectra["c64"])
     copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
     kinds = {label: kind for label, _, kind in chosen}
 
@@ -333,7 +357,8 @@ def main() -> int:
         measured_ms = model.op_bytes(B, H, n) / copy_gbs / 1e6
         for name in fns:
             ms = t[name + key]
-            peer = "f16" if kinds.get(name) == "f16" or name == "op f16" else "c64"
+            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else "bins torch" if name == "bins fused"
+                    else "c64")
             run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
                     vs_shipped=round(t[peer + key] / ms, 4) if peer + key in t else None,
                     pct_copy=round(100 * copy_ms / ms, 1), pct_measured_copy=round(100 * measured_ms / ms, 1),
