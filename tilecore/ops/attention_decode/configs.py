@@ -1,6 +1,7 @@
 """The split-key (decode) path's measured configuration: which inputs it serves, its tiles and splits,
-one line of why each (the runs: notes/attention and issue 35). attention's plan reads them
-through plan.py; nothing here asks about the device."""
+which kernel (tl, or Hopper's Gluon kernel gluon_decode.py), one line of why each (the runs:
+notes/attention and issue 35). attention's plan reads them through plan.py; nothing here asks about
+the device."""
 from __future__ import annotations
 
 
@@ -35,3 +36,25 @@ def decode_config(d: int, interpret: bool) -> dict:
 DECODE_WHOLE_HEAD_DIM = 256  # head dims up to this are held whole; past it (MLA's 576) Q K^T by chunks
 DECODE_HEAD_DIM_CHUNK = 64  # the chunk: 576 = 9 x 64
 DECODE_MAX_ROWS_LARGE_DV = 32  # rows a tile when v's head dim is past 256 (the accumulator's registers)
+
+
+# Hopper's Gluon split-key kernel (gluon_decode.py): the head dims it takes (D = Dv, bf16 / fp16), its
+# tiles (64 packed rows, one warpgroup) and, per head dim, the rule of which inputs the table gives it.
+DECODE_GLUON_HEAD_DIMS = (64, 128)
+DECODE_GLUON_ROWS = 64  # a tile's packed rows: one wgmma's M (decode is memory-bound: padding rows are free)
+DECODE_GLUON = {
+    # head dim -> (BLOCK_N, STAGES): within 227 KiB with the float32 epilogue buffer (parts of 64 x D)
+    64: dict(BLOCK_N=128, STAGES=4),
+    128: dict(BLOCK_N=128, STAGES=3),
+}
+DECODE_GLUON_DEFAULT = ()  # head dims whose table plan takes the Gluon kernel: none until an H100 run says so
+
+
+def decode_gluon_config(d: int) -> dict:
+    """The Gluon split-key kernel's config for head dim ``d`` (DECODE_GLUON_HEAD_DIMS)."""
+    return dict(kernel="gluon", **DECODE_GLUON[d])
+
+
+def decode_gluon_default(d: int) -> bool:
+    """Whether the table plan of head dim ``d`` takes the Gluon kernel (where it fits: plan.gluon_fits)."""
+    return d in DECODE_GLUON_DEFAULT

@@ -1,20 +1,25 @@
-"""Running the split-key (decode) plan: the split-key kernel over the plan's key ranges, then the merge
-(attention's launch.forward calls launch_decode for a "decode" plan). A keyed call (the plan's
-launch_key) runs from a per-key recipe (_DecodeLaunch: issue 31's host time) made at the key's first
-call; others take the general path."""
+"""Running the split-key (decode) plan: the split-key kernel (tl, or Hopper's Gluon kernel where the plan
+says so) over the plan's key ranges, then the merge (attention's launch.forward calls launch_decode for a
+"decode" plan). A keyed tl call (the plan's launch_key) runs from a per-key recipe (_DecodeLaunch: issue
+31's host time) made at the key's first call; others take the general path."""
 from __future__ import annotations
+
+import importlib
 
 import torch
 
 from tilecore.ops.attention.kernels_tl import block_d, mask_options, score_options
 from tilecore.ops.attention_decode import configs, kernels_tl
 from tilecore.tiles import launch as tiles_launch
-from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, cdiv, next_power_of_2, release,
-                                   split_key_buffers, tl_addressable)
+from tilecore.tiles.launch import (LRU, CachedLaunch, KeyedLaunch, TmaOperand, cdiv, next_power_of_2, release,
+                                   split_key_buffers, tl_addressable, tma_describable)
 from tilecore.tiles.ops import LOG2E
 
 SPLIT_KEYS = CachedLaunch(kernels_tl.attn_fwd_split_keys)
 MERGE = CachedLaunch(kernels_tl.attn_merge_splits)
+# (imported at its first launch: the Gluon modules load only where a launch needs them)
+GLUON_SPLIT_KEYS = CachedLaunch(
+    lambda: importlib.import_module("tilecore.ops.attention_decode.gluon_decode").attention_decode_kernel)
 
 
 def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-1, -1),
@@ -27,6 +32,9 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-
         if prepared:
             prepared(q, k, v, out, lse, scale, softcap)
             return
+    if plan.config.get("kernel") == "gluon":
+        launch_decode_gluon(plan, q, k, v, out, lse, causal, scale, window, softcap)
+        return
     B, Hq, N, D = q.shape
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
     q, k, v = tl_addressable(q), tl_addressable(k), tl_addressable(v)
@@ -53,6 +61,46 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-
                   dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
 
 
+def launch_decode_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-1, -1),
+                        softcap: float = 0.0) -> None:
+    """Hopper's Gluon split-key kernel (gluon_decode.py) on the plan's persistent grid (config PROGRAMS), then,
+    with more than one key range, the tl merge. O and the float32 parts are TMA-stored through (vectors, group x
+    N, Dv) views, in which a tile's rows are consecutive; an ``out`` no TMA view describes gets a contiguous
+    buffer, copied in after."""
+    B, Hq, N, D = q.shape
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    cfg = plan.config
+    splits = plan.grid[1]
+    rows = (Hq // Hkv) * N  # a kv head's packed rows
+    rows_total = B * Hq * N
+    if splits == 1:
+        contiguous = out.is_contiguous() and tma_describable(out)
+        target = out if contiguous else torch.empty_like(out, memory_format=torch.contiguous_format)
+        o_rows, lse_rows = target.view(B * Hkv, rows, Dv), lse
+    else:
+        target = None
+        o_rows = out.new_empty((splits * B * Hkv, rows, Dv), dtype=torch.float32)
+        lse_rows = lse.new_empty((splits, rows_total))
+    masks, left, right = mask_options(causal, window, N, Nk)
+    _, scale_log2e, tanh_scale = score_options(scale, softcap)
+    if scale_log2e < 0:  # the kernel's softmax takes a positive factor: the sign goes into q (exact)
+        q, scale_log2e = -q, -scale_log2e
+    block_n = cfg["BLOCK_N"]
+    GLUON_SPLIT_KEYS.run(
+        plan.launch_key, (cfg["PROGRAMS"],),
+        (q, TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, block_n, Dv]),
+         TmaOperand(o_rows, [1, cfg["BLOCK_M"], Dv]), lse_rows, *q.stride(), Hkv, N, Nk, Hq // Hkv, B * Hkv, splits,
+         plan.sizes["keys_per_split"], left, right, scale_log2e, tanh_scale),
+        # SOFTCAP as the Gluon forward's: 2, tanh.approx.f32, unless the config says tanh_approx False (1)
+        dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1, STAGES=cfg["STAGES"], num_warps=4))
+    if splits == 1:
+        if target is not out:
+            out.copy_(target)
+        return
+    MERGE.run(plan.launch_key, (rows_total,), (out, lse, o_rows, lse_rows, rows_total, Dv, splits),
+              dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
+
+
 class _DecodeLaunch:
     """launch_decode for one launch key (issue 31's host time): the split-key kernel's and the merge's
     KeyedLaunch, and every launch argument the key fixes (strides, sizes, the mask's bounds), made at the key's
@@ -64,8 +112,8 @@ class _DecodeLaunch:
 
     @classmethod
     def of(cls, plan, q, k, v, causal: bool, window, softcap: float):
-        if any(tl_addressable(t) is not t for t in (q, k, v)):
-            return False
+        if plan.config.get("kernel") == "gluon" or any(tl_addressable(t) is not t for t in (q, k, v)):
+            return False  # (the Gluon kernel: launch_decode_gluon each call)
         self = cls()
         B, Hq, N, D = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]

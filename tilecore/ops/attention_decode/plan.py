@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from tilecore import dispatch
 from tilecore.ops.attention_decode import configs
-from tilecore.tiles.launch import cdiv, next_power_of_2
+from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
 
 
 def decode_fits(q, k) -> bool:
@@ -19,11 +22,48 @@ def decode_fits(q, k) -> bool:
             or (n <= configs.DECODE_MAX_PACKED_QUERIES and n * group <= configs.DECODE_MAX_PACKED_ROWS))
 
 
+def gluon_fits(q, k, v) -> str | None:
+    """None where Hopper's Gluon split-key kernel (gluon_decode.py) takes these inputs; else why not."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d != dv or d not in configs.DECODE_GLUON_HEAD_DIMS:
+        return f"head dims {configs.DECODE_GLUON_HEAD_DIMS} with v's as q's (got {d} and {dv})"
+    if q.dtype not in (torch.bfloat16, torch.float16) or not q.dtype == k.dtype == v.dtype:
+        return f"bfloat16 or float16 q, k and v of one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
+    if k.shape[2] == 0 or q.numel() == 0:
+        return f"at least one key and one query (got {k.shape[2]} keys, q of shape {tuple(q.shape)})"
+    if not (tma_describable(k) and tma_describable(v)):
+        return "k and v a TMA descriptor can describe (unit last stride, 16-byte aligned base and strides)"
+    if not dispatch.gluon_ok(q.device):
+        return f"a Hopper GPU under a triton the Gluon kernels were checked under (got {q.device})"
+    return None
+
+
+def split_kernel(q, k, v, cfg: dict) -> dict:
+    """The config the split-key launch runs: ``cfg`` with kernel "gluon" (decode_gluon_config's: the Gluon kernel,
+    refused with the reason where it does not fit) or "tl" (the tl kernel, the key dropped) as given; without a
+    kernel, the table's tl row (attention's plan passes it where no config was given) becomes the Gluon kernel's
+    config where configs.decode_gluon_default rules so and the inputs fit, any other tl config stays."""
+    kernel = cfg.get("kernel")
+    d = max(q.shape[-1], v.shape[-1])
+    if kernel == "gluon":
+        if (why := gluon_fits(q, k, v)) is not None:
+            raise ValueError(f"attention decode: the Gluon split-key kernel takes {why}")
+        return cfg
+    if kernel == "tl":
+        return {key: value for key, value in cfg.items() if key != "kernel"}
+    if kernel is not None:
+        raise ValueError(f"attention decode: kernel 'gluon' or 'tl', got {kernel!r}")
+    if configs.decode_gluon_default(d) and cfg == configs.decode_config(d, False) and gluon_fits(q, k, v) is None:
+        return configs.decode_gluon_config(d)
+    return cfg
+
+
 @dataclass(frozen=True)
 class Plan:
-    """One split-key launch: the tl kernel's ``config`` (the table's BLOCK_N, warps and stages, and the
-    tile's BLOCK_M packed (query, q head) rows), its ``grid`` (batch x kv head, key range, row block)
-    and the keys of each range (``keys_per_split``, whole blocks of BLOCK_N)."""
+    """One split-key launch: the kernel's ``config`` (tl: the table's BLOCK_N, warps and stages;
+    Gluon: kernel "gluon", BLOCK_N, STAGES and PROGRAMS, its persistent grid; both: the tile's BLOCK_M
+    packed (query, q head) rows), its tiles' ``grid`` (batch x kv head, key range, row block) and the
+    keys of each range (``keys_per_split``, whole blocks of BLOCK_N)."""
     config: dict
     grid: tuple
     keys_per_split: int
@@ -35,17 +75,20 @@ class Plan:
 
 
 def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = None) -> Plan:
-    """The split-key launch's Plan for these inputs with the tl config ``cfg``: BLOCK_M rows of packed
-    (query, q head) rows a tile, the keys cut into ``splits`` ranges (None: as many as fill
-    DECODE_PROGRAMS_PER_SM programs on ``sms`` SMs, decode_splits), the grid (batch x kv head, range,
-    row block). attention's plan_forward carries it in its Plan."""
+    """The split-key launch's Plan for these inputs with the config ``cfg`` (the kernel: split_kernel): BLOCK_M
+    rows of packed (query, q head) rows a tile, the keys cut into ``splits`` ranges (None: as many as fill
+    DECODE_PROGRAMS_PER_SM programs on ``sms`` SMs, decode_splits), the grid (batch x kv head, range, row
+    block); the Gluon kernel's persistent grid (PROGRAMS) one program a tile up to ``sms`` (every tile where
+    ``sms`` is None). attention's plan_forward carries it in its Plan."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     Dv = D if v is None else v.shape[3]
+    cfg = split_kernel(q, k, k if v is None else v, cfg)
+    gluon = cfg.get("kernel") == "gluon"
     block_n = cfg["BLOCK_N"]
     # a 64 x 512 float32 accumulator would spill: fewer rows a tile past head dim 256
     most_rows = configs.DECODE_MAX_ROWS if Dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
-    block_m = tile_rows(N, Hq // Hkv, most_rows)
+    block_m = configs.DECODE_GLUON_ROWS if gluon else tile_rows(N, Hq // Hkv, most_rows)
     row_blocks = cdiv(N * (Hq // Hkv), block_m)
     if splits is None:
         programs = configs.DECODE_PROGRAMS_PER_SM * sms
@@ -53,7 +96,11 @@ def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = N
     elif not 1 <= splits <= configs.DECODE_MAX_SPLITS:
         raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
     splits, keys_per_split = key_ranges(Nk, splits, block_n)
-    return Plan(dict(cfg, BLOCK_M=block_m), (B * Hkv, splits, row_blocks), keys_per_split)
+    config = dict(cfg, BLOCK_M=block_m)
+    if gluon:  # a persistent grid: at most one program an SM (a ring of 128-192 KiB)
+        tiles = B * Hkv * splits * row_blocks
+        config["PROGRAMS"] = max(1, min(tiles, sms or tiles))
+    return Plan(config, (B * Hkv, splits, row_blocks), keys_per_split)
 
 
 def tile_rows(queries: int, group: int, most: int = configs.DECODE_MAX_ROWS) -> int:
