@@ -8,7 +8,8 @@ Forms (forms(); the first is the base every other is compared with): "ship" (the
 warpgroups with serial steps at D64 (since session 41, q's codes in registers) and D128 (since session 42: serial 2, one
 bf16 Q buffer, 2 stages, the full rotation, codes in shared memory)), "c2" (D64 on two consumers, P V under the next
 step's softmax, codes in shared memory: before session 41), "c3s" (D64's three with the codes in shared memory),
-"d128c2" (D128 on two consumers with q's codes in registers: before session 42, less the split rotation, removed).
+"d128c2" (D128 on two consumers with q's codes in registers: before session 42, less the split rotation, removed),
+"ql2" (D128, session 43: the last consumer's Q in two buffers, its next Q loaded under the tile).
 Session 42's d128c3 / d128c3q2 / d128c3s2 / d128c3o4 / d128c3r / d128split, session 41's c3st4, gf64c3 and d128c3, its
 carry forms and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is compared
 bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
@@ -25,6 +26,9 @@ Phases (each only where the budget allows; rows printed as they come, the table 
 * passes: the k pass (rotate_quantize) and the v pass (quantize_v_permuted per block) shipped and with the explicit
   +-448 clamp (configs.QUANTIZE_CLAMP True), bit for bit, and against torch's bf16 -> e4m3 cast of the same tensor,
   from CUDA graphs.
+* stamps128c, stamps128: the D128 kernel alone in the forms, with clock stamps of each tile's phases
+  (experiments/attention_fp8/stamps.py), B16 H16 N4096 causal / full: O against float64 and bit for bit, CUDA-graph
+  times of each form with and without the stamps, the phases' medians over every tile.
 * plain128c, plain64c: attention_fp8 on e4m3 inputs with per-head descales (the kernel alone, GLUON_FORWARD's
   config), B16 H16 N4096 causal, in the forms.
 
@@ -113,7 +117,10 @@ def forms(names):
              "c3s": ({configs: dict(ROTATED=dict(rot, q_reg=()))}, (64,)),
              # D128 before session 42: two consumers, q's codes in registers, two Q buffers, 3 stages
              "d128c2": ({configs: dict(ROTATED=dict(rot, serial_c3={64: 1}, q_reg=(64, 128), q_buffers={},
-                                                    stages={}))}, (128,))}
+                                                    stages={}))}, (128,)),
+             # D128 (session 43): the last consumer's Q in two buffers (its next Q loaded under the tile; in causal
+             # its rows have the most keys), the others' in one
+             "ql2": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
 
 
@@ -148,7 +155,7 @@ def arguments():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2 (forms()); "
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2, ql2 (forms()); "
                     "the first is the base")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)
@@ -301,6 +308,91 @@ def main():
         row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
         run.row(f"{label} time", **row)
 
+    def stamped_case(label, causal):
+        """The convenience path's D128 kernel (B16 H16 N4096) in each form that changes D128, with clock stamps of each
+        tile's phases (stamps.py: the library's kernel, its op wrapped through the kernel's WRAP): each form's O bit
+        for bit against the base's (unstamped and stamped) and against float64, every launch timed from CUDA graphs
+        in interleaved rounds (the kernel alone: the forms' ratio, and what the stamps cost), then each form's phases'
+        medians over every tile (stamps.analyse) and two programs' first tiles (stamps.timeline)."""
+        from experiments.attention_fp8 import stamps
+        from tilecore.ops.attention_fp8 import gluon_fp8, launch
+        from tilecore.tiles.launch import CachedLaunch, TmaOperand
+
+        B, H, N, D = (1, 2, 256, 128) if smoke else (16, 16, 4096, 128)
+        g = torch.Generator(device=dev).manual_seed(N + D + 43)
+        q, k, v = (torch.randn(B, H, N, D, device=dev, generator=g).to(dt) for _ in range(3))
+        ref = reference(q[-1:, -1:], k[-1:, -1:], v[-1:, -1:], causal)[0, 0]
+        if smoke:  # the plumbing: the path's own output (no Gluon kernel on the CPU)
+            run.row(f"{label} check", **check(tilecore.attention(q, k, v, causal=causal, precision="fp8")[-1, -1], ref,
+                                             tol=40.0))
+            return
+        signs = quantize.rotation_signs(D, q.device)
+        k8, ks = quantize.rotate_quantize(k, rotate=True, signs=signs, scales="block")
+        v8, vs = quantize.quantize_v_permuted(v, per="block")
+        kernel = CachedLaunch(gluon_fp8.attention_fp8_fwd_kernel)
+        fns, bufs, outs, shapes = {}, {}, {}, {}
+        for name, (patches, dims) in fm.items():
+            if D not in dims:
+                continue
+            # the launch (its options, tiling and schedule table) made inside the form's patches, once, eagerly
+            attend = under(patches, lambda: launch.q_rotated_launch(q, signs, k8, v8, ks, vs, causal, D ** -0.5,
+                                                                    q.dtype))()
+            tiles = -(-N // (attend.layout.block_m * attend.layout.consumers)) * B * H
+            buf = torch.zeros(tiles, stamps.SLOTS, dtype=torch.int64, device=dev)
+
+            def with_stamps(attend=attend, buf=buf):
+                bm, bn = attend.layout.block_m, attend.layout.block_n
+                out = torch.empty_like(q)
+                lse = torch.empty((B, H, N), dtype=torch.float32, device=dev)
+                a = (TmaOperand(q, [1, 1, bm, D]), TmaOperand(k8, [1, 1, bn, D]), TmaOperand(v8, [1, 1, D, bn]),
+                     TmaOperand(out, [1, 1, bm, D]), lse, attend.signs, ks, vs, *attend.tail, vs.shape[2])
+                kernel[attend.grid](*a, **attend.options, WRAP=stamps.stamped, wrap_arg=buf)
+                return out
+
+            fns[name] = (lambda attend=attend: attend(q, k8, v8, ks, vs)[0])
+            fns[f"{name}_stamped"] = with_stamps
+            bufs[name] = (buf, attend)
+            for n in (name, f"{name}_stamped"):
+                poison_allocator(q)
+                outs[n] = fns[n]()
+                run.row(f"{label} check {n}", **check(outs[n][-1, -1], ref, tol=40.0),
+                        written_all=bool(torch.isfinite(outs[n]).all()))
+            shapes[name] = dict(options={k_: v_ for k_, v_ in attend.options.items() if k_ != "signs"},
+                                scheduled=attend.tail[-1] is not None)
+        run.row(f"{label} launches", **shapes)
+        first = next(iter(outs))
+        for n in outs:
+            if n != first:
+                run.row(f"{label} {first} == {n} bits", **{"pass": same_bits(outs[first], outs[n])})
+        run.row(f"{label} path == {first} bits",
+                **{"pass": same_bits(outs[first], under(fm[first][0], lambda: tilecore.attention(
+                    q, k, v, causal=causal, precision="fp8"))())})
+        outs.clear()
+        t = time_rounds(fns, rounds=args.rounds, graph=True, eager=False, deadline=run)
+        row = {f"{n}_graph_us": round(t[f"{n}_graph_ms"] * 1e3, 1) if t.get(f"{n}_graph_ms") else None for n in fns}
+        base_n = next(iter(bufs))
+        for n in bufs:
+            row[f"{n}_stamped_x_{n}"] = ratio(t.get(f"{n}_graph_ms"), t.get(f"{n}_stamped_graph_ms"))
+            if n != base_n:
+                row[f"{n}_x_{base_n}_kernel"] = ratio(t.get(f"{base_n}_graph_ms"), t.get(f"{n}_graph_ms"))
+        row["rounds"] = {n: t.get(f"{n}_rounds") for n in fns}
+        run.row(f"{label} time", **row)
+        for n, (buf, attend) in bufs.items():
+            if run.left() < 3:
+                break
+            buf.zero_()
+            fns[f"{n}_stamped"]()
+            sync()
+            rows = buf.cpu().tolist()
+            phases = run.row(f"{label} {n} phases", **stamps.analyse(rows, attend.layout.consumers))
+            for key, val in phases.items():  # the row is cut at 600 characters when printed: one line a phase
+                if isinstance(val, dict):
+                    run.say(f"  {label} {n} {key}: " + " ".join(f"{k_} {v_}" for k_, v_ in val.items()))
+            progs = sorted({int(r[stamps.PROGRAM]) for r in rows if r[stamps.CONSUMER]})
+            for p in (progs[0], progs[len(progs) // 2]) if progs else ():
+                run.row(f"{label} {n} timeline program {p}",
+                        tiles=stamps.timeline(rows, p, 4, attend.layout.consumers, phases.get("sm_ghz", 1.755)))
+
     def tail():
         for D, causal, N, Nk in ((128, True, 1008, 1104), (64, True, 1008, 1104), (128, False, 1008, 1104),
                                  (128, True, 1100, 900)):
@@ -334,7 +426,7 @@ def main():
 
     shapes = {"d128c": (128, True), "d64c": (64, True), "d128": (128, False), "d64": (64, False)}
     plains = {"plain128c": (128, True), "plain64c": (64, True)}
-    need = {"passes": 10, "tail": 8, "outlier": 6, "d128c": 15, "d64c": 15, "d128": 15, "d64": 15, "plain128c": 10,
+    need = {"stamps128c": 25, "stamps128": 25, "passes": 10, "tail": 8, "outlier": 6, "d128c": 15, "d64c": 15, "d128": 15, "d64": 15, "plain128c": 10,
             "plain64c": 10}
     for c in args.cases.split(","):
         if run.left() < need.get(c, 10):
@@ -349,6 +441,8 @@ def main():
             D, causal = plains[c]
             B, H, N = (1, 2, 256) if smoke else (16, 16, 4096)
             run.attempt(c, plain, c, B, H, N, D, causal)
+        elif c in ("stamps128c", "stamps128"):
+            run.attempt(c, stamped_case, c, c.endswith("c"))
         else:
             run.attempt(c, {"passes": passes, "tail": tail, "outlier": outlier}[c])
     cols = ["name", "pass", "err_over_floor"] + [f"{n}_x_bf16_graph" for n in fm] + [f"{n}_x_bf16_gpu" for n in fm] \

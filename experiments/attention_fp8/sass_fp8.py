@@ -66,6 +66,9 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
                    q_buffers=1),
     "d128c3s2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
                      q_buffers=1, stages=2),
+    # session 43: the last consumer's Q in two buffers (q_last_buffers)
+    "d128c3s2ql2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
+                        q_buffers=1, stages=2, q_last_buffers=2),
 }
 
 

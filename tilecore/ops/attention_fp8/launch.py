@@ -206,6 +206,8 @@ class _GluonLayout:
             if cfg["serial"] not in (1, 2):
                 raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
             self.options["SERIAL"] = int(cfg["serial"])
+        if cfg.get("q_last_buffers"):  # the last consumer's Q buffers, where not q_buffers (gluon_fp8)
+            self.options["Q_LAST_BUFFERS"] = int(cfg["q_last_buffers"])
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
@@ -306,12 +308,15 @@ class QRotatedLaunch:
 
 def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
-    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer) and ``stages`` where they name the head dim,
+    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer), ``q_last_buffers`` (the last consumer's) and
+    ``stages`` where they name the head dim,
     ``hide_first_key`` and ``mask32`` at ROTATED's head dims where gluon_config does not name them, and three consumers
     with serial steps (ROTATED's ``serial_c3``: head dim -> serial mode) where gluon_config does not name ``serial``."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
     cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
+    if D in configs.ROTATED.get("q_last_buffers", {}):
+        cfg["q_last_buffers"] = configs.ROTATED["q_last_buffers"][D]
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
     cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
     c3 = configs.ROTATED.get("serial_c3", {})

@@ -120,19 +120,24 @@ class TileOperand:
 
     ``desc``: its block's descriptor (shape, dtype, swizzle). ``COUNT`` buffers of that block per
     load. ``BUFFERS`` per consumer, used in turn (2: the next tile's operand loads while this tile
-    runs). ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT`` (shared): a
-    constant of the kernel (the Hadamard transform's H_64), loaded once per program and kept."""
+    runs); ``LAST_BUFFERS`` (0: BUFFERS) the last consumer's, where only it can have more (FP8
+    attention's causal tiles: the last consumer's rows have the most keys, and shared memory holds one
+    spare buffer). ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT``
+    (shared): a constant of the kernel (the Hadamard transform's H_64), loaded once per program and
+    kept."""
     desc: object
     COUNT: gl.constexpr
     BUFFERS: gl.constexpr
+    LAST_BUFFERS: gl.constexpr
     SHARED: gl.constexpr
     RESIDENT: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False):
+    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False, LAST_BUFFERS=0):
         self.desc = desc
         self.COUNT = gl.constexpr(COUNT)
         self.BUFFERS = gl.constexpr(BUFFERS)
+        self.LAST_BUFFERS = gl.constexpr(LAST_BUFFERS or BUFFERS)
         self.SHARED = gl.constexpr(SHARED or RESIDENT)
         self.RESIDENT = gl.constexpr(RESIDENT)
 
@@ -269,14 +274,22 @@ class _Pipeline:
         self.num_tiles = num_tiles
 
 
+@gluon.constexpr_function
+def _buffers(BUFFERS, LAST_BUFFERS, consumer, consumers):
+    """A per-consumer tile operand's buffers for ``consumer`` (BUFFERS; the last consumer's LAST_BUFFERS)."""
+    return LAST_BUFFERS if consumer == consumers - 1 else BUFFERS
+
+
 @gluon.jit
 def _tile_slot(layout, consumer: gl.constexpr, t):
     """The tile operand's buffer (and barrier pair) for a program's t-th tile: consumer c's buffers are
-    c * BUFFERS .. (c + 1) * BUFFERS - 1, used in turn; a shared operand has one set."""
+    c * BUFFERS .. c * BUFFERS + its buffers - 1 (_buffers), used in turn; a shared operand has one set."""
     if layout.tile_operand.SHARED:
         return 0
     else:
-        return consumer * layout.tile_operand.BUFFERS + t % layout.tile_operand.BUFFERS
+        return consumer * layout.tile_operand.BUFFERS + t % _buffers(layout.tile_operand.BUFFERS,
+                                                                     layout.tile_operand.LAST_BUFFERS, consumer,
+                                                                     layout.CONSUMERS)
 
 
 @gluon.jit
@@ -370,7 +383,8 @@ def _produce_tile(op, layout, p, STAGE_BYTES: gl.constexpr, tile_id, i, t, prev)
         else:  # each consumer's own, once its buffer is free again
             for c in gl.static_range(layout.CONSUMERS):
                 slot = _tile_slot(layout, c, t)
-                mbarrier.wait(p.tile_empty.index(slot), ((t // operand.BUFFERS) & 1) ^ 1)
+                mbarrier.wait(p.tile_empty.index(slot), ((t // _buffers(operand.BUFFERS, operand.LAST_BUFFERS, c,
+                                                                             layout.CONSUMERS)) & 1) ^ 1)
                 mbarrier.expect(p.tile_ready.index(slot), OPERAND_BYTES)
                 op.load_tile(p.tile_bufs.index(slot), p.tile_ready.index(slot), tile, c)
     for kk in range(steps):
@@ -483,7 +497,9 @@ def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, la
     operand = layout.tile_operand
     slot = _tile_slot(layout, CID, t) if operand is not None else 0
     if operand is not None:
-        mbarrier.wait(p.tile_ready.index(slot), 0 if operand.RESIDENT else (t // operand.BUFFERS) & 1)
+        mbarrier.wait(p.tile_ready.index(slot),
+                      0 if operand.RESIDENT else (t // _buffers(operand.BUFFERS, operand.LAST_BUFFERS, CID,
+                                                                   layout.CONSUMERS)) & 1)
     ctx = _context(layout, p, CID, out, slot)
     state = op.start(ctx, tile, prev)
     for kk in range(steps):
@@ -587,7 +603,7 @@ def run(op, layout, stages, num_tiles):
                                               operand.desc.layout)
     else:
         gl.static_assert(operand.COUNT == 1, "a per-consumer tile operand is one buffer a load")
-        OPERAND_SLOTS: gl.constexpr = C * operand.BUFFERS
+        OPERAND_SLOTS: gl.constexpr = (C - 1) * operand.BUFFERS + operand.LAST_BUFFERS
         tile_bufs = gl.allocate_shared_memory(operand.desc.dtype, [OPERAND_SLOTS] + operand.desc.block_type.shape,
                                               operand.desc.layout)
     tile_ready = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
