@@ -126,7 +126,8 @@ class AttentionBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     # 0: none; 1: tanh from exp2; 2: tanh.approx.f32 (1 and 2: the cap's derivative in float16, varlen's kernel and the
-    # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta and dS = y - y tanh^2 (the fixed kernel's: compute)
+    # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta and dS = y - y tanh^2 (the fixed kernel's: compute);
+    # 4 (candidate, config softcap_derivative_first): 3's products, y (1 - tanh^2) before P, dS = P y (compute)
     SOFTCAP: gl.constexpr
     # without a softcap: dP^T's accumulator from -delta too (SOFTCAP 3 has it always), so dS = P (dP - delta) is
     # one multiply and delta's registers die before the products
@@ -371,45 +372,38 @@ class AttentionBackward:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
         else:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        if self.SOFTCAP == 5:  # CANDIDATE
+        if self.SOFTCAP == 4:  # the cap's derivative into dP - delta before P: y (1 - tanh^2), then dS = P y; tanh's
+            # registers die into P and lse is read from shared memory only then (D128 causal fused: 476 -> 188 B spilled)
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             t_t = self.capped_scores(s_t, start_n, start_m, tile)
-            y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)
-            lse_cols = stat_columns(stage.stats, 0, st_layout)
-            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(lse_cols * LOG2E, 0))
+            y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)  # a masked key: tanh -inf gives y - y = 0, and p = 0
+            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
             ds_t = p_t * y_t
-        lse_cols = stat_columns(stage.stats, 0, st_layout)
-        if self.SOFTCAP == 4:  # CANDIDATE
-            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            t_t = self.capped_scores(s_t, start_n, start_m, tile)
-            y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)
-            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(lse_cols * LOG2E, 0))
-            ds_t = p_t * y_t
-        elif self.SOFTCAP == 5:
-            pass
-        elif self.SOFTCAP == 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
-            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, tanh2 = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            y_t = p_t * y_t
-            ds_t = y_t - y_t * tanh2
-        elif self.SOFTCAP:
-            # both products first, then the softmax: the cap's derivative (float16, 16 registers a
-            # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
-        elif FROM_DELTA:
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            ds_t = p_t * warpgroup_mma_wait(0, deps=(dp_tok,))
         else:
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-            delta_cols = stat_columns(stage.stats, 1, st_layout)
-            dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
+            lse_cols = stat_columns(stage.stats, 0, st_layout)
+            if self.SOFTCAP == 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
+                s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                p_t, tanh2 = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                y_t = p_t * y_t
+                ds_t = y_t - y_t * tanh2
+            elif self.SOFTCAP:
+                # both products first, then the softmax: the cap's derivative (float16, 16 registers a
+                # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
+                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                delta_cols = stat_columns(stage.stats, 1, st_layout)
+                # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
+                ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
+            elif FROM_DELTA:
+                s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+                p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                ds_t = p_t * warpgroup_mma_wait(0, deps=(dp_tok,))
+            else:
+                s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+                p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                delta_cols = stat_columns(stage.stats, 1, st_layout)
+                dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
+                ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
         ds_t = self.step_ds(ds_t, start_m, tile)
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
