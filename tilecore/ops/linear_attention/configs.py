@@ -42,6 +42,10 @@ BASED_FWD_STAGES = 3
 GLUON_FORWARD = True
 GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
+# the GLA forward (per-channel decay) on Hopper (gluon_gla_forward.py): off until its float64 GPU check; 2 stages
+# (80 KB each at Dk 128 with float32 g: 3 do not fit)
+GLUON_GLA = False
+GLUON_GLA_STAGES = 2
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's

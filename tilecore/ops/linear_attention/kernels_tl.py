@@ -596,15 +596,20 @@ def la_fwd_kernel(Q, K, V, G, BETA, DSKIP, Z, H0, O, OLIN, HT,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
                   DECAY: tl.constexpr, FEATURE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_D: tl.constexpr,
                   HAS_Z: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_OLIN: tl.constexpr,
-                  MMA: tl.constexpr, IEEE: tl.constexpr, GL=None, DIAG: tl.constexpr = 2):
+                  MMA: tl.constexpr, IEEE: tl.constexpr, GL=None, DIAG: tl.constexpr = 2, REDO=None):
     """Program (batch * head, value block): o (and o before D and z: OLIN) of every token, and the final
     state, of its head's BV value columns. GL (per-channel decay): the sub-chunk-local cumulative log
     decay, contiguous (B, N, H, Dk) float32 (launch.sub_cumulative; read where DIAG is 2). DIAG 3 (per-channel
     decay): one reference a chunk where its span allows (_channel_chunk), else the sub-chunk form; DIAG 4
     the same with its scores' operands split hi + lo; 5 and 6 as 3 and 4 (the backward kernels' factored
     intra-chunk terms; they read 3 and 4 as 0). Grid: (B * H * VBLOCKS,), a head's value blocks
-    consecutive (they run together and walk the chunks abreast, so q and k come from HBM once, then L2)."""
+    consecutive (they run together and walk the chunks abreast, so q and k come from HBM once, then L2).
+    REDO (int32 [B * H], from gluon_gla_forward's kernel): a program runs only where its head is flagged (a chunk
+    too wide for the Gluon kernel's factored operands), rewriting that head's o and final state."""
     bh = tl.program_id(0) // VBLOCKS
+    if REDO is not None:
+        if tl.load(REDO + bh) == 0:
+            return
     vblock = tl.program_id(0) % VBLOCKS
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from tilecore import dispatch
-from tilecore.ops.linear_attention import chunked, configs, gluon_based, gluon_forward, kernels_backward, kernels_tl
+from tilecore.ops.linear_attention import (chunked, configs, gluon_based, gluon_forward, gluon_gla_forward,
+                                           kernels_backward, kernels_tl)
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind, shared_fit
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, TmaOperand
@@ -24,7 +25,7 @@ _FORWARD = CachedLaunch(kernels_tl.la_fwd_kernel)
 _STEP = CachedLaunch(kernels_tl.la_step_kernel)
 _GLUON_FORWARD = CachedLaunch(gluon_forward.la_fwd_gluon_kernel)
 _GLUON_BASED = CachedLaunch(gluon_based.based_fwd_gluon_kernel)
-_GLUON_FITS = LRU(256)  # (a call's launch key, keep_linear) -> (the Gluon forward fits, Based's Gluon forward fits)
+_GLUON_FITS = LRU(256)  # (a call's launch key, keep_linear) -> (the Gluon forward fits, Based's, the GLA forward's)
 _TL_FORWARDS = LRU(256)  # a call's launch key -> its TlForward (False: forward_call each call), after its first launch
 
 LOG_DECAY_FLOOR = chunked.LOG_DECAY_FLOOR
@@ -68,10 +69,18 @@ def forward(plan: Plan, q, k, v, g, beta, d_skip, z, h0, scale: float, feature: 
         if keep_linear and o.data_ptr() == o_lin.data_ptr():  # float32 without D and z: o is o_lin
             o_lin = o_lin.clone()
         return o, (ht if final_state else None), (o_lin if keep_linear else None)
-    gluon, based = _GLUON_FITS.memo(key and (key, keep_linear), lambda: (
+    gluon, based, gla = _GLUON_FITS.memo(key and (key, keep_linear), lambda: (
         bool(plan.config.get("fwd_gluon")) and not keep_linear and gluon_forward.fits(q, k, v, g, feature, beta, z, d_skip) is None,
         bool(plan.config.get("fwd_gluon_based")) and not keep_linear
-        and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None))
+        and gluon_based.fits(q, k, v, g, beta, d_skip, z) is None,
+        bool(plan.config.get("fwd_gluon_gla")) and not keep_linear
+        and gluon_gla_forward.fits(q, k, v, g, feature, beta, z, d_skip) is None))
+    if gla:
+        with dispatch.on_device(v.device):  # Hopper: the GLA forward's Gluon kernel, the tl kernel on flagged heads
+            o, ht, _ = gluon_gla_forward.forward(
+                q, k, v, g, h0, scale, final_state, plan.config["gluon_gla_stages"],
+                redo_tl=lambda o, ht, redo: gla_redo(plan, q, k, v, g, h0, o, ht, redo, scale))
+        return o, ht, None
     if gluon:
         with dispatch.on_device(v.device):  # Hopper: the Gluon forward (o before D and z not kept)
             if key is not None:
@@ -258,6 +267,13 @@ def forward_call(plan: Plan, q, k, v, g, beta, d_skip, z, h0, o, ht, o_lin, scal
         # GL (the sub-chunk-local cumulative decay, 1.1 ms at B16 H16 N4096 d128) is read by the gathered diagonal only
         kw.update(GL=sub_cumulative(g) if cfg["diag"] == 2 else g, DIAG=cfg["diag"])
     return kernels_tl.la_fwd_kernel, (B * H * cfg["value_blocks"],), args, kw
+
+
+def gla_redo(plan: Plan, q, k, v, g, h0, o, ht, redo, scale: float) -> None:
+    """The tl forward on the heads gluon_gla_forward's kernel flagged in ``redo`` (a chunk too wide for its factored
+    operands): their o and final states rewritten in full; the other programs return at once."""
+    kernel, grid, args, kw = forward_call(plan, q, k, v, g, None, None, None, h0, o, ht, None, scale, 0)
+    kernel[grid](*args, **kw, REDO=redo)
 
 
 def sub_cumulative(g: torch.Tensor) -> torch.Tensor:

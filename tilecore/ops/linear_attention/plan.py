@@ -72,7 +72,8 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     """The tl kernels' plan (also for a compile report on a machine without a GPU). ``overrides``: the
     config's BT_BWD, BV, BVB, BKQ, BKB, KB, num_warps, num_stages, step_warps, step_bv (experiments/linear_attention
     sweeps them; fwd_warps, fwd_stages: the forward's alone; fwd_gluon, gluon_stages: the Gluon forward's;
-    fwd_gluon_based, gluon_based_stages: Based's Gluon forward's)."""
+    fwd_gluon_based, gluon_based_stages: Based's Gluon forward's; fwd_gluon_gla, gluon_gla_stages: the GLA
+    forward's)."""
     kind = decay_kind(g)
     chunk_given = bool(chunk)
     dk, dv = q.shape[-1], v.shape[-1]
@@ -132,19 +133,23 @@ def tl_plan(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, feature: i
     # the Gluon forward on Hopper (launch.forward runs it where gluon_forward.fits takes the tensors)
     fwd_gluon = (configs.GLUON_FORWARD and (kind, BK) in configs.GLUON_CHECKED and feature != BASED
                  and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
+    # the GLA forward's Gluon kernel (gluon_gla_forward.py; launch.forward runs it where its fits takes the tensors)
+    fwd_gluon_gla = (configs.GLUON_GLA and kind == CHANNEL_DECAY and feature != BASED and BK in (64, 128)
+                     and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
     # Based's Gluon forward (gluon_based.py; launch.forward runs it where gluon_based.fits takes the tensors)
     fwd_gluon_based = (configs.GLUON_BASED and feature == BASED and kind == NO_DECAY
                        and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device))
     cfg = dict(BT=fwd_chunk, BT_BWD=BT_BWD, BK=BK, BV=BV, BVB=BVB, BVF=BVF, KB=KB, BKQ=BKQ, BKB=BKB, MMA=mma,
                IEEE=ieee, upcast=upcast, num_warps=bwd_warps, num_stages=configs.NUM_STAGES,
                fwd_warps=fwd_warps, fwd_stages=fwd_stages, fwd_gluon=fwd_gluon, gluon_stages=configs.GLUON_STAGES,
-               fwd_gluon_based=fwd_gluon_based,
+               fwd_gluon_based=fwd_gluon_based, fwd_gluon_gla=fwd_gluon_gla, gluon_gla_stages=configs.GLUON_GLA_STAGES,
                gluon_based_stages=configs.GLUON_BASED_STAGES,
                step_warps=configs.STEP_WARPS, step_bv=configs.STEP_BV, diag=channel_diag(kind),
                based_sym=feature == BASED and configs.BASED_BWD_SYM)
     unknown = set(overrides) - {"BT_BWD", "BV", "BVB", "BKQ", "BKB", "KB", "num_warps", "num_stages",
                                 "fwd_warps", "fwd_stages", "fwd_gluon", "gluon_stages", "fwd_gluon_based",
-                                "gluon_based_stages", "step_warps", "step_bv", "diag", "combine", "based_sym"}
+                                "gluon_based_stages", "fwd_gluon_gla", "gluon_gla_stages", "step_warps", "step_bv",
+                                "diag", "combine", "based_sym"}
     if unknown:
         raise ValueError(f"tl_plan: unknown overrides {sorted(unknown)}")
     # num_warps and num_stages set every pass's (the forward's too, unless fwd_* say otherwise)
