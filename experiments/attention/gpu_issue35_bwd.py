@@ -10,7 +10,8 @@ softmax under dP's wgmma (1.001x), its derivative kept in float32 (0.995x; fp16 
 window's balanced tile schedule (1.031x, 1.003x, 0.956x in three calls), a consumer skipping its window-missed
 steps (0.958x). Session 41 (helper HT) timed the cap's derivative folded into dS (y - y tanh^2, float32) alone
 (calls 1, 3, 5: 1.020 / 1.009 / 0.978x at causal N4096; removed) and with dP's wgmma accumulating from -delta
-(call 5: 1.034x, shipped as the fixed kernels' SOFTCAP 3); the phases that timed them are at 7604ad14.
+(call 5: 1.034x, shipped as the fixed kernels' SOFTCAP 3); the phases that timed them are at 7604ad14. Session 43 (HT):
+phase first times SOFTCAP 4 (the derivative before P) against SOFTCAP 3 and the plain backward at B16 H16 N4096.
 
 Phases (run in the order given, each where its time is left; checks against float64 into NaN-poisoned dq / dk / dv;
 GPU time from CUDA graphs in interleaved rounds):
@@ -24,6 +25,9 @@ GPU time from CUDA graphs in interleaved rounds):
   delta:    the plain backward with dP's accumulator from -delta (config dp_from_delta) against the shipped config,
             D128 causal N4096 / N2048, full N4096; softcap 30 beside causal N4096
   dchecks:  that variant and the shipped config against float64: causal N4048 bf16 / fp16, causal GQA N2000, full
+  first:    the softcap's derivative into dP - delta before P (config softcap_derivative_first) against the shipped
+            softcap kernel and the plain backward, B16 H16 N4096 D128 causal and full
+  fchecks, fchecks2: that candidate and the shipped softcap against float64 (see checks_first)
 Writes $OUT/issue35_bwd.json; the table last.
 
     PYTHONPATH=. python experiments/attention/gpu_issue35_bwd.py [--phases softcap,schecks,window,wchecks,flex,both,packed]
@@ -194,6 +198,53 @@ def checks_delta(run):
                {"shipped": {}, "delta off": dict(dp_from_delta=False)})
 
 
+def phase_first(run, rounds, cases="4096c,4096f", batch=16):
+    """The softcap backward with its derivative taken into dP - delta before P (config softcap_derivative_first: the
+    dK/dV kernel's SOFTCAP 4, lse read late; fewer spills) against the shipped softcap kernel (SOFTCAP 3) and the plain
+    backward (no softcap, the shipped config), B16 H16 D128 bf16, causal (dQ fused) and full (lagged) at N4096."""
+    h, d = 16, 128
+    for n, causal in ((int(c[:-1]), c[-1] == "c") for c in cases.split(",")):
+        q, k, v, dout = inputs(batch, h, h, n, d, torch.bfloat16, seed=4)
+        out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
+        out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
+        fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0],
+               "softcap": backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP)[0],
+               "first": backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP, softcap_derivative_first=True)[0]}
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        t, row = graph_rounds(run, fns, rounds)
+        if all(t.get(f"{x}_graph_ms") for x in fns):
+            row["first_speedup"] = t["softcap_graph_ms"] / t["first_graph_ms"]
+            row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
+            row["first_of_plain"] = t["plain_graph_ms"] / t["first_graph_ms"]
+        run.row(f"softcap{CAP:g} first {'causal' if causal else 'full'} B{batch} H{h} N{n} D{d} bwd", kind="time", **row)
+        del q, k, v, dout, out0, lse0, out1, lse1, fns
+        torch.cuda.empty_cache()
+
+
+FIRST = dict(softcap_derivative_first=True)
+
+
+def checks_first(run, which="a"):
+    """The candidate of phase first and the shipped softcap kernel against float64 (softcap 30): "a" causal N4048 with
+    dQ fused (bf16, fp16) and full N4048 (lagged, bf16); "b" causal N2000 (the dq kernel's dQ), full N4048 fp16, window
+    (1008, 0) + softcap GQA 16/4 N4048."""
+    if which == "a":
+        for dtype in (torch.bfloat16, torch.float16):
+            check_case(run, "softcap30 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
+                       {"fused": dict(dq_from="fused"), "first fused": dict(FIRST, dq_from="fused")})
+        check_case(run, "softcap30 full N4048", 1, 16, 16, 4048, False, (-1, -1), CAP, torch.bfloat16,
+                   {"shipped": {}, "first": FIRST})
+    else:
+        check_case(run, "softcap30 causal N2000", 2, 16, 16, 2000, True, (-1, -1), CAP, torch.bfloat16,
+                   {"shipped": {}, "first": FIRST})
+        check_case(run, "softcap30 full N4048", 1, 16, 16, 4048, False, (-1, -1), CAP, torch.float16,
+                   {"shipped": {}, "first": FIRST})
+        check_case(run, "window (1008,0)+softcap GQA 16/4 N4048", 1, 16, 4, 4048, True, (1008, 0), CAP,
+                   torch.bfloat16, {"shipped": {}, "first": FIRST})
+
+
 WINDOW_STATE = {}
 
 
@@ -292,14 +343,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=55.0)
     ap.add_argument("--delta-cases", default="4096c,2048c,4096f", help="phase delta's N and c (causal) / f (full)")
+    ap.add_argument("--first-cases", default="4096c,4096f", help="phase first's N and c (causal) / f (full)")
+    ap.add_argument("--batch", type=int, default=16, help="phase first's batch")
     args = ap.parse_args()
     run = Run("issue35_bwd", deadline=args.deadline)
     steps = {"softcap": lambda: phase_softcap(run, args.rounds), "schecks": lambda: checks_softcap(run),
              "window": lambda: phase_window(run, args.rounds), "wchecks": lambda: checks_window(run),
              "flex": lambda: phase_flex(run), "both": lambda: checks_both(run),
              "packed": lambda: phase_packed(run, args.rounds), "delta": lambda: phase_delta(run, args.rounds, args.delta_cases),
-             "dchecks": lambda: checks_delta(run)}
-    need = {"flex": 22, "both": 12, "packed": 15}  # seconds a phase needs left to start (compiles)
+             "dchecks": lambda: checks_delta(run),
+             "first": lambda: phase_first(run, args.rounds, args.first_cases, args.batch),
+             "fchecks": lambda: checks_first(run, "a"), "fchecks2": lambda: checks_first(run, "b")}
+    need = {"flex": 22, "both": 12, "packed": 15, "first": 30, "fchecks2": 15}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
         if name == "flex" and not WINDOW_STATE:
             continue
@@ -309,7 +364,7 @@ def main():
             run.say(f"skipped {name}: {run.left():.0f} s left")
     run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
                 "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "plain_graph_ms", "delta_graph_ms", "delta_speedup",
-                "softcap_of_plain", "softcap_of_delta", "long_fused_over_split_graph",
+                "softcap_of_plain", "softcap_of_delta", "first_graph_ms", "first_speedup", "first_of_plain", "long_fused_over_split_graph",
                 "long_fused_over_split", "all_fused_over_split_graph", "all_fused_over_split"])
 
 
