@@ -2,6 +2,7 @@
 float64 recurrence and timed beside the shipped tl forward (kernels_tl, plan diag 3) and the copy bound, in one run.
 
     python experiments/linear_attention/gpu_forward_gla.py [--smoke] [--rounds 5] [--deadline 130]
+    (the time phase first, then the checks by importance while the deadline allows: new specializations compile)
 
 * check: launch.forward with the plan's fwd_gluon_gla on (the Gluon kernel, then the tl kernel on the heads it
   flags) into fresh outputs (the kernel writes every element: NaN-poisoned buffers are not its inputs, so the
