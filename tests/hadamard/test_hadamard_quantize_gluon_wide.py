@@ -259,11 +259,41 @@ def test_joint_kernel_compiles_for_sm90():
     assert joint["sass"] < units["sass"] and joint["spill_stores"] <= units["spill_stores"], (units, joint)
 
 
+_COMPILE_PAIR = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from experiments.hadamard.wide_gluon_compile import compile_one
+rows = []
+for fmt, kw in (("fp8_e4m3", dict(ktrim=True, fold=True, clamp_lo=2)), ("int4", dict(fold=True, clamp_lo=2)),
+                ("amax", dict(nozero=True, clamp_lo=2, perm=True))):  # 11008's shipped switches, without / with JOINT
+    for joint in (False, True):
+        rows.append(compile_one(172, 64, fmt, extra={"JOINT": True} if joint else {}, **kw))
+print(json.dumps(rows))
+"""
+
+
+def test_pair_joint_kernel_compiles_for_sm90(compiled_json):
+    """JOINT at HALVES 1 (11008: the tile's two rows' mixing as one N = 128 product, the six output blocks 3 : 3)
+    compiles for sm_90a: wgmma 114 -> 92 (fp8: the mixing's 18 [64, 64] chains, KTRIM's last chunk two, as 3 [64, 128]
+    and 3 [64, 64] chains a consumer), 120 -> 96 without KTRIM; TMA, not serialized, within 227 KiB, fewer instructions,
+    no more spills; AMAX (nvfp4's pass, the rows' maxima exchanged) too."""
+    rows = compiled_json(_COMPILE_PAIR, timeout=900)
+    wgmma = [(r["wgmma"], n["wgmma"]) for r, n in zip(rows[::2], rows[1::2])]
+    assert wgmma == [(114, 92), (120, 96), (120, 96)], wgmma
+    for off, on in zip(rows[::2], rows[1::2]):
+        assert on["tma"] and not on["wgmma_serialized"] and on["shared_meta"] <= 227 * 1024, on
+        assert on["sass"] < off["sass"] and on["spill_stores"] <= off["spill_stores"], (off, on)
+
+
 def test_plan_switches_joint_only_with_units():
     for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4"):
         assert _plan(fmt, n=18944, gluon=True, _gluon_ok=True, units=True, joint=True).config.get("JOINT")
         assert not _plan(fmt, n=18944, gluon=True, _gluon_ok=True, units=False, joint=True).config.get("JOINT")
-        assert not _plan(fmt, n=11008, gluon=True, _gluon_ok=True, joint=True).config.get("JOINT")
+        # m x 64 (HALVES 1): the tile's two rows' mixing as one product, where asked
+        assert _plan(fmt, n=11008, gluon=True, _gluon_ok=True, joint=True).config.get("JOINT")
+        assert not _plan(fmt, n=11008, gluon=True, _gluon_ok=True, joint=False).config.get("JOINT")
+        assert bool(_plan(fmt, n=11008, gluon=True, _gluon_ok=True).config.get("JOINT")) == ((fmt, 11008) in
+                                                                                            configs.QUANT_GLUON_JOINT)
         assert not _plan(fmt, n=18944, gluon=True, _gluon_ok=True, joint=False).config.get("JOINT")
         assert bool(_plan(fmt, n=18944, gluon=True, _gluon_ok=True).config.get("JOINT")) == ((fmt, 18944) in
                                                                                             configs.QUANT_GLUON_JOINT)

@@ -51,7 +51,9 @@ class RowPair:
 
 @stage_struct
 class RowJoint:
-    """JOINT's ring stage: the tile's row as its three [1, 64, 128] chunks of sub-rows (both column halves)."""
+    """JOINT's ring stage: HALVES 2, the tile's row as its three [1, 64, 128] chunks of sub-rows (both column halves);
+    HALVES 1, the tile's two rows as three [2, 64, 64] chunks (row a's chunk k, then row b's: 128-byte lines in the
+    order of a [64, 128] tile's two 64-column swizzle atoms, so one buffer is both rows' N = 128 operand)."""
     a0: object
     a1: object
     a2: object
@@ -112,7 +114,9 @@ class WideQuantize:
     E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
     INT_BITS: gl.constexpr  # int8 / int4: codes from the bits of q + 1.5 x 2^23, no cvt.rni (epilogue._int_bits)
     JOINT: gl.constexpr  # UNITS: both column halves' mixing as one N = 128 product (a chunk a [1, 64, 128] box): H's
-    # block read once for both halves, half the wgmma instructions; W_J0 and W_J1 split from its accumulator
+    # block read once for both halves, half the wgmma instructions; W_J0 and W_J1 split from its accumulator. HALVES 1:
+    # the tile's two rows' mixing as one N = 128 product (a chunk a [2, 64, 64] box), its six output blocks (J, row)
+    # split 3 : 3 (_compute_pair), the per-token maxima of both rows exchanged
 
     @gluon.jit
     def setup(self, tile):
@@ -120,10 +124,10 @@ class WideQuantize:
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        if self.JOINT:  # the row's three chunks, both column halves each
+        if self.JOINT:  # HALVES 2: the row's three chunks, both column halves each; HALVES 1: both rows' chunks
             jbufs = (stage.a0, stage.a1, stage.a2)
             for k in gl.static_range(NB):
-                tma.async_copy_global_to_shared(self.x_desc, [tile, BLOCK * k, 0], bar, jbufs[k])
+                tma.async_copy_global_to_shared(self.x_desc, [(3 - self.HALVES) * tile, BLOCK * k, 0], bar, jbufs[k])
         else:
             for r in gl.static_range(2):
                 if r == 0:
@@ -151,6 +155,12 @@ class WideQuantize:
             else:
                 zo = self._held(z)
             return Quad(zo, zo, zo, zo, tile * 0)
+        elif self.JOINT:  # HALVES 1: three held blocks, in _pair_out's form
+            if self.PERM:
+                zo = self._held(relabel(z))
+            else:
+                zo = self._held(z)
+            return Mixed(zo, zo, zo, tile * 0)
         elif self.HALVES == 2:
             return Mixed(z, z, z, tile * 0)
         else:
@@ -162,9 +172,51 @@ class WideQuantize:
         W_j is live beside the finished Y's); the stage is released after. UNITS: _compute_units."""
         if self.UNITS:
             out = self._compute_units(ctx, state, stage, tile)
+        elif self.JOINT:
+            out = self._compute_pair(ctx, stage, tile)
         else:
             out = self._compute_rows(ctx, state, stage, tile)
         return out
+
+    @gluon.jit
+    def _compute_pair(self, ctx, stage, tile):
+        """JOINT at HALVES 1: the tile's rows a = 2 tile, b = 2 tile + 1 as one N = 128 operand; consumer c makes output
+        block J = 2 c of both rows (one [64, 128] mixing: H's blocks read once for both) and block 1 of row a + c (a
+        [64, 64] mixing): three blocks each, (J, a), (J, b), (1, a + c), held in _pair_out's form."""
+        h64 = ctx.operand.index(NB * NB)
+        dt: gl.constexpr = self.x_desc.dtype
+        JL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        xj = (stage.a0._reinterpret(dt, [BLOCK, 2 * BLOCK], JL), stage.a1._reinterpret(dt, [BLOCK, 2 * BLOCK], JL),
+              stage.a2._reinterpret(dt, [BLOCK, 2 * BLOCK], JL))
+        xs = (stage.a0.reshape([2 * BLOCK, BLOCK]).slice(BLOCK * ctx.index, BLOCK, 0),  # row a + c's chunks
+              stage.a1.reshape([2 * BLOCK, BLOCK]).slice(BLOCK * ctx.index, BLOCK, 0),
+              stage.a2.reshape([2 * BLOCK, BLOCK]).slice(BLOCK * ctx.index, BLOCK, 0))
+        JN: gl.constexpr = 2 * ctx.index
+        w = gl.zeros([BLOCK, 2 * BLOCK], gl.float32, wgmma_layout(BLOCK, 2 * BLOCK, gl.num_warps()))
+        for k in gl.static_range(NB):
+            w = self._product(ctx, JN, k, xj[k], w, k > 0)
+        v = gl.zeros([BLOCK, BLOCK], gl.float32, wgmma_layout(BLOCK, BLOCK, gl.num_warps()))
+        for k in gl.static_range(NB):
+            v = self._product(ctx, 1, k, xs[k], v, k > 0)
+        w, v = warpgroup_mma_wait(0, deps=(w, v))
+        wa, wb = gl.split(gl.permute(gl.reshape(w, [BLOCK, 2, BLOCK]), [0, 2, 1]))
+        wa = gl.convert_layout(wa, v.type.layout)  # (the same registers: a thread's columns 8 j + 2 q + b, j < 8)
+        wb = gl.convert_layout(wb, v.type.layout)
+        y0 = self._pair_out(self._rotated(wa, h64, JN), 2 * tile, JN)
+        y1 = self._pair_out(self._rotated(wb, h64, JN), 2 * tile + 1, JN)
+        y2 = self._pair_out(self._rotated(v, h64, 1), 2 * tile + ctx.index, 1)
+        return Mixed(y0, y1, y2, ctx.ring_step)
+
+    @gluon.jit
+    def _pair_out(self, y, row, J: gl.constexpr):
+        """JOINT at HALVES 1: a finished block (J, row) in the form held until finish: relabelled (PERM), then STORE's
+        values or a group format's codes (its scales stored now), else float32 for the row's maximum."""
+        y = self._ordered(y)
+        if self.FORMAT == STORE:
+            y = y.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX:
+            y = group_codes(self, y, row, J, 0)
+        return y
 
     @gluon.jit
     def _held(self, y):
@@ -374,8 +426,74 @@ class WideQuantize:
     def finish(self, ctx, state, tile):
         if self.UNITS:
             self._finish_units(ctx, state, tile)
+        elif self.JOINT:
+            self._finish_pair(ctx, state, tile)
         else:
             self._finish_rows(ctx, state, tile)
+
+    @gluon.jit
+    def _finish_pair(self, ctx, state, tile):
+        """JOINT at HALVES 1: consumer c's blocks (J, a), (J, b), (1, a + c) (J = 2 c) staged and stored; per token
+        (and AMAX) each row's maximum is the larger of the two consumers' (one exchange of both rows' a tile), consumer 0
+        storing row a's scale, consumer 1 row b's."""
+        ra = 2 * tile
+        tma.store_wait(0)  # this consumer's previous tile's stores have read the staging buffer
+        if self.FORMAT == AMAX or (self.G == 0 and self.FORMAT != STORE):
+            a0 = row_amax((state.w0,), 1)
+            a1 = row_amax((state.w1,), 1)
+            if ctx.index == 0:
+                a0 = _max_nan(a0, row_amax((state.w2,), 1))
+            else:
+                a1 = _max_nan(a1, row_amax((state.w2,), 1))
+            a0, a1 = self._exchange_pair(ctx, folded(self, a0), folded(self, a1), state.t)
+            if self.FORMAT == AMAX:
+                if ctx.index == 0:
+                    gl.store(self.amax_out + ra, a0, mask=ra < self.rows)
+                else:
+                    gl.store(self.amax_out + ra + 1, a1, mask=ra + 1 < self.rows)
+            else:
+                r0 = token_recip(self, a0, ra, ctx.index == 0)
+                r1 = token_recip(self, a1, ra + 1, ctx.index == 1)
+                if ctx.index == 0:
+                    r2 = r0
+                else:
+                    r2 = r1
+                self._stage(ctx, 0, token_codes(state.w0 * r0, self.FORMAT, self.INT_BITS))
+                self._stage(ctx, 1, token_codes(state.w1 * r1, self.FORMAT, self.INT_BITS))
+                self._stage(ctx, 2, token_codes(state.w2 * r2, self.FORMAT, self.INT_BITS))
+                self._store_pair_rows(ctx, ra)
+        else:  # STORE's values, the group formats' codes: made in compute
+            self._stage(ctx, 0, state.w0)
+            self._stage(ctx, 1, state.w1)
+            self._stage(ctx, 2, state.w2)
+            self._store_pair_rows(ctx, ra)
+
+    @gluon.jit
+    def _exchange_pair(self, ctx, a0, a1, t):
+        """JOINT at HALVES 1: both rows' maxima maxed with the other consumer's (NaN if either is), through the tile
+        parity's slots of op.xchg ([8, 1]: parity x consumer x row) and the barrier pair of the per-token exchange."""
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        slot = t & 1
+        mine = 4 * slot + 2 * ctx.index
+        other = 4 * slot + 2 - 2 * ctx.index
+        self.xchg.index(mine).store(gl.full([1], a0, gl.float32, L1))
+        self.xchg.index(mine + 1).store(gl.full([1], a1, gl.float32, L1))
+        gl.thread_barrier()  # both stores before the arrive (one thread of the partition arrives)
+        mbarrier.arrive(self.xbar.index(slot))
+        mbarrier.wait(self.xbar.index(slot), (t >> 1) & 1)
+        b0 = gl.reduce(self.xchg.index(other).load(L1), 0, _max_nan)
+        b1 = gl.reduce(self.xchg.index(other + 1).load(L1), 0, _max_nan)
+        return _max_nan(a0, b0), _max_nan(a1, b1)
+
+    @gluon.jit
+    def _store_pair_rows(self, ctx, ra):
+        """JOINT at HALVES 1: the staged blocks (J, a), (J, b), (1, a + c) stored (rows past the end clipped)."""
+        fence_async_shared()
+        gl.thread_barrier()
+        JN: gl.constexpr = 2 * ctx.index
+        tma.async_copy_shared_to_global(self.codes_desc, [ra, BLOCK * JN, 0], ctx.out.slice(0, 1))
+        tma.async_copy_shared_to_global(self.codes_desc, [ra + 1, BLOCK * JN, 0], ctx.out.slice(1, 1))
+        tma.async_copy_shared_to_global(self.codes_desc, [ra + ctx.index, BLOCK, 0], ctx.out.slice(2, 1))
 
     @gluon.jit
     def _finish_units(self, ctx, state, row):
@@ -587,8 +705,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
     are used: a consumer's staging buffer); h_desc: gluon_operand's ten [64, 64] blocks. ``row_counter``: an int32,
     zero at launch and left so, from which programs draw row pairs. JOINT (UNITS): x_desc's boxes [1, 64, 128]."""
     rows = gl.to_tensor(rows)  # a one-row call: Triton passes rows == 1 as a constant; the tile count is a tensor
-    if HALVES == 2:  # the per-token amax exchange between the consumers sharing a row
-        xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    if HALVES == 2 or JOINT:  # the per-token amax exchange between the consumers sharing a row (JOINT HALVES 1: two)
+        xchg = gl.allocate_shared_memory(gl.float32, [4 * (3 - HALVES), 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(xbar.index(0), count=2)
         mbarrier.init(xbar.index(1), count=2)
@@ -613,8 +731,9 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
                       STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM,
                       E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4),
-                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4), JOINT and UNITS)
-    gl.static_assert(not JOINT or UNITS, "JOINT: UNITS alone")
+                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4), JOINT and (UNITS or HALVES == 1))
+    gl.static_assert(not JOINT or UNITS or (HALVES == 1 and PROBE == 0 and not STREAM),
+                     "JOINT: UNITS, or HALVES 1 without PROBE / STREAM")
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(h_desc, COUNT=NB * NB + 1, RESIDENT=True), tile_counter=row_counter)
     if JOINT:
@@ -681,12 +800,13 @@ def descriptors(x2, out, m: int, packed: bool, halves: int = 1, slots: int = 4, 
     """(x_desc, codes_desc, staging_desc) for (rows, m 64 halves) rows ``x2`` and their codes (or values) ``out``:
     3-D views (rows, m, 64 halves, or 32 halves packed) with [1, 64, W] boxes (W = 64 or 32: a consumer's columns;
     sub-rows past m: zeros on loads, clipped on stores); the staging buffer ``slots`` blocks (STORE2: 2). ``joint``
-    (JOINT): x's boxes [1, 64, 128], both column halves."""
+    (JOINT): x's boxes [1, 64, 128], both column halves (halves 2), or [2, 64, 64], a tile's two rows (halves 1: the
+    second row past the end of an odd count loads as zeros)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows = x2.shape[0]
     P = BLOCK.value
-    xb = [1, P, P * halves] if joint else [1, P, P]
+    xb = ([1, P, P * halves] if halves == 2 else [2, P, P]) if joint else [1, P, P]
     x_desc = TensorDescriptor(x2, [rows, m, P * halves], [x2.stride(0), P * halves, 1], xb, _layout(xb, 16))
     w = P // 2 if packed else P
     bits = out.element_size() * 8
