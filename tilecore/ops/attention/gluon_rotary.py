@@ -113,6 +113,67 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
 
 
 @gluon.jit
+def turn_rows_to(buf, out_ptr, rows_left, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
+                 R: gl.constexpr, ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False):
+    """turn_rows' turn of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r; read, not written),
+    stored to global memory instead: row r at out_ptr + r D (D contiguous features; the pass-through ones copied),
+    rows from ``rows_left`` on not stored. The buffer is read once into registers and nothing waits on the stores
+    (its stage goes back as soon as the reads are done; the caller fences the stores before it publishes them)."""
+    BLOCK_ROWS: gl.constexpr = buf.shape[0]
+    D: gl.constexpr = buf.shape[1]
+    WIDTH: gl.constexpr = 2 * R if INTERLEAVED else R
+    COL_THREADS: gl.constexpr = WIDTH // 8 if WIDTH // 8 <= 32 else 32
+    ROW_THREADS: gl.constexpr = 32 // COL_THREADS
+    gl.static_assert(ROWS % (ROW_THREADS * gl.num_warps()) == 0 and BLOCK_ROWS % ROWS == 0,
+                     "ROWS: a multiple of the rows the partition's threads cover, dividing the block's")
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [ROW_THREADS, COL_THREADS], [gl.num_warps(), 1], [1, 0])
+    pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [ROW_THREADS, COL_THREADS, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
+    angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
+    CHUNKS: gl.constexpr = BLOCK_ROWS // ROWS
+    PASS_BLOCKS: gl.constexpr = (D - 2 * R) // WIDTH  # the features past 2R, WIDTH at a time
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.expand_dims(gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout)), 0)
+    cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
+    for c in gl.static_range(CHUNKS):
+        if c + 1 < CHUNKS:  # the next rows' angles, in flight under this turn
+            next_cos, next_sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
+                                             first_pos + (c + 1) * ROWS, ROWS, R, angle_layout)
+        chunk = buf.slice(c * ROWS, ROWS, dim=0)
+        rows = c * ROWS + r
+        ok = gl.expand_dims(rows < rows_left, 1)
+        at = out_ptr + gl.expand_dims(rows.to(gl.int64) * D, 1) + cols
+        cs = cos.to(gl.float32)
+        sn = sin.to(gl.float32)
+        if INTERLEAVED:
+            x = gl.convert_layout(chunk.slice(0, 2 * R, dim=1).load(layout).to(gl.float32).reshape([ROWS, R, 2]),
+                                  pairs)
+            a, b = gl.split(x)
+            a2, b2 = turn_pair(a, b, cs, sn)
+            turned = gl.convert_layout(gl.join(a2, b2).reshape([ROWS, 2 * R]), layout)
+            gl.store(at, turned.to(buf.dtype), mask=ok)
+        else:
+            lo = chunk.slice(0, R, dim=1).load(layout).to(gl.float32)
+            hi = chunk.slice(R, R, dim=1).load(layout).to(gl.float32)
+            a2, b2 = turn_pair(lo, hi, cs, sn)
+            gl.store(at, a2.to(buf.dtype), mask=ok)
+            gl.store(at + R, b2.to(buf.dtype), mask=ok)
+        for j in gl.static_range(PASS_BLOCKS):
+            gl.store(at + 2 * R + j * WIDTH, chunk.slice(2 * R + j * WIDTH, WIDTH, dim=1).load(layout), mask=ok)
+        if c + 1 < CHUNKS:
+            cos = next_cos
+            sin = next_sin
+
+
+@gluon.jit
+def stores_published(x):
+    """This thread's generic global stores ordered before what it does next at GPU scope (fence.acq_rel.gpu: the
+    release that follows a barrier covers the warpgroup's stores) and for the async proxy (the tiles' TMA loads
+    of them); returns x (an int32 scalar)."""
+    return gl.inline_asm_elementwise("fence.acq_rel.gpu; fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def fence_proxy_async_global(x):
     """fence.proxy.async.global once ``x`` (an int32 scalar) is known: this thread's generic-proxy accesses of
     global memory ordered with its async-proxy ones (TMA); returns x."""
@@ -147,8 +208,10 @@ class KTurn:
     k_raw: object  # k's descriptor (B, Hkv, Nk, D), the stage's boxes
     counters: object  # int32 [B * Hkv], zero at launch: a kv head's items finished, one count a consumer
     items_per_head: object
+    k_out: object  # BY_REGS: the turned buffer (B, Hkv, Nk, D) contiguous, stored by the threads
     ITEM_STEPS: gl.constexpr  # ring steps an item (2 BN rows each)
     ROWS: gl.constexpr  # rows turned at a time (turn_rows)
+    BY_REGS: gl.constexpr  # turned through registers and stored by st.global (turn_rows_to), else in place + TMA
 
     @gluon.jit
     def wait_head(self, u, target):
@@ -229,18 +292,28 @@ class RotaryAttention:
                 buf = stage.k
             else:
                 buf = stage.v
-            turn_rows(buf.reshape([a.BN, a.D]), row, self.cos, self.sin, self.cos_stride, self.sin_stride,
-                      self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED)
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(a.k_desc, [b, hk, row, 0], buf)
-            tma.store_wait(0)
-            gl.thread_barrier()  # the store has read the buffer before any thread releases the stage
+            if self.kturn.BY_REGS:
+                Hkv = a.H // a.GROUP
+                out = self.kturn.k_out + ((b * Hkv + hk).to(gl.int64) * a.Nk + row) * a.D
+                turn_rows_to(buf.reshape([a.BN, a.D]), out, a.Nk - row, row, self.cos, self.sin, self.cos_stride,
+                             self.sin_stride, self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED)
+                gl.thread_barrier()  # every warp has read the buffer before any thread releases the stage
+            else:
+                turn_rows(buf.reshape([a.BN, a.D]), row, self.cos, self.sin, self.cos_stride, self.sin_stride,
+                          self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED)
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(a.k_desc, [b, hk, row, 0], buf)
+                tma.store_wait(0)
+                gl.thread_barrier()  # the store has read the buffer before any thread releases the stage
 
     @gluon.jit
     def side_done(self, ctx, item):
         """The item's stores written and fenced, then counted on its kv head (release)."""
-        u = bulk_stores_written(item // self.kturn.items_per_head)
+        if self.kturn.BY_REGS:
+            u = stores_published(item // self.kturn.items_per_head)
+        else:
+            u = bulk_stores_written(item // self.kturn.items_per_head)
         gl.thread_barrier()
         gl.atomic_add(self.kturn.counters + u, 1, sem="release", scope="gpu")
 
@@ -293,12 +366,14 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 Q_REGS: gl.constexpr = False, WINDOW: gl.constexpr = False,
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 INTERLEAVED: gl.constexpr = False, K_ITEM_STEPS: gl.constexpr = 0,
-                                K_TURN_ROWS: gl.constexpr = 64, kraw_desc=None, k_counters=None, k_items_per_head=0):
+                                K_TURN_ROWS: gl.constexpr = 64, kraw_desc=None, k_counters=None, k_items_per_head=0,
+                                K_BY_REGS: gl.constexpr = False, k_out=None):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
     None): the turned Q written there too. K_ITEM_STEPS > 0: K turned inside the launch (KTurn: ``schedule``
-    holds its items, ``kraw_desc`` is k, ``k_desc`` the turned buffer, ``k_counters`` zeros)."""
+    holds its items, ``kraw_desc`` is k, ``k_desc`` the turned buffer, ``k_counters`` zeros; K_BY_REGS: the items
+    store it from registers, ``k_out`` the buffer)."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
@@ -317,7 +392,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
     if K_ITEM_STEPS > 0:
         gl.static_assert(not CARRY and D == DV, "K turned in the launch: a pipeline that restarts at each tile, "
                          "V's boxes K's")
-        kturn = KTurn(kraw_desc, k_counters, k_items_per_head, K_ITEM_STEPS, K_TURN_ROWS)
+        kturn = KTurn(kraw_desc, k_counters, k_items_per_head, k_out, K_ITEM_STEPS, K_TURN_ROWS, K_BY_REGS)
     op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, kturn, R, ROWS, INTERLEAVED)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
@@ -403,10 +478,11 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     _, scale_log2e, tanh_scale = score_options(scale, softcap)
     # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too, and where K is
     # turned inside (its items' steps, and how the JIT specializes the items a head: 1, or a multiple of 16)
+    by_regs = overlap is not None and configs.ROTARY_K_ITEM_BY_REGISTERS
     key = plan.launch_key
     if key is not None and (qr is not None or overlap is not None):
         key = (key, qr is not None, None if overlap is None else
-               (configs.ROTARY_K_OVERLAP_ITEM_STEPS, overlap[1] == 1, overlap[1] % 16 == 0))
+               (configs.ROTARY_K_OVERLAP_ITEM_STEPS, overlap[1] == 1, overlap[1] % 16 == 0, by_regs))
     schedule, kraw, counters, per_head, item_steps = plan.schedule, None, None, 0, 0
     if overlap is not None:
         schedule, per_head = overlap
@@ -423,5 +499,5 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
                             K_ITEM_STEPS=item_steps, kraw_desc=kraw, k_counters=counters, k_items_per_head=per_head,
-                            num_warps=4))
+                            K_BY_REGS=by_regs, k_out=k if by_regs else None, num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)
