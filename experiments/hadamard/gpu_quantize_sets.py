@@ -44,7 +44,8 @@ the flips (int4 / int8 32768 on the pipeline) against the plans before them. --s
 consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM, fp8 16384 with the codes through TMA. --set v: 16384 / 32768 with the H_2 level after the products (SWAP: fp8,
 e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
 N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
-widths on fp8_e4m3's Gluon plans.
+widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the tile's two rows' mixing as one N = 128
+product), every format; int4 2048 with CLAMP_LO.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -431,6 +432,24 @@ SETS["z"] = {("fp8_e4m3", 18944): [("before", dict(joint=False))]}
 SETS["e5"] = {("fp8_e5m2", n): [("e4m3_gluon", dict(tables_of="fp8_e4m3"))] for n in (11008, 14336, 18944, 28672)}
 
 
+# session 43, batch 1: 11008 = 172 x 64 (int8 89-91%, int4 72%, mxfp4 51%, nvfp4 44% of copy; fp8 95%) on the Gluon wide
+# kernel with JOINT at HALVES 1: the tile's two rows' mixing as one N = 128 product (a chunk one [2, 64, 64] box: both rows'
+# lines in a [64, 128] operand's atom order), the six output blocks split 3 : 3 (consumer c: block 2 c of both rows as one
+# [64, 128] mixing, block 1 of row a + c), both rows' per-token maxima exchanged. sm_90a (each format's shipped switches):
+# wgmma 114 -> 92 (fp8 / int8), 120 -> 96 (4-bit); SASS fp8 3392 -> 3128, int8 3584 -> 3320, int4 4104 -> 3600; no spills,
+# 197-213 KB. joint_ib / joint_kt: with INT_BITS (int8: 0.997x without JOINT) / KTRIM (the 4-bit formats' last K chunk
+# cut at 48). int4 2048 (88.0%) with CLAMP_LO (its lo piece by one max: 1.00-1.06x elsewhere; int4 2048 has PAIRS)
+JOINT11 = ("joint", dict(joint=True))
+SETS["ja"] = {  # (priority order)
+    ("int8", 11008): [JOINT11, ("joint_ib", dict(joint=True, int_bits=True))],
+    ("int4", 11008): [JOINT11, ("joint_kt", dict(joint=True, ktrim=True))],
+    ("mxfp4", 11008): [JOINT11, ("joint_kt", dict(joint=True, ktrim=True))],
+    ("nvfp4", 11008): [JOINT11, ("joint_kt", dict(joint=True, ktrim=True))],
+    ("fp8_e4m3", 11008): [JOINT11],
+    ("int4", 2048): [("cl", dict(clamp_lo=True))],
+}
+
+
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
     out = []
@@ -544,6 +563,23 @@ def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
                                                                                           "gluon_wide", "gluon_rows")
     return {"match": round(match, 6), "far": far, "far_tiny": far_tiny, "scales_differ": scales_differ,
             "scales_boundary": scales_boundary, "written": written, "ok": ok}
+
+
+def same_dynamic(x, tuning) -> bool:
+    """nvfp4 without a given global scale (the plan's AMAX pass, then the codes) under ``tuning``: the same bytes
+    (codes, block scales, global scale) as the shipped plan's, each poisoned first with other bytes (an element the
+    variant skips differs)."""
+    import torch
+
+    from experiments.common.gpu_script import same_bits
+    from tilecore.ops.hadamard import quantize
+
+    outs = []
+    for t, poison in (({}, True), (tuning, 0xA5)):
+        plan = quantize.plan_quantize(x, "nvfp4", 16, None, True, False, False, **t)
+        outs.append([o.contiguous().view(torch.uint8).clone() for o in
+                     quantize.run_plan(plan, x, "nvfp4", 16, None, True, None, poison=poison) if o is not None])
+    return same_bits(outs[0], outs[1])
 
 
 BOUNDARY_REL = 2.0**-13  # the kernel's rotation (float32 sums of bf16 pieces, each within 2^-15) off float64's
@@ -687,11 +723,15 @@ def main():
                 res = {"ok": "before"}
             else:
                 res = run.attempt(f"{fmt} {n} {name} check", check_codes, x, fmt, tuning, 16 if args.smoke else 64)
-                if tuning.get("own") and res:  # an odd row count: the last tile's second row lies past the end
+                if (tuning.get("own") or (tuning.get("joint") and n == 11008)) and res:  # an odd row count: the
+                    # last tile's second row lies past the end
                     xo = x[:x.shape[0] // 16 + 1]
                     odd = run.attempt(f"{fmt} {n} {name} odd check", check_codes, xo, fmt, tuning,
                                       min(16 if args.smoke else 64, xo.shape[0] // 2))
                     res = {**res, "odd_ok": bool(odd and odd["ok"]), "ok": bool(res["ok"] and odd and odd["ok"])}
+                if fmt == "nvfp4" and tuning.get("joint") and n == 11008 and res:  # its AMAX pass (no given scale)
+                    res = {**res, "dynamic_same": run.attempt(f"{fmt} {n} {name} dynamic", same_dynamic, x, tuning)}
+                    res["ok"] = bool(res["ok"] and res["dynamic_same"])
             plan, fn = runner(x, fmt, tuning)
             codes, scales, _ = fn()
             written = codes.numel() * codes.element_size() + (scales.numel() * scales.element_size()
