@@ -1,7 +1,10 @@
 """Attention's causal schedules on the device (plan.causal_schedule): the last
 configs.DEVICE_TABLES_MAX used are kept, so a server seeing many lengths does not grow without
-bound; a table a CUDA graph captured is never evicted (the graph reads it at every replay); threads
-share the cache; a probe's patched block gets its own tables."""
+bound; a table a CUDA graph captured is never evicted (the graph reads it at every replay); a capture
+finds the table an eager call made in another patched block with the same switches, and raises where no
+call made it (never round-robin in its place); threads share the cache; a probe's patched block gets its
+own tables."""
+import pytest
 import torch
 
 from tilecore import dispatch
@@ -11,6 +14,7 @@ from tilecore.tiles.switches import patched
 
 def test_causal_schedules_keep_the_last_used(monkeypatch):
     monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
     monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
     monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 4)
     built = []
@@ -33,6 +37,7 @@ def test_causal_schedules_keep_the_last_used(monkeypatch):
 
 def test_a_table_a_cuda_graph_captured_is_never_evicted(monkeypatch):
     monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
     monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
     monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 2)
     build = lambda n: torch.full((n,), n, dtype=torch.int32)
@@ -40,7 +45,8 @@ def test_a_table_a_cuda_graph_captured_is_never_evicted(monkeypatch):
     first = plan.causal_schedule(cpu, 7, build=build)  # made before capture
     monkeypatch.setattr(dispatch, "capturing", lambda device: True)
     assert plan.causal_schedule(cpu, 7, build=build) is first  # the graph reads this table
-    assert plan.causal_schedule(cpu, 8, build=build) is None  # not made under capture: round-robin
+    with pytest.raises(plan.ScheduleNotOnDevice, match="run this call once"):
+        plan.causal_schedule(cpu, 8, build=build)  # never made: no copy under capture, and no silent round-robin
     monkeypatch.setattr(dispatch, "capturing", lambda device: False)
     for n in range(20, 40):
         plan.causal_schedule(cpu, n, build=build)
@@ -51,6 +57,7 @@ def test_threads_share_the_cache(monkeypatch):
     import threading
 
     monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
     monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 3)
     build = lambda n: torch.full((n,), n, dtype=torch.int32)
     errors = []
@@ -75,6 +82,7 @@ def test_a_patched_block_gets_its_own_tables(monkeypatch):
     probe's variant) is that block's: made once in it, and the shipped table again after it (the device cache keys on
     tiles.switches.generation, balanced_table's memo too)."""
     monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
     monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
     built = []
 
@@ -88,6 +96,31 @@ def test_a_patched_block_gets_its_own_tables(monkeypatch):
         variant = plan.causal_schedule(cpu, 3, build=build)
         assert plan.causal_schedule(cpu, 3, build=build) is variant
     after = plan.causal_schedule(cpu, 3, build=build)
-    assert variant[0] == shipped[0] + 5 and torch.equal(after, shipped)
+    assert variant[0] == shipped[0] + 5 and after is shipped  # the same contents: the same copy
     assert built == [shipped[0], shipped[0] + 5, shipped[0]]
     assert plan.balanced_table.cache_info().maxsize == 64  # (the memo of tiles.switches, keyed on its generation)
+
+
+def test_a_capture_in_a_patched_block_finds_its_warm_up_table(monkeypatch):
+    """The timing artefact of session 42: a probe that enters switches.patched on each call (a new generation each
+    time) warms up eagerly and then captures a CUDA graph; the capture must launch the balanced table its warm-up
+    uploaded (same contents), not round-robin; a capture whose table no call made raises."""
+    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
+    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
+    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    cpu = torch.device("cpu")
+    key = ("backward", 4096, 4096, 64, 128, 256, 8, 1, 132)  # D128 causal B16 H16: 8,192 key tiles over 132
+    steps = configs.TILE_OVERHEAD_STEPS + 1
+
+    def call():
+        with patched(configs, TILE_OVERHEAD_STEPS=steps):
+            return plan.causal_schedule(cpu, *key)
+    warm = call()  # eager: built and uploaded
+    with patched(configs, TILE_OVERHEAD_STEPS=steps):
+        assert warm is not None and torch.equal(warm, plan.balanced_table(*key))
+    monkeypatch.setattr(dispatch, "capturing", lambda device: True)
+    captured = call()  # another generation, the same switches
+    assert captured is warm
+    assert call() is warm  # and every capture after it
+    with pytest.raises(plan.ScheduleNotOnDevice):  # a shape no eager call ran (N 8192)
+        plan.causal_schedule(cpu, "backward", 8192, 8192, 64, 128, 256, 8, 1, 132)

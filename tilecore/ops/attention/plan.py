@@ -36,6 +36,7 @@ import importlib
 import math
 import numbers
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -499,17 +500,28 @@ def paired_table(n_blocks: int, num_bhk: int, head_group: int, programs: int) ->
 # (device, builder, table's key) -> the table on the device, or None for round-robin (4 bytes a
 # tile: 33 KB at N = 4096): the configs.DEVICE_TABLES_MAX used last, so a server seeing many lengths
 # does not grow without bound. A table handed out while a CUDA graph is captured moves to
-# _CAPTURED_TABLES and is never evicted: the graph reads it at every replay.
+# _CAPTURED_TABLES and is never evicted: the graph reads it at every replay. _UPLOADED finds a table on
+# the device by its contents (device, int32 bytes) while something holds it: a key made under other
+# tiles.switches.patched blocks (each has its generation) with the same contents takes that copy,
+# which a CUDA graph's capture, unable to copy a table to the device, depends on.
 _DEVICE_TABLES: OrderedDict = OrderedDict()
 _CAPTURED_TABLES: dict = {}
+_UPLOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _TABLES_LOCK = threading.Lock()
+
+
+class ScheduleNotOnDevice(RuntimeError):
+    """A causal launch captured into a CUDA graph needs a schedule table that is not on the device (a copy from the
+    host cannot be captured): the call must run once before its capture. Raised rather than launching round-robin in
+    the table's place, which would run (and time) another schedule than the plan's."""
 
 
 def causal_schedule(device: torch.device, *key, build=balanced_table, whole_key: bool = False) -> torch.Tensor | None:
     """``build(*key)`` (a balanced table by default, or paired_table's) on ``device``, or None
-    (round-robin): where round-robin is as even, or while a CUDA graph is being captured before this
-    shape ran once (a copy to the GPU cannot be captured; the round-robin launch is as correct, if
-    slower). Made once per device, builder and shape while among the last DEVICE_TABLES_MAX used.
+    (round-robin) where round-robin is as even. Made once per device, builder and shape while among the
+    last DEVICE_TABLES_MAX used, and uploaded once per contents. While a CUDA graph is captured a table
+    whose contents are not on the device yet raises ScheduleNotOnDevice (run the call once before
+    capturing: a warm-up in another patched block with the same switches made the same table).
     ``whole_key``: ``key`` holds every switch ``build`` reads, so the table is kept across switches.patched
     blocks (a graph captured in a block of its own finds the table its warm-up call made)."""
     # (balanced_table reads configs: tiles.switches.generation)
@@ -522,10 +534,19 @@ def causal_schedule(device: torch.device, *key, build=balanced_table, whole_key:
             _DEVICE_TABLES.move_to_end(cache_key)
             table = _DEVICE_TABLES[cache_key]
         else:
-            if capturing:
-                return None
             table = build(*key)
-            table = _DEVICE_TABLES[cache_key] = None if table is None else table.to(device)
+            if table is not None:
+                contents = (device, table.numpy().tobytes())
+                on_device = _UPLOADED.get(contents)
+                if on_device is None:
+                    if capturing:
+                        raise ScheduleNotOnDevice(
+                            f"attention's causal schedule ({getattr(build, '__name__', build)}{key}) is not on {device} "
+                            f"and a copy to the device cannot be captured into a CUDA graph: run this call once "
+                            f"(same shapes and switches) before capturing it")
+                    on_device = _UPLOADED[contents] = table.to(device)
+                table = on_device
+            _DEVICE_TABLES[cache_key] = table
             while len(_DEVICE_TABLES) > configs.DEVICE_TABLES_MAX:
                 _DEVICE_TABLES.popitem(last=False)
         if capturing and table is not None:  # kept for good: the graph reads it at every replay
