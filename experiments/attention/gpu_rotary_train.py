@@ -388,15 +388,21 @@ AB_VARIANTS = {
 AB_LAUNCHES = {"pass": 2}
 
 
-def ab_calls(d, causal, b=16, h=16, n=4096):
+def ab_calls(d, causal, b=16, h=16, n=4096, train=False):
+    """{variant: (call, its configs)}: the no-grad forward at B16 H16 N4096 bf16, bf16 tables; ``train``: forward +
+    backward (autograd.grad of q, k, v) instead."""
     if SMOKE:  # the interpreter: a tiny shape
         b, h, n = 1, 2, 64
-    """{variant: (call, its configs)}: the no-grad forward at B16 H16 N4096 bf16, bf16 tables."""
-    q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16, requires_grad=train) for _ in range(3))
+    g = torch.randn(b, h, n, d, device=DEV, dtype=torch.bfloat16)
     cos, sin = tables(n, d // 2, torch.bfloat16)
 
     def call(rot):
         def f():
+            if train:
+                out = tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin) if rot else None)
+                torch.autograd.grad(out, (q, k, v), g)
+                return
             with torch.no_grad():
                 tilecore.attention(q, k, v, causal=causal, rotary=(cos, sin) if rot else None)
         return f
@@ -404,7 +410,7 @@ def ab_calls(d, causal, b=16, h=16, n=4096):
     return {name: (call(rot), values) for name, (rot, values) in AB_VARIANTS.items()}, (q, k)
 
 
-def ab_timing(run, d, causal, names, rounds=3):
+def ab_timing(run, d, causal, names, rounds=3, train=False):
     """GPU time from CUDA graphs of the no-grad forward's routes ``names`` (AB_VARIANTS), interleaved rounds (the order
     reversed every other round). Each graph is captured inside the same patched block as an eager call before it,
     so that every table the plan uploads (the causal balanced schedule, the K items' table) is the block's own and
@@ -413,7 +419,7 @@ def ab_timing(run, d, causal, names, rounds=3):
     whether each variant's launch took the K items there."""
     from experiments.common.gpu_script import graph_ms
 
-    calls, (q, k) = ab_calls(d, causal)
+    calls, (q, k) = ab_calls(d, causal, train=train)
     per = {name: [] for name in names}
     taken = {}
     for r in range(rounds):
@@ -424,10 +430,11 @@ def ab_timing(run, d, causal, names, rounds=3):
             with patched(configs, **values):
                 f()
                 sync()
-                taken[name] = overlap_taken(q, k, causal, (-1, -1)) if AB_VARIANTS[name][0] else False
+                taken[name] = overlap_taken(q.detach(), k.detach(), causal, (-1, -1)) if AB_VARIANTS[name][0] else False
                 per[name].append(round(graph_ms(f) or 0.0, 5) if not SMOKE else 1.0)
     ms = {name: statistics.median(v) for name, v in per.items()}
-    run.row(f"ab D{d} {'causal' if causal else 'full'}", kind="ab", d=d, causal=causal,
+    run.row(f"ab{' train' if train else ''} D{d} {'causal' if causal else 'full'}", kind="ab", d=d, causal=causal,
+            train=train,
             **{f"{name}_ms": round(v, 4) for name, v in ms.items()},
             **{f"{name}_over": round(100 * (ms[name] / ms["plain"] - 1), 2) for name in ms if name != "plain"},
             items_taken=taken, rounds=per)
@@ -593,6 +600,7 @@ def main():
         run.attempt("smoke window", overlap_checks, run, "smoke window", 1, 4, 2, 40, 40, 32, True, True, 8, 2.0,
                     window=(16, 0))
         run.attempt("smoke ab", ab_timing, run, 32, True, ["plain", "shipped", "pass", "items"], rounds=2)
+        run.attempt("smoke ab train", ab_timing, run, 32, True, ["plain", "items_regs"], rounds=1, train=True)
         assert len(ncu_plan(["128:full", "128:causal"], ["plain", "pass", "items"])) == 8
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
@@ -618,11 +626,12 @@ def main():
     if a.one_sm:
         run.attempt("one SM", overlap_one_sm, run, *variants[0])
     for case in filter(None, a.ab.split(",")):  # before ncu: its process finds these kernels compiled
-        d, mask = case.split(":")
+        d, mask, *mode = case.split(":")  # D:mask[:train]: forward + backward
         if run.left() < 15:
             run.errors.append(f"ab {case}: skipped (deadline)")
             continue
-        run.attempt(f"ab {case}", ab_timing, run, int(d), mask == "causal", names, rounds=a.rounds)
+        run.attempt(f"ab {case}", ab_timing, run, int(d), mask == "causal", names, rounds=a.rounds,
+                    train=mode == ["train"])
     if a.ncu:
         run.attempt("ncu", ncu_phase, run, [x for x in a.ncu.split(",") if x],
                     [x for x in a.ncu_variants.split(",") if x])
