@@ -28,6 +28,8 @@ GPU time from CUDA graphs in interleaved rounds):
   first:    the softcap's derivative into dP - delta before P (config softcap_derivative_first) against the shipped
             softcap kernel and the plain backward, B16 H16 N4096 D128 causal and full
   fchecks, fchecks2: that candidate and the shipped softcap against float64 (see checks_first)
+  capture:  a causal forward planned inside a patched block entered on every call, from CUDA graphs, against the same
+            call unpatched (the patched + graph artefact: see phase_capture)
 Writes $OUT/issue35_bwd.json; the table last.
 
     PYTHONPATH=. python experiments/attention/gpu_issue35_bwd.py [--phases softcap,schecks,window,wchecks,flex,both,packed]
@@ -245,6 +247,45 @@ def checks_first(run, which="a"):
                    torch.bfloat16, {"shipped": {}, "first": FIRST})
 
 
+def phase_capture(run, rounds):
+    """The patched + CUDA graph artefact (session 42) after 46579743: the causal forward (D64 B16 H16 N4096, where
+    round-robin's longest program is 1.21x the balanced table's in plan's cost model) planned and launched inside a
+    switches.patched block entered on every call (its switches at their shipped values: the same table), so that
+    do_bench_cudagraph's warm-up and capture run in different generations, against the same call unpatched. Before the
+    fix the capture launched round-robin; now it must launch the warm-up's table (the plan's schedule, recorded on each
+    call, is that tensor) and take the unpatched time."""
+    from tilecore import dispatch
+    from tilecore.ops.attention import configs
+    from tilecore.tiles.switches import patched
+
+    b, h, n, d = 16, 16, 4096, 64
+    q, k, v, _ = inputs(b, h, h, n, d, torch.bfloat16, seed=5)
+    scale = d ** -0.5
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
+    shipped = plan.plan_forward(q, k, v, True, scale)
+    seen = []
+
+    def unpatched():
+        launch.forward(shipped, q, k, v, out, lse, True, scale)
+
+    def in_block():
+        with patched(configs, TILE_OVERHEAD_STEPS=configs.TILE_OVERHEAD_STEPS):
+            p = plan.plan_forward(q, k, v, True, scale)
+            seen.append((dispatch.capturing(q.device), p.schedule is shipped.schedule))
+            launch.forward(p, q, k, v, out, lse, True, scale)
+    fns = {"unpatched": unpatched, "patched": in_block}
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    t, row = graph_rounds(run, fns, rounds)
+    captured = [same for capturing, same in seen if capturing]
+    row.update(table=shipped.schedule is not None, captures=len(captured), captured_the_table=all(captured) and bool(captured))
+    if t.get("unpatched_graph_ms") and t.get("patched_graph_ms"):
+        row["patched_over_unpatched"] = t["patched_graph_ms"] / t["unpatched_graph_ms"]
+    run.row(f"capture in a patched block: causal fwd B{b} H{h} N{n} D{d}", kind="time", pass_=row["captured_the_table"],
+            **row)
+
+
 WINDOW_STATE = {}
 
 
@@ -353,7 +394,8 @@ def main():
              "packed": lambda: phase_packed(run, args.rounds), "delta": lambda: phase_delta(run, args.rounds, args.delta_cases),
              "dchecks": lambda: checks_delta(run),
              "first": lambda: phase_first(run, args.rounds, args.first_cases, args.batch),
-             "fchecks": lambda: checks_first(run, "a"), "fchecks2": lambda: checks_first(run, "b")}
+             "fchecks": lambda: checks_first(run, "a"), "fchecks2": lambda: checks_first(run, "b"),
+             "capture": lambda: phase_capture(run, args.rounds)}
     need = {"flex": 22, "both": 12, "packed": 15, "first": 30, "fchecks2": 15}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
         if name == "flex" and not WINDOW_STATE:
@@ -364,7 +406,8 @@ def main():
             run.say(f"skipped {name}: {run.left():.0f} s left")
     run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
                 "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "plain_graph_ms", "delta_graph_ms", "delta_speedup",
-                "softcap_of_plain", "softcap_of_delta", "first_graph_ms", "first_speedup", "first_of_plain", "long_fused_over_split_graph",
+                "softcap_of_plain", "softcap_of_delta", "first_graph_ms", "first_speedup", "first_of_plain",
+                "unpatched_graph_ms", "patched_graph_ms", "patched_over_unpatched", "long_fused_over_split_graph",
                 "long_fused_over_split", "all_fused_over_split_graph", "all_fused_over_split"])
 
 
