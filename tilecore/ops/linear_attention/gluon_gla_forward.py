@@ -42,6 +42,8 @@ BV_GLA = 64  # value columns a consumer
 # bf16: 2^48 keeps |q| 2^48 far inside bf16's float32 exponent range; fp16: 2^5.5 keeps |q| 2^5.5 below 65504 for
 # |q| < 1400 and |k| 2^-5.5 a normal fp16 for |k| > 3e-3 (kernels_tl._factor_span's reasoning, in log2 units)
 SPAN_LIMIT = {torch.bfloat16: 96.0, torch.float16: 11.0}
+# FORM bits (configs.GLUON_GLA_FORM): VEC, the prologue's [32, Dk] tiles 4 channels a thread
+VEC = gl.constexpr(1)
 LOG_DECAY_FLOOR = gl.constexpr(LOG_DECAY_FLOOR_HOST)
 LOG2E_K = gl.constexpr(LOG2E)
 
@@ -240,7 +242,7 @@ def _add(a, b):
 def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s0b, s0h, s0f: gl.constexpr,
                          s0v: gl.constexpr, stb, sth, stf: gl.constexpr, stv: gl.constexpr, N, H, VB, GROUP, scale,
                          num_tiles, span_limit: gl.constexpr, STAGES: gl.constexpr, HAS_H0: gl.constexpr,
-                         STORE_HT: gl.constexpr):
+                         STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under a per-channel decay; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp. The states' feature and value
     strides are constants (S^T's offsets then immediates: read at run time they are loop-invariant, hoisted out of
@@ -252,7 +254,12 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
     gl.static_assert(BT == 64, "a consumer's half of the chunk is 32 rows")
     NW: gl.constexpr = gl.num_warps()
     SL: gl.constexpr = wgmma_layout(BT, BV, NW)
-    if BK == 128:
+    if FORM & VEC:  # 4 channels a thread (16-byte loads), a channel's 32 tokens over 4 threads
+        if BK == 128:
+            GLY: gl.constexpr = gl.BlockedLayout([8, 4], [4, 8], [1, NW], [1, 0])
+        else:
+            GLY: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [2, NW // 2], [1, 0])
+    elif BK == 128:  # a channel's 32 tokens in one thread (the scan in registers)
         GLY: gl.constexpr = gl.BlockedLayout([BT // 2, 1], [1, 32], [1, NW], [0, 1])
     else:
         GLY: gl.constexpr = gl.BlockedLayout([BT // 4, 1], [2, 16], [1, NW], [0, 1])
@@ -300,9 +307,10 @@ def fits(q, k, v, g, feature: int, beta=None, z=None, d_skip=None) -> str | None
     return None
 
 
-def launch_args(q, k, v, g, h0, o, ht, redo, scale: float, stages: int = 2, *, operand=None):
+def launch_args(q, k, v, g, h0, o, ht, redo, scale: float, stages: int = 2, *, operand=None, form: int | None = None):
     """(grid, arguments by name, num_warps) of gla_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output, redo a
-    zeroed int32 (B * H)."""
+    zeroed int32 (B * H); ``form``: the FORM bits (None: configs.GLUON_GLA_FORM)."""
+    from tilecore.ops.linear_attention import configs
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -321,18 +329,21 @@ def launch_args(q, k, v, g, h0, o, ht, redo, scale: float, stages: int = 2, *, o
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy, REDO=redo,
                 s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2], stv=sht[3],
                 N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
-                span_limit=SPAN_LIMIT[q.dtype], STAGES=stages, HAS_H0=h0 is not None, STORE_HT=ht is not None)
+                span_limit=SPAN_LIMIT[q.dtype], STAGES=stages, HAS_H0=h0 is not None, STORE_HT=ht is not None,
+                FORM=configs.GLUON_GLA_FORM if form is None else form)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
-def forward(q, k, v, g, h0, scale: float, final_state: bool, stages: int = 2, *, redo_tl=None):
+def forward(q, k, v, g, h0, scale: float, final_state: bool, stages: int = 2, *, redo_tl=None,
+            form: int | None = None):
     """(o, final state or None, redo flags) by the Gluon kernel (``fits`` must have said None). ``redo_tl(o, ht,
-    redo)``: the tl kernel over the flagged heads (launch.forward passes it; None: the flags are returned unread)."""
+    redo)``: the tl kernel over the flagged heads (launch.forward passes it; None: the flags are returned unread).
+    ``form``: launch_args's."""
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = empty_state(B, H, q.shape[-1], Dv, v.device, False) if final_state else None
     redo = torch.zeros(B * H, dtype=torch.int32, device=v.device)
-    grid, args, warps = launch_args(q, k, v, g, h0, o, ht, redo, scale, stages)
+    grid, args, warps = launch_args(q, k, v, g, h0, o, ht, redo, scale, stages, form=form)
     gla_fwd_gluon_kernel[grid](**args, num_warps=warps)
     if redo_tl is not None:
         redo_tl(o, ht, redo)
@@ -340,7 +351,7 @@ def forward(q, k, v, g, h0, scale: float, final_state: bool, stages: int = 2, *,
 
 
 def compile_report(Dk: int = 128, dtype=torch.bfloat16, states: bool = True, stages: int = 2,
-                   compiled_out: list | None = None) -> dict:
+                   compiled_out: list | None = None, form: int | None = None) -> dict:
     """Compile the kernel for sm_90a as ``forward`` launches it (B2 H16 N4096, Dv 128, float32 g) and return its
     resources and Hopper instructions. TRITON_INTERPRET must be unset."""
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
@@ -352,7 +363,7 @@ def compile_report(Dk: int = 128, dtype=torch.bfloat16, states: bool = True, sta
     h0, ht = ((empty_state(B, H, Dk, Dv, "cpu", False), empty_state(B, H, Dk, Dv, "cpu", False)) if states
               else (None, None))
     redo = torch.zeros(B * H, dtype=torch.int32)
-    grid, args, warps = launch_args(q, q, v, g, h0, torch.empty_like(v), ht, redo, 1.0, stages)
+    grid, args, warps = launch_args(q, q, v, g, h0, torch.empty_like(v), ht, redo, 1.0, stages, form=form)
     compiled = compile_kernel(gla_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
