@@ -38,7 +38,8 @@ DEV = "cpu" if SMOKE else "cuda"
 BATCH = sys.argv[sys.argv.index("--batch") + 1] if "--batch" in sys.argv else "e"
 WARM_DEADLINE = 20.0  # the shared kernels' compile: the variants start then at the latest
 WORKER_DEADLINE = 900.0 if SMOKE else 75.0  # a worker still compiling then is killed (its row says so)
-TIME_DEADLINE = 170.0  # no timing round starts past it
+TIME_DEADLINE = float(sys.argv[sys.argv.index("--deadline") + 1]) if "--deadline" in sys.argv else 170.0  # no timing
+# round starts past it
 CHECK_SHAPE = (1, 128, 2) if SMOKE else (2, 1024, 16)  # B, N, H
 TIME_SHAPE = (16, 4096, 16)
 CASES = {"weak": dict(decay=0.3, reset=False, seed=1), "strong+reset": dict(decay=6.0, reset=True, seed=2)}
@@ -185,6 +186,17 @@ BATCHES["m"] = {  # call 4 (the session's last): as shipped (the session's start
     "d64 start bwd": (64, dict(dv_form=21), "bwd"),
     "d32 configs dqk": (32, {}, "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
+}
+# session 43: PAIR (gluon_gla_bwd FORM 16777216, d 32's two chunks a tile): each consumer takes the whole stage of every
+# other tile and runs both chunks as two chains half a chain apart, its scratch in the stage's own buffers (sm_90a at
+# 240 / 24 registers: 189 KB shared, 528 B spilled; configs' 75266 214 KB, 0 B)
+PAIR = 16777216
+BATCHES["n"] = {  # call 1: PAIR against configs' (the kernel, the whole backward, the public op through autograd)
+    "d32 configs dqk": (32, {}, "dqk0w"),
+    "d32 pair": (32, dict(dqk_gluon_form=S41_D32 | PAIR), "dqk0w"),
+    "d32 configs bwd": (32, {}, "bwd"),
+    "d32 pair bwd": (32, dict(dqk_gluon_form=S41_D32 | PAIR), "bwd"),
+    "d32 pair op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(dqk_gluon_form=S41_D32 | PAIR)}), None),
 }
 MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
          "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
@@ -395,7 +407,83 @@ def modes(fns: dict, reps: int = 20, rounds: int = 3) -> dict:
     return {n: {w: dict(median=round(statistics.median(v), 4), rounds=v) for w, v in ws.items()} for n, ws in per.items()}
 
 
+def scalar_routes(run: Run) -> dict:
+    """The brief's second item (``--scalar``): the scalar-decay backward as shipped against the per-channel (GLA)
+    backward on the decay broadcast to every channel (its dg summed back over the channels by autograd), both through
+    the public op: float64-checked (B2 N1024 H4, decays -U(0, 0.3), a reset mid-chunk), then timed at B16 H16 N4096
+    through autograd, eager do_bench medians in interleaved rounds: the backward alone (the forward's graph kept) and
+    forward + backward (the broadcast's copy included)."""
+    from triton.testing import do_bench
+
+    from tilecore import linear_attention
+    from tilecore.ops.linear_attention import linear_attention_reference
+
+    def graph(q, k, v, g, route):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g)]
+        dec = leaves[3] if route == "scalar" else leaves[3].unsqueeze(-1).expand(*g.shape, q.shape[-1]).contiguous()
+        return linear_attention(*leaves[:3], decay=dec), leaves
+
+    def inputs(B, N, H, D, seed):
+        torch.manual_seed(seed)
+        dt = torch.float16 if SMOKE else torch.bfloat16  # (the interpreter's bf16 dots are wrong)
+        q, k, v = (torch.randn(B, N, H, D, device=DEV, dtype=dt) for _ in range(3))
+        g = -torch.rand(B, N, H, device=DEV) * 0.3
+        return q, k, v, g
+
+    out = {}
+    for D in (32,) if SMOKE else (128, 64):
+        q, k, v, g = inputs(*((1, 128, 2) if SMOKE else (2, 1024, 4)), D, 3)
+        g[:, 77, 1] = float("-inf")
+        do = torch.randn_like(v)
+        ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, g)]
+        o_ref = linear_attention_reference(*ref_leaves[:3], decay=ref_leaves[3], scale=D ** -0.5)
+        o_ref = o_ref[0] if isinstance(o_ref, tuple) else o_ref
+        ref = torch.autograd.grad((o_ref * do.double()).sum(), ref_leaves)
+        for route in ("scalar", "broadcast"):
+            o, leaves = graph(q, k, v, g, route)
+            got = torch.autograd.grad(o, leaves, do)
+            cell = {n: check(a, r)["err_over_floor"] for n, a, r in zip(("dq", "dk", "dv"), got[:3], ref[:3])}
+            live = g > -100
+            cell["dg"] = round(float((got[3][live].double() - ref[3][live]).norm() / ref[3][live].norm()), 6)
+            cell["pass"] = all(check(a, r)["pass"] for a, r in zip(got[:3], ref[:3])) and cell["dg"] < 0.05 and bool(
+                torch.isfinite(got[3]).all())
+            out[f"d{D} {route} check"] = cell
+            run.say(json.dumps(dict(d=D, route=route, **cell)))
+    for D in () if SMOKE else (128, 64):
+        if run.left() < 15:
+            break
+        torch.cuda.empty_cache()
+        q, k, v, g = inputs(16, 4096, 16, D, 4)
+        do = torch.randn_like(v)
+        fns = {}
+        for route in ("scalar", "broadcast"):
+            o, leaves = graph(q, k, v, g, route)
+            fns[f"d{D} {route} bwd"] = (lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, do, retain_graph=True))
+
+            def fwd_bwd(route=route):
+                o, leaves = graph(q, k, v, g, route)
+                return torch.autograd.grad(o, leaves, do)
+            fns[f"d{D} {route} fwd+bwd"] = fwd_bwd
+        per = {n: [] for n in fns}
+        for r in range(3):
+            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                per[n].append(round(do_bench(fns[n], warmup=3, rep=30), 4))
+        for n, xs in per.items():
+            out[n] = dict(ms=statistics.median(xs), rounds=xs)
+            run.say(json.dumps(dict(variant=n, **out[n])))
+        q = k = v = g = do = fns = None
+    return out
+
+
 def main():
+    if "--scalar" in sys.argv:  # (the brief's second item alone)
+        run = Run("gla_bwd_scalar", deadline=TIME_DEADLINE)  # (--deadline: its timing starts only with 15 s left)
+        res = run.attempt("scalar", scalar_routes, run) or {}
+        run.extra["scalar"] = res
+        for n, r in res.items():
+            run.row(n, **{k: (v if not isinstance(v, list) else "/".join(map(str, v))) for k, v in r.items()})
+        run.finish(["name", "ms", "rounds", "dq", "dk", "dv", "dg", "pass"])
+        return
     if "--one" in sys.argv:
         print("ROW " + json.dumps(check_variant(sys.argv[sys.argv.index("--one") + 1])), flush=True)
         return
