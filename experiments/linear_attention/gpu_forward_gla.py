@@ -41,7 +41,7 @@ from tilecore.ops.linear_attention.reference import linear_attention_reference  
 from tilecore.tiles import switches  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-FORMS = (0, 1)  # gluon_gla_forward's FORM bits timed (0: the column-per-thread prologue; VEC 1)
+FORMS = (0, 3)  # gluon_gla_forward's FORM bits timed (0: the column-per-thread prologue; 3: VEC 1 + EARLY_S 2)
 
 
 def make(B, N, H, Dk, Dv, *, dtype=torch.bfloat16, decay=0.3, per_token=None, reset=False, h0=True, seed=0):
@@ -177,8 +177,9 @@ def main():
              dict(per_token=0.9), "none", False, ()),
             ("fp16 N1000 decay 0.1", dict(B=2, N=100 if small else 1000, H=4, Dk=128, Dv=128),
              dict(dtype=torch.float16, decay=0.1), "none", False, FORMS),
-            ("bf16 d64 N77", dict(B=2, N=77, H=4, Dk=64, Dv=128), {}, "none", False, FORMS),
-            ("bf16 d128 v256 N300", dict(B=1, N=70 if small else 300, H=3, Dk=128, Dv=256), {}, "none", False, ()),
+            ("bf16 d64 N1000", dict(B=2, N=77 if small else 1000, H=4, Dk=64, Dv=128), {}, "none", False, FORMS),
+            ("bf16 d128 v256 N1000", dict(B=1, N=70 if small else 1000, H=3, Dk=128, Dv=256), {}, "none", False,
+             ()),
             ("fp16 N1000 decay 0.3 (some wide)", dict(B=2, N=100 if small else 1000, H=4, Dk=128, Dv=128),
              dict(dtype=torch.float16, decay=0.3), "some", False, ()),
             ("bf16 no h0 N4097", dict(B=1, N=130 if small else 4097, H=2, Dk=128, Dv=128), dict(h0=False), "none",
@@ -192,8 +193,8 @@ def main():
         if run.left() >= 10:
             run.attempt("public op", check_public, run)
     run.finish(["name", "pass_", "err_o", "err_state", "written", "flagged", "expect_flags", "tl_graph_ms",
-                "gluon_graph_ms", "kernel_f0_graph_ms", "kernel_f1_graph_ms", "copy_graph_ms", "gluon_x_tl",
-                "gluon_pct_of_copy", "kernel_f0_pct_of_copy", "kernel_f1_pct_of_copy", "tl_ms", "gluon_ms"])
+                "gluon_graph_ms", "kernel_f0_graph_ms", "kernel_f3_graph_ms", "copy_graph_ms", "gluon_x_tl",
+                "gluon_pct_of_copy", "kernel_f0_pct_of_copy", "kernel_f3_pct_of_copy", "tl_ms", "gluon_ms"])
 
 
 if __name__ == "__main__":

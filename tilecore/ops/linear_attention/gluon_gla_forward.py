@@ -42,8 +42,10 @@ BV_GLA = 64  # value columns a consumer
 # bf16: 2^48 keeps |q| 2^48 far inside bf16's float32 exponent range; fp16: 2^5.5 keeps |q| 2^5.5 below 65504 for
 # |q| < 1400 and |k| 2^-5.5 a normal fp16 for |k| > 3e-3 (kernels_tl._factor_span's reasoning, in log2 units)
 SPAN_LIMIT = {torch.bfloat16: 96.0, torch.float16: 11.0}
-# FORM bits (configs.GLUON_GLA_FORM): VEC, the prologue's [32, Dk] tiles 4 channels a thread
+# FORM bits (configs.GLUON_GLA_FORM): VEC, the prologue's [32, Dk] tiles 4 channels a thread; EARLY_S, the state
+# update issued with the first wgmmas (o's inter-chunk term and P^T), not after P^T
 VEC = gl.constexpr(1)
+EARLY_S = gl.constexpr(2)
 LOG_DECAY_FLOOR = gl.constexpr(LOG_DECAY_FLOOR_HOST)
 LOG2E_K = gl.constexpr(LOG2E)
 
@@ -100,6 +102,7 @@ class GlaForward:
     STAGES: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
+    FORM: gl.constexpr
     SL: gl.constexpr  # [BT, BT] scores and [BV, BT] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BV, BK] the state S^T
     SPL: gl.constexpr  # S^T as the register operand of Sx^T Qx^T
@@ -202,7 +205,11 @@ class GlaForward:
                               is_async=True)
         p_tok = warpgroup_mma(k_s, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
                               is_async=True)
-        o, pT = warpgroup_mma_wait(0, deps=(o_tok, p_tok))
+        if self.FORM & EARLY_S:  # the update (it reads no P^T) issued with them, under P^T's mask and store
+            S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
+            o, pT = warpgroup_mma_wait(1, deps=(o_tok, p_tok))
+        else:
+            o, pT = warpgroup_mma_wait(0, deps=(o_tok, p_tok))
         offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
         offs_i = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
@@ -212,14 +219,18 @@ class GlaForward:
         gl.thread_barrier()
         o = o * self.scale
         o_tok = warpgroup_mma(vT, p_smem, o, is_async=True)
-        S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
-        o = warpgroup_mma_wait(1, deps=(o_tok,))
+        if self.FORM & EARLY_S:
+            o, S = warpgroup_mma_wait(0, deps=(o_tok, S_tok))
+        else:
+            S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
+            o = warpgroup_mma_wait(1, deps=(o_tok,))
         # o^T to the output's block through shared memory (a transposed view), one TMA store (rows past N clipped)
         tma.store_wait(0)
         ctx.out.reshape([self.BT, self.BV]).permute((1, 0)).store(o.to(self.o_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
-        S = warpgroup_mma_wait(0, deps=(S_tok,))
+        if not self.FORM & EARLY_S:
+            S = warpgroup_mma_wait(0, deps=(S_tok,))
         return GlaWalk(S * gl.expand_dims(em, 0))
 
     @gluon.jit
@@ -269,7 +280,7 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
     for s in gl.static_range(STAGES):
         mbarrier.init(built.index(s), count=2)
     op = GlaForward(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N,
-                    H, VB, GROUP, scale, p_smem, built, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT, SL,
+                    H, VB, GROUP, scale, p_smem, built, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT, FORM, SL,
                     wgmma_layout(BV, BK, NW), wgmma_lhs_layout(BV, BK, NW), wgmma_lhs_layout(BV, BT, NW), GLY)
     stages = GlaChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(v_desc, STAGES),
                       ring(v_desc, STAGES))
