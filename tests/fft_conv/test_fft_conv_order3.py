@@ -94,6 +94,38 @@ def test_fused_scaled_bins_are_the_torch_casts_bits():
     assert scale.tolist()[2:4] == [1.0, 1.0] and scale[4] == float("inf") and scale[1] > 2.0 ** 20
 
 
+@pytest.mark.parametrize("n", [8192, 16384])
+def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n):
+    """KFULL (launch.laid_half_bins, one kernel; here through the interpreter): position p of a channel's laid-out row
+    holds bin f = laid_order[p] (every f < L once), as the kernel's own gather gave it: f <= N the bin, past N the
+    conjugate of L - f (0 - im, the kernel's negation); the bins' bits RFFT 5's (a complex64 spectrum, a channel with a
+    NaN bin among them) or the float16 spectrum's as they are; and laid_order is the kernel's chunk tile: position ((j
+    4 + w) 8 + cg) 128 + 4 lane + q at row r = 16 w + 8 (q // 2) + t, column c = 8 cg + 2 lc + q % 2 of chunk j, its bin
+    k_a + A k_b with k_a = 16 (r % A2) + r // A2 + KG j (as the walk's offsets f)."""
+    a, b, a2 = gluon_order3.factors(n)
+    L = 2 * n
+    order = conv_launch.laid_order(n, torch.device("cpu")).long()
+    assert torch.equal(torch.sort(order).values, torch.arange(L))
+    p = torch.tensor([0, 1, 2, 3, 4, 5, 4096 + 130, L - 1])
+    q, lane, cg, w, j = p % 4, p // 4 % 32, p // 128 % 8, p // 1024 % 4, p // 4096
+    r, c = 16 * w + 8 * (q // 2) + lane // 4, 8 * cg + 2 * (lane % 4) + q % 2
+    assert torch.equal(order[p], 16 * (r % a2) + r // a2 + (64 // a2) * j + a * c)
+    g = torch.Generator().manual_seed(44)
+    k = torch.randn(2, n, generator=g) / math.sqrt(n)
+    spectrum = filter_spectrum(k, n)
+    spectrum[1, 5] = complex(float("nan"), 0.0)
+    for given, (bins, scale) in ((spectrum, conv_launch.scaled_half_bins(spectrum)),
+                                 (filter_spectrum(k, n, torch.float16), (filter_spectrum(k, n, torch.float16), None))):
+        laid, laid_scale = conv_launch.laid_half_bins(given, n)
+        assert laid.shape == (2, L, 2) and laid.dtype == torch.float16
+        assert (laid_scale is None) == (scale is None) and (scale is None or torch.equal(laid_scale, scale))
+        mirrored = order > n
+        at = bins[:, torch.where(mirrored, L - order, order)]
+        im = torch.where(mirrored, torch.zeros_like(at[..., 1]) - at[..., 1], at[..., 1])
+        want = torch.stack((at[..., 0], im), -1)
+        assert torch.equal(laid.view(torch.int16), want.view(torch.int16))
+
+
 def test_order3_arithmetic_keeps_nonfinite_in_its_sequence():
     n = 8192
     a, b, _ = gluon_order3.factors(n)
@@ -221,6 +253,18 @@ def test_order3_launch_binds_every_argument(monkeypatch):
     assert seen["args"][1] is half and seen["args"][-1] is None and seen["options"]["KSCALE"] is False
     with pytest.raises(ValueError, match="float16 spectrum"):
         conv_launch.launch_order3(u, spectrum, y, False, rfft=3)
+    # RFFT 5: RFFT 4's bins by one kernel; KFULL: the bins laid out (H, L, 2), a row 4 n halves apart, the scales as RFFT
+    # 5's (complex64) or none (a float16 spectrum); KFULL on RFFT 4's torch cast: an error
+    conv_launch.launch_order3(u, spectrum, y, False, rfft=5)
+    assert torch.equal(seen["args"][1], bound["K"]) and torch.equal(seen["args"][-1], bound["KS"])
+    assert seen["options"]["KFULL"] is False
+    for given, scaled in ((spectrum, True), (half, False)):
+        conv_launch.launch_order3(u, given, y, False, rfft=5 if scaled else 3, kfull=True)
+        laid = dict(zip(names, seen["args"])) | seen["options"]
+        assert laid["KFULL"] is True and laid["KSCALE"] is scaled and laid["K"].shape == (3, 2 * n, 2)
+        assert laid["stride_kh"] == 4 * n and (laid["KS"] is None) != scaled
+    with pytest.raises(ValueError, match="rfft 3 or 5"):
+        conv_launch.launch_order3(u, spectrum, y, False, rfft=4, kfull=True)
 
 
 def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypatch):
@@ -266,13 +310,16 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, 1, 4), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    assert seen[0][3:] == (True, 1, "k", 1, 4, False)  # (conj, per_sm, key, warpgroups, RFFT, STACK)
+    assert seen[0][3:] == (True, 1, "k", 1, 4, False, False)  # (conj, per_sm, key, warpgroups, RFFT, STACK, KFULL)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, 2, 3), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, None, 2, 3, False)  # (two warpgroups a pair, float16 bins)
+    assert seen[0][3:] == (False, 1, None, 2, 3, False, False)  # (two warpgroups a pair, float16 bins)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True)  # (STACK)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True, False)  # (STACK)
+    seen.clear()
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 5, True, True), u, spectrum, y, False, key=None)
+    assert seen[0][3:] == (False, 2, None, 1, 5, True, True)  # (RFFT 5, KFULL)
 
 
 def test_model_counts_order3_below_order2():

@@ -36,7 +36,7 @@ gluon_emulate.emulate_order3 (tests against float64); Gluon cannot be interprete
 from triton.experimental import gluon
 
 from tilecore.ops.fft_conv.gluon_onepass import (Stages, _complex_mma, _load_raw, _max4, _resident, _scaled_both,
-                                                 _spectrum_at, _twiddles, _walk)
+                                                 _spectrum_at, _twiddles, _unpack_half_bin, _walk)
 from tilecore.tiles.gluon import struct, wgmma_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
@@ -341,6 +341,27 @@ def _stage_1a_inverse(T_re, T_im, Y, b_re, batch, row_re, row_im, ratio, t1re, t
     _col_y(Y, b_re, batch, row_re, row_im, p2, q2, out_re, out_im, a2 + 1, A2, B)
 
 
+# KFULL (the launch's laid-out bins, launch.laid_half_bins): chunk j's [64 rows k_a, 64 k_b] bins stored as the wgmma
+# accumulator's layout holds them, a thread's four registers (column c0 = c % 2, row half h) one 16-byte vector and a
+# warp's 32 lanes 512 contiguous bytes; the tile seen as [4 w, 8 t, 4 lc, 8 cg, 4 q] (row 16 w + 8 (q // 2) + t, column
+# 8 cg + 2 lc + q % 2), its registers in the accumulator's order (q, then cg): a permute and reshape from [64, 64]
+_KL5 = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [0, 0, 0, 4, 0]],
+    lane_bases=[[0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0]],
+    warp_bases=[[1, 0, 0, 0, 0], [2, 0, 0, 0, 0]], block_bases=[], shape=[4, 8, 4, 8, 4]))
+
+
+@gluon.jit
+def _laid_bins(spectrum, j, acc: gl.constexpr):
+    """KFULL: chunk j's bins (float16 (re, im) packed in an int32, the mirrored bins already conjugated) in the [64, 64]
+    accumulator layout ``acc``, eight 16-byte loads a thread (a warp's load 512 contiguous bytes)."""
+    lane = _axis5(8, 1, _KL5) * 4 + _axis5(4, 2, _KL5)
+    off = ((_axis5(4, 0, _KL5) * 8 + _axis5(8, 3, _KL5)) * 32 + lane) * 4 + _axis5(4, 4, _KL5)
+    x = gl.load(spectrum.to(gl.pointer_type(gl.int32), bitcast=True) + j * 4096 + off)
+    x = gl.permute(gl.reshape(x, [4, 8, 4, 8, 2, 2]), (0, 4, 1, 3, 2, 5))  # [w, h, t, cg, lc, c0]
+    return gl.convert_layout(gl.reshape(x, [64, 64]), acc)
+
+
 @struct
 class Order3Shared:
     """What every warpgroup of the order-3 kernel reads: the tensors and sizes, the pair's intermediate T (shared
@@ -373,6 +394,7 @@ class Order3Shared:
     KS: object  # (heads,) float32: each channel's bins were divided by it (launch.scaled_half_bins), else None
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
     STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts, u read once (8192)
+    KFULL: gl.constexpr  # K the launch's laid-out bins (launch.laid_half_bins: a chunk's tile as its loads take it)
 
 
 @struct
@@ -452,7 +474,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  batch, heads, stride_ub, stride_uh, stride_yb, stride_yh, stride_kh, KS,
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
-                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False):
+                                 KSCALE: gl.constexpr = False, STACK: gl.constexpr = False,
+                                 KFULL: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -474,7 +497,10 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     memory, ~40 barriers a pair instead of ~230), u read once a pair (its scales and 1a from the same registers), each
     group's T' read under the previous group's wgmmas; the same values. KSCALE, KS (heads,) float32: K's bins are the spectrum
     over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|, so
-    no bin overflows float16), the outputs times KS[h]. The same roundings as gluon_emulate.emulate_order3."""
+    no bin overflows float16), the outputs times KS[h]. KFULL: K is the launch's laid-out bins (launch.laid_half_bins:
+    (heads, L) float16 pairs, each chunk's [64, 64] tile in the accumulator's register order, bins past N conjugated
+    there), read by 16-byte loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin. The same roundings
+    as gluon_emulate.emulate_order3."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     A2: gl.constexpr = A // 16
@@ -499,7 +525,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK, KFULL)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -509,7 +535,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
 
 
 @gluon.jit
-def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.constexpr):
+def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.constexpr, j, KFULL: gl.constexpr,
+            acc: gl.constexpr):
     """One chunk's stages 1b-1'b on its transposed tile (rows k_a; ``f`` its offsets m A + k_a, read as k_a + A
     k_b after stage 3), T's chunk [C, B] (``t_re``, ``t_im``: rows (k1, a2) of the chunk) in, T'^T's out over it:
 
@@ -522,7 +549,8 @@ def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.const
         1'b. T'^T = conj(F2) @ D^T              float16 over the chunk again: 1'a's input at the chunk's scale
 
     The roundings of gluon_onepass's _forward_stages / _inverse_stages (R, Y / s, D and T' to float16;
-    gluon_emulate.emulate_order3); returns s."""
+    gluon_emulate.emulate_order3); returns s. KFULL: ``spectrum`` the channel's laid-out bins, chunk ``j``'s tile read
+    as a whole (_laid_bins)."""
     # 1b (nothing of the spectrum read early: KPRE 0; its bins load under stage 3's wgmmas)
     rre, rim = _complex_mma(f2re, t_re, f2nim, t_im, f2re, t_im, f2im, t_re, zeros, True, False)
     twre, twim = _twiddles(st, f, 0)
@@ -535,7 +563,12 @@ def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.const
     p = warpgroup_mma(nrim, st.fbim, p, is_async=True)
     q = warpgroup_mma(rre, st.fbim, zeros, use_acc=False, is_async=True)
     q = warpgroup_mma(rim, st.fbre, q, is_async=True)
-    kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
+    if KFULL:
+        kre, kim = _unpack_half_bin(_laid_bins(spectrum, j, acc))
+        if st.CONJ:
+            kim = -kim
+    else:
+        kre, kim = _spectrum_at(spectrum, f, st.L, st.RFFT, st.CONJ)
     sre, sim, rre, rim, nrim = warpgroup_mma_wait(0, deps=(p, q, rre, rim, nrim))
     yre = sre * kre - sim * kim
     yim = sre * kim + sim * kre
@@ -659,7 +692,8 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
         for j in range(PART, 16 // KG, PARTS):  # (a loop, not unrolled)
             k1 = j * KG
             f = gl.expand_dims(r_k + k1, 1) + gl.expand_dims(r_m, 0)  # m A + k_a (twiddles), k_a + A k_b (bins)
-            s = _tchunk(st, spectrum, f, Tk_re.index(j), Tk_im.index(j), tabs.f2re, tabs.f2im, tabs.f2nim, zeros, lhs)
+            s = _tchunk(st, spectrum, f, Tk_re.index(j), Tk_im.index(j), tabs.f2re, tabs.f2im, tabs.f2nim, zeros, lhs,
+                        j, g.KFULL, acc)
             if g.STACK:
                 scales64 = gl.where(cvec % 16 // KG == j, s, scales64)
             else:

@@ -32,3 +32,36 @@ def scaled_half_bins_kernel(X, Y, S, bins, stride_h, BLOCK: tl.constexpr):
         b = start + offs
         x = tl.load(row + 2 * b + pair, mask=b < bins, other=0.0)
         tl.store(out + 2 * b + pair, tl.math.div_rn(x, s).to(tl.float16), mask=b < bins)
+
+
+@triton.jit
+def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """KFULL: a channel's spectrum laid out as the order-3 kernel's chunks read it (launch.laid_half_bins). X: its
+    ``bins`` (re, im) pairs at X + 2 h stride_h, float32 (SCALE: scaled as scaled_half_bins_kernel, S[h] written) or
+    float16 (as they are); Y (H, L, 2) float16: position p holds bin f = ORDER[p], bins past L / 2 as the conjugate of
+    L - f (0 - im: the bits the kernel's own conjugation gives). L a multiple of BLOCK."""
+    h = tl.program_id(0).to(tl.int64)
+    row = X + h * (2 * stride_h)
+    pair = tl.arange(0, 2)[None, :]
+    offs = tl.arange(0, BLOCK)[:, None]
+    if SCALE:
+        top = tl.zeros([BLOCK, 2], tl.float32)
+        nan = tl.zeros([BLOCK, 2], tl.int32)
+        for start in range(0, bins, BLOCK):
+            b = start + offs
+            x = tl.abs(tl.load(row + 2 * b + pair, mask=b < bins, other=0.0))
+            nan = tl.maximum(nan, (x != x).to(tl.int32))
+            top = tl.maximum(top, x)
+        m = tl.max(tl.max(top, 1), 0)
+        s = tl.where(m > 0, m, 1.0)
+        s = tl.where(tl.max(tl.max(nan, 1), 0) > 0, 1.0, s)
+        tl.store(S + h, s)
+    out = Y + h * (2 * L)
+    for start in range(0, L, BLOCK):
+        p = start + offs
+        f = tl.load(ORDER + p)
+        mirrored = f > L // 2
+        x = tl.load(row + 2 * tl.where(mirrored, L - f, f) + pair)
+        if SCALE:
+            x = tl.math.div_rn(x, s).to(tl.float16)
+        tl.store(out + 2 * p + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))

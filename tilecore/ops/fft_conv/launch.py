@@ -128,7 +128,7 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path == "order3":
-        launch_order3(u, spectrum, y, conj, plan.per_sm, key, plan.warpgroups, plan.rfft, plan.stack)
+        launch_order3(u, spectrum, y, conj, plan.per_sm, key, plan.warpgroups, plan.rfft, plan.stack, plan.kfull)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -233,6 +233,40 @@ def fused_scaled_half_bins(spectrum: torch.Tensor, key=None) -> tuple[torch.Tens
         SCALED_HALF_BINS.run(key, (H,), (pairs, bins, scale, count, pairs.stride(0) // 2),
                              dict(BLOCK=2048, num_warps=8))
     return bins, scale
+
+
+@functools.lru_cache(maxsize=8)
+def laid_order(n: int, device: torch.device) -> torch.Tensor:
+    """KFULL: the bin f (0 <= f < L = 2n) at each position of the order-3 kernel's laid-out spectrum, int32 (L,):
+    chunk j's [64, 64] tile (row r: k_a = 16 (r % A2) + r // A2 + KG j, column c: k_b, f = k_a + A k_b) at j 4096 +
+    ((w 8 + cg) 32 + lane) 4 + q, as gluon_order3._laid_bins reads it (r = 16 w + 8 (q // 2) + t, c = 8 cg + 2 lc +
+    q % 2, lane = 4 t + lc: a thread's four bins one 16-byte vector, a warp's 512 bytes contiguous)."""
+    a = 2 * n // 64
+    a2 = a // 16
+    kg = 64 // a2
+    j, w, cg, t, lc, q = torch.meshgrid(*(torch.arange(s) for s in (16 // kg, 4, 8, 8, 4, 4)), indexing="ij")
+    r = 16 * w + 8 * (q // 2) + t
+    c = 8 * cg + 2 * lc + q % 2
+    return (16 * (r % a2) + r // a2 + kg * j + a * c).reshape(-1).to(torch.int32).to(device)
+
+
+def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KFULL: the spectrum's float16 bins laid out as the order-3 kernel reads them (laid_order: (H, L, 2), bins past N
+    conjugated here), by one kernel: a complex64 spectrum (H, N + 1) scaled as fused_scaled_half_bins (the same bins'
+    bits; the scales returned), float16 pairs (H, N + 1, 2) as they are (None). ``key``: a keyed launch."""
+    if spectrum.dtype == torch.float16:
+        pairs, scale = half_bins(spectrum), None
+    else:
+        spectrum = spectrum.resolve_conj()
+        pairs = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
+        scale = torch.empty(pairs.shape[0], dtype=torch.float32, device=pairs.device)
+    H = pairs.shape[0]
+    laid = torch.empty(H, 2 * n, 2, dtype=torch.float16, device=pairs.device)
+    if H:
+        LAID_HALF_BINS.run(key, (H,), (pairs, laid, laid if scale is None else scale, laid_order(n, pairs.device),
+                                       pairs.shape[1], pairs.stride(0) // 2, 2 * n),
+                           dict(SCALE=scale is not None, BLOCK=2048, num_warps=8))
+    return laid, scale
 
 
 # A keyed call's launch, all but its tensors (the grid, the DFT tables, the constexprs): a function of the
@@ -388,30 +422,38 @@ def order3_operands(a: int, b: int, device: torch.device) -> dict:
 
 
 SCALED_HALF_BINS = CachedLaunch(lambda: kernels_bins.scaled_half_bins_kernel)
+LAID_HALF_BINS = CachedLaunch(lambda: kernels_bins.laid_half_bins_kernel)
 CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_order3").fft_conv_gluon_order3_kernel)
 
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
-                  key=None, warpgroups: int = 1, rfft: int = 3, stack: bool = False) -> None:
+                  key=None, warpgroups: int = 1, rfft: int = 3, stack: bool = False, kfull: bool = False) -> None:
     """gluon_order3's kernel (N = 8192, 16384 on Hopper): y = the causal convolution of u (B, H, N; unit stride along
     N) with the filter of ``spectrum`` (the rfft (H, N + 1) complex64, or its float16 pairs (H, N + 1, 2); the kernel
     reads its bins, conjugated with ``conj``: the correlation); ``per_sm`` persistent programs a multiprocessor;
     ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS); ``rfft`` 3: a float16 spectrum's bins read as they are
     (half_bins); 4: a complex64 spectrum cast to float16 bins a call, each channel over its largest part
-    (scaled_half_bins), the outputs scaled back; 5: the same bins by one kernel (fused_scaled_half_bins); ``stack``: 1a / 1'a four columns a product in the wgmmas' layouts, u
-    read once a pair (its STACK; 8192)."""
+    (scaled_half_bins), the outputs scaled back; 5: the same bins by one kernel (fused_scaled_half_bins); ``stack``:
+    1a / 1'a four columns a product in the wgmmas' layouts, u read once a pair (its STACK; 8192); ``kfull``: the bins
+    laid out a call as the kernel's chunks read them (laid_half_bins: 16-byte loads instead of a 4-byte gather a bin;
+    rfft 3 or 5: one kernel a call either way)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
     a, b = 2 * N // 64, 64
     ops = order3_operands(a, b, u.device)
     ks = None
-    if spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
+    bins_key = None if key is None else (key, "bins")
+    if kfull:  # (laid out a call: 16-byte loads in the kernel)
+        if spectrum.dtype != torch.float16 and rfft != 5:
+            raise ValueError(f"the order-3 kernel's laid-out bins (kfull) take rfft 3 or 5; got rfft {rfft}")
+        k, ks = laid_half_bins(spectrum, N, bins_key)
+    elif spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
         k = half_bins(spectrum)
     elif rfft in (4, 5):  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS; 5: by one kernel)
         if rfft == 5:
-            k, ks = fused_scaled_half_bins(spectrum, None if key is None else (key, "bins"))
+            k, ks = fused_scaled_half_bins(spectrum, bins_key)
         else:
             k, ks = scaled_half_bins(spectrum)
     else:
@@ -421,7 +463,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
     options = dict(A=a, B=b, CONJ=bool(conj), WARPGROUPS=warpgroups,
                    WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS,
-                   KSCALE=ks is not None, STACK=bool(stack), num_warps=4)
+                   KSCALE=ks is not None, STACK=bool(stack), KFULL=bool(kfull), num_warps=4)
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
                                       B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0), ks),

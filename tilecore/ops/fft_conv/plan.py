@@ -47,7 +47,8 @@ class Plan:
     n3: int = 1  # "mono": the third DFT factor (1: order 2)
     permute: bool = False  # "mono": stage 5 as a 2-D product after a permute (else batched)
     probe: int = 0  # "mono": timing probes (WRONG results: kernels_mono.py PROBE); never in configs
-    kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL)
+    kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL); "order3": its
+    # float16 bins laid out a call as the chunks read them (launch.laid_half_bins)
     per_sm: int = 0  # "gluon": persistent programs a multiprocessor (0: one program a pair)
     async_mma: bool = False  # "gluon": a complex product's four wgmmas issued at once, one wait
     tma: bool = False  # "gluon": u and y by TMA, the next pair's u loaded under this one's products
@@ -127,7 +128,8 @@ def gluon_plan(a: int, b: int, per_sm: int, async_mma: bool = False, tma: bool =
 ORDER3_PER_SM = {8192: (1, 2), 16384: (1,)}
 
 
-def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, stack: bool = False) -> Plan:
+def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, stack: bool = False,
+                kfull: bool = False) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 8192: A = 256, 16384: 512),
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
@@ -135,17 +137,22 @@ def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, sta
     channel's largest part (launch.scaled_half_bins), 5: the same bits by one kernel (launch.fused_scaled_half_bins);
     ``stack`` (8192, one warpgroup a pair: F2 is F_16 four times on
     its diagonal there): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
-    (no layout conversion), u read once a pair (without it the same addressing a column a product). (The untransposed
+    (no layout conversion), u read once a pair (without it the same addressing a column a product); ``kfull`` (rfft 3
+    or 5): the bins laid out a call as the kernel's chunks read them (launch.laid_half_bins: a chunk's bins by 16-byte
+    loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin). (The untransposed
     chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64 bins in the kernel, the 4096 build, DIRECT, WARPIO, STACK's
     other forms and 1a / 1'a's layout conversions were measured slower or no faster and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
-            or rfft not in (3, 4, 5) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))):
+            or rfft not in (3, 4, 5) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))
+            or kfull not in (False, True) or (kfull and rfft == 4)):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
                          f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins), 4 or 5 "
-                         f"(complex64 cast a call; 5 by one kernel), stack only at N = 8192 with one warpgroup; "
-                         f"got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, stack {stack}")
-    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack))
+                         f"(complex64 cast a call; 5 by one kernel), stack only at N = 8192 with one warpgroup, kfull "
+                         f"with rfft 3 or 5; got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, "
+                         f"stack {stack}, kfull {kfull}")
+    return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack),
+                kfull=bool(kfull))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

@@ -136,7 +136,7 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
 
 
 def order3_variant(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3,
-                   stack: bool = False) -> tuple[str, object, dict, int, bool]:
+                   stack: bool = False, kfull: bool = False) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel) at a configs.GLUON_ORDER3
     tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair)."""
     import torch
@@ -159,6 +159,9 @@ def order3_variant(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3,
     if stack:
         args.update(STACK=True)
         extra += ", 1a / 1'a four columns a product"
+    if kfull:
+        args.update(KFULL=True, stride_kh=4 * n)
+        extra += ", laid-out bins"
     return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, {4 * warpgroups} warps)",
             gluon_order3.fft_conv_gluon_order3_kernel, args, 4, True)
 
