@@ -299,6 +299,17 @@ def test_plan_switches_joint_only_with_units():
                                                                                             configs.QUANT_GLUON_JOINT)
 
 
+def test_plan_switches_balance_only_with_units_and_groups_in_a_half():
+    """BALANCE (UNITS: consumer c the unit J = c and block 2's column half c) where asked, not for int4's groups of 128
+    (a sub-row spans both halves) nor without UNITS."""
+    for fmt in ("fp8_e4m3", "int8", "mxfp4", "nvfp4"):
+        assert _plan(fmt, n=18944, _gluon_ok=True, units=True, balance=True).config.get("BALANCE"), fmt
+        assert not _plan(fmt, n=18944, _gluon_ok=True, units=False, balance=True).config.get("BALANCE"), fmt
+        assert not _plan(fmt, n=18944, _gluon_ok=True).config.get("BALANCE"), fmt
+    assert not _plan("int4", n=18944, _gluon_ok=True, units=True, balance=True).config.get("BALANCE")
+    assert not _plan("int8", n=11008, _gluon_ok=True, balance=True).config.get("BALANCE")
+
+
 def test_e5m2_reads_e4m3s_gluon_tables_where_asked():
     """tables_of (configs.QUANT_GLUON_TABLES_OF): fp8_e5m2 at the model widths on fp8_e4m3's Gluon plans, the same
     constexprs but the format's id."""

@@ -113,6 +113,8 @@ class WideQuantize:
     STREAM: gl.constexpr  # HALVES 1 STORE: each block stored from compute as made, two staging slots (two stages fit)
     E2M1_PAIRS: gl.constexpr  # mxfp4 / nvfp4: a column pair's two codes made into one byte (epilogue._e2m1_pair)
     INT_BITS: gl.constexpr  # int8 / int4: codes from the bits of q + 1.5 x 2^23, no cvt.rni (epilogue._int_bits)
+    BALANCE: gl.constexpr  # UNITS: consumer c the unit J = c and block 2's column half c (three blocks each, not 4 / 2;
+    # block 2's mixing made by both): groups inside a half (not int4's 128), not STORE
     JOINT: gl.constexpr  # UNITS: both column halves' mixing as one N = 128 product (a chunk a [1, 64, 128] box): H's
     # block read once for both halves, half the wgmma instructions; W_J0 and W_J1 split from its accumulator. HALVES 1:
     # the tile's two rows' mixing as one N = 128 product (a chunk a [2, 64, 64] box), its six output blocks (J, row)
@@ -245,6 +247,10 @@ class WideQuantize:
             u0, u1 = self._unit(ctx, stage, z, h64, 1, row)  # the pair finish stores (J = 1)
             u2 = state.y2
             u3 = state.y3
+        elif self.BALANCE:  # consumer c: the unit J = c (both halves), then block 2's column half c
+            u0, u1 = self._unit(ctx, stage, z, h64, ctx.index, row)
+            u2 = self._half_unit(ctx, stage, z, h64, 2, row, ctx.index)
+            u3 = state.y3
         elif ctx.index == 0:
             u0, u1 = self._unit(ctx, stage, z, h64, 0, row)
             u2, u3 = self._unit(ctx, stage, z, h64, 1, row)
@@ -330,6 +336,40 @@ class WideQuantize:
         """UNITS: output block J of both column halves, each mixing product once: W_Jh = sum_k H[J, k] X_kh (both
         chains issued, then waited for), then Y_J0 = (W_J0 + W_J1) H_64 and Y_J1 = (W_J0 - W_J1) H_64 (H_128 =
         H_2 (x) H_64) on the bf16 pieces, rscale and the sub-rows past m as _rotated."""
+        wa, wb = self._unit_mix(ctx, stage, z, J)
+        d = wa - wb
+        y0 = self._rotated(wa + wb, h64, J)
+        if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
+            y0 = y0.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
+            y0 = group_codes(self, self._ordered(y0), row, J, 0)
+        y1 = self._rotated(d, h64, J)
+        if self.FORMAT == STORE:
+            y1 = y1.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
+            y1 = group_codes(self, self._ordered(y1), row, J, 1)
+        elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
+            y0, y1 = self._subrow_pair(y0, y1, J, row)
+        return y0, y1
+
+    @gluon.jit
+    def _half_unit(self, ctx, stage, z, h64, J: gl.constexpr, row, h: gl.constexpr):
+        """BALANCE: output block J's column half h alone: both halves' mixing (_unit_mix), then Y_Jh = (W_J0 +- W_J1)
+        H_64, in _held's form (group codes made now)."""
+        wa, wb = self._unit_mix(ctx, stage, z, J)
+        if h == 0:
+            y = self._rotated(wa + wb, h64, J)
+        else:
+            y = self._rotated(wa - wb, h64, J)
+        if self.FORMAT == STORE:
+            y = y.to(self.codes_desc.dtype)
+        elif self.G != 0 and self.FORMAT != AMAX:
+            y = group_codes(self, self._ordered(y), row, J, h)
+        return y
+
+    @gluon.jit
+    def _unit_mix(self, ctx, stage, z, J: gl.constexpr):
+        """UNITS: W_J0, W_J1, block J's mixing of both column halves (JOINT: one N = 128 product, split)."""
         if self.JOINT:  # one [64, 128] accumulator: columns 0..63 are W_J0's, 64..127 W_J1's
             xj = (stage.a0.reshape([BLOCK, 2 * BLOCK]), stage.a1.reshape([BLOCK, 2 * BLOCK]),
                   stage.a2.reshape([BLOCK, 2 * BLOCK]))
@@ -350,20 +390,7 @@ class WideQuantize:
             for k in gl.static_range(NB):
                 wb = self._product(ctx, J, k, xb[k], wb, k > 0)
             wa, wb = warpgroup_mma_wait(0, deps=(wa, wb))
-        d = wa - wb
-        y0 = self._rotated(wa + wb, h64, J)
-        if self.FORMAT == STORE:  # the output values now: the final rounding (half the registers held)
-            y0 = y0.to(self.codes_desc.dtype)
-        elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:  # the codes now (scales stored), packed bytes held
-            y0 = group_codes(self, self._ordered(y0), row, J, 0)
-        y1 = self._rotated(d, h64, J)
-        if self.FORMAT == STORE:
-            y1 = y1.to(self.codes_desc.dtype)
-        elif self.G != 0 and self.FORMAT != AMAX and self.G <= BLOCK:
-            y1 = group_codes(self, self._ordered(y1), row, J, 1)
-        elif self.G != 0 and self.FORMAT != AMAX:  # int4's groups of 128: a sub-row, both of its halves here
-            y0, y1 = self._subrow_pair(y0, y1, J, row)
-        return y0, y1
+        return wa, wb
 
     @gluon.jit
     def _ordered(self, y):
@@ -497,8 +524,9 @@ class WideQuantize:
 
     @gluon.jit
     def _finish_units(self, ctx, state, row):
-        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two)."""
-        NU: gl.constexpr = 4 - 2 * ctx.index
+        """UNITS: this consumer's blocks (j: J = 2 c + j // 2, column half h = j % 2; consumer 0 four, 1 two; BALANCE:
+        three each, (J c, half 0), (J c, half 1), (J 2, half c))."""
+        NU: gl.constexpr = 3 if self.BALANCE else 4 - 2 * ctx.index
         ys = (state.y0, state.y1, state.y2, state.y3)
         tma.store_wait(0)  # this consumer's previous row's stores have read the staging buffer
         if self.FORMAT == AMAX:  # each consumer's share of the row: amax_out[2 row + c]
@@ -538,8 +566,16 @@ class WideQuantize:
         gl.thread_barrier()
         W: gl.constexpr = self.codes_desc.block_type.shape[2]
         for j in gl.static_range(NU):
-            tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
-                                            ctx.out.slice(j, 1))
+            if self.BALANCE:  # j = 0, 1: (J c, half j); j = 2: (J 2, half c)
+                if j < 2:
+                    tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * ctx.index, W * j],
+                                                    ctx.out.slice(j, 1))
+                else:
+                    tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * 2, W * ctx.index],
+                                                    ctx.out.slice(j, 1))
+            else:
+                tma.async_copy_shared_to_global(self.codes_desc, [row, BLOCK * (2 * ctx.index + j // 2), W * (j % 2)],
+                                                ctx.out.slice(j, 1))
 
     @gluon.jit
     def _finish_rows(self, ctx, state, tile):
@@ -698,7 +734,7 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                                CLAMP_LO: gl.constexpr = False, STORE2: gl.constexpr = False,
                                PERM: gl.constexpr = False, STREAM: gl.constexpr = False,
                                E2M1_PAIRS: gl.constexpr = False, INT_BITS: gl.constexpr = False,
-                               JOINT: gl.constexpr = False):
+                               JOINT: gl.constexpr = False, BALANCE: gl.constexpr = False):
     """codes, scales = quantize(rscale (H_M (x) H_64) x) for ``rows`` rows of 64 M elements (module docstring).
     x_desc: (rows, M, 64) with [1, 64, 64] boxes; codes_desc: (rows, M, W) bytes (W = 64, or 32 packed; STORE: x's
     dtype, W = 64) with [1, 64, W] boxes; staging_desc: the same with [4, 64, W] boxes (only its shape and layout
@@ -731,7 +767,8 @@ def gluon_wide_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, scales,
                       NOZERO and (FORMAT == STORE or (G != 0 and FORMAT != AMAX)), CLAMP_LO,
                       STORE2 and UNITS and FORMAT == STORE, PERM and (HALVES == 1 or FORMAT != AMAX), STREAM,
                       E2M1_PAIRS and (FORMAT == MXFP4 or FORMAT == NVFP4),
-                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4), JOINT and (UNITS or HALVES == 1))
+                      INT_BITS and (FORMAT == INT8 or FORMAT == INT4), BALANCE, JOINT and (UNITS or HALVES == 1))
+    gl.static_assert(not BALANCE or (UNITS and FORMAT != STORE and G != 2 * BLOCK), "BALANCE: UNITS, not STORE / int4")
     gl.static_assert(not JOINT or UNITS or (HALVES == 1 and PROBE == 0 and not STREAM),
                      "JOINT: UNITS, or HALVES 1 without PROBE / STREAM")
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
