@@ -64,8 +64,9 @@ def gluon_backward_softcap(softcap: float, cfg: dict) -> int:
     starting at -delta (delta's registers free at the products: fewer spills); 1.03x the float16-derivative form 2
     (which the varlen kernels keep) at D128 causal, fp16 gradients nearer their floor."""
     mode = gluon_softcap(softcap, cfg)
-    if mode == 2 and cfg.get("softcap_derivative_first"):  # candidate (dK/dV kernel): SOFTCAP 4
-        return 4
+    first = cfg.get("softcap_derivative_first")  # candidates (dK/dV kernel): SOFTCAP 4, or 5 ("unmasked")
+    if mode == 2 and first:
+        return 5 if first == "unmasked" else 4
     return 3 if mode == 2 else mode
 
 

@@ -259,12 +259,17 @@ class AttentionBackward:
     def capped_scores(self, s_t, start_n, start_m, tile):
         """S^T (keys from start_n, queries from start_m) capped (SOFTCAP: tanh(S^T scale / cap), its base-2 scale
         then cap log2(e), as in the forward) and masked (-inf)."""
-        st_layout: gl.constexpr = s_t.type.layout
         if self.SOFTCAP:
             if self.SOFTCAP >= 2:
                 s_t = tanh_approx(s_t * self.tanh_scale)
             else:
                 s_t = tanh_from_exp2(s_t * self.tanh_scale)
+        return self.masked_scores(s_t, start_n, start_m, tile)
+
+    @gluon.jit
+    def masked_scores(self, s_t, start_n, start_m, tile):
+        """S^T with -inf where a key is masked for a query (keys past Nk, causal, window)."""
+        st_layout: gl.constexpr = s_t.type.layout
         if self.WINDOW:
             if window_needs_mask(start_m, start_n, self.BM, s_t.shape[0], self.N, self.Nk, self.left, self.right):
                 s_t = window_mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.left, self.right,
@@ -377,6 +382,13 @@ class AttentionBackward:
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             t_t = self.capped_scores(s_t, start_n, start_m, tile)
             y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)  # a masked key: tanh -inf gives y - y = 0, and p = 0
+            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
+            ds_t = p_t * y_t
+        elif self.SOFTCAP == 5:  # PROBE: 4 with tanh^2 of the unmasked tanh (finite: no min), the mask after y
+            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            t_t = tanh_approx(s_t * self.tanh_scale)
+            y_t = y_t - y_t * (t_t * t_t)
+            t_t = self.masked_scores(t_t, start_n, start_m, tile)
             p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
             ds_t = p_t * y_t
         else:
