@@ -45,7 +45,7 @@ consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM,
 e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
 N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
 widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the tile's two rows' mixing as one N = 128
-product), every format; int4 2048 with CLAMP_LO.
+product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer).
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -445,8 +445,15 @@ SETS["ja"] = {  # (priority order)
     ("int4", 11008): [JOINT11, ("joint_kt", dict(joint=True, ktrim=True))],
     ("mxfp4", 11008): [JOINT11, ("joint_kt", dict(joint=True, ktrim=True))],
     ("nvfp4", 11008): [JOINT11, ("joint_kt", dict(joint=True, ktrim=True))],
+    # BALANCE on JOINT at 18944 (0887f924: consumer c the unit J = c and block 2's column half c, three blocks each, not
+    # UNITS' 4 / 2; block 2's mixing made by both as one N = 128 product): wgmma 78 -> 88, spills nvfp4 52 -> 0 B, fp8 /
+    # int8 28 -> 0 (session 34's BALANCE without JOINT: mxfp4 1.05x, nvfp4 1.07x, fp8 0.90x, int8 0.94x)
+    ("nvfp4", 18944): [("balance", dict(balance=True))],
+    ("mxfp4", 18944): [("balance", dict(balance=True))],
     ("fp8_e4m3", 11008): [JOINT11],
     ("int4", 2048): [("cl", dict(clamp_lo=True))],
+    ("int8", 18944): [("balance", dict(balance=True))],
+    ("fp8_e4m3", 18944): [("balance", dict(balance=True))],
 }
 
 
