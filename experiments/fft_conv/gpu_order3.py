@@ -15,6 +15,9 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   c64_f (RFFT 5) c64 with its cast a call by one kernel (launch.fused_scaled_half_bins: the same bins' bits as RFFT 4's
         five torch passes; --same c64:c64_f checks the launches' bits; the timing adds the casts alone, "bins torch" /
         "bins fused")
+  c64_k, f16_k  KFULL: the bins laid out a call as the chunks read them (launch.laid_half_bins, one kernel: c64 at
+        RFFT 5's scaled bits, f16 as they are), each chunk's bins eight 16-byte loads a thread instead of 32 4-byte
+        gathers (the same bits as c64_f / f16: --same); the timing adds "bins laid c64" / "bins laid f16"
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
@@ -71,8 +74,12 @@ def tuples(n):
         t = tuple(out[label][0]) + (False,) * (4 - len(out[label][0]))  # (per_sm, warpgroups, rfft, stack)
         if n == 8192:  # STACK toggled (it takes F2 = F_16 four times on the diagonal: 8192 only)
             out[label + "_s"] = (t[:3] + (not t[3],), label)
-    if out["c64"][0][2] == 4:  # the complex64 spectrum cast by one kernel (RFFT 5: the same bins' bits as RFFT 4)
-        out["c64_f"] = (tuple(out["c64"][0][:2]) + (5,) + tuple(out["c64"][0][3:]), "c64")
+    c64, f16 = (tuple(out[x][0]) + (False,) * (4 - len(out[x][0])) for x in ("c64", "f16"))
+    if c64[2] == 4:  # the complex64 spectrum cast by one kernel (RFFT 5: the same bins' bits as RFFT 4)
+        out["c64_f"] = (c64[:2] + (5,) + c64[3:], "c64")
+    if not c64[4:5] == (True,):  # the bins laid out a call as the chunks read them (KFULL: 16-byte loads)
+        out["c64_k"] = (c64[:2] + (5, c64[3], True), "c64")
+        out["f16_k"] = (f16[:4] + (True,), "f16")
     return out
 
 
@@ -347,6 +354,9 @@ def main() -> int:
     if "c64_f" in ys:  # the cast a call alone: torch's five passes (RFFT 4) against the one kernel (RFFT 5)
         fns["bins torch"] = lambda: conv_launch.scaled_half_bins(spectra["c64"])
         fns["bins fused"] = lambda: conv_launch.fused_scaled_half_bins(spectra["c64"])
+    if "c64_k" in ys or "f16_k" in ys:
+        fns["bins laid c64"] = lambda: conv_launch.laid_half_bins(spectra["c64"], n)
+        fns["bins laid f16"] = lambda: conv_launch.laid_half_bins(spectra["f16"], n)
     copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
     kinds = {label: kind for label, _, kind in chosen}
 
@@ -357,7 +367,7 @@ def main() -> int:
         measured_ms = model.op_bytes(B, H, n) / copy_gbs / 1e6
         for name in fns:
             ms = t[name + key]
-            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else "bins torch" if name == "bins fused"
+            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else "bins torch" if name.startswith("bins ")
                     else "c64")
             run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
                     vs_shipped=round(t[peer + key] / ms, 4) if peer + key in t else None,

@@ -7,6 +7,7 @@ memory 128 B a cycle, the tensor cores' 2048 dense float16 FMA a cycle) each cla
 measured time (``--ms``: the launch's, B16 H768).
 
     python experiments/fft_conv/sass_order3.py [--n 8192,16384] [--ms 8192:1.132,16384:4.20] [--json OUT]
+        [--stack 0|1] [--kfull 0|1]
 """
 import argparse
 import json
@@ -92,6 +93,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--stack", type=int, default=None, help="the shipped tuple with STACK 0 / 1 (8192: 1a / 1'a four "
                                                               "columns a2 a product, in the wgmmas' layouts)")
+    ap.add_argument("--kfull", type=int, default=None, help="the shipped tuple with KFULL 0 / 1 (the bins laid out a "
+                                                              "call as the chunks read them: 16-byte loads)")
     a = ap.parse_args()
     from tilecore.ops.fft_conv import configs, gluon_order3
 
@@ -101,6 +104,8 @@ def main() -> int:
         config = configs.GLUON_ORDER3[n]
         if a.stack is not None:
             config = tuple(config)[:3] + (bool(a.stack),)
+        if a.kfull is not None:  # (STACK as the tuple has it, False where it has none)
+            config = tuple(config)[:3] + (bool(tuple(config)[3:4] == (True,)), bool(a.kfull))
         name, sass = sass_of(n, config)
         ins, labels = instructions(sass)
         found = loops(ins, labels)
