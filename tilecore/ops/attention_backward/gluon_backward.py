@@ -279,6 +279,21 @@ class AttentionBackward:
         return s_t
 
     @gluon.jit
+    def masked_with(self, t_t, y_t, start_n, start_m, tile):
+        """The capped scores t_t masked as masked_scores masks them, and y_t 0 where they are masked (a masked key's dS
+        is 0 whatever its score was: a NaN one included), on the blocks that need a mask only."""
+        st_layout: gl.constexpr = t_t.type.layout
+        if self.WINDOW:
+            if window_needs_mask(start_m, start_n, self.BM, t_t.shape[0], self.N, self.Nk, self.left, self.right):
+                t_t = window_mask_scores(t_t, st_layout, start_m, start_n, self.N, self.Nk, self.left, self.right,
+                                         KEY_AXIS=0)
+                y_t = gl.where(t_t == float("-inf"), 0.0, y_t)
+        elif needs_mask(start_m, start_n, t_t.shape[0], self.N, self.Nk, self.CAUSAL):
+            t_t = mask_scores(t_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
+            y_t = gl.where(t_t == float("-inf"), 0.0, y_t)
+        return t_t, y_t
+
+    @gluon.jit
     def probabilities(self, s_t, lse, start_n, start_m, tile):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
         rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
@@ -384,11 +399,11 @@ class AttentionBackward:
             y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)  # a masked key: tanh -inf gives y - y = 0, and p = 0
             p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
             ds_t = p_t * y_t
-        elif self.SOFTCAP == 5:  # PROBE: 4 with tanh^2 of the unmasked tanh (finite: no min), the mask after y
+        elif self.SOFTCAP == 5:  # PROBE: 4 with tanh^2 of the unmasked tanh (no min), y zeroed where masked
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             t_t = tanh_approx(s_t * self.tanh_scale)
             y_t = y_t - y_t * (t_t * t_t)
-            t_t = self.masked_scores(t_t, start_n, start_m, tile)
+            t_t, y_t = self.masked_with(t_t, y_t, start_n, start_m, tile)
             p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
             ds_t = p_t * y_t
         else:
