@@ -32,8 +32,7 @@ falls back to the tl kernels elsewhere.
 FORM (a constexpr of bits): 0 (fp16 inputs) scans G and dG over tokens in a blocked layout (``chain_scan``); 2 (bf16)
 makes every sum over tokens a product with a 0/1 matrix on the tensor cores (``chain_dots``: m = G_last / 2), and the
 bits beside 2 say where its results are stored (STORE_TMA, DG_TMA, DG_LATE), where J is read from (J_SMEM), how the
-pieces of those sums are cut (PIECES_RZ) and how many pieces dG's sums take (DG_TWO) (below); PAIR (a pair of
-chunks a tile) gives each consumer both chunks of every other tile as two chains (``chain_pair``).
+pieces of those sums are cut (PIECES_RZ) and how many pieces dG's sums take (DG_TWO) (below).
 configs_gla_bwd.CHUNKED_FLAT_DIMS picks the FORM per head dim; the bits do not add up (each FORM is its own ptxas
 schedule), so a combination ships only where a run timed it. Gluon does not run in the interpreter:
 tests/linear_attention/test_gla_bwd_gluon_compile.py compiles it for sm_90a (and checks the routing),
@@ -61,8 +60,6 @@ PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pa
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two dots a sum: dG within 2^-17 |dG| a
 # token, far below the bf16 products q dq and k dk it sums)
-PAIR = gl.constexpr(16777216)  # CHUNKS 2 with STORE_TMA, DG_TMA, DG_TWO and Dv = BKB: each consumer takes the whole stage
-# of every other tile, two chains interleaved (chain_pair: the stage's buffers as its scratch, no qe_smem)
 
 
 @stage_struct
@@ -227,9 +224,7 @@ class GlaDqk:
 
     @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
-        if self.FORM & PAIR:
-            self.chain_pair(ctx, stage, tile)
-        elif self.FORM & 2:
+        if self.FORM & 2:
             self.chain_dots(ctx, stage, tile)
         else:
             self.chain_scan(ctx, stage, tile)
@@ -477,178 +472,6 @@ class GlaDqk:
             gl.thread_barrier()
 
     @gluon.jit
-    def chain_pair(self, ctx, stage, tile):
-        """PAIR (CHUNKS 2): consumer cid takes the whole stage of every other tile (ring steps of its parity) and runs
-        chain_dots' arithmetic on both chunks as two interleaved chains, so each wgmma round trip of one chain has the
-        other's work under it (four chains an SM, not two). Every scratch buffer is the chunk's own in the stage, once
-        its products have read it: g's 8 KB hold G's pieces, then a's strictly-lower tile (the A operand of a (k Ei)
-        and, read transposed, of a^T (q E): both products issued together), then L dG's pieces, then dg; do's 4 KB k Ei
-        and v's q E, then J (dG + k dk_state)'s pieces (both dG sums in one round); g's clamp is kept as a mask."""
-        if ctx.ring_step % 2 == ctx.index:
-            self.pair_chains(stage, tile)
-
-    @gluon.jit
-    def pair_chains(self, stage, tile):
-        """chain_pair's two chains, chunk 1's half a chain behind chunk 0's (its sums over tokens issued with chunk 0's
-        dq / dk products, its value sums once those are back, its products with chunk 0's dG sums), so that one chain's
-        widest phase meets the other's narrowest (both in step spilled three times as much at 240 registers); dq's
-        state term do S_c^T e^G is its product's accumulator (E scale (a (k Ei) + do S_c^T e^m))."""
-        BT: gl.constexpr = self.BT
-        BKB: gl.constexpr = self.BKB
-        L32: gl.constexpr = self.L32
-        L64: gl.constexpr = self.L64
-        dtype: gl.constexpr = self.q_desc.dtype
-        gl.static_assert(self.DV == BKB, "PAIR: Dv = BKB (v's and do's buffers hold [BT, BKB] pieces)")
-        qa_s, ka_s, ga_s, hsa_s, dhsa_s, va_s, doa_s = stage.of(0)
-        qb_s, kb_s, gb_s, hsb_s, dhsb_s, vb_s, dob_s = stage.of(1)
-        pl: gl.constexpr = self.q_desc.layout
-        at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        pa = ga_s._reinterpret(dtype, [2, BT, BKB], pl)
-        pb = gb_s._reinterpret(dtype, [2, BT, BKB], pl)
-        ata_s = ga_s._reinterpret(dtype, [BT, BT], at_layout)
-        atb_s = gb_s._reinterpret(dtype, [BT, BT], at_layout)
-        ml: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        ma_s = hsa_s._reinterpret(gl.int8, [BT, BKB], ml)  # g's clamp, once S_c's rows are read
-        mb_s = hsb_s._reinterpret(gl.int8, [BT, BKB], ml)
-        z64 = gl.zeros([BT, BT], gl.float32, L64)
-        z32 = gl.zeros([BT, BKB], gl.float32, L32)
-        r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
-        c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
-        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
-        rowa = (tile.bh // self.H) * self.N + tile.c * BT
-        col = (tile.bh % self.H) * self.DKD + tile.kb * BKB
-        # both chunks' G pieces over g in its own buffer (every warp has read g first)
-        ga = ga_s.load(L32).to(gl.float32)
-        gb = gb_s.load(L32).to(gl.float32)
-        clamp_a = ga < FLOOR
-        clamp_b = gb < FLOOR
-        gl.thread_barrier()
-        self.pieces(gl.where(clamp_a, FLOOR, ga), pa.index(0), pa.index(1), pa.index(1), True)
-        self.pieces(gl.where(clamp_b, FLOOR, gb), pb.index(0), pb.index(1), pb.index(1), True)
-        fence_async_shared()
-        gl.thread_barrier()
-        # chunk 0's sums over tokens and value sums
-        Ga_tok = self.sum_dots(self.triangle(True), pa.index(0), pa.index(1), pa.index(1), z32, False, True)
-        Gla_tok = self.sum_dots(self.triangle(False), pa.index(0), pa.index(1), pa.index(1), z32, False, True)
-        aa_tok = warpgroup_mma(doa_s, va_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dqsa_tok = warpgroup_mma(doa_s, hsa_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        dksa_tok = warpgroup_mma(va_s, dhsa_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        sfx_a = gl.convert_layout(gl.sum(hsa_s.load(SL).to(gl.float32) * dhsa_s.load(SL).to(gl.float32), axis=1),
-                                  gl.SliceLayout(0, L32))
-        Gca, Gla = warpgroup_mma_wait(3, deps=[Ga_tok, Gla_tok])
-        Ea, Eia, half_a = self.factors(Gca, Gla, tile, 0, rows)
-        aa, dqsa, dksa = warpgroup_mma_wait(0, deps=[aa_tok, dqsa_tok, dksa_tok])
-        ra, ama = self.split_a(aa, r64, c64)
-        ema = half_a * half_a
-        sqa = dqsa * ema  # (dq = E scale (a (k Ei) + do S_c^T e^m))
-        ska = dksa * (Eia * ema)  # (G_last - m = m)
-        gl.thread_barrier()  # chunk 0's products have read its g's, v's, do's and S_c's buffers
-        ma_s.store(clamp_a.to(gl.int8))
-        ata_s.store(ama)
-        doa_s.store((ka_s.load(L32).to(gl.float32) * Eia).to(dtype))
-        va_s.store((qa_s.load(L32).to(gl.float32) * Ea).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        # chunk 0's dq / dk products (dq's state term as its accumulator), chunk 1's sums over tokens
-        dqa_tok = warpgroup_mma(ata_s, doa_s, sqa, is_async=True)
-        dka_tok = warpgroup_mma(ata_s.permute((1, 0)), va_s, z32, use_acc=False, is_async=True)
-        Gb_tok = self.sum_dots(self.triangle(True), pb.index(0), pb.index(1), pb.index(1), z32, False, True)
-        Glb_tok = self.sum_dots(self.triangle(False), pb.index(0), pb.index(1), pb.index(1), z32, False, True)
-        # chunk 0's dq through k's buffer, dk through q's (each thread writes the elements it read); chunk 1's value
-        # sums
-        dqa_in, dka_in = warpgroup_mma_wait(4, deps=[dqa_tok, dka_tok])
-        ab_tok = warpgroup_mma(dob_s, vb_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dqsb_tok = warpgroup_mma(dob_s, hsb_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        dksb_tok = warpgroup_mma(vb_s, dhsb_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        kfa = ka_s.load(L32).to(gl.float32)
-        qfa = qa_s.load(L32).to(gl.float32)
-        dqa = (Ea * dqa_in) * self.scale
-        dka = (Eia * dka_in) * self.scale + ska
-        ka_s.store((dqa + ra * kfa).to(dtype))
-        qa_s.store((dka + ra * qfa).to(dtype))
-        dGa = qfa * dqa - kfa * dka
-        # (e^G_last <S_c, dS_c> in row 0 of J's operand: J broadcasts it to every row)
-        dJa = dGa + kfa * ska + gl.where(gl.expand_dims(rows == 0, 1), (ema * ema) * gl.expand_dims(sfx_a, 0), 0.0)
-        sfx_b = gl.convert_layout(gl.sum(hsb_s.load(SL).to(gl.float32) * dhsb_s.load(SL).to(gl.float32), axis=1),
-                                  gl.SliceLayout(0, L32))
-        Gcb, Glb = warpgroup_mma_wait(3, deps=[Gb_tok, Glb_tok])
-        Eb, Eib, half_b = self.factors(Gcb, Glb, tile, 1, rows)
-        # chunk 1's a = do v^T
-        ab, dqsb, dksb = warpgroup_mma_wait(0, deps=[ab_tok, dqsb_tok, dksb_tok])
-        rb, amb = self.split_a(ab, r64, c64)
-        emb = half_b * half_b
-        sqb = dqsb * emb
-        skb = dksb * (Eib * emb)
-        gl.thread_barrier()  # chunk 0's dq / dk products, chunk 1's value sums have read their buffers
-        mb_s.store(clamp_b.to(gl.int8))
-        self.pieces(dGa, pa.index(0), pa.index(1), pa.index(1), True)
-        self.pieces(dJa, doa_s, va_s, va_s, True)
-        atb_s.store(amb)
-        dob_s.store((kb_s.load(L32).to(gl.float32) * Eib).to(dtype))
-        vb_s.store((qb_s.load(L32).to(gl.float32) * Eb).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.DQ, [rowa, col], ka_s)
-        tma.async_copy_shared_to_global(self.DK_OUT, [rowa, col], qa_s)
-        # chunk 0's dG sums, chunk 1's dq / dk products
-        la_tok = self.sum_dots(self.triangle(True), pa.index(0), pa.index(1), pa.index(1), z32, False, True)
-        ja_tok = self.sum_dots(self.triangle(False), doa_s, va_s, va_s, z32, False, True)
-        dqb_tok = warpgroup_mma(atb_s, dob_s, sqb, is_async=True)
-        dkb_tok = warpgroup_mma(atb_s.permute((1, 0)), vb_s, z32, use_acc=False, is_async=True)
-        lsa, jsa = warpgroup_mma_wait(2, deps=[la_tok, ja_tok])
-        dga = gl.where(ma_s.load(L32) != 0, 0.0, (jsa - lsa) + dGa)
-        dqb_in, dkb_in = warpgroup_mma_wait(0, deps=[dqb_tok, dkb_tok])
-        kfb = kb_s.load(L32).to(gl.float32)
-        qfb = qb_s.load(L32).to(gl.float32)
-        dqb = (Eb * dqb_in) * self.scale
-        dkb = (Eib * dkb_in) * self.scale + skb
-        kb_s.store((dqb + rb * kfb).to(dtype))
-        qb_s.store((dkb + rb * qfb).to(dtype))
-        dGb = qfb * dqb - kfb * dkb
-        gl.thread_barrier()  # chunk 0's sums, chunk 1's products have read their buffers
-        ga_s.store(dga)
-        self.pieces(dGb, pb.index(0), pb.index(1), pb.index(1), True)
-        self.pieces(dGb + kfb * skb + gl.where(gl.expand_dims(rows == 0, 1), (emb * emb) * gl.expand_dims(sfx_b, 0), 0.0),
-                    dob_s, vb_s, vb_s, True)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.DG, [rowa, col], ga_s)
-        tma.async_copy_shared_to_global(self.DQ, [rowa + BT, col], kb_s)
-        tma.async_copy_shared_to_global(self.DK_OUT, [rowa + BT, col], qb_s)
-        # chunk 1's dG sums
-        lb_tok = self.sum_dots(self.triangle(True), pb.index(0), pb.index(1), pb.index(1), z32, False, True)
-        jb_tok = self.sum_dots(self.triangle(False), dob_s, vb_s, vb_s, z32, False, True)
-        lsb, jsb = warpgroup_mma_wait(0, deps=[lb_tok, jb_tok])
-        dgb = gl.where(mb_s.load(L32) != 0, 0.0, (jsb - lsb) + dGb)
-        gl.thread_barrier()  # the sums have read g's buffer
-        gb_s.store(dgb)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.DG, [rowa + BT, col], gb_s)
-        tma.store_wait(0)  # the stores have read the stage before it is released
-        gl.thread_barrier()
-
-    @gluon.jit
-    def factors(self, Gc, Gl, tile, j: gl.constexpr, rows):
-        """Chunk j of the tile (PAIR), from G and G_last: the fallback's flag where a channel's span is past SPAN
-        (m = G_last / 2, as chain_dots), E = e^(G - m), Ei = e^(m - G) and e^(m / 2)."""
-        m = 0.5 * Gl
-        wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
-        flag_at = (tile.bh * self.NT + tile.c + j) * self.KBLOCKS + tile.kb
-        gl.store(self.FLAG + flag_at.to(gl.int64) + rows * 0,
-                 gl.full([self.BT], 1, gl.int8, gl.SliceLayout(1, self.L32)), mask=wide > 0)
-        return self.exp(Gc - m), self.exp(m - Gc), self.exp(0.5 * m)
-
-    @gluon.jit
-    def split_a(self, a, r64, c64):
-        """do v^T's diagonal (scale r, as a [BT, 1] column of L32) and its strictly-lower tile in the operand dtype."""
-        r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
-        r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, self.L32)), 1)
-        am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(self.q_desc.dtype)
-        return r, am
-
-    @gluon.jit
     def chain_scan(self, ctx, stage, tile):
         """Consumer ctx.index's key block of the tile: every product and store (the stage is released after, so q,
         k and g are read from it again where that keeps registers free). Between a wgmma's issue and its wait
@@ -756,11 +579,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
     # each consumer's q E (FORM 2: BT / BKB buffers a consumer, its [BT, BT] view of a^T; the first two its pieces p1,
     # p2; the third piece, and k Ei, its epilogue buffer)
-    if FORM & PAIR:  # (chain_pair's scratch is the stage's)
-        qe_smem = None
-    else:
-        qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BT // BKB if FORM & 2 else 2, BT, BKB],
-                                            q_desc.layout)
+    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BT // BKB if FORM & 2 else 2, BT, BKB], q_desc.layout)
     if FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
         TL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         tr = gl.arange(0, BT, layout=gl.SliceLayout(1, TL))
@@ -848,12 +667,6 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
             args.update(DQ=flat(dq, [BT, BKB]), DK_OUT=flat(dk, [BT, BKB]))
         if form & (DG_TMA.value | DG_LATE.value):
             args.update(DG=flat(dg, [BT, BKB]))
-    if form & PAIR.value:  # two chains a consumer where each chunk's scratch fits its stage's buffers
-        need = 2 | STORE_TMA.value | DG_TMA.value | DG_TWO.value
-        if kblocks != 1 or Dv != BKB or form & need != need:
-            form &= ~PAIR.value
-        else:  # (two chains: every register the producer can spare)
-            args.update(CONSUMER_REGS=240, PRODUCER_REGS=24)
     if form:
         args["FORM"] = form
     return (persistent_programs(args["num_tiles"], v.device),), args, 4
