@@ -187,16 +187,13 @@ BATCHES["m"] = {  # call 4 (the session's last): as shipped (the session's start
     "d32 configs dqk": (32, {}, "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
 }
-# session 43: PAIR (gluon_gla_bwd FORM 16777216, d 32's two chunks a tile): each consumer takes the whole stage of every
-# other tile and runs both chunks as two chains half a chain apart, its scratch in the stage's own buffers (sm_90a at
-# 240 / 24 registers: 189 KB shared, 528 B spilled; configs' 75266 214 KB, 0 B)
-PAIR = 16777216
-BATCHES["n"] = {  # call 1: PAIR against configs' (the kernel, the whole backward, the public op through autograd)
+# session 43, call 1 (runs/ha_pair_s43a_run1_session43_h200.txt, batch n at c09c34c8): PAIR (FORM 16777216: at d 32 each
+# consumer took both chunks of every other tile as two chains, their scratch the stage's buffers; 528 B spilled at 240
+# registers) right to the digit but 0.4433 ms against configs' 0.3099 (0.70x; whole backward 1.061 / 0.913 ms): removed
+# with its rows (decision 270 of notes/linear_attention/README.md)
+BATCHES["o"] = {  # call 2: d 32's dq / dk and whole backward as shipped (the session's figure on the device)
     "d32 configs dqk": (32, {}, "dqk0w"),
-    "d32 pair": (32, dict(dqk_gluon_form=S41_D32 | PAIR), "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
-    "d32 pair bwd": (32, dict(dqk_gluon_form=S41_D32 | PAIR), "bwd"),
-    "d32 pair op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(dqk_gluon_form=S41_D32 | PAIR)}), None),
 }
 MODES = {"f": (("d128 configs dqk", "d128 rz"), ("d128 configs bwd", "d128 rz bwd")),
          "h": (("d128 configs dqk", "d128 rz", "d128 rz two"),)}  # timed more ways (``modes``)
