@@ -43,9 +43,11 @@ BV_GLA = 64  # value columns a consumer
 # |q| < 1400 and |k| 2^-5.5 a normal fp16 for |k| > 3e-3 (kernels_tl._factor_span's reasoning, in log2 units)
 SPAN_LIMIT = {torch.bfloat16: 96.0, torch.float16: 11.0}
 # FORM bits (configs.GLUON_GLA_FORM): VEC, the prologue's [32, Dk] tiles 4 channels a thread; EARLY_S, the state
-# update issued with the first wgmmas (o's inter-chunk term and P^T), not after P^T
+# update issued with the first wgmmas (o's inter-chunk term and P^T), not after P^T; P_SPLIT, P^T made once for the
+# pair (each consumer its own queries' columns, N = 32) and shared through a buffer a step's parity, not by each
 VEC = gl.constexpr(1)
 EARLY_S = gl.constexpr(2)
+P_SPLIT = gl.constexpr(4)
 LOG_DECAY_FLOOR = gl.constexpr(LOG_DECAY_FLOOR_HOST)
 LOG2E_K = gl.constexpr(LOG2E)
 
@@ -95,6 +97,7 @@ class GlaForward:
     scale: object
     p_smem: object  # [2, BT, BT]: each consumer's P^T (the B operand of V^T P^T)
     built: object  # [STAGES, 1] mbarriers (count 2): both consumers' halves of Qx and Kx are in the stage
+    pready: object  # with P_SPLIT: [2, 1] mbarriers (count 2): both halves of the step's P^T are in p_smem
     span_limit: gl.constexpr
     BT: gl.constexpr
     BK: gl.constexpr
@@ -103,6 +106,7 @@ class GlaForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     FORM: gl.constexpr
+    SLH: gl.constexpr  # [BT, BT / 2]: with P_SPLIT, a consumer's half of P^T
     SL: gl.constexpr  # [BT, BT] scores and [BV, BT] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BV, BK] the state S^T
     SPL: gl.constexpr  # S^T as the register operand of Sx^T Qx^T
@@ -203,20 +207,36 @@ class GlaForward:
         qT = q_s.permute((1, 0))
         o_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
                               is_async=True)
-        p_tok = warpgroup_mma(k_s, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
-                              is_async=True)
+        if self.FORM & P_SPLIT:  # this consumer's queries: its half of P^T's columns, for the pair's shared P^T
+            p_tok = warpgroup_mma(k_s, q_s.slice(c * HALF, HALF, dim=0).permute((1, 0)),
+                                  gl.zeros([self.BT, HALF], gl.float32, self.SLH), use_acc=False, is_async=True)
+        else:
+            p_tok = warpgroup_mma(k_s, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
+                                  is_async=True)
         if self.FORM & EARLY_S:  # the update (it reads no P^T) issued with them, under P^T's mask and store
             S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
             o, pT = warpgroup_mma_wait(1, deps=(o_tok, p_tok))
         else:
             o, pT = warpgroup_mma_wait(0, deps=(o_tok, p_tok))
-        offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
-        offs_i = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
-        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-        p_smem = self.p_smem.index(c)
-        p_smem.store(gl.where(causal, pT * self.scale, 0.0).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
+        if self.FORM & P_SPLIT:
+            offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SLH))
+            offs_i = c * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, self.SLH))
+            causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
+            p_smem = self.p_smem.index(ctx.ring_step % 2)  # (by the step's parity: the other consumer may still
+            # read the previous step's P^T; the one before that it has read, since it arrived on this step's built)
+            p_smem.slice(c * HALF, HALF, dim=1).store(gl.where(causal, pT * self.scale, 0.0).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(self.pready.index(ctx.ring_step % 2))
+            mbarrier.wait(self.pready.index(ctx.ring_step % 2), (ctx.ring_step // 2) & 1)
+        else:
+            offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
+            offs_i = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
+            causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
+            p_smem = self.p_smem.index(c)
+            p_smem.store(gl.where(causal, pT * self.scale, 0.0).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
         o = o * self.scale
         o_tok = warpgroup_mma(vT, p_smem, o, is_async=True)
         if self.FORM & EARLY_S:
@@ -274,13 +294,20 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
         GLY: gl.constexpr = gl.BlockedLayout([BT // 2, 1], [1, 32], [1, NW], [0, 1])
     else:
         GLY: gl.constexpr = gl.BlockedLayout([BT // 4, 1], [2, 16], [1, NW], [0, 1])
-    operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    if FORM & P_SPLIT:  # one P^T a step's parity, each consumer writing its half of the columns (64-byte atoms)
+        operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    else:  # one P^T a consumer
+        operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
     built = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(built.index(s), count=2)
+    for s in gl.static_range(2):
+        mbarrier.init(pready.index(s), count=2)
     op = GlaForward(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N,
-                    H, VB, GROUP, scale, p_smem, built, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT, FORM, SL,
+                    H, VB, GROUP, scale, p_smem, built, pready, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT,
+                    FORM, wgmma_layout(BT, BT // 2, NW), SL,
                     wgmma_layout(BV, BK, NW), wgmma_lhs_layout(BV, BK, NW), wgmma_lhs_layout(BV, BT, NW), GLY)
     stages = GlaChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(v_desc, STAGES),
                       ring(v_desc, STAGES))
@@ -289,6 +316,8 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
         num_tiles)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(built.index(s))
+    for s in gl.static_range(2):
+        mbarrier.invalidate(pready.index(s))
 
 
 # --------------------------------------------------------------------------------------------
