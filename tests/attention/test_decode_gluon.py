@@ -30,7 +30,7 @@ def test_the_table_takes_it_only_where_ruled_and_where_it_fits(hopper):
     assert "kernel" not in plan.decode_plan(q, k, tl_cfg, None, v, hopper).config  # (no head dim ruled yet)
     with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128)):
         p = plan.decode_plan(q, k, tl_cfg, None, v, hopper)
-        assert p.config["kernel"] == "gluon" and p.config["BLOCK_M"] == configs.DECODE_GLUON_ROWS
+        assert p.config["kernel"] == "gluon" and p.config["BLOCK_M"] == configs.DECODE_GLUON_SMALL_ROWS  # 4 rows
         tiles = p.grid[0] * p.grid[1] * p.grid[2]
         assert p.config["PROGRAMS"] == min(tiles, hopper) and p.keys_per_split % p.config["BLOCK_N"] == 0
         # another tl config, the tl kernel asked for, a head dim, dtype or K view it does not take: the tl kernel
@@ -63,6 +63,16 @@ def test_attention_plan_hands_it_the_table_and_a_forced_config(hopper, monkeypat
         attention_plan.plan_forward(q, k, v, False, 0.1, path="decode", config=dict(kernel="cuda", BLOCK_N=64))
 
 
+@pytest.mark.parametrize("hq, n, cfg, rows", [(32, 1, {}, 16), (32, 4, {}, 16), (32, 5, {}, 64), (64, 8, {}, 64),
+                                              (32, 1, {"ROWS": 64}, 64), (32, 16, {"ROWS": 16}, 16)])
+def test_tile_rows_16_by_mma_sync_where_a_kv_head_packs_16(hopper, hq, n, cfg, rows):
+    q, k, v = tensors(hq=hq, n=n)
+    p = plan.decode_plan(q, k, dict(configs.decode_gluon_config(128), **cfg), None, v, hopper)
+    assert p.config["BLOCK_M"] == rows and p.grid[2] == -(-n * hq // 8 // rows)
+    with pytest.raises(ValueError, match="ROWS is 16 or 64"):
+        plan.decode_plan(q, k, dict(configs.decode_gluon_config(128), ROWS=32), None, v, hopper)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_the_launch_passes_views_of_consecutive_rows(fast_launch, hopper, monkeypatch, splits):
     q, k, v = tensors(b=2, hq=32, hkv=8, n=3, nk=1000, d=64)
@@ -77,7 +87,7 @@ def test_the_launch_passes_views_of_consecutive_rows(fast_launch, hopper, monkey
     assert grid == (p.config["PROGRAMS"], 1, 1) and bound["MERGED"] is (splits == 1) and bound["CAUSAL"] is True
     assert bound["q_ptr"] is q and bound["scale_log2e"] > 0 and bound["GROUP"] == 4 and bound["num_bhk"] == 16 and bound["splits"] == splits
     o_rows = bound["o_desc"]
-    assert isinstance(o_rows, TmaOperand) and o_rows.block_shape == [1, 64, 64]
+    assert isinstance(o_rows, TmaOperand) and o_rows.block_shape == [1, 16, 64]  # 12 rows: mma.sync's 16
     assert o_rows.shape == [splits * 16, 12, 64]  # (split x batch x kv head, 4 q heads x 3 queries, Dv)
     if splits == 1:  # O and lse themselves
         assert o_rows.base.data_ptr() == out.data_ptr() and bound["lse_ptr"] is lse and not merges
@@ -99,14 +109,15 @@ from tilecore.tiles.launch import jit_arg
 calls = []
 launch.GLUON_SPLIT_KEYS.run = lambda key, grid, args, options: calls.append((args, options))
 launch.MERGE.run = lambda *a: None
-rows = {}
-# (head dim, dtype, causal, window, softcap, splits, config): the table's configs and the timed variant
-for d, dtype, causal, window, softcap, splits, cfg in [
-        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, None), (128, torch.float16, True, (-1, -1), 0.0, 1, None),
-        (64, torch.bfloat16, False, (200, 0), 0.0, 4, None), (128, torch.bfloat16, False, (-1, -1), 30.0, 2, None),
-        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, dict(kernel="gluon", BLOCK_N=64, STAGES=4))]:
+out = {}
+# (head dim, dtype, causal, window, softcap, splits, tile rows, config): the table's configs and the timed variants
+for d, dtype, causal, window, softcap, splits, rows, cfg in [
+        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, None), (128, torch.float16, True, (-1, -1), 0.0, 1, 16, None),
+        (64, torch.bfloat16, False, (200, 0), 0.0, 4, 16, None), (128, torch.bfloat16, False, (-1, -1), 30.0, 2, 16, None),
+        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 64, None), (64, torch.float16, True, (-1, -1), 0.0, 1, 64, None),
+        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, dict(kernel="gluon", BLOCK_N=64, STAGES=4))]:
     q, k = torch.empty(2, 32, 4, d, dtype=dtype), torch.empty(2, 8, 1000, d, dtype=dtype)
-    cfg = dict(cfg or configs.decode_gluon_config(d), BLOCK_M=64, PROGRAMS=132)
+    cfg = dict(cfg or configs.decode_gluon_config(d), BLOCK_M=rows, PROGRAMS=132)
     plan = Plan("decode", cfg, (16, splits, 1), sizes=dict(keys_per_split=256))
     launch.launch_decode_gluon(plan, q, k, k, torch.empty_like(q), torch.empty(2, 32, 4), causal, 0.1, window, softcap)
     args, options = calls.pop()
@@ -114,18 +125,21 @@ for d, dtype, causal, window, softcap, splits, cfg in [
     bound = dict(zip(names, [jit_arg(a) for a in args]), **options)
     num_warps = bound.pop("num_warps")
     compiled = compile_kernel(attention_decode_kernel, bound, num_warps=num_warps)
-    name = f"D{d} {str(dtype)[6:]} BN{cfg['BLOCK_N']} S{cfg['STAGES']} splits{splits}" + (" causal" if causal else "") + (
+    name = f"D{d} {str(dtype)[6:]} rows{rows} BN{cfg['BLOCK_N']} S{cfg['STAGES']} splits{splits}" + (" causal" if causal else "") + (
         " window" if window != (-1, -1) else "") + (" softcap" if softcap else "")
-    rows[name] = dict(**vars(resources(compiled)), **has_hopper_instructions(compiled.asm["ptx"]))
-print(json.dumps(rows))
+    ptx = compiled.asm["ptx"]
+    out[name] = dict(**vars(resources(compiled)), **has_hopper_instructions(ptx), mma_sync="mma.sync" in ptx)
+print(json.dumps(out))
 """
 
 
 def test_the_kernel_compiles_for_sm90a_from_the_launch_arguments(compiled_json):
     rows = compiled_json(_COMPILE)
-    assert len(rows) == 5
+    assert len(rows) == 7
     for name, row in rows.items():
-        assert row["wgmma"] and row["tma"] and row["mbarrier"] and not row["wgmma_serialized"], (name, row)
+        assert row["tma"] and row["mbarrier"] and not row["wgmma_serialized"], (name, row)
+        # 64 rows: S = Q K^T and P V by wgmma; 16: by mma.sync (the operands loaded from the ring's stage)
+        assert (row["wgmma"], row["mma_sync"]) == ((True, False) if "rows64" in name else (False, True)), (name, row)
         assert row["spill_stores"] == row["spill_loads"] == 0 and row["stack"] == 0, (name, row)
         assert row["shared"] <= 227 * 1024, (name, row)  # Hopper's most for a block
 

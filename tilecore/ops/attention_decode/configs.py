@@ -39,9 +39,12 @@ DECODE_MAX_ROWS_LARGE_DV = 32  # rows a tile when v's head dim is past 256 (the 
 
 
 # Hopper's Gluon split-key kernel (gluon_decode.py): the head dims it takes (D = Dv, bf16 / fp16), its
-# tiles (64 packed rows, one warpgroup) and, per head dim, the rule of which inputs the table gives it.
+# tiles and, per head dim, the rule of which inputs the table gives it.
 DECODE_GLUON_HEAD_DIMS = (64, 128)
-DECODE_GLUON_ROWS = 64  # a tile's packed rows: one wgmma's M (decode is memory-bound: padding rows are free)
+# a tile's packed rows: 16 by mma.sync where a kv head packs at most 16 (a step's MMA is on the latency chain of
+# a small decode: wgmma's 64 rows cost 4x its work there), else 64, one warpgroup's wgmma (config ROWS forces one)
+DECODE_GLUON_SMALL_ROWS = 16
+DECODE_GLUON_ROWS = 64
 DECODE_GLUON = {
     # head dim -> (BLOCK_N, STAGES): within 227 KiB with the float32 epilogue buffer (parts of 64 x D)
     64: dict(BLOCK_N=128, STAGES=4),

@@ -5,8 +5,9 @@ interpreter, other GPUs, MLA's 576 / 512 and the paged cache).
 A tile is (batch, kv head, key split, row block): the kv head's packed rows, head-major (row r is query
 r % N of q head hk * GROUP + r // N), so that a tile's rows are consecutive rows of O and of the merge's
 parts, both viewed as (vectors, GROUP x N, Dv): one TMA store writes them and clips the rows past
-GROUP x N. Rows are padded to the wgmma's 64: decode reads K and V once for the whole group, so it is
-memory-bound and the padding rows' tensor-core work is free. Q comes into registers by plain loads (any
+GROUP x N. Rows are padded to the wgmma's 64, or, where a kv head packs at most 16, to mma.sync's 16 (a
+small decode is a chain of latencies, its last step's MMA one of them: 64 rows are 4x the work of 16,
+~0.5 us of wgmma at D 128; O's and the MMA operands' layouts come from the row count). Q comes into registers by plain loads (any
 strides; the tile's Q is 16 KiB against its K and V's 32-64 KiB a step). Per step the producer warp
 TMA-loads a K and a V block into a stage (4-D descriptors over (B, Hkv, Nk, D): rows past Nk arrive as
 zeros); the consumer warpgroup runs S = Q K^T, the mask and softcap, one online-softmax step and
@@ -22,6 +23,25 @@ from tilecore.tiles.gluon import (LOG2E, Layout, as_column, needs_mask, online_s
                                   online_softmax_update, ring, run, stage_struct, store_block, store_rows, struct,
                                   wgmma_layout, wgmma_lhs_layout)
 from tilecore.tiles.gluon.compat import gl, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+
+@gluon.constexpr_function
+def mma_layout(rows, cols, num_warps):
+    """The accumulator layout of a [rows, cols] tile: wgmma's at 64 rows; at 16 mma.sync's (m16n8k16), the warps
+    side by side along the columns."""
+    if rows == 64:
+        return wgmma_layout(rows, cols, num_warps)
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def operand_layout(rows, cols, num_warps, index):
+    """The register operand ``index`` (0: the left, 1: the right, mma.sync only) of the MMA whose accumulator is
+    [rows, cols] (mma_layout); wgmma's right operand is in shared memory (None)."""
+    if rows == 64:
+        return wgmma_lhs_layout(rows, cols, num_warps) if index == 0 else None
+    return gl.DotOperandLayout(operand_index=index, parent=mma_layout(rows, cols, num_warps), k_width=2)
 
 
 @stage_struct
@@ -84,10 +104,13 @@ class Decode:
     BN: gl.constexpr
     D: gl.constexpr
     DV: gl.constexpr
-    S: gl.constexpr  # the layouts of S [BM, BN], of O [BM, DV], of P and of Q as wgmma register operands
+    S: gl.constexpr  # the layouts of S [BM, BN], of O [BM, DV], of P and of Q as the MMA's register operands
     O: gl.constexpr
     P: gl.constexpr
     Q: gl.constexpr
+    KT: gl.constexpr  # WGMMA False (16 rows, mma.sync): K^T's and V's register operand layouts
+    V: gl.constexpr
+    WGMMA: gl.constexpr
 
     @gluon.jit
     def setup(self, tile_id):
@@ -147,7 +170,11 @@ class Decode:
         O = alpha O + P V issued (``wait`` ends it before the stage is released)."""
         key = tile.first_key + step * self.BN
         k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
-        s = warpgroup_mma(st.q, k_t, gl.zeros([self.BM, self.BN], gl.float32, self.S), use_acc=False)
+        zeros = gl.zeros([self.BM, self.BN], gl.float32, self.S)
+        if self.WGMMA:
+            s = warpgroup_mma(st.q, k_t, zeros, use_acc=False)
+        else:
+            s = mma_v2(st.q, k_t.load(self.KT), zeros)
         if self.SOFTCAP == 2:
             s = tanh_approx(s * self.tanh_scale)
         elif self.SOFTCAP:
@@ -159,12 +186,18 @@ class Decode:
         m, l, p, alpha = online_softmax_update(st.m, st.l, s, self.scale_log2e)
         acc = st.acc * as_column(alpha, self.O)
         p = gl.convert_layout(p.to(self.k_desc.dtype), self.P)  # (no wgmma in flight: ptxas's C7513)
-        acc = warpgroup_mma(p, stage.v.reshape([self.BN, self.DV]), acc, is_async=True)
+        v = stage.v.reshape([self.BN, self.DV])
+        if self.WGMMA:
+            acc = warpgroup_mma(p, v, acc, is_async=True)
+        else:
+            acc = mma_v2(p, v.load(self.V), acc)
         return st.replace(m=m, l=l, acc=acc)
 
     @gluon.jit
     def wait(self, ctx, st):
-        return st.replace(acc=warpgroup_mma_wait(0, deps=(st.acc,)))
+        if self.WGMMA:
+            st = st.replace(acc=warpgroup_mma_wait(0, deps=(st.acc,)))
+        return st
 
     @gluon.jit
     def finish(self, ctx, st, tile):
@@ -190,12 +223,12 @@ def attention_decode_kernel(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sq
     BN: gl.constexpr = k_desc.block_type.shape[2]
     D: gl.constexpr = k_desc.block_type.shape[3]
     DV: gl.constexpr = v_desc.block_type.shape[3]
-    gl.static_assert(BM == 64, "a tile is one warpgroup's 64 rows")
+    gl.static_assert(BM == 64 or BM == 16, "a tile is one warpgroup's 64 rows (wgmma) or 16 (mma.sync)")
     W: gl.constexpr = gl.num_warps()
     row_blocks = gl.cdiv(GROUP * N, BM)
     op = Decode(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, Hkv, N, Nk, GROUP, num_bhk, splits,
                 row_blocks, keys_per_split, left, right, scale_log2e, tanh_scale, CAUSAL, WINDOW, SOFTCAP, MERGED,
-                BM, BN, D, DV, wgmma_layout(BM, BN, W), wgmma_layout(BM, DV, W), wgmma_lhs_layout(BM, DV, W),
-                wgmma_lhs_layout(BM, BN, W))
+                BM, BN, D, DV, mma_layout(BM, BN, W), mma_layout(BM, DV, W), operand_layout(BM, DV, W, 0),
+                operand_layout(BM, BN, W, 0), operand_layout(BM, BN, W, 1), operand_layout(BM, DV, W, 1), BM == 64)
     layout = Layout(o_desc, STAGES, CONSUMERS=1, LATE_RELEASE=0)
     run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_bhk * splits * row_blocks)

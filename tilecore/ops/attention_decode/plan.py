@@ -38,6 +38,17 @@ def gluon_fits(q, k, v) -> str | None:
     return None
 
 
+def gluon_rows(rows: int, cfg: dict) -> int:
+    """The Gluon kernel's tile rows for a kv head's ``rows`` packed rows: the config's ROWS, else 16 (mma.sync) where
+    they fit, else 64 (wgmma)."""
+    if cfg.get("ROWS") is not None:
+        if cfg["ROWS"] not in (configs.DECODE_GLUON_SMALL_ROWS, configs.DECODE_GLUON_ROWS):
+            raise ValueError(f"attention decode: the Gluon kernel's ROWS is {configs.DECODE_GLUON_SMALL_ROWS} or "
+                             f"{configs.DECODE_GLUON_ROWS}, got {cfg['ROWS']}")
+        return cfg["ROWS"]
+    return configs.DECODE_GLUON_SMALL_ROWS if rows <= configs.DECODE_GLUON_SMALL_ROWS else configs.DECODE_GLUON_ROWS
+
+
 def split_kernel(q, k, v, cfg: dict) -> dict:
     """The config the split-key launch runs: ``cfg`` with kernel "gluon" (decode_gluon_config's: the Gluon kernel,
     refused with the reason where it does not fit) or "tl" (the tl kernel, the key dropped) as given; without a
@@ -88,7 +99,7 @@ def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = N
     block_n = cfg["BLOCK_N"]
     # a 64 x 512 float32 accumulator would spill: fewer rows a tile past head dim 256
     most_rows = configs.DECODE_MAX_ROWS if Dv <= configs.DECODE_WHOLE_HEAD_DIM else configs.DECODE_MAX_ROWS_LARGE_DV
-    block_m = configs.DECODE_GLUON_ROWS if gluon else tile_rows(N, Hq // Hkv, most_rows)
+    block_m = gluon_rows(N * (Hq // Hkv), cfg) if gluon else tile_rows(N, Hq // Hkv, most_rows)
     row_blocks = cdiv(N * (Hq // Hkv), block_m)
     if splits is None:
         programs = configs.DECODE_PROGRAMS_PER_SM * sms
