@@ -254,8 +254,9 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **({"JOINT": True} if (units or halves == 1)
            and tuning.get("joint", _by_format(configs.QUANT_GLUON_JOINT, tf, n, False)) else {}),
         # BALANCE (UNITS, not int4's groups of 128): consumer c the unit J = c and block 2's column half c (tuning
-        # "balance": untimed on JOINT, off)
-        **({"BALANCE": True} if units and group != 128 and tuning.get("balance") else {}),
+        # "balance", configs.QUANT_GLUON_BALANCE)
+        **({"BALANCE": True} if units and group != 128
+           and tuning.get("balance", _by_format(configs.QUANT_GLUON_BALANCE, tf, n, False)) else {}),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1; HALVES 2 with UNITS
         # for groups of 16 / 32)
         **({"PERM": True} if (halves == 1 or (units and group in (16, 32)))
