@@ -64,9 +64,8 @@ def gluon_backward_softcap(softcap: float, cfg: dict) -> int:
     starting at -delta (delta's registers free at the products: fewer spills); 1.03x the float16-derivative form 2
     (which the varlen kernels keep) at D128 causal, fp16 gradients nearer their floor."""
     mode = gluon_softcap(softcap, cfg)
-    first = cfg.get("softcap_derivative_first")  # candidates (dK/dV kernel): SOFTCAP 4, or 5 ("unmasked")
-    if mode == 2 and first:
-        return 5 if first == "unmasked" else 4
+    if mode == 2 and cfg.get("softcap_derivative_first") == "unmasked":  # candidate (dK/dV kernel): SOFTCAP 5
+        return 5
     return 3 if mode == 2 else mode
 
 

@@ -127,7 +127,7 @@ class AttentionBackward:
     WINDOW: gl.constexpr
     # 0: none; 1: tanh from exp2; 2: tanh.approx.f32 (1 and 2: the cap's derivative in float16, varlen's kernel and the
     # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta and dS = y - y tanh^2 (the fixed kernel's: compute);
-    # 4 (candidate, config softcap_derivative_first): 3's products, y (1 - tanh^2) before P, dS = P y (compute)
+    # 5 (candidate, config softcap_derivative_first "unmasked"): 3's products, y (1 - tanh^2) before P, dS = P y (compute)
     SOFTCAP: gl.constexpr
     # without a softcap: dP^T's accumulator from -delta too (SOFTCAP 3 has it always), so dS = P (dP - delta) is
     # one multiply and delta's registers die before the products
@@ -256,32 +256,9 @@ class AttentionBackward:
         return ds_t
 
     @gluon.jit
-    def capped_scores(self, s_t, start_n, start_m, tile):
-        """S^T (keys from start_n, queries from start_m) capped (SOFTCAP: tanh(S^T scale / cap), its base-2 scale
-        then cap log2(e), as in the forward) and masked (-inf)."""
-        if self.SOFTCAP:
-            if self.SOFTCAP >= 2:
-                s_t = tanh_approx(s_t * self.tanh_scale)
-            else:
-                s_t = tanh_from_exp2(s_t * self.tanh_scale)
-        return self.masked_scores(s_t, start_n, start_m, tile)
-
-    @gluon.jit
-    def masked_scores(self, s_t, start_n, start_m, tile):
-        """S^T with -inf where a key is masked for a query (keys past Nk, causal, window)."""
-        st_layout: gl.constexpr = s_t.type.layout
-        if self.WINDOW:
-            if window_needs_mask(start_m, start_n, self.BM, s_t.shape[0], self.N, self.Nk, self.left, self.right):
-                s_t = window_mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.left, self.right,
-                                         KEY_AXIS=0)
-        elif needs_mask(start_m, start_n, s_t.shape[0], self.N, self.Nk, self.CAUSAL):
-            s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
-        return s_t
-
-    @gluon.jit
     def masked_with(self, t_t, y_t, start_n, start_m, tile):
-        """The capped scores t_t masked as masked_scores masks them, and y_t 0 where they are masked (a masked key's dS
-        is 0 whatever its score was: a NaN one included), on the blocks that need a mask only."""
+        """The capped scores t_t masked as probabilities masks them (-inf), and y_t 0 where they are masked (a masked
+        key's dS is 0 whatever its score was: a NaN one included), on the blocks that need a mask only."""
         st_layout: gl.constexpr = t_t.type.layout
         if self.WINDOW:
             if window_needs_mask(start_m, start_n, self.BM, t_t.shape[0], self.N, self.Nk, self.left, self.right):
@@ -300,7 +277,18 @@ class AttentionBackward:
         cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
         float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
         lengths there.)"""
-        s_t = self.capped_scores(s_t, start_n, start_m, tile)
+        st_layout: gl.constexpr = s_t.type.layout
+        if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
+            if self.SOFTCAP >= 2:
+                s_t = tanh_approx(s_t * self.tanh_scale)
+            else:
+                s_t = tanh_from_exp2(s_t * self.tanh_scale)
+        if self.WINDOW:
+            if window_needs_mask(start_m, start_n, self.BM, s_t.shape[0], self.N, self.Nk, self.left, self.right):
+                s_t = window_mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.left, self.right,
+                                         KEY_AXIS=0)
+        elif needs_mask(start_m, start_n, s_t.shape[0], self.N, self.Nk, self.CAUSAL):
+            s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
         if self.SOFTCAP == 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
@@ -392,14 +380,9 @@ class AttentionBackward:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
         else:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        if self.SOFTCAP == 4:  # the cap's derivative into dP - delta before P: y (1 - tanh^2), then dS = P y; tanh's
-            # registers die into P and lse is read from shared memory only then (D128 causal fused: 476 -> 188 B spilled)
-            s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            t_t = self.capped_scores(s_t, start_n, start_m, tile)
-            y_t = y_t - y_t * gl.minimum(t_t * t_t, 1.0)  # a masked key: tanh -inf gives y - y = 0, and p = 0
-            p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
-            ds_t = p_t * y_t
-        elif self.SOFTCAP == 5:  # PROBE: 4 with tanh^2 of the unmasked tanh (no min), y zeroed where masked
+        if self.SOFTCAP == 5:  # candidate: the cap's derivative into dP - delta before P, y (1 - tanh^2) of the unmasked
+            # tanh (finite: no min) zeroed where masked (masked_with), then dS = P y: tanh's registers die into P and lse
+            # is read only then (D128 causal fused: 476 -> 144 B spilled, 3440 -> 3320 SASS)
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             t_t = tanh_approx(s_t * self.tanh_scale)
             y_t = y_t - y_t * (t_t * t_t)
