@@ -45,7 +45,8 @@ consumer a row (OWN: fp8, e5m2, int8, int4); fp8 / e5m2 16384 / 32768 with PERM,
 e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOINT (the wide kernel's mixing as one
 N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
 widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the tile's two rows' mixing as one N = 128
-product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer).
+product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer). --set jb: run 1's flips against the plans before them, and the
+second attempts.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -454,6 +455,19 @@ SETS["ja"] = {  # (priority order)
     ("int4", 2048): [("cl", dict(clamp_lo=True))],
     ("int8", 18944): [("balance", dict(balance=True))],
     ("fp8_e4m3", 18944): [("balance", dict(balance=True))],
+}
+
+
+# session 43, batch 2: run 1's flips (60110547, H200) against the plans before them: BALANCE at 18944 (mxfp4 1.072x, nvfp4
+# 1.065x), nvfp4 11008's JOINT + KTRIM (1.029x; KTRIM alone beside it, to tell which gained); with BALANCE, the switches
+# that lost by little before it (nvfp4 E2M1_PAIRS 0.96-1.02x, mxfp4 SCALE_ONCE 0.98-1.05x at the widths); the second
+# attempt at 11008 mxfp4's JOINT (1.015x) and KTRIM alone for mxfp4 / int4 (on JOINT +0.7% / +1.5%)
+SETS["jb"] = {  # (priority order)
+    ("nvfp4", 18944): [("before", dict(balance=False)), ("bal_pairs", dict(e2m1_pairs=True))],
+    ("mxfp4", 18944): [("before", dict(balance=False)), ("bal_once", dict(scale_once=True))],
+    ("nvfp4", 11008): [("before", dict(joint=False, ktrim=False)), ("kt_only", dict(joint=False))],
+    ("mxfp4", 11008): [JOINT11, ("kt_only", dict(ktrim=True)), ("joint_kt", dict(joint=True, ktrim=True))],
+    ("int4", 11008): [("kt_only", dict(ktrim=True))],
 }
 
 
