@@ -463,7 +463,9 @@ SETS["ja"] = {  # (priority order)
 # that lost by little before it (nvfp4 E2M1_PAIRS 0.96-1.02x, mxfp4 SCALE_ONCE 0.98-1.05x at the widths); the second
 # attempt at 11008 mxfp4's JOINT (1.015x) and KTRIM alone for mxfp4 / int4 (on JOINT +0.7% / +1.5%). nvfp4 is the one
 # 4-bit width plan without FOLD (1 / sqrt(n) into the maxima and reciprocals: one FMUL a value fewer; session 32 measured
-# it under 1.02x there before JOINT / BALANCE): sm_90a 11008 SASS 5192 -> 5024 (with E2M1_PAIRS 4928), 18944 5408 -> 5240
+# it under 1.02x there before JOINT / BALANCE): sm_90a 11008 SASS 5192 -> 5024 (with E2M1_PAIRS 4928), 18944 5408 -> 5240.
+# int4 is the one group format at 11008 / 18944 without NOZERO (the padded sub-rows, whose codes and scales are never
+# stored, left unzeroed): 11008 SASS 4104 -> 4008
 SETS["jb"] = {  # (priority order)
     ("nvfp4", 18944): [("before", dict(balance=False)), ("bal_pairs", dict(e2m1_pairs=True)),
                        ("bal_fold", dict(fold=True))],
@@ -471,7 +473,8 @@ SETS["jb"] = {  # (priority order)
     ("nvfp4", 11008): [("before", dict(joint=False, ktrim=False)), ("kt_only", dict(joint=False)),
                        ("fold", dict(fold=True)), ("fold_pairs", dict(fold=True, e2m1_pairs=True))],
     ("mxfp4", 11008): [JOINT11, ("kt_only", dict(ktrim=True)), ("joint_kt", dict(joint=True, ktrim=True))],
-    ("int4", 11008): [("kt_only", dict(ktrim=True))],
+    ("int4", 11008): [("kt_only", dict(ktrim=True)), ("nz", dict(nozero=True)), ("nz_kt", dict(nozero=True, ktrim=True))],
+    ("int4", 18944): [("nz", dict(nozero=True))],
 }
 
 
