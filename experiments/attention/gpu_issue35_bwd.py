@@ -27,7 +27,7 @@ GPU time from CUDA graphs in interleaved rounds):
   dchecks:  that variant and the shipped config against float64: causal N4048 bf16 / fp16, causal GQA N2000, full
   first:    the softcap's derivative into dP - delta before P (config softcap_derivative_first "unmasked") against
             the shipped softcap kernel and the plain backward, B16 H16 N4096 D128 causal and full
-  fchecks, fchecks2: that candidate and the shipped softcap against float64 (see checks_first)
+  fchecks, fchecks2, fchecks64: that candidate and the shipped softcap against float64 (see checks_first)
   nan:      both softcap forms with NaN q / k rows, causal and a window, against float64 and each other's NaN pattern
   capture:  a causal forward planned inside a patched block entered on every call, from CUDA graphs, against the same
             call unpatched (the patched + graph artefact: see phase_capture)
@@ -98,8 +98,8 @@ def reference_grads(q, k, v, dout, causal, window, softcap):
     return torch.autograd.grad(ref, (q64, k64, v64), dout.double())
 
 
-def check_case(run, name, b, hq, hkv, n, causal, window, softcap, dtype, variants):
-    q, k, v, dout = inputs(b, hq, hkv, n, 128, dtype, seed=hash(name) % 1000)
+def check_case(run, name, b, hq, hkv, n, causal, window, softcap, dtype, variants, d=128):
+    q, k, v, dout = inputs(b, hq, hkv, n, d, dtype, seed=hash(name) % 1000)
     ref = reference_grads(q, k, v, dout, causal, window, softcap)
     out, lse = forward(q, k, v, causal, window, softcap)
     for label, overrides in variants.items():
@@ -261,13 +261,19 @@ def checks_nan(run):
 def checks_first(run, which="a"):
     """The candidate of phase first and the shipped softcap kernel against float64 (softcap 30): "a" causal N4048 with
     dQ fused (bf16, fp16) and full N4048 (lagged, bf16); "b" causal N2000 (the dq kernel's dQ), full N4048 fp16, window
-    (1008, 0) + softcap GQA 16/4 N4048."""
+    (1008, 0) + softcap GQA 16/4 N4048; "d64" D64 causal N4048 (bf16, fp16) and window (1008, 0) + softcap."""
     if which == "a":
         for dtype in (torch.bfloat16, torch.float16):
             check_case(run, "softcap30 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
                        {"fused": dict(dq_from="fused"), "unmasked fused": dict(FIRST, dq_from="fused")})
         check_case(run, "softcap30 full N4048", 1, 16, 16, 4048, False, (-1, -1), CAP, torch.bfloat16,
                    {"shipped": {}, "unmasked": FIRST})
+    elif which == "d64":  # D64: dQ from its warpgroup (DQ 4)
+        for dtype in (torch.bfloat16, torch.float16):
+            check_case(run, "softcap30 D64 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
+                       {"shipped": {}, "unmasked": FIRST}, d=64)
+        check_case(run, "window (1008,0)+softcap D64 N4048", 1, 16, 16, 4048, True, (1008, 0), CAP, torch.bfloat16,
+                   {"shipped": {}, "unmasked": FIRST}, d=64)
     else:
         check_case(run, "softcap30 causal N2000", 2, 16, 16, 2000, True, (-1, -1), CAP, torch.bfloat16,
                    {"shipped": {}, "unmasked": FIRST})
@@ -425,8 +431,9 @@ def main():
              "dchecks": lambda: checks_delta(run),
              "first": lambda: phase_first(run, args.rounds, args.first_cases, args.batch),
              "fchecks": lambda: checks_first(run, "a"), "fchecks2": lambda: checks_first(run, "b"),
-             "capture": lambda: phase_capture(run, args.rounds), "nan": lambda: checks_nan(run)}
-    need = {"flex": 22, "both": 12, "packed": 15, "first": 30, "fchecks2": 15, "nan": 12, "capture": 10}  # seconds a phase needs left to start (compiles)
+             "capture": lambda: phase_capture(run, args.rounds), "nan": lambda: checks_nan(run),
+             "fchecks64": lambda: checks_first(run, "d64")}
+    need = {"flex": 22, "both": 12, "packed": 15, "first": 30, "fchecks2": 15, "fchecks64": 15, "nan": 12, "capture": 10}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
         if name == "flex" and not WINDOW_STATE:
             continue
