@@ -40,25 +40,18 @@ from tilecore.ops.linear_attention.plan import tl_plan  # noqa: E402
 from tilecore.ops.linear_attention.reference import linear_attention_reference  # noqa: E402
 from tilecore.tiles import switches  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_gla  # noqa: E402  (its inputs: the GLA forward's cases since session 29)
+
 DEV = "cpu" if SMOKE else "cuda"
 # gluon_gla_forward's FORM bits timed and checked (0: the shipped form; VEC 1, EARLY_S 2, P_SPLIT 4)
 FORMS = (0, 1, 2, 4, 5, 6)
 
 
-def make(B, N, H, Dk, Dv, *, dtype=torch.bfloat16, decay=0.3, per_token=None, reset=False, h0=True, seed=0):
-    """Inputs: log decays -U(0, decay), or ~per_token each (+-20%); reset: -inf on a quarter of the channels at N/2."""
-    torch.manual_seed(seed)
-    t = dict(q=torch.randn(B, N, H, Dk, device=DEV, dtype=dtype), k=torch.randn(B, N, H, Dk, device=DEV, dtype=dtype),
-             v=torch.randn(B, N, H, Dv, device=DEV, dtype=dtype), scale=Dk ** -0.5)
-    if per_token is not None:
-        g = -per_token * (0.8 + 0.4 * torch.rand(B, N, H, Dk, device=DEV))
-    else:
-        g = -torch.rand(B, N, H, Dk, device=DEV) * decay
-    if reset:
-        g[:, N // 2, :, : Dk // 4] = float("-inf")
-    t["g"] = g
-    t["h0"] = torch.randn(B, H, Dk, Dv, device=DEV) if h0 else None
-    return t
+def make(B, N, H, Dk, Dv, *, h0=True, **kw):
+    """gpu_gla.make's inputs (log decays -U(0, decay), or ~per_token each; reset: -inf on a quarter of the channels
+    at N/2), with an initial state unless said."""
+    return gpu_gla.make(B, N, H, Dk, Dv, h0=h0, **kw)
 
 
 def plan_of(t, gla: bool):

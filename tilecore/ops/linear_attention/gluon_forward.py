@@ -102,6 +102,20 @@ class Units:
     u0: object  # the first unit: (head, value block) = (u0 // VB, u0 % VB)
 
 
+@gluon.jit
+def pair_setup(tile_id, H, VB, N, BT: gl.constexpr):
+    """A tile of two units (head, value block) of one batch row (``Units``) and its cdiv(N, BT) steps."""
+    units = H * VB // 2
+    return Units(tile_id // units, (tile_id % units) * 2), gl.cdiv(N, BT)
+
+
+@gluon.jit
+def pair_unit(tile, c: gl.constexpr, VB, BV: gl.constexpr):
+    """(head, first value column) of the tile's unit c."""
+    u = tile.u0 + c
+    return u // VB, (u % VB) * BV
+
+
 @struct
 class Walk:
     S: object  # [BK, BV] float32: the unit's state, a wgmma accumulator (with beta: S^T [BV, BK])
@@ -155,14 +169,11 @@ class LinearAttentionForward:
 
     @gluon.jit
     def setup(self, tile_id):
-        units = self.H * self.VB // 2
-        return Units(tile_id // units, (tile_id % units) * 2), gl.cdiv(self.N, self.BT)
+        return pair_setup(tile_id, self.H, self.VB, self.N, self.BT)
 
     @gluon.jit
     def unit(self, tile, c: gl.constexpr):
-        """(head, first value column) of the tile's unit c."""
-        u = tile.u0 + c
-        return u // self.VB, (u % self.VB) * self.BV
+        return pair_unit(tile, c, self.VB, self.BV)
 
     @gluon.jit
     def load(self, stage, bar, tile, step):

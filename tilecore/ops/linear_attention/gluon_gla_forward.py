@@ -31,7 +31,8 @@ input dtype, as the tl kernel's factored form (decision 39).
 import torch
 from triton.experimental import gluon
 
-from tilecore.ops.linear_attention.gluon_forward import LOG2E, LOG_DECAY_FLOOR_HOST, _head_major, empty_state
+from tilecore.ops.linear_attention.gluon_forward import (LOG2E, LOG_DECAY_FLOOR_HOST, _head_major, empty_state,
+                                                        pair_setup, pair_unit)
 from tilecore.tiles.gluon import Layout, run, ring, stage_struct, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma, warpgroup_mma_wait
 from tilecore.tiles.gluon.compat import mbarrier
@@ -62,12 +63,6 @@ class GlaChunk:
 
 
 @struct
-class GlaUnits:
-    b: object  # batch row
-    u0: object  # the first unit: (head, value block) = (u0 // VB, u0 % VB)
-
-
-@struct
 class GlaWalk:
     S: object  # [BV, BK] float32: the unit's state transposed, a wgmma accumulator
 
@@ -79,22 +74,22 @@ class GlaForward:
     g_desc: object
     v_desc: object
     o_desc: object
-    H0: object
-    HT: object
-    REDO: object  # int32 [B * H]: 1 where a chunk of the head was too wide for the factored form
-    s0b: object
-    s0h: object
-    s0f: object
-    s0v: object
-    stb: object
-    sth: object
-    stf: object
-    stv: object
     N: object
     H: object
     VB: object
     GROUP: object
     scale: object
+    REDO: object  # int32 [B * H]: 1 where a chunk of the head was too wide for the factored form
+    H0: object  # the initial states and their strides (s0f, s0v: constants)
+    s0b: object
+    s0h: object
+    s0f: object
+    s0v: object
+    HT: object  # the final states'
+    stb: object
+    sth: object
+    stf: object
+    stv: object
     p_smem: object  # [2, BT, BT]: each consumer's P^T (the B operand of V^T P^T)
     built: object  # [STAGES, 1] mbarriers (count 2): both consumers' halves of Qx and Kx are in the stage
     pready: object  # with P_SPLIT: [2, 1] mbarriers (count 2): both halves of the step's P^T are in p_smem
@@ -114,32 +109,26 @@ class GlaForward:
     GLY: gl.constexpr  # [BT / 2, BK] a consumer's half of the chunk's rows: a channel's tokens in one thread
 
     @gluon.jit
-    def setup(self, tile_id):
-        units = self.H * self.VB // 2
-        return GlaUnits(tile_id // units, (tile_id % units) * 2), gl.cdiv(self.N, self.BT)
-
-    @gluon.jit
-    def unit(self, tile, c: gl.constexpr):
-        """(head, first value column) of the tile's unit c."""
-        u = tile.u0 + c
-        return u // self.VB, (u % self.VB) * self.BV
-
-    @gluon.jit
     def load(self, stage, bar, tile, step):
-        h0, c0 = self.unit(tile, 0)
-        h1, c1 = self.unit(tile, 1)
-        t0 = step * self.BT
-        tma.async_copy_global_to_shared(self.q_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.q)
-        tma.async_copy_global_to_shared(self.k_desc, [tile.b, h0 // self.GROUP, t0, 0], bar, stage.k)
-        tma.async_copy_global_to_shared(self.g_desc, [tile.b, h0, t0, 0], bar, stage.g)
-        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h0, t0, c0], bar, stage.va)
-        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h1, t0, c1], bar, stage.vb)
+        """The chunk's q, k and g (one head: the tile's units are its value blocks u0, u0 + 1) and both units' v."""
+        h, col = pair_unit(tile, 0, self.VB, self.BV)
+        at = [tile.b, h, step * self.BT, 0]
+        hk = [tile.b, h // self.GROUP, step * self.BT, 0]
+        tma.async_copy_global_to_shared(self.q_desc, hk, bar, stage.q)
+        tma.async_copy_global_to_shared(self.k_desc, hk, bar, stage.k)
+        tma.async_copy_global_to_shared(self.g_desc, at, bar, stage.g)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h, step * self.BT, col], bar, stage.va)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, h, step * self.BT, col + self.BV], bar, stage.vb)
+
+    @gluon.jit
+    def setup(self, tile_id):
+        return pair_setup(tile_id, self.H, self.VB, self.N, self.BT)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
         S = gl.zeros([self.BV, self.BK], gl.float32, self.STL)
         if self.HAS_H0:
-            h, col = self.unit(tile, ctx.index)
+            h, col = pair_unit(tile, ctx.index, self.VB, self.BV)
             S = gl.load(self.state_ptrs(self.H0, tile.b, h, col, self.s0b, self.s0h, self.s0f, self.s0v))
         return GlaWalk(S)
 
@@ -152,10 +141,14 @@ class GlaForward:
                 + gl.expand_dims(feats.to(gl.int64) * sf, 0))
 
     @gluon.jit
+    def wait(self, ctx, walk):  # (compute waits on every wgmma it issues)
+        return walk
+
+    @gluon.jit
     def compute(self, ctx, walk, stage, tile, step):
         c: gl.constexpr = ctx.index
         HALF: gl.constexpr = self.BT // 2
-        h, col = self.unit(tile, c)
+        h, col = pair_unit(tile, c, self.VB, self.BV)
         dtype: gl.constexpr = self.q_desc.dtype
         t0 = step * self.BT
         q_s = stage.q.reshape([self.BT, self.BK])
@@ -254,13 +247,9 @@ class GlaForward:
         return GlaWalk(S * gl.expand_dims(em, 0))
 
     @gluon.jit
-    def wait(self, ctx, walk):
-        return walk
-
-    @gluon.jit
     def finish(self, ctx, walk, tile):
         if self.STORE_HT:
-            h, col = self.unit(tile, ctx.index)
+            h, col = pair_unit(tile, ctx.index, self.VB, self.BV)
             gl.store(self.state_ptrs(self.HT, tile.b, h, col, self.stb, self.sth, self.stf, self.stv), walk.S)
 
 
@@ -305,8 +294,8 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
         mbarrier.init(built.index(s), count=2)
     for s in gl.static_range(2):
         mbarrier.init(pready.index(s), count=2)
-    op = GlaForward(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s0b, s0h, s0f, s0v, stb, sth, stf, stv, N,
-                    H, VB, GROUP, scale, p_smem, built, pready, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT,
+    op = GlaForward(q_desc, k_desc, g_desc, v_desc, o_desc, N, H, VB, GROUP, scale, REDO, H0, s0b, s0h, s0f, s0v, HT,
+                    stb, sth, stf, stv, p_smem, built, pready, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT,
                     FORM, wgmma_layout(BT, BT // 2, NW), SL,
                     wgmma_layout(BV, BK, NW), wgmma_lhs_layout(BV, BK, NW), wgmma_lhs_layout(BV, BT, NW), GLY)
     stages = GlaChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(v_desc, STAGES),
