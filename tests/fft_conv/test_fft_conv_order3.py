@@ -12,6 +12,7 @@ import torch
 from tilecore import accuracy
 from tilecore.ops.fft_conv import fft_conv_reference, filter_spectrum, gluon_emulate, gluon_order3
 from tilecore.ops.fft_conv import launch as conv_launch
+from tilecore.ops.fft_conv.reference import scaled_half_bins
 from compiled_run import compiled_json
 
 
@@ -37,7 +38,7 @@ def test_order3_arithmetic_matches_float64(n, dtype, conj, bound, scaled):
     # a filter whose spectrum peaks away from chunk 0's bins: the chunks' scales differ (1'a's ratios < 1)
     k = (torch.randn(1, n, generator=g) * torch.cos(torch.arange(n) * 2.9) / math.sqrt(n)).to(dtype)
     if scaled:
-        bins, ks = conv_launch.scaled_half_bins(filter_spectrum(k, n))
+        bins, ks = scaled_half_bins(filter_spectrum(k, n))
     else:
         bins, ks = filter_spectrum(k, n, torch.float16), None
     y = gluon_emulate.emulate_order3(u, bins, conj, a, b, ks)
@@ -49,7 +50,7 @@ def test_order3_arithmetic_matches_float64(n, dtype, conj, bound, scaled):
 
 
 def test_order3_scaled_float16_bins_keep_the_floor_past_float16s_range():
-    """RFFT 4 (launch.scaled_half_bins): a complex64 spectrum cast to float16 bins over each channel's largest |re|,
+    """RFFT 4 (reference.scaled_half_bins, launch's in torch): a complex64 spectrum cast to float16 bins over each channel's largest |re|,
     |im|, the outputs times that value: at the floor where the plain float16 bins (RFFT 3) overflow (a channel whose
     taps sum past 65504) and as RFFT 3 elsewhere; a NaN filter's channel NaN."""
     n = 8192
@@ -60,7 +61,7 @@ def test_order3_scaled_float16_bins_keep_the_floor_past_float16s_range():
     k[1] = k[1] * 2.0 ** 17  # |bins| up to ~2e6: past float16's 65504 unscaled
     k[2, 7] = float("nan")
     spectrum = filter_spectrum(k, n)
-    bins, scale = conv_launch.scaled_half_bins(spectrum)
+    bins, scale = scaled_half_bins(spectrum)
     assert bins.dtype == torch.float16 and bins.shape == (3, n + 1, 2) and scale.shape == (3,)
     assert torch.isfinite(bins[:2]).all() and bins[:2].abs().max() <= 1 and torch.isnan(bins[2]).any()
     assert torch.isinf(torch.view_as_real(spectrum[1]).half()).any()  # (unscaled: overflows)
@@ -71,9 +72,9 @@ def test_order3_scaled_float16_bins_keep_the_floor_past_float16s_range():
     assert torch.isnan(y[:, 2]).all()
 
 
-def test_fused_scaled_bins_are_the_torch_casts_bits():
-    """RFFT 5 (launch.fused_scaled_half_bins, one kernel; here through the interpreter): the same bins and scales, bit
-    for bit, as RFFT 4's torch passes (scaled_half_bins) on channels past float16's range, all zero, with a NaN bin
+def test_scaled_bins_kernel_gives_the_torch_casts_bits():
+    """RFFT 4's cast (launch.scaled_half_bins, one kernel; here through the interpreter): the same bins and scales, bit
+    for bit, as its torch statement (reference.scaled_half_bins: five passes) on channels past float16's range, all zero, with a NaN bin
     (scale 1, as torch's where(amax > 0) gives) and with an infinite one; a conjugate view and strided rows too."""
     n = 1000  # (N + 1 = 1001 bins: more than one block a row is not needed for the bits, the row's tail is)
     g = torch.Generator().manual_seed(43)
@@ -86,8 +87,8 @@ def test_fused_scaled_bins_are_the_torch_casts_bits():
     wide = torch.zeros(5, n + 9, dtype=torch.complex64)
     wide[:, :n + 1] = spectrum
     for s in (spectrum, spectrum.conj(), wide[:, :n + 1]):
-        bins, scale = conv_launch.scaled_half_bins(s)
-        fused, fused_scale = conv_launch.fused_scaled_half_bins(s)
+        bins, scale = scaled_half_bins(s)
+        fused, fused_scale = conv_launch.scaled_half_bins(s)
         assert fused.shape == bins.shape and fused.dtype == torch.float16 and fused.is_contiguous()
         assert torch.equal(fused.view(torch.int16), bins.view(torch.int16))
         assert torch.equal(fused_scale.view(torch.int32), scale.view(torch.int32))
@@ -98,7 +99,7 @@ def test_fused_scaled_bins_are_the_torch_casts_bits():
 def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n):
     """KFULL (launch.laid_half_bins, one kernel; here through the interpreter): position p of a channel's laid-out row
     holds bin f = laid_order[p] (every f < L once), as the kernel's own gather gave it: f <= N the bin, past N the
-    conjugate of L - f (0 - im, the kernel's negation); the bins' bits RFFT 5's (a complex64 spectrum, a channel with a
+    conjugate of L - f (0 - im, the kernel's negation); the bins' bits RFFT 4's (a complex64 spectrum, a channel with a
     NaN bin among them) or the float16 spectrum's as they are; and laid_order is the kernel's chunk tile: position ((j
     4 + w) 8 + cg) 128 + 4 lane + q at row r = 16 w + 8 (q // 2) + t, column c = 8 cg + 2 lc + q % 2 of chunk j, its bin
     k_a + A k_b with k_a = 16 (r % A2) + r // A2 + KG j (as the walk's offsets f)."""
@@ -110,11 +111,14 @@ def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n):
     q, lane, cg, w, j = p % 4, p // 4 % 32, p // 128 % 8, p // 1024 % 4, p // 4096
     r, c = 16 * w + 8 * (q // 2) + lane // 4, 8 * cg + 2 * (lane % 4) + q % 2
     assert torch.equal(order[p], 16 * (r % a2) + r // a2 + (64 // a2) * j + a * c)
+    # (the layout kernel's windows: runs 128 cg + 1024 i hold the bins of the cg-th eighth of f)
+    runs = order.view(L // 1024, 8, 128).transpose(0, 1).reshape(8, -1)
+    assert all(torch.equal(torch.sort(runs[cg]).values, torch.arange(cg * L // 8, (cg + 1) * L // 8)) for cg in range(8))
     g = torch.Generator().manual_seed(44)
     k = torch.randn(2, n, generator=g) / math.sqrt(n)
     spectrum = filter_spectrum(k, n)
     spectrum[1, 5] = complex(float("nan"), 0.0)
-    for given, (bins, scale) in ((spectrum, conv_launch.scaled_half_bins(spectrum)),
+    for given, (bins, scale) in ((spectrum, scaled_half_bins(spectrum)),
                                  (filter_spectrum(k, n, torch.float16), (filter_spectrum(k, n, torch.float16), None))):
         laid, laid_scale = conv_launch.laid_half_bins(given, n)
         assert laid.shape == (2, L, 2) and laid.dtype == torch.float16
@@ -158,23 +162,25 @@ CODE_T = """
 import json, re, sys
 from tilecore.ops.fft_conv.report import order3_variant
 from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
-n, per_sm, wg, rfft, stack = (int(a) for a in sys.argv[1:6])
-name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(stack))
+n, per_sm, wg, rfft, stack, kfull = (int(a) for a in sys.argv[1:7])
+name, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(stack), bool(kfull))
 compiled = compile_kernel(kernel, args, num_warps=warps)
 ptx = compiled.asm["ptx"]
-inside = 0  # 32-bit global loads (the float16 bins) between a wgmma issue and the next wait
+inside = inside16 = 0  # 32-bit (16-byte: KFULL) global loads (the float16 bins) between a wgmma issue and its wait
 pending = False
 for line in ptx.splitlines():
     if "wgmma.mma_async" in line:
         pending = True
     elif "wgmma.wait_group" in line:
         pending = False
+    elif pending and "ld.global" in line and ".v4" in line:
+        inside16 += 1
     elif pending and "ld.global" in line and ".b32" in line:
         inside += 1
 ldg32 = len(re.findall(r"ld\\.global\\.b32", ptx))
 stg32 = len(re.findall(r"st\\.global\\.b32", ptx))
 print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len(re.findall(r"wgmma\\.wait_group", ptx)),
-                      inside=inside, bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), b16=len(re.findall(r"(?:ld|st)\\.global[.\\w]*\\.b16", ptx)),
+                      inside=inside, inside16=inside16, bars=len(re.findall(r"bar\\.sync|barrier\\.sync", ptx)), b16=len(re.findall(r"(?:ld|st)\\.global[.\\w]*\\.b16", ptx)),
                       sins=len(re.findall(r"sin\\.approx", ptx)), ldg32=ldg32, stg32=stg32,
                       arrives=len(re.findall(r"mbarrier\\.arrive", ptx)),
                       inits=re.findall(r"mbarrier\\.init\\.shared::cta\\.b64 \\[%r\\d+\\], (\\d+)", ptx),
@@ -183,9 +189,9 @@ print(json.dumps(dict(mmas=len(re.findall(r"wgmma\\.mma_async", ptx)), waits=len
 """
 
 
-@pytest.mark.parametrize("n, per_sm, wg, rfft, stack", [(8192, 2, 1, 4, 1), (8192, 2, 1, 3, 1), (16384, 1, 2, 4, 0),
-                                                        (16384, 1, 2, 3, 0)])
-def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack):
+@pytest.mark.parametrize("n, per_sm, wg, rfft, stack, kfull", [(8192, 2, 1, 4, 1, 1), (8192, 2, 1, 3, 1, 1),
+                                                               (16384, 1, 2, 4, 0, 0), (16384, 1, 2, 3, 0, 0)])
+def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack, kfull):
     """The shipped builds (configs.GLUON_ORDER3 and GLUON_ORDER3_HALF at 8192 and 16384): wgmma, the twiddles by the
     SFU, the programs a multiprocessor the plan asks for fit by shared memory (T as the wgmma's tiles, no staging tile,
     no -Im F_B) and registers (8192: two; 16384, two warpgroups on a T of 128 KiB: one); the chunk loop's four complex
@@ -196,8 +202,13 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack):
     (notes/fft_conv). (RFFT 4: the channels' scales, KS.) STACK (8192): 1a and 1'a four columns a2 a product (four
     [64, 64] complex products each, one wait each), no layout conversion through shared memory (a handful of barriers a
     pair, not ~200), u and y accessed 4 bytes wide from / to the wgmmas' layouts, u read once a pair (its four groups'
-    loads only: no second pass over u)."""
-    args = [str(a) for a in (n, per_sm, wg, rfft, stack)]
+    loads only: no second pass over u). KFULL (8192): a chunk's bins eight 16-byte loads (the launch's laid-out bins),
+    under stage 3's wgmmas, no 4-byte gather."""
+    from tilecore.ops.fft_conv import configs
+
+    shipped = configs.GLUON_ORDER3_HALF if rfft == 3 else configs.GLUON_ORDER3
+    assert tuple(shipped[n]) + (False,) * (5 - len(shipped[n])) == (per_sm, wg, rfft, bool(stack), bool(kfull))
+    args = [str(a) for a in (n, per_sm, wg, rfft, stack, kfull)]
     row = compiled_json(CODE_T, *args, timeout=600)
     assert row["wgmma"] and not row["wgmma_serialized"] and row["sins"] > 0 and row["threads"] == 128 * wg, row
     assert per_sm * (row["shared"] + 1024) <= 228 * 1024 and per_sm * row["registers"] * 128 * wg <= 65536, row
@@ -208,10 +219,14 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack):
         # u: a group's 2 x 8 4-byte loads, once (beside the chunk's 32 bins and RFFT 4's channel scale); y: a group's
         # 2 x 8 4-byte stores
         assert row["bars"] < 30 and row["stg32"] == (a2 // 4) * 16, row
-        assert (a2 // 4) * 16 + 32 <= row["ldg32"] <= (a2 // 4) * 16 + 33, row
+        bins = 0 if kfull else 32
+        assert (a2 // 4) * 16 + bins <= row["ldg32"] <= (a2 // 4) * 16 + bins + 1, row
     else:
         assert row["mmas"] == wg * (2 * (a2 // wg) * 4 + 4 * 4 * 4) and row["waits"] == wg * (2 * (a2 // wg) // 2 + 4), row
-    assert row["inside"] >= 32, row  # (the chunk's bins load while stage 3's wgmmas run)
+    if kfull:  # (the chunk's bins load while stage 3's wgmmas run)
+        assert row["inside16"] >= 8 and row["inside"] == 0, row
+    else:
+        assert row["inside"] >= 32, row
     assert row["b16"] == 0, row  # (u's loads and y's stores 4 bytes wide, from / to the wgmma layouts)
     assert row["bars"] < 120, row  # (no layout conversion in 1a / 1'a: 571 bar.sync at 16384 with them)
     if wg == 2:
@@ -253,18 +268,15 @@ def test_order3_launch_binds_every_argument(monkeypatch):
     assert seen["args"][1] is half and seen["args"][-1] is None and seen["options"]["KSCALE"] is False
     with pytest.raises(ValueError, match="float16 spectrum"):
         conv_launch.launch_order3(u, spectrum, y, False, rfft=3)
-    # RFFT 5: RFFT 4's bins by one kernel; KFULL: the bins laid out (H, L, 2), a row 4 n halves apart, the scales as RFFT
-    # 5's (complex64) or none (a float16 spectrum); KFULL on RFFT 4's torch cast: an error
-    conv_launch.launch_order3(u, spectrum, y, False, rfft=5)
-    assert torch.equal(seen["args"][1], bound["K"]) and torch.equal(seen["args"][-1], bound["KS"])
-    assert seen["options"]["KFULL"] is False
+    # RFFT 4's bins the torch statement's bits; KFULL: the bins laid out (H, L, 2), a row 4 n halves apart, the scales
+    # as RFFT 4's (complex64) or none (a float16 spectrum)
+    ref_bins, ref_scale = scaled_half_bins(spectrum)
+    assert torch.equal(bound["K"], ref_bins) and torch.equal(bound["KS"], ref_scale) and bound["KFULL"] is False
     for given, scaled in ((spectrum, True), (half, False)):
-        conv_launch.launch_order3(u, given, y, False, rfft=5 if scaled else 3, kfull=True)
+        conv_launch.launch_order3(u, given, y, False, rfft=4 if scaled else 3, kfull=True)
         laid = dict(zip(names, seen["args"])) | seen["options"]
         assert laid["KFULL"] is True and laid["KSCALE"] is scaled and laid["K"].shape == (3, 2 * n, 2)
         assert laid["stride_kh"] == 4 * n and (laid["KS"] is None) != scaled
-    with pytest.raises(ValueError, match="rfft 3 or 5"):
-        conv_launch.launch_order3(u, spectrum, y, False, rfft=4, kfull=True)
 
 
 def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypatch):
@@ -318,8 +330,8 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True), u, spectrum, y, False, key=None)
     assert seen[0][3:] == (False, 2, None, 1, 4, True, False)  # (STACK)
     seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 5, True, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 5, True, True)  # (RFFT 5, KFULL)
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, True), u, spectrum, y, False, key=None)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True, True)  # (KFULL)
 
 
 def test_model_counts_order3_below_order2():

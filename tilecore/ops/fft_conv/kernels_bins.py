@@ -1,6 +1,6 @@
-"""A complex64 spectrum cast to the order-3 kernel's scaled float16 bins in one pass (RFFT 5; launch.scaled_half_bins
-is the same function in torch: the float pairs' |x|, a max, a division and a cast, five passes over the spectrum's
-bytes a call). One program a channel: the row's largest |re|, |im| (1 where it is 0 or the row holds a NaN, as
+"""A complex64 spectrum cast to the order-3 kernel's scaled float16 bins in one pass (RFFT 4: launch.scaled_half_bins;
+reference.scaled_half_bins is the same function in torch: the float pairs' |x|, a max, a division and a cast, five
+passes over the spectrum's bytes a call, 3x this kernel's time). One program a channel: the row's largest |re|, |im| (1 where it is 0 or the row holds a NaN, as
 torch.where(amax > 0, amax, 1) gives: amax propagates NaN), then every float over it, rounded to nearest (div_rn:
 the same bits as torch's division), to float16. The row is read twice (the second time from L2), a bin's pair at a
 time (8-byte loads, 4-byte stores: a row starts 8-byte aligned)."""
@@ -39,17 +39,22 @@ def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr
     """KFULL: a channel's spectrum laid out as the order-3 kernel's chunks read it (launch.laid_half_bins). X: its
     ``bins`` (re, im) pairs at X + 2 h stride_h, float32 (SCALE: scaled as scaled_half_bins_kernel, S[h] written) or
     float16 (as they are); Y (H, L, 2) float16: position p holds bin f = ORDER[p], bins past L / 2 as the conjugate of
-    L - f (0 - im: the bits the kernel's own conjugation gives). L a multiple of BLOCK."""
+    L - f (0 - im: the bits the kernel's own conjugation gives).
+
+    The positions are taken by windows of f: laid_order's runs of 128 positions (a warp's 512 bytes of one chunk tile)
+    at p = 1024 i + 128 cg + s (i < L / 1024, s < 128) hold the bins of one window cg of L / 8 consecutive f, so a
+    window's gathers hit a few KiB of the row, in L1 after their first touch (in the positions' own order each block
+    of gathers spanned the whole row: at 16384 3x the cost a byte of 8192's)."""
     h = tl.program_id(0).to(tl.int64)
     row = X + h * (2 * stride_h)
-    pair = tl.arange(0, 2)[None, :]
-    offs = tl.arange(0, BLOCK)[:, None]
     if SCALE:
+        pair2 = tl.arange(0, 2)[None, :]
+        offs = tl.arange(0, BLOCK)[:, None]
         top = tl.zeros([BLOCK, 2], tl.float32)
         nan = tl.zeros([BLOCK, 2], tl.int32)
         for start in range(0, bins, BLOCK):
             b = start + offs
-            x = tl.abs(tl.load(row + 2 * b + pair, mask=b < bins, other=0.0))
+            x = tl.abs(tl.load(row + 2 * b + pair2, mask=b < bins, other=0.0))
             nan = tl.maximum(nan, (x != x).to(tl.int32))
             top = tl.maximum(top, x)
         m = tl.max(tl.max(top, 1), 0)
@@ -57,11 +62,14 @@ def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr
         s = tl.where(tl.max(tl.max(nan, 1), 0) > 0, 1.0, s)
         tl.store(S + h, s)
     out = Y + h * (2 * L)
-    for start in range(0, L, BLOCK):
-        p = start + offs
-        f = tl.load(ORDER + p)
+    RUNS: tl.constexpr = BLOCK // 128  # (L / 1024: a window's runs)
+    p = tl.arange(0, RUNS)[:, None, None] * 1024 + tl.arange(0, 128)[None, :, None]
+    pair = tl.arange(0, 2)[None, None, :]
+    for cg in range(0, 8):
+        at = p + cg * 128
+        f = tl.load(ORDER + at)
         mirrored = f > L // 2
         x = tl.load(row + 2 * tl.where(mirrored, L - f, f) + pair)
         if SCALE:
             x = tl.math.div_rn(x, s).to(tl.float16)
-        tl.store(out + 2 * p + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))
+        tl.store(out + 2 * at + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))

@@ -209,21 +209,11 @@ def half_bins(spectrum: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(spectrum.resolve_conj()).to(torch.float16)
 
 
-def scaled_half_bins(spectrum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A complex64 spectrum (H, N + 1) as float16 (re, im) pairs over each channel's largest |re|, |im| (so no bin
-    overflows float16: a bin of a channel whose taps sum past 65504 would) and those largest values (H,) float32 (1
-    where a channel's bins are all 0; NaN stays NaN in the bins): what the order-3 kernel's RFFT 4 reads, the outputs
-    times the channel's value."""
-    pairs = torch.view_as_real(spectrum.resolve_conj())
-    scale = pairs.abs().amax(dim=(1, 2))
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (pairs / scale[:, None, None]).to(torch.float16), scale
-
-
-def fused_scaled_half_bins(spectrum: torch.Tensor, key=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """scaled_half_bins's bins and scales, the same bits, by one kernel (kernels_bins: a program a channel, the
-    spectrum's bytes read twice, the bins written once) instead of torch's five passes: RFFT 5. ``key``: the op's
-    launch key (it names the spectrum's signature), a keyed launch."""
+def scaled_half_bins(spectrum: torch.Tensor, key=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A complex64 spectrum (H, N + 1) as float16 (re, im) pairs over each channel's largest |re|, |im| and those
+    largest values (H,) float32: what the order-3 kernel's RFFT 4 reads (reference.scaled_half_bins: the same bits in
+    torch), by one kernel (kernels_bins: a program a channel, the spectrum's bytes read twice, the bins written once;
+    torch's five passes cost 3x its time). ``key``: the op's launch key (it names the spectrum's signature)."""
     spectrum = spectrum.resolve_conj()
     pairs = torch.view_as_real(spectrum if spectrum.stride(-1) == 1 else spectrum.contiguous())
     H, count = pairs.shape[0], pairs.shape[1]
@@ -252,7 +242,7 @@ def laid_order(n: int, device: torch.device) -> torch.Tensor:
 
 def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KFULL: the spectrum's float16 bins laid out as the order-3 kernel reads them (laid_order: (H, L, 2), bins past N
-    conjugated here), by one kernel: a complex64 spectrum (H, N + 1) scaled as fused_scaled_half_bins (the same bins'
+    conjugated here), by one kernel: a complex64 spectrum (H, N + 1) scaled as scaled_half_bins (the same bins'
     bits; the scales returned), float16 pairs (H, N + 1, 2) as they are (None). ``key``: a keyed launch."""
     if spectrum.dtype == torch.float16:
         pairs, scale = half_bins(spectrum), None
@@ -265,7 +255,7 @@ def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tens
     if H:
         LAID_HALF_BINS.run(key, (H,), (pairs, laid, laid if scale is None else scale, laid_order(n, pairs.device),
                                        pairs.shape[1], pairs.stride(0) // 2, 2 * n),
-                           dict(SCALE=scale is not None, BLOCK=2048, num_warps=8))
+                           dict(SCALE=scale is not None, BLOCK=n // 4, num_warps=8))
     return laid, scale
 
 
@@ -434,10 +424,9 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     reads its bins, conjugated with ``conj``: the correlation); ``per_sm`` persistent programs a multiprocessor;
     ``warpgroups`` 2: two warpgroups a pair (its WARPGROUPS); ``rfft`` 3: a float16 spectrum's bins read as they are
     (half_bins); 4: a complex64 spectrum cast to float16 bins a call, each channel over its largest part
-    (scaled_half_bins), the outputs scaled back; 5: the same bins by one kernel (fused_scaled_half_bins); ``stack``:
-    1a / 1'a four columns a product in the wgmmas' layouts, u read once a pair (its STACK; 8192); ``kfull``: the bins
-    laid out a call as the kernel's chunks read them (laid_half_bins: 16-byte loads instead of a 4-byte gather a bin;
-    rfft 3 or 5: one kernel a call either way)."""
+    (scaled_half_bins: one kernel), the outputs scaled back; ``stack``: 1a / 1'a four columns a product in the wgmmas'
+    layouts, u read once a pair (its STACK; 8192); ``kfull``: the bins laid out a call as the kernel's chunks read them
+    (laid_half_bins, one kernel: 16-byte loads in the kernel instead of a 4-byte gather a bin)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
@@ -445,20 +434,15 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     ops = order3_operands(a, b, u.device)
     ks = None
     bins_key = None if key is None else (key, "bins")
-    if kfull:  # (laid out a call: 16-byte loads in the kernel)
-        if spectrum.dtype != torch.float16 and rfft != 5:
-            raise ValueError(f"the order-3 kernel's laid-out bins (kfull) take rfft 3 or 5; got rfft {rfft}")
+    if spectrum.dtype != torch.float16 and rfft != 4:
+        raise ValueError(f"the order-3 kernel reads float16 bins: rfft 3 takes a float16 spectrum (H, N + 1, 2), "
+                         f"rfft 4 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
+    if kfull:  # (laid out a call: 16-byte loads in the kernel; a complex64 spectrum scaled as RFFT 4's)
         k, ks = laid_half_bins(spectrum, N, bins_key)
     elif spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
         k = half_bins(spectrum)
-    elif rfft in (4, 5):  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS; 5: by one kernel)
-        if rfft == 5:
-            k, ks = fused_scaled_half_bins(spectrum, bins_key)
-        else:
-            k, ks = scaled_half_bins(spectrum)
-    else:
-        raise ValueError(f"the order-3 kernel reads float16 bins: rfft 3 takes a float16 spectrum (H, N + 1, 2), "
-                         f"rfft 4 or 5 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
+    else:  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS)
+        k, ks = scaled_half_bins(spectrum, bins_key)
     pairs = H * -(-B // 2)
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
     options = dict(A=a, B=b, CONJ=bool(conj), WARPGROUPS=warpgroups,

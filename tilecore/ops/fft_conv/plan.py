@@ -134,23 +134,22 @@ def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, sta
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
     float16 pairs (a float16 spectrum read as it is), 4: a complex64 one cast to float16 pairs a call over each
-    channel's largest part (launch.scaled_half_bins), 5: the same bits by one kernel (launch.fused_scaled_half_bins);
-    ``stack`` (8192, one warpgroup a pair: F2 is F_16 four times on
-    its diagonal there): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
-    (no layout conversion), u read once a pair (without it the same addressing a column a product); ``kfull`` (rfft 3
-    or 5): the bins laid out a call as the kernel's chunks read them (launch.laid_half_bins: a chunk's bins by 16-byte
+    channel's largest part (launch.scaled_half_bins: one kernel); ``stack`` (8192, one warpgroup a pair: F2 is F_16 four
+    times on its diagonal there): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
+    (no layout conversion), u read once a pair (without it the same addressing a column a product); ``kfull``: the
+    bins laid out a call as the kernel's chunks read them (launch.laid_half_bins: a chunk's bins by 16-byte
     loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin). (The untransposed
     chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64 bins in the kernel, the 4096 build, DIRECT, WARPIO, STACK's
     other forms and 1a / 1'a's layout conversions were measured slower or no faster and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
-            or rfft not in (3, 4, 5) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))
-            or kfull not in (False, True) or (kfull and rfft == 4)):
+            or rfft not in (3, 4) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))
+            or kfull not in (False, True)):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
-                         f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins), 4 or 5 "
-                         f"(complex64 cast a call; 5 by one kernel), stack only at N = 8192 with one warpgroup, kfull "
-                         f"with rfft 3 or 5; got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, "
-                         f"stack {stack}, kfull {kfull}")
+                         f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 "
+                         f"(complex64 cast a call), stack only at N = 8192 with one warpgroup, kfull True or False; "
+                         f"got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, stack {stack}, "
+                         f"kfull {kfull}")
     return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack),
                 kfull=bool(kfull))
 

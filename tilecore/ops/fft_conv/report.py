@@ -154,7 +154,7 @@ def order3_variant(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3,
     if warpgroups != 1:
         args.update(WARPGROUPS=warpgroups, WORKER_REGS=gluon_order3.WORKER_REGS)
         extra += ", two warpgroups a pair"
-    if rfft in (4, 5):
+    if rfft == 4:
         args.update(KS=f32, KSCALE=True)
     if stack:
         args.update(STACK=True)
