@@ -115,7 +115,9 @@ for d, dtype, causal, window, softcap, splits, rows, cfg in [
         (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, None), (128, torch.float16, True, (-1, -1), 0.0, 1, 16, None),
         (64, torch.bfloat16, False, (200, 0), 0.0, 4, 16, None), (128, torch.bfloat16, False, (-1, -1), 30.0, 2, 16, None),
         (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 64, None), (64, torch.float16, True, (-1, -1), 0.0, 1, 64, None),
-        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, dict(kernel="gluon", BLOCK_N=64, STAGES=4))]:
+        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, dict(kernel="gluon", BLOCK_N=64, STAGES=4)),
+        (128, torch.bfloat16, True, (-1, -1), 0.0, 4, 16, dict(kernel="gluon", BLOCK_N=128, STAGES=3, KV_STEPS=True)),
+        (64, torch.float16, False, (-1, -1), 0.0, 1, 64, dict(kernel="gluon", BLOCK_N=128, STAGES=4, KV_STEPS=True))]:
     q, k = torch.empty(2, 32, 4, d, dtype=dtype), torch.empty(2, 8, 1000, d, dtype=dtype)
     cfg = dict(cfg or configs.decode_gluon_config(d), BLOCK_M=rows, PROGRAMS=132)
     plan = Plan("decode", cfg, (16, splits, 1), sizes=dict(keys_per_split=256))
@@ -125,7 +127,8 @@ for d, dtype, causal, window, softcap, splits, rows, cfg in [
     bound = dict(zip(names, [jit_arg(a) for a in args]), **options)
     num_warps = bound.pop("num_warps")
     compiled = compile_kernel(attention_decode_kernel, bound, num_warps=num_warps)
-    name = f"D{d} {str(dtype)[6:]} rows{rows} BN{cfg['BLOCK_N']} S{cfg['STAGES']} splits{splits}" + (" causal" if causal else "") + (
+    name = f"D{d} {str(dtype)[6:]} rows{rows} BN{cfg['BLOCK_N']} S{cfg['STAGES']} splits{splits}" + (
+        " kv_steps" if cfg.get("KV_STEPS") else "") + (" causal" if causal else "") + (
         " window" if window != (-1, -1) else "") + (" softcap" if softcap else "")
     ptx = compiled.asm["ptx"]
     out[name] = dict(**vars(resources(compiled)), **has_hopper_instructions(ptx), mma_sync="mma.sync" in ptx)
@@ -135,7 +138,7 @@ print(json.dumps(out))
 
 def test_the_kernel_compiles_for_sm90a_from_the_launch_arguments(compiled_json):
     rows = compiled_json(_COMPILE)
-    assert len(rows) == 7
+    assert len(rows) == 9
     for name, row in rows.items():
         assert row["tma"] and row["mbarrier"] and not row["wgmma_serialized"], (name, row)
         # 64 rows: S = Q K^T and P V by wgmma; 16: by mma.sync (the operands loaded from the ring's stage)

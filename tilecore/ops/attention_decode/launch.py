@@ -92,7 +92,8 @@ def launch_decode_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, win
          TmaOperand(o_rows, [1, cfg["BLOCK_M"], Dv]), lse_rows, *q.stride(), Hkv, N, Nk, Hq // Hkv, B * Hkv, splits,
          plan.sizes["keys_per_split"], left, right, scale_log2e, tanh_scale),
         # SOFTCAP as the Gluon forward's: 2, tanh.approx.f32, unless the config says tanh_approx False (1)
-        dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1, STAGES=cfg["STAGES"], num_warps=4))
+        dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1, STAGES=cfg["STAGES"],
+             KV_STEPS=cfg.get("KV_STEPS", False), num_warps=4))
     if splits == 1:
         if target is not out:
             out.copy_(target)
