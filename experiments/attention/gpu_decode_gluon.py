@@ -12,7 +12,8 @@ check: the Gluon kernel forced (launch.forward_into(path="decode", config=config
 time: the committed bench's shapes (benchmarks/results/h100-80gb-hbm3/attention-decode.json: one query, Hq 32 / Hkv 8,
     D 128, bf16, B 1 / 16 / 64, Nk 1K / 4K / 16K), as the bench times them (tilecore.bench.harness: input sets
     rotating past L2, back-to-back calls replayed from a CUDA graph: GPU time), the variants in interleaved rounds:
-    the Gluon kernel's table config and VARIANTS, the tl kernel (the shipped default), SDPA cuDNN; GB/s and x the
+    the Gluon kernel's table config (16 rows by mma.sync here) and VARIANTS (64 rows by wgmma; 64 keys x 4 stages),
+    the tl kernel (the shipped default), SDPA cuDNN; GB/s and x the
     copy ceiling measured in the same run, and each series' ratio to tl per round (median, min, max).
 
 --smoke (no GPU): the check phase's tl side through the interpreter on two tiny cases, the script's logic end to end;
@@ -34,17 +35,20 @@ from tilecore.ops.attention_decode import configs  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 SHAPES = [(b, nk) for b in (1, 16, 64) for nk in (1024, 4096, 16384)]
-# the Gluon kernel's configs timed beside the table's (BLOCK_N, STAGES): shorter key blocks, a deeper ring
-VARIANTS = {"gluon_bn64_s4": dict(kernel="gluon", BLOCK_N=64, STAGES=4)}
+# the Gluon kernel's configs timed beside the table's (16 rows by mma.sync at these shapes): 64 rows by wgmma (the
+# first version, call 1), a key block's K and V in steps of their own (KV_STEPS), and 64 keys x 4 stages
+VARIANTS = {"gluon_kv_steps": dict(kernel="gluon", BLOCK_N=128, STAGES=3, KV_STEPS=True),
+            "gluon_wgmma64": dict(kernel="gluon", BLOCK_N=128, STAGES=3, ROWS=64),
+            "gluon_bn64_s4": dict(kernel="gluon", BLOCK_N=64, STAGES=4)}
 
 # B, Hq, Hkv, N, Nk, D, dtype, causal, splits (None: the plan's), extra (window, softcap, layout)
 CHECKS = [
-    (4, 32, 8, 1, 1000, 128, "bf16", False, None, {"tl": True}),
+    (4, 32, 8, 1, 1000, 128, "bf16", False, None, {"tl": True, "rows64": True}),
     (2, 8, 8, 1, 3001, 128, "fp16", False, 1, {}),  # one range: O and lse from the kernel itself
-    (3, 32, 8, 4, 777, 64, "bf16", True, None, {}),
+    (3, 32, 8, 4, 777, 64, "bf16", True, None, {"rows64": True}),
     (2, 32, 8, 4, 4100, 128, "fp16", True, 5, {"tl": True}),
     (1, 8, 8, 1, 16384, 64, "fp16", False, None, {}),
-    (2, 32, 4, 16, 999, 128, "bf16", True, 3, {}),  # 8 x 16 = 128 packed rows: two row blocks
+    (2, 32, 4, 16, 999, 128, "bf16", True, 3, {"rows64": True}),  # 8 x 16 = 128 packed rows: two row blocks
     (2, 32, 8, 4, 2000, 128, "bf16", False, None, {"window": (300, 0)}),
     (2, 32, 8, 3, 2000, 64, "fp16", False, 4, {"window": (100, 50)}),
     (2, 32, 8, 1, 1500, 128, "fp16", False, None, {"softcap": 30.0}),
@@ -93,10 +97,13 @@ def phase_check(run, smoke):
         scale = d ** -0.5
         ref, ref_lse = attention_reference(q, k, v, causal=causal, scale=scale, window_size=window, softcap=softcap)
         kernels = {} if smoke else {"gluon": configs.decode_gluon_config(d)}
+        if extra.get("rows64"):  # 64 rows by wgmma where the table takes 16 by mma.sync; K and V in steps of their own
+            kernels["gluon64"] = dict(configs.decode_gluon_config(d), ROWS=64)
+            kernels["gluon_kv_steps"] = dict(configs.decode_gluon_config(d), KV_STEPS=True)
         if smoke or extra.get("tl"):  # the twin beside it (where the floor itself is in question)
             kernels["tl"] = configs.decode_config(d, smoke)
         name = f"B{b} {hq}/{hkv} N{n} Nk{nk} D{d} {dt}{' causal' if causal else ''} splits {splits}" + \
-               "".join(f" {k_}={v_}" for k_, v_ in extra.items() if k_ != "tl")
+               "".join(f" {k_}={v_}" for k_, v_ in extra.items() if k_ not in ("tl", "rows64"))
         for kernel, cfg in kernels.items():
             out, lse = _run(q, k, v, causal, scale, window, softcap, cfg, splits)
             empty = torch.isneginf(ref_lse)
@@ -189,8 +196,9 @@ def main():
         run.attempt("check", phase_check, run, args.smoke)
     if "time" in phases and not args.smoke:
         run.attempt("time", phase_time, run, args.rounds)
-    cols = ["name", "pass", "err_over_floor", "lse_err", "kernel", "gluon_us", "gluon_bn64_s4_us", "tl_us", "cudnn_us",
-            "gluon_vs_tl", "gluon_bn64_s4_vs_tl", "cudnn_vs_tl", "gluon_copy", "tl_copy"]
+    cols = ["name", "pass", "err_over_floor", "lse_err", "gluon_us", "gluon_kv_steps_us", "gluon_wgmma64_us",
+            "gluon_bn64_s4_us", "tl_us", "cudnn_us", "gluon_vs_tl", "gluon_kv_steps_vs_tl", "gluon_wgmma64_vs_tl",
+            "gluon_bn64_s4_vs_tl", "cudnn_vs_tl", "tl_copy"]
     run.finish(cols)
 
 
