@@ -604,13 +604,13 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             SERIAL: gl.constexpr = 0, Q_LAST_BUFFERS: gl.constexpr = 0, WRAP: gl.constexpr = None,
-                             wrap_arg=None):
+                             SERIAL: gl.constexpr = 0, Q_LAST_BUFFERS: gl.constexpr = 0,
+                             Q_LAST_CONSUMERS: gl.constexpr = 1, WRAP: gl.constexpr = None, wrap_arg=None):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
-    in registers as S's operand (AttentionFp8.rotate_q_reg). Q_LAST_BUFFERS (0: Q_BUFFERS): the last consumer's Q
-    buffers (causal: its rows have the most keys; its next Q loads under this tile). WRAP (never set by the library's launches): a jit function
+    in registers as S's operand (AttentionFp8.rotate_q_reg). Q_LAST_BUFFERS (0: Q_BUFFERS): the Q buffers of the last
+    Q_LAST_CONSUMERS consumers (causal: their rows have the most keys; their next Q loads under this tile). WRAP (never set by the library's launches): a jit function
     (op, wrap_arg) -> an op whose callbacks wrap this one's, so that a probe instruments this kernel as it is
     (experiments/attention_fp8/stamps.py: clock stamps of each tile's phases) instead of a copy of it."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
@@ -647,6 +647,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     if WRAP is not None:
         op = WRAP(op, wrap_arg)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
-                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS, LAST_BUFFERS=Q_LAST_BUFFERS),
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS, LAST_BUFFERS=Q_LAST_BUFFERS,
+                                                         LAST_CONSUMERS=Q_LAST_CONSUMERS),
                     schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)

@@ -208,6 +208,7 @@ class _GluonLayout:
             self.options["SERIAL"] = int(cfg["serial"])
         if cfg.get("q_last_buffers"):  # the last consumer's Q buffers, where not q_buffers (gluon_fp8)
             self.options["Q_LAST_BUFFERS"] = int(cfg["q_last_buffers"])
+            self.options["Q_LAST_CONSUMERS"] = int(cfg.get("q_last_consumers", 1))
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
@@ -317,6 +318,7 @@ def rotated_q_config(D: int, causal: bool) -> dict:
     cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
     if D in configs.ROTATED.get("q_last_buffers", {}):
         cfg["q_last_buffers"] = configs.ROTATED["q_last_buffers"][D]
+        cfg["q_last_consumers"] = configs.ROTATED.get("q_last_consumers", {}).get(D, 1)
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
     cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
     c3 = configs.ROTATED.get("serial_c3", {})

@@ -120,24 +120,26 @@ class TileOperand:
 
     ``desc``: its block's descriptor (shape, dtype, swizzle). ``COUNT`` buffers of that block per
     load. ``BUFFERS`` per consumer, used in turn (2: the next tile's operand loads while this tile
-    runs); ``LAST_BUFFERS`` (0: BUFFERS) the last consumer's, where only it can have more (FP8
-    attention's causal tiles: the last consumer's rows have the most keys, and shared memory holds one
-    spare buffer). ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT``
+    runs); ``LAST_BUFFERS`` (0: BUFFERS) those of the last ``LAST_CONSUMERS`` consumers, where only they
+    can have more (FP8 attention's causal tiles: the last consumers' rows have the most keys, and shared
+    memory holds one or two spare buffers); the producer loads theirs first. ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT``
     (shared): a constant of the kernel (the Hadamard transform's H_64), loaded once per program and
     kept."""
     desc: object
     COUNT: gl.constexpr
     BUFFERS: gl.constexpr
     LAST_BUFFERS: gl.constexpr
+    LAST_CONSUMERS: gl.constexpr
     SHARED: gl.constexpr
     RESIDENT: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False, LAST_BUFFERS=0):
+    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False, LAST_BUFFERS=0, LAST_CONSUMERS=1):
         self.desc = desc
         self.COUNT = gl.constexpr(COUNT)
         self.BUFFERS = gl.constexpr(BUFFERS)
         self.LAST_BUFFERS = gl.constexpr(LAST_BUFFERS or BUFFERS)
+        self.LAST_CONSUMERS = gl.constexpr(LAST_CONSUMERS if LAST_BUFFERS else 0)
         self.SHARED = gl.constexpr(SHARED or RESIDENT)
         self.RESIDENT = gl.constexpr(RESIDENT)
 
@@ -275,21 +277,33 @@ class _Pipeline:
 
 
 @gluon.constexpr_function
-def _buffers(BUFFERS, LAST_BUFFERS, consumer, consumers):
-    """A per-consumer tile operand's buffers for ``consumer`` (BUFFERS; the last consumer's LAST_BUFFERS)."""
-    return LAST_BUFFERS if consumer == consumers - 1 else BUFFERS
+def _buffers(operand, consumer, consumers):
+    """A per-consumer tile operand's buffers for ``consumer`` (BUFFERS; the last LAST_CONSUMERS' LAST_BUFFERS)."""
+    return operand.LAST_BUFFERS if consumer >= consumers - operand.LAST_CONSUMERS else operand.BUFFERS
+
+
+@gluon.constexpr_function
+def _first_slot(operand, consumer, consumers):
+    """The first of ``consumer``'s buffers: the consumers' buffers one after another (_buffers each)."""
+    return sum(_buffers(operand, c, consumers) for c in range(consumer))
+
+
+@gluon.constexpr_function
+def _load_order(operand, i, consumers):
+    """The producer's i-th tile operand load: the consumers with LAST_BUFFERS first (their next buffer is free
+    while this tile runs), then the others."""
+    return (i + consumers - operand.LAST_CONSUMERS) % consumers
 
 
 @gluon.jit
 def _tile_slot(layout, consumer: gl.constexpr, t):
     """The tile operand's buffer (and barrier pair) for a program's t-th tile: consumer c's buffers are
-    c * BUFFERS .. c * BUFFERS + its buffers - 1 (_buffers), used in turn; a shared operand has one set."""
+    _first_slot(c) .. + its buffers - 1 (_buffers), used in turn; a shared operand has one set."""
     if layout.tile_operand.SHARED:
         return 0
     else:
-        return consumer * layout.tile_operand.BUFFERS + t % _buffers(layout.tile_operand.BUFFERS,
-                                                                     layout.tile_operand.LAST_BUFFERS, consumer,
-                                                                     layout.CONSUMERS)
+        return _first_slot(layout.tile_operand, consumer, layout.CONSUMERS) + t % _buffers(
+            layout.tile_operand, consumer, layout.CONSUMERS)
 
 
 @gluon.jit
@@ -381,12 +395,13 @@ def _produce_tile(op, layout, p, STAGE_BYTES: gl.constexpr, tile_id, i, t, prev)
             mbarrier.expect(p.tile_ready.index(0), OPERAND_BYTES)
             op.load_tile(p.tile_bufs, p.tile_ready.index(0), tile, 0)
         else:  # each consumer's own, once its buffer is free again
-            for c in gl.static_range(layout.CONSUMERS):
-                slot = _tile_slot(layout, c, t)
-                mbarrier.wait(p.tile_empty.index(slot), ((t // _buffers(operand.BUFFERS, operand.LAST_BUFFERS, c,
-                                                                             layout.CONSUMERS)) & 1) ^ 1)
+            for order in gl.static_range(layout.CONSUMERS):
+                slot = _tile_slot(layout, _load_order(operand, order, layout.CONSUMERS), t)
+                mbarrier.wait(p.tile_empty.index(slot), ((t // _buffers(operand, _load_order(
+                    operand, order, layout.CONSUMERS), layout.CONSUMERS)) & 1) ^ 1)
                 mbarrier.expect(p.tile_ready.index(slot), OPERAND_BYTES)
-                op.load_tile(p.tile_bufs.index(slot), p.tile_ready.index(slot), tile, c)
+                op.load_tile(p.tile_bufs.index(slot), p.tile_ready.index(slot), tile,
+                             _load_order(operand, order, layout.CONSUMERS))
     for kk in range(steps):
         s = i % layout.STAGES
         if layout.LOOKAHEAD > 0 and i >= layout.STAGES:
@@ -498,8 +513,7 @@ def _consume_tile(op, layout, p, CID: gl.constexpr, out, tile_id, i, t, prev, la
     slot = _tile_slot(layout, CID, t) if operand is not None else 0
     if operand is not None:
         mbarrier.wait(p.tile_ready.index(slot),
-                      0 if operand.RESIDENT else (t // _buffers(operand.BUFFERS, operand.LAST_BUFFERS, CID,
-                                                                   layout.CONSUMERS)) & 1)
+                      0 if operand.RESIDENT else (t // _buffers(operand, CID, layout.CONSUMERS)) & 1)
     ctx = _context(layout, p, CID, out, slot)
     state = op.start(ctx, tile, prev)
     for kk in range(steps):
@@ -603,7 +617,7 @@ def run(op, layout, stages, num_tiles):
                                               operand.desc.layout)
     else:
         gl.static_assert(operand.COUNT == 1, "a per-consumer tile operand is one buffer a load")
-        OPERAND_SLOTS: gl.constexpr = (C - 1) * operand.BUFFERS + operand.LAST_BUFFERS
+        OPERAND_SLOTS: gl.constexpr = _first_slot(operand, C, C)
         tile_bufs = gl.allocate_shared_memory(operand.desc.dtype, [OPERAND_SLOTS] + operand.desc.block_type.shape,
                                               operand.desc.layout)
     tile_ready = gl.allocate_shared_memory(gl.int64, [OPERAND_SLOTS, 1], mbarrier.MBarrierLayout())
