@@ -1,20 +1,17 @@
 """A complex64 spectrum cast to the order-3 kernel's scaled float16 bins in one pass (RFFT 4: launch.scaled_half_bins;
 reference.scaled_half_bins is the same function in torch: the float pairs' |x|, a max, a division and a cast, five
-passes over the spectrum's bytes a call, 3x this kernel's time). One program a channel: the row's largest |re|, |im| (1 where it is 0 or the row holds a NaN, as
-torch.where(amax > 0, amax, 1) gives: amax propagates NaN), then every float over it, rounded to nearest (div_rn:
-the same bits as torch's division), to float16. The row is read twice (the second time from L2), a bin's pair at a
+passes over the spectrum's bytes a call, 3x this kernel's time), and laid out as its chunks read them (KFULL). One
+program a channel: the row's largest |re|, |im| (1 where it is 0 or the row holds a NaN, as torch.where(amax > 0,
+amax, 1) gives: amax propagates NaN), then every float over it, rounded to nearest (div_rn: the same bits as torch's
+division), to float16. The row is read twice (the second time from L2), a bin's pair at a
 time (8-byte loads, 4-byte stores: a row starts 8-byte aligned)."""
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def scaled_half_bins_kernel(X, Y, S, bins, stride_h, BLOCK: tl.constexpr):
-    """X: a channel's ``bins`` (re, im) float pairs at X + 2 h stride_h (stride_h: the complex rows' stride); Y (H,
-    bins, 2) float16 = X / S[h]; S (H,) float32 = the row's largest |x| (1 where that is 0 or the row holds a NaN)."""
-    h = tl.program_id(0).to(tl.int64)
-    row = X + h * (2 * stride_h)
-    out = Y + h * (2 * bins)
+def _row_scale(row, bins, BLOCK: tl.constexpr):
+    """A row's largest |x| over its ``bins`` (re, im) float pairs, 1 where that is 0 or the row holds a NaN."""
     pair = tl.arange(0, 2)[None, :]
     offs = tl.arange(0, BLOCK)[:, None]
     top = tl.zeros([BLOCK, 2], tl.float32)
@@ -26,7 +23,19 @@ def scaled_half_bins_kernel(X, Y, S, bins, stride_h, BLOCK: tl.constexpr):
         top = tl.maximum(top, x)
     m = tl.max(tl.max(top, 1), 0)
     s = tl.where(m > 0, m, 1.0)
-    s = tl.where(tl.max(tl.max(nan, 1), 0) > 0, 1.0, s)
+    return tl.where(tl.max(tl.max(nan, 1), 0) > 0, 1.0, s)
+
+
+@triton.jit
+def scaled_half_bins_kernel(X, Y, S, bins, stride_h, BLOCK: tl.constexpr):
+    """X: a channel's ``bins`` (re, im) float pairs at X + 2 h stride_h (stride_h: the complex rows' stride); Y (H,
+    bins, 2) float16 = X / S[h]; S (H,) float32 = the row's largest |x| (1 where that is 0 or the row holds a NaN)."""
+    h = tl.program_id(0).to(tl.int64)
+    row = X + h * (2 * stride_h)
+    out = Y + h * (2 * bins)
+    pair = tl.arange(0, 2)[None, :]
+    offs = tl.arange(0, BLOCK)[:, None]
+    s = _row_scale(row, bins, BLOCK)
     tl.store(S + h, s)
     for start in range(0, bins, BLOCK):
         b = start + offs
@@ -48,18 +57,7 @@ def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr
     h = tl.program_id(0).to(tl.int64)
     row = X + h * (2 * stride_h)
     if SCALE:
-        pair2 = tl.arange(0, 2)[None, :]
-        offs = tl.arange(0, BLOCK)[:, None]
-        top = tl.zeros([BLOCK, 2], tl.float32)
-        nan = tl.zeros([BLOCK, 2], tl.int32)
-        for start in range(0, bins, BLOCK):
-            b = start + offs
-            x = tl.abs(tl.load(row + 2 * b + pair2, mask=b < bins, other=0.0))
-            nan = tl.maximum(nan, (x != x).to(tl.int32))
-            top = tl.maximum(top, x)
-        m = tl.max(tl.max(top, 1), 0)
-        s = tl.where(m > 0, m, 1.0)
-        s = tl.where(tl.max(tl.max(nan, 1), 0) > 0, 1.0, s)
+        s = _row_scale(row, bins, BLOCK)
         tl.store(S + h, s)
     out = Y + h * (2 * L)
     RUNS: tl.constexpr = BLOCK // 128  # (L / 1024: a window's runs)
