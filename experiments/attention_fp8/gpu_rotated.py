@@ -10,7 +10,8 @@ bf16 Q buffer, 2 stages, the full rotation, codes in shared memory)), "c2" (D64 
 step's softmax, codes in shared memory: before session 41), "c3s" (D64's three with the codes in shared memory),
 "d128c2" (D128 on two consumers with q's codes in registers: before session 42, less the split rotation, removed),
 "ql2" / "ql12" (D128, session 43: the last one / two consumers' Q in two buffers, their next Q loaded first, under
-the tile), "qreg3" (D128: q's codes in registers on three consumers).
+the tile), "qreg3" (D128: q's codes in registers on three consumers), "lsel" (D128: finish stores O before lse),
+"ql12l" (ql12 and lsel).
 Session 42's d128c3 / d128c3q2 / d128c3s2 / d128c3o4 / d128c3r / d128split, session 41's c3st4, gf64c3 and d128c3, its
 carry forms and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is compared
 bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
@@ -125,7 +126,11 @@ def forms(names):
              "ql2": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}))}, (128,)),
              "ql12": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}, q_last_consumers={128: 2}))},
                       (128,)),
-             "qreg3": ({configs: dict(ROTATED=dict(rot, q_reg=(64, 128)))}, (128,))}
+             "qreg3": ({configs: dict(ROTATED=dict(rot, q_reg=(64, 128)))}, (128,)),
+             # finish stores O before lse (its fence no longer waits for lse's global stores), alone and with ql12
+             "lsel": ({configs: dict(ROTATED=dict(rot, lse_last=(128,)))}, (128,)),
+             "ql12l": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}, q_last_consumers={128: 2},
+                                                   lse_last=(128,)))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
 
 
@@ -160,8 +165,9 @@ def arguments():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2, ql2, ql12, qreg3 (forms()); "
-                    "the first is the base")
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2, ql2, ql12, qreg3, "
+                    "lsel, ql12l (forms()); the first is the base")
+    ap.add_argument("--stamp-forms", default="", help="the forms the stamps cases run (default: every form)")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpu-rounds", type=int, default=4, help="profiler rounds (each form's calls after a sync)")
@@ -337,7 +343,7 @@ def main():
         kernel = CachedLaunch(gluon_fp8.attention_fp8_fwd_kernel)
         fns, bufs, outs, shapes = {}, {}, {}, {}
         for name, (patches, dims) in fm.items():
-            if D not in dims:
+            if D not in dims or (args.stamp_forms and name not in args.stamp_forms.split(",")):
                 continue
             # the launch (its options, tiling and schedule table) made inside the form's patches, once, eagerly
             attend = under(patches, lambda: launch.q_rotated_launch(q, signs, k8, v8, ks, vs, causal, D ** -0.5,

@@ -23,7 +23,7 @@ GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buff
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
                         "p_linear", "hide_first_key", "mask32", "serial", "q_last_buffers",
-                        "q_last_consumers"})
+                        "q_last_consumers", "lse_last"})
 
 
 def gluon_config(d: int, causal: bool) -> dict:
@@ -47,7 +47,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # tile against diag(s) H in shared memory) instead of rotate_quantize's pass over q.
 # q_buffers (by head dim): bf16 Q buffers a consumer where not GLUON_FORWARD's q_buffers. q_last_buffers (by head dim):
 # those of the last q_last_consumers (by head dim, default 1) where not q_buffers (their next Q loaded first, under the
-# tile: in causal the last consumers' rows have the most keys).
+# tile: in causal the last consumers' rows have the most keys). lse_last: the head dims at which finish stores O before
+# lse (GLUON_FORWARD's lse_last where it does not name it).
 # q_reg: the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the rotation's columns
 # permuted so that its accumulator is the e4m3 operand as it lies; no stores, fence or barriers at a tile's start).
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's.

@@ -206,6 +206,8 @@ class _GluonLayout:
             if cfg["serial"] not in (1, 2):
                 raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
             self.options["SERIAL"] = int(cfg["serial"])
+        if cfg.get("lse_last"):  # finish stores O before lse (gluon_fp8)
+            self.options["LSE_LAST"] = True
         if cfg.get("q_last_buffers"):  # the last consumer's Q buffers, where not q_buffers (gluon_fp8)
             self.options["Q_LAST_BUFFERS"] = int(cfg["q_last_buffers"])
             self.options["Q_LAST_CONSUMERS"] = int(cfg.get("q_last_consumers", 1))
@@ -321,6 +323,7 @@ def rotated_q_config(D: int, causal: bool) -> dict:
         cfg["q_last_consumers"] = configs.ROTATED.get("q_last_consumers", {}).get(D, 1)
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
     cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
+    cfg.setdefault("lse_last", D in configs.ROTATED.get("lse_last", ()))
     c3 = configs.ROTATED.get("serial_c3", {})
     if "serial" not in cfg and D in c3:
         cfg.update(consumers=3, serial=c3[D] if isinstance(c3, dict) else 1)
