@@ -207,8 +207,10 @@ def phase_first(run, rounds, cases="4096c,4096f", batch=16):
     where masked, dS = P y, lse read late; fewer spills) against the shipped softcap kernel (SOFTCAP 3) and the plain
     backward (no softcap, the shipped config), B16 H16 D128 bf16, causal (dQ fused) and full (lagged) at N4096. (Call 1
     of session 43 also timed SOFTCAP 4, the same order with min(tanh^2, 1) of the masked tanh: 0.990x / 1.032x.)"""
-    h, d = 16, 128
-    for n, causal in ((int(c[:-1]), c[-1] == "c") for c in cases.split(",")):
+    h = 16
+    for case in cases.split(","):  # N, c (causal) / f (full), optionally :D (128)
+        shape, _, dim = case.partition(":")
+        n, causal, d = int(shape[:-1]), shape[-1] == "c", int(dim or 128)
         q, k, v, dout = inputs(batch, h, h, n, d, torch.bfloat16, seed=4)
         out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
         out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
@@ -420,7 +422,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=55.0)
     ap.add_argument("--delta-cases", default="4096c,2048c,4096f", help="phase delta's N and c (causal) / f (full)")
-    ap.add_argument("--first-cases", default="4096c,4096f", help="phase first's N and c (causal) / f (full)")
+    ap.add_argument("--first-cases", default="4096c,4096f", help="phase first's N and c (causal) / f (full), :D (128)")
     ap.add_argument("--batch", type=int, default=16, help="phase first's batch")
     args = ap.parse_args()
     run = Run("issue35_bwd", deadline=args.deadline)
