@@ -12,8 +12,8 @@ from tilecore.ops.linear_attention import gluon_gla_forward, launch
 from tilecore.ops.linear_attention.plan import tl_plan
 from tilecore.ops.linear_attention.reference import linear_attention_reference
 
-# ptxas's spills at Dk 128 (bf16, initial and final states; triton 3.6.0): 52 B
-SPILLS_ALLOWED = 128
+# ptxas's spills at Dk 128 (bf16, initial and final states; triton 3.6.0): none
+SPILLS_ALLOWED = 64
 CODE = ("import json, torch; from tilecore.ops.linear_attention.gluon_gla_forward import compile_report; "
         "print(json.dumps([compile_report(128, torch.bfloat16, True), compile_report(64, torch.float16, False)]))")
 

@@ -16,8 +16,10 @@ decays <= 0), so every factor lies within 2^(+-span / 2) (span = -G_last):
                                                 the stage's q and k (one copy for the two units; a barrier of
                                                 the op's own hands them over)
     Sx^T = S^T diag(2^m)                        the register A operand (input dtype) and the update's accumulator
-    P^T  = mask(Kx Qx^T) scale                  (= k_j q_i 2^(G_i - G_j) summed over channels; through shared
-                                                memory as V^T P^T's B operand)
+    P^T  = mask(Kx Qx^T) scale                  (= k_j q_i 2^(G_i - G_j) summed over channels; made once for the
+                                                pair: consumer c its queries' columns [32 c, 32 c + 32), into one
+                                                P^T a step's parity in shared memory, V^T P^T's B operand, handed
+                                                over by a second barrier of the op's own)
     o^T  = scale Sx^T Qx^T + V^T P^T            (= scale q_i 2^(G_i) S + P V: V^T a register operand)
     S^T <- (Sx^T + V^T Kx) diag(2^m)            (= 2^(G_last) S + k_j 2^(G_last - G_j) v_j)
 
@@ -43,12 +45,9 @@ BV_GLA = 64  # value columns a consumer
 # bf16: 2^48 keeps |q| 2^48 far inside bf16's float32 exponent range; fp16: 2^5.5 keeps |q| 2^5.5 below 65504 for
 # |q| < 1400 and |k| 2^-5.5 a normal fp16 for |k| > 3e-3 (kernels_tl._factor_span's reasoning, in log2 units)
 SPAN_LIMIT = {torch.bfloat16: 96.0, torch.float16: 11.0}
-# FORM bits (configs.GLUON_GLA_FORM): VEC, the prologue's [32, Dk] tiles 4 channels a thread; EARLY_S, the state
-# update issued with the first wgmmas (o's inter-chunk term and P^T), not after P^T; P_SPLIT, P^T made once for the
-# pair (each consumer its own queries' columns, N = 32) and shared through a buffer a step's parity, not by each
-VEC = gl.constexpr(1)
+# FORM bits (configs.GLUON_GLA_FORM): EARLY_S, the state update issued with the first wgmmas (o's inter-chunk term
+# and P^T), not after P^T
 EARLY_S = gl.constexpr(2)
-P_SPLIT = gl.constexpr(4)
 LOG_DECAY_FLOOR = gl.constexpr(LOG_DECAY_FLOOR_HOST)
 LOG2E_K = gl.constexpr(LOG2E)
 
@@ -90,9 +89,9 @@ class GlaForward:
     sth: object
     stf: object
     stv: object
-    p_smem: object  # [2, BT, BT]: each consumer's P^T (the B operand of V^T P^T)
+    p_smem: object  # [2, BT, BT]: the pair's P^T by the step's parity (the B operand of V^T P^T)
     built: object  # [STAGES, 1] mbarriers (count 2): both consumers' halves of Qx and Kx are in the stage
-    pready: object  # with P_SPLIT: [2, 1] mbarriers (count 2): both halves of the step's P^T are in p_smem
+    pready: object  # [2, 1] mbarriers (count 2): both halves of the step's P^T are in p_smem
     span_limit: gl.constexpr
     BT: gl.constexpr
     BK: gl.constexpr
@@ -101,7 +100,7 @@ class GlaForward:
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
     FORM: gl.constexpr
-    SLH: gl.constexpr  # [BT, BT / 2]: with P_SPLIT, a consumer's half of P^T
+    SLH: gl.constexpr  # [BT, BT / 2]: a consumer's half of P^T
     SL: gl.constexpr  # [BT, BT] scores and [BV, BT] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BV, BK] the state S^T
     SPL: gl.constexpr  # S^T as the register operand of Sx^T Qx^T
@@ -200,36 +199,25 @@ class GlaForward:
         qT = q_s.permute((1, 0))
         o_tok = warpgroup_mma(S_op, qT, gl.zeros([self.BV, self.BT], gl.float32, self.SL), use_acc=False,
                               is_async=True)
-        if self.FORM & P_SPLIT:  # this consumer's queries: its half of P^T's columns, for the pair's shared P^T
-            p_tok = warpgroup_mma(k_s, q_s.slice(c * HALF, HALF, dim=0).permute((1, 0)),
-                                  gl.zeros([self.BT, HALF], gl.float32, self.SLH), use_acc=False, is_async=True)
-        else:
-            p_tok = warpgroup_mma(k_s, qT, gl.zeros([self.BT, self.BT], gl.float32, self.SL), use_acc=False,
-                                  is_async=True)
+        # this consumer's queries: its half of P^T's columns (the pair's P^T made once, not by both in full)
+        p_tok = warpgroup_mma(k_s, q_s.slice(c * HALF, HALF, dim=0).permute((1, 0)),
+                              gl.zeros([self.BT, HALF], gl.float32, self.SLH), use_acc=False, is_async=True)
         if self.FORM & EARLY_S:  # the update (it reads no P^T) issued with them, under P^T's mask and store
             S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
             o, pT = warpgroup_mma_wait(1, deps=(o_tok, p_tok))
         else:
             o, pT = warpgroup_mma_wait(0, deps=(o_tok, p_tok))
-        if self.FORM & P_SPLIT:
-            offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SLH))
-            offs_i = c * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, self.SLH))
-            causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-            p_smem = self.p_smem.index(ctx.ring_step % 2)  # (by the step's parity: the other consumer may still
-            # read the previous step's P^T; the one before that it has read, since it arrived on this step's built)
-            p_smem.slice(c * HALF, HALF, dim=1).store(gl.where(causal, pT * self.scale, 0.0).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(self.pready.index(ctx.ring_step % 2))
-            mbarrier.wait(self.pready.index(ctx.ring_step % 2), (ctx.ring_step // 2) & 1)
-        else:
-            offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))
-            offs_i = gl.arange(0, self.BT, layout=gl.SliceLayout(0, self.SL))
-            causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
-            p_smem = self.p_smem.index(c)
-            p_smem.store(gl.where(causal, pT * self.scale, 0.0).to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
+        offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SLH))
+        offs_i = c * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, self.SLH))
+        causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
+        # by the step's parity: the other consumer may still read the previous step's P^T; the one before that it
+        # has read, since it arrived on this step's built barrier after that step's wgmmas
+        p_smem = self.p_smem.index(ctx.ring_step % 2)
+        p_smem.slice(c * HALF, HALF, dim=1).store(gl.where(causal, pT * self.scale, 0.0).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(self.pready.index(ctx.ring_step % 2))
+        mbarrier.wait(self.pready.index(ctx.ring_step % 2), (ctx.ring_step // 2) & 1)
         o = o * self.scale
         o_tok = warpgroup_mma(vT, p_smem, o, is_async=True)
         if self.FORM & EARLY_S:
@@ -274,19 +262,12 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
     gl.static_assert(BT == 64, "a consumer's half of the chunk is 32 rows")
     NW: gl.constexpr = gl.num_warps()
     SL: gl.constexpr = wgmma_layout(BT, BV, NW)
-    if FORM & VEC:  # 4 channels a thread (16-byte loads), a channel's 32 tokens over 4 threads
-        if BK == 128:
-            GLY: gl.constexpr = gl.BlockedLayout([8, 4], [4, 8], [1, NW], [1, 0])
-        else:
-            GLY: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [2, NW // 2], [1, 0])
-    elif BK == 128:  # a channel's 32 tokens in one thread (the scan in registers)
+    if BK == 128:  # a channel's 32 tokens in one thread (the scan in registers)
         GLY: gl.constexpr = gl.BlockedLayout([BT // 2, 1], [1, 32], [1, NW], [0, 1])
     else:
         GLY: gl.constexpr = gl.BlockedLayout([BT // 4, 1], [2, 16], [1, NW], [0, 1])
-    if FORM & P_SPLIT:  # one P^T a step's parity, each consumer writing its half of the columns (64-byte atoms)
-        operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    else:  # one P^T a consumer
-        operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # one P^T a step's parity, each consumer writing its half of the columns (64-byte swizzle atoms)
+    operand_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
     p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BT, BT], operand_layout)
     built = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
