@@ -2,6 +2,8 @@
 the arguments its launch passes, and the kernel compiled for sm_90a from those arguments (wgmma, TMA, no spill,
 wgmma not serialized, within 227 KiB of shared memory). Its numbers are checked against float64 on the H100 by
 experiments/attention/gpu_decode_gluon.py; the tl kernel (tests/attention/test_decode.py) is its interpreter twin."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -156,3 +158,34 @@ def test_a_negative_scale_goes_into_q(fast_launch, hopper, monkeypatch):
     (_, args), = split_keys.calls
     bound = dict(zip(launch.GLUON_SPLIT_KEYS.kernel.arg_names, args))
     assert torch.equal(bound["q_ptr"], -q) and bound["scale_log2e"] == pytest.approx(0.1 * 1.4426950408889634)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_keyed_recipe_launches_as_the_general_path(fast_launch, hopper, monkeypatch, splits):
+    """The op's eager call of a keyed Gluon plan (issue 31's recipe) passes what launch_decode_gluon passes."""
+    q, k, v = tensors(b=2, hq=32, hkv=8, n=1, nk=900, d=128)
+    p = attention_plan.plan_forward(q, k, v, False, 0.1, path="decode", config=configs.decode_gluon_config(128),
+                                    splits=splits)
+    launches = {}
+    for name in ("general", "recipe"):
+        p = dataclasses.replace(p, launch_key=("test_decode_gluon", splits, name))  # (each its own launches)
+        split_keys, merges = fast_launch(launch.GLUON_SPLIT_KEYS), []
+        monkeypatch.setattr(launch.MERGE, "run", lambda key, grid, args, options: merges.append(args))
+        out, lse = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16), torch.empty(2, 32, 1)
+        if name == "general":
+            launch.launch_decode_gluon(p, q, k, v, out, lse, False, 0.1)
+        else:
+            recipe = launch.prepared(p, q, k, v, False, (-1, -1), 0.0)
+            assert type(recipe).__name__ == "_GluonDecodeLaunch"
+            recipe(q, k, v, out, lse, 0.1, 0.0)
+        (grid, args), = split_keys.calls
+        launches[name] = (grid, args, out, lse, merges)
+    (g1, a1, out1, lse1, m1), (g2, a2, out2, lse2, m2) = launches["general"], launches["recipe"]
+    assert g1 == g2 and len(a1) == len(a2) and len(m1) == len(m2) == (splits > 1)
+    for x, y in zip(a1, a2):
+        if isinstance(x, TmaOperand):  # the same view (of this call's own buffer)
+            assert (x.block_shape, x.shape, x.strides, x.base.dtype) == (y.block_shape, y.shape, y.strides, y.base.dtype)
+        elif isinstance(x, torch.Tensor):
+            assert x.shape == y.shape or x.numel() == y.numel()
+        else:
+            assert x == y

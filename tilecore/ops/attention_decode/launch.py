@@ -29,7 +29,8 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-
     if plan.launch_key is not None and tiles_launch.BIND_KEYED_LAUNCHES:  # a keyed call: as its first call prepared
         prepared = _DECODE_LAUNCHES.memo(plan.launch_key,
                                          lambda: _DecodeLaunch.of(plan, q, k, v, causal, window, softcap))
-        if prepared:
+        if prepared and (type(prepared) is _DecodeLaunch or out.is_contiguous() and out.data_ptr() % 16 == 0):
+            # (the Gluon recipe stores O through a TMA view of it)
             prepared(q, k, v, out, lse, scale, softcap)
             return
     if plan.config.get("kernel") == "gluon":
@@ -113,8 +114,10 @@ class _DecodeLaunch:
 
     @classmethod
     def of(cls, plan, q, k, v, causal: bool, window, softcap: float):
-        if plan.config.get("kernel") == "gluon" or any(tl_addressable(t) is not t for t in (q, k, v)):
-            return False  # (the Gluon kernel: launch_decode_gluon each call)
+        if plan.config.get("kernel") == "gluon":
+            return _GluonDecodeLaunch.of(plan, q, k, v, causal, window, softcap)
+        if any(tl_addressable(t) is not t for t in (q, k, v)):
+            return False
         self = cls()
         B, Hq, N, D = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -163,6 +166,68 @@ class _DecodeLaunch:
         B, Hq, N = q.shape[:3]
         out = q.new_empty((B, Hq, N, v.shape[3]))  # (q's dtype and device: ~0.7 us under torch.empty's, H100 host)
         lse = q.new_empty((B, Hq, N), dtype=torch.float32) if want_lse or self.part_shapes is None else None
+        self(q, k, v, out, lse, scale, softcap)
+        return out, lse
+
+
+class _GluonDecodeLaunch:
+    """launch_decode_gluon for one launch key (issue 31's host time, as _DecodeLaunch for the tl kernel): the Gluon
+    kernel's KeyedLaunch with k's, v's and O's (or the parts') TMA views made from the tensors at their positions
+    (the key fixes their shapes, strides and boxes), the merge's, and every argument the key fixes. A call
+    allocates the parts (several key ranges), takes the score factors from its scale and softcap (their signs are
+    in the key; a negative scale goes into q) and launches. ``of`` gives False where ``out`` would need a view
+    the key does not fix (launch_decode_gluon each call then)."""
+
+    __slots__ = ("split", "merge", "head", "tail", "parts_shape", "rows_total", "dv", "splits")
+
+    @classmethod
+    def of(cls, plan, q, k, v, causal: bool, window, softcap: float):
+        B, Hq, N, D = q.shape
+        Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        cfg = plan.config
+        self = cls()
+        self.splits = splits = plan.grid[1]
+        rows = (Hq // Hkv) * N
+        self.rows_total, self.dv = B * Hq * N, Dv
+        vectors = splits * B * Hkv
+        masks, left, right = mask_options(causal, window, N, Nk)
+        block_n, block_m = cfg["BLOCK_N"], cfg["BLOCK_M"]
+        # O (one range: out itself, contiguous) or the float32 parts as (vectors, rows, Dv)
+        o_view = lambda t: TmaOperand(t, [1, block_m, Dv], shape=[vectors, rows, Dv], strides=[rows * Dv, Dv, 1])
+        self.split = KeyedLaunch(GLUON_SPLIT_KEYS, plan.launch_key, (cfg["PROGRAMS"],), dict(
+            **masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1,
+            STAGES=cfg["STAGES"], KV_STEPS=cfg.get("KV_STEPS", False), num_warps=4), operands={
+            1: lambda t: TmaOperand(t, [1, 1, block_n, D]), 2: lambda t: TmaOperand(t, [1, 1, block_n, Dv]),
+            3: o_view})
+        self.head = q.stride()
+        self.tail = (Hkv, N, Nk, Hq // Hkv, B * Hkv, splits, plan.sizes["keys_per_split"], left, right)
+        self.parts_shape = (vectors * rows * Dv,)
+        self.merge = None if splits == 1 else KeyedLaunch(MERGE, plan.launch_key, (self.rows_total,), dict(
+            SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
+        return self
+
+    def __call__(self, q, k, v, out, lse, scale: float, softcap: float) -> None:
+        """O into ``out`` (contiguous: else launch_decode_gluon's copy) and lse into ``lse``."""
+        if softcap:  # (score_options)
+            scale_log2e, tanh_scale = softcap * LOG2E, scale / softcap
+        else:
+            scale_log2e, tanh_scale = scale * LOG2E, 0.0
+        if scale_log2e < 0:
+            q, scale_log2e = -q, -scale_log2e
+        if self.merge is None:
+            self.split((q, k, v, out, lse, *self.head, *self.tail, scale_log2e, tanh_scale))
+            return
+        parts = out.new_empty(self.parts_shape, dtype=torch.float32)
+        lse_part = lse.new_empty((self.splits * self.rows_total,))
+        self.split((q, k, v, parts, lse_part, *self.head, *self.tail, scale_log2e, tanh_scale))
+        self.merge((out, lse, parts, lse_part, self.rows_total, self.dv, self.splits))
+
+    def outputs(self, q, k, v, scale: float, softcap: float,
+                want_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(O, lse) made and computed here, contiguous (_DecodeLaunch.outputs'; lse is always made)."""
+        B, Hq, N = q.shape[:3]
+        out = q.new_empty((B, Hq, N, self.dv))
+        lse = q.new_empty((B, Hq, N), dtype=torch.float32)
         self(q, k, v, out, lse, scale, softcap)
         return out, lse
 
