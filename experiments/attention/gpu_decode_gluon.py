@@ -1,7 +1,7 @@
 """GPU check and timing of the split-key (decode) path's Gluon kernel (tilecore/ops/attention_decode/gluon_decode.py)
 against its tl twin (kernels_tl.attn_fwd_split_keys) and torch SDPA (cuDNN).
 
-    python experiments/attention/gpu_decode_gluon.py [--phases check,time] [--deadline 130] [--rounds 3] [--smoke]
+    python experiments/attention/gpu_decode_gluon.py [--phases check,time,host] [--deadline 130] [--rounds 3] [--smoke]
 
 check: the Gluon kernel forced (launch.forward_into(path="decode", config=configs.decode_gluon_config(D))), and the
     tl kernel beside it, into NaN-poisoned O and lse, against float64 (error over the rounding floor; lse; rows with
@@ -15,6 +15,9 @@ time: the committed bench's shapes (benchmarks/results/h100-80gb-hbm3/attention-
     the Gluon kernel's table config (16 rows by mma.sync here) and VARIANTS (64 rows by wgmma; 64 keys x 4 stages),
     the tl kernel (the shipped default), SDPA cuDNN; GB/s and x the
     copy ceiling measured in the same run, and each series' ratio to tl per round (median, min, max).
+
+host: eager host time a call of tilecore.attention (B1 Nk4K, B64 Nk1K), the Gluon kernel as the table's (its keyed
+    recipe) against the shipped tl recipe, interleaved rounds.
 
 --smoke (no GPU): the check phase's tl side through the interpreter on two tiny cases, the script's logic end to end;
 the Gluon kernels are compile-checked for sm_90a by tests/attention/test_decode_gluon.py.
@@ -182,6 +185,30 @@ def phase_time(run, rounds):
         torch.cuda.empty_cache()
 
 
+def phase_host(run, rounds):
+    """Eager host time a call of the public op (no sync between calls: issue 31's measure) with the Gluon kernel as
+    the table's (switches.patched, entered once a round: its first calls plan and make the recipe) against the
+    shipped tl recipe, interleaved rounds."""
+    from experiments.common.gpu_script import host_us
+
+    for b, nk in ((1, 4096), (64, 1024)):
+        q, k, v = _inputs(b, HQ, HKV, 1, nk, D, torch.bfloat16, None, "cuda")
+        call = lambda: attention(q, k, v)  # noqa: E731
+        per = {"gluon": [], "tl": []}
+        kernels = {}
+        for r in range(rounds):
+            for name in (("gluon", "tl") if r % 2 == 0 else ("tl", "gluon")):
+                if name == "gluon":
+                    with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128)):
+                        per[name].append(round(host_us(call), 2))
+                        kernels[name] = attention_plan.plan_forward(q, k, v, False, D ** -0.5).config.get("kernel")
+                else:
+                    per[name].append(round(host_us(call), 2))
+                    kernels[name] = attention_plan.plan_forward(q, k, v, False, D ** -0.5).config.get("kernel", "tl")
+        run.row(f"host B{b} Nk{nk}", gluon_host_us=statistics.median(per["gluon"]),
+                tl_host_us=statistics.median(per["tl"]), rounds_host_us=per, kernels=kernels)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="no GPU: the tl side of two tiny checks (the interpreter)")
@@ -196,9 +223,11 @@ def main():
         run.attempt("check", phase_check, run, args.smoke)
     if "time" in phases and not args.smoke:
         run.attempt("time", phase_time, run, args.rounds)
+    if "host" in phases and not args.smoke:
+        run.attempt("host", phase_host, run, args.rounds)
     cols = ["name", "pass", "err_over_floor", "lse_err", "gluon_us", "gluon_kv_steps_us", "gluon_wgmma64_us",
             "gluon_bn64_s4_us", "tl_us", "cudnn_us", "gluon_vs_tl", "gluon_kv_steps_vs_tl", "gluon_wgmma64_vs_tl",
-            "gluon_bn64_s4_vs_tl", "cudnn_vs_tl", "tl_copy"]
+            "gluon_bn64_s4_vs_tl", "cudnn_vs_tl", "tl_copy", "gluon_host_us", "tl_host_us"]
     run.finish(cols)
 
 
