@@ -184,6 +184,10 @@ def main():
                 run.row(f"{name} skipped", note=f"past the deadline ({run.elapsed():.0f} s)")
                 continue
             run.attempt(name, check_case, run, name, make(**shape, **kw), expect, with_tl, forms)
+        if run.left() >= 10:  # grouped q/k heads: head h reads q/k head h // 2 (views of the first two heads)
+            t = make(1, 77 if small else 1000, 4, 128, 128)
+            t["q"], t["k"] = t["q"][:, :, :2], t["k"][:, :, :2]
+            run.attempt("bf16 q/k heads 2 of 4 N1000", check_case, run, "bf16 q/k heads 2 of 4 N1000", t, "none")
         if run.left() >= 10:
             run.attempt("public op", check_public, run)
     run.finish(["name", "pass_", "err_o", "err_state", "written", "flagged", "expect_flags", "tl_graph_ms",
