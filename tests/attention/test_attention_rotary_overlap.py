@@ -143,12 +143,14 @@ def test_host_path_launches_k_items(monkeypatch):
     per_head = rotary_overlap_items(700, 128, configs.ROTARY_K_OVERLAP_ITEM_STEPS)
     assert options["K_ITEM_STEPS"] == configs.ROTARY_K_OVERLAP_ITEM_STEPS and options["k_items_per_head"] == per_head
     assert options["kraw_desc"].base is k and args[1].base.shape == k.shape and args[1].base.is_contiguous()
+    assert options["k_out"] is args[1].base  # the items store the turned K where the tiles' descriptor reads it
     assert torch.equal(options["k_counters"], torch.zeros(4, dtype=torch.int32))
     table = args[17]
     tiles = -(-300 // 128) * 8
     assert sorted(table[grid[0] + 1:-1].tolist()) == list(range(tiles + 4 * per_head))
     assert targs[1].base is kr  # the training forward's turned K: the buffer the items write
     assert poptions["K_ITEM_STEPS"] == 0 and poptions["kraw_desc"] is None and pargs[1].base is not k
+    assert poptions["k_out"] is None
 
 
 CODE = """
@@ -169,12 +171,12 @@ for d, causal, cfg, r, steps in json.loads(sys.argv[1]):
                 qr_desc=None, CAUSAL=causal, STAGES=cfg["stages"], R=r, Q_BUFFERS=cfg["q_buffers"],
                 Q_REGS=cfg.get("q_regs", False), CONSUMERS=cfg.get("consumers", 2), TURN_ROWS=rows_at_a_time(r),
                 K_ITEM_STEPS=steps, kraw_desc=head(cfg["block_n"]), k_counters=torch.empty(8, dtype=torch.int32),
-                k_items_per_head=2)
+                k_items_per_head=2, k_out=t)
     k = compile_kernel(attention_rotary_fwd_kernel, args, num_warps=4)
     ptx = k.asm["ptx"]
     out.append(dict(d=d, causal=causal, **vars(resources(k)), wgmma=len(re.findall(r"wgmma\\.mma_async", ptx)),
                     tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.\\dd\\.global\\.shared", ptx)),
-                    write_waits=len(re.findall(r"cp\\.async\\.bulk\\.wait_group 0", ptx)),
+                    global_stores=len(re.findall(r"st\\.global\\.v4", ptx)), fences=ptx.count("fence.acq_rel.gpu"),
                     release=len(re.findall(r"atom\\.global\\.gpu\\.release\\.add", ptx)),
                     acquire=len(re.findall(r"ld\\.global\\.gpu\\.acquire|atom\\.global\\.gpu\\.acquire", ptx)),
                     proxy_global=ptx.count("fence.proxy.async.global")))
@@ -183,14 +185,14 @@ print(json.dumps(out))
 
 
 def test_compiles_with_k_items_for_sm_90a():
-    """D128 full (Q in registers), the shipped forward's registers and no spill; the K items' TMA stores (besides
-    O's), each consumer's write wait, fence and release, the producer's acquire and fence."""
+    """D128 full (Q in registers), the shipped forward's registers and no spill; the K items' 16-byte stores from
+    registers (no TMA store but O's), each consumer's fences and release, the producer's acquire and fence."""
     variants = [(128, False, dict(block_m=64, block_n=128, stages=2, q_buffers=2, q_regs=True), 64, 8)]
     for row in compiled_json(CODE, json.dumps(variants), timeout=900):
         assert row["wgmma"] > 0 and not row["wgmma_serialized"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0 and row["shared"] <= 227 * 1024, row
-        assert row["tma_stores"] >= 4, row  # O's and K's, each consumer
-        assert row["write_waits"] >= 2 and row["release"] >= 2, row  # each consumer's item end
+        assert row["tma_stores"] == 2 and row["global_stores"] >= 16, row  # O's by TMA, K's by st.global.v4
+        assert row["fences"] >= 2 and row["release"] >= 2, row  # each consumer's item end
         assert row["acquire"] >= 1 and row["proxy_global"] >= 3, row
 
 

@@ -199,9 +199,6 @@ ROTARY_K_OVERLAP_CASES: frozenset = frozenset({(128, True)})
 ROTARY_K_OVERLAP_ITEM_STEPS = 4
 ROTARY_K_OVERLAP_LEAD = 4.0
 ROTARY_K_OVERLAP_ITEM_COST = 1.75
-# The K items turned through registers and stored by the threads (gluon_rotary.turn_rows_to: the stage goes back
-# once read), else turned in place in shared memory and TMA-stored (the stage held until the store has read it)
-ROTARY_K_ITEM_BY_REGISTERS = False
 # The tl kernels with Q and K turned inside (kernels_tl ROTARY): software-pipelining stages. The turned
 # K's partner columns and its cos / sin rows (float32) are pipelined with K and V: the forward at D128 asked
 # 240 KiB of shared memory with the tl table's 3 stages (the H100 has 227) and 144 KiB with 2 (past

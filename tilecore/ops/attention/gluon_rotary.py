@@ -23,8 +23,8 @@ rotary_dims (the turn's tiles are R wide, a power of two). K turned inside the k
 the forward's tensor-core time lost to the pass (notes/rotary).
 
 Where configs.ROTARY_K_OVERLAP_CASES names the case, K is turned inside the same persistent launch instead
-(``KTurn``): items of the schedule table, each a few ring steps of one kv head's K (TMA-loaded, turned in shared
-memory, TMA-stored into the buffer the tiles' K descriptor reads), run by whole programs between their tiles and
+(``KTurn``): items of the schedule table, each a few ring steps of one kv head's K (TMA-loaded, read into
+registers, turned, stored into the buffer the tiles' K descriptor reads), run by whole programs between their tiles and
 placed ahead of the tiles of their head, so that the turn's memory traffic runs on some SMs while the others run
 tensor-core-bound tiles; a tile's producer waits for its head's items (a counter per kv head) before loading Q.
 """
@@ -70,12 +70,16 @@ def turn_pair(a, b, cs, sn):
 
 @gluon.jit
 def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R: gl.constexpr,
-              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False):
+              ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False, out_ptr=None, rows_left=0):
     """Turn the rows of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r) in place:
     the pairs (i, i + R) (INTERLEAVED: (2i, 2i + 1)), i < R, by the angles of cos and sin's row of that
     position (load_angles). ROWS rows at a time, 16-byte vectors (8 features a thread: both halves'
-    (i, i + R), or 4 whole pairs), the next rows' cos and sin loaded before this rows' turn."""
+    (i, i + R), or 4 whole pairs), the next rows' cos and sin loaded before this rows' turn. With ``out_ptr``
+    the buffer is only read and the turned rows stored to global memory instead: row r at out_ptr + r D (the
+    pass-through features copied), rows from ``rows_left`` on not stored; nothing waits on those stores (the
+    caller fences them before it publishes them)."""
     BLOCK_ROWS: gl.constexpr = buf.shape[0]
+    D: gl.constexpr = buf.shape[1]
     WIDTH: gl.constexpr = 2 * R if INTERLEAVED else R  # the features a thread row holds, 8 a thread
     COL_THREADS: gl.constexpr = WIDTH // 8 if WIDTH // 8 <= 32 else 32
     ROW_THREADS: gl.constexpr = 32 // COL_THREADS
@@ -86,6 +90,7 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
     pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [ROW_THREADS, COL_THREADS, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
     angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
     CHUNKS: gl.constexpr = BLOCK_ROWS // ROWS
+    PASS_BLOCKS: gl.constexpr = (D - 2 * R) // WIDTH  # out_ptr: the features past 2R, WIDTH at a time
     cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
     for c in gl.static_range(CHUNKS):
         if c + 1 < CHUNKS:  # the next rows' angles, in flight under this turn
@@ -94,71 +99,34 @@ def turn_rows(buf, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, R
         chunk = buf.slice(c * ROWS, ROWS, dim=0)
         cs = cos.to(gl.float32)
         sn = sin.to(gl.float32)
+        if out_ptr is not None:
+            rows = c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+            ok = gl.expand_dims(rows < rows_left, 1)
+            at = out_ptr + gl.expand_dims(rows.to(gl.int64) * D, 1) + \
+                gl.expand_dims(gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout)), 0)
         if INTERLEAVED:
-            rows = chunk.slice(0, 2 * R, dim=1)
-            x = gl.convert_layout(rows.load(layout).to(gl.float32).reshape([ROWS, R, 2]), pairs)
+            whole = chunk.slice(0, 2 * R, dim=1)
+            x = gl.convert_layout(whole.load(layout).to(gl.float32).reshape([ROWS, R, 2]), pairs)
             a, b = gl.split(x)
             a2, b2 = turn_pair(a, b, cs, sn)
-            turned = gl.join(a2, b2).reshape([ROWS, 2 * R])
-            rows.store(gl.convert_layout(turned, layout).to(buf.dtype))
+            turned = gl.convert_layout(gl.join(a2, b2).reshape([ROWS, 2 * R]), layout).to(buf.dtype)
+            if out_ptr is not None:
+                gl.store(at, turned, mask=ok)
+            else:
+                whole.store(turned)
         else:
             lo = chunk.slice(0, R, dim=1)
             hi = chunk.slice(R, R, dim=1)
             a2, b2 = turn_pair(lo.load(layout).to(gl.float32), hi.load(layout).to(gl.float32), cs, sn)
-            lo.store(a2.to(buf.dtype))
-            hi.store(b2.to(buf.dtype))
-        if c + 1 < CHUNKS:
-            cos = next_cos
-            sin = next_sin
-
-
-@gluon.jit
-def turn_rows_to(buf, out_ptr, rows_left, first_pos, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
-                 R: gl.constexpr, ROWS: gl.constexpr, INTERLEAVED: gl.constexpr = False):
-    """turn_rows' turn of ``buf`` ([rows, D] in shared memory, row r at position first_pos + r; read, not written),
-    stored to global memory instead: row r at out_ptr + r D (D contiguous features; the pass-through ones copied),
-    rows from ``rows_left`` on not stored. The buffer is read once into registers and nothing waits on the stores
-    (its stage goes back as soon as the reads are done; the caller fences the stores before it publishes them)."""
-    BLOCK_ROWS: gl.constexpr = buf.shape[0]
-    D: gl.constexpr = buf.shape[1]
-    WIDTH: gl.constexpr = 2 * R if INTERLEAVED else R
-    COL_THREADS: gl.constexpr = WIDTH // 8 if WIDTH // 8 <= 32 else 32
-    ROW_THREADS: gl.constexpr = 32 // COL_THREADS
-    gl.static_assert(ROWS % (ROW_THREADS * gl.num_warps()) == 0 and BLOCK_ROWS % ROWS == 0,
-                     "ROWS: a multiple of the rows the partition's threads cover, dividing the block's")
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [ROW_THREADS, COL_THREADS], [gl.num_warps(), 1], [1, 0])
-    pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [ROW_THREADS, COL_THREADS, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
-    angle_layout: gl.constexpr = gl.SliceLayout(2, pairs) if INTERLEAVED else layout
-    CHUNKS: gl.constexpr = BLOCK_ROWS // ROWS
-    PASS_BLOCKS: gl.constexpr = (D - 2 * R) // WIDTH  # the features past 2R, WIDTH at a time
-    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.expand_dims(gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout)), 0)
-    cos, sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, first_pos, ROWS, R, angle_layout)
-    for c in gl.static_range(CHUNKS):
-        if c + 1 < CHUNKS:  # the next rows' angles, in flight under this turn
-            next_cos, next_sin = load_angles(cos_ptr, sin_ptr, cos_stride, sin_stride, n_max,
-                                             first_pos + (c + 1) * ROWS, ROWS, R, angle_layout)
-        chunk = buf.slice(c * ROWS, ROWS, dim=0)
-        rows = c * ROWS + r
-        ok = gl.expand_dims(rows < rows_left, 1)
-        at = out_ptr + gl.expand_dims(rows.to(gl.int64) * D, 1) + cols
-        cs = cos.to(gl.float32)
-        sn = sin.to(gl.float32)
-        if INTERLEAVED:
-            x = gl.convert_layout(chunk.slice(0, 2 * R, dim=1).load(layout).to(gl.float32).reshape([ROWS, R, 2]),
-                                  pairs)
-            a, b = gl.split(x)
-            a2, b2 = turn_pair(a, b, cs, sn)
-            turned = gl.convert_layout(gl.join(a2, b2).reshape([ROWS, 2 * R]), layout)
-            gl.store(at, turned.to(buf.dtype), mask=ok)
-        else:
-            lo = chunk.slice(0, R, dim=1).load(layout).to(gl.float32)
-            hi = chunk.slice(R, R, dim=1).load(layout).to(gl.float32)
-            a2, b2 = turn_pair(lo, hi, cs, sn)
-            gl.store(at, a2.to(buf.dtype), mask=ok)
-            gl.store(at + R, b2.to(buf.dtype), mask=ok)
-        for j in gl.static_range(PASS_BLOCKS):
-            gl.store(at + 2 * R + j * WIDTH, chunk.slice(2 * R + j * WIDTH, WIDTH, dim=1).load(layout), mask=ok)
+            if out_ptr is not None:
+                gl.store(at, a2.to(buf.dtype), mask=ok)
+                gl.store(at + R, b2.to(buf.dtype), mask=ok)
+            else:
+                lo.store(a2.to(buf.dtype))
+                hi.store(b2.to(buf.dtype))
+        if out_ptr is not None:
+            for j in gl.static_range(PASS_BLOCKS):
+                gl.store(at + 2 * R + j * WIDTH, chunk.slice(2 * R + j * WIDTH, WIDTH, dim=1).load(layout), mask=ok)
         if c + 1 < CHUNKS:
             cos = next_cos
             sin = next_sin
@@ -181,23 +149,16 @@ def fence_proxy_async_global(x):
                                      is_pure=False, pack=1)
 
 
-@gluon.jit
-def bulk_stores_written(x):
-    """This thread's TMA stores written to global memory (cp.async.bulk.wait_group 0: tma.store_wait waits
-    only for their reads of shared memory), then ordered for the async proxy; returns x (an int32 scalar)."""
-    return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.b32 $0, $1;",
-                                     "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-
-
 @struct
 class KTurn:
     """K turned inside the launch (issue 37: the pass's bytes under the forward's tensor-core time): side items
     of the template's schedule table (plan.rotary_overlap_table), each ITEM_STEPS ring steps of one kv head's
-    rows, 2 BN a step (the stage's K and V buffers loaded from k_raw by TMA). Consumers 0 and 1 turn a buffer
-    each in shared memory (turn_rows: apply_rotary's bits), TMA-store it into the (B, Hkv, Nk, D) buffer the
-    tiles' K descriptor reads, and wait for the store's read before the stage is released; after an item's
-    last step every consumer waits for its stores' writes, fences them for the async proxy, meets its warps
-    and adds one to its kv head's counter (release). A tile's producer, before its Q load (well before its
+    rows, 2 BN a step (the stage's K and V buffers loaded from k_raw by TMA). Consumers 0 and 1 read a buffer
+    each into registers, turn it (turn_rows: apply_rotary's bits) and store it (st.global) into the (B, Hkv, Nk,
+    D) buffer the tiles' K descriptor reads; the stage goes back once read (turning in place and TMA-storing held
+    it until the store had read it: 1.12x slower on one SM, notes/rotary). After an item's last step every
+    consumer fences its stores (GPU scope, and for the async proxy), meets its warps and adds one to its kv
+    head's counter (release). A tile's producer, before its Q load (well before its
     first K load), waits until its kv head's counter reaches items_per_head x CONSUMERS (acquire), then
     fences for the async proxy (its TMA loads of K).
 
@@ -208,10 +169,9 @@ class KTurn:
     k_raw: object  # k's descriptor (B, Hkv, Nk, D), the stage's boxes
     counters: object  # int32 [B * Hkv], zero at launch: a kv head's items finished, one count a consumer
     items_per_head: object
-    k_out: object  # BY_REGS: the turned buffer (B, Hkv, Nk, D) contiguous, stored by the threads
+    k_out: object  # the turned buffer (B, Hkv, Nk, D), contiguous, which the items store to
     ITEM_STEPS: gl.constexpr  # ring steps an item (2 BN rows each)
     ROWS: gl.constexpr  # rows turned at a time (turn_rows)
-    BY_REGS: gl.constexpr  # turned through registers and stored by st.global (turn_rows_to), else in place + TMA
 
     @gluon.jit
     def wait_head(self, u, target):
@@ -292,28 +252,16 @@ class RotaryAttention:
                 buf = stage.k
             else:
                 buf = stage.v
-            if self.kturn.BY_REGS:
-                Hkv = a.H // a.GROUP
-                out = self.kturn.k_out + ((b * Hkv + hk).to(gl.int64) * a.Nk + row) * a.D
-                turn_rows_to(buf.reshape([a.BN, a.D]), out, a.Nk - row, row, self.cos, self.sin, self.cos_stride,
-                             self.sin_stride, self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED)
-                gl.thread_barrier()  # every warp has read the buffer before any thread releases the stage
-            else:
-                turn_rows(buf.reshape([a.BN, a.D]), row, self.cos, self.sin, self.cos_stride, self.sin_stride,
-                          self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED)
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(a.k_desc, [b, hk, row, 0], buf)
-                tma.store_wait(0)
-                gl.thread_barrier()  # the store has read the buffer before any thread releases the stage
+            Hkv = a.H // a.GROUP
+            out = self.kturn.k_out + ((b * Hkv + hk).to(gl.int64) * a.Nk + row) * a.D
+            turn_rows(buf.reshape([a.BN, a.D]), row, self.cos, self.sin, self.cos_stride, self.sin_stride,
+                      self.n_max, self.R, self.kturn.ROWS, self.INTERLEAVED, out, a.Nk - row)
+            gl.thread_barrier()  # every warp has read the buffer before any thread releases the stage
 
     @gluon.jit
     def side_done(self, ctx, item):
         """The item's stores written and fenced, then counted on its kv head (release)."""
-        if self.kturn.BY_REGS:
-            u = stores_published(item // self.kturn.items_per_head)
-        else:
-            u = bulk_stores_written(item // self.kturn.items_per_head)
+        u = stores_published(item // self.kturn.items_per_head)
         gl.thread_barrier()
         gl.atomic_add(self.kturn.counters + u, 1, sem="release", scope="gpu")
 
@@ -367,13 +315,12 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
                                 SOFTCAP: gl.constexpr = False, TURN_ROWS: gl.constexpr = 16,
                                 INTERLEAVED: gl.constexpr = False, K_ITEM_STEPS: gl.constexpr = 0,
                                 K_TURN_ROWS: gl.constexpr = 64, kraw_desc=None, k_counters=None, k_items_per_head=0,
-                                K_BY_REGS: gl.constexpr = False, k_out=None):
+                                k_out=None):
     """attention_fwd_kernel's O and lse (its layout and registers) of rotary(Q), K (turned before), V, Q
     turned by each consumer once a tile (the module docstring), its whole block at once (one round trip for
     its angles) but with a carried tile's state live: TURN_ROWS rows at a time. ``qr_desc`` (q's boxes, or
     None): the turned Q written there too. K_ITEM_STEPS > 0: K turned inside the launch (KTurn: ``schedule``
-    holds its items, ``kraw_desc`` is k, ``k_desc`` the turned buffer, ``k_counters`` zeros; K_BY_REGS: the items
-    store it from registers, ``k_out`` the buffer)."""
+    holds its items, ``kraw_desc`` is k, ``k_desc`` and ``k_out`` the turned buffer, ``k_counters`` zeros)."""
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(not (CARRY and Q_REGS), "Q_REGS takes a pipeline that restarts at each tile")
     gl.static_assert(not (WINDOW and (CARRY or CAUSAL)), "a window restarts the pipeline at each tile, causal folded in")
@@ -392,7 +339,7 @@ def attention_rotary_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, cos_ptr
     if K_ITEM_STEPS > 0:
         gl.static_assert(not CARRY and D == DV, "K turned in the launch: a pipeline that restarts at each tile, "
                          "V's boxes K's")
-        kturn = KTurn(kraw_desc, k_counters, k_items_per_head, k_out, K_ITEM_STEPS, K_TURN_ROWS, K_BY_REGS)
+        kturn = KTurn(kraw_desc, k_counters, k_items_per_head, k_out, K_ITEM_STEPS, K_TURN_ROWS)
     op = RotaryAttention(attn, qr_desc, cos_ptr, sin_ptr, cos_stride, sin_stride, n_max, kturn, R, ROWS, INTERLEAVED)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
                     PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, CARRY=CARRY,
@@ -478,11 +425,10 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     _, scale_log2e, tanh_scale = score_options(scale, softcap)
     # the keyed launch's key (plan.launch_key: q, k, v's signature) told apart where Q is stored too, and where K is
     # turned inside (its items' steps, and how the JIT specializes the items a head: 1, or a multiple of 16)
-    by_regs = overlap is not None and configs.ROTARY_K_ITEM_BY_REGISTERS
     key = plan.launch_key
     if key is not None and (qr is not None or overlap is not None):
         key = (key, qr is not None, None if overlap is None else
-               (configs.ROTARY_K_OVERLAP_ITEM_STEPS, overlap[1] == 1, overlap[1] % 16 == 0, by_regs))
+               (configs.ROTARY_K_OVERLAP_ITEM_STEPS, overlap[1] == 1, overlap[1] % 16 == 0))
     schedule, kraw, counters, per_head, item_steps = plan.schedule, None, None, 0, 0
     if overlap is not None:
         schedule, per_head = overlap
@@ -499,5 +445,5 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
                             CARRY=cfg.get("carry", False), Q_REGS=cfg.get("q_regs", False),
                             TURN_ROWS=rows_at_a_time(cos.shape[1], interleaved), INTERLEAVED=bool(interleaved),
                             K_ITEM_STEPS=item_steps, kraw_desc=kraw, k_counters=counters, k_items_per_head=per_head,
-                            K_BY_REGS=by_regs, k_out=k if by_regs else None, num_warps=4))
+                            k_out=None if overlap is None else k, num_warps=4))
     return (out, lse) if qr is None else (out, lse, qr, k)
