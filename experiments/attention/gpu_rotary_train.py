@@ -35,9 +35,7 @@ shipped forward), and apply_rotary's K pass against a copy of K.
    label names, K items taken or not recorded); --ncu D:mask,..: Nsight Compute on one launch of each route's
    kernels (--ncu-variants; ncu_phase: time, the SMs' active-cycle spread, tensor pipe, L2 / DRAM traffic, L2
    atomics); --overlap-checks D:window512: a causal call with the window (512, 0) (the items, window kernel;
-   GQA 4/2, half-split). items_regs (configs.ROTARY_K_ITEM_BY_REGISTERS): the K items turned through registers and
-   stored by the threads, so a stage goes back once read; its O checked in every --overlap-checks row (regs_o,
-   regs_same: the pass route's bits) and its one-SM rate in --one-sm (regs_sm_gbs).
+   GQA 4/2, half-split).
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_train.py [--checks 128:full,128:causal] [--kpass]
       [--dims 128,64] [--rounds 2]
@@ -297,19 +295,14 @@ def overlap_checks(run, name, b, hq, hkv, n, nk, d, causal, interleaved, steps, 
             o_new2 = tilecore.attention(q, k, v, **kw, rotary=(cos, sin), rotary_interleaved=interleaved)
         with patched(configs, ROTARY_IN_KERNEL_CASES=ALL_CASES, ROTARY_K_OVERLAP_CASES=frozenset()):
             o_pass = tilecore.attention(q, k, v, **kw, rotary=(cos, sin), rotary_interleaved=interleaved)
-        poison()
-        with overlap_path(steps, lead), patched(configs, ROTARY_K_ITEM_BY_REGISTERS=True):  # session 43's form
-            o_regs = tilecore.attention(q, k, v, **kw, rotary=(cos, sin), rotary_interleaved=interleaved)
         o_plain = tilecore.attention(q, k, v, **kw)
     ro, _ = rotary_attention_reference(q.double(), k.double(), v.double(), cos, sin, interleaved=interleaved,
                                        causal=causal, window_size=window)
     rp, _ = attention_reference(q.double(), k.double(), v.double(), causal=causal, window_size=window)
     c = check(o_new, ro, tol=2.5)
     cp = check(o_pass, ro, tol=2.5)
-    cr = check(o_regs, ro, tol=2.5)
-    run.row(f"ocheck {name}", kind="ocheck", ok=bool(c["pass"] and same_bits(o_new, o_new2) and cr["pass"]),
-            new_o=c.get("err_over_floor"), regs_o=cr.get("err_over_floor"), regs_written=cr["written"],
-            regs_same=same_bits(o_regs, o_pass),
+    run.row(f"ocheck {name}", kind="ocheck", ok=bool(c["pass"] and same_bits(o_new, o_new2)),
+            new_o=c.get("err_over_floor"),
             pass_o=cp.get("err_over_floor"), plain_o=check(o_plain, rp).get("err_over_floor"), written=c["written"],
             same=same_bits(o_new, o_pass), repeat=same_bits(o_new, o_new2), steps=steps, lead=lead, items=taken,
             window=list(window))
@@ -380,14 +373,10 @@ AB_VARIANTS = {
     "shipped": (True, {}),
     "pass": (True, dict(ROTARY_K_OVERLAP_CASES=frozenset(), ROTARY_IN_KERNEL_CASES=ALL_CASES)),
     "items": (True, dict(ROTARY_K_OVERLAP_CASES=ALL_CASES, ROTARY_IN_KERNEL_CASES=ALL_CASES)),
-    # the items turned through registers and stored by the threads (configs.ROTARY_K_ITEM_BY_REGISTERS)
-    "items_regs": (True, dict(ROTARY_K_OVERLAP_CASES=ALL_CASES, ROTARY_IN_KERNEL_CASES=ALL_CASES,
-                              ROTARY_K_ITEM_BY_REGISTERS=True)),
-    # and an item step dealt at 2.5 attention steps (configs.ROTARY_K_OVERLAP_ITEM_COST: 1.75 from the one-SM rate;
-    # call 1 found the items' in-place cost above it)
-    "items_regs_c25": (True, dict(ROTARY_K_OVERLAP_CASES=ALL_CASES, ROTARY_IN_KERNEL_CASES=ALL_CASES,
-                                  ROTARY_K_ITEM_BY_REGISTERS=True, ROTARY_K_OVERLAP_ITEM_COST=2.5)),
 }
+# (session 43's calls 1-2 also timed "items_regs", the items through registers (configs.ROTARY_K_ITEM_BY_REGISTERS,
+# the only form since), against the items turned in place and TMA-stored, and "items_regs_c25", an item step
+# dealt at 2.5 attention steps: notes/rotary)
 
 
 def ab_calls(d, causal, b=16, h=16, n=4096, train=False):
@@ -535,26 +524,16 @@ def overlap_one_sm(run, steps, lead, nk=65536, d=128, rounds=3):
                 tilecore.attention(q, k, v, rotary=rot, sm_margin=margin)
         return f
 
-    def regs(on):
-        @contextlib.contextmanager
-        def ctx():
-            with overlap_path(steps, lead), patched(configs, ROTARY_K_ITEM_BY_REGISTERS=on):
-                yield
-        return ctx
-
-    fns = {"one_plain": call(None), "one_in": call((cos, sin), regs(False)),
-           "one_regs": call((cos, sin), regs(True))}  # the items through registers (session 43)
+    fns = {"one_plain": call(None), "one_in": call((cos, sin), lambda: overlap_path(steps, lead))}
     for f in fns.values():
         f()
     sync()
     t = time_rounds(fns, rounds=rounds, graph=True, eager=False, deadline=run)
     ms = {name: t[f"{name}_graph_ms"] for name in fns}
     items_ms = ms["one_in"] - ms["one_plain"]
-    regs_ms = ms["one_regs"] - ms["one_plain"]
-    gb = 2 * k.numel() * k.element_size() / 1e6
     run.row(f"one SM nk{nk}", kind="one_sm", **{f"{k_}_ms": round(v_, 4) for k_, v_ in ms.items()},
-            items_ms=round(items_ms, 4), sm_gbs=round(gb / items_ms, 2), regs_items_ms=round(regs_ms, 4),
-            regs_sm_gbs=round(gb / regs_ms, 2), rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
+            items_ms=round(items_ms, 4), sm_gbs=round(2 * k.numel() * k.element_size() / 1e6 / items_ms, 2),
+            rounds={name: t[f"{name}_rounds"]["graph"] for name in fns})
 
 
 def main():
@@ -597,9 +576,9 @@ def main():
         run.attempt("smoke window", overlap_checks, run, "smoke window", 1, 4, 2, 40, 40, 32, True, True, 8, 2.0,
                     window=(16, 0))
         run.attempt("smoke ab", ab_timing, run, 32, True, ["plain", "shipped", "pass", "items"], rounds=2)
-        run.attempt("smoke ab train", ab_timing, run, 32, True, ["plain", "items_regs"], rounds=1, train=True)
+        run.attempt("smoke ab train", ab_timing, run, 32, True, ["plain", "items"], rounds=1, train=True)
         assert len(ncu_plan(["128:full", "128:causal"], ["plain", "pass", "items"])) == 6
-        ncu_target(["32:causal"], ["plain", "items_regs_c25"])
+        ncu_target(["32:causal"], ["plain", "items"])
         run.finish(["name", "ok", "same", "same_qk", "new_dq", "new_dk", "plain_dk"])
         return
     variants = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in a.variants.split(",") if x]
@@ -649,8 +628,8 @@ def main():
                 continue
             run.attempt(f"time D{d} {mask}", timing, run, d, mask == "causal", rounds=a.rounds,
                         fwd_only=a.fwd_only, shipped=a.shipped, routed=a.routed)
-    run.finish(["name", "ok", "items", "same", "repeat", "regs_same", "regs_o", "new_o", *[f"{x}_over" for x in names if x != "plain"],
-                "plain_ms", "us", "act_spread", "tensor_pct", "l2_pct", "l2_hit", "dram_rd_mb", "dram_wr_mb", "l2_atoms", "pass_o", "plain_o", "fwd_plain_ms", "fwd_shipped_over", "items_ms", "sm_gbs", "regs_sm_gbs",
+    run.finish(["name", "ok", "items", "same", "repeat", "new_o", *[f"{x}_over" for x in names if x != "plain"],
+                "plain_ms", "us", "act_spread", "tensor_pct", "l2_pct", "l2_hit", "dram_rd_mb", "dram_wr_mb", "l2_atoms", "pass_o", "plain_o", "fwd_plain_ms", "fwd_shipped_over", "items_ms", "sm_gbs",
                 *[f"fwd_in_{s_}_{l_}_over" for s_, l_ in variants], "tfwd_shipped_over", "tfwd_in_over", "bwd_shipped_over", "bwd_in_over",
                 "same_qk", "same_olse", "new_dq", "new_dk", "new_dv", "plain_dk",
                 "pass_of_copy", "hm_of_copy", "hm_same", "pass_ms", "copy_ms", "fwd_over", "fwd_inkernel_over",
