@@ -195,10 +195,11 @@ QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-
 # the wide kernel's last mixing K chunk cut at the 16-multiple past m: 1.03-1.16x where on
 QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
                      ("fp8_e4m3", 11008): True, ("int8", 11008): True, ("nvfp4", 11008): True}
-# 1 / sqrt(n) folded into the group maxima and reciprocals: on where >= 1.02x, checked
+# 1 / sqrt(n) folded into the group maxima and reciprocals: on where >= 1.02x, checked (nvfp4 11008 / 18944 on JOINT /
+# BALANCE: 1.047x / 1.033x, H200)
 QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
                     **{(f, 28672): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
-                    **{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "int4") for n in (18944, 11008)}}
+                    **{(f, n): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4") for n in (18944, 11008)}}
 # UNITS (each block's mixing once) at 148 x 128: int4 1.08x; with PAIRS fp8 1.40x, int8 1.37x, mxfp4 1.06x
 QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 18944): True, ("mxfp4", 18944): True,
                      ("nvfp4", 18944): True}  # nvfp4: with PERM (1.13x)
@@ -206,11 +207,11 @@ QUANT_GLUON_UNITS = {("int4", 18944): True, ("fp8_e4m3", 18944): True, ("int8", 
 # fp8_e4m3's at the model widths (the same kernels but the conversion; the tl fused plan before): 11008 3.20x (30.1 -> 96.4% of copy), 14336 1.43x (66.8 -> 95.6), 18944 3.19x (26.7 -> 85.2), 28672 2.63x (31.3 -> 82.3)
 QUANT_GLUON_TABLES_OF = {("fp8_e5m2", n): "fp8_e4m3" for n in (11008, 14336, 18944, 28672)}
 # JOINT (UNITS' two column halves' mixing as one N = 128 product, the same bytes) at 148 x 128: int8 1.031x / 1.063x, int4
-# 1.117x / 1.113x, mxfp4 1.062x / 1.061x, nvfp4 1.042x / 1.042x, fp8 1.014x / 1.022x; at 172 x 64 (a tile's two rows, their
-# per-token maxima exchanged) nvfp4 with KTRIM 1.029x, mxfp4 1.015x, int4 0.96-0.98x, int8 0.91x, fp8 0.93x (H200)
+# 1.117x / 1.113x, mxfp4 1.062x / 1.061x, nvfp4 1.042x / 1.042x, fp8 1.014x / 1.022x; at 172 x 64 (a tile's two rows; the
+# group formats) nvfp4 with KTRIM 1.029x / 1.028x (KTRIM alone 1.00x), mxfp4 1.015x / 1.017x, int4 0.96-0.98x (H200)
 QUANT_GLUON_JOINT = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "int4", "mxfp4", "nvfp4")}, ("nvfp4", 11008): True}
 # BALANCE (UNITS: consumer c the unit J = c and block 2's column half c, three blocks each) on JOINT at 148 x 128, the same
-# bytes: mxfp4 1.072x, nvfp4 1.065x; fp8 0.914x, int8 0.937x (H200)
+# bytes: mxfp4 1.072x / 1.068x, nvfp4 1.065x / 1.062x; fp8 0.914x, int8 0.937x (H200)
 QUANT_GLUON_BALANCE = {("mxfp4", 18944): True, ("nvfp4", 18944): True}
 # the transform's Gluon tuning by (m, p), checked: 148 x 128 1.99x then PAIRS 1.09x, 172 x 64 STREAM 1.32x, 28 x 1024
 # STREAM + PAIRS 1.07x (96-99% of copy)
@@ -226,8 +227,9 @@ QUANT_GLUON_NOZERO = dict(_NZ_CL)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
 # mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): mxfp4 1.02-1.06x at the four widths;
-# nvfp4 0.96-1.02x, off
-QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True}
+# nvfp4 11008 (JOINT + FOLD) 1.061x with FOLD against 1.047x without (H200); elsewhere nvfp4 0.96-1.02x, off
+QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True,
+                          ("nvfp4", 11008): True}
 # the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): int8
 # 1.07-1.08x, int4 1.06-1.11x where on; int8 11008 1.00x, off
 QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True, ("int8", 14336): True,

@@ -249,13 +249,13 @@ def _gluon_wide_plan(rows, n, dtype, fmt, group, M, P, mix, signs, static, rscal
         **_fold(tf, n, tuning), **_e2m1_pairs(fmt, n, tuning), **_gluon_int_bits(fmt, n, tuning),
         # UNITS (HALVES 2): each output block's mixing once, consumer 0 blocks J 0-1, consumer 1 J 2
         **({"UNITS": True} if units else {}), **_epilogue_switches(tf, n, tuning),
-        # JOINT (UNITS): both column halves' mixing as one N = 128 product; at m x 64 the tile's two rows' (tuning
-        # "joint", configs.QUANT_GLUON_JOINT)
-        **({"JOINT": True} if (units or halves == 1)
+        # JOINT (UNITS): both column halves' mixing as one N = 128 product; at m x 64 the tile's two rows' (the group
+        # formats) (tuning "joint", configs.QUANT_GLUON_JOINT)
+        **({"JOINT": True} if (units or (halves == 1 and group is not None))
            and tuning.get("joint", _by_format(configs.QUANT_GLUON_JOINT, tf, n, False)) else {}),
-        # BALANCE (UNITS, not int4's groups of 128): consumer c the unit J = c and block 2's column half c (tuning
+        # BALANCE (UNITS, groups of 16 / 32): consumer c the unit J = c and block 2's column half c (tuning
         # "balance", configs.QUANT_GLUON_BALANCE)
-        **({"BALANCE": True} if units and group != 128
+        **({"BALANCE": True} if units and group in (16, 32)
            and tuning.get("balance", _by_format(configs.QUANT_GLUON_BALANCE, tf, n, False)) else {}),
         # PERM: H_64's columns permuted so that a thread holds 16 consecutive outputs (HALVES 1; HALVES 2 with UNITS
         # for groups of 16 / 32)
