@@ -46,7 +46,7 @@ e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOIN
 N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
 widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the tile's two rows' mixing as one N = 128
 product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer). --set jb: run 1's flips against the plans before them, and the
-second attempts.
+second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -475,6 +475,21 @@ SETS["jb"] = {  # (priority order)
     ("mxfp4", 11008): [JOINT11, ("kt_only", dict(ktrim=True)), ("joint_kt", dict(joint=True, ktrim=True))],
     ("int4", 11008): [("kt_only", dict(ktrim=True)), ("nz", dict(nozero=True)), ("nz_kt", dict(nozero=True, ktrim=True))],
     ("int4", 18944): [("nz", dict(nozero=True))],
+}
+
+
+# session 43, the last batch: run 2's flips (nvfp4 FOLD at 11008 with E2M1_PAIRS, 1.061x; at 18944 on BALANCE, 1.033x) and
+# the session's plans against the session's start (before: every switch of the session off) and against run 2's; int4's
+# NOZERO at 11008 / 18944 (run 2's snapshot predates it); nvfp4 14336's E2M1_PAIRS again (0.96-1.02x at the widths in
+# session 35; at 11008 on FOLD +1.3%)
+SETS["jc"] = {  # (priority order)
+    ("nvfp4", 11008): [("before", dict(joint=False, ktrim=False, fold=False, e2m1_pairs=False)),
+                       ("before_fold", dict(fold=False, e2m1_pairs=False))],
+    ("nvfp4", 18944): [("before", dict(balance=False, fold=False)), ("before_fold", dict(fold=False))],
+    ("int4", 11008): [("nz", dict(nozero=True)), ("nz_kt", dict(nozero=True, ktrim=True))],
+    ("mxfp4", 18944): [("before", dict(balance=False))],
+    ("int4", 18944): [("nz", dict(nozero=True))],
+    ("nvfp4", 14336): [("pairs", dict(e2m1_pairs=True))],
 }
 
 
