@@ -766,14 +766,18 @@ def main():
                 res = {"ok": "before"}
             else:
                 res = run.attempt(f"{fmt} {n} {name} check", check_codes, x, fmt, tuning, 16 if args.smoke else 64)
-                if (tuning.get("own") or (tuning.get("joint") and n == 11008)) and res:  # an odd row count: the
-                    # last tile's second row lies past the end
+                if (tuning.get("own") or ((tuning.get("joint") or name == "shipped") and n == 11008)) and res:  # an odd
+                    # row count: the last tile's second row lies past the end (11008's shipped plans: nvfp4's JOINT)
                     xo = x[:x.shape[0] // 16 + 1]
                     odd = run.attempt(f"{fmt} {n} {name} odd check", check_codes, xo, fmt, tuning,
                                       min(16 if args.smoke else 64, xo.shape[0] // 2))
                     res = {**res, "odd_ok": bool(odd and odd["ok"]), "ok": bool(res["ok"] and odd and odd["ok"])}
-                if fmt == "nvfp4" and tuning.get("joint") and n == 11008 and res:  # its AMAX pass (no given scale)
-                    res = {**res, "dynamic_same": run.attempt(f"{fmt} {n} {name} dynamic", same_dynamic, x, tuning)}
+                before = dict(variants).get("before")
+                if fmt == "nvfp4" and res and ((tuning.get("joint") and n == 11008) or (name == "shipped" and before)):
+                    # its AMAX pass (no given scale): the same bytes as the shipped plan's, or the shipped plan's as the
+                    # plan before it's (set jc: the session's nvfp4 plans against the session's start)
+                    res = {**res, "dynamic_same": run.attempt(f"{fmt} {n} {name} dynamic", same_dynamic, x,
+                                                              before if name == "shipped" else tuning)}
                     res["ok"] = bool(res["ok"] and res["dynamic_same"])
             plan, fn = runner(x, fmt, tuning)
             codes, scales, _ = fn()
