@@ -48,26 +48,21 @@ def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr
     """KFULL: a channel's spectrum laid out as the order-3 kernel's chunks read it (launch.laid_half_bins). X: its
     ``bins`` (re, im) pairs at X + 2 h stride_h, float32 (SCALE: scaled as scaled_half_bins_kernel, S[h] written) or
     float16 (as they are); Y (H, L, 2) float16: position p holds bin f = ORDER[p], bins past L / 2 as the conjugate of
-    L - f (0 - im: the bits the kernel's own conjugation gives).
-
-    The positions are taken by windows of f: laid_order's runs of 128 positions (a warp's 512 bytes of one chunk tile)
-    at p = 1024 i + 128 cg + s (i < L / 1024, s < 128) hold the bins of one window cg of L / 8 consecutive f, so a
-    window's gathers hit a few KiB of the row, in L1 after their first touch (in the positions' own order each block
-    of gathers spanned the whole row: at 16384 3x the cost a byte of 8192's)."""
+    L - f (0 - im: the bits the kernel's own conjugation gives). L a multiple of BLOCK. (Taking the positions by windows
+    of f instead, so that a block's gathers stay in a few KiB of the row, measured slower: notes/fft_conv.)"""
     h = tl.program_id(0).to(tl.int64)
     row = X + h * (2 * stride_h)
     if SCALE:
         s = _row_scale(row, bins, BLOCK)
         tl.store(S + h, s)
     out = Y + h * (2 * L)
-    RUNS: tl.constexpr = BLOCK // 128  # (L / 1024: a window's runs)
-    p = tl.arange(0, RUNS)[:, None, None] * 1024 + tl.arange(0, 128)[None, :, None]
-    pair = tl.arange(0, 2)[None, None, :]
-    for cg in range(0, 8):
-        at = p + cg * 128
-        f = tl.load(ORDER + at)
+    pair = tl.arange(0, 2)[None, :]
+    offs = tl.arange(0, BLOCK)[:, None]
+    for start in range(0, L, BLOCK):
+        p = start + offs
+        f = tl.load(ORDER + p)
         mirrored = f > L // 2
         x = tl.load(row + 2 * tl.where(mirrored, L - f, f) + pair)
         if SCALE:
             x = tl.math.div_rn(x, s).to(tl.float16)
-        tl.store(out + 2 * at + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))
+        tl.store(out + 2 * p + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))

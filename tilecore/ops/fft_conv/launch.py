@@ -255,7 +255,7 @@ def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tens
     if H:
         LAID_HALF_BINS.run(key, (H,), (pairs, laid, laid if scale is None else scale, laid_order(n, pairs.device),
                                        pairs.shape[1], pairs.stride(0) // 2, 2 * n),
-                           dict(SCALE=scale is not None, BLOCK=n // 4, num_warps=8))
+                           dict(SCALE=scale is not None, BLOCK=2048, num_warps=8))
     return laid, scale
 
 
