@@ -191,16 +191,9 @@ BATCHES["m"] = {  # call 4 (the session's last): as shipped (the session's start
 # consumer took both chunks of every other tile as two chains, their scratch the stage's buffers; 528 B spilled at 240
 # registers) right to the digit but 0.4433 ms against configs' 0.3099 (0.70x; whole backward 1.061 / 0.913 ms): removed
 # with its rows (decision 270 of notes/linear_attention/README.md)
-# THREE (gluon_gla_bwd FORM 16777216 at d 32: three chunks a tile, three consumer warpgroups at 160 registers; sm_90a
-# 2 stages 226.0 KB, 372 B spilled; session 40's three-chunk tile at the time spilled 608 B and lost 0.67-0.79x)
-THREE = 16777216
-BATCHES["p"] = {  # call 2: THREE against configs' (the kernel, the public op through autograd)
-    "d32 configs dqk": (32, {}, "dqk0w"),
-    "d32 three": (32, dict(dqk_gluon_form=S41_D32 | THREE, dqk_gluon=2), "dqk0w"),
-    "d32 configs bwd": (32, {}, "bwd"),
-    "d32 three op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(dqk_gluon_form=S41_D32 | THREE,
-                                                                             dqk_gluon=2)}), None),
-}
+# call 3 (runs/ha_three_s43c_run3_session43_h200.txt, batch p at e7369cab): THREE (FORM 16777216: three chunks a tile,
+# three consumers at 160 registers, 2 stages, 226 KB, 372 B spilled) right to the digit but 0.4129 ms against 0.3095
+# (0.75x): removed with its rows (decision 272)
 BATCHES["o"] = {  # call 2: d 32's dq / dk and whole backward as shipped (the session's figure on the device)
     "d32 configs dqk": (32, {}, "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
