@@ -13,7 +13,9 @@ way), and the host's time a launch: which of them an eager / graph difference co
 
     PYTHONPATH=. python3 experiments/linear_attention/gpu_gla_bwd_forms.py [--batch e] [--variants "..."] [--smoke]
 JSON to $OUT/gla_bwd_<batch>.json (rewritten after each row); the table last. ``--smoke``: the checks on the CPU (the
-interpreter runs the tl kernels; the Gluon forms are not taken there), tiny shapes, no timing. (Sessions 39-40 ran it
+interpreter runs the tl kernels; the Gluon forms are not taken there), tiny shapes, no timing. ``--deadline S``: no
+timing round past S seconds (170). ``--scalar`` (alone): the scalar-decay backward as shipped against the GLA backward on
+the decay broadcast to every channel (``scalar_routes``). (Sessions 39-40 ran it
 as gpu_gla_s39.py / gpu_gla_s40.py: their run files name those commits.)
 """
 from __future__ import annotations
