@@ -126,7 +126,7 @@ def test_gluon_backward_and_dq_with_window_and_softcap_compile(compiled):
     held in registers (D 64) never overwritten in the loop (session 14's wrong dK/dV); spills within
     1 KB (D128 fused: 632 bytes against the plain kernel's 396, compile of session 26; the plain
     kernel ran at 1.17x the tl kernels on the H100 spilling 160-300), none in the dq kernel. The fixed kernels'
-    softcap is SOFTCAP 3 (dP from -delta, dS = y - y tanh^2: the causal D128 fused kernel spills 476 B, its float16-
+    softcap is SOFTCAP 3 (dP from -delta, y (1 - tanh^2) before P, dS = P y: the causal D128 fused kernel spills 144 B, its float16-
     derivative form 2, which the varlen kernel runs through the same compute, 632)."""
     assert compiled["backward d128 fused causal"]["spill_stores"] + compiled["backward d128 fused causal"][
         "spill_loads"] < compiled["backward d128 fused causal float16 derivative"]["spill_stores"] + compiled[

@@ -128,11 +128,16 @@ def test_window_softcap_and_flex_rows_of_the_features_run():
     for case, impl, b, n, window, softcap in cases:
         t = backward.attention_backward_time(b, 16, 16, n, 128, True, gpu, impl, window=window, softcap=softcap).time
         assert measured[case] * 1e-3 / t == pytest.approx(1.0, abs=0.2), case
-    # the softcap's cost over the plain causal backward, as measured (1.18x)
+    # the shipped cap's cost over the plain causal backward, as measured with the shipped kernel (session 43: B16 H16
+    # N4096 D128 causal, CUDA graphs, calls 1-2 on the lent H200s: 1.076x / 1.067x; the kernel this run timed, the
+    # float16-derivative form, 1.18x). The model counts the cap's instructions, not the spills its form removed: 1.117x
     plain = backward.attention_backward_time(16, 16, 16, 4096, 128, True, gpu, "tilecore").time
     capped = backward.attention_backward_time(16, 16, 16, 4096, 128, True, gpu, "tilecore", softcap=True).time
-    assert capped / plain == pytest.approx(measured["softcap 30 gluon bwd tanh.approx"] / measured["no softcap causal N4096"],
-                                           abs=0.05)
+    runs = validate.ROOT / "notes" / "attention" / "runs"
+    for name in ("ht_first_s43a_run1_session43_h200_issue35_bwd.json", "ht_unmasked_s43b_run2_session43_h200_issue35_bwd.json"):
+        row = next(r for r in json.loads((runs / name).read_text())["rows"]
+                   if r["name"] == "softcap30 first causal B16 H16 N4096 D128 bwd")
+        assert capped / plain == pytest.approx(row["unmasked_graph_ms"] / row["plain_graph_ms"], abs=0.06), name
     assert backward.window_density(4096, 128, 64, 4096, 0) == pytest.approx(
         backward.window_density(4096, 128, 64, 10 ** 6, 0))   # a window past N is causal
     assert 0.11 < backward.window_density(32768, 128, 64, 4096, 0) < 0.13
@@ -237,14 +242,15 @@ def test_softcap_keeps_the_order_and_pays_its_instructions():
     # paper's share; what it costs is its tanh (one SFU instruction) and its instructions on the dS link
     # (backward.SOFTCAP_LINK_OPS, from the SASS counts that test_softcap_sass_counts_are_the_shipped_kernels' reads)
     assert backward.kernel_for("tilecore", 128, 4096, True, softcap=True) == backward.kernel_for("tilecore", 128, 4096, True)
-    assert backward.SOFTCAP_LINK_OPS == pytest.approx(2 * (3440 - 3088 - (140 - 76)) / 64)
+    assert backward.SOFTCAP_LINK_OPS == pytest.approx(2 * (3320 - 3088 - (140 - 76)) / 64)
     gpu = validate.lab_gpu()
     plain = backward.attention_backward_time(8, 16, 16, 4096, 128, True, gpu, "tilecore")
     capped = backward.attention_backward_time(8, 16, 16, 4096, 128, True, gpu, "tilecore", softcap=True)
     assert capped.terms["exp exposed"] == pytest.approx(2 * plain.terms["exp exposed"])  # exp and tanh, same share
     assert capped.terms["dS link (ALU)"] == pytest.approx(plain.terms["dS link (ALU)"] * (4 + backward.SOFTCAP_LINK_OPS) / 4)
-    # the shipped cap's measured cost (session 41, B8 H16 D128 N4096 causal, CUDA graphs): 3.442 / 3.107 ms (call 5)
-    # and 3.385 / 3.016 (call 7), 1.108-1.122x; predicted 1.143 (the float16-derivative form's 11.25 ops: 1.159)
+    # the shipped cap's measured cost (session 43, B16 H16 D128 N4096 causal, CUDA graphs, H200): 6.317 / 5.873 ms
+    # (call 1) and 6.330 / 5.932 (call 2), 1.067-1.076x; predicted 1.117 (session 41's form, 9.0 ops: 1.143, measured
+    # 1.108-1.122x; the float16-derivative form's 11.25 ops: 1.159)
     assert 1.10 < capped.time / plain.time < 1.16
 
 

@@ -60,12 +60,11 @@ def gluon_softcap(softcap: float, cfg: dict) -> int:
 
 def gluon_backward_softcap(softcap: float, cfg: dict) -> int:
     """The fixed-length Gluon backward and dq kernels' SOFTCAP: gluon_softcap's, with 3 for its 2 (tanh.approx): the
-    cap's derivative folded into dS (y - y tanh^2, one FFMA, float32) and, in the dK/dV kernel, dP's accumulator
-    starting at -delta (delta's registers free at the products: fewer spills); 1.03x the float16-derivative form 2
-    (which the varlen kernels keep) at D128 causal, fp16 gradients nearer their floor."""
+    cap's derivative in float32, no float16 round trip. The dK/dV kernel: dP's accumulator starting at -delta, y = dP -
+    delta times 1 - tanh^2 before P, dS = P y (delta's, tanh's and lse's registers free at the products: 144 B spilled
+    at D128 causal fused against the float16-derivative form 2's 632, which the varlen kernels keep); the dq kernel:
+    ds - ds tanh^2 by one FFMA. fp16 gradients nearer their floor than form 2's."""
     mode = gluon_softcap(softcap, cfg)
-    if mode == 2 and cfg.get("softcap_derivative_first") == "unmasked":  # candidate (dK/dV kernel): SOFTCAP 5
-        return 5
     return 3 if mode == 2 else mode
 
 

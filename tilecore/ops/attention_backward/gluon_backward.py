@@ -126,8 +126,8 @@ class AttentionBackward:
     KV_REGS: gl.constexpr
     WINDOW: gl.constexpr
     # 0: none; 1: tanh from exp2; 2: tanh.approx.f32 (1 and 2: the cap's derivative in float16, varlen's kernel and the
-    # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta and dS = y - y tanh^2 (the fixed kernel's: compute);
-    # 5 (candidate, config softcap_derivative_first "unmasked"): 3's products, y (1 - tanh^2) before P, dS = P y (compute)
+    # exact tanh); 3: tanh.approx.f32, dP^T's accumulator from -delta, y (1 - tanh^2) before P, dS = P y (the fixed
+    # kernel's: compute)
     SOFTCAP: gl.constexpr
     # without a softcap: dP^T's accumulator from -delta too (SOFTCAP 3 has it always), so dS = P (dP - delta) is
     # one multiply and delta's registers die before the products
@@ -274,9 +274,8 @@ class AttentionBackward:
     def probabilities(self, s_t, lse, start_n, start_m, tile):
         """P^T (keys x queries) from the scores S^T (keys from start_n, queries from start_m) and the
         rows' lse as its columns (natural log; +inf for rows that must get p = 0), and (SOFTCAP 1, 2) the
-        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor, or (3) their tanh^2 in
-        float32, at most 1 (1.0 without a softcap). (``tile``: the varlen kernel's masks read its sequence's
-        lengths there.)"""
+        cap's derivative 1 - tanh^2 of the masked scores in float16, dS's factor (1.0 without a softcap).
+        (``tile``: the varlen kernel's masks read its sequence's lengths there.)"""
         st_layout: gl.constexpr = s_t.type.layout
         if self.SOFTCAP:  # S^T becomes tanh(S^T scale / cap), its base-2 scale cap log2(e), as in the forward
             if self.SOFTCAP >= 2:
@@ -291,9 +290,7 @@ class AttentionBackward:
             s_t = mask_scores(s_t, st_layout, start_m, start_n, self.N, self.Nk, self.CAUSAL, KEY_AXIS=0)
         p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP == 3:  # tanh^2 of the masked tanh, at most 1 (-inf: 1, where p = 0): dS is y - y tanh^2
-            dtanh = gl.minimum(s_t * s_t, 1.0)
-        elif self.SOFTCAP:  # from the masked tanh: -inf gives min(inf, 1): a factor 0, not NaN
+        if self.SOFTCAP:  # from the masked tanh: -inf gives min(inf, 1): a factor 0, not NaN
             # float16 (as measured on the H100; float32 compiles to 12 B fewer spills and no f16 round
             # trip, unmeasured)
             dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
@@ -371,7 +368,7 @@ class AttentionBackward:
             v_c = ctx.operand.index(1).reshape([2 * BN, D]).slice(c * BN, BN)
 
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
-        FROM_DELTA: gl.constexpr = self.SOFTCAP >= 3 or (self.SOFTCAP == 0 and self.DP_FROM_DELTA)
+        FROM_DELTA: gl.constexpr = self.SOFTCAP == 3 or (self.SOFTCAP == 0 and self.DP_FROM_DELTA)
         if FROM_DELTA:  # dP^T's accumulator starts at -delta: the product is dP - delta and delta's registers
             # are free before the products, where S^T, dP^T, dK and dV hold 192 (D128 fused: 632 -> 476 B spilled)
             minus_delta = zeros - gl.expand_dims(stat_columns(stage.stats, 1, st_layout), 0)
@@ -380,9 +377,9 @@ class AttentionBackward:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), minus_delta, use_acc=True, is_async=True)
         else:
             dp_tok = warpgroup_mma(v_c, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        if self.SOFTCAP == 5:  # candidate: the cap's derivative into dP - delta before P, y (1 - tanh^2) of the unmasked
-            # tanh (finite: no min) zeroed where masked (masked_with), then dS = P y: tanh's registers die into P and lse
-            # is read only then (D128 causal fused: 476 -> 144 B spilled, 3440 -> 3320 SASS)
+        if self.SOFTCAP == 3:  # the cap's derivative into y = dP - delta before P: y (1 - tanh^2) of the unmasked tanh
+            # (finite: no min), zeroed where masked (masked_with), then dS = P y by one multiply; tanh's registers die into
+            # P and lse is read only then (D128 causal fused: 476 -> 144 B spilled, 3440 -> 3320 SASS; notes/attention)
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             t_t = tanh_approx(s_t * self.tanh_scale)
             y_t = y_t - y_t * (t_t * t_t)
@@ -391,12 +388,7 @@ class AttentionBackward:
             ds_t = p_t * y_t
         else:
             lse_cols = stat_columns(stage.stats, 0, st_layout)
-            if self.SOFTCAP == 3:  # dS = y - y tanh^2, y = P (dP - delta): one FFMA an element for the cap's derivative
-                s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-                p_t, tanh2 = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
-                y_t = p_t * y_t
-                ds_t = y_t - y_t * tanh2
-            elif self.SOFTCAP:
+            if self.SOFTCAP:
                 # both products first, then the softmax: the cap's derivative (float16, 16 registers a
                 # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
