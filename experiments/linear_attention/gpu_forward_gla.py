@@ -44,8 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_gla  # noqa: E402  (its inputs: the GLA forward's cases since session 29)
 
 DEV = "cpu" if SMOKE else "cuda"
-# gluon_gla_forward's FORM bits timed and checked (0: the shipped form; EARLY_S 2)
-FORMS = (0, 2)
 
 
 def make(B, N, H, Dk, Dv, *, h0=True, **kw):
@@ -70,29 +68,26 @@ def state_error(ht, ref_s, dtype) -> float:
     return round(accuracy.rel_rms(ht.detach().double(), ref_s) / accuracy.rounding_floor(ref_s, dtype), 3)
 
 
-def check_case(run: Run, name: str, t: dict, expect_flags: str, with_tl: bool = False, forms=()):
-    """launch.forward's Gluon path (and the tl forward's, ``with_tl``) against float64; the kernel alone by each FORM
-    of ``forms`` where it flags no head (its flagged heads counted either way)."""
+def check_case(run: Run, name: str, t: dict, expect_flags: str, with_tl: bool = False, alone: bool = False):
+    """launch.forward's Gluon path (and the tl forward's, ``with_tl``) against float64; the kernel alone too
+    (``alone``) where it flags no head (its flagged heads counted either way)."""
     ref_o, ref_s = linear_attention_reference(t["q"], t["k"], t["v"], decay=t["g"], scale=t["scale"],
                                               initial_state=t["h0"])
     ref_s = ref_s.to(t["v"].device)
     fits = gluon_gla_forward.fits(t["q"], t["k"], t["v"], t["g"], 0)
-    runs = []
-    for label, gla in (("gluon", True), ("tl", False)) if with_tl else (("gluon", True),):
-        runs.append((label, lambda gla=gla: forward(plan_of(t, gla), t), None))
+    runs = [(label, lambda gla=gla: forward(plan_of(t, gla), t), False)
+            for label, gla in ((("gluon", True), ("tl", False)) if with_tl else (("gluon", True),))]
     if fits is None:
-        for f in forms or (None,):
-            def alone(f=f):
-                o, ht, redo = gluon_gla_forward.forward(t["q"], t["k"], t["v"], t["g"], t["h0"], t["scale"], True,
-                                                        form=f)
-                return o, ht, f"{int(redo.sum().item())}/{redo.numel()}"
-            runs.append((f"kernel f{f}" if f is not None else "kernel flags", alone, True))
-    for label, fn, alone in runs:
+        def kernel():
+            o, ht, redo = gluon_gla_forward.forward(t["q"], t["k"], t["v"], t["g"], t["h0"], t["scale"], True)
+            return o, ht, f"{int(redo.sum().item())}/{redo.numel()}"
+        runs.append(("kernel" if alone else "kernel flags", kernel, True))
+    for label, fn, is_kernel in runs:
         out = fn()
         sync()
         o, ht = out[0], out[1]
-        flagged = out[2] if alone else None
-        if alone and (not forms or not flagged.startswith("0/")):  # flags only (its flagged heads are not written)
+        flagged = out[2] if is_kernel else None
+        if is_kernel and (not alone or not flagged.startswith("0/")):  # flags only (flagged heads are not written)
             run.row(f"{name} {label}", flagged=flagged, expect_flags=expect_flags)
             continue
         co, cs = check(o, ref_o), check(ht, ref_s, tol=float("inf"))
@@ -129,9 +124,7 @@ def time_case(run: Run, rounds: int):
     p_tl, p_gla = plan_of(t, False), plan_of(t, True)
     fns = {"tl": lambda: forward(p_tl, t), "gluon": lambda: forward(p_gla, t)}
     if gluon_gla_forward.fits(t["q"], t["k"], t["v"], t["g"], 0) is None:
-        for form in FORMS:  # the kernel alone by its FORM bits
-            fns[f"kernel_f{form}"] = (lambda f: lambda: gluon_gla_forward.forward(
-                t["q"], t["k"], t["v"], t["g"], t["h0"], t["scale"], True, form=f))(form)
+        fns["kernel"] = lambda: gluon_gla_forward.forward(t["q"], t["k"], t["v"], t["g"], t["h0"], t["scale"], True)
     fns["copy"] = lambda: dst.copy_(src)
     for f in fns.values():  # compiled and run once eagerly before any graph capture
         f()
@@ -140,7 +133,7 @@ def time_case(run: Run, rounds: int):
     row = dict(bytes=nbytes, **{k: v for k, v in res.items() if not k.endswith("_rounds")})
     key = "_graph_ms" if not SMOKE else "_ms"
     copy = res.get("copy" + key)
-    for n in ("tl", "gluon", *(f"kernel_f{f}" for f in FORMS)):
+    for n in ("tl", "gluon", "kernel"):
         ms = res.get(n + key)
         if ms and copy:
             row[f"{n}_pct_of_copy"] = round(100 * copy / ms, 1)
@@ -162,28 +155,28 @@ def main():
     small = SMOKE  # (the interpreter: a few chunks a case)
     run.attempt("time", time_case, run, args.rounds)
     if not args.skip_checks:  # by importance, while the deadline allows (each new specialization compiles)
-        cases = [  # (name, shape, make's options, flags expected, with the tl forward, the kernel's FORMs alone)
-            ("bf16 weak N4096", dict(B=2, N=256 if small else 4096, H=4, Dk=128, Dv=128), {}, "none", True, FORMS),
+        cases = [  # (name, shape, make's options, flags expected, with the tl forward, the kernel alone checked too)
+            ("bf16 weak N4096", dict(B=2, N=256 if small else 4096, H=4, Dk=128, Dv=128), {}, "none", True, True),
             ("bf16 strong+reset N1000", dict(B=1, N=100 if small else 1000, H=4, Dk=128, Dv=128),
-             dict(decay=6.0, reset=True), "all", False, ()),
-            ("bf16 weak N1000", dict(B=2, N=100 if small else 1000, H=4, Dk=128, Dv=128), {}, "none", False, ()),
+             dict(decay=6.0, reset=True), "all", False, False),
+            ("bf16 weak N1000", dict(B=2, N=100 if small else 1000, H=4, Dk=128, Dv=128), {}, "none", False, False),
             ("bf16 span~83 (2^41 factors) N1000", dict(B=1, N=100 if small else 1000, H=4, Dk=128, Dv=128),
-             dict(per_token=0.9), "none", False, ()),
+             dict(per_token=0.9), "none", False, False),
             ("fp16 N1000 decay 0.1", dict(B=2, N=100 if small else 1000, H=4, Dk=128, Dv=128),
-             dict(dtype=torch.float16, decay=0.1), "none", False, FORMS),
-            ("bf16 d64 N1000", dict(B=2, N=77 if small else 1000, H=4, Dk=64, Dv=128), {}, "none", False, FORMS),
+             dict(dtype=torch.float16, decay=0.1), "none", False, True),
+            ("bf16 d64 N1000", dict(B=2, N=77 if small else 1000, H=4, Dk=64, Dv=128), {}, "none", False, True),
             ("bf16 d128 v256 N1000", dict(B=1, N=70 if small else 1000, H=3, Dk=128, Dv=256), {}, "none", False,
-             ()),
+             False),
             ("fp16 N1000 decay 0.3 (some wide)", dict(B=2, N=100 if small else 1000, H=4, Dk=128, Dv=128),
-             dict(dtype=torch.float16, decay=0.3), "some", False, ()),
+             dict(dtype=torch.float16, decay=0.3), "some", False, False),
             ("bf16 no h0 N4097", dict(B=1, N=130 if small else 4097, H=2, Dk=128, Dv=128), dict(h0=False), "none",
-             False, ()),
+             False, False),
         ]
-        for name, shape, kw, expect, with_tl, forms in cases:
+        for name, shape, kw, expect, with_tl, alone in cases:
             if run.left() < 10:
                 run.row(f"{name} skipped", note=f"past the deadline ({run.elapsed():.0f} s)")
                 continue
-            run.attempt(name, check_case, run, name, make(**shape, **kw), expect, with_tl, forms)
+            run.attempt(name, check_case, run, name, make(**shape, **kw), expect, with_tl, alone)
         if run.left() >= 10:  # grouped q/k heads: head h reads q/k head h // 2 (views of the first two heads)
             t = make(1, 77 if small else 1000, 4, 128, 128)
             t["q"], t["k"] = t["q"][:, :, :2], t["k"][:, :, :2]
@@ -191,8 +184,8 @@ def main():
         if run.left() >= 10:
             run.attempt("public op", check_public, run)
     run.finish(["name", "pass_", "err_o", "err_state", "written", "flagged", "expect_flags", "tl_graph_ms",
-                "gluon_graph_ms", *(f"kernel_f{f}_graph_ms" for f in FORMS), "copy_graph_ms", "gluon_x_tl",
-                "gluon_pct_of_copy", *(f"kernel_f{f}_pct_of_copy" for f in FORMS), "tl_ms", "gluon_ms"])
+                "gluon_graph_ms", "kernel_graph_ms", "copy_graph_ms", "gluon_x_tl", "gluon_pct_of_copy",
+                "kernel_pct_of_copy", "tl_ms", "gluon_ms", "kernel_ms"])
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
 # Dk 128 with float32 g: 3 do not fit)
 GLUON_GLA = True
 GLUON_GLA_STAGES = 2
-GLUON_GLA_FORM = 0  # gluon_gla_forward's FORM bits (EARLY_S 2: 1.025x in graphs, 0.986x eagerly in call 2)
 # Hedgehog's one-pass map where no gradient is recorded: checked, the forward 0.613 ms against 2.740 (decision 90)
 HEDGEHOG_FUSED_MAP = True
 # the same under autograd (op._HedgehogMap, hedgehog_map_backward): checked, fwd+bwd 3.26 ms against torch's map's

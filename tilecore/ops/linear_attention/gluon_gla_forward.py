@@ -45,9 +45,6 @@ BV_GLA = 64  # value columns a consumer
 # bf16: 2^48 keeps |q| 2^48 far inside bf16's float32 exponent range; fp16: 2^5.5 keeps |q| 2^5.5 below 65504 for
 # |q| < 1400 and |k| 2^-5.5 a normal fp16 for |k| > 3e-3 (kernels_tl._factor_span's reasoning, in log2 units)
 SPAN_LIMIT = {torch.bfloat16: 96.0, torch.float16: 11.0}
-# FORM bits (configs.GLUON_GLA_FORM): EARLY_S, the state update issued with the first wgmmas (o's inter-chunk term
-# and P^T), not after P^T
-EARLY_S = gl.constexpr(2)
 LOG_DECAY_FLOOR = gl.constexpr(LOG_DECAY_FLOOR_HOST)
 LOG2E_K = gl.constexpr(LOG2E)
 
@@ -99,7 +96,6 @@ class GlaForward:
     STAGES: gl.constexpr
     HAS_H0: gl.constexpr
     STORE_HT: gl.constexpr
-    FORM: gl.constexpr
     SLH: gl.constexpr  # [BT, BT / 2]: a consumer's half of P^T
     SL: gl.constexpr  # [BT, BT] scores and [BV, BT] outputs (BT == BV): one wgmma layout
     STL: gl.constexpr  # [BV, BK] the state S^T
@@ -202,11 +198,7 @@ class GlaForward:
         # this consumer's queries: its half of P^T's columns (the pair's P^T made once, not by both in full)
         p_tok = warpgroup_mma(k_s, q_s.slice(c * HALF, HALF, dim=0).permute((1, 0)),
                               gl.zeros([self.BT, HALF], gl.float32, self.SLH), use_acc=False, is_async=True)
-        if self.FORM & EARLY_S:  # the update (it reads no P^T) issued with them, under P^T's mask and store
-            S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
-            o, pT = warpgroup_mma_wait(1, deps=(o_tok, p_tok))
-        else:
-            o, pT = warpgroup_mma_wait(0, deps=(o_tok, p_tok))
+        o, pT = warpgroup_mma_wait(0, deps=(o_tok, p_tok))
         offs_j = gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SLH))
         offs_i = c * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, self.SLH))
         causal = gl.expand_dims(offs_j, 1) <= gl.expand_dims(offs_i, 0)
@@ -220,18 +212,14 @@ class GlaForward:
         mbarrier.wait(self.pready.index(ctx.ring_step % 2), (ctx.ring_step // 2) & 1)
         o = o * self.scale
         o_tok = warpgroup_mma(vT, p_smem, o, is_async=True)
-        if self.FORM & EARLY_S:
-            o, S = warpgroup_mma_wait(0, deps=(o_tok, S_tok))
-        else:
-            S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
-            o = warpgroup_mma_wait(1, deps=(o_tok,))
+        S_tok = warpgroup_mma(vT, k_s, Sx, is_async=True)
+        o = warpgroup_mma_wait(1, deps=(o_tok,))
         # o^T to the output's block through shared memory (a transposed view), one TMA store (rows past N clipped)
         tma.store_wait(0)
         ctx.out.reshape([self.BT, self.BV]).permute((1, 0)).store(o.to(self.o_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(self.o_desc, [tile.b, h, t0, col], ctx.out)
-        if not self.FORM & EARLY_S:
-            S = warpgroup_mma_wait(0, deps=(S_tok,))
+        S = warpgroup_mma_wait(0, deps=(S_tok,))
         return GlaWalk(S * gl.expand_dims(em, 0))
 
     @gluon.jit
@@ -250,7 +238,7 @@ def _add(a, b):
 def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s0b, s0h, s0f: gl.constexpr,
                          s0v: gl.constexpr, stb, sth, stf: gl.constexpr, stv: gl.constexpr, N, H, VB, GROUP, scale,
                          num_tiles, span_limit: gl.constexpr, STAGES: gl.constexpr, HAS_H0: gl.constexpr,
-                         STORE_HT: gl.constexpr, FORM: gl.constexpr = 0):
+                         STORE_HT: gl.constexpr):
     """o (and the final states) of every unit of (batch, head, 64 value columns) under a per-channel decay; a
     persistent grid, two consumer warpgroups (num_warps = 4) and a producer warp. The states' feature and value
     strides are constants (S^T's offsets then immediates: read at run time they are loop-invariant, hoisted out of
@@ -277,7 +265,7 @@ def gla_fwd_gluon_kernel(q_desc, k_desc, g_desc, v_desc, o_desc, H0, HT, REDO, s
         mbarrier.init(pready.index(s), count=2)
     op = GlaForward(q_desc, k_desc, g_desc, v_desc, o_desc, N, H, VB, GROUP, scale, REDO, H0, s0b, s0h, s0f, s0v, HT,
                     stb, sth, stf, stv, p_smem, built, pready, span_limit, BT, BK, BV, STAGES, HAS_H0, STORE_HT,
-                    FORM, wgmma_layout(BT, BT // 2, NW), SL,
+                    wgmma_layout(BT, BT // 2, NW), SL,
                     wgmma_layout(BV, BK, NW), wgmma_lhs_layout(BV, BK, NW), wgmma_lhs_layout(BV, BT, NW), GLY)
     stages = GlaChunk(ring(q_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(v_desc, STAGES),
                       ring(v_desc, STAGES))
@@ -317,10 +305,9 @@ def fits(q, k, v, g, feature: int, beta=None, z=None, d_skip=None) -> str | None
     return None
 
 
-def launch_args(q, k, v, g, h0, o, ht, redo, scale: float, stages: int = 2, *, operand=None, form: int | None = None):
+def launch_args(q, k, v, g, h0, o, ht, redo, scale: float, stages: int = 2, *, operand=None):
     """(grid, arguments by name, num_warps) of gla_fwd_gluon_kernel; o a contiguous (B, N, H, Dv) output, redo a
-    zeroed int32 (B * H); ``form``: the FORM bits (None: configs.GLUON_GLA_FORM)."""
-    from tilecore.ops.linear_attention import configs
+    zeroed int32 (B * H)."""
     from tilecore.tiles.launch import gluon_descriptor
     from tilecore.tiles.schedule import persistent_programs
 
@@ -339,21 +326,18 @@ def launch_args(q, k, v, g, h0, o, ht, redo, scale: float, stages: int = 2, *, o
                 H0=h0 if h0 is not None else dummy, HT=ht if ht is not None else dummy, REDO=redo,
                 s0b=s0[0], s0h=s0[1], s0f=s0[2], s0v=s0[3], stb=sht[0], sth=sht[1], stf=sht[2], stv=sht[3],
                 N=N, H=H, VB=VB, GROUP=H // q.shape[2], scale=scale, num_tiles=num_tiles,
-                span_limit=SPAN_LIMIT[q.dtype], STAGES=stages, HAS_H0=h0 is not None, STORE_HT=ht is not None,
-                FORM=configs.GLUON_GLA_FORM if form is None else form)
+                span_limit=SPAN_LIMIT[q.dtype], STAGES=stages, HAS_H0=h0 is not None, STORE_HT=ht is not None)
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
-def forward(q, k, v, g, h0, scale: float, final_state: bool, stages: int = 2, *, redo_tl=None,
-            form: int | None = None):
+def forward(q, k, v, g, h0, scale: float, final_state: bool, stages: int = 2, *, redo_tl=None):
     """(o, final state or None, redo flags) by the Gluon kernel (``fits`` must have said None). ``redo_tl(o, ht,
-    redo)``: the tl kernel over the flagged heads (launch.forward passes it; None: the flags are returned unread).
-    ``form``: launch_args's."""
+    redo)``: the tl kernel over the flagged heads (launch.forward passes it; None: the flags are returned unread)."""
     B, N, H, Dv = v.shape
     o = torch.empty(B, N, H, Dv, dtype=v.dtype, device=v.device)
     ht = empty_state(B, H, q.shape[-1], Dv, v.device, False) if final_state else None
     redo = torch.zeros(B * H, dtype=torch.int32, device=v.device)
-    grid, args, warps = launch_args(q, k, v, g, h0, o, ht, redo, scale, stages, form=form)
+    grid, args, warps = launch_args(q, k, v, g, h0, o, ht, redo, scale, stages)
     gla_fwd_gluon_kernel[grid](**args, num_warps=warps)
     if redo_tl is not None:
         redo_tl(o, ht, redo)
@@ -361,7 +345,7 @@ def forward(q, k, v, g, h0, scale: float, final_state: bool, stages: int = 2, *,
 
 
 def compile_report(Dk: int = 128, dtype=torch.bfloat16, states: bool = True, stages: int = 2,
-                   compiled_out: list | None = None, form: int | None = None) -> dict:
+                   compiled_out: list | None = None) -> dict:
     """Compile the kernel for sm_90a as ``forward`` launches it (B2 H16 N4096, Dv 128, float32 g) and return its
     resources and Hopper instructions. TRITON_INTERPRET must be unset."""
     from tilecore.tiles.compile import compile_kernel, has_hopper_instructions, resources
@@ -373,7 +357,7 @@ def compile_report(Dk: int = 128, dtype=torch.bfloat16, states: bool = True, sta
     h0, ht = ((empty_state(B, H, Dk, Dv, "cpu", False), empty_state(B, H, Dk, Dv, "cpu", False)) if states
               else (None, None))
     redo = torch.zeros(B * H, dtype=torch.int32)
-    grid, args, warps = launch_args(q, q, v, g, h0, torch.empty_like(v), ht, redo, 1.0, stages, form=form)
+    grid, args, warps = launch_args(q, q, v, g, h0, torch.empty_like(v), ht, redo, 1.0, stages)
     compiled = compile_kernel(gla_fwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
