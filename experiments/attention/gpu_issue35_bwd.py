@@ -11,7 +11,8 @@ window's balanced tile schedule (1.031x, 1.003x, 0.956x in three calls), a consu
 steps (0.958x). Session 41 (helper HT) timed the cap's derivative folded into dS (y - y tanh^2, float32) alone
 (calls 1, 3, 5: 1.020 / 1.009 / 0.978x at causal N4096; removed) and with dP's wgmma accumulating from -delta
 (call 5: 1.034x, shipped as the fixed kernels' SOFTCAP 3); the phases that timed them are at 7604ad14. Session 43 (HT):
-phase first times SOFTCAP 4 (the derivative before P) against SOFTCAP 3 and the plain backward at B16 H16 N4096.
+phase first timed SOFTCAP 4 and 5 (the derivative before P) against SOFTCAP 3 and the plain backward at B16 H16 N4096;
+5 shipped as SOFTCAP 3 (phase first now times the shipped softcap against the plain backward, at N:D cases).
 
 Phases (run in the order given, each where its time is left; checks against float64 into NaN-poisoned dq / dk / dv;
 GPU time from CUDA graphs in interleaved rounds):
@@ -25,9 +26,8 @@ GPU time from CUDA graphs in interleaved rounds):
   delta:    the plain backward with dP's accumulator from -delta (config dp_from_delta) against the shipped config,
             D128 causal N4096 / N2048, full N4096; softcap 30 beside causal N4096
   dchecks:  that variant and the shipped config against float64: causal N4048 bf16 / fp16, causal GQA N2000, full
-  first:    the softcap's derivative into dP - delta before P (config softcap_derivative_first "unmasked") against
-            the shipped softcap kernel and the plain backward, B16 H16 N4096 D128 causal and full
-  fchecks, fchecks2, fchecks64: that candidate and the shipped softcap against float64 (see checks_first)
+  first:    the shipped softcap backward against the plain backward, B16 H16 N4096 causal and full (N:D cases)
+  fchecks, fchecks2, fchecks64: the shipped softcap against float64 (see checks_first)
   nan:      both softcap forms with NaN q / k rows, causal and a window, against float64 and each other's NaN pattern
   capture:  a causal forward planned inside a patched block entered on every call, from CUDA graphs, against the same
             call unpatched (the patched + graph artefact: see phase_capture)
@@ -202,11 +202,10 @@ def checks_delta(run):
 
 
 def phase_first(run, rounds, cases="4096c,4096f", batch=16):
-    """The softcap backward with its derivative taken into dP - delta before P ("unmasked": config
-    softcap_derivative_first "unmasked", the dK/dV kernel's SOFTCAP 5: y (1 - tanh^2) of the unmasked tanh, zeroed
-    where masked, dS = P y, lse read late; fewer spills) against the shipped softcap kernel (SOFTCAP 3) and the plain
-    backward (no softcap, the shipped config), B16 H16 D128 bf16, causal (dQ fused) and full (lagged) at N4096. (Call 1
-    of session 43 also timed SOFTCAP 4, the same order with min(tanh^2, 1) of the masked tanh: 0.990x / 1.032x.)"""
+    """The shipped softcap backward (SOFTCAP 3: the cap's derivative into dP - delta before P, since session 43)
+    against the plain backward (no softcap, the shipped config), B16 H16 bf16 at N4096, causal (dQ fused) and full
+    (lagged) by default. Session 43's calls 1-3 timed the forms before it here (SOFTCAP 4: 0.990x / 1.032x the
+    session-41 kernel; 5, shipped: 1.025-1.036x causal, 1.056-1.093x full); the phases that did are at cd4c5e4e."""
     h = 16
     for case in cases.split(","):  # N, c (causal) / f (full), optionally :D (128)
         shape, _, dim = case.partition(":")
@@ -215,36 +214,31 @@ def phase_first(run, rounds, cases="4096c,4096f", batch=16):
         out0, lse0 = forward(q, k, v, causal, (-1, -1), 0.0)
         out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
         fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0],
-               "softcap": backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP)[0],
-               "unmasked": backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP, **FIRST)[0]}
+               "softcap": backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP)[0]}
         for f in fns.values():
             f()
         torch.cuda.synchronize()
         t, row = graph_rounds(run, fns, rounds)
         if all(t.get(f"{x}_graph_ms") for x in fns):
             row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
-            row["unmasked_speedup"] = t["softcap_graph_ms"] / t["unmasked_graph_ms"]
-            row["unmasked_of_plain"] = t["plain_graph_ms"] / t["unmasked_graph_ms"]
-        run.row(f"softcap{CAP:g} first {'causal' if causal else 'full'} B{batch} H{h} N{n} D{d} bwd", kind="time", **row)
+        run.row(f"softcap{CAP:g} {'causal' if causal else 'full'} B{batch} H{h} N{n} D{d} bwd", kind="time", **row)
         del q, k, v, dout, out0, lse0, out1, lse1, fns
         torch.cuda.empty_cache()
 
-
-FIRST = dict(softcap_derivative_first="unmasked")
 
 
 def checks_nan(run):
     """NaN inputs through the softcap backward, causal (rows and keys masked on the diagonal blocks), B1 H4 N1024 bf16:
     q row 100 of head 0 and k row 500 of head 1 NaN; a window (200, 0) in heads 2, 3 with q row 300 and k row 40 NaN.
-    Each form against float64 (check's nonfinite_ok: NaN where the reference has NaN, finite where it is finite) and its
-    NaN pattern against the shipped form's."""
+    Against float64 (check's nonfinite_ok: NaN where the reference has NaN, finite where it is finite; session 43's
+    call 2: neither softcap form matched it, both the same NaN pattern)."""
     for window in ((-1, -1), (200, 0)):
         q, k, v, dout = inputs(1, 4, 4, 1024, 128, torch.bfloat16, seed=7)
         q[0, 0, 100], k[0, 1, 500], q[0, 2, 300], k[0, 3, 40] = (float("nan"),) * 4
         ref = reference_grads(q, k, v, dout, True, window, CAP)
         out, lse = forward(q, k, v, True, window, CAP)
         nan = {}
-        for label, overrides in {"shipped": {}, "unmasked": FIRST}.items():
+        for label, overrides in {"shipped": {}}.items():
             fn, grads, _ = backward_fn(q, k, v, dout, out, lse, True, window, CAP, **overrides)
             fn()
             torch.cuda.synchronize()
@@ -261,28 +255,28 @@ def checks_nan(run):
 
 
 def checks_first(run, which="a"):
-    """The candidate of phase first and the shipped softcap kernel against float64 (softcap 30): "a" causal N4048 with
+    """The shipped softcap kernel against float64 (softcap 30): "a" causal N4048 with
     dQ fused (bf16, fp16) and full N4048 (lagged, bf16); "b" causal N2000 (the dq kernel's dQ), full N4048 fp16, window
     (1008, 0) + softcap GQA 16/4 N4048; "d64" D64 causal N4048 (bf16, fp16) and window (1008, 0) + softcap."""
     if which == "a":
         for dtype in (torch.bfloat16, torch.float16):
             check_case(run, "softcap30 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
-                       {"fused": dict(dq_from="fused"), "unmasked fused": dict(FIRST, dq_from="fused")})
+                       {"fused": dict(dq_from="fused")})
         check_case(run, "softcap30 full N4048", 1, 16, 16, 4048, False, (-1, -1), CAP, torch.bfloat16,
-                   {"shipped": {}, "unmasked": FIRST})
+                   {"shipped": {}})
     elif which == "d64":  # D64: dQ from its warpgroup (DQ 4)
         for dtype in (torch.bfloat16, torch.float16):
             check_case(run, "softcap30 D64 causal N4048", 1, 16, 16, 4048, True, (-1, -1), CAP, dtype,
-                       {"shipped": {}, "unmasked": FIRST}, d=64)
+                       {"shipped": {}}, d=64)
         check_case(run, "window (1008,0)+softcap D64 N4048", 1, 16, 16, 4048, True, (1008, 0), CAP, torch.bfloat16,
-                   {"shipped": {}, "unmasked": FIRST}, d=64)
+                   {"shipped": {}}, d=64)
     else:
         check_case(run, "softcap30 causal N2000", 2, 16, 16, 2000, True, (-1, -1), CAP, torch.bfloat16,
-                   {"shipped": {}, "unmasked": FIRST})
+                   {"shipped": {}})
         check_case(run, "softcap30 full N4048", 1, 16, 16, 4048, False, (-1, -1), CAP, torch.float16,
-                   {"shipped": {}, "unmasked": FIRST})
+                   {"shipped": {}})
         check_case(run, "window (1008,0)+softcap GQA 16/4 N4048", 1, 16, 4, 4048, True, (1008, 0), CAP,
-                   torch.bfloat16, {"shipped": {}, "unmasked": FIRST})
+                   torch.bfloat16, {"shipped": {}})
 
 
 def phase_capture(run, rounds):
@@ -445,8 +439,7 @@ def main():
             run.say(f"skipped {name}: {run.left():.0f} s left")
     run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "nan_as_shipped", "dq_nonfinite_ok", "dk_nonfinite_ok", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
                 "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "plain_graph_ms", "delta_graph_ms", "delta_speedup",
-                "softcap_of_plain", "softcap_of_delta", "unmasked_graph_ms", "unmasked_speedup",
-                "unmasked_of_plain",
+                "softcap_of_plain", "softcap_of_delta",
                 "unpatched_graph_ms", "patched_graph_ms", "patched_over_unpatched", "long_fused_over_split_graph",
                 "long_fused_over_split", "all_fused_over_split_graph", "all_fused_over_split"])
 

@@ -11,7 +11,7 @@ step loop, each consumer's copy; a masked path counted once); the JSON has every
 
 ``--softcap MODES``: the D128 causal fixed backward (the shipped config: dQ fused) and the D128 causal dq kernel, each
 with those SOFTCAP modes (0 none; 2 tanh.approx with the float16 derivative, the varlen kernels' form; 3 the fixed
-kernels' since session 41: dS = y - y tanh^2, and dP from -delta in the dK/dV kernel), compiled by the bench report's
+kernels' (dK/dV: dP from -delta and, since session 43, y (1 - tanh^2) before P, dS = P y; dq: ds - ds tanh^2)), compiled by the bench report's
 helpers (the launchers' arguments); their PTX goes to a temporary folder. Session 41's figures (2 against 3 and the
 fold alone, at 786987fb): notes/attention/runs/step_sass_softcap_session41.json.
 """
