@@ -30,7 +30,7 @@ def test_the_table_takes_it_only_where_ruled_and_where_it_fits(hopper):
     q, k, v = tensors()
     tl_cfg = configs.decode_config(128, False)
     assert "kernel" not in plan.decode_plan(q, k, tl_cfg, None, v, hopper).config  # (no head dim ruled yet)
-    with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128)):
+    with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128), DECODE_GLUON_ONE_WAVE=True):
         p = plan.decode_plan(q, k, tl_cfg, None, v, hopper)
         assert p.config["kernel"] == "gluon" and p.config["BLOCK_M"] == configs.DECODE_GLUON_SMALL_ROWS  # 4 rows
         tiles = p.grid[0] * p.grid[1] * p.grid[2]
@@ -51,7 +51,7 @@ def test_the_table_takes_it_only_where_ruled_and_where_it_fits(hopper):
 def test_attention_plan_hands_it_the_table_and_a_forced_config(hopper, monkeypatch):
     monkeypatch.setattr(dispatch, "interpreted", lambda device: False)  # (the table's GPU row, planned on 132 SMs)
     monkeypatch.setattr(attention_plan, "grid_sms", lambda device: hopper)
-    q, k, v = tensors(b=64, nk=4096)
+    q, k, v = tensors(b=64, nk=1024)
     with switches.patched(configs, DECODE_GLUON_DEFAULT=(128,)):
         p = attention_plan.plan_forward(q, k, v, False, 0.1, path="decode")
         assert p.config["kernel"] == "gluon" and p.grid == (512, 1, 1) and p.config["PROGRAMS"] == 132
@@ -63,6 +63,21 @@ def test_attention_plan_hands_it_the_table_and_a_forced_config(hopper, monkeypat
         attention_plan.plan_forward(*tensors(d=96), False, 0.1, path="decode", config=configs.decode_gluon_config(128))
     with pytest.raises(ValueError, match="kernel 'gluon' or 'tl'"):
         attention_plan.plan_forward(q, k, v, False, 0.1, path="decode", config=dict(kernel="cuda", BLOCK_N=64))
+
+
+@pytest.mark.parametrize("b, nk, one_wave, kernel", [
+    (64, 1024, False, "gluon"),  # several tiles a program, 1024 keys each: the persistent ring (1.058-1.063x)
+    (64, 4096, False, "tl"),  # several long tiles a program (0.984-0.994x)
+    (64, 16384, True, "tl"),
+    (1, 4096, False, "tl"), (16, 1024, False, "tl"),  # one wave: as DECODE_GLUON_ONE_WAVE says
+    (1, 4096, True, "gluon"), (16, 16384, True, "gluon")])
+def test_the_table_rule(hopper, b, nk, one_wave, kernel):
+    q, k, v = tensors(b=b, nk=nk)
+    with switches.patched(configs, DECODE_GLUON_DEFAULT=(128,), DECODE_GLUON_ONE_WAVE=one_wave):
+        p = plan.decode_plan(q, k, configs.decode_config(128, False), None, v, hopper)
+    assert p.config.get("kernel", "tl") == kernel
+    with switches.patched(configs, DECODE_GLUON_DEFAULT=(64,), DECODE_GLUON_ONE_WAVE=one_wave):  # D128 not ruled
+        assert "kernel" not in plan.decode_plan(q, k, configs.decode_config(128, False), None, v, hopper).config
 
 
 @pytest.mark.parametrize("hq, n, cfg, rows", [(32, 1, {}, 16), (32, 4, {}, 16), (32, 5, {}, 64), (64, 8, {}, 64),
@@ -117,9 +132,7 @@ for d, dtype, causal, window, softcap, splits, rows, cfg in [
         (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, None), (128, torch.float16, True, (-1, -1), 0.0, 1, 16, None),
         (64, torch.bfloat16, False, (200, 0), 0.0, 4, 16, None), (128, torch.bfloat16, False, (-1, -1), 30.0, 2, 16, None),
         (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 64, None), (64, torch.float16, True, (-1, -1), 0.0, 1, 64, None),
-        (128, torch.bfloat16, False, (-1, -1), 0.0, 4, 16, dict(kernel="gluon", BLOCK_N=64, STAGES=4)),
-        (128, torch.bfloat16, True, (-1, -1), 0.0, 4, 16, dict(kernel="gluon", BLOCK_N=128, STAGES=3, KV_STEPS=True)),
-        (64, torch.float16, False, (-1, -1), 0.0, 1, 64, dict(kernel="gluon", BLOCK_N=128, STAGES=4, KV_STEPS=True))]:
+        (128, torch.bfloat16, False, (-1, -1), 0.0, 1, 16, dict(kernel="gluon", BLOCK_N=64, STAGES=6))]:
     q, k = torch.empty(2, 32, 4, d, dtype=dtype), torch.empty(2, 8, 1000, d, dtype=dtype)
     cfg = dict(cfg or configs.decode_gluon_config(d), BLOCK_M=rows, PROGRAMS=132)
     plan = Plan("decode", cfg, (16, splits, 1), sizes=dict(keys_per_split=256))
@@ -129,8 +142,7 @@ for d, dtype, causal, window, softcap, splits, rows, cfg in [
     bound = dict(zip(names, [jit_arg(a) for a in args]), **options)
     num_warps = bound.pop("num_warps")
     compiled = compile_kernel(attention_decode_kernel, bound, num_warps=num_warps)
-    name = f"D{d} {str(dtype)[6:]} rows{rows} BN{cfg['BLOCK_N']} S{cfg['STAGES']} splits{splits}" + (
-        " kv_steps" if cfg.get("KV_STEPS") else "") + (" causal" if causal else "") + (
+    name = f"D{d} {str(dtype)[6:]} rows{rows} BN{cfg['BLOCK_N']} S{cfg['STAGES']} splits{splits}" + (" causal" if causal else "") + (
         " window" if window != (-1, -1) else "") + (" softcap" if softcap else "")
     ptx = compiled.asm["ptx"]
     out[name] = dict(**vars(resources(compiled)), **has_hopper_instructions(ptx), mma_sync="mma.sync" in ptx)
@@ -140,7 +152,7 @@ print(json.dumps(out))
 
 def test_the_kernel_compiles_for_sm90a_from_the_launch_arguments(compiled_json):
     rows = compiled_json(_COMPILE)
-    assert len(rows) == 9
+    assert len(rows) == 7
     for name, row in rows.items():
         assert row["tma"] and row["mbarrier"] and not row["wgmma_serialized"], (name, row)
         # 64 rows: S = Q K^T and P V by wgmma; 16: by mma.sync (the operands loaded from the ring's stage)

@@ -50,7 +50,13 @@ DECODE_GLUON = {
     64: dict(BLOCK_N=128, STAGES=4),
     128: dict(BLOCK_N=128, STAGES=3),
 }
-DECODE_GLUON_DEFAULT = ()  # head dims whose table plan takes the Gluon kernel: none until an H100 run says so
+# The table's rule (decode_gluon_default), D 128, from the bench's shapes on an H200 (session 43 calls 1 and 3, both
+# forms of the tile; notes/attention's decode rows): where a program takes several tiles (more than one wave), the
+# persistent ring streams on across them: short tiles (<= 1024 keys) 1.058-1.063x the tl kernel (B64 Nk1K), long
+# ones 0.984-0.994x (B64 Nk4K / 16K, both calls): tl. One wave (B1, B16): 1.000-1.019x, DECODE_GLUON_ONE_WAVE.
+DECODE_GLUON_DEFAULT = ()  # head dims whose table plan may take the Gluon kernel
+DECODE_GLUON_LONG_TILE_KEYS = 1024
+DECODE_GLUON_ONE_WAVE = False
 
 
 def decode_gluon_config(d: int) -> dict:
@@ -58,6 +64,11 @@ def decode_gluon_config(d: int) -> dict:
     return dict(kernel="gluon", **DECODE_GLUON[d])
 
 
-def decode_gluon_default(d: int) -> bool:
-    """Whether the table plan of head dim ``d`` takes the Gluon kernel (where it fits: plan.gluon_fits)."""
-    return d in DECODE_GLUON_DEFAULT
+def decode_gluon_default(d: int, tiles: int, programs: int, tile_keys: int) -> bool:
+    """Whether the table plan of head dim ``d`` takes the Gluon kernel (where it fits: plan.gluon_fits) for ``tiles``
+    tiles of at most ``tile_keys`` keys on a grid of ``programs`` (one a tile: one wave)."""
+    if d not in DECODE_GLUON_DEFAULT:
+        return False
+    if tiles > programs:
+        return tile_keys <= DECODE_GLUON_LONG_TILE_KEYS
+    return DECODE_GLUON_ONE_WAVE

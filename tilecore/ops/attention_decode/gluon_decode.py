@@ -51,12 +51,6 @@ class KV:
     v: object
 
 
-@stage_struct
-class Block:
-    """One stage of KV_STEPS: a block of keys or of values (one ring step each)."""
-    x: object  # [1, 1, BN, D]
-
-
 @struct
 class Tile:
     """A tile's batch and kv head, its rows' vector in the (vectors, GROUP x N, Dv) views of O and the
@@ -76,7 +70,6 @@ class Running:
     l: object
     acc: object
     q: object
-    p: object  # KV_STEPS: the last P (K's step made it, V's takes it)
 
 
 @struct
@@ -118,7 +111,6 @@ class Decode:
     KT: gl.constexpr  # WGMMA False (16 rows, mma.sync): K^T's and V's register operand layouts
     V: gl.constexpr
     WGMMA: gl.constexpr
-    KV_STEPS: gl.constexpr  # a key block's K and V in steps of their own (S and the softmax while V arrives)
 
     @gluon.jit
     def setup(self, tile_id):
@@ -136,23 +128,14 @@ class Decode:
             start = lo + gl.maximum(shift - self.left - lo, 0) // self.BN * self.BN
             hi = gl.minimum(hi, self.N - 1 + shift + self.right + 1)
         steps = gl.maximum(gl.cdiv(hi - start, self.BN), 0)
-        if self.KV_STEPS:
-            steps = 2 * steps
         tile = Tile(bhk // self.Hkv, bhk % self.Hkv, split * self.num_bhk + bhk, rb * self.BM, start)
         return tile, steps
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        if self.KV_STEPS:  # even steps a K block, odd steps the V block of the same keys
-            key = tile.first_key + step // 2 * self.BN
-            if step % 2 == 0:
-                tma.async_copy_global_to_shared(self.k_desc, [tile.b, tile.hk, key, 0], bar, stage.x)
-            else:
-                tma.async_copy_global_to_shared(self.v_desc, [tile.b, tile.hk, key, 0], bar, stage.x)
-        else:
-            key = tile.first_key + step * self.BN
-            tma.async_copy_global_to_shared(self.k_desc, [tile.b, tile.hk, key, 0], bar, stage.k)
-            tma.async_copy_global_to_shared(self.v_desc, [tile.b, tile.hk, key, 0], bar, stage.v)
+        key = tile.first_key + step * self.BN
+        tma.async_copy_global_to_shared(self.k_desc, [tile.b, tile.hk, key, 0], bar, stage.k)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, tile.hk, key, 0], bar, stage.v)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
@@ -165,8 +148,7 @@ class Decode:
         ok = gl.expand_dims(rows < self.GROUP * self.N, 1) & gl.expand_dims(cols < self.D, 0)
         q = gl.load(ptrs, mask=ok, other=0.0)  # in the operand's layout: no shared scratch
         m, l = online_softmax_start(self.BM, self.S)
-        p = gl.zeros([self.BM, self.BN], self.k_desc.dtype, self.P)
-        return Running(m, l, gl.zeros([self.BM, self.DV], gl.float32, self.O), q, p)
+        return Running(m, l, gl.zeros([self.BM, self.DV], gl.float32, self.O), q)
 
     @gluon.jit
     def masked(self, s, tile, key):
@@ -185,23 +167,9 @@ class Decode:
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
         """S = Q K^T (waited for), capped and masked where needed, one online-softmax step, and
-        O = alpha O + P V issued (``wait`` ends it before the stage is released); KV_STEPS: the first
-        three on K's step, P V on V's."""
-        if self.KV_STEPS:
-            if step % 2 == 0:
-                st = self.scores(st, stage.x, tile, tile.first_key + step // 2 * self.BN)
-            else:
-                st = st.replace(acc=self.pv(st.p, stage.x, st.acc))
-        else:
-            st = self.scores(st, stage.k, tile, tile.first_key + step * self.BN)
-            st = st.replace(acc=self.pv(st.p, stage.v, st.acc))
-        return st
-
-    @gluon.jit
-    def scores(self, st, k, tile, key):
-        """S = Q K^T for the keys from ``key`` (k: their block in shared memory), capped, masked where
-        needed, and one online-softmax step: m, l, P (as the P V operand) and acc scaled by alpha."""
-        k_t = k.reshape([self.BN, self.D]).permute((1, 0))
+        O = alpha O + P V issued (``wait`` ends it before the stage is released)."""
+        key = tile.first_key + step * self.BN
+        k_t = stage.k.reshape([self.BN, self.D]).permute((1, 0))
         zeros = gl.zeros([self.BM, self.BN], gl.float32, self.S)
         if self.WGMMA:
             s = warpgroup_mma(st.q, k_t, zeros, use_acc=False)
@@ -218,18 +186,12 @@ class Decode:
         m, l, p, alpha = online_softmax_update(st.m, st.l, s, self.scale_log2e)
         acc = st.acc * as_column(alpha, self.O)
         p = gl.convert_layout(p.to(self.k_desc.dtype), self.P)  # (no wgmma in flight: ptxas's C7513)
-        return st.replace(m=m, l=l, acc=acc, p=p)
-
-    @gluon.jit
-    def pv(self, p, v, acc):
-        """acc + P V (v: the values' block in shared memory): wgmma issued (``wait`` ends it; KV_STEPS: waited for,
-        one type of state from both kinds of step), or mma.sync."""
-        v = v.reshape([self.BN, self.DV])
+        v = stage.v.reshape([self.BN, self.DV])
         if self.WGMMA:
-            acc = warpgroup_mma(p, v, acc, is_async=not self.KV_STEPS)
+            acc = warpgroup_mma(p, v, acc, is_async=True)
         else:
             acc = mma_v2(p, v.load(self.V), acc)
-        return acc
+        return st.replace(m=m, l=l, acc=acc)
 
     @gluon.jit
     def wait(self, ctx, st):
@@ -253,7 +215,7 @@ class Decode:
 def attention_decode_kernel(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, Hkv, N, Nk, GROUP,
                             num_bhk, splits, keys_per_split, left, right, scale_log2e, tanh_scale,
                             CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-                            MERGED: gl.constexpr, STAGES: gl.constexpr, KV_STEPS: gl.constexpr = False):
+                            MERGED: gl.constexpr, STAGES: gl.constexpr):
     """Every (batch x kv head, key split, row block) tile's O and lse on a persistent grid (program p
     takes tiles p, p + P, ...). Shapes from the descriptors' boxes: BN and D from K's, Dv from V's, the
     tile's rows (64) from O's, which views O (MERGED) or the float32 parts as (vectors, GROUP x N, Dv)."""
@@ -267,12 +229,6 @@ def attention_decode_kernel(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sq
     op = Decode(q_ptr, k_desc, v_desc, o_desc, lse_ptr, sqb, sqh, sqn, sqd, Hkv, N, Nk, GROUP, num_bhk, splits,
                 row_blocks, keys_per_split, left, right, scale_log2e, tanh_scale, CAUSAL, WINDOW, SOFTCAP, MERGED,
                 BM, BN, D, DV, mma_layout(BM, BN, W), mma_layout(BM, DV, W), operand_layout(BM, DV, W, 0),
-                operand_layout(BM, BN, W, 0), operand_layout(BM, BN, W, 1), operand_layout(BM, DV, W, 1), BM == 64,
-                KV_STEPS)
-    if KV_STEPS:  # a ring of single blocks, twice as deep (the same bytes)
-        gl.static_assert(D == DV, "K's and V's blocks share the ring")
-        layout = Layout(o_desc, 2 * STAGES, CONSUMERS=1, LATE_RELEASE=0)
-        run(op, layout, Block(ring(k_desc, 2 * STAGES)), num_bhk * splits * row_blocks)
-    else:
-        layout = Layout(o_desc, STAGES, CONSUMERS=1, LATE_RELEASE=0)
-        run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_bhk * splits * row_blocks)
+                operand_layout(BM, BN, W, 0), operand_layout(BM, BN, W, 1), operand_layout(BM, DV, W, 1), BM == 64)
+    layout = Layout(o_desc, STAGES, CONSUMERS=1, LATE_RELEASE=0)
+    run(op, layout, KV(ring(k_desc, STAGES), ring(v_desc, STAGES)), num_bhk * splits * row_blocks)

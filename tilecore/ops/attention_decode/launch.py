@@ -93,8 +93,7 @@ def launch_decode_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, win
          TmaOperand(o_rows, [1, cfg["BLOCK_M"], Dv]), lse_rows, *q.stride(), Hkv, N, Nk, Hq // Hkv, B * Hkv, splits,
          plan.sizes["keys_per_split"], left, right, scale_log2e, tanh_scale),
         # SOFTCAP as the Gluon forward's: 2, tanh.approx.f32, unless the config says tanh_approx False (1)
-        dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1, STAGES=cfg["STAGES"],
-             KV_STEPS=cfg.get("KV_STEPS", False), num_warps=4))
+        dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1, STAGES=cfg["STAGES"], num_warps=4))
     if splits == 1:
         if target is not out:
             out.copy_(target)
@@ -196,7 +195,7 @@ class _GluonDecodeLaunch:
         o_view = lambda t: TmaOperand(t, [1, block_m, Dv], shape=[vectors, rows, Dv], strides=[rows * Dv, Dv, 1])
         self.split = KeyedLaunch(GLUON_SPLIT_KEYS, plan.launch_key, (cfg["PROGRAMS"],), dict(
             **masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1,
-            STAGES=cfg["STAGES"], KV_STEPS=cfg.get("KV_STEPS", False), num_warps=4), operands={
+            STAGES=cfg["STAGES"], num_warps=4), operands={
             1: lambda t: TmaOperand(t, [1, 1, block_n, D]), 2: lambda t: TmaOperand(t, [1, 1, block_n, Dv]),
             3: o_view})
         self.head = q.stride()

@@ -51,11 +51,9 @@ def gluon_rows(rows: int, cfg: dict) -> int:
 
 def split_kernel(q, k, v, cfg: dict) -> dict:
     """The config the split-key launch runs: ``cfg`` with kernel "gluon" (decode_gluon_config's: the Gluon kernel,
-    refused with the reason where it does not fit) or "tl" (the tl kernel, the key dropped) as given; without a
-    kernel, the table's tl row (attention's plan passes it where no config was given) becomes the Gluon kernel's
-    config where configs.decode_gluon_default rules so and the inputs fit, any other tl config stays."""
+    refused with the reason where it does not fit) or "tl" (the tl kernel, the key dropped) as given; a tl config
+    without a kernel as it is (decode_plan may replace the table's row by the Gluon kernel's)."""
     kernel = cfg.get("kernel")
-    d = max(q.shape[-1], v.shape[-1])
     if kernel == "gluon":
         if (why := gluon_fits(q, k, v)) is not None:
             raise ValueError(f"attention decode: the Gluon split-key kernel takes {why}")
@@ -64,8 +62,6 @@ def split_kernel(q, k, v, cfg: dict) -> dict:
         return {key: value for key, value in cfg.items() if key != "kernel"}
     if kernel is not None:
         raise ValueError(f"attention decode: kernel 'gluon' or 'tl', got {kernel!r}")
-    if configs.decode_gluon_default(d) and cfg == configs.decode_config(d, False) and gluon_fits(q, k, v) is None:
-        return configs.decode_gluon_config(d)
     return cfg
 
 
@@ -90,10 +86,13 @@ def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = N
     rows of packed (query, q head) rows a tile, the keys cut into ``splits`` ranges (None: as many as fill
     DECODE_PROGRAMS_PER_SM programs on ``sms`` SMs, decode_splits), the grid (batch x kv head, range, row
     block); the Gluon kernel's persistent grid (PROGRAMS) one program a tile up to ``sms`` (every tile where
-    ``sms`` is None). attention's plan_forward carries it in its Plan."""
+    ``sms`` is None). The table's tl row (attention's plan passes it where no config was given) becomes the Gluon
+    kernel's where configs.decode_gluon_default rules so for the tl plan's tiles and the inputs fit. attention's
+    plan_forward carries it in its Plan."""
     B, Hq, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     Dv = D if v is None else v.shape[3]
+    given_cfg, given_splits = cfg, splits
     cfg = split_kernel(q, k, k if v is None else v, cfg)
     gluon = cfg.get("kernel") == "gluon"
     block_n = cfg["BLOCK_N"]
@@ -108,9 +107,13 @@ def decode_plan(q, k, cfg: dict, splits: int | None, v=None, sms: int | None = N
         raise ValueError(f"attention decode: splits must be from 1 to {configs.DECODE_MAX_SPLITS}, got {splits}")
     splits, keys_per_split = key_ranges(Nk, splits, block_n)
     config = dict(cfg, BLOCK_M=block_m)
+    tiles = B * Hkv * splits * row_blocks
     if gluon:  # a persistent grid: at most one program an SM (a ring of 128-192 KiB)
-        tiles = B * Hkv * splits * row_blocks
         config["PROGRAMS"] = max(1, min(tiles, sms or tiles))
+    elif (sms and "kernel" not in given_cfg and given_cfg == configs.decode_config(max(D, Dv), False)
+          and configs.decode_gluon_default(max(D, Dv), tiles, configs.DECODE_PROGRAMS_PER_SM * sms, keys_per_split)
+          and gluon_fits(q, k, k if v is None else v) is None):
+        return decode_plan(q, k, configs.decode_gluon_config(max(D, Dv)), given_splits, v, sms)
     return Plan(config, (B * Hkv, splits, row_blocks), keys_per_split)
 
 
