@@ -12,8 +12,8 @@ check: the Gluon kernel forced (launch.forward_into(path="decode", config=config
 time: the committed bench's shapes (benchmarks/results/h100-80gb-hbm3/attention-decode.json: one query, Hq 32 / Hkv 8,
     D 128, bf16, B 1 / 16 / 64, Nk 1K / 4K / 16K), as the bench times them (tilecore.bench.harness: input sets
     rotating past L2, back-to-back calls replayed from a CUDA graph: GPU time), the variants in interleaved rounds:
-    the Gluon kernel's table config (16 rows by mma.sync here) and VARIANTS (64 rows by wgmma; 64 keys x 4 stages),
-    the tl kernel (the shipped default), SDPA cuDNN; GB/s and x the
+    the Gluon kernel's table config (16 rows by mma.sync here) and VARIANTS (64 keys x 6 stages), the tl kernel,
+    SDPA cuDNN; two D 64 shapes besides; GB/s and x the
     copy ceiling measured in the same run, and each series' ratio to tl per round (median, min, max).
 
 host: eager host time a call of tilecore.attention (B1 Nk4K, B64 Nk1K), the Gluon kernel as the table's (its keyed
@@ -37,12 +37,11 @@ from tilecore.ops.attention import attention, attention_reference, launch, plan 
 from tilecore.ops.attention_decode import configs  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
-SHAPES = [(b, nk) for b in (1, 16, 64) for nk in (1024, 4096, 16384)]
-# the Gluon kernel's configs timed beside the table's (16 rows by mma.sync at these shapes): 64 rows by wgmma (the
-# first version, call 1), a key block's K and V in steps of their own (KV_STEPS), and 64 keys x 4 stages
-VARIANTS = {"gluon_kv_steps": dict(kernel="gluon", BLOCK_N=128, STAGES=3, KV_STEPS=True),
-            "gluon_wgmma64": dict(kernel="gluon", BLOCK_N=128, STAGES=3, ROWS=64),
-            "gluon_bn64_s4": dict(kernel="gluon", BLOCK_N=64, STAGES=4)}
+SHAPES = [(b, nk, D) for b in (1, 16, 64) for nk in (1024, 4096, 16384)] + [(1, 4096, 64), (64, 1024, 64)]
+RULED = dict(DECODE_GLUON_DEFAULT=(64, 128), DECODE_GLUON_ONE_WAVE=True)  # the Gluon kernel wherever it fits
+# the Gluon kernel's configs timed beside the table's (16 rows by mma.sync here; call 3 timed and lost 64 rows by
+# wgmma, KV_STEPS and 64 keys x 4 stages): 64 keys x 6 stages, a deeper ring for the long tiles B64 Nk4K / 16K lose
+VARIANTS = {"gluon_bn64_s6": dict(kernel="gluon", BLOCK_N=64, STAGES=6)}
 
 # B, Hq, Hkv, N, Nk, D, dtype, causal, splits (None: the plan's), extra (window, softcap, layout)
 CHECKS = [
@@ -100,9 +99,8 @@ def phase_check(run, smoke):
         scale = d ** -0.5
         ref, ref_lse = attention_reference(q, k, v, causal=causal, scale=scale, window_size=window, softcap=softcap)
         kernels = {} if smoke else {"gluon": configs.decode_gluon_config(d)}
-        if extra.get("rows64"):  # 64 rows by wgmma where the table takes 16 by mma.sync; K and V in steps of their own
+        if extra.get("rows64"):  # 64 rows by wgmma where the table takes 16 by mma.sync
             kernels["gluon64"] = dict(configs.decode_gluon_config(d), ROWS=64)
-            kernels["gluon_kv_steps"] = dict(configs.decode_gluon_config(d), KV_STEPS=True)
         if smoke or extra.get("tl"):  # the twin beside it (where the floor itself is in question)
             kernels["tl"] = configs.decode_config(d, smoke)
         name = f"B{b} {hq}/{hkv} N{n} Nk{nk} D{d} {dt}{' causal' if causal else ''} splits {splits}" + \
@@ -119,9 +117,9 @@ def phase_check(run, smoke):
     # the public op with the Gluon kernel as the table's: the plan it makes, and its numbers
     q, k, v = _inputs(16, HQ, HKV, 1, 4096, D, torch.bfloat16, None, device)
     ref, _ = attention_reference(q, k, v)
-    with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128)):
+    with switches.patched(configs, **RULED):
         p = attention_plan.plan_forward(q, k, v, False, D ** -0.5)
-        outs = [attention(q, k, v) for _ in range(3)]  # (the plan cache's first call, then its kept plan)
+        outs = [attention(q, k, v) for _ in range(3)]  # (the plan cache's first call, then the key's recipe)
     run.row("check public op, Gluon as the table's", kernel=p.config.get("kernel", "tl"), **check(outs[-1], ref),
             same_each_call=all(torch.equal(o, outs[0]) for o in outs))
     p = attention_plan.plan_forward(q, k, v, False, D ** -0.5)
@@ -134,8 +132,6 @@ def phase_time(run, rounds):
     ceiling = copy_ceiling()
     run.extra["copy_gbps"] = ceiling.value
     run.say(f"copy ceiling {ceiling.value:.0f} GB/s")
-    tl_cfg = configs.decode_config(D, False)
-    series = {"gluon": configs.decode_gluon_config(D), **VARIANTS, "tl": tl_cfg}
 
     def sdpa(q, k, v):
         import torch.nn.functional as F
@@ -144,15 +140,16 @@ def phase_time(run, rounds):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-    for b, nk in SHAPES:
-        if run.left() < 8:
-            run.errors.append(f"time: deadline before B{b} Nk{nk}")
+    for b, nk, d in SHAPES:
+        if run.left() < 25:  # (the host phase after it)
+            run.errors.append(f"time: deadline before B{b} Nk{nk} D{d}")
             break
-        nbytes = 2 * (2 * b * HKV * nk * D + 2 * b * HQ * D)  # as the bench: K, V read; q read, O written
+        nbytes = 2 * (2 * b * HKV * nk * d + 2 * b * HQ * d)  # as the bench: K, V read; q read, O written
+        series = {"gluon": configs.decode_gluon_config(d), **VARIANTS, "tl": configs.decode_config(d, False)}
 
         def make_set():
-            return (torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.bfloat16),
-                    *(torch.randn(b, HKV, nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
+            return (torch.randn(b, HQ, 1, d, device="cuda", dtype=torch.bfloat16),
+                    *(torch.randn(b, HKV, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
 
         nxt = rotating(make_set, nbytes)
         fns = {}
@@ -161,7 +158,7 @@ def phase_time(run, rounds):
                 q, k, v = nxt()
                 out = torch.empty_like(q)
                 lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-                launch.forward_into(q, k, v, out, lse, False, D ** -0.5, path="decode", config=cfg)
+                launch.forward_into(q, k, v, out, lse, False, q.shape[-1] ** -0.5, path="decode", config=cfg)
                 return out
             fns[name] = call
         fns["cudnn"] = lambda: sdpa(*nxt())
@@ -180,7 +177,7 @@ def phase_time(run, rounds):
             row[f"{name}_vs_tl"] = round(statistics.median(ratios), 3)
             row[f"{name}_vs_tl_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
         row["rounds_us"] = {n: [round(t * 1e3, 2) for t in ts] for n, ts in per.items()}
-        run.row(f"time B{b} Nk{nk}", **row)
+        run.row(f"time B{b} Nk{nk}" + (f" D{d}" if d != D else ""), **row)
         del replays, fns, nxt
         torch.cuda.empty_cache()
 
@@ -199,7 +196,7 @@ def phase_host(run, rounds):
         for r in range(rounds):
             for name in (("gluon", "tl") if r % 2 == 0 else ("tl", "gluon")):
                 if name == "gluon":
-                    with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128)):
+                    with switches.patched(configs, **RULED):
                         per[name].append(round(host_us(call), 2))
                         kernels[name] = attention_plan.plan_forward(q, k, v, False, D ** -0.5).config.get("kernel")
                 else:
@@ -212,7 +209,7 @@ def phase_host(run, rounds):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="no GPU: the tl side of two tiny checks (the interpreter)")
-    ap.add_argument("--phases", default="check,time", help="check, time (comma-separated)")
+    ap.add_argument("--phases", default="check,time,host", help="check, time, host (comma-separated)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     ap.add_argument("--deadline", type=float, default=130, help="seconds: no shape is timed past it")
     args = ap.parse_args()
@@ -225,9 +222,8 @@ def main():
         run.attempt("time", phase_time, run, args.rounds)
     if "host" in phases and not args.smoke:
         run.attempt("host", phase_host, run, args.rounds)
-    cols = ["name", "pass", "err_over_floor", "lse_err", "gluon_us", "gluon_kv_steps_us", "gluon_wgmma64_us",
-            "gluon_bn64_s4_us", "tl_us", "cudnn_us", "gluon_vs_tl", "gluon_kv_steps_vs_tl", "gluon_wgmma64_vs_tl",
-            "gluon_bn64_s4_vs_tl", "cudnn_vs_tl", "tl_copy", "gluon_host_us", "tl_host_us"]
+    cols = ["name", "pass", "err_over_floor", "lse_err", "kernel", "gluon_us", "gluon_bn64_s6_us", "tl_us", "cudnn_us",
+            "gluon_vs_tl", "gluon_bn64_s6_vs_tl", "cudnn_vs_tl", "gluon_copy", "tl_copy", "gluon_host_us", "tl_host_us"]
     run.finish(cols)
 
 
