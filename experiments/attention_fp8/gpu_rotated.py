@@ -6,12 +6,12 @@ kernel (forms()) against the shipped one in the same run. (Sessions 40-41; sessi
 
 Forms (forms(); the first is the base every other is compared with): "ship" (the shipped configs: three consumer
 warpgroups with serial steps at D64 (since session 41, q's codes in registers) and D128 (since session 42: serial 2, one
-bf16 Q buffer, 2 stages, the full rotation, codes in shared memory)), "c2" (D64 on two consumers, P V under the next
+bf16 Q buffer, 2 stages, the full rotation, codes in shared memory; causal since session 43: the last consumer's Q in
+two buffers)), "c2" (D64 on two consumers, P V under the next
 step's softmax, codes in shared memory: before session 41), "c3s" (D64's three with the codes in shared memory),
 "d128c2" (D128 on two consumers with q's codes in registers: before session 42, less the split rotation, removed),
-"ql2" / "ql12" (D128, session 43: the last one / two consumers' Q in two buffers, their next Q loaded first, under
-the tile), "qreg3" (D128: q's codes in registers on three consumers), "lsel" (D128: finish stores O before lse),
-"ql12l" (ql12 and lsel).
+"noql" (D128 causal before session 43: one Q buffer for every consumer; the shipped form gives the last consumer
+two, its next Q loaded first). Session 43's ql12 / lsel / qreg3 lost: notes/attention_fp8's decision log.
 Session 42's d128c3 / d128c3q2 / d128c3s2 / d128c3o4 / d128c3r / d128split, session 41's c3st4, gf64c3 and d128c3, its
 carry forms and session 40's (old, m32, noclamp, st4, nohide) are in notes/attention_fp8's decision log. O is compared
 bit for bit with the base's (serial steps round O * alpha + P V once: not the same bits as two consumers').
@@ -120,17 +120,10 @@ def forms(names):
              # D128 before session 42: two consumers, q's codes in registers, two Q buffers, 3 stages
              "d128c2": ({configs: dict(ROTATED=dict(rot, serial_c3={64: 1}, q_reg=(64, 128), q_buffers={},
                                                     stages={}))}, (128,)),
-             # D128 (session 43): the last consumer's Q in two buffers (its next Q loaded first, under the tile; in
-             # causal its rows have the most keys), the others' in one; ql12: the last two consumers'; qreg3: q's
-             # codes in registers (session 42's d128c3r, untimed: 368-424 B of spills, LDL/STL in the step)
-             "ql2": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}))}, (128,)),
-             "ql12": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}, q_last_consumers={128: 2}))},
-                      (128,)),
-             "qreg3": ({configs: dict(ROTATED=dict(rot, q_reg=(64, 128)))}, (128,)),
-             # finish stores O before lse (its fence no longer waits for lse's global stores), alone and with ql12
-             "lsel": ({configs: dict(ROTATED=dict(rot, lse_last=(128,)))}, (128,)),
-             "ql12l": ({configs: dict(ROTATED=dict(rot, q_last_buffers={128: 2}, q_last_consumers={128: 2},
-                                                   lse_last=(128,)))}, (128,))}
+             # D128 causal before session 43: one Q buffer for every consumer (the shipped form gives the last
+             # consumer two, its next Q loaded first). Session 43's ql12 (the last two consumers'), lsel (O stored
+             # before lse) and qreg3 (q's codes in registers on three consumers) lost: notes/attention_fp8
+             "noql": ({configs: dict(ROTATED=dict(rot, q_last_buffers={}))}, (128,))}
     return {n: table[n] for n in names if n in table}  # (a removed form is left out: main says which)
 
 
@@ -165,8 +158,8 @@ def arguments():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--cases", default="d128c,d64c,plain128c,plain64c,tail,outlier,d128")
-    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2, ql2, ql12, qreg3, "
-                    "lsel, ql12l (forms()); the first is the base")
+    ap.add_argument("--forms", default="ship,c2", help="ship (the shipped configs), c2, c3s, d128c2, noql (forms()); "
+                    "the first is the base")
     ap.add_argument("--stamp-forms", default="", help="the forms the stamps cases run (default: every form)")
     ap.add_argument("--pass-dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=3)

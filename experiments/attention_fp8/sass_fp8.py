@@ -66,18 +66,11 @@ VARIANTS = {  # name -> configs.GLUON_FORWARD overrides (the kernel's variants o
                    q_buffers=1),
     "d128c3s2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
                      q_buffers=1, stages=2),
-    # session 43: the last consumer's Q in two buffers (q_last_buffers)
+    # session 43: the last consumer's Q in two buffers (q_last_buffers; the convenience path's D128 causal kernel since
+    # session 43). ql12 (the last two consumers'), lsel (O stored before lse) and q's codes in registers (d128c3s2r:
+    # 424 B of spills, LDL/STL in the step) lost: notes/attention_fp8
     "d128c3s2ql2": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
                         q_buffers=1, stages=2, q_last_buffers=2),
-    "d128c3s2ql12": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
-                         q_buffers=1, stages=2, q_last_buffers=2, q_last_consumers=2),
-    "d128c3s2l": dict(_q_rotate=True, _v_block=True, hide_first_key=True, mask32=True, serial=2, consumers=3,
-                      q_buffers=1, stages=2, lse_last=True),
-    # q's codes in registers on three consumers at D128 (session 42's d128c3r, untimed: 368 B of spills), with ql2
-    "d128c3s2r": dict(_q_rotate=True, _v_block=True, _q_reg=True, hide_first_key=True, mask32=True, serial=2,
-                      consumers=3, q_buffers=1, stages=2),
-    "d128c3s2rql2": dict(_q_rotate=True, _v_block=True, _q_reg=True, hide_first_key=True, mask32=True, serial=2,
-                         consumers=3, q_buffers=1, stages=2, q_last_buffers=2),
 }
 
 

@@ -90,11 +90,15 @@ from tilecore.tiles.launch import gluon_descriptor
 from tilecore.tiles.switches import patched
 
 out = []
-for D, causal, N, q_reg in json.loads(sys.argv[1]):
+for D, causal, N, q_reg, shipped in json.loads(sys.argv[1]):
     # (D128: the two-consumer kernel Q_REG served from session 36 to 41, the d128c2 form; D128 ships three consumers
-    # with the codes in shared memory since session 42)
-    with patched(configs, ROTATED=dict(configs.ROTATED, serial_c3={64: 1}, q_buffers={}, stages={})):
+    # with the codes in shared memory since session 42; ``shipped``: the shipped configs as they are)
+    if shipped:
         cfg = launch.rotated_q_config(D, causal)
+    else:
+        with patched(configs, ROTATED=dict(configs.ROTATED, serial_c3={64: 1}, q_buffers={}, q_last_buffers={},
+                                           stages={})):
+            cfg = launch.rotated_q_config(D, causal)
     f8 = torch.float8_e4m3fn
     q = torch.empty(2, 4, N, D, dtype=torch.bfloat16)
     k = torch.empty(2, 2, N, D, dtype=f8)
@@ -113,6 +117,7 @@ for D, causal, N, q_reg in json.loads(sys.argv[1]):
     c = compile_kernel(gluon_fp8.attention_fp8_fwd_kernel, dict(args, **opts), num_warps=num_warps)
     ptx = c.asm["ptx"]
     out.append(dict(D=D, causal=causal, q_reg=opts.get("Q_REG", False), consumers=opts["CONSUMERS"],
+                    q_last_buffers=opts.get("Q_LAST_BUFFERS", 0),
                     **has_hopper_instructions(ptx),
                     **vars(resources(c)), fence=ptx.count("fence.proxy.async"),
                     bf16_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.bf16\.bf16", ptx)),
@@ -123,7 +128,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report():
-    cases = [(128, True, 4096, True), (128, True, 4096, False), (64, False, 1000, True)]
+    cases = [(128, True, 4096, True, False), (128, True, 4096, False, False), (64, False, 1000, True, False),
+             (128, True, 1000, False, True), (128, False, 1000, False, True)]
     return compiled_json(SCRIPT, json.dumps(cases), timeout=600)
 
 
@@ -148,13 +154,17 @@ def test_rotated_config_takes_stages_and_q_buffers():
     from tilecore.ops.attention_fp8 import launch
     from tilecore.tiles.switches import patched
 
-    with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={}, stages={}, serial_c3={64: 1})):
+    with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={}, q_last_buffers={}, stages={}, serial_c3={64: 1})):
         cfg = launch.rotated_q_config(128, True)
         assert {k: v for k, v in cfg.items() if k not in ("hide_first_key", "mask32")} == configs.gluon_config(128,
                                                                                                             True)
     with patched(configs, ROTATED=dict(configs.ROTATED, q_buffers={128: 1}, stages={128: 4})):
         cfg, cfg64 = launch.rotated_q_config(128, True), launch.rotated_q_config(64, True)
     assert (cfg["stages"], cfg["q_buffers"]) == (4, 1)
+    with patched(configs, ROTATED=dict(configs.ROTATED, q_last_buffers={128: 2})):  # the last consumer's: causal only
+        assert launch.rotated_q_config(128, True)["q_last_buffers"] == 2
+        assert "q_last_buffers" not in launch.rotated_q_config(128, False)
+        assert "q_last_buffers" not in launch.rotated_q_config(64, True)
     assert (cfg64["stages"], cfg64["q_buffers"]) == (configs.gluon_config(64, True)["stages"],
                                                      configs.gluon_config(64, True)["q_buffers"])
 
@@ -191,3 +201,13 @@ def test_rotated_config_takes_mask32_where_rotated_says():
         with patched(configs, GLUON_FORWARD=off):
             assert launch.rotated_q_config(128, True)["mask32"] is False
     assert "mask32" not in configs.gluon_config(128, True)  # the plain kernel: off
+
+
+def test_shipped_d128_last_consumer_q_buffers(report):
+    """The convenience path's D128 kernels as shipped (session 43): causal gives the last consumer a second bf16 Q
+    buffer (configs.ROTATED["q_last_buffers"]), full does not; both within Hopper's 227 KiB, not serialized."""
+    causal, full = report[3:5]
+    assert causal["consumers"] == 3 and causal["q_last_buffers"] == 2 and full["q_last_buffers"] == 0, (causal, full)
+    for r in (causal, full):
+        assert r["shared"] <= 232448 and not r["wgmma_serialized"] and r["spill_stores"] <= 256, r
+    assert 128 * 64 * 2 <= causal["shared"] - full["shared"] <= 128 * 64 * 2 + 16, (causal, full)

@@ -22,8 +22,7 @@ TL_INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, UPCAST=True)  # UPCAST: the interpre
 GLUON_FORWARD = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1),
                  128: dict(block_m=64, block_n=128, stages=3, consumers=2, q_buffers=2, p_shift=8, p_linear=1)}
 GLUON_KEYS = frozenset({"block_m", "block_n", "stages", "consumers", "q_buffers", "p_shift", "k_block_scalar",
-                        "p_linear", "hide_first_key", "mask32", "serial", "q_last_buffers",
-                        "q_last_consumers", "lse_last"})
+                        "p_linear", "hide_first_key", "mask32", "serial", "q_last_buffers"})
 
 
 def gluon_config(d: int, causal: bool) -> dict:
@@ -45,10 +44,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # block of 128 keys, computed in the quantizing pass; the kernels fold it into O's rescale).
 # q_in_kernel: the head dims at which q is rotated and quantized inside Hopper's kernel (its Q_ROTATE: one bf16 wgmma a
 # tile against diag(s) H in shared memory) instead of rotate_quantize's pass over q.
-# q_buffers (by head dim): bf16 Q buffers a consumer where not GLUON_FORWARD's q_buffers. q_last_buffers (by head dim):
-# those of the last q_last_consumers (by head dim, default 1) where not q_buffers (their next Q loaded first, under the
-# tile: in causal the last consumers' rows have the most keys). lse_last: the head dims at which finish stores O before
-# lse (GLUON_FORWARD's lse_last where it does not name it).
+# q_buffers (by head dim): bf16 Q buffers a consumer where not GLUON_FORWARD's q_buffers. q_last_buffers (by head dim,
+# causal only): the last consumer's (its next Q loaded first, under the tile: in causal its rows have the most keys).
 # q_reg: the head dims at which q's codes stay in registers as S's operand (the kernel's Q_REG: the rotation's columns
 # permuted so that its accumulator is the e4m3 operand as it lies; no stores, fence or barriers at a tile's start).
 # stages (by head dim): the ring's depth where not GLUON_FORWARD's.
@@ -59,8 +56,8 @@ def tl_config(d: int, interpret: bool) -> dict:
 # consumers 3 and serial: a step's P V in that step, no float32 P carried, 160 registers a thread; 1: P V into a zero
 # accumulator added to O * alpha, 2: O rescaled first and P V added in place, D128's registers) unless GLUON_FORWARD
 # names serial.
-ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={128: 1}, q_reg=(64,), stages={128: 2},
-               hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
+ROTATED = dict(v_scales="block", q_in_kernel=(64, 128), q_buffers={128: 1}, q_last_buffers={128: 2}, q_reg=(64,),
+               stages={128: 2}, hide_first_key=(64, 128), mask32=(64, 128), serial_c3={64: 1, 128: 2})
 
 
 # rotate_quantize (quantize.rotate_quantize: the convenience path's k pass, and q's where the kernel does not rotate it)

@@ -244,7 +244,6 @@ class AttentionFp8:
     HIDE_FIRST_KEY: gl.constexpr  # CAUSAL: a tile's first key offset through opaque_int (AttentionFp8.first_key)
     MASK32: gl.constexpr  # the mask as one 32-bit comparison an element (AttentionFp8.mask32)
     SERIAL: gl.constexpr  # a step's P V in that step, after its softmax (serial_step): no P carried between steps
-    LSE_LAST: gl.constexpr  # finish stores O (its fence, the TMA store) before lse (global stores the fence waits for)
     ones: object  # the ones block (e4m3) in shared memory, ONES_SHAPE (row_sum_mma's B operand)
     rotation: object  # Q_ROTATE: diag(s) H transposed [D, D] in q's dtype, in shared memory (else None)
     Q8: gl.constexpr  # Q_ROTATE: the shared layout of the e4m3 Q written over its bf16 tile operand's buffer
@@ -591,12 +590,8 @@ class AttentionFp8:
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - (self.P_SHIFT + LINEAR_LSE_BIAS)) / LOG2E)
         else:
             lse = gl.where(no_key, float("-inf"), (st.m + gl.log2(l_safe) - self.P_SHIFT) / LOG2E)
-        if self.LSE_LAST:  # (store_block's fence, MEMBAR.ALL.CTA in SASS, waits for the memory operations before it)
-            store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
-            store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
-        else:
-            store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
-            store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
+        store_rows(lse, self.lse, st.rows.bh, st.rows.first, self.N)
+        store_block(out, self.o_desc, ctx.out, [b, h, st.rows.first, 0])
 
 
 @gluon.jit
@@ -609,16 +604,16 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
                              V_PER_BLOCK: gl.constexpr = False, signs=None, Q_ROTATE: gl.constexpr = False,
                              Q_REG: gl.constexpr = False,
                              HIDE_FIRST_KEY: gl.constexpr = False, MASK32: gl.constexpr = False,
-                             SERIAL: gl.constexpr = 0, Q_LAST_BUFFERS: gl.constexpr = 0,
-                             Q_LAST_CONSUMERS: gl.constexpr = 1, LSE_LAST: gl.constexpr = False,
-                             WRAP: gl.constexpr = None, wrap_arg=None):
+                             SERIAL: gl.constexpr = 0, Q_LAST_BUFFERS: gl.constexpr = 0, WRAP: gl.constexpr = None,
+                             wrap_arg=None):
     """O and lse of FP8 attention for every (query block, batch * head); a persistent grid. vt_desc: V^T with its keys
     permuted within each 32 (reference.keys_permuted). Q_ROTATE: q_desc is q in bf16/fp16, rotated by diag(signs) H
     / sqrt(D) and quantized per row inside the kernel (AttentionFp8.rotate_q; q_scales unused); Q_REG: its codes kept
-    in registers as S's operand (AttentionFp8.rotate_q_reg). Q_LAST_BUFFERS (0: Q_BUFFERS): the Q buffers of the last
-    Q_LAST_CONSUMERS consumers (causal: their rows have the most keys; their next Q loads under this tile). WRAP (never set by the library's launches): a jit function
-    (op, wrap_arg) -> an op whose callbacks wrap this one's, so that a probe instruments this kernel as it is
-    (experiments/attention_fp8/stamps.py: clock stamps of each tile's phases) instead of a copy of it."""
+    in registers as S's operand (AttentionFp8.rotate_q_reg). Q_LAST_BUFFERS (0: Q_BUFFERS): the last consumer's Q
+    buffers (causal: its rows have the most keys; its next Q loads first, under this tile). WRAP (never set by the
+    library's launches): a jit function (op, wrap_arg) -> an op whose callbacks wrap this one's, so that a probe
+    instruments this kernel as it is (experiments/attention_fp8/stamps.py: clock stamps of each tile's phases)
+    instead of a copy of it."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and SERIAL > 0), "two consumer warpgroups (three with SERIAL)")
     BM: gl.constexpr = o_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
@@ -645,7 +640,7 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     op = AttentionFp8(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales, k_scales, v_scales, H, N, Nk, GROUP,
                       scale_log2e, q_n_scales, q_rows_per_scale, k_n_scales, k_rows_per_scale, num_bh, head_group,
                       v_n_scales, CAUSAL, Q_PER_ROW, K_PER_ROW, K_PER_BLOCK, P_SHIFT, P_LINEAR, V_PER_BLOCK,
-                      Q_ROTATE, Q_REG, HIDE_FIRST_KEY, MASK32, SERIAL, LSE_LAST, ones, rotation,
+                      Q_ROTATE, Q_REG, HIDE_FIRST_KEY, MASK32, SERIAL, ones, rotation,
                       gl.NVMMASharedLayout.get_default_for([BM, D], gl.float8e4nv), out_scale, BM, BN, D, CONSUMERS,
                       wgmma_layout(BM, BN, gl.num_warps(), 8), wgmma_layout(BM, D, gl.num_warps(), 8),
                       wgmma_lhs_layout(BM, D, gl.num_warps(), 8), wgmma_layout(BM, L_COLS, gl.num_warps(), 8),
@@ -653,7 +648,6 @@ def attention_fp8_fwd_kernel(q_desc, k_desc, vt_desc, o_desc, lse_ptr, q_scales,
     if WRAP is not None:
         op = WRAP(op, wrap_arg)
     layout = Layout(o_desc, STAGES, CONSUMERS=CONSUMERS, CONSUMER_REGS=160 if CONSUMERS == 3 else 232,
-                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0, tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS, LAST_BUFFERS=Q_LAST_BUFFERS,
-                                                         LAST_CONSUMERS=Q_LAST_CONSUMERS),
-                    schedule=schedule)
+                    PRODUCER_REGS=24 if CONSUMERS == 3 else 40, LATE_RELEASE=0,
+                    tile_operand=TileOperand(q_desc, BUFFERS=Q_BUFFERS, LAST_BUFFERS=Q_LAST_BUFFERS), schedule=schedule)
     run(op, layout, KVt(ring(k_desc, STAGES), ring(vt_desc, STAGES)), gl.cdiv(N, BM * CONSUMERS) * num_bh)

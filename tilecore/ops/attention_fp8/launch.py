@@ -206,11 +206,8 @@ class _GluonLayout:
             if cfg["serial"] not in (1, 2):
                 raise ValueError(f"attention_fp8: serial must be 0, 1 or 2; got {cfg['serial']!r}")
             self.options["SERIAL"] = int(cfg["serial"])
-        if cfg.get("lse_last"):  # finish stores O before lse (gluon_fp8)
-            self.options["LSE_LAST"] = True
         if cfg.get("q_last_buffers"):  # the last consumer's Q buffers, where not q_buffers (gluon_fp8)
             self.options["Q_LAST_BUFFERS"] = int(cfg["q_last_buffers"])
-            self.options["Q_LAST_CONSUMERS"] = int(cfg.get("q_last_consumers", 1))
         if v_per_block:  # v's descales per block of 128 keys: one a step (the kernel's steps are those blocks)
             if self.block_n != SCALE_BLOCK:
                 raise ValueError(f"attention_fp8: v's descales per block of {SCALE_BLOCK} keys need the Gluon "
@@ -311,19 +308,17 @@ class QRotatedLaunch:
 
 def rotated_q_config(D: int, causal: bool) -> dict:
     """The Gluon config of the convenience path with q rotated in the kernel: configs.gluon_config with
-    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer), ``q_last_buffers`` (the last consumer's) and
+    configs.ROTATED's ``q_buffers`` (bf16 Q buffers a consumer), ``q_last_buffers`` (the last consumer's, causal) and
     ``stages`` where they name the head dim,
     ``hide_first_key`` and ``mask32`` at ROTATED's head dims where gluon_config does not name them, and three consumers
     with serial steps (ROTATED's ``serial_c3``: head dim -> serial mode) where gluon_config does not name ``serial``."""
     cfg = configs.gluon_config(D, causal)
     cfg["q_buffers"] = configs.ROTATED.get("q_buffers", {}).get(D, cfg["q_buffers"])
     cfg["stages"] = configs.ROTATED.get("stages", {}).get(D, cfg["stages"])
-    if D in configs.ROTATED.get("q_last_buffers", {}):
+    if causal and D in configs.ROTATED.get("q_last_buffers", {}):  # (full: every consumer has the same keys)
         cfg["q_last_buffers"] = configs.ROTATED["q_last_buffers"][D]
-        cfg["q_last_consumers"] = configs.ROTATED.get("q_last_consumers", {}).get(D, 1)
     cfg.setdefault("hide_first_key", D in configs.ROTATED.get("hide_first_key", ()))
     cfg.setdefault("mask32", D in configs.ROTATED.get("mask32", ()))
-    cfg.setdefault("lse_last", D in configs.ROTATED.get("lse_last", ()))
     c3 = configs.ROTATED.get("serial_c3", {})
     if "serial" not in cfg and D in c3:
         cfg.update(consumers=3, serial=c3[D] if isinstance(c3, dict) else 1)

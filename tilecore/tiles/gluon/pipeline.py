@@ -120,26 +120,24 @@ class TileOperand:
 
     ``desc``: its block's descriptor (shape, dtype, swizzle). ``COUNT`` buffers of that block per
     load. ``BUFFERS`` per consumer, used in turn (2: the next tile's operand loads while this tile
-    runs); ``LAST_BUFFERS`` (0: BUFFERS) those of the last ``LAST_CONSUMERS`` consumers, where only they
-    can have more (FP8 attention's causal tiles: the last consumers' rows have the most keys, and shared
-    memory holds one or two spare buffers); the producer loads theirs first. ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT``
+    runs); ``LAST_BUFFERS`` (0: BUFFERS) the last consumer's, where only it can have more (FP8
+    attention's causal tiles: the last consumer's rows have the most keys, and shared memory holds one
+    spare buffer); the producer then loads its buffer first. ``SHARED``: one set of ``COUNT`` buffers read by every consumer. ``RESIDENT``
     (shared): a constant of the kernel (the Hadamard transform's H_64), loaded once per program and
     kept."""
     desc: object
     COUNT: gl.constexpr
     BUFFERS: gl.constexpr
     LAST_BUFFERS: gl.constexpr
-    LAST_CONSUMERS: gl.constexpr
     SHARED: gl.constexpr
     RESIDENT: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False, LAST_BUFFERS=0, LAST_CONSUMERS=1):
+    def __init__(self, desc, COUNT=1, BUFFERS=1, SHARED=False, RESIDENT=False, LAST_BUFFERS=0):
         self.desc = desc
         self.COUNT = gl.constexpr(COUNT)
         self.BUFFERS = gl.constexpr(BUFFERS)
         self.LAST_BUFFERS = gl.constexpr(LAST_BUFFERS or BUFFERS)
-        self.LAST_CONSUMERS = gl.constexpr(LAST_CONSUMERS if LAST_BUFFERS else 0)
         self.SHARED = gl.constexpr(SHARED or RESIDENT)
         self.RESIDENT = gl.constexpr(RESIDENT)
 
@@ -278,8 +276,8 @@ class _Pipeline:
 
 @gluon.constexpr_function
 def _buffers(operand, consumer, consumers):
-    """A per-consumer tile operand's buffers for ``consumer`` (BUFFERS; the last LAST_CONSUMERS' LAST_BUFFERS)."""
-    return operand.LAST_BUFFERS if consumer >= consumers - operand.LAST_CONSUMERS else operand.BUFFERS
+    """A per-consumer tile operand's buffers for ``consumer`` (BUFFERS; the last consumer's LAST_BUFFERS)."""
+    return operand.LAST_BUFFERS if consumer == consumers - 1 else operand.BUFFERS
 
 
 @gluon.constexpr_function
@@ -290,9 +288,9 @@ def _first_slot(operand, consumer, consumers):
 
 @gluon.constexpr_function
 def _load_order(operand, i, consumers):
-    """The producer's i-th tile operand load: the consumers with LAST_BUFFERS first (their next buffer is free
-    while this tile runs), then the others."""
-    return (i + consumers - operand.LAST_CONSUMERS) % consumers
+    """The producer's i-th tile operand load: with LAST_BUFFERS above BUFFERS the last consumer's first (its next
+    buffer is free while this tile runs), then the others in order; else in order."""
+    return (i + consumers - 1) % consumers if operand.LAST_BUFFERS > operand.BUFFERS else i
 
 
 @gluon.jit
