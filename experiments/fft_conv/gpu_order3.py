@@ -17,7 +17,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
         16-byte loads a thread instead of 32 4-byte gathers); the timing adds the casts alone: "bins torch"
         (reference.scaled_half_bins, the five torch passes RFFT 4 made until session 43), "bins fused"
         (launch.scaled_half_bins), "bins laid c64" / "bins laid f16" (launch.laid_half_bins)
-  (session 43, call 1 timed c64_f, RFFT 4's cast by one kernel against the torch passes: 8f5c0c8d's script has it)
+  (session 43, call 1 timed c64_f, RFFT 4's cast by one kernel against the torch passes: 8f5c0c8d's script has it; a
+  layout probe by windows of f gathered in registers (tl.gather) was not run: 15.8 KB of spill at 32 registers)
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
