@@ -29,7 +29,8 @@ def tensors(b=2, hq=32, hkv=8, n=1, nk=1000, d=128, dv=None, dtype=torch.bfloat1
 def test_the_table_takes_it_only_where_ruled_and_where_it_fits(hopper):
     q, k, v = tensors()
     tl_cfg = configs.decode_config(128, False)
-    assert "kernel" not in plan.decode_plan(q, k, tl_cfg, None, v, hopper).config  # (no head dim ruled yet)
+    with switches.patched(configs, DECODE_GLUON_DEFAULT=()):  # no head dim ruled
+        assert "kernel" not in plan.decode_plan(q, k, tl_cfg, None, v, hopper).config
     with switches.patched(configs, DECODE_GLUON_DEFAULT=(64, 128), DECODE_GLUON_ONE_WAVE=True):
         p = plan.decode_plan(q, k, tl_cfg, None, v, hopper)
         assert p.config["kernel"] == "gluon" and p.config["BLOCK_M"] == configs.DECODE_GLUON_SMALL_ROWS  # 4 rows
