@@ -370,6 +370,15 @@ def test_balance_shipped_where_checked_and_faster():
     assert _plan("nvfp4", n=18944, _gluon_ok=True).config.get("FOLD")
 
 
+def test_session43_last_flips():
+    """Session 43 run 4 (notes/hadamard/runs/he_s43c_run4_session43_h200.txt, H200, float64-checked, codes' bytes equal
+    to the shipped plans'): int4 11008 NOZERO + KTRIM 1.026x (NOZERO alone 1.000x), nvfp4 14336 E2M1_PAIRS 1.022x."""
+    cfg = _plan("int4", n=11008, _gluon_ok=True).config
+    assert cfg.get("NOZERO") and cfg.get("KTRIM") and not cfg.get("JOINT"), cfg
+    plan = _plan("nvfp4", n=14336, _gluon_ok=True)
+    assert plan.path == "gluon_kron" and plan.config.get("E2M1_PAIRS"), plan
+
+
 _COMPILE = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())

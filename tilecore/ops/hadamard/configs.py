@@ -192,9 +192,10 @@ QUANT_GLUON_ROWS = {(f, 32768): dict(gluon_rows=True, clamp_lo=2, int_bits=True)
 # the transform on the Gluon kernels' STORE at (m, p): checked, 1.16-2.05x the tl plans
 KRON_GLUON = {(172, 64): True, (28, 512): True, (28, 1024): True, (148, 128): True}
 QUANT_GLUON_SCALE_ONCE = {"nvfp4": True}  # each group's scale once: nvfp4 1.17-1.65x; mxfp4 0.98-1.05x, off
-# the wide kernel's last mixing K chunk cut at the 16-multiple past m: 1.03-1.16x where on
+# the wide kernel's last mixing K chunk cut at the 16-multiple past m: 1.03-1.16x where on (int4 11008 with NOZERO 1.026x,
+# H200; alone 1.003x)
 QUANT_GLUON_KTRIM = {**{(f, 18944): True for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")},
-                     ("fp8_e4m3", 11008): True, ("int8", 11008): True, ("nvfp4", 11008): True}
+                     ("fp8_e4m3", 11008): True, ("int8", 11008): True, ("nvfp4", 11008): True, ("int4", 11008): True}
 # 1 / sqrt(n) folded into the group maxima and reciprocals: on where >= 1.02x, checked (nvfp4 11008 / 18944 on JOINT /
 # BALANCE: 1.047x / 1.033x, H200)
 QUANT_GLUON_FOLD = {**{(f, 14336): True for f in ("mxfp4", "nvfp4", "int4")},
@@ -222,14 +223,14 @@ KRON_GLUON_TUNING = {(148, 128): dict(units=True, store2=True, stages=2, ktrim=T
 _NZ_CL = {("mxfp4", 14336): True, ("nvfp4", 14336): True, ("int4", 14336): True, ("mxfp4", 28672): True,
           ("mxfp4", 11008): True, ("nvfp4", 11008): True, ("mxfp4", 18944): True, ("nvfp4", 18944): True,
           ("int4", 28672): True}
-QUANT_GLUON_NOZERO = dict(_NZ_CL)
+QUANT_GLUON_NOZERO = {**_NZ_CL, ("int4", 11008): True}  # (int4 11008 with KTRIM 1.026x; 18944 1.013x, off: H200)
 # CLAMP_LO 2 (PAIRS, bit-identical): 1.04-1.24x where on; 28672's other formats 0.74-0.83x (more spilled)
 QUANT_GLUON_CLAMP_LO = {**_NZ_CL, **{(f, n): 2 for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4", "int4")
                                      for n in (11008, 14336, 18944)}, ("mxfp4", 28672): 2}
 # mxfp4 / nvfp4 codes a column pair at a time (the same bytes, 2% fewer instructions): mxfp4 1.02-1.06x at the four widths;
-# nvfp4 11008 (JOINT + FOLD) 1.061x with FOLD against 1.047x without (H200); elsewhere nvfp4 0.96-1.02x, off
+# nvfp4 11008 (JOINT + FOLD) 1.061x with FOLD against 1.047x without, 14336 1.022x (H200); 18944 0.998x, 28672 off
 QUANT_GLUON_E2M1_PAIRS = {("mxfp4", 28672): True, ("mxfp4", 18944): True, ("mxfp4", 11008): True, ("mxfp4", 14336): True,
-                          ("nvfp4", 11008): True}
+                          ("nvfp4", 11008): True, ("nvfp4", 14336): True}
 # the Gluon kernels' int8 / int4 codes from the bits of q + 1.5 x 2^23 (gluon_epilogue._int_bits, no cvt.rni): int8
 # 1.07-1.08x, int4 1.06-1.11x where on; int8 11008 1.00x, off
 QUANT_GLUON_INT_BITS = {("int8", 28672): True, ("int8", 18944): True, ("int8", 14336): True,
