@@ -440,6 +440,10 @@ SETS["e5"] = {("fp8_e5m2", n): [("e4m3_gluon", dict(tables_of="fp8_e4m3"))] for 
 # wgmma 114 -> 92 (fp8 / int8), 120 -> 96 (4-bit); SASS fp8 3392 -> 3128, int8 3584 -> 3320, int4 4104 -> 3600; no spills,
 # 197-213 KB. joint_ib / joint_kt: with INT_BITS (int8: 0.997x without JOINT) / KTRIM (the 4-bit formats' last K chunk
 # cut at 48). int4 2048 (88.0%) with CLAMP_LO (its lo piece by one max: 1.00-1.06x elsewhere; int4 2048 has PAIRS)
+# Run 1 (he_s43a, H200): nvfp4 joint_kt 1.029x, mxfp4 1.015x, int4 0.96-0.98x, int8 0.91x (joint_ib 0.99x), fp8 0.93x;
+# BALANCE mxfp4 1.072x, nvfp4 1.065x, fp8 0.914x, int8 0.937x. Per-token JOINT (m x 64) and BALANCE left the kernel in
+# 307e42f3 (their plan gates now ignore the tuning, so this set's int8 / fp8 rows time the shipped plan under those names:
+# rerun at cb7e71ac / 0887f924 for the variants)
 JOINT11 = ("joint", dict(joint=True))
 SETS["ja"] = {  # (priority order)
     ("int8", 11008): [JOINT11, ("joint_ib", dict(joint=True, int_bits=True))],
