@@ -65,11 +65,11 @@ DQ_MODES = ("staged", "atomic", "warpgroup", "kernel")
 # the compiled kernels, without and with the shipped softcap mode (tests/napkin/test_backward.py compiles both and
 # asserts them, so a change of either kernel fails there until they are read again): (instructions, MUFU among them).
 # The ALU rate counts an FMA as two operations and the cap's are single-lane ones (FMUL, FADD, FMNMX, an FFMA's one
-# product), so each is two of the rate's. The shipped cap (SOFTCAP 3 since session 43: dP accumulated from -delta, y (1 -
-# tanh^2) before P, dS = P y) adds 232 instructions, 64 of them MUFU.TANH: 5.25 (its session-41 form, dS = y - y tanh^2
+# product), so each is two of the rate's. The shipped cap (SOFTCAP 3: dP accumulated from -delta, y (1 - tanh^2) before
+# P, dS = P y) adds 232 instructions, 64 of them MUFU.TANH: 5.25 (its former form, dS = y - y tanh^2
 # of the masked tanh, added 352: 9.0; the float16-derivative form 424: 11.25). Measured cost of the cap: 0.930x /
 # 0.937x the speed without one (1.067-1.076x the time; H200, notes/attention/runs/ht_first_s43a_run1_session43_h200.txt,
-# ht_unmasked_s43b_run2_session43_h200.txt; session 41's form 0.891-0.903x:
+# ht_unmasked_s43b_run2_session43_h200.txt; the former form 0.891-0.903x:
 # notes/attention/runs/ht_softcap_modes_s41c_run5_session41_h100.txt, ht_softcap_confirm_s41d_run7_session41_h100.txt),
 # where the softmax's order (under dP or after it) made no difference (1.001x:
 # notes/attention/runs/issue35_bwd1_run1_session38_h100.txt)

@@ -50,8 +50,8 @@ DECODE_GLUON = {
     64: dict(BLOCK_N=128, STAGES=4),
     128: dict(BLOCK_N=128, STAGES=3),
 }
-# The table's rule (decode_gluon_default), D 128, from the bench's shapes on an H200 (session 43 calls 1, 3 and 4;
-# notes/attention's decode rows): where a program takes several tiles (more than one wave), the persistent ring
+# The table's rule (decode_gluon_default), D 128, from the bench's shapes on an H200 (notes/attention's decode rows;
+# a tie on the H100): where a program takes several tiles (more than one wave), the persistent ring
 # streams on across them: short tiles (<= 1024 keys) 1.058 / 1.063 / 1.057x the tl kernel (B64 Nk1K; eager 67 vs
 # 71 us a call), long ones 0.984-0.999x (B64 Nk4K / 16K): tl. One wave (B1, B16): 0.997-1.019x, ties, and the
 # eager call host-bound at B1 (52 vs 37 us a call): tl. D64: B64 Nk1K 1.017x, B1 Nk4K 0.933x (one run): tl.

@@ -44,7 +44,7 @@ GLUON_CHECKED = {(0, 128), (1, 128), (0, 64), (1, 64)}
 GLUON_STAGES = 2  # 0.367 ms against 0.375 at 3
 # the GLA forward (per-channel decay) on Hopper (gluon_gla_forward.py): checked against float64 on the GPU (bf16,
 # fp16, strong decays + a reset, N 1000 / 4097, Dk 64, Dv 256, states, the public op) and 3.78x the tl forward in
-# the same run (session 43 call 1, an H200: 0.558 ms against 2.106; notes decision 290); 2 stages (80 KB each at
+# the same run (an H200: 0.558 ms against 2.106; 3.61x on an H100; notes decision 290); 2 stages (80 KB each at
 # Dk 128 with float32 g: 3 do not fit)
 GLUON_GLA = True
 GLUON_GLA_STAGES = 2
