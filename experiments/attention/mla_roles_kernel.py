@@ -121,14 +121,6 @@ class AttentionBackwardRoles:
         return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m, tile)
 
     @gluon.jit
-    def capped_scores(self, s_t, start_n, start_m, tile):
-        return AttentionBackward.capped_scores(self, s_t, start_n, start_m, tile)
-
-    @gluon.jit
-    def masked_scores(self, s_t, start_n, start_m, tile):
-        return AttentionBackward.masked_scores(self, s_t, start_n, start_m, tile)
-
-    @gluon.jit
     def load(self, stage, bar, tile, step):
         """The step's Q and dO pieces and its rows' lse and delta (rows past N arrive as zeros)."""
         b, hk = self.tile_kv_head(tile)
