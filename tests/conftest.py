@@ -36,11 +36,3 @@ def fast_launch(monkeypatch):
         monkeypatch.setattr(cached, "compiled", type("Compiled", (dict,), {"get": lambda self, key: fake})())
         return fake
     return take
-
-
-@pytest.fixture(scope="session")
-def compiled_json():
-    """``compiled_json(code, *argv, timeout=900, cwd=None, env=None)``: run a compile snippet in a subprocess
-    without the interpreter and return its printed JSON (tests/compiled_run.py)."""
-    from compiled_run import compiled_json as run
-    return run

@@ -7,6 +7,7 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs, launch, plan
+from compiled_run import compiled_json
 
 
 @pytest.mark.parametrize("n, causal, expect", [(2048, True, True), (512, False, True), (4096, True, False),
@@ -40,7 +41,7 @@ print(json.dumps(rows))
 """
 
 
-def test_the_d128_kernel_without_dq_compiles_without_spills(compiled_json):
+def test_the_d128_kernel_without_dq_compiles_without_spills():
     rows = compiled_json(_COMPILE)
     on, off = rows["True"], rows["False"]
     for row in (on, off):

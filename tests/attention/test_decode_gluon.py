@@ -12,6 +12,7 @@ from tilecore.ops.attention import plan as attention_plan
 from tilecore.ops.attention_decode import configs, launch, plan
 from tilecore.tiles import switches
 from tilecore.tiles.launch import TmaOperand
+from compiled_run import compiled_json
 
 
 @pytest.fixture
@@ -151,7 +152,7 @@ print(json.dumps(out))
 """
 
 
-def test_the_kernel_compiles_for_sm90a_from_the_launch_arguments(compiled_json):
+def test_the_kernel_compiles_for_sm90a_from_the_launch_arguments():
     rows = compiled_json(_COMPILE)
     assert len(rows) == 7
     for name, row in rows.items():

@@ -10,7 +10,7 @@ import torch
 
 from tilecore.ops.hadamard import configs, gluon_quantize_wide as gw, orders, quantize
 from tilecore.ops.hadamard.reference import hadamard_matrix
-from compiled_run import compiled_json_lines
+from compiled_run import compiled_json, compiled_json_lines
 
 
 @pytest.mark.parametrize("m, dtype", [(172, torch.bfloat16), (140, torch.float16)])
@@ -273,7 +273,7 @@ print(json.dumps(rows))
 """
 
 
-def test_pair_joint_kernel_compiles_for_sm90(compiled_json):
+def test_pair_joint_kernel_compiles_for_sm90():
     """JOINT at HALVES 1 (11008: the tile's two rows' mixing as one N = 128 product, the six output blocks 3 : 3; the
     group formats) compiles for sm_90a: wgmma 120 -> 96 (the mixing's 18 [64, 64] chains as 3 [64, 128] and 3 [64, 64]
     chains a consumer); TMA, not serialized, within 227 KiB, fewer instructions, no more spills; AMAX (nvfp4's pass, the

@@ -11,6 +11,7 @@ import torch
 from tilecore.ops.linear_attention import gluon_gla_forward, launch
 from tilecore.ops.linear_attention.plan import tl_plan
 from tilecore.ops.linear_attention.reference import linear_attention_reference
+from compiled_run import compiled_json
 
 # ptxas's spills at Dk 128 (bf16, initial and final states; triton 3.6.0): none
 SPILLS_ALLOWED = 64
@@ -18,7 +19,7 @@ CODE = ("import json, torch; from tilecore.ops.linear_attention.gluon_gla_forwar
         "print(json.dumps([compile_report(128, torch.bfloat16, True), compile_report(64, torch.float16, False)]))")
 
 
-def test_gla_gluon_forward_compiles(compiled_json):
+def test_gla_gluon_forward_compiles():
     for r in compiled_json(CODE, timeout=900):
         assert r["tma"] and r["wgmma"] and r["mbarrier"], r
         assert not r["wgmma_serialized"], r
