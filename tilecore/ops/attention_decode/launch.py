@@ -62,6 +62,13 @@ def launch_decode(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-
                   dict(SPLITS=next_power_of_2(splits), BLOCK_D=block_d(Dv)))
 
 
+def gluon_options(cfg: dict, masks: dict, softcap: float, splits: int) -> dict:
+    """The Gluon split-key kernel's compile-time options, for the general launch and the keyed recipe alike; SOFTCAP
+    as the Gluon forward's: 2, tanh.approx.f32, unless the config says tanh_approx False (1)."""
+    return dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1,
+                STAGES=cfg["STAGES"], num_warps=4)
+
+
 def launch_decode_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, window=(-1, -1),
                         softcap: float = 0.0) -> None:
     """Hopper's Gluon split-key kernel (gluon_decode.py) on the plan's persistent grid (config PROGRAMS), then,
@@ -92,8 +99,7 @@ def launch_decode_gluon(plan, q, k, v, out, lse, causal: bool, scale: float, win
         (q, TmaOperand(k, [1, 1, block_n, D]), TmaOperand(v, [1, 1, block_n, Dv]),
          TmaOperand(o_rows, [1, cfg["BLOCK_M"], Dv]), lse_rows, *q.stride(), Hkv, N, Nk, Hq // Hkv, B * Hkv, splits,
          plan.sizes["keys_per_split"], left, right, scale_log2e, tanh_scale),
-        # SOFTCAP as the Gluon forward's: 2, tanh.approx.f32, unless the config says tanh_approx False (1)
-        dict(**masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1, STAGES=cfg["STAGES"], num_warps=4))
+        gluon_options(cfg, masks, softcap, splits))
     if splits == 1:
         if target is not out:
             out.copy_(target)
@@ -193,9 +199,8 @@ class _GluonDecodeLaunch:
         block_n, block_m = cfg["BLOCK_N"], cfg["BLOCK_M"]
         # O (one range: out itself, contiguous) or the float32 parts as (vectors, rows, Dv)
         o_view = lambda t: TmaOperand(t, [1, block_m, Dv], shape=[vectors, rows, Dv], strides=[rows * Dv, Dv, 1])
-        self.split = KeyedLaunch(GLUON_SPLIT_KEYS, plan.launch_key, (cfg["PROGRAMS"],), dict(
-            **masks, SOFTCAP=(2 if cfg.get("tanh_approx", True) else 1) if softcap else 0, MERGED=splits == 1,
-            STAGES=cfg["STAGES"], num_warps=4), operands={
+        self.split = KeyedLaunch(GLUON_SPLIT_KEYS, plan.launch_key, (cfg["PROGRAMS"],),
+                                 gluon_options(cfg, masks, softcap, splits), operands={
             1: lambda t: TmaOperand(t, [1, 1, block_n, D]), 2: lambda t: TmaOperand(t, [1, 1, block_n, Dv]),
             3: o_view})
         self.head = q.stride()
