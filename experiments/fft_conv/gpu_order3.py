@@ -19,6 +19,9 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
         (launch.scaled_half_bins), "bins laid c64" / "bins laid f16" (launch.laid_half_bins)
   (session 43, call 1 timed c64_f, RFFT 4's cast by one kernel against the torch passes: 8f5c0c8d's script has it; a
   layout probe by windows of f gathered in registers (tl.gather) was not run: 15.8 KB of spill at 32 registers)
+  c64_h, f16_h  (8192) c64 / f16 with KFULL's bins laid out by the gather-free kernel (launch.laid_half_bins form 2:
+        a program a half row, read in order, permuted in registers, sixteen 2 KiB runs written; the same bits as the
+        gather's layout: --same c64:c64_h); with --bins "bins laid2 c64" / "bins laid2 f16" time it alone
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
@@ -79,6 +82,8 @@ def tuples(n):
     for label in ("c64", "f16"):  # KFULL toggled (the bins laid out a call as the chunks read them: 16-byte loads)
         t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))
         out[label + "_k"] = (t[:4] + (not t[4],), label)
+        if n == 8192:  # KFULL's bins by the gather-free layout kernel (a program a half row, permuted in registers)
+            out[label + "_h"] = (t[:4] + (2,), label)
     return out
 
 
@@ -358,6 +363,9 @@ def main() -> int:
         fns["bins fused"] = lambda: conv_launch.scaled_half_bins(spectra["c64"])
         fns["bins laid c64"] = lambda: conv_launch.laid_half_bins(spectra["c64"], n)
         fns["bins laid f16"] = lambda: conv_launch.laid_half_bins(spectra["f16"], n)
+        if n == 8192:  # the gather-free layout (KFULL 2)
+            fns["bins laid2 c64"] = lambda: conv_launch.laid_half_bins(spectra["c64"], n, form=2)
+            fns["bins laid2 f16"] = lambda: conv_launch.laid_half_bins(spectra["f16"], n, form=2)
     copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
     kinds = {label: kind for label, _, kind in chosen}
 
@@ -368,8 +376,9 @@ def main() -> int:
         measured_ms = model.op_bytes(B, H, n) / copy_gbs / 1e6
         for name in fns:
             ms = t[name + key]
-            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else "bins torch" if name.startswith("bins ")
-                    else "c64")
+            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else
+                    name.replace("laid2", "laid") if name.startswith("bins laid2") else
+                    "bins torch" if name.startswith("bins ") else "c64")
             run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
                     vs_shipped=round(t[peer + key] / ms, 4) if peer + key in t else None,
                     pct_copy=round(100 * copy_ms / ms, 1), pct_measured_copy=round(100 * measured_ms / ms, 1),

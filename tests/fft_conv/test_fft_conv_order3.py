@@ -95,14 +95,16 @@ def test_scaled_bins_kernel_gives_the_torch_casts_bits():
     assert scale.tolist()[2:4] == [1.0, 1.0] and scale[4] == float("inf") and scale[1] > 2.0 ** 20
 
 
-@pytest.mark.parametrize("n", [8192, 16384])
-def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n):
+@pytest.mark.parametrize("n, form", [(8192, 1), (16384, 1), (8192, 2)])
+def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n, form):
     """KFULL (launch.laid_half_bins, one kernel; here through the interpreter): position p of a channel's laid-out row
     holds bin f = laid_order[p] (every f < L once), as the kernel's own gather gave it: f <= N the bin, past N the
     conjugate of L - f (0 - im, the kernel's negation); the bins' bits RFFT 4's (a complex64 spectrum, a channel with a
     NaN bin among them) or the float16 spectrum's as they are; and laid_order is the kernel's chunk tile: position ((j
     4 + w) 8 + cg) 128 + 4 lane + q at row r = 16 w + 8 (q // 2) + t, column c = 8 cg + 2 lc + q % 2 of chunk j, its bin
-    k_a + A k_b with k_a = 16 (r % A2) + r // A2 + KG j (as the walk's offsets f)."""
+    k_a + A k_b with k_a = 16 (r % A2) + r // A2 + KG j (as the walk's offsets f). Form 2 (8192: the gather-free kernel,
+    a program a half row; the scale from one half and the bin it lacks): the same bits, a channel whose largest part is
+    bin N and one whose is bin 0 among them."""
     a, b, a2 = gluon_order3.factors(n)
     L = 2 * n
     order = conv_launch.laid_order(n, torch.device("cpu")).long()
@@ -112,19 +114,47 @@ def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n):
     r, c = 16 * w + 8 * (q // 2) + lane // 4, 8 * cg + 2 * (lane % 4) + q % 2
     assert torch.equal(order[p], 16 * (r % a2) + r // a2 + (64 // a2) * j + a * c)
     g = torch.Generator().manual_seed(44)
-    k = torch.randn(2, n, generator=g) / math.sqrt(n)
+    k = torch.randn(4, n, generator=g) / math.sqrt(n)
     spectrum = filter_spectrum(k, n)
     spectrum[1, 5] = complex(float("nan"), 0.0)
+    spectrum[2, n] = complex(-9.0, 0.0)
+    spectrum[3, 0] = complex(0.0, 9.0)
     for given, (bins, scale) in ((spectrum, scaled_half_bins(spectrum)),
                                  (filter_spectrum(k, n, torch.float16), (filter_spectrum(k, n, torch.float16), None))):
-        laid, laid_scale = conv_launch.laid_half_bins(given, n)
-        assert laid.shape == (2, L, 2) and laid.dtype == torch.float16
+        laid, laid_scale = conv_launch.laid_half_bins(given, n, form=form)
+        assert laid.shape == (4, L, 2) and laid.dtype == torch.float16
         assert (laid_scale is None) == (scale is None) and (scale is None or torch.equal(laid_scale, scale))
         mirrored = order > n
         at = bins[:, torch.where(mirrored, L - order, order)]
         im = torch.where(mirrored, torch.zeros_like(at[..., 1]) - at[..., 1], at[..., 1])
         want = torch.stack((at[..., 0], im), -1)
         assert torch.equal(laid.view(torch.int16), want.view(torch.int16))
+
+
+CODE_LAID = """
+import json, re, sys, torch
+from tilecore.ops.fft_conv import kernels_bins
+from tilecore.tiles.compile import compile_kernel, resources
+scale = sys.argv[1] == "1"
+X = torch.empty(4, 8193, 2, dtype=torch.float32 if scale else torch.float16)
+Y = torch.empty(4, 16384, 2, dtype=torch.float16)
+compiled = compile_kernel(kernels_bins.laid_half_bins_halves_kernel, dict(X=X, Y=Y, S=torch.empty(4), stride_h=8193,
+                                                                          SCALE=scale), num_warps=8)
+ptx = compiled.asm["ptx"]
+print(json.dumps(dict(ldg=len(re.findall(r"ld\\.global", ptx)), stg=len(re.findall(r"st\\.global", ptx)),
+                      stg16=len(re.findall(r"st\\.global\\.v4\\.b32", ptx)), **vars(resources(compiled)))))
+"""
+
+
+@pytest.mark.parametrize("scale", [1, 0])
+def test_gather_free_layout_compiles_for_hopper(scale):
+    """KFULL's form 2 (kernels_bins.laid_half_bins_halves_kernel) on sm_90a: no spill, two programs a multiprocessor
+    by registers; a thread's half row by 32 loads (8-byte float pairs or 4-byte float16 pairs: in order, no index
+    table), its 32 bins' words stored as eight 16-byte vectors (the permute a layout conversion in shared memory), and
+    RFFT 4's scale and lacking bin (SCALE) one more load and one more store."""
+    row = compiled_json(CODE_LAID, str(scale), timeout=600)
+    assert row["spill_stores"] == 0 and row["threads"] == 256 and 2 * row["registers"] * 256 <= 65536, row
+    assert row["ldg"] == 32 + scale and row["stg16"] == 8 and row["stg"] == 8 + scale, row
 
 
 def test_order3_arithmetic_keeps_nonfinite_in_its_sequence():

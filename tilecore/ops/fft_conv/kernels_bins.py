@@ -66,3 +66,37 @@ def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr
         if SCALE:
             x = tl.math.div_rn(x, s).to(tl.float16)
         tl.store(out + 2 * p + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))
+
+
+@triton.jit
+def laid_half_bins_halves_kernel(X, Y, S, stride_h, SCALE: tl.constexpr):
+    """KFULL at N = 8192 (L = 16384), the same output as laid_half_bins_kernel without a gather: position p and bin f
+    are one 14-bit index with its bit fields permuted (laid_order: f = w + 4 j + 16 t + 128 q1 + 256 q0 + 512 lc + 2048
+    cg, p = q0 + 2 q1 + 4 lc + 16 t + 128 cg + 1024 w + 4096 j), so a program reads a contiguous half of the virtual
+    row (half 0: bins f < 8192; half 1: bin N, then the conjugates of bins 8191 .. 1) with coalesced loads, permutes it
+    in registers (a reshape, a permute: the compiler's layout conversion) and writes sixteen 2 KiB runs of p. The
+    mirror makes each half hold all but one of the row's bins, so the scale (SCALE: the largest |re|, |im| as
+    _row_scale's) needs one more bin and no second read of the row. Program (h, half); X, S as laid_half_bins_kernel,
+    Y (H, L, 2) float16."""
+    h = tl.program_id(0).to(tl.int64)
+    half = tl.program_id(1)
+    row = X + h * (2 * stride_h)
+    i = tl.arange(0, 8192)[:, None]
+    pair = tl.arange(0, 2)[None, :]
+    x = tl.load(row + 2 * tl.where(half == 0, i, 8192 - i) + pair)
+    if SCALE:
+        rest = tl.load(row + 2 * (8192 - 8192 * half) + tl.arange(0, 2))  # the bin this half lacks (N or 0)
+        bad = tl.maximum(tl.max(tl.max((x != x).to(tl.int32), 1), 0), tl.max((rest != rest).to(tl.int32), 0))
+        m = tl.maximum(tl.max(tl.max(tl.abs(x), 1), 0), tl.max(tl.abs(rest), 0))
+        s = tl.where(bad > 0, 1.0, tl.where(m > 0, m, 1.0))
+        if half == 0:
+            tl.store(S + h, s)
+        x = tl.math.div_rn(x, s).to(tl.float16)
+    x = tl.where((half == 1) & (i > 0) & (pair == 1), 0.0 - x, x)
+    re, im = tl.split(x)
+    bits = (re.to(tl.uint16, bitcast=True).to(tl.uint32)
+            | (im.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)).to(tl.int32, bitcast=True)
+    # f's fields (cg % 4, lc, q0, q1, t, j, w) as axes, to p's order (j, w, cg % 4, t, lc, q1, q0)
+    bits = tl.reshape(tl.permute(tl.reshape(bits, [4, 4, 2, 2, 8, 4, 4]), (5, 6, 0, 4, 1, 3, 2)), [16, 512])
+    out = Y.to(tl.pointer_type(tl.int32)) + h * 16384 + half * 512
+    tl.store(out + tl.arange(0, 16)[:, None] * 1024 + tl.arange(0, 512)[None, :], bits)

@@ -240,10 +240,13 @@ def laid_order(n: int, device: torch.device) -> torch.Tensor:
     return (16 * (r % a2) + r // a2 + kg * j + a * c).reshape(-1).to(torch.int32).to(device)
 
 
-def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def laid_half_bins(spectrum: torch.Tensor, n: int, key=None,
+                   form: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KFULL: the spectrum's float16 bins laid out as the order-3 kernel reads them (laid_order: (H, L, 2), bins past N
     conjugated here), by one kernel: a complex64 spectrum (H, N + 1) scaled as scaled_half_bins (the same bins'
-    bits; the scales returned), float16 pairs (H, N + 1, 2) as they are (None). ``key``: a keyed launch."""
+    bits; the scales returned), float16 pairs (H, N + 1, 2) as they are (None). ``key``: a keyed launch. ``form`` 2
+    (N = 8192): the same bits by the gather-free kernel (kernels_bins.laid_half_bins_halves_kernel, a program a half
+    row)."""
     if spectrum.dtype == torch.float16:
         pairs, scale = half_bins(spectrum), None
     else:
@@ -252,7 +255,12 @@ def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tens
         scale = torch.empty(pairs.shape[0], dtype=torch.float32, device=pairs.device)
     H = pairs.shape[0]
     laid = torch.empty(H, 2 * n, 2, dtype=torch.float16, device=pairs.device)
-    if H:
+    if H and form == 2:
+        if n != 8192:
+            raise ValueError(f"the gather-free layout (form 2) is N = 8192's (its fields are L = 16384's); got N = {n}")
+        LAID_HALF_BINS_HALVES.run(key, (H, 2), (pairs, laid, laid if scale is None else scale, pairs.stride(0) // 2),
+                                  dict(SCALE=scale is not None, num_warps=8))
+    elif H:
         LAID_HALF_BINS.run(key, (H,), (pairs, laid, laid if scale is None else scale, laid_order(n, pairs.device),
                                        pairs.shape[1], pairs.stride(0) // 2, 2 * n),
                            dict(SCALE=scale is not None, BLOCK=2048, num_warps=8))
@@ -413,6 +421,7 @@ def order3_operands(a: int, b: int, device: torch.device) -> dict:
 
 SCALED_HALF_BINS = CachedLaunch(lambda: kernels_bins.scaled_half_bins_kernel)
 LAID_HALF_BINS = CachedLaunch(lambda: kernels_bins.laid_half_bins_kernel)
+LAID_HALF_BINS_HALVES = CachedLaunch(lambda: kernels_bins.laid_half_bins_halves_kernel)
 CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_order3").fft_conv_gluon_order3_kernel)
 
@@ -438,7 +447,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
         raise ValueError(f"the order-3 kernel reads float16 bins: rfft 3 takes a float16 spectrum (H, N + 1, 2), "
                          f"rfft 4 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
     if kfull:  # (laid out a call: 16-byte loads in the kernel; a complex64 spectrum scaled as RFFT 4's)
-        k, ks = laid_half_bins(spectrum, N, bins_key)
+        k, ks = laid_half_bins(spectrum, N, bins_key, 2 if kfull == 2 else 1)
     elif spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
         k = half_bins(spectrum)
     else:  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS)
