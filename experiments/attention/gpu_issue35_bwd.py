@@ -29,6 +29,8 @@ GPU time from CUDA graphs in interleaved rounds):
   first:    the shipped softcap backward against the plain backward, B16 H16 N4096 causal and full (N:D cases)
   fchecks, fchecks2, fchecks64: the shipped softcap against float64 (see checks_first)
   nan:      both softcap forms with NaN q / k rows, causal and a window, against float64 and each other's NaN pattern
+  empty:    a NaN in a query row that sees no key: dQ 0 there (the dq kernel, fused, D64), NaN where the reference's
+  fsoft:    the forward with softcap 30 against the forward without it, B16 H16 N4096 (N:D cases)
   capture:  a causal forward planned inside a patched block entered on every call, from CUDA graphs, against the same
             call unpatched (the patched + graph artefact: see phase_capture)
 Writes $OUT/issue35_bwd.json; the table last.
@@ -48,7 +50,8 @@ import torch  # noqa: E402
 
 from experiments.common.gpu_script import Run, check, eager_ms, poisoned, time_rounds  # noqa: E402
 from tilecore.ops.attention import launch, plan  # noqa: E402
-from tilecore.ops.attention.reference import attention_reference, effective_window  # noqa: E402
+from tilecore.ops.attention.reference import (attention_backward_reference, attention_reference,  # noqa: E402
+                                              effective_window)
 
 CAP = 30.0
 
@@ -61,10 +64,10 @@ def folded(causal, window):
     return False, (left, right)
 
 
-def inputs(b, hq, hkv, n, d, dtype, seed=0):
+def inputs(b, hq, hkv, n, d, dtype, seed=0, nk=None):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(b, hq, n, d, dtype=dtype, device="cuda", generator=g)
-    k, v = (torch.randn(b, hkv, n, d, dtype=dtype, device="cuda", generator=g) for _ in range(2))
+    k, v = (torch.randn(b, hkv, nk or n, d, dtype=dtype, device="cuda", generator=g) for _ in range(2))
     dout = torch.randn(b, hq, n, d, dtype=dtype, device="cuda", generator=g)
     return q, k, v, dout
 
@@ -96,6 +99,16 @@ def reference_grads(q, k, v, dout, causal, window, softcap):
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     ref, _ = attention_reference(q64, k64, v64, causal=causal, window_size=window, softcap=softcap)
     return torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+
+
+def formula_grads(q, k, v, dout, causal, window, softcap):
+    """float64 gradients by the FlashAttention-2 formulas (attention_backward_reference): the cap's derivative of the
+    masked scores, so a masked NaN score gives dS 0 (autograd through attention_reference takes tanh' of it: NaN)."""
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5
+    o, lse = attention_reference(q64, k64, v64, causal=causal, scale=scale, window_size=window, softcap=softcap)
+    return attention_backward_reference(dout.double(), q64, k64, v64, o, lse, None, causal=causal, scale=scale,
+                                        window_size=window, softcap=softcap, compute_dtype=torch.float64)
 
 
 def check_case(run, name, b, hq, hkv, n, causal, window, softcap, dtype, variants, d=128):
@@ -227,6 +240,35 @@ def phase_first(run, rounds, cases="4096c,4096f", batch=16):
 
 
 
+def phase_fsoft(run, rounds, cases="4096c,4096f,4096c:64"):
+    """The forward with softcap 30 against the same forward without it (issue 35: >= 0.9x the speed; 0.913x / 0.838-
+    0.864x in session 26's two H100 rounds, not timed since), B16 H16 bf16, the shipped plans (tanh.approx.f32,
+    SOFTCAP 2), from CUDA graphs in interleaved rounds. N, c (causal) / f (full), optionally :D (128)."""
+    h, batch = 16, 16
+    for case in cases.split(","):
+        shape, _, dim = case.partition(":")
+        n, causal, d = int(shape[:-1]), shape[-1] == "c", int(dim or 128)
+        q, k, v, _ = inputs(batch, h, h, n, d, torch.bfloat16, seed=6)
+        scale = d ** -0.5
+        outs = {x: (torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)) for x in ("plain", "softcap")}
+        plans = {x: plan.plan_forward(q, k, v, causal, scale, softcap=cap) for x, cap in (("plain", 0.0),
+                                                                                          ("softcap", CAP))}
+        fns = {}
+        for x, cap in (("plain", 0.0), ("softcap", CAP)):
+            fns[x] = (lambda p=plans[x], o=outs[x], cap=cap, t=(q, k, v):
+                      launch.forward(p, *t, *o, causal, scale, (-1, -1), cap))
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        t, row = graph_rounds(run, fns, rounds)
+        if all(t.get(f"{x}_graph_ms") for x in fns):
+            row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
+        run.row(f"softcap{CAP:g} {'causal' if causal else 'full'} B{batch} H{h} N{n} D{d} fwd", kind="time",
+                paths=[plans[x].path for x in fns], **row)
+        del q, k, v, outs, fns
+        torch.cuda.empty_cache()
+
+
 def checks_nan(run):
     """NaN inputs through the softcap backward, causal (rows and keys masked on the diagonal blocks), B1 H4 N1024 bf16:
     q row 100 of head 0 and k row 500 of head 1 NaN; a window (200, 0) in heads 2, 3 with q row 300 and k row 40 NaN.
@@ -252,6 +294,41 @@ def checks_nan(run):
             same = all(torch.equal(a, b) for a, b in zip(nan[label], nan["shipped"]))
             run.row(f"check NaN inputs causal window {window} N1024 {label}", kind="check", pass_=ok,
                     nan_as_shipped=same, **row)
+
+
+def checks_empty(run):
+    """A NaN in a query row that sees no key gives that row dQ 0 (the float64 FlashAttention-2 formulas', formula_grads;
+    the tl kernels' and the CPU path's, tests/attention/test_backward_nan_empty_rows.py); before, the dq kernel's
+    SOFTCAP 3 gave it NaN (ds - ds tanh^2 with tanh NaN). N 1100 over Nk 1000, B1 H4 bf16, softcap 30: rows 0-99 see
+    no key, causal or with a window (200, 0); q row 50 of head 0 NaN (no key), q row 600 of head 1 NaN (keys). dQ by
+    the dq kernel (causal, window) and fused (causal) at D128, by the dQ warpgroup at D64 (causal). pass_: dQ's check (NaN where the reference's, finite
+    elsewhere, error <= 2.5x the floor) and row 50's dQ exactly 0. dK / dV: the error over the elements finite in both
+    (the reference's dK is NaN at every key of heads 0 and 1: q^T dS multiplies dS's 0 by the NaN row; the kernels'
+    only where a NaN row's block meets the key). autograd_empty_row_dq_nan: autograd through attention_reference."""
+    cases = [(128, "dq kernel", dict(dq_from="gluon"), (-1, -1)), (128, "dq kernel", dict(dq_from="gluon"), (200, 0)),
+             (128, "fused", dict(dq_from="fused"), (-1, -1)), (64, "shipped", {}, (-1, -1))]
+    for d, label, overrides, window in cases:
+        if run.left() < 6:
+            return
+        q, k, v, dout = inputs(1, 4, 4, 1100, d, torch.bfloat16, seed=11, nk=1000)
+        q[0, 0, 50, 7], q[0, 1, 600, 3] = float("nan"), float("nan")
+        ref = formula_grads(q, k, v, dout, True, window, CAP)
+        autograd_dq = reference_grads(q, k, v, dout, True, window, CAP)[0]
+        out, lse = forward(q, k, v, True, window, CAP)
+        fn, grads, _ = backward_fn(q, k, v, dout, out, lse, True, window, CAP, **overrides)
+        fn()
+        torch.cuda.synchronize()
+        c = check(grads[0], ref[0], tol=2.5)
+        row = {"dq_x": c.get("err_over_floor"), "dq_nonfinite_ok": c.get("nonfinite_ok"),
+               "empty_row_dq_zero": bool((grads[0][0, 0, 50] == 0).all()),
+               "ref_empty_row_dq_zero": bool((ref[0][0, 0, 50] == 0).all()),
+               "autograd_empty_row_dq_nan": bool(torch.isnan(autograd_dq[0, 0, 50]).any())}
+        for g_name, g, r in zip(("dk", "dv"), grads[1:], ref[1:]):
+            both = torch.isfinite(r) & torch.isfinite(g)
+            row[f"{g_name}_x"] = check(g[both], r[both]).get("err_over_floor")
+        ok = bool(c["pass"]) and row["empty_row_dq_zero"]
+        run.row(f"check empty NaN row {'causal' if window == (-1, -1) else window} D{d} {label}", kind="check",
+                pass_=ok, **row)
 
 
 def checks_first(run, which="a"):
@@ -418,6 +495,7 @@ def main():
     ap.add_argument("--delta-cases", default="4096c,2048c,4096f", help="phase delta's N and c (causal) / f (full)")
     ap.add_argument("--first-cases", default="4096c,4096f", help="phase first's N and c (causal) / f (full), :D (128)")
     ap.add_argument("--batch", type=int, default=16, help="phase first's batch")
+    ap.add_argument("--fsoft-cases", default="4096c,4096f,4096c:64", help="phase fsoft's N, c / f, :D")
     args = ap.parse_args()
     run = Run("issue35_bwd", deadline=args.deadline)
     steps = {"softcap": lambda: phase_softcap(run, args.rounds), "schecks": lambda: checks_softcap(run),
@@ -428,8 +506,9 @@ def main():
              "first": lambda: phase_first(run, args.rounds, args.first_cases, args.batch),
              "fchecks": lambda: checks_first(run, "a"), "fchecks2": lambda: checks_first(run, "b"),
              "capture": lambda: phase_capture(run, args.rounds), "nan": lambda: checks_nan(run),
+             "empty": lambda: checks_empty(run), "fsoft": lambda: phase_fsoft(run, args.rounds, args.fsoft_cases),
              "fchecks64": lambda: checks_first(run, "d64")}
-    need = {"flex": 22, "both": 12, "packed": 15, "first": 30, "fchecks2": 15, "fchecks64": 15, "nan": 12, "capture": 10}  # seconds a phase needs left to start (compiles)
+    need = {"flex": 22, "both": 12, "packed": 15, "first": 30, "fchecks2": 15, "fchecks64": 15, "nan": 12, "capture": 10, "empty": 12, "fsoft": 15}  # seconds a phase needs left to start (compiles)
     for name in args.phases.split(","):  # in the order given
         if name == "flex" and not WINDOW_STATE:
             continue
@@ -437,7 +516,7 @@ def main():
             run.attempt(name, steps[name])
         else:
             run.say(f"skipped {name}: {run.left():.0f} s left")
-    run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "nan_as_shipped", "dq_nonfinite_ok", "dk_nonfinite_ok", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
+    run.finish(["name", "pass_", "dq_x", "dk_x", "dv_x", "empty_row_dq_zero", "nan_as_shipped", "dq_nonfinite_ok", "dk_nonfinite_ok", "nocap_graph_ms", "softcap_graph_ms", "softcap_of_nocap",
                 "ours_graph_ms", "ours_tflops", "flex_ms", "ours_ms", "ours_x_flex", "plain_graph_ms", "delta_graph_ms", "delta_speedup",
                 "softcap_of_plain", "softcap_of_delta",
                 "unpatched_graph_ms", "patched_graph_ms", "patched_over_unpatched", "long_fused_over_split_graph",

@@ -62,7 +62,7 @@ class AttentionDQ:
     BN: gl.constexpr
     D: gl.constexpr
     WINDOW: gl.constexpr  # as the forward's (query_tile: a tile's steps from its first_block)
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS by ds - ds tanh^2 (fixed)
+    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32; 3: 2 with dS = P (y - y tanh^2) (fixed)
 
     @gluon.jit
     def head(self, bh):
@@ -158,21 +158,27 @@ class AttentionDQ:
             s = tanh_approx(s * self.tanh_scale)
         elif self.SOFTCAP:
             s = tanh_from_exp2(s * self.tanh_scale)
-        if self.SOFTCAP == 3:  # tanh^2 of the unmasked scores: finite, and masked keys have p = 0
-            tanh2 = s * s
+        if self.SOFTCAP == 3:  # the cap's derivative into y = dP - delta first: y - y tanh^2 of the unmasked tanh
+            y = dp - gl.expand_dims(st.delta, 1)
+            y = y - y * (s * s)
         if self.WINDOW:
             if window_needs_mask(st.first, start_n, self.BM, self.BN, N, Nk, self.left, self.right):
                 s = window_mask_scores(s, s_layout, st.first, start_n, N, Nk, self.left, self.right)
+                if self.SOFTCAP == 3:  # a masked key's dS is 0, whatever its score (NaN in a row with no key)
+                    y = gl.where(s == float("-inf"), 0.0, y)
         elif needs_mask(st.first, start_n, self.BN, N, Nk, self.CAUSAL):
             s = mask_scores(s, s_layout, st.first, start_n, N, Nk, self.CAUSAL, KEY_AXIS=1)
+            if self.SOFTCAP == 3:
+                y = gl.where(s == float("-inf"), 0.0, y)
         p = gl.exp2(s * self.scale_log2e - gl.expand_dims(st.lse2, 1))
-        if not self.SOFTCAP:
-            dp = warpgroup_mma_wait(0, deps=(dp,))
-        ds = p * (dp - gl.expand_dims(st.delta, 1))
-        if self.SOFTCAP == 3:  # the cap's derivative: ds (1 - tanh^2) as ds - ds tanh^2, one FFMA an element
-            ds = ds - ds * tanh2
-        elif self.SOFTCAP:  # the cap's derivative 1 - tanh^2, 0 where masked (tanh -inf: min(inf, 1))
-            ds = ds * (1.0 - gl.minimum(s * s, 1.0))
+        if self.SOFTCAP == 3:
+            ds = p * y
+        else:
+            if not self.SOFTCAP:
+                dp = warpgroup_mma_wait(0, deps=(dp,))
+            ds = p * (dp - gl.expand_dims(st.delta, 1))
+            if self.SOFTCAP:  # the cap's derivative 1 - tanh^2, 0 where masked (tanh -inf: min(inf, 1))
+                ds = ds * (1.0 - gl.minimum(s * s, 1.0))
         # written with no wgmma running (else ptxas serializes every wgmma: C7513)
         ds_layout: gl.constexpr = gl.DotOperandLayout(
             operand_index=0, parent=wgmma_layout(self.BM, self.D, gl.num_warps()), k_width=2)
