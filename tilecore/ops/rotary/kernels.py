@@ -40,9 +40,11 @@ def rotary_kernel(X, COS, SIN, POS, OUT, seqlen, heads, n_max,
             pos = tl.load(POS + b * stride_pb + n * stride_pn).to(tl.int64)
         else:
             pos = n
-        valid = (pos >= 0) & (pos < n_max)
         i = tl.arange(0, BLOCK_R)
-        imask = (i < R) & valid
+        # The position compared as a vector: triton's interpreter splats a scalar bool into an int32 block,
+        # which its loads refuse as a mask from 3.9 on ("mask has unsupported dtype").
+        pos_i = pos + tl.zeros([BLOCK_R], tl.int64)
+        imask = (i < R) & (pos_i >= 0) & (pos_i < n_max)
         cos = tl.load(COS + pos * stride_cos + i, mask=imask, other=float("nan")).to(tl.float32)[None, :]
         sin = tl.load(SIN + pos * stride_sin + i, mask=imask, other=float("nan")).to(tl.float32)[None, :]
         if CONJUGATE:
