@@ -228,15 +228,22 @@ def phase_first(run, rounds, cases="4096c,4096f", batch=16):
         out1, lse1 = forward(q, k, v, causal, (-1, -1), CAP)
         fns = {"plain": backward_fn(q, k, v, dout, out0, lse0, causal, (-1, -1), 0.0)[0],
                "softcap": backward_fn(q, k, v, dout, out1, lse1, causal, (-1, -1), CAP)[0]}
-        for f in fns.values():
-            f()
-        torch.cuda.synchronize()
-        t, row = graph_rounds(run, fns, rounds)
-        if all(t.get(f"{x}_graph_ms") for x in fns):
-            row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
-        run.row(f"softcap{CAP:g} {'causal' if causal else 'full'} B{batch} H{h} N{n} D{d} bwd", kind="time", **row)
+        softcap_against_plain(run, fns, rounds, f"softcap{CAP:g} {'causal' if causal else 'full'} B{batch} H{h} N{n} "
+                              f"D{d} bwd")
         del q, k, v, dout, out0, lse0, out1, lse1, fns
         torch.cuda.empty_cache()
+
+
+def softcap_against_plain(run, fns, rounds, name, **extra):
+    """fns "plain" and "softcap" run once, then timed from CUDA graphs in interleaved rounds: a row with the softcap's
+    speed over the plain one's."""
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    t, row = graph_rounds(run, fns, rounds)
+    if all(t.get(f"{x}_graph_ms") for x in fns):
+        row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
+    run.row(name, kind="time", **extra, **row)
 
 
 
@@ -257,14 +264,8 @@ def phase_fsoft(run, rounds, cases="4096c,4096f,4096c:64"):
         for x, cap in (("plain", 0.0), ("softcap", CAP)):
             fns[x] = (lambda p=plans[x], o=outs[x], cap=cap, t=(q, k, v):
                       launch.forward(p, *t, *o, causal, scale, (-1, -1), cap))
-        for f in fns.values():
-            f()
-        torch.cuda.synchronize()
-        t, row = graph_rounds(run, fns, rounds)
-        if all(t.get(f"{x}_graph_ms") for x in fns):
-            row["softcap_of_plain"] = t["plain_graph_ms"] / t["softcap_graph_ms"]
-        run.row(f"softcap{CAP:g} {'causal' if causal else 'full'} B{batch} H{h} N{n} D{d} fwd", kind="time",
-                paths=[plans[x].path for x in fns], **row)
+        softcap_against_plain(run, fns, rounds, f"softcap{CAP:g} {'causal' if causal else 'full'} B{batch} H{h} N{n} "
+                              f"D{d} fwd", paths=[plans[x].path for x in fns])
         del q, k, v, outs, fns
         torch.cuda.empty_cache()
 
