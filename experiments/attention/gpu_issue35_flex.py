@@ -13,6 +13,11 @@ paged: decode, B32, 4096 keys a sequence, Hq 32 / Hkv 8, D128, page 128 (Flex's 
     block_table against torch's PagedAttention helper over flex_attention (its converted block mask on
     the physical cache), both eager do_bench medians and tilecore also from a CUDA graph (do_bench_cudagraph).
     Target: >= 1.3x Flex's paged attention.
+chunked (session 44): chunked prefill, a chunk of new queries whose keys are appended to a cache of 4096 keys (B8,
+    Hq 32 / Hkv 8, D128, causal aligned to the bottom right; chunk 512, and 1 for decode), through
+    tilecore.attention_with_kvcache with paged caches (pages 16..256, shuffled) and with the contiguous cache holding
+    the same keys; GPU time from CUDA graphs, interleaved rounds (gpu_script.time_rounds). Target: >= 0.95x the
+    contiguous cache's speed (never timed for a chunk before). Checks: sequence 0's O of each layout against float64.
 Checks (bf16): tilecore's and Flex's outputs against a float64 reference of one sequence each (the
 longest short one for packed, sequence 0 for paged), error as a multiple of the bf16 rounding floor;
 outputs poisoned with NaN before the call. Writes $OUT/issue35_flex.json and prints a table last.
@@ -27,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from experiments.attention.gpu_varlen import long_tailed_lengths  # noqa: E402 (the batch gpu_varlen times)
-from experiments.common.gpu_script import eager_ms, graph_ms  # noqa: E402
+from experiments.common.gpu_script import eager_ms, graph_ms, time_rounds  # noqa: E402
 
 RESULTS = {"rows": [], "checks": [], "errors": []}
 
@@ -183,9 +188,49 @@ def paged(page=128, b=32, n=4096, hq=32, hkv=8, d=128):
     print(row, flush=True)
 
 
+def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256), rounds=3):
+    import tilecore
+
+    dev, total = "cuda", n + chunk
+    g = torch.Generator(device=dev).manual_seed(chunk)
+    q = torch.randn(b, chunk, hq, d, dtype=torch.bfloat16, device=dev, generator=g)
+    kn, vn = (torch.randn(b, chunk, hkv, d, dtype=torch.bfloat16, device=dev, generator=g) for _ in range(2))
+    kc, vc = (torch.randn(b, total, hkv, d, dtype=torch.bfloat16, device=dev, generator=g) for _ in range(2))
+    seqlens = torch.full((b,), n, dtype=torch.int32, device=dev)
+    row = {"case": f"chunked prefill B{b} cache {n} + chunk {chunk} Hq{hq}/Hkv{hkv} D{d} causal, graphs"}
+    RESULTS["rows"].append(row)
+    layouts = {"contiguous": (kc, vc, None)}
+    for page in pages:  # the same keys on shuffled pages
+        count = b * -(-total // page)
+        table = torch.randperm(count, device=dev).int().view(b, -1)
+        kp, vp = (torch.full((count, page, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2))
+        for src, dst in ((kc, kp), (vc, vp)):
+            dst.view(-1, hkv, d)[(table.long()[:, :, None] * page + torch.arange(page, device=dev)).view(b, -1)[
+                :, :total]] = src
+        layouts[f"paged{page}"] = (kp, vp, table)
+    k0, v0 = torch.cat([kc[0, :n], kn[0]]), torch.cat([vc[0, :n], vn[0]])
+    ref = reference(q[0], k0, v0, True)
+    fns = {}
+    for name, (kk, vv, table) in layouts.items():
+        out = tilecore.attention_with_kvcache(q, kk, vv, kn, vn, cache_seqlens=seqlens, block_table=table,
+                                              causal=True)
+        RESULTS["checks"].append({"case": f"chunk {chunk} {name} seq 0 O", "x_floor": floor_multiple(out[0], ref),
+                                  "nan": bool(out.isnan().any())})
+        fns[name] = (lambda kk=kk, vv=vv, table=table: tilecore.attention_with_kvcache(
+            q, kk, vv, kn, vn, cache_seqlens=seqlens, block_table=table, causal=True))
+    t = time_rounds(fns, rounds=rounds, graph=True, eager=False)
+    row.update({k_: v_ for k_, v_ in t.items() if not k_.endswith("_rounds")})
+    row["rounds"] = {k_: v_ for k_, v_ in t.items() if k_.endswith("_rounds")}
+    for name in fns:
+        if name != "contiguous" and t.get(f"{name}_graph_ms") and t.get("contiguous_graph_ms"):
+            row[f"{name}_of_contiguous"] = t["contiguous_graph_ms"] / t[f"{name}_graph_ms"]
+    print(row, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="packed,paged")
+    ap.add_argument("--only", default="packed,paged", help="packed, paged, chunked (comma-separated)")
+    ap.add_argument("--chunks", default="512,1", help="chunked's chunk sizes")
     args = ap.parse_args()
     from experiments.common.meta import meta
     RESULTS["meta"] = meta()
@@ -194,6 +239,9 @@ def main():
         guarded("paged", paged)
     if "packed" in args.only:
         guarded("packed", packed)
+    if "chunked" in args.only:
+        for chunk in (int(c) for c in args.chunks.split(",")):
+            guarded(f"chunked {chunk}", lambda chunk=chunk: chunked(chunk))
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "issue35_flex.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)
