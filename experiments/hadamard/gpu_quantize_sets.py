@@ -46,7 +46,9 @@ e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOIN
 N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
 widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the tile's two rows' mixing as one N = 128
 product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer). --set jb: run 1's flips against the plans before them, and the
-second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO.
+second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO. --set ka (session 44): fp8 / e5m2 / int8 16384 with SOLO (a
+consumer a program on its own ring, two programs an SM); int4 2048 with INT_BITS under 128 registers, codes by pointers,
+a persistent grid.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -496,6 +498,23 @@ SETS["jc"] = {  # (priority order)
     ("nvfp4", 14336): [("pairs", dict(e2m1_pairs=True))],
 }
 
+# session 44, batch 1 (helper HE): fp8 / e5m2 16384 (86.8-88.4% of copy) and int8 16384 on the transform's Gluon pipeline
+# with SOLO (gluon_kernels: one consumer warpgroup a program on its own ring, two programs an SM at 128 registers a thread,
+# a row a tile, the (4, 64, 64) split: 384 tensor FLOP an element): session 42's OWN (a consumer a row, both consumers on
+# one ring) ran fp8 16384 at 0.985x the pow2 plan, its consumers taking every stage together and so quantizing together;
+# two programs with rings of their own drift apart, one multiplying while the other quantizes (sm_90a: 20 wgmma, 74 KB at
+# 4 stages / 107 KB at 8, 28 B spilled, not serialized). int4 2048 (88.0%): its shipped plan has 128 registers (four
+# programs an SM); INT_BITS took 129 (three programs: 0.92x in session 39), so INT_BITS capped at 128; codes by pointers
+# (no TMA store); a persistent grid (4 programs an SM, not 64 drawn by the hardware).
+SOLO = dict(gluon_rows=True, solo=True, clamp_lo=2)
+SETS["ka"] = {  # (priority order)
+    ("fp8_e4m3", 16384): [("solo", SOLO), ("solo_s8", dict(SOLO, stages=8))],
+    ("int4", 2048): [("ib_r128", dict(int_bits=True, maxnreg=128)), ("w4", dict(waves=4)),
+                     ("ptr_store", dict(tma_store=False))],
+    ("fp8_e5m2", 16384): [("solo", SOLO), ("solo_s8", dict(SOLO, stages=8))],
+    ("int8", 16384): [("solo_ib", dict(SOLO, int_bits=True)), ("solo_ib_s8", dict(SOLO, int_bits=True, stages=8))],
+}
+
 
 def cases(name: str):
     """[(fmt, n, variant, tuning)] in the order they run: the shipped plan first in each (format, n)."""
@@ -550,13 +569,14 @@ def config_of(plan) -> str:
     if plan.path == "gluon_rows":
         return f"gluon_rows S{c['S']} st{c['STAGES']} la{c['LOOKAHEAD']}" + (f" cl{c['CLAMP_LO']}" if c.get("CLAMP_LO")
                                                                             else "") + (" own" if c.get("OWN") else "") \
-            + (" swap" if c.get("SWAP") else "") + (" perm" if c.get("PERM") else "")
+            + (" swap" if c.get("SWAP") else "") + (" perm" if c.get("PERM") else "") + (" solo" if c.get("SOLO") else "")
     if plan.path == "gluon_wide":
         return "gluon_wide" + "".join(f" {k.lower()}" for k in ("UNITS", "JOINT", "PERM", "KTRIM") if c.get(k))
     if plan.path != "pow2":
         return plan.path
     return (f"({c['S']},{c['N1']},{c['N2']}) B{c['B']} w{c['num_warps']} s{c['num_stages']} g{plan.grid[0]}"
-            + (" perm" if c.get("PERM") else "") + (" tmaS" if c.get("TMA_STORE") else ""))
+            + (" perm" if c.get("PERM") else "") + (" tmaS" if c.get("TMA_STORE") else "")
+            + (f" r{c['maxnreg']}" if c.get("maxnreg") else ""))
 
 
 def check_codes(x, fmt, tuning, rows_checked=64) -> dict:
