@@ -103,3 +103,16 @@ class Kept:
         self.calls.append(args)
         if self.counts is not None:
             self.counts["launch"] += 1
+
+
+def served_calls(monkeypatch, recipe_class, caches):
+    """A fixture's body for a recipe class's tests: ``caches`` emptied before and after, and the list that each call
+    of a ``recipe_class`` instance appends to (``recipe_class.__call__`` wrapped for the test)."""
+    for cache in caches:
+        cache.clear()
+    calls = []
+    call = recipe_class.__call__
+    monkeypatch.setattr(recipe_class, "__call__", lambda self, *args: calls.append(1) or call(self, *args))
+    yield calls
+    for cache in caches:
+        cache.clear()

@@ -7,7 +7,7 @@ import torch
 
 from tilecore.ops.hadamard import quantize
 from tilecore.tiles import launch as tiles_launch
-from host_testing import plain_signature as _cpu_signature
+from host_testing import plain_signature as _cpu_signature, served_calls
 
 
 def _clear():
@@ -17,12 +17,7 @@ def _clear():
 
 @pytest.fixture
 def served(monkeypatch):
-    _clear()
-    calls = []
-    call = quantize._Pow2Quantize.__call__
-    monkeypatch.setattr(quantize._Pow2Quantize, "__call__", lambda self, x: calls.append(1) or call(self, x))
-    yield calls
-    _clear()
+    yield from served_calls(monkeypatch, quantize._Pow2Quantize, (quantize._CHECKED, quantize._PLANS, quantize._RECIPES))
 
 
 def _inputs(case, n=256):

@@ -8,8 +8,9 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.hadamard import configs, kron, launch, orders, plan
+from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
-from tilecore.tiles.launch import LRU, signature
+from tilecore.tiles.launch import LRU, KeyedLaunch, signature
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -77,11 +78,50 @@ def _transform_into(x: torch.Tensor, out: torch.Tensor, scale: float, key: tuple
 
 
 _PLANS = LRU(256)  # a CUDA call's signature -> its plan
+_RECIPES = LRU(256)  # a keyed call's signature -> its _TlTransform (False: the general path), after its first call
+
+
+class _TlTransform:
+    """The keyed call of one signature on the tl kernel through pointers (issue 31's host time): the kernel's
+    KeyedLaunch and the sizes and row strides the key fixes, made from the key's plan after its first call. A call
+    allocates the output and launches what launch.launch launches for x's (rows, n) view, handing x and the output
+    themselves (the views' memory: made only where that view is x's own memory, not a copy): no checks, reshapes,
+    plan or launch-key lookup. Only for n a power of two (no Kronecker factor, so ``transpose`` changes nothing) and
+    the plan's "tl" path without TMA descriptors; ``of`` gives False for any other."""
+
+    __slots__ = ("launch", "rows", "x_stride", "out_stride")
+
+    @classmethod
+    def of(cls, p, x: torch.Tensor, key):
+        cfg = p.config
+        n = x.shape[-1]
+        if p.path != "tl" or cfg.get("TMA_LOAD") or cfg.get("TMA_STORE") or x.numel() == 0 \
+                or orders.split(n)[0] != 1:
+            return False
+        x2 = x.reshape(-1, n)  # (as _transform_into: a view of x, or a copy each call, which keeps the general path)
+        if x2.data_ptr() != x.data_ptr() or x2.stride(-1) != 1:
+            return False
+        self = cls()
+        self.rows, self.x_stride, self.out_stride = x2.shape[0], x2.stride(0), n  # (the output: contiguous)
+        self.launch = KeyedLaunch(launch._launch_hadamard, key, p.grid, cfg)
+        return self
+
+    def __call__(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        out = x.new_empty(x.shape)
+        self.launch((x, out, self.rows, self.x_stride, self.out_stride, scale))
+        return out
 
 
 def _hadamard_impl(x: torch.Tensor, scale: float, key: tuple | None = None, transpose: bool = False) -> torch.Tensor:
+    if key is not None and tiles_launch.OP_RECIPES:
+        recipe = _RECIPES.get(key)
+        if recipe:
+            return recipe(x, scale)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _transform_into(x, out, scale, key, transpose)
+    if key is not None and tiles_launch.OP_RECIPES and key not in _RECIPES:  # (after its launch)
+        p = _PLANS.get(key)
+        _RECIPES.put(key, p is not None and _TlTransform.of(p, x, key))
     return out
 
 
@@ -143,6 +183,10 @@ def hadamard_transform(x: torch.Tensor, scale: float = 1.0, *, inplace: bool = F
     mode = dispatch.eager_mode(x)
     # a CUDA call whose signature passed the checks before is planned already (the plan cache)
     key = None if mode == "op" else signature(x, inplace)
+    if mode == "direct" and not inplace and tiles_launch.OP_RECIPES:  # the key's kept launch: no checks or plan
+        recipe = _RECIPES.get(key)
+        if recipe and type(scale) is float and math.isfinite(scale):
+            return recipe(x, scale)
     if key is None or key not in _PLANS:
         scale = check(x, scale)
     elif type(scale) is not float or not math.isfinite(scale):
