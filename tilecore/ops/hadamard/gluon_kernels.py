@@ -27,13 +27,14 @@ consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchan
 128 are a line pair of one block. The rotation's 1 / sqrt(n) is folded into the maxima and the
 reciprocals. Codes are staged as bytes (two codes a byte for int4) and TMA-stored as the values are.
 
-SOLO (hadamard_quantize per token, n = 4096 S, S <= 4): one consumer warpgroup a program and two programs an SM, each
-with its own ring, a tile a row and a ring step the row's next 64-line slice X_s (lines 64 s .. 64 s + 63). The consumer
-runs the (S, 64, 64) split on its row: T_s = H_64 X_s H_64 (one K = 64 first product: 384 tensor FLOP an element against
-the shared row's 512), out_j += H_S[j, s] T_s for its S blocks in registers, and the per-token scale from its own blocks
-(no exchange); block j is the row's lines 64 j ... Why two programs rather than two consumers of one ring: consumers that
-share a ring take every stage together, so they multiply together and run their epilogues together, while the tensor
-cores wait; two programs with rings of their own drift apart, so one multiplies while the other quantizes.
+SOLO (hadamard_quantize per token or int4's groups of 128, n = 4096 S, S <= 4): one consumer warpgroup a program and
+two programs an SM, each with its own ring, a tile a row and a ring step the row's next 64-line slice X_s (lines 64 s ..
+64 s + 63). The consumer runs the (S, 64, 64) split on its row: T_s = H_64 X_s H_64 (one K = 64 first product: 384 tensor
+FLOP an element against the shared row's 512), out_j += H_S[j, s] T_s for its S blocks in registers, and the per-token
+scale from its own blocks (no exchange; int4's group of 128 a line pair of a block); block j is the row's lines 64 j ...
+Why two programs rather than two consumers of one ring: consumers that share a ring take every stage together, so they
+multiply together and run their epilogues together, while the tensor cores wait; two programs with rings of their own
+drift apart, so one multiplies while the other quantizes.
 """
 from triton.experimental import gluon
 
@@ -207,8 +208,11 @@ class Hadamard:
     @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
         """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of 128 (int4): the
-        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i."""
+        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i
+        (SOLO: line 64 j + r, group 32 j + i)."""
         i = gl.arange(0, LINES // 2, layout=SL)
+        if self.SOLO:  # block j's line r is the row's line 64 j + r: its pair i the row's group 32 j + i
+            return i, (LINES // 2) * j, i < LINES // 2
         return i, LINES * j + (LINES // 2) * c, i < LINES // 2
 
 
@@ -240,10 +244,10 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
     (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
-    h_desc and row_counter as hadamard_gluon_kernel's. SOLO (module docstring): n = 4096 S, S <= 4, per token; one
+    h_desc and row_counter as hadamard_gluon_kernel's. SOLO (module docstring): n = 4096 S, S <= 4; one
     consumer warpgroup (launched two programs an SM), the staging buffer [64 S, W]."""
     gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
-    gl.static_assert(not SOLO or (G == 0 and S <= 4), "SOLO: per token, a row's S <= 4 blocks of 64 x 64 in registers")
+    gl.static_assert(not SOLO or S <= 4, "SOLO: a row's S <= 4 blocks of 64 x 64 in registers")
     xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(xbar.index(0), count=2)

@@ -362,8 +362,8 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
     (format, n): its tuning, under the caller's; not where the caller asks for the kron kernel by "gluon_pow2") and able:
     n in configs.GLUON_SIZES, the whole row rotated, 16-bit, no random signs, one scale a row (fp8, int8) or int4's groups
     of 128, >= configs.TMA_MIN_ELEMENTS elements (the transform's rule), plan_quantize's device may run Gluon; else None.
-    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits; solo (per
-    token at 16384: a consumer a program on its own ring, slices of 64 lines, ``waves`` programs an SM, default 2)."""
+    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits; solo (at
+    16384: a consumer a program on its own ring, slices of 64 lines, ``waves`` programs an SM, default 2)."""
     if tuning.get("gluon_pow2") and "gluon_rows" not in tuning:
         return None
     tuning = {**_by_format(configs.QUANT_GLUON_ROWS, fmt, n, {}), **tuning}
@@ -373,7 +373,7 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
         return None
     f = FORMATS[fmt]
     solo = bool(tuning.get("solo"))
-    if solo and (group is not None or n > 16384):  # its row's n / 4096 blocks in one warpgroup's registers
+    if solo and n > 16384:  # its row's n / 4096 blocks in one warpgroup's registers
         return None
     stages, lookahead = configs.GLUON_TUNING.get(n, (configs.GLUON_STAGES, 0))
     clamp = tuning.get("clamp_lo")
