@@ -46,7 +46,7 @@ e5m2, int8). --set w: 16384 with OWN for mxfp4 / nvfp4. --set x: 18944 with JOIN
 N = 128 product), every format. --set y: run 4's JOINT flips against the plans before them, fp8's JOINT again. --set z: fp8 18944's JOINT flip against the plan before. --set e5: fp8_e5m2 at the model
 widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the tile's two rows' mixing as one N = 128
 product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer). --set jb: run 1's flips against the plans before them, and the
-second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO. --set ka (session 44): fp8 / e5m2 / int8 16384 with SOLO (a
+second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO. --set ka (session 44): fp8 / e5m2 / int8 / int4 16384 with SOLO (a
 consumer a program on its own ring, two programs an SM); int4 2048 with INT_BITS under 128 registers, codes by pointers,
 a persistent grid.
 
@@ -513,6 +513,8 @@ SETS["ka"] = {  # (priority order)
                      ("ptr_store", dict(tma_store=False))],
     ("fp8_e5m2", 16384): [("solo", SOLO), ("solo_s8", dict(SOLO, stages=8))],
     ("int8", 16384): [("solo_ib", dict(SOLO, int_bits=True)), ("solo_ib_s8", dict(SOLO, int_bits=True, stages=8))],
+    # int4's groups of 128 (a block's line pair) on SOLO (8 B spilled), against the shipped kron plan (73-77%)
+    ("int4", 16384): [("solo_ib", dict(SOLO, int_bits=True)), ("solo_ib_s8", dict(SOLO, int_bits=True, stages=8))],
 }
 
 
