@@ -215,7 +215,8 @@ def switch_checks() -> list:
     check's own pass (error <= 2.5x the floor) is reported beside. Session 42: the norms' plain calls by STATS_SCRATCH
     (mean and rstd, which they return neither of, in one raw block; norm.launch): layer_norm and rms_norm (64 x 4096, whole rows)
     and layer_norm at 8 x 16384 (the stats kernel, then the forward reading them); mamba2_step by MAMBA_STEP_SCRATCH
-    (linear_attention.op: dt_eff and g in one raw block), y and its updated state."""
+    (linear_attention.op: dt_eff and g in one raw block), y and its updated state. Session 44: hadamard_transform's
+    per-key recipe by OP_RECIPES (hadamard.op._TlTransform) at three shapes."""
     import tilecore
     from tilecore.ops.attention import attention_reference
     from tilecore.ops.attention_kvcache import kvcache_reference
@@ -290,6 +291,14 @@ def switch_checks() -> list:
     y_ref = torch.einsum("bhps,bgs->bhp", s_ref, cm.double())
     both("mamba2_step", la_op, "MAMBA_STEP_SCRATCH",
          lambda: [tilecore.mamba2_step(s.copy_(s0), xm, dtm, am, bm, cm), s], [y_ref, s_ref])
+    # (session 44) hadamard_transform's per-key recipe (op._TlTransform, under OP_RECIPES): the host row's 64 x 4096,
+    # a 3-D input and rows of a wider tensor (a row stride of their own), each with a scale
+    from tilecore.ops.hadamard import hadamard_matrix
+    for name, xh, scale in (("hadamard 64 x 4096", torch.randn(64, 4096, generator=gen, **bf), 1.0),
+                            ("hadamard 3 x 21 x 1024", torch.randn(3, 21, 1024, generator=gen, **bf), 2 ** -5),
+                            ("hadamard rows of 2048 in 4096", torch.randn(48, 4096, generator=gen, **bf)[:, :2048], 0.75)):
+        ref = xh.double() @ hadamard_matrix(xh.shape[-1], torch.float64).to(dev).T * scale
+        both(name, tiles_launch, "OP_RECIPES", lambda xh=xh, scale=scale: [tilecore.hadamard_transform(xh, scale)], [ref])
     return rows
 
 
