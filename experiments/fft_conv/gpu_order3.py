@@ -22,6 +22,8 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
   c64_h, f16_h  (8192) c64 / f16 with KFULL's bins laid out by the gather-free kernel (launch.laid_half_bins form 2:
         a program a half row, read in order, permuted in registers, sixteen 2 KiB runs written; the same bits as the
         gather's layout: --same c64:c64_h); with --bins "bins laid2 c64" / "bins laid2 f16" time it alone
+  c64_p, f16_p  c64 / f16 with PREFETCH (the next pair's u requested into L2 a pair ahead of its loads, a 128-byte line
+        a thread, prefetch.global.L2); c64_hp, f16_hp (8192) with both
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
@@ -84,6 +86,8 @@ def tuples(n):
         out[label + "_k"] = (t[:4] + (not t[4],), label)
         if n == 8192:  # KFULL's bins by the gather-free layout kernel (a program a half row, permuted in registers)
             out[label + "_h"] = (t[:4] + (2,), label)
+            out[label + "_hp"] = (t[:4] + (2, True), label)  # and PREFETCH
+        out[label + "_p"] = (t + (True,), label)  # PREFETCH: the next pair's u into L2 a pair ahead
     return out
 
 
