@@ -90,6 +90,10 @@ BWD_SPLIT_DQ = {0: dict(BKQ=64, warps=4, stages=3), 1: dict(BKQ=64, warps=4, sta
 BWD_SPLIT_EPILOGUE = True
 # dq, dk, dv stored in the inputs' dtype where nothing combines after them (no torch cast passes)
 BWD_NATIVE_GRADS = True
+# the backward without a decay or with a scalar one by gluon_scalar_bwd's kernels on Hopper (dq, dk, dv each the forward's
+# walk in other roles): off until a float64 GPU check and a timing against the split kernels
+BWD_GLUON = False
+BWD_GLUON_STAGES = 2  # 64.5 KB a stage at d 128 with a decay: 3 do not fit beside the state buffers (d 64: untimed)
 
 # the combine kernel's tokens a step of its walk
 COMBINE_TOKENS = 32

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tilecore import dispatch
 from tilecore.ops.linear_attention import (chunked, configs, gluon_based, gluon_forward, gluon_gla_forward,
-                                           kernels_backward, kernels_tl)
+                                           gluon_scalar_bwd, kernels_backward, kernels_tl)
 from tilecore.ops.linear_attention.plan import BASED, CHANNEL_DECAY, SCALAR_DECAY, Plan, block, decay_kind, shared_fit
 from tilecore.tiles import launch as tiles_launch
 from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, TmaOperand
@@ -295,7 +295,7 @@ def sub_cumulative(g: torch.Tensor) -> torch.Tensor:
 
 
 SPLIT_KEYS = ("split", "split_BT", "split_BKB", "split_BV", "split_warps", "split_stages", "dq_BKQ", "dq_warps",
-              "dq_stages", "split_epilogue")
+              "dq_stages", "split_epilogue", "bwd_gluon", "bwd_gluon_stages")
 
 
 def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, **overrides) -> Plan:
@@ -316,6 +316,10 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
     cfg.update(split=fits and kind in configs.BWD_SPLIT_KINDS, split_BT=chunk or dkv["BT"], split_BKB=dkv["BKB"],
                split_BV=dkv["BV"], split_warps=dkv["warps"], split_stages=dkv["stages"], dq_BKQ=dq["BKQ"],
                dq_warps=dq["warps"], dq_stages=dq_stages, split_epilogue=configs.BWD_SPLIT_EPILOGUE)
+    # the Gluon kernels (gluon_scalar_bwd) on Hopper at their chunk of 64; backward() asks their fits for the tensors
+    cfg.update(bwd_gluon=configs.BWD_GLUON and kind != CHANNEL_DECAY and feature != BASED and chunk in (None, 64)
+               and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device),
+               bwd_gluon_stages=configs.BWD_GLUON_STAGES)
     cfg.update(overrides)
     return dataclasses.replace(plan, config=cfg)
 
@@ -341,6 +345,9 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     if plan.config["upcast"]:  # the interpreter: bf16 on its float32 upcast, rounded once at the end
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
     out = dict(zip(("dq", "dk", "dv"), dtypes)) if native and not plan.config["upcast"] else None
+    if plan.config.get("bwd_gluon") and gluon_scalar_bwd.fits(q, k, v, g, beta, feature) is None:
+        grads = backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale, out, plan.config["bwd_gluon_stages"])
+        return _cast_grads(grads, dtypes) if native else grads
     torch_combine = plan.config.get("combine", "kernel") != "kernel" or (feature == BASED and g is not None)
     if split_epilogue(plan, g, feature) and not torch_combine:
         grads = backward_epilogue(plan, do, q, k, v, g, beta, h0, ht, dht, scale, feature, out, key=key)
@@ -352,6 +359,30 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     else:
         grads = backward_combine(buffers, do, q, k, v, g, beta, o_lin, ht, dht)
     return _cast_grads(grads, dtypes) if native else grads
+
+
+def backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale: float, out_dtypes, stages: int = 2):
+    """backward() by gluon_scalar_bwd's kernels (no decay or a scalar one, phi(x) = x, on Hopper): dq, dk, dv in
+    ``out_dtypes`` (None: float32; dq, dk in float32 where a q/k head group is summed after), the decay's gradient from
+    the kernels' per-token parts as backward_epilogue takes it, d beta the sum of its parts."""
+    B, N, H, Dv = v.shape
+    Hqk, Dk = q.shape[2], q.shape[3]
+    group = H // Hqk
+    f32 = torch.float32
+    own = out_dtypes or dict(dq=f32, dk=f32, dv=f32)
+    dtypes = dict(dq=own["dq"] if group == 1 else f32, dk=own["dk"] if group == 1 else f32, dv=own["dv"])
+    with dispatch.on_device(v.device):
+        dq, dk, dv, dg_q, dg_k, dbeta_parts, dh0 = gluon_scalar_bwd.grads(q, k, v, do, g, beta, h0, dht, scale, dtypes,
+                                                                          stages)
+    dg = None
+    if g is not None:
+        has_dht = dht is not None and ht is not None
+        dg = decay_grad(g, ht if has_dht else None, dht if has_dht else None, dg_q.sum(0) - dg_k.sum(0))
+    dbeta = dbeta_parts.sum(0) if beta is not None else None
+    if group > 1:
+        dq = dq.view(B, N, Hqk, group, Dk).sum(3)
+        dk = dk.view(B, N, Hqk, group, Dk).sum(3)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 def split_epilogue(plan: Plan, g, feature: int) -> bool:
