@@ -18,6 +18,9 @@ chunked (session 44): chunked prefill, a chunk of new queries whose keys are app
     tilecore.attention_with_kvcache with paged caches (pages 16..256, shuffled) and with the contiguous cache holding
     the same keys; GPU time from CUDA graphs, interleaved rounds (gpu_script.time_rounds). Target: >= 0.95x the
     contiguous cache's speed (never timed for a chunk before). Checks: sequence 0's O of each layout against float64.
+    Beside it (chunk 512, page 128: Flex's block must equal the page), torch's PagedAttention over flex_attention with
+    the causal mask on the same pages, against ours without the append (the chunk's keys already in the cache), eager
+    do_bench, the better of two interleaved rounds each: issue 35's >= 1.3x Flex's paged attention, for a chunk.
 Checks (bf16): tilecore's and Flex's outputs against a float64 reference of one sequence each (the
 longest short one for packed, sequence 0 for paged), error as a multiple of the bf16 rounding floor;
 outputs poisoned with NaN before the call. Writes $OUT/issue35_flex.json and prints a table last.
@@ -139,8 +142,6 @@ def packed():
 
 def paged(page=128, b=32, n=4096, hq=32, hkv=8, d=128):
     import tilecore
-    from torch.nn.attention.experimental._paged_attention import PagedAttention
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     dev = "cuda"
     pages = b * n // page
@@ -164,31 +165,41 @@ def paged(page=128, b=32, n=4096, hq=32, hkv=8, d=128):
         q, kp, vp, cache_seqlens=seqlens, block_table=table))
 
     def flex():
-        pa = PagedAttention(pages, page, b, device=dev)
-        # the same physical pages as tilecore's table: logical block j of sequence i -> table[i, j]
-        pa.page_table[:, : n // page] = table.long()
-        pa.physical_to_logical[torch.arange(b, device=dev)[:, None], table.long()] = \
-            torch.arange(n // page, device=dev)[None, :]
-        pa.capacity[:] = n
-        kc = kp.reshape(1, pages * page, hkv, d).transpose(1, 2)  # (1, Hkv, pages*page, D) views
-        vc = vp.reshape(1, pages * page, hkv, d).transpose(1, 2)
-        qx = q.transpose(1, 2)  # (B, Hq, 1, D)
-
-        def everything(b_, h_, qi, ki):
-            return ki >= 0
-        logical = create_block_mask(everything, b, None, 1, n, device=dev, BLOCK_SIZE=page)
-        physical = pa.convert_logical_block_mask(logical)
-        compiled = torch.compile(flex_attention)
-        of = compiled(qx, kc, vc, block_mask=physical, enable_gqa=True)
-        RESULTS["checks"].append({"case": "paged seq 0 Flex O",
-                                  "x_floor": floor_multiple(of[0].transpose(0, 1), ref)})
-        row["flex_us"] = 1e3 * bench(lambda: compiled(qx, kc, vc, block_mask=physical, enable_gqa=True))
+        call, of = flex_paged(q, kp, vp, table, n, lambda b_, h_, qi, ki: ki >= 0)
+        RESULTS["checks"].append({"case": "paged seq 0 Flex O", "x_floor": floor_multiple(of[0], ref)})
+        row["flex_us"] = 1e3 * bench(call)
         row["x_flex"] = row["flex_us"] / row["tilecore_us"]
     guarded(f"flex paged {page}", flex)
     print(row, flush=True)
 
 
-def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256), rounds=3):
+def flex_paged(q, kp, vp, table, nk, mask_mod):
+    """torch's PagedAttention over flex_attention (compiled) on tilecore's physical pages: logical block j of sequence
+    i is page table[i, j] (the page size is Flex's block size); ``mask_mod`` a logical mask of q (B, N, Hq, D)'s rows
+    against nk keys. (The call, its output as (B, N, Hq, D).)"""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    (b, n), (pages, page, hkv, d), dev = q.shape[:2], kp.shape, q.device
+    blocks = -(-nk // page)
+    pa = PagedAttention(pages, page, b, device=dev)
+    pa.page_table[:, :blocks] = table[:, :blocks].long()
+    pa.physical_to_logical[torch.arange(b, device=dev)[:, None], table[:, :blocks].long()] = \
+        torch.arange(blocks, device=dev)[None, :]
+    pa.capacity[:] = blocks * page
+    kc = kp.reshape(1, pages * page, hkv, d).transpose(1, 2)  # (1, Hkv, pages*page, D) views
+    vc = vp.reshape(1, pages * page, hkv, d).transpose(1, 2)
+    qx = q.transpose(1, 2)  # (B, Hq, N, D)
+    logical = create_block_mask(mask_mod, b, None, n, nk, device=dev, BLOCK_SIZE=page)
+    physical = pa.convert_logical_block_mask(logical)
+    compiled = torch.compile(flex_attention)
+
+    def call():
+        return compiled(qx, kc, vc, block_mask=physical, enable_gqa=True)
+    return call, call().transpose(1, 2)
+
+
+def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256), rounds=3, flex_page=128):
     import tilecore
 
     dev, total = "cuda", n + chunk
@@ -225,6 +236,25 @@ def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256
         if name != "contiguous" and t.get(f"{name}_graph_ms") and t.get("contiguous_graph_ms"):
             row[f"{name}_of_contiguous"] = t["contiguous_graph_ms"] / t[f"{name}_graph_ms"]
     print(row, flush=True)
+    if flex_page not in pages or chunk == 1:
+        return
+
+    def flex():  # the chunk's keys already in the cache (Flex does not append): ours the same, eager do_bench
+        kk, vv, table = layouts[f"paged{flex_page}"]
+        full = torch.full((b,), total, dtype=torch.int32, device=dev)
+        call, of = flex_paged(q, kk, vv, table, total, lambda b_, h_, qi, ki: ki <= qi + n)
+        RESULTS["checks"].append({"case": f"chunk {chunk} paged{flex_page} seq 0 Flex O",
+                                  "x_floor": floor_multiple(of[0], ref)})
+        def ours():
+            return tilecore.attention_with_kvcache(q, kk, vv, cache_seqlens=full, block_table=table, causal=True)
+        for r in range(2):  # interleaved: Flex, ours, then ours, Flex
+            for name, fn in (("flex", call), ("ours", ours))[:: 1 if r == 0 else -1]:
+                row.setdefault(f"{name}_paged{flex_page}_ms_rounds", []).append(round(bench(fn), 5))
+        row["flex_ms"] = min(row[f"flex_paged{flex_page}_ms_rounds"])
+        row["ours_no_append_ms"] = min(row[f"ours_paged{flex_page}_ms_rounds"])
+        row["x_flex"] = row["flex_ms"] / row["ours_no_append_ms"]
+        print(row, flush=True)
+    guarded(f"flex chunked {chunk}", flex)
 
 
 def main():
