@@ -196,6 +196,20 @@ BATCHES["m"] = {  # call 4 (the session's last): as shipped (the session's start
 # call 3 (runs/ha_three_s43c_run3_session43_h200.txt, batch p at e7369cab): THREE (FORM 16777216: three chunks a tile,
 # three consumers at 160 registers, 2 stages, 226 KB, 372 B spilled) right to the digit but 0.4129 ms against 0.3095
 # (0.75x): removed with its rows (decision 272)
+# session 44 (HB): LEAN (gluon_gla_bwd FORM 33554432 at d 32: the chain with fewer live registers, for three consumers at
+# 160: do S_c^T as dq's accumulator, E / Ei made again where used, dq through do's buffer; sm_90a the consumer's peak 205 ->
+# 175 live registers, at 160 156 -> 64 B spilled; THREE + LEAN 124 B against THREE's 372) and A_LATE (536870912: do v^T
+# after the factors' stores; THREE + LEAN + A_LATE 148 B), against configs' 75266 and THREE alone (the control)
+LEAN, A_LATE, THREE = 33554432, 536870912, 16777216
+BATCHES["q"] = {
+    "d32 configs dqk": (32, {}, "dqk0w"),
+    "d32 lean": (32, dict(dqk_gluon_form=S41_D32 | LEAN), "dqk0w"),
+    "d32 three": (32, dict(dqk_gluon_form=S41_D32 | THREE, dqk_gluon=2), "dqk0w"),
+    "d32 lean three": (32, dict(dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2), "dqk0w"),
+    "d32 lean alate three": (32, dict(dqk_gluon_form=S41_D32 | LEAN | A_LATE | THREE, dqk_gluon=2), "dqk0w"),
+    "d32 lean three op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(
+        dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2)}), None),
+}
 BATCHES["o"] = {  # call 2: d 32's dq / dk and whole backward as shipped (the session's figure on the device)
     "d32 configs dqk": (32, {}, "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
