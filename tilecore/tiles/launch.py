@@ -44,15 +44,25 @@ def specialization(arg) -> tuple:
     return native_specialize_impl(BaseBackend, arg, False, True, True)
 
 
+# LRU's last lookup by key object and SameKey's kept key objects (issue 31's host time); False: every lookup hashes
+# its key, every SameKey call makes a fresh tuple (read at each call: host_rows.py times both ways in one process)
+SAME_KEYS = True
+
+
 class LRU:
     """A dict of at most ``maxsize`` entries: a fill past that drops the least recently used entry, as
     the CLOCK (second-chance) algorithm tells it (an entry looked up since it last reached the front
     goes to the back instead, once). A lookup is one dict lookup and a flag set, with no lock and no
     reordering: a second lookup to move the entry would hash and compare the key again, which is ~1 us
     of CachedLaunch's freshly built key. A fill takes ``lock``, so that a first fill that must happen
-    once can check and fill under it."""
+    once can check and fill under it.
 
-    __slots__ = ("_data", "maxsize", "lock")
+    The last lookup's answer (its entry, or none) is kept with the key object asked: a lookup by that same object (a
+    call site's key kept by :class:`SameKey`, or a SignatureMemo hit's signature) takes it without hashing the key,
+    which for a nested signature is most of a lookup. A fill or a clear forgets it (fills are what add and drop
+    entries)."""
+
+    __slots__ = ("_data", "maxsize", "lock", "_last")
 
     def __init__(self, maxsize: int):
         if maxsize < 1:
@@ -60,9 +70,15 @@ class LRU:
         self._data: collections.OrderedDict = collections.OrderedDict()  # key: [value, used]
         self.maxsize = maxsize
         self.lock = threading.RLock()
+        self._last = (None, None)  # (the key object of the last lookup, its entry or None)
 
     def get(self, key, default=None):
-        entry = self._data.get(key)
+        last = self._last
+        if last[0] is key and key is not None and SAME_KEYS:
+            entry = last[1]
+        else:
+            entry = self._data.get(key)
+            self._last = (key, entry)
         if entry is None:
             return default
         entry[1] = True
@@ -70,6 +86,7 @@ class LRU:
 
     def put(self, key, value) -> None:
         with self.lock:
+            self._last = (None, None)
             data = self._data
             if key not in data:
                 while len(data) >= self.maxsize:  # each turn drops an entry or clears a flag
@@ -95,11 +112,41 @@ class LRU:
         return len(self._data)
 
     def __contains__(self, key) -> bool:
+        last = self._last
+        if last[0] is key and key is not None and SAME_KEYS:
+            return last[1] is not None
         return key in self._data
 
     def clear(self) -> None:
         with self.lock:
+            self._last = (None, None)
             self._data.clear()
+
+
+
+
+class SameKey:
+    """One call site's composite launch key (a tuple of parts: an op's name, ``switches.generation()``, a SignatureMemo
+    hit's signature, a flag) as the same tuple object while every part is the same object as at the site's last call,
+    so that the LRUs looked up by it find their entry by identity (:class:`LRU`'s last entry) without hashing the
+    nested signature (linear_attention's recorded call looked its nested key up five times). Parts compared by
+    identity only: an equal key built from other objects is a new tuple, looked up the usual way."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self):
+        self._key = ()
+
+    def __call__(self, *parts):
+        key = self._key
+        if SAME_KEYS and len(key) == len(parts):
+            for kept, part in zip(key, parts):
+                if kept is not part:
+                    break
+            else:
+                return key
+        self._key = parts
+        return parts
 
 
 class TmaOperand:

@@ -21,7 +21,7 @@ from tilecore.ops.linear_attention.plan import BASED, IDENTITY, plan
 from tilecore.tiles import eager
 from tilecore.tiles import launch as tiles_launch
 # (signature: read by name from this module's namespace by SignatureMemo)
-from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SignatureMemo, next_power_of_2, signature  # noqa: F401
+from tilecore.tiles.launch import LRU, CachedLaunch, KeyedLaunch, SameKey, SignatureMemo, next_power_of_2, signature  # noqa: F401
 from tilecore.tiles.launch import release, scratch
 from tilecore.tiles.switches import generation
 
@@ -33,6 +33,7 @@ LAYOUT = ("linear_attention takes (batch, tokens, heads, head_dim) tensors, as f
 
 # each keyed call site's signature, checked against its last one in one C call (tiles.launch.SignatureMemo)
 _FORWARD_KEY = SignatureMemo(globals())
+_CALL_KEY, _RECORDED_KEY = SameKey(), SameKey()  # the forward's nested keys, one object while their parts repeat
 _STEP_KEY = SignatureMemo(globals())
 _MAMBA_STEP_KEY = SignatureMemo(globals())
 
@@ -459,7 +460,8 @@ def _run(q, k, v, g, beta, d_skip, z, h0, scale: float, feature: int, chunk, fin
     # (keep_linear changes the forward kernel's outputs: part of the launch key)
     args = (q, k, v, g, beta, d_skip, z, h0, scale, feature, chunk or 0, final_state, keep)
     if mode == "autograd":
-        o, ht, _ = eager.apply(_LinearAttentionFunction, None if key is None else (key, "recorded", keep), *args)
+        o, ht, _ = eager.apply(_LinearAttentionFunction, None if key is None else _RECORDED_KEY(key, "recorded", keep),
+                               *args)
     else:
         o, ht, _ = _forward_op(*args)
     return o, (ht if final_state else None)
@@ -560,7 +562,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
                     return_final_state is False, chunk_size, *weights) \
         if weights is not None and not isinstance(scale, torch.Tensor) else None
     if key is not None:  # (and the switches it is planned under: tiles.switches.generation)
-        key = ("linear_attention", generation(), key)
+        key = _CALL_KEY("linear_attention", generation(), key)
         if tiles_launch.OP_RECIPES and tiles_launch.FORWARD_RECIPES and not weights:  # the key's kept Gluon
             # launch (its second call on): no checks, plan or flags
             prepared = launch.GLUON_FORWARDS.get(key)
