@@ -1,5 +1,6 @@
 """The scalar-decay (and no-decay) backward on Hopper: gluon_scalar_bwd's three walks (dq, dk, dv in the forward's
-shape) against the shipped split tl kernels (launch.backward's split path), float64-checked and timed.
+shape; at d 128 also dk and dv by one walk, "gluon dkv") against the shipped split tl kernels (launch.backward's split
+path), float64-checked and timed.
 
     python experiments/linear_attention/gpu_scalar_bwd.py [--deadline S] [--smoke]
 
@@ -51,7 +52,7 @@ def rel(a, r):
     return round(float((a[live] - r[live]).norm() / r[live].norm().clamp_min(1e-30)), 6)
 
 
-def la_check(name):
+def la_check(name, say=None):
     from tilecore import linear_attention
     from tilecore.ops.linear_attention import configs, linear_attention_reference
     from tilecore.tiles.switches import patched
@@ -73,8 +74,8 @@ def la_check(name):
     live = [t for t in leaves if t is not None]
     ref = torch.autograd.grad((o * do.double()).sum() + (ht * dht.double()).sum(), live)
     rows = {}
-    for route in ("gluon", "split"):
-        with patched(configs, BWD_GLUON=route == "gluon"):
+    for route in ("gluon", "gluon_dkv", "split") if D == 128 else ("gluon", "split"):
+        with patched(configs, BWD_GLUON=route != "split", BWD_GLUON_DKV=route == "gluon_dkv"):
             ls = [t.detach().clone().requires_grad_() if t is not None else None for t in (q, k, v, g, h0)]
             o, ht = linear_attention(*ls[:3], decay=ls[3], initial_state=ls[4], return_final_state=True)
             flood()
@@ -92,6 +93,8 @@ def la_check(name):
                 ok = ok and bool(torch.isfinite(a).all()) and row[n] < 0.05
         row["pass"] = ok
         rows[route] = row
+        if say is not None:  # (saved as it comes: a route that fails later leaves the earlier ones)
+            say(route, row)
     return rows
 
 
@@ -149,11 +152,11 @@ def mamba_check(name):
 
 def part_main(part: str, deadline: float):
     run = Run(f"scalar_bwd_{part}", deadline=deadline)
-    if part in CHECKS:
-        res = run.attempt(part, mamba_check if part == "mamba2" else la_check, part) or {}
-        for route, row in res.items():
+    if part == "mamba2":
+        for route, row in (run.attempt(part, mamba_check, part) or {}).items():
             run.row(f"{part} {route}", **row)
-            run.say(json.dumps(dict(part=part, route=route, **row)))
+    elif part in CHECKS:
+        run.attempt(part, la_check, part, lambda route, row: run.row(f"{part} {route}", **row))
     else:  # a timing shape's kernels compiled ahead of the timed process
         run.attempt(part, lambda: timing(run, part, warm_only=True))
     run.finish(["name", "pass"])
@@ -179,8 +182,10 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
     scale = D ** -0.5
     p = plan(q, v, g, IDENTITY)
     plans = {r: launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=r == "gluon") for r in ("gluon", "split")}
-    if D == 64:  # (d 64's stage is 24.5 KB: 3 and 4 stages fit)
-        for st in (3, 4):
+    if D == 128:  # dk and dv by one walk
+        plans["gluon dkv"] = launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=True, bwd_gluon_dkv=True)
+    if D == 64:  # (d 64's stage is 24.5 KB: 3 stages fit)
+        for st in (3,):
             plans[f"gluon s{st}"] = launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=True,
                                                          bwd_gluon_stages=st)
     bwd = {r: (lambda pl=pl: launch.backward(pl, do, q, k, v, g, None, None, None, None, None, scale, IDENTITY,
@@ -197,6 +202,13 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
                                                          configs.BWD_GLUON_STAGES)
         pieces[f"gluon {role}"] = (lambda grid=grid, args=args, warps=warps:
                                    gluon_scalar_bwd.la_bwd_gluon_kernel[grid](**args, num_warps=warps))
+    if DEV == "cuda" and D == 128:
+        dk_o, dv_o = (torch.empty(B, N, H, D, dtype=q.dtype, device=DEV) for _ in range(2))
+        dg_k = torch.empty(2, B, N, H, device=DEV) if decay else None
+        grid, args, warps = gluon_scalar_bwd.launch_args_dkv(q, k, v, do, G, None, None, dk_o, dv_o, dg_k, None, None,
+                                                             scale, configs.BWD_GLUON_STAGES)
+        pieces["gluon dkv"] = (lambda grid=grid, args=args, warps=warps:
+                               gluon_scalar_bwd.la_bwd_dkv_gluon_kernel[grid](**args, num_warps=warps))
     sp = plans["split"]
     dq_b = torch.empty(B, N, H, D, dtype=q.dtype, device=DEV)
     dk_b = torch.empty(1, B, N, H, D, dtype=q.dtype, device=DEV)
@@ -209,14 +221,31 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
                                   dq_b if decay else None, epilogue=epi)
     for name, (kernel, grid, args, kw) in zip(("split dq", "split dk", "split dv"), calls):
         pieces[name] = (lambda kernel=kernel, grid=grid, args=args, kw=kw: kernel[grid](*args, **kw))
+    # the fused dk / dv walk last, in rounds of its own beside the split kernels: a fault there leaves the rest saved
+    later = {n: bwd.pop(n) for n in list(bwd) if "dkv" in n} | {n: pieces.pop(n) for n in list(pieces) if "dkv" in n}
     for fn in list(bwd.values()) + list(pieces.values()):
+        fn()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    res = {}
+    if not warm_only:
+        res = time_rounds(bwd, rounds=1 if SMOKE else 5, graph=DEV == "cuda", deadline=run)
+        res.update(time_rounds(pieces, rounds=1 if SMOKE else 3, graph=DEV == "cuda", eager=False, deadline=run))
+        run.extra[f"{part} first"] = res
+        run.save()
+    for fn in later.values():
         fn()
     if DEV == "cuda":
         torch.cuda.synchronize()
     if warm_only:
         return {}
-    res = time_rounds(bwd, rounds=1 if SMOKE else 5, graph=DEV == "cuda", deadline=run)
-    res.update(time_rounds(pieces, rounds=1 if SMOKE else 3, graph=DEV == "cuda", eager=False, deadline=run))
+    if later:
+        split = {"split": bwd["split"], "split dq": pieces["split dq"], "split dk": pieces["split dk"],
+                 "split dv": pieces["split dv"]}
+        again = time_rounds({n: f for n, f in (later | split).items()}, rounds=1 if SMOKE else 3,
+                            graph=DEV == "cuda", eager=True, deadline=run)
+        res.update({n.replace("split", "split again"): v for n, v in again.items() if n.startswith("split")})
+        res.update({n: v for n, v in again.items() if not n.startswith("split")})
     # the napkin's bytes: q, k, v, do read, dq, dk, dv written (16-bit), g read and dg written (float32)
     nbytes = 7 * q.numel() * q.element_size() + (2 * g.numel() * 4 if decay else 0)
     res["bound_bytes"] = nbytes
@@ -224,7 +253,8 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
 
 
 def op_timing(run: Run, D: int) -> dict:
-    """The public op's backward through autograd, eager, each route in its own patched block (rounds alternate)."""
+    """The public op's backward through autograd, eager, each route in its own patched block (rounds alternate; at
+    d 128 the Gluon route with dk and dv by one walk)."""
     import triton
 
     from tilecore import linear_attention
@@ -235,7 +265,7 @@ def op_timing(run: Run, D: int) -> dict:
     per = {"gluon": [], "split": []}
     for r in range(1 if SMOKE else 3):
         for route in (("gluon", "split") if r % 2 == 0 else ("split", "gluon")):
-            with patched(configs, BWD_GLUON=route == "gluon"):
+            with patched(configs, BWD_GLUON=route == "gluon", BWD_GLUON_DKV=D == 128):
                 ls = [t.detach().clone().requires_grad_() for t in (q, k, v, g)]
                 o = linear_attention(*ls[:3], decay=ls[3])
                 fn = lambda: torch.autograd.grad(o, ls, do, retain_graph=True)  # noqa: E731
@@ -256,7 +286,7 @@ def copy_tbs() -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--deadline", type=float, default=150.0)
+    ap.add_argument("--deadline", type=float, default=170.0)
     ap.add_argument("--part")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
@@ -296,7 +326,7 @@ def main():
             continue
         bound = res["bound_bytes"] / (bw * 1e12) * 1e3 if bw else None
         row = dict(bound_ms=round(bound, 4) if bound else None)
-        for r in ("gluon", "split", "gluon s3", "gluon s4"):
+        for r in ("gluon", "split", "gluon dkv", "split again", "gluon s3"):
             if f"{r}_ms" in res or f"{r}_graph_ms" in res:
                 row[f"{r}_ms"] = res.get(f"{r}_ms")
                 row[f"{r}_graph_ms"] = res.get(f"{r}_graph_ms")
@@ -305,6 +335,10 @@ def main():
             row["bound_pct"] = round(100 * bound / row["gluon_graph_ms"], 1) if bound else None
         if row["gluon_ms"] and row["split_ms"]:
             row["speedup_eager"] = round(row["split_ms"] / row["gluon_ms"], 3)
+        if row.get("gluon dkv_graph_ms") and row.get("split again_graph_ms"):  # (in its own rounds)
+            row["dkv_speedup_graph"] = round(row["split again_graph_ms"] / row["gluon dkv_graph_ms"], 3)
+            row["dkv_over_gluon_graph"] = round(row["gluon_graph_ms"] / row["gluon dkv_graph_ms"], 3)
+            row["dkv_bound_pct"] = round(100 * bound / row["gluon dkv_graph_ms"], 1) if bound else None
         row["pieces_graph_ms"] = {n.removesuffix("_graph_ms"): v for n, v in res.items() if n.endswith("_graph_ms")
                                   and " " in n}
         row["rounds"] = {n: v for n, v in res.items() if n.endswith("_rounds")}
@@ -317,8 +351,8 @@ def main():
         if res:
             run.row(f"op bwd d{D}", **res)
             run.say(json.dumps(dict(D=D, **res)))
-    run.finish(["name", "pass", "gluon_graph_ms", "split_graph_ms", "speedup_graph", "bound_pct", "gluon_ms",
-                "split_ms", "speedup_eager", "op_gluon_ms", "op_split_ms"])
+    run.finish(["name", "pass", "gluon_graph_ms", "gluon dkv_graph_ms", "split_graph_ms", "speedup_graph",
+                "dkv_speedup_graph", "bound_pct", "dkv_bound_pct", "gluon_ms", "split_ms", "op_gluon_ms", "op_split_ms"])
 
 
 if __name__ == "__main__":

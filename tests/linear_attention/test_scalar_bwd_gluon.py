@@ -170,17 +170,19 @@ def test_plan_routes_only_where_configs_say_and_never_interpreted():
 # bytes ptxas spills (sm_90a, triton 3.6.0): none without a decay or at d 64; with a decay and both states at d 128
 # 256 / 252 / 48 (the states' pointers, outside the chunk loop but for 2 loads in one consumer's dq loop); Mamba-2's
 # shape with states 32 / 0 / 0
-SPILLS_ALLOWED = {"decay": dict(dq=256, dk=256, dv=64), "linear": dict(dq=0, dk=0, dv=0),
+# dk and dv by one walk (dkv, d 128 only): 288 B with states (the states' pointers), 24 without a decay
+SPILLS_ALLOWED = {"decay": dict(dq=256, dk=256, dv=64, dkv=320), "linear": dict(dq=0, dk=0, dv=0, dkv=64),
                   "mamba2": dict(dq=64, dk=64, dv=64), "decay64": dict(dq=32, dk=32, dv=32)}
 CODE = ("import json, sys; from tilecore.ops.linear_attention.gluon_scalar_bwd import compile_report; "
-        "print(json.dumps([compile_report(role, sys.argv[1]) for role in ('dq', 'dk', 'dv')]))")
+        "print(json.dumps([compile_report(role, sys.argv[1]) for role in sys.argv[2:]]))")
 
 
 @pytest.mark.parametrize("case", ["decay", "linear", "mamba2", "decay64"])
 def test_gluon_backward_compiles_to_tma_and_wgmma(case):
-    for r in compiled_json(CODE, case, timeout=900):
+    for r in compiled_json(CODE, case, *SPILLS_ALLOWED[case], timeout=900):
         assert r["tma"] and r["wgmma"] and r["mbarrier"], r
         assert not r["wgmma_serialized"], r
         assert r["shared"] <= 227 * 1024, r
         assert r["threads"] == 384, r  # two consumer warpgroups and the producer's
+        assert r["shared"] <= 216 * 1024 or r["role"] != "dkv", r  # (the fused walk's 214.7 KB: little room left)
         assert r["spill_bytes"] <= SPILLS_ALLOWED[case][r["role"]], r

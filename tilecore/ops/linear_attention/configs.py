@@ -94,6 +94,9 @@ BWD_NATIVE_GRADS = True
 # walk in other roles): off until a float64 GPU check and a timing against the split kernels
 BWD_GLUON = False
 BWD_GLUON_STAGES = 2  # 64.5 KB a stage at d 128 with a decay: 3 do not fit beside the state buffers (d 64: untimed)
+# dk and dv by one reverse walk at Dk = Dv = 128 (gluon_scalar_bwd.la_bwd_dkv_gluon_kernel): 1.61 GB against the two
+# walks' 2.42 at B16 H16 N4096; off until checked and timed
+BWD_GLUON_DKV = False
 
 # the combine kernel's tokens a step of its walk
 COMBINE_TOKENS = 32

@@ -32,7 +32,7 @@ import torch
 from triton.experimental import gluon
 
 from tilecore.tiles.gluon import Layout, ring, run, stage_struct, store_block, struct, wgmma_layout, wgmma_lhs_layout
-from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma, warpgroup_mma
+from tilecore.tiles.gluon.compat import fence_async_shared, gl, mbarrier, tma, warpgroup_mma
 
 from tilecore.ops.linear_attention.gluon_forward import BT_GLUON, chunk_heads_prep, tma_ok
 
@@ -333,6 +333,271 @@ def la_bwd_gluon_kernel(a_desc, b_desc, x_desc, e_desc, o_desc, g_desc, beta_des
     run(op, Layout(o_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
 
 
+@stage_struct
+class ChunkKV:
+    """The fused dk / dv walk's stage (Dk = 128): q and k by key halves, v and do by value halves, G and beta."""
+    q0: object  # [1, 1, BT, KH]
+    q1: object
+    k0: object
+    k1: object
+    v0: object  # [1, 1, BT, U]
+    v1: object
+    do0: object
+    do1: object
+    g: object
+    beta: object
+
+
+@struct
+class WalkKV:
+    S0: object  # [KH, U] float32: dS's rows of key half 0, this consumer's value columns
+    S1: object  # key half 1
+
+
+@struct
+class ScalarBackwardKV:
+    """dk and dv by one reverse walk (ROLE DKV): consumer c holds dS's value columns [c U, (c + 1) U) as two key halves
+    (two wgmma accumulators [KH, U]) and writes dv's columns of its values and dk's key half c. dk's half c sums over
+    both consumers' value columns, v_0 dS_0[c]^T + v_1 dS_1[c]^T: each consumer puts its dS halves in shared memory as
+    bf16 every step (the B operands of its own k dS), the half the other reads in a buffer of the step's parity, and the
+    two meet on an mbarrier of that parity (count 2) before the cross product; the other reads the parity's buffer two
+    steps later only after it has met this step's barrier, which it reaches after its reads of the step before. Both
+    make the full scores v do^T and k q^T (two wgmmas each over the halves): dk's diagonal r_t is then whole in each."""
+    qh_desc: object
+    kh_desc: object
+    v_desc: object
+    do_desc: object
+    dk_desc: object
+    dv_desc: object
+    g_desc: object
+    beta_desc: object
+    S0: object  # the final state's gradient (B, H, Dk, Dv), any strides
+    s0b: object
+    s0h: object
+    s0r: object
+    s0c: object
+    ST: object  # dh0 (B, H, Dk, Dv)
+    stb: object
+    sth: object
+    str_: object
+    stc: object
+    DG: object  # (2, B, N, H) float32: the decay gradient's key-side parts, one a key half
+    DB: object  # (2, B, N, H) float32: d beta's parts, one a value half
+    s_dgp: object
+    N: object
+    H: object
+    GROUP: object
+    scale: object
+    own_smem: object  # [2, KH, U]: consumer c's dS half c (read by itself)
+    give_smem: object  # [4, KH, U]: consumer c's dS half 1 - c at parity p: index 2 p + c (read by the other)
+    wx_smem: object  # [2, BT, U]: each consumer's weighted do
+    met: object  # [2, 1] mbarriers (count 2): both consumers' dS halves of the step's parity are in shared memory
+    BT: gl.constexpr
+    KH: gl.constexpr
+    U: gl.constexpr
+    DECAY: gl.constexpr
+    HAS_BETA: gl.constexpr
+    HAS_S0: gl.constexpr
+    STORE_ST: gl.constexpr
+    SL: gl.constexpr
+    OL: gl.constexpr  # [BT, U] (= [BT, KH]: U == KH) outputs
+    STL: gl.constexpr  # [KH, U] state halves
+    PL: gl.constexpr
+
+    @gluon.jit
+    def setup(self, tile_id):
+        return Head(tile_id // self.H, tile_id % self.H), gl.cdiv(self.N, self.BT)
+
+    @gluon.jit
+    def load(self, stage, bar, tile, step):
+        t0 = (gl.cdiv(self.N, self.BT) - 1 - step) * self.BT
+        hk = tile.h // self.GROUP
+        tma.async_copy_global_to_shared(self.qh_desc, [tile.b, hk, t0, 0], bar, stage.q0)
+        tma.async_copy_global_to_shared(self.qh_desc, [tile.b, hk, t0, self.KH], bar, stage.q1)
+        tma.async_copy_global_to_shared(self.kh_desc, [tile.b, hk, t0, 0], bar, stage.k0)
+        tma.async_copy_global_to_shared(self.kh_desc, [tile.b, hk, t0, self.KH], bar, stage.k1)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, tile.h, t0, 0], bar, stage.v0)
+        tma.async_copy_global_to_shared(self.v_desc, [tile.b, tile.h, t0, self.U], bar, stage.v1)
+        tma.async_copy_global_to_shared(self.do_desc, [tile.b, tile.h, t0, 0], bar, stage.do0)
+        tma.async_copy_global_to_shared(self.do_desc, [tile.b, tile.h, t0, self.U], bar, stage.do1)
+        tma.async_copy_global_to_shared(self.g_desc, [tile.b, tile.h, t0], bar, stage.g)
+        tma.async_copy_global_to_shared(self.beta_desc, [tile.b, tile.h, t0], bar, stage.beta)
+
+    @gluon.jit
+    def half_ptrs(self, base, b, h, c: gl.constexpr, half: gl.constexpr, sb, sh, sr, sc):
+        rows = half * self.KH + gl.arange(0, self.KH, layout=gl.SliceLayout(1, self.STL))
+        cols = c * self.U + gl.arange(0, self.U, layout=gl.SliceLayout(0, self.STL))
+        return (base + b.to(gl.int64) * sb + h.to(gl.int64) * sh + gl.expand_dims(rows.to(gl.int64) * sr, 1)
+                + gl.expand_dims(cols.to(gl.int64) * sc, 0))
+
+    @gluon.jit
+    def start(self, ctx, tile, prev):
+        S0 = gl.zeros([self.KH, self.U], gl.float32, self.STL)
+        S1 = gl.zeros([self.KH, self.U], gl.float32, self.STL)
+        if self.HAS_S0:
+            c: gl.constexpr = ctx.index
+            S0 = gl.load(self.half_ptrs(self.S0, tile.b, tile.h, c, 0, self.s0b, self.s0h, self.s0r, self.s0c))
+            S1 = gl.load(self.half_ptrs(self.S0, tile.b, tile.h, c, 1, self.s0b, self.s0h, self.s0r, self.s0c))
+        return WalkKV(S0, S1)
+
+    @gluon.jit
+    def wait(self, ctx, walk):
+        """Every wgmma of a step is waited in the step."""
+        return walk
+
+    @gluon.jit
+    def finish(self, ctx, walk, tile):
+        if self.STORE_ST:  # the walk ends at the start: dh0
+            c: gl.constexpr = ctx.index
+            gl.store(self.half_ptrs(self.ST, tile.b, tile.h, c, 0, self.stb, self.sth, self.str_, self.stc), walk.S0)
+            gl.store(self.half_ptrs(self.ST, tile.b, tile.h, c, 1, self.stb, self.sth, self.str_, self.stc), walk.S1)
+
+    @gluon.jit
+    def compute(self, ctx, walk, stage, tile, step):
+        c: gl.constexpr = ctx.index
+        dtype: gl.constexpr = self.qh_desc.dtype
+        BT: gl.constexpr = self.BT
+        q0 = stage.q0.reshape([BT, self.KH])
+        q1 = stage.q1.reshape([BT, self.KH])
+        k0 = stage.k0.reshape([BT, self.KH])
+        k1 = stage.k1.reshape([BT, self.KH])
+        v0 = stage.v0.reshape([BT, self.U])
+        v1 = stage.v1.reshape([BT, self.U])
+        do0 = stage.do0.reshape([BT, self.U])
+        do1 = stage.do1.reshape([BT, self.U])
+        if c == 0:
+            q_c, k_c, v_c, do_c, v_o = q0, k0, v0, do0, v1
+        else:
+            q_c, k_c, v_c, do_c, v_o = q1, k1, v1, do1, v0
+        t0 = (gl.cdiv(self.N, BT) - 1 - step) * BT
+        offs_r = gl.arange(0, BT, layout=gl.SliceLayout(1, self.SL))
+        offs_c = gl.arange(0, BT, layout=gl.SliceLayout(0, self.SL))
+        offs_o = gl.arange(0, BT, layout=gl.SliceLayout(1, self.OL))
+        row_ok = t0 + offs_o < self.N
+        rowf = gl.zeros([BT], gl.float32, gl.SliceLayout(1, self.OL)) + 1.0
+        w = gl.where(row_ok, self.scale, 0.0)
+        S_decay = 1.0
+        if self.DECAY:
+            g_smem = stage.g.reshape([BT])
+            G_r = g_smem.load(gl.SliceLayout(1, self.SL))
+            G_c = g_smem.load(gl.SliceLayout(0, self.SL))
+            G_o = g_smem.load(gl.SliceLayout(1, self.OL))
+            G_last = gl.sum(gl.where(offs_c == BT - 1, G_c, 0.0), axis=0)  # (the host pads G past N with it)
+            S_decay = gl.exp2(G_last)
+            rowf = gl.exp2(G_last - G_o)
+            w = w * gl.exp2(G_o)
+            f = gl.exp2(gl.where(gl.expand_dims(offs_c, 0) >= gl.expand_dims(offs_r, 1),
+                                 gl.expand_dims(G_c, 0) - gl.expand_dims(G_r, 1), float("-inf")))
+
+        # dS's halves to shared memory: the own half, and the half the other consumer reads at this parity
+        par = ctx.ring_step % 2
+        own = self.own_smem.index(c)
+        give = self.give_smem.index(2 * par + c)
+        got = self.give_smem.index(2 * par + 1 - c)
+        if c == 0:
+            S_own, S_give = walk.S0, walk.S1
+        else:
+            S_own, S_give = walk.S1, walk.S0
+        gl.thread_barrier()  # (this warpgroup's wgmmas of the step before have read ``own``)
+        own.store(S_own.to(dtype))
+        give.store(S_give.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(self.met.index(par))
+
+        # dk's half c: the scores v do^T over every value column (the diagonal's r whole), strictly above the diagonal
+        zero_s = gl.zeros([BT, BT], gl.float32, self.SL)
+        s = warpgroup_mma(v0, do0.permute((1, 0)), zero_s, use_acc=False)
+        s = warpgroup_mma(v1, do1.permute((1, 0)), s)
+        keep = gl.expand_dims(offs_c, 0) >= gl.expand_dims(offs_r, 1)
+        if self.DECAY:
+            keep = gl.expand_dims(offs_c, 0) > gl.expand_dims(offs_r, 1)
+            diag = gl.sum(gl.where(gl.expand_dims(offs_r, 1) == gl.expand_dims(offs_c, 0), s, 0.0), axis=1)
+            r = gl.convert_layout(diag, gl.SliceLayout(1, self.OL)) * self.scale
+            s = s * f
+        p = gl.convert_layout(gl.where(keep, s * self.scale, 0.0).to(dtype), self.PL)
+        mbarrier.wait(self.met.index(par), (ctx.ring_step // 2) & 1)  # the other's half c is in ``got``
+        zero_o = gl.zeros([BT, self.KH], gl.float32, self.OL)
+        o = warpgroup_mma(v_c, own.permute((1, 0)), zero_o, use_acc=False)
+        o = warpgroup_mma(v_o, got.permute((1, 0)), o)
+        o = warpgroup_mma(p, q_c, o * gl.expand_dims(rowf, 1))
+        if self.DECAY:
+            if self.HAS_BETA:
+                beta_o = stage.beta.reshape([BT]).load(gl.SliceLayout(1, self.OL))
+                o = o * gl.expand_dims(beta_o, 1)
+                rb = beta_o * r
+            else:
+                rb = r
+            part = gl.sum(k_c.load(self.OL).to(gl.float32) * o, axis=1)  # k_t . dk_t without the diagonal
+            o = o + gl.expand_dims(rb, 1) * q_c.load(self.OL).to(gl.float32)
+            rows = (tile.b.to(gl.int64) * self.N + t0 + offs_o) * self.H + tile.h
+            gl.store(self.DG + c * self.s_dgp + rows, part, mask=row_ok)
+        store_block(o, self.dk_desc, ctx.out, [tile.b, tile.h, t0, c * self.KH])
+
+        # dv's columns c: the scores k q^T, on and above the diagonal; k dS from this consumer's halves
+        s = warpgroup_mma(k0, q0.permute((1, 0)), zero_s, use_acc=False)
+        s = warpgroup_mma(k1, q1.permute((1, 0)), s)
+        if self.DECAY:
+            s = s * f
+        keep = gl.expand_dims(offs_c, 0) >= gl.expand_dims(offs_r, 1)
+        p = gl.convert_layout(gl.where(keep, s * self.scale, 0.0).to(dtype), self.PL)
+        zero_v = gl.zeros([BT, self.U], gl.float32, self.OL)
+        if c == 0:
+            o = warpgroup_mma(k0, own, zero_v, use_acc=False)
+            o = warpgroup_mma(k1, give, o)
+        else:
+            o = warpgroup_mma(k0, give, zero_v, use_acc=False)
+            o = warpgroup_mma(k1, own, o)
+        o = warpgroup_mma(p, do_c, o * gl.expand_dims(rowf, 1))
+        if self.HAS_BETA:
+            rows = (tile.b.to(gl.int64) * self.N + t0 + offs_o) * self.H + tile.h
+            gl.store(self.DB + c * self.s_dgp + rows, gl.sum(v_c.load(self.OL).to(gl.float32) * o, axis=1),
+                     mask=row_ok)
+            o = o * gl.expand_dims(stage.beta.reshape([BT]).load(gl.SliceLayout(1, self.OL)), 1)
+        store_block(o, self.dv_desc, ctx.out, [tile.b, tile.h, t0, c * self.U])
+
+        # dS <- 2^(G_last) dS + q^T (w do_c), by key halves
+        wx = self.wx_smem.index(c)
+        operand_store(wx, (do_c.load(self.OL).to(gl.float32) * gl.expand_dims(w, 1)).to(dtype))
+        S0 = warpgroup_mma(q0.permute((1, 0)), wx, walk.S0 * S_decay)
+        S1 = warpgroup_mma(q1.permute((1, 0)), wx, walk.S1 * S_decay)
+        return WalkKV(S0, S1)
+
+
+@gluon.jit
+def la_bwd_dkv_gluon_kernel(qh_desc, kh_desc, v_desc, do_desc, dk_desc, dv_desc, g_desc, beta_desc, S0, s0b, s0h,
+                            s0r, s0c, ST, stb, sth, str_, stc, DG, DB, s_dgp, N, H, GROUP, scale, num_tiles,
+                            STAGES: gl.constexpr, DECAY: gl.constexpr, HAS_BETA: gl.constexpr, HAS_S0: gl.constexpr,
+                            STORE_ST: gl.constexpr):
+    """dk and dv of every (batch, head) by one reverse walk (ScalarBackwardKV), Dk = Dv = 128; a persistent grid, two
+    consumer warpgroups (num_warps = 4) and a producer warp."""
+    gl.static_assert(DECAY or not HAS_BETA, "beta comes with a decay (Mamba-2's dt)")
+    BT: gl.constexpr = v_desc.block_type.shape[2]
+    U: gl.constexpr = v_desc.block_type.shape[3]
+    KH: gl.constexpr = qh_desc.block_type.shape[3]
+    gl.static_assert(U == KH, "dk's and dv's blocks share the consumer's output buffer")
+    SL: gl.constexpr = wgmma_layout(BT, BT, gl.num_warps())
+    OL: gl.constexpr = wgmma_layout(BT, U, gl.num_warps())
+    state_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * U), element_bitwidth=16, rank=2)
+    own_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KH, U], state_layout)
+    give_smem = gl.allocate_shared_memory(v_desc.dtype, [4, KH, U], state_layout)
+    wx_smem = gl.allocate_shared_memory(v_desc.dtype, [2, BT, U], state_layout)
+    met = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(met.index(i), count=2)
+    op = ScalarBackwardKV(qh_desc, kh_desc, v_desc, do_desc, dk_desc, dv_desc, g_desc, beta_desc, S0, s0b, s0h, s0r,
+                          s0c, ST, stb, sth, str_, stc, DG, DB, s_dgp, N, H, GROUP, scale, own_smem, give_smem, wx_smem,
+                          met, BT, KH, U, DECAY, HAS_BETA, HAS_S0, STORE_ST, SL, OL, wgmma_layout(KH, U, gl.num_warps()),
+                          wgmma_lhs_layout(BT, U, gl.num_warps()))
+    stages = ChunkKV(ring(qh_desc, STAGES), ring(qh_desc, STAGES), ring(kh_desc, STAGES), ring(kh_desc, STAGES),
+                     ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
+                     ring(g_desc, STAGES), ring(beta_desc, STAGES))
+    num_tiles = gl.program_id(0) * 0 + num_tiles  # (a tensor where the launch specialized it to 1)
+    run(op, Layout(dk_desc, STAGES, CONSUMERS=2, LATE_RELEASE=0), stages, num_tiles)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(met.index(i))
+
+
 # --------------------------------------------------------------------------------------------
 # host side
 
@@ -403,11 +668,50 @@ def launch_args(role: str, q, k, v, do, G, beta_h, state0, out, dg_parts, dh0, s
     return (persistent_programs(num_tiles, v.device),), args, 4
 
 
-def grads(q, k, v, do, g, beta, h0, dht, scale: float, out_dtypes: dict, stages: int = 2, *, launch=None, operand=None):
+def fused_dkv(q, v) -> bool:
+    """Whether dk and dv can come from one walk (la_bwd_dkv_gluon_kernel): Dk = Dv = 128 (and, ``grads`` checks, dk
+    and dv in one 16-bit dtype: no q/k head group summed after in float32, no D's term added after)."""
+    return q.shape[-1] == 128 and v.shape[-1] == 128
+
+
+def launch_args_dkv(q, k, v, do, G, beta_h, dht, dk, dv, dg_parts, dbeta_parts, dh0, scale: float, stages: int = 2, *,
+                    operand=None):
+    """(grid, arguments by name, num_warps) of la_bwd_dkv_gluon_kernel (``fused_dkv``); tensors as launch_args
+    takes them, dk (per v head) and dv contiguous (B, N, H, 128), the parts (2, B, N, H) float32 or None."""
+    from tilecore.tiles.launch import gluon_descriptor
+    from tilecore.tiles.schedule import persistent_programs
+
+    make = operand or gluon_descriptor
+    B, N, H, Dv = v.shape
+    BT, KH, U = BT_GLUON, q.shape[-1] // 2, Dv // 2
+    decay = G is not None
+    if not decay:  # (the stage's G and beta boxes: loaded, unread)
+        G = torch.empty(B, H, -(-N // BT) * BT, dtype=torch.float32, device=v.device)
+    g_desc = make(G, [1, 1, BT])
+    descs = dict(qh_desc=make(q.transpose(1, 2), [1, 1, BT, KH]), kh_desc=make(k.transpose(1, 2), [1, 1, BT, KH]),
+                 v_desc=make(v.transpose(1, 2), [1, 1, BT, U]), do_desc=make(do.transpose(1, 2), [1, 1, BT, U]),
+                 dk_desc=make(dk.transpose(1, 2), [1, 1, BT, KH]), dv_desc=make(dv.transpose(1, 2), [1, 1, BT, U]),
+                 g_desc=g_desc, beta_desc=make(beta_h, [1, 1, BT]) if beta_h is not None else g_desc)
+    dummy = torch.empty(1, dtype=torch.float32, device=v.device)
+    s0 = tuple(dht.stride()) if dht is not None else (0, 0, 0, 0)
+    sh = tuple(dh0.stride()) if dh0 is not None else (0, 0, 0, 0)
+    parts = dg_parts if dg_parts is not None else dbeta_parts
+    args = dict(descs, S0=dht if dht is not None else dummy, s0b=s0[0], s0h=s0[1], s0r=s0[2], s0c=s0[3],
+                ST=dh0 if dh0 is not None else dummy, stb=sh[0], sth=sh[1], str_=sh[2], stc=sh[3],
+                DG=dg_parts if dg_parts is not None else dummy, DB=dbeta_parts if dbeta_parts is not None else dummy,
+                s_dgp=parts.stride(0) if parts is not None else 0, N=N, H=H, GROUP=H // q.shape[2], scale=scale,
+                num_tiles=B * H, STAGES=stages, DECAY=decay, HAS_BETA=beta_h is not None, HAS_S0=dht is not None,
+                STORE_ST=dh0 is not None)
+    return (persistent_programs(B * H, v.device),), args, 4
+
+
+def grads(q, k, v, do, g, beta, h0, dht, scale: float, out_dtypes: dict, stages: int = 2, *, dkv: bool = False,
+          launch=None, operand=None):
     """The three kernels: (dq per v head, dk per v head, dv, dG's query side parts, its key side parts, d beta's parts,
     dh0): dq, dk, dv in ``out_dtypes`` ({"dq", "dk", "dv"}), the parts (2, B, N, H) float32 (None where not made),
     dh0 float32 (None without h0). ``fits`` must have said None; do is cast to q's dtype where it differs, and made
-    contiguous where TMA does not take it. ``launch(kernel, grid, args, num_warps)``: the launch (default plain)."""
+    contiguous where TMA does not take it. ``dkv``: dk and dv by one walk (la_bwd_dkv_gluon_kernel, where ``fused_dkv``).
+    ``launch(role, grid, args, num_warps)``: the launch (default plain)."""
     B, N, H, Dv = v.shape
     Dk = q.shape[-1]
     dev, f32 = v.device, torch.float32
@@ -425,6 +729,15 @@ def grads(q, k, v, do, g, beta, h0, dht, scale: float, out_dtypes: dict, stages:
     dbeta = parts() if beta is not None else None
     dh0 = torch.empty(B, H, Dk, Dv, dtype=f32, device=dev) if h0 is not None else None
     calls = (("dq", h0, dq, dg_q, None), ("dk", dht, dk, dg_k, None), ("dv", dht, dv, dbeta, dh0))
+    # (dk and dv go through one 16-bit output buffer a consumer: float32 ones do not fit beside the stages)
+    if dkv and fused_dkv(q, v) and dk.dtype == dv.dtype != torch.float32:
+        calls = calls[:1]
+        grid, args, warps = launch_args_dkv(q, k, v, do, G, beta_h, dht, dk, dv, dg_k, dbeta, dh0, scale, stages,
+                                            operand=operand)
+        if launch is None:
+            la_bwd_dkv_gluon_kernel[grid](**args, num_warps=warps)
+        else:
+            launch("dkv", grid, args, warps)
     for role, state0, out, dg, st in calls:
         grid, args, warps = launch_args(role, q, k, v, do, G, beta_h, state0, out, dg, st, scale, stages,
                                         operand=operand)
@@ -462,8 +775,15 @@ def compile_report(role: str, case: str, stages: int = 2, compiled_out: list | N
     writes_parts = decay if role != "dv" else has_beta
     dg = torch.empty(2, B, N, H, dtype=f32) if writes_parts else None
     dh0 = state if role == "dv" and states else None
-    grid, args, warps = launch_args(role, q, q, v, v, G, beta_h, state, out, dg, dh0, 1.0, stages)
-    compiled = compile_kernel(la_bwd_gluon_kernel, args, num_warps=warps)
+    if role == "dkv":
+        parts = lambda: torch.empty(2, B, N, H, dtype=f32)  # noqa: E731
+        grid, args, warps = launch_args_dkv(q, q, v, v, G, beta_h, state, out, torch.empty_like(v),
+                                            parts() if decay else None, parts() if has_beta else None, state, 1.0,
+                                            stages)
+        compiled = compile_kernel(la_bwd_dkv_gluon_kernel, args, num_warps=warps)
+    else:
+        grid, args, warps = launch_args(role, q, q, v, v, G, beta_h, state, out, dg, dh0, 1.0, stages)
+        compiled = compile_kernel(la_bwd_gluon_kernel, args, num_warps=warps)
     if compiled_out is not None:
         compiled_out.append(compiled)
     r = resources(compiled)

@@ -296,7 +296,7 @@ def sub_cumulative(g: torch.Tensor) -> torch.Tensor:
 
 
 SPLIT_KEYS = ("split", "split_BT", "split_BKB", "split_BV", "split_warps", "split_stages", "dq_BKQ", "dq_warps",
-              "dq_stages", "split_epilogue", "bwd_gluon", "bwd_gluon_stages")
+              "dq_stages", "split_epilogue", "bwd_gluon", "bwd_gluon_stages", "bwd_gluon_dkv")
 
 
 def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, **overrides) -> Plan:
@@ -320,7 +320,7 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
     # the Gluon kernels (gluon_scalar_bwd) on Hopper at their chunk of 64; backward() asks their fits for the tensors
     cfg.update(bwd_gluon=configs.BWD_GLUON and kind != CHANNEL_DECAY and feature != BASED and chunk in (None, 64)
                and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device),
-               bwd_gluon_stages=configs.BWD_GLUON_STAGES)
+               bwd_gluon_stages=configs.BWD_GLUON_STAGES, bwd_gluon_dkv=configs.BWD_GLUON_DKV)
     cfg.update(overrides)
     return dataclasses.replace(plan, config=cfg)
 
@@ -347,7 +347,8 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
         q, k, v, do = q.float(), k.float(), v.float(), do.float()
     out = dict(zip(("dq", "dk", "dv"), dtypes)) if native and not plan.config["upcast"] else None
     if plan.config.get("bwd_gluon") and gluon_scalar_bwd.fits(q, k, v, g, beta, feature) is None:
-        grads = backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale, out, plan.config["bwd_gluon_stages"])
+        grads = backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale, out, plan.config["bwd_gluon_stages"],
+                               plan.config["bwd_gluon_dkv"])
         return _cast_grads(grads, dtypes) if native else grads
     torch_combine = plan.config.get("combine", "kernel") != "kernel" or (feature == BASED and g is not None)
     if split_epilogue(plan, g, feature) and not torch_combine:
@@ -362,10 +363,11 @@ def backward(plan: Plan, do, q, k, v, g, beta, h0, o_lin, ht, dht, scale: float,
     return _cast_grads(grads, dtypes) if native else grads
 
 
-def backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale: float, out_dtypes, stages: int = 2):
+def backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale: float, out_dtypes, stages: int = 2, dkv: bool = False):
     """backward() by gluon_scalar_bwd's kernels (no decay or a scalar one, phi(x) = x, on Hopper): dq, dk, dv in
     ``out_dtypes`` (None: float32; dq, dk in float32 where a q/k head group is summed after), the decay's gradient from
-    the kernels' per-token parts as backward_epilogue takes it, d beta the sum of its parts."""
+    the kernels' per-token parts as backward_epilogue takes it, d beta the sum of its parts. ``dkv``: dk and dv by one
+    walk where gluon_scalar_bwd.fused_dkv says."""
     B, N, H, Dv = v.shape
     Hqk, Dk = q.shape[2], q.shape[3]
     group = H // Hqk
@@ -374,7 +376,7 @@ def backward_gluon(do, q, k, v, g, beta, h0, ht, dht, scale: float, out_dtypes, 
     dtypes = dict(dq=own["dq"] if group == 1 else f32, dk=own["dk"] if group == 1 else f32, dv=own["dv"])
     with dispatch.on_device(v.device):
         dq, dk, dv, dg_q, dg_k, dbeta_parts, dh0 = gluon_scalar_bwd.grads(q, k, v, do, g, beta, h0, dht, scale, dtypes,
-                                                                          stages)
+                                                                          stages, dkv=dkv)
     dg = None
     if g is not None:
         has_dht = dht is not None and ht is not None
