@@ -42,7 +42,7 @@ __all__ = list(_EXPORTS)
 
 # the modules whose import registers the torch.ops.tilecore ops (torch.library.custom_op)
 OP_MODULES = ("tilecore.ops.gemm.op", "tilecore.ops.hadamard.op", "tilecore.ops.hadamard.quantize",
-              "tilecore.ops.attention.op", "tilecore.ops.attention.op_rotary", "tilecore.ops.attention_varlen.op",
+              "tilecore.ops.attention.op", "tilecore.ops.attention_rotary.op", "tilecore.ops.attention_varlen.op",
               "tilecore.ops.attention_kvcache.op",
               "tilecore.ops.attention_fp8.op", "tilecore.ops.norm.op", "tilecore.ops.rotary.op",
               "tilecore.ops.linear_attention.op", "tilecore.ops.fft_conv.op", "tilecore.distributed.op")

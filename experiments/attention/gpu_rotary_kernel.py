@@ -1,7 +1,7 @@
-"""Issue 37: the attention forward with rotary turned inside the Hopper kernel (gluon_rotary.forward), on the GPU.
+"""Issue 37: the attention forward with rotary turned inside the Hopper kernel (gluon_forward.forward), on the GPU.
 
 For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 rows, rotary_dim = D):
-1. correctness of gluon_rotary.forward against the float64 attention of the float64-turned q and k (heads
+1. correctness of gluon_forward.forward against the float64 attention of the float64-turned q and k (heads
    (0, 0) and (0, 1) of the timed inputs; every element of O and lse checked finite into NaN-poisoned
    memory: the caching allocator's block, filled with NaN and freed just before), as a multiple of the
    rounding floor, beside the composite's (apply_rotary on q and k, then the shipped forward);
@@ -10,7 +10,7 @@ For D128 and D64, causal and not, at B16 H16 N4096 bf16 (cos, sin bf16 of 4096 r
    over the forward without rotary (the issue's target: <= 3% for the rotary forward).
 Then (--extras) a few small checks: interleaved pairs (causal, D128), N < Nk causal with rows past a tile, a
 window with a softcap, the carried pipeline (short rows), grouped heads with rotary_dim < D and fp32 tables.
-gluon_rotary.forward turns K by apply_rotary's pass and Q in the kernel (session 36's runs: K turned in shared
+gluon_forward.forward turns K by apply_rotary's pass and Q in the kernel (session 36's runs: K turned in shared
 memory by a transform partition lost; notes/rotary).
 
   PYTHONPATH=. python experiments/attention/gpu_rotary_kernel.py [--cases d128,d128c,d64,d64c] [--extras]
@@ -26,7 +26,8 @@ import torch
 import triton
 
 from tilecore.accuracy import error_over_floor
-from tilecore.ops.attention import gluon_rotary, launch, plan
+from tilecore.ops.attention import launch, plan
+from tilecore.ops.attention_rotary import gluon_forward
 from tilecore.ops.attention.reference import attention_reference
 from tilecore.ops.rotary import apply_rotary
 from tilecore.ops.rotary.reference import rotary_reference
@@ -78,7 +79,7 @@ def check(name, q, k, v, cos, sin, causal, scale, heads, window=(-1, -1), softca
     on the heads ``heads`` (a slice of (B, H)); every output element finite (the inputs are)."""
     B, H, N, D = q.shape
     poisoned(((B, H, N, D), q.dtype), ((B, H, N), torch.float32))
-    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale, window=window, softcap=softcap,
+    out, lse = gluon_forward.forward(q, k, v, cos, sin, causal=causal, scale=scale, window=window, softcap=softcap,
                                     interleaved=interleaved)
     torch.cuda.synchronize()
     finite = bool(torch.isfinite(out).all()) and bool((torch.isfinite(lse) | (lse == float("-inf"))).all())
@@ -134,7 +135,7 @@ def main():
             check(f"{case} B{B} H{H} N{N}", q, k, v, cos, sin, causal, scale, (0, slice(0, 2)))
             p = plan.plan_forward(q, k, v, causal, scale)
             base, how_b = bench(lambda: launch.outputs(p, q, k, v, causal, scale))
-            ours, how_o = bench(lambda: gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=scale))
+            ours, how_o = bench(lambda: gluon_forward.forward(q, k, v, cos, sin, causal=causal, scale=scale))
             comp, how_c = bench(lambda: composite(q, k, v, cos, sin, causal, scale))
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
             RESULTS["timing"].append(dict(case=case, B=B, H=H, N=N, D=D, causal=causal, base_ms=base, rotary_ms=ours,

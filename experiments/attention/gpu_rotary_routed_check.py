@@ -1,5 +1,5 @@
 """The lead's safety net for session 37's default (configs.ROTARY_IN_KERNEL_CASES: no-grad calls of
-attention(..., rotary=(cos, sin)) at D128 and D64 causal go to gluon_rotary.forward): the public call,
+attention(..., rotary=(cos, sin)) at D128 and D64 causal go to gluon_forward.forward): the public call,
 under torch.no_grad, against the float64 reference on the features the route now serves: GQA, window,
 softcap, N != Nk, partial rotary_dim, interleaved pairs, and the same calls with the route off (the
 turned path) beside them.
@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.common.gpu_script import Run, check  # noqa: E402
 
 import tilecore  # noqa: E402
-from tilecore.ops.attention import configs, plan  # noqa: E402
-from tilecore.ops.attention.reference import rotary_attention_reference  # noqa: E402
+from tilecore.ops.attention_rotary import configs, plan  # noqa: E402
+from tilecore.ops.attention_rotary.reference import rotary_attention_reference  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
 # name, B, Hq, Hkv, N, Nk, D, rotary_dim, causal, window, softcap, interleaved

@@ -1,5 +1,5 @@
 """Issue 37 (session 38, helper HR): attention(..., rotary=(cos, sin)) on Hopper, the training forward by
-gluon_rotary (K by apply_rotary's pass, Q turned in the Gluon forward and stored from there for the backward:
+gluon_forward (K by apply_rotary's pass, Q turned in the Gluon forward and stored from there for the backward:
 configs.ROTARY_TRAIN_IN_KERNEL_CASES) against the turned path's (q and k by apply_rotary's passes, then the
 shipped forward), and apply_rotary's K pass against a copy of K.
 
@@ -18,12 +18,12 @@ shipped forward), and apply_rotary's K pass against a copy of K.
    H16 N4096, bf16 tables, full and causal: forward without a gradient (plain / rotary as routed); forward
    recording a gradient (plain / turned / new); forward + backward (autograd.grad of q, k, v: plain / turned
    / new); --shipped: the shipped routes alone (no-grad forward and forward + backward, plain / rotary);
-   --routed: the no-grad forward by gluon_rotary in every case against the turned forward (the choice
+   --routed: the no-grad forward by gluon_forward in every case against the turned forward (the choice
    configs.ROTARY_IN_KERNEL_CASES makes per case; gpu_rotary_dk.py's --routed until session 38, removed).
    Overheads over plain in the same run (issue 37: <= 3%). (Session 38's runs 1-4 also timed the no-grad
    forward with K turned into a (B, H, Nk, D) buffer, configs.ROTARY_K_BY_HEAD, removed since: git 1ecd5bd.)
 
-4. (session 42) K turned inside gluon_rotary's launch (KTurn: side items of the persistent schedule,
+4. (session 42) K turned inside gluon_forward's launch (KTurn: side items of the persistent schedule,
    configs.ROTARY_K_OVERLAP_*): --overlap-checks D:full (B1 H2 N4096 half-split), D:causal (GQA 8/2, N 300 < Nk
    700, interleaved), D:causal4096: the no-grad O against float64 into poisoned memory, its bits against the route
    that turns K by the pass and against a second call; --overlap D,..: the no-grad forward plain / as shipped /
@@ -60,8 +60,10 @@ import torch  # noqa: E402
 
 import tilecore  # noqa: E402
 from experiments.common.gpu_script import Run, check, same_bits, sync, time_rounds  # noqa: E402
-from tilecore.ops.attention import configs, op_rotary  # noqa: E402
-from tilecore.ops.attention.reference import attention_reference, rotary_attention_reference  # noqa: E402
+from tilecore.ops.attention import configs as attention_configs  # noqa: E402
+from tilecore.ops.attention_rotary import configs, op as op_rotary  # noqa: E402
+from tilecore.ops.attention.reference import attention_reference  # noqa: E402
+from tilecore.ops.attention_rotary.reference import rotary_attention_reference  # noqa: E402
 from tilecore.ops.rotary import configs as rotary_configs  # noqa: E402
 from tilecore.tiles.switches import patched  # noqa: E402
 
@@ -91,7 +93,7 @@ CHECK_OVERLAP = []  # --checks-overlap: the new path's K turned inside the launc
 
 
 def new_path(on: bool):
-    """The training forward by gluon_rotary in every case (on) or in none (off: the turned path's); with
+    """The training forward by gluon_forward in every case (on) or in none (off: the turned path's); with
     --checks-overlap, on, its K turned inside the launch."""
     values = dict(ROTARY_TRAIN_IN_KERNEL_CASES=ALL_CASES if on else frozenset())
     if on and CHECK_OVERLAP:
@@ -171,7 +173,7 @@ def differences(x, a, b, cos, sin, interleaved, name):
 
 
 def kpass(run, d=128, b=16, h=16, n=4096, rounds=3):
-    """apply_rotary's K pass (into a contiguous buffer, as gluon_rotary's training forward and the turned path
+    """apply_rotary's K pass (into a contiguous buffer, as gluon_forward's training forward and the turned path
     do) against Tensor.copy_ of K: the same bytes read and written."""
     from tilecore.ops.rotary.op import turn
 
@@ -236,7 +238,7 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped
         return f
 
     rot = (cos, sin)
-    if routed:  # the no-grad forward by gluon_rotary (K by the pass, Q in the kernel) against the turned forward
+    if routed:  # the no-grad forward by gluon_forward (K by the pass, Q in the kernel) against the turned forward
         fns = {"fwd_plain": nograd(None), "fwd_inkernel": nograd_routed(ALL_CASES),
                "fwd_turned": nograd_routed(frozenset())}
     elif shipped:  # the shipped routes alone: plain and rotary, without and with a gradient
@@ -269,8 +271,8 @@ def timing(run, d, causal, b=16, h=16, n=4096, rounds=2, fwd_only=False, shipped
 
 
 def overlap_path(steps=None, lead=None):
-    """K turned inside gluon_rotary's launch (configs.ROTARY_K_OVERLAP_*: KTurn's side items) in every case, with
-    these item steps and lead (None: the configs'); also routing every no-grad case to gluon_rotary."""
+    """K turned inside gluon_forward's launch (configs.ROTARY_K_OVERLAP_*: KTurn's side items) in every case, with
+    these item steps and lead (None: the configs'); also routing every no-grad case to gluon_forward."""
     values = dict(ROTARY_K_OVERLAP_CASES=ALL_CASES, ROTARY_IN_KERNEL_CASES=ALL_CASES)
     if steps is not None:
         values.update(ROTARY_K_OVERLAP_ITEM_STEPS=steps, ROTARY_K_OVERLAP_LEAD=lead)
@@ -309,14 +311,15 @@ def overlap_checks(run, name, b, hq, hkv, n, nk, d, causal, interleaved, steps, 
 
 
 def overlap_taken(q, k, causal, window):
-    """Whether gluon_rotary's forward takes the K items for this call (its own test: a configuration that restarts
+    """Whether gluon_forward's forward takes the K items for this call (its own test: a configuration that restarts
     the pipeline at each tile, and a table), read inside the caller's patched block."""
-    from tilecore.ops.attention.plan import plan_forward, rotary_overlap_schedule
+    from tilecore.ops.attention.plan import plan_forward
+    from tilecore.ops.attention_rotary.plan import rotary_overlap_schedule
 
     if q.device.type != "cuda":
         return None
     windowed = tuple(window) != (-1, -1)
-    cfg = configs.gluon_forward_config(q.shape[3], q.shape[2], k.shape[2], causal and not windowed)
+    cfg = attention_configs.gluon_forward_config(q.shape[3], q.shape[2], k.shape[2], causal and not windowed)
     if cfg.get("carry"):
         return False
     p = plan_forward(q, k, k, causal, q.shape[3] ** -0.5, path="gluon", config=cfg, window=window)
@@ -545,7 +548,7 @@ def main():
     ap.add_argument("--kpass", action="store_true")
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument("--shipped", action="store_true", help="timing of the shipped routes alone (final figures)")
-    ap.add_argument("--routed", action="store_true", help="timing of the no-grad forward by gluon_rotary against the "
+    ap.add_argument("--routed", action="store_true", help="timing of the no-grad forward by gluon_forward against the "
                     "turned forward (configs.ROTARY_IN_KERNEL_CASES per case)")
     ap.add_argument("--overlap-checks", default="", help="K turned inside the launch, checked: D:full, D:causal "
                     "(interleaved, GQA 8/2, N 300 < Nk 700), D:causal4096 (interleaved, B1 H2 N4096)")

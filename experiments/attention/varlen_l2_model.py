@@ -60,11 +60,12 @@ def varlen_items(lengths, heads):
 def fixed_starts(n, batch_heads):
     """(start time, item) of the fixed kernel's balanced causal schedule (plan.balanced_table's table)."""
     from tilecore.ops.attention import plan
+    from tilecore.tiles import schedule
 
     group = plan.heads_in_l2(2 * n * 128 * 2)
     blocks = math.ceil(n / 128)
     table = plan.balanced_table("backward", n, n, 64, 128, batch_heads, group, 1, PROGRAMS).tolist()
-    heads, kb = plan.head_grouped_tiles(blocks * batch_heads, blocks, batch_heads, group)
+    heads, kb = schedule.head_grouped_tiles(blocks * batch_heads, blocks, batch_heads, group)
     out = []
     for p in range(PROGRAMS):
         t = 0.0

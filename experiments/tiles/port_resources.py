@@ -138,7 +138,7 @@ def main():
                     WINDOW=False, SOFTCAP=False)
         one(f"attention fwd {name}", attention_fwd_kernel, args, 4)
     # MLA's forward (q/k 192 in three 64-column pieces, v 128; test_mla_gluon's arguments) and the rotary forward
-    # (gluon_rotary: the forward's op wrapped, Q turned in the kernel; test_gluon_rotary's first and fourth variants)
+    # (attention_rotary.gluon_forward: the forward's op wrapped, Q turned in the kernel; test_gluon_rotary's first and fourth variants)
     q192 = torch.empty(2, 2, 256, 192, dtype=torch.bfloat16)
     v128 = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16)
     for causal in (False, True):
@@ -150,10 +150,13 @@ def main():
                     right=0, tanh_scale=0.1, CAUSAL=causal, STAGES=stages, OVERLAP=True, CONSUMERS=2, PINGPONG=False,
                     Q_BUFFERS=1, CARRY=False, Q_REGS=False, WINDOW=False, SOFTCAP=0)
         one(f"attention fwd mla{' causal' if causal else ''}", attention_fwd_kernel, args, 4)
-    try:
-        from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, rows_at_a_time
+    try:  # tilecore.ops.attention_rotary since session 44 (issue 30's move); before it in attention's modules
+        from tilecore.ops.attention_rotary.gluon_forward import attention_rotary_fwd_kernel, rows_at_a_time
     except (ModuleNotFoundError, ImportError):
-        attention_rotary_fwd_kernel = None
+        try:
+            from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, rows_at_a_time
+        except (ModuleNotFoundError, ImportError):
+            attention_rotary_fwd_kernel = None
     if attention_rotary_fwd_kernel is not None:
         for d, causal, cfg, r, cos_dtype in ((128, False, dict(block_m=64, block_n=128, stages=2, q_regs=True), 64,
                                               torch.bfloat16),
@@ -288,6 +291,16 @@ def main():
                    lambda: varlen_bwd.compiled_backward(d, causal, softcap, window=window, group=group))
             record(f"attention varlen dq {tag}",
                    lambda: varlen_bwd.compiled_dq(d, causal, softcap, window=window, group=group))
+    # the MLA backward by roles (experiments/attention/mla_roles_kernel.py: AttentionBackward's step math on a struct
+    # of its own), causal and windowed
+    try:
+        from experiments.attention import mla_roles_kernel
+    except ModuleNotFoundError:
+        mla_roles_kernel = None
+    if mla_roles_kernel is not None:
+        for causal, window in ((True, False), (False, True)):
+            record(f"attention bwd mla roles{' causal' if causal else ''}{' window' if window else ''}",
+                   lambda: mla_roles_kernel.compiled(causal, window))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,4 +1,4 @@
-"""Attention's causal schedules on the device (plan.causal_schedule): the last
+"""Attention's causal schedules on the device (plan.causal_schedule, in tiles.schedule.DeviceTables): the last
 configs.DEVICE_TABLES_MAX used are kept, so a server seeing many lengths does not grow without
 bound; a table a CUDA graph captured is never evicted (the graph reads it at every replay); a capture
 finds the table an eager call made in another patched block with the same switches, and raises where no
@@ -9,13 +9,12 @@ import torch
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs, plan
+from tilecore.tiles.schedule import DeviceTables
 from tilecore.tiles.switches import patched
 
 
 def test_causal_schedules_keep_the_last_used(monkeypatch):
-    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
-    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
-    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    monkeypatch.setattr(plan, "DEVICE_TABLES", DeviceTables())
     monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 4)
     built = []
 
@@ -24,21 +23,19 @@ def test_causal_schedules_keep_the_last_used(monkeypatch):
         return torch.full((n,), n, dtype=torch.int32)
     cpu = torch.device("cpu")
     tables = [plan.causal_schedule(cpu, n, build=build) for n in range(1, 7)]
-    assert len(plan._DEVICE_TABLES) == 4 and built == [1, 2, 3, 4, 5, 6]
+    assert len(plan.DEVICE_TABLES.used) == 4 and built == [1, 2, 3, 4, 5, 6]
     assert plan.causal_schedule(cpu, 6, build=build) is tables[5]  # kept: not built again
     assert plan.causal_schedule(cpu, 3, build=build) is tables[2]
     plan.causal_schedule(cpu, 1, build=build)  # evicted long ago: built again, evicting 4 (least recent)
-    assert built[-1] == 1 and len(plan._DEVICE_TABLES) == 4
-    assert [key[2] for key in plan._DEVICE_TABLES] == [(5,), (6,), (3,), (1,)]
+    assert built[-1] == 1 and len(plan.DEVICE_TABLES.used) == 4
+    assert [key[2] for key in plan.DEVICE_TABLES.used] == [(5,), (6,), (3,), (1,)]
     for n in range(100, 300):  # a server seeing many lengths: the cache stays at its bound
         plan.causal_schedule(cpu, n, build=build)
-    assert len(plan._DEVICE_TABLES) == 4
+    assert len(plan.DEVICE_TABLES.used) == 4
 
 
 def test_a_table_a_cuda_graph_captured_is_never_evicted(monkeypatch):
-    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
-    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
-    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    monkeypatch.setattr(plan, "DEVICE_TABLES", DeviceTables())
     monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 2)
     build = lambda n: torch.full((n,), n, dtype=torch.int32)
     cpu = torch.device("cpu")
@@ -50,14 +47,13 @@ def test_a_table_a_cuda_graph_captured_is_never_evicted(monkeypatch):
     monkeypatch.setattr(dispatch, "capturing", lambda device: False)
     for n in range(20, 40):
         plan.causal_schedule(cpu, n, build=build)
-    assert plan.causal_schedule(cpu, 7, build=build) is first and len(plan._DEVICE_TABLES) == 2
+    assert plan.causal_schedule(cpu, 7, build=build) is first and len(plan.DEVICE_TABLES.used) == 2
 
 
 def test_threads_share_the_cache(monkeypatch):
     import threading
 
-    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
-    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
+    monkeypatch.setattr(plan, "DEVICE_TABLES", DeviceTables())
     monkeypatch.setattr(configs, "DEVICE_TABLES_MAX", 3)
     build = lambda n: torch.full((n,), n, dtype=torch.int32)
     errors = []
@@ -74,16 +70,14 @@ def test_threads_share_the_cache(monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len(plan._DEVICE_TABLES) == 3
+    assert not errors and len(plan.DEVICE_TABLES.used) == 3
 
 
 def test_a_patched_block_gets_its_own_tables(monkeypatch):
     """A table built from configs (balanced_table reads TILE_OVERHEAD_STEPS) under a tiles.switches.patched block (a
     probe's variant) is that block's: made once in it, and the shipped table again after it (the device cache keys on
     tiles.switches.generation, balanced_table's memo too)."""
-    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
-    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
-    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    monkeypatch.setattr(plan, "DEVICE_TABLES", DeviceTables())
     built = []
 
     def build(n):
@@ -105,9 +99,7 @@ def test_a_capture_in_a_patched_block_finds_its_warm_up_table(monkeypatch):
     """The timing artefact of session 42: a probe that enters switches.patched on each call (a new generation each
     time) warms up eagerly and then captures a CUDA graph; the capture must launch the balanced table its warm-up
     uploaded (same contents), not round-robin; a capture whose table no call made raises."""
-    monkeypatch.setattr(plan, "_DEVICE_TABLES", type(plan._DEVICE_TABLES)())
-    monkeypatch.setattr(plan, "_UPLOADED", type(plan._UPLOADED)())
-    monkeypatch.setattr(plan, "_CAPTURED_TABLES", {})
+    monkeypatch.setattr(plan, "DEVICE_TABLES", DeviceTables())
     cpu = torch.device("cpu")
     key = ("backward", 4096, 4096, 64, 128, 256, 8, 1, 132)  # D128 causal B16 H16: 8,192 key tiles over 132
     steps = configs.TILE_OVERHEAD_STEPS + 1

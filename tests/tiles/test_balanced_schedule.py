@@ -54,7 +54,7 @@ def test_causal_attention_tiles_even_out(n, block_m, heads):
     key = ("forward", n, n, block_m, 128, heads, 16, 1, 132)
     table = plan.balanced_table(*key)
     m_blocks = triton.cdiv(n, block_m)
-    blocks = plan.head_grouped_tiles(m_blocks * heads, m_blocks, heads, 16)[1]
+    blocks = schedule.head_grouped_tiles(m_blocks * heads, m_blocks, heads, 16)[1]
     # causal blocks count from the last row: block i ends at row n - i * block_m, the short one (first)
     # is a whole block from row 0
     steps = torch.clamp(triton.cdiv(torch.clamp(n - blocks * block_m, min=block_m), 128), min=1)
@@ -121,7 +121,7 @@ def test_host_twin_of_the_kernels_tile_order(blocks, num_heads, head_group):
     _grouped_blocks[(1,)](out, tiles, blocks, num_heads, head_group)
     assert sorted(map(tuple, out.tolist())) == [(h, b) for h in range(num_heads) for b in range(blocks)]
     # the host twin gives each tile the head and block the kernels give it
-    heads, blocks_of = plan.head_grouped_tiles(tiles, blocks, num_heads, head_group)
+    heads, blocks_of = schedule.head_grouped_tiles(tiles, blocks, num_heads, head_group)
     assert out[:, 0].tolist() == heads.tolist() and out[:, 1].tolist() == blocks_of.tolist()
 
 
@@ -139,8 +139,8 @@ def test_grouped_heads_backward_pairs_heavy_and_light_key_blocks(n_blocks, num_b
     right before its key block n_blocks - 1 - j, so every pair sees the same number of query
     blocks (the middle block of an odd count alone)."""
     programs = 132
-    table = plan.paired_table(n_blocks, num_bhk, head_group, programs)
-    heads, blocks = plan.head_grouped_tiles(n_blocks * num_bhk, n_blocks, num_bhk, head_group)
+    table = schedule.paired_table(n_blocks, num_bhk, head_group, programs)
+    heads, blocks = schedule.head_grouped_tiles(n_blocks * num_bhk, n_blocks, num_bhk, head_group)
     ids = table[programs + 1:-1].tolist()
     assert sorted(ids) == list(range(n_blocks * num_bhk))
     for p in range(programs):

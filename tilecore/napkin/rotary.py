@@ -4,7 +4,7 @@ the attention forward.
 Standalone (`standalone_time`): `tilecore.apply_rotary` reads x and writes it once, and reads the cos and
 sin rows of each token (models.rotary's diagram; the engine's HBM term: x twice plus the tables).
 
-Fused (`fused_overhead`): the Hopper forward with rotary (tilecore/ops/attention/gluon_rotary.py) turns
+Fused (`fused_overhead`): the Hopper forward with rotary (tilecore/ops/attention_rotary/gluon_forward.py) turns
 each K block in its shared-memory stage by a transform warpgroup of its own, between the block's TMA
 arrival and the consumers, and each consumer turns its Q rows once a tile before the tile's first S.
 A pair (a, b) turned is ld.shared of both, the conversions to fp32 (a, b, cos, sin), a' = a cos - b sin and
@@ -25,7 +25,7 @@ the engine's, or a measured one), the terms are
 - **L2**: K, V and the block's cos / sin rows read at the SM's even share of the L2 bandwidth: the excess
   over the step.
 
-With ``k_in_kernel=False`` (gluon_rotary.forward as shipped: K turned by apply_rotary's
+With ``k_in_kernel=False`` (gluon_forward.forward as shipped: K turned by apply_rotary's
 pass before the kernel, Q still in it; the in-kernel K turn was removed, git keeps it at 73266153) the K terms give way to that pass (standalone_time on K's shape).
 
 Measured (notes/napkin/README.md): K turned by the pass as predicted (+5.9 / +11.4% at D128, causal: 1.00 /
@@ -53,7 +53,7 @@ SMEM_BYTES_PER_CLOCK = 128     # per SM (the preset's SMEM level)
 # one L2 round trip (the cos / sin rows serve every head of a batch, so they stay in L2): an estimate,
 # between the preset's DRAM round trip (tile_latency_s, 0.7 us) and a shared-memory access
 L2_LATENCY_S = 0.3e-6
-# the shipped forward's blocks with rotary (gluon_rotary.rotary_config: configs.GLUON_FORWARD, two consumers)
+# the shipped forward's blocks with rotary (gluon_forward.rotary_config: configs.GLUON_FORWARD, two consumers)
 FORWARD_BLOCKS = {64: dict(block_m=64, block_n=128, stages=3, consumers=2, q_regs=False),
                   128: dict(block_m=64, block_n=128, stages=2, consumers=2, q_regs=True)}
 
@@ -97,7 +97,7 @@ def _attention_forward_s(batch, heads, seq, d, causal, gpu, rows, bn, consumers)
 def fused_overhead(batch, heads, seq, d, causal, rotary_dim=None, gpu="h100", base_s=None, dtype_bytes=2,
                    table_bytes=2, blocks=None, k_in_kernel=True) -> RotaryOverhead:
     """The predicted time rotary adds to the attention forward when Q (and K, ``k_in_kernel``) are turned
-    in the kernel (gluon_rotary.py's structure; module docstring). ``base_s``: the forward's time without
+    in the kernel (gluon_forward.py's structure; module docstring). ``base_s``: the forward's time without
     rotary (a measured one, so that the step time is the run's; default the engine's). ``table_bytes``:
     cos / sin's element size. ``blocks``: the kernel's blocks (default FORWARD_BLOCKS[d]; a run's
     rotary_cfg takes). ``k_in_kernel=False``: K turned by apply_rotary's pass before the kernel."""

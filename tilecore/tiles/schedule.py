@@ -32,6 +32,11 @@ returns (``program_tiles``, ``scheduled_tile``).
 """
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
+from collections import OrderedDict
+
 import torch
 import triton
 import triton.language as tl
@@ -359,3 +364,101 @@ def schedule_loads(table: torch.Tensor, costs: torch.Tensor, programs: int) -> t
     """Each program's total cost under a ``balanced_schedule`` table (for tests and the notes)."""
     table = table.tolist()
     return torch.stack([costs[table[table[p]:table[p + 1]]].sum() for p in range(programs)])
+
+
+def head_grouped_tiles(tiles: int, blocks: int, num_heads: int, head_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head, block) of every tile id in ``head_grouped_tile``'s order (its host twin)."""
+    tile_id = torch.arange(tiles)
+    per_group = head_group * blocks
+    first = (tile_id // per_group) * head_group
+    heads = torch.clamp(num_heads - first, max=head_group)
+    local = tile_id % per_group
+    return first + local % heads, local // heads
+
+
+def causal_steps(query_tiles: bool, N: int, Nk: int, block_m: int, block_n: int, num_heads: int, head_group: int,
+                 steps_per_block: int = 1) -> torch.Tensor:
+    """The steps of every tile of a causal persistent launch over ``num_heads`` heads, in head_grouped_tile's order
+    (query i sees keys up to i + Nk - N). ``query_tiles``: tiles of ``block_m`` query rows, query blocks counted from
+    the last (the costliest first), a step per ``block_n`` keys up to the tile's diagonal (at least one); else tiles
+    of ``block_n`` keys, a step per ``block_m`` query rows that see them, ``steps_per_block`` times."""
+    if query_tiles:
+        m_blocks = triton.cdiv(N, block_m)
+        mb = head_grouped_tiles(m_blocks * num_heads, m_blocks, num_heads, head_group)[1]
+        start = torch.clamp(N - (mb + 1) * block_m, min=0)
+        last_key = torch.clamp(start + block_m + Nk - N, min=0, max=Nk)
+        return torch.clamp(triton.cdiv(last_key, block_n), min=1)
+    n_blocks = triton.cdiv(Nk, block_n)
+    kb = head_grouped_tiles(n_blocks * num_heads, n_blocks, num_heads, head_group)[1]
+    first_mb = torch.clamp(kb * block_n - (Nk - N), min=0) // block_m
+    return torch.clamp(triton.cdiv(N, block_m) - first_mb, min=0) * steps_per_block
+
+
+@functools.lru_cache(maxsize=64)
+def paired_table(n_blocks: int, num_heads: int, head_group: int, programs: int) -> torch.Tensor:
+    """A causal schedule over key blocks with grouped heads: each program runs key block j of a head and then its key
+    block n_blocks - 1 - j (the tile ids of head_grouped_tile's order), pairs dealt round-robin in that order. A pair
+    sees as many query blocks as any other, so the programs stay in step, and a kernel that walks the first key block
+    of a pair from the last query block down and the second from its first up keeps every tile of a head at the same
+    query block: between them they use a few blocks of the group's rows, which L2 keeps."""
+    tiles = n_blocks * num_heads
+    head, block = (x.tolist() for x in head_grouped_tiles(tiles, n_blocks, num_heads, head_group))
+    tile_of = {(h, b): t for t, (h, b) in enumerate(zip(head, block))}
+    units = []
+    for t in range(tiles):  # in tile order; a pair starts at its first key block
+        h, b = head[t], block[t]
+        if 2 * b < n_blocks - 1:
+            units.append([t, tile_of[h, n_blocks - 1 - b]])
+        elif 2 * b == n_blocks - 1:
+            units.append([t])
+    return dealt_schedule(units, programs)
+
+
+class ScheduleNotOnDevice(RuntimeError):
+    """A launch captured into a CUDA graph needs a schedule table that is not on the device (a copy from the host
+    cannot be captured): the call must run once before its capture. Raised rather than launching round-robin in the
+    table's place, which would run (and time) another schedule than the plan's."""
+
+
+class DeviceTables:
+    """Schedule tables (built on the host) on their devices, by key: the ``kept`` used last, so a server seeing many
+    shapes does not grow without bound. A table handed out while a CUDA graph is captured is kept for good (the graph
+    reads it at every replay). One copy per contents on a device while anything holds it: a key made under other
+    switches with the same contents takes that copy, which a capture, unable to copy a table, depends on."""
+
+    def __init__(self):
+        self.used: OrderedDict = OrderedDict()  # key -> table on the device, least recently used first
+        self.captured: dict = {}
+        self.uploaded: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (device, int32 bytes) -> copy
+        self.lock = threading.Lock()  # threads share the tables: a lookup and its eviction are one step
+
+    def get(self, device: torch.device, key, build, args: tuple, kept: int) -> torch.Tensor | None:
+        """``build(*args)`` on ``device`` (None: round-robin), made once while ``key`` is among the ``kept`` used
+        last and uploaded once per contents; ScheduleNotOnDevice while a CUDA graph is captured and the contents are
+        not on the device yet."""
+        capturing = dispatch.capturing(device)
+        with self.lock:
+            if key in self.captured:
+                return self.captured[key]
+            if key in self.used:
+                self.used.move_to_end(key)
+                table = self.used[key]
+            else:
+                table = build(*args)
+                if table is not None:
+                    contents = (device, table.numpy().tobytes())
+                    on_device = self.uploaded.get(contents)
+                    if on_device is None:
+                        if capturing:
+                            raise ScheduleNotOnDevice(
+                                f"the schedule table {getattr(build, '__name__', build)}{args} is not on {device} and "
+                                f"a copy to the device cannot be captured into a CUDA graph: run this call once (same "
+                                f"shapes and switches) before capturing it")
+                        on_device = self.uploaded[contents] = table.to(device)
+                    table = on_device
+                self.used[key] = table
+                while len(self.used) > kept:
+                    self.used.popitem(last=False)
+            if capturing and table is not None:  # kept for good: the graph reads it at every replay
+                self.captured[key] = self.used.pop(key)
+            return table

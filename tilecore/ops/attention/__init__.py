@@ -12,8 +12,9 @@
 
 Parts in packages of their own, which the plan routes to (issue 30): tilecore.ops.attention_backward
 (Hopper's Gluon backward and dQ kernels), attention_mla (MLA 192 / 128's backward by pieces),
-attention_decode (the split-key path), attention_cpu (CPU tensors without the interpreter); the
-compile-only report of every kernel: tilecore.bench.reports.attention.
+attention_decode (the split-key path), attention_cpu (CPU tensors without the interpreter),
+attention_rotary (``rotary=(cos, sin)``: Q and K turned inside the kernels); the compile-only report
+of every kernel: tilecore.bench.reports.attention.
 """
 from tilecore.ops.attention.op import attention
 from tilecore.ops.attention.reference import attention_reference

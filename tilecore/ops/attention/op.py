@@ -12,9 +12,10 @@ from typing import Optional
 import torch
 
 from tilecore import dispatch
-from tilecore.ops.attention import configs, launch, op_rotary
+from tilecore.ops.attention import configs, launch
 from tilecore.ops.attention.plan import plan_backward, plan_forward, sm_margin_value
 from tilecore.ops.attention_decode.launch import prepared as decode_prepared
+from tilecore.ops.attention_rotary import op as rotary_op
 from tilecore.tiles.eager import apply as eager_apply  # Function.apply without torch's Python wrapper
 from tilecore.tiles.launch import LRU, SignatureMemo, signature
 from tilecore.tiles.switches import generation
@@ -361,10 +362,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     at position j and query i at i + Nk - N (the alignment causal uses), so cos and sin need Nk rows
     and N <= Nk. Every kv head turns the same. Gradients for q, k, v (cos and sin get none, as
     apply_rotary's). With every option above; with precision="fp8" q and k are turned first, then
-    the FP8 path. Where it runs (plan.rotary_path): inside the tl kernels (Q and K turned as they are
+    the FP8 path. Where it runs (attention_rotary.plan.rotary_path): inside the tl kernels (Q and K turned as they are
     loaded, dQ and dK turned back before they are stored: the interpreter, GPUs other than Hopper); on
     Hopper q and k turned by apply_rotary's kernel, then the Gluon kernels, dQ and dK turned back;
-    CPU tensors without the interpreter: apply_rotary, then the CPU path (op_rotary's docstring).
+    CPU tensors without the interpreter: apply_rotary, then the CPU path (attention_rotary.op's docstring).
     """
     if rotary is not None:
         return _rotary(q, k, v, rotary, rotary_interleaved, causal, scale, return_lse, window_size, softcap,
@@ -409,28 +410,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def _rotary(q, k, v, rotary, interleaved, causal, scale, return_lse, window_size, softcap, precision, rotate,
             sm_margin):
-    """attention(..., rotary=(cos, sin)): the checks, then the path plan.rotary_path names: "composite"
+    """attention(..., rotary=(cos, sin)): the checks, then the path attention_rotary.plan.rotary_path names: "composite"
     (and precision="fp8": apply_rotary on q and k, then attention itself: autograd turns dQ and dK back
-    through apply_rotary), "turned" (op_rotary's turned ops: q and k turned and kept for the backward),
-    else op_rotary's ops whose kernels turn Q and K themselves ("tl", "gluon")."""
+    through apply_rotary), "turned" (attention_rotary.op's turned ops: q and k turned and kept for the backward),
+    else attention_rotary.op's ops whose kernels turn Q and K themselves ("tl", "gluon")."""
     check(q, k, v, causal, scale, window_size, softcap, sm_margin)
-    cos, sin = op_rotary.check_rotary(q, k, rotary, interleaved)
+    cos, sin = rotary_op.check_rotary(q, k, rotary, interleaved)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    path = op_rotary.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale), grad, causal)
+    path = rotary_op.rotary_path(q, k, v, 1.0 if scale is None else scale_value(scale), grad, causal)
     if precision is not None or path == "composite":
-        qr, kr = op_rotary.turned_qk(q, k, cos, sin, interleaved)
+        qr, kr = rotary_op.turned_qk(q, k, cos, sin, interleaved)
         return attention(qr, kr, v, causal=causal, scale=scale, return_lse=return_lse, window_size=window_size,
                          softcap=softcap, precision=precision, rotate=rotate, sm_margin=sm_margin)
     scale = q.shape[-1] ** -0.5 if scale is None else scale_value(scale)
     options = (causal, scale, interleaved, *window_value(window_size), softcap_value(softcap), int(sm_margin))
     if path == "turned":
-        out, lse, _, _ = op_rotary.turned_forward_op(q, k, v, cos, sin, *options)
+        out, lse, _, _ = rotary_op.turned_forward_op(q, k, v, cos, sin, *options)
     else:
-        out, lse = op_rotary.forward_op(q, k, v, cos, sin, *options)
+        out, lse = rotary_op.forward_op(q, k, v, cos, sin, *options)
     return (out, lse) if return_lse else out
-
-
-PRECISIONS = (None, "fp8")
 
 
 def _fp8(q, k, v, causal, scale, return_lse, window_size, softcap, precision, rotate):

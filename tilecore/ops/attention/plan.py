@@ -31,17 +31,12 @@ grids by (the device's; the interpreter's configs.INTERPRETER_SMS).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
 import math
 import numbers
-import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
-import triton
 
 from tilecore import dispatch
 from tilecore.ops.attention import configs
@@ -51,7 +46,8 @@ from tilecore.ops.attention_cpu import plan as cpu_plan
 from tilecore.ops.attention_decode import configs as decode_configs, plan as decode_plan
 from tilecore.tiles.launch import cdiv, next_power_of_2, tma_describable
 from tilecore.tiles import timed
-from tilecore.tiles.schedule import balanced_schedule, dealt_schedule
+from tilecore.tiles.schedule import DeviceTables, balanced_schedule, causal_steps, paired_table
+from tilecore.tiles.schedule import ScheduleNotOnDevice  # noqa: F401 (raised by causal_schedule: callers catch it here)
 from tilecore.tiles.switches import generation, memo
 
 
@@ -445,241 +441,29 @@ def query_tiling(q, k, tile_rows: int, block_n: int, causal: bool, balanced: boo
     return grid, head_group, schedule
 
 
-def head_grouped_tiles(tiles: int, blocks: int, num_heads: int, head_group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head, block) of every tile id in ``schedule.head_grouped_tile``'s order (its host twin)."""
-    tile_id = torch.arange(tiles)
-    per_group = head_group * blocks
-    first = (tile_id // per_group) * head_group
-    heads = torch.clamp(num_heads - first, max=head_group)
-    local = tile_id % per_group
-    return first + local % heads, local // heads
-
-
 @memo(64)  # (configs.TILE_OVERHEAD_STEPS: a patched block's tables are its own)
 def balanced_table(kind: str, N: int, Nk: int, block_m: int, block_n: int, num_bh: int, head_group: int,
                    steps_per_block: int, programs: int) -> torch.Tensor | None:
-    """The balanced schedule of a causal Gluon launch (cost: its steps + TILE_OVERHEAD_STEPS).
-    ``kind`` "forward": tiles of ``block_m`` query rows (query blocks from the last), each a step per
-    ``block_n`` keys up to its diagonal; "backward": tiles of ``block_n`` keys, a step per
-    ``block_m`` query rows that see them, ``steps_per_block`` times (the q heads of a kv head)."""
-    if kind == "forward":
-        m_blocks = triton.cdiv(N, block_m)
-        mb = head_grouped_tiles(m_blocks * num_bh, m_blocks, num_bh, head_group)[1]
-        start = torch.clamp(N - (mb + 1) * block_m, min=0)  # blocks count from the last row (gluon_kernels._setup)
-        last_key = torch.clamp(start + block_m + Nk - N, min=0, max=Nk)
-        steps = torch.clamp(triton.cdiv(last_key, block_n), min=1)
-    else:
-        n_blocks = triton.cdiv(Nk, block_n)
-        kb = head_grouped_tiles(n_blocks * num_bh, n_blocks, num_bh, head_group)[1]
-        first_mb = torch.clamp(kb * block_n - (Nk - N), min=0) // block_m
-        steps = torch.clamp(triton.cdiv(N, block_m) - first_mb, min=0) * steps_per_block
+    """The balanced schedule of a causal Gluon launch (cost: its steps + TILE_OVERHEAD_STEPS, tiles.schedule's
+    causal_steps). ``kind`` "forward": tiles of ``block_m`` query rows (query blocks from the last:
+    gluon_kernels' setup); "backward": tiles of ``block_n`` keys, ``steps_per_block`` times a query block (the q
+    heads of a kv head)."""
+    steps = causal_steps(kind == "forward", N, Nk, block_m, block_n, num_bh, head_group, steps_per_block)
     return balanced_schedule(steps + configs.TILE_OVERHEAD_STEPS, programs)
 
 
-@functools.lru_cache(maxsize=64)
-def paired_table(n_blocks: int, num_bhk: int, head_group: int, programs: int) -> torch.Tensor:
-    """The causal backward's schedule with grouped heads: each program runs key block j of a kv head
-    and then its key block n_blocks - 1 - j (the tile ids of head_grouped_tile's order), pairs dealt
-    round-robin in that order. A pair sees as many query blocks as any other, so the programs stay in
-    step, and the kernel's walk (_step_rows: the first key block of a pair from the last query block
-    down, the second from its first up) keeps every tile of a kv head at the same query block:
-    between them they use a few blocks of the group's rows, which L2 keeps."""
-    tiles = n_blocks * num_bhk
-    bhk, kb = (x.tolist() for x in head_grouped_tiles(tiles, n_blocks, num_bhk, head_group))
-    tile_of = {(h, b): t for t, (h, b) in enumerate(zip(bhk, kb))}
-    units = []
-    for t in range(tiles):  # in tile order; a pair starts at its first key block
-        h, b = bhk[t], kb[t]
-        if 2 * b < n_blocks - 1:
-            units.append([t, tile_of[h, n_blocks - 1 - b]])
-        elif 2 * b == n_blocks - 1:
-            units.append([t])
-    return dealt_schedule(units, programs)
-
-
-# (device, builder, table's key) -> the table on the device, or None for round-robin (4 bytes a
-# tile: 33 KB at N = 4096): the configs.DEVICE_TABLES_MAX used last, so a server seeing many lengths
-# does not grow without bound. A table handed out while a CUDA graph is captured moves to
-# _CAPTURED_TABLES and is never evicted: the graph reads it at every replay. _UPLOADED finds a table on
-# the device by its contents (device, int32 bytes) while something holds it: a key made under other
-# tiles.switches.patched blocks (each has its generation) with the same contents takes that copy,
-# which a CUDA graph's capture, unable to copy a table to the device, depends on.
-_DEVICE_TABLES: OrderedDict = OrderedDict()
-_CAPTURED_TABLES: dict = {}
-_UPLOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_TABLES_LOCK = threading.Lock()
-
-
-class ScheduleNotOnDevice(RuntimeError):
-    """A causal launch captured into a CUDA graph needs a schedule table that is not on the device (a copy from the
-    host cannot be captured): the call must run once before its capture. Raised rather than launching round-robin in
-    the table's place, which would run (and time) another schedule than the plan's."""
+# (device, builder, table's key[, generation]) -> the table on the device, or None for round-robin (4 bytes a tile:
+# 33 KB at N = 4096): the configs.DEVICE_TABLES_MAX used last, those a CUDA graph captured, one copy per contents
+DEVICE_TABLES = DeviceTables()
 
 
 def causal_schedule(device: torch.device, *key, build=balanced_table, whole_key: bool = False) -> torch.Tensor | None:
-    """``build(*key)`` (a balanced table by default, or paired_table's) on ``device``, or None
-    (round-robin) where round-robin is as even. Made once per device, builder and shape while among the
-    last DEVICE_TABLES_MAX used, and uploaded once per contents. While a CUDA graph is captured a table
-    whose contents are not on the device yet raises ScheduleNotOnDevice (run the call once before
-    capturing: a warm-up in another patched block with the same switches made the same table).
-    ``whole_key``: ``key`` holds every switch ``build`` reads, so the table is kept across switches.patched
-    blocks (a graph captured in a block of its own finds the table its warm-up call made)."""
-    # (balanced_table reads configs: tiles.switches.generation)
+    """``build(*key)`` (a balanced table by default, or tiles.schedule.paired_table's) on ``device``, or None
+    (round-robin) where round-robin is as even, kept in DEVICE_TABLES. While a CUDA graph is captured a table whose
+    contents are not on the device yet raises ScheduleNotOnDevice (run the call once before capturing: a warm-up in
+    another patched block with the same switches made the same table). ``whole_key``: ``key`` holds every switch
+    ``build`` reads, so the table is kept across switches.patched blocks (a graph captured in a block of its own
+    finds the table its warm-up call made); else the key takes tiles.switches.generation (balanced_table reads
+    configs)."""
     cache_key = (device, build, key) if whole_key else (device, build, key, generation())
-    capturing = dispatch.capturing(device)
-    with _TABLES_LOCK:  # threads share the cache: a lookup and its eviction are one step
-        if cache_key in _CAPTURED_TABLES:
-            return _CAPTURED_TABLES[cache_key]
-        if cache_key in _DEVICE_TABLES:
-            _DEVICE_TABLES.move_to_end(cache_key)
-            table = _DEVICE_TABLES[cache_key]
-        else:
-            table = build(*key)
-            if table is not None:
-                contents = (device, table.numpy().tobytes())
-                on_device = _UPLOADED.get(contents)
-                if on_device is None:
-                    if capturing:
-                        raise ScheduleNotOnDevice(
-                            f"attention's causal schedule ({getattr(build, '__name__', build)}{key}) is not on {device} "
-                            f"and a copy to the device cannot be captured into a CUDA graph: run this call once "
-                            f"(same shapes and switches) before capturing it")
-                    on_device = _UPLOADED[contents] = table.to(device)
-                table = on_device
-            _DEVICE_TABLES[cache_key] = table
-            while len(_DEVICE_TABLES) > configs.DEVICE_TABLES_MAX:
-                _DEVICE_TABLES.popitem(last=False)
-        if capturing and table is not None:  # kept for good: the graph reads it at every replay
-            _CAPTURED_TABLES[cache_key] = _DEVICE_TABLES.pop(cache_key)
-        return table
-
-
-# --------------------------------------------------------------------------------------------
-# attention(..., rotary=(cos, sin))
-
-GLUON_ROTARY_MODULE = "tilecore.ops.attention.gluon_rotary"
-
-
-class RotaryNotTaken(NotImplementedError):
-    """gluon_rotary's forward does not take this case (a head dim or rotary_dim outside its limits): op_rotary runs
-    the turned path's math instead. Raised by gluon_rotary.check alone, so that any other error of that forward (a
-    ValueError of bad input that attention's checks should have caught, a launch's) propagates."""
-
-
-def gluon_rotary_forward():
-    """The Hopper forward that turns Q and K inside the Gluon kernel, ``forward(q, k, v, cos, sin, *,
-    causal, scale, interleaved, window, softcap, sm_margin) -> (o, lse)``, or None where its module or
-    entry point does not exist."""
-    try:
-        module = importlib.import_module(GLUON_ROTARY_MODULE)
-    except ImportError:
-        return None
-    return getattr(module, "forward", None)
-
-
-def rotary_train_in_kernel(q, k, v, scale: float, causal: bool) -> bool:
-    """Whether a call recording a gradient on the "turned" path gets its turned forward (O, lse, turned q and k)
-    from gluon_rotary's forward (Q turned in the Gluon kernel and stored from there): the Gluon forward's calls
-    whose (D, ``causal``) configs.ROTARY_TRAIN_IN_KERNEL_CASES names, where that forward exists, but where the
-    forward's configuration carries the pipeline across tiles (short rows: untimed there, and that kernel's O
-    other bits than the turned path's, right)."""
-    D, Dv = q.shape[-1], v.shape[-1]
-    return ((D, bool(causal)) in configs.ROTARY_TRAIN_IN_KERNEL_CASES and dispatch.backend_for(q.device) != "reference"
-            and dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0
-            and not configs.gluon_forward_config(D, q.shape[2], k.shape[2], bool(causal)).get("carry")
-            and gluon_rotary_forward() is not None)
-
-
-def rotary_path(q, k, v, scale: float, grad: bool = False, causal: bool | None = None) -> str:
-    """How attention(q, k, v, rotary=(cos, sin)) runs, from shapes, dtypes and the device alone (so
-    torch.compile's fake tensors plan it as the real ones; op_rotary's module docstring has each):
-
-    * "composite": CPU tensors without the interpreter: apply_rotary on q and k, then attention (torch's
-      CPU paths), autograd turning dQ and dK back through apply_rotary's backward;
-    * "turned": GPU calls the Gluon forward serves (Hopper, D 64 / 128, a positive scale; its kernels
-      read K from shared memory by TMA, where the tl kernels' in-register turn does not reach) but the
-      "gluon" ones, and head dims past 256 (the split-key path): turned q and k kept for the backward
-      (by apply_rotary's kernel, or where rotary_train_in_kernel says from gluon_rotary's forward), the
-      shipped kernels on them, dQ and dK turned back;
-    * "gluon": the Gluon forward's calls whose (D, ``causal``) configs.ROTARY_IN_KERNEL_CASES names,
-      gluon_rotary_forward() there and no gradient to record (``grad`` False: inference): that forward
-      (a call recording a gradient needs the turned q and k kept: "turned");
-    * "tl": the tl forward and backward with Q and K turned in the kernels (kernels_tl.rotary_turn):
-      the interpreter and every other GPU."""
-    if dispatch.backend_for(q.device) == "reference":
-        return "composite"
-    D, Dv = q.shape[-1], v.shape[-1]
-    if dispatch.gluon_ok(q.device) and gluon_forward_dims(D, Dv) and scale > 0:
-        in_kernel = causal is not None and (D, bool(causal)) in configs.ROTARY_IN_KERNEL_CASES
-        return "gluon" if in_kernel and not grad and gluon_rotary_forward() is not None else "turned"
-    if max(D, Dv) <= decode_configs.DECODE_WHOLE_HEAD_DIM:
-        return "tl"
-    return "turned"
-
-
-def rotary_overlap_items(Nk: int, block_n: int, item_steps: int) -> int:
-    """K items of one kv head in gluon_rotary's forward with K turned inside the launch: ``item_steps`` ring steps
-    of 2 ``block_n`` rows each."""
-    return cdiv(Nk, 2 * block_n * item_steps)
-
-
-def rotary_overlap_table(N: int, Nk: int, B: int, H: int, Hkv: int, tile_rows: int, block_n: int, causal: bool,
-                         head_group: int, programs: int, item_steps: int, lead: int, item_cost: float,
-                         overhead_steps: int) -> torch.Tensor:
-    """The schedule table (schedule.balanced_schedule's) of gluon_rotary's forward with K turned inside the launch:
-    the forward's tiles (ids 0 .. T - 1, head-grouped as the kernel numbers them) and the K items (id T + u I +
-    part: kv head u = b Hkv + kv head, I = rotary_overlap_items) in one sequence, a head's items placed before
-    the tile ``lead`` tiles ahead of its first (the heads of the first ``lead`` tiles' items first), dealt as the
-    balanced schedule deals (rounds of ``programs``, each round's costliest to the least loaded; round-robin where
-    that is as even) by cost: a tile's steps + ``overhead_steps`` (configs.TILE_OVERHEAD_STEPS), an item's steps x
-    ``item_cost``. Every switch it reads is an argument (the device tables' cache keeps it across patched blocks). Each
-    program's items in the sequence's order, and every item waits only on items before it (the kernel's
-    deadlock argument: gluon_rotary.KTurn)."""
-    m_blocks = cdiv(N, tile_rows)
-    tiles = m_blocks * B * H
-    bh, mb = head_grouped_tiles(tiles, m_blocks, B * H, head_group)
-    if causal:  # gluon_kernels.query_tile: blocks count from the last row
-        start = torch.clamp(N - (mb + 1) * tile_rows, min=0)
-        steps = torch.clamp(triton.cdiv(torch.clamp(start + tile_rows + Nk - N, min=0, max=Nk), block_n), min=1) + 1
-    else:
-        steps = torch.full((tiles,), cdiv(Nk, block_n) + 1)
-    tile_cost = (steps + overhead_steps).tolist()
-    kv = ((bh // H) * Hkv + (bh % H) // (H // Hkv)).tolist()
-    per_head = rotary_overlap_items(Nk, block_n, item_steps)
-    last_steps = cdiv(Nk, 2 * block_n) - (per_head - 1) * item_steps
-    first_use: dict = {}
-    for x, u in enumerate(kv):
-        first_use.setdefault(u, x)
-    heads = sorted(first_use, key=first_use.get)
-    ids, costs, h = [], [], 0
-    for x in range(tiles):
-        while h < len(heads) and first_use[heads[h]] <= x + lead:
-            for part in range(per_head):
-                ids.append(tiles + heads[h] * per_head + part)
-                costs.append(item_cost * (item_steps if part < per_head - 1 else last_steps))
-            h += 1
-        ids.append(x)
-        costs.append(tile_cost[x])
-    table = balanced_schedule(torch.tensor(costs), programs)
-    if table is None:
-        table = dealt_schedule([[x] for x in range(len(ids))], programs)
-    table = table.clone()
-    table[programs + 1:-1] = torch.tensor(ids, dtype=torch.int32)[table[programs + 1:-1].long()]
-    return table
-
-
-def rotary_overlap_schedule(q, k, cfg: dict, causal: bool, head_group: int, programs: int):
-    """(table on q's device, K items a kv head) for gluon_rotary's forward with K turned inside the launch, or None
-    where it is not taken: (D, causal) not in configs.ROTARY_K_OVERLAP_CASES, a carried configuration, a k (not yet
-    turned) that no TMA descriptor describes, or no table (a CUDA graph captured before the shape ran once:
-    causal_schedule)."""
-    B, H, N, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    if (D, bool(causal)) not in configs.ROTARY_K_OVERLAP_CASES or cfg.get("carry") or not tma_describable(k):
-        return None
-    steps, block_n = configs.ROTARY_K_OVERLAP_ITEM_STEPS, cfg["block_n"]
-    lead = int(configs.ROTARY_K_OVERLAP_LEAD * programs)
-    table = causal_schedule(q.device, N, Nk, B, H, Hkv, cfg["block_m"] * cfg.get("consumers", 2), block_n,
-                            bool(causal), head_group, programs, steps, lead, float(configs.ROTARY_K_OVERLAP_ITEM_COST),
-                            configs.TILE_OVERHEAD_STEPS, build=rotary_overlap_table, whole_key=True)
-    return None if table is None else (table, rotary_overlap_items(Nk, block_n, steps))
+    return DEVICE_TABLES.get(device, cache_key, build, key, configs.DEVICE_TABLES_MAX)

@@ -1,5 +1,5 @@
 """``attention(..., rotary=(cos, sin))``: rotary embedding applied to Q and K inside attention, its
-checks and its custom ops (op.py's ``attention`` routes here; plan.rotary_path picks the path).
+checks and its custom ops (attention.op's ``attention`` routes here; plan.rotary_path picks the path).
 
 Positions: key j of Nk sits at position j and query i of N at i + Nk - N (the bottom-right
 alignment causal uses: a prefill chunk, or the last N tokens of a KV cache), so cos and sin (flash-
@@ -12,18 +12,18 @@ traces them), by plan.rotary_path:
 * "tl": ``tilecore::attention_rotary_forward`` / ``_backward`` run the tl kernels with Q and K turned
   as they are loaded, dQ and dK turned back before they are stored;
 * "gluon" (configs.ROTARY_IN_KERNEL_CASES, calls that record no gradient): the same ops run
-  gluon_rotary's forward (K by apply_rotary's pass, Q turned inside the Gluon kernel; a case it does not take,
+  gluon_forward.forward (K by apply_rotary's pass, Q turned inside the Gluon kernel; a case it does not take,
   plan.RotaryNotTaken, runs the turned path's math; should a backward
   come after all, it turns q and k again and runs the turned path's backward);
 * "turned" (CUDA tensors the Gluon forward serves, and head dims past 256):
   ``tilecore::attention_rotary_turned_forward`` turns q and k by apply_rotary's kernel into contiguous
   (B, H, N, D) tensors, runs the shipped forward on them and returns them beside O and lse (autograd
   keeps them: the backward turns nothing again), or, in the cases configs.ROTARY_TRAIN_IN_KERNEL_CASES
-  names, gets all four from gluon_rotary's forward (K by the pass, Q turned in the kernel and stored
+  names, gets all four from gluon_forward.forward (K by the pass, Q turned in the kernel and stored
   from there: the same bits); ``_turned_backward`` runs the shipped backward and
   turns dQ and dK back, dQ as the conversion of the Gluon kernel's float32 dQ sum to q's dtype where
   the kernel adds dQ (the pass that copy would be anyway);
-* "composite" (CPU tensors without the interpreter): op.py's apply_rotary then attention, in Python
+* "composite" (CPU tensors without the interpreter): attention.op's apply_rotary then attention, in Python
   (torch's CPU kernels; autograd turns the gradients back through apply_rotary's backward).
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ from typing import Optional
 import torch
 
 from tilecore.ops.attention import launch
-from tilecore.ops.attention.plan import (RotaryNotTaken, gluon_rotary_forward, plan_backward, plan_forward,
-                                         rotary_path, rotary_train_in_kernel)
+from tilecore.ops.attention.plan import plan_backward, plan_forward
+from tilecore.ops.attention_rotary.launch import rotary_gradients, rotary_outputs
+from tilecore.ops.attention_rotary.plan import RotaryNotTaken, gluon_rotary_forward, rotary_path, rotary_train_in_kernel
 from tilecore.ops.rotary.op import turn
 
 TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -117,7 +118,7 @@ def forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: boo
             pass  # propagates)
     if path == "tl":
         plan = plan_forward(q, k, v, causal, scale, path="tl", window=window, softcap=softcap, sm_margin=sm_margin)
-        return launch.rotary_outputs(plan, q, k, v, cos, sin, interleaved, causal, scale, window, softcap)
+        return rotary_outputs(plan, q, k, v, cos, sin, interleaved, causal, scale, window, softcap)
     qr, kr = _turn(q, k, cos, sin, interleaved)
     plan = plan_forward(qr, kr, v, causal, scale, window=window, softcap=softcap, sm_margin=sm_margin)
     return launch.outputs(plan, qr, kr, v, causal, scale, window, softcap)
@@ -131,7 +132,7 @@ def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: 
     if rotary_path(q, k, v, scale) == "tl":
         plan = plan_backward(dout, q, k, v, causal, scale, path="tl", window=window, softcap=softcap,
                              sm_margin=sm_margin)
-        return launch.rotary_gradients(plan, dout, q, k, v, cos, sin, interleaved, out, lse, dlse, causal, scale,
+        return rotary_gradients(plan, dout, q, k, v, cos, sin, interleaved, out, lse, dlse, causal, scale,
                                        window, softcap)
     # the turned path's backward on q and k turned again (the in-kernel forward kept no turned copy)
     qr, kr = _turn(q, k, cos, sin, interleaved)
@@ -142,7 +143,7 @@ def backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal: bool, scale: 
 def turned_forward_impl(q, k, v, cos, sin, causal: bool, scale: float, interleaved: bool, window, softcap: float,
                         sm_margin: int):
     """(O, lse, turned q, turned k): q and k turned (contiguous (B, H, N, D)), then the shipped forward; or, where
-    plan.rotary_train_in_kernel says, gluon_rotary's forward (K by a pass, Q turned in the kernel and stored from
+    plan.rotary_train_in_kernel says, gluon_forward.forward (K by a pass, Q turned in the kernel and stored from
     there: the same bits), the turned path's math for a case it does not take."""
     window = tuple(window)
     if q.numel() and v.shape[-1] and rotary_train_in_kernel(q, k, v, scale, causal):
@@ -205,19 +206,26 @@ def _(q, k, v, cos, sin, causal, scale, interleaved, window_left, window_right, 
     return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
 
 
-@torch.library.custom_op("tilecore::attention_rotary_backward", mutates_args=())
-def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
-                scale: float, interleaved: bool, window_left: int, window_right: int, softcap: float,
-                sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward_impl(dout, q, k, v, cos, sin, out, lse, dlse, causal, scale, interleaved,
-                         (window_left, window_right), softcap, sm_margin)
+def _gradients_op(name: str, impl):
+    """The custom op ``tilecore::<name>``: (dq, dk, dv) by ``impl`` (backward_impl, or turned_backward_impl on the
+    turned q and k), with its fake implementation."""
+    @torch.library.custom_op(f"tilecore::{name}", mutates_args=())
+    def gradients(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
+                  scale: float, interleaved: bool, window_left: int, window_right: int, softcap: float,
+                  sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return impl(dout, q, k, v, cos, sin, out, lse, dlse, causal, scale, interleaved, (window_left, window_right),
+                    softcap, sm_margin)
+
+    @gradients.register_fake
+    def _(dout, q, k, v, cos, sin, out, lse, dlse, causal, scale, interleaved, window_left, window_right, softcap,
+          sm_margin):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    return gradients
 
 
-@backward_op.register_fake
-def _(dout, q, k, v, cos, sin, out, lse, dlse, causal, scale, interleaved, window_left, window_right, softcap,
-      sm_margin):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+backward_op = _gradients_op("attention_rotary_backward", backward_impl)
 
 
 def _setup_context(ctx, inputs, output):
@@ -255,19 +263,7 @@ def _(q, k, v, cos, sin, causal, scale, interleaved, window_left, window_right, 
             k.new_empty(k.shape))
 
 
-@torch.library.custom_op("tilecore::attention_rotary_turned_backward", mutates_args=())
-def turned_backward_op(dout: torch.Tensor, qr: torch.Tensor, kr: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
-                       causal: bool, scale: float, interleaved: bool, window_left: int, window_right: int,
-                       softcap: float, sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return turned_backward_impl(dout, qr, kr, v, cos, sin, out, lse, dlse, causal, scale, interleaved,
-                                (window_left, window_right), softcap, sm_margin)
-
-
-@turned_backward_op.register_fake
-def _(dout, qr, kr, v, cos, sin, out, lse, dlse, causal, scale, interleaved, window_left, window_right, softcap,
-      sm_margin):
-    return qr.new_empty(qr.shape), kr.new_empty(kr.shape), v.new_empty(v.shape)
+turned_backward_op = _gradients_op("attention_rotary_turned_backward", turned_backward_impl)
 
 
 def _turned_setup_context(ctx, inputs, output):

@@ -29,7 +29,7 @@ def rotary(on, interleaved=False):
 fwd = dict(Q=q, K=q, V=q, O=q, LSE=lse, **strides("sq", "sk", "sv", "so"), **common, BLOCK_M=128, BLOCK_N=64)
 bwd = dict(Q=q, K=q, V=q, DO=q, LSE=lse, DELTA=lse, **strides("sq", "sk", "sv", "sd", "sg"), **common,
            scale=0.3, BLOCK_M=64, BLOCK_N=64)
-from tilecore.ops.attention.configs import ROTARY_TL_STAGES as S
+from tilecore.ops.attention_rotary.configs import ROTARY_TL_STAGES as S
 variants = [
     ("fwd", K.attn_fwd, fwd, 8, 3),
     ("fwd off", K.attn_fwd, dict(fwd, **rotary(False)), 8, 3),

@@ -1,4 +1,4 @@
-"""The attention forward with rotary for Hopper (gluon_rotary.py, issue 37): K by apply_rotary's pass, Q turned
+"""The attention forward with rotary for Hopper (gluon_forward.py, issue 37): K by apply_rotary's pass, Q turned
 in the Gluon kernel.
 
 On this (GPU-less) machine: what forward takes and refuses, and the kernel compiled for sm_90a at the shipped
@@ -11,14 +11,14 @@ import json
 import pytest
 import torch
 
-from tilecore.ops.attention import gluon_rotary
-from tilecore.ops.attention.plan import RotaryNotTaken
+from tilecore.ops.attention_rotary import gluon_forward
+from tilecore.ops.attention_rotary.plan import RotaryNotTaken
 from compiled_run import compiled_json
 
 CODE = """
 import json, re, sys
 import torch
-from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, rows_at_a_time
+from tilecore.ops.attention_rotary.gluon_forward import attention_rotary_fwd_kernel, rows_at_a_time
 from tilecore.tiles.compile import compile_kernel, resources
 from tilecore.tiles.launch import gluon_descriptor as desc
 out = []
@@ -183,22 +183,22 @@ def test_refuses_what_it_does_not_take(what, change, error):
     r = change.get("r", d // 2)
     cos, sin = torch.randn(change.get("rows", 64), r), torch.randn(change.get("sin_rows", change.get("rows", 64)), r)
     with pytest.raises(error) as raised:
-        gluon_rotary.check(q, k, v, cos, sin, change.get("interleaved", False))
+        gluon_forward.check(q, k, v, cos, sin, change.get("interleaved", False))
     # the limits are RotaryNotTaken alone (attention's fallback catches it and nothing else), bad input ValueError
     assert isinstance(raised.value, RotaryNotTaken) == (error is RotaryNotTaken)
 
 
 def test_takes_partial_rotary_dims_and_fewer_queries():
     q, k, v = qkv(n=40, nk=64, d=128)
-    gluon_rotary.check(q, k, v, torch.randn(100, 32), torch.randn(100, 32), False)  # rotary_dim 64 of 128
+    gluon_forward.check(q, k, v, torch.randn(100, 32), torch.randn(100, 32), False)  # rotary_dim 64 of 128
 
 
 def test_rows_at_a_time_cover_a_warpgroup_once():
     # 4 warps x 32 threads, 8 features a thread: R / 8 threads a row in each half, 2R / 8 interleaved
     for r in (16, 32, 64):
-        rows = gluon_rotary.rows_at_a_time(r)
+        rows = gluon_forward.rows_at_a_time(r)
         assert rows * (r // 8) == 4 * 32 and rows <= 64
-        rows = gluon_rotary.rows_at_a_time(r, interleaved=True)
+        rows = gluon_forward.rows_at_a_time(r, interleaved=True)
         assert rows * (2 * r // 8) == 4 * 32 and rows <= 64
 
 
@@ -219,7 +219,7 @@ def test_matches_the_float64_reference_on_the_gpu(d, causal, n, nk, r, interleav
     q, k, v = (t.cuda() for t in qkv(b=2, h=4, hkv=2, n=n, nk=nk, d=d))
     cos, sin = torch.randn(nk + 3, r, device="cuda", dtype=torch.float64).cos(), torch.randn(nk + 3, r, device="cuda").sin()
     cos = cos.float()
-    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5, interleaved=interleaved)
+    out, lse = gluon_forward.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5, interleaved=interleaved)
     pos_q = torch.arange(nk - n, nk, device="cuda")[None]
     qt = rotary_reference(q.transpose(1, 2), cos, sin, position_ids=pos_q, interleaved=interleaved).transpose(1, 2)
     kt = rotary_reference(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
@@ -241,12 +241,12 @@ def test_host_path_launches_k_turned_by_the_pass(monkeypatch):
         def run(self, key, grid, args, options):
             launches.append((args, options))
 
-    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(gluon_forward, "ROTARY_FWD", Stub())
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
     torch.manual_seed(0)
     q, k, v = qkv(b=2, h=4, hkv=2, n=48, nk=80, d=64)
     cos, sin = torch.randn(90, 32).cos(), torch.randn(90, 32).sin()
-    out, lse = gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.125)
+    out, lse = gluon_forward.forward(q, k, v, cos, sin, causal=True, scale=0.125)
     (args, options), = launches
     assert out.shape == (2, 4, 48, 64) and lse.shape == (2, 4, 48) and lse.dtype == torch.float32
     assert args[5] is cos and args[6] is sin and args[9] == 90 and args[11:13] == (48, 80)
@@ -273,13 +273,13 @@ def test_keeps_the_turned_paths_bits_on_the_gpu(d, causal, n, nk, interleaved):
     torch.manual_seed(1)
     q, k, v = (t.cuda() for t in qkv(b=2, h=4, hkv=2, n=n, nk=nk, d=d))
     cos, sin = torch.randn(nk, d // 2, device="cuda").cos(), torch.randn(nk, d // 2, device="cuda").sin()
-    out, lse, qr, kr = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5,
+    out, lse, qr, kr = gluon_forward.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5,
                                             interleaved=interleaved, keep_turned=True)
     ref_q = turn(q.transpose(1, 2), cos[nk - n:], sin[nk - n:], interleaved=interleaved).transpose(1, 2)
     ref_k = turn(k.transpose(1, 2), cos, sin, interleaved=interleaved).transpose(1, 2)
     assert torch.equal(qr.view(torch.int16), ref_q.contiguous().view(torch.int16))
     assert torch.equal(kr.view(torch.int16), ref_k.contiguous().view(torch.int16))
-    o2, lse2 = gluon_rotary.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5, interleaved=interleaved)
+    o2, lse2 = gluon_forward.forward(q, k, v, cos, sin, causal=causal, scale=d ** -0.5, interleaved=interleaved)
     assert torch.equal(out, o2) and torch.equal(lse, lse2)
 
 
@@ -296,14 +296,14 @@ def test_host_path_keeps_the_turned_q_and_k(monkeypatch):
         def run(self, key, grid, args, options):
             launches.append((key, args, options))
 
-    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(gluon_forward, "ROTARY_FWD", Stub())
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 132)
     torch.manual_seed(0)
     q, k, v = qkv(b=2, h=4, hkv=2, n=48, nk=80, d=128)
     cos, sin = torch.randn(90, 64).cos(), torch.randn(90, 64).sin()
-    out, lse, qr, kr = gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True,
+    out, lse, qr, kr = gluon_forward.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True,
                                             keep_turned=True)
-    gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True)
+    gluon_forward.forward(q, k, v, cos, sin, causal=False, scale=0.1, interleaved=True)
     (key, args, options), (plain_key, plain_args, _) = launches
     assert qr.shape == q.shape and qr.is_contiguous() and kr.shape == k.shape and kr.is_contiguous()
     assert args[1].base is kr and args[-1].base.data_ptr() == qr.data_ptr()

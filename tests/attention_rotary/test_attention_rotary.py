@@ -16,8 +16,8 @@ import torch
 
 import tilecore
 from tilecore import accuracy, dispatch
-from tilecore.ops.attention import configs, launch, op_rotary, plan
-from tilecore.ops.attention.reference import rotary_attention_reference
+from tilecore.ops.attention_rotary import configs, launch, op as op_rotary, plan
+from tilecore.ops.attention_rotary.reference import rotary_attention_reference
 
 F16 = torch.float16
 NAN = float("nan")
@@ -188,7 +188,7 @@ def test_the_paths_by_device():
 
 
 def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
-    """The "gluon" path calls gluon_rotary's forward with its keyword signature; a case it does not
+    """The "gluon" path calls gluon_forward's forward with its keyword signature; a case it does not
     take (plan.RotaryNotTaken) runs the turned path's forward; the backward is the turned path's on q and k
     turned again. Any other error of that forward propagates (a ValueError, a NotImplementedError of its own)."""
     q, k, v = inputs(1, 2, 1, 16, 24, 32)
@@ -215,7 +215,7 @@ def test_the_gluon_entry_is_called_and_falls_back(monkeypatch):
 
 def test_the_training_forward_by_case():
     """plan.rotary_train_in_kernel: the Gluon forward's calls whose (D, causal) ROTARY_TRAIN_IN_KERNEL_CASES names,
-    where gluon_rotary's forward exists; no other GPU, head dim or scale."""
+    where gluon_forward's forward exists; no other GPU, head dim or scale."""
     meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")
     q = meta(2, 4, 64, 128)
     with dispatch.pretend(dispatch.TARGETS["sm_90a"]), pytest.MonkeyPatch.context() as m:
@@ -241,7 +241,7 @@ def test_the_training_forward_by_case():
 
 
 def test_the_training_forward_keeps_what_the_entry_turned(monkeypatch):
-    """On the turned path with rotary_train_in_kernel, the turned forward is gluon_rotary's with keep_turned: its
+    """On the turned path with rotary_train_in_kernel, the turned forward is gluon_forward's with keep_turned: its
     (O, lse, turned q, turned k) go to the shipped backward (the entry here gives the turned path's own, marked,
     so the gradients show which q and k the backward used); a case it does not take (plan.RotaryNotTaken) runs the
     turned path's math, bit for bit; another error propagates."""

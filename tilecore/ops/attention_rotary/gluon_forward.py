@@ -33,9 +33,10 @@ import torch
 from triton.experimental import gluon
 
 from tilecore import dispatch
-from tilecore.ops.attention import configs
+from tilecore.ops.attention import configs as attention_configs
 from tilecore.ops.attention.gluon_kernels import Attention, KV, head_of
-from tilecore.ops.attention.plan import RotaryNotTaken
+from tilecore.ops.attention_rotary import configs
+from tilecore.ops.attention_rotary.plan import RotaryNotTaken
 from tilecore.tiles.gluon import Layout, TileOperand, ring, run, struct, wgmma_layout, wgmma_lhs_layout
 from tilecore.tiles.gluon.compat import fence_async_shared, gl, tma
 from tilecore.tiles.launch import CachedLaunch
@@ -389,12 +390,13 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     """(out, lse) of attention(rotary(q), rotary(k), v): out (B, H, N, D) contiguous in q's dtype, lse
     (B, H, N) float32, as the shipped forward's launch (launch.outputs) gives them. Hopper with Gluon
     only (the caller routes other devices to apply_rotary and the shipped forward). ``keep_turned``:
-    (out, lse, turned q, turned k), both contiguous (B, H, N, D) as the turned path's (op_rotary._turn)
+    (out, lse, turned q, turned k), both contiguous (B, H, N, D) as the turned path's (attention_rotary.op._turn)
     for the backward: K turned into its buffer by apply_rotary's kernel, Q written by the Gluon kernel
     from the buffer it turned (a TMA store a consumer's tile)."""
     from tilecore.ops.attention.kernels_tl import mask_options, score_options
     from tilecore.ops.attention.launch import gluon_softcap, head_operand
-    from tilecore.ops.attention.plan import plan_forward, rotary_overlap_schedule
+    from tilecore.ops.attention.plan import plan_forward
+    from tilecore.ops.attention_rotary.plan import rotary_overlap_schedule
     from tilecore.ops.rotary import apply_rotary
     from tilecore.ops.rotary.op import turn
 
@@ -403,7 +405,7 @@ def forward(q, k, v, cos, sin, *, causal: bool, scale: float, interleaved: bool 
     B, H, N, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     windowed = tuple(window) != (-1, -1)
-    cfg = configs.gluon_forward_config(D, N, Nk, causal and not windowed)
+    cfg = attention_configs.gluon_forward_config(D, N, Nk, causal and not windowed)
     k_raw = k
     by_head = keep_turned or ((D, bool(causal)) in configs.ROTARY_K_OVERLAP_CASES and not cfg.get("carry"))
     if by_head:

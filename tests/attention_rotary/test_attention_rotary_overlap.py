@@ -1,4 +1,4 @@
-"""gluon_rotary's forward with K turned inside its launch (issue 37; KTurn, plan.rotary_overlap_table): the schedule
+"""gluon_forward's forward with K turned inside its launch (issue 37; KTurn, plan.rotary_overlap_table): the schedule
 table's order and deadlock freedom, simulated on the CPU; its plan keyed on the switches it reads; the kernel
 compiled for sm_90a (the K items' TMA loads and stores, the stores' write wait, the release and acquire); on a GPU, O
 against float64 and the route's bits (experiments/attention/gpu_rotary_train.py --overlap times it)."""
@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 
-from tilecore.ops.attention import configs
-from tilecore.ops.attention.plan import (head_grouped_tiles, heads_in_l2, rotary_overlap_items, rotary_overlap_schedule,
-                                         rotary_overlap_table)
+from tilecore.ops.attention import configs as attention_configs
+from tilecore.ops.attention.plan import heads_in_l2
+from tilecore.ops.attention_rotary import configs
+from tilecore.ops.attention_rotary.plan import rotary_overlap_items, rotary_overlap_schedule, rotary_overlap_table
+from tilecore.tiles.schedule import head_grouped_tiles
 from tilecore.tiles.switches import patched
 from compiled_run import compiled_json
 
@@ -99,7 +101,7 @@ def test_plan_reads_its_switches_each_call():
     configuration); a table keyed on every switch it reads, so a patched lead or item size is planned anew."""
     q = torch.empty(2, 4, 1024, 128, dtype=torch.bfloat16)
     k = torch.empty(2, 2, 1024, 128, dtype=torch.bfloat16)
-    cfg = dict(configs.GLUON_FORWARD[128])
+    cfg = dict(attention_configs.GLUON_FORWARD[128])
     assert rotary_overlap_schedule(q, k, cfg, False, 4, 3) is None  # as shipped: no case
     with patched(configs, ROTARY_K_OVERLAP_CASES=frozenset({(128, False)})):
         assert rotary_overlap_schedule(q, k, dict(cfg, carry=True), False, 4, 3) is None
@@ -118,11 +120,11 @@ def test_plan_reads_its_switches_each_call():
 
 
 def test_host_path_launches_k_items(monkeypatch):
-    """gluon_rotary.forward where K is turned inside (the launch stubbed): k itself as the items' source, an empty
+    """gluon_forward.forward where K is turned inside (the launch stubbed): k itself as the items' source, an empty
     (B, Hkv, Nk, D) buffer as the tiles' K (the kernel writes it), zeroed counters a kv head, the overlap table as the
     schedule, the items' steps as a constexpr; the training forward returns that buffer as its turned K."""
     from tilecore import dispatch
-    from tilecore.ops.attention import gluon_rotary
+    from tilecore.ops.attention_rotary import gluon_forward
 
     launches = []
 
@@ -130,15 +132,15 @@ def test_host_path_launches_k_items(monkeypatch):
         def run(self, key, grid, args, options):
             launches.append((key, grid, args, options))
 
-    monkeypatch.setattr(gluon_rotary, "ROTARY_FWD", Stub())
+    monkeypatch.setattr(gluon_forward, "ROTARY_FWD", Stub())
     monkeypatch.setattr(dispatch, "num_sms", lambda device: 8)
     q = torch.randn(2, 4, 300, 128, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 700, 128, dtype=torch.bfloat16) for _ in range(2))
     cos, sin = torch.randn(700, 64).cos(), torch.randn(700, 64).sin()
     with patched(configs, ROTARY_K_OVERLAP_CASES=frozenset({(128, True)})):
-        gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.1)
-        *_, kr = gluon_rotary.forward(q, k, v, cos, sin, causal=True, scale=0.1, keep_turned=True)
-        gluon_rotary.forward(q, k, v, cos, sin, causal=False, scale=0.1)  # not named: K by the pass
+        gluon_forward.forward(q, k, v, cos, sin, causal=True, scale=0.1)
+        *_, kr = gluon_forward.forward(q, k, v, cos, sin, causal=True, scale=0.1, keep_turned=True)
+        gluon_forward.forward(q, k, v, cos, sin, causal=False, scale=0.1)  # not named: K by the pass
     (_, grid, args, options), (_, _, targs, _), (_, _, pargs, poptions) = launches
     per_head = rotary_overlap_items(700, 128, configs.ROTARY_K_OVERLAP_ITEM_STEPS)
     assert options["K_ITEM_STEPS"] == configs.ROTARY_K_OVERLAP_ITEM_STEPS and options["k_items_per_head"] == per_head
@@ -156,7 +158,7 @@ def test_host_path_launches_k_items(monkeypatch):
 CODE = """
 import json, re, sys
 import torch
-from tilecore.ops.attention.gluon_rotary import attention_rotary_fwd_kernel, rows_at_a_time
+from tilecore.ops.attention_rotary.gluon_forward import attention_rotary_fwd_kernel, rows_at_a_time
 from tilecore.tiles.compile import compile_kernel, resources
 from tilecore.tiles.launch import gluon_descriptor as desc
 out = []
@@ -200,7 +202,7 @@ def test_compiles_with_k_items_for_sm_90a():
 @pytest.mark.parametrize("causal,interleaved,hkv", [(False, False, 2), (True, True, 1)])
 def test_overlapped_forward_against_float64(causal, interleaved, hkv):
     import tilecore
-    from tilecore.ops.attention.reference import rotary_attention_reference
+    from tilecore.ops.attention_rotary.reference import rotary_attention_reference
 
     q = torch.randn(1, 2, 1000, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, hkv, 1500, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
