@@ -18,7 +18,7 @@ The products have N = 64 (S^T, dP^T: the 32-row kernel's 32) and K = 64 (dV, dK:
 keys, so each query row's Q and dO are read twice as often (from L2).
 
 Tiles: (key block of BN, batch * kv head) in head_grouped_tile's order (the heaviest causal blocks first), drawn
-from a counter. Steps, masks and window: AttentionBackward's step_rows and probabilities (called on this struct);
+from a counter. Steps, masks and window: AttentionBackward's step_rows and probabilities (of its member ``base``);
 no softcap (consumer 1 would need the cap's derivative of S: the 32-row kernel serves it). dQ after it, by the
 MLA dq kernel as the 32-row path's (dq_from "gluon")."""
 from triton.experimental import gluon
@@ -51,115 +51,80 @@ class RoleAcc:
 
 @struct
 class AttentionBackwardRoles:
-    q_desc: object  # [1, 1, BM, 64]
-    k_desc: object  # [1, 1, BN, 64]: the tile's keys
-    v_desc: object
-    do_desc: object
-    dk_desc: object  # [1, 1, BN, 64]
-    dv_desc: object
-    stats_desc: object
-    H: object
-    N: object
-    Nk: object
-    GROUP: object
-    scale: object
-    scale_log2e: object
-    num_bhk: object
-    head_group: object
-    left: object
-    right: object
-    tanh_scale: object
+    # AttentionBackward over the pieces' descriptors (q_desc's box [1, 1, BM, 64], k_desc's and dk_desc's
+    # [1, 1, BN, 64]: the tile's keys; BN the tile's 64 keys, D a piece's 64; no dQ: its dS buffers None; no
+    # softcap): the walk (step_rows) and masks (probabilities) it calls, the sizes and options its own methods read
+    base: object
     p_smem: object  # P^T of a step, float32 [2, BN, BM]
     p_full: object  # consumer 0 wrote it
     p_free: object  # consumer 1 read it
-    CAUSAL: gl.constexpr
-    BM: gl.constexpr
-    BN: gl.constexpr
-    WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr  # 0 only (AttentionBackward.probabilities reads it)
-
-    @gluon.jit
-    def kv_head(self, bhk):
-        return AttentionBackward.kv_head(self, bhk)
-
-    @gluon.jit
-    def tile_kv_head(self, tile):
-        return AttentionBackward.tile_kv_head(self, tile)
 
     @gluon.jit
     def setup(self, tile_id):
         """AttentionBackward.setup with a tile of BN keys (its is two consumers' BN): the query blocks that
         see one of the tile's keys, for each q head of the group; grouped heads walk down (no pairs)."""
-        n_blocks = gl.cdiv(self.Nk, self.BN)
-        bhk, key_block = head_grouped_tile(tile_id, n_blocks, self.num_bhk, self.head_group)
-        start_n = key_block * self.BN
+        n_blocks = gl.cdiv(self.base.Nk, self.base.BN)
+        bhk, key_block = head_grouped_tile(tile_id, n_blocks, self.base.num_bhk, self.base.head_group)
+        start_n = key_block * self.base.BN
         first_mb = 0
-        if self.CAUSAL:
-            first_mb = gl.maximum(start_n - (self.Nk - self.N), 0) // self.BM
-        if self.WINDOW:
-            first_mb = gl.maximum(start_n - (self.Nk - self.N) - self.right, 0) // self.BM
-            last_key = gl.minimum(start_n + self.BN, self.Nk) - 1
-            last_row = gl.minimum(self.N - 1, last_key - (self.Nk - self.N) + self.left)
-            per_head = gl.maximum(gl.cdiv(gl.maximum(last_row + 1, 0), self.BM) - first_mb, 0)
+        if self.base.CAUSAL:
+            first_mb = gl.maximum(start_n - (self.base.Nk - self.base.N), 0) // self.base.BM
+        if self.base.WINDOW:
+            first_mb = gl.maximum(start_n - (self.base.Nk - self.base.N) - self.base.right, 0) // self.base.BM
+            last_key = gl.minimum(start_n + self.base.BN, self.base.Nk) - 1
+            last_row = gl.minimum(self.base.N - 1, last_key - (self.base.Nk - self.base.N) + self.base.left)
+            per_head = gl.maximum(gl.cdiv(gl.maximum(last_row + 1, 0), self.base.BM) - first_mb, 0)
         else:
-            per_head = gl.maximum(gl.cdiv(self.N, self.BM) - first_mb, 0)
+            per_head = gl.maximum(gl.cdiv(self.base.N, self.base.BM) - first_mb, 0)
         shift = key_block % gl.maximum(per_head, 1)
         b = bhk
         hk = bhk
-        if self.GROUP != 1:
-            b, hk = self.kv_head(bhk)
-        tile = KeyTile(start_n, bhk, first_mb, per_head, shift, b, hk, key_block % self.GROUP, 1.0 / self.GROUP,
-                       key_block < 0)
-        return tile, per_head * self.GROUP
-
-    @gluon.jit
-    def step_rows(self, tile, step):
-        return AttentionBackward.step_rows(self, tile, step)
-
-    @gluon.jit
-    def probabilities(self, s_t, lse, start_n, start_m, tile):
-        return AttentionBackward.probabilities(self, s_t, lse, start_n, start_m, tile)
+        if self.base.GROUP != 1:
+            b, hk = self.base.kv_head(bhk)
+        tile = KeyTile(start_n, bhk, first_mb, per_head, shift, b, hk, key_block % self.base.GROUP,
+                       1.0 / self.base.GROUP, key_block < 0)
+        return tile, per_head * self.base.GROUP
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
         """The step's Q and dO pieces and its rows' lse and delta (rows past N arrive as zeros)."""
-        b, hk = self.tile_kv_head(tile)
-        h, start_m = self.step_rows(tile, step)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 0], bar, stage.q0)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 64], bar, stage.q1)
-        tma.async_copy_global_to_shared(self.q_desc, [b, h, start_m, 128], bar, stage.q2)
-        tma.async_copy_global_to_shared(self.do_desc, [b, h, start_m, 0], bar, stage.do0)
-        tma.async_copy_global_to_shared(self.do_desc, [b, h, start_m, 64], bar, stage.do1)
-        tma.async_copy_global_to_shared(self.stats_desc, [b * self.H + h, 0, start_m], bar, stage.stats)
+        b, hk = self.base.tile_kv_head(tile)
+        h, start_m = self.base.step_rows(tile, step)
+        tma.async_copy_global_to_shared(self.base.q_desc, [b, h, start_m, 0], bar, stage.q0)
+        tma.async_copy_global_to_shared(self.base.q_desc, [b, h, start_m, 64], bar, stage.q1)
+        tma.async_copy_global_to_shared(self.base.q_desc, [b, h, start_m, 128], bar, stage.q2)
+        tma.async_copy_global_to_shared(self.base.do_desc, [b, h, start_m, 0], bar, stage.do0)
+        tma.async_copy_global_to_shared(self.base.do_desc, [b, h, start_m, 64], bar, stage.do1)
+        tma.async_copy_global_to_shared(self.base.stats_desc, [b * self.base.H + h, 0, start_m], bar, stage.stats)
 
     @gluon.jit
     def load_tile(self, kv_smem, bar, tile, consumer):
         """The tile's K pieces (buffers 0-2) and V pieces (3-4); rows past Nk arrive as zeros."""
-        b, hk = self.tile_kv_head(tile)
-        load_pieces(self.k_desc, self.v_desc, [b, hk, tile.start_n], bar, kv_smem)
+        b, hk = self.base.tile_kv_head(tile)
+        load_pieces(self.base.k_desc, self.base.v_desc, [b, hk, tile.start_n], bar, kv_smem)
 
     @gluon.jit
     def start(self, ctx, tile, prev):
-        zero = gl.zeros([self.BN, 64], gl.float32, wgmma_layout(self.BN, 64, gl.num_warps()))
+        zero = gl.zeros([self.base.BN, 64], gl.float32, wgmma_layout(self.base.BN, 64, gl.num_warps()))
         return RoleAcc(zero, zero, zero)
 
     @gluon.jit
     def piece(self, ctx, j: gl.constexpr):
         """The tile operand's buffer j (K's 0-2, V's 3-4) as [BN, 64]."""
-        return ctx.operand.index(j).reshape([self.BN, 64])
+        return ctx.operand.index(j).reshape([self.base.BN, 64])
 
     @gluon.jit
     def compute(self, ctx, st, stage, tile, step):
         """One step of this consumer's role (module docstring); every wgmma complete when it returns."""
-        BM: gl.constexpr = self.BM
-        BN: gl.constexpr = self.BN
+        BM: gl.constexpr = self.base.BM
+        BN: gl.constexpr = self.base.BN
         st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
         a_layout: gl.constexpr = operand_layout(BN, 64, gl.num_warps())
         i = ctx.ring_step
         buf = i % 2
         zeros = gl.zeros([BN, BM], gl.float32, st_layout)
         if ctx.index == 0:
-            h, start_m = self.step_rows(tile, step)
+            h, start_m = self.base.step_rows(tile, step)
             s_tok = warpgroup_mma(self.piece(ctx, 0), stage.q0.reshape([BM, 64]).permute((1, 0)), zeros,
                                   use_acc=False, is_async=True)
             s_tok = warpgroup_mma(self.piece(ctx, 1), stage.q1.reshape([BM, 64]).permute((1, 0)), s_tok,
@@ -168,7 +133,7 @@ class AttentionBackwardRoles:
                                   is_async=True)
             lse_cols = stat_columns(stage.stats, 0, st_layout)
             s_t = warpgroup_mma_wait(0, deps=(s_tok,))
-            p_t, dtanh = self.probabilities(s_t, lse_cols, tile.start_n, start_m, tile)
+            p_t, dtanh = self.base.probabilities(s_t, lse_cols, tile.start_n, start_m, tile)
             mbarrier.wait(self.p_free.index(buf), ((i // 2) & 1) ^ 1)  # consumer 1 read it two steps ago
             self.p_smem.index(buf).store(p_t)
             gl.thread_barrier()  # every warp of this consumer has written its part
@@ -206,7 +171,7 @@ class AttentionBackwardRoles:
     def store_piece(self, ctx, x, desc, coord):
         """One [BN, 64] piece through this consumer's epilogue buffer (once its last store read it)."""
         tma.store_wait(0)
-        ctx.out.reshape([self.BN, 64]).store(x.to(ctx.out.dtype))
+        ctx.out.reshape([self.base.BN, 64]).store(x.to(ctx.out.dtype))
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(desc, coord, ctx.out)
@@ -214,14 +179,14 @@ class AttentionBackwardRoles:
     @gluon.jit
     def finish(self, ctx, st, tile):
         """Consumer 0 dV's pieces, consumer 1 dK's (times the scale); rows past Nk clipped by the TMA stores."""
-        b, hk = self.tile_kv_head(tile)
+        b, hk = self.base.tile_kv_head(tile)
         if ctx.index == 0:
-            self.store_piece(ctx, st.a0, self.dv_desc, [b, hk, tile.start_n, 0])
-            self.store_piece(ctx, st.a1, self.dv_desc, [b, hk, tile.start_n, 64])
+            self.store_piece(ctx, st.a0, self.base.dv_desc, [b, hk, tile.start_n, 0])
+            self.store_piece(ctx, st.a1, self.base.dv_desc, [b, hk, tile.start_n, 64])
         else:
-            self.store_piece(ctx, st.a0 * self.scale, self.dk_desc, [b, hk, tile.start_n, 0])
-            self.store_piece(ctx, st.a1 * self.scale, self.dk_desc, [b, hk, tile.start_n, 64])
-            self.store_piece(ctx, st.a2 * self.scale, self.dk_desc, [b, hk, tile.start_n, 128])
+            self.store_piece(ctx, st.a0 * self.base.scale, self.base.dk_desc, [b, hk, tile.start_n, 0])
+            self.store_piece(ctx, st.a1 * self.base.scale, self.base.dk_desc, [b, hk, tile.start_n, 64])
+            self.store_piece(ctx, st.a2 * self.base.scale, self.base.dk_desc, [b, hk, tile.start_n, 128])
 
 
 @gluon.jit
@@ -246,9 +211,10 @@ def attention_bwd_mla_roles_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_
     for j in gl.static_range(2):
         mbarrier.init(p_full.index(j), count=1)
         mbarrier.init(p_free.index(j), count=1)
-    op = AttentionBackwardRoles(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, H, N, Nk, GROUP, scale,
-                                scale_log2e, num_bhk, head_group, left, right, tanh_scale, p_smem, p_full, p_free,
-                                CAUSAL, BM, BN, WINDOW, SOFTCAP)
+    base = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, None, H, N, Nk, GROUP,
+                             scale, scale_log2e, num_bhk, head_group, None, None, None, None, left, right, tanh_scale,
+                             CAUSAL, BM, BN, 64, 0, False, WINDOW, SOFTCAP, False)
+    op = AttentionBackwardRoles(base, p_smem, p_full, p_free)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=5, SHARED=True), tile_counter=tile_counter)
     stages = RowsStage(ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES), ring(stats_desc, STAGES),

@@ -346,6 +346,13 @@ class AttentionBackward:
         4 (warpgroup): not in the consumers: they write dS^T as for 1 and 3 and go on; the helper
            partition (``help``) computes and adds each step's dQ.
         (The dQ schemes tried and dropped are in notes/attention's decision log.)"""
+        return self.step_with(self, ctx, st, stage, tile, step)
+
+    @gluon.jit
+    def step_with(self, op, ctx, st, stage, tile, step):
+        """compute's step, whose rows, masks and dQ destination are ``op``'s (step_rows, before_products,
+        probabilities, masked_with, step_ds, add_dq): this struct's own, or those of a kernel that holds it as a
+        member and walks other tiles (the varlen backward); the step's sizes, modes and buffers are this struct's."""
         BM: gl.constexpr = self.BM
         BN: gl.constexpr = self.BN
         D: gl.constexpr = self.D
@@ -355,11 +362,11 @@ class AttentionBackward:
         st_layout: gl.constexpr = wgmma_layout(BN, BM, gl.num_warps())
         dk = st.dk
         dv = st.dv
-        h, start_m = self.step_rows(tile, step)
+        h, start_m = op.step_rows(tile, step)
         start_n = tile.start_n + c * BN
         q = stage.q.reshape([BM, D])
         do = stage.do.reshape([BM, D])
-        self.before_products(ctx, stage, tile, start_m)
+        op.before_products(ctx, stage, tile, start_m)
         if self.KV_REGS:
             k_c = st.k_regs
             v_c = st.v_regs
@@ -383,7 +390,7 @@ class AttentionBackward:
             s_t, y_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             t_t = tanh_approx(s_t * self.tanh_scale)
             y_t = y_t - y_t * (t_t * t_t)
-            t_t, y_t = self.masked_with(t_t, y_t, start_n, start_m, tile)
+            t_t, y_t = op.masked_with(t_t, y_t, start_n, start_m, tile)
             p_t = gl.exp2(t_t * self.scale_log2e - gl.expand_dims(stat_columns(stage.stats, 0, st_layout) * LOG2E, 0))
             ds_t = p_t * y_t
         else:
@@ -392,21 +399,21 @@ class AttentionBackward:
                 # both products first, then the softmax: the cap's derivative (float16, 16 registers a
                 # thread) kept across dP's wgmma spilled more at D128 (924 bytes against 632)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-                p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
                 delta_cols = stat_columns(stage.stats, 1, st_layout)
                 # dS of the capped scores times the cap's derivative 1 - tanh^2 (0 where masked: p = 0 there)
                 ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0)) * dtanh.to(gl.float32)
             elif FROM_DELTA:
                 s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-                p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
                 ds_t = p_t * warpgroup_mma_wait(0, deps=(dp_tok,))
             else:
                 s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-                p_t, dtanh = self.probabilities(s_t, lse_cols, start_n, start_m, tile)
+                p_t, dtanh = op.probabilities(s_t, lse_cols, start_n, start_m, tile)
                 delta_cols = stat_columns(stage.stats, 1, st_layout)
                 dp_t = warpgroup_mma_wait(0, deps=(dp_tok,))
                 ds_t = p_t * (dp_t - gl.expand_dims(delta_cols, 0))
-        ds_t = self.step_ds(ds_t, start_m, tile)
+        ds_t = op.step_ds(ds_t, start_m, tile)
         # both register operands are written with no wgmma running: ptxas serializes every wgmma of a
         # kernel that writes a wgmma's input registers while another runs (its warning C7513)
         ds_t = ds_t.to(stage.q.dtype)
@@ -434,17 +441,17 @@ class AttentionBackward:
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)
             dq, dv = warpgroup_mma_wait(1, deps=(dq_tok, dv_tok))
             mbarrier.arrive(self.ds_free.index(i % 2))
-            self.add_dq(ctx, tile, step, dq)
+            op.add_dq(ctx, tile, step, dq)
             dk = warpgroup_mma_wait(0, deps=(dk_tok,))
         else:  # 3 (lagged)
             dq = warpgroup_mma_wait(2, deps=(dq_tok,))  # dV and dK still run
             mbarrier.arrive(self.ds_free.index((i + 1) % 2), pred=i > 0)  # this consumer has read step i - 1's dS
             if step > 0:
-                self.add_dq(ctx, tile, step - 1, dq)  # while this step's dV and dK run
+                op.add_dq(ctx, tile, step - 1, dq)  # while this step's dV and dK run
             if step == tile.per_head * self.GROUP - 1:  # the tile's last step: its own dQ now
                 dq_tok = self.issue_dq(ctx, i)
                 dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv_tok, dk_tok))
-                self.add_dq(ctx, tile, step, dq)
+                op.add_dq(ctx, tile, step, dq)
             else:
                 dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
         return st.replace(dk=dk, dv=dv)

@@ -105,48 +105,26 @@ class VarlenKeyTile:
 
 @struct
 class VarlenBackward:
-    q_desc: object  # [1, BM, D] boxes of the (Hq, total_q, D) view
-    k_desc: object  # [1, 2 BN, D]: both consumers' keys
-    v_desc: object
-    do_desc: object
-    dk_desc: object  # [1, BN, D]: one consumer's keys
-    dv_desc: object
-    stats_desc: object  # [1, 2, BM] of the (Hq, 2, total_q) row statistics
-    dq_desc: object  # [1, BM, D / 2] of the float32 (Hq, total_q, D) dQ
+    # AttentionBackward over the (heads, total, D) views (q_desc's box [1, BM, D], k_desc's [1, 2 BN, D]: both
+    # consumers' keys, dk_desc's [1, BN, D], stats_desc's [1, 2, BM] of the (Hq, 2, total_q) row statistics, dq_desc's
+    # [1, BM, D / 2] of the float32 (Hq, total_q, D) dQ; its H, N, Nk, num_bhk and head_group unused: None): the step
+    # (step_with), its sizes, modes, dS buffers and dQ staging, the masks' options
+    base: object
     dk_ptr: object  # dK and dV, for the masked stores of a sequence's last keys
     dv_ptr: object
     kv_row_stride: object
     cu_q: object
     cu_k: object
     work: object  # (tiles, 4) int32: sequence (-1: none), key tile, kv head, unused
-    GROUP: object  # q heads per kv head
-    scale: object
-    scale_log2e: object
-    ds_smem: object  # dS^T of a step, both consumers' halves, double-buffered
-    ds_full: object
-    ds_free: object
-    dq_staging: object
-    left: object  # WINDOW: keys seen before and after a query's position (unbounded: past any distance)
-    right: object
-    tanh_scale: object  # SOFTCAP: scale / cap (scale_log2e is then cap log2(e))
     tail_flags: object  # ZERO_TAIL 2: (sequences,) int32, nonzero where a box reads a non-finite neighbour row
-    CAUSAL: gl.constexpr
-    BM: gl.constexpr
-    BN: gl.constexpr  # one consumer's keys
-    D: gl.constexpr
-    DQ: gl.constexpr  # 0: after the kernel, 1: fused, 3: lagged (gluon_backward.AttentionBackward.compute)
-    KV_REGS: gl.constexpr
-    WINDOW: gl.constexpr
-    SOFTCAP: gl.constexpr  # 0: none; 1: tanh from exp2; 2: tanh.approx.f32
     ZERO_TAIL: gl.constexpr  # zero the next sequence's rows in shared memory (zero_rows_outside): 0 never,
     # 1 every sequence, 2 the sequences tail_flags marks (op.neighbour_rows_nonfinite)
-    DP_FROM_DELTA: gl.constexpr  # AttentionBackward.compute's form without a softcap: not taken here (False)
 
     @gluon.jit
     def setup(self, tile_id):
         """The work item and its steps: every query block of the sequence that sees one of its keys,
         for each q head of the group (none for entries past the real ones: N = Nk = 0)."""
-        TILE_N: gl.constexpr = 2 * self.BN
+        TILE_N: gl.constexpr = 2 * self.base.BN
         entry = self.work + tile_id.to(gl.int64) * 4
         seq = gl.load(entry)
         key_block = gl.load(entry + 1)
@@ -162,22 +140,22 @@ class VarlenBackward:
         # multiple of 4, so its lse / delta box starts 16-byte aligned (TMA's rule for the innermost coordinate)
         r = q0 % 4
         first_mb = 0
-        if self.CAUSAL:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
-            first_mb = (gl.maximum(start_n - (Nk - N), 0) + r) // self.BM
-        if self.WINDOW:  # from the first query block that sees start_n to the last that sees the tile's last key
-            first_mb = (gl.maximum(start_n - (Nk - N) - self.right, 0) + r) // self.BM
+        if self.base.CAUSAL:  # query i sees keys j <= i + Nk - N: the first query that sees key start_n
+            first_mb = (gl.maximum(start_n - (Nk - N), 0) + r) // self.base.BM
+        if self.base.WINDOW:  # from the first query block that sees start_n to the last that sees the tile's last key
+            first_mb = (gl.maximum(start_n - (Nk - N) - self.base.right, 0) + r) // self.base.BM
             last_key = gl.minimum(start_n + TILE_N, Nk) - 1
-            last_row = gl.minimum(N - 1, last_key - (Nk - N) + self.left)
-            per_head = gl.where(last_row >= 0, gl.maximum(gl.cdiv(last_row + 1 + r, self.BM) - first_mb, 0), 0)
+            last_row = gl.minimum(N - 1, last_key - (Nk - N) + self.base.left)
+            per_head = gl.where(last_row >= 0, gl.maximum(gl.cdiv(last_row + 1 + r, self.base.BM) - first_mb, 0), 0)
         else:
-            per_head = gl.where(N > 0, gl.maximum(gl.cdiv(N + r, self.BM) - first_mb, 0), 0)
+            per_head = gl.where(N > 0, gl.maximum(gl.cdiv(N + r, self.base.BM) - first_mb, 0), 0)
         shift = key_block % gl.maximum(per_head, 1)
         zero = real
         if self.ZERO_TAIL == 2:  # only where a neighbour's row a box reads holds an inf or NaN
             zero = real & (gl.load(self.tail_flags + b) != 0)
-        tile = VarlenKeyTile(start_n, hk, first_mb, per_head, shift, key_block % self.GROUP, 1.0 / self.GROUP, q0, k0,
-                             N, Nk, r, zero)
-        return tile, per_head * self.GROUP
+        tile = VarlenKeyTile(start_n, hk, first_mb, per_head, shift, key_block % self.base.GROUP,
+                             1.0 / self.base.GROUP, q0, k0, N, Nk, r, zero)
+        return tile, per_head * self.base.GROUP
 
     @gluon.jit
     def step_rows(self, tile, step):
@@ -186,19 +164,19 @@ class VarlenBackward:
         tiles of a head start at different query blocks (their dQ reductions add to different rows);
         grouped heads, every tile walks the blocks from the last down and at each block the group's q
         heads."""
-        if self.GROUP == 1:
+        if self.base.GROUP == 1:
             head = step * 0
             walked = step + tile.shift
             block = tile.first_mb + gl.where(walked >= tile.per_head, walked - tile.per_head, walked)
         else:
-            group = self.GROUP
+            group = self.base.GROUP
             walked = (step.to(gl.float32) * tile.inv_group).to(gl.int32)  # step // group, or one off
             head = step - walked * group
             walked = gl.where(head >= group, walked + 1, gl.where(head < 0, walked - 1, walked))
             head = step - walked * group + tile.head0
             head = gl.where(head >= group, head - group, head)
             block = tile.first_mb + tile.per_head - 1 - walked
-        return tile.hk * self.GROUP + head, block * self.BM - tile.r
+        return tile.hk * self.base.GROUP + head, block * self.base.BM - tile.r
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
@@ -206,28 +184,29 @@ class VarlenBackward:
         past its end: the neighbours', masked; past the packed end: zeros)."""
         h, start_m = self.step_rows(tile, step)
         row = tile.q0 + start_m
-        tma.async_copy_global_to_shared(self.q_desc, [h, row, 0], bar, stage.q)
-        tma.async_copy_global_to_shared(self.do_desc, [h, row, 0], bar, stage.do)
-        tma.async_copy_global_to_shared(self.stats_desc, [h, 0, row], bar, stage.stats)
+        tma.async_copy_global_to_shared(self.base.q_desc, [h, row, 0], bar, stage.q)
+        tma.async_copy_global_to_shared(self.base.do_desc, [h, row, 0], bar, stage.do)
+        tma.async_copy_global_to_shared(self.base.stats_desc, [h, 0, row], bar, stage.stats)
 
     @gluon.jit
     def load_tile(self, kv_smem, bar, tile, consumer):
         """The tile's K and V blocks (keys past Nk: the next sequence's, masked)."""
-        tma.async_copy_global_to_shared(self.k_desc, [tile.hk, tile.k0 + tile.start_n, 0], bar, kv_smem.index(0))
-        tma.async_copy_global_to_shared(self.v_desc, [tile.hk, tile.k0 + tile.start_n, 0], bar, kv_smem.index(1))
+        tma.async_copy_global_to_shared(self.base.k_desc, [tile.hk, tile.k0 + tile.start_n, 0], bar, kv_smem.index(0))
+        tma.async_copy_global_to_shared(self.base.v_desc, [tile.hk, tile.k0 + tile.start_n, 0], bar, kv_smem.index(1))
 
     @gluon.jit
     def start(self, ctx, tile, prev):
         if self.ZERO_TAIL:  # this consumer's K and V rows past Nk (the next sequence's) set to 0, once a tile
-            keep = tile.Nk - (tile.start_n + ctx.index * self.BN)
-            zero_now = keep < self.BN
+            keep = tile.Nk - (tile.start_n + ctx.index * self.base.BN)
+            zero_now = keep < self.base.BN
             if self.ZERO_TAIL == 2:  # only the sequences whose neighbour rows hold an inf / NaN
                 zero_now = zero_now & tile.zero
             if zero_now:
                 for j in gl.static_range(2):
-                    rows = ctx.operand.index(j).reshape([2 * self.BN, self.D]).slice(ctx.index * self.BN, self.BN)
+                    rows = ctx.operand.index(j).reshape([2 * self.base.BN, self.base.D]).slice(
+                        ctx.index * self.base.BN, self.base.BN)
                     self.zero_rows_outside(rows, 0, keep)
-        return AttentionBackward.start(self, ctx, tile, prev)
+        return self.base.start(ctx, tile, prev)
 
     @gluon.jit
     def zero_rows_outside(self, smem, lo, hi):
@@ -267,53 +246,41 @@ class VarlenBackward:
         Nk = tile.Nk
         st_layout: gl.constexpr = s_t.type.layout
         BN: gl.constexpr = s_t.shape[0]
-        if self.SOFTCAP:
-            if self.SOFTCAP == 2:
-                s_t = tanh_approx(s_t * self.tanh_scale)
+        if self.base.SOFTCAP:
+            if self.base.SOFTCAP == 2:
+                s_t = tanh_approx(s_t * self.base.tanh_scale)
             else:
-                s_t = tanh_from_exp2(s_t * self.tanh_scale)
+                s_t = tanh_from_exp2(s_t * self.base.tanh_scale)
         shift = Nk - N
-        if self.WINDOW:
-            masked = (start_n + BN - 1 > gl.minimum(start_m + shift + self.right, Nk - 1)) \
-                | (start_n < start_m + self.BM - 1 + shift - self.left)
+        if self.base.WINDOW:
+            masked = (start_n + BN - 1 > gl.minimum(start_m + shift + self.base.right, Nk - 1)) \
+                | (start_n < start_m + self.base.BM - 1 + shift - self.base.left)
         else:
             bound = Nk
-            if self.CAUSAL:
+            if self.base.CAUSAL:
                 bound = gl.minimum(bound, start_m + 1 + shift)  # the first query's last key + 1
             masked = start_n + BN > bound
-        if masked | (start_m < 0) | (start_m + self.BM > N):
+        if masked | (start_m < 0) | (start_m + self.base.BM > N):
             # a key's queries are a range [lo, hi) (two compares a score, its bounds one a key row): 0 <= query < N,
             # causal: query >= key - shift; a window: key - shift - right <= query <= key - shift + left; a key
             # past Nk none (the per-score form of the five conditions kept ~16 more registers live: spills)
             keys = start_n + gl.arange(0, BN, layout=gl.SliceLayout(1, st_layout))
-            queries = gl.expand_dims(start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(0, st_layout)), 0)
+            queries = gl.expand_dims(start_m + gl.arange(0, self.base.BM, layout=gl.SliceLayout(0, st_layout)), 0)
             lo = keys * 0
             hi = N
-            if self.CAUSAL:
+            if self.base.CAUSAL:
                 lo = gl.maximum(keys - shift, 0)
-            if self.WINDOW:
-                lo = gl.maximum(keys - (shift + self.right), 0)
-                hi = gl.expand_dims(gl.minimum(keys - (shift - self.left) + 1, N), 1)
+            if self.base.WINDOW:
+                lo = gl.maximum(keys - (shift + self.base.right), 0)
+                hi = gl.expand_dims(gl.minimum(keys - (shift - self.base.left) + 1, N), 1)
             lo = gl.where(keys < Nk, lo, N)
             ok = (queries >= gl.expand_dims(lo, 1)) & (queries < hi)
             s_t = gl.where(ok, s_t, float("-inf"))
-        p_t = gl.exp2(s_t * self.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
+        p_t = gl.exp2(s_t * self.base.scale_log2e - gl.expand_dims(lse * LOG2E, 0))
         dtanh = 1.0
-        if self.SOFTCAP:  # a masked score's -inf gives min(inf, 1): a factor 0, not NaN
+        if self.base.SOFTCAP:  # a masked score's -inf gives min(inf, 1): a factor 0, not NaN
             dtanh = (1.0 - gl.minimum(s_t * s_t, 1.0)).to(gl.float16)
         return p_t, dtanh
-
-    @gluon.jit
-    def issue_dq(self, ctx, step):
-        return AttentionBackward.issue_dq(self, ctx, step)
-
-    @gluon.jit
-    def ds_times_k(self, buf, kv_smem, first_col: gl.constexpr, COLS: gl.constexpr):
-        return AttentionBackward.ds_times_k(self, buf, kv_smem, first_col, COLS)
-
-    @gluon.jit
-    def reduce_dq(self, staging, dq, coord, PENDING: gl.constexpr):
-        return AttentionBackward.reduce_dq(self, staging, dq, coord, PENDING)
 
     @gluon.jit
     def add_dq(self, ctx, tile, step, dq):
@@ -321,31 +288,32 @@ class VarlenBackward:
         (rows past the packed end dropped by the TMA reduction)."""
         h, start_m = self.step_rows(tile, step)
         if self.ZERO_TAIL:  # the neighbours' rows: their dS 0, but 0 times an inf in K is NaN
-            if (start_m < 0) | (start_m + self.BM > tile.N):
-                rows = start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(1, dq.type.layout))
+            if (start_m < 0) | (start_m + self.base.BM > tile.N):
+                rows = start_m + gl.arange(0, self.base.BM, layout=gl.SliceLayout(1, dq.type.layout))
                 dq = gl.where(gl.expand_dims((rows >= 0) & (rows < tile.N), 1), dq, 0.0)
-        self.reduce_dq(self.dq_staging.index(ctx.index), dq, [h, tile.q0 + start_m, ctx.index * (self.D // 2)], 0)
+        self.base.reduce_dq(self.base.dq_staging.index(ctx.index), dq,
+                            [h, tile.q0 + start_m, ctx.index * (self.base.D // 2)], 0)
 
     @gluon.jit
     def before_products(self, ctx, stage, tile, start_m):
         """ZERO_TAIL: the step's rows before 0 or past N (the neighbours'): Q, dO 0, lse +inf, delta 0."""
         if self.ZERO_TAIL:
-            zero_now = (start_m < 0) | (start_m + self.BM > tile.N)
+            zero_now = (start_m < 0) | (start_m + self.base.BM > tile.N)
             if self.ZERO_TAIL == 2:
                 zero_now = zero_now & tile.zero
             if zero_now:
                 self.zero_stats_outside(stage.stats, -start_m, tile.N - start_m)
-                self.zero_rows_outside(stage.q.reshape([self.BM, self.D]), -start_m, tile.N - start_m)
-                self.zero_rows_outside(stage.do.reshape([self.BM, self.D]), -start_m, tile.N - start_m)
+                self.zero_rows_outside(stage.q.reshape([self.base.BM, self.base.D]), -start_m, tile.N - start_m)
+                self.zero_rows_outside(stage.do.reshape([self.base.BM, self.base.D]), -start_m, tile.N - start_m)
 
     @gluon.jit
     def step_ds(self, ds_t, start_m, tile):
         """ZERO_TAIL: the neighbours' queries get dS exactly 0 (0 times this sequence's own inf in dP^T is NaN,
         which a dQ reduced in the kernel would add to their rows; with dQ after the kernel (DQ 0) nothing is
         added next door: ZERO_TAIL 2 leaves it out there)."""
-        if self.ZERO_TAIL and ((self.DQ != 0) or (self.ZERO_TAIL == 1)):
-            if (start_m < 0) | (start_m + self.BM > tile.N):
-                queries = start_m + gl.arange(0, self.BM, layout=gl.SliceLayout(0, ds_t.type.layout))
+        if self.ZERO_TAIL and ((self.base.DQ != 0) or (self.ZERO_TAIL == 1)):
+            if (start_m < 0) | (start_m + self.base.BM > tile.N):
+                queries = start_m + gl.arange(0, self.base.BM, layout=gl.SliceLayout(0, ds_t.type.layout))
                 ds_t = gl.where(gl.expand_dims((queries >= 0) & (queries < tile.N), 0), ds_t, 0.0)
         return ds_t
 
@@ -356,7 +324,7 @@ class VarlenBackward:
         step's dV and dK): gluon_backward.AttentionBackward.compute with the sequence's lengths in the masks
         (``probabilities``), its first query row in dQ's coordinates (``add_dq``) and ZERO_TAIL's zeroing
         (``before_products``, ``step_ds``)."""
-        return AttentionBackward.compute(self, ctx, st, stage, tile, step)
+        return self.base.step_with(self, ctx, st, stage, tile, step)
 
     @gluon.jit
     def wait(self, ctx, st):
@@ -365,11 +333,11 @@ class VarlenBackward:
     @gluon.jit
     def finish(self, ctx, st, tile):
         """dV, then dK (times the scale) of this consumer's keys that are the sequence's."""
-        start_n = tile.start_n + ctx.index * self.BN
-        store_sequence_rows(st.dv, self.dv_desc, ctx.out, self.dv_ptr, self.kv_row_stride, tile.hk, tile.k0, start_n,
-                            tile.Nk)
-        store_sequence_rows(st.dk * self.scale, self.dk_desc, ctx.out, self.dk_ptr, self.kv_row_stride, tile.hk,
-                            tile.k0, start_n, tile.Nk)
+        start_n = tile.start_n + ctx.index * self.base.BN
+        store_sequence_rows(st.dv, self.base.dv_desc, ctx.out, self.dv_ptr, self.kv_row_stride, tile.hk, tile.k0,
+                            start_n, tile.Nk)
+        store_sequence_rows(st.dk * self.base.scale, self.base.dk_desc, ctx.out, self.dk_ptr, self.kv_row_stride,
+                            tile.hk, tile.k0, start_n, tile.Nk)
 
 
 @gluon.jit
@@ -397,10 +365,10 @@ def attention_varlen_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_des
         mbarrier.init(ds_full.index(j), count=2)
         mbarrier.init(ds_free.index(j), count=2)
     dq_staging = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
-    op = VarlenBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, dk_ptr, dv_ptr,
-                        kv_row_stride, cu_q, cu_k, work, GROUP, scale, scale_log2e, ds_smem, ds_full, ds_free,
-                        dq_staging, left, right, tanh_scale, tail_flags, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW,
-                        SOFTCAP, ZERO_TAIL, False)
+    base = AttentionBackward(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, stats_desc, dq_desc, None, None, None,
+                             GROUP, scale, scale_log2e, None, None, ds_smem, ds_full, ds_free, dq_staging, left, right,
+                             tanh_scale, CAUSAL, BM, BN, D, DQ, KV_REGS, WINDOW, SOFTCAP, False)
+    op = VarlenBackward(base, dk_ptr, dv_ptr, kv_row_stride, cu_q, cu_k, work, tail_flags, ZERO_TAIL)
     layout = Layout(dk_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=0,
                     tile_operand=TileOperand(k_desc, COUNT=2, SHARED=True), tile_counter=tile_counter)
     stages = QStage(ring(q_desc, STAGES), ring(stats_desc, STAGES), ring(do_desc, STAGES))
