@@ -239,10 +239,7 @@ class LinearAttentionForward:
             h, col = self.unit(tile, c)
             q = stage.q.reshape([self.BT, self.BK])
             k = stage.k.reshape([self.BT, self.BK])
-            if c == 0:
-                v = stage.va.reshape([self.BT, self.BV])
-            else:
-                v = stage.vb.reshape([self.BT, self.BV])
+            v = ctx.own(stage.va, stage.vb).reshape([self.BT, self.BV])
             dtype: gl.constexpr = self.q_desc.dtype
             t0 = step * self.BT
             rows = t0 + gl.arange(0, self.BT, layout=gl.SliceLayout(1, self.SL))

@@ -149,10 +149,7 @@ class GlaForward:
         q_s = stage.q.reshape([self.BT, self.BK])
         k_s = stage.k.reshape([self.BT, self.BK])
         g_s = stage.g.reshape([self.BT, self.BK])
-        if c == 0:
-            v_s = stage.va.reshape([self.BT, self.BV])
-        else:
-            v_s = stage.vb.reshape([self.BT, self.BV])
+        v_s = ctx.own(stage.va, stage.vb).reshape([self.BT, self.BV])
 
         # G on this consumer's half of the rows, G_last, m = G_last / 2 (log2 units; g floored, NaN kept)
         g_lo = g_s.slice(0, HALF, dim=0).load(self.GLY).to(gl.float32)

@@ -210,6 +210,16 @@ class Consumer:
     def at(self, ring_step):
         return Consumer(self.index, self.out, self.operand, ring_step)
 
+    @gluon.jit
+    def own(self, first, second):
+        """This consumer's of a pair of buffers that two consumers split (a stage's two units): ``first`` for
+        consumer 0, ``second`` for the others (a constant choice: no code)."""
+        if self.index == 0:
+            x = first
+        else:
+            x = second
+        return x
+
 
 @aggregate
 class Helper:
