@@ -9,7 +9,8 @@ from tilecore import dispatch
 from tilecore.ops.rotary import launch
 from tilecore.ops.rotary.plan import plan
 from tilecore.tiles import eager
-from tilecore.tiles.launch import LRU, SignatureMemo, signature
+from tilecore.tiles import launch as tiles_launch
+from tilecore.tiles.launch import LRU, KeyedLaunch, SignatureMemo, signature
 from tilecore.tiles.switches import generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -76,6 +77,47 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 _CHECKED = LRU(256)  # signatures of CUDA calls whose checks passed (the checks read nothing else)
 _PLANS = LRU(256)  # a CUDA call's launch key -> its plan
+_RECIPES = LRU(256)  # a plain eager call's signature -> its _RotaryLaunch (False: the general path), after its first call
+
+
+class _RotaryLaunch:
+    """apply_rotary's plain eager call of one signature (issue 31's host time): the kernel's KeyedLaunch and every
+    launch argument the key fixes (sizes and strides: x's, the fresh output's, cos', sin', position_ids' expanded to
+    (B, N)), made from the key's plan after its first call. A call allocates the output and launches what
+    launch.launch launches, handing x, cos, sin and position_ids themselves (the expanded view's memory is
+    position_ids'): no checks, expand, stride reads, plan or launch-key lookup. Only where the general path passes
+    x, cos and sin as they are (unit stride along their last dimension: else it copies them each call) and launches
+    the kernel (a CUDA plan, a nonempty x); ``of`` gives False for the others. ``generation``: the switches'
+    generation its plan was made under (a patched block plans anew: the general path then serves)."""
+
+    __slots__ = ("launch", "tail", "generation")
+
+    @classmethod
+    def of(cls, key, x, cos, sin, position_ids, interleaved: bool):
+        gen = generation()
+        p = _PLANS.get((key, gen))
+        if p is None or p.path == "cpu" or x.numel() == 0 or x.stride(-1) != 1 or cos.stride(-1) != 1 \
+                or sin.stride(-1) != 1:
+            return False
+        B, N, H, D = x.shape
+        R = cos.shape[1]
+        pos = None if position_ids is None else position_ids.expand(B, N)
+        self = cls()
+        self.generation = gen
+        # (as launch.launch's, for a fresh contiguous output: out-of-place, so PASS copies the features past 2R)
+        self.tail = (N, H, cos.shape[0], x.stride(0), x.stride(1), x.stride(2), N * H * D, H * D, D,
+                     cos.stride(0), sin.stride(0), 0 if pos is None else pos.stride(0), 0 if pos is None else pos.stride(1))
+        options = dict(R=R, BLOCK_R=p.block_r, BLOCK_H=p.block_h, PASS=D - 2 * R, BLOCK_PASS=p.block_pass,
+                       INTERLEAVED=interleaved, CONJUGATE=False, HAS_POS=pos is not None, num_warps=p.num_warps)
+        if p.block_t > 1:
+            options["BLOCK_T"] = p.block_t
+        self.launch = KeyedLaunch(launch._rotary, (key, gen), p.grid, options)
+        return self
+
+    def __call__(self, x, cos, sin, position_ids):
+        out = x.new_empty(x.shape)
+        self.launch((x, cos, sin, position_ids, out, *self.tail))
+        return out
 
 
 def head_major(t: torch.Tensor) -> bool:
@@ -167,6 +209,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     # the kernel (a keyed launch): the host time of an eager call (issue 31)
     interleaved, inplace = bool(interleaved), bool(inplace)
     key = _CALL_KEY(x, cos, sin, position_ids, interleaved, inplace)
+    recipe = None
+    if key is not None and not inplace and tiles_launch.OP_RECIPES:  # the key's kept launch: no checks or plan
+        recipe = _RECIPES.get(key)
+        if recipe and recipe.generation == generation() and dispatch.eager_mode(x, cos, sin, position_ids) == "direct":
+            return recipe(x, cos, sin, position_ids)
     if key is None or _CHECKED.get(key) is None:
         pos = check(x, cos, sin, position_ids)
         if key is not None:
@@ -181,7 +228,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
         else:
             _rotary_inplace_op(x, cos, sin, pos, interleaved, False)
         return x
-    return eager.run(_rotary_op, _rotary_impl, _RotaryFunction, x, cos, sin, pos, interleaved, False, key=key)
+    mode = dispatch.eager_mode(x, cos, sin, pos)
+    out = eager.run(_rotary_op, _rotary_impl, _RotaryFunction, x, cos, sin, pos, interleaved, False, key=key, mode=mode)
+    # (after its launch; again where its plan's switches changed since: tiles.switches.patched)
+    if key is not None and mode == "direct" and tiles_launch.OP_RECIPES \
+            and (recipe is None or (recipe and recipe.generation != generation())):
+        _RECIPES.put(key, _RotaryLaunch.of(key, x, cos, sin, position_ids, interleaved))
+    return out
 
 
 def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
