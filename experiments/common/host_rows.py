@@ -216,7 +216,7 @@ def switch_checks() -> list:
     (mean and rstd, which they return neither of, in one raw block; norm.launch): layer_norm and rms_norm (64 x 4096, whole rows)
     and layer_norm at 8 x 16384 (the stats kernel, then the forward reading them); mamba2_step by MAMBA_STEP_SCRATCH
     (linear_attention.op: dt_eff and g in one raw block), y and its updated state. Session 44: hadamard_transform's
-    per-key recipe by OP_RECIPES (hadamard.op._TlTransform) at three shapes."""
+    per-key recipe by OP_RECIPES (hadamard.op._TlTransform) at three shapes, and apply_rotary's (rotary.op._RotaryLaunch)."""
     import tilecore
     from tilecore.ops.attention import attention_reference
     from tilecore.ops.attention_kvcache import kvcache_reference
@@ -299,6 +299,17 @@ def switch_checks() -> list:
                             ("hadamard rows of 2048 in 4096", torch.randn(48, 4096, generator=gen, **bf)[:, :2048], 0.75)):
         ref = xh.double() @ hadamard_matrix(xh.shape[-1], torch.float64).to(dev).T * scale
         both(name, tiles_launch, "OP_RECIPES", lambda xh=xh, scale=scale: [tilecore.hadamard_transform(xh, scale)], [ref])
+    # (session 44) apply_rotary's per-key recipe (rotary.op._RotaryLaunch, under OP_RECIPES): half-split with position_ids
+    # (features past rotary_dim copied), interleaved, and a head-major view (the BLOCK_T tiles)
+    from tilecore.ops.rotary.reference import rotary_reference
+    cr, sr = torch.randn(2048, 32, generator=gen, device=dev), torch.randn(2048, 32, generator=gen, device=dev)
+    posr = torch.randint(0, 2048, (2, 512), generator=gen, device=dev)
+    for name, xr, pos, inter in (("apply_rotary positions, D 128 rotary_dim 64", torch.randn(2, 512, 8, 128, generator=gen, **bf), posr, False),
+                                 ("apply_rotary interleaved", torch.randn(2, 512, 8, 64, generator=gen, **bf), None, True),
+                                 ("apply_rotary head-major", torch.randn(2, 8, 512, 64, generator=gen, **bf).transpose(1, 2), None, False)):
+        ref = rotary_reference(xr.double(), cr.double(), sr.double(), interleaved=inter, position_ids=pos)
+        both(name, tiles_launch, "OP_RECIPES", lambda xr=xr, pos=pos, inter=inter:
+             [tilecore.apply_rotary(xr, cr, sr, position_ids=pos, interleaved=inter)], [ref])
     return rows
 
 
