@@ -54,7 +54,7 @@ def compile_one(m, p, split, fmt, stages=2, rows=1 << 14, inside=False, scale_on
                 tma="cp.async.bulk.tensor" in ptx, shared_meta=k.metadata.shared, cvt_rni=ptx.count("cvt.rni.s32.f32"))
 
 
-def compile_rows(n, fmt, stages=4, lookahead=0, rows=1 << 12, extra=None, maxnreg=None):
+def compile_rows(n, fmt, stages=4, lookahead=0, rows=1 << 12, extra=None):
     """gluon_kernels.hadamard_gluon_quantize_kernel (the transform's pipeline with the codes; quantize's "gluon_rows"
     plan) for sm_90a at n = 16384 / 32768 (fp8, int8, int4, store). ``extra``: further constexprs (CLAMP_LO, INT_BITS)."""
     import torch
@@ -68,17 +68,14 @@ def compile_rows(n, fmt, stages=4, lookahead=0, rows=1 << 12, extra=None, maxnre
     fid, G, qmax, packed = FORMATS[fmt]
     x = torch.empty(rows, n, dtype=torch.bfloat16)
     out = x if fid == 7 else torch.empty(rows, n // (2 if packed else 1), dtype=torch.uint8)
-    solo = bool((extra or {}).get("SOLO"))  # a consumer a program, slices of 64 lines: S = n / 4096
-    xd, cd, sd = rows_descriptors(x, out, packed, solo)
+    xd, cd, sd = rows_descriptors(x, out, packed)
     hd = gluon_descriptor(h64_operand("cpu", torch.bfloat16), [64, 64])
     scales = torch.empty(rows, n // G if G else 1, dtype=torch.uint8 if fid in (3, 4) else torch.float32)
     gs = torch.empty(1, dtype=torch.float32)
     k = compile_kernel(hadamard_gluon_quantize_kernel, dict(
         x_desc=xd, codes_desc=cd, staging_desc=sd, h_desc=hd, scales=scales, gscale=gs, rows=rows,
-        stride_scales=scales.stride(0), rscale=n**-0.5, row_counter=torch.zeros(1, dtype=torch.int32),
-        S=n // (4096 if solo else 8192),
-        STAGES=stages, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, LOOKAHEAD=lookahead, **(extra or {})), num_warps=4,
-        **({"maxnreg": maxnreg} if maxnreg else {}))
+        stride_scales=scales.stride(0), rscale=n**-0.5, row_counter=torch.zeros(1, dtype=torch.int32), S=n // 8192,
+        STAGES=stages, FORMAT=fid, G=G, STATIC=False, QMAX=qmax, LOOKAHEAD=lookahead, **(extra or {})), num_warps=4)
     r = resources(k)
     ptx = k.asm["ptx"]
     return dict(vars(r), **sass_count(k), n=n, format=fmt, stages=stages, lookahead=lookahead, extra=extra or {},

@@ -26,15 +26,6 @@ registers when its last slice is added, so a per-token scale needs no second pas
 consumer's largest |y| is exchanged through shared memory (gluon_epilogue.exchange); int4's groups of
 128 are a line pair of one block. The rotation's 1 / sqrt(n) is folded into the maxima and the
 reciprocals. Codes are staged as bytes (two codes a byte for int4) and TMA-stored as the values are.
-
-SOLO (hadamard_quantize per token or int4's groups of 128, n = 4096 S, S <= 4): one consumer warpgroup a program and
-two programs an SM, each with its own ring, a tile a row and a ring step the row's next 64-line slice X_s (lines 64 s ..
-64 s + 63). The consumer runs the (S, 64, 64) split on its row: T_s = H_64 X_s H_64 (one K = 64 first product: 384 tensor
-FLOP an element against the shared row's 512), out_j += H_S[j, s] T_s for its S blocks in registers, and the per-token
-scale from its own blocks (no exchange; int4's group of 128 a line pair of a block); block j is the row's lines 64 j ...
-Why two programs rather than two consumers of one ring: consumers that share a ring take every stage together, so they
-multiply together and run their epilogues together, while the tensor cores wait; two programs with rings of their own
-drift apart, so one multiplies while the other quantizes.
 """
 from triton.experimental import gluon
 
@@ -51,12 +42,6 @@ class Slice:
     """One stage: a slice's two 64-line halves."""
     top: object
     bottom: object
-
-
-@stage_struct
-class Lines:
-    """One stage of SOLO: a row's next 64-line slice."""
-    top: object
 
 
 @struct
@@ -119,7 +104,6 @@ class Hadamard:
     FOLD: gl.constexpr
     CLAMP_LO: gl.constexpr  # the second product's lo piece (gluon_epilogue.pieces' CLAMP)
     INT_BITS: gl.constexpr
-    SOLO: gl.constexpr  # a consumer a program, its own ring, slices of 64 lines (module docstring)
 
     @gluon.jit
     def setup(self, row):
@@ -127,12 +111,9 @@ class Hadamard:
 
     @gluon.jit
     def load(self, stage, bar, row, s):
-        if self.SOLO:
-            tma.async_copy_global_to_shared(self.x_desc, [row * self.LINES_PER_ROW + LINES * s, 0], bar, stage.top)
-        else:
-            line = row * self.LINES_PER_ROW + 2 * LINES * s
-            tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
-            tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
+        line = row * self.LINES_PER_ROW + 2 * LINES * s
+        tma.async_copy_global_to_shared(self.x_desc, [line, 0], bar, stage.top)
+        tma.async_copy_global_to_shared(self.x_desc, [line + LINES, 0], bar, stage.bottom)
 
     @gluon.jit
     def load_tile(self, bufs, bar, row, consumer):
@@ -161,8 +142,7 @@ class Hadamard:
         y_prev = warpgroup_mma_wait(0, deps=(state.y,))
         t = _second_product(y_prev, bufs.index(0), self.CLAMP_LO)  # issued before Y_s: waiting for it leaves Y_s
         first = warpgroup_mma(h, stage.top, gl.zeros_like(y_prev), use_acc=False, is_async=True)
-        if not self.SOLO:  # Y_s = H_64 X_s of the row's one slice (SOLO), else H_128 over the slice's two halves
-            first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
+        first = warpgroup_mma(h_bottom, stage.bottom, first, is_async=True)
         t, y = warpgroup_mma_wait(1, deps=(t, first))  # t is done; Y_s may still run
         return RowState(y, _accumulate(state.outs, t, s - 1), ctx.ring_step // self.S)
 
@@ -181,11 +161,9 @@ class Hadamard:
         if self.FORMAT == STORE:
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store((state.outs[j] * self.scale).to(self.out_desc.dtype))
-        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves (SOLO: of its own blocks)
-            a = folded(self, row_amax(state.outs, self.S))
-            if not self.SOLO:
-                a = exchange(self, ctx, a, state.t)
-            recip = token_recip(self, a, row, self.SOLO or ctx.index == 0)
+        elif self.G == 0:  # one scale a row: the maximum of both consumers' halves
+            a = exchange(self, ctx, folded(self, row_amax(state.outs, self.S)), state.t)
+            recip = token_recip(self, a, row, ctx.index == 0)
             for j in gl.static_range(self.S):
                 ctx.out.slice(j * LINES, LINES).store(
                     token_codes(state.outs[j] * recip, self.FORMAT, self.INT_BITS).to(self.out_desc.dtype))
@@ -195,24 +173,15 @@ class Hadamard:
                     group_codes(self, state.outs[j], row, j, ctx.index).to(self.out_desc.dtype))
         fence_async_shared()
         gl.thread_barrier()
-        if self.SOLO:  # block j: the row's lines 64 j ..
-            line = row * self.LINES_PER_ROW
-            for j in gl.static_range(self.S):
-                tma.async_copy_shared_to_global(self.out_desc, [line + LINES * j, 0], ctx.out.slice(j * LINES, LINES))
-        else:
-            line = row * self.LINES_PER_ROW + LINES * ctx.index
-            for j in gl.static_range(self.S):
-                tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0],
-                                                ctx.out.slice(j * LINES, LINES))
+        line = row * self.LINES_PER_ROW + LINES * ctx.index
+        for j in gl.static_range(self.S):
+            tma.async_copy_shared_to_global(self.out_desc, [line + 2 * LINES * j, 0], ctx.out.slice(j * LINES, LINES))
 
     @gluon.jit
     def _pair_slots(self, SL: gl.constexpr, row, j: gl.constexpr, c: gl.constexpr):
         """gluon_epilogue.group_codes' scale offsets and mask for consumer c's block j, groups of 128 (int4): the
-        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i
-        (SOLO: line 64 j + r, group 32 j + i)."""
+        block's line r is the row's line 128 j + 64 c + r, so its line pair i is the row's group 64 j + 32 c + i."""
         i = gl.arange(0, LINES // 2, layout=SL)
-        if self.SOLO:  # block j's line r is the row's line 64 j + r: its pair i the row's group 32 j + i
-            return i, (LINES // 2) * j, i < LINES // 2
         return i, LINES * j + (LINES // 2) * c, i < LINES // 2
 
 
@@ -227,7 +196,7 @@ def hadamard_gluon_kernel(x_desc, out_desc, staging_desc, h_desc, rows, scale, r
     int32, zero at launch and left so, from which programs draw rows as they get to them; or None:
     program p takes rows p, p + P, ..."""
     op = Hadamard(x_desc, out_desc, h_desc, scale, S, 128 * S, None, None, None, None, None, None, None, STORE, 0,
-                  False, 1.0, False, False, False, False)
+                  False, 1.0, False, False, False)
     layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
                     LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
                     tile_counter=row_counter)
@@ -239,28 +208,20 @@ def hadamard_gluon_quantize_kernel(x_desc, codes_desc, staging_desc, h_desc, sca
                                    row_counter, S: gl.constexpr, STAGES: gl.constexpr, FORMAT: gl.constexpr,
                                    G: gl.constexpr, STATIC: gl.constexpr, QMAX: gl.constexpr,
                                    LOOKAHEAD: gl.constexpr = 0, CLAMP_LO: gl.constexpr = False,
-                                   INT_BITS: gl.constexpr = False, SOLO: gl.constexpr = False):
+                                   INT_BITS: gl.constexpr = False):
     """codes, scales = quantize(rscale H_n x) for ``rows`` rows of n = 8192 S (module docstring): the transform's
     pipeline with gluon_epilogue's codes (FORMAT: fp8 / int8 per token, int4 in groups of 128; STORE: the values).
     x_desc: the rows as (rows n / 64, 64) lines, [64, 64] boxes; codes_desc: the codes as (rows n / 64, W) byte lines
     (W = 64, 32 for int4), [64, W] boxes; staging_desc: the same with [64 S, W] boxes (a consumer's staging buffer);
-    h_desc and row_counter as hadamard_gluon_kernel's. SOLO (module docstring): n = 4096 S, S <= 4; one
-    consumer warpgroup (launched two programs an SM), the staging buffer [64 S, W]."""
+    h_desc and row_counter as hadamard_gluon_kernel's."""
     gl.static_assert(G == 0 or G == 128, "per token, or int4's groups of 128")
-    gl.static_assert(not SOLO or S <= 4, "SOLO: a row's S <= 4 blocks of 64 x 64 in registers")
     xchg = gl.allocate_shared_memory(gl.float32, [4, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(xbar.index(0), count=2)
     mbarrier.init(xbar.index(1), count=2)
-    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, (64 if SOLO else 128) * S, scales, gscale, gl.to_tensor(rows),
-                  stride_scales, rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO,
-                  INT_BITS and (FORMAT == 2 or FORMAT == 5), SOLO)
-    if SOLO:
-        layout = Layout(staging_desc, STAGES, CONSUMERS=1, PRODUCER_REGS=24, LATE_RELEASE=1, LOOKAHEAD=LOOKAHEAD,
-                        tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True), tile_counter=row_counter)
-        run(op, layout, Lines(ring(x_desc, STAGES)), rows)
-    else:
-        layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
-                        LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
-                        tile_counter=row_counter)
-        run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), rows)
+    op = Hadamard(x_desc, codes_desc, h_desc, rscale, S, 128 * S, scales, gscale, gl.to_tensor(rows), stride_scales,
+                  rscale, xchg, xbar, FORMAT, G, STATIC, QMAX, True, CLAMP_LO, INT_BITS and (FORMAT == 2 or FORMAT == 5))
+    layout = Layout(staging_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=240, PRODUCER_REGS=24, LATE_RELEASE=1,
+                    LOOKAHEAD=LOOKAHEAD, tile_operand=TileOperand(h_desc, COUNT=3, RESIDENT=True),
+                    tile_counter=row_counter)
+    run(op, layout, Slice(ring(x_desc, STAGES), ring(x_desc, STAGES)), rows)

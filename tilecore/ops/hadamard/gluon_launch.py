@@ -52,8 +52,7 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
         from tilecore.ops.hadamard.gluon_kernels import hadamard_gluon_quantize_kernel
         from tilecore.ops.hadamard.launch import h64_operand
 
-        x_desc, codes_desc, staging_desc = rows_descriptors(x2, out, plan.config["PACKED"] and fmt_id != STORE_ID,
-                                                            bool(cfg.get("SOLO")))
+        x_desc, codes_desc, staging_desc = rows_descriptors(x2, out, plan.config["PACKED"] and fmt_id != STORE_ID)
         h_desc = gluon_descriptor(h64_operand(x2.device, x2.dtype), [64, 64])
         with dispatch.on_device(x2.device):
             hadamard_gluon_quantize_kernel[plan.grid](x_desc, codes_desc, staging_desc, h_desc, scales, gs, rows,
@@ -82,10 +81,10 @@ def launch(plan, x2, out, scales, gs, amax, fmt_id=None, stages=None, rscale=Non
                                                  tile_counter(x2.device), **cfg)
 
 
-def rows_descriptors(x2, out, packed: bool, solo: bool = False):
+def rows_descriptors(x2, out, packed: bool):
     """(x_desc, codes_desc, staging_desc) of gluon_kernels.hadamard_gluon_quantize_kernel for contiguous (rows, n) rows
     ``x2`` and their codes ``out`` (bytes): lines of 64 values and of W code bytes (64, or 32 packed), [64, 64] / [64, W]
-    boxes, the staging buffer [64 S, W] (S = n / 8192; ``solo``: n / 4096, a program's whole row)."""
+    boxes, the staging buffer [64 S, W] (S = n / 8192)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from tilecore.ops.hadamard.gluon_quantize_kron import _layout
@@ -99,7 +98,7 @@ def rows_descriptors(x2, out, packed: bool, solo: bool = False):
         return TensorDescriptor(out, [lines, w], [w, 1], block, _layout(block, bits))
 
     return (gluon_descriptor(x2, [64, 64], shape=[lines, 64], strides=[64, 1]), codes([64, w]),
-            codes([64 * (n // (4096 if solo else 8192)), w]))
+            codes([64 * (n // 8192), w]))
 
 
 def store_plan(rows: int, n: int, dtype: torch.dtype, sms: int, **tuning) -> GluonPlan | None:
