@@ -89,9 +89,11 @@ QUANT_POW2_TRUNC_HI = {("fp8_e4m3", 32768): True}
 # group is one thread's: 1.03-1.05x (2048 on (2, 16, 64) 1.03x; 4096 1.01x, 256 0.75x: off there)
 QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True, ("nvfp4", 2048): True}
 # the pow2 quantize's int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23) (quantize_kernels._int_bits: one FFMA
-# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x, int4 8192 1.10x; int8 8192
-# 0.99x, 32768 0.97x, int4 4096 1.00x, int4 2048 0.92x)
-QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 16384): True, ("int4", 8192): True}
+# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x, int4 8192 1.10x, int4 2048
+# under 128 registers 1.043x (H200; 129 uncapped, three programs an SM: 0.92x); int8 8192 0.99x, 32768 0.97x, int4 4096
+# 1.00x)
+QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 16384): True, ("int4", 8192): True,
+                       ("int4", 2048): True}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
@@ -127,7 +129,8 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             # 1.25x, nvfp4 1.24x, int4 1.58x
                             **{(f, 2048): dict(split=(2, 16, 64), tile_elems=8192)
                                for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4")},
-                            ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True),
+                            # (int4 with INT_BITS capped at 128 registers: four programs an SM)
+                            ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True, maxnreg=128),
                             # int4 256 on 4 warps: 1.74x
                             ("int4", 256): dict(num_warps=4)}
 # (format, n) or format -> the format whose pow2 tables (FORMAT_TUNING, PAIRS, CLAMP_LO, TRUNC_HI, PERM) it reads under

@@ -362,8 +362,7 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
     (format, n): its tuning, under the caller's; not where the caller asks for the kron kernel by "gluon_pow2") and able:
     n in configs.GLUON_SIZES, the whole row rotated, 16-bit, no random signs, one scale a row (fp8, int8) or int4's groups
     of 128, >= configs.TMA_MIN_ELEMENTS elements (the transform's rule), plan_quantize's device may run Gluon; else None.
-    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits; solo (at
-    16384: a consumer a program on its own ring, slices of 64 lines, ``waves`` programs an SM, default 2)."""
+    Tuning: stages, lookahead (the transform's ring, configs.GLUON_TUNING, by default), clamp_lo, int_bits."""
     if tuning.get("gluon_pow2") and "gluon_rows" not in tuning:
         return None
     tuning = {**_by_format(configs.QUANT_GLUON_ROWS, fmt, n, {}), **tuning}
@@ -372,19 +371,13 @@ def _gluon_rows_plan(rows, n, dtype, fmt, group, block, rotate, static, signs, s
             or not (group is None and fmt in ("fp8_e4m3", "fp8_e5m2", "int8") or group == 128 and fmt == "int4"):
         return None
     f = FORMATS[fmt]
-    solo = bool(tuning.get("solo"))
-    if solo and n > 16384:  # its row's n / 4096 blocks in one warpgroup's registers
-        return None
     stages, lookahead = configs.GLUON_TUNING.get(n, (configs.GLUON_STAGES, 0))
     clamp = tuning.get("clamp_lo")
-    # SOLO: two programs an SM, each 4 warps + the producer's at 128 registers a thread (the consumer raised to 232)
-    solo_cfg = {"SOLO": True, "maxnreg": tuning.get("maxnreg") or 128} if solo else {}
-    waves = (tuning.get("waves") or 2) if solo else 1
-    return QuantizePlan("gluon_rows", grid=(min(rows, sms * waves),), rscale=n**-0.5, config=dict(
-        S=n // (4096 if solo else 8192), STAGES=tuning.get("stages") or stages,
-        LOOKAHEAD=tuning.get("lookahead", lookahead), FORMAT=f.kernel_id, G=group or 0,
-        STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed, num_warps=4, **_gluon_int_bits(fmt, n, tuning),
-        **solo_cfg, **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True} if clamp else {})))
+    return QuantizePlan("gluon_rows", grid=(min(rows, sms),), rscale=n**-0.5, config=dict(
+        S=n // 8192, STAGES=tuning.get("stages") or stages, LOOKAHEAD=tuning.get("lookahead", lookahead),
+        FORMAT=f.kernel_id, G=group or 0, STATIC=static and fmt in FP8_DTYPES, QMAX=f.qmax, PACKED=f.packed,
+        num_warps=4, **_gluon_int_bits(fmt, n, tuning),
+        **({"CLAMP_LO": 2 if clamp == 2 and clamp is not True else True} if clamp else {})))
 
 
 def _wide_plan(rows, n, dtype, fmt, group, M, m_pad, P, Q, S, mix, mode, spg, signs, static, rscale, sms, interpret,
@@ -483,10 +476,10 @@ def pow2_plan(rows: int, n: int, dtype: torch.dtype, fmt: str, group: int | None
     # kernel but the conversion), its own entries first
     tf = tuning.get("tables_of", _by_format(configs.QUANT_POW2_TABLES_OF, fmt, n, None)) or fmt
     measured = configs.QUANT_POW2_FORMAT_TUNING.get((fmt, n), configs.QUANT_POW2_FORMAT_TUNING.get((tf, n), {}))
-    if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, stages, tile, pointers and
-        # columns)
+    if fp32:  # (measured on 16-bit inputs: float32's three pieces keep their split, warps, stages, tile, pointers,
+        # columns and registers)
         measured = {k: v for k, v in measured.items()
-                    if k not in ("tma", "split", "perm", "num_warps", "num_stages", "tile_elems")}
+                    if k not in ("tma", "split", "perm", "num_warps", "num_stages", "tile_elems", "maxnreg")}
     elif rows * n < configs.TMA_MIN_ELEMENTS:
         measured = {k: v for k, v in measured.items() if k != "tma"}
     tuning = {**measured, **tuning}
