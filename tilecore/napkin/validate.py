@@ -714,7 +714,7 @@ def rotary_section() -> list:
             lines.append(f"| {r['case']} | {r['ms']:.3f} | {r['pct_of_copy']:.1f}% | {t:.3f} | "
                          f"{100 * r['copy_ms'] / t:.1f}% | {r['ms'] / t:.2f} |")
     runs = [json.loads(Path(f).read_text()) for f in FUSED_ROTARY_RUNS if Path(f).exists()]
-    lines += ["", "### Rotary turned inside the attention forward (gluon_rotary.py), B16 H16 N4096 bf16, rotary_dim D: "
+    lines += ["", "### Rotary turned inside the attention forward (attention_rotary/gluon_forward.py), B16 H16 N4096 bf16, rotary_dim D: "
               "the predicted overhead over the forward without rotary (tilecore.napkin.rotary.fused_overhead; "
               "target <= 3%); measured: " + (", ".join(str(Path(f).relative_to(ROOT)) for f in FUSED_ROTARY_RUNS
                                                           if Path(f).exists()) or "no run committed yet"),
