@@ -210,6 +210,15 @@ BATCHES["q"] = {
     "d32 lean three op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(
         dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2)}), None),
 }
+BATCHES["r"] = {  # call 2, after call 1 (runs/hb_lean_s44a_run1_session44_h200.txt: LEAN 0.966x configs', THREE 0.742x,
+    # THREE + LEAN 0.860x, + A_LATE 0.805x): is it the 160-register cap (its spills and schedule) or the third chain that
+    # loses? Two consumers, the shipped chain and LEAN's, capped at 160 (sm_90a: 172 B / 64 B spilled) against 232
+    "d32 configs dqk": (32, {}, "dqk0w"),
+    "d32 configs regs160": (32, dict(consumer_regs=160), "dqk0w"),
+    "d32 lean": (32, dict(dqk_gluon_form=S41_D32 | LEAN), "dqk0w"),
+    "d32 lean regs160": (32, dict(dqk_gluon_form=S41_D32 | LEAN, consumer_regs=160), "dqk0w"),
+    "d32 lean three": (32, dict(dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2), "dqk0w"),
+}
 BATCHES["o"] = {  # call 2: d 32's dq / dk and whole backward as shipped (the session's figure on the device)
     "d32 configs dqk": (32, {}, "dqk0w"),
     "d32 configs bwd": (32, {}, "bwd"),
@@ -249,11 +258,24 @@ def step_of(t, ht, over, name: str):
     backward (kernels_backward_gla_chunked.backward, its buffers allocated each call)."""
     if name == "bwd":
         return "backward", (lambda: backward(t, ht, over))
+    over = dict(over)
+    regs = over.pop("consumer_regs", None)
     steps = []
     backward(t, ht, over, steps=steps)
     s = next(s for s in steps if s[0] == name)
     kernel = getattr(s[1], "__name__", None) or s[1].fn.__name__
-    return kernel, (lambda: s[1][s[2]](*s[3], **s[4]))
+    kw = with_regs(s, regs)
+    return kernel, (lambda: s[1][s[2]](*s[3], **kw))
+
+
+def with_regs(step, regs):
+    """A recorded launch's options, the Gluon dq / dk kernel's CONSUMER_REGS set to regs (None: as recorded; the tl
+    kernels the interpreter takes in a smoke have no such option)."""
+    kernel = getattr(step[1], "__name__", None) or step[1].fn.__name__
+    if regs is None or (SMOKE and kernel != "gla_dqk_gluon_kernel"):
+        return step[4]
+    assert kernel == "gla_dqk_gluon_kernel", kernel
+    return dict(step[4], CONSUMER_REGS=regs)
 
 
 def check_variant(name: str) -> dict:
@@ -279,6 +301,7 @@ def check_variant(name: str) -> dict:
         return dict(row, **{"strong+reset" if over["op"][-1] else "weak": cell}, kernel="(public op)",
                     **{"pass": r["pass"]})
     over, dtype = knobs(over)
+    regs = over.pop("consumer_regs", None)  # (the dq / dk kernel's register cap: its launches recorded and run here)
     for case, kw in CASES.items():
         t = with_dtype(make(*CHECK_SHAPE, D, **kw), dtype)
         if SMOKE or dtype is not None:  # (other inputs: their own reference)
@@ -292,7 +315,13 @@ def check_variant(name: str) -> dict:
             ref, st = load_reference(D, case)
         out = dict(dq=poisoned(t["q"]), dk=poisoned(t["k"]), dv=poisoned(t["v"]), dg=poisoned(t["g"].float()),
                    dh0=poisoned(t["h0"]))
-        got = backward(t, st, over, out=out)
+        if regs is None or SMOKE:  # (the smoke: the interpreter's bf16 runs on an upcast, not in the caller's buffers)
+            got = backward(t, st, over, out=out)
+        else:  # (bf16 on the GPU: the caller's buffers, written by the recorded launches)
+            steps = []
+            got = backward(t, st, over, out=out, steps=steps)
+            for step in steps:
+                step[1][step[2]](*step[3], **(with_regs(step, regs) if step[0] == "dqk0w" else step[4]))
         if not SMOKE:
             torch.cuda.synchronize()
         got = [got[i] for i in (0, 1, 2, 3, 5)]
