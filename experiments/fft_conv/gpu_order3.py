@@ -12,18 +12,17 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
 (``f16``: filter_spectrum(k, n, torch.float16)). Variants (label: a plan.order3_plan tuple and its spectrum kind):
   c64   configs.GLUON_ORDER3[n] (the shipped launch: RFFT 4, the complex64 spectrum cast a call to scaled float16 bins)
   f16   configs.GLUON_ORDER3_HALF[n] (RFFT 3: a float16 spectrum's bins as they are)
-  c64_k, f16_k  c64 / f16 with KFULL toggled (on at 8192 since session 43: the bins laid out a call as the chunks read
-        them, launch.laid_half_bins, one kernel: c64 at RFFT 4's scaled bits, f16 as they are; each chunk's bins eight
-        16-byte loads a thread instead of 32 4-byte gathers); the timing adds the casts alone: "bins torch"
+  c64_k, f16_k  (8192) c64 / f16 with KFULL toggled (on at 8192 since session 43: the bins laid out a call as the
+        chunks read them, launch.laid_half_bins, one kernel: c64 at RFFT 4's scaled bits, f16 as they are; each chunk's
+        bins eight 16-byte loads a thread instead of 32 4-byte gathers); the timing adds the casts alone: "bins torch"
         (reference.scaled_half_bins, the five torch passes RFFT 4 made until session 43), "bins fused"
         (launch.scaled_half_bins), "bins laid c64" / "bins laid f16" (launch.laid_half_bins)
   (session 43, call 1 timed c64_f, RFFT 4's cast by one kernel against the torch passes: 8f5c0c8d's script has it; a
   layout probe by windows of f gathered in registers (tl.gather) was not run: 15.8 KB of spill at 32 registers)
-  c64_h, f16_h  (8192) c64 / f16 with KFULL's bins laid out by the gather-free kernel (launch.laid_half_bins form 2:
-        a program a half row, read in order, permuted in registers, sixteen 2 KiB runs written; the same bits as the
-        gather's layout: --same c64:c64_h); with --bins "bins laid2 c64" / "bins laid2 f16" time it alone
+  (session 44, call 1 timed c64_h / f16_h, KFULL's layout by a program a half row against the index table's gather,
+  shipped since, and c64_hp / f16_hp with PREFETCH too: 7a350e78's script has them)
   c64_p, f16_p  c64 / f16 with PREFETCH (the next pair's u requested into L2 a pair ahead of its loads, a 128-byte line
-        a thread, prefetch.global.L2); c64_hp, f16_hp (8192) with both
+        a thread, prefetch.global.L2)
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
@@ -81,12 +80,10 @@ def tuples(n):
         t = tuple(out[label][0]) + (False,) * (4 - len(out[label][0]))  # (per_sm, warpgroups, rfft, stack)
         if n == 8192:  # STACK toggled (it takes F2 = F_16 four times on the diagonal: 8192 only)
             out[label + "_s"] = (t[:3] + (not t[3],) + t[4:], label)
-    for label in ("c64", "f16"):  # KFULL toggled (the bins laid out a call as the chunks read them: 16-byte loads)
+    for label in ("c64", "f16"):
         t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))
-        out[label + "_k"] = (t[:4] + (not t[4],), label)
-        if n == 8192:  # KFULL's bins by the gather-free layout kernel (a program a half row, permuted in registers)
-            out[label + "_h"] = (t[:4] + (2,), label)
-            out[label + "_hp"] = (t[:4] + (2, True), label)  # and PREFETCH
+        if n == 8192:  # KFULL toggled (the bins laid out a call as the chunks read them: 16-byte loads; 8192 only)
+            out[label + "_k"] = (t[:4] + (not t[4],), label)
         out[label + "_p"] = (t + (True,), label)  # PREFETCH: the next pair's u into L2 a pair ahead
     return out
 
@@ -365,11 +362,9 @@ def main() -> int:
     if a.bins:  # the casts a call alone (torch's five passes: the cast until session 43)
         fns["bins torch"] = lambda: scaled_half_bins(spectra["c64"])
         fns["bins fused"] = lambda: conv_launch.scaled_half_bins(spectra["c64"])
-        fns["bins laid c64"] = lambda: conv_launch.laid_half_bins(spectra["c64"], n)
-        fns["bins laid f16"] = lambda: conv_launch.laid_half_bins(spectra["f16"], n)
-        if n == 8192:  # the gather-free layout (KFULL 2)
-            fns["bins laid2 c64"] = lambda: conv_launch.laid_half_bins(spectra["c64"], n, form=2)
-            fns["bins laid2 f16"] = lambda: conv_launch.laid_half_bins(spectra["f16"], n, form=2)
+        if n == 8192:  # (KFULL's layout: 8192 only)
+            fns["bins laid c64"] = lambda: conv_launch.laid_half_bins(spectra["c64"], n)
+            fns["bins laid f16"] = lambda: conv_launch.laid_half_bins(spectra["f16"], n)
     copy_ms = model.op_bytes(B, H, n) / model.COPY_GBS / 1e6
     kinds = {label: kind for label, _, kind in chosen}
 
@@ -380,9 +375,8 @@ def main() -> int:
         measured_ms = model.op_bytes(B, H, n) / copy_gbs / 1e6
         for name in fns:
             ms = t[name + key]
-            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else
-                    name.replace("laid2", "laid") if name.startswith("bins laid2") else
-                    "bins torch" if name.startswith("bins ") else "c64")
+            peer = ("f16" if kinds.get(name) == "f16" or name == "op f16" else "bins torch" if name.startswith("bins ")
+                    else "c64")
             run.row(f"time {name}" + (" (graph)" if graph else ""), ms=ms, x_torch_fft=round(base / ms, 3),
                     vs_shipped=round(t[peer + key] / ms, 4) if peer + key in t else None,
                     pct_copy=round(100 * copy_ms / ms, 1), pct_measured_copy=round(100 * measured_ms / ms, 1),

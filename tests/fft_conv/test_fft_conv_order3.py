@@ -95,19 +95,31 @@ def test_scaled_bins_kernel_gives_the_torch_casts_bits():
     assert scale.tolist()[2:4] == [1.0, 1.0] and scale[4] == float("inf") and scale[1] > 2.0 ** 20
 
 
-@pytest.mark.parametrize("n, form", [(8192, 1), (16384, 1), (8192, 2)])
-def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n, form):
-    """KFULL (launch.laid_half_bins, one kernel; here through the interpreter): position p of a channel's laid-out row
-    holds bin f = laid_order[p] (every f < L once), as the kernel's own gather gave it: f <= N the bin, past N the
-    conjugate of L - f (0 - im, the kernel's negation); the bins' bits RFFT 4's (a complex64 spectrum, a channel with a
-    NaN bin among them) or the float16 spectrum's as they are; and laid_order is the kernel's chunk tile: position ((j
-    4 + w) 8 + cg) 128 + 4 lane + q at row r = 16 w + 8 (q // 2) + t, column c = 8 cg + 2 lc + q % 2 of chunk j, its bin
-    k_a + A k_b with k_a = 16 (r % A2) + r // A2 + KG j (as the walk's offsets f). Form 2 (8192: the gather-free kernel,
-    a program a half row; the scale from one half and the bin it lacks): the same bits, a channel whose largest part is
-    bin N and one whose is bin 0 among them."""
+def _laid_order(n):
+    """KFULL's spec: the bin f (0 <= f < L = 2n) at each position of the laid-out spectrum: chunk j's [64, 64] tile (row
+    r: k_a = 16 (r % A2) + r // A2 + KG j, column c: k_b, f = k_a + A k_b) at j 4096 + ((w 8 + cg) 32 + lane) 4 + q,
+    as gluon_order3._laid_bins reads it (r = 16 w + 8 (q // 2) + t, c = 8 cg + 2 lc + q % 2, lane = 4 t + lc: a
+    thread's four bins one 16-byte vector, a warp's 512 bytes contiguous)."""
+    a, _, a2 = gluon_order3.factors(n)
+    kg = 64 // a2
+    j, w, cg, t, lc, q = torch.meshgrid(*(torch.arange(s) for s in (16 // kg, 4, 8, 8, 4, 4)), indexing="ij")
+    r = 16 * w + 8 * (q // 2) + t
+    c = 8 * cg + 2 * lc + q % 2
+    return (16 * (r % a2) + r // a2 + kg * j + a * c).reshape(-1)
+
+
+def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order():
+    """KFULL (launch.laid_half_bins, one kernel a half row; here through the interpreter): position p of a channel's
+    laid-out row holds bin f = _laid_order[p] (every f < L once): f <= N the bin, past N the conjugate of L - f (0 - im,
+    the kernel's negation); the bins' bits RFFT 4's (a complex64 spectrum; a channel with a NaN bin, one whose largest
+    part is bin N and one whose is bin 0: the halves' scale from all but one bin and the one it lacks) or the float16
+    spectrum's as they are; and the order is the kernel's chunk tile: position ((j 4 + w) 8 + cg) 128 + 4 lane + q at
+    row r = 16 w + 8 (q // 2) + t, column c = 8 cg + 2 lc + q % 2 of chunk j, its bin k_a + A k_b with k_a = 16 (r %
+    A2) + r // A2 + KG j (as the walk's offsets f). Only N = 8192 is laid out."""
+    n = 8192
     a, b, a2 = gluon_order3.factors(n)
     L = 2 * n
-    order = conv_launch.laid_order(n, torch.device("cpu")).long()
+    order = _laid_order(n)
     assert torch.equal(torch.sort(order).values, torch.arange(L))
     p = torch.tensor([0, 1, 2, 3, 4, 5, 4096 + 130, L - 1])
     q, lane, cg, w, j = p % 4, p // 4 % 32, p // 128 % 8, p // 1024 % 4, p // 4096
@@ -121,7 +133,7 @@ def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n, form):
     spectrum[3, 0] = complex(0.0, 9.0)
     for given, (bins, scale) in ((spectrum, scaled_half_bins(spectrum)),
                                  (filter_spectrum(k, n, torch.float16), (filter_spectrum(k, n, torch.float16), None))):
-        laid, laid_scale = conv_launch.laid_half_bins(given, n, form=form)
+        laid, laid_scale = conv_launch.laid_half_bins(given, n)
         assert laid.shape == (4, L, 2) and laid.dtype == torch.float16
         assert (laid_scale is None) == (scale is None) and (scale is None or torch.equal(laid_scale, scale))
         mirrored = order > n
@@ -129,6 +141,8 @@ def test_laid_bins_are_each_chunks_bins_in_the_kernels_read_order(n, form):
         im = torch.where(mirrored, torch.zeros_like(at[..., 1]) - at[..., 1], at[..., 1])
         want = torch.stack((at[..., 0], im), -1)
         assert torch.equal(laid.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(ValueError, match="8192"):
+        conv_launch.laid_half_bins(filter_spectrum(k[:, :4096], 4096), 4096)
 
 
 CODE_LAID = """
@@ -138,7 +152,7 @@ from tilecore.tiles.compile import compile_kernel, resources
 scale = sys.argv[1] == "1"
 X = torch.empty(4, 8193, 2, dtype=torch.float32 if scale else torch.float16)
 Y = torch.empty(4, 16384, 2, dtype=torch.float16)
-compiled = compile_kernel(kernels_bins.laid_half_bins_halves_kernel, dict(X=X, Y=Y, S=torch.empty(4), stride_h=8193,
+compiled = compile_kernel(kernels_bins.laid_half_bins_kernel, dict(X=X, Y=Y, S=torch.empty(4), stride_h=8193,
                                                                           SCALE=scale), num_warps=8)
 ptx = compiled.asm["ptx"]
 print(json.dumps(dict(ldg=len(re.findall(r"ld\\.global", ptx)), stg=len(re.findall(r"st\\.global", ptx)),
@@ -147,8 +161,8 @@ print(json.dumps(dict(ldg=len(re.findall(r"ld\\.global", ptx)), stg=len(re.finda
 
 
 @pytest.mark.parametrize("scale", [1, 0])
-def test_gather_free_layout_compiles_for_hopper(scale):
-    """KFULL's form 2 (kernels_bins.laid_half_bins_halves_kernel) on sm_90a: no spill, two programs a multiprocessor
+def test_laid_bins_kernel_compiles_for_hopper(scale):
+    """KFULL's layout kernel (kernels_bins.laid_half_bins_kernel) on sm_90a: no spill, two programs a multiprocessor
     by registers; a thread's half row by 32 loads (8-byte float pairs or 4-byte float16 pairs: in order, no index
     table), its 32 bins' words stored as eight 16-byte vectors (the permute a layout conversion in shared memory), and
     RFFT 4's scale and lacking bin (SCALE) one more load and one more store."""
@@ -387,8 +401,8 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, True), u, spectrum, y, False, key=None)
     assert seen[0][3:] == (False, 2, None, 1, 4, True, True, False)  # (KFULL)
     seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, 2, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True, 2, True)  # (KFULL's gather-free layout, PREFETCH)
+    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, True, True), u, spectrum, y, False, key=None)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True, True, True)  # (PREFETCH)
 
 
 def test_model_counts_order3_below_order2():

@@ -1,10 +1,10 @@
 """A complex64 spectrum cast to the order-3 kernel's scaled float16 bins in one pass (RFFT 4: launch.scaled_half_bins;
 reference.scaled_half_bins is the same function in torch: the float pairs' |x|, a max, a division and a cast, five
-passes over the spectrum's bytes a call, 3x this kernel's time), and laid out as its chunks read them (KFULL). One
-program a channel: the row's largest |re|, |im| (1 where it is 0 or the row holds a NaN, as torch.where(amax > 0,
-amax, 1) gives: amax propagates NaN), then every float over it, rounded to nearest (div_rn: the same bits as torch's
-division), to float16. The row is read twice (the second time from L2), a bin's pair at a
-time (8-byte loads, 4-byte stores: a row starts 8-byte aligned)."""
+passes over the spectrum's bytes a call, 3x this kernel's time), and laid out as its chunks read them (KFULL:
+laid_half_bins_kernel, a program a half row). The cast, one program a channel: the row's largest |re|, |im| (1 where
+it is 0 or the row holds a NaN, as torch.where(amax > 0, amax, 1) gives: amax propagates NaN), then every float over
+it, rounded to nearest (div_rn: the same bits as torch's division), to float16. The row is read twice (the second
+time from L2), a bin's pair at a time (8-byte loads, 4-byte stores: a row starts 8-byte aligned)."""
 import triton
 import triton.language as tl
 
@@ -44,40 +44,17 @@ def scaled_half_bins_kernel(X, Y, S, bins, stride_h, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def laid_half_bins_kernel(X, Y, S, ORDER, bins, stride_h, L, SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    """KFULL: a channel's spectrum laid out as the order-3 kernel's chunks read it (launch.laid_half_bins). X: its
-    ``bins`` (re, im) pairs at X + 2 h stride_h, float32 (SCALE: scaled as scaled_half_bins_kernel, S[h] written) or
-    float16 (as they are); Y (H, L, 2) float16: position p holds bin f = ORDER[p], bins past L / 2 as the conjugate of
-    L - f (0 - im: the bits the kernel's own conjugation gives). L a multiple of BLOCK. (Taking the positions by windows
-    of f instead, so that a block's gathers stay in a few KiB of the row, measured slower: notes/fft_conv.)"""
-    h = tl.program_id(0).to(tl.int64)
-    row = X + h * (2 * stride_h)
-    if SCALE:
-        s = _row_scale(row, bins, BLOCK)
-        tl.store(S + h, s)
-    out = Y + h * (2 * L)
-    pair = tl.arange(0, 2)[None, :]
-    offs = tl.arange(0, BLOCK)[:, None]
-    for start in range(0, L, BLOCK):
-        p = start + offs
-        f = tl.load(ORDER + p)
-        mirrored = f > L // 2
-        x = tl.load(row + 2 * tl.where(mirrored, L - f, f) + pair)
-        if SCALE:
-            x = tl.math.div_rn(x, s).to(tl.float16)
-        tl.store(out + 2 * p + pair, tl.where(mirrored & (pair == 1), 0.0 - x, x))
-
-
-@triton.jit
-def laid_half_bins_halves_kernel(X, Y, S, stride_h, SCALE: tl.constexpr):
-    """KFULL at N = 8192 (L = 16384), the same output as laid_half_bins_kernel without a gather: position p and bin f
-    are one 14-bit index with its bit fields permuted (laid_order: f = w + 4 j + 16 t + 128 q1 + 256 q0 + 512 lc + 2048
-    cg, p = q0 + 2 q1 + 4 lc + 16 t + 128 cg + 1024 w + 4096 j), so a program reads a contiguous half of the virtual
-    row (half 0: bins f < 8192; half 1: bin N, then the conjugates of bins 8191 .. 1) with coalesced loads, permutes it
-    in registers (a reshape, a permute: the compiler's layout conversion) and writes sixteen 2 KiB runs of p. The
-    mirror makes each half hold all but one of the row's bins, so the scale (SCALE: the largest |re|, |im| as
-    _row_scale's) needs one more bin and no second read of the row. Program (h, half); X, S as laid_half_bins_kernel,
-    Y (H, L, 2) float16."""
+def laid_half_bins_kernel(X, Y, S, stride_h, SCALE: tl.constexpr):
+    """KFULL (N = 8192, L = 16384): a channel's spectrum laid out as the order-3 kernel's chunks read it
+    (launch.laid_half_bins): position p holds bin f, past L / 2 the conjugate of bin L - f (0 - im: the bits the kernel's
+    own conjugation gives). p and f are one 14-bit index with its fields permuted (f = w + 4 j + 16 t + 128 q1 + 256 q0
+    + 512 lc + 2048 cg, p = q0 + 2 q1 + 4 lc + 16 t + 128 cg + 1024 w + 4096 j: gluon_order3._laid_bins' view), so a
+    program reads a half of the row in f's order (half 0: bins 0 .. 8191; half 1: bin N, then bins 8191 .. 1
+    conjugated) by coalesced loads, permutes it in registers (a reshape and a permute: the compiler's layout conversion
+    through shared memory) and writes sixteen 2 KiB runs of p. The mirror makes each half hold all but one of the row's
+    bins, so the scale (SCALE: the largest |re|, |im| as _row_scale's, S[h] written) takes one more bin, not a second
+    read of the row. (A gather in p's order by an index table, a program a row, was slower: notes/fft_conv.) Program (h, half); X: a channel's (re, im) pairs at X + 2 h stride_h, float32 (SCALE: scaled
+    as scaled_half_bins_kernel) or float16 (as they are); Y (H, L, 2) float16."""
     h = tl.program_id(0).to(tl.int64)
     half = tl.program_id(1)
     row = X + h * (2 * stride_h)

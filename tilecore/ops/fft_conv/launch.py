@@ -226,28 +226,15 @@ def scaled_half_bins(spectrum: torch.Tensor, key=None) -> tuple[torch.Tensor, to
     return bins, scale
 
 
-@functools.lru_cache(maxsize=8)
-def laid_order(n: int, device: torch.device) -> torch.Tensor:
-    """KFULL: the bin f (0 <= f < L = 2n) at each position of the order-3 kernel's laid-out spectrum, int32 (L,):
-    chunk j's [64, 64] tile (row r: k_a = 16 (r % A2) + r // A2 + KG j, column c: k_b, f = k_a + A k_b) at j 4096 +
-    ((w 8 + cg) 32 + lane) 4 + q, as gluon_order3._laid_bins reads it (r = 16 w + 8 (q // 2) + t, c = 8 cg + 2 lc +
-    q % 2, lane = 4 t + lc: a thread's four bins one 16-byte vector, a warp's 512 bytes contiguous)."""
-    a = 2 * n // 64
-    a2 = a // 16
-    kg = 64 // a2
-    j, w, cg, t, lc, q = torch.meshgrid(*(torch.arange(s) for s in (16 // kg, 4, 8, 8, 4, 4)), indexing="ij")
-    r = 16 * w + 8 * (q // 2) + t
-    c = 8 * cg + 2 * lc + q % 2
-    return (16 * (r % a2) + r // a2 + kg * j + a * c).reshape(-1).to(torch.int32).to(device)
-
-
-def laid_half_bins(spectrum: torch.Tensor, n: int, key=None,
-                   form: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KFULL: the spectrum's float16 bins laid out as the order-3 kernel reads them (laid_order: (H, L, 2), bins past N
-    conjugated here), by one kernel: a complex64 spectrum (H, N + 1) scaled as scaled_half_bins (the same bins'
-    bits; the scales returned), float16 pairs (H, N + 1, 2) as they are (None). ``key``: a keyed launch. ``form`` 2
-    (N = 8192): the same bits by the gather-free kernel (kernels_bins.laid_half_bins_halves_kernel, a program a half
-    row)."""
+def laid_half_bins(spectrum: torch.Tensor, n: int, key=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KFULL (N = 8192): the spectrum's float16 bins laid out as the order-3 kernel's chunks read them ((H, L, 2): chunk
+    j's [64, 64] tile in the wgmma accumulator's register order, bins past N conjugated here) by one kernel, a
+    program a half row (kernels_bins.laid_half_bins_kernel): a complex64 spectrum (H, N + 1) scaled as
+    scaled_half_bins (the same bins' bits; the scales returned), float16 pairs (H, N + 1, 2) as they are (None).
+    ``key``: a keyed launch."""
+    if n != 8192:
+        raise ValueError(f"the laid-out bins (KFULL) are N = 8192's (the layout kernel's index fields are L = "
+                         f"16384's); got N = {n}")
     if spectrum.dtype == torch.float16:
         pairs, scale = half_bins(spectrum), None
     else:
@@ -256,15 +243,9 @@ def laid_half_bins(spectrum: torch.Tensor, n: int, key=None,
         scale = torch.empty(pairs.shape[0], dtype=torch.float32, device=pairs.device)
     H = pairs.shape[0]
     laid = torch.empty(H, 2 * n, 2, dtype=torch.float16, device=pairs.device)
-    if H and form == 2:
-        if n != 8192:
-            raise ValueError(f"the gather-free layout (form 2) is N = 8192's (its fields are L = 16384's); got N = {n}")
-        LAID_HALF_BINS_HALVES.run(key, (H, 2), (pairs, laid, laid if scale is None else scale, pairs.stride(0) // 2),
-                                  dict(SCALE=scale is not None, num_warps=8))
-    elif H:
-        LAID_HALF_BINS.run(key, (H,), (pairs, laid, laid if scale is None else scale, laid_order(n, pairs.device),
-                                       pairs.shape[1], pairs.stride(0) // 2, 2 * n),
-                           dict(SCALE=scale is not None, BLOCK=2048, num_warps=8))
+    if H:
+        LAID_HALF_BINS.run(key, (H, 2), (pairs, laid, laid if scale is None else scale, pairs.stride(0) // 2),
+                           dict(SCALE=scale is not None, num_warps=8))
     return laid, scale
 
 
@@ -422,7 +403,6 @@ def order3_operands(a: int, b: int, device: torch.device) -> dict:
 
 SCALED_HALF_BINS = CachedLaunch(lambda: kernels_bins.scaled_half_bins_kernel)
 LAID_HALF_BINS = CachedLaunch(lambda: kernels_bins.laid_half_bins_kernel)
-LAID_HALF_BINS_HALVES = CachedLaunch(lambda: kernels_bins.laid_half_bins_halves_kernel)
 CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
     "tilecore.ops.fft_conv.gluon_order3").fft_conv_gluon_order3_kernel)
 
@@ -437,8 +417,8 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     (half_bins); 4: a complex64 spectrum cast to float16 bins a call, each channel over its largest part
     (scaled_half_bins: one kernel), the outputs scaled back; ``stack``: 1a / 1'a four columns a product in the wgmmas'
     layouts, u read once a pair (its STACK; 8192); ``kfull``: the bins laid out a call as the kernel's chunks read them
-    (laid_half_bins, one kernel: 16-byte loads in the kernel instead of a 4-byte gather a bin; 2 at 8192: its
-    gather-free form); ``prefetch``: the next pair's u requested into L2 under this pair's chunks (its PREFETCH)."""
+    (laid_half_bins, one kernel, 8192: 16-byte loads in the kernel instead of a 4-byte gather a bin); ``prefetch``:
+    the next pair's u requested into L2 a pair ahead of its loads (its PREFETCH)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
@@ -450,7 +430,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
         raise ValueError(f"the order-3 kernel reads float16 bins: rfft 3 takes a float16 spectrum (H, N + 1, 2), "
                          f"rfft 4 a complex64 one (H, N + 1); got rfft {rfft} and {spectrum.dtype}")
     if kfull:  # (laid out a call: 16-byte loads in the kernel; a complex64 spectrum scaled as RFFT 4's)
-        k, ks = laid_half_bins(spectrum, N, bins_key, 2 if kfull == 2 else 1)
+        k, ks = laid_half_bins(spectrum, N, bins_key)
     elif spectrum.dtype == torch.float16:  # (bins the caller keeps: read as they are)
         k = half_bins(spectrum)
     else:  # a complex64 spectrum as scaled float16 bins a call (the kernel's KS)
