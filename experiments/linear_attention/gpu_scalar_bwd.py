@@ -1,6 +1,6 @@
 """The scalar-decay (and no-decay) backward on Hopper: gluon_scalar_bwd's three walks (dq, dk, dv in the forward's
-shape; at d 128 also dk and dv by one walk, "gluon dkv") against the shipped split tl kernels (launch.backward's split
-path), float64-checked and timed.
+shape; at d 128 dk and dv by one walk, "gluon dkv", the default) against the split tl kernels (launch.backward's split
+path, the default before), float64-checked and timed.
 
     python experiments/linear_attention/gpu_scalar_bwd.py [--deadline S] [--smoke]
 
@@ -181,13 +181,11 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
     q, k, v, do, g = inputs(D, decay)
     scale = D ** -0.5
     p = plan(q, v, g, IDENTITY)
-    plans = {r: launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=r == "gluon") for r in ("gluon", "split")}
-    if D == 128:  # dk and dv by one walk
+    # the three walks, dk and dv by one walk (d 128), the split tl kernels
+    plans = {r: launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=r == "gluon", bwd_gluon_dkv=False)
+             for r in ("gluon", "split")}
+    if D == 128:
         plans["gluon dkv"] = launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=True, bwd_gluon_dkv=True)
-    if D == 64:  # (d 64's stage is 24.5 KB: 3 stages fit)
-        for st in (3,):
-            plans[f"gluon s{st}"] = launch.backward_plan(p, q, v, g, IDENTITY, None, bwd_gluon=True,
-                                                         bwd_gluon_stages=st)
     bwd = {r: (lambda pl=pl: launch.backward(pl, do, q, k, v, g, None, None, None, None, None, scale, IDENTITY,
                                              native=True)) for r, pl in plans.items()}
     # each Gluon role's kernel alone, and each split kernel alone (the profile)
@@ -207,8 +205,8 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
         dg_k = torch.empty(2, B, N, H, device=DEV) if decay else None
         grid, args, warps = gluon_scalar_bwd.launch_args_dkv(q, k, v, do, G, None, None, dk_o, dv_o, dg_k, None, None,
                                                              scale, configs.BWD_GLUON_STAGES)
-        pieces["gluon dkv"] = (lambda grid=grid, args=args, warps=warps:
-                               gluon_scalar_bwd.la_bwd_dkv_gluon_kernel[grid](**args, num_warps=warps))
+        pieces["gluon dkv kernel"] = (lambda grid=grid, args=args, warps=warps:
+                                      gluon_scalar_bwd.la_bwd_dkv_gluon_kernel[grid](**args, num_warps=warps))
     sp = plans["split"]
     dq_b = torch.empty(B, N, H, D, dtype=q.dtype, device=DEV)
     dk_b = torch.empty(1, B, N, H, D, dtype=q.dtype, device=DEV)
@@ -221,34 +219,18 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
                                   dq_b if decay else None, epilogue=epi)
     for name, (kernel, grid, args, kw) in zip(("split dq", "split dk", "split dv"), calls):
         pieces[name] = (lambda kernel=kernel, grid=grid, args=args, kw=kw: kernel[grid](*args, **kw))
-    # the fused dk / dv walk last, in rounds of its own beside the split kernels: a fault there leaves the rest saved
-    later = {n: bwd.pop(n) for n in list(bwd) if "dkv" in n} | {n: pieces.pop(n) for n in list(pieces) if "dkv" in n}
     for fn in list(bwd.values()) + list(pieces.values()):
-        fn()
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-    res = {}
-    if not warm_only:
-        res = time_rounds(bwd, rounds=1 if SMOKE else 5, graph=DEV == "cuda", deadline=run)
-        res.update(time_rounds(pieces, rounds=1 if SMOKE else 3, graph=DEV == "cuda", eager=False, deadline=run))
-        run.extra[f"{part} first"] = res
-        run.save()
-    for fn in later.values():
         fn()
     if DEV == "cuda":
         torch.cuda.synchronize()
     if warm_only:
         return {}
-    if later:
-        split = {"split": bwd["split"], "split dq": pieces["split dq"], "split dk": pieces["split dk"],
-                 "split dv": pieces["split dv"]}
-        again = time_rounds({n: f for n, f in (later | split).items()}, rounds=1 if SMOKE else 3,
-                            graph=DEV == "cuda", eager=True, deadline=run)
-        res.update({n.replace("split", "split again"): v for n, v in again.items() if n.startswith("split")})
-        res.update({n: v for n, v in again.items() if not n.startswith("split")})
+    res = time_rounds(bwd, rounds=1 if SMOKE else 5, graph=DEV == "cuda", deadline=run)
+    res.update(time_rounds(pieces, rounds=1 if SMOKE else 3, graph=DEV == "cuda", eager=False, deadline=run))
     # the napkin's bytes: q, k, v, do read, dq, dk, dv written (16-bit), g read and dg written (float32)
     nbytes = 7 * q.numel() * q.element_size() + (2 * g.numel() * 4 if decay else 0)
     res["bound_bytes"] = nbytes
+    res["pieces"] = list(pieces)
     return res
 
 
@@ -325,8 +307,9 @@ def main():
         if not res:
             continue
         bound = res["bound_bytes"] / (bw * 1e12) * 1e3 if bw else None
+        pieces_names = res.pop("pieces")
         row = dict(bound_ms=round(bound, 4) if bound else None)
-        for r in ("gluon", "split", "gluon dkv", "split again", "gluon s3"):
+        for r in ("gluon", "split", "gluon dkv"):
             if f"{r}_ms" in res or f"{r}_graph_ms" in res:
                 row[f"{r}_ms"] = res.get(f"{r}_ms")
                 row[f"{r}_graph_ms"] = res.get(f"{r}_graph_ms")
@@ -335,12 +318,12 @@ def main():
             row["bound_pct"] = round(100 * bound / row["gluon_graph_ms"], 1) if bound else None
         if row["gluon_ms"] and row["split_ms"]:
             row["speedup_eager"] = round(row["split_ms"] / row["gluon_ms"], 3)
-        if row.get("gluon dkv_graph_ms") and row.get("split again_graph_ms"):  # (in its own rounds)
-            row["dkv_speedup_graph"] = round(row["split again_graph_ms"] / row["gluon dkv_graph_ms"], 3)
+        if row.get("gluon dkv_graph_ms") and row["split_graph_ms"]:
+            row["dkv_speedup_graph"] = round(row["split_graph_ms"] / row["gluon dkv_graph_ms"], 3)
             row["dkv_over_gluon_graph"] = round(row["gluon_graph_ms"] / row["gluon dkv_graph_ms"], 3)
             row["dkv_bound_pct"] = round(100 * bound / row["gluon dkv_graph_ms"], 1) if bound else None
         row["pieces_graph_ms"] = {n.removesuffix("_graph_ms"): v for n, v in res.items() if n.endswith("_graph_ms")
-                                  and " " in n}
+                                  and n.removesuffix("_graph_ms") in pieces_names}
         row["rounds"] = {n: v for n, v in res.items() if n.endswith("_rounds")}
         run.row(f"time {part}", **row)
         run.say(json.dumps(dict(part=part, **{k: v for k, v in row.items() if k != "rounds"})))

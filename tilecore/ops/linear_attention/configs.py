@@ -91,12 +91,13 @@ BWD_SPLIT_EPILOGUE = True
 # dq, dk, dv stored in the inputs' dtype where nothing combines after them (no torch cast passes)
 BWD_NATIVE_GRADS = True
 # the backward without a decay or with a scalar one by gluon_scalar_bwd's kernels on Hopper (dq, dk, dv each the forward's
-# walk in other roles): off until a float64 GPU check and a timing against the split kernels
-BWD_GLUON = False
-BWD_GLUON_STAGES = 2  # 64.5 KB a stage at d 128 with a decay: 3 do not fit beside the state buffers (d 64: untimed)
-# dk and dv by one reverse walk at Dk = Dv = 128 (gluon_scalar_bwd.la_bwd_dkv_gluon_kernel): 1.61 GB against the two
-# walks' 2.42 at B16 H16 N4096; off until checked and timed
-BWD_GLUON_DKV = False
+# walk in other roles): float64-checked on an H200 (bf16 / fp16, a reset, N 1000, states, Mamba-2's gradients), 1.86x /
+# 1.18x / 1.36x the split kernels at d 128 / d 64 with a scalar decay / d 128 without (notes decision 300)
+BWD_GLUON = True
+BWD_GLUON_STAGES = 2  # 64.5 KB a stage at d 128 with a decay (3 do not fit); d 64 at 3: 1.014x, not taken
+# dk and dv by one reverse walk at Dk = Dv = 128 (gluon_scalar_bwd.la_bwd_dkv_gluon_kernel: 1.61 GB against the two
+# walks' 2.42): checked, 1.13x / 1.21x the dk and dv walks' kernels with / without a decay (decision 301)
+BWD_GLUON_DKV = True
 
 # the combine kernel's tokens a step of its walk
 COMBINE_TOKENS = 32

@@ -666,7 +666,11 @@ def decay_grad(g, ht, dht, dG):
     if dht is not None and dG.shape[1] > 0:
         last = (dht.float() * ht).sum(-1)  # (B, H, F)
         dG[:, -1] += last if channel else last.sum(-1)
-    dg = dG.flip(1).cumsum(1).flip(1)
+    if channel:
+        dg = dG.flip(1).cumsum(1).flip(1)
+    else:  # on a (B, H, N) copy: torch scans a middle dim by a thread a (batch, head) walking every token (~0.6 ms of
+        # the scalar-decay backward at B16 H16 N4096 on an H200), a last dim by blocks
+        dg = dG.transpose(1, 2).contiguous().flip(-1).cumsum(-1).flip(-1).transpose(1, 2)
     return torch.where(g < LOG_DECAY_FLOOR, 0.0, dg)
 
 
