@@ -48,7 +48,8 @@ widths on fp8_e4m3's Gluon plans. --set ja (session 43): 11008 with JOINT (the t
 product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (three output blocks a consumer). --set jb: run 1's flips against the plans before them, and the
 second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO. --set ka (session 44): fp8 / e5m2 / int8 / int4 16384 with SOLO (a
 consumer a program on its own ring, two programs an SM); int4 2048 with INT_BITS under 128 registers, codes by pointers,
-a persistent grid.
+a persistent grid. --set kb: run 1's int4 2048 flip against the plan before it; registers capped at 128 (four programs
+an SM) at 2048 (mxfp4, nvfp4), 512 (int4, mxfp4, nvfp4), mxfp4 1024, 8192 on two stages.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -515,6 +516,26 @@ SETS["ka"] = {  # (priority order)
     ("int8", 16384): [("solo_ib", dict(SOLO, int_bits=True)), ("solo_ib_s8", dict(SOLO, int_bits=True, stages=8))],
     # int4's groups of 128 (a block's line pair) on SOLO (8 B spilled), against the shipped kron plan (73-77%)
     ("int4", 16384): [("solo_ib", dict(SOLO, int_bits=True)), ("solo_ib_s8", dict(SOLO, int_bits=True, stages=8))],
+}
+
+# session 44, batch 2: run 1's int4 2048 flip (INT_BITS capped at 128 registers: 1.043x, b91e90e4) against the plan before
+# it and with a persistent grid (1.017x in run 1); the same lever where the registers, not shared memory, cap the
+# programs an SM (sm_90a on the CPU, the shipped plans: 2048 mxfp4 136 / nvfp4 168 registers, three programs, capped at 128:
+# four, no spills, loop SASS +1.2-1.5%; 512 int4 / mxfp4 / nvfp4 and mxfp4 1024 161-167 -> 128, 4-16 B spilled, +3-4%; 8192
+# on two stages (three programs by shared memory at three) capped at 128: four, 24-48 B spilled)
+R128 = ("r128", dict(maxnreg=128))
+S2_R128 = ("s2_r128", dict(num_stages=2, maxnreg=128))
+SETS["kb"] = {  # (priority order)
+    ("int4", 2048): [("before", dict(int_bits=False, maxnreg=None)), ("w4", dict(waves=4))],
+    ("mxfp4", 2048): [R128],
+    ("nvfp4", 2048): [R128],
+    ("int4", 512): [R128, ("r128_ib", dict(maxnreg=128, int_bits=True))],
+    ("mxfp4", 512): [R128],
+    ("nvfp4", 512): [R128],
+    ("mxfp4", 1024): [R128],
+    ("mxfp4", 8192): [S2_R128],
+    ("int4", 8192): [S2_R128],
+    ("nvfp4", 8192): [S2_R128],
 }
 
 
