@@ -3,8 +3,8 @@ so its dQ is 0 even when that query holds a NaN: a masked key's dS is 0, capped 
 a row's NaN reaches only the keys it attends). Checked on the paths the interpreter runs (the tl kernels, the CPU
 path) against the float64 backward by the FlashAttention-2 formulas (attention_backward_reference, whose cap's
 derivative is taken of the masked scores). A row with a NaN that sees keys stays NaN; the other rows stay near the
-reference. autograd through attention_reference is not the yardstick here: with a softcap it takes tanh' of the
-masked NaN score and gives that row 0 x NaN = NaN. The Gluon dq kernel (SOFTCAP 3: y - y tanh^2, zeroed where masked,
+reference. autograd through attention_reference agrees (its scores are capped after the mask: tanh' of a masked NaN
+score would give that row 0 x NaN = NaN). The Gluon dq kernel (SOFTCAP 3: y - y tanh^2, zeroed where masked,
 as the dK/dV kernel) is checked the same way on the GPU by experiments/attention/gpu_issue35_bwd.py's ``empty``
 phase."""
 import os
@@ -58,6 +58,20 @@ def test_the_reference_gives_a_nan_row_with_no_key_zero_dq(window, softcap):
     assert torch.isnan(ref[0, 1, SEEING_ROW]).all()
     nan_rows = torch.isnan(ref).any(-1)
     assert nan_rows.sum() == 1  # the row that sees keys, nothing else
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("window", [(-1, -1), (8, 0)])
+def test_autograd_through_the_reference_agrees(window, softcap):
+    q, k, v, dout = nan_inputs()
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    o, _ = attention_reference(q64, k64, v64, causal=True, scale=0.125, window_size=window, softcap=softcap)
+    dq = torch.autograd.grad(o, (q64, k64, v64), dout.double())[0]
+    ref = reference_dq(q, k, v, dout, window, softcap)
+    assert (dq[0, 0, EMPTY_ROW] == 0).all()
+    assert torch.equal(torch.isnan(dq), torch.isnan(ref))
+    finite = torch.isfinite(ref)
+    assert torch.allclose(dq[finite], ref[finite], rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("softcap", [0.0, 30.0])

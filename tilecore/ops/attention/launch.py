@@ -63,7 +63,8 @@ def gluon_backward_softcap(softcap: float, cfg: dict) -> int:
     cap's derivative in float32, no float16 round trip. The dK/dV kernel: dP's accumulator starting at -delta, y = dP -
     delta times 1 - tanh^2 before P, dS = P y (delta's, tanh's and lse's registers free at the products: 144 B spilled
     at D128 causal fused against the float16-derivative form 2's 632, which the varlen kernels keep); the dq kernel:
-    ds - ds tanh^2 by one FFMA. fp16 gradients nearer their floor than form 2's."""
+    y - y tanh^2 too, y 0 where masked (a NaN score at a masked key gives dS 0). fp16 gradients nearer their floor
+    than form 2's."""
     mode = gluon_softcap(softcap, cfg)
     return 3 if mode == 2 else mode
 

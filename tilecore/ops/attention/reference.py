@@ -56,10 +56,13 @@ def _scores(qc, kc, n: int, nk: int, rows: slice, window: tuple[int, int], scale
             softcap: float = 0.0) -> torch.Tensor:
     """Scaled (and capped) scores of the query ``rows`` (qc holds just those rows), masked with -inf
     outside the (left, right) ``window``."""
-    s = capped(torch.matmul(qc, kc.transpose(-1, -2)) * scale, softcap)
-    if window != (-1, -1):
-        s = s.masked_fill(~window_allowed(n, nk, qc.device, window, rows), float("-inf"))
-    return s
+    s = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+    if window == (-1, -1):
+        return capped(s, softcap)
+    masked = ~window_allowed(n, nk, qc.device, window, rows)
+    if softcap:  # capped after the mask: autograd's tanh' of a masked NaN score would reach dQ as 0 x NaN
+        s = s.masked_fill(masked, 0.0)
+    return capped(s, softcap).masked_fill(masked, float("-inf"))
 
 
 def row_lse(s: torch.Tensor) -> torch.Tensor:
