@@ -19,10 +19,9 @@ B16 H768 bf16 at --n (8192 or 16384); the filter's spectrum precomputed once, co
         (launch.scaled_half_bins), "bins laid c64" / "bins laid f16" (launch.laid_half_bins)
   (session 43, call 1 timed c64_f, RFFT 4's cast by one kernel against the torch passes: 8f5c0c8d's script has it; a
   layout probe by windows of f gathered in registers (tl.gather) was not run: 15.8 KB of spill at 32 registers)
-  (session 44, call 1 timed c64_h / f16_h, KFULL's layout by a program a half row against the index table's gather,
-  shipped since, and c64_hp / f16_hp with PREFETCH too: 7a350e78's script has them)
-  c64_p, f16_p  c64 / f16 with PREFETCH (the next pair's u requested into L2 a pair ahead of its loads, a 128-byte line
-        a thread, prefetch.global.L2)
+  (session 44: call 1 timed c64_h / f16_h, KFULL's layout by a program a half row against the index table's gather,
+  shipped since, and c64_hp / f16_hp with PREFETCH too, 7a350e78's script; call 2 PREFETCH at 16384 as c64_p /
+  f16_p, d677f602's)
   c64_s, f16_s  (8192) c64 / f16 with STACK toggled (on since session 42: 1a / 1'a four columns a2 a product against F2
                 in the wgmmas' layouts, u read once a pair; off: the columns two a wait, layout conversions)
   (session 42, calls 1-2 timed STACK's forms 1 / 2 / 3 as c64_s1 ... and WARPIO beside STACK as c64_s3t: eeea21c3 /
@@ -84,7 +83,6 @@ def tuples(n):
         t = tuple(out[label][0]) + (False,) * (5 - len(out[label][0]))
         if n == 8192:  # KFULL toggled (the bins laid out a call as the chunks read them: 16-byte loads; 8192 only)
             out[label + "_k"] = (t[:4] + (not t[4],), label)
-        out[label + "_p"] = (t + (True,), label)  # PREFETCH: the next pair's u into L2 a pair ahead
     return out
 
 

@@ -274,32 +274,6 @@ def test_order3_shipped_builds_compile_for_hopper(n, per_sm, wg, rfft, stack, kf
         assert row["mbarrier"] and row["arrives"] >= 2 and row["inits"] == ["2", "2"] and max(row["regs"]) <= 256, row
 
 
-CODE_PREFETCH = """
-import json, sys
-from tilecore.ops.fft_conv.report import order3_variant
-from tilecore.tiles.compile import compile_kernel, resources
-n, per_sm, wg, rfft, stack, kfull = (int(a) for a in sys.argv[1:7])
-rows = []
-for prefetch in (False, True):
-    _, kernel, args, warps, _ = order3_variant(n, per_sm, wg, rfft, bool(stack), bool(kfull), prefetch)
-    compiled = compile_kernel(kernel, args, num_warps=warps)
-    rows.append(dict(lines=compiled.asm["ptx"].count("prefetch.global.L2"), **vars(resources(compiled))))
-print(json.dumps(rows))
-"""
-
-
-@pytest.mark.parametrize("n, per_sm, wg, rfft, stack, kfull", [(8192, 2, 1, 4, 1, 1), (16384, 1, 2, 4, 0, 0)])
-def test_order3_prefetch_adds_only_its_hints(n, per_sm, wg, rfft, stack, kfull):
-    """PREFETCH (a candidate): the next pair's two u rows as one prefetch.global.L2 a 128-byte line a thread (8192:
-    256 lines over 128 threads, two each; 16384: 512 over the first warpgroup, four each), issued at the top of the
-    pair loop where few registers are live: the same registers and shared memory as the build without it, spill
-    within 16 bytes."""
-    off, on = compiled_json(CODE_PREFETCH, *(str(a) for a in (n, per_sm, wg, rfft, stack, kfull)), timeout=900)
-    assert off["lines"] == 0 and on["lines"] == 2 * n * 2 // 128 // 128, (off, on)
-    assert on["registers"] == off["registers"] and on["shared"] == off["shared"], (off, on)
-    assert on["spill_stores"] <= off["spill_stores"] + 16 and on["spill_loads"] <= off["spill_loads"] + 16, (off, on)
-
-
 def test_order3_launch_binds_every_argument(monkeypatch):
     seen = {}
 
@@ -389,20 +363,16 @@ def test_launch_routes_the_order3_plan(monkeypatch):
     spectrum = filter_spectrum(torch.randn(1, 8192), 8192)
     conv_launch.launch(conv_plan.order3_plan(8192, 1, 1, 4), u, spectrum, y, True, key="k")
     assert len(seen) == 1 and seen[0][0] is u and seen[0][2] is y
-    # (conj, per_sm, key, warpgroups, RFFT, STACK, KFULL, PREFETCH)
-    assert seen[0][3:] == (True, 1, "k", 1, 4, False, False, False)
+    assert seen[0][3:] == (True, 1, "k", 1, 4, False, False)  # (conj, per_sm, key, warpgroups, RFFT, STACK, KFULL)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(16384, 1, 2, 3), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 1, None, 2, 3, False, False, False)  # (two warpgroups a pair, float16 bins)
+    assert seen[0][3:] == (False, 1, None, 2, 3, False, False)  # (two warpgroups a pair, float16 bins)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True, False, False)  # (STACK)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True, False)  # (STACK)
     seen.clear()
     conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True, True, False)  # (KFULL)
-    seen.clear()
-    conv_launch.launch(conv_plan.order3_plan(8192, 2, 1, 4, True, True, True), u, spectrum, y, False, key=None)
-    assert seen[0][3:] == (False, 2, None, 1, 4, True, True, True)  # (PREFETCH)
+    assert seen[0][3:] == (False, 2, None, 1, 4, True, True)  # (KFULL)
 
 
 def test_model_counts_order3_below_order2():

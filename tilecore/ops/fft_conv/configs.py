@@ -28,13 +28,12 @@ GLUON_ONEPASS: dict = {
     4096: (128, 64, 1, True, True, 64, 2, 2, 4, True, 2, 0, True, 5),  # LEAN 4 (transposed): 6.14x, 1.32-1.36x
 }
 # The order-3 one-pass kernel in Gluon (gluon_order3.py; Hopper; each chunk transposed): N -> (programs a SM,
-# warpgroups a pair, RFFT[, STACK[, KFULL[, PREFETCH]]]); RFFT 4: a complex64 spectrum cast a call to float16 bins over each
+# warpgroups a pair, RFFT[, STACK[, KFULL]]); RFFT 4: a complex64 spectrum cast a call to float16 bins over each
 # channel's largest part (launch.scaled_half_bins, one kernel), 3: a float16 spectrum read as it is; STACK (8192 only:
 # F2 is F_16 four times on its diagonal there, and one warpgroup a pair): 1a / 1'a four columns a product in the wgmmas'
 # layouts, u read once (without it, as at 16384, the same addressing a column a product); KFULL (8192): the bins laid
 # out a call as the chunks read them (launch.laid_half_bins: 16-byte loads, no gather; at 16384 no faster in the kernel);
-# PREFETCH (a candidate, off): the next pair's u requested into L2 a pair ahead; checked and timed by
-# experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
+# checked and timed by experiments/fft_conv/gpu_order3.py (the runs: notes/fft_conv)
 GLUON_ORDER3: dict = {
     8192: (2, 1, 4, True, True),  # RFFT 4, STACK, KFULL (its layout a half row a program: 1.041-1.046x; H200)
     16384: (1, 2, 4),  # RFFT 4 (the one-kernel cast): 1.039x / 1.036x the torch cast's launch (H200, s43 call 1)

@@ -395,7 +395,6 @@ class Order3Shared:
     KSCALE: gl.constexpr  # KS given (the launch's RFFT 4): the outputs times KS[h]
     STACK: gl.constexpr  # 1a / 1'a four columns a2 a product against F2, in the wgmmas' layouts, u read once (8192)
     KFULL: gl.constexpr  # K the launch's laid-out bins (launch.laid_half_bins: a chunk's tile as its loads take it)
-    PREFETCH: gl.constexpr  # the next pair's u requested into L2 under this pair's chunks (_prefetch_pair)
 
 
 @struct
@@ -476,7 +475,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
                                  A: gl.constexpr, B: gl.constexpr, CONJ: gl.constexpr = False,
                                  WARPGROUPS: gl.constexpr = 1, WORKER_REGS: gl.constexpr = 240,
                                  KSCALE: gl.constexpr = False, STACK: gl.constexpr = False,
-                                 KFULL: gl.constexpr = False, PREFETCH: gl.constexpr = False):
+                                 KFULL: gl.constexpr = False):
     """Y[b, h, :N] = the first N of IDFT_L(DFT_L(pad(U[b, h])) K[h]) for every pair (2g, 2g + 1) of every channel h
     (or the correlation, CONJ): the module's order-3 stages; work item w = h groups + g, a persistent grid, each
     program's items contiguous (a channel's pairs in a row).
@@ -500,9 +499,8 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
     over KS[h] (launch.scaled_half_bins: a complex64 spectrum cast a call, each channel over its largest |re|, |im|, so
     no bin overflows float16), the outputs times KS[h]. KFULL: K is the launch's laid-out bins (launch.laid_half_bins:
     (heads, L) float16 pairs, each chunk's [64, 64] tile in the accumulator's register order, bins past N conjugated
-    there), read by 16-byte loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin. PREFETCH: the next
-    pair's u requested into L2 (prefetch.global.L2, a line a thread) once this pair's T is written, so that its loads,
-    all before its scales, come from L2. The same roundings as gluon_emulate.emulate_order3."""
+    there), read by 16-byte loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin. The same roundings
+    as gluon_emulate.emulate_order3."""
     gl.static_assert(B == 64, "the kernel's products have M = B = 64 (one warpgroup)")
     gl.static_assert(gl.num_warps() == 4, "one warpgroup (and with WARPGROUPS 2 one more, a worker partition)")
     A2: gl.constexpr = A // 16
@@ -527,8 +525,7 @@ def fft_conv_gluon_order3_kernel(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, 
         scl = None
         bars = None
     g = Order3Shared(U, K, Y, F16RE, F16IM, F2RE, F2IM, FBRE, FBIM, T1RE, T1IM, batch, heads, stride_ub, stride_uh,
-                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK, KFULL,
-                     PREFETCH)
+                     stride_yb, stride_yh, stride_kh, T_re, T_im, scl, bars, A, B, CONJ, KS, KSCALE, STACK, KFULL)
     fence_async_shared()
     gl.thread_barrier()
     if WARPGROUPS == 1:
@@ -598,24 +595,6 @@ def _tchunk(st, spectrum, f, t_re, t_im, f2re, f2im, f2nim, zeros, lhs: gl.const
 
 
 @gluon.jit
-def _prefetch_pair(U, w, stop, groups, batch, stride_ub, stride_uh, N: gl.constexpr):
-    """PREFETCH: the 128-byte lines of work item w's two u rows requested into L2 (prefetch.global.L2, a hint that
-    holds no register past it), a line a thread at a time; nothing past the walk or the batch. Issued a pair ahead, so
-    that the next pair's loads of u (all of them before its scales) come from L2, not HBM."""
-    STEP: gl.constexpr = 1024 // U.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    h = (w // groups).to(gl.int64)
-    b_re = 2 * (w % groups)
-    line = gl.arange(0, 2 * N // STEP, layout=lay)
-    im = line >= N // STEP  # (the lines' second half: the pair's other row)
-    ptr = U + (b_re.to(gl.int64) * stride_ub + h * stride_uh) + gl.where(im, (line - N // STEP) * STEP + stride_ub,
-                                                                          line * STEP)
-    ok = ((w < stop) & gl.where(im, b_re + 1 < batch, b_re < batch)).to(gl.int32)
-    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptr, ok], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     """One warpgroup's walk over the program's pairs (PARTS 1: each pair whole, ``tabs`` the program's tables; PARTS 2:
     warpgroup PART's share of each pair, the other warpgroup on the same pair: columns a2 of half PART in 1a and 1'a,
@@ -677,8 +656,6 @@ def _order3_walk(g, tabs, PART: gl.constexpr, PARTS: gl.constexpr):
     total = heads * groups
     start, stop, step = _walk(gl.program_id(0), gl.num_programs(0), total, True)
     for w in range(start, stop, step):
-        if g.PREFETCH and PART == 0:  # (the next pair's u into L2, a pair ahead of its loads)
-            _prefetch_pair(U, w + step, stop, groups, batch, stride_ub, stride_uh, A * B // 2)
         h = (w // groups).to(gl.int64)
         b_re = 2 * (w % groups)
         row_re = b_re.to(gl.int64) * stride_ub + h * stride_uh

@@ -128,8 +128,7 @@ def launch(plan: Plan, u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor,
         _launch_gluon(plan, u, spectrum, y, conj, key)
         return
     if plan.path == "order3":
-        launch_order3(u, spectrum, y, conj, plan.per_sm, key, plan.warpgroups, plan.rfft, plan.stack, plan.kfull,
-                      plan.prefetch)
+        launch_order3(u, spectrum, y, conj, plan.per_sm, key, plan.warpgroups, plan.rfft, plan.stack, plan.kfull)
         return
     if plan.path in ("pair", "long", "mono"):  # the kernels read the rfft's bins themselves
         spectrum = spectrum.resolve_conj()
@@ -408,8 +407,7 @@ CONV_GLUON_ORDER3 = CachedLaunch(lambda: importlib.import_module(
 
 
 def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj: bool = False, per_sm: int = 2,
-                  key=None, warpgroups: int = 1, rfft: int = 3, stack: bool = False, kfull: bool = False,
-                  prefetch: bool = False) -> None:
+                  key=None, warpgroups: int = 1, rfft: int = 3, stack: bool = False, kfull: bool = False) -> None:
     """gluon_order3's kernel (N = 8192, 16384 on Hopper): y = the causal convolution of u (B, H, N; unit stride along
     N) with the filter of ``spectrum`` (the rfft (H, N + 1) complex64, or its float16 pairs (H, N + 1, 2); the kernel
     reads its bins, conjugated with ``conj``: the correlation); ``per_sm`` persistent programs a multiprocessor;
@@ -417,8 +415,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     (half_bins); 4: a complex64 spectrum cast to float16 bins a call, each channel over its largest part
     (scaled_half_bins: one kernel), the outputs scaled back; ``stack``: 1a / 1'a four columns a product in the wgmmas'
     layouts, u read once a pair (its STACK; 8192); ``kfull``: the bins laid out a call as the kernel's chunks read them
-    (laid_half_bins, one kernel, 8192: 16-byte loads in the kernel instead of a 4-byte gather a bin); ``prefetch``:
-    the next pair's u requested into L2 a pair ahead of its loads (its PREFETCH)."""
+    (laid_half_bins, one kernel, 8192: 16-byte loads in the kernel instead of a 4-byte gather a bin)."""
     B, H, N = u.shape
     if u.numel() == 0:
         return
@@ -439,8 +436,7 @@ def launch_order3(u: torch.Tensor, spectrum: torch.Tensor, y: torch.Tensor, conj
     grid = (max(1, min(pairs, per_sm * dispatch.num_sms(u.device))),)
     options = dict(A=a, B=b, CONJ=bool(conj), WARPGROUPS=warpgroups,
                    WORKER_REGS=importlib.import_module("tilecore.ops.fft_conv.gluon_order3").WORKER_REGS,
-                   KSCALE=ks is not None, STACK=bool(stack), KFULL=bool(kfull), PREFETCH=bool(prefetch),
-                   num_warps=4)
+                   KSCALE=ks is not None, STACK=bool(stack), KFULL=bool(kfull), num_warps=4)
     CONV_GLUON_ORDER3.run(key, grid, (u, k, y, *(ops[n] for n in ("F16RE", "F16IM", "F2RE", "F2IM", "FBRE", "FBIM",
                                                                    "T1RE", "T1IM")),
                                       B, H, u.stride(0), u.stride(1), y.stride(0), y.stride(1), k.stride(0), ks),

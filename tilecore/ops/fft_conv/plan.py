@@ -49,7 +49,6 @@ class Plan:
     probe: int = 0  # "mono": timing probes (WRONG results: kernels_mono.py PROBE); never in configs
     kfull: bool = False  # "mono": the spectrum laid out as the tile on the host (kernels_mono.py KFULL); "order3": its
     # float16 bins laid out a call as the chunks read them (launch.laid_half_bins)
-    prefetch: bool = False  # "order3": the next pair's u requested into L2 a pair ahead of its loads
     per_sm: int = 0  # "gluon": persistent programs a multiprocessor (0: one program a pair)
     async_mma: bool = False  # "gluon": a complex product's four wgmmas issued at once, one wait
     tma: bool = False  # "gluon": u and y by TMA, the next pair's u loaded under this one's products
@@ -130,7 +129,7 @@ ORDER3_PER_SM = {8192: (1, 2), 16384: (1,)}
 
 
 def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, stack: bool = False,
-                kfull: bool = False, prefetch: bool = False) -> Plan:
+                kfull: bool = False) -> Plan:
     """The order-3 one-pass Gluon kernel (gluon_order3.py): 2N = A x 64, A = 16 A2 (N = 8192: A = 256, 16384: 512),
     each chunk's tile transposed (64 rows k_a); ``per_sm`` persistent programs a multiprocessor (ORDER3_PER_SM);
     ``warpgroups`` 2: two warpgroups share each pair and its T (one program a SM); ``rfft`` 3: the spectrum's bins as
@@ -139,22 +138,22 @@ def order3_plan(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3, sta
     times on its diagonal there): 1a and 1'a four columns a2 a product, [64, 64] @ F2, read and written in the wgmmas' layouts
     (no layout conversion), u read once a pair (without it the same addressing a column a product); ``kfull``: the
     bins laid out a call as the kernel's chunks read them (launch.laid_half_bins: a chunk's bins by 16-byte
-    loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin; 8192 only); ``prefetch``: the next pair's
-    u requested into L2 a pair ahead of its loads (its PREFETCH; a candidate until a run picks it). (The untransposed
+    loads, a warp's 512 contiguous bytes, instead of a 4-byte gather a bin; 8192 only). (The untransposed
     chunks, KMID, KPRE, XT, VIEWS, G1 1 and 4, complex64 bins in the kernel, the 4096 build, DIRECT, WARPIO, STACK's
-    other forms and 1a / 1'a's layout conversions were measured slower or no faster and removed: notes/fft_conv.)"""
+    other forms, 1a / 1'a's layout conversions and PREFETCH (the next pair's u into L2) were measured slower or no
+    faster and removed: notes/fft_conv.)"""
     fits = ORDER3_PER_SM.get(n)
     if (fits is None or per_sm not in fits or warpgroups not in (1, 2) or (warpgroups == 2 and per_sm != 1)
             or rfft not in (3, 4) or stack not in (False, True) or (stack and (n != 8192 or warpgroups != 1))
-            or kfull not in (False, True) or (kfull and n != 8192) or prefetch not in (False, True)):
+            or kfull not in (False, True) or (kfull and n != 8192)):
         raise ValueError(f"the order-3 Gluon kernel takes N and programs a multiprocessor as {ORDER3_PER_SM}, "
                          f"warpgroups 1 or 2 (2: one program a multiprocessor), rfft 3 (float16 bins) or 4 "
                          f"(complex64 cast a call), stack only at N = 8192 with one warpgroup, kfull only at N = "
-                         f"8192, prefetch True or False; "
+                         f"8192; "
                          f"got N = {n}, per_sm {per_sm}, warpgroups {warpgroups}, rfft {rfft}, stack {stack}, "
-                         f"kfull {kfull}, prefetch {prefetch}")
+                         f"kfull {kfull}")
     return Plan("order3", n1=2 * n // 64, n2=64, per_sm=per_sm, warpgroups=warpgroups, rfft=rfft, stack=bool(stack),
-                kfull=bool(kfull), prefetch=bool(prefetch))
+                kfull=bool(kfull))
 
 
 def mono_plan(a: int, b: int, c: int, loop: int, num_warps: int, permute: bool = False, kfull: bool = False) -> Plan:

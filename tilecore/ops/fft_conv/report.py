@@ -136,7 +136,7 @@ def long_variants(n1: int, n2: int, bn: int, bk1: int, kc: int, warps: int, rows
 
 
 def order3_variant(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3,
-                   stack: bool = False, kfull: bool = False, prefetch: bool = False) -> tuple[str, object, dict, int, bool]:
+                   stack: bool = False, kfull: bool = False) -> tuple[str, object, dict, int, bool]:
     """The order-3 one-pass Gluon kernel (gluon_order3.fft_conv_gluon_order3_kernel) at a configs.GLUON_ORDER3
     tuple (per_sm: the grid only, not the compile; warpgroups 2: two a pair)."""
     import torch
@@ -162,9 +162,6 @@ def order3_variant(n: int, per_sm: int = 2, warpgroups: int = 1, rfft: int = 3,
     if kfull:
         args.update(KFULL=True, stride_kh=4 * n)
         extra += ", laid-out bins"
-    if prefetch:
-        args.update(PREFETCH=True)
-        extra += ", the next pair's u into L2"
     return (f"fft_conv gluon order3 N{n} ({a}x{b}, {extra}, {4 * warpgroups} warps)",
             gluon_order3.fft_conv_gluon_order3_kernel, args, 4, True)
 
