@@ -347,6 +347,8 @@ def test_plan_takes_the_order3_kernel_only_behind_its_switch_on_hopper(monkeypat
         conv_plan.order3_plan(8192, 2, 1, 2)  # (complex64 bins in the kernel: removed)
     with pytest.raises(ValueError, match="only at N = 8192"):
         conv_plan.order3_plan(16384, 1, 2, 4, True)  # (F2 is F_32 twice there, not F_16 four times)
+    with pytest.raises(ValueError, match="kfull only at N = 8192"):
+        conv_plan.order3_plan(16384, 1, 2, 4, False, True)  # (the layout kernel's index fields are L = 16384's)
     for table in (configs.GLUON_ORDER3, configs.GLUON_ORDER3_HALF):
         for n, c in table.items():
             p = conv_plan.order3_plan(n, *c)
