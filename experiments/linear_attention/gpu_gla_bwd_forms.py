@@ -196,31 +196,17 @@ BATCHES["m"] = {  # call 4 (the session's last): as shipped (the session's start
 # call 3 (runs/ha_three_s43c_run3_session43_h200.txt, batch p at e7369cab): THREE (FORM 16777216: three chunks a tile,
 # three consumers at 160 registers, 2 stages, 226 KB, 372 B spilled) right to the digit but 0.4129 ms against 0.3095
 # (0.75x): removed with its rows (decision 272)
-# session 44 (HB): LEAN (gluon_gla_bwd FORM 33554432 at d 32: the chain with fewer live registers, for three consumers at
-# 160: do S_c^T as dq's accumulator, E / Ei made again where used, dq through do's buffer; sm_90a the consumer's peak 205 ->
-# 175 live registers, at 160 156 -> 64 B spilled; THREE + LEAN 124 B against THREE's 372) and A_LATE (536870912: do v^T
-# after the factors' stores; THREE + LEAN + A_LATE 148 B), against configs' 75266 and THREE alone (the control)
-LEAN, A_LATE, THREE = 33554432, 536870912, 16777216
-BATCHES["q"] = {
-    "d32 configs dqk": (32, {}, "dqk0w"),
-    "d32 lean": (32, dict(dqk_gluon_form=S41_D32 | LEAN), "dqk0w"),
-    "d32 three": (32, dict(dqk_gluon_form=S41_D32 | THREE, dqk_gluon=2), "dqk0w"),
-    "d32 lean three": (32, dict(dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2), "dqk0w"),
-    "d32 lean alate three": (32, dict(dqk_gluon_form=S41_D32 | LEAN | A_LATE | THREE, dqk_gluon=2), "dqk0w"),
-    "d32 lean three op": (32, dict(op=(2, 1024, 3, 32, True), dims={"32,32": dict(
-        dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2)}), None),
-}
-BATCHES["r"] = {  # call 2, after call 1 (runs/hb_lean_s44a_run1_session44_h200.txt: LEAN 0.966x configs', THREE 0.742x,
-    # THREE + LEAN 0.860x, + A_LATE 0.805x): is it the 160-register cap (its spills and schedule) or the third chain that
-    # loses? Two consumers, the shipped chain and LEAN's, capped at 160 (sm_90a: 172 B / 64 B spilled) against 232.
-    # Call 2 (runs/hb_regs_s44b_run2_session44_h200.txt): every row right; configs' 0.3089 ms, capped at 160 0.3598
-    # (0.859x), then the whole backward's timing of the capped row raised (the cap is no CHUNKED key) and the rest went
-    # untimed: batch r again in call 3 with that fixed
+# session 44 (HB), call 1 (runs/hb_lean_s44a_run1_session44_h200.txt, batch q at 284d95bb): LEAN (FORM 33554432: d 32's
+# chain with fewer live registers, sm_90a peak 205 -> 175, at 160 156 -> 64 B spilled; THREE + LEAN 124 B against 372),
+# A_LATE (536870912) and THREE (16777216) right to the digit but 0.966x / 0.742x / THREE + LEAN 0.860x / + A_LATE
+# 0.805x configs' 75266 (0.3087 ms): removed with their rows (decisions 310-312 of notes/linear_attention/README.md)
+BATCHES["r"] = {  # calls 2-3: what a register cap costs the shipped chain with two consumers (sm_90a spills: 172 B at
+    # 160, 72 B at 176, 48 B at 200). Call 2 (runs/hb_regs_s44b_run2_session44_h200.txt): every row right; configs'
+    # 0.3089 ms, capped at 160 0.3598 (0.859x), the rest untimed (the capped row's whole-backward timing raised: fixed)
     "d32 configs dqk": (32, {}, "dqk0w"),
     "d32 configs regs160": (32, dict(consumer_regs=160), "dqk0w"),
-    "d32 lean": (32, dict(dqk_gluon_form=S41_D32 | LEAN), "dqk0w"),
-    "d32 lean regs160": (32, dict(dqk_gluon_form=S41_D32 | LEAN, consumer_regs=160), "dqk0w"),
-    "d32 lean three": (32, dict(dqk_gluon_form=S41_D32 | LEAN | THREE, dqk_gluon=2), "dqk0w"),
+    "d32 configs regs176": (32, dict(consumer_regs=176), "dqk0w"),
+    "d32 configs regs200": (32, dict(consumer_regs=200), "dqk0w"),
 }
 BATCHES["o"] = {  # call 2: d 32's dq / dk and whole backward as shipped (the session's figure on the device)
     "d32 configs dqk": (32, {}, "dqk0w"),
