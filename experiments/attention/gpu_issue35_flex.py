@@ -18,6 +18,9 @@ chunked (session 44): chunked prefill, a chunk of new queries whose keys are app
     tilecore.attention_with_kvcache with paged caches (pages 16..256, shuffled) and with the contiguous cache holding
     the same keys; GPU time from CUDA graphs, interleaved rounds (gpu_script.time_rounds). Target: >= 0.95x the
     contiguous cache's speed (never timed for a chunk before). Checks: sequence 0's O of each layout against float64.
+    --splits-ab (session 44): the split kernel alone (forward_kernels, the chunk appended already) with the shipped
+    key splits (one wave of (batch, kv head) programs: 3 at B8 Hkv8, and a merge pass) against one split (no merge:
+    the chunk's 32 row blocks a kv head already fill the GPU), contiguous and page 128, in the same rounds.
     Beside it (chunk 512, page 128: Flex's block must equal the page), torch's PagedAttention over flex_attention with
     the causal mask on the same pages, against ours without the append (the chunk's keys already in the cache), eager
     do_bench, the better of two interleaved rounds each: issue 35's >= 1.3x Flex's paged attention, for a chunk.
@@ -199,8 +202,10 @@ def flex_paged(q, kp, vp, table, nk, mask_mod):
     return call, call().transpose(1, 2)
 
 
-def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256), rounds=3, flex_page=128):
+def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256), rounds=3, flex_page=128,
+            splits_ab=False):
     import tilecore
+    from tilecore.ops.attention_kvcache import op as kvcache_op
 
     dev, total = "cuda", n + chunk
     g = torch.Generator(device=dev).manual_seed(chunk)
@@ -229,12 +234,27 @@ def chunked(chunk, b=8, n=4096, hq=32, hkv=8, d=128, pages=(16, 32, 64, 128, 256
                                   "nan": bool(out.isnan().any())})
         fns[name] = (lambda kk=kk, vv=vv, table=table: tilecore.attention_with_kvcache(
             q, kk, vv, kn, vn, cache_seqlens=seqlens, block_table=table, causal=True))
+    if splits_ab and chunk > 1:  # the split kernel alone (the chunk appended above), the shipped splits and one
+        for name in ("contiguous", f"paged{flex_page}"):
+            kk, vv, table = layouts[name]
+            capacity = kk.shape[1] if table is None else table.shape[1] * kk.shape[1]
+            for label, splits in (("fk", None), ("fk1", 1)):
+                out = torch.full_like(q, float("nan"))
+                kvcache_op.forward_kernels(q, kk, vv, chunk, seqlens, table, True, d ** -0.5, -1, -1, 0.0, capacity,
+                                           splits=splits, out=out)
+                RESULTS["checks"].append({"case": f"chunk {chunk} {name} {label} seq 0 O",
+                                          "x_floor": floor_multiple(out[0], ref), "nan": bool(out.isnan().any())})
+                fns[f"{name}_{label}"] = (lambda kk=kk, vv=vv, table=table, capacity=capacity, splits=splits:
+                                          kvcache_op.forward_kernels(q, kk, vv, chunk, seqlens, table, True, d ** -0.5,
+                                                                     -1, -1, 0.0, capacity, splits=splits))
     t = time_rounds(fns, rounds=rounds, graph=True, eager=False)
     row.update({k_: v_ for k_, v_ in t.items() if not k_.endswith("_rounds")})
     row["rounds"] = {k_: v_ for k_, v_ in t.items() if k_.endswith("_rounds")}
     for name in fns:
-        if name != "contiguous" and t.get(f"{name}_graph_ms") and t.get("contiguous_graph_ms"):
+        if name.startswith("paged") and "_" not in name and t.get(f"{name}_graph_ms") and t.get("contiguous_graph_ms"):
             row[f"{name}_of_contiguous"] = t["contiguous_graph_ms"] / t[f"{name}_graph_ms"]
+        if name.endswith("_fk1") and t.get(f"{name}_graph_ms") and t.get(f"{name[:-1]}_graph_ms"):
+            row[f"{name[:-4]}_one_split_speedup"] = t[f"{name[:-1]}_graph_ms"] / t[f"{name}_graph_ms"]
     print(row, flush=True)
     if flex_page not in pages or chunk == 1:
         return
@@ -261,6 +281,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="packed,paged", help="packed, paged, chunked (comma-separated)")
     ap.add_argument("--chunks", default="512,1", help="chunked's chunk sizes")
+    ap.add_argument("--splits-ab", action="store_true",
+                    help="chunked: also the split kernel alone with the shipped key splits against one split")
     args = ap.parse_args()
     from experiments.common.meta import meta
     RESULTS["meta"] = meta()
@@ -271,7 +293,7 @@ def main():
         guarded("packed", packed)
     if "chunked" in args.only:
         for chunk in (int(c) for c in args.chunks.split(",")):
-            guarded(f"chunked {chunk}", lambda chunk=chunk: chunked(chunk))
+            guarded(f"chunked {chunk}", lambda chunk=chunk: chunked(chunk, splits_ab=args.splits_ab))
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "issue35_flex.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)
