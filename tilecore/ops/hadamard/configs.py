@@ -89,19 +89,20 @@ QUANT_POW2_TRUNC_HI = {("fp8_e4m3", 32768): True}
 # group is one thread's: 1.03-1.05x (2048 on (2, 16, 64) 1.03x; 4096 1.01x, 256 0.75x: off there)
 QUANT_POW2_E2M1_PAIRS = {("nvfp4", 128): True, ("nvfp4", 1024): True, ("nvfp4", 2048): True}
 # the pow2 quantize's int8 / int4 codes from the bits of fma(y, 1 / s, 1.5 x 2^23) (quantize_kernels._int_bits: one FFMA
-# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x, int4 8192 1.10x, int4 2048
-# under 128 registers 1.043x (H200; 129 uncapped, three programs an SM: 0.92x); int8 8192 0.99x, 32768 0.97x, int4 4096
-# 1.00x)
+# a value for FMUL + cvt.rni's F2I): on where >= 1.02x (int4 1024, int8 2048 / 16384 1.03x, int4 8192 1.10x; under 128
+# registers int4 2048 1.043x / 1.009x, int4 512 1.039x (H200); int8 8192 0.99x, 32768 0.97x, int4 4096 1.00x)
 QUANT_POW2_INT_BITS = {("int4", 1024): True, ("int8", 2048): True, ("int8", 16384): True, ("int4", 8192): True,
-                       ("int4", 2048): True}
+                       ("int4", 2048): True, ("int4", 512): True}
 # (format, n) -> the pow2 plan's tuning under the caller's: n = 128's codes by TMA, not a byte a store by pointer:
 # mxfp4 3.36x, nvfp4 2.33x, int4 3.48x (25-27 -> 55-94% of copy), fp8 1.20x (96.6%), int8 1.44x (95.1%); 1024 / 4096
 # as one slice 64 columns wide (a thread's N2 / 4 = 16 outputs under PERM: an nvfp4 group whole): 1.12-1.39x (16-bit);
 # PERM with one product a slice (x by the column-permuted H_128): nvfp4 128 1.34x, mxfp4 128 1.06x, nvfp4 256 1.61x
 QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True), ("nvfp4", 128): dict(tma="load", perm=True),
                             ("nvfp4", 256): dict(split=(2, 1, 128), perm=True, num_warps=4),
-                            **{(f, n): dict(num_warps=4) for f, n in (("mxfp4", 256), ("mxfp4", 512), ("nvfp4", 512),
-                                                                      ("int4", 512))},
+                            **{(f, n): dict(num_warps=4) for f, n in (("mxfp4", 256), ("mxfp4", 512))},
+                            # (under 128 registers: four programs an SM, not three; int4 with INT_BITS 1.039x, nvfp4
+                            # 1.021x; mxfp4 512 / 1024 0.96x)
+                            **{(f, 512): dict(num_warps=4, maxnreg=128) for f in ("nvfp4", "int4")},
                             ("int4", 128): dict(tma="load", waves=2), ("fp8_e4m3", 128): dict(tma="load"),
                             ("int8", 128): dict(tma="load"),
                             ("fp8_e5m2", 128): dict(tma="load"),
@@ -127,10 +128,12 @@ QUANT_POW2_FORMAT_TUNING = {("mxfp4", 128): dict(tma="load", waves=2, perm=True)
                             ("int8", 8192): dict(split=(2, 64, 64), num_warps=4, num_stages=3),
                             # 2048 as (2, 16, 64) with 4 rows a tile (1024's slice twice): fp8 1.11x, int8 1.19x, mxfp4
                             # 1.25x, nvfp4 1.24x, int4 1.58x
-                            **{(f, 2048): dict(split=(2, 16, 64), tile_elems=8192)
-                               for f in ("fp8_e4m3", "int8", "mxfp4", "nvfp4")},
-                            # (int4 with INT_BITS capped at 128 registers: four programs an SM)
-                            ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True, maxnreg=128),
+                            **{(f, 2048): dict(split=(2, 16, 64), tile_elems=8192) for f in ("fp8_e4m3", "int8")},
+                            # (the 4-bit formats under 128 registers, four programs an SM: mxfp4 1.048x, nvfp4 1.027x,
+                            # int4 with INT_BITS 1.043x / 1.009x, and a persistent grid of four programs an SM 1.037x)
+                            **{(f, 2048): dict(split=(2, 16, 64), tile_elems=8192, maxnreg=128)
+                               for f in ("mxfp4", "nvfp4")},
+                            ("int4", 2048): dict(split=(2, 16, 64), tile_elems=8192, perm=True, maxnreg=128, waves=4),
                             # int4 256 on 4 warps: 1.74x
                             ("int4", 256): dict(num_warps=4)}
 # (format, n) or format -> the format whose pow2 tables (FORMAT_TUNING, PAIRS, CLAMP_LO, TRUNC_HI, PERM) it reads under
