@@ -234,7 +234,7 @@ def timing(run: Run, part: str, warm_only=False) -> dict:
     return res
 
 
-def op_timing(run: Run, D: int) -> dict:
+def op_timing(run: Run, D: int, decay: bool = True) -> dict:
     """The public op's backward through autograd, eager, each route in its own patched block (rounds alternate; at
     d 128 the Gluon route with dk and dv by one walk)."""
     import triton
@@ -243,13 +243,14 @@ def op_timing(run: Run, D: int) -> dict:
     from tilecore.ops.linear_attention import configs
     from tilecore.tiles.switches import patched
 
-    q, k, v, do, g = inputs(D, True)
+    q, k, v, do, g = inputs(D, decay)
     per = {"gluon": [], "split": []}
     for r in range(1 if SMOKE else 3):
         for route in (("gluon", "split") if r % 2 == 0 else ("split", "gluon")):
             with patched(configs, BWD_GLUON=route == "gluon", BWD_GLUON_DKV=D == 128):
-                ls = [t.detach().clone().requires_grad_() for t in (q, k, v, g)]
+                ls = [t.detach().clone().requires_grad_() if t is not None else None for t in (q, k, v, g)]
                 o = linear_attention(*ls[:3], decay=ls[3])
+                ls = [t for t in ls if t is not None]
                 fn = lambda: torch.autograd.grad(o, ls, do, retain_graph=True)  # noqa: E731
                 per[route].append(round(triton.testing.do_bench(fn, warmup=5, rep=40) if DEV == "cuda" else 0.0, 4))
     return {f"op_{r}_ms": sorted(x)[len(x) // 2] for r, x in per.items()} | {f"op_{r}_rounds": x for r, x in per.items()}
@@ -327,13 +328,13 @@ def main():
         row["rounds"] = {n: v for n, v in res.items() if n.endswith("_rounds")}
         run.row(f"time {part}", **row)
         run.say(json.dumps(dict(part=part, **{k: v for k, v in row.items() if k != "rounds"})))
-    for D in (128,) if SMOKE else (128, 64):
+    for D, decay in ((128, True),) if SMOKE else ((128, True), (64, True), (128, False)):
         if run.left() < 15:
             break
-        res = run.attempt(f"op d{D}", op_timing, run, D) or {}
+        name = f"op bwd d{D}" + ("" if decay else " no decay")
+        res = run.attempt(name, op_timing, run, D, decay) or {}
         if res:
-            run.row(f"op bwd d{D}", **res)
-            run.say(json.dumps(dict(D=D, **res)))
+            run.row(name, **res)
     run.finish(["name", "pass", "gluon_graph_ms", "gluon dkv_graph_ms", "split_graph_ms", "speedup_graph",
                 "dkv_speedup_graph", "bound_pct", "dkv_bound_pct", "gluon_ms", "split_ms", "op_gluon_ms", "op_split_ms"])
 
