@@ -49,7 +49,8 @@ product), every format; int4 2048 with CLAMP_LO; 18944 with BALANCE on JOINT (th
 second attempts. --set jc: the session's flips against the plans before them; int4 NOZERO. --set ka (session 44): fp8 / e5m2 / int8 / int4 16384 with SOLO (a
 consumer a program on its own ring, two programs an SM); int4 2048 with INT_BITS under 128 registers, codes by pointers,
 a persistent grid. --set kb: run 1's int4 2048 flip against the plan before it; registers capped at 128 (four programs
-an SM) at 2048 (mxfp4, nvfp4), 512 (int4, mxfp4, nvfp4), mxfp4 1024, 8192 on two stages.
+an SM) at 2048 (mxfp4, nvfp4), 512 (int4, mxfp4, nvfp4), mxfp4 1024, 8192 on two stages. --set kc: run 2's flips against
+the plans before the session; a persistent grid (four programs an SM) at the 4-bit rows of 512-8192.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -536,6 +537,26 @@ SETS["kb"] = {  # (priority order)
     ("mxfp4", 8192): [S2_R128],
     ("int4", 8192): [S2_R128],
     ("nvfp4", 8192): [S2_R128],
+}
+
+# session 44, the last batch: run 2's flips (e0d278bc: 128 registers at mxfp4 / nvfp4 2048, int4 512 with INT_BITS, nvfp4
+# 512; int4 2048 INT_BITS under 128 registers on a persistent grid) against the plans before the session, and a persistent
+# grid of as many programs an SM as fit (W4; int4 2048's 1.017x / 1.037x) at the other 4-bit rows that run TMA_TUNING's 32-64
+# an SM
+BEFORE44 = {("int4", 2048): dict(int_bits=False, maxnreg=None, waves=64), ("mxfp4", 2048): dict(maxnreg=None),
+            ("nvfp4", 2048): dict(maxnreg=None), ("int4", 512): dict(int_bits=False, maxnreg=None),
+            ("nvfp4", 512): dict(maxnreg=None)}
+W4_GRID = ("w4", dict(waves=4))
+SETS["kc"] = {  # (priority order)
+    ("int4", 2048): [("before", BEFORE44[("int4", 2048)]), ("run1", dict(waves=64))],
+    ("mxfp4", 2048): [("before", BEFORE44[("mxfp4", 2048)]), W4_GRID],
+    ("nvfp4", 2048): [("before", BEFORE44[("nvfp4", 2048)]), W4_GRID],
+    ("int4", 512): [("before", BEFORE44[("int4", 512)]), W4_GRID],
+    ("nvfp4", 512): [("before", BEFORE44[("nvfp4", 512)]), W4_GRID],
+    **{(f, 4096): [W4_GRID] for f in ("int4", "mxfp4", "nvfp4")},  # (four programs fit: 98-102 registers, 51 KB)
+    # (three fit: 8192 by shared memory, 59 KB; mxfp4 / nvfp4 1024 by registers, 167-168)
+    **{(f, n): [("w3", dict(waves=3))] for f, n in (("int4", 8192), ("mxfp4", 8192), ("nvfp4", 8192), ("mxfp4", 1024),
+                                                    ("nvfp4", 1024))},
 }
 
 
