@@ -60,11 +60,6 @@ PIECES_RZ = gl.constexpr(32768)  # the bf16 pieces by truncation (the float32 pa
 # instead of conversions to bf16 and back (F2F a piece and element): the three pieces still sum to x exactly
 DG_TWO = gl.constexpr(65536)  # dG's two sums by two bf16 pieces, not three (two dots a sum: dG within 2^-17 |dG| a
 # token, far below the bf16 products q dq and k dk it sums)
-LEAN = gl.constexpr(33554432)  # one key block a chunk (CHUNKS >= 2, d 32's form): chain_lean, a chain of fewer live
-# registers (for THREE's 160)
-A_LATE = gl.constexpr(536870912)  # with LEAN: do v^T issued after the factors' stores, not under the exp tiles
-THREE = gl.constexpr(16777216)  # one key block a chunk: three chunks a tile, three consumer warpgroups at 160 registers
-# (launch_args: CHUNKS 3; a head's last tile may hold fewer chunks, the missing ones loaded past it and not computed)
 
 
 @stage_struct
@@ -121,43 +116,6 @@ class DqkTwoChunks:
         return blk
 
 
-@stage_struct
-class DqkThreeChunks:
-    """A stage of three chunks (CHUNKS 3), consumer c taking chunk c."""
-    v0: object
-    v1: object
-    v2: object
-    do0: object
-    do1: object
-    do2: object
-    q0: object
-    q1: object
-    q2: object
-    k0: object
-    k1: object
-    k2: object
-    g0: object
-    g1: object
-    g2: object
-    hs0: object
-    hs1: object
-    hs2: object
-    dhs0: object
-    dhs1: object
-    dhs2: object
-
-    @gluon.jit
-    def of(self, cid: gl.constexpr):
-        """Consumer cid's buffers (chunk cid of the three), as DqkChunk.of's."""
-        if cid == 0:
-            blk = (self.q0, self.k0, self.g0, self.hs0, self.dhs0, self.v0, self.do0)
-        elif cid == 1:
-            blk = (self.q1, self.k1, self.g1, self.hs1, self.dhs1, self.v1, self.do1)
-        else:
-            blk = (self.q2, self.k2, self.g2, self.hs2, self.dhs2, self.v2, self.do2)
-        return blk
-
-
 @struct
 class DqkTile:
     bh: object  # batch * H + head
@@ -206,10 +164,7 @@ class GlaDqk:
 
     @gluon.jit
     def setup(self, tile_id):
-        if self.CHUNKS == 3:  # (chunks 3 t .. 3 t + 2 of a head)
-            thirds = (self.NT + 2) // 3
-            tile = DqkTile(tile_id // thirds, (tile_id % thirds) * 3, 0)
-        elif self.CHUNKS == 2:  # (chunks 2 t and 2 t + 1 of a head)
+        if self.CHUNKS == 2:  # (chunks 2 t and 2 t + 1 of a head)
             halves = self.NT // 2
             tile = DqkTile(tile_id // halves, (tile_id % halves) * 2, 0)
         else:
@@ -221,9 +176,7 @@ class GlaDqk:
 
     @gluon.jit
     def load(self, stage, bar, tile, step):
-        if self.CHUNKS == 3:
-            self.load_three(stage, bar, tile)
-        elif self.CHUNKS == 2:
+        if self.CHUNKS == 2:
             self.load_chunks(stage, bar, tile)
         else:
             h = tile.bh % self.H
@@ -266,38 +219,12 @@ class GlaDqk:
         tma.async_copy_global_to_shared(self.k_desc, [row + self.BT, col], bar, stage.k1)
 
     @gluon.jit
-    def load_three(self, stage, bar, tile):
-        """CHUNKS 3: chunks c .. c + 2 of the tile's head (one past the head's last is the next head's or past the
-        views, zeros: loaded, not computed)."""
-        h = tile.bh % self.H
-        row = (tile.bh // self.H) * self.N + tile.c * self.BT
-        col = h * self.DKD
-        srow = (tile.bh * self.NT + tile.c) * self.DKD
-        for j in gl.static_range(3):
-            q_s, k_s, g_s, hs_s, dhs_s, v_s, do_s = stage.of(j)
-            tma.async_copy_global_to_shared(self.v_desc, [row + j * self.BT, h * self.DV], bar, v_s)
-            tma.async_copy_global_to_shared(self.do_desc, [row + j * self.BT, h * self.DV], bar, do_s)
-            tma.async_copy_global_to_shared(self.hs_desc, [srow + j * self.DKD, 0], bar, hs_s)
-            tma.async_copy_global_to_shared(self.dhs_desc, [srow + j * self.DKD, 0], bar, dhs_s)
-            tma.async_copy_global_to_shared(self.g_desc, [row + j * self.BT, col], bar, g_s)
-            tma.async_copy_global_to_shared(self.q_desc, [row + j * self.BT, col], bar, q_s)
-            tma.async_copy_global_to_shared(self.k_desc, [row + j * self.BT, col], bar, k_s)
-
-    @gluon.jit
     def start(self, ctx, tile, prev):
         return 0
 
     @gluon.jit
     def compute(self, ctx, state, stage, tile, step):
-        if self.CHUNKS == 3:
-            if tile.c + ctx.index < self.NT:  # (a head's last tile may hold fewer)
-                if self.FORM & LEAN:
-                    self.chain_lean(ctx, stage, tile)
-                else:
-                    self.chain_dots(ctx, stage, tile)
-        elif self.FORM & LEAN:
-            self.chain_lean(ctx, stage, tile)
-        elif self.FORM & 2:
+        if self.FORM & 2:
             self.chain_dots(ctx, stage, tile)
         else:
             self.chain_scan(ctx, stage, tile)
@@ -423,7 +350,7 @@ class GlaDqk:
         m = 0.5 * Gl  # (exactly: G_last = 2 m below)
         wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
-        if self.CHUNKS >= 2:  # (consumer cid: chunk c + cid, the head's one key block)
+        if self.CHUNKS == 2:  # (consumer cid: chunk c + cid, the head's one key block)
             flag_at = (tile.bh * self.NT + tile.c + cid) * self.KBLOCKS + tile.kb
         else:
             flag_at = (tile.bh * self.NT + tile.c) * self.KBLOCKS + tile.kb + cid
@@ -448,7 +375,7 @@ class GlaDqk:
         gl.static_assert(not (self.FORM & DG_TMA and self.FORM & DG_LATE), "DG_TMA or DG_LATE")
         TMA_ANY: gl.constexpr = (self.FORM & STORE_TMA) != 0 or DG_BY_TMA
         if TMA_ANY:  # the block's place in the 2-D views (B N, H Dk): the producer's load coordinates
-            if self.CHUNKS >= 2:
+            if self.CHUNKS == 2:
                 row = (tile.bh // self.H) * self.N + (tile.c + cid) * BT
                 col = (tile.bh % self.H) * self.DKD + tile.kb * BKB
             else:
@@ -458,7 +385,7 @@ class GlaDqk:
             h = tile.bh % self.H
             b = tile.bh // self.H
             cols = gl.arange(0, BKB, layout=gl.SliceLayout(0, L32))
-            if self.CHUNKS >= 2:
+            if self.CHUNKS == 2:
                 base = ((b.to(gl.int64) * self.N + (tile.c + cid) * BT) * self.H + h) * self.DKD + tile.kb * BKB
             else:
                 base = ((b.to(gl.int64) * self.N + tile.c * BT) * self.H + h) * self.DKD + (tile.kb + cid) * BKB
@@ -480,7 +407,7 @@ class GlaDqk:
         # a^T: a's strictly-lower bf16 tile in p1, p2 (one [BT, BT] view of their 8 KB) read transposed as the A
         # operand from shared memory (no second product v do^T)
         at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        at_s = self.qe_smem._reinterpret(dtype, [3 if self.CHUNKS == 3 else 2, BT, BT], at_layout).index(cid)
+        at_s = self.qe_smem._reinterpret(dtype, [2, BT, BT], at_layout).index(cid)
         gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
         at_s.store(am)
         fence_async_shared()
@@ -528,8 +455,7 @@ class GlaDqk:
             gl.thread_barrier()
             tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
         elif self.FORM & DG_LATE:  # through p1, p2 as one float32 [BT, BKB] (the sums have read them)
-            NF: gl.constexpr = (3 if self.CHUNKS == 3 else 2) * NB // 2  # (qe_smem as float32 [BT, BKB] buffers)
-            dg_s = self.qe_smem._reinterpret(gl.float32, [NF, BT, BKB], self.DG.layout).index(cid * NB // 2)
+            dg_s = self.qe_smem._reinterpret(gl.float32, [NB, BT, BKB], self.DG.layout).index(cid * NB // 2)
             gl.thread_barrier()
             dg_s.store(gl.where(clamped, 0.0, dg))
             fence_async_shared()
@@ -544,128 +470,6 @@ class GlaDqk:
         elif TMA_ANY:  # the stores have read the stage's buffers and p0 before the stage is released (every thread
             tma.store_wait(0)  # waits for the one that issued them)
             gl.thread_barrier()
-
-    @gluon.jit
-    def chain_lean(self, ctx, stage, tile):
-        """LEAN: chain_dots' math for d 32's form (2 + STORE_TMA + DG_TMA + J_SMEM + DG_TWO, one key block a chunk,
-        Dv = BKB) with fewer registers live at once, so that a chain fits THREE's 160 (sm_90a: the consumer's peak of
-        live registers 205 -> 175, 156 -> 64 B spilled at 160): do S_c^T is the accumulator dq's product adds to
-        (scaled by e^m once back: dq = scale E (a (k Ei) + e^m do S_c^T)), v dS_c^T is issued with dk's product, E and
-        Ei are made again from G - m where used (ex2 is cheaper than 32 registers held), dq is stored through do's stage
-        buffer (k's stays, read again for dG: no k held through dk's product), and <S_c, dS_c> is summed just before
-        dG's pieces. A_LATE: do v^T issued after the factors' stores (nothing in flight under the exp tiles)."""
-        cid: gl.constexpr = ctx.index
-        BT: gl.constexpr = self.BT
-        BKB: gl.constexpr = self.BKB
-        L32: gl.constexpr = self.L32
-        L64: gl.constexpr = self.L64
-        dtype: gl.constexpr = self.q_desc.dtype
-        gl.static_assert(self.CHUNKS >= 2 and self.DV == BKB and (self.FORM & STORE_TMA) != 0
-                         and (self.FORM & DG_TMA) != 0 and (self.FORM & J_SMEM) != 0 and (self.FORM & DG_TWO) != 0,
-                         "LEAN: d 32's form")
-        q_s, k_s, g_s, hs_s, dhs_s, v_s, do_s = stage.of(cid)
-        NB: gl.constexpr = BT // BKB
-        p0 = ctx.out
-        p1 = self.qe_smem.index(NB * cid)
-        p2 = self.qe_smem.index(NB * cid + 1)
-        z64 = gl.zeros([BT, BT], gl.float32, L64)
-        z32 = gl.zeros([BT, BKB], gl.float32, L32)
-        r64 = gl.arange(0, BT, layout=gl.SliceLayout(1, L64))
-        c64 = gl.arange(0, BT, layout=gl.SliceLayout(0, L64))
-        # G = L g, G_last on every row = J g (g's two bf16 pieces in p0, p1)
-        g = g_s.load(L32).to(gl.float32)
-        gl.thread_barrier()  # the previous tile's products have read the pieces' buffers
-        gcl = gl.where(g < FLOOR, FLOOR, g)
-        hi = gcl.to(dtype)
-        p0.store(hi)
-        p1.store((gcl - hi.to(gl.float32)).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        G_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
-        Gl_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
-        if self.FORM & A_LATE:
-            Gc, Gl = warpgroup_mma_wait(0, deps=[G_tok, Gl_tok])
-        else:
-            a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-            Gc, Gl = warpgroup_mma_wait(1, deps=[G_tok, Gl_tok])
-        m = 0.5 * Gl  # (exactly: G_last = 2 m)
-        wide = gl.max(gl.where(gl.abs(Gc - m) <= 0.5 * self.SPAN, 0, 1), axis=1)  # NaN counts as wide
-        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, L32))
-        flag_at = (tile.bh * self.NT + tile.c + cid) * self.KBLOCKS + tile.kb
-        gl.store(self.FLAG + flag_at.to(gl.int64) + rows * 0, gl.full([BT], 1, gl.int8, gl.SliceLayout(1, L32)),
-                 mask=wide > 0)
-        x = Gc - m
-        zf = (tile.bh >> 30).to(gl.float32)  # 0 (bh < 2^30) the compiler cannot see: E and Ei made again, not kept
-        half = self.exp(0.5 * m)
-        gl.thread_barrier()  # G's products have read the pieces
-        p1.store((k_s.load(L32).to(gl.float32) * self.exp(-x)).to(dtype))  # k Ei
-        p0.store((q_s.load(L32).to(gl.float32) * self.exp(x)).to(dtype))  # q E
-        fence_async_shared()
-        gl.thread_barrier()
-        if self.FORM & A_LATE:
-            a_tok = warpgroup_mma(do_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dqs_tok = warpgroup_mma(do_s, hs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        a, dqs = warpgroup_mma_wait(0, deps=[a_tok, dqs_tok])
-        r = gl.sum(gl.where(gl.expand_dims(r64, 1) == gl.expand_dims(c64, 0), a, 0.0), axis=1) * self.scale
-        r = gl.expand_dims(gl.convert_layout(r, gl.SliceLayout(1, L32)), 1)
-        am = gl.where(gl.expand_dims(r64, 1) > gl.expand_dims(c64, 0), a, 0.0).to(dtype)  # (strictly lower)
-        a_op = gl.convert_layout(am, self.A32)
-        row = (tile.bh // self.H) * self.N + (tile.c + cid) * BT
-        col = (tile.bh % self.H) * self.DKD + tile.kb * BKB
-        # dq = scale E (a (k Ei) + e^m do S_c^T), stored through do's buffer (do v^T and do S_c^T have read it)
-        dq_tok = warpgroup_mma(a_op, p1, dqs * (half * half), use_acc=True, is_async=True)
-        dq_in = warpgroup_mma_wait(0, deps=[dq_tok])
-        dq = self.exp(x + zf) * dq_in * self.scale
-        do_s.store((dq + r * k_s.load(L32).to(gl.float32)).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.DQ, [row, col], do_s)
-        dG = q_s.load(L32).to(gl.float32) * dq
-        # a^T: a's strictly-lower bf16 tile in p1, p2 read transposed (as chain_dots')
-        at_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        at_s = self.qe_smem._reinterpret(dtype, [self.CHUNKS, BT, BT], at_layout).index(cid)
-        gl.thread_barrier()  # every warp's dq product has read k Ei (p1)
-        at_s.store(am)
-        fence_async_shared()
-        gl.thread_barrier()
-        dk_tok = warpgroup_mma(at_s.permute((1, 0)), p0, z32, use_acc=False, is_async=True)
-        dks_tok = warpgroup_mma(v_s, dhs_s.permute((1, 0)), z32, use_acc=False, is_async=True)
-        dk_in, dks = warpgroup_mma_wait(0, deps=[dk_tok, dks_tok])
-        em = half * half
-        Ei = self.exp(zf - x)
-        dk_state = dks * (Ei * em)  # (G_last - m = m)
-        dk = Ei * dk_in * self.scale + dk_state
-        q_s.store((dk + r * q_s.load(L32).to(gl.float32)).to(dtype))  # (each thread writes the elements it read)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.DK_OUT, [row, col], q_s)
-        # dg = J (dG + k dk_state) - L dG + dG + e^G_last <S_c, dS_c>, dG = q dq - k dk (chain_dots')
-        kf = k_s.load(L32).to(gl.float32)
-        dG = dG - kf * dk
-        tma.store_wait(1)  # (dq's store reads do's buffer, not the pieces')
-        gl.thread_barrier()  # dq's and dk's products have read the pieces' buffers
-        SL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        sfx = gl.convert_layout(gl.sum(hs_s.load(SL).to(gl.float32) * dhs_s.load(SL).to(gl.float32), axis=1),
-                                gl.SliceLayout(0, L32))
-        self.pieces(dG, p0, p1, p2, True)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(True), p0, p1, p2, z32, False, True)
-        lsum = warpgroup_mma_wait(0, deps=[s_tok])
-        gl.thread_barrier()
-        self.pieces(dG + kf * dk_state, p0, p1, p2, True)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = self.sum_dots(self.triangle(False), p0, p1, p2, z32, False, True)
-        jsum = warpgroup_mma_wait(0, deps=[s_tok])
-        dg = (jsum - lsum) + dG + (em * em) * gl.expand_dims(sfx, 0)  # (G_last = 2 m)
-        clamped = g_s.load(L32).to(gl.float32) < FLOOR
-        g_s.store(gl.where(clamped, 0.0, dg))  # through g's stage buffer (each thread writes the elements it read)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(self.DG, [row, col], g_s)
-        tma.store_wait(0)  # the stores have read the stage's buffers before its release
-        gl.thread_barrier()
 
     @gluon.jit
     def chain_scan(self, ctx, stage, tile):
@@ -775,8 +579,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
     SCAN: gl.constexpr = gl.BlockedLayout([BT // gl.num_warps(), 1], [1, 32], [gl.num_warps(), 1], [0, 1])
     # each consumer's q E (FORM 2: BT / BKB buffers a consumer, its [BT, BT] view of a^T; the first two its pieces p1,
     # p2; the third piece, and k Ei, its epilogue buffer)
-    CONS: gl.constexpr = 3 if CHUNKS == 3 else 2
-    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [CONS * BT // BKB if FORM & 2 else 2, BT, BKB], q_desc.layout)
+    qe_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BT // BKB if FORM & 2 else 2, BT, BKB], q_desc.layout)
     if FORM & 2:  # L, written here (before the partitions fork) and read by both consumers' products
         TL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         tr = gl.arange(0, BT, layout=gl.SliceLayout(1, TL))
@@ -795,15 +598,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
         tri_smem = qe_smem  # (unused)
     op = GlaDqk(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_desc, DQ, DK_OUT, DG, FLAG, qe_smem, tri_smem,
                 N, H, DKD, NT, KBLOCKS, scale, BT, BKB, DV, SPAN, FORM, CHUNKS, L64, L32, A32, SCAN)
-    if CHUNKS == 3:
-        stages = DqkThreeChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(v_desc, STAGES),
-                                ring(do_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
-                                ring(q_desc, STAGES), ring(q_desc, STAGES), ring(q_desc, STAGES),
-                                ring(k_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
-                                ring(g_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
-                                ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(hs_desc, STAGES),
-                                ring(dhs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
-    elif CHUNKS == 2:
+    if CHUNKS == 2:
         stages = DqkTwoChunks(ring(v_desc, STAGES), ring(v_desc, STAGES), ring(do_desc, STAGES), ring(do_desc, STAGES),
                               ring(q_desc, STAGES), ring(q_desc, STAGES), ring(k_desc, STAGES), ring(k_desc, STAGES),
                               ring(g_desc, STAGES), ring(g_desc, STAGES), ring(hs_desc, STAGES), ring(hs_desc, STAGES),
@@ -813,7 +608,7 @@ def gla_dqk_gluon_kernel(q_desc, k_desc, v_desc, g_desc, do_desc, hs_desc, dhs_d
                           ring(k_desc, STAGES), ring(k_desc, STAGES), ring(g_desc, STAGES), ring(g_desc, STAGES),
                           ring(hs_desc, STAGES), ring(hs_desc, STAGES), ring(dhs_desc, STAGES), ring(dhs_desc, STAGES))
     num_tiles = gl.program_id(0) * 0 + num_tiles  # a tensor even where the launch specialized it to 1
-    run(op, Layout(q_desc, STAGES, CONSUMERS=CONS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+    run(op, Layout(q_desc, STAGES, CONSUMERS=2, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
                    LATE_RELEASE=0), stages, num_tiles)
 
 
@@ -857,13 +652,10 @@ def launch_args(q, k, v, g, do, hs, dhs, dq, dk, dg, flag, scale: float, stages:
                 dhs_desc=flat(dhs, [BKB, Dv]), DQ=dq, DK_OUT=dk, DG=dg, FLAG=flag, N=N, H=H, DKD=Dk, NT=NT,
                 KBLOCKS=kblocks, scale=scale, num_tiles=B * H * NT * (kblocks // 2), STAGES=stages, SPAN=span)
     if kblocks == 1:  # a pair of chunks a tile (chain_dots' FORM 2 only)
-        if not form & 2 or (NT % 2 and not form & THREE.value):
+        if not form & 2 or NT % 2:
             raise ValueError(f"gla dqk gluon: Dk {Dk} = one key block needs FORM 2 and an even chunk count, got "
                              f"FORM {form}, {NT} chunks")
-        if form & THREE.value:  # (three consumers: 3 x 128 x 160 + 128 x 24 registers of the 64 K)
-            args.update(CHUNKS=3, num_tiles=B * H * (-(-NT // 3)), CONSUMER_REGS=160, PRODUCER_REGS=24)
-        else:
-            args.update(CHUNKS=2, num_tiles=B * H * NT // 2)
+        args.update(CHUNKS=2, num_tiles=B * H * NT // 2)
     tma_bits = STORE_TMA.value | DG_TMA.value | DG_LATE.value
     if form & tma_bits:  # the stores by TMA where their buffers allow it
         aligned = all(t.data_ptr() % 16 == 0 for t in (dq, dk, dg))
