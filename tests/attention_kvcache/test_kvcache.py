@@ -160,6 +160,16 @@ def test_bad_input_is_refused_clearly(change, words):
         _call(**change)()
 
 
+def test_key_splits_count_the_row_blocks_among_the_programs():
+    # decode: one row block a kv head, the keys split for a wave (4 SMs interpreted, 768 keys: 3 of >= 256 keys);
+    # a chunk of 64 queries x 4 q heads: 4 row blocks of 64 already fill the wave, one split and no merge pass
+    kc = vc = torch.zeros(1, 768, 1, 32)
+    for nq, splits in ((1, 3), (64, 1)):
+        q = torch.zeros(1, nq, 4, 32)
+        layout = kvcache._DecodeLayout(q, kc, vc, None, True, -1, -1, 0.0, 768, None)
+        assert layout.splits == splits and layout.merged == (splits == 1)
+
+
 def test_gather_cache_reads_pages_in_table_order():
     k_cache, _, table = make_cache([40], 1, 16, 16, page=16)
     rows = gather_cache(k_cache, 0, 40, table)

@@ -147,11 +147,12 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, key=None) -> None
     v_cache.index_put_((rows, slots), v)
 
 
-def _splits(batch_kv_heads: int, capacity: int, device) -> int:
-    """How many key splits: enough programs for one wave of the GPU, from the capacity (a shape, so
-    the same for every call a CUDA graph replays), at least MIN_SPLIT_KEYS keys each."""
+def _splits(programs: int, capacity: int, device) -> int:
+    """How many key splits: enough programs for one wave of the GPU, ``programs`` those of one split (batch x kv
+    heads x row blocks: a chunk of queries fills the GPU by its rows and takes one split, no merge), from the
+    capacity (a shape, so the same for every call a CUDA graph replays), at least MIN_SPLIT_KEYS keys each."""
     sms = 4 if dispatch.interpreted(device) else dispatch.num_sms(device)
-    want = cdiv(sms, max(batch_kv_heads, 1))
+    want = cdiv(sms, max(programs, 1))
     return max(1, min(want, MAX_SPLITS, cdiv(capacity, MIN_SPLIT_KEYS)))
 
 
@@ -194,7 +195,7 @@ class _DecodeLayout:
         rows = nq * (hq // hkv)
         block_m = max(16, min(MAX_ROWS, next_power_of_2(rows)))
         if splits is None:
-            splits = _splits(bsz * hkv, capacity, q.device)
+            splits = _splits(bsz * hkv * cdiv(rows, block_m), capacity, q.device)
         self.keys_per_split = cdiv(cdiv(capacity, splits), block_n) * block_n
         self.splits = splits = cdiv(capacity, self.keys_per_split)
         self.merged = splits == 1
