@@ -35,6 +35,7 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CHECKS = ("d128_bf16_decay", "d64_fp16_decay", "d128_bf16_nodecay", "mamba2")
 TIMES = ("d128_decay", "d64_decay", "d128_nodecay")
+DIMS = ((128, 128), (64, 64), (128, 64))  # the Gluon route's (Dk, Dv) in the checks (configs routes (128, 128) only)
 
 
 def flood():
@@ -75,7 +76,7 @@ def la_check(name, say=None):
     ref = torch.autograd.grad((o * do.double()).sum() + (ht * dht.double()).sum(), live)
     rows = {}
     for route in ("gluon", "gluon_dkv", "split") if D == 128 else ("gluon", "split"):
-        with patched(configs, BWD_GLUON=route != "split", BWD_GLUON_DKV=route == "gluon_dkv"):
+        with patched(configs, BWD_GLUON=route != "split", BWD_GLUON_DKV=route == "gluon_dkv", BWD_GLUON_DIMS=DIMS):
             ls = [t.detach().clone().requires_grad_() if t is not None else None for t in (q, k, v, g, h0)]
             o, ht = linear_attention(*ls[:3], decay=ls[3], initial_state=ls[4], return_final_state=True)
             flood()
@@ -124,7 +125,7 @@ def mamba_check(name):
     ref = torch.autograd.grad((y * dy.double()).sum() + (hT * dhT.double()).sum(), leaves)
     rows = {}
     for route in ("gluon", "split"):
-        with patched(configs, BWD_GLUON=route == "gluon"):
+        with patched(configs, BWD_GLUON=route == "gluon", BWD_GLUON_DIMS=DIMS):
             ls = [t.detach().clone().requires_grad_() for t in ins]
             y, hT = mamba2_chunk_scan(ls[0], ls[1], ls[2], ls[3], ls[4], D=ls[5], z=ls[6], dt_bias=ls[7],
                                       dt_softplus=True, initial_states=ls[8], return_final_states=True)
@@ -247,7 +248,7 @@ def op_timing(run: Run, D: int, decay: bool = True) -> dict:
     per = {"gluon": [], "split": []}
     for r in range(1 if SMOKE else 3):
         for route in (("gluon", "split") if r % 2 == 0 else ("split", "gluon")):
-            with patched(configs, BWD_GLUON=route == "gluon", BWD_GLUON_DKV=D == 128):
+            with patched(configs, BWD_GLUON=route == "gluon", BWD_GLUON_DKV=D == 128, BWD_GLUON_DIMS=DIMS):
                 ls = [t.detach().clone().requires_grad_() if t is not None else None for t in (q, k, v, g)]
                 o = linear_attention(*ls[:3], decay=ls[3])
                 ls = [t for t in ls if t is not None]

@@ -91,9 +91,12 @@ BWD_SPLIT_EPILOGUE = True
 # dq, dk, dv stored in the inputs' dtype where nothing combines after them (no torch cast passes)
 BWD_NATIVE_GRADS = True
 # the backward without a decay or with a scalar one by gluon_scalar_bwd's kernels on Hopper (dq, dk, dv each the forward's
-# walk in other roles): float64-checked on an H200 (bf16 / fp16, a reset, N 1000, states, Mamba-2's gradients), 1.86x /
-# 1.18x / 1.36x the split kernels at d 128 / d 64 with a scalar decay / d 128 without (notes decision 300)
+# walk in other roles): float64-checked on an H200 (bf16 / fp16, a reset, N 1000, states, Mamba-2's gradients), 2.36x /
+# 1.50x the split kernels at d 128 with a scalar decay / without (notes decisions 300, 305)
 BWD_GLUON = True
+# the (Dk, Dv) it takes: where the public op's eager backward was faster too (call 3: d 128 2.32x with a decay, 1.76x
+# without); at d 64 its GPU time was 1.36x the split kernels' but the eager op 0.74x (host-bound: decision 305)
+BWD_GLUON_DIMS = ((128, 128),)
 BWD_GLUON_STAGES = 2  # 64.5 KB a stage at d 128 with a decay (3 do not fit); d 64 at 3: 1.014x, not taken
 # dk and dv by one reverse walk at Dk = Dv = 128 (gluon_scalar_bwd.la_bwd_dkv_gluon_kernel: 1.61 GB against the two
 # walks' 2.42): checked, 1.13x / 1.21x the dk and dv walks' kernels with / without a decay (decision 301)

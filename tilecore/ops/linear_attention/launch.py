@@ -321,6 +321,7 @@ def backward_plan(plan: Plan, q, v, g, feature: int, chunk: int | None = None, *
                dq_warps=dq["warps"], dq_stages=dq_stages, split_epilogue=configs.BWD_SPLIT_EPILOGUE)
     # the Gluon kernels (gluon_scalar_bwd) on Hopper at their chunk of 64; backward() asks their fits for the tensors
     cfg.update(bwd_gluon=configs.BWD_GLUON and kind != CHANNEL_DECAY and feature != BASED and chunk in (None, 64)
+               and (q.shape[-1], v.shape[-1]) in configs.BWD_GLUON_DIMS
                and not dispatch.interpreted(q.device) and dispatch.gluon_ok(q.device),
                bwd_gluon_stages=configs.BWD_GLUON_STAGES, bwd_gluon_dkv=configs.BWD_GLUON_DKV)
     cfg.update(overrides)
