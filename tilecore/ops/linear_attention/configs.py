@@ -94,7 +94,7 @@ BWD_NATIVE_GRADS = True
 # walk in other roles): float64-checked on an H200 (bf16 / fp16, a reset, N 1000, states, Mamba-2's gradients), 2.36x /
 # 1.50x the split kernels at d 128 with a scalar decay / without (notes decisions 300, 305)
 BWD_GLUON = True
-# the (Dk, Dv) it takes: where the public op's eager backward was faster too (call 3: d 128 2.32x with a decay, 1.76x
+# the (Dk, Dv) it takes: where the public op's eager backward was faster too (d 128: 2.32x with a decay, 1.76x
 # without); at d 64 its GPU time was 1.36x the split kernels' but the eager op 0.74x (host-bound: decision 305)
 BWD_GLUON_DIMS = ((128, 128),)
 BWD_GLUON_STAGES = 2  # 64.5 KB a stage at d 128 with a decay (3 do not fit); d 64 at 3: 1.014x, not taken
