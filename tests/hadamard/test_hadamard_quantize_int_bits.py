@@ -85,6 +85,8 @@ def test_pow2_plans_under_128_registers_where_measured():
         assert "maxnreg" not in plan(fmt, n, torch.float32).config
         assert "maxnreg" not in plan(fmt, n, maxnreg=None).config
     assert plan("int4", 2048).grid == (4 * 132,) and plan("int4", 2048, waves=64).grid == (64 * 132,)
+    # run 3 (he_s44c_run3_session44_h200.txt): int4 8192 on the three programs an SM that fit (59 KB) 1.048x
+    assert plan("int4", 8192).grid == (3 * 132,) and plan("mxfp4", 8192).grid == (32 * 132,)
     assert "INT_BITS" not in plan("int4", 2048, int_bits=False).config
     assert all("maxnreg" not in plan("mxfp4", n).config for n in (512, 1024))
 
