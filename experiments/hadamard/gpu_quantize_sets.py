@@ -50,7 +50,8 @@ second attempts. --set jc: the session's flips against the plans before them; in
 consumer a program on its own ring, two programs an SM); int4 2048 with INT_BITS under 128 registers, codes by pointers,
 a persistent grid. --set kb: run 1's int4 2048 flip against the plan before it; registers capped at 128 (four programs
 an SM) at 2048 (mxfp4, nvfp4), 512 (int4, mxfp4, nvfp4), mxfp4 1024, 8192 on two stages. --set kc: run 2's flips against
-the plans before the session; a persistent grid (four programs an SM) at the 4-bit rows of 512-8192.
+the plans before the session; a persistent grid (four programs an SM) at the 4-bit rows of 512-8192. --set kd: run 3's
+int4 8192 grid and nvfp4 512 against the plans before them.
 
 Prints a table last (% of copy, ratio to shipped, check); JSON at $OUT/quantize_sets.json. --smoke: a few rows under the
 interpreter (the script's logic on the CPU; the plans' tunings of TMA do not apply there).
@@ -558,6 +559,10 @@ SETS["kc"] = {  # (priority order)
     **{(f, n): [("w3", dict(waves=3))] for f, n in (("int4", 8192), ("mxfp4", 8192), ("nvfp4", 8192), ("mxfp4", 1024),
                                                     ("nvfp4", 1024))},
 }
+
+# session 44, a short confirmation (12:55 batch): run 3's int4 8192 grid flip (66feeedb) and nvfp4 512's 128 registers
+# (1.021x, then 1.018x) against the plans before them
+SETS["kd"] = {("int4", 8192): [("before", dict(waves=32))], ("nvfp4", 512): [("before", BEFORE44[("nvfp4", 512)])]}
 
 
 def cases(name: str):
